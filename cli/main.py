@@ -1,0 +1,6 @@
+import click
+@click.group()
+def cli():
+    pass
+def submit_entry():
+    pass

@@ -1,0 +1,1 @@
+"""miro.core: the inference engine (no Redis here)."""

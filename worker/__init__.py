@@ -1,0 +1,1 @@
+"""miro.worker"""
