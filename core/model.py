@@ -1,0 +1,127 @@
+"""The llama forward pass over one packed batch of tokens (prefill chunks and decode tokens together).
+
+Each linear layer is one float32 GEMM over every token of the step; RMSNorm,
+RoPE, the KV-cache write, SiLU-gate and attention are numba kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernels
+from .config import ModelConfig
+from .weights import ModelWeights
+
+# OpenBLAS picks a different kernel (with different rounding) for a GEMM of
+# 1 row (gemv) and for 2-3 rows of some shapes; from 4 rows on, every row's
+# result is bitwise the same whatever the row count. Padding to 4 keeps a
+# sequence's tokens independent of what else is in its batch.
+MIN_GEMM_ROWS = 4
+
+
+def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    rows = x.shape[0]
+    if rows >= MIN_GEMM_ROWS:
+        return x @ w
+    padded = np.zeros((MIN_GEMM_ROWS, x.shape[1]), dtype=np.float32)
+    padded[:rows] = x
+    return (padded @ w)[:rows]
+
+
+class KVCache:
+    """K and V for every layer: (n_layers, num_blocks, n_kv_heads, block_size, head_dim) float32."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16):
+        shape = (config.n_layers, num_blocks, config.n_kv_heads, block_size, config.head_dim)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        # np.empty + fill touches every page now, not during the first steps.
+        self.k = np.empty(shape, dtype=np.float32)
+        self.v = np.empty(shape, dtype=np.float32)
+        self.k.fill(0.0)
+        self.v.fill(0.0)
+
+    @staticmethod
+    def bytes_per_block(config: ModelConfig, block_size: int) -> int:
+        return 2 * config.n_layers * config.n_kv_heads * block_size * config.head_dim * 4
+
+
+@dataclass
+class StepInput:
+    """Everything the forward pass needs for one step, as flat arrays."""
+
+    token_ids: np.ndarray  # (T,) int64
+    positions: np.ndarray  # (T,) int32
+    slots: np.ndarray  # (T,) int64: block * block_size + offset where each token's K/V goes
+    block_tables: np.ndarray  # (S, max_blocks) int32
+    attn_items: np.ndarray  # (W, 4) int32: (seq, kv_head, t_begin, t_end)
+    logit_rows: np.ndarray  # (R,) int64: the token rows whose next-token logits are wanted
+
+
+ATTN_TILE = 16  # query tokens per attention work item
+
+
+def build_step_input(
+    chunks: list[tuple[list[int], int, list[int]]], block_size: int, n_kv_heads: int, want_logits: list[bool]
+) -> StepInput:
+    """Pack per-sequence chunks (new token ids, position of the first one, block table) into a StepInput."""
+    token_ids, positions, slots, items, logit_rows = [], [], [], [], []
+    max_blocks = max(len(table) for _, _, table in chunks)
+    block_tables = np.full((len(chunks), max_blocks), -1, dtype=np.int32)
+    for seq, ((ids, start, table), wants) in enumerate(zip(chunks, want_logits)):
+        first_row = len(token_ids)
+        pos = np.arange(start, start + len(ids))
+        token_ids.extend(ids)
+        positions.extend(pos)
+        slots.extend(np.asarray(table, dtype=np.int64)[pos // block_size] * block_size + pos % block_size)
+        block_tables[seq, : len(table)] = table
+        for t0 in range(first_row, first_row + len(ids), ATTN_TILE):
+            t1 = min(t0 + ATTN_TILE, first_row + len(ids))
+            items.extend((seq, h, t0, t1) for h in range(n_kv_heads))
+        if wants:
+            logit_rows.append(len(token_ids) - 1)
+    return StepInput(
+        token_ids=np.asarray(token_ids, dtype=np.int64),
+        positions=np.asarray(positions, dtype=np.int32),
+        slots=np.asarray(slots, dtype=np.int64),
+        block_tables=block_tables,
+        attn_items=np.asarray(items, dtype=np.int32).reshape(-1, 4),
+        logit_rows=np.asarray(logit_rows, dtype=np.int64),
+    )
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, weights: ModelWeights):
+        self.config = config
+        self.weights = weights
+        self.cos, self.sin = kernels.rope_tables(config.head_dim, config.rope_theta, config.context_length)
+        self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
+
+    def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
+        """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
+        cfg, w = self.config, self.weights
+        n_tokens = len(step.token_ids)
+        x = w.token_embd[step.token_ids]
+        normed = np.empty_like(x)
+        attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
+        act = np.empty((n_tokens, cfg.ffn_dim), dtype=np.float32)
+        for i, layer in enumerate(w.layers):
+            kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
+            qkv = linear(normed, layer.wqkv)
+            kernels.rope_and_store_kv(
+                qkv, step.positions, self.cos, self.sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                step.slots, cache.k[i], cache.v[i],
+            )
+            q = qkv[:, : cfg.q_dim].reshape(n_tokens, cfg.n_heads, cfg.head_dim)
+            kernels.paged_attention(
+                q, cache.k[i], cache.v[i], step.block_tables, step.positions, step.attn_items, self.scale, attn_out
+            )
+            x += linear(attn_out.reshape(n_tokens, cfg.q_dim), layer.wo)
+            kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
+            kernels.silu_mul(linear(normed, layer.w_gate_up), act)
+            x += linear(act, layer.w_down)
+        last = x[step.logit_rows]
+        kernels.rmsnorm(last, w.output_norm, cfg.rms_eps, last)
+        return linear(last, w.lm_head)

@@ -1,0 +1,235 @@
+"""Tiny, real GGUF files for unit tests, written with ``gguf.GGUFWriter``.
+
+``write_tiny_llama`` writes a valid miniature llama model (random weights, a small
+byte-level BPE vocab, ChatML template) and returns what it wrote, including the
+float32 dequantization of every tensor, so loader tests can compare against it.
+The ``write_*`` helpers below it produce files that are broken in one known way.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import dequantize, quant_shape_to_byte_shape, quantize
+
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+# Types gguf-py (0.19) cannot quantize: raw blocks built by hand instead. Each entry is
+# the byte offsets of the block's fp16 scale fields and the value written there
+# (random bytes elsewhere), chosen so dequantized values stay within about +-1.
+_HAND_BUILT = {
+    "Q4_K": {0: 2.0**-12, 2: 2.0**-9},   # d, dmin | scales[12] | qs[128]  (144 B)
+    "Q5_K": {0: 2.0**-13, 2: 2.0**-9},   # d, dmin | scales[12] | qh[32] | qs[128]  (176 B)
+    "Q6_K": {208: 2.0**-15},             # ql[128] | qh[64] | scales[16] int8 | d  (210 B)
+    "Q2_K": {80: 2.0**-8, 82: 2.0**-8},  # scales[16] | qs[64] | d, dmin  (84 B)
+    "IQ2_XXS": {0: 2.0**-8},             # d | qs[64]  (66 B)
+}
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "l l", "Ġ w", "o r", "he ll", "hell o", "Ġw or", "Ġwor l", "Ġworl d",
+          "Ġt he", "i n", "Ġ a"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable unicode mapping (same order as GPT-2's vocab)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token_types, merges): 3 control tokens, 256 byte symbols, one token per merge."""
+    tokens = SPECIAL_TOKENS + list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in MERGES]
+    types = [int(gguf.TokenType.CONTROL)] * len(SPECIAL_TOKENS) + [int(gguf.TokenType.NORMAL)] * (len(tokens) - len(SPECIAL_TOKENS))
+    assert len(set(tokens)) == len(tokens)
+    return tokens, types, list(MERGES)
+
+
+def random_blocks(qtype: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """Valid raw uint8 blocks of a type for a logical (out, in) shape: random payload, small fp16 scales."""
+    byte_shape = quant_shape_to_byte_shape(shape, QT[qtype])
+    block_bytes = gguf.GGML_QUANT_SIZES[QT[qtype]][1]
+    raw = rng.integers(0, 256, size=(int(np.prod(byte_shape)) // block_bytes, block_bytes), dtype=np.uint8)
+    for offset, value in _HAND_BUILT[qtype].items():
+        raw[:, offset:offset + 2] = np.array([value], dtype=np.float16).view(np.uint8)
+    return raw.reshape(byte_shape)
+
+
+def encode_weight(w: np.ndarray, qtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Float32 (out, in) -> the array to hand to add_tensor for ``qtype``."""
+    if qtype == "F32":
+        return w.astype(np.float32)
+    if qtype == "F16":
+        return w.astype(np.float16)
+    if qtype in _HAND_BUILT:
+        return random_blocks(qtype, w.shape, rng)
+    return quantize(w, QT[qtype])  # BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+
+
+def to_float(raw: np.ndarray, qtype: QT) -> np.ndarray:
+    """What a correct loader must produce for a stored tensor: float32 in (out, in) layout."""
+    return np.array(dequantize(raw, qtype), dtype=np.float32)
+
+
+def _stored_type(raw: np.ndarray, raw_dtype: QT | None) -> QT:
+    if raw_dtype is not None:
+        return raw_dtype
+    return {np.dtype(np.float32): QT.F32, np.dtype(np.float16): QT.F16}[raw.dtype]
+
+
+def write_tiny_llama(path, *, tensor_type="F32", n_layers=2, dim=None, n_heads=4, n_kv_heads=2, ffn_dim=None,
+                     context_length=128, tie_embeddings=True, seed=0, rope_theta=10000.0, rms_eps=1e-5,
+                     arch="llama", drop_keys=(), tensor_overrides=None) -> dict:
+    """Write a tiny llama GGUF; weight matrices use ``tensor_type``, norms stay F32.
+
+    ``dim``/``ffn_dim`` default to 64/128, or 256/512 for K-quants (rows must be multiples
+    of 256). ``drop_keys`` removes metadata keys after they are set. ``tensor_overrides``
+    maps a tensor name to an array written as is (float32 -> F32, float16 -> F16) or to a
+    ``(raw_uint8_blocks, "Q2_K")`` pair. Returns the config plus ``tensors``: name ->
+    float32 array (out, in) dequantized from exactly the bytes written.
+    """
+    if tensor_type not in SUPPORTED_TYPES:
+        raise ValueError(f"tensor_type must be one of {SUPPORTED_TYPES}, got {tensor_type!r}")
+    big = tensor_type in K_QUANTS
+    dim = dim if dim is not None else (256 if big else 64)
+    ffn_dim = ffn_dim if ffn_dim is not None else (512 if big else 128)
+    head_dim = dim // n_heads
+    rng = np.random.default_rng(seed)
+    tokens, token_types, merges = tiny_vocab()
+    vocab = len(tokens)
+
+    shapes = {"token_embd.weight": (vocab, dim)}
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        shapes.update({p + "attn_norm.weight": (dim,), p + "attn_q.weight": (n_heads * head_dim, dim),
+                       p + "attn_k.weight": (n_kv_heads * head_dim, dim), p + "attn_v.weight": (n_kv_heads * head_dim, dim),
+                       p + "attn_output.weight": (dim, n_heads * head_dim), p + "ffn_norm.weight": (dim,),
+                       p + "ffn_gate.weight": (ffn_dim, dim), p + "ffn_up.weight": (ffn_dim, dim),
+                       p + "ffn_down.weight": (dim, ffn_dim)})
+    shapes["output_norm.weight"] = (dim,)
+    if not tie_embeddings:
+        shapes["output.weight"] = (vocab, dim)
+
+    stored: dict[str, tuple[np.ndarray, QT | None]] = {}
+    for name, shape in shapes.items():
+        if len(shape) == 1:  # norm: F32 around 1
+            stored[name] = ((1.0 + 0.05 * rng.standard_normal(shape)).astype(np.float32), None)
+        else:
+            w = (0.05 * rng.standard_normal(shape)).astype(np.float32)
+            raw = encode_weight(w, tensor_type, rng)
+            stored[name] = (raw, QT[tensor_type] if raw.dtype == np.uint8 else None)
+    for name, value in (tensor_overrides or {}).items():
+        stored[name] = (value[0], QT[value[1]]) if isinstance(value, tuple) else (value, None)
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny-llama-test")
+    w.add_block_count(n_layers)
+    w.add_context_length(context_length)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn_dim)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_rope_freq_base(rope_theta)
+    w.add_layer_norm_rms_eps(rms_eps)
+    w.add_vocab_size(vocab)
+    w.add_rope_dimension_count(head_dim)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(token_types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_pad_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_add_space_prefix(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+    for key in drop_keys:
+        del w.kv_data[0][key]  # KeyError on a typo, on purpose
+    for name, (raw, raw_dtype) in stored.items():
+        w.add_tensor(name, raw, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    tensors = {}
+    for name, (raw, raw_dtype) in stored.items():
+        try:
+            tensors[name] = to_float(raw, _stored_type(raw, raw_dtype))
+        except NotImplementedError:  # an override of a type gguf-py cannot dequantize
+            tensors[name] = None
+    return dict(path=Path(path), arch=arch, tensor_type=tensor_type, n_layers=n_layers, dim=dim, n_heads=n_heads,
+                n_kv_heads=n_kv_heads, head_dim=head_dim, ffn_dim=ffn_dim, context_length=context_length,
+                tie_embeddings=tie_embeddings, rope_theta=rope_theta, rms_eps=rms_eps, vocab_size=vocab,
+                tokens=tokens, token_types=token_types, merges=merges, bos_token_id=1, eos_token_id=2,
+                chat_template=CHAT_TEMPLATE,
+                tensor_types={n: _stored_type(r, t).name for n, (r, t) in stored.items()}, tensors=tensors)
+
+
+# ---- broken files -------------------------------------------------------------------------
+
+def write_not_gguf(path) -> None:
+    """A plain text file."""
+    Path(path).write_text("this is not a GGUF file\n")
+
+
+def _cut(path, source, where) -> None:
+    if source is None:
+        source = path
+        write_tiny_llama(path)
+    data = Path(source).read_bytes()
+    size = where(gguf.GGUFReader(source), len(data))
+    assert 0 < size < len(data)
+    Path(path).write_bytes(data[:size])
+
+
+def write_truncated(path, source=None) -> None:
+    """``source`` (a valid GGUF; default: a fresh tiny llama) cut halfway into its tensor data."""
+    _cut(path, source, lambda r, n: r.data_offset + (n - r.data_offset) // 2)
+
+
+def write_truncated_header(path, source=None) -> None:
+    """``source`` cut in the middle of its metadata (inside the token list)."""
+    _cut(path, source, lambda r, n: int(r.fields["tokenizer.ggml.tokens"].offset) + 100)
+
+
+def write_unsupported_arch(path) -> None:
+    """A well-formed file whose general.architecture is 'mamba' (keys prefixed 'mamba.')."""
+    write_tiny_llama(path, arch="mamba")
+
+
+def write_unsupported_tensor_type(path) -> None:
+    """A tiny llama whose blk.0.attn_q.weight is stored as Q2_K (everything else F32)."""
+    rng = np.random.default_rng(1)
+    write_tiny_llama(path, dim=256, ffn_dim=512, n_heads=4, n_kv_heads=2,
+                     tensor_overrides={"blk.0.attn_q.weight": (random_blocks("Q2_K", (256, 256), rng), "Q2_K")})
+
+
+def write_missing_key(path) -> None:
+    """A tiny llama without llama.embedding_length."""
+    write_tiny_llama(path, drop_keys=("llama.embedding_length",))
+
+
+def write_shape_mismatch(path) -> None:
+    """A tiny llama (dim 64) whose blk.0.attn_q.weight is (48, 64) instead of (64, 64)."""
+    bad = (0.05 * np.random.default_rng(2).standard_normal((48, 64))).astype(np.float32)
+    write_tiny_llama(path, tensor_overrides={"blk.0.attn_q.weight": bad})
+
