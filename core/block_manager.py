@@ -1,0 +1,175 @@
+"""BlockManager: which KV-cache blocks each sequence owns, with automatic prefix caching and copy-on-write.
+
+A full block is keyed by a hash of its token ids chained with its parent
+block's key, so equal prefixes map to the same blocks. A block whose last
+owner leaves keeps its key and contents in a LRU free list until its memory
+is needed again, so a later request with the same prefix can still reuse it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from .sequence import Sequence
+
+NO_HASH = -1
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int = NO_HASH
+    token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+
+def block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # ref_count == 0 blocks, least recently freed first; values unused
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # hash -> block id
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0  # of those, tokens found
+
+    # -- accounting --------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- internal ----------------------------------------------------------------------------------
+
+    def _take_free_block(self) -> Block:
+        block_id, _ = self.free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash != NO_HASH and self.cached.get(block.hash) == block_id:
+            del self.cached[block.hash]  # its contents are about to be overwritten
+        block.hash, block.token_ids, block.ref_count = NO_HASH, (), 1
+        return block
+
+    def _ref(self, block: Block) -> None:
+        if block.ref_count == 0:
+            del self.free[block.block_id]
+        block.ref_count += 1
+
+    def _unref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_count > 0, f"block {block_id} freed twice"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free[block_id] = None
+
+    def _cached_prefix(self, token_ids: list[int]) -> list[Block]:
+        """The longest run of full blocks of `token_ids` present in the cache (tokens compared, not just hashes)."""
+        hits, parent = [], NO_HASH
+        for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
+            chunk = tuple(token_ids[start:start + self.block_size])
+            parent = block_hash(parent, chunk)
+            block_id = self.cached.get(parent)
+            if block_id is None or self.blocks[block_id].token_ids != chunk:
+                break
+            hits.append(self.blocks[block_id])
+        return hits
+
+    # -- admission -----------------------------------------------------------------------------------
+
+    def admit(self, seq: Sequence) -> None:
+        """Give a waiting sequence the cached blocks of its longest cached prefix."""
+        assert not seq.block_table
+        tokens = seq.token_ids
+        hits = self._cached_prefix(tokens) if self.enable_prefix_caching else []
+        for block in hits:
+            self._ref(block)
+        seq.block_table = [b.block_id for b in hits]
+        # At least the last token is always computed, to produce the next-token logits; its K/V
+        # rewrite into a shared block is harmless: the forward pass gives it bitwise the same values.
+        seq.num_computed_tokens = min(len(hits) * self.block_size, len(tokens) - 1)
+        seq.num_cached_tokens = seq.num_computed_tokens
+        self.prefix_queries += len(tokens)
+        self.prefix_hits += seq.num_cached_tokens
+
+    def admission_cost(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Free blocks that admitting `seq` and computing `num_new_tokens` of it would take."""
+        hits = self._cached_prefix(seq.token_ids) if self.enable_prefix_caching else []
+        from_free_list = sum(1 for b in hits if b.ref_count == 0)
+        cached_tokens = min(len(hits) * self.block_size, seq.num_tokens - 1)
+        new_blocks = max(0, self.blocks_needed(cached_tokens + num_new_tokens) - len(hits))
+        return from_free_list + new_blocks
+
+    # -- growth ---------------------------------------------------------------------------------------
+
+    def blocks_to_grow(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Free blocks needed to hold `num_new_tokens` more computed tokens (copy-on-write included)."""
+        total = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
+        needed = max(0, total - len(seq.block_table))
+        if self._last_block_is_shared_partial(seq):
+            needed += 1
+        return needed
+
+    def _last_block_is_shared_partial(self, seq: Sequence) -> bool:
+        if not seq.block_table or seq.num_computed_tokens % self.block_size == 0:
+            return False
+        return self.blocks[seq.block_table[-1]].ref_count > 1
+
+    def grow(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+        """Make room for `num_new_tokens` more tokens; return (src, dst) block copies to do first (copy-on-write)."""
+        copies = []
+        if self._last_block_is_shared_partial(seq):
+            old = seq.block_table[-1]
+            new = self._take_free_block().block_id
+            self._unref(old)
+            seq.block_table[-1] = new
+            copies.append((old, new))
+        while len(seq.block_table) < self.blocks_needed(seq.num_computed_tokens + num_new_tokens):
+            seq.block_table.append(self._take_free_block().block_id)
+        return copies
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Key every block of `seq` that is now full of computed tokens, so later prompts can share it."""
+        if not self.enable_prefix_caching:
+            return
+        tokens = seq.token_ids
+        parent = NO_HASH
+        for i in range(seq.num_computed_tokens // self.block_size):
+            block = self.blocks[seq.block_table[i]]
+            chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+            if block.hash == NO_HASH:
+                block.hash, block.token_ids = block_hash(parent, chunk), chunk
+                self.cached.setdefault(block.hash, block.block_id)
+            parent = block.hash
+
+    # -- release ----------------------------------------------------------------------------------------
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child shares every block of the parent; the first write to a shared partial block copies it."""
+        child.block_table = list(parent.block_table)
+        child.num_computed_tokens = parent.num_computed_tokens
+        for block_id in child.block_table:
+            self._ref(self.blocks[block_id])
+
+    def release(self, seq: Sequence) -> None:
+        """Drop the sequence's blocks (finished, aborted or preempted)."""
+        for block_id in reversed(seq.block_table):
+            self._unref(block_id)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
