@@ -64,9 +64,8 @@ def generate(prompt, model, chat, system, max_tokens, temperature, top_p, top_k,
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     for piece in engine.stream(prompt, params):
-        if isinstance(piece, str):
-            click.echo(piece, nl=False)
-            sys.stdout.flush()
+        click.echo(piece, nl=False)
+        sys.stdout.flush()
     click.echo()
 
 

@@ -22,6 +22,7 @@ class Block:
     ref_count: int = 0
     hash: int = NO_HASH
     token_ids: tuple[int, ...] = field(default_factory=tuple)
+    parent_id: int = -1  # the block before it in the sequence it was keyed for
 
 
 def block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
@@ -60,7 +61,7 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.hash != NO_HASH and self.cached.get(block.hash) == block_id:
             del self.cached[block.hash]  # its contents are about to be overwritten
-        block.hash, block.token_ids, block.ref_count = NO_HASH, (), 1
+        block.hash, block.token_ids, block.parent_id, block.ref_count = NO_HASH, (), -1, 1
         return block
 
     def _ref(self, block: Block) -> None:
@@ -77,14 +78,16 @@ class BlockManager:
 
     def _cached_prefix(self, token_ids: list[int]) -> list[Block]:
         """The longest run of full blocks of `token_ids` present in the cache (tokens compared, not just hashes)."""
-        hits, parent = [], NO_HASH
+        hits, key, parent_id = [], NO_HASH, -1
         for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
             chunk = tuple(token_ids[start:start + self.block_size])
-            parent = block_hash(parent, chunk)
-            block_id = self.cached.get(parent)
-            if block_id is None or self.blocks[block_id].token_ids != chunk:
+            key = block_hash(key, chunk)
+            block = self.blocks[self.cached[key]] if key in self.cached else None
+            # tokens and parent block checked too: by induction the whole prefix is equal, never just its hash
+            if block is None or block.token_ids != chunk or block.parent_id != parent_id:
                 break
-            hits.append(self.blocks[block_id])
+            hits.append(block)
+            parent_id = block.block_id
         return hits
 
     # -- admission -----------------------------------------------------------------------------------
@@ -140,19 +143,23 @@ class BlockManager:
             seq.block_table.append(self._take_free_block().block_id)
         return copies
 
-    def register_full_blocks(self, seq: Sequence) -> None:
-        """Key every block of `seq` that is now full of computed tokens, so later prompts can share it."""
+    def register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Key every block of `seq` that its first `num_tokens` tokens fill, so other prompts can share it.
+
+        The scheduler calls this for the tokens a step is about to compute: a prompt admitted later in the
+        same step may then share those blocks, since each layer writes all new K/V before any attention reads.
+        """
         if not self.enable_prefix_caching:
             return
         tokens = seq.token_ids
-        parent = NO_HASH
-        for i in range(seq.num_computed_tokens // self.block_size):
+        key, parent_id = NO_HASH, -1
+        for i in range(num_tokens // self.block_size):
             block = self.blocks[seq.block_table[i]]
-            chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
             if block.hash == NO_HASH:
-                block.hash, block.token_ids = block_hash(parent, chunk), chunk
+                chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+                block.hash, block.token_ids, block.parent_id = block_hash(key, chunk), chunk, parent_id
                 self.cached.setdefault(block.hash, block.block_id)
-            parent = block.hash
+            key, parent_id = block.hash, block.block_id
 
     # -- release ----------------------------------------------------------------------------------------
 

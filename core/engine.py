@@ -1,40 +1,40 @@
-"""Engine: load a GGUF model once, then compute logits and generate text.
+"""Engine: a resident model serving many requests at once by continuous batching.
 
-This first engine runs one sequence at a time over a paged KV cache whose
-block table is simply 0, 1, 2, ...; prefill goes in chunks of
-`max_num_batched_tokens`, then one decode step per token.
+    add_request() -> step() ... step() -> finished RequestOutputs
+
+Each step the scheduler picks decode tokens and prefill chunks, the model runs
+them as one packed batch over the paged KV cache, the sampler picks next
+tokens, and finished sequences leave at once.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence as Seq
 
 import numpy as np
 
+from . import sampler
+from .block_manager import BlockManager
 from .config import ModelConfig
 from .errors import RequestError
 from .gguf_file import GGUFFile
-from .model import KVCache, LlamaModel, build_step_input
+from .kv_cache import KVCache, parse_size
+from .model import LlamaModel, build_step_input
+from .outputs import CompletionOutput, RequestOutput
 from .registry import resolve_model
-from .sampling import SamplingParams, apply_penalties, new_generator, sample_token
+from .sampling import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .weights import load_weights
 
-DEFAULT_BLOCK_SIZE = 16
-DEFAULT_KV_CACHE_TOKENS = 8192
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+DEFAULT_KV_CACHE_MEMORY = "1GiB"
+STATS_WINDOW_S = 10.0
 
 
 @dataclass
@@ -48,6 +48,16 @@ class LoadTimes:
         return self.parse_s + self.tokenizer_s + self.weights_s
 
 
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    stop_ids: set[int]
+
+
 class Engine:
     def __init__(
         self,
@@ -55,23 +65,36 @@ class Engine:
         tokenizer: Tokenizer,
         *,
         model_name: str = "",
-        block_size: int = DEFAULT_BLOCK_SIZE,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: str | int = DEFAULT_KV_CACHE_MEMORY,
+        max_num_seqs: int = 64,
         max_num_batched_tokens: int = 512,
         max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
     ):
         self.model = model
         self.config: ModelConfig = model.config
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.block_size = block_size
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = min(max_model_len or DEFAULT_KV_CACHE_TOKENS, self.config.context_length)
-        self.cache = KVCache(self.config, num_blocks=-(-self.max_model_len // block_size), block_size=block_size)
+        if num_kv_blocks is None:
+            num_kv_blocks = parse_size(kv_cache_memory) // KVCache.bytes_per_block(self.config, block_size)
+        if num_kv_blocks < 1:
+            raise RequestError(f"the KV cache must hold at least one block of {block_size} tokens.")
+        self.max_model_len = min(max_model_len or self.config.context_length, self.config.context_length)
+        self.cache = KVCache(self.config, num_kv_blocks, block_size)
+        self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
+        self.requests: dict[str, Request] = {}
+        self._aborted: list[RequestOutput] = []
+        self._token_log: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
+        self._ids = itertools.count()
         self.load_times: LoadTimes | None = None
 
     @classmethod
     def from_model(cls, name_or_path: str | Path, log: Callable[[str], None] = lambda m: None, **options) -> "Engine":
-        """Load an alias (pulled on first use) or a .gguf path."""
+        """Load an alias (pulled on first use) or a .gguf path; options are the constructor's keywords."""
         path = resolve_model(name_or_path, log)
         t0 = time.perf_counter()
         gguf = GGUFFile(path)
@@ -85,9 +108,9 @@ class Engine:
         engine.load_times = LoadTimes(parse_s=t1 - t0, tokenizer_s=t2 - t1, weights_s=t3 - t2)
         return engine
 
-    # -- requests -----------------------------------------------------------------------------------
+    # -- requests -------------------------------------------------------------------------------------
 
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+    def _prompt_ids(self, prompt: str | Seq[int]) -> list[int]:
         ids = self.tokenizer.encode(prompt, special=True) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
             raise RequestError("the prompt is empty.")
@@ -95,101 +118,275 @@ class Engine:
             raise RequestError(f"the prompt has token ids outside the vocabulary (0..{self.config.vocab_size - 1}).")
         return ids
 
-    def _check_length(self, n_prompt: int, max_tokens: int) -> None:
+    def _check_fits(self, n_prompt: int, max_tokens: int) -> None:
         if n_prompt + max_tokens > self.max_model_len:
             raise RequestError(
                 f"the prompt has {n_prompt} tokens and max_tokens is {max_tokens}: together they exceed "
-                f"the model's context length of {self.max_model_len} tokens."
+                f"the context length of {self.max_model_len} tokens."
+            )
+        if self.block_manager.blocks_needed(n_prompt + max_tokens) > self.block_manager.num_blocks:
+            raise RequestError(
+                f"the prompt has {n_prompt} tokens and max_tokens is {max_tokens}: together they need more "
+                f"than the whole KV cache ({self.block_manager.num_blocks * self.block_size} tokens)."
             )
 
-    # -- forward --------------------------------------------------------------------------------------
-
-    def _prefill(self, ids: list[int]) -> np.ndarray:
-        """Run the prompt through the model in chunks; return the last position's logits."""
-        table = list(range(-(-len(ids) // self.block_size)))
-        logits = None
-        for start in range(0, len(ids), self.max_num_batched_tokens):
-            chunk = ids[start:start + self.max_num_batched_tokens]
-            is_last = start + len(chunk) == len(ids)
-            step = build_step_input([(chunk, start, table)], self.block_size, self.config.n_kv_heads, [is_last])
-            out = self.model.forward(step, self.cache)
-            if is_last:
-                logits = out[0]
-        return logits
-
-    def _decode(self, token: int, position: int) -> np.ndarray:
-        table = list(range(position // self.block_size + 1))
-        step = build_step_input([([token], position, table)], self.block_size, self.config.n_kv_heads, [True])
-        return self.model.forward(step, self.cache)[0]
-
-    def logits(self, prompt: str | Sequence[int]) -> np.ndarray:
-        """float32 next-token logits after the last position of the prompt."""
+    def add_request(
+        self, prompt: str | Seq[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Queue a request (text, or token ids); returns its id. A request that cannot be served raises RequestError."""
+        params = params or SamplingParams()
+        params.validate()
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self.requests:
+            raise RequestError(f"request id '{request_id}' is already in use.")
         ids = self._prompt_ids(prompt)
-        self._check_length(len(ids), 0)
-        return self._prefill(ids).copy()
+        self._check_fits(len(ids), params.max_tokens)
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.tokenizer.eog_ids)
+        seq = self._new_sequence(request_id, 0, ids, params)
+        self.requests[request_id] = Request(
+            request_id, prompt if isinstance(prompt, str) else None, ids, params, [seq], stop_ids
+        )
+        self.scheduler.add(seq)
+        return request_id
 
-    # -- generation -------------------------------------------------------------------------------------
-
-    def stream(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str = "0") -> Iterator[str]:
-        """Generate one completion, yielding text pieces as they complete; the last yield is the RequestOutput."""
-        ids = self._prompt_ids(prompt)
-        self._check_length(len(ids), params.max_tokens)
-        output = RequestOutput(request_id, prompt if isinstance(prompt, str) else None, ids)
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids |= self.tokenizer.eog_ids
-        rng = new_generator(params.seed)
+    def _new_sequence(self, request_id: str, index: int, ids: list[int], params: SamplingParams) -> Sequence:
+        # choice i of a seeded request has its own fixed stream, independent of the batch
+        rng = np.random.default_rng(None if params.seed is None else [params.seed, index])
         detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens)
-        logits = self._prefill(ids)
+        return Sequence(request_id, index, list(ids), params, rng, detok)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request; its output (finish_reason "abort") comes with the next step(). False if unknown."""
+        request = self.requests.pop(str(request_id), None)
+        if request is None:
+            return False
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+                seq.finish_reason = "abort"
+        self._aborted.append(self._output(request))
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or bool(self._aborted)
+
+    # -- the step -------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; return a snapshot of every request that got new tokens or finished."""
+        outputs, self._aborted = self._aborted, []
+        batch = self.scheduler.schedule()
+        if not batch:
+            return outputs
+        self.cache.copy_blocks(batch.block_copies)
+        chunks, wants_logits = [], []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            start = seq.num_computed_tokens
+            chunks.append((seq.token_ids[start:start + n], start, seq.block_table))
+            wants_logits.append(start + n == seq.num_tokens)
+        step_input = build_step_input(chunks, self.block_size, self.config.n_kv_heads, wants_logits)
+        logits = self.model.forward(step_input, self.cache)
+
+        sampled, prompt_tokens = [], 0
+        for seq, n, wants in zip(batch.seqs, batch.num_new_tokens, wants_logits):
+            if n > 1 or not seq.output_token_ids:
+                prompt_tokens += n  # prefill (or recomputation after preemption), not a decode token
+            seq.num_computed_tokens += n
+            if wants:
+                sampled.append(seq)
+        stop_ids = [self.requests[s.request_id].stop_ids for s in sampled]
+        tokens = sampler.sample(logits, sampled, stop_ids)
+
+        touched = {}
+        for seq, token, row in zip(sampled, tokens, logits):
+            request = self.requests[seq.request_id]
+            if seq.index == 0 and not seq.output_token_ids and request.params.n > 1:
+                self._fork(request, seq, row)
+            self._append_token(seq, token, request)
+            touched[seq.request_id] = request
+        self._log_tokens(prompt_tokens, len(sampled))
+
+        for request in touched.values():
+            outputs.append(self._output(request))
+            if all(s.is_finished for s in request.seqs):
+                del self.requests[request.request_id]
+        return outputs
+
+    def _fork(self, request: Request, parent: Sequence, logits_row: np.ndarray) -> None:
+        """n > 1: the other choices share the parent's prompt blocks (copy-on-write) and sample from its logits."""
+        for index in range(1, request.params.n):
+            child = self._new_sequence(request.request_id, index, parent.prompt_token_ids, request.params)
+            self.block_manager.fork(parent, child)
+            token = sampler.sample(logits_row[None], [child], [request.stop_ids])[0]
+            request.seqs.append(child)
+            self.scheduler.add_running(child)
+            self._append_token(child, token, request)
+
+    def _append_token(self, seq: Sequence, token: int, request: Request) -> None:
+        params = seq.params
+        seq.output_token_ids.append(token)
+        if token in request.stop_ids:
+            self._finish(seq, "stop", stop_reason=token)
+            return
+        before = len(seq.text)
+        seq.text += seq.detokenizer.add(token)
+        if params.stop and len(seq.text) > before:
+            at = _find_stop(seq.text, params.stop, before)
+            if at is not None:
+                seq.stop_reason = next(s for s in params.stop if seq.text.startswith(s, at))
+                seq.text = seq.text[:at]
+                self._finish(seq, "stop", flush=False)
+                return
+        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason=None, flush: bool = True) -> None:
+        if flush:
+            seq.text += seq.detokenizer.flush()
+        seq.finish_reason = reason
+        if stop_reason is not None:
+            seq.stop_reason = stop_reason
+        self.scheduler.finish(seq)
+
+    def _output(self, request: Request) -> RequestOutput:
+        choices = [
+            CompletionOutput(s.index, s.text, list(s.output_token_ids), s.finish_reason, s.stop_reason,
+                             list(s.logprobs) if s.params.logprobs is not None else None)
+            for s in request.seqs
+        ]
+        return RequestOutput(
+            request.request_id, request.prompt, request.prompt_token_ids, choices,
+            finished=all(s.finish_reason is not None for s in request.seqs),
+            num_cached_tokens=request.seqs[0].num_cached_tokens,
+        )
+
+    # -- stats ----------------------------------------------------------------------------------------
+
+    def _log_tokens(self, prompt_tokens: int, generated: int) -> None:
+        now = time.monotonic()
+        self._token_log.append((now, prompt_tokens, generated))
+        while self._token_log and self._token_log[0][0] < now - STATS_WINDOW_S:
+            self._token_log.popleft()
+
+    def stats(self) -> dict:
+        """KV cache and throughput figures, named as vLLM names them (throughputs over the last 10 s)."""
+        bm = self.block_manager
+        log = self._token_log
+        span = (log[-1][0] - log[0][0]) if len(log) > 1 else 0.0
+        return {
+            "kv_blocks_used": bm.num_used_blocks,
+            "kv_blocks_total": bm.num_blocks,
+            "kv_usage": bm.num_used_blocks / bm.num_blocks,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_hit_rate": bm.prefix_cache_hit_rate,
+            "prompt_tokens_per_s": sum(p for _, p, _ in log) / span if span else 0.0,
+            "generation_tokens_per_s": sum(g for _, _, g in log) / span if span else 0.0,
+        }
+
+    # -- convenience ----------------------------------------------------------------------------------
+
+    def logits(self, prompt: str | Seq[int]) -> np.ndarray:
+        """float32 next-token logits after the last position of the prompt (no request is created)."""
+        ids = self._prompt_ids(prompt)
+        self._check_fits(len(ids), 0)
+        seq = self._new_sequence("logits", 0, ids, SamplingParams(max_tokens=1))
+        bm = self.block_manager
+        if bm.blocks_needed(len(ids)) > bm.num_free_blocks:
+            raise RequestError("the KV cache has no room for this prompt while other requests run.")
+        bm.admit(seq)
+        try:
+            while True:
+                n = min(seq.num_uncomputed, self.scheduler.max_num_batched_tokens)
+                bm.grow(seq, n)
+                bm.register_full_blocks(seq, seq.num_computed_tokens + n)
+                start = seq.num_computed_tokens
+                last = start + n == len(ids)
+                step = build_step_input([(ids[start:start + n], start, seq.block_table)], self.block_size,
+                                        self.config.n_kv_heads, [last])
+                out = self.model.forward(step, self.cache)
+                seq.num_computed_tokens += n
+                if last:
+                    return out[0].copy()
+        finally:
+            bm.release(seq)
+
+    def stream(self, prompt: str | Seq[int], params: SamplingParams | None = None) -> Iterator[str]:
+        """Generate one completion, yielding new text as it is produced."""
+        request_id = self.add_request(prompt, params)
+        sent = 0
         while True:
-            row = apply_penalties(logits.copy(), params, ids, output.token_ids)
-            if len(output.token_ids) < params.min_tokens:
-                row[list(stop_ids)] = -np.inf
-            token = sample_token(row, params, rng)
-            if token in stop_ids:
-                output.finish_reason = "stop"
-                break
-            output.token_ids.append(token)
-            piece = detok.add(token)
-            if piece:
-                stop_at = _find_stop(output.text + piece, params.stop, len(output.text))
-                if stop_at is not None:
-                    yield (output.text + piece)[len(output.text):stop_at]
-                    output.text = (output.text + piece)[:stop_at]
-                    output.finish_reason = "stop"
-                    break
-                output.text += piece
-                yield piece
-            if len(output.token_ids) >= params.max_tokens:
-                output.finish_reason = "length"
-                break
-            logits = self._decode(token, len(ids) + len(output.token_ids) - 1)
-        if output.finish_reason != "stop" or not params.stop:
-            tail = detok.flush()
-            output.text += tail
-            if tail:
-                yield tail
-        yield output
+            for out in self.step():
+                if out.request_id == request_id:
+                    yield out.text[sent:]
+                    sent = len(out.text)
+                    if out.finished:
+                        return
 
     def generate(
-        self, prompts: str | Sequence[str | Sequence[int]], params: SamplingParams | None = None
+        self,
+        prompts: str | Seq[str | Seq[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Generate one completion per prompt (a string or a list of token ids)."""
-        if isinstance(prompts, str):
+        """Run every prompt to completion, batched; outputs in prompt order. A refused prompt gets `error` set."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = params or SamplingParams()
-        outputs = []
-        for i, prompt in enumerate(prompts):
-            *_, result = self.stream(prompt, params, request_id=str(i))
-            outputs.append(result)
-        return outputs
+        params_list = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        results: dict[str, RequestOutput] = {}
+        order = []
+        for prompt, p in zip(prompts, params_list):
+            request_id = f"gen-{next(self._ids)}"
+            order.append(request_id)
+            try:
+                self.add_request(prompt, p, request_id)
+            except RequestError as err:
+                results[request_id] = RequestOutput(request_id, prompt if isinstance(prompt, str) else None,
+                                                    [], error=str(err), finished=True)
+        progress = _Progress(len(prompts), enabled=use_tqdm)
+        progress.advance(len(results))
+        while any(r not in results for r in order):
+            for out in self.step():
+                if out.finished and out.request_id in order:
+                    results[out.request_id] = out
+                    progress.advance(1)
+            progress.show(self.stats())
+        progress.close()
+        return [results[r] for r in order]
+
+
+class _Progress:
+    """A one-line progress display on stderr for generate(use_tqdm=True)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self._bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("generate"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[speed]}"), TimeRemainingColumn(), transient=False)
+            self._task = self._bar.add_task("generate", total=total, speed="")
+            self._bar.start()
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self._bar:
+            self._bar.update(self._task, completed=self.done)
+
+    def show(self, stats: dict) -> None:
+        if self._bar:
+            speed = f"{stats['prompt_tokens_per_s']:.0f} prompt tok/s, {stats['generation_tokens_per_s']:.0f} gen tok/s"
+            self._bar.update(self._task, speed=speed)
+
+    def close(self) -> None:
+        if self._bar:
+            self._bar.stop()
 
 
 def _find_stop(text: str, stops: list[str], new_from: int) -> int | None:
-    """Index where the earliest stop string starts, searching only where new text could complete one."""
-    best = None
-    for stop in stops:
-        at = text.find(stop, max(0, new_from - len(stop) + 1))
-        if at != -1 and (best is None or at < best):
-            best = at
-    return best
+    """Where the earliest stop string starts, looking only where text from `new_from` on could complete one."""
+    hits = [text.find(s, max(0, new_from - len(s) + 1)) for s in stops]
+    hits = [h for h in hits if h != -1]
+    return min(hits) if hits else None

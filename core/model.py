@@ -12,6 +12,7 @@ import numpy as np
 
 from . import kernels
 from .config import ModelConfig
+from .kv_cache import KVCache
 from .weights import ModelWeights
 
 # OpenBLAS picks a different kernel (with different rounding) for a GEMM of
@@ -28,24 +29,6 @@ def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     padded = np.zeros((MIN_GEMM_ROWS, x.shape[1]), dtype=np.float32)
     padded[:rows] = x
     return (padded @ w)[:rows]
-
-
-class KVCache:
-    """K and V for every layer: (n_layers, num_blocks, n_kv_heads, block_size, head_dim) float32."""
-
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16):
-        shape = (config.n_layers, num_blocks, config.n_kv_heads, block_size, config.head_dim)
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        # np.empty + fill touches every page now, not during the first steps.
-        self.k = np.empty(shape, dtype=np.float32)
-        self.v = np.empty(shape, dtype=np.float32)
-        self.k.fill(0.0)
-        self.v.fill(0.0)
-
-    @staticmethod
-    def bytes_per_block(config: ModelConfig, block_size: int) -> int:
-        return 2 * config.n_layers * config.n_kv_heads * block_size * config.head_dim * 4
 
 
 @dataclass

@@ -1,10 +1,8 @@
-"""SamplingParams (what a request asks for) and the sampler that turns logits into the next token."""
+"""SamplingParams: what a request asks of the sampler, validated when it is made."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .errors import RequestError
 
@@ -65,48 +63,3 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
-
-
-def new_generator(seed: int | None) -> np.random.Generator:
-    """One generator per sequence: a seeded request draws the same numbers whatever else is in the batch."""
-    return np.random.default_rng(seed)
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max()
-    return shifted - np.log(np.exp(shifted).sum())
-
-
-def apply_penalties(logits: np.ndarray, params: SamplingParams, prompt_ids, output_ids) -> np.ndarray:
-    """Repetition (prompt and output tokens, as vLLM), presence and frequency (output tokens) penalties."""
-    if params.repetition_penalty != 1.0:
-        seen = np.unique(np.concatenate([np.asarray(prompt_ids, np.int64), np.asarray(output_ids, np.int64)]))
-        if len(seen):
-            values = logits[seen]
-            logits[seen] = np.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
-    if (params.presence_penalty or params.frequency_penalty) and len(output_ids):
-        ids, counts = np.unique(np.asarray(output_ids, np.int64), return_counts=True)
-        logits[ids] -= params.frequency_penalty * counts + params.presence_penalty
-    return logits
-
-
-def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """Pick the next token from one row of (already penalised and masked) float32 logits."""
-    if params.greedy:
-        return int(np.argmax(logits))
-    logits = logits.astype(np.float64) / params.temperature
-    if params.top_k > 0 and params.top_k < len(logits):
-        kth = np.partition(logits, -params.top_k)[-params.top_k]
-        logits[logits < kth] = -np.inf
-    probs = np.exp(logits - logits.max())
-    probs /= probs.sum()
-    if params.min_p > 0:
-        probs[probs < params.min_p * probs.max()] = 0.0
-    if params.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        cumulative = np.cumsum(probs[order])
-        # keep the smallest prefix whose mass reaches top_p (the top token always stays)
-        cut = int(np.searchsorted(cumulative, params.top_p * cumulative[-1])) + 1
-        probs[order[cut:]] = 0.0
-    probs /= probs.sum()
-    return int(rng.choice(len(probs), p=probs))

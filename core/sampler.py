@@ -1,0 +1,97 @@
+"""Sampler: logits of a step's sequences -> their next tokens (and logprobs).
+
+Greedy rows are one argmax over the batch. Every other row is processed on
+its own, with its own random generator, so a seeded request draws the same
+token whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .sampling import SamplingParams
+from .sequence import Sequence
+
+# top-p looks for its nucleus among this many most likely tokens first and sorts
+# the whole vocabulary only when they do not hold enough probability mass
+TOP_P_CANDIDATES = 512
+
+
+def apply_penalties(row: np.ndarray, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> None:
+    """Repetition (prompt and output tokens, as vLLM), presence and frequency (output tokens) penalties, in place."""
+    if params.repetition_penalty != 1.0:
+        seen = np.unique(np.asarray(prompt_ids + output_ids, dtype=np.int64))
+        values = row[seen]
+        row[seen] = np.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and output_ids:
+        ids, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
+        row[ids] -= (params.frequency_penalty * counts + params.presence_penalty).astype(np.float32)
+
+
+def _top_p_mask(probs: np.ndarray, top_p: float) -> None:
+    """Zero every token outside the smallest set of most likely tokens whose mass reaches top_p."""
+    target = top_p * probs.sum()
+    candidates = np.argpartition(-probs, TOP_P_CANDIDATES)[:TOP_P_CANDIDATES] if len(probs) > TOP_P_CANDIDATES \
+        else np.arange(len(probs))
+    if probs[candidates].sum() < target:
+        candidates = np.arange(len(probs))
+    order = candidates[np.argsort(-probs[candidates], kind="stable")]
+    cumulative = np.cumsum(probs[order])
+    keep = int(np.searchsorted(cumulative, target)) + 1  # the top token always stays
+    mask = np.zeros(len(probs), dtype=bool)
+    mask[order[:keep]] = True
+    probs[~mask] = 0.0
+
+
+def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """Draw one token from a processed logits row: temperature, top-k, min-p, top-p, then one uniform draw."""
+    x = row.astype(np.float64) / params.temperature
+    if 0 < params.top_k < len(x):
+        kth = np.partition(x, -params.top_k)[-params.top_k]
+        x[x < kth] = -np.inf
+    probs = np.exp(x - x.max())
+    if params.min_p > 0:
+        probs[probs < params.min_p] = 0.0  # relative to the top token, whose prob here is exp(0) = 1
+    if params.top_p < 1.0:
+        _top_p_mask(probs, params.top_p)
+    cumulative = np.cumsum(probs)
+    return int(min(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"), len(probs) - 1))
+
+
+def token_logprobs(raw_row: np.ndarray, token: int, top_n: int) -> dict:
+    """The chosen token's log-probability and the top_n most likely tokens, from the model's raw logits."""
+    x = raw_row.astype(np.float64)
+    logprobs = x - x.max()
+    logprobs -= np.log(np.exp(logprobs).sum())
+    top = np.argsort(-logprobs, kind="stable")[:top_n] if top_n else np.array([], dtype=np.int64)
+    return {"token_id": token, "logprob": float(logprobs[token]),
+            "top": [(int(t), float(logprobs[t])) for t in top]}
+
+
+def sample(logits: np.ndarray, seqs: list[Sequence], stop_ids: list[set[int]]) -> list[int]:
+    """Next token for each sequence; `logits[i]` belongs to `seqs[i]`, `stop_ids[i]` are its stop tokens."""
+    tokens = [0] * len(seqs)
+    processed = logits
+    needs_processing = [
+        i for i, s in enumerate(seqs)
+        if s.params.repetition_penalty != 1.0 or s.params.presence_penalty or s.params.frequency_penalty
+        or len(s.output_token_ids) < s.params.min_tokens
+    ]
+    if needs_processing:
+        processed = logits.copy()
+        for i in needs_processing:
+            s = seqs[i]
+            apply_penalties(processed[i], s.params, s.prompt_token_ids, s.output_token_ids)
+            if len(s.output_token_ids) < s.params.min_tokens and stop_ids[i]:
+                processed[i, list(stop_ids[i])] = -np.inf
+
+    greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
+    if greedy:
+        for i, token in zip(greedy, processed[greedy].argmax(axis=1)):
+            tokens[i] = int(token)
+    for i, s in enumerate(seqs):
+        if not s.params.greedy:
+            tokens[i] = sample_row(processed[i], s.params, s.rng)
+        if s.params.logprobs is not None:
+            s.logprobs.append(token_logprobs(logits[i], tokens[i], s.params.logprobs))
+    return tokens

@@ -1,0 +1,112 @@
+"""Scheduler: continuous batching with chunked prefill and preemption by recomputation.
+
+Each step takes, within `max_num_batched_tokens`:
+1. one token of every running sequence that is decoding, oldest first;
+2. the next chunk of every running sequence still prefilling, oldest first;
+3. waiting sequences, admitted oldest first while `max_num_seqs` and free blocks allow.
+When blocks run out, the newest running sequence is preempted: its blocks go
+back (they stay in the prefix cache) and it waits to be recomputed.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+
+    def add(self, seq: Sequence, n: int, copies: list[tuple[int, int]]) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(n)
+        self.block_copies.extend(copies)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: list[Sequence] = []  # ordered by arrival
+        self.running: list[Sequence] = []  # ordered by arrival
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=lambda s: s.arrival)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A forked sequence that already holds blocks joins the running set directly."""
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=lambda s: s.arrival)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        bm = self.block_manager
+        decoding_first = sorted(self.running, key=lambda s: (s.is_prefilling, s.arrival))
+        for seq in decoding_first:
+            if budget == 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:
+                continue  # preempted to make room for an older sequence in this loop
+            n = min(seq.num_uncomputed, budget)
+            while bm.blocks_to_grow(seq, n) > bm.num_free_blocks:
+                victim = self._newest_unscheduled(batch)
+                self.preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                self._schedule(batch, seq, n)
+                budget -= n
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_tokens, budget)  # an upper bound: prefix-cache hits make it smaller
+            if bm.admission_cost(seq, n) > bm.num_free_blocks:
+                break
+            self.waiting.pop(0)
+            bm.admit(seq)
+            n = min(seq.num_uncomputed, budget)
+            self._schedule(batch, seq, n)
+            budget -= n
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self.running, seq, key=lambda s: s.arrival)
+        return batch
+
+    def _schedule(self, batch: ScheduledBatch, seq: Sequence, n: int) -> None:
+        copies = self.block_manager.grow(seq, n)
+        self.block_manager.register_full_blocks(seq, seq.num_computed_tokens + n)
+        batch.add(seq, n, copies)
+
+    def _newest_unscheduled(self, batch: ScheduledBatch) -> Sequence:
+        scheduled = set(map(id, batch.seqs))
+        return next(s for s in reversed(self.running) if id(s) not in scheduled)
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.release(seq)
+        self.num_preemptions += 1
+        self.add(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.release(seq)
+        seq.status = SequenceStatus.FINISHED
