@@ -72,12 +72,15 @@ class Engine:
         max_num_batched_tokens: int = 512,
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        batch_invariant: bool = False,
     ):
         self.model = model
         self.config: ModelConfig = model.config
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.block_size = block_size
+        self.batch_invariant = batch_invariant  # outputs bitwise independent of the batch (slower GEMMs)
         if num_kv_blocks is None:
             num_kv_blocks = parse_size(kv_cache_memory) // KVCache.bytes_per_block(self.config, block_size)
         if num_kv_blocks < 1:
@@ -85,10 +88,14 @@ class Engine:
         self.max_model_len = min(max_model_len or self.config.context_length, self.config.context_length)
         self.cache = KVCache(self.config, num_kv_blocks, block_size)
         self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
+        if not enable_chunked_prefill:  # every prompt must fit in one step
+            max_num_batched_tokens = max(max_num_batched_tokens, self.max_model_len)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
         self.requests: dict[str, Request] = {}
         self._aborted: list[RequestOutput] = []
         self._token_log: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
+        self.prompt_tokens_total = 0  # prompt tokens computed (recomputation after preemption included)
+        self.generation_tokens_total = 0
         self._ids = itertools.count()
         self.load_times: LoadTimes | None = None
 
@@ -185,7 +192,7 @@ class Engine:
             chunks.append((seq.token_ids[start:start + n], start, seq.block_table))
             wants_logits.append(start + n == seq.num_tokens)
         step_input = build_step_input(chunks, self.block_size, self.config.n_kv_heads, wants_logits)
-        logits = self.model.forward(step_input, self.cache)
+        logits = self.model.forward(step_input, self.cache, self.batch_invariant)
 
         sampled, prompt_tokens = [], 0
         for seq, n, wants in zip(batch.seqs, batch.num_new_tokens, wants_logits):
@@ -264,12 +271,14 @@ class Engine:
 
     def _log_tokens(self, prompt_tokens: int, generated: int) -> None:
         now = time.monotonic()
+        self.prompt_tokens_total += prompt_tokens
+        self.generation_tokens_total += generated
         self._token_log.append((now, prompt_tokens, generated))
         while self._token_log and self._token_log[0][0] < now - STATS_WINDOW_S:
             self._token_log.popleft()
 
     def stats(self) -> dict:
-        """KV cache and throughput figures, named as vLLM names them (throughputs over the last 10 s)."""
+        """KV cache and token figures, named as vLLM names them; throughputs are over the last 10 s."""
         bm = self.block_manager
         log = self._token_log
         span = (log[-1][0] - log[0][0]) if len(log) > 1 else 0.0
@@ -281,6 +290,8 @@ class Engine:
             "waiting": len(self.scheduler.waiting),
             "preemptions": self.scheduler.num_preemptions,
             "prefix_cache_hit_rate": bm.prefix_cache_hit_rate,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
             "prompt_tokens_per_s": sum(p for _, p, _ in log) / span if span else 0.0,
             "generation_tokens_per_s": sum(g for _, _, g in log) / span if span else 0.0,
         }
@@ -305,7 +316,7 @@ class Engine:
                 last = start + n == len(ids)
                 step = build_step_input([(ids[start:start + n], start, seq.block_table)], self.block_size,
                                         self.config.n_kv_heads, [last])
-                out = self.model.forward(step, self.cache)
+                out = self.model.forward(step, self.cache, self.batch_invariant)
                 seq.num_computed_tokens += n
                 if last:
                     return out[0].copy()

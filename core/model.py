@@ -15,20 +15,14 @@ from .config import ModelConfig
 from .kv_cache import KVCache
 from .weights import ModelWeights
 
-# OpenBLAS picks a different kernel (with different rounding) for a GEMM of
-# 1 row (gemv) and for 2-3 rows of some shapes; from 4 rows on, every row's
-# result is bitwise the same whatever the row count. Padding to 4 keeps a
-# sequence's tokens independent of what else is in its batch.
-MIN_GEMM_ROWS = 4
+def linear_blas(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x @ w through OpenBLAS: fast, but a row's rounding can depend on the row count and position."""
+    return x @ w
 
 
-def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    rows = x.shape[0]
-    if rows >= MIN_GEMM_ROWS:
-        return x @ w
-    padded = np.zeros((MIN_GEMM_ROWS, x.shape[1]), dtype=np.float32)
-    padded[:rows] = x
-    return (padded @ w)[:rows]
+def linear_invariant(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x @ w with every row computed the same way whatever else is in the batch (numba, slower)."""
+    return kernels.matmul_invariant(np.ascontiguousarray(x), w, np.empty((x.shape[0], w.shape[1]), np.float32))
 
 
 @dataclass
@@ -82,9 +76,15 @@ class LlamaModel:
         self.cos, self.sin = kernels.rope_tables(config.head_dim, config.rope_theta, config.context_length)
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
 
-    def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
-        """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
+    def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
+        """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows.
+
+        OpenBLAS's sgemm may round a row differently depending on how many rows the call has and where
+        the row sits (it does with its Haswell/Zen kernels), so a token's logits can depend on its batch.
+        With batch_invariant the GEMMs run in numba, every row computed identically, at a throughput cost.
+        """
         cfg, w = self.config, self.weights
+        linear = linear_invariant if batch_invariant else linear_blas
         n_tokens = len(step.token_ids)
         x = w.token_embd[step.token_ids]
         normed = np.empty_like(x)

@@ -3,7 +3,8 @@
 Each step takes, within `max_num_batched_tokens`:
 1. one token of every running sequence that is decoding, oldest first;
 2. the next chunk of every running sequence still prefilling, oldest first;
-3. waiting sequences, admitted oldest first while `max_num_seqs` and free blocks allow.
+3. waiting sequences, admitted oldest first while `max_num_seqs` and free blocks allow
+   (with chunked prefill off, only while a whole prompt fits in what is left of the budget).
 When blocks run out, the newest running sequence is preempted: its blocks go
 back (they stay in the prefix cache) and it waits to be recomputed.
 """
@@ -33,10 +34,13 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 enable_chunked_prefill: bool = True):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # Without chunked prefill a prompt is only admitted when all of it fits in the step's budget.
+        self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: list[Sequence] = []  # ordered by arrival
         self.running: list[Sequence] = []  # ordered by arrival
         self.num_preemptions = 0
@@ -75,6 +79,8 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if not self.enable_chunked_prefill and seq.num_tokens > budget and len(batch):
+                break
             n = min(seq.num_tokens, budget)  # an upper bound: prefix-cache hits make it smaller
             if bm.admission_cost(seq, n) > bm.num_free_blocks:
                 break
