@@ -12,6 +12,7 @@ Runs, each in this one process on the same prompts:
   miro           continuous batching, chunked prefill, prefix caching (defaults)
   static         the same engine fed fixed batches of max_num_seqs, each run to completion
   no-chunking    chunked prefill off (a prompt is only admitted whole)
+  invariant      batch_invariant=True (numba GEMMs instead of OpenBLAS)
   llama-cpp      llama-cpp-python, one prompt after another, greedy with the same output lengths,
                  on the first --llama-prompts prompts (its tokens/s does not depend on the count)
 and prints total (prompt + generated) tokens/s of each and the ratios, plus
@@ -119,7 +120,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--llama-prompts", type=int, default=32)
     parser.add_argument("--llama-python", help="python of a venv with llama-cpp-python, if not importable here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["static", "no-chunking", "llama-cpp"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["static", "no-chunking", "invariant", "llama-cpp"])
     parser.add_argument("--only-llama-cpp", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -150,8 +151,13 @@ def main() -> None:
     if "no-chunking" not in args.skip:
         unchunked = Engine(engine.model, engine.tokenizer, max_model_len=2048, enable_chunked_prefill=False,
                            num_kv_blocks=engine.block_manager.num_blocks)
-        del engine.cache  # free the first pool before the next takes its memory
         results["no-chunking"] = run_miro(unchunked, requests)
+        del unchunked
+    if "invariant" not in args.skip:
+        invariant = Engine(engine.model, engine.tokenizer, max_model_len=2048, batch_invariant=True,
+                           num_kv_blocks=engine.block_manager.num_blocks)
+        results["invariant"] = run_miro(invariant, requests)
+        del invariant
     if "llama-cpp" not in args.skip:
         subset = requests[: args.llama_prompts]
         try:

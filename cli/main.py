@@ -33,6 +33,35 @@ model_option = click.option(
 )
 
 
+def engine_options(command):
+    """The engine's cache and batching options, shared by every command that loads a model."""
+    options = [
+        click.option("--kv-cache-memory", default="1GiB", show_default=True,
+                     help="KV cache size in bytes (e.g. 2GiB, 512MB)."),
+        click.option("--num-kv-blocks", type=click.IntRange(min=1), default=None,
+                     help="KV cache size in blocks (overrides --kv-cache-memory)."),
+        click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True),
+        click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True),
+        click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=512, show_default=True),
+        click.option("--max-model-len", type=click.IntRange(min=1), default=None,
+                     help="Context length limit (default: the model's)."),
+        click.option("--no-prefix-caching", is_flag=True, help="Turn automatic prefix caching off."),
+        click.option("--batch-invariant", is_flag=True,
+                     help="Outputs bitwise independent of the batch (numba GEMMs; slower)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def engine_kwargs(kv_cache_memory, num_kv_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+                  no_prefix_caching, batch_invariant) -> dict:
+    return dict(kv_cache_memory=kv_cache_memory, num_kv_blocks=num_kv_blocks, block_size=block_size,
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
+                batch_invariant=batch_invariant)
+
+
 @click.group(cls=MiroGroup)
 @click.version_option(package_name="miro")
 def cli():
@@ -51,7 +80,8 @@ def cli():
 @click.option("--seed", default=None, type=int)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token.")
-def generate(prompt, model, chat, system, max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos):
+@engine_options
+def generate(prompt, model, chat, system, max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **engine):
     """Generate a completion for PROMPT and print it as it is produced."""
     from miro.core import Engine, SamplingParams
 
@@ -59,7 +89,7 @@ def generate(prompt, model, chat, system, max_tokens, temperature, top_p, top_k,
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=list(stop),
         ignore_eos=ignore_eos,
     )
-    engine = Engine.from_model(model, log=log_to_stderr)
+    engine = Engine.from_model(model, log=log_to_stderr, **engine_kwargs(**engine))
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

@@ -96,22 +96,31 @@ class BlockManager:
         """Give a waiting sequence the cached blocks of its longest cached prefix."""
         assert not seq.block_table
         tokens = seq.token_ids
-        hits = self._cached_prefix(tokens) if self.enable_prefix_caching else []
+        hits = self._usable_hits(tokens)
         for block in hits:
             self._ref(block)
         seq.block_table = [b.block_id for b in hits]
-        # At least the last token is always computed, to produce the next-token logits; its K/V
-        # rewrite into a shared block is harmless: the forward pass gives it bitwise the same values.
-        seq.num_computed_tokens = min(len(hits) * self.block_size, len(tokens) - 1)
+        seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_cached_tokens = seq.num_computed_tokens
         self.prefix_queries += len(tokens)
         self.prefix_hits += seq.num_cached_tokens
 
+    def _usable_hits(self, token_ids: list[int]) -> list[Block]:
+        """Cached prefix blocks a new sequence may take. At least the last token must be computed, to
+        produce the next-token logits; when every block is cached, the last one is recomputed into a block
+        of the sequence's own rather than written while others may read it."""
+        if not self.enable_prefix_caching:
+            return []
+        hits = self._cached_prefix(token_ids)
+        if hits and len(hits) * self.block_size >= len(token_ids):
+            hits = hits[:-1]
+        return hits
+
     def admission_cost(self, seq: Sequence, num_new_tokens: int) -> int:
         """Free blocks that admitting `seq` and computing `num_new_tokens` of it would take."""
-        hits = self._cached_prefix(seq.token_ids) if self.enable_prefix_caching else []
+        hits = self._usable_hits(seq.token_ids)
         from_free_list = sum(1 for b in hits if b.ref_count == 0)
-        cached_tokens = min(len(hits) * self.block_size, seq.num_tokens - 1)
+        cached_tokens = len(hits) * self.block_size
         new_blocks = max(0, self.blocks_needed(cached_tokens + num_new_tokens) - len(hits))
         return from_free_list + new_blocks
 

@@ -339,9 +339,12 @@ class Engine:
         self,
         prompts: str | Seq[str | Seq[int]],
         params: SamplingParams | Seq[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion, batched; outputs in prompt order. A refused prompt gets `error` set."""
+        """Run every prompt to completion, batched; outputs in prompt order. A refused prompt gets `error` set.
+
+        A progress bar (done / total, tokens/s, time left) goes to stderr unless use_tqdm=False.
+        """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params_list = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
@@ -374,10 +377,12 @@ class _Progress:
         self.total, self.done, self.enabled = total, 0, enabled
         self._bar = None
         if enabled:
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._bar = Progress(TextColumn("generate"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[speed]}"), TimeRemainingColumn(), transient=False)
+                                 TextColumn("{task.fields[speed]}"), TimeRemainingColumn(),
+                                 console=Console(stderr=True))
             self._task = self._bar.add_task("generate", total=total, speed="")
             self._bar.start()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -32,11 +32,6 @@ from miro.core.sequence import Sequence
 MAX_LIVE = 8  # live sequences at once
 MAX_WAITING = 4  # preempted sequences waiting to be admitted again
 MAX_TOKENS = 48  # a sequence stops growing past this
-# Known bug (the two strict xfails at the end): a fully cached prompt whose last block a running sequence
-# holds gets a copy-on-write of that block, which admission_cost does not count and which may copy it before
-# the step that fills it. While this is True the state machine refuses such admissions; set it to False
-# once the BlockManager is fixed.
-KNOWN_ADMISSION_COW_BUG = True
 
 
 def make_seq(tokens, request_id="r", index=0, outputs=()) -> Sequence:
@@ -103,6 +98,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert need <= bm.num_free_blocks, "callers check capacity first"
         free_before = bm.num_free_blocks
         old_table = list(seq.block_table)
+        was_cached = set(bm.cached.values())
         last_shared_partial = (bool(old_table) and seq.num_computed_tokens % bs != 0
                                and bm.blocks[old_table[-1]].ref_count > 1)
         copies = bm.grow(seq, n)
@@ -130,6 +126,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
                     for p in range(start, start + m) if other.block_table[p // bs] == src), (
                     f"copy-on-write copies block {src} before this step's forward pass fills it")
             self.step_copies.append((src, dst))
+            event("copy-on-write")
         else:
             assert copies == [], f"unexpected copy-on-write {copies}"
             assert table[:len(old_table)] == old_table
@@ -137,6 +134,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert bm.blocks[block_id].ref_count == 1 and self._holders(block_id) == [seq]
             assert bm.blocks[block_id].hash == NO_HASH
             self.content[block_id] = [None] * bs
+            if block_id in was_cached:
+                event("evicted a cached block")
 
         bm.register_full_blocks(seq, seq.num_computed_tokens + n)
         self.scheduled.append((seq, seq.num_computed_tokens, n))
@@ -162,15 +161,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         n_upper = min(seq.num_tokens, budget)
         cost = bm.admission_cost(seq, n_upper)
         if cost > bm.num_free_blocks:
+            event("admission refused: no room")
             return 0
         free_before = bm.num_free_blocks
         tokens = seq.token_ids
         bm.admit(seq)
         hits = list(seq.block_table)
-        if (KNOWN_ADMISSION_COW_BUG and hits and seq.num_computed_tokens % bs != 0
-                and bm.blocks[hits[-1]].ref_count > 1):
-            bm.release(seq)  # the known bug's case (see the strict xfails below): keep out of it
-            return 0
         self.live.append(seq)
         if not bm.enable_prefix_caching:
             assert hits == []
@@ -184,6 +180,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert len(set(hits)) == len(hits)
         assert seq.num_computed_tokens == min(len(hits) * bs, len(tokens) - 1)
         assert seq.num_cached_tokens == seq.num_computed_tokens
+        if hits:
+            event("prefix hit")
+            if seq.num_computed_tokens == len(tokens) - 1:
+                event("whole prompt cached")
+            if any(h in other.block_table[start // bs:] for other, start, _ in self.scheduled for h in hits):
+                event("prefix hit on a block filled in the same step")
 
         n = min(seq.num_uncomputed, budget)
         assert bm.blocks_to_grow(seq, n) <= bm.num_free_blocks, (
@@ -207,7 +209,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
         return [s for s in self.live if s.num_uncomputed > 0 and id(s) not in scheduled]
 
     def _run_op(self, op: tuple, budget: int) -> int:
-        """One entry of a step: ("admit", stem, cut, suffix) | ("readmit", i) | ("run", i, n). Returns tokens."""
+        """One entry of a step: ("admit", stem, cut, suffix) | ("twin", i, cut, suffix) | ("readmit", i) |
+        ("run", i, n). Returns the tokens scheduled."""
+        if op[0] == "twin":  # a prompt starting like one this step computes (or any live one): same system prompt
+            pool = [s for s, _, _ in self.scheduled] or self.live
+            if not pool:
+                return 0
+            self.history.append(pool[op[1] % len(pool)].token_ids)
+            op = ("admit", len(self.history) - 1, *op[2:])
         if op[0] == "admit":
             if len(self.live) >= MAX_LIVE:
                 return 0
@@ -261,13 +270,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @rule(ops=st.lists(st.one_of(
         st.tuples(st.just("admit"), *PROMPTS.values()),
+        st.tuples(st.just("twin"), *PROMPTS.values()),
         st.tuples(st.just("readmit"), st.integers(0, 1 << 16)),
         st.tuples(st.just("run"), st.integers(0, 1 << 16), st.integers(1, 20)),
     ), min_size=2, max_size=5), budget=st.integers(2, 64))
     def batched_step(self, ops, budget):
         """Several sequences in one step, within a token budget; runs first, admissions after, as scheduled."""
         self._begin_step()
-        for op in sorted(ops, key=lambda op: op[0] != "run"):
+        for op in sorted(ops, key=lambda op: op[0] != "run"):  # stable: admissions keep their order
             if budget == 0:
                 break
             budget -= self._run_op(op, budget)
@@ -556,7 +566,7 @@ def test_fork_at_block_boundary_copies_nothing():
     assert parent.block_table[:2] == child.block_table[:2] and parent.block_table[2] != child.block_table[2]
 
 
-def test_whole_prompt_cached_still_computes_the_last_token():
+def test_whole_prompt_cached_recomputes_its_last_block():
     bm = BlockManager(16, 4)
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     a = make_seq(prompt, "a")
@@ -565,36 +575,33 @@ def test_whole_prompt_cached_still_computes_the_last_token():
     bm.release(a)
     b = make_seq(prompt, "b")
     bm.admit(b)
-    assert b.block_table == a_blocks
-    assert b.num_computed_tokens == len(prompt) - 1 == b.num_cached_tokens
-    assert b.num_uncomputed == 1
-    assert bm.blocks_to_grow(b, 1) == 0
-    assert run_chunk(bm, b, 1) == []  # rewrites the last token's K/V in place, no new block
+    # the last token must be computed for the logits: its block is recomputed into a block of b's own
+    assert b.block_table == a_blocks[:1]
+    assert b.num_computed_tokens == len(prompt) - 4 == b.num_cached_tokens
+    assert bm.blocks_to_grow(b, b.num_uncomputed) == 1
+    assert run_chunk(bm, b, b.num_uncomputed) == []  # no copy-on-write
     # a prompt one token longer than the cached blocks reuses them all and computes only its tail
     c = make_seq(prompt + [9], "c")
     bm.admit(c)
-    assert c.num_computed_tokens == 8 and c.block_table == b.block_table
+    assert c.num_computed_tokens == 8 and c.block_table == a_blocks  # a's last block is still cached
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: admission_cost ignores the copy-on-write block that grow() then "
-                   "takes when the whole prompt is cached and its last block is held by a running sequence")
-def test_admission_cost_covers_copy_on_write_of_fully_cached_prompt():
-    bm = BlockManager(2, 4)
+def test_admission_cost_counts_the_recomputed_last_block():
+    bm = BlockManager(3, 4)
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     a = make_seq(prompt, "a")
-    prefill(bm, a)  # a holds both blocks and keeps running; the pool is now full
+    prefill(bm, a)  # a holds two blocks and keeps running; one block is free
     b = make_seq(prompt, "b")
-    budget = 1  # what the scheduler has left this step
-    cost = bm.admission_cost(b, min(b.num_tokens, budget))
-    assert cost <= bm.num_free_blocks  # 0 <= 0: the scheduler admits b
+    cost = bm.admission_cost(b, 1)
+    assert cost == 1  # the last block is recomputed into a fresh block
+    free_before = bm.num_free_blocks
     bm.admit(b)
-    n = min(b.num_uncomputed, budget)
-    assert bm.blocks_to_grow(b, n) <= bm.num_free_blocks  # fails: 1 > 0
-    bm.grow(b, n)  # would raise KeyError: 'dictionary is empty'
+    assert run_chunk(bm, b, b.num_uncomputed) == []
+    assert free_before - bm.num_free_blocks == cost
+    c = make_seq(prompt, "c")
+    assert bm.admission_cost(c, 1) == 1 > bm.num_free_blocks  # the scheduler would refuse c now
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: two identical prompts (length a multiple of block_size) admitted in "
-                   "one step: the second copies-on-write the first's last block before the forward pass fills it")
 def test_copy_on_write_never_copies_a_block_filled_in_the_same_step():
     bm = BlockManager(16, 4)
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]

@@ -1,0 +1,41 @@
+"""The `miro` command on the default model: generate, models, and errors as one sentence."""
+
+from click.testing import CliRunner
+
+from miro.cli.main import cli
+
+
+def test_generate_chat_greedy(smollm2_path):
+    result = CliRunner().invoke(
+        cli, ["generate", "--model", str(smollm2_path), "--chat", "--max-tokens", "12", "--num-kv-blocks", "64",
+              "What is the capital of France?"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "Paris" in result.output
+
+
+def test_generate_bad_sampling_option_is_one_sentence(smollm2_path):
+    result = CliRunner().invoke(cli, ["generate", "--model", str(smollm2_path), "--top-p", "0", "hi"])
+    assert result.exit_code == 1
+    assert result.output == "Error: top_p must be in (0, 1], got 0.0.\n"
+
+
+def test_generate_prompt_too_long_is_one_sentence(smollm2_path):
+    result = CliRunner().invoke(
+        cli, ["generate", "--model", str(smollm2_path), "--max-model-len", "16", "--num-kv-blocks", "8",
+              "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"]
+    )
+    assert result.exit_code == 1 and result.output.startswith("Error: the prompt has ")
+    assert "Traceback" not in result.output
+
+
+def test_models_list_and_pull(monkeypatch, tmp_path, smollm2_path):
+    monkeypatch.setenv("MIRO_HOME", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / smollm2_path.name).symlink_to(smollm2_path)
+    listed = CliRunner().invoke(cli, ["models", "list"])
+    assert listed.exit_code == 0 and "smollm2-135m" in listed.output and "pulled" in listed.output
+    pulled = CliRunner().invoke(cli, ["models", "pull"])  # already in the cache: no download
+    assert pulled.exit_code == 0 and pulled.output.strip().endswith(smollm2_path.name)
+    unknown = CliRunner().invoke(cli, ["models", "pull", "gpt-17"])
+    assert unknown.exit_code == 1 and "unknown model alias 'gpt-17'" in unknown.output
