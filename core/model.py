@@ -97,7 +97,8 @@ class LlamaModel:
                 qkv, step.positions, self.cos, self.sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                 step.slots, cache.k[i], cache.v[i],
             )
-            q = qkv[:, : cfg.q_dim].reshape(n_tokens, cfg.n_heads, cfg.head_dim)
+            # a contiguous copy: numba's code for strided views is several times slower
+            q = np.ascontiguousarray(qkv[:, : cfg.q_dim]).reshape(n_tokens, cfg.n_heads, cfg.head_dim)
             kernels.paged_attention(
                 q, cache.k[i], cache.v[i], step.block_tables, step.positions, step.attn_items, self.scale, attn_out
             )

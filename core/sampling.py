@@ -57,6 +57,10 @@ class SamplingParams:
             bad("presence_penalty and frequency_penalty must be in [-2, 2].")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             bad(f"logprobs must be between 0 and 20, got {self.logprobs!r}.")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            bad(f"seed must be a non-negative integer, got {self.seed!r}.")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            bad("stop_token_ids must be non-negative integers.")
         if any(not s for s in self.stop):
             bad("stop strings must not be empty.")
 

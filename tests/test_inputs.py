@@ -1,0 +1,483 @@
+"""miro.worker.inputs: validation of JSONL datasets for miro-submit (both line forms, errors by line)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from miro.core.errors import MiroError
+from miro.core.sampling import SamplingParams
+from miro.worker.inputs import LineError, ParseResult, Request, parse_dataset
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def write(path: Path, *lines) -> Path:
+    """Write lines (dict -> JSON, str as is, bytes as is), one per line."""
+    data = b"".join(
+        (line if isinstance(line, bytes) else (json.dumps(line) if isinstance(line, dict) else line).encode()) + b"\n"
+        for line in lines
+    )
+    path.write_bytes(data)
+    return path
+
+
+def parse(tmp_path, *lines, **kwargs) -> ParseResult:
+    return parse_dataset(write(tmp_path / "data.jsonl", *lines), **kwargs)
+
+
+def only_error(tmp_path, *lines, **kwargs) -> LineError:
+    result = parse(tmp_path, *lines, **kwargs)
+    assert len(result.errors) == 1, result.errors
+    return result.errors[0]
+
+
+def openai(custom_id="c1", url=CHAT, **body):
+    if "messages" not in body and "prompt" not in body:
+        body = {**({"messages": [{"role": "user", "content": "hi"}]} if url == CHAT else {"prompt": "hi"}), **body}
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+# ---- valid lines -----------------------------------------------------------------------------------
+
+
+def test_simple_prompt_line(tmp_path):
+    result = parse(tmp_path, {"id": "q1", "prompt": "Say hi."})
+    assert result.ok and result.errors == [] and result.file_error is None
+    assert result.requests == [
+        Request(custom_id="q1", line=1, kind="completion", prompt="Say hi.", messages=None, sampling={},
+                model=None, form="simple", url=None)
+    ]
+
+
+def test_simple_messages_line_keeps_role_and_content_only(tmp_path):
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi", "name": "ann"},
+        {"role": "assistant", "content": ""},
+    ]
+    (request,) = parse(tmp_path, {"id": "q1", "messages": messages}).requests
+    assert request.kind == "chat" and request.prompt is None and request.form == "simple"
+    assert request.messages == [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def test_custom_id_spelling_int_id_and_default_ids_count_physical_lines(tmp_path):
+    result = parse(
+        tmp_path,
+        "",
+        {"prompt": "a"},
+        "   ",
+        {"custom_id": "x", "prompt": "b"},
+        {"id": 7, "prompt": "c"},
+        {"messages": [{"role": "user", "content": "d"}]},
+    )
+    assert result.errors == []
+    assert [(r.custom_id, r.line) for r in result.requests] == [("line-2", 2), ("x", 4), ("7", 5), ("line-6", 6)]
+
+
+def test_simple_sampling_fields_map_to_vllm_names_and_merge_over_defaults(tmp_path):
+    line = {
+        "id": "q", "prompt": "p", "max_tokens": 50, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+        "seed": 3, "stop": "\n\n", "n": 2, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+        "repetition_penalty": 1.1, "min_tokens": 2, "ignore_eos": True, "logprobs": 5, "stop_token_ids": [2, 7],
+    }
+    defaults = {"max_tokens": 16, "temperature": 0.0, "skip_special_tokens": False}
+    (request,) = parse(tmp_path, line, defaults=defaults).requests
+    expected = {k: v for k, v in line.items() if k not in ("id", "prompt")}
+    expected["stop"] = ["\n\n"]
+    expected["skip_special_tokens"] = False
+    assert request.sampling == expected
+    params = SamplingParams(**request.sampling)
+    assert params.n == 2 and params.stop == ["\n\n"] and params.logprobs == 5
+
+
+def test_defaults_apply_where_a_line_is_silent_or_null(tmp_path):
+    defaults = {"max_tokens": 64, "temperature": 0.0, "stop": ["END"]}
+    result = parse(tmp_path, {"prompt": "a"}, {"prompt": "b", "temperature": None, "max_tokens": 8}, defaults=defaults)
+    assert [r.sampling for r in result.requests] == [
+        {"max_tokens": 64, "temperature": 0.0, "stop": ["END"]},
+        {"max_tokens": 8, "temperature": 0.0, "stop": ["END"]},
+    ]
+    # each request owns its lists: changing one does not change another or the caller's defaults
+    result.requests[0].sampling["stop"].append("X")
+    assert result.requests[1].sampling["stop"] == ["END"] and defaults["stop"] == ["END"]
+
+
+def test_openai_chat_line(tmp_path):
+    line = openai(
+        "req-1", CHAT, model="gpt-4o-mini", max_completion_tokens=9, temperature=0.2, top_p=0.5, n=1, seed=42,
+        stop=["x", "y"], presence_penalty=0.1, frequency_penalty=0.2, logprobs=True, top_logprobs=3,
+        top_k=5, min_p=0.1, repetition_penalty=1.2, ignore_eos=False,
+        user="someone", response_format={"type": "text"}, stream=False, tools=None,  # ignored
+    )
+    (request,) = parse(tmp_path, line).requests
+    assert request == Request(
+        custom_id="req-1", line=1, kind="chat", prompt=None, messages=[{"role": "user", "content": "hi"}],
+        sampling={"max_tokens": 9, "temperature": 0.2, "top_p": 0.5, "n": 1, "seed": 42, "stop": ["x", "y"],
+                  "presence_penalty": 0.1, "frequency_penalty": 0.2, "logprobs": 3, "top_k": 5, "min_p": 0.1,
+                  "repetition_penalty": 1.2, "ignore_eos": False},
+        model="gpt-4o-mini", form="openai", url=CHAT,
+    )
+
+
+@pytest.mark.parametrize(
+    "body, logprobs",
+    [({}, None), ({"logprobs": False}, None), ({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 4}, 4)],
+)
+def test_openai_chat_logprobs_mapping(tmp_path, body, logprobs):
+    (request,) = parse(tmp_path, openai(**body)).requests
+    assert request.sampling.get("logprobs") == logprobs
+
+
+def test_openai_completion_line(tmp_path):
+    line = openai("c9", COMPLETIONS, prompt="Once upon", max_tokens=20, logprobs=2, echo=False, best_of=None)
+    (request,) = parse(tmp_path, line).requests
+    assert request == Request(
+        custom_id="c9", line=1, kind="completion", prompt="Once upon", messages=None,
+        sampling={"max_tokens": 20, "logprobs": 2}, model=None, form="openai", url=COMPLETIONS,
+    )
+
+
+def test_max_tokens_and_max_completion_tokens_agreeing_is_fine(tmp_path):
+    (request,) = parse(tmp_path, openai(max_tokens=5, max_completion_tokens=5)).requests
+    assert request.sampling == {"max_tokens": 5}
+
+
+def test_mixed_file_keeps_order_forms_and_lines(tmp_path):
+    result = parse(
+        tmp_path,
+        {"id": "s1", "prompt": "one", "max_tokens": 4},
+        openai("o1", CHAT, max_tokens=3),
+        "",
+        {"id": "s2", "messages": [{"role": "user", "content": "two"}]},
+        openai("o2", COMPLETIONS, prompt="three", temperature=0),
+        defaults={"max_tokens": 32},
+    )
+    assert result.ok
+    got = [(r.custom_id, r.line, r.form, r.kind, r.url, r.sampling) for r in result.requests]
+    assert got == [
+        ("s1", 1, "simple", "completion", None, {"max_tokens": 4}),
+        ("o1", 2, "openai", "chat", CHAT, {"max_tokens": 3}),
+        ("s2", 4, "simple", "chat", None, {"max_tokens": 32}),
+        ("o2", 5, "openai", "completion", COMPLETIONS, {"max_tokens": 32, "temperature": 0}),
+    ]
+    for r in result.requests:
+        SamplingParams(**r.sampling)
+
+
+def test_bom_and_crlf_are_accepted(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"id": "a", "prompt": "x"}\r\n{"id": "b", "prompt": "y"}\r\n')
+    result = parse_dataset(path)
+    assert result.ok and [r.custom_id for r in result.requests] == ["a", "b"]
+
+
+def test_twenty_thousand_lines(tmp_path):
+    lines = []
+    for i in range(20_000):
+        if i % 2:
+            lines.append({"id": f"q{i}", "prompt": f"question {i}", "max_tokens": 8, "temperature": 0.5})
+        else:
+            lines.append(openai(f"q{i}", CHAT, messages=[{"role": "user", "content": f"question {i}"}], seed=i))
+    result = parse(tmp_path, *lines, defaults={"max_tokens": 16})
+    assert result.ok and len(result.requests) == 20_000
+    assert result.requests[-1].custom_id == "q19999" and result.requests[-1].line == 20_000
+
+
+# ---- errors, one sentence each --------------------------------------------------------------------
+
+
+LINE_ERRORS = [
+    # malformed JSON and not-objects
+    ('{"id": "q1" "prompt": "x"}', "line 1: not valid JSON (Expecting ',' delimiter at column 13)."),
+    ('{"id": "q1", "prompt": "x",}',
+     "line 1: not valid JSON (Expecting property name enclosed in double quotes at column 28)."),
+    ("[1, 2]", "line 1: expected a JSON object, got an array."),
+    ('"just text"', "line 1: expected a JSON object, got a string."),
+    ("42", "line 1: expected a JSON object, got a number."),
+    ("null", "line 1: expected a JSON object, got null."),
+    ("true", "line 1: expected a JSON object, got true or false."),
+    ('{"prompt": "a", "prompt": "b"}', "line 1: key 'prompt' appears twice in one JSON object."),
+    ("[" * 100_000, "line 1: not valid JSON (a number is too long or the nesting too deep)."),
+    ('{"prompt": "a", "seed": ' + "9" * 5000 + "}",
+     "line 1: not valid JSON (a number is too long or the nesting too deep)."),
+    # simple form: prompt / messages
+    ({"id": "q1"}, "line 1: the line needs a 'prompt' or a 'messages' field."),
+    ({"id": "q1", "prompt": None}, "line 1: the line needs a 'prompt' or a 'messages' field."),
+    ({"id": "q1", "prompt": "a", "messages": [{"role": "user", "content": "b"}]},
+     "line 1: the line has both 'prompt' and 'messages', give only one."),
+    ({"id": "a", "custom_id": "b", "prompt": "x"}, "line 1: give the id as 'id' or as 'custom_id', not both."),
+    # simple form: wrong types
+    ({"messages": [{"role": "user", "content": 5}]},
+     "line 1: field 'messages.0.content': Input should be a valid string."),
+    ({"messages": [{"role": "tool", "content": "x"}]},
+     "line 1: field 'messages.0.role': Input should be 'system', 'user' or 'assistant'."),
+    ({"messages": [{"content": "x"}]}, "line 1: field 'messages.0.role': Field required."),
+    ({"messages": "hello"}, "line 1: field 'messages': Input should be a valid list."),
+    ({"messages": []}, "line 1: field 'messages': List should have at least 1 item after validation, not 0."),
+    ({"prompt": 5}, "line 1: field 'prompt': Input should be a valid string."),
+    ({"prompt": ""}, "line 1: field 'prompt': String should have at least 1 character."),
+    ({"id": True, "prompt": "x"}, "line 1: field 'id': Input should be a valid string."),
+    ({"id": "", "prompt": "x"}, "line 1: field 'id': String should have at least 1 character."),
+    ({"prompt": "x", "max_tokens": "100"}, "line 1: field 'max_tokens': Input should be a valid integer."),
+    ({"prompt": "x", "max_tokens": 1.5}, "line 1: field 'max_tokens': Input should be a valid integer."),
+    ({"prompt": "x", "max_tokens": True}, "line 1: field 'max_tokens': Input should be a valid integer."),
+    ({"prompt": "x", "temperature": "hot"}, "line 1: field 'temperature': Input should be a valid number."),
+    ('{"prompt": "x", "temperature": NaN}', "line 1: field 'temperature': Input should be a finite number."),
+    ('{"prompt": "x", "top_p": Infinity}', "line 1: field 'top_p': Input should be a finite number."),
+    ({"prompt": "x", "ignore_eos": 1}, "line 1: field 'ignore_eos': Input should be a valid boolean."),
+    ({"prompt": "x", "stop": 5}, "line 1: field 'stop': Input should be a string or a list of strings."),
+    ({"prompt": "x", "stop": ["a", 5]}, "line 1: field 'stop.1': Input should be a valid string."),
+    ({"prompt": "x", "stop_token_ids": [-1]},
+     "line 1: field 'stop_token_ids.0': Input should be greater than or equal to 0."),
+    ({"prompt": "x", "seed": -1}, "line 1: field 'seed': Input should be greater than or equal to 0."),
+    ({"prompt": "x", "logprobs": True}, "line 1: field 'logprobs': Input should be a valid integer."),
+    # simple form: unknown fields are errors, with a hint for typos
+    ({"prompt": "x", "temprature": 0.5}, "line 1: field 'temprature': unknown field (did you mean 'temperature'?)."),
+    ({"prompt": "x", "colour": "red"}, "line 1: field 'colour': unknown field."),
+    ({"prompt": "x", "model": "m"}, "line 1: field 'model': unknown field."),
+    # sampling values out of range: SamplingParams' own sentence
+    ({"prompt": "x", "max_tokens": 0}, "line 1: max_tokens must be at least 1, got 0."),
+    ({"prompt": "x", "temperature": -1}, "line 1: temperature must be >= 0, got -1.0."),
+    ({"prompt": "x", "top_p": 0}, "line 1: top_p must be in (0, 1], got 0.0."),
+    ({"prompt": "x", "top_p": 1.5}, "line 1: top_p must be in (0, 1], got 1.5."),
+    ({"prompt": "x", "top_k": -2}, "line 1: top_k must be -1, 0 (off) or a positive integer, got -2."),
+    ({"prompt": "x", "min_p": 2}, "line 1: min_p must be in [0, 1], got 2.0."),
+    ({"prompt": "x", "n": 0}, "line 1: n must be a positive integer, got 0."),
+    ({"prompt": "x", "repetition_penalty": 0}, "line 1: repetition_penalty must be > 0, got 0.0."),
+    ({"prompt": "x", "presence_penalty": 3}, "line 1: presence_penalty and frequency_penalty must be in [-2, 2]."),
+    ({"prompt": "x", "logprobs": 21}, "line 1: logprobs must be between 0 and 20, got 21."),
+    ({"prompt": "x", "stop": [""]}, "line 1: stop strings must not be empty."),
+    ({"prompt": "x", "min_tokens": 20, "max_tokens": 10},
+     "line 1: min_tokens must be between 0 and max_tokens (10), got 20."),
+    # OpenAI form: envelope
+    ({**openai(), "url": "/v1/embeddings"},
+     "line 1: field 'url': Input should be '/v1/chat/completions' or '/v1/completions'."),
+    ({**openai(), "method": "GET"}, "line 1: field 'method': Input should be 'POST'."),
+    ({"custom_id": "c1", "method": "POST", "url": CHAT}, "line 1: field 'body': Field required."),
+    ({"custom_id": "c1", "method": "POST", "url": CHAT, "body": "hi"},
+     "line 1: field 'body': Input should be a valid dictionary."),
+    ({"method": "POST", "url": CHAT, "body": {"messages": [{"role": "user", "content": "x"}]}},
+     "line 1: field 'custom_id': Field required."),
+    ({"custom_id": 5, "method": "POST", "url": COMPLETIONS, "body": {"prompt": "x"}},
+     "line 1: field 'custom_id': Input should be a valid string."),
+    ({**openai(), "extra": 1}, "line 1: field 'extra': unknown field."),
+    ({**openai(), "bodi": {}}, "line 1: field 'bodi': unknown field (did you mean 'body'?)."),
+    # OpenAI form: bodies
+    (openai(url=CHAT, prompt="x"), "line 1: field 'body.messages': Field required."),
+    (openai(url=COMPLETIONS, messages=[{"role": "user", "content": "x"}]),
+     "line 1: field 'body.prompt': Field required."),
+    (openai(url=COMPLETIONS, prompt=["a", "b"]),
+     "line 1: field 'body.prompt': arrays of prompts are not supported, put each prompt on its own line."),
+    (openai(url=COMPLETIONS, prompt=[1, 2, 3]),
+     "line 1: field 'body.prompt': arrays of prompts are not supported, put each prompt on its own line."),
+    (openai(messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}]),
+     "line 1: field 'body.messages.0.content': Input should be a valid string."),
+    (openai(top_logprobs=2), "line 1: field 'body.top_logprobs': needs 'logprobs' set to true."),
+    (openai(logprobs=3), "line 1: field 'body.logprobs': Input should be a valid boolean."),
+    (openai(url=COMPLETIONS, logprobs=True), "line 1: field 'body.logprobs': Input should be a valid integer."),
+    (openai(max_tokens=5, max_completion_tokens=6),
+     "line 1: field 'body.max_completion_tokens': differs from 'body.max_tokens', give only one."),
+    (openai(max_completion_tokens=0), "line 1: max_tokens must be at least 1, got 0."),
+    (openai(temperature=-0.5), "line 1: temperature must be >= 0, got -0.5."),
+    (openai(model=3), "line 1: field 'body.model': Input should be a valid string."),
+]
+
+
+@pytest.mark.parametrize("line, message", LINE_ERRORS, ids=[str(i) for i in range(len(LINE_ERRORS))])
+def test_line_error_messages(tmp_path, line, message):
+    error = only_error(tmp_path, line)
+    assert error.line == 1
+    assert error.message == message
+
+
+def test_multiple_field_errors_in_one_sentence(tmp_path):
+    error = only_error(tmp_path, {"prompt": 1, "max_tokens": "a", "top_k": "b", "seed": "c", "n": "d"})
+    assert error.message.startswith("line 1: field '")
+    assert error.message.count("; field '") == 2
+    assert "field 'max_tokens': Input should be a valid integer" in error.message
+    assert error.message.endswith(" (and 2 more problems).")
+
+
+def test_error_carries_custom_id_when_the_line_has_one(tmp_path):
+    result = parse(
+        tmp_path,
+        {"id": "q1", "prompt": "x", "temperature": -1},
+        {"prompt": 3},
+        {**openai("c7"), "method": "GET"},
+        "{broken",
+    )
+    assert [(e.line, e.custom_id) for e in result.errors] == [(1, "q1"), (2, None), (3, "c7"), (4, None)]
+
+
+def test_good_lines_survive_bad_ones(tmp_path):
+    result = parse(tmp_path, {"id": "a", "prompt": "x"}, "{bad", {"id": "b", "prompt": "y"}, "[1]")
+    assert not result.ok
+    assert [r.custom_id for r in result.requests] == ["a", "b"]
+    assert [e.line for e in result.errors] == [2, 4]
+
+
+def test_duplicate_custom_id_second_occurrence_is_the_error(tmp_path):
+    result = parse(
+        tmp_path,
+        {"id": "q1", "prompt": "x"},
+        {"prompt": "y"},
+        openai("q1"),
+        {"id": "line-2", "prompt": "z"},
+    )
+    assert [r.line for r in result.requests] == [1, 2]
+    assert [(e.line, e.custom_id, e.message) for e in result.errors] == [
+        (3, "q1", "line 3: duplicate custom id 'q1' (first used on line 1)."),
+        (4, "line-2", "line 4: duplicate custom id 'line-2' (first used on line 2)."),
+    ]
+
+
+def test_invalid_utf8_names_the_byte(tmp_path):
+    error = only_error(tmp_path, {"id": "a", "prompt": "ok"}, b'{"prompt": "caf\xe9"}')
+    assert error.line == 2
+    assert error.message == "line 2: not valid UTF-8 (byte 0xe9 at byte 16 of the line)."
+
+
+def test_line_over_the_limit_gives_its_size_not_its_content(tmp_path):
+    long_prompt = "A" * 230
+    result = parse(
+        tmp_path,
+        {"id": "a", "prompt": "short"},
+        {"id": "b", "prompt": long_prompt},
+        {"id": "c", "prompt": "short again"},
+        max_line_bytes=100,
+    )
+    size = len(json.dumps({"id": "b", "prompt": long_prompt}))
+    assert [r.custom_id for r in result.requests] == ["a", "c"]
+    (error,) = result.errors
+    assert error.line == 2
+    assert error.message == f"line 2: the line is {size:,} bytes, over the limit of 100 bytes."
+    assert "AAAA" not in error.message
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b""])
+def test_line_limit_boundary(tmp_path, ending):
+    at_limit = b'{"prompt": "' + b"x" * 88 + b'"}'  # 102 bytes
+    over = b'{"prompt": "' + b"x" * 89 + b'"}'  # 103 bytes
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(at_limit + ending + (over + ending if ending else b""))
+    result = parse_dataset(path, max_line_bytes=102)
+    assert len(result.requests) == 1
+    if ending:
+        assert [e.message for e in result.errors] == ["line 2: the line is 103 bytes, over the limit of 102 bytes."]
+    path.write_bytes(over + b"x" * 5000 + ending + at_limit + ending)
+    result = parse_dataset(path, max_line_bytes=102)
+    size = "5,103" if ending else "5,205"  # without line endings it is all one line
+    assert [e.message for e in result.errors] == [f"line 1: the line is {size} bytes, over the limit of 102 bytes."]
+    assert len(result.requests) == (1 if ending else 0)
+
+
+def test_huge_line_with_default_limit(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'{"prompt": "' + b"y" * 3_000_000 + b'"}\n{"prompt": "fine"}\n')
+    result = parse_dataset(path)
+    assert [r.line for r in result.requests] == [2]
+    expected = "line 1: the line is 3,000,014 bytes, over the limit of 1,000,000 bytes."
+    assert [e.message for e in result.errors] == [expected]
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n", b"\r\n"])
+def test_empty_file_is_a_file_error(tmp_path, content):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(content)
+    result = parse_dataset(path)
+    assert result.requests == [] and result.errors == [] and not result.ok
+    assert result.file_error == f"Dataset file '{path}' is empty: it has no request lines."
+
+
+def test_missing_file_and_directory_raise_miro_error(tmp_path):
+    with pytest.raises(MiroError, match=r"^Dataset file '.*nope\.jsonl' does not exist\.$"):
+        parse_dataset(tmp_path / "nope.jsonl")
+    with pytest.raises(MiroError, match=r"^Dataset path '.*' is a directory, not a JSONL file\.$"):
+        parse_dataset(tmp_path)
+
+
+def test_bad_defaults_raise_miro_error(tmp_path):
+    path = write(tmp_path / "data.jsonl", {"prompt": "x"})
+    with pytest.raises(MiroError, match=r"^Default sampling options are invalid \(temperature must be >= 0"):
+        parse_dataset(path, defaults={"temperature": -1})
+    with pytest.raises(MiroError, match=r"^Default sampling options bogus are not SamplingParams fields\.$"):
+        parse_dataset(path, defaults={"bogus": 1})
+    assert parse_dataset(path, defaults={"stop": "END"}).requests[0].sampling == {"stop": ["END"]}
+
+
+# ---- every error message is one clean sentence ---------------------------------------------------
+
+
+def assert_clean(result: ParseResult):
+    for error in result.errors:
+        message = error.message
+        assert message.startswith(f"line {error.line}: "), message
+        assert message.endswith("."), message
+        assert "\n" not in message and "\r" not in message, message
+        assert len(message) < 600, message
+        for bad in ("Traceback", 'File "', "Error(", "pydantic", "errors.pydantic.dev", "For further information"):
+            assert bad not in message, message
+        assert error.custom_id is None or isinstance(error.custom_id, str)
+
+
+def test_all_listed_errors_are_clean_in_one_file(tmp_path):
+    result = parse(tmp_path, *[line for line, _ in LINE_ERRORS])
+    assert result.requests == [] and len(result.errors) == len(LINE_ERRORS)
+    assert [e.line for e in result.errors] == list(range(1, len(LINE_ERRORS) + 1))
+    assert_clean(result)
+
+
+def test_huge_values_do_not_end_up_in_messages(tmp_path):
+    big = "k" * 200_000
+    result = parse(
+        tmp_path,
+        {"prompt": "x", big: 1},
+        {"id": big, "prompt": "x"},
+        {"id": big, "prompt": "y"},
+        {"prompt": "x", "temperature": big},
+        {"messages": [{"role": big, "content": "x"}]},
+    )
+    assert len(result.errors) == 4
+    assert_clean(result)
+    assert all(len(e.message) < 300 for e in result.errors)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+known_keys = st.sampled_from([
+    "id", "custom_id", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+    "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "logprobs",
+    "stop_token_ids", "method", "url", "body", "role", "content", "model", "max_completion_tokens", "top_logprobs",
+])
+line_objects = st.recursive(
+    json_values,
+    lambda inner: st.dictionaries(known_keys, inner | st.sampled_from([CHAT, COMPLETIONS, "POST", "user"]), max_size=6),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(line_objects.map(json.dumps) | st.binary(max_size=40), min_size=1, max_size=8))
+def test_fuzz_every_line_is_a_request_or_one_clean_error(tmp_path, lines):
+    path = tmp_path / "fuzz.jsonl"
+    encoded = [line.encode() if isinstance(line, str) else line.replace(b"\n", b" ").replace(b"\r", b" ")
+               for line in lines]
+    path.write_bytes(b"\n".join(encoded) + b"\n")
+    result = parse_dataset(path)
+    assert_clean(result)
+    bom = b"\xef\xbb\xbf"
+    stripped = [line[3:] if i == 0 and line.startswith(bom) else line for i, line in enumerate(encoded)]
+    non_blank = [i + 1 for i, line in enumerate(stripped) if line.strip()]
+    assert sorted([r.line for r in result.requests] + [e.line for e in result.errors]) == non_blank
+    for request in result.requests:
+        SamplingParams(**request.sampling)  # never raises RequestError for an accepted line
+        assert request.kind == ("chat" if request.messages is not None else "completion")
+        assert (request.prompt is None) != (request.messages is None)
+

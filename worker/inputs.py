@@ -1,0 +1,359 @@
+"""Validation of a user's JSONL dataset for miro-submit: two line forms in, one normalised Request per line out.
+
+Pydantic models sit at the boundary (one per line form); what comes out is plain
+dataclasses. No Redis here. Every problem becomes one sentence naming the line
+and the field, e.g. ``line 7: field 'messages.0.content': Input should be a valid string.``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, BinaryIO, Iterator, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from miro.core.errors import MiroError, RequestError
+from miro.core.sampling import SamplingParams
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+_SAMPLING_NAMES = {f.name for f in dataclasses.fields(SamplingParams)}
+_JSON_TYPES = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}
+
+
+@dataclass
+class Request:
+    """One validated line, normalised: sampling holds SamplingParams keyword arguments (vLLM names)."""
+
+    custom_id: str
+    line: int
+    kind: Literal["chat", "completion"]
+    prompt: str | None
+    messages: list[dict] | None
+    sampling: dict
+    model: str | None
+    form: Literal["simple", "openai"]
+    url: str | None
+
+
+@dataclass
+class LineError:
+    line: int
+    custom_id: str | None
+    message: str  # one sentence, starting with "line N: "
+
+
+@dataclass
+class ParseResult:
+    requests: list[Request] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+    file_error: str | None = None  # a problem with the whole file (it is empty)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and self.file_error is None
+
+
+
+def _stop_as_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [value]
+    if value is None or isinstance(value, list):
+        return value
+    raise PydanticCustomError("stop_type", "Input should be a string or a list of strings")
+
+
+def _int_id_as_str(value: Any) -> Any:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _one_prompt_only(value: Any) -> Any:
+    if isinstance(value, list):
+        message = "arrays of prompts are not supported, put each prompt on its own line"
+        raise PydanticCustomError("prompt_array", message)
+    return value
+
+
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+Id = Annotated[NonEmptyStr | None, BeforeValidator(_int_id_as_str)]
+Stop = Annotated[list[str] | None, BeforeValidator(_stop_as_list)]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+Messages = Annotated[list[Message], Field(min_length=1)]
+
+
+class _Sampling(BaseModel):
+    """vLLM-named sampling fields shared by simple lines and OpenAI bodies; null means "not given"."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: Annotated[int, Field(ge=0)] | None = None
+    stop: Stop = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    n: int | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+
+    def sampling(self) -> dict:
+        return {k: v for k in _Sampling.model_fields if (v := getattr(self, k)) is not None}
+
+
+class SimpleLine(_Sampling):
+    model_config = ConfigDict(extra="forbid")
+    id: Id = None
+    custom_id: Id = None
+    prompt: NonEmptyStr | None = None
+    messages: Messages | None = None
+    logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SimpleLine:
+        if self.id is not None and self.custom_id is not None:
+            raise PydanticCustomError("two_ids", "give the id as 'id' or as 'custom_id', not both")
+        if self.prompt is None and self.messages is None:
+            raise PydanticCustomError("no_input", "the line needs a 'prompt' or a 'messages' field")
+        if self.prompt is not None and self.messages is not None:
+            raise PydanticCustomError("two_inputs", "the line has both 'prompt' and 'messages', give only one")
+        return self
+
+
+class OpenAILine(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    custom_id: NonEmptyStr
+    method: Literal["POST"]
+    url: Literal["/v1/chat/completions", "/v1/completions"]
+    body: dict[str, Any]
+
+
+class _Body(_Sampling):
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients send many fields we do not use
+    model: str | None = None
+    max_completion_tokens: int | None = None
+
+
+class ChatBody(_Body):
+    messages: Messages
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class CompletionBody(_Body):
+    prompt: Annotated[NonEmptyStr, BeforeValidator(_one_prompt_only)]
+    logprobs: int | None = None
+
+
+
+class _LineProblem(Exception):
+    """A line that cannot become a Request; the message is a sentence without "line N: "."""
+
+    custom_id: str | None = None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _DuplicateKey(f"key {_short(duplicate)!r} appears twice in one JSON object")
+    return obj
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(errors: list[dict], prefix: tuple = (), known: set[str] = frozenset()) -> str:
+    """Pydantic errors as one sentence: field path and pydantic's message, never the input value."""
+    parts = []
+    for error in errors[:3]:
+        loc = ".".join(_short(str(p), 60) for p in (*prefix, *error["loc"]))
+        message = error["msg"].rstrip(".")
+        if error["type"] == "extra_forbidden":
+            guess = difflib.get_close_matches(str(error["loc"][-1]), sorted(known), n=1)
+            message = "unknown field" + (f" (did you mean '{guess[0]}'?)" if guess else "")
+        parts.append(f"field '{loc}': {message}" if loc else message)
+    more = f" (and {len(errors) - 3} more problems)" if len(errors) > 3 else ""
+    return "; ".join(parts) + more
+
+
+def _validate(model: type[BaseModel], data: Any, prefix: tuple = ()) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _LineProblem(_describe(e.errors(), prefix, set(model.model_fields))) from None
+
+
+def _simple(obj: dict, number: int) -> Request:
+    line = _validate(SimpleLine, obj)
+    sampling = line.sampling()
+    if line.logprobs is not None:
+        sampling["logprobs"] = line.logprobs
+    return Request(
+        custom_id=line.id or line.custom_id or f"line-{number}", line=number,
+        kind="chat" if line.messages is not None else "completion", prompt=line.prompt,
+        messages=[m.model_dump() for m in line.messages] if line.messages is not None else None,
+        sampling=sampling, model=None, form="simple", url=None,
+    )
+
+
+def _openai(obj: dict, number: int) -> Request:
+    envelope = _validate(OpenAILine, obj)
+    chat = envelope.url == CHAT_URL
+    body = _validate(ChatBody if chat else CompletionBody, envelope.body, ("body",))
+    sampling = body.sampling()
+    if body.max_completion_tokens is not None:
+        if body.max_tokens is not None and body.max_tokens != body.max_completion_tokens:
+            raise _LineProblem("field 'body.max_completion_tokens': differs from 'body.max_tokens', give only one")
+        sampling["max_tokens"] = body.max_completion_tokens
+    if chat:
+        if body.top_logprobs is not None and not body.logprobs:
+            raise _LineProblem("field 'body.top_logprobs': needs 'logprobs' set to true")
+        if body.logprobs:
+            sampling["logprobs"] = body.top_logprobs or 0
+    elif body.logprobs is not None:
+        sampling["logprobs"] = body.logprobs
+    return Request(
+        custom_id=envelope.custom_id, line=number, kind="chat" if chat else "completion",
+        prompt=None if chat else body.prompt,
+        messages=[m.model_dump() for m in body.messages] if chat else None,
+        sampling=sampling, model=body.model, form="openai", url=envelope.url,
+    )
+
+
+def _id_of(obj: dict) -> str | None:
+    for key in ("custom_id", "id"):
+        value = _int_id_as_str(obj.get(key))
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _parse_line(number: int, text: str, defaults: dict) -> Request:
+    try:
+        obj = json.loads(text, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as e:
+        raise _LineProblem(f"not valid JSON ({e.msg} at column {e.colno})") from None
+    except _DuplicateKey as e:
+        raise _LineProblem(str(e)) from None
+    except (ValueError, RecursionError):  # a number with thousands of digits, or nesting too deep
+        raise _LineProblem("not valid JSON (a number is too long or the nesting too deep)") from None
+    if not isinstance(obj, dict):
+        raise _LineProblem(f"expected a JSON object, got {_JSON_TYPES.get(type(obj), 'a number')}")
+    try:
+        request = _openai(obj, number) if obj.keys() & {"url", "method", "body"} else _simple(obj, number)
+        merged = {**defaults, **request.sampling}
+        request.sampling = {k: list(v) if isinstance(v, list) else v for k, v in merged.items()}
+        try:
+            SamplingParams(**request.sampling)
+        except RequestError as e:
+            raise _LineProblem(str(e).rstrip(".")) from None
+    except _LineProblem as problem:
+        problem.custom_id = _id_of(obj)
+        raise
+    return request
+
+
+
+def _read_lines(f: BinaryIO, max_line_bytes: int) -> Iterator[tuple[int, bytes | None, int]]:
+    """(line number, content without line ending or None when over the limit, size in bytes)."""
+    number = 0
+    while raw := f.readline(max_line_bytes + 2):  # room for the content and "\r\n"
+        number += 1
+        if not raw.endswith(b"\n") and len(raw) == max_line_bytes + 2:  # too long: skip it in chunks
+            size, tail = len(raw), raw[-2:]
+            while chunk := f.readline(1 << 20):
+                size, tail = size + len(chunk), (tail + chunk)[-2:]
+                if chunk.endswith(b"\n"):
+                    break
+            yield number, None, size - (2 if tail == b"\r\n" else 1 if tail.endswith(b"\n") else 0)
+            continue
+        content = raw.rstrip(b"\r\n")
+        yield number, (content if len(content) <= max_line_bytes else None), len(content)
+
+
+def _checked_defaults(defaults: dict | None) -> dict:
+    defaults = dict(defaults or {})
+    unknown = sorted(set(defaults) - _SAMPLING_NAMES)
+    if unknown:
+        raise MiroError(f"Default sampling options {', '.join(unknown)} are not SamplingParams fields.")
+    if isinstance(defaults.get("stop"), str):
+        defaults["stop"] = [defaults["stop"]]
+    try:
+        SamplingParams(**defaults)
+    except RequestError as e:
+        raise MiroError(f"Default sampling options are invalid ({str(e).rstrip('.')}).") from None
+    return defaults
+
+
+def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000) -> ParseResult:
+    """Validate a JSONL dataset; every line becomes a Request or a LineError. Raises MiroError if unreadable."""
+    path = Path(path)
+    defaults = _checked_defaults(defaults)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise MiroError(f"Dataset file '{path}' does not exist.") from None
+    except IsADirectoryError:
+        raise MiroError(f"Dataset path '{path}' is a directory, not a JSONL file.") from None
+    except OSError as e:
+        raise MiroError(f"Dataset file '{path}' cannot be read ({e.strerror or e}).") from None
+
+    result = ParseResult()
+    first_line: dict[str, int] = {}
+    saw_content = False
+    with f:
+        for number, content, size in _read_lines(f, max_line_bytes):
+            if content is None:
+                saw_content = True
+                message = f"line {number}: the line is {size:,} bytes, over the limit of {max_line_bytes:,} bytes."
+                result.errors.append(LineError(number, None, message))
+                continue
+            if number == 1 and content.startswith(b"\xef\xbb\xbf"):
+                content = content[3:]  # a UTF-8 byte order mark, as some editors write
+            if not content.strip():
+                continue
+            saw_content = True
+            try:
+                text = content.decode("utf-8")
+            except UnicodeDecodeError as e:
+                bad = f"byte 0x{content[e.start]:02x} at byte {e.start + 1} of the line"
+                result.errors.append(LineError(number, None, f"line {number}: not valid UTF-8 ({bad})."))
+                continue
+            try:
+                request = _parse_line(number, text, defaults)
+            except _LineProblem as problem:
+                result.errors.append(LineError(number, problem.custom_id, f"line {number}: {problem}."))
+                continue
+            if request.custom_id in first_line:
+                first, shown = first_line[request.custom_id], _short(request.custom_id)
+                message = f"line {number}: duplicate custom id {shown!r} (first used on line {first})."
+                result.errors.append(LineError(number, request.custom_id, message))
+                continue
+            first_line[request.custom_id] = number
+            result.requests.append(request)
+    if not saw_content:
+        result.file_error = f"Dataset file '{path}' is empty: it has no request lines."
+    return result
