@@ -1,0 +1,85 @@
+"""ParquetSink part files and the results merge, on a real local folder."""
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pyarrow.parquet as pq
+
+from miro.worker.results import merge, read_parts, write_openai_jsonl
+from miro.worker.sink import SCHEMA, ParquetSink
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+
+
+def row(custom_id, *, batch="batch_a", choice=0, output="hi", error=None, at=0, kind="chat", job="job-1"):
+    return dict(batch_id=batch, custom_id=custom_id, choice_index=choice, kind=kind, job_id=job, model="m",
+                prompt="p", output=None if error else output, finish_reason=None if error else "stop",
+                prompt_tokens=5, completion_tokens=None if error else 2, output_token_ids=None if error else [7, 8],
+                error=error, worker="w1", started_at=T0, finished_at=T0 + timedelta(seconds=at), latency_s=0.5,
+                sampling=json.dumps({"max_tokens": 4}))
+
+
+def test_sink_writes_whole_zstd_parts_per_batch(tmp_path):
+    sink = ParquetSink(str(tmp_path), "w1", flush_rows=3, flush_seconds=3600)
+    sink.add(row("a"))
+    sink.add(row("b"))
+    assert not sink.due()
+    sink.add(row("c", batch="batch_b"))
+    assert sink.due()
+    written = sink.flush()
+    assert [r["custom_id"] for r in written] == ["a", "b", "c"] and sink.pending == 0
+    parts_a = list((tmp_path / "batch_a").iterdir())
+    assert len(parts_a) == 1 and parts_a[0].name.startswith("part-w1-") and parts_a[0].suffix == ".parquet"
+    meta = pq.ParquetFile(parts_a[0]).metadata
+    assert meta.row_group(0).column(0).compression == "ZSTD"
+    assert pq.read_table(parts_a[0]).schema.equals(SCHEMA)
+    assert not list(tmp_path.rglob(".tmp-*"))
+
+
+def test_sink_flushes_on_time(tmp_path):
+    sink = ParquetSink(str(tmp_path), "w1", flush_rows=100, flush_seconds=0.0)
+    assert not sink.due()
+    sink.add(row("a"))
+    assert sink.due()
+
+
+def test_merge_keeps_one_row_per_request_preferring_success(tmp_path):
+    sink = ParquetSink(str(tmp_path), "w1")
+    sink.add(row("a", output="old", at=1))
+    sink.add(row("a", output="new", at=2))  # ran twice: keep the latest
+    sink.add(row("b", error="boom", at=3))
+    sink.add(row("b", output="fixed", at=1))  # a success beats a later failure
+    sink.add(row("c", error="bad line"))
+    sink.add(row("d", choice=1, output="second"))
+    sink.add(row("d", choice=0, output="first"))
+    sink.flush()
+    (tmp_path / "batch_a" / ".tmp-123-part-x.parquet").write_bytes(b"half a file")  # ignored
+    merged = merge(read_parts(str(tmp_path), "batch_a"))
+    got = {(r["custom_id"], r["choice_index"]): (r["output"], r["error"]) for r in merged.to_pylist()}
+    assert got == {("a", 0): ("new", None), ("b", 0): ("fixed", None), ("c", 0): (None, "bad line"),
+                   ("d", 0): ("first", None), ("d", 1): ("second", None)}
+
+
+def test_openai_jsonl_output(tmp_path):
+    sink = ParquetSink(str(tmp_path), "w1")
+    sink.add(row("chat-1", output="Paris"))
+    sink.add(row("text-1", kind="completion", output=" world", job="job-2"))
+    sink.add(row("bad-1", error="prompt too long", job="job-3"))
+    sink.flush()
+    ok, failed = write_openai_jsonl(merge(read_parts(str(tmp_path), "batch_a")), tmp_path / "out.jsonl",
+                                    tmp_path / "errors.jsonl")
+    assert (ok, failed) == (2, 1)
+    lines = {json.loads(line)["custom_id"]: json.loads(line) for line in open(tmp_path / "out.jsonl")}
+    chat = lines["chat-1"]["response"]
+    assert chat["status_code"] == 200 and chat["body"]["object"] == "chat.completion"
+    assert chat["body"]["choices"][0]["message"] == {"role": "assistant", "content": "Paris"}
+    assert chat["body"]["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert lines["text-1"]["response"]["body"]["choices"][0]["text"] == " world"
+    assert lines["chat-1"]["error"] is None
+    error = json.loads(open(tmp_path / "errors.jsonl").read())
+    assert error["custom_id"] == "bad-1" and error["response"] is None
+    assert error["error"]["message"] == "prompt too long"
+
+
+def test_no_parts_is_an_empty_table(tmp_path):
+    assert read_parts(str(tmp_path), "batch_none").num_rows == 0
