@@ -1,4 +1,4 @@
-"""numba kernels for the forward pass: RMSNorm, RoPE + KV-cache write, SiLU-gate, paged flash attention.
+"""numba kernels for the forward pass: RMSNorm, RoPE + KV-cache write, SiLU-gate, paged flash attention, GEMM.
 
 Every kernel computes each token's row from that row alone (and, for
 attention, from that token's own context), in a fixed order, so a token's

@@ -39,8 +39,6 @@ class Sequence:
     stop_reason: str | int | None = None
     logprobs: list[dict] = field(default_factory=list)
     arrival: int = field(default_factory=lambda: next(_arrival_counter))
-    text_sent: int = 0  # how much of `text` step() has reported
-    tokens_sent: int = 0
 
     @property
     def num_tokens(self) -> int:
