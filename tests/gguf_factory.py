@@ -7,7 +7,6 @@ The ``write_*`` helpers below it produce files that are broken in one known way.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import gguf

@@ -45,7 +45,7 @@ def test_tiny_llama_reads_back(tmp_path, ttype):
 
 def test_tiny_llama_config_and_options(tmp_path):
     a = write_tiny_llama(tmp_path / "a.gguf", tensor_type="Q8_0", seed=3)
-    b = write_tiny_llama(tmp_path / "b.gguf", tensor_type="Q8_0", seed=3)
+    write_tiny_llama(tmp_path / "b.gguf", tensor_type="Q8_0", seed=3)
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()  # seeded
     assert a["head_dim"] == 16 and "output.weight" not in a["tensors"]
     k = write_tiny_llama(tmp_path / "k.gguf", tensor_type="Q4_K")
