@@ -206,3 +206,29 @@ def _echo_line_errors(errors) -> None:
 def submit_main() -> None:
     """The miro-submit console script: `miro submit` on its own."""
     submit.main(prog_name="miro-submit")
+
+
+@cli.command("results", cls=MiroCommand)
+@click.argument("batch_id")
+@click.option("--output", "-o", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the merged results.")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
+              help="parquet: one row per request (and choice); jsonl: OpenAI Batch output lines.")
+@click.option("--errors", "errors_path", type=click.Path(dir_okay=False), default=None,
+              help="With --format jsonl: where failed requests go [default: OUTPUT with .errors.jsonl].")
+@click.option("--redis-url", envvar="MIRO_REDIS_URL", default="redis://localhost:6379/0", show_default=True)
+def results(batch_id, out_path, fmt, errors_path, redis_url):
+    """Merge BATCH's part files into one file: exactly one row per custom id, failed requests included."""
+    from miro.worker.batches import connect
+    from miro.worker.results import collect, write_openai_jsonl, write_parquet
+
+    table, batch = collect(connect(redis_url), batch_id)
+    if fmt == "parquet":
+        write_parquet(table, out_path)
+        log_to_stderr(f"Wrote {table.num_rows:,} rows of {batch_id} ({batch['status']}, "
+                      f"{batch['completed']:,} completed, {batch['failed']:,} failed of {batch['total']:,}) "
+                      f"to {out_path}.")
+    else:
+        errors_path = errors_path or out_path.removesuffix(".jsonl") + ".errors.jsonl"
+        ok, failed = write_openai_jsonl(table, out_path, errors_path)
+        log_to_stderr(f"Wrote {ok:,} responses to {out_path} and {failed:,} errors to {errors_path}.")

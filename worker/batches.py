@@ -219,3 +219,27 @@ def clear_failed_line(conn, batch_id: str, custom_id: str):
 def failed_lines(conn: redis.Redis, batch_id: str) -> dict[str, dict]:
     """custom id -> {custom_id, line, error} for every invalid line recorded for the batch."""
     return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.batch_invalid(batch_id)).items()}
+
+
+# KEYS[1] batch hash; ARGV: counter to add 1 to, prompt tokens, completion tokens, timestamp.
+# When every request is accounted for, an in_progress batch passes through finalizing to completed.
+_COUNT_DONE = """
+redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+redis.call('HINCRBY', KEYS[1], 'prompt_tokens', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'completion_tokens', ARGV[3])
+local done = tonumber(redis.call('HGET', KEYS[1], 'completed')) + tonumber(redis.call('HGET', KEYS[1], 'failed'))
+if done >= tonumber(redis.call('HGET', KEYS[1], 'total')) and redis.call('HGET', KEYS[1], 'status') == 'in_progress' then
+  redis.call('HSET', KEYS[1], 'status', 'completed', 'finalizing_at', ARGV[4], 'completed_at', ARGV[4])
+end
+return done
+"""
+
+
+def count_finished(conn: redis.Redis, batch_id: str, *, prompt_tokens: int, completion_tokens: int) -> int:
+    """A request's rows are written: count it completed (and its tokens); returns completed + failed."""
+    return conn.eval(_COUNT_DONE, 1, keys.batch(batch_id), "completed", prompt_tokens, completion_tokens, _now())
+
+
+def count_failed(conn: redis.Redis, batch_id: str) -> int:
+    """A request failed for good (its error row is written); returns completed + failed."""
+    return conn.eval(_COUNT_DONE, 1, keys.batch(batch_id), "failed", 0, 0, _now())

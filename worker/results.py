@@ -42,8 +42,28 @@ def merge(table: pa.Table) -> pa.Table:
     return ranked.take(first).drop_columns(["_failed"])
 
 
+def invalid_line_rows(batch_id: str, records: dict[str, dict]) -> pa.Table:
+    """Lines that failed validation (`--skip-invalid`), as failed rows of the batch."""
+    rows = [{"batch_id": batch_id, "custom_id": cid, "choice_index": 0, "error": rec["error"]}
+            for cid, rec in records.items()]
+    return pa.Table.from_pylist(rows, SCHEMA) if rows else SCHEMA.empty_table()
+
+
+def collect(conn, batch_id: str) -> tuple[pa.Table, dict]:
+    """The merged rows of a batch (part files plus invalid lines) and its record."""
+    from . import batches
+
+    batch = batches.get_batch(conn, batch_id)
+    parts = read_parts(batch["output"], batch_id)
+    invalid = invalid_line_rows(batch_id, batches.failed_lines(conn, batch_id))
+    return merge(pa.concat_tables([parts, invalid])), batch
+
+
 def write_parquet(table: pa.Table, path: str) -> None:
-    pq.write_table(table, path, compression="zstd")
+    try:
+        pq.write_table(table, path, compression="zstd")
+    except OSError as err:
+        raise MiroError(f"cannot write the results to {path}: {err}.") from None
 
 
 def _response_body(rows: list[dict]) -> dict:

@@ -1,0 +1,94 @@
+"""miro-submit -> RQ's own SimpleWorker running miro.worker.jobs.generate -> miro results, on a real
+redis-server and a tiny GGUF model."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import redis
+from click.testing import CliRunner
+from gguf_factory import write_tiny_llama
+from rq import Queue, SimpleWorker
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from miro.cli.main import cli
+from miro.core import Engine, SamplingParams
+from miro.worker import batches
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", tensor_type="Q8_0")["path"])
+
+
+def write_dataset(path, lines):
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_model, monkeypatch):
+    monkeypatch.setenv("MIRO_KV_CACHE_MEMORY", "4MiB")
+    lines = [
+        {"id": "s1", "prompt": "hello world", "max_tokens": 5, "temperature": 0, "ignore_eos": True},
+        {"id": "s2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+         "ignore_eos": True},
+        {"custom_id": "o1", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "x", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3,
+                  "temperature": 0}},
+        {"custom_id": "o2", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": "the world", "max_tokens": 6, "temperature": 0}},
+        {"id": "long", "prompt": "hello " * 200, "max_tokens": 4},  # over the tiny model's 128-token context
+        {"id": "bad", "prompt": 5},  # invalid: recorded as a failed request with --skip-invalid
+    ]
+    dataset = write_dataset(tmp_path / "data.jsonl", lines)
+    out = tmp_path / "results"
+    submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
+                                         "--output", str(out), "--skip-invalid"])
+    assert submitted.exit_code == 0, submitted.output
+    batch_id = submitted.stdout.strip().splitlines()[-1]
+
+    conn = redis.Redis.from_url(redis_url)
+    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    assert queue.count == 5
+    SimpleWorker([queue], connection=conn, serializer=JSONSerializer).work(burst=True)
+
+    record = batches.get_batch(conn, batch_id)
+    assert (record["total"], record["completed"], record["failed"]) == (6, 4, 2)
+    assert record["status"] == "completed"
+    finished = Job.fetch(batches.job_id(batch_id, "s1"), connection=conn, serializer=JSONSerializer)
+    assert finished.get_status() == JobStatus.FINISHED
+    summary = finished.return_value()
+    assert (summary["custom_id"], summary["finish_reason"], summary["completion_tokens"]) == ("s1", "length", 5)
+    failed = Job.fetch(batches.job_id(batch_id, "long"), connection=conn, serializer=JSONSerializer)
+    assert failed.get_status() == JobStatus.FAILED
+
+    merged_path = tmp_path / "merged.parquet"
+    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(merged_path), "--redis-url", redis_url])
+    assert merged.exit_code == 0, merged.output
+    rows = {r["custom_id"]: r for r in pq.read_table(merged_path).to_pylist()}
+    assert sorted(rows) == ["bad", "long", "o1", "o2", "s1", "s2"]
+    assert "context length" in rows["long"]["error"] and rows["bad"]["error"].startswith("line 6:")
+    assert [len(rows[c]["output_token_ids"]) for c in ("s1", "s2")] == [5, 4]
+
+    # greedy outputs equal the engine run directly on the same prompts
+    engine = Engine.from_model(tiny_model, num_kv_blocks=64)
+    direct = engine.generate([rows["s1"]["prompt"], rows["o2"]["prompt"]],
+                             [SamplingParams(max_tokens=5, temperature=0, ignore_eos=True),
+                              SamplingParams(max_tokens=6, temperature=0)], use_tqdm=False)
+    assert rows["s1"]["output_token_ids"] == direct[0].token_ids
+    assert rows["o2"]["output_token_ids"] == direct[1].token_ids
+
+    jsonl = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "out.jsonl"), "--format", "jsonl",
+                                     "--redis-url", redis_url])
+    assert jsonl.exit_code == 0, jsonl.output
+    answers = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
+    errors = [json.loads(line) for line in open(tmp_path / "out.errors.jsonl")]
+    assert sorted(a["custom_id"] for a in answers) == ["o1", "o2", "s1", "s2"]
+    assert sorted(e["custom_id"] for e in errors) == ["bad", "long"]
+
+
+def test_results_of_unknown_batch_is_one_sentence(redis_url, tmp_path):
+    result = CliRunner().invoke(cli, ["results", "batch_nope", "-o", str(tmp_path / "x.parquet"),
+                                      "--redis-url", redis_url])
+    assert result.exit_code == 1 and "There is no batch 'batch_nope'" in result.output

@@ -1,0 +1,108 @@
+"""What a job's payload means to the engine, the Parquet rows a finished request becomes, and the RQ job
+function `miro.worker.jobs.generate`.
+
+`generate` serves RQ's own workers (`rq worker -w rq.SimpleWorker`, which keeps one process and so one
+resident model): it runs its one request, writes its rows durably, then moves the batch counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+
+from miro.core import Engine, SamplingParams
+from miro.core.outputs import RequestOutput
+
+from .sink import ParquetSink
+
+_engines: dict[str, Engine] = {}
+
+
+def engine_for(model: str) -> Engine:
+    """One resident engine per model per process."""
+    if model not in _engines:
+        _engines[model] = Engine.from_model(model, max_num_seqs=1, kv_cache_memory=os.environ.get(
+            "MIRO_KV_CACHE_MEMORY", "512MiB"))
+    return _engines[model]
+
+
+def prompt_text(engine: Engine, payload: dict) -> str:
+    """The prompt as the model sees it: chat messages rendered with the model's template."""
+    if payload["kind"] == "chat":
+        return engine.tokenizer.apply_chat_template(payload["messages"], add_generation_prompt=True)
+    return payload["prompt"]
+
+
+def _utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=timezone.utc)
+
+
+def _base_row(payload: dict, job_id: str, worker: str, prompt: str | None, started: float, finished: float) -> dict:
+    return dict(batch_id=payload["batch_id"], custom_id=payload["custom_id"], kind=payload["kind"], job_id=job_id,
+                model=payload["model"], prompt=prompt, worker=worker, started_at=_utc(started),
+                finished_at=_utc(finished), latency_s=finished - started,
+                sampling=json.dumps(payload.get("sampling", {}), sort_keys=True))
+
+
+def result_rows(payload: dict, output: RequestOutput, *, job_id: str, worker: str, prompt: str, started: float,
+                finished: float) -> list[dict]:
+    """One row per choice of a finished request."""
+    return [
+        {**_base_row(payload, job_id, worker, prompt, started, finished), "choice_index": choice.index,
+         "output": choice.text, "finish_reason": choice.finish_reason,
+         "prompt_tokens": len(output.prompt_token_ids), "completion_tokens": len(choice.token_ids),
+         "output_token_ids": choice.token_ids, "error": None}
+        for choice in output.outputs
+    ]
+
+
+def error_row(payload: dict, error: str, *, job_id: str, worker: str, prompt: str | None, started: float,
+              finished: float) -> dict:
+    return {**_base_row(payload, job_id, worker, prompt, started, finished), "choice_index": 0, "error": error}
+
+
+def run_request(engine: Engine, payload: dict) -> tuple[str, RequestOutput]:
+    """Run one request to completion on an otherwise idle engine (RequestError if it is refused)."""
+    prompt = prompt_text(engine, payload)
+    params = SamplingParams(**payload.get("sampling", {}))
+    [output] = engine.generate([prompt], params, use_tqdm=False)
+    if output.error:
+        from miro.core.errors import RequestError
+
+        raise RequestError(output.error)
+    return prompt, output
+
+
+def generate(**payload) -> dict:
+    """The RQ job: run the request, write its rows to the batch's output, count it; returns a small summary."""
+    from rq import get_current_job
+
+    from . import batches
+
+    job = get_current_job()
+    conn = job.connection
+    batch = batches.get_batch(conn, payload["batch_id"])
+    worker = job.worker_name or f"{os.uname().nodename}.{os.getpid()}"
+    sink = ParquetSink(batch["output"], worker)
+    engine = engine_for(payload["model"])
+    started = time.time()
+    try:
+        prompt, output = run_request(engine, payload)
+    except Exception as err:  # the request's own problem: record it as its failed row, then fail the job
+        sink.add(error_row(payload, str(err), job_id=job.id, worker=worker, prompt=None, started=started,
+                           finished=time.time()))
+        sink.flush()
+        batches.count_failed(conn, payload["batch_id"])
+        raise
+    rows = result_rows(payload, output, job_id=job.id, worker=worker, prompt=prompt, started=started,
+                       finished=time.time())
+    for row in rows:
+        sink.add(row)
+    sink.flush()  # durable before RQ hears the job finished
+    completion_tokens = sum(r["completion_tokens"] for r in rows)
+    batches.count_finished(conn, payload["batch_id"], prompt_tokens=rows[0]["prompt_tokens"],
+                           completion_tokens=completion_tokens)
+    return {"custom_id": payload["custom_id"], "finish_reason": rows[0]["finish_reason"],
+            "prompt_tokens": rows[0]["prompt_tokens"], "completion_tokens": completion_tokens}
