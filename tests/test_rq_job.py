@@ -1,5 +1,5 @@
-"""miro-submit -> RQ's own SimpleWorker running miro.worker.jobs.generate -> miro results, on a real
-redis-server and a tiny GGUF model."""
+"""miro-submit -> an RQ worker (RQ's own SimpleWorker running miro.worker.jobs.generate, or miro's
+BatchWorker) -> miro results, on a real redis-server and a tiny GGUF model."""
 
 import json
 
@@ -14,7 +14,7 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
-from miro.worker import batches
+from miro.worker import BatchWorker, batches
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,15 @@ def write_dataset(path, lines):
     return str(path)
 
 
-def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_model, monkeypatch):
+def make_worker(kind, queue, conn, tiny_model):
+    if kind == "simple":
+        return SimpleWorker([queue], connection=conn, serializer=JSONSerializer)
+    return BatchWorker([queue], connection=conn, serializer=JSONSerializer, model=tiny_model,
+                       engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 3})
+
+
+@pytest.mark.parametrize("kind", ["simple", "batch"])
+def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_model, monkeypatch, kind):
     monkeypatch.setenv("MIRO_KV_CACHE_MEMORY", "4MiB")
     lines = [
         {"id": "s1", "prompt": "hello world", "max_tokens": 5, "temperature": 0, "ignore_eos": True},
@@ -51,7 +59,8 @@ def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_m
     conn = redis.Redis.from_url(redis_url)
     queue = Queue("miro", connection=conn, serializer=JSONSerializer)
     assert queue.count == 5
-    SimpleWorker([queue], connection=conn, serializer=JSONSerializer).work(burst=True)
+    make_worker(kind, queue, conn, tiny_model).work(burst=True)
+    assert queue.count == 0
 
     record = batches.get_batch(conn, batch_id)
     assert (record["total"], record["completed"], record["failed"]) == (6, 4, 2)

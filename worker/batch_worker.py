@@ -1,0 +1,205 @@
+"""BatchWorker: an RQ worker that keeps one model resident and many jobs in flight in one engine.
+
+    rq worker -w miro.worker.BatchWorker -S rq.serializers.JSONSerializer miro     (model from MIRO_MODEL)
+
+Like rq's SimpleWorker it never forks. Each turn of the loop it admits queued
+jobs while the engine has room, runs one engine step, and hands finished
+requests to the Parquet sink; a job is marked finished in RQ only after the
+sink has made its rows durable, so a crash can repeat a request, never lose it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from rq.exceptions import DequeueTimeout
+from rq.job import Job
+from rq.queue import Queue
+from rq.utils import now
+from rq.worker.base import BaseWorker
+
+from miro.core import Engine, MiroError, SamplingParams
+from miro.core.registry import DEFAULT_MODEL
+
+from . import batches
+from .jobs import error_row, prompt_text, result_rows
+from .sink import ParquetSink
+
+ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
+HEARTBEAT_EVERY_S = 5.0
+
+
+@dataclass
+class InFlight:
+    job: Job
+    queue: Queue
+    execution: object
+    payload: dict
+    prompt: str
+    started: float
+
+
+def engine_options_from_env() -> dict:
+    """Engine settings for workers started by `rq worker -w`, which passes no options of its own."""
+    options = {"kv_cache_memory": os.environ.get("MIRO_KV_CACHE_MEMORY", "1GiB")}
+    for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks"):
+        value = os.environ.get(f"MIRO_{name.upper()}")
+        if value:
+            options[name] = int(value)
+    return options
+
+
+class BatchWorker(BaseWorker):
+    def __init__(self, *args, model: str | None = None, engine_options: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        # `rq info` and Worker.all() construct workers too: the model is loaded in work(), never here.
+        self.model = model or os.environ.get("MIRO_MODEL", DEFAULT_MODEL)
+        self.engine_options = engine_options if engine_options is not None else engine_options_from_env()
+        self.engine: Engine | None = None
+        self.in_flight: dict[str, InFlight] = {}
+        self.finished: list[tuple[InFlight, dict]] = []  # rows buffered in the sink, jobs not yet finalized
+        self.sinks: dict[str, ParquetSink] = {}
+        self._stopping = False
+
+    # -- signals: only set flags; the loop acts on them between steps ---------------------------------
+
+    def _install_signal_handlers(self):
+        signal.signal(signal.SIGINT, self._request_stop)
+        signal.signal(signal.SIGTERM, self._request_stop)
+
+    def _request_stop(self, signum, frame):
+        if self._stopping:  # a second signal: stop now, the in-flight jobs are requeued below
+            raise SystemExit(1)
+        self.log.info("Worker %s: warm shut down requested, finishing jobs in flight", self.name)
+        self._stopping = True
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def work(self, burst: bool = False, logging_level: str | None = None, *args, max_jobs: int | None = None,
+             **kwargs) -> bool:
+        self.engine = Engine.from_model(self.model, **self.engine_options)
+        self.bootstrap(logging_level or "INFO")
+        self._install_signal_handlers()
+        done, last_beat = 0, 0.0
+        try:
+            while True:
+                if self.should_run_maintenance_tasks:
+                    self.run_maintenance_tasks()
+                if not self._stopping and (max_jobs is None or done + len(self.in_flight) < max_jobs):
+                    self._admit(block=not self.in_flight and not burst)
+                if not self.in_flight:
+                    self._flush(force=True)
+                    if burst or self._stopping or (max_jobs is not None and done >= max_jobs):
+                        break
+                    continue
+                for output in self.engine.step():
+                    if output.finished and output.request_id in self.in_flight:
+                        self._finish(self.in_flight.pop(output.request_id), output)
+                done += self._flush(force=False)
+                if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
+                    self._heartbeat()
+                    last_beat = time.monotonic()
+        except SystemExit:
+            self._requeue_in_flight()
+            raise
+        finally:
+            self._flush(force=True)
+            self.teardown()
+        return bool(done)
+
+    def _room(self) -> bool:
+        return len(self.in_flight) < self.engine.scheduler.max_num_seqs
+
+    def _admit(self, block: bool) -> None:
+        while self._room():
+            try:
+                result = Queue.dequeue_any(self.queues, 1 if block else None, connection=self.connection,
+                                           job_class=self.job_class, serializer=self.serializer)
+            except DequeueTimeout:
+                return
+            if result is None:
+                return
+            job, queue = result
+            block = False
+            execution = self.prepare_execution(job)
+            self.prepare_job_execution(job, remove_from_intermediate_queue=len(self.queues) == 1)
+            job.started_at = now()
+            self._start(job, queue, execution)
+
+    def _start(self, job: Job, queue: Queue, execution) -> None:
+        started = time.time()
+        if job.func_name not in ALLOWED_FUNCTIONS:
+            self._fail(job, queue, execution, f"function {job.func_name} is not on this worker's allow-list")
+            return
+        payload = job.kwargs
+        try:
+            prompt = prompt_text(self.engine, payload)
+            self.engine.add_request(prompt, SamplingParams(**payload.get("sampling", {})), request_id=job.id)
+        except MiroError as err:
+            sink = self._sink(payload["batch_id"])
+            sink.add(error_row(payload, str(err), job_id=job.id, worker=self.name, prompt=None, started=started,
+                               finished=time.time()))
+            sink.flush()
+            batches.count_failed(self.connection, payload["batch_id"])
+            self._fail(job, queue, execution, str(err))
+            return
+        self.in_flight[job.id] = InFlight(job, queue, execution, payload, prompt, started)
+
+    def _sink(self, batch_id: str) -> ParquetSink:
+        output = batches.get_batch(self.connection, batch_id)["output"]
+        if output not in self.sinks:
+            self.sinks[output] = ParquetSink(output, self.name)
+        return self.sinks[output]
+
+    def _finish(self, flight: InFlight, output) -> None:
+        rows = result_rows(flight.payload, output, job_id=flight.job.id, worker=self.name, prompt=flight.prompt,
+                           started=flight.started, finished=time.time())
+        sink = self._sink(flight.payload["batch_id"])
+        for row in rows:
+            sink.add(row)
+        summary = {"custom_id": flight.payload["custom_id"], "finish_reason": rows[0]["finish_reason"],
+                   "prompt_tokens": rows[0]["prompt_tokens"],
+                   "completion_tokens": sum(r["completion_tokens"] for r in rows)}
+        self.finished.append((flight, summary))
+
+    def _flush(self, force: bool) -> int:
+        """Write due part files; then, and only then, count and finish their jobs in RQ."""
+        if not self.finished or not (force or any(s.due() for s in self.sinks.values())):
+            return 0
+        for sink in self.sinks.values():
+            sink.flush()
+        finished, self.finished = self.finished, []
+        for flight, summary in finished:
+            batches.count_finished(self.connection, flight.payload["batch_id"],
+                                   prompt_tokens=summary["prompt_tokens"],
+                                   completion_tokens=summary["completion_tokens"])
+            self._finalize_success(flight.job, flight.queue, flight.execution, summary)
+        return len(finished)
+
+    def _fail(self, job: Job, queue: Queue, execution, message: str) -> None:
+        try:
+            raise MiroError(message)
+        except MiroError:
+            self._finalize_failure(job, queue, execution, sys.exc_info())
+
+    def _heartbeat(self) -> None:
+        ttl = self.worker_ttl + 60
+        with self.connection.pipeline() as pipe:
+            self.heartbeat(ttl, pipeline=pipe)
+            for flight in self.in_flight.values():
+                flight.execution.heartbeat(flight.queue.started_job_registry, ttl, pipe)
+                flight.job.heartbeat(now(), ttl, pipe, xx=True)
+            pipe.execute()
+
+    def _requeue_in_flight(self) -> None:
+        """Cold stop: put unfinished jobs back at the front of their queues, in their order."""
+        with self.connection.pipeline() as pipe:
+            for flight in reversed(list(self.in_flight.values())):
+                self.cleanup_execution(flight.job, pipe, flight.execution)
+                flight.queue._enqueue_job(flight.job, pipe, at_front=True)
+            pipe.execute()
+        self.in_flight.clear()
