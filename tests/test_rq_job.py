@@ -101,3 +101,32 @@ def test_results_of_unknown_batch_is_one_sentence(redis_url, tmp_path):
     result = CliRunner().invoke(cli, ["results", "batch_nope", "-o", str(tmp_path / "x.parquet"),
                                       "--redis-url", redis_url])
     assert result.exit_code == 1 and "There is no batch 'batch_nope'" in result.output
+
+
+def test_miro_worker_command_runs_a_batch(tmp_path, redis_url, tiny_model):
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": "hello " * (i + 1), "max_tokens": 3}
+                                                   for i in range(5)])
+    submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
+                                         "--output", str(tmp_path / "out")])
+    batch_id = submitted.stdout.strip()
+    ran = CliRunner().invoke(cli, ["worker", "--redis-url", redis_url, "--model", tiny_model, "--burst",
+                                   "--kv-cache-memory", "4MiB"])
+    assert ran.exit_code == 0, ran.output
+    record = batches.get_batch(redis.Redis.from_url(redis_url), batch_id)
+    assert (record["completed"], record["failed"], record["status"]) == (5, 0, "completed")
+
+
+@pytest.mark.slow
+def test_miro_run_on_the_example_dataset(tmp_path, smollm2_path):
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "examples" / "prompts.jsonl"
+    out = tmp_path / "results.parquet"
+    result = CliRunner().invoke(cli, ["run", str(example), "-o", str(out), "--model", str(smollm2_path),
+                                      "--kv-cache-memory", "256MiB"])
+    assert result.exit_code == 0, result.output
+    rows = pq.read_table(out).to_pylist()
+    n_lines = sum(1 for line in example.read_text().splitlines() if line.strip())
+    assert len(rows) == n_lines and len({r["custom_id"] for r in rows}) == n_lines
+    assert all(r["error"] is None and r["output"] for r in rows)
+    assert "Paris" in next(r["output"] for r in rows if r["custom_id"] == "q1")
