@@ -130,3 +130,52 @@ def test_miro_run_on_the_example_dataset(tmp_path, smollm2_path):
     assert len(rows) == n_lines and len({r["custom_id"] for r in rows}) == n_lines
     assert all(r["error"] is None and r["output"] for r in rows)
     assert "Paris" in next(r["output"] for r in rows if r["custom_id"] == "q1")
+
+
+def _wait_for(predicate, timeout_s=60.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+def test_sigterm_mid_batch_requeues_and_nothing_is_lost(tmp_path, redis_url, tiny_model):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    n = 60
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 100,
+                                                    "ignore_eos": True} for i in range(n)])
+    submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
+                                         "--output", str(tmp_path / "out")])
+    batch_id = submitted.stdout.strip()
+    conn = redis.Redis.from_url(redis_url)
+    miro = [sys.executable, "-c", "from miro.cli.main import cli; cli()"]
+    options = ["worker", "--redis-url", redis_url, "--model", tiny_model, "--kv-cache-memory", "8MiB",
+               "--max-num-seqs", "4", "--flush-rows", "1"]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    first = subprocess.Popen(miro + options + ["--shutdown-grace", "0"], env=env, stderr=subprocess.PIPE, text=True)
+    assert _wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 3), "the first worker did no work"
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=60) == 0, first.stderr.read()
+    after_stop = batches.get_batch(conn, batch_id)
+    assert after_stop["completed"] < n, "the batch finished before the signal: nothing was in flight"
+    assert Queue("miro", connection=conn, serializer=JSONSerializer).count == n - after_stop["completed"]
+
+    second = subprocess.run(miro + options + ["--burst"], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    record = batches.get_batch(conn, batch_id)
+    assert (record["completed"], record["failed"], record["status"]) == (n, 0, "completed")
+    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url",
+                                      redis_url])
+    assert merged.exit_code == 0
+    rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
+    assert sorted(r["custom_id"] for r in rows) == sorted(f"p{i}" for i in range(n))
+    assert all(len(r["output_token_ids"]) == 100 for r in rows)

@@ -54,7 +54,9 @@ def engine_options_from_env() -> dict:
 
 
 class BatchWorker(BaseWorker):
-    def __init__(self, *args, model: str | None = None, engine_options: dict | None = None, **kwargs):
+    def __init__(self, *args, model: str | None = None, engine_options: dict | None = None,
+                 shutdown_grace_s: float | None = None, flush_rows: int = 256, flush_seconds: float = 5.0,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         # `rq info` and Worker.all() construct workers too: the model is loaded in work(), never here.
         self.model = model or os.environ.get("MIRO_MODEL", DEFAULT_MODEL)
@@ -64,6 +66,11 @@ class BatchWorker(BaseWorker):
         self.finished: list[tuple[InFlight, dict]] = []  # rows buffered in the sink, jobs not yet finalized
         self.sinks: dict[str, ParquetSink] = {}
         self._stopping = False
+        # after SIGTERM, how long jobs in flight may take to finish before the rest are requeued
+        self.shutdown_grace_s = shutdown_grace_s if shutdown_grace_s is not None else float(
+            os.environ.get("MIRO_SHUTDOWN_GRACE_S", "30"))
+        self._stop_deadline = float("inf")
+        self.flush_rows, self.flush_seconds = flush_rows, flush_seconds  # how often part files are written
 
     # -- signals: only set flags; the loop acts on them between steps ---------------------------------
 
@@ -74,8 +81,10 @@ class BatchWorker(BaseWorker):
     def _request_stop(self, signum, frame):
         if self._stopping:  # a second signal: stop now, the in-flight jobs are requeued below
             raise SystemExit(1)
-        self.log.info("Worker %s: warm shut down requested, finishing jobs in flight", self.name)
+        self.log.info("Worker %s: warm shut down requested, finishing jobs in flight (up to %.0f s)", self.name,
+                      self.shutdown_grace_s)
         self._stopping = True
+        self._stop_deadline = time.monotonic() + self.shutdown_grace_s
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -91,6 +100,9 @@ class BatchWorker(BaseWorker):
                     self.run_maintenance_tasks()
                 if not self._stopping and (max_jobs is None or done + len(self.in_flight) < max_jobs):
                     self._admit(block=not self.in_flight and not burst)
+                if self.in_flight and time.monotonic() > self._stop_deadline:
+                    self._flush(force=True)
+                    self._requeue_in_flight()
                 if not self.in_flight:
                     self._flush(force=True)
                     if burst or self._stopping or (max_jobs is not None and done >= max_jobs):
@@ -152,7 +164,7 @@ class BatchWorker(BaseWorker):
     def _sink(self, batch_id: str) -> ParquetSink:
         output = batches.get_batch(self.connection, batch_id)["output"]
         if output not in self.sinks:
-            self.sinks[output] = ParquetSink(output, self.name)
+            self.sinks[output] = ParquetSink(output, self.name, self.flush_rows, self.flush_seconds)
         return self.sinks[output]
 
     def _finish(self, flight: InFlight, output) -> None:
@@ -196,7 +208,9 @@ class BatchWorker(BaseWorker):
             pipe.execute()
 
     def _requeue_in_flight(self) -> None:
-        """Cold stop: put unfinished jobs back at the front of their queues, in their order."""
+        """Put unfinished jobs back at the front of their queues, in their order, for another worker."""
+        for request_id in self.in_flight:
+            self.engine.abort(request_id)
         with self.connection.pipeline() as pipe:
             for flight in reversed(list(self.in_flight.values())):
                 self.cleanup_execution(flight.job, pipe, flight.execution)
