@@ -247,13 +247,17 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
               help="Seconds the worker's heartbeat lives (RQ's default 420); shorter finds dead workers sooner.")
 @click.option("--maintenance-interval", type=click.IntRange(min=1), default=None,
               help="Seconds between RQ maintenance runs that requeue abandoned jobs (RQ's default 600).")
+@click.option("--job-monitoring-interval", type=click.IntRange(min=1), default=None,
+              help="Seconds between heartbeats of the jobs in flight (RQ's default 30).")
+@click.option("--heartbeat-slack", type=click.IntRange(min=1), default=60, show_default=True,
+              help="A job whose heartbeat is this many seconds late is abandoned and queued again.")
 @click.option("--flush-rows", type=click.IntRange(min=1), default=256, show_default=True,
               help="Write a Parquet part file once this many rows are waiting...")
 @click.option("--flush-seconds", type=float, default=5.0, show_default=True,
               help="...or once the oldest waiting row is this old.")
 @engine_options
-def worker(redis_url, queues, name, model, burst, shutdown_grace, worker_ttl, maintenance_interval, flush_rows,
-           flush_seconds, **engine):
+def worker(redis_url, queues, name, model, burst, shutdown_grace, worker_ttl, maintenance_interval,
+           job_monitoring_interval, heartbeat_slack, flush_rows, flush_seconds, **engine):
     """Run a BatchWorker: the model stays loaded and many jobs share each engine step."""
     from rq import Queue
     from rq.serializers import JSONSerializer
@@ -263,11 +267,11 @@ def worker(redis_url, queues, name, model, burst, shutdown_grace, worker_ttl, ma
 
     conn = connect(redis_url)
     rq_queues = [Queue(q, connection=conn, serializer=JSONSerializer) for q in queues]
-    rq_settings = {k: v for k, v in (("worker_ttl", worker_ttl), ("maintenance_interval", maintenance_interval))
-                   if v is not None}
+    rq_settings = {k: v for k, v in (("worker_ttl", worker_ttl), ("maintenance_interval", maintenance_interval),
+                                     ("job_monitoring_interval", job_monitoring_interval)) if v is not None}
     BatchWorker(rq_queues, connection=conn, serializer=JSONSerializer, name=name, model=model,
                 engine_options=engine_kwargs(**engine), shutdown_grace_s=shutdown_grace, flush_rows=flush_rows,
-                flush_seconds=flush_seconds,
+                flush_seconds=flush_seconds, heartbeat_slack_s=heartbeat_slack,
                 **rq_settings).work(burst=burst)
 
 

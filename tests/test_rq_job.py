@@ -179,3 +179,57 @@ def test_sigterm_mid_batch_requeues_and_nothing_is_lost(tmp_path, redis_url, tin
     rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
     assert sorted(r["custom_id"] for r in rows) == sorted(f"p{i}" for i in range(n))
     assert all(len(r["output_token_ids"]) == 100 for r in rows)
+
+
+@pytest.mark.slow
+def test_kill_9_mid_batch_jobs_run_again_on_a_live_worker(tmp_path, redis_url, tiny_model):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    n = 60
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 100,
+                                                    "ignore_eos": True} for i in range(n)])
+    submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
+                                         "--output", str(tmp_path / "out")])
+    batch_id = submitted.stdout.strip()
+    conn = redis.Redis.from_url(redis_url)
+    miro = [sys.executable, "-c", "from miro.cli.main import cli; cli()"]
+    options = ["worker", "--redis-url", redis_url, "--model", tiny_model, "--kv-cache-memory", "8MiB",
+               "--max-num-seqs", "4", "--flush-rows", "1", "--job-monitoring-interval", "1",
+               "--heartbeat-slack", "2", "--maintenance-interval", "1"]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    doomed = subprocess.Popen(miro + options, env=env, stderr=subprocess.DEVNULL)
+    assert _wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 3), "the worker did no work"
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+    assert batches.get_batch(conn, batch_id)["completed"] < n
+
+    survivor = subprocess.Popen(miro + options, env=env, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait_for(lambda: batches.get_batch(conn, batch_id)["status"] == "completed", timeout_s=120)
+    finally:
+        survivor.send_signal(signal.SIGTERM)
+        survivor.wait(timeout=60)
+    record = batches.get_batch(conn, batch_id)
+    assert (record["completed"], record["failed"]) == (n, 0)
+    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url",
+                                      redis_url])
+    assert merged.exit_code == 0
+    rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
+    assert sorted(r["custom_id"] for r in rows) == sorted(f"p{i}" for i in range(n))
+    assert all(r["error"] is None and len(r["output_token_ids"]) == 100 for r in rows)
+
+
+def test_a_request_that_ran_twice_counts_once(redis_url):
+    conn = redis.Redis.from_url(redis_url)
+    batch_id = batches.create_batch(conn, name="n", model="m", input_file="f", output="o", total=2, queue="miro")
+    batches.set_status(conn, batch_id, "in_progress")
+    batches.count_finished(conn, batch_id, "a", prompt_tokens=5, completion_tokens=3)
+    batches.count_finished(conn, batch_id, "a", prompt_tokens=5, completion_tokens=3)  # its worker died, rerun
+    record = batches.get_batch(conn, batch_id)
+    assert (record["completed"], record["prompt_tokens"], record["status"]) == (1, 5, "in_progress")
+    batches.count_failed(conn, batch_id, "b")
+    record = batches.get_batch(conn, batch_id)
+    assert (record["completed"], record["failed"], record["status"]) == (1, 1, "completed")

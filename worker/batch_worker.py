@@ -30,7 +30,6 @@ from .jobs import error_row, prompt_text, result_rows
 from .sink import ParquetSink
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
-HEARTBEAT_EVERY_S = 5.0
 
 
 @dataclass
@@ -56,7 +55,7 @@ def engine_options_from_env() -> dict:
 class BatchWorker(BaseWorker):
     def __init__(self, *args, model: str | None = None, engine_options: dict | None = None,
                  shutdown_grace_s: float | None = None, flush_rows: int = 256, flush_seconds: float = 5.0,
-                 **kwargs):
+                 heartbeat_slack_s: int = 60, **kwargs):
         super().__init__(*args, **kwargs)
         # `rq info` and Worker.all() construct workers too: the model is loaded in work(), never here.
         self.model = model or os.environ.get("MIRO_MODEL", DEFAULT_MODEL)
@@ -71,6 +70,9 @@ class BatchWorker(BaseWorker):
             os.environ.get("MIRO_SHUTDOWN_GRACE_S", "30"))
         self._stop_deadline = float("inf")
         self.flush_rows, self.flush_seconds = flush_rows, flush_seconds  # how often part files are written
+        # A job's started-registry entry lives job_monitoring_interval + this; once it lapses (the worker
+        # died), RQ's maintenance on any live worker queues the job again. RQ itself adds 60 s.
+        self.heartbeat_slack_s = heartbeat_slack_s
 
     # -- signals: only set flags; the loop acts on them between steps ---------------------------------
 
@@ -112,7 +114,7 @@ class BatchWorker(BaseWorker):
                     if output.finished and output.request_id in self.in_flight:
                         self._finish(self.in_flight.pop(output.request_id), output)
                 done += self._flush(force=False)
-                if time.monotonic() - last_beat > HEARTBEAT_EVERY_S:
+                if time.monotonic() - last_beat > self.job_monitoring_interval:
                     self._heartbeat()
                     last_beat = time.monotonic()
         except SystemExit:
@@ -156,7 +158,7 @@ class BatchWorker(BaseWorker):
             sink.add(error_row(payload, str(err), job_id=job.id, worker=self.name, prompt=None, started=started,
                                finished=time.time()))
             sink.flush()
-            batches.count_failed(self.connection, payload["batch_id"])
+            batches.count_failed(self.connection, payload["batch_id"], payload["custom_id"])
             self._fail(job, queue, execution, str(err))
             return
         self.in_flight[job.id] = InFlight(job, queue, execution, payload, prompt, started)
@@ -186,22 +188,26 @@ class BatchWorker(BaseWorker):
             sink.flush()
         finished, self.finished = self.finished, []
         for flight, summary in finished:
-            batches.count_finished(self.connection, flight.payload["batch_id"],
+            batches.count_finished(self.connection, flight.payload["batch_id"], flight.payload["custom_id"],
                                    prompt_tokens=summary["prompt_tokens"],
                                    completion_tokens=summary["completion_tokens"])
             self._finalize_success(flight.job, flight.queue, flight.execution, summary)
         return len(finished)
 
     def _fail(self, job: Job, queue: Queue, execution, message: str) -> None:
+        job.retries_left = 0  # the retries are for dead workers; the request itself would fail again
         try:
             raise MiroError(message)
         except MiroError:
             self._finalize_failure(job, queue, execution, sys.exc_info())
 
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        return int(self.job_monitoring_interval + self.heartbeat_slack_s)
+
     def _heartbeat(self) -> None:
-        ttl = self.worker_ttl + 60
+        ttl = int(self.job_monitoring_interval + self.heartbeat_slack_s)
         with self.connection.pipeline() as pipe:
-            self.heartbeat(ttl, pipeline=pipe)
+            self.heartbeat(max(ttl, self.worker_ttl), pipeline=pipe)
             for flight in self.in_flight.values():
                 flight.execution.heartbeat(flight.queue.started_job_registry, ttl, pipe)
                 flight.job.heartbeat(now(), ttl, pipe, xx=True)

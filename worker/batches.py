@@ -221,9 +221,11 @@ def failed_lines(conn: redis.Redis, batch_id: str) -> dict[str, dict]:
     return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.batch_invalid(batch_id)).items()}
 
 
-# KEYS[1] batch hash; ARGV: counter to add 1 to, prompt tokens, completion tokens, timestamp.
-# When every request is accounted for, an in_progress batch passes through finalizing to completed.
+# KEYS: batch hash, set of custom ids already counted; ARGV: counter to add 1 to, prompt tokens, completion
+# tokens, timestamp, custom id. A request counts once even if it ran twice (its worker died after writing
+# its row). When every request is accounted for, an in_progress batch passes through finalizing to completed.
 _COUNT_DONE = """
+if redis.call('SADD', KEYS[2], ARGV[5]) == 0 then return -1 end
 redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
 redis.call('HINCRBY', KEYS[1], 'prompt_tokens', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'completion_tokens', ARGV[3])
@@ -235,11 +237,14 @@ return done
 """
 
 
-def count_finished(conn: redis.Redis, batch_id: str, *, prompt_tokens: int, completion_tokens: int) -> int:
-    """A request's rows are written: count it completed (and its tokens); returns completed + failed."""
-    return conn.eval(_COUNT_DONE, 1, keys.batch(batch_id), "completed", prompt_tokens, completion_tokens, _now())
+def count_finished(conn: redis.Redis, batch_id: str, custom_id: str, *, prompt_tokens: int,
+                   completion_tokens: int) -> int:
+    """A request's rows are written: count it completed (and its tokens) once; returns completed + failed."""
+    return conn.eval(_COUNT_DONE, 2, keys.batch(batch_id), keys.batch_counted(batch_id), "completed",
+                     prompt_tokens, completion_tokens, _now(), custom_id)
 
 
-def count_failed(conn: redis.Redis, batch_id: str) -> int:
-    """A request failed for good (its error row is written); returns completed + failed."""
-    return conn.eval(_COUNT_DONE, 1, keys.batch(batch_id), "failed", 0, 0, _now())
+def count_failed(conn: redis.Redis, batch_id: str, custom_id: str) -> int:
+    """A request failed for good (its error row is written): count it once; returns completed + failed."""
+    return conn.eval(_COUNT_DONE, 2, keys.batch(batch_id), keys.batch_counted(batch_id), "failed", 0, 0, _now(),
+                     custom_id)

@@ -94,7 +94,8 @@ def generate(**payload) -> dict:
         sink.add(error_row(payload, str(err), job_id=job.id, worker=worker, prompt=None, started=started,
                            finished=time.time()))
         sink.flush()
-        batches.count_failed(conn, payload["batch_id"])
+        batches.count_failed(conn, payload["batch_id"], payload["custom_id"])
+        job.retries_left = 0  # the retries are for dead workers; the request itself would fail again
         raise
     rows = result_rows(payload, output, job_id=job.id, worker=worker, prompt=prompt, started=started,
                        finished=time.time())
@@ -102,7 +103,7 @@ def generate(**payload) -> dict:
         sink.add(row)
     sink.flush()  # durable before RQ hears the job finished
     completion_tokens = sum(r["completion_tokens"] for r in rows)
-    batches.count_finished(conn, payload["batch_id"], prompt_tokens=rows[0]["prompt_tokens"],
+    batches.count_finished(conn, payload["batch_id"], payload["custom_id"], prompt_tokens=rows[0]["prompt_tokens"],
                            completion_tokens=completion_tokens)
     return {"custom_id": payload["custom_id"], "finish_reason": rows[0]["finish_reason"],
             "prompt_tokens": rows[0]["prompt_tokens"], "completion_tokens": completion_tokens}

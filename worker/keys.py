@@ -26,3 +26,8 @@ def batch_invalid(batch_id: str) -> str:
 def worker(name: str) -> str:
     """Hash with a TTL: a worker's model, host, pid, KV cache use and throughput, refreshed about every second."""
     return f"{PREFIX}:worker:{name}"
+
+
+def batch_counted(batch_id: str) -> str:
+    """Set: custom ids already counted as completed or failed, so a request that ran twice counts once."""
+    return f"{PREFIX}:batch:{batch_id}:counted"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import redis
-from rq import Queue
+from rq import Queue, Retry
 from rq.job import Job, JobStatus
 from rq.registry import CanceledJobRegistry, FailedJobRegistry
 from rq.results import Result
@@ -34,6 +34,7 @@ DEFAULT_QUEUE = "miro"
 DEFAULT_OUTPUT = "./miro-results"
 DEFAULT_JOB_TIMEOUT = 3600  # seconds; a request waits in the worker's continuous batch, so RQ's 180 s is short
 RESULT_TTL = FAILURE_TTL = 7 * 24 * 3600
+ABANDONED_RETRIES = 3  # runs again of a job whose worker died
 CHUNK = 1000
 
 # RQ statuses under which a job will still run (or is running): --resume leaves these alone.
@@ -154,6 +155,9 @@ class _Enqueuer:
             meta={"batch_id": self.batch_id, "custom_id": request.custom_id},
             timeout=self.job_timeout, result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL,
             description=f"{self.batch_id} {request.custom_id[:100]}", status=JobStatus.QUEUED,
+            # a job whose worker died (kill -9, lost machine) is found by RQ's maintenance once its heartbeat
+            # expires and is queued again while retries remain
+            retry=Retry(max=ABANDONED_RETRIES),
         )
         job.created_at = job.enqueued_at = enqueued_at
         return job
@@ -253,6 +257,7 @@ class _Enqueuer:
                 pipe.zrem(failed.key, jid)
                 pipe.zrem(canceled.key, jid)
             pipe.delete(Job.key_for(jid), Result.get_key(jid))
+            pipe.srem(keys.batch_counted(self.batch_id), request.custom_id)  # its next run counts again
             if status == JobStatus.FAILED:
                 pipe.hincrby(batch_key, "failed", -1)
             if known is None:  # a request new to the batch (or one that was an invalid line before)
