@@ -233,3 +233,81 @@ def test_a_request_that_ran_twice_counts_once(redis_url):
     batches.count_failed(conn, batch_id, "b")
     record = batches.get_batch(conn, batch_id)
     assert (record["completed"], record["failed"], record["status"]) == (1, 1, "completed")
+
+
+@pytest.mark.slow
+def test_two_workers_200_mixed_lines_exactly_once_and_equal_to_the_engine(tmp_path, redis_url, tiny_model):
+    import os
+    import subprocess
+    import sys
+
+    lines = []
+    for i in range(200):
+        if i % 3 == 0:
+            lines.append({"id": f"s{i}", "prompt": f"hello world {i}", "max_tokens": 8, "temperature": 0})
+        elif i % 3 == 1:
+            lines.append({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+                          "body": {"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 6,
+                                   "temperature": 0}})
+        else:
+            lines.append({"custom_id": f"t{i}", "method": "POST", "url": "/v1/completions",
+                          "body": {"prompt": f"the world {i}", "max_tokens": 5, "temperature": 0}})
+    dataset = write_dataset(tmp_path / "d.jsonl", lines)
+    submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
+                                         "--output", str(tmp_path / "out")])
+    batch_id = submitted.stdout.strip()
+    miro = [sys.executable, "-c", "from miro.cli.main import cli; cli()"]
+    options = ["worker", "--redis-url", redis_url, "--model", tiny_model, "--kv-cache-memory", "8MiB",
+               "--max-num-seqs", "8", "--burst"]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    workers = [subprocess.Popen(miro + options, env=env, stderr=subprocess.DEVNULL) for _ in range(2)]
+    assert [w.wait(timeout=300) for w in workers] == [0, 0]
+    conn = redis.Redis.from_url(redis_url)
+    record = batches.get_batch(conn, batch_id)
+    assert (record["completed"], record["failed"], record["status"]) == (200, 0, "completed")
+    parts = list((tmp_path / "out" / batch_id).glob("part-*.parquet"))
+    assert len({pq.read_table(p)["worker"][0].as_py() for p in parts}) == 2, "both workers should have worked"
+
+    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url",
+                                      redis_url])
+    assert merged.exit_code == 0
+    rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
+    assert len(rows) == 200 and len({r["custom_id"] for r in rows}) == 200
+    engine = Engine.from_model(tiny_model, num_kv_blocks=256)
+    params = [SamplingParams(**json.loads(r["sampling"])) for r in rows]
+    direct = engine.generate([r["prompt"] for r in rows], params, use_tqdm=False)
+    assert [r["output_token_ids"] for r in rows] == [d.token_ids for d in direct]
+
+
+@pytest.mark.parametrize("command", [
+    ["submit", "DATASET"], ["worker", "--burst"], ["results", "batch_x", "-o", "OUT"], ["run", "DATASET"],
+])
+def test_redis_unreachable_is_one_sentence_for_every_command(tmp_path, command):
+    dataset = write_dataset(tmp_path / "d.jsonl", [{"id": "a", "prompt": "hi"}])
+    args = [dataset if a == "DATASET" else str(tmp_path / "o.parquet") if a == "OUT" else a for a in command]
+    result = CliRunner().invoke(cli, args + ["--redis-url", "redis://127.0.0.1:1/0"])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: Cannot reach Redis at redis://127.0.0.1:1/0")
+    assert "Traceback" not in result.output and result.output.count("\n") == 1
+
+
+def test_rq_info_lists_the_batch_worker(redis_url, tiny_model):
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    conn = redis.Redis.from_url(redis_url)
+    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    worker = make_worker("batch", queue, conn, tiny_model)
+    thread = threading.Thread(target=worker.work, kwargs={"burst": False}, daemon=True)
+    thread.start()
+    try:
+        assert _wait_for(lambda: any(worker.name in m.decode() for m in conn.smembers("rq:workers")), 30)
+        rq_cli = os.path.join(os.path.dirname(sys.executable), "rq")
+        info = subprocess.run([rq_cli, "info", "--url", redis_url], capture_output=True, text=True, timeout=60)
+        assert worker.name in info.stdout and "miro" in info.stdout
+    finally:
+        worker.request_warm_stop(0)
+        thread.join(timeout=30)
+    assert not thread.is_alive()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -69,6 +70,7 @@ class BatchWorker(BaseWorker):
         self.shutdown_grace_s = shutdown_grace_s if shutdown_grace_s is not None else float(
             os.environ.get("MIRO_SHUTDOWN_GRACE_S", "30"))
         self._stop_deadline = float("inf")
+        self.step_seconds = 0.0  # time inside Engine.step; the rest of the loop is the worker's own overhead
         self.flush_rows, self.flush_seconds = flush_rows, flush_seconds  # how often part files are written
         # A job's started-registry entry lives job_monitoring_interval + this; once it lapses (the worker
         # died), RQ's maintenance on any live worker queues the job again. RQ itself adds 60 s.
@@ -77,16 +79,22 @@ class BatchWorker(BaseWorker):
     # -- signals: only set flags; the loop acts on them between steps ---------------------------------
 
     def _install_signal_handlers(self):
+        if threading.current_thread() is not threading.main_thread():
+            return  # embedded in a thread: whoever started it stops it (request_warm_stop)
         signal.signal(signal.SIGINT, self._request_stop)
         signal.signal(signal.SIGTERM, self._request_stop)
+
+    def request_warm_stop(self, grace_s: float | None = None) -> None:
+        """Stop taking jobs; let those in flight finish for up to grace_s, then requeue the rest."""
+        self._stopping = True
+        self._stop_deadline = time.monotonic() + (self.shutdown_grace_s if grace_s is None else grace_s)
 
     def _request_stop(self, signum, frame):
         if self._stopping:  # a second signal: stop now, the in-flight jobs are requeued below
             raise SystemExit(1)
         self.log.info("Worker %s: warm shut down requested, finishing jobs in flight (up to %.0f s)", self.name,
                       self.shutdown_grace_s)
-        self._stopping = True
-        self._stop_deadline = time.monotonic() + self.shutdown_grace_s
+        self.request_warm_stop()
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -110,7 +118,10 @@ class BatchWorker(BaseWorker):
                     if burst or self._stopping or (max_jobs is not None and done >= max_jobs):
                         break
                     continue
-                for output in self.engine.step():
+                step_started = time.perf_counter()
+                outputs = self.engine.step()
+                self.step_seconds += time.perf_counter() - step_started
+                for output in outputs:
                     if output.finished and output.request_id in self.in_flight:
                         self._finish(self.in_flight.pop(output.request_id), output)
                 done += self._flush(force=False)
