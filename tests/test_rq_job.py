@@ -311,3 +311,14 @@ def test_rq_info_lists_the_batch_worker(redis_url, tiny_model):
         worker.request_warm_stop(0)
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def test_a_job_outside_the_allow_list_fails_without_running(redis_url, tiny_model, tmp_path):
+    conn = redis.Redis.from_url(redis_url)
+    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    marker = tmp_path / "ran"
+    job = queue.enqueue("pathlib.Path.touch", str(marker))
+    make_worker("batch", queue, conn, tiny_model).work(burst=True)
+    job = Job.fetch(job.id, connection=conn, serializer=JSONSerializer)
+    assert job.get_status() == JobStatus.FAILED and not marker.exists()
+    assert "not on this worker's allow-list" in job.latest_result().exc_string
