@@ -143,83 +143,83 @@ def _wait_for(predicate, timeout_s=60.0):
     return False
 
 
-@pytest.mark.slow
-def test_sigterm_mid_batch_requeues_and_nothing_is_lost(tmp_path, redis_url, tiny_model):
-    import os
-    import signal
-    import subprocess
-    import sys
+LONG_BATCH = 60  # requests of 100 tokens each: long enough to stop a worker in the middle
 
-    n = 60
+
+def submit_long_batch(tmp_path, redis_url, tiny_model) -> str:
     dataset = write_dataset(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 100,
-                                                    "ignore_eos": True} for i in range(n)])
+                                                    "ignore_eos": True} for i in range(LONG_BATCH)])
     submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
                                          "--output", str(tmp_path / "out")])
-    batch_id = submitted.stdout.strip()
-    conn = redis.Redis.from_url(redis_url)
-    miro = [sys.executable, "-c", "from miro.cli.main import cli; cli()"]
-    options = ["worker", "--redis-url", redis_url, "--model", tiny_model, "--kv-cache-memory", "8MiB",
-               "--max-num-seqs", "4", "--flush-rows", "1"]
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
-    first = subprocess.Popen(miro + options + ["--shutdown-grace", "0"], env=env, stderr=subprocess.PIPE, text=True)
-    assert _wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 3), "the first worker did no work"
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(timeout=60) == 0, first.stderr.read()
-    after_stop = batches.get_batch(conn, batch_id)
-    assert after_stop["completed"] < n, "the batch finished before the signal: nothing was in flight"
-    assert Queue("miro", connection=conn, serializer=JSONSerializer).count == n - after_stop["completed"]
+    return submitted.stdout.strip()
 
-    second = subprocess.run(miro + options + ["--burst"], env=env, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stderr
+
+def worker_command(redis_url, tiny_model, *extra) -> tuple[list[str], dict]:
+    """`miro worker` as a separate process (one thread each, as two workers share 2 cores), and its env."""
+    import os
+    import sys
+
+    command = [sys.executable, "-c", "from miro.cli.main import cli; cli()", "worker", "--redis-url", redis_url,
+               "--model", tiny_model, "--kv-cache-memory", "8MiB", "--max-num-seqs", "4", "--flush-rows", "1",
+               *extra]
+    return command, {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+
+
+def assert_every_row_once(tmp_path, redis_url, batch_id) -> None:
+    conn = redis.Redis.from_url(redis_url)
     record = batches.get_batch(conn, batch_id)
-    assert (record["completed"], record["failed"], record["status"]) == (n, 0, "completed")
+    assert (record["completed"], record["failed"], record["status"]) == (LONG_BATCH, 0, "completed")
     merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url",
                                       redis_url])
     assert merged.exit_code == 0
     rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
-    assert sorted(r["custom_id"] for r in rows) == sorted(f"p{i}" for i in range(n))
-    assert all(len(r["output_token_ids"]) == 100 for r in rows)
+    assert sorted(r["custom_id"] for r in rows) == sorted(f"p{i}" for i in range(LONG_BATCH))
+    assert all(r["error"] is None and len(r["output_token_ids"]) == 100 for r in rows)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_batch_requeues_and_nothing_is_lost(tmp_path, redis_url, tiny_model):
+    import signal
+    import subprocess
+
+    batch_id = submit_long_batch(tmp_path, redis_url, tiny_model)
+    conn = redis.Redis.from_url(redis_url)
+    command, env = worker_command(redis_url, tiny_model)
+    first = subprocess.Popen(command + ["--shutdown-grace", "0"], env=env, stderr=subprocess.PIPE, text=True)
+    assert _wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 3), "the first worker did no work"
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=60) == 0, first.stderr.read()
+    after_stop = batches.get_batch(conn, batch_id)
+    assert after_stop["completed"] < LONG_BATCH, "the batch finished before the signal: nothing was in flight"
+    assert Queue("miro", connection=conn, serializer=JSONSerializer).count == LONG_BATCH - after_stop["completed"]
+
+    second = subprocess.run(command + ["--burst"], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert_every_row_once(tmp_path, redis_url, batch_id)
 
 
 @pytest.mark.slow
 def test_kill_9_mid_batch_jobs_run_again_on_a_live_worker(tmp_path, redis_url, tiny_model):
-    import os
     import signal
     import subprocess
-    import sys
 
-    n = 60
-    dataset = write_dataset(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 100,
-                                                    "ignore_eos": True} for i in range(n)])
-    submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
-                                         "--output", str(tmp_path / "out")])
-    batch_id = submitted.stdout.strip()
+    batch_id = submit_long_batch(tmp_path, redis_url, tiny_model)
     conn = redis.Redis.from_url(redis_url)
-    miro = [sys.executable, "-c", "from miro.cli.main import cli; cli()"]
-    options = ["worker", "--redis-url", redis_url, "--model", tiny_model, "--kv-cache-memory", "8MiB",
-               "--max-num-seqs", "4", "--flush-rows", "1", "--job-monitoring-interval", "1",
-               "--heartbeat-slack", "2", "--maintenance-interval", "1"]
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
-    doomed = subprocess.Popen(miro + options, env=env, stderr=subprocess.DEVNULL)
+    command, env = worker_command(redis_url, tiny_model, "--job-monitoring-interval", "1", "--heartbeat-slack", "2",
+                                  "--maintenance-interval", "1")
+    doomed = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     assert _wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 3), "the worker did no work"
     doomed.send_signal(signal.SIGKILL)
     doomed.wait()
-    assert batches.get_batch(conn, batch_id)["completed"] < n
+    assert batches.get_batch(conn, batch_id)["completed"] < LONG_BATCH
 
-    survivor = subprocess.Popen(miro + options, env=env, stderr=subprocess.DEVNULL)
+    survivor = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     try:
         assert _wait_for(lambda: batches.get_batch(conn, batch_id)["status"] == "completed", timeout_s=120)
     finally:
         survivor.send_signal(signal.SIGTERM)
         survivor.wait(timeout=60)
-    record = batches.get_batch(conn, batch_id)
-    assert (record["completed"], record["failed"]) == (n, 0)
-    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url",
-                                      redis_url])
-    assert merged.exit_code == 0
-    rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
-    assert sorted(r["custom_id"] for r in rows) == sorted(f"p{i}" for i in range(n))
-    assert all(r["error"] is None and len(r["output_token_ids"]) == 100 for r in rows)
+    assert_every_row_once(tmp_path, redis_url, batch_id)
 
 
 def test_a_request_that_ran_twice_counts_once(redis_url):
