@@ -27,7 +27,7 @@ from miro.core import Engine, MiroError, SamplingParams
 from miro.core.registry import DEFAULT_MODEL
 
 from . import batches
-from .jobs import error_row, prompt_text, result_rows
+from .jobs import count_finished, prompt_text, record_failure, result_rows, summary
 from .sink import ParquetSink
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
@@ -64,7 +64,8 @@ class BatchWorker(BaseWorker):
         self.engine: Engine | None = None
         self.in_flight: dict[str, InFlight] = {}
         self.finished: list[tuple[InFlight, dict]] = []  # rows buffered in the sink, jobs not yet finalized
-        self.sinks: dict[str, ParquetSink] = {}
+        self.sinks: dict[str, ParquetSink] = {}  # output location -> its sink
+        self.outputs: dict[str, str] = {}  # batch id -> output location
         self._stopping = False
         # after SIGTERM, how long jobs in flight may take to finish before the rest are requeued
         self.shutdown_grace_s = shutdown_grace_s if shutdown_grace_s is not None else float(
@@ -165,17 +166,16 @@ class BatchWorker(BaseWorker):
             prompt = prompt_text(self.engine, payload)
             self.engine.add_request(prompt, SamplingParams(**payload.get("sampling", {})), request_id=job.id)
         except MiroError as err:
-            sink = self._sink(payload["batch_id"])
-            sink.add(error_row(payload, str(err), job_id=job.id, worker=self.name, prompt=None, started=started,
-                               finished=time.time()))
-            sink.flush()
-            batches.count_failed(self.connection, payload["batch_id"], payload["custom_id"])
+            record_failure(self.connection, self._sink(payload["batch_id"]), job, payload, str(err), worker=self.name,
+                           started=started)
             self._fail(job, queue, execution, str(err))
             return
         self.in_flight[job.id] = InFlight(job, queue, execution, payload, prompt, started)
 
     def _sink(self, batch_id: str) -> ParquetSink:
-        output = batches.get_batch(self.connection, batch_id)["output"]
+        if batch_id not in self.outputs:  # read each batch's output location once, not once per request
+            self.outputs[batch_id] = batches.get_batch(self.connection, batch_id)["output"]
+        output = self.outputs[batch_id]
         if output not in self.sinks:
             self.sinks[output] = ParquetSink(output, self.name, self.flush_rows, self.flush_seconds)
         return self.sinks[output]
@@ -186,10 +186,7 @@ class BatchWorker(BaseWorker):
         sink = self._sink(flight.payload["batch_id"])
         for row in rows:
             sink.add(row)
-        summary = {"custom_id": flight.payload["custom_id"], "finish_reason": rows[0]["finish_reason"],
-                   "prompt_tokens": rows[0]["prompt_tokens"],
-                   "completion_tokens": sum(r["completion_tokens"] for r in rows)}
-        self.finished.append((flight, summary))
+        self.finished.append((flight, summary(flight.payload, rows)))
 
     def _flush(self, force: bool) -> int:
         """Write due part files; then, and only then, count and finish their jobs in RQ."""
@@ -198,11 +195,9 @@ class BatchWorker(BaseWorker):
         for sink in self.sinks.values():
             sink.flush()
         finished, self.finished = self.finished, []
-        for flight, summary in finished:
-            batches.count_finished(self.connection, flight.payload["batch_id"], flight.payload["custom_id"],
-                                   prompt_tokens=summary["prompt_tokens"],
-                                   completion_tokens=summary["completion_tokens"])
-            self._finalize_success(flight.job, flight.queue, flight.execution, summary)
+        for flight, result in finished:
+            count_finished(self.connection, flight.payload, result)
+            self._finalize_success(flight.job, flight.queue, flight.execution, result)
         return len(finished)
 
     def _fail(self, job: Job, queue: Queue, execution, message: str) -> None:

@@ -63,6 +63,32 @@ def error_row(payload: dict, error: str, *, job_id: str, worker: str, prompt: st
     return {**_base_row(payload, job_id, worker, prompt, started, finished), "choice_index": 0, "error": error}
 
 
+def summary(payload: dict, rows: list[dict]) -> dict:
+    """The small result a finished job keeps in RQ: custom id, finish reason, token counts."""
+    return {"custom_id": payload["custom_id"], "finish_reason": rows[0]["finish_reason"],
+            "prompt_tokens": rows[0]["prompt_tokens"],
+            "completion_tokens": sum(r["completion_tokens"] for r in rows)}
+
+
+def count_finished(conn, payload: dict, result: dict) -> None:
+    from . import batches
+
+    batches.count_finished(conn, payload["batch_id"], payload["custom_id"], prompt_tokens=result["prompt_tokens"],
+                           completion_tokens=result["completion_tokens"])
+
+
+def record_failure(conn, sink: ParquetSink, job, payload: dict, error: str, *, worker: str, started: float) -> None:
+    """A request that cannot be served: its error row is written, it is counted failed, and its job will not be
+    retried (the retries are for dead workers; the request itself would fail again)."""
+    from . import batches
+
+    sink.add(error_row(payload, error, job_id=job.id, worker=worker, prompt=None, started=started,
+                       finished=time.time()))
+    sink.flush()
+    batches.count_failed(conn, payload["batch_id"], payload["custom_id"])
+    job.retries_left = 0
+
+
 def run_request(engine: Engine, payload: dict) -> tuple[str, RequestOutput]:
     """Run one request to completion on an otherwise idle engine (RequestError if it is refused)."""
     prompt = prompt_text(engine, payload)
@@ -91,19 +117,13 @@ def generate(**payload) -> dict:
     try:
         prompt, output = run_request(engine, payload)
     except Exception as err:  # the request's own problem: record it as its failed row, then fail the job
-        sink.add(error_row(payload, str(err), job_id=job.id, worker=worker, prompt=None, started=started,
-                           finished=time.time()))
-        sink.flush()
-        batches.count_failed(conn, payload["batch_id"], payload["custom_id"])
-        job.retries_left = 0  # the retries are for dead workers; the request itself would fail again
+        record_failure(conn, sink, job, payload, str(err), worker=worker, started=started)
         raise
     rows = result_rows(payload, output, job_id=job.id, worker=worker, prompt=prompt, started=started,
                        finished=time.time())
     for row in rows:
         sink.add(row)
     sink.flush()  # durable before RQ hears the job finished
-    completion_tokens = sum(r["completion_tokens"] for r in rows)
-    batches.count_finished(conn, payload["batch_id"], payload["custom_id"], prompt_tokens=rows[0]["prompt_tokens"],
-                           completion_tokens=completion_tokens)
-    return {"custom_id": payload["custom_id"], "finish_reason": rows[0]["finish_reason"],
-            "prompt_tokens": rows[0]["prompt_tokens"], "completion_tokens": completion_tokens}
+    result = summary(payload, rows)
+    count_finished(conn, payload, result)
+    return result
