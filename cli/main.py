@@ -7,72 +7,10 @@ import sys
 
 import click
 
-from miro.core.errors import MiroError
 from miro.core.registry import DEFAULT_MODEL
 
-
-def _run_reporting_errors(invoke, ctx):
-    """Run a click invoke; MiroError (and Ctrl-C) become one line on stderr and a non-zero exit."""
-    try:
-        return invoke(ctx)
-    except MiroError as err:
-        click.echo(f"Error: {err}", err=True)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
-        sys.exit(130)
-
-
-class MiroGroup(click.Group):
-    """A click group that turns MiroError (and Ctrl-C) into one line on stderr and a non-zero exit."""
-
-    def invoke(self, ctx):
-        return _run_reporting_errors(super().invoke, ctx)
-
-
-class MiroCommand(click.Command):
-    """The same error handling for a command run on its own (a console script such as miro-submit)."""
-
-    def invoke(self, ctx):
-        return _run_reporting_errors(super().invoke, ctx)
-
-
-def log_to_stderr(message: str) -> None:
-    click.echo(message, err=True)
-
-
-model_option = click.option(
-    "--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Model alias or path to a .gguf file."
-)
-
-
-def engine_options(command):
-    """The engine's cache and batching options, shared by every command that loads a model."""
-    options = [
-        click.option("--kv-cache-memory", default="1GiB", show_default=True,
-                     help="KV cache size in bytes (e.g. 2GiB, 512MB)."),
-        click.option("--num-kv-blocks", type=click.IntRange(min=1), default=None,
-                     help="KV cache size in blocks (overrides --kv-cache-memory)."),
-        click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True),
-        click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True),
-        click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=512, show_default=True),
-        click.option("--max-model-len", type=click.IntRange(min=1), default=None,
-                     help="Context length limit (default: the model's)."),
-        click.option("--no-prefix-caching", is_flag=True, help="Turn automatic prefix caching off."),
-        click.option("--batch-invariant", is_flag=True,
-                     help="Outputs bitwise independent of the batch (numba GEMMs; slower)."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-def engine_kwargs(kv_cache_memory, num_kv_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-                  no_prefix_caching, batch_invariant) -> dict:
-    return dict(kv_cache_memory=kv_cache_memory, num_kv_blocks=num_kv_blocks, block_size=block_size,
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
-                batch_invariant=batch_invariant)
+from .common import (MiroCommand, MiroGroup, engine_kwargs, engine_options, log_to_stderr,
+                     model_option, redis_url_option)
 
 
 @click.group(cls=MiroGroup)
@@ -142,8 +80,7 @@ SHOWN_ERRORS = 20
 
 @cli.command("submit", cls=MiroCommand)
 @click.argument("dataset", type=click.Path(dir_okay=True, path_type=str))
-@click.option("--redis-url", envvar="MIRO_REDIS_URL", default="redis://localhost:6379/0", show_default=True,
-              help="Redis to enqueue on (env MIRO_REDIS_URL).")
+@redis_url_option("Redis to enqueue on (env MIRO_REDIS_URL).")
 @click.option("--queue", "queue_name", default=None, help="RQ queue name.  [default: miro]")
 @click.option("--name", default=None, help="A name for the batch (default: the dataset's file name).")
 @click.option("--output", default="./miro-results", show_default=True,
@@ -217,7 +154,7 @@ def submit_main() -> None:
               help="parquet: one row per request (and choice); jsonl: OpenAI Batch output lines.")
 @click.option("--errors", "errors_path", type=click.Path(dir_okay=False), default=None,
               help="With --format jsonl: where failed requests go [default: OUTPUT with .errors.jsonl].")
-@click.option("--redis-url", envvar="MIRO_REDIS_URL", default="redis://localhost:6379/0", show_default=True)
+@redis_url_option()
 def results(batch_id, out_path, fmt, errors_path, redis_url):
     """Merge BATCH's part files into one file: exactly one row per custom id, failed requests included."""
     from miro.worker.batches import connect
@@ -236,7 +173,7 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
 
 
 @cli.command("worker", cls=MiroCommand)
-@click.option("--redis-url", envvar="MIRO_REDIS_URL", default="redis://localhost:6379/0", show_default=True)
+@redis_url_option()
 @click.option("--queue", "queues", multiple=True, default=["miro"], show_default=True, help="Queue(s) to serve.")
 @click.option("--name", default=None, help="Worker name (default: a random one).")
 @model_option
@@ -279,8 +216,7 @@ def worker(redis_url, queues, name, model, burst, shutdown_grace, worker_ttl, ma
 @click.argument("dataset", type=click.Path(dir_okay=False))
 @click.option("--output", "-o", "out_path", default="results.parquet", show_default=True,
               type=click.Path(dir_okay=False), help="The merged results (Parquet).")
-@click.option("--redis-url", envvar="MIRO_REDIS_URL", default=None,
-              help="Use this Redis instead of an embedded one.")
+@redis_url_option("Use this Redis instead of an embedded one (env MIRO_REDIS_URL).", default=None)
 @model_option
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Default max_tokens for lines.")
 @click.option("--temperature", type=float, default=None, help="Default temperature for lines.")

@@ -1,0 +1,81 @@
+"""What every `miro` command shares: error reporting, the Redis URL option, the engine options."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from miro.core.errors import MiroError
+from miro.core.registry import DEFAULT_MODEL
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+
+def redis_url_option(help_text: str = "Redis URL (env MIRO_REDIS_URL).", default: str | None = DEFAULT_REDIS_URL):
+    return click.option("--redis-url", envvar="MIRO_REDIS_URL", default=default, show_default=default is not None,
+                        help=help_text)
+
+
+def _run_reporting_errors(invoke, ctx):
+    """Run a click invoke; MiroError (and Ctrl-C) become one line on stderr and a non-zero exit."""
+    try:
+        return invoke(ctx)
+    except MiroError as err:
+        click.echo(f"Error: {err}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+
+
+class MiroGroup(click.Group):
+    """A click group that turns MiroError (and Ctrl-C) into one line on stderr and a non-zero exit."""
+
+    def invoke(self, ctx):
+        return _run_reporting_errors(super().invoke, ctx)
+
+
+class MiroCommand(click.Command):
+    """The same error handling for a command run on its own (a console script such as miro-submit)."""
+
+    def invoke(self, ctx):
+        return _run_reporting_errors(super().invoke, ctx)
+
+
+def log_to_stderr(message: str) -> None:
+    click.echo(message, err=True)
+
+
+model_option = click.option(
+    "--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Model alias or path to a .gguf file."
+)
+
+
+def engine_options(command):
+    """The engine's cache and batching options, shared by every command that loads a model."""
+    options = [
+        click.option("--kv-cache-memory", default="1GiB", show_default=True,
+                     help="KV cache size in bytes (e.g. 2GiB, 512MB)."),
+        click.option("--num-kv-blocks", type=click.IntRange(min=1), default=None,
+                     help="KV cache size in blocks (overrides --kv-cache-memory)."),
+        click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True),
+        click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True),
+        click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=512, show_default=True),
+        click.option("--max-model-len", type=click.IntRange(min=1), default=None,
+                     help="Context length limit (default: the model's)."),
+        click.option("--no-prefix-caching", is_flag=True, help="Turn automatic prefix caching off."),
+        click.option("--batch-invariant", is_flag=True,
+                     help="Outputs bitwise independent of the batch (numba GEMMs; slower)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def engine_kwargs(kv_cache_memory, num_kv_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+                  no_prefix_caching, batch_invariant) -> dict:
+    return dict(kv_cache_memory=kv_cache_memory, num_kv_blocks=num_kv_blocks, block_size=block_size,
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
+                batch_invariant=batch_invariant)
