@@ -264,3 +264,7 @@ def run(dataset, out_path, redis_url, model, max_tokens, temperature, skip_inval
                       f"{batch['completion_tokens']:,} completion tokens.")
         if not redis_url:
             conn.shutdown(nosave=True)
+
+
+from .redis_server import redis_command  # noqa: E402
+cli.add_command(redis_command)
