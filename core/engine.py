@@ -290,6 +290,8 @@ class Engine:
             "waiting": len(self.scheduler.waiting),
             "preemptions": self.scheduler.num_preemptions,
             "prefix_cache_hit_rate": bm.prefix_cache_hit_rate,
+            "prefix_cache_queries": bm.prefix_queries,  # prompt tokens looked up in the prefix cache
+            "prefix_cache_hits": bm.prefix_hits,  # of those, tokens found
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
             "prompt_tokens_per_s": sum(p for _, p, _ in log) / span if span else 0.0,

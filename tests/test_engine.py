@@ -66,7 +66,8 @@ def test_prefix_cache_computes_shared_prefix_once(loaded, smollm2_path):
     stats = cached.stats()
     shared_tokens = 400 // 16 * 16  # full blocks of the shared prefix
     total = sum(len(p) for p in prompts)
-    assert cached.block_manager.prefix_hits == 49 * shared_tokens
+    assert stats["prefix_cache_hits"] == cached.block_manager.prefix_hits == 49 * shared_tokens
+    assert stats["prefix_cache_queries"] == total
     assert stats["prefix_cache_hit_rate"] == pytest.approx(49 * shared_tokens / total)
 
     plain = make_engine(loaded, num_kv_blocks=400, enable_prefix_caching=False)

@@ -320,7 +320,7 @@ def test_resume_enqueues_only_requests_without_a_finished_or_running_job(tmp_pat
     failed_job = job_of(conn, batch_id, "r1")
     _take_off_queue(conn, failed_job, JobStatus.FAILED)
     FailedJobRegistry("miro", connection=conn, serializer=JSONSerializer).add(failed_job, ttl=100)
-    conn.hincrby(keys.batch(batch_id), "failed", 1)  # as a worker counts a failed job
+    batches.count_failed(conn, batch_id, "r1")  # as a worker counts a failed job
     _take_off_queue(conn, job_of(conn, batch_id, "r2"), JobStatus.STARTED)
     job_of(conn, batch_id, "r3").delete()  # gone from Redis (expired)
     write(tmp_path / "d.jsonl", *lines, {"id": "r6", "prompt": "a new line"})

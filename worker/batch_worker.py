@@ -6,31 +6,38 @@ Like rq's SimpleWorker it never forks. Each turn of the loop it admits queued
 jobs while the engine has room, runs one engine step, and hands finished
 requests to the Parquet sink; a job is marked finished in RQ only after the
 sink has made its rows durable, so a crash can repeat a request, never lose it.
+About once a second it also heartbeats, aborts the requests of batches being
+cancelled, and refreshes its `miro:worker:{name}` hash (workers.py).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass
 
+import redis
+
 from rq.exceptions import DequeueTimeout
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.queue import Queue
+from rq.registry import CanceledJobRegistry
 from rq.utils import now
 from rq.worker.base import BaseWorker
 
 from miro.core import Engine, MiroError, SamplingParams
 from miro.core.registry import DEFAULT_MODEL
 
-from . import batches
+from . import batches, keys, workers
 from .jobs import count_finished, prompt_text, record_failure, result_rows, summary
 from .sink import ParquetSink
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
+CANCELLED = frozenset({"cancelling", "cancelled"})
 
 
 @dataclass
@@ -56,7 +63,8 @@ def engine_options_from_env() -> dict:
 class BatchWorker(BaseWorker):
     def __init__(self, *args, model: str | None = None, engine_options: dict | None = None,
                  shutdown_grace_s: float | None = None, flush_rows: int = 256, flush_seconds: float = 5.0,
-                 heartbeat_slack_s: int = 60, **kwargs):
+                 heartbeat_slack_s: int = 60, metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
+                 **kwargs):
         super().__init__(*args, **kwargs)
         # `rq info` and Worker.all() construct workers too: the model is loaded in work(), never here.
         self.model = model or os.environ.get("MIRO_MODEL", DEFAULT_MODEL)
@@ -76,6 +84,11 @@ class BatchWorker(BaseWorker):
         # A job's started-registry entry lives job_monitoring_interval + this; once it lapses (the worker
         # died), RQ's maintenance on any live worker queues the job again. RQ itself adds 60 s.
         self.heartbeat_slack_s = heartbeat_slack_s
+        self.metrics_port, self.metrics_host = metrics_port, metrics_host  # Prometheus endpoint, if any
+        self.jobs_done = self.jobs_failed = self.jobs_cancelled = 0
+        self.batch_status: dict[str, str] = {}  # batch id -> status, for the batches of the requests in flight
+        self.stats: dict | None = None  # the record last written to the worker's hash (metrics.py reads it)
+        self._last_beat = self._last_refresh = 0.0
 
     # -- signals: only set flags; the loop acts on them between steps ---------------------------------
 
@@ -101,12 +114,18 @@ class BatchWorker(BaseWorker):
 
     def work(self, burst: bool = False, logging_level: str | None = None, *args, max_jobs: int | None = None,
              **kwargs) -> bool:
+        if self.metrics_port is not None:
+            from .metrics import serve_metrics
+
+            serve_metrics(self, self.metrics_port, self.metrics_host)
         self.engine = Engine.from_model(self.model, **self.engine_options)
         self.bootstrap(logging_level or "INFO")
         self._install_signal_handlers()
-        done, last_beat = 0, 0.0
+        self.started_at = time.time()
+        done = 0
         try:
             while True:
+                self._tick()
                 if self.should_run_maintenance_tasks:
                     self.run_maintenance_tasks()
                 if not self._stopping and (max_jobs is None or done + len(self.in_flight) < max_jobs):
@@ -126,16 +145,24 @@ class BatchWorker(BaseWorker):
                     if output.finished and output.request_id in self.in_flight:
                         self._finish(self.in_flight.pop(output.request_id), output)
                 done += self._flush(force=False)
-                if time.monotonic() - last_beat > self.job_monitoring_interval:
-                    self._heartbeat()
-                    last_beat = time.monotonic()
         except SystemExit:
             self._requeue_in_flight()
             raise
         finally:
             self._flush(force=True)
+            self._remove_record()
             self.teardown()
         return bool(done)
+
+    def _tick(self) -> None:
+        """The worker's periodic duties, between engine steps."""
+        if time.monotonic() - self._last_beat > self.job_monitoring_interval:
+            self._heartbeat()
+            self._last_beat = time.monotonic()
+        if time.monotonic() - self._last_refresh >= workers.REFRESH_S:
+            self._cancel_cancelled_batches()
+            self._publish()
+            self._last_refresh = time.monotonic()
 
     def _room(self) -> bool:
         return len(self.in_flight) < self.engine.scheduler.max_num_seqs
@@ -162,6 +189,9 @@ class BatchWorker(BaseWorker):
             self._fail(job, queue, execution, f"function {job.func_name} is not on this worker's allow-list")
             return
         payload = job.kwargs
+        if self._status_of(payload["batch_id"]) in CANCELLED:
+            self._cancel([(job, queue, execution, payload)])
+            return
         try:
             prompt = prompt_text(self.engine, payload)
             self.engine.add_request(prompt, SamplingParams(**payload.get("sampling", {})), request_id=job.id)
@@ -198,9 +228,11 @@ class BatchWorker(BaseWorker):
         for flight, result in finished:
             count_finished(self.connection, flight.payload, result)
             self._finalize_success(flight.job, flight.queue, flight.execution, result)
+        self.jobs_done += len(finished)
         return len(finished)
 
     def _fail(self, job: Job, queue: Queue, execution, message: str) -> None:
+        self.jobs_failed += 1
         job.retries_left = 0  # the retries are for dead workers; the request itself would fail again
         try:
             raise MiroError(message)
@@ -229,3 +261,70 @@ class BatchWorker(BaseWorker):
                 flight.queue._enqueue_job(flight.job, pipe, at_front=True)
             pipe.execute()
         self.in_flight.clear()
+
+    # -- cancellation ---------------------------------------------------------------------------------
+
+    def _status_of(self, batch_id: str) -> str:
+        if batch_id not in self.batch_status:
+            self.batch_status[batch_id] = batches.get_batch(self.connection, batch_id)["status"]
+        return self.batch_status[batch_id]
+
+    def _cancel_cancelled_batches(self) -> None:
+        """Read the status of every batch with requests in flight; abort those of batches being cancelled."""
+        batch_ids = sorted({flight.payload["batch_id"] for flight in self.in_flight.values()})
+        with self.connection.pipeline(transaction=False) as pipe:
+            for batch_id in batch_ids:
+                pipe.hget(keys.batch(batch_id), "status")
+            self.batch_status = {b: (s or b"").decode() for b, s in zip(batch_ids, pipe.execute())}
+        doomed = [flight for flight in self.in_flight.values() if self.batch_status[flight.payload["batch_id"]]
+                  in CANCELLED]
+        for flight in doomed:
+            self.engine.abort(flight.job.id)
+            del self.in_flight[flight.job.id]
+        if doomed:
+            self._cancel([(f.job, f.queue, f.execution, f.payload) for f in doomed])
+
+    def _cancel(self, jobs: list[tuple[Job, Queue, object, dict]]) -> None:
+        """Mark jobs of cancelled batches canceled in RQ and count their requests cancelled; no rows are written."""
+        with self.connection.pipeline() as pipe:
+            for job, queue, execution, _ in jobs:
+                self.cleanup_execution(job, pipe, execution)
+                job.set_status(JobStatus.CANCELED, pipeline=pipe)
+                CanceledJobRegistry(queue=queue).add(job, pipeline=pipe)
+            pipe.execute()
+        by_batch: dict[str, list[str]] = {}
+        for _, _, _, payload in jobs:
+            by_batch.setdefault(payload["batch_id"], []).append(payload["custom_id"])
+        for batch_id, custom_ids in by_batch.items():
+            batches.count_cancelled(self.connection, batch_id, custom_ids)
+        self.jobs_cancelled += len(jobs)
+
+    # -- the worker's record in Redis -----------------------------------------------------------------
+
+    def stats_record(self) -> dict:
+        """What the worker's hash holds (see workers.py)."""
+        stats = self.engine.stats()
+        with self.connection.pipeline(transaction=False) as pipe:
+            for queue in self.queues:
+                pipe.llen(queue.key)
+            queued = sum(pipe.execute())
+        state = "stopping" if self._stopping else "busy" if self.in_flight else "idle"
+        return {
+            "name": self.name, "model": self.model, "host": socket.gethostname(), "pid": os.getpid(),
+            "queues": [q.name for q in self.queues], "state": state, "started_at": self.started_at,
+            "updated_at": time.time(), "batches": sorted({f.payload["batch_id"] for f in self.in_flight.values()}),
+            **stats,
+            "tokens_per_s": stats["prompt_tokens_per_s"] + stats["generation_tokens_per_s"],
+            "in_flight": len(self.in_flight), "queued": queued, "jobs_done": self.jobs_done,
+            "jobs_failed": self.jobs_failed, "jobs_cancelled": self.jobs_cancelled,
+        }
+
+    def _publish(self) -> None:
+        self.stats = self.stats_record()
+        workers.publish(self.connection, self.name, self.stats)
+
+    def _remove_record(self) -> None:
+        try:
+            workers.remove(self.connection, self.name)
+        except redis.RedisError:
+            pass  # Redis is gone: the record expires by itself

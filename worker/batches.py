@@ -1,6 +1,6 @@
 """Batch records in Redis: the `miro:batch:{id}` hash, the `miro:batches` index and the invalid-line record.
 
-Counters (total, completed, failed, prompt_tokens, completion_tokens) are written as 0 when the record is
+Counters (total, completed, failed, cancelled, prompt_tokens, completion_tokens) are written as 0 when the record is
 made and move only with HINCRBY afterwards. Their meaning, shared by every writer:
 
 - ``total``: requests of the batch, one per custom id: every enqueued job plus every invalid line recorded
@@ -8,6 +8,11 @@ made and move only with HINCRBY afterwards. Their meaning, shared by every write
 - ``failed``: invalid lines recorded, plus jobs that ended in RQ status FAILED (the worker adds those). A
   ``--resume`` that enqueues a FAILED job again takes it back out of ``failed``.
 - ``completed``: jobs that finished (the worker adds those).
+- ``cancelled``: requests of a cancelled batch that did not run: queued jobs `miro cancel` removed, jobs a
+  worker aborted or refused because their batch was being cancelled. A ``--resume`` takes them back out.
+
+Once completed + failed + cancelled reaches total, the batch settles: ``in_progress`` becomes ``completed``
+(stamping ``finalizing_at`` and ``completed_at`` together), ``cancelling`` becomes ``cancelled``.
 
 Status follows the OpenAI Batch lifecycle; every change stamps ``{status}_at`` (epoch seconds).
 """
@@ -28,7 +33,7 @@ from miro.core.errors import MiroError
 from miro.worker import keys
 
 STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled")
-COUNTERS = ("total", "completed", "failed", "prompt_tokens", "completion_tokens")
+COUNTERS = ("total", "completed", "failed", "cancelled", "prompt_tokens", "completion_tokens")
 INT_FIELDS = frozenset(COUNTERS) | {"job_timeout"}
 
 # new status -> the statuses it may follow. Terminal statuses go back to in_progress only through --resume.
@@ -101,8 +106,29 @@ def redacted(url: str) -> str:
         return url
 
 
-def connect(url: str, timeout: float = 5.0) -> redis.Redis:
-    """A Redis connection (bytes replies, as RQ needs) that has answered PING; MiroError in one sentence if not."""
+def connect(url: str, timeout: float = 5.0, wait_s: float = 0.0, log=None) -> redis.Redis:
+    """A Redis connection (bytes replies, as RQ needs) that has answered PING; MiroError in one sentence if not.
+
+    With `wait_s`, an unreachable Redis is tried again every second for that long (logged once through `log`).
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return _connect(url, timeout)
+        except _Unreachable as err:
+            if time.monotonic() >= deadline:
+                raise MiroError(str(err)) from None
+            if log is not None:
+                log(f"{err} Trying again for up to {deadline - time.monotonic():.0f} s.")
+                log = None
+            time.sleep(1.0)
+
+
+class _Unreachable(Exception):
+    pass
+
+
+def _connect(url: str, timeout: float) -> redis.Redis:
     shown = redacted(url)
     try:
         conn = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=max(timeout, 30.0))
@@ -113,7 +139,7 @@ def connect(url: str, timeout: float = 5.0) -> redis.Redis:
     except redis.AuthenticationError as e:
         raise MiroError(f"Redis at {shown} refused the credentials ({str(e).rstrip('.')}).") from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-        raise MiroError(f"Cannot reach Redis at {shown}: {str(e).rstrip('.') or type(e).__name__}.") from None
+        raise _Unreachable(f"Cannot reach Redis at {shown}: {str(e).rstrip('.') or type(e).__name__}.") from None
     except redis.ResponseError as e:
         raise MiroError(f"Redis at {shown} refused PING ({str(e).rstrip('.')}).") from None
     return conn
@@ -171,7 +197,7 @@ def set_status(conn: redis.Redis, batch_id: str, status: str) -> str:
 
 
 def _typed(raw: dict[bytes, bytes]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {counter: 0 for counter in COUNTERS}  # records made before a counter existed
     for k, v in raw.items():
         key, value = k.decode(), v.decode()
         if key in INT_FIELDS:
@@ -221,30 +247,68 @@ def failed_lines(conn: redis.Redis, batch_id: str) -> dict[str, dict]:
     return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.batch_invalid(batch_id)).items()}
 
 
-# KEYS: batch hash, set of custom ids already counted; ARGV: counter to add 1 to, prompt tokens, completion
-# tokens, timestamp, custom id. A request counts once even if it ran twice (its worker died after writing
-# its row). When every request is accounted for, an in_progress batch passes through finalizing to completed.
-_COUNT_DONE = """
-if redis.call('SADD', KEYS[2], ARGV[5]) == 0 then return -1 end
-redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-redis.call('HINCRBY', KEYS[1], 'prompt_tokens', ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'completion_tokens', ARGV[3])
-local done = tonumber(redis.call('HGET', KEYS[1], 'completed')) + tonumber(redis.call('HGET', KEYS[1], 'failed'))
-if done >= tonumber(redis.call('HGET', KEYS[1], 'total')) and redis.call('HGET', KEYS[1], 'status') == 'in_progress' then
-  redis.call('HSET', KEYS[1], 'status', 'completed', 'finalizing_at', ARGV[4], 'completed_at', ARGV[4])
+# KEYS: batch hash, set of custom ids already counted; ARGV: counter to add to, prompt tokens, completion
+# tokens, timestamp, then the custom ids. A request counts once even if it ran twice (its worker died after
+# writing its row). Once every request is accounted for, an in_progress batch passes through finalizing to
+# completed and a cancelling one becomes cancelled. Returns {requests newly counted, completed+failed+cancelled}.
+_COUNT = """
+local added = 0
+for i = 5, #ARGV do added = added + redis.call('SADD', KEYS[2], ARGV[i]) end
+if added > 0 then
+  redis.call('HINCRBY', KEYS[1], ARGV[1], added)
+  redis.call('HINCRBY', KEYS[1], 'prompt_tokens', ARGV[2])
+  redis.call('HINCRBY', KEYS[1], 'completion_tokens', ARGV[3])
 end
-return done
+local b = redis.call('HMGET', KEYS[1], 'completed', 'failed', 'cancelled', 'total', 'status')
+if not b[4] then return {added, 0} end
+local done = tonumber(b[1]) + tonumber(b[2]) + tonumber(b[3] or '0')
+if done >= tonumber(b[4]) then
+  if b[5] == 'in_progress' then
+    redis.call('HSET', KEYS[1], 'status', 'completed', 'finalizing_at', ARGV[4], 'completed_at', ARGV[4])
+  elseif b[5] == 'cancelling' then
+    redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_at', ARGV[4])
+  end
+end
+return {added, done}
 """
+
+
+def _count(conn, batch_id: str, counter: str, custom_ids: list[str], prompt_tokens: int = 0,
+           completion_tokens: int = 0) -> tuple[int, int]:
+    added, done = conn.eval(_COUNT, 2, keys.batch(batch_id), keys.batch_counted(batch_id), counter, prompt_tokens,
+                            completion_tokens, _now(), *custom_ids)
+    return int(added), int(done)
 
 
 def count_finished(conn: redis.Redis, batch_id: str, custom_id: str, *, prompt_tokens: int,
                    completion_tokens: int) -> int:
-    """A request's rows are written: count it completed (and its tokens) once; returns completed + failed."""
-    return conn.eval(_COUNT_DONE, 2, keys.batch(batch_id), keys.batch_counted(batch_id), "completed",
-                     prompt_tokens, completion_tokens, _now(), custom_id)
+    """A request's rows are written: count it completed (and its tokens) once; returns completed+failed+cancelled."""
+    return _count(conn, batch_id, "completed", [custom_id], prompt_tokens, completion_tokens)[1]
 
 
 def count_failed(conn: redis.Redis, batch_id: str, custom_id: str) -> int:
-    """A request failed for good (its error row is written): count it once; returns completed + failed."""
-    return conn.eval(_COUNT_DONE, 2, keys.batch(batch_id), keys.batch_counted(batch_id), "failed", 0, 0, _now(),
-                     custom_id)
+    """A request failed for good (its error row is written): count it once; returns completed+failed+cancelled."""
+    return _count(conn, batch_id, "failed", [custom_id])[1]
+
+
+def count_cancelled(conn: redis.Redis, batch_id: str, custom_ids: list[str]) -> int:
+    """Requests of a cancelled batch that will not run: count each once; returns how many were newly counted.
+
+    With no custom ids it only settles the batch: a cancelling batch with every request accounted for
+    becomes cancelled.
+    """
+    return _count(conn, batch_id, "cancelled", custom_ids)[0]
+
+
+# KEYS: batch hash, counted set; ARGV: counter, custom id. The request will run again: take it back out of
+# the counter it was counted in (only if it was counted: a job RQ gave up on was never counted).
+_UNCOUNT = """
+if redis.call('SREM', KEYS[2], ARGV[2]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], -1) return 1 end
+return 0
+"""
+
+
+def uncount(conn, batch_id: str, custom_id: str, counter: str):
+    """Undo the counting of a request that is queued again (``counter``: failed or cancelled); ``conn`` may be a
+    pipeline."""
+    return conn.eval(_UNCOUNT, 2, keys.batch(batch_id), keys.batch_counted(batch_id), counter, custom_id)

@@ -257,9 +257,11 @@ class _Enqueuer:
                 pipe.zrem(failed.key, jid)
                 pipe.zrem(canceled.key, jid)
             pipe.delete(Job.key_for(jid), Result.get_key(jid))
-            pipe.srem(keys.batch_counted(self.batch_id), request.custom_id)  # its next run counts again
-            if status == JobStatus.FAILED:
-                pipe.hincrby(batch_key, "failed", -1)
+            if status in (JobStatus.FAILED, JobStatus.CANCELED):  # its next run counts again
+                counter = "failed" if status == JobStatus.FAILED else "cancelled"
+                batches.uncount(pipe, self.batch_id, request.custom_id, counter)
+            else:
+                pipe.srem(keys.batch_counted(self.batch_id), request.custom_id)
             if known is None:  # a request new to the batch (or one that was an invalid line before)
                 pipe.hincrby(batch_key, "total", 1)
                 if was_invalid is not None:

@@ -1,0 +1,176 @@
+"""Cancel a batch and retry its failed requests (`miro cancel`, `miro retry`).
+
+Cancelling is shared work. `cancel` moves the batch to ``cancelling``, takes its queued jobs off the queue
+(status ``canceled``, counted ``cancelled``) in one atomic script, and hands RQ's own clean-up the jobs whose
+worker died, so they come back to the queue and are taken off too. Each BatchWorker checks the status of the
+batches it has requests of about once a second: it aborts those in flight and refuses new ones of a
+cancelling batch. Whoever counts the last outstanding request moves the batch to ``cancelled``
+(batches._COUNT); rows already written stay.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import redis
+from rq import Queue
+from rq.job import Job, JobStatus
+from rq.registry import CanceledJobRegistry, FailedJobRegistry, StartedJobRegistry
+from rq.results import Result
+from rq.serializers import JSONSerializer
+from rq.utils import current_timestamp
+
+from miro.core.errors import MiroError
+from miro.worker import batches, keys
+from miro.worker.submit import ABANDONED_RETRIES
+
+CHUNK = 1000
+
+# KEYS: queue list, canceled registry, batch hash, counted set; ARGV: job id prefix of the batch, score for the
+# canceled registry, job key prefix. Takes the batch's jobs off the queue (the rest keep their order), marks
+# them canceled and counts each request once; returns {jobs removed, requests newly counted}.
+_CANCEL_QUEUED = """
+local ids = redis.call('LRANGE', KEYS[1], 0, -1)
+local keep, removed, counted = {}, 0, 0
+for _, id in ipairs(ids) do
+  if string.sub(id, 1, #ARGV[1]) == ARGV[1] then
+    local job = ARGV[3] .. id
+    redis.call('HSET', job, 'status', 'canceled')
+    redis.call('ZADD', KEYS[2], ARGV[2], id)
+    local meta = redis.call('HGET', job, 'meta')
+    if meta then counted = counted + redis.call('SADD', KEYS[4], cjson.decode(meta)['custom_id']) end
+    removed = removed + 1
+  else
+    keep[#keep + 1] = id
+  end
+end
+if removed > 0 then
+  redis.call('DEL', KEYS[1])
+  for i = 1, #keep, 1000 do  -- unpack() is limited by Lua's C stack
+    redis.call('RPUSH', KEYS[1], unpack(keep, i, math.min(i + 999, #keep)))
+  end
+  redis.call('HINCRBY', KEYS[3], 'cancelled', counted)
+end
+return {removed, counted}
+"""
+
+
+@dataclass
+class CancelResult:
+    status: str  # the batch's status when cancel returns: cancelling or cancelled
+    removed: int = 0  # queued jobs taken off the queue
+    running: int = 0  # requests still on workers when cancel returned
+    already: bool = False  # the batch was cancelled before
+
+
+def _queue(conn: redis.Redis, batch: dict) -> Queue:
+    return Queue(batch["queue"], connection=conn, serializer=JSONSerializer)
+
+
+def _job_prefix(batch_id: str) -> str:
+    return f"{batch_id}-"  # every job id of the batch starts so (batches.job_id)
+
+
+def _sweep(conn: redis.Redis, batch: dict) -> int:
+    """Requeue the jobs of dead workers (RQ's clean-up), then take the batch's queued jobs off; returns how many."""
+    queue = _queue(conn, batch)
+    StartedJobRegistry(queue=queue).cleanup()
+    canceled = CanceledJobRegistry(queue=queue)
+    removed, _ = conn.eval(_CANCEL_QUEUED, 4, queue.key, canceled.key, keys.batch(batch["id"]),
+                           keys.batch_counted(batch["id"]), _job_prefix(batch["id"]), current_timestamp(),
+                           Job.redis_job_namespace_prefix)
+    batches.count_cancelled(conn, batch["id"], [])  # settles the batch once nothing is outstanding
+    return int(removed)
+
+
+def outstanding(conn: redis.Redis, batch_id: str) -> int:
+    """Requests of the batch not yet accounted for; after a sweep, those that workers still hold."""
+    record = batches.get_batch(conn, batch_id)
+    return max(0, record["total"] - record["completed"] - record["failed"] - record["cancelled"])
+
+
+def cancel(conn: redis.Redis, batch_id: str, wait_s: float = 0.0) -> CancelResult:
+    """Cancel the batch; wait up to `wait_s` for the workers to abort its requests in flight."""
+    batch = batches.get_batch(conn, batch_id)
+    if batch["status"] == "cancelled":
+        return CancelResult(status="cancelled", already=True)
+    if batch["status"] in ("completed", "failed"):
+        raise MiroError(f"Batch {batch_id} is {batch['status']}; there is nothing left to cancel.")
+    batches.set_status(conn, batch_id, "cancelling")
+    result = CancelResult(status="cancelling", removed=_sweep(conn, batch))
+    deadline = time.monotonic() + wait_s
+    while True:
+        result.status = batches.get_batch(conn, batch_id)["status"]
+        if result.status == "cancelled" or time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+        result.removed += _sweep(conn, batch)  # jobs requeued since (a worker died, or stopped with SIGTERM)
+    result.running = 0 if result.status == "cancelled" else outstanding(conn, batch_id)
+    return result
+
+
+@dataclass
+class RetryResult:
+    enqueued: int = 0  # failed requests queued again
+    invalid: int = 0  # failed requests that were invalid lines: there is nothing to run
+
+
+def _failed_jobs(conn: redis.Redis, batch_id: str) -> list[tuple[str, str]]:
+    """(custom id, job id) of every request of the batch whose job is FAILED in RQ."""
+    pairs = [(cid.decode(), jid.decode()) for cid, jid in conn.hgetall(keys.batch_jobs(batch_id)).items()]
+    failed = []
+    for start in range(0, len(pairs), CHUNK):
+        chunk = pairs[start:start + CHUNK]
+        pipe = conn.pipeline(transaction=False)
+        for _, jid in chunk:
+            pipe.hget(Job.key_for(jid), "status")
+        failed += [pair for pair, status in zip(chunk, pipe.execute()) if status == JobStatus.FAILED.value.encode()]
+    return failed
+
+
+def retry(conn: redis.Redis, batch_id: str) -> RetryResult:
+    """Queue every failed request of the batch again (with fresh retries); its new run replaces its error row."""
+    batch = batches.get_batch(conn, batch_id)
+    if batch["status"] in ("cancelling", "cancelled"):
+        raise MiroError(f"Batch {batch_id} is {batch['status']}; to run what it has left, submit its file again "
+                        f"with --resume {batch_id}.")
+    if batch["status"] == "validating":
+        raise MiroError(f"Batch {batch_id} is still being submitted; retry it once it is in progress.")
+    result = RetryResult(invalid=conn.hlen(keys.batch_invalid(batch_id)))
+    failed = _failed_jobs(conn, batch_id)
+    if not failed:
+        return result
+    batches.set_status(conn, batch_id, "in_progress")
+    queue = _queue(conn, batch)
+    registry = FailedJobRegistry(queue=queue)
+    for start in range(0, len(failed), CHUNK):
+        result.enqueued += _requeue(conn, queue, registry, batch_id, failed[start:start + CHUNK])
+    return result
+
+
+def _requeue(conn: redis.Redis, queue: Queue, registry: FailedJobRegistry, batch_id: str,
+             chunk: list[tuple[str, str]]) -> int:
+    """Queue the chunk's jobs that are still FAILED, each with its counters, in one transaction."""
+    job_keys = [Job.key_for(jid) for _, jid in chunk]
+    with conn.pipeline(transaction=True) as pipe:
+        for _ in range(100):
+            try:
+                pipe.watch(*job_keys)  # another retry or resume of the same jobs makes EXEC fail: read again
+                jobs = Job.fetch_many([jid for _, jid in chunk], connection=conn, serializer=JSONSerializer)
+                todo = [(cid, job) for (cid, _), job in zip(chunk, jobs)
+                        if job is not None and job.get_status(refresh=False) == JobStatus.FAILED]
+                pipe.multi()
+                for cid, job in todo:
+                    registry.remove(job, pipeline=pipe)
+                    pipe.delete(Result.get_key(job.id))
+                    job.retries_left = ABANDONED_RETRIES
+                    job.started_at = job.ended_at = None
+                    job._exc_info = ""
+                    queue._enqueue_job(job, pipeline=pipe)
+                    batches.uncount(pipe, batch_id, cid, "failed")
+                pipe.execute()
+                return len(todo)
+            except redis.WatchError:
+                continue
+    raise MiroError(f"Batch {batch_id} kept changing while retry read it; try again.")

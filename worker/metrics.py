@@ -1,0 +1,59 @@
+"""Prometheus metrics of a BatchWorker (`miro worker --metrics-port N`), named after vLLM's with `miro:` for
+`vllm:`: the same figures as the worker's Redis hash, read from the record it last wrote (no extra work on
+the engine's thread). Labels: model_name and worker.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from miro.core.errors import MiroError
+
+# (kind, metric name, help, field of the worker's record)
+METRICS = [
+    ("gauge", "miro:num_requests_running", "Requests in the engine's running batch.", "running"),
+    ("gauge", "miro:num_requests_waiting", "Requests admitted to the engine and waiting for KV cache room.",
+     "waiting"),
+    ("gauge", "miro:kv_cache_usage_perc", "KV cache usage: 1 means every block is in use.", "kv_usage"),
+    ("gauge", "miro:kv_cache_blocks_used", "KV cache blocks in use.", "kv_blocks_used"),
+    ("gauge", "miro:kv_cache_blocks_total", "KV cache blocks in the pool.", "kv_blocks_total"),
+    ("counter", "miro:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
+    ("counter", "miro:prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
+    ("counter", "miro:num_preemptions", "Requests preempted for KV cache room (recomputed later).", "preemptions"),
+    ("counter", "miro:prompt_tokens", "Prompt tokens prefilled.", "prompt_tokens_total"),
+    ("counter", "miro:generation_tokens", "Tokens generated.", "generation_tokens_total"),
+    ("counter", "miro:request_success", "Requests finished and written.", "jobs_done"),
+    ("counter", "miro:request_failure", "Requests that failed.", "jobs_failed"),
+    ("counter", "miro:request_cancelled", "Requests dropped because their batch was cancelled.", "jobs_cancelled"),
+    ("gauge", "miro:num_requests_in_flight", "Jobs this worker has taken from the queue and not finished.",
+     "in_flight"),
+    ("gauge", "miro:queue_depth", "Jobs waiting in the queues this worker serves.", "queued"),
+]
+
+
+class WorkerCollector(Collector):
+    def __init__(self, worker):
+        self.worker = worker
+
+    def collect(self):
+        record = self.worker.stats  # replaced whole by the worker's loop, never changed in place
+        if record is None:  # the model is still loading
+            return
+        labels = [record["model"], record["name"]]
+        for kind, name, help_text, field in METRICS:
+            family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            family = family_type(name, help_text, labels=["model_name", "worker"])
+            family.add_metric(labels, record[field])
+            yield family
+
+
+def serve_metrics(worker, port: int, host: str = "0.0.0.0") -> None:
+    """Serve the worker's metrics on http://host:port/metrics from a daemon thread."""
+    registry = CollectorRegistry()
+    registry.register(WorkerCollector(worker))
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as err:
+        raise MiroError(f"Cannot serve metrics on {host}:{port}: {err.strerror or err}.") from None
