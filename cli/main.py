@@ -268,3 +268,9 @@ def run(dataset, out_path, redis_url, model, max_tokens, temperature, skip_inval
 
 from .redis_server import redis_command  # noqa: E402
 cli.add_command(redis_command)
+
+
+from .monitor import status_command, watch_command  # noqa: E402
+
+cli.add_command(status_command)
+cli.add_command(watch_command)

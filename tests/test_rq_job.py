@@ -281,7 +281,7 @@ def test_two_workers_200_mixed_lines_exactly_once_and_equal_to_the_engine(tmp_pa
 
 @pytest.mark.parametrize("command", [
     ["submit", "DATASET"], ["worker", "--burst", "--wait-for-redis", "0"], ["results", "batch_x", "-o", "OUT"],
-    ["run", "DATASET"], ["cancel", "batch_x"], ["retry", "batch_x"],
+    ["run", "DATASET"], ["cancel", "batch_x"], ["retry", "batch_x"], ["status"], ["watch", "batch_x"],
 ])
 def test_redis_unreachable_is_one_sentence_for_every_command(tmp_path, command):
     dataset = write_dataset(tmp_path / "d.jsonl", [{"id": "a", "prompt": "hi"}])

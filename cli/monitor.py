@@ -1,0 +1,241 @@
+"""`miro status` and `miro watch`: read-only views of batches and workers (figures from miro.worker.monitor)."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from datetime import datetime
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from miro.core.errors import MiroError
+
+from .common import MiroCommand, redis_url_option
+
+STATUS_STYLE = {"completed": "green", "failed": "red", "cancelled": "dim", "cancelling": "magenta",
+                "in_progress": "cyan", "validating": "yellow", "finalizing": "cyan"}
+
+
+# -- formatting -----------------------------------------------------------------------------------
+
+def duration(seconds: float | None) -> str:
+    """12s, 3m 05s, 2h 03m, 4d 01h; '-' for unknown."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+
+
+def rate(per_s: float | None, unit: str = "tok/s", digits: int = 0) -> str:
+    return "-" if per_s is None else f"{per_s:,.{digits}f} {unit}"
+
+
+def status_text(status: str) -> Text:
+    return Text(status, style=STATUS_STYLE.get(status, ""))
+
+
+def progress(batch: dict) -> str:
+    """done/total, as '12/40'."""
+    return f"{batch['done']:,}/{batch['total']:,}"
+
+
+def kv(worker: dict) -> str:
+    return f"{worker['kv_blocks_used']:,}/{worker['kv_blocks_total']:,} ({worker['kv_usage']:.0%})"
+
+
+def new_table(title: str, columns: tuple[str, ...], right: tuple[str, ...], shrink: tuple[str, ...]) -> Table:
+    """A plain table. On a narrow terminal the `shrink` columns give way first, so ids and figures stay whole."""
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left", no_wrap=column not in shrink)
+    return table
+
+
+# -- miro status ----------------------------------------------------------------------------------
+
+def batches_table(views: list[dict]) -> Table:
+    any_cancelled = any(b["cancelled"] for b in views)
+    table = new_table("Batches", ("batch", "name", "status", "done", "failed",
+                                  *(["cancelled"] if any_cancelled else []), "tokens", "age"),
+                      right=("done", "failed", "cancelled", "tokens"), shrink=("name",))
+    for b in views:
+        cancelled = [f"{b['cancelled']:,}"] if any_cancelled else []
+        table.add_row(b["id"], b.get("name", ""), status_text(b["status"]), progress(b), f"{b['failed']:,}",
+                      *cancelled, f"{b['tokens']:,}", duration(b["age_s"]))
+    return table
+
+
+def workers_table(records: list[dict], title: str = "Workers") -> Table:
+    table = new_table(title, ("worker", "host", "state", "KV blocks", "run/wait", "tok/s", "done/failed"),
+                      right=("KV blocks", "run/wait", "tok/s", "done/failed"), shrink=("host",))
+    for w in records:
+        table.add_row(w["name"], w["host"], w["state"], kv(w), f"{w['running']}/{w['waiting']}",
+                      f"{w['tokens_per_s']:,.0f}", f"{w['jobs_done']:,}/{w['jobs_failed']:,}")
+    return table
+
+
+def when(stamp: float, now: float) -> str:
+    return f"{datetime.fromtimestamp(stamp).astimezone().isoformat(timespec='seconds')} ({duration(now - stamp)} ago)"
+
+
+def batch_details(b: dict, now: float) -> Table:
+    from miro.worker.batches import STATUSES
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(overflow="fold")
+    grid.add_row("batch", Text.assemble(b["id"], "  ", status_text(b["status"])))
+    for label, key in (("name", "name"), ("model", "model"), ("queue", "queue"), ("input", "input_file")):
+        grid.add_row(label, b.get(key, ""))
+    grid.add_row("output", f"{b['output']}/{b['id']}/")
+    grid.add_row("requests", f"{progress(b)} done: {b['completed']:,} completed, {b['failed']:,} failed, "
+                             f"{b['cancelled']:,} cancelled, {b['remaining']:,} remaining")
+    grid.add_row("tokens", f"{b['prompt_tokens']:,} prompt + {b['completion_tokens']:,} completion")
+    if b["elapsed_s"] is not None:
+        grid.add_row("speed", f"{rate(b['tokens_per_s'])}, {rate(b['requests_per_s'], 'requests/s', 1)} "
+                              f"over {duration(b['elapsed_s'])}")
+    if b["status"] == "in_progress":
+        grid.add_row("ETA", duration(b["eta_s"]))
+    grid.add_row("created", when(b["created_at"], now))
+    # the status stamps in time order; finalizing_at and completed_at are equal, so lifecycle order breaks ties
+    stamps = sorted((b[f"{status}_at"], i, status) for i, status in enumerate(STATUSES)
+                    if status != "validating" and b.get(f"{status}_at") is not None)
+    for stamp, _, status in stamps:
+        grid.add_row(status, when(stamp, now))
+    return grid
+
+
+def render_status(snapshot: dict, now: float | None = None) -> Group:
+    """The human view of a status snapshot ({"batches", "workers"} or {"batch", "workers"})."""
+    now = time.time() if now is None else now
+    if "batch" in snapshot:
+        return Group(batch_details(snapshot["batch"], now), workers_table(snapshot["workers"], "Its workers"))
+    return Group(batches_table(snapshot["batches"]), workers_table(snapshot["workers"], "Live workers"))
+
+
+@contextmanager
+def redis_errors(url: str):
+    """Redis failing after the first PING (say it stops mid-watch) ends in one sentence too."""
+    import redis
+
+    from miro.worker.batches import redacted
+
+    try:
+        yield
+    except redis.RedisError as e:
+        raise MiroError(f"Lost Redis at {redacted(url)}: {str(e).rstrip('.') or type(e).__name__}.") from None
+
+
+@click.command("status", cls=MiroCommand)
+@click.argument("batch_id", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Without BATCH: show the newest LIMIT batches (0: all).")
+@redis_url_option()
+def status_command(batch_id, as_json, limit, redis_url):
+    """Show BATCH (counters, times, speed, ETA, its workers), or every batch and live worker."""
+    from miro.worker import monitor
+    from miro.worker.batches import connect
+
+    conn = connect(redis_url)
+    with redis_errors(redis_url):
+        if batch_id:
+            snapshot = monitor.batch_snapshot(conn, batch_id)
+        else:
+            snapshot = monitor.fleet_snapshot(conn)
+            shown = snapshot["batches"][:limit or None]
+            if len(shown) < len(snapshot["batches"]) and not as_json:
+                click.echo(f"The newest {len(shown)} of {len(snapshot['batches'])} batches (--limit 0 shows all).",
+                           err=True)
+            snapshot["batches"] = shown
+    if as_json:
+        click.echo(json.dumps(snapshot, indent=2))
+    else:
+        console = Console()
+        if not console.is_terminal:  # piped: no screen to fit, so never shorten an id or a figure
+            console = Console(width=200)
+        console.print(render_status(snapshot))
+
+
+# -- miro watch -----------------------------------------------------------------------------------
+
+def bar_line(completed: int, total: int, label: str) -> Table:
+    """An indented 40-character bar with a label after it."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_row(" ", ProgressBar(total=max(total, 1), completed=completed, width=40), label)
+    return grid
+
+
+def render_watch(snapshot: dict) -> Group:
+    """One frame of `miro watch`: two lines per batch (figures, then a bar), two per worker (figures, KV bar)."""
+    lines: list = [Text("Batches", style="bold")]
+    for b in snapshot["batches"]:
+        figures = Text.assemble(b["id"], "  ", status_text(b["status"]),
+                                f"  {progress(b)} done, {b['failed']:,} failed")
+        speed = f"{b['done'] / max(b['total'], 1):.0%}  {rate(b['tokens_per_s'])}"
+        if b["status"] == "in_progress":
+            speed += f"  ETA {duration(b['eta_s'])}"
+        lines += [figures, bar_line(b["done"], b["total"], speed)]
+    lines.append(Text("Workers", style="bold"))
+    for w in snapshot["workers"]:
+        lines += [Text(f"{w['name']}  {w['state']}  {w['running']} running  {w['waiting']} waiting  "
+                       f"{rate(w['tokens_per_s'])}"),
+                  bar_line(w["kv_blocks_used"], w["kv_blocks_total"], f"KV {kv(w)}")]
+    if not snapshot["workers"]:
+        lines.append(Text("  none", style="dim"))
+    return Group(*lines)
+
+
+def summary_line(snapshot: dict, batch_id: str | None) -> str:
+    if batch_id is None and not snapshot["batches"]:
+        return "No batch is active."
+    parts = []
+    for b in snapshot["batches"]:
+        counts = f"{b['completed']:,} completed, {b['failed']:,} failed" + (
+            f", {b['cancelled']:,} cancelled" if b["cancelled"] else "")
+        parts.append(f"{b['id']} {b['status']}: {progress(b)} done ({counts}), {b['tokens']:,} tokens "
+                     f"in {duration(b['elapsed_s'])}")
+    return "; ".join(parts) + "."
+
+
+def watch(conn, batch_id: str | None = None, interval: float = 1.0, console: Console | None = None) -> str:
+    """Redraw the batch (or every active batch) until none is active; print and return a summary line."""
+    from miro.worker import monitor
+
+    console = console or Console()
+    windows: dict[str, monitor.RateWindow] = {}
+    snapshot = monitor.watch_snapshot(conn, batch_id, windows)
+    with Live(render_watch(snapshot), console=console, auto_refresh=False) as live:
+        while not monitor.watch_finished(snapshot):
+            time.sleep(interval)
+            snapshot = monitor.watch_snapshot(conn, batch_id, windows)
+            live.update(render_watch(snapshot), refresh=True)
+    line = summary_line(snapshot, batch_id)
+    console.print(line, highlight=False)
+    return line
+
+
+@click.command("watch", cls=MiroCommand)
+@click.argument("batch_id", required=False)
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+              help="Seconds between refreshes.")
+@redis_url_option()
+def watch_command(batch_id, interval, redis_url):
+    """Follow BATCH (or every active batch) live until it finishes: progress, tokens/s, ETA, workers' KV use."""
+    from miro.worker.batches import connect
+
+    conn = connect(redis_url)
+    with redis_errors(redis_url):
+        watch(conn, batch_id, interval)

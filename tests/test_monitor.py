@@ -1,0 +1,294 @@
+"""`miro status` and `miro watch` on a real redis-server and real BatchWorkers on a tiny GGUF model; the figures
+they derive (worker/monitor.py) on plain dicts."""
+
+import io
+import json
+import os
+import re
+import sys
+import threading
+import time
+
+import pytest
+import redis
+from click.testing import CliRunner
+from gguf_factory import write_tiny_llama
+from rich.console import Console
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from miro.cli.main import cli
+from miro.cli.monitor import render_status, render_watch, watch
+from miro.worker import BatchWorker, batches, monitor, workers
+
+TOTAL = 40
+HOLD_AFTER = 10
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", tensor_type="Q8_0")["path"])
+
+
+class HoldingWorker(BatchWorker):
+    """A BatchWorker that, once it has finished `hold_after` jobs and holds others in flight, stops between engine
+    steps (still refreshing its Redis hash) until `release` is set: a batch caught in the middle, however fast
+    the machine is. The tiny model runs 40 requests in well under a second, too fast to catch otherwise."""
+
+    def __init__(self, *args, hold_after: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.hold_after, self.release = hold_after, threading.Event()
+
+    def _tick(self):
+        super()._tick()
+        while self.jobs_done >= self.hold_after and self.in_flight and not self.release.wait(0.05):
+            super()._tick()
+
+
+def wait_for(predicate, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+@pytest.fixture
+def held_batch(tmp_path, redis_url, tiny_model):
+    """A batch of 40 requests (60 tokens each) with a worker holding it in the middle; yields
+    (batch id, worker, the worker's Redis hash as it was published while holding)."""
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 60,
+                                           "ignore_eos": True}) + "\n" for i in range(TOTAL)))
+    submitted = CliRunner().invoke(cli, ["submit", str(dataset), "--redis-url", redis_url, "--model", tiny_model,
+                                         "--output", str(tmp_path / "out")])
+    assert submitted.exit_code == 0, submitted.output
+    batch_id = submitted.stdout.strip()
+    conn = redis.Redis.from_url(redis_url)
+    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    worker = HoldingWorker([queue], connection=conn, serializer=JSONSerializer, model=tiny_model, flush_rows=1,
+                           engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4}, hold_after=HOLD_AFTER)
+    thread = threading.Thread(target=worker.work, kwargs={"burst": True, "logging_level": "WARNING"}, daemon=True)
+    thread.start()
+    try:
+        # the hash the worker publishes once it holds: jobs done, requests in flight, and it stays put
+        held = wait_for(lambda: next((w for w in workers.list_workers(conn)
+                                      if w["jobs_done"] >= HOLD_AFTER and w["in_flight"] > 0), None))
+        yield batch_id, worker, held
+    finally:
+        worker.release.set()
+        thread.join(timeout=120)
+    assert not thread.is_alive()
+
+
+def test_status_json_and_tables_while_a_batch_is_in_progress(held_batch, redis_url):
+    batch_id, worker, held = held_batch
+    conn = redis.Redis.from_url(redis_url)
+
+    result = CliRunner().invoke(cli, ["status", batch_id, "--json", "--redis-url", redis_url])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    record = batches.get_batch(conn, batch_id)
+    batch = shown["batch"]
+    for counter in batches.COUNTERS:
+        assert batch[counter] == record[counter], counter
+    assert batch["status"] == "in_progress" and batch["total"] == TOTAL
+    assert batch["done"] == record["completed"] + record["failed"] + record["cancelled"]
+    assert 0 < batch["done"] < TOTAL and batch["remaining"] == TOTAL - batch["done"]
+    assert batch["completed"] == held["jobs_done"]  # one worker: its jobs are the batch's
+    assert batch["tokens"] == record["prompt_tokens"] + record["completion_tokens"] > 0
+    assert batch["completion_tokens"] == 60 * batch["completed"]
+    assert batch["elapsed_s"] > 0 and batch["tokens_per_s"] > 0 and batch["eta_s"] > 0
+
+    [row] = shown["workers"]
+    assert row["name"] == worker.name and row["state"] == "busy" and batch_id in row["batches"]
+    assert row["queues"] == ["miro"] and row["in_flight"] > 0
+    assert row["queued"] == TOTAL - batch["done"] - row["in_flight"]
+    assert 0 < row["kv_blocks_used"] <= row["kv_blocks_total"]
+    assert row["kv_usage"] == pytest.approx(row["kv_blocks_used"] / row["kv_blocks_total"])
+    assert row["running"] + row["waiting"] == row["in_flight"]
+
+    human = CliRunner().invoke(cli, ["status", batch_id, "--redis-url", redis_url])
+    assert human.exit_code == 0, human.output
+    assert batch_id in human.output and "in_progress" in human.output and worker.name in human.output
+    assert f"{batch['done']}/{TOTAL} done" in human.output
+
+    listed = CliRunner().invoke(cli, ["status", "--redis-url", redis_url])
+    assert listed.exit_code == 0, listed.output
+    assert batch_id in listed.output and "in_progress" in listed.output and worker.name in listed.output
+    listed_json = json.loads(CliRunner().invoke(cli, ["status", "--json", "--redis-url", redis_url]).stdout)
+    assert [b["id"] for b in listed_json["batches"]] == [batch_id]
+    assert [w["name"] for w in listed_json["workers"]] == [worker.name]
+
+
+def recorded_text(console) -> str:
+    return console.export_text(clear=False)
+
+
+def test_watch_follows_the_batch_and_ends_when_it_completes(held_batch, redis_url):
+    batch_id, worker, held = held_batch
+    conn = redis.Redis.from_url(redis_url)
+    done_while_held = batches.get_batch(conn, batch_id)["completed"]
+    # a terminal console, so every frame is recorded, not only the last
+    console = Console(record=True, width=120, force_terminal=True, file=io.StringIO())
+
+    def release_once_shown():
+        try:
+            wait_for(lambda: f"{done_while_held}/{TOTAL}" in recorded_text(console), timeout_s=30)
+        finally:
+            worker.release.set()
+
+    releaser = threading.Thread(target=release_once_shown, daemon=True)
+    releaser.start()
+    line = watch(conn, batch_id, interval=0.1, console=console)
+    releaser.join()
+    text = recorded_text(console)
+    assert f"{done_while_held}/{TOTAL}" in text and "in_progress" in text and worker.name in text
+    assert line.startswith(f"{batch_id} completed: {TOTAL}/{TOTAL} done ({TOTAL} completed, 0 failed)")
+    assert text.rstrip().endswith(line)
+    assert batches.get_batch(conn, batch_id)["status"] == "completed"
+
+
+def read_until_exit(master: int, proc, timeout_s: float = 120.0, until: str | None = None) -> str:
+    """What the process wrote on the pty, read until it exits (or, with `until`, until that text appears)."""
+    import select
+
+    chunks = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the process closed the pty
+                data = b""
+            if not data:
+                break
+            chunks.append(data.decode(errors="replace"))
+            if until is not None and until in plain("".join(chunks)):
+                break
+        elif proc.poll() is not None and until is None:
+            break
+    return "".join(chunks)
+
+
+def plain(terminal_output: str) -> str:
+    """Terminal output without its escape sequences."""
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r", "", terminal_output)
+
+
+def test_watch_as_a_process_on_a_terminal(held_batch, redis_url):
+    import pty
+    import subprocess
+
+    batch_id, worker, held = held_batch
+    master, slave = pty.openpty()
+    env = {**os.environ, "COLUMNS": "120", "LINES": "40", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    miro = os.path.join(os.path.dirname(sys.executable), "miro")  # the console script of this environment
+    proc = subprocess.Popen([miro, "watch", batch_id, "--interval", "0.2",
+                             "--redis-url", redis_url], stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    try:
+        before = read_until_exit(master, proc, timeout_s=60, until=batch_id)  # drawn while the worker holds
+        worker.release.set()
+        output = plain(before + read_until_exit(master, proc))
+        assert proc.wait(timeout=60) == 0, output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert batch_id in output and "in_progress" in output
+    assert f"{batch_id} completed: {TOTAL}/{TOTAL} done" in output
+
+
+def test_unknown_batch_is_one_sentence(redis_url):
+    for command in (["status", "batch_nope"], ["status", "batch_nope", "--json"], ["watch", "batch_nope"]):
+        result = CliRunner().invoke(cli, command + ["--redis-url", redis_url])
+        assert result.exit_code == 1
+        assert result.output == "Error: There is no batch 'batch_nope' on this Redis.\n"
+
+
+def test_redis_unreachable_is_one_sentence():
+    for command in (["status"], ["status", "batch_x", "--json"], ["watch"]):
+        result = CliRunner().invoke(cli, command + ["--redis-url", "redis://127.0.0.1:1/0"])
+        assert result.exit_code == 1
+        assert result.output.startswith("Error: Cannot reach Redis at redis://127.0.0.1:1/0")
+        assert result.output.count("\n") == 1
+
+
+def test_watch_without_a_batch_ends_at_once_when_none_is_active(redis_url):
+    conn = redis.Redis.from_url(redis_url)
+    finished = batches.create_batch(conn, name="n", model="m", input_file="f", output="o", total=1, queue="miro")
+    batches.set_status(conn, finished, "in_progress")
+    batches.count_finished(conn, finished, "a", prompt_tokens=3, completion_tokens=2)
+    console = Console(record=True, width=120)
+    assert watch(conn, None, interval=0.1, console=console) == "No batch is active."
+    listed = CliRunner().invoke(cli, ["status", "--redis-url", redis_url])
+    assert finished in listed.output and "completed" in listed.output
+
+
+# -- the figures, on plain dicts ------------------------------------------------------------------
+
+def record(**fields):
+    base = {"id": "batch_a", "name": "d.jsonl", "status": "in_progress", "model": "m", "queue": "miro",
+            "output": "/out", "input_file": "/d.jsonl", "created_at": 1000.0, "validating_at": 1000.0,
+            "in_progress_at": 1010.0, "total": 100, "completed": 30, "failed": 5, "cancelled": 5,
+            "prompt_tokens": 400, "completion_tokens": 1600}
+    return {**base, **fields}
+
+
+def test_batch_view_derives_done_rates_and_eta():
+    view = monitor.batch_view(record(), now=1030.0)
+    assert (view["done"], view["remaining"], view["tokens"]) == (40, 60, 2000)
+    assert (view["age_s"], view["elapsed_s"]) == (30.0, 20.0)
+    assert (view["requests_per_s"], view["tokens_per_s"], view["eta_s"]) == (2.0, 100.0, 30.0)
+
+    finished = monitor.batch_view(record(status="completed", completed=90, completed_at=1060.0), now=2000.0)
+    assert (finished["elapsed_s"], finished["remaining"], finished["eta_s"]) == (50.0, 0, None)
+    # resumed after completing: the old completed_at is ignored, the run counts from the new in_progress_at
+    resumed = monitor.batch_view(record(completed_at=1005.0), now=1030.0)
+    assert resumed["elapsed_s"] == 20.0
+    waiting = monitor.batch_view(record(status="validating", in_progress_at=None, completed=0, failed=0,
+                                        cancelled=0), now=1030.0)
+    assert (waiting["elapsed_s"], waiting["tokens_per_s"], waiting["eta_s"]) == (None, None, None)
+
+
+def test_rate_window_follows_the_recent_speed_and_falls_back_to_the_average():
+    window = monitor.RateWindow(window_s=30.0, min_span_s=5.0)
+    # since start: 40 requests in 20 s; the window has one sample, so the average is used
+    assert monitor.batch_view(record(), now=1030.0, window=window)["requests_per_s"] == 2.0
+    for t in range(1, 41):  # then 1 request and 10 tokens a second
+        view = monitor.batch_view(record(completed=30 + t, completion_tokens=1600 + 10 * t), now=1030.0 + t,
+                                  window=window)
+    assert window.samples[-1][0] - window.samples[0][0] == 30.0  # older samples left the window
+    assert (view["requests_per_s"], view["tokens_per_s"]) == (1.0, 10.0)
+    assert view["eta_s"] == view["remaining"] / 1.0
+    window.add(2000.0, 3, 10)  # counters went back (a retry): start over
+    assert window.rates() is None and len(window.samples) == 1
+
+
+def test_relevant_workers_are_those_on_the_batch_or_its_queue():
+    fleet = [{"name": "w1", "queues": ["miro"], "batches": []},
+             {"name": "w2", "queues": ["other"], "batches": ["batch_a"]},
+             {"name": "w3", "queues": ["other"], "batches": ["batch_b"]}]
+    assert [w["name"] for w in monitor.relevant_workers(fleet, record())] == ["w1", "w2"]
+
+
+def test_render_on_a_recording_console():
+    worker = {"name": "w1", "host": "h", "state": "busy", "queues": ["miro"], "batches": ["batch_a"],
+              "kv_blocks_used": 12, "kv_blocks_total": 48, "kv_usage": 0.25, "running": 3, "waiting": 1,
+              "tokens_per_s": 1234.4, "jobs_done": 30, "jobs_failed": 5}
+    view = monitor.batch_view(record(), now=1030.0)
+    console = Console(record=True, width=120)
+    console.print(render_watch({"batches": [view], "workers": [worker]}))
+    console.print(render_status({"batch": view, "workers": [worker]}, now=1030.0))
+    console.print(render_status({"batches": [view], "workers": [worker]}, now=1030.0))
+    text = console.export_text()
+    assert "batch_a  in_progress  40/100 done, 5 failed" in text and "40%  100 tok/s  ETA 30s" in text
+    assert "w1  busy  3 running  1 waiting  1,234 tok/s" in text and "KV 12/48 (25%)" in text
+    assert "40/100 done: 30 completed, 5 failed, 5 cancelled, 60 remaining" in text
+    assert "100 tok/s, 2.0 requests/s over 20s" in text
+    assert re.search(r"batch_a +d.jsonl +in_progress +40/100 +5 +5 +2,000 +30s", text)
+    assert re.search(r"w1 +h +busy +12/48 \(25%\) +3/1 +1,234 +30/5", text)
