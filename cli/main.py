@@ -192,24 +192,38 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
               help="Write a Parquet part file once this many rows are waiting...")
 @click.option("--flush-seconds", type=float, default=5.0, show_default=True,
               help="...or once the oldest waiting row is this old.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
+              help="Serve Prometheus metrics on this port (http://HOST:PORT/metrics).")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
+@click.option("--wait-for-redis", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds to keep trying to reach Redis at start-up (fleets often start workers first).")
 @engine_options
 def worker(redis_url, queues, name, model, burst, shutdown_grace, worker_ttl, maintenance_interval,
-           job_monitoring_interval, heartbeat_slack, flush_rows, flush_seconds, **engine):
+           job_monitoring_interval, heartbeat_slack, flush_rows, flush_seconds, metrics_port, metrics_host,
+           wait_for_redis, **engine):
     """Run a BatchWorker: the model stays loaded and many jobs share each engine step."""
     from rq import Queue
     from rq.serializers import JSONSerializer
 
-    from miro.worker import BatchWorker
-    from miro.worker.batches import connect
+    import redis
 
-    conn = connect(redis_url)
+    from miro.core.errors import MiroError
+    from miro.worker import BatchWorker
+    from miro.worker.batches import connect, redacted
+
+    conn = connect(redis_url, wait_s=wait_for_redis, log=log_to_stderr)
     rq_queues = [Queue(q, connection=conn, serializer=JSONSerializer) for q in queues]
     rq_settings = {k: v for k, v in (("worker_ttl", worker_ttl), ("maintenance_interval", maintenance_interval),
                                      ("job_monitoring_interval", job_monitoring_interval)) if v is not None}
-    BatchWorker(rq_queues, connection=conn, serializer=JSONSerializer, name=name, model=model,
-                engine_options=engine_kwargs(**engine), shutdown_grace_s=shutdown_grace, flush_rows=flush_rows,
-                flush_seconds=flush_seconds, heartbeat_slack_s=heartbeat_slack,
-                **rq_settings).work(burst=burst)
+    worker = BatchWorker(rq_queues, connection=conn, serializer=JSONSerializer, name=name, model=model,
+                         engine_options=engine_kwargs(**engine), shutdown_grace_s=shutdown_grace,
+                         flush_rows=flush_rows, flush_seconds=flush_seconds, heartbeat_slack_s=heartbeat_slack,
+                         metrics_port=metrics_port, metrics_host=metrics_host, **rq_settings)
+    try:
+        worker.work(burst=burst)
+    except redis.RedisError as err:
+        raise MiroError(f"Lost Redis at {redacted(redis_url)} ({str(err).rstrip('.')}); the jobs this worker held "
+                        f"are queued again once their heartbeat lapses (part files already written stay).") from None
 
 
 @cli.command("run", cls=MiroCommand)
@@ -268,6 +282,12 @@ def run(dataset, out_path, redis_url, model, max_tokens, temperature, skip_inval
 
 from .redis_server import redis_command  # noqa: E402
 cli.add_command(redis_command)
+
+
+from .control import cancel_command, retry_command  # noqa: E402
+
+cli.add_command(cancel_command)
+cli.add_command(retry_command)
 
 
 from .monitor import status_command, watch_command  # noqa: E402

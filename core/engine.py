@@ -94,6 +94,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._aborted: list[RequestOutput] = []
         self._token_log: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
+        self._first_step_at: float | None = None  # when the first step began: the rate window starts no earlier
         self.prompt_tokens_total = 0  # prompt tokens computed (recomputation after preemption included)
         self.generation_tokens_total = 0
         self._ids = itertools.count()
@@ -181,6 +182,7 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batch; return a snapshot of every request that got new tokens or finished."""
+        step_started = time.monotonic()
         outputs, self._aborted = self._aborted, []
         batch = self.scheduler.schedule()
         if not batch:
@@ -211,7 +213,7 @@ class Engine:
                 self._fork(request, seq, row)
             self._append_token(seq, token, request)
             touched[seq.request_id] = request
-        self._log_tokens(prompt_tokens, len(sampled))
+        self._log_tokens(prompt_tokens, len(sampled), step_started)
 
         for request in touched.values():
             outputs.append(self._output(request))
@@ -269,19 +271,27 @@ class Engine:
 
     # -- stats ----------------------------------------------------------------------------------------
 
-    def _log_tokens(self, prompt_tokens: int, generated: int) -> None:
-        now = time.monotonic()
+    def _log_tokens(self, prompt_tokens: int, generated: int, step_started: float) -> None:
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += generated
-        self._token_log.append((now, prompt_tokens, generated))
-        while self._token_log and self._token_log[0][0] < now - STATS_WINDOW_S:
+        self._token_log.append((time.monotonic(), prompt_tokens, generated))
+        if self._first_step_at is None:
+            self._first_step_at = step_started
+        self._trim_token_log()
+
+    def _trim_token_log(self) -> float:
+        """Drop steps that ended before the rate window; returns the window's length in seconds."""
+        now = time.monotonic()
+        while self._token_log and self._token_log[0][0] <= now - STATS_WINDOW_S:
             self._token_log.popleft()
+        return now - max(now - STATS_WINDOW_S, self._first_step_at if self._first_step_at is not None else now)
 
     def stats(self) -> dict:
-        """KV cache and token figures, named as vLLM names them; throughputs are over the last 10 s."""
+        """KV cache and token figures, named as vLLM names them; throughputs are over the last 10 s (or since
+        the first step, if sooner), so they fall to 0 when the engine is idle."""
         bm = self.block_manager
+        span = self._trim_token_log()
         log = self._token_log
-        span = (log[-1][0] - log[0][0]) if len(log) > 1 else 0.0
         return {
             "kv_blocks_used": bm.num_used_blocks,
             "kv_blocks_total": bm.num_blocks,

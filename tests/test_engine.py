@@ -92,6 +92,25 @@ def test_stats_and_blocks_freed(loaded):
     assert 4 <= end["generation_tokens_total"] <= 20 and end["generation_tokens_per_s"] > 0
 
 
+def test_token_rates_cover_the_window_and_fall_to_zero_when_idle(loaded, monkeypatch):
+    import time
+
+    import miro.core.engine as engine_module
+
+    engine = make_engine(loaded, num_kv_blocks=64)
+    started = time.monotonic()
+    engine.generate(CHAT_PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)
+    busy = engine.stats()
+    elapsed = time.monotonic() - started
+    # over a window that starts with the first step: never more than the tokens over the time they took
+    assert 16 / elapsed <= busy["generation_tokens_per_s"] <= 16 / (elapsed * 0.5)
+    monkeypatch.setattr(engine_module, "STATS_WINDOW_S", 0.05)
+    time.sleep(0.1)
+    idle = engine.stats()
+    assert idle["generation_tokens_per_s"] == idle["prompt_tokens_per_s"] == 0.0
+    assert idle["generation_tokens_total"] == 16
+
+
 def test_abort(loaded):
     engine = make_engine(loaded)
     keep = engine.add_request(CHAT_PROMPTS[0], SamplingParams(max_tokens=6, temperature=0))

@@ -27,7 +27,7 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import CanceledJobRegistry
 from rq.utils import now
-from rq.worker.base import BaseWorker
+from rq.worker.base import BaseWorker, WorkerStatus
 
 from miro.core import Engine, MiroError, SamplingParams
 from miro.core.registry import DEFAULT_MODEL
@@ -163,6 +163,8 @@ class BatchWorker(BaseWorker):
             self._cancel_cancelled_batches()
             self._publish()
             self._last_refresh = time.monotonic()
+        if not self.in_flight and self._state == WorkerStatus.BUSY:  # RQ marks it busy when a job starts
+            self.set_state(WorkerStatus.IDLE)
 
     def _room(self) -> bool:
         return len(self.in_flight) < self.engine.scheduler.max_num_seqs
@@ -324,7 +326,9 @@ class BatchWorker(BaseWorker):
         workers.publish(self.connection, self.name, self.stats)
 
     def _remove_record(self) -> None:
+        """The worker stops: its hash goes (metrics keep the final figures, for a last scrape)."""
         try:
+            self.stats = self.stats_record()
             workers.remove(self.connection, self.name)
         except redis.RedisError:
             pass  # Redis is gone: the record expires by itself

