@@ -360,3 +360,15 @@ def test_worker_waits_for_redis_that_starts_late_and_says_so_when_it_goes(tmp_pa
     assert f"Cannot reach Redis at {url}" in stderr and "Trying again for up to" in stderr
     assert proc.returncode == 1 and "Traceback" not in stderr
     assert stderr.splitlines()[-1].startswith(f"Error: Lost Redis at {url} (")
+
+
+def test_a_job_whose_batch_record_is_gone_fails_and_the_worker_goes_on(tmp_path, redis_url, tiny_model):
+    conn = redis.Redis.from_url(redis_url)
+    orphan = submit(tmp_path, redis_url, tiny_model, long_lines(2, max_tokens=3), name="orphan.jsonl")
+    kept = submit(tmp_path, redis_url, tiny_model, long_lines(2, max_tokens=3))
+    conn.delete(keys.batch(orphan))
+    run_worker(conn, tiny_model)
+    assert batches.get_batch(conn, kept)["status"] == "completed"
+    job = Job.fetch(batches.job_id(orphan, "p0"), connection=conn, serializer=JSONSerializer)
+    assert job.get_status() == JobStatus.FAILED
+    assert f"There is no batch '{orphan}' on this Redis." in job.latest_result().exc_string

@@ -191,7 +191,12 @@ class BatchWorker(BaseWorker):
             self._fail(job, queue, execution, f"function {job.func_name} is not on this worker's allow-list")
             return
         payload = job.kwargs
-        if self._status_of(payload["batch_id"]) in CANCELLED:
+        try:
+            status = self._status_of(payload["batch_id"])
+        except MiroError as err:  # its batch record is gone: nowhere to write a row
+            self._fail(job, queue, execution, str(err))
+            return
+        if status in CANCELLED:
             self._cancel([(job, queue, execution, payload)])
             return
         try:

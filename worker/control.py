@@ -26,6 +26,7 @@ from miro.worker import batches, keys
 from miro.worker.submit import ABANDONED_RETRIES
 
 CHUNK = 1000
+SWEEP_EVERY_S = 5.0  # while cancel waits, how often it looks for jobs put back on the queue (it reads the queue)
 
 # KEYS: queue list, canceled registry, batch hash, counted set; ARGV: job id prefix of the batch, score for the
 # canceled registry, job key prefix. Takes the batch's jobs off the queue (the rest keep their order), marks
@@ -100,12 +101,15 @@ def cancel(conn: redis.Redis, batch_id: str, wait_s: float = 0.0) -> CancelResul
     batches.set_status(conn, batch_id, "cancelling")
     result = CancelResult(status="cancelling", removed=_sweep(conn, batch))
     deadline = time.monotonic() + wait_s
+    last_sweep = time.monotonic()
     while True:
         result.status = batches.get_batch(conn, batch_id)["status"]
         if result.status == "cancelled" or time.monotonic() >= deadline:
             break
         time.sleep(0.25)
-        result.removed += _sweep(conn, batch)  # jobs requeued since (a worker died, or stopped with SIGTERM)
+        if time.monotonic() - last_sweep >= SWEEP_EVERY_S:  # jobs requeued since: a worker died or got SIGTERM
+            result.removed += _sweep(conn, batch)
+            last_sweep = time.monotonic()
     result.running = 0 if result.status == "cancelled" else outstanding(conn, batch_id)
     return result
 
