@@ -67,6 +67,9 @@ def engine_options(command):
         click.option("--no-prefix-caching", is_flag=True, help="Turn automatic prefix caching off."),
         click.option("--batch-invariant", is_flag=True,
                      help="Outputs bitwise independent of the batch (numba GEMMs; slower)."),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="CPU threads for BLAS and numba (default: all cores; with several workers on one "
+                          "machine, keep workers x threads <= cores)."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -74,8 +77,20 @@ def engine_options(command):
 
 
 def engine_kwargs(kv_cache_memory, num_kv_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-                  no_prefix_caching, batch_invariant) -> dict:
+                  no_prefix_caching, batch_invariant, threads) -> dict:
+    """The Engine's keyword arguments; --threads is applied to this process here and now."""
+    if threads is not None:
+        limit_threads(threads)
     return dict(kv_cache_memory=kv_cache_memory, num_kv_blocks=num_kv_blocks, block_size=block_size,
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
                 batch_invariant=batch_invariant)
+
+
+def limit_threads(threads: int) -> None:
+    """Cap OpenBLAS's and numba's thread pools (they collapse when they fight other processes for cores)."""
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(threads)
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))

@@ -39,3 +39,28 @@ def test_models_list_and_pull(monkeypatch, tmp_path, smollm2_path):
     assert pulled.exit_code == 0 and pulled.output.strip().endswith(smollm2_path.name)
     unknown = CliRunner().invoke(cli, ["models", "pull", "gpt-17"])
     assert unknown.exit_code == 1 and "unknown model alias 'gpt-17'" in unknown.output
+
+
+def test_threads_option_caps_blas_and_numba_pools(smollm2_path):
+    """--threads in a process of its own (it changes the process's thread pools)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, numba\n"
+        "from threadpoolctl import threadpool_info\n"
+        "from click.testing import CliRunner\n"
+        "from miro.cli.main import cli\n"
+        f"r = CliRunner().invoke(cli, ['generate', '--model', {str(smollm2_path)!r}, '--max-tokens', '2', "
+        "'--num-kv-blocks', '16', '--threads', '1', 'hi'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "blas = [p['num_threads'] for p in threadpool_info() if p['internal_api'] == 'openblas']\n"
+        "print(json.dumps({'blas': blas, 'numba': numba.get_num_threads()}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    threads = json.loads(out.stdout.strip().splitlines()[-1])
+    assert threads["blas"] and set(threads["blas"]) == {1} and threads["numba"] == 1
