@@ -372,3 +372,22 @@ def test_a_job_whose_batch_record_is_gone_fails_and_the_worker_goes_on(tmp_path,
     job = Job.fetch(batches.job_id(orphan, "p0"), connection=conn, serializer=JSONSerializer)
     assert job.get_status() == JobStatus.FAILED
     assert f"There is no batch '{orphan}' on this Redis." in job.latest_result().exc_string
+
+
+def test_a_cancel_that_died_half_way_is_finished_by_the_next(tmp_path, redis_url, tiny_model):
+    from miro.worker import control
+
+    conn = redis.Redis.from_url(redis_url)
+    batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(5))
+    batches.set_status(conn, batch_id, "cancelling")
+    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    # the first step only: the jobs are off the queue, not yet marked canceled or counted
+    assert conn.eval(control._TAKE_OFF_QUEUE, 2, queue.key, keys.batch_cancel_pending(batch_id), f"{batch_id}-") == 5
+    assert queue.count == 0 and batches.get_batch(conn, batch_id)["cancelled"] == 0
+
+    result = CliRunner().invoke(cli, ["cancel", batch_id, "--redis-url", redis_url, "--wait", "0"])
+    assert result.exit_code == 0 and result.stdout == "cancelled\n"
+    record = batches.get_batch(conn, batch_id)
+    assert (record["status"], record["cancelled"], record["total"]) == ("cancelled", 5, 5)
+    assert conn.exists(keys.batch_cancel_pending(batch_id)) == 0
+    assert len(queue.canceled_job_registry) == 5

@@ -1,8 +1,8 @@
 """Cancel a batch and retry its failed requests (`miro cancel`, `miro retry`).
 
 Cancelling is shared work. `cancel` moves the batch to ``cancelling``, takes its queued jobs off the queue
-(status ``canceled``, counted ``cancelled``) in one atomic script, and hands RQ's own clean-up the jobs whose
-worker died, so they come back to the queue and are taken off too. Each BatchWorker checks the status of the
+(status ``canceled``, counted ``cancelled``), and hands RQ's own clean-up the jobs whose worker died, so they
+come back to the queue and are taken off too. Each BatchWorker checks the status of the
 batches it has requests of about once a second: it aborts those in flight and refuses new ones of a
 cancelling batch. Whoever counts the last outstanding request moves the batch to ``cancelled``
 (batches._COUNT); rows already written stay.
@@ -28,32 +28,42 @@ from miro.worker.submit import ABANDONED_RETRIES
 CHUNK = 1000
 SWEEP_EVERY_S = 5.0  # while cancel waits, how often it looks for jobs put back on the queue (it reads the queue)
 
-# KEYS: queue list, canceled registry, batch hash, counted set; ARGV: job id prefix of the batch, score for the
-# canceled registry, job key prefix. Takes the batch's jobs off the queue (the rest keep their order), marks
-# them canceled and counts each request once; returns {jobs removed, requests newly counted}.
-_CANCEL_QUEUED = """
+# KEYS: queue list, the batch's cancel-pending list; ARGV: job id prefix of the batch. Takes the batch's jobs
+# off the queue (the rest keep their order) onto the pending list, atomically; returns how many.
+_TAKE_OFF_QUEUE = """
 local ids = redis.call('LRANGE', KEYS[1], 0, -1)
-local keep, removed, counted = {}, 0, 0
+local keep, taken = {}, {}
 for _, id in ipairs(ids) do
-  if string.sub(id, 1, #ARGV[1]) == ARGV[1] then
-    local job = ARGV[3] .. id
-    redis.call('HSET', job, 'status', 'canceled')
-    redis.call('ZADD', KEYS[2], ARGV[2], id)
-    local meta = redis.call('HGET', job, 'meta')
-    if meta then counted = counted + redis.call('SADD', KEYS[4], cjson.decode(meta)['custom_id']) end
-    removed = removed + 1
-  else
-    keep[#keep + 1] = id
-  end
+  if string.sub(id, 1, #ARGV[1]) == ARGV[1] then taken[#taken + 1] = id else keep[#keep + 1] = id end
 end
-if removed > 0 then
+if #taken > 0 then
   redis.call('DEL', KEYS[1])
   for i = 1, #keep, 1000 do  -- unpack() is limited by Lua's C stack
     redis.call('RPUSH', KEYS[1], unpack(keep, i, math.min(i + 999, #keep)))
   end
-  redis.call('HINCRBY', KEYS[3], 'cancelled', counted)
+  for i = 1, #taken, 1000 do
+    redis.call('RPUSH', KEYS[2], unpack(taken, i, math.min(i + 999, #taken)))
+  end
 end
-return {removed, counted}
+return #taken
+"""
+
+# KEYS: cancel-pending list, canceled registry, batch hash, counted set; ARGV: how many, registry score, job key
+# prefix. Marks up to ARGV[1] pending jobs canceled and counts each request once; returns how many it took.
+_CANCEL_PENDING = """
+local ids = redis.call('LPOP', KEYS[1], ARGV[1])
+if not ids then return 0 end
+local counted = 0
+for _, id in ipairs(ids) do
+  local job = ARGV[3] .. id
+  if redis.call('HGET', job, 'status') == 'queued' then
+    redis.call('HSET', job, 'status', 'canceled')
+    redis.call('ZADD', KEYS[2], ARGV[2], id)
+    counted = counted + redis.call('SADD', KEYS[4], cjson.decode(redis.call('HGET', job, 'meta'))['custom_id'])
+  end
+end
+redis.call('HINCRBY', KEYS[3], 'cancelled', counted)
+return #ids
 """
 
 
@@ -69,20 +79,23 @@ def _queue(conn: redis.Redis, batch: dict) -> Queue:
     return Queue(batch["queue"], connection=conn, serializer=JSONSerializer)
 
 
-def _job_prefix(batch_id: str) -> str:
-    return f"{batch_id}-"  # every job id of the batch starts so (batches.job_id)
-
-
 def _sweep(conn: redis.Redis, batch: dict) -> int:
-    """Requeue the jobs of dead workers (RQ's clean-up), then take the batch's queued jobs off; returns how many."""
-    queue = _queue(conn, batch)
+    """Requeue the jobs of dead workers (RQ's clean-up), then take the batch's queued jobs off; returns how many.
+
+    Taking them off the queue is one atomic script (a list rewrite: ~0.2 s per 100,000 queued jobs); marking
+    them canceled runs in chunks, so Redis never stays busy long. The jobs wait in between on a list of their
+    own, so a cancel that dies half-way leaves nothing behind that the next `miro cancel` does not finish.
+    """
+    queue, batch_id = _queue(conn, batch), batch["id"]
     StartedJobRegistry(queue=queue).cleanup()
+    prefix = f"{batch_id}-"  # every job id of the batch starts so (batches.job_id)
+    removed = int(conn.eval(_TAKE_OFF_QUEUE, 2, queue.key, keys.batch_cancel_pending(batch_id), prefix))
     canceled = CanceledJobRegistry(queue=queue)
-    removed, _ = conn.eval(_CANCEL_QUEUED, 4, queue.key, canceled.key, keys.batch(batch["id"]),
-                           keys.batch_counted(batch["id"]), _job_prefix(batch["id"]), current_timestamp(),
-                           Job.redis_job_namespace_prefix)
-    batches.count_cancelled(conn, batch["id"], [])  # settles the batch once nothing is outstanding
-    return int(removed)
+    while conn.eval(_CANCEL_PENDING, 4, keys.batch_cancel_pending(batch_id), canceled.key, keys.batch(batch_id),
+                    keys.batch_counted(batch_id), CHUNK, current_timestamp(), Job.redis_job_namespace_prefix):
+        pass
+    batches.count_cancelled(conn, batch_id, [])  # settles the batch once nothing is outstanding
+    return removed
 
 
 def outstanding(conn: redis.Redis, batch_id: str) -> int:

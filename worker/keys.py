@@ -31,3 +31,8 @@ def worker(name: str) -> str:
 def batch_counted(batch_id: str) -> str:
     """Set: custom ids already counted as completed or failed, so a request that ran twice counts once."""
     return f"{PREFIX}:batch:{batch_id}:counted"
+
+
+def batch_cancel_pending(batch_id: str) -> str:
+    """List: job ids `miro cancel` took off the queue and has not yet marked canceled."""
+    return f"{PREFIX}:batch:{batch_id}:cancel_pending"
