@@ -178,6 +178,7 @@ def test_docker_compose_file():
     # Scalable with --scale: no fixed name, no host ports.
     assert "container_name" not in worker and "ports" not in worker
     assert int(worker["stop_grace_period"].removesuffix("s")) > SHUTDOWN_GRACE_S
+    assert_worker_command_parses(worker["command"])
 
 
 def test_docker_compose_config_accepts_the_file():
@@ -212,6 +213,20 @@ def test_kubernetes_manifests():
     results_claim = pod["volumes"][0]["persistentVolumeClaim"]["claimName"]
     assert claims[results_claim]["spec"]["accessModes"] == ["ReadWriteMany"]
     assert {"name": pod["volumes"][0]["name"], "mountPath": "/results"} in container["volumeMounts"]
+    # metrics: the port the worker serves is the one declared and annotated for Prometheus
+    command = container["command"]
+    port = command[command.index("--metrics-port") + 1]
+    assert {"name": "metrics", "containerPort": int(port)} in container["ports"]
+    assert worker["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == port
+    assert_worker_command_parses(command)
+
+
+def assert_worker_command_parses(command: list[str]) -> None:
+    """The deploy file's `miro worker ...` is one the CLI accepts (parsed, not run)."""
+    from miro.cli.main import worker
+
+    assert command[:2] == ["miro", "worker"]
+    worker.make_context("worker", list(command[2:]))
 
 
 def _unit(path: Path) -> configparser.ConfigParser:
