@@ -391,3 +391,50 @@ def test_a_cancel_that_died_half_way_is_finished_by_the_next(tmp_path, redis_url
     assert (record["status"], record["cancelled"], record["total"]) == ("cancelled", 5, 5)
     assert conn.exists(keys.batch_cancel_pending(batch_id)) == 0
     assert len(queue.canceled_job_registry) == 5
+
+
+# ---- jobs RQ gives up on ------------------------------------------------------------------------------
+
+
+def start_and_abandon(conn, queue, retries_left: int) -> Job:
+    """Take the next job as a worker would, then 'die': its started-registry entry has lapsed."""
+    from rq import SimpleWorker
+
+    job, _ = Queue.dequeue_any([queue], None, connection=conn, serializer=JSONSerializer)
+    dying = SimpleWorker([queue], connection=conn, serializer=JSONSerializer)
+    dying.prepare_execution(job)
+    dying.prepare_job_execution(job)
+    job.retries_left = retries_left
+    job.save()
+    for entry in conn.zrange(queue.started_job_registry.key, 0, -1):
+        conn.zadd(queue.started_job_registry.key, {entry: 1})  # its heartbeat lapsed long ago
+    return job
+
+
+def test_a_request_rq_gives_up_on_gets_an_error_row_and_its_batch_completes(tmp_path, redis_url, tiny_model):
+    conn = redis.Redis.from_url(redis_url)
+    batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(3, max_tokens=3))
+    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    poison = start_and_abandon(conn, queue, retries_left=0)  # its worker died on its last retry
+    run_worker(conn, tiny_model)  # maintenance: RQ fails the job, the worker counts it and writes its row
+    assert Job.fetch(poison.id, connection=conn, serializer=JSONSerializer).get_status() == JobStatus.FAILED
+    record = batches.get_batch(conn, batch_id)
+    assert (record["status"], record["completed"], record["failed"]) == ("completed", 2, 1)
+    rows = {r["custom_id"]: r for r in read_parts(str(tmp_path / "out"), batch_id).to_pylist()}
+    assert rows[poison.meta["custom_id"]]["error"].startswith("its worker stopped")
+
+    again = submit(tmp_path, redis_url, tiny_model, long_lines(2, max_tokens=3), name="again.jsonl")
+    start_and_abandon(conn, queue, retries_left=2)  # retries left: queued again and run
+    run_worker(conn, tiny_model)
+    record = batches.get_batch(conn, again)
+    assert (record["status"], record["completed"], record["failed"]) == ("completed", 2, 0)
+
+
+def test_cancel_counts_a_request_rq_gave_up_on(tmp_path, redis_url, tiny_model):
+    conn = redis.Redis.from_url(redis_url)
+    batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(3))
+    start_and_abandon(conn, Queue("miro", connection=conn, serializer=JSONSerializer), retries_left=0)
+    result = CliRunner().invoke(cli, ["cancel", batch_id, "--redis-url", redis_url, "--wait", "0"])
+    assert result.exit_code == 0 and result.stdout == "cancelled\n"
+    record = batches.get_batch(conn, batch_id)
+    assert (record["status"], record["cancelled"], record["failed"]) == ("cancelled", 3, 0)

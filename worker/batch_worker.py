@@ -33,7 +33,7 @@ from miro.core import Engine, MiroError, SamplingParams
 from miro.core.registry import DEFAULT_MODEL
 
 from . import batches, keys, workers
-from .jobs import count_finished, prompt_text, record_failure, result_rows, summary
+from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, result_rows, summary, uncounted_failures
 from .sink import ParquetSink
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
@@ -165,6 +165,18 @@ class BatchWorker(BaseWorker):
             self._last_refresh = time.monotonic()
         if not self.in_flight and self._state == WorkerStatus.BUSY:  # RQ marks it busy when a job starts
             self.set_state(WorkerStatus.IDLE)
+
+    def run_maintenance_tasks(self):
+        """RQ's maintenance (abandoned jobs queued again, or failed when out of retries), then the batch side of
+        the jobs it failed: their error rows and counts, so their batches still complete."""
+        super().run_maintenance_tasks()
+        for queue in self.queues:
+            for job in uncounted_failures(self.connection, queue):
+                try:
+                    sink = self._sink(job.meta["batch_id"])
+                except MiroError:  # its batch record is gone: nothing to count it in
+                    continue
+                record_failure(self.connection, sink, job, job.kwargs, GAVE_UP, worker=self.name, started=time.time())
 
     def _room(self) -> bool:
         return len(self.in_flight) < self.engine.scheduler.max_num_seqs

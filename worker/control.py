@@ -23,6 +23,7 @@ from rq.utils import current_timestamp
 
 from miro.core.errors import MiroError
 from miro.worker import batches, keys
+from miro.worker.jobs import uncounted_failures
 from miro.worker.submit import ABANDONED_RETRIES
 
 CHUNK = 1000
@@ -94,7 +95,9 @@ def _sweep(conn: redis.Redis, batch: dict) -> int:
     while conn.eval(_CANCEL_PENDING, 4, keys.batch_cancel_pending(batch_id), canceled.key, keys.batch(batch_id),
                     keys.batch_counted(batch_id), CHUNK, current_timestamp(), Job.redis_job_namespace_prefix):
         pass
-    batches.count_cancelled(conn, batch_id, [])  # settles the batch once nothing is outstanding
+    # requests RQ failed itself after their workers died too often: nobody will run them now
+    given_up = [job.meta["custom_id"] for job in uncounted_failures(conn, queue) if job.meta["batch_id"] == batch_id]
+    batches.count_cancelled(conn, batch_id, given_up)  # and settle the batch once nothing is outstanding
     return removed
 
 

@@ -89,6 +89,28 @@ def record_failure(conn, sink: ParquetSink, job, payload: dict, error: str, *, w
     job.retries_left = 0
 
 
+GAVE_UP = ("its worker stopped (killed, or its machine lost) each time it ran this request, and RQ gave up on it "
+           "after its retries")
+
+
+def uncounted_failures(conn, queue) -> list:
+    """Jobs of the queue's failed registry that no batch counted: RQ's clean-up failed them itself after their
+    workers died too often. Every other failed request is counted (with its error row) before its job fails."""
+    from rq.job import Job
+    from rq.registry import FailedJobRegistry
+
+    from . import keys
+
+    ids = FailedJobRegistry(queue=queue).get_job_ids(cleanup=False)
+    failed = [job for job in Job.fetch_many(ids, connection=conn, serializer=queue.serializer)
+              if job is not None and "batch_id" in job.meta and "custom_id" in job.meta]
+    with conn.pipeline(transaction=False) as pipe:
+        for job in failed:
+            pipe.sismember(keys.batch_counted(job.meta["batch_id"]), job.meta["custom_id"])
+        counted = pipe.execute()
+    return [job for job, seen in zip(failed, counted) if not seen]
+
+
 def run_request(engine: Engine, payload: dict) -> tuple[str, RequestOutput]:
     """Run one request to completion on an otherwise idle engine (RequestError if it is refused)."""
     prompt = prompt_text(engine, payload)
