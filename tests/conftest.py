@@ -8,6 +8,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """A tiny random llama GGUF (Q8_0, 128-token context) for fast pipeline tests."""
+    from gguf_factory import write_tiny_llama
+
+    return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", tensor_type="Q8_0")["path"])
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """Path of the real default model (SmolLM2-135M-Instruct Q4_1), pulled into the cache if needed."""
     override = os.environ.get("MIRO_TEST_GGUF")

@@ -29,11 +29,6 @@ LIFECYCLE = ["validating", "in_progress", "finalizing", "completed"]
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", tensor_type="Q8_0")["path"])
-
-
-@pytest.fixture(scope="module")
 def long_context_model(tmp_path_factory):
     """A tiny model with room for requests that outlast the worker's once-a-second checks."""
     path = tmp_path_factory.mktemp("m") / "tiny-8k.gguf"

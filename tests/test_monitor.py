@@ -12,7 +12,6 @@ import time
 import pytest
 import redis
 from click.testing import CliRunner
-from gguf_factory import write_tiny_llama
 from rich.console import Console
 from rq import Queue
 from rq.serializers import JSONSerializer
@@ -23,11 +22,6 @@ from miro.worker import BatchWorker, batches, monitor, workers
 
 TOTAL = 40
 HOLD_AFTER = 10
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", tensor_type="Q8_0")["path"])
 
 
 class HoldingWorker(BatchWorker):

@@ -7,7 +7,6 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 from click.testing import CliRunner
-from gguf_factory import write_tiny_llama
 from rq import Queue, SimpleWorker
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
@@ -15,11 +14,6 @@ from rq.serializers import JSONSerializer
 from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
 from miro.worker import BatchWorker, batches
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf", tensor_type="Q8_0")["path"])
 
 
 def write_dataset(path, lines):
