@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import click
+import redis
 
 from miro.core.errors import MiroError
 from miro.core.registry import DEFAULT_MODEL
@@ -18,11 +19,19 @@ def redis_url_option(help_text: str = "Redis URL (env MIRO_REDIS_URL).", default
 
 
 def _run_reporting_errors(invoke, ctx):
-    """Run a click invoke; MiroError (and Ctrl-C) become one line on stderr and a non-zero exit."""
+    """Run a click invoke; MiroError, Redis failing mid-command (and Ctrl-C) become one line on stderr and a
+    non-zero exit."""
     try:
         return invoke(ctx)
     except MiroError as err:
         click.echo(f"Error: {err}", err=True)
+        sys.exit(1)
+    except redis.RedisError as err:  # it answered when the command connected, then stopped (or refused a command)
+        from miro.worker.batches import redacted
+
+        url = ctx.params.get("redis_url")
+        where = f" at {redacted(url)}" if url else ""
+        click.echo(f"Error: Lost Redis{where} ({str(err).rstrip('.') or type(err).__name__}).", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)

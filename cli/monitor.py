@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
 from datetime import datetime
 
 import click
@@ -14,7 +13,6 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from miro.core.errors import MiroError
 
 from .common import MiroCommand, redis_url_option
 
@@ -125,19 +123,6 @@ def render_status(snapshot: dict, now: float | None = None) -> Group:
     return Group(batches_table(snapshot["batches"]), workers_table(snapshot["workers"], "Live workers"))
 
 
-@contextmanager
-def redis_errors(url: str):
-    """Redis failing after the first PING (say it stops mid-watch) ends in one sentence too."""
-    import redis
-
-    from miro.worker.batches import redacted
-
-    try:
-        yield
-    except redis.RedisError as e:
-        raise MiroError(f"Lost Redis at {redacted(url)}: {str(e).rstrip('.') or type(e).__name__}.") from None
-
-
 @click.command("status", cls=MiroCommand)
 @click.argument("batch_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
@@ -150,16 +135,15 @@ def status_command(batch_id, as_json, limit, redis_url):
     from miro.worker.batches import connect
 
     conn = connect(redis_url)
-    with redis_errors(redis_url):
-        if batch_id:
-            snapshot = monitor.batch_snapshot(conn, batch_id)
-        else:
-            snapshot = monitor.fleet_snapshot(conn)
-            shown = snapshot["batches"][:limit or None]
-            if len(shown) < len(snapshot["batches"]) and not as_json:
-                click.echo(f"The newest {len(shown)} of {len(snapshot['batches'])} batches (--limit 0 shows all).",
-                           err=True)
-            snapshot["batches"] = shown
+    if batch_id:
+        snapshot = monitor.batch_snapshot(conn, batch_id)
+    else:
+        snapshot = monitor.fleet_snapshot(conn)
+        shown = snapshot["batches"][:limit or None]
+        if len(shown) < len(snapshot["batches"]) and not as_json:
+            click.echo(f"The newest {len(shown)} of {len(snapshot['batches'])} batches (--limit 0 shows all).",
+                       err=True)
+        snapshot["batches"] = shown
     if as_json:
         click.echo(json.dumps(snapshot, indent=2))
     else:
@@ -237,5 +221,4 @@ def watch_command(batch_id, interval, redis_url):
     from miro.worker.batches import connect
 
     conn = connect(redis_url)
-    with redis_errors(redis_url):
-        watch(conn, batch_id, interval)
+    watch(conn, batch_id, interval)
