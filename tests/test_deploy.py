@@ -6,32 +6,18 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis
 import yaml
 
-from conftest import _free_port
+from polling import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
 SHUTDOWN_GRACE_S = 30  # miro worker's default --shutdown-grace
-
-
-def _wait_for(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except (redis.ConnectionError, redis.TimeoutError):
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture
@@ -40,7 +26,7 @@ def miro_redis(tmp_path):
     procs = []
 
     def start(*args):
-        port = _free_port()
+        port = free_port()
         data = tmp_path / "data"
         proc = subprocess.Popen([BIN / "miro", "redis", "--port", str(port), "--dir", str(data), *args],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -57,15 +43,15 @@ def miro_redis(tmp_path):
 def test_miro_redis_keeps_an_append_only_file_and_stops_cleanly_on_sigterm(miro_redis):
     proc, port, data = miro_redis()
     client = redis.Redis(port=port, socket_connect_timeout=1)
-    _wait_for(client.ping, 10, "miro redis to answer PING")
+    assert wait_for(client.ping, 10), "timed out waiting for miro redis to answer PING"
     assert client.config_get("appendonly") == {"appendonly": "yes"}
     assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
     assert client.config_get("dir") == {"dir": str(data)}
 
     client.set("deploy-test-key", "kept")
     # Redis 6 writes appendonly.aof, Redis 7 files under appendonlydir/.
-    _wait_for(lambda: any(b"deploy-test-key" in f.read_bytes() for f in data.rglob("appendonly*") if f.is_file()),
-              3, "the key in the append-only file")
+    assert wait_for(lambda: any(b"deploy-test-key" in f.read_bytes() for f in data.rglob("appendonly*")
+                                if f.is_file()), 3), "the key never reached the append-only file"
     client.close()
 
     proc.send_signal(signal.SIGTERM)
@@ -76,7 +62,7 @@ def test_miro_redis_keeps_an_append_only_file_and_stops_cleanly_on_sigterm(miro_
 def test_miro_redis_password_is_required(miro_redis):
     proc, port, _ = miro_redis("--password", "s3cret")
     authed = redis.Redis(port=port, password="s3cret", socket_connect_timeout=1)
-    _wait_for(authed.ping, 10, "miro redis to answer PING")
+    assert wait_for(authed.ping, 10), "timed out waiting for miro redis to answer PING"
     with socket.create_connection(("127.0.0.1", port), timeout=5) as plain:  # redis-py would retry for seconds
         plain.sendall(b"PING\r\n")
         assert plain.recv(100).startswith(b"-NOAUTH")
@@ -109,7 +95,7 @@ def test_miro_redis_port_in_use_is_one_sentence(tmp_path):
 def test_miro_redis_unusable_dir_and_open_bind_without_password_are_one_sentence(tmp_path):
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    done = _miro_redis_error("--port", str(_free_port()), "--dir", str(not_a_dir / "data"))
+    done = _miro_redis_error("--port", str(free_port()), "--dir", str(not_a_dir / "data"))
     assert done.stderr.startswith(f"Error: Cannot use {not_a_dir / 'data'} as the Redis data folder")
     done = _miro_redis_error("--bind", "0.0.0.0", "--dir", str(tmp_path))
     assert "--password" in done.stderr
@@ -126,7 +112,7 @@ def test_procfile_passes_honcho_check():
 def test_honcho_start_runs_redis_and_a_worker_and_stops_on_sigterm(smollm2_path, tmp_path):
     import rq
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "REDIS_PORT": str(port), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     # Run in tmp_path so that miro redis's ./miro-redis lands there, not in the repo.
     log = tmp_path / "honcho.log"
@@ -135,8 +121,8 @@ def test_honcho_start_runs_redis_and_a_worker_and_stops_on_sigterm(smollm2_path,
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         client = redis.Redis(port=port, socket_connect_timeout=1)
-        _wait_for(client.ping, 20, "Redis under honcho")
-        _wait_for(lambda: rq.Worker.all(connection=client), 60, "a miro worker registered in Redis")
+        assert wait_for(client.ping, 20), "timed out waiting for Redis under honcho"
+        assert wait_for(lambda: rq.Worker.all(connection=client), 60), "timed out waiting for a miro worker registered in Redis"
         assert (tmp_path / "miro-redis" / "miro-redis.conf").exists()
         client.close()
         honcho.send_signal(signal.SIGTERM)

