@@ -126,16 +126,22 @@ class Engine:
             raise RequestError(f"the prompt has token ids outside the vocabulary (0..{self.config.vocab_size - 1}).")
         return ids
 
-    def _check_fits(self, n_prompt: int, max_tokens: int) -> None:
+    def _check_fits(self, n_prompt: int, max_tokens: int, n: int = 1) -> None:
         if n_prompt + max_tokens > self.max_model_len:
             raise RequestError(
                 f"the prompt has {n_prompt} tokens and max_tokens is {max_tokens}: together they exceed "
                 f"the context length of {self.max_model_len} tokens."
             )
-        if self.block_manager.blocks_needed(n_prompt + max_tokens) > self.block_manager.num_blocks:
+        # the n choices share the prompt's full blocks; each needs the rest of its own
+        bm = self.block_manager
+        shared = n_prompt // self.block_size if n > 1 else 0
+        needed = shared + n * (bm.blocks_needed(n_prompt + max_tokens) - shared)
+        if needed > bm.num_blocks:
+            choices = f" for each of its {n} choices" if n > 1 else ""
             raise RequestError(
-                f"the prompt has {n_prompt} tokens and max_tokens is {max_tokens}: together they need more "
-                f"than the whole KV cache ({self.block_manager.num_blocks * self.block_size} tokens)."
+                f"the prompt has {n_prompt} tokens and max_tokens is {max_tokens}{choices}: together they need "
+                f"{needed * self.block_size:,} tokens of KV cache, more than the whole cache "
+                f"({bm.num_blocks * self.block_size:,} tokens)."
             )
 
     def add_request(
@@ -148,7 +154,7 @@ class Engine:
         if request_id in self.requests:
             raise RequestError(f"request id '{request_id}' is already in use.")
         ids = self._prompt_ids(prompt)
-        self._check_fits(len(ids), params.max_tokens)
+        self._check_fits(len(ids), params.max_tokens, params.n)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.tokenizer.eog_ids)
         seq = self._new_sequence(request_id, 0, ids, params)
         self.requests[request_id] = Request(

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from .errors import RequestError
 
+MAX_N = 128  # choices per request, OpenAI's limit
+MAX_TOKENS_LIMIT = 1 << 20  # no supported context is longer; anything above is a mistake, refused at submit
+
 
 @dataclass
 class SamplingParams:
@@ -37,10 +40,11 @@ class SamplingParams:
         def bad(message: str):
             raise RequestError(message)
 
-        if not isinstance(self.n, int) or self.n < 1:
-            bad(f"n must be a positive integer, got {self.n!r}.")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            bad(f"max_tokens must be at least 1, got {self.max_tokens!r}.")
+        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            bad(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}.")
+        if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:
+            bad(f"max_tokens must be from 1 to {MAX_TOKENS_LIMIT:,} (longer than any supported context), "
+                f"got {self.max_tokens!r}.")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             bad(f"min_tokens must be between 0 and max_tokens ({self.max_tokens}), got {self.min_tokens!r}.")
         if self.temperature < 0:

@@ -133,8 +133,8 @@ def test_abort(loaded):
     [
         ("", SamplingParams(), "empty"),
         ([5] * 3000, SamplingParams(max_tokens=8), "exceed the context length"),
-        ("hi", dict(max_tokens=0), "max_tokens must be at least 1"),
-        ("hi", dict(max_tokens=-3), "max_tokens must be at least 1"),
+        ("hi", dict(max_tokens=0), "max_tokens must be from 1 to"),
+        ("hi", dict(max_tokens=-3), "max_tokens must be from 1 to"),
         ("hi", dict(temperature=-0.5), "temperature must be >= 0"),
         ("hi", dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
         ("hi", dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
@@ -161,5 +161,19 @@ def test_generate_reports_refused_prompts_in_place(loaded):
 
 def test_request_larger_than_cache_is_refused(loaded):
     engine = make_engine(loaded, num_kv_blocks=4)  # 64 tokens
-    with pytest.raises(RequestError, match="whole KV cache"):
+    with pytest.raises(RequestError, match="more than the whole cache"):
         engine.add_request(CHAT_PROMPTS[0], SamplingParams(max_tokens=64))
+
+
+def test_choices_that_cannot_all_fit_the_cache_are_refused_at_once(loaded):
+    """n choices share the prompt's full blocks and each need their own for the rest: 20 tokens of prompt and
+    12 of output take 2 blocks alone, so 8 blocks hold 7 choices (1 shared + 7 x 1) but not 8."""
+    engine = make_engine(loaded, num_kv_blocks=8)
+    prompt = list(range(100, 120))
+    engine.add_request(prompt, SamplingParams(max_tokens=12, n=7, ignore_eos=True), request_id="fits")
+    with pytest.raises(RequestError, match="each of its 8 choices.*more than the whole cache"):
+        engine.add_request(prompt, SamplingParams(max_tokens=12, n=8), request_id="too-many")
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.finished]
+    assert [o.request_id for o in outs] == ["fits"] and [len(c.token_ids) for c in outs[0].outputs] == [12] * 7

@@ -253,9 +253,20 @@ def _id_of(obj: dict) -> str | None:
     return None
 
 
+class _NonStandardNumber(ValueError):
+    pass
+
+
+def _refuse_constant(name: str):
+    """json.loads accepts NaN, Infinity and -Infinity; JSON (and OpenAI's API) does not."""
+    raise _NonStandardNumber(f"not valid JSON ({name} is not a JSON number)")
+
+
 def _parse_line(number: int, text: str, defaults: dict) -> Request:
     try:
-        obj = json.loads(text, object_pairs_hook=_unique_keys)
+        obj = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_refuse_constant)
+    except _NonStandardNumber as e:
+        raise _LineProblem(str(e)) from None
     except json.JSONDecodeError as e:
         raise _LineProblem(f"not valid JSON ({e.msg} at column {e.colno})") from None
     except _DuplicateKey as e:
