@@ -6,8 +6,11 @@ Like rq's SimpleWorker it never forks. Each turn of the loop it admits queued
 jobs while the engine has room, runs one engine step, and hands finished
 requests to the Parquet sink; a job is marked finished in RQ only after the
 sink has made its rows durable, so a crash can repeat a request, never lose it.
-About once a second it also heartbeats, aborts the requests of batches being
-cancelled, and refreshes its `miro:worker:{name}` hash (workers.py).
+About once a second it also aborts the requests of batches being cancelled and
+of jobs past their timeout, and refreshes its `miro:worker:{name}` hash
+(workers.py). Heartbeats come from a thread of their own (HeartbeatThread), so
+that no engine step, however long, and no wait for a part-file flush lets a
+held job's heartbeat lapse: RQ would then queue it again and it would run twice.
 """
 
 from __future__ import annotations
@@ -88,13 +91,19 @@ class BatchWorker(BaseWorker):
         self.jobs_done = self.jobs_failed = self.jobs_cancelled = 0
         self.batch_status: dict[str, str] = {}  # batch id -> status, for the batches of the requests in flight
         self.stats: dict | None = None  # the record last written to the worker's hash (metrics.py reads it)
-        self._last_beat = self._last_refresh = 0.0
+        self._last_refresh = 0.0
+        # Held jobs (in flight, or finished and waiting for their rows to be written) change hands only under
+        # this lock, so the heartbeat thread never beats a job the loop has just finished, failed or requeued.
+        self.held_lock = threading.Lock()
+        self._heartbeats: HeartbeatThread | None = None
 
     # -- signals: only set flags; the loop acts on them between steps ---------------------------------
 
+    handle_signals = True  # False: the caller handles SIGINT/SIGTERM and stops the worker with request_warm_stop
+
     def _install_signal_handlers(self):
-        if threading.current_thread() is not threading.main_thread():
-            return  # embedded in a thread: whoever started it stops it (request_warm_stop)
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return  # the caller's, or embedded in a thread: whoever started it stops it (request_warm_stop)
         signal.signal(signal.SIGINT, self._request_stop)
         signal.signal(signal.SIGTERM, self._request_stop)
 
@@ -121,6 +130,8 @@ class BatchWorker(BaseWorker):
         self.engine = Engine.from_model(self.model, **self.engine_options)
         self.bootstrap(logging_level or "INFO")
         self._install_signal_handlers()
+        self._heartbeats = HeartbeatThread(self)
+        self._heartbeats.start()
         self.started_at = time.time()
         done = 0
         try:
@@ -150,17 +161,16 @@ class BatchWorker(BaseWorker):
             raise
         finally:
             self._flush(force=True)
+            self._heartbeats.stop()
             self._remove_record()
             self.teardown()
         return bool(done)
 
     def _tick(self) -> None:
         """The worker's periodic duties, between engine steps."""
-        if time.monotonic() - self._last_beat > self.job_monitoring_interval:
-            self._heartbeat()
-            self._last_beat = time.monotonic()
         if time.monotonic() - self._last_refresh >= workers.REFRESH_S:
             self._cancel_cancelled_batches()
+            self._enforce_timeouts()
             self._publish()
             self._last_refresh = time.monotonic()
         if not self.in_flight and self._state == WorkerStatus.BUSY:  # RQ marks it busy when a job starts
@@ -243,10 +253,11 @@ class BatchWorker(BaseWorker):
             return 0
         for sink in self.sinks.values():
             sink.flush()
-        finished, self.finished = self.finished, []
-        for flight, result in finished:
-            count_finished(self.connection, flight.payload, result)
-            self._finalize_success(flight.job, flight.queue, flight.execution, result)
+        with self.held_lock:
+            finished, self.finished = self.finished, []
+            for flight, result in finished:
+                count_finished(self.connection, flight.payload, result)
+                self._finalize_success(flight.job, flight.queue, flight.execution, result)
         self.jobs_done += len(finished)
         return len(finished)
 
@@ -256,16 +267,35 @@ class BatchWorker(BaseWorker):
         try:
             raise MiroError(message)
         except MiroError:
-            self._finalize_failure(job, queue, execution, sys.exc_info())
+            with self.held_lock:
+                self._finalize_failure(job, queue, execution, sys.exc_info())
+
+    def _enforce_timeouts(self) -> None:
+        """RQ's job timeout, enforced here since there is no work-horse process to kill: a request past it
+        leaves the engine and fails with an error row, and the requests beside it go on."""
+        now_s = time.time()
+        late = [f for f in self.in_flight.values()
+                if f.job.timeout is not None and f.job.timeout > 0 and now_s - f.started > f.job.timeout]
+        for flight in late:
+            self.engine.abort(flight.job.id)
+            with self.held_lock:
+                del self.in_flight[flight.job.id]
+            message = f"timed out after {flight.job.timeout} s"
+            record_failure(self.connection, self._sink(flight.payload["batch_id"]), flight.job, flight.payload,
+                           message, worker=self.name, started=flight.started, prompt=flight.prompt)
+            self._fail(flight.job, flight.queue, flight.execution, message)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         return int(self.job_monitoring_interval + self.heartbeat_slack_s)
 
-    def _heartbeat(self) -> None:
-        ttl = int(self.job_monitoring_interval + self.heartbeat_slack_s)
-        with self.connection.pipeline() as pipe:
+    def heartbeat_held_jobs(self) -> None:
+        """One pipeline: the worker's heartbeat and that of every job it holds, in flight or waiting for its
+        rows to be written (called by the HeartbeatThread)."""
+        ttl = self.get_heartbeat_ttl(None)
+        with self.held_lock, self.connection.pipeline() as pipe:
             self.heartbeat(max(ttl, self.worker_ttl), pipeline=pipe)
-            for flight in self.in_flight.values():
+            held = [*self.in_flight.values(), *(flight for flight, _ in self.finished)]
+            for flight in held:
                 flight.execution.heartbeat(flight.queue.started_job_registry, ttl, pipe)
                 flight.job.heartbeat(now(), ttl, pipe, xx=True)
             pipe.execute()
@@ -274,12 +304,12 @@ class BatchWorker(BaseWorker):
         """Put unfinished jobs back at the front of their queues, in their order, for another worker."""
         for request_id in self.in_flight:
             self.engine.abort(request_id)
-        with self.connection.pipeline() as pipe:
+        with self.held_lock, self.connection.pipeline() as pipe:
             for flight in reversed(list(self.in_flight.values())):
                 self.cleanup_execution(flight.job, pipe, flight.execution)
                 flight.queue._enqueue_job(flight.job, pipe, at_front=True)
             pipe.execute()
-        self.in_flight.clear()
+            self.in_flight.clear()
 
     # -- cancellation ---------------------------------------------------------------------------------
 
@@ -299,13 +329,14 @@ class BatchWorker(BaseWorker):
                   in CANCELLED]
         for flight in doomed:
             self.engine.abort(flight.job.id)
-            del self.in_flight[flight.job.id]
+            with self.held_lock:
+                del self.in_flight[flight.job.id]
         if doomed:
             self._cancel([(f.job, f.queue, f.execution, f.payload) for f in doomed])
 
     def _cancel(self, jobs: list[tuple[Job, Queue, object, dict]]) -> None:
         """Mark jobs of cancelled batches canceled in RQ and count their requests cancelled; no rows are written."""
-        with self.connection.pipeline() as pipe:
+        with self.held_lock, self.connection.pipeline() as pipe:
             for job, queue, execution, _ in jobs:
                 self.cleanup_execution(job, pipe, execution)
                 job.set_status(JobStatus.CANCELED, pipeline=pipe)
@@ -349,3 +380,25 @@ class BatchWorker(BaseWorker):
             workers.remove(self.connection, self.name)
         except redis.RedisError:
             pass  # Redis is gone: the record expires by itself
+
+
+class HeartbeatThread(threading.Thread):
+    """Beats for the worker and every job it holds, every job_monitoring_interval (at most half the heartbeat
+    TTL), whatever the main loop is doing; a Redis error here is left for the main loop to report."""
+
+    def __init__(self, worker: BatchWorker):
+        super().__init__(name=f"{worker.name}-heartbeats", daemon=True)
+        self.worker = worker
+        self.interval_s = min(worker.job_monitoring_interval, worker.get_heartbeat_ttl(None) / 2)
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            try:
+                self.worker.heartbeat_held_jobs()
+            except redis.RedisError:
+                pass
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()

@@ -77,12 +77,13 @@ def count_finished(conn, payload: dict, result: dict) -> None:
                            completion_tokens=result["completion_tokens"])
 
 
-def record_failure(conn, sink: ParquetSink, job, payload: dict, error: str, *, worker: str, started: float) -> None:
+def record_failure(conn, sink: ParquetSink, job, payload: dict, error: str, *, worker: str, started: float,
+                   prompt: str | None = None) -> None:
     """A request that cannot be served: its error row is written, it is counted failed, and its job will not be
     retried (the retries are for dead workers; the request itself would fail again)."""
     from . import batches
 
-    sink.add(error_row(payload, error, job_id=job.id, worker=worker, prompt=None, started=started,
+    sink.add(error_row(payload, error, job_id=job.id, worker=worker, prompt=prompt, started=started,
                        finished=time.time()))
     sink.flush()
     batches.count_failed(conn, payload["batch_id"], payload["custom_id"])
@@ -115,7 +116,14 @@ def run_request(engine: Engine, payload: dict) -> tuple[str, RequestOutput]:
     """Run one request to completion on an otherwise idle engine (RequestError if it is refused)."""
     prompt = prompt_text(engine, payload)
     params = SamplingParams(**payload.get("sampling", {}))
-    [output] = engine.generate([prompt], params, use_tqdm=False)
+    try:
+        [output] = engine.generate([prompt], params, use_tqdm=False)
+    except BaseException:  # RQ's timeout (or a stop) interrupted it: the next job must find the engine empty
+        for request_id in list(engine.requests):
+            engine.abort(request_id)
+        while engine.has_unfinished_requests():
+            engine.step()
+        raise
     if output.error:
         from miro.core.errors import RequestError
 
