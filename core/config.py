@@ -1,13 +1,29 @@
-"""Model hyper-parameters read from GGUF metadata. A missing key is an error, never a default."""
+"""Model hyper-parameters read from GGUF metadata. A missing key is an error, never a default.
+
+Each size must be a positive integer, the sizes must agree with one another
+(heads dividing the embedding, block_count matching the blk.N tensors present,
+token arrays of one length, bos/eos inside the vocabulary) and the context
+length must stay under MAX_CONTEXT_LENGTH. Whether the sizes agree with the
+tensor shapes is checked against the architecture's tensor list (weights.py).
+"""
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
+
+from gguf import Keys
 
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
 
 SUPPORTED_ARCHITECTURES = ("llama",)
+# The longest context a file may declare: 4M tokens, above the longest-context llama, qwen and gemma
+# GGUFs published (1M for most, 4M for a few llama-3 fine-tunes), far below what one flipped high bit
+# in the 32-bit field gives (8192 -> 268,443,648). Nothing is allocated per declared position.
+MAX_CONTEXT_LENGTH = 1 << 22
+_BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -34,38 +50,99 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> "ModelConfig":
-        arch = gguf.require("general.architecture")
+        arch = gguf.require(Keys.General.ARCHITECTURE)
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelFileError(
                 f"{gguf.path}: architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})."
             )
 
-        def key(name: str):
-            return gguf.require(f"{arch}.{name}")
+        def key(template: str) -> str:  # gguf.Keys templates read "{arch}.context_length" and so on
+            return template.format(arch=arch)
 
-        dim = int(key("embedding_length"))
-        n_heads = int(key("attention.head_count"))
-        n_kv_heads = int(gguf.get(f"{arch}.attention.head_count_kv", n_heads))
-        if dim % n_heads or n_heads % n_kv_heads:
-            raise ModelFileError(
-                f"{gguf.path}: {n_heads} heads and {n_kv_heads} KV heads do not divide embedding size {dim}."
-            )
+        dim = _positive_int(gguf, key(Keys.LLM.EMBEDDING_LENGTH))
+        n_heads = _positive_int(gguf, key(Keys.Attention.HEAD_COUNT))
+        n_kv_heads = _positive_int(gguf, key(Keys.Attention.HEAD_COUNT_KV), default=n_heads)
+        _check_divides(gguf, key(Keys.Attention.HEAD_COUNT), n_heads, key(Keys.LLM.EMBEDDING_LENGTH), dim)
+        _check_divides(gguf, key(Keys.Attention.HEAD_COUNT_KV), n_kv_heads, key(Keys.Attention.HEAD_COUNT), n_heads)
         head_dim = dim // n_heads
-        rope_dim = int(gguf.get(f"{arch}.rope.dimension_count", head_dim))
+        rope_dim = _positive_int(gguf, key(Keys.Rope.DIMENSION_COUNT), default=head_dim)
         if rope_dim != head_dim:
             raise ModelFileError(f"{gguf.path}: partial RoPE ({rope_dim} of {head_dim} dims) is not supported.")
-        tokens = gguf.require("tokenizer.ggml.tokens")
-        vocab_size = int(gguf.get(f"{arch}.vocab_size", len(tokens)))
+        context_length = _positive_int(gguf, key(Keys.LLM.CONTEXT_LENGTH))
+        if context_length > MAX_CONTEXT_LENGTH:
+            raise ModelFileError(
+                f"{gguf.path}: {key(Keys.LLM.CONTEXT_LENGTH)} is {context_length:,} tokens, more than "
+                f"the {MAX_CONTEXT_LENGTH:,} miro accepts (the file is likely corrupt)."
+            )
+        n_layers = _positive_int(gguf, key(Keys.LLM.BLOCK_COUNT))
+        _check_block_count(gguf, key(Keys.LLM.BLOCK_COUNT), n_layers)
+        vocab_size = _check_vocabulary(gguf, key(Keys.LLM.VOCAB_SIZE))
         return cls(
             architecture=arch,
-            n_layers=int(key("block_count")),
+            n_layers=n_layers,
             dim=dim,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
-            ffn_dim=int(key("feed_forward_length")),
+            ffn_dim=_positive_int(gguf, key(Keys.LLM.FEED_FORWARD_LENGTH)),
             vocab_size=vocab_size,
-            context_length=int(key("context_length")),
-            rope_theta=float(gguf.get(f"{arch}.rope.freq_base", 10000.0)),
-            rms_eps=float(key("attention.layer_norm_rms_epsilon")),
+            context_length=context_length,
+            rope_theta=_positive_float(gguf, key(Keys.Rope.FREQ_BASE), default=10000.0),
+            rms_eps=_positive_float(gguf, key(Keys.Attention.LAYERNORM_RMS_EPS)),
         )
+
+
+def _positive_int(gguf: GGUFFile, key: str, default: int | None = None) -> int:
+    value = gguf.get(key, default) if default is not None else gguf.require(key)
+    if type(value) is not int or value < 1:
+        raise ModelFileError(f"{gguf.path}: metadata key '{key}' is {value!r}, not a positive integer.")
+    return value
+
+
+def _positive_float(gguf: GGUFFile, key: str, default: float | None = None) -> float:
+    value = gguf.get(key, default) if default is not None else gguf.require(key)
+    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+        raise ModelFileError(f"{gguf.path}: metadata key '{key}' is {value!r}, not a positive number.")
+    return float(value)
+
+
+def _check_divides(gguf: GGUFFile, key: str, value: int, whole_key: str, whole: int) -> None:
+    if whole % value:
+        raise ModelFileError(f"{gguf.path}: {key} is {value}, which does not divide {whole_key} ({whole}).")
+
+
+def _check_block_count(gguf: GGUFFile, key: str, n_layers: int) -> None:
+    """block_count must be the number of blk.N tensor groups: a larger one would read tensors that are not there."""
+    blocks = {int(m.group(1)) for name in gguf.tensors if (m := _BLOCK_TENSOR.match(name))}
+    n_blocks = max(blocks) + 1 if blocks else 0
+    if n_layers != n_blocks:
+        raise ModelFileError(
+            f"{gguf.path}: {key} is {n_layers:,}, but the file has blk.N tensors for {n_blocks:,} blocks."
+        )
+
+
+def _check_vocabulary(gguf: GGUFFile, vocab_size_key: str) -> int:
+    """The token list's length, after checking the per-token arrays, vocab_size and the bos/eos ids against it."""
+    tokens = gguf.require(Keys.Tokenizer.LIST)
+    if not isinstance(tokens, list) or not tokens:
+        raise ModelFileError(f"{gguf.path}: metadata key '{Keys.Tokenizer.LIST}' is not a list of tokens.")
+    vocab_size = len(tokens)
+    for key in (Keys.Tokenizer.SCORES, Keys.Tokenizer.TOKEN_TYPE):  # optional, one entry per token
+        if key not in gguf.metadata:
+            continue
+        values = gguf.metadata[key]
+        if not isinstance(values, list) or len(values) != vocab_size:
+            length = f"{len(values):,} entries" if isinstance(values, list) else "no list"
+            raise ModelFileError(f"{gguf.path}: '{key}' has {length}, but '{Keys.Tokenizer.LIST}' has {vocab_size:,}.")
+    declared = gguf.get(vocab_size_key, vocab_size)
+    if declared != vocab_size:
+        raise ModelFileError(
+            f"{gguf.path}: {vocab_size_key} is {declared!r}, but '{Keys.Tokenizer.LIST}' has {vocab_size:,} tokens."
+        )
+    for key in (Keys.Tokenizer.BOS_ID, Keys.Tokenizer.EOS_ID):
+        token_id = gguf.get(key)
+        if token_id is not None and (type(token_id) is not int or not 0 <= token_id < vocab_size):
+            raise ModelFileError(
+                f"{gguf.path}: {key} is {token_id!r}, outside the vocabulary of {vocab_size:,} tokens."
+            )
+    return vocab_size

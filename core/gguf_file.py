@@ -4,6 +4,12 @@ gguf-py's GGUFReader builds a numpy view for every element of every metadata
 array, which takes ~4 s on the default model's 49k-token vocabulary. This
 reader parses the same format with `struct` over one memory map (~0.1 s) and
 uses gguf-py's constants for the tensor types and their block sizes.
+
+Opening a file also checks its layout, before any tensor is used: every
+tensor's byte size follows from its type and shape, offsets are aligned,
+tensors follow one another without overlaps or gaps (as llama.cpp requires),
+and the last one ends inside the file. A wrong type id or shape in a tensor
+header is caught here instead of producing garbage weights.
 """
 
 from __future__ import annotations
@@ -11,15 +17,21 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass
+from math import prod
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
 
 from .errors import ModelFileError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML_MAX_DIMS
+# The fewest header bytes a tensor info (name length, n_dims, type, offset) and a metadata entry
+# (key length, value type, smallest value) take: counts the file cannot hold are refused up front.
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
+MIN_METADATA_ENTRY_BYTES = 8 + 4 + 1
 
 _SCALAR_FORMATS = {
     GGUFValueType.UINT8: "<B",
@@ -42,6 +54,24 @@ class TensorInfo:
     shape: tuple[int, ...]  # numpy order (rows, cols): the reverse of ggml's ne
     type: GGMLQuantizationType
     data: np.ndarray  # raw uint8 bytes, a view into the memory map
+
+
+@dataclass(frozen=True)
+class _TensorHeader:
+    """A tensor as its header entry describes it, before its bytes are looked at."""
+
+    name: str
+    ne: list[int]  # ggml order: ne[0] is the row length
+    type: GGMLQuantizationType
+    offset: int  # from the start of the data section
+    n_bytes: int  # what its type and shape take
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.n_bytes
+
+    def describe(self) -> str:
+        return f"tensor '{self.name}' ({self.type.name}, shape {tuple(reversed(self.ne))}, {self.n_bytes:,} bytes)"
 
 
 class _Cursor:
@@ -77,6 +107,8 @@ class _Cursor:
             count = self.unpack("<Q")
             if item_type in _SCALAR_FORMATS:
                 return self._scalar_array(item_type, count)
+            if self.pos + count * 8 > len(self.buf):  # each string or array item takes 8 bytes or more
+                raise ModelFileError(f"{self.path}: the file is truncated (its header ends early).")
             return [self.value(item_type) for _ in range(count)]
         if vtype in _SCALAR_FORMATS:
             return self.unpack(_SCALAR_FORMATS[vtype])
@@ -120,43 +152,83 @@ class GGUFFile:
         if version not in (2, 3):
             raise ModelFileError(f"{self.path}: GGUF version {version} is not supported (2 or 3 are).")
         n_tensors, n_kv = cur.unpack("<QQ")
+        if n_tensors * MIN_TENSOR_INFO_BYTES + n_kv * MIN_METADATA_ENTRY_BYTES > len(buf):
+            raise ModelFileError(
+                f"{self.path}: the file is truncated (its header claims {n_tensors:,} tensors and {n_kv:,} "
+                f"metadata keys, more than {len(buf):,} bytes can hold)."
+            )
         for _ in range(n_kv):
             key = cur.string()
             self.metadata[key] = cur.value(cur.unpack("<I"))
 
-        infos = []
-        for _ in range(n_tensors):
-            name = cur.string()
-            n_dims = cur.unpack("<I")
-            ne = [cur.unpack("<Q") for _ in range(n_dims)]
-            type_id = cur.unpack("<I")
-            offset = cur.unpack("<Q")
-            infos.append((name, ne, type_id, offset))
-
-        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        headers = [self._read_tensor_header(cur) for _ in range(n_tensors)]
+        alignment = self._alignment()
         data_start = -(-cur.pos // alignment) * alignment
-        for name, ne, type_id, offset in infos:
-            self.tensors[name] = self._tensor(name, ne, type_id, data_start + offset)
+        self._check_layout(headers, alignment, data_start)
+        for h in headers:
+            data = np.frombuffer(buf, dtype=np.uint8, count=h.n_bytes, offset=data_start + h.offset)
+            self.tensors[h.name] = TensorInfo(name=h.name, shape=tuple(reversed(h.ne)), type=h.type, data=data)
 
-    def _tensor(self, name: str, ne: list[int], type_id: int, start: int) -> TensorInfo:
+    def _read_tensor_header(self, cur: _Cursor) -> _TensorHeader:
+        name = cur.string()
+        n_dims = cur.unpack("<I")
+        if n_dims > MAX_DIMS:
+            raise ModelFileError(f"{self.path}: tensor '{name}' claims {n_dims} dimensions (ggml allows {MAX_DIMS}).")
+        ne = [cur.unpack("<Q") for _ in range(n_dims)]
+        type_id = cur.unpack("<I")
+        offset = cur.unpack("<Q")
         try:
             qtype = GGMLQuantizationType(type_id)
         except ValueError:
             raise ModelFileError(f"{self.path}: tensor {name} has unknown type id {type_id}.") from None
         block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
-        n_elems = int(np.prod(ne)) if ne else 1
-        if n_elems % block_elems:
+        row_length = ne[0] if ne else 1
+        if row_length % block_elems:
             raise ModelFileError(
-                f"{self.path}: tensor {name} has {n_elems} elements, not a whole number of {qtype.name} blocks."
+                f"{self.path}: tensor {name} has rows of {row_length} elements, not a whole number of "
+                f"{qtype.name} blocks ({block_elems} elements each)."
             )
-        n_bytes = n_elems // block_elems * block_bytes
-        if start + n_bytes > len(self._map):
-            raise ModelFileError(
-                f"{self.path}: the file is truncated (tensor {name} needs bytes up to {start + n_bytes:,}, "
-                f"the file has {len(self._map):,})."
-            )
-        data = np.frombuffer(self._map, dtype=np.uint8, count=n_bytes, offset=start)
-        return TensorInfo(name=name, shape=tuple(reversed(ne)), type=qtype, data=data)
+        return _TensorHeader(name, ne, qtype, offset, prod(ne) // block_elems * block_bytes)
+
+    def _alignment(self) -> int:
+        alignment = self.metadata.get(Keys.General.ALIGNMENT, DEFAULT_ALIGNMENT)
+        is_power_of_two = type(alignment) is int and alignment > 0 and alignment & (alignment - 1) == 0
+        if not is_power_of_two:
+            raise ModelFileError(f"{self.path}: {Keys.General.ALIGNMENT} is {alignment!r}, not a power of two.")
+        return alignment
+
+    def _check_layout(self, headers: list[_TensorHeader], alignment: int, data_start: int) -> None:
+        """Tensors, in offset order, must tile the data section: each starts where the previous one ends
+        (rounded up to the alignment) and the last ends inside the file. A wrong type or shape in one
+        header shows up here as an overlap or a gap next to that tensor."""
+        names = set()
+        for h in headers:
+            if h.name in names:
+                raise ModelFileError(f"{self.path}: tensor '{h.name}' is listed twice.")
+            names.add(h.name)
+            if h.offset % alignment:
+                raise ModelFileError(
+                    f"{self.path}: tensor '{h.name}' starts at data offset {h.offset:,}, "
+                    f"not a multiple of {Keys.General.ALIGNMENT} ({alignment})."
+                )
+        expected_start, previous = 0, None
+        for h in sorted(headers, key=lambda h: h.offset):
+            if h.offset != expected_start:
+                if previous is None:
+                    problem = f"the first tensor, '{h.name}', starts at data offset {h.offset:,} instead of 0"
+                elif h.offset < previous.end:
+                    problem = (f"{previous.describe()} overlaps the next tensor, '{h.name}', "
+                               f"which starts {h.offset - previous.offset:,} bytes after it")
+                else:
+                    problem = (f"{previous.describe()} is followed by {h.offset - previous.end:,} unused bytes "
+                               f"before the next tensor, '{h.name}'")
+                raise ModelFileError(f"{self.path}: {problem}; a tensor's type or shape in the header is wrong.")
+            if data_start + h.end > len(self._map):
+                raise ModelFileError(
+                    f"{self.path}: the file is truncated (tensor {h.name} needs bytes up to {data_start + h.end:,}, "
+                    f"the file has {len(self._map):,})."
+                )
+            expected_start, previous = -(-h.end // alignment) * alignment, h
 
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)

@@ -134,11 +134,12 @@ def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, 
     return out
 
 
-def rope_tables(head_dim: int, theta: float, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin, (max_positions, head_dim // 2) float32, computed in float32 as HF transformers does."""
+def rope_tables(head_dim: int, theta: float, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin for positions start..stop-1, (stop - start, head_dim // 2) float32, computed in float32
+    as HF transformers does."""
     exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
     inv_freq = np.float32(1.0) / np.power(np.float32(theta), exponents, dtype=np.float32)
-    angles = np.outer(np.arange(max_positions, dtype=np.float32), inv_freq).astype(np.float32)
+    angles = np.outer(np.arange(start, stop).astype(np.float32), inv_freq).astype(np.float32)
     return np.cos(angles), np.sin(angles)
 
 

@@ -69,12 +69,30 @@ def build_step_input(
     )
 
 
+ROPE_CHUNK = 1024  # positions of the RoPE tables computed at a time
+
+
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: ModelWeights):
         self.config = config
         self.weights = weights
-        self.cos, self.sin = kernels.rope_tables(config.head_dim, config.rope_theta, config.context_length)
+        # RoPE cos/sin rows for the positions seen so far: a file's context_length is only a claim
+        self.cos = self.sin = np.empty((0, config.head_dim // 2), dtype=np.float32)
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
+
+    def rope_tables(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin rows covering positions 0..n_positions-1, extended by whole chunks when needed.
+
+        A chunk's values never depend on when it was added, so outputs do not depend on what ran before.
+        """
+        have = len(self.cos)
+        if n_positions > have:
+            stop = -(-n_positions // ROPE_CHUNK) * ROPE_CHUNK
+            chunks = [kernels.rope_tables(self.config.head_dim, self.config.rope_theta, start, start + ROPE_CHUNK)
+                      for start in range(have, stop, ROPE_CHUNK)]
+            self.cos = np.concatenate([self.cos, *(cos for cos, _ in chunks)])
+            self.sin = np.concatenate([self.sin, *(sin for _, sin in chunks)])
+        return self.cos, self.sin
 
     def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows.
@@ -86,6 +104,7 @@ class LlamaModel:
         cfg, w = self.config, self.weights
         linear = linear_invariant if batch_invariant else linear_blas
         n_tokens = len(step.token_ids)
+        cos, sin = self.rope_tables(int(step.positions.max()) + 1 if n_tokens else 0)
         x = w.token_embd[step.token_ids]
         normed = np.empty_like(x)
         attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
@@ -94,7 +113,7 @@ class LlamaModel:
             kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
             qkv = linear(normed, layer.wqkv)
             kernels.rope_and_store_kv(
-                qkv, step.positions, self.cos, self.sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                qkv, step.positions, cos, sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                 step.slots, cache.k[i], cache.v[i],
             )
             # a contiguous copy: numba's code for strided views is several times slower

@@ -3,10 +3,14 @@
 ``write_tiny_llama`` writes a valid miniature llama model (random weights, a small
 byte-level BPE vocab, ChatML template) and returns what it wrote, including the
 float32 dequantization of every tensor, so loader tests can compare against it.
-The ``write_*`` helpers below it produce files that are broken in one known way.
+The ``write_*`` helpers below it produce files that are broken in one known way;
+``patched_copy`` copies a real file and overwrites header fields in place.
 """
 from __future__ import annotations
 
+import shutil
+import struct
+from functools import lru_cache
 from pathlib import Path
 
 import gguf
@@ -93,14 +97,16 @@ def _stored_type(raw: np.ndarray, raw_dtype: QT | None) -> QT:
 
 def write_tiny_llama(path, *, tensor_type="F32", n_layers=2, dim=None, n_heads=4, n_kv_heads=2, ffn_dim=None,
                      context_length=128, tie_embeddings=True, seed=0, rope_theta=10000.0, rms_eps=1e-5,
-                     arch="llama", drop_keys=(), tensor_overrides=None) -> dict:
+                     arch="llama", drop_keys=(), tensor_overrides=None, metadata=None, drop_tensors=()) -> dict:
     """Write a tiny llama GGUF; weight matrices use ``tensor_type``, norms stay F32.
 
     ``dim``/``ffn_dim`` default to 64/128, or 256/512 for K-quants (rows must be multiples
-    of 256). ``drop_keys`` removes metadata keys after they are set. ``tensor_overrides``
-    maps a tensor name to an array written as is (float32 -> F32, float16 -> F16) or to a
-    ``(raw_uint8_blocks, "Q2_K")`` pair. Returns the config plus ``tensors``: name ->
-    float32 array (out, in) dequantized from exactly the bytes written.
+    of 256). ``drop_keys`` removes metadata keys after they are set; ``metadata`` sets keys
+    (an existing key keeps its stored type; a new one gets gguf-py's type for the value).
+    ``tensor_overrides`` maps a tensor name to an array written as is (float32 -> F32,
+    float16 -> F16) or to a ``(raw_uint8_blocks, "Q2_K")`` pair; ``drop_tensors`` leaves
+    tensors out. Returns the config plus ``tensors``: name -> float32 array (out, in)
+    dequantized from exactly the bytes written.
     """
     if tensor_type not in SUPPORTED_TYPES:
         raise ValueError(f"tensor_type must be one of {SUPPORTED_TYPES}, got {tensor_type!r}")
@@ -134,6 +140,8 @@ def write_tiny_llama(path, *, tensor_type="F32", n_layers=2, dim=None, n_heads=4
             stored[name] = (raw, QT[tensor_type] if raw.dtype == np.uint8 else None)
     for name, value in (tensor_overrides or {}).items():
         stored[name] = (value[0], QT[value[1]]) if isinstance(value, tuple) else (value, None)
+    for name in drop_tensors:
+        del stored[name]  # KeyError on a typo, on purpose
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-llama-test")
@@ -162,6 +170,9 @@ def write_tiny_llama(path, *, tensor_type="F32", n_layers=2, dim=None, n_heads=4
     w.add_chat_template(CHAT_TEMPLATE)
     for key in drop_keys:
         del w.kv_data[0][key]  # KeyError on a typo, on purpose
+    for key, value in (metadata or {}).items():
+        old = w.kv_data[0].get(key)
+        w.kv_data[0][key] = gguf.GGUFValue(value, old.type if old else gguf.GGUFValueType.get_type(value))
     for name, (raw, raw_dtype) in stored.items():
         w.add_tensor(name, raw, raw_dtype=raw_dtype)
     w.write_header_to_file()
@@ -232,3 +243,52 @@ def write_shape_mismatch(path) -> None:
     bad = (0.05 * np.random.default_rng(2).standard_normal((48, 64))).astype(np.float32)
     write_tiny_llama(path, tensor_overrides={"blk.0.attn_q.weight": bad})
 
+
+
+# ---- byte-patched copies of a real file ---------------------------------------------------
+
+_SCALAR_FORMATS = {gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i", gguf.GGUFValueType.UINT64: "<Q",
+                   gguf.GGUFValueType.INT64: "<q", gguf.GGUFValueType.FLOAT32: "<f"}
+
+
+@lru_cache(maxsize=4)
+def header_positions(source: str) -> dict:
+    """Where a GGUF's header fields sit (found by gguf-py's reader, not miro's parser):
+    ``metadata``: key -> (file position of its scalar value, struct format);
+    ``tensors``: name -> (file position of its type id, its data offset, of the uint64 that follows)."""
+    reader = gguf.GGUFReader(source)
+    metadata = {}
+    for key, field in reader.fields.items():
+        if len(field.types) == 1 and field.types[0] in _SCALAR_FORMATS:
+            value_pos = field.offset + sum(part.nbytes for part in field.parts[:-1])
+            metadata[key] = (value_pos, _SCALAR_FORMATS[field.types[0]])
+    tensors = {}
+    for t in reader.tensors:  # parts: name length, name, n_dims, dims, type id, data offset
+        type_pos = t.field.offset + sum(part.nbytes for part in t.field.parts[:4])
+        tensors[t.name] = (type_pos, type_pos + 4)
+    return dict(metadata=metadata, tensors=tensors)
+
+
+def patched_copy(source, dest, *, metadata=None, tensor_types=None, offset_shifts=None, size=None) -> Path:
+    """Copy ``source`` to ``dest`` and overwrite header fields in place (the layout stays the same):
+    ``metadata``: scalar key -> new value (in its stored type); ``tensor_types``: tensor name -> type
+    name such as "Q8_0"; ``offset_shifts``: tensor name -> bytes added to its data offset;
+    ``size``: cut the copy to that many bytes."""
+    shutil.copyfile(source, dest)
+    where = header_positions(str(source))
+    with open(dest, "r+b") as f:
+        for key, value in (metadata or {}).items():
+            pos, fmt = where["metadata"][key]
+            f.seek(pos)
+            f.write(struct.pack(fmt, value))
+        for name, type_name in (tensor_types or {}).items():
+            f.seek(where["tensors"][name][0])
+            f.write(struct.pack("<I", QT[type_name]))
+        for name, shift in (offset_shifts or {}).items():
+            f.seek(where["tensors"][name][1])
+            offset = struct.unpack("<Q", f.read(8))[0]
+            f.seek(where["tensors"][name][1])
+            f.write(struct.pack("<Q", offset + shift))
+        if size is not None:
+            f.truncate(size)
+    return Path(dest)
