@@ -1,0 +1,55 @@
+"""Float weights (F32, F16, BF16) times float32 activations, with the weights used as stored.
+
+Each weight row is widened to float32 once per call into a scratch tile, then dotted with every
+activation row. Every dot product runs through the one compiled loop of `_dot` (LLVM's
+vectorised sum, with its fixed order for a given length), so a row's result does not depend on
+how many rows the call has or where the row sits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from numba import njit, prange
+
+from .halfs import bf16_bits_to_f32, f16_bits_to_f32
+
+F32 = int(GGMLQuantizationType.F32)
+F16 = int(GGMLQuantizationType.F16)
+BF16 = int(GGMLQuantizationType.BF16)
+
+FLOAT_TYPES = (F32, F16, BF16)
+TILE_ROWS = 16  # weight rows widened together; each activation row is read once per tile
+
+
+@njit(fastmath=True)
+def _dot(a, b):
+    """sum(a * b) in float32, in the order of LLVM's vectorised reduction (fixed by the length)."""
+    total = np.float32(0.0)
+    for i in range(a.shape[0]):
+        total += a[i] * b[i]
+    return total
+
+
+@njit(cache=True, parallel=True)
+def matmul_float(wtype, w, x, out):
+    """out (T, N) = x (T, K) float32 times w.T, w (N, K) stored as float32, or float16 / bfloat16 bits (uint16)."""
+    n_out, k = w.shape
+    n_tok = x.shape[0]
+    for tile in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
+        n0 = tile * TILE_ROWS
+        rows = min(TILE_ROWS, n_out - n0)
+        widened = np.empty((TILE_ROWS, k), np.float32)
+        for r in range(rows):
+            for i in range(k):
+                if wtype == F16:
+                    widened[r, i] = f16_bits_to_f32(np.uint16(w[n0 + r, i]))
+                elif wtype == BF16:
+                    widened[r, i] = bf16_bits_to_f32(np.uint16(w[n0 + r, i]))
+                else:
+                    widened[r, i] = w[n0 + r, i]
+        for t in range(n_tok):
+            x_t = x[t]
+            for r in range(rows):
+                out[t, n0 + r] = _dot(widened[r], x_t)
+    return out
