@@ -81,12 +81,14 @@ SHOWN_ERRORS = 20
 @cli.command("submit", cls=MiroCommand)
 @click.argument("dataset", type=click.Path(dir_okay=True, path_type=str))
 @redis_url_option("Redis to enqueue on (env MIRO_REDIS_URL).")
-@click.option("--queue", "queue_name", default=None, help="RQ queue name.  [default: miro]")
+@click.option("--queue", "queue_name", default=None,
+              help="RQ queue to enqueue on.  [default: miro:MODEL, the queue workers of that model serve]")
 @click.option("--name", default=None, help="A name for the batch (default: the dataset's file name).")
 @click.option("--output", default="./miro-results", show_default=True,
               help="Folder or URI (s3://, gs://, ...) the workers write the Parquet part files under.")
 @click.option("--model", "-m", default=None,
-              help=f"Model alias or .gguf path the workers run.  [default: {DEFAULT_MODEL}]")
+              help="Model alias, .gguf path or name a worker serves (--served-model-name) that runs every line, "
+                   f"whatever model the lines name.  [default: the model the lines name, else {DEFAULT_MODEL}]")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Default max_tokens for lines without one.")
 @click.option("--temperature", type=float, default=None, help="Default temperature for lines without one.")
@@ -174,9 +176,12 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
 
 @cli.command("worker", cls=MiroCommand)
 @redis_url_option()
-@click.option("--queue", "queues", multiple=True, default=["miro"], show_default=True, help="Queue(s) to serve.")
+@click.option("--queue", "queues", multiple=True,
+              help="Queue(s) to serve, in order.  [default: miro:NAME for the model's name and each served name]")
 @click.option("--name", default=None, help="Worker name (default: a random one).")
 @model_option
+@click.option("--served-model-name", "served_model_names", multiple=True,
+              help="Also run requests that ask for this model name (e.g. gpt-4o-mini); repeatable.")
 @click.option("--burst", is_flag=True, help="Quit when the queues are empty and nothing is in flight.")
 @click.option("--shutdown-grace", type=float, default=30.0, show_default=True,
               help="Seconds jobs in flight may take to finish after SIGTERM before the rest are requeued.")
@@ -198,7 +203,7 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
 @click.option("--wait-for-redis", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds to keep trying to reach Redis at start-up (fleets often start workers first).")
 @engine_options
-def worker(redis_url, queues, name, model, burst, shutdown_grace, worker_ttl, maintenance_interval,
+def worker(redis_url, queues, name, model, served_model_names, burst, shutdown_grace, worker_ttl, maintenance_interval,
            job_monitoring_interval, heartbeat_slack, flush_rows, flush_seconds, metrics_port, metrics_host,
            wait_for_redis, **engine):
     """Run a BatchWorker: the model stays loaded and many jobs share each engine step."""
@@ -210,15 +215,18 @@ def worker(redis_url, queues, name, model, burst, shutdown_grace, worker_ttl, ma
     from miro.core.errors import MiroError
     from miro.worker import BatchWorker
     from miro.worker.batches import connect, redacted
+    from miro.worker.routing import queue_for
 
     conn = connect(redis_url, wait_s=wait_for_redis, log=log_to_stderr)
+    queues = queues or [queue_for(n) for n in dict.fromkeys([model, *served_model_names])]
     rq_queues = [Queue(q, connection=conn, serializer=JSONSerializer) for q in queues]
     rq_settings = {k: v for k, v in (("worker_ttl", worker_ttl), ("maintenance_interval", maintenance_interval),
                                      ("job_monitoring_interval", job_monitoring_interval)) if v is not None}
     worker = BatchWorker(rq_queues, connection=conn, serializer=JSONSerializer, name=name, model=model,
                          engine_options=engine_kwargs(**engine), shutdown_grace_s=shutdown_grace,
                          flush_rows=flush_rows, flush_seconds=flush_seconds, heartbeat_slack_s=heartbeat_slack,
-                         metrics_port=metrics_port, metrics_host=metrics_host, **rq_settings)
+                         metrics_port=metrics_port, metrics_host=metrics_host,
+                         served_model_names=list(served_model_names), **rq_settings)
     try:
         worker.work(burst=burst)
     except redis.RedisError as err:

@@ -24,6 +24,7 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.worker import BatchWorker, batches, keys, workers
+from miro.worker.routing import model_name, queue_for
 from miro.worker.results import read_parts
 
 LIFECYCLE = ["validating", "in_progress", "finalizing", "completed"]
@@ -94,7 +95,7 @@ def test_two_workers_publish_kv_figures_and_the_batch_walks_the_lifecycle(tmp_pa
         assert len(seen) >= 3, f"{name} was hardly ever seen"
         for s in seen:
             assert (s["pid"], s["host"], s["model"], s["queues"]) == (procs[name].pid, socket.gethostname(),
-                                                                       tiny_model, ["miro"])
+                                                                       model_name(tiny_model), [queue_for(tiny_model)])
             assert 0 <= s["kv_blocks_used"] <= s["kv_blocks_total"] and s["kv_blocks_total"] > 0
             assert s["kv_usage"] == pytest.approx(s["kv_blocks_used"] / s["kv_blocks_total"])
             assert 0 <= s["running"] + s["waiting"] <= s["in_flight"] <= 4
@@ -148,7 +149,7 @@ def test_cancel_mid_batch_aborts_in_flight_and_writes_nothing_after(tmp_path, re
         assert record["status"] == "cancelled" and record["cancelled_at"] >= record["cancelling_at"]
         assert record["completed"] == 4 and record["cancelled"] == 36
         assert record["completed"] + record["failed"] + record["cancelled"] == record["total"] == 40
-        queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+        queue = Queue(queue_for(long_context_model), connection=conn, serializer=JSONSerializer)
         assert queue.count == 0
         statuses = [Job.fetch(batches.job_id(batch_id, f"p{i}"), connection=conn,
                               serializer=JSONSerializer).get_status() for i in range(40)]
@@ -185,7 +186,7 @@ def test_cancel_without_workers_settles_at_once_and_resume_undoes_it(tmp_path, r
     assert "5 queued jobs removed" in result.stderr
     record = batches.get_batch(conn, batch_id)
     assert (record["status"], record["cancelled"], record["total"]) == ("cancelled", 5, 5)
-    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     assert queue.job_ids == [batches.job_id(other, f"p{i}") for i in range(3)]  # the other batch keeps its place
 
     resumed = CliRunner().invoke(cli, ["submit", str(tmp_path / "d.jsonl"), "--redis-url", redis_url,
@@ -206,7 +207,7 @@ def test_cancel_and_retry_of_an_unknown_batch_are_one_sentence(redis_url):
 
 
 def run_worker(conn, tiny_model, **engine) -> BatchWorker:
-    worker = BatchWorker([Queue("miro", connection=conn, serializer=JSONSerializer)], connection=conn,
+    worker = BatchWorker([Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)], connection=conn,
                          serializer=JSONSerializer, model=tiny_model,
                          engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4, **engine})
     worker.work(burst=True, logging_level="WARNING")
@@ -227,7 +228,7 @@ def test_retry_reruns_exactly_the_failed_requests(tmp_path, redis_url, tiny_mode
     assert retried.stdout == "3\n"
     record = batches.get_batch(conn, batch_id)
     assert (record["status"], record["completed"], record["failed"]) == ("in_progress", 5, 0)
-    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     assert sorted(queue.job_ids) == sorted(batches.job_id(batch_id, f"l{i}") for i in range(3))
     assert len(queue.failed_job_registry) == 0
 
@@ -272,7 +273,7 @@ def test_metrics_port_serves_the_workers_figures_under_vllm_names(tmp_path, redi
     lines = [{"id": f"p{i}", "prompt": system + str(i), "max_tokens": 20, "ignore_eos": True} for i in range(12)]
     batch_id = submit(tmp_path, redis_url, tiny_model, lines)
     port = free_port()
-    worker = BatchWorker([Queue("miro", connection=conn, serializer=JSONSerializer)], connection=conn,
+    worker = BatchWorker([Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)], connection=conn,
                          serializer=JSONSerializer, model=tiny_model, name="metered", metrics_port=port,
                          metrics_host="127.0.0.1", engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4})
     thread = threading.Thread(target=worker.work, kwargs={"burst": True, "logging_level": "WARNING"})
@@ -298,7 +299,7 @@ def test_metrics_port_serves_the_workers_figures_under_vllm_names(tmp_path, redi
     assert {name: final[name] for name in expected} == expected
     assert final["miro:prefix_cache_hits_total"] > 0
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert f'model_name="{tiny_model}",worker="metered"' in text
+    assert f'model_name="{model_name(tiny_model)}",worker="metered"' in text
 
 
 def test_metrics_port_in_use_is_one_sentence(redis_url, tiny_model):
@@ -382,7 +383,7 @@ def test_a_cancel_that_died_half_way_is_finished_by_the_next(tmp_path, redis_url
     conn = redis.Redis.from_url(redis_url)
     batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(5))
     batches.set_status(conn, batch_id, "cancelling")
-    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     # the first step only: the jobs are off the queue, not yet marked canceled or counted
     assert conn.eval(control._TAKE_OFF_QUEUE, 2, queue.key, keys.batch_cancel_pending(batch_id), f"{batch_id}-") == 5
     assert queue.count == 0 and batches.get_batch(conn, batch_id)["cancelled"] == 0
@@ -416,7 +417,7 @@ def start_and_abandon(conn, queue, retries_left: int) -> Job:
 def test_a_request_rq_gives_up_on_gets_an_error_row_and_its_batch_completes(tmp_path, redis_url, tiny_model):
     conn = redis.Redis.from_url(redis_url)
     batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(3, max_tokens=3))
-    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     poison = start_and_abandon(conn, queue, retries_left=0)  # its worker died on its last retry
     run_worker(conn, tiny_model)  # maintenance: RQ fails the job, the worker counts it and writes its row
     assert Job.fetch(poison.id, connection=conn, serializer=JSONSerializer).get_status() == JobStatus.FAILED
@@ -435,7 +436,7 @@ def test_a_request_rq_gives_up_on_gets_an_error_row_and_its_batch_completes(tmp_
 def test_cancel_counts_a_request_rq_gave_up_on(tmp_path, redis_url, tiny_model):
     conn = redis.Redis.from_url(redis_url)
     batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(3))
-    start_and_abandon(conn, Queue("miro", connection=conn, serializer=JSONSerializer), retries_left=0)
+    start_and_abandon(conn, Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer), retries_left=0)
     result = CliRunner().invoke(cli, ["cancel", batch_id, "--redis-url", redis_url, "--wait", "0"])
     assert result.exit_code == 0 and result.stdout == "cancelled\n"
     record = batches.get_batch(conn, batch_id)

@@ -52,7 +52,7 @@ def held_batch(tmp_path, redis_url, tiny_model):
     assert submitted.exit_code == 0, submitted.output
     batch_id = submitted.stdout.strip()
     conn = redis.Redis.from_url(redis_url)
-    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    queue = Queue(batches.get_batch(conn, batch_id)["queue"], connection=conn, serializer=JSONSerializer)
     worker = HoldingWorker([queue], connection=conn, serializer=JSONSerializer, model=tiny_model, flush_rows=1,
                            engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4}, hold_after=HOLD_AFTER)
     thread = threading.Thread(target=worker.work, kwargs={"burst": True, "logging_level": "WARNING"}, daemon=True)
@@ -90,7 +90,7 @@ def test_status_json_and_tables_while_a_batch_is_in_progress(held_batch, redis_u
 
     [row] = shown["workers"]
     assert row["name"] == worker.name and row["state"] == "busy" and batch_id in row["batches"]
-    assert row["queues"] == ["miro"] and row["in_flight"] > 0
+    assert row["queues"] == [batch["queue"]] and row["in_flight"] > 0
     assert row["queued"] == TOTAL - batch["done"] - row["in_flight"]
     assert 0 < row["kv_blocks_used"] <= row["kv_blocks_total"]
     assert row["kv_usage"] == pytest.approx(row["kv_blocks_used"] / row["kv_blocks_total"])

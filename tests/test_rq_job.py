@@ -15,6 +15,7 @@ from rq.serializers import JSONSerializer
 from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
 from miro.worker import BatchWorker, batches
+from miro.worker.routing import queue_for
 
 
 def write_dataset(path, lines):
@@ -52,7 +53,7 @@ def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_m
     batch_id = submitted.stdout.strip().splitlines()[-1]
 
     conn = redis.Redis.from_url(redis_url)
-    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     assert queue.count == 5
     make_worker(kind, queue, conn, tiny_model).work(burst=True)
     assert queue.count == 0
@@ -175,7 +176,7 @@ def test_sigterm_mid_batch_requeues_and_nothing_is_lost(tmp_path, redis_url, tin
     assert first.wait(timeout=60) == 0, first.stderr.read()
     after_stop = batches.get_batch(conn, batch_id)
     assert after_stop["completed"] < LONG_BATCH, "the batch finished before the signal: nothing was in flight"
-    assert Queue("miro", connection=conn, serializer=JSONSerializer).count == LONG_BATCH - after_stop["completed"]
+    assert Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer).count == LONG_BATCH - after_stop["completed"]
 
     second = subprocess.run(command + ["--burst"], env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
@@ -283,7 +284,7 @@ def test_rq_info_lists_the_batch_worker(redis_url, tiny_model):
     import threading
 
     conn = redis.Redis.from_url(redis_url)
-    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     worker = make_worker("batch", queue, conn, tiny_model)
     thread = threading.Thread(target=worker.work, kwargs={"burst": False}, daemon=True)
     thread.start()
@@ -300,7 +301,7 @@ def test_rq_info_lists_the_batch_worker(redis_url, tiny_model):
 
 def test_a_job_outside_the_allow_list_fails_without_running(redis_url, tiny_model, tmp_path):
     conn = redis.Redis.from_url(redis_url)
-    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     marker = tmp_path / "ran"
     job = queue.enqueue("pathlib.Path.touch", str(marker))
     make_worker("batch", queue, conn, tiny_model).work(burst=True)

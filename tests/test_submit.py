@@ -9,6 +9,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from gguf_factory import write_tiny_llama
 import redis
 from click.testing import CliRunner
 from rq import Queue
@@ -62,7 +63,7 @@ def conn_for(url) -> redis.Redis:
     return redis.Redis.from_url(url)
 
 
-def queue(conn, name="miro") -> Queue:
+def queue(conn, name="miro:smollm2-135m") -> Queue:  # the default model's queue
     return Queue(name, connection=conn, serializer=JSONSerializer)
 
 
@@ -77,7 +78,7 @@ def test_mixed_dataset_enqueues_one_job_per_line(tmp_path, redis_url, monkeypatc
     monkeypatch.chdir(tmp_path)
     data = write(tmp_path / "mixed.jsonl", *MIXED)
     result = run("submit", data, "--redis-url", redis_url, "--max-tokens", "32", "--temperature", "0",
-                 "--name", "mixed run", "--job-timeout", "2h")
+                 "--name", "mixed run", "--job-timeout", "2h", "--model", "smollm2-135m")
     assert result.exit_code == 0, result.output
     batch_id = result.stdout.strip()
     assert result.stdout == batch_id + "\n" and BATCH_ID.fullmatch(batch_id)
@@ -113,7 +114,7 @@ def test_mixed_dataset_enqueues_one_job_per_line(tmp_path, redis_url, monkeypatc
         assert job.kwargs == {"batch_id": batch_id, "custom_id": cid, "model": "smollm2-135m", **expected_kwargs[cid]}
         assert job.meta == {"batch_id": batch_id, "custom_id": cid}
         assert job.get_status() == JobStatus.QUEUED
-        assert job.origin == "miro" and job.enqueued_at is not None
+        assert job.origin == "miro:smollm2-135m" and job.enqueued_at is not None
         assert job.timeout == 7200 and job.result_ttl == RESULT_TTL and job.failure_ttl == RESULT_TTL
         assert conn.ttl(job.key) == -1  # a queued job never expires
         # stored as JSON, never pickle
@@ -125,7 +126,7 @@ def test_mixed_dataset_enqueues_one_job_per_line(tmp_path, redis_url, monkeypatc
     record = batches.get_batch(conn, batch_id)
     assert record["id"] == batch_id and record["name"] == "mixed run"
     assert record["status"] == "in_progress"
-    assert record["model"] == "smollm2-135m" and record["queue"] == "miro"
+    assert record["model"] == "smollm2-135m" and record["queue"] == "miro:smollm2-135m"
     assert record["total"] == 5
     assert record["completed"] == record["failed"] == record["prompt_tokens"] == record["completion_tokens"] == 0
     assert record["output"] == str(tmp_path / "miro-results")
@@ -146,8 +147,8 @@ def test_stored_job_hashes_equal_rqs_own(tmp_path, redis_url):
     """submit writes each job hash with one script per chunk: it must be exactly what RQ's Job.to_dict() gives."""
     data = write(tmp_path / "mixed.jsonl", *MIXED, {"id": "\u00e9t\u00e9 \U0001f600 " + "x" * 300, "prompt": "long id"})
     conn = conn_for(redis_url)
-    result = submit(conn, data, chunk_size=4, job_timeout="30m")
-    enqueuer = _Enqueuer(conn, "miro", result.batch_id, "smollm2-135m", 1800)
+    result = submit(conn, data, chunk_size=4, job_timeout="30m", model="smollm2-135m")
+    enqueuer = _Enqueuer(conn, "miro:smollm2-135m", result.batch_id, "smollm2-135m", 1800)
     parsed = parse_dataset(data)
     assert len(parsed.requests) == 6
     for request in parsed.requests:
@@ -159,7 +160,8 @@ def test_stored_job_hashes_equal_rqs_own(tmp_path, redis_url):
 
 def test_options_queue_model_output_and_batch_list(tmp_path, redis_url):
     data = write(tmp_path / "d.jsonl", *MIXED[:2])
-    first = run("submit", data, "--redis-url", redis_url, "--queue", "gpu", "--model", "other-model",
+    other_model = write_tiny_llama(tmp_path / "other-model.gguf")["path"]  # a .gguf file here is a known model
+    first = run("submit", data, "--redis-url", redis_url, "--queue", "gpu", "--model", str(other_model),
                 "--output", "s3://bucket/out")
     second = run("submit", data, "--redis-url", redis_url)
     assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
@@ -167,10 +169,10 @@ def test_options_queue_model_output_and_batch_list(tmp_path, redis_url):
     assert queue(conn, "gpu").count == 2 and queue(conn).count == 2
     listed = batches.list_batches(conn)
     assert [b["id"] for b in listed] == [second.stdout.strip(), first.stdout.strip()]  # newest first
-    assert listed[1]["output"] == "s3://bucket/out" and listed[1]["model"] == "other-model"
+    assert listed[1]["output"] == "s3://bucket/out" and listed[1]["model"] == str(other_model)
     assert listed[1]["name"] == "d.jsonl" and listed[1]["queue"] == "gpu"
     job = Job.fetch(queue(conn, "gpu").job_ids[0], connection=conn, serializer=JSONSerializer)
-    assert job.kwargs["model"] == "other-model" and job.origin == "gpu"
+    assert job.kwargs["model"] == str(other_model) and job.origin == "gpu"
 
 
 def test_many_lines_in_chunks_keep_order(tmp_path, redis_url):
@@ -288,7 +290,7 @@ def test_skip_invalid_with_no_valid_line_enqueues_nothing(tmp_path, redis_url):
 
 def test_dry_run_touches_nothing(tmp_path, redis_url):
     data = write(tmp_path / "d.jsonl", *MIXED)
-    result = run("submit", data, "--redis-url", redis_url, "--dry-run")
+    result = run("submit", data, "--redis-url", redis_url, "--dry-run", "--model", "smollm2-135m")
     assert result.exit_code == 0, result.output
     assert result.stdout == ""
     assert "Dry run: 5 valid lines, 0 invalid; nothing was enqueued." in result.stderr
@@ -319,7 +321,7 @@ def test_resume_enqueues_only_requests_without_a_finished_or_running_job(tmp_pat
     _take_off_queue(conn, job_of(conn, batch_id, "r0"), JobStatus.FINISHED)
     failed_job = job_of(conn, batch_id, "r1")
     _take_off_queue(conn, failed_job, JobStatus.FAILED)
-    FailedJobRegistry("miro", connection=conn, serializer=JSONSerializer).add(failed_job, ttl=100)
+    FailedJobRegistry("miro:smollm2-135m", connection=conn, serializer=JSONSerializer).add(failed_job, ttl=100)
     batches.count_failed(conn, batch_id, "r1")  # as a worker counts a failed job
     _take_off_queue(conn, job_of(conn, batch_id, "r2"), JobStatus.STARTED)
     job_of(conn, batch_id, "r3").delete()  # gone from Redis (expired)
@@ -336,7 +338,7 @@ def test_resume_enqueues_only_requests_without_a_finished_or_running_job(tmp_pat
     for cid in ("r1", "r3", "r6"):
         job = job_of(conn, batch_id, cid)
         assert job.get_status() == JobStatus.QUEUED and job.kwargs["custom_id"] == cid and job.exc_info is None
-    assert jid["r1"] not in FailedJobRegistry("miro", connection=conn, serializer=JSONSerializer)
+    assert jid["r1"] not in FailedJobRegistry("miro:smollm2-135m", connection=conn, serializer=JSONSerializer)
     record = batches.get_batch(conn, batch_id)
     assert record["total"] == 7 and record["failed"] == 0 and record["status"] == "in_progress"
     assert conn.hget(keys.batch_jobs(batch_id), "r6").decode() == jid["r6"]
@@ -446,7 +448,7 @@ def test_redis_unreachable_is_one_sentence(tmp_path):
 def test_console_script_and_rq_info(tmp_path, redis_url):
     data = write(tmp_path / "d.jsonl", *MIXED)
     env = {**os.environ, "MIRO_REDIS_URL": redis_url}
-    done = subprocess.run([BIN / "miro-submit", data, "--queue", "infoq"], env=env, capture_output=True, text=True,
+    done = subprocess.run([BIN / "miro-submit", data, "--queue", "infoq", "--model", "smollm2-135m"], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert BATCH_ID.fullmatch(done.stdout.strip())

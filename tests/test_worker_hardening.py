@@ -21,6 +21,7 @@ from rq.serializers import JSONSerializer
 from miro.cli.main import cli
 from miro.worker import BatchWorker, batches
 from miro.worker.results import read_parts
+from miro.worker.routing import queue_for
 
 SHORT_INTERVALS = ("--job-monitoring-interval", "1", "--heartbeat-slack", "2", "--maintenance-interval", "1")
 
@@ -118,8 +119,8 @@ def test_a_job_past_its_timeout_is_aborted_and_its_neighbours_are_untouched(tmp_
     lines += [{"id": f"s{i}", "prompt": f"hi {i}", "max_tokens": 6, "ignore_eos": True} for i in range(3)]
     batch_id = submit(tmp_path, redis_url, long_context_model, lines, "--job-timeout", "2")
     conn = redis.Redis.from_url(redis_url)
-    worker = BatchWorker([Queue("miro", connection=conn, serializer=JSONSerializer)], connection=conn,
-                         serializer=JSONSerializer, model=long_context_model,
+    worker = BatchWorker([Queue(queue_for(long_context_model), connection=conn, serializer=JSONSerializer)],
+                         connection=conn, serializer=JSONSerializer, model=long_context_model,
                          engine_options={"kv_cache_memory": "64MiB", "max_num_seqs": 4}, flush_rows=1)
     worker.work(burst=True, logging_level="WARNING")
 
@@ -142,8 +143,8 @@ def test_choices_that_can_never_fit_the_cache_fail_at_once_and_the_batch_goes_on
              {"id": "plain", "prompt": "hello", "max_tokens": 5, "ignore_eos": True}]
     batch_id = submit(tmp_path, redis_url, tiny_model, lines)
     conn = redis.Redis.from_url(redis_url)
-    worker = BatchWorker([Queue("miro", connection=conn, serializer=JSONSerializer)], connection=conn,
-                         serializer=JSONSerializer, model=tiny_model,
+    worker = BatchWorker([Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)],
+                         connection=conn, serializer=JSONSerializer, model=tiny_model,
                          engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4}, flush_rows=1)
     worker.work(burst=True, logging_level="WARNING")
     record = batches.get_batch(conn, batch_id)
@@ -163,7 +164,7 @@ def test_sigterm_stops_a_worker_within_its_grace_whatever_it_holds(tmp_path, red
     command, env = worker_command(redis_url, long_context_model, "--kv-cache-memory", "256MiB",
                                   "--shutdown-grace", "1")
     worker = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
-    queue = Queue("miro", connection=conn, serializer=JSONSerializer)
+    queue = Queue(queue_for(long_context_model), connection=conn, serializer=JSONSerializer)
     assert wait_for(lambda: queue.count == 0 and len(queue.started_job_registry) == 3, timeout_s=120)
     time.sleep(1)  # let it get well into the requests
     signalled = time.monotonic()

@@ -35,7 +35,7 @@ from rq.worker.base import BaseWorker, WorkerStatus
 from miro.core import Engine, MiroError, SamplingParams
 from miro.core.registry import DEFAULT_MODEL
 
-from . import batches, keys, workers
+from . import batches, keys, routing, workers
 from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, result_rows, summary, uncounted_failures
 from .sink import ParquetSink
 
@@ -67,10 +67,15 @@ class BatchWorker(BaseWorker):
     def __init__(self, *args, model: str | None = None, engine_options: dict | None = None,
                  shutdown_grace_s: float | None = None, flush_rows: int = 256, flush_seconds: float = 5.0,
                  heartbeat_slack_s: int = 60, metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
-                 **kwargs):
+                 served_model_names: list[str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         # `rq info` and Worker.all() construct workers too: the model is loaded in work(), never here.
         self.model = model or os.environ.get("MIRO_MODEL", DEFAULT_MODEL)
+        if served_model_names is None:
+            served_model_names = [n for n in os.environ.get("MIRO_SERVED_MODEL_NAMES", "").split(",") if n]
+        # the names whose requests this worker runs: its model's own, then those it serves the model under
+        self.model_name = routing.model_name(self.model)
+        self.served_names = [self.model_name, *(n for n in served_model_names if n != self.model_name)]
         self.engine_options = engine_options if engine_options is not None else engine_options_from_env()
         self.engine: Engine | None = None
         self.in_flight: dict[str, InFlight] = {}
@@ -129,6 +134,7 @@ class BatchWorker(BaseWorker):
             serve_metrics(self, self.metrics_port, self.metrics_host)
         self.engine = Engine.from_model(self.model, **self.engine_options)
         self.bootstrap(logging_level or "INFO")
+        routing.register_served_names(self.connection, self.served_names[1:], self.model)
         self._install_signal_handlers()
         self._heartbeats = HeartbeatThread(self)
         self._heartbeats.start()
@@ -221,12 +227,21 @@ class BatchWorker(BaseWorker):
         if status in CANCELLED:
             self._cancel([(job, queue, execution, payload)])
             return
+        wanted = routing.model_name(payload["model"])
+        if wanted not in self.served_names:  # it reached a queue this worker was told to serve by --queue
+            message = (f"this request is for model '{wanted}', but worker {self.name} serves "
+                       f"{', '.join(repr(n) for n in self.served_names)}: start a worker for '{wanted}' and run "
+                       f"`miro retry {payload['batch_id']}`")
+            record_failure(self.connection, self._sink(payload["batch_id"]), job, payload, message, worker=self.name,
+                           started=started)
+            self._fail(job, queue, execution, message)
+            return
         try:
             prompt = prompt_text(self.engine, payload)
             self.engine.add_request(prompt, SamplingParams(**payload.get("sampling", {})), request_id=job.id)
         except MiroError as err:
             record_failure(self.connection, self._sink(payload["batch_id"]), job, payload, str(err), worker=self.name,
-                           started=started)
+                           started=started, model=self.model_name)
             self._fail(job, queue, execution, str(err))
             return
         self.in_flight[job.id] = InFlight(job, queue, execution, payload, prompt, started)
@@ -240,8 +255,8 @@ class BatchWorker(BaseWorker):
         return self.sinks[output]
 
     def _finish(self, flight: InFlight, output) -> None:
-        rows = result_rows(flight.payload, output, job_id=flight.job.id, worker=self.name, prompt=flight.prompt,
-                           started=flight.started, finished=time.time())
+        rows = result_rows(flight.payload, output, job_id=flight.job.id, worker=self.name, model=self.model_name,
+                           prompt=flight.prompt, started=flight.started, finished=time.time())
         sink = self._sink(flight.payload["batch_id"])
         for row in rows:
             sink.add(row)
@@ -282,7 +297,8 @@ class BatchWorker(BaseWorker):
                 del self.in_flight[flight.job.id]
             message = f"timed out after {flight.job.timeout} s"
             record_failure(self.connection, self._sink(flight.payload["batch_id"]), flight.job, flight.payload,
-                           message, worker=self.name, started=flight.started, prompt=flight.prompt)
+                           message, worker=self.name, started=flight.started, prompt=flight.prompt,
+                           model=self.model_name)
             self._fail(flight.job, flight.queue, flight.execution, message)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
@@ -360,7 +376,7 @@ class BatchWorker(BaseWorker):
             queued = sum(pipe.execute())
         state = "stopping" if self._stopping else "busy" if self.in_flight else "idle"
         return {
-            "name": self.name, "model": self.model, "host": socket.gethostname(), "pid": os.getpid(),
+            "name": self.name, "model": self.model_name, "host": socket.gethostname(), "pid": os.getpid(),
             "queues": [q.name for q in self.queues], "state": state, "started_at": self.started_at,
             "updated_at": time.time(), "batches": sorted({f.payload["batch_id"] for f in self.in_flight.values()}),
             **stats,

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from miro.core import Engine, SamplingParams
 from miro.core.outputs import RequestOutput
 
+from .routing import model_name
 from .sink import ParquetSink
 
 _engines: dict[str, Engine] = {}
@@ -39,18 +40,21 @@ def _utc(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, tz=timezone.utc)
 
 
-def _base_row(payload: dict, job_id: str, worker: str, prompt: str | None, started: float, finished: float) -> dict:
+def _base_row(payload: dict, job_id: str, worker: str, model: str | None, prompt: str | None, started: float,
+              finished: float) -> dict:
+    """`model` is the model that ran the request (None if none did); `requested_model` what the line asked for."""
     return dict(batch_id=payload["batch_id"], custom_id=payload["custom_id"], kind=payload["kind"], job_id=job_id,
-                model=payload["model"], prompt=prompt, worker=worker, started_at=_utc(started),
+                model=model, requested_model=payload.get("requested_model") or payload["model"], prompt=prompt,
+                worker=worker, started_at=_utc(started),
                 finished_at=_utc(finished), latency_s=finished - started,
                 sampling=json.dumps(payload.get("sampling", {}), sort_keys=True))
 
 
-def result_rows(payload: dict, output: RequestOutput, *, job_id: str, worker: str, prompt: str, started: float,
-                finished: float) -> list[dict]:
+def result_rows(payload: dict, output: RequestOutput, *, job_id: str, worker: str, model: str, prompt: str,
+                started: float, finished: float) -> list[dict]:
     """One row per choice of a finished request."""
     return [
-        {**_base_row(payload, job_id, worker, prompt, started, finished), "choice_index": choice.index,
+        {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": choice.index,
          "output": choice.text, "finish_reason": choice.finish_reason,
          "prompt_tokens": len(output.prompt_token_ids), "completion_tokens": len(choice.token_ids),
          "output_token_ids": choice.token_ids, "error": None}
@@ -59,8 +63,8 @@ def result_rows(payload: dict, output: RequestOutput, *, job_id: str, worker: st
 
 
 def error_row(payload: dict, error: str, *, job_id: str, worker: str, prompt: str | None, started: float,
-              finished: float) -> dict:
-    return {**_base_row(payload, job_id, worker, prompt, started, finished), "choice_index": 0, "error": error}
+              finished: float, model: str | None = None) -> dict:
+    return {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": 0, "error": error}
 
 
 def summary(payload: dict, rows: list[dict]) -> dict:
@@ -78,13 +82,13 @@ def count_finished(conn, payload: dict, result: dict) -> None:
 
 
 def record_failure(conn, sink: ParquetSink, job, payload: dict, error: str, *, worker: str, started: float,
-                   prompt: str | None = None) -> None:
+                   prompt: str | None = None, model: str | None = None) -> None:
     """A request that cannot be served: its error row is written, it is counted failed, and its job will not be
     retried (the retries are for dead workers; the request itself would fail again)."""
     from . import batches
 
     sink.add(error_row(payload, error, job_id=job.id, worker=worker, prompt=prompt, started=started,
-                       finished=time.time()))
+                       finished=time.time(), model=model))
     sink.flush()
     batches.count_failed(conn, payload["batch_id"], payload["custom_id"])
     job.retries_left = 0
@@ -149,8 +153,8 @@ def generate(**payload) -> dict:
     except Exception as err:  # the request's own problem: record it as its failed row, then fail the job
         record_failure(conn, sink, job, payload, str(err), worker=worker, started=started)
         raise
-    rows = result_rows(payload, output, job_id=job.id, worker=worker, prompt=prompt, started=started,
-                       finished=time.time())
+    rows = result_rows(payload, output, job_id=job.id, worker=worker, model=model_name(payload["model"]),
+                       prompt=prompt, started=started, finished=time.time())
     for row in rows:
         sink.add(row)
     sink.flush()  # durable before RQ hears the job finished

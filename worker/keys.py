@@ -36,3 +36,9 @@ def batch_counted(batch_id: str) -> str:
 def batch_cancel_pending(batch_id: str) -> str:
     """List: job ids `miro cancel` took off the queue and has not yet marked canceled."""
     return f"{PREFIX}:batch:{batch_id}:cancel_pending"
+
+
+def served_models() -> str:
+    """Hash: a name requests may ask for -> the model a worker serves it with (`miro worker --served-model-name`);
+    kept, so batches can be submitted for it while no such worker is running."""
+    return f"{PREFIX}:served-models"

@@ -26,7 +26,8 @@ SCHEMA = pa.schema([
     ("choice_index", pa.int32()),  # which of the request's n choices
     ("kind", pa.string()),  # "chat" or "completion": the shape of the OpenAI output line
     ("job_id", pa.string()),
-    ("model", pa.string()),
+    ("model", pa.string()),  # the model that ran the request
+    ("requested_model", pa.string()),  # the model the request asked for (an OpenAI body's `model`, or --model)
     ("prompt", pa.string()),
     ("output", pa.string()),
     ("finish_reason", pa.string()),

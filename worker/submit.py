@@ -25,12 +25,10 @@ from rq.serializers import JSONSerializer
 from rq.utils import now as rq_now
 
 from miro.core.errors import MiroError
-from miro.core.registry import DEFAULT_MODEL
-from miro.worker import batches, keys
+from miro.worker import batches, keys, routing
 from miro.worker.inputs import LineError, Request, parse_dataset
 
 JOB_FUNCTION = "miro.worker.jobs.generate"
-DEFAULT_QUEUE = "miro"
 DEFAULT_OUTPUT = "./miro-results"
 DEFAULT_JOB_TIMEOUT = 3600  # seconds; a request waits in the worker's continuous batch, so RQ's 180 s is short
 RESULT_TTL = FAILURE_TTL = 7 * 24 * 3600
@@ -317,8 +315,15 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
         raise MiroError(f"None of the {lines:,} lines is valid, so nothing was enqueued.")
     log(f"Validated {lines:,} lines in {validate_s:.2f} s: {len(parsed.requests):,} valid, "
         f"{len(parsed.errors):,} invalid.")
+    if batch is None:
+        named: dict[str, int] = {}
+        for request in parsed.requests:
+            if request.model is not None:
+                named.setdefault(request.model, request.line)
+        model = _redis(conn, lambda: routing.choose_model(conn, model, named)) if conn else \
+            routing.choose_model(None, model, named)
 
-    result = SubmitResult(batch_id=resume, queue=batch["queue"] if batch else (queue_name or DEFAULT_QUEUE),
+    result = SubmitResult(batch_id=resume, queue=batch["queue"] if batch else (queue_name or routing.queue_for(model)),
                           lines=lines, valid=len(parsed.requests), invalid=parsed.errors, dry_run=dry_run,
                           resumed=resume is not None, validate_s=validate_s)
     if dry_run:
@@ -328,10 +333,10 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     invalid = _invalid_ids(parsed.errors, set(valid_ids))
     if batch is None:
         result.batch_id = _redis(conn, lambda: batches.create_batch(
-            conn, name=name if name is not None else Path(path).name, model=model or DEFAULT_MODEL,
+            conn, name=name if name is not None else Path(path).name, model=model,
             input_file=os.path.abspath(path), output=output_uri(output), total=len(parsed.requests),
             queue=result.queue, job_timeout=timeout))
-        batch = {"id": result.batch_id, "model": model or DEFAULT_MODEL, "status": "validating"}
+        batch = {"id": result.batch_id, "model": model, "status": "validating"}
     batch_id = result.batch_id
     enqueuer = _Enqueuer(conn, result.queue, batch_id, batch["model"], timeout)
 

@@ -1,0 +1,81 @@
+"""Which model a batch runs on, and which workers take its jobs.
+
+A batch runs on one model, and its jobs go to that model's queue, `miro:{model name}`; a worker listens to
+the queues of the names it serves (its model's name and any `--served-model-name`), so in a fleet with
+several models no request lands on the wrong one. A model's name is its alias (`smollm2-135m`) or, for a
+path, the file's name without `.gguf` (`./models/tiny.gguf` -> `tiny`), so workers on machines that keep the
+file in different folders still agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from miro.core.errors import MiroError
+from miro.core.registry import ALIASES, DEFAULT_MODEL
+
+from . import keys
+
+QUEUE_PREFIX = "miro:"
+
+
+def model_name(model: str) -> str:
+    """The name a model is known by in the fleet: its alias, or its file's name without .gguf."""
+    if model in ALIASES:
+        return model
+    name = Path(model).name
+    return name[: -len(".gguf")] if name.endswith(".gguf") else name
+
+
+def queue_for(model: str) -> str:
+    return QUEUE_PREFIX + model_name(model)
+
+
+def register_served_names(conn: redis.Redis, names: list[str], model: str) -> None:
+    """A worker says which extra names it serves its model under (persisted: see keys.served_models)."""
+    if names:
+        conn.hset(keys.served_models(), mapping={name: model_name(model) for name in names})
+
+
+def served_names(conn: redis.Redis) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in conn.hgetall(keys.served_models()).items()}
+
+
+def is_known(conn: redis.Redis | None, model: str) -> bool:
+    """An alias, a .gguf file on this machine, or a name some worker said it serves."""
+    if model in ALIASES or Path(model).expanduser().is_file():
+        return True
+    return conn is not None and conn.hexists(keys.served_models(), model)
+
+
+def _unknown(model: str, where: str, remedy: str) -> MiroError:
+    return MiroError(
+        f"{where}model '{model}' is unknown: it is not an alias ({', '.join(ALIASES)}), not a .gguf file here, and "
+        f"no worker serves it (`miro worker --served-model-name {model}` names a model so); {remedy}"
+    )
+
+
+def choose_model(conn: redis.Redis | None, model_option: str | None, named: dict[str, int]) -> str:
+    """The batch's model: --model if given (the lines' own `model` fields then only say what they asked for),
+    otherwise the one model the lines name (OpenAI bodies' `model`), otherwise the default model.
+
+    `named` maps each model the lines name to the first line naming it. `conn` is None for a dry run without
+    Redis, which cannot know what the fleet serves: names it cannot place are accepted then.
+    """
+    if model_option is not None:
+        if not is_known(conn, model_option) and conn is not None:
+            raise _unknown(model_option, "The ", "check the name, or start such a worker first.")
+        return model_option
+    if not named:
+        return DEFAULT_MODEL
+    if len(named) > 1:
+        listed = ", ".join(f"'{m}' (line {line})" for m, line in sorted(named.items(), key=lambda kv: kv[1]))
+        raise MiroError(f"The lines name {len(named)} models ({listed}), and a batch runs on one: split the file "
+                        f"by model, or pass --model to run every line on one model.")
+    [(model, line)] = named.items()
+    if not is_known(conn, model) and conn is not None:
+        raise _unknown(model, f"Line {line}: ", "pass --model to choose the model that runs these lines (their "
+                                                "rows keep the name they asked for as requested_model).")
+    return model
