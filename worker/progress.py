@@ -24,15 +24,21 @@ class BatchProgress:
     def __enter__(self):
         self._started = time.monotonic()
         record = batches.get_batch(self.conn, self.batch_id)
-        self._task = self._bar.add_task(self.batch_id, total=record["total"], speed="")
+        self._tokens_before = record["prompt_tokens"] + record["completion_tokens"]  # a resumed batch's earlier runs
+        self._task = self._bar.add_task(self.batch_id, total=record["total"], speed="",
+                                        completed=record["completed"] + record["failed"])
         self._bar.start()
         self._thread.start()
         return self
 
+    def print(self, message: str) -> None:
+        """A line of text above the bar (a plain line when stderr is not a terminal)."""
+        self._bar.console.print(message, markup=False, highlight=False, soft_wrap=True)
+
     def _update(self) -> None:
         record = batches.get_batch(self.conn, self.batch_id)
         elapsed = max(time.monotonic() - self._started, 1e-9)
-        tokens = record["prompt_tokens"] + record["completion_tokens"]
+        tokens = record["prompt_tokens"] + record["completion_tokens"] - self._tokens_before
         failed = f", {record['failed']} failed" if record["failed"] else ""
         self._bar.update(self._task, completed=record["completed"] + record["failed"],
                          speed=f"{tokens / elapsed:.0f} tok/s{failed}")

@@ -1,0 +1,444 @@
+"""`miro run`: the whole job on this machine (submit, one worker, the merged results), and a run that can be
+interrupted and resumed.
+
+A run keeps its state in a folder, OUTPUT.miro-run/ next to the output unless --state-dir says otherwise:
+
+    run.json   what is being run: the dataset (path and sha256), the batch id, the options that shape the results
+    redis/     the embedded Redis's data (appendonly.aof), pid file and log (not used with --redis-url)
+    parts/     the Parquet part files the worker writes: parts/{batch_id}/part-*.parquet
+    lock       locked while a run uses the folder
+
+The first Ctrl-C (or SIGTERM) stops the worker taking requests and gives those in flight --shutdown-grace
+seconds to finish; a second one puts them back on the queue at once. Either way the requests that finished
+are written to OUTPUT's partial file (results.partial.parquet for results.parquet), the folder stays, and
+`--resume` runs only what is missing. OUTPUT itself is written only once every request has finished (also
+when the last ones finish during the grace: then the run ends as if never interrupted); then the partial file
+and the folder go.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+import redis
+
+from miro.core.errors import MiroError
+
+from .common import MiroCommand, engine_kwargs, engine_options, log_to_stderr, model_option, redis_url_option
+
+DEFAULT_SHUTDOWN_GRACE_S = 5.0  # the user is waiting: requests in flight get a few seconds, not a worker's 30
+
+
+@click.command("run", cls=MiroCommand)
+@click.argument("dataset", type=click.Path(dir_okay=False))
+@click.option("--output", "-o", "out_path", default="results.parquet", show_default=True,
+              type=click.Path(dir_okay=False), help="The merged results (Parquet), written once every request ran.")
+@redis_url_option("Use this Redis instead of an embedded one (env MIRO_REDIS_URL).", default=None)
+@model_option
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Default max_tokens for lines.")
+@click.option("--temperature", type=float, default=None, help="Default temperature for lines.")
+@click.option("--skip-invalid", is_flag=True, help="Run the valid lines; invalid ones become failed rows.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted run: only the requests it did not finish run.")
+@click.option("--state-dir", default=None, type=click.Path(file_okay=False),
+              help="Where the run keeps what it needs to be resumed.  [default: OUTPUT.miro-run]")
+@click.option("--shutdown-grace", type=click.FloatRange(min=0), default=DEFAULT_SHUTDOWN_GRACE_S, show_default=True,
+              help="Seconds the requests in flight may take to finish after Ctrl-C before they are put back.")
+@click.option("--flush-seconds", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Finished rows are saved to part files at least this often (the progress bar moves as they are); "
+                   "a run killed outright loses at most this much work.")
+@engine_options
+def run_command(dataset, out_path, redis_url, model, max_tokens, temperature, skip_invalid, resume, state_dir,
+                shutdown_grace, flush_seconds, **engine):
+    """The whole job on this machine: submit DATASET, run a worker until done, write the merged results.
+
+    Ctrl-C writes what finished to OUTPUT's .partial.parquet file; the same command with --resume finishes it.
+    """
+    from miro.core.registry import resolve_model
+    from miro.worker.batches import redacted
+
+    defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature)) if v is not None}
+    options = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "skip_invalid": skip_invalid}
+    _validate(dataset, defaults, skip_invalid)
+    if not Path(out_path).absolute().parent.is_dir():
+        raise MiroError(f"The folder of the output {out_path} does not exist.")
+    resolve_model(model, log_to_stderr)  # a wrong --model fails here (and the default one is pulled on first use)
+    state = RunState(state_dir or f"{out_path}.miro-run")
+    record = state.claim(resume, dataset, options, redacted(redis_url) if redis_url else "embedded", out_path)
+    interruption = Interruption(shutdown_grace)
+    try:
+        with interruption, _redis(state, redis_url) as conn:
+            batch_id, queue_name = _submit(conn, state, record, dataset, defaults, resume)
+            try:
+                if not interruption.signal:
+                    worker = _worker(conn, queue_name, model, shutdown_grace, flush_seconds, engine)
+                    _work(conn, batch_id, worker, interruption)
+                finished = _write_results(conn, batch_id, out_path, state, record, interruption)
+            except (MiroError, redis.RedisError) as err:
+                raise MiroError(f"{str(err).rstrip('.')}; what finished is kept in {state.shown}, so run the same "
+                                "command with --resume to go on.") from None
+        if finished:
+            state.remove()
+    except BaseException:
+        if not state.has_batch():  # nothing was enqueued: nothing to resume
+            state.remove()
+        raise
+    finally:
+        state.release()
+    if not finished:
+        sys.exit(interruption.exit_code if interruption.signal else 1)
+
+
+def _validate(dataset: str, defaults: dict, skip_invalid: bool) -> None:
+    """Every line checked before anything starts; the errors are printed as `miro submit` prints them."""
+    from miro.worker.submit import InvalidDataset, submit as submit_dataset
+
+    from .main import _echo_line_errors  # shared with `miro submit`
+
+    try:
+        checked = submit_dataset(None, dataset, defaults=defaults, skip_invalid=skip_invalid, dry_run=True)
+    except InvalidDataset as e:
+        _echo_line_errors(e.errors)
+        raise
+    if checked.invalid:  # --skip-invalid: they become failed rows
+        _echo_line_errors(checked.invalid)
+
+
+@contextmanager
+def _redis(state: RunState, redis_url: str | None):
+    """The run's Redis: the one at redis_url, or an embedded one on the state folder's data, stopped on the way
+    out whatever happens."""
+    if redis_url:
+        from miro.worker.batches import connect
+
+        yield connect(redis_url)
+        return
+    from .embedded_redis import EmbeddedRedis
+
+    with EmbeddedRedis(state.redis_dir) as conn:
+        yield conn
+
+
+def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, resume: bool) -> tuple[str, str]:
+    """Enqueue the dataset as a new batch, or (resume) only its requests with no finished or running job;
+    returns the batch id and its queue."""
+    from miro.worker import batches
+    from miro.worker.submit import submit as submit_dataset
+
+    options = record["options"]
+    if not resume:
+        submitted = submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"],
+                                   defaults=defaults, skip_invalid=options["skip_invalid"],
+                                   queue_name=f"miro-run-{os.getpid()}")
+        state.save({**record, "batch_id": submitted.batch_id})
+        return submitted.batch_id, submitted.queue
+
+    batch_id = record["batch_id"]
+    try:
+        batch = batches.get_batch(conn, batch_id)
+    except MiroError:
+        raise MiroError(f"The Redis of the interrupted run no longer holds its batch {batch_id}; delete "
+                        f"{state.shown} to start over.") from None
+    _requeue_abandoned(conn, batch["queue"])
+    submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"], defaults=defaults,
+                   skip_invalid=options["skip_invalid"], resume=batch_id)
+    batch = batches.get_batch(conn, batch_id)
+    log_to_stderr(f"Resuming {batch_id} from {state.shown}: {_done(batch):,} of {batch['total']:,} requests "
+                  "already done.")
+    return batch_id, batch["queue"]
+
+
+def _requeue_abandoned(conn, queue_name: str) -> None:
+    """Jobs that a run killed outright (SIGKILL, a power cut) had taken go back on the queue. Only runs of this
+    state folder serve the queue, and the lock says none is running, so every job taken is abandoned."""
+    import time
+
+    from rq import Queue
+    from rq.registry import StartedJobRegistry
+    from rq.serializers import JSONSerializer
+
+    queue = Queue(queue_name, connection=conn, serializer=JSONSerializer)
+    started = StartedJobRegistry(queue=queue)
+    for job_id in queue.intermediate_queue.get_job_ids():  # taken off the queue, not yet started
+        queue.intermediate_queue.remove(job_id)
+        if job_id not in started:
+            queue.push_job_id(job_id, at_front=True)
+    started.cleanup(timestamp=time.time() + 10 ** 9)  # started: queued again as if their heartbeats had lapsed
+
+
+def _worker(conn, queue_name: str, model: str, shutdown_grace: float, flush_seconds: float, engine: dict):
+    """A BatchWorker for the run's queue, stopped by the run's Interruption rather than its own signal handlers."""
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    from miro.worker import BatchWorker
+
+    queue = Queue(queue_name, connection=conn, serializer=JSONSerializer)
+    worker = BatchWorker([queue], connection=conn, serializer=JSONSerializer, model=model,
+                         engine_options=engine_kwargs(**engine), shutdown_grace_s=shutdown_grace,
+                         flush_seconds=flush_seconds)
+    worker.handle_signals = False
+    return worker
+
+
+def _work(conn, batch_id: str, worker, interruption: Interruption) -> None:
+    """Run the worker until the queue is empty, or until the user interrupts it."""
+    from miro.worker.progress import BatchProgress
+
+    interruption.worker = worker
+    if interruption.signal:  # it came while the worker was being made
+        return
+    with BatchProgress(conn, batch_id) as progress:
+        interruption.say = progress.print  # above the bar, not through it
+        try:
+            worker.work(burst=True, logging_level="WARNING")
+        finally:
+            interruption.say = log_to_stderr
+
+
+def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: dict,
+                   interruption: Interruption) -> bool:
+    """OUTPUT if every request finished (then True), else the partial file; either way the line that says so."""
+    from miro.worker.results import collect
+
+    table, batch = collect(conn, batch_id)
+    partial = partial_path(out_path)
+    done, total = _done(batch), batch["total"]
+    if batch["status"] == "completed":
+        _write_parquet(table, out_path)
+        if os.path.exists(partial):
+            os.remove(partial)
+        log_to_stderr(f"Wrote {table.num_rows:,} rows to {out_path}: {batch['completed']:,} completed, "
+                      f"{batch['failed']:,} failed, {batch['prompt_tokens']:,} prompt and "
+                      f"{batch['completion_tokens']:,} completion tokens.")
+        return True
+    counts = {"partial": "true", "batch_id": batch_id, "total": total, "done": done, "completed": batch["completed"],
+              "failed": batch["failed"]}
+    metadata = {**(table.schema.metadata or {}), **{f"miro.{k}".encode(): str(v).encode() for k, v in counts.items()}}
+    _write_parquet(table.replace_schema_metadata(metadata), partial)
+    state.save({**record, "batch_id": batch_id, "done": done, "total": total})
+    stopped = "Interrupted" if interruption.signal else "Stopped"
+    log_to_stderr(f"{stopped} after {done:,} of {total:,} requests: wrote them to {partial}; run the same command "
+                  f"with --resume to finish the other {total - done:,}.")
+    return False
+
+
+def _done(batch: dict) -> int:
+    return batch["completed"] + batch["failed"]
+
+
+def partial_path(out_path: str) -> str:
+    """Where an interrupted run writes what finished: results.parquet -> results.partial.parquet."""
+    stem = out_path[:-len(".parquet")] if out_path.endswith(".parquet") else out_path
+    return f"{stem}.partial.parquet"
+
+
+def _write_parquet(table, path: str) -> None:
+    """Write under a temporary name, then rename: a reader never finds half a file at `path`."""
+    import pyarrow.parquet as pq
+
+    folder, name = os.path.split(os.path.abspath(path))
+    temporary = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
+    try:
+        pq.write_table(table, temporary, compression="zstd")
+        os.replace(temporary, path)
+    except OSError as err:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise MiroError(f"Cannot write {path} ({err.strerror or err}).") from None
+
+
+class Interruption:
+    """SIGINT and SIGTERM while the run is on (`with interruption:`). The first stops the worker taking
+    requests and gives those in flight grace_s seconds to finish; the second puts them back on the queue at
+    once; later ones change nothing. The handler prints one line and sets flags; the worker's loop acts on them
+    between engine steps, so no Redis write or part file is cut in half."""
+
+    def __init__(self, grace_s: float):
+        self.grace_s = grace_s
+        self.signal: int | None = None  # the first signal, once one came
+        self.count = 0
+        self.worker = None  # the run's BatchWorker, once it exists
+        self.say = log_to_stderr
+        self._previous: dict = {}
+
+    def __enter__(self):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        return False
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signal  # as a shell reports a process a signal ended: 130 for SIGINT, 143 for SIGTERM
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.signal = signum
+            self.say(self._notice())
+            if self.worker is not None:
+                self.worker.request_warm_stop(self.grace_s)
+        elif self.count == 2 and self.worker is not None:
+            if self.worker.in_flight:
+                self.say(f"Stopping now: the {_requests(len(self.worker.in_flight))} in flight go back to the queue.")
+            self.worker.request_warm_stop(0)
+
+    def _notice(self) -> str:
+        if self.worker is None:
+            return "Interrupted: stopping before any request starts."
+        in_flight = len(self.worker.in_flight)
+        if not in_flight:
+            return "Interrupted: stopping; no request is in flight."
+        return (f"Interrupted: finishing the {_requests(in_flight)} in flight for up to {self.grace_s:g} s; "
+                "press Ctrl-C again to stop now.")
+
+
+def _requests(n: int) -> str:
+    return f"{n:,} request" if n == 1 else f"{n:,} requests"
+
+
+class RunState:
+    """The folder that lets an interrupted run be resumed (its layout is in the module docstring)."""
+
+    def __init__(self, folder: str):
+        self.shown = folder  # as the user gave it (or OUTPUT.miro-run), for messages
+        self.folder = Path(folder).absolute()
+        self.record_path = self.folder / "run.json"
+        self.redis_dir = self.folder / "redis"
+        self.parts_dir = self.folder / "parts"
+        self._lock_path = self.folder / "lock"
+        self._lock_file = None
+
+    def claim(self, resume: bool, dataset: str, options: dict, which_redis: str, out_path: str) -> dict:
+        """Lock the folder and return the run's record: a new one, or (resume) the interrupted run's.
+
+        Raises MiroError when there is nothing to resume, or an interrupted run is there and resume is not asked
+        for, or the run asked for is not the one the folder holds.
+        """
+        if resume and not self.record_path.exists():
+            raise MiroError(f"There is no interrupted run in {self.shown} to resume; leave --resume out to start one.")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise MiroError(f"Cannot create the run's state folder {self.shown} ({err.strerror or err}).") from None
+        self._lock()
+        try:
+            record = self.load()
+            if record is not None and record.get("batch_id") is None:  # it stopped before enqueuing anything
+                self.remove(keep_lock=True)
+                record = None
+            if record is None and resume:
+                raise MiroError(f"There is no interrupted run in {self.shown} to resume; leave --resume out to "
+                                "start one.")
+            if record is None:
+                record = {"dataset": os.path.abspath(dataset), "dataset_sha256": _sha256(dataset),
+                          "output": os.path.abspath(out_path), "redis": which_redis, "options": options,
+                          "batch_id": None}
+                self.save(record)
+                return record
+            if not resume:
+                done = f" ({record['done']:,} of {record['total']:,} done)" if "done" in record else ""
+                raise MiroError(f"{self.shown} holds an interrupted run of {os.path.basename(record['dataset'])}"
+                                f"{done}; add --resume to finish it, or delete that folder to start over.")
+            return self._resumed(record, dataset, options, which_redis)
+        except BaseException:
+            self.release()
+            raise
+
+    def _resumed(self, record: dict, dataset: str, options: dict, which_redis: str) -> dict:
+        """The interrupted run's record, once the resumed run is checked to be the same run."""
+        start_over = f"or delete {self.shown} to start over"
+        if os.path.abspath(dataset) != record["dataset"]:
+            raise MiroError(f"The interrupted run in {self.shown} is of {record['dataset']}, not {dataset}; resume "
+                            f"it with that file, {start_over}.")
+        if which_redis != record["redis"]:
+            used = ("an embedded Redis; resume it without --redis-url (or MIRO_REDIS_URL)" if record["redis"] ==
+                    "embedded" else f"the Redis at {record['redis']}; resume it with that --redis-url")
+            raise MiroError(f"The interrupted run in {self.shown} used {used}, {start_over}.")
+        changed = [name for name in record["options"] if record["options"][name] != options.get(name)]
+        if changed:
+            flags = ", ".join(_as_flag(name, record["options"][name]) for name in changed)
+            raise MiroError(f"The interrupted run in {self.shown} was started with {flags}; resume it with the same "
+                            f"options, {start_over}.")
+        sha256 = _sha256(dataset)
+        if sha256 != record["dataset_sha256"]:
+            log_to_stderr(f"Note: {dataset} changed since the interrupted run; requests that finished keep their "
+                          "results, and only those with none (new custom ids included) run now.")
+            record = {**record, "dataset_sha256": sha256}
+            self.save(record)
+        return record
+
+    def has_batch(self) -> bool:
+        record = self.load() if self.record_path.exists() else None
+        return bool(record and record.get("batch_id"))
+
+    def load(self) -> dict | None:
+        try:
+            return json.loads(self.record_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            raise MiroError(f"Cannot read {self.record_path} ({err}); delete {self.shown} to start over.") from None
+
+    def save(self, record: dict) -> None:
+        temporary = self.record_path.with_name(f".run.json.tmp-{os.getpid()}")
+        try:
+            temporary.write_text(json.dumps(record, indent=2) + "\n")
+            os.replace(temporary, self.record_path)
+        except OSError as err:
+            raise MiroError(f"Cannot write {self.record_path} ({err.strerror or err}).") from None
+
+    def _lock(self) -> None:
+        self._lock_file = open(self._lock_path, "a")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            raise MiroError(f"Another miro run is using {self.shown} right now.") from None
+
+    def release(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+    def remove(self, keep_lock: bool = False) -> None:
+        """Delete what runs put in the folder, then the folder itself if nothing else is in it."""
+        shutil.rmtree(self.redis_dir, ignore_errors=True)
+        shutil.rmtree(self.parts_dir, ignore_errors=True)
+        self.record_path.unlink(missing_ok=True)
+        if keep_lock:
+            return
+        self._lock_path.unlink(missing_ok=True)
+        self.release()
+        try:
+            self.folder.rmdir()
+        except OSError:
+            pass  # something of the user's is in it
+
+
+def _as_flag(name: str, value) -> str:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    return f"no {flag}" if value is None else f"{flag} {value}"
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
