@@ -15,7 +15,8 @@ from gguf import quants as gguf_quants
 from miro.core.dequant import dequantize
 from miro.core.gguf_file import GGUFFile, TensorInfo
 from miro.core.layers import Linear
-from miro.core.layers.activations import quantize_q8_32, quantize_q8_k
+from miro.core.layers.activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups,
+                                         quantize_q8_k, quantize_q8_k_columns)
 
 F32 = np.float32
 BLOCK32 = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
@@ -230,7 +231,23 @@ def test_activation_quantizers_match_ggml_reference_bitwise():
     qk, dk = ref_quantize_q8_k(x)
     np.testing.assert_array_equal(got_k.q.reshape(qk.shape), qk)
     np.testing.assert_array_equal(got_k.d, dk)
-    np.testing.assert_array_equal(got_k.bsums, qk.reshape(37, -1, 16).sum(axis=2))
+    np.testing.assert_array_equal(got_k.sum32, qk.reshape(37, -1, 32).sum(axis=2))
+    columns = quantize_q8_32_columns(x, 64)  # the layouts the lane kernels read
+    np.testing.assert_array_equal(columns.q[:, :37].T, got.q)
+    for bias in (0, 128):
+        groups = quantize_q8_32_quad_groups(x, 64, bias)  # (4, K / 4, 16) uint32
+        by_row = groups.q.view(np.uint8).reshape(4, 1024 // 4, 16, 4).transpose(0, 2, 1, 3).reshape(64, 1024)
+        np.testing.assert_array_equal((by_row[:37].astype(np.int64) - bias) % 256, q.reshape(37, -1) % 256)
+        assert not by_row[37:].any()
+    for lanes in (columns, groups):
+        np.testing.assert_array_equal(lanes.d[:, :37].T, d)
+        np.testing.assert_array_equal(lanes.s[:, :37].T, s)
+        np.testing.assert_array_equal(lanes.qsum[:, :37].T, q.sum(axis=2))
+        assert not lanes.d[:, 37:].any() and not lanes.qsum[:, 37:].any()
+    columns_k = quantize_q8_k_columns(x, 64)
+    np.testing.assert_array_equal(columns_k.q[:, :37].T, got_k.q)
+    np.testing.assert_array_equal(columns_k.d[:, :37].T, dk)
+    np.testing.assert_array_equal(columns_k.sum32[:, :37].T, got_k.sum32)
 
 
 # ---------------------------------------------------------------- native kernels against the reference

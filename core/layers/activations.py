@@ -10,6 +10,11 @@ Two block formats (ggml-quants.c, quantize_row_q8_0_ref / _q8_1_ref / _q8_K_ref)
   plus the integer sum of each 16 values (bsums), used by the K-quant minimums.
 
 Every row is quantized on its own, so a row's blocks never depend on the other rows.
+
+Layouts: row-major (T, K) for the row-by-row kernels; for the kernels that vectorise over
+activation rows ("lanes"), transposed: "columns" (K, lanes) int8, or "quad groups" for vpdpbusd
+(lanes / 16, K / 4, 16) uint32, each lane's 4 consecutive values in one word; their per-block
+fields as (blocks, lanes). Lanes past T are zero.
 """
 
 from __future__ import annotations
@@ -24,105 +29,203 @@ from .halfs import round_to_f16
 
 QK = 32  # values per Q8_0 / Q8_1 block
 QK_K = 256  # values per Q8_K block
+ROWS_PER_TASK = 16  # activation rows quantized together into the lanes layout (64-byte stores)
+# Lets LLVM vectorise the max|x| loops (a max with NaN is not associative). No reassociation,
+# no contraction: the numbers stay ggml's for every finite input.
+_NO_NANS = {"nnan", "nsz"}
 
 
 @dataclass
 class Q8Blocks:
     """A (T, K) float32 matrix quantized to 32-value blocks (Q8_0, plus Q8_1's sums)."""
 
-    q: np.ndarray  # (T, K) int8
-    d: np.ndarray  # (T, K // 32) float32: each block's scale, rounded to float16
-    s: np.ndarray  # (T, K // 32) float32: float16(sum(q) * d), Q8_1's extra field
-    qsum: np.ndarray  # (T, K // 32) int32: sum(q), exact
+    q: np.ndarray  # (T, K) int8, or the lanes layout (uint8)
+    d: np.ndarray  # (T, K // 32) float32: each block's scale, rounded to float16; or (K // 32, lanes)
+    s: np.ndarray  # same shape: float16(sum(q) * d), Q8_1's extra field
+    qsum: np.ndarray  # same shape, int32: sum(q), exact
 
 
 @dataclass
 class Q8KBlocks:
     """A (T, K) float32 matrix quantized to 256-value Q8_K blocks."""
 
-    q: np.ndarray  # (T, K) int8
-    d: np.ndarray  # (T, K // 256) float32
-    bsums: np.ndarray  # (T, K // 16) int32: sum of each 16 consecutive q
+    q: np.ndarray  # (T, K) int8, or the lanes layout (uint8)
+    d: np.ndarray  # (T, K // 256) float32, or (K // 256, lanes)
+    sum32: np.ndarray  # (T, K // 32) int32: sum of each 32 consecutive q (ggml's bsums two by two), or (K // 32, lanes)
+
+
+# ---------------------------------------------------------------- one row
 
 
 @njit(inline="always")
 def _roundf(v):
-    """C's roundf (halves away from zero) of a float32, exactly: the +0.5 is done in float64."""
-    return math.copysign(math.floor(abs(np.float64(v)) + 0.5), v)
+    """C's roundf (halves away from zero) of a float32, in float32: v - trunc(v) is exact."""
+    whole = np.float32(math.trunc(v))
+    away = abs(v - whole) >= np.float32(0.5)
+    return np.int32(whole + (np.float32(math.copysign(1.0, v)) if away else np.float32(0.0)))
 
 
-@njit(cache=True, parallel=True)
-def _quantize_q8_32(x, q, d, s, qsum):
-    n_rows, k = x.shape
-    for t in prange(n_rows):
-        for b in range(k // QK):
-            k0 = b * QK
-            amax = np.float32(0.0)
-            for j in range(k0, k0 + QK):
-                amax = max(amax, abs(x[t, j]))
-            scale = amax / np.float32(127.0)
-            inv = np.float32(1.0) / scale if scale != 0 else np.float32(0.0)
-            total = 0
-            for j in range(k0, k0 + QK):
-                v = np.int32(_roundf(x[t, j] * inv))
-                q[t, j] = v
-                total += v
-            d[t, b] = round_to_f16(scale)
-            s[t, b] = round_to_f16(np.float32(total) * scale)
-            qsum[t, b] = total
+@njit(inline="always")
+def _quantize_row_q8_32(x_row, q_row, d, s, qsum, qk):
+    """One row of K values to Q8_0 blocks: q_row (K,) int8 and, per block b, d[b], s[b], qsum[b].
+
+    `qk` is 32, passed at run time so that LLVM vectorises the loops over a block's values.
+    """
+    for b in range(x_row.shape[0] // qk):
+        k0 = b * qk
+        amax = np.float32(0.0)
+        for k in range(k0, k0 + qk):
+            amax = max(amax, abs(x_row[k]))
+        scale = amax / np.float32(127.0)
+        inv = np.float32(1.0) / scale if scale != 0 else np.float32(0.0)
+        total = np.int32(0)
+        for k in range(k0, k0 + qk):
+            v = _roundf(x_row[k] * inv)
+            q_row[k] = v
+            total += v
+        d[b] = round_to_f16(scale)
+        s[b] = round_to_f16(np.float32(total) * scale)
+        qsum[b] = total
 
 
-@njit(cache=True, parallel=True)
-def _quantize_q8_k(x, q, d, bsums):
+@njit(inline="always")
+def _quantize_row_q8_k(x_row, q_row, d, sum32, qk):
+    """One row of K values to Q8_K blocks: q_row (K,) int8, d[b] per 256 values, sum32[g] per 32.
+
+    `qk` is 32, passed at run time so that LLVM vectorises the loops over a block's values.
+    """
     magic = np.float32(12582912.0)  # 1.5 * 2^23: adding and subtracting it rounds half to even
-    n_rows, k = x.shape
-    for t in prange(n_rows):
-        for b in range(k // QK_K):
-            k0 = b * QK_K
-            amax = np.float32(0.0)
-            signed_max = np.float32(0.0)
-            for j in range(k0, k0 + QK_K):
-                ax = abs(x[t, j])
-                if ax > amax:
-                    amax = ax
-                    signed_max = x[t, j]
-            if amax == 0:
-                d[t, b] = 0
-                for j in range(k0, k0 + QK_K):
-                    q[t, j] = 0
-            else:
-                iscale = np.float32(-127.0) / signed_max
-                for j in range(k0, k0 + QK_K):
-                    v = np.int32((iscale * x[t, j] + magic) - magic)
-                    q[t, j] = min(127, v)
-                d[t, b] = np.float32(1.0) / iscale
-            for g in range(k0 // 16, (k0 + QK_K) // 16):
-                total = 0
-                for j in range(g * 16, g * 16 + 16):
-                    total += q[t, j]
-                bsums[t, g] = total
+    for b in range(x_row.shape[0] // QK_K):
+        k0 = b * QK_K
+        amax = np.float32(0.0)
+        signed_max = np.float32(0.0)
+        for k in range(k0, k0 + QK_K):  # the first value of largest magnitude, as ggml picks it
+            if abs(x_row[k]) > amax:
+                amax = abs(x_row[k])
+                signed_max = x_row[k]
+        iscale = np.float32(-127.0) / signed_max if amax != 0 else np.float32(0.0)
+        d[b] = np.float32(1.0) / iscale if amax != 0 else np.float32(0.0)
+        for g in range(k0 // qk, (k0 + QK_K) // qk):
+            total = np.int32(0)
+            for k in range(g * qk, g * qk + qk):
+                v = min(127, np.int32((iscale * x_row[k] + magic) - magic))
+                q_row[k] = v
+                total += v
+            sum32[g] = total
+
+
+# ---------------------------------------------------------------- row-major
+
+
+@njit(cache=True, parallel=True, fastmath=_NO_NANS)
+def _quantize_q8_32(x, q, d, s, qsum, qk):
+    for t in prange(x.shape[0]):
+        _quantize_row_q8_32(x[t], q[t], d[t], s[t], qsum[t], qk)
+
+
+@njit(cache=True, parallel=True, fastmath=_NO_NANS)
+def _quantize_q8_k(x, q, d, sum32, qk):
+    for t in prange(x.shape[0]):
+        _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], qk)
 
 
 def quantize_q8_32(x: np.ndarray) -> Q8Blocks:
     """Quantize each row of x (T, K), K a multiple of 32, to Q8_0 blocks with Q8_1's sums."""
     n_rows, k = x.shape
-    out = Q8Blocks(
-        q=np.empty((n_rows, k), np.int8),
-        d=np.empty((n_rows, k // QK), np.float32),
-        s=np.empty((n_rows, k // QK), np.float32),
-        qsum=np.empty((n_rows, k // QK), np.int32),
-    )
-    _quantize_q8_32(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.s, out.qsum)
+    out = Q8Blocks(q=np.empty((n_rows, k), np.int8), d=np.empty((n_rows, k // QK), np.float32),
+                   s=np.empty((n_rows, k // QK), np.float32), qsum=np.empty((n_rows, k // QK), np.int32))
+    _quantize_q8_32(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.s, out.qsum, QK)
     return out
 
 
 def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
     """Quantize each row of x (T, K), K a multiple of 256, to Q8_K blocks."""
     n_rows, k = x.shape
-    out = Q8KBlocks(
-        q=np.empty((n_rows, k), np.int8),
-        d=np.empty((n_rows, k // QK_K), np.float32),
-        bsums=np.empty((n_rows, k // 16), np.int32),
-    )
-    _quantize_q8_k(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.bsums)
+    out = Q8KBlocks(q=np.empty((n_rows, k), np.int8), d=np.empty((n_rows, k // QK_K), np.float32),
+                    sum32=np.empty((n_rows, k // QK), np.int32))
+    _quantize_q8_k(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.sum32, QK)
+    return out
+
+
+# ---------------------------------------------------------------- lanes
+
+
+@njit(inline="always")
+def _store_columns(rows_q, q, t0):
+    """Rows' int8 values (rows, K) into columns t0.. of q (K, lanes)."""
+    for k in range(rows_q.shape[1]):
+        for r in range(rows_q.shape[0]):
+            q[k, t0 + r] = rows_q[r, k]
+
+
+@njit(inline="always")
+def _store_quad_group(rows_q, q, g, bias):
+    """Rows' int8 values plus bias (as uint8) into lane group g of q (groups, K / 4, 16) uint32:
+    each lane's 4 consecutive values in one word, the group's 16 lanes side by side."""
+    for kq in range(rows_q.shape[1] // 4):
+        for r in range(rows_q.shape[0]):
+            k = 4 * kq
+            q[g, kq, r] = (np.uint32(np.uint8(rows_q[r, k] + bias))
+                           | (np.uint32(np.uint8(rows_q[r, k + 1] + bias)) << 8)
+                           | (np.uint32(np.uint8(rows_q[r, k + 2] + bias)) << 16)
+                           | (np.uint32(np.uint8(rows_q[r, k + 3] + bias)) << 24))
+
+
+@njit(cache=True, parallel=True, fastmath=_NO_NANS)
+def _quantize_q8_32_lanes(x, q, d, s, qsum, bias, qk):
+    """ROWS_PER_TASK rows at a time: quantized row by row into a scratch, then stored transposed."""
+    n_rows, k = x.shape
+    for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        t0 = task * ROWS_PER_TASK
+        rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
+        for r in range(rows_q.shape[0]):
+            _quantize_row_q8_32(x[t0 + r], rows_q[r], d[:, t0 + r], s[:, t0 + r], qsum[:, t0 + r], qk)
+        if q.ndim == 3:
+            _store_quad_group(rows_q, q, task, bias)
+        else:
+            _store_columns(rows_q, q, t0)
+
+
+@njit(cache=True, parallel=True, fastmath=_NO_NANS)
+def _quantize_q8_k_lanes(x, q, d, sum32, qk):
+    n_rows, k = x.shape
+    for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        t0 = task * ROWS_PER_TASK
+        rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
+        for r in range(rows_q.shape[0]):
+            _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r], qk)
+        _store_columns(rows_q, q, t0)
+
+
+def _lane_fields(n_fields: int, n_blocks: int, n_lanes: int) -> list[np.ndarray]:
+    return [np.zeros((n_blocks, n_lanes), np.float32) for _ in range(n_fields)]
+
+
+def quantize_q8_32_columns(x: np.ndarray, n_lanes: int) -> Q8Blocks:
+    """x (T, K) to 32-value blocks, transposed: q (K, n_lanes) int8, d, s, qsum (K / 32, n_lanes)."""
+    n_rows, k = x.shape
+    d, s = _lane_fields(2, k // QK, n_lanes)
+    out = Q8Blocks(q=np.zeros((k, n_lanes), np.int8), d=d, s=s, qsum=np.zeros((k // QK, n_lanes), np.int32))
+    _quantize_q8_32_lanes(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.s, out.qsum, 0, QK)
+    return out
+
+
+def quantize_q8_32_quad_groups(x: np.ndarray, n_lanes: int, bias: int = 0) -> Q8Blocks:
+    """x (T, K) to 32-value blocks for vpdpbusd: q (n_lanes / 16, K / 4, 16) uint32 holding each
+    lane's 4 consecutive int8 values plus `bias` (0, or 128 to make them unsigned), d, s, qsum
+    (K / 32, n_lanes). n_lanes is a multiple of 16 (= ROWS_PER_TASK: a task fills one group)."""
+    n_rows, k = x.shape
+    d, s = _lane_fields(2, k // QK, n_lanes)
+    out = Q8Blocks(q=np.zeros((n_lanes // ROWS_PER_TASK, k // 4, ROWS_PER_TASK), np.uint32), d=d, s=s,
+                   qsum=np.zeros((k // QK, n_lanes), np.int32))
+    _quantize_q8_32_lanes(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.s, out.qsum, bias, QK)
+    return out
+
+
+def quantize_q8_k_columns(x: np.ndarray, n_lanes: int) -> Q8KBlocks:
+    """x (T, K) to Q8_K blocks, transposed: q (K, n_lanes) int8, d (K / 256, n_lanes), sum32 (K / 32, n_lanes)."""
+    n_rows, k = x.shape
+    out = Q8KBlocks(q=np.zeros((k, n_lanes), np.int8), d=np.zeros((k // QK_K, n_lanes), np.float32),
+                    sum32=np.zeros((k // QK, n_lanes), np.int32))
+    _quantize_q8_k_lanes(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.sum32, QK)
     return out

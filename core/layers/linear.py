@@ -19,9 +19,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ..dequant import dequantize
 from ..gguf_file import TensorInfo
 from . import float_kernels, quant_kernels
-from .activations import quantize_q8_32, quantize_q8_k
+from .activations import quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups, quantize_q8_k, quantize_q8_k_columns
 
 NATIVE_TYPES = quant_kernels.BLOCK32_TYPES + quant_kernels.SUPERBLOCK_TYPES + float_kernels.FLOAT_TYPES
+
+# The AVX512-VNNI kernels where the CPU has them (same bits as the portable ones; False to compare).
+USE_VNNI = True
 
 # From this many activation rows on, each weight block is decoded once for all rows (the "lanes"
 # kernels); below, rows are taken one at a time. Both give the same bits; this only picks the faster.
@@ -85,25 +88,27 @@ class Linear:
         qtype = int(self.type)
         if qtype in float_kernels.FLOAT_TYPES:
             return float_kernels.matmul_float(qtype, self._w, x, out)
-        lanes = x.shape[0] >= LANES_MIN_ROWS
+        kernels = quant_kernels.kernels_for(qtype)
+        n_tok, k = x.shape
+        n_lanes = -(-n_tok // quant_kernels.LANE_MULTIPLE) * quant_kernels.LANE_MULTIPLE
         if qtype in quant_kernels.BLOCK32_TYPES:
-            a = quantize_q8_32(x)
-            if lanes:
-                return quant_kernels.matmul_lanes_32(qtype, self._w, _t(a.q), _t(a.d), _t(a.s), _t(a.qsum), out)
-            return quant_kernels.matmul_rows_32(qtype, self._w, a.q, a.d, a.s, a.qsum, out, 16)
-        a = quantize_q8_k(x)
-        sum32 = a.bsums.reshape(x.shape[0], -1, 2).sum(axis=2, dtype=np.int32)
-        if lanes:
-            return quant_kernels.matmul_lanes_k(qtype, self._w, _t(a.q), _t(a.d), _t(sum32), out)
-        return quant_kernels.matmul_rows_k(qtype, self._w, a.q, a.d, sum32, out, 256)
+            if n_tok < LANES_MIN_ROWS:
+                a = quantize_q8_32(x)
+                return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)
+            if kernels.lanes_vnni is not None and USE_VNNI:
+                a = quantize_q8_32_quad_groups(x, n_lanes, bias=128 if qtype == quant_kernels.Q8_0 else 0)
+                return kernels.lanes_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
+            a = quantize_q8_32_columns(x, n_lanes)
+            return kernels.lanes(self._w, a.q, a.d, a.s, a.qsum, out)
+        if n_tok < LANES_MIN_ROWS:
+            a = quantize_q8_k(x)
+            return kernels.rows(self._w, a.q, a.d, a.sum32, out, 16)
+        a = quantize_q8_k_columns(x, n_lanes)
+        return kernels.lanes(self._w, a.q, a.d, a.sum32, out, 16)
 
     def __repr__(self) -> str:
         return (f"Linear({self.name}, {self.type.name}, {self.out_features}x{self.in_features}, fmt={self.fmt}, "
                 f"weight_bytes={self.weight_bytes:,})")
-
-
-def _t(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a.T)
 
 
 def _address(a: np.ndarray) -> int:
