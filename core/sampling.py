@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .config import MAX_CONTEXT_LENGTH
 from .errors import RequestError
 
 MAX_N = 128  # choices per request, OpenAI's limit
-MAX_TOKENS_LIMIT = 1 << 20  # no supported context is longer; anything above is a mistake, refused at submit
+MAX_TOKENS_LIMIT = MAX_CONTEXT_LENGTH  # no model miro loads has a longer context: more is a mistake, refused at submit
 
 
 @dataclass

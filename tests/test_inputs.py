@@ -247,7 +247,7 @@ LINE_ERRORS = [
     ({"prompt": "x", "colour": "red"}, "line 1: field 'colour': unknown field."),
     ({"prompt": "x", "model": "m"}, "line 1: field 'model': unknown field."),
     # sampling values out of range: SamplingParams' own sentence
-    ({"prompt": "x", "max_tokens": 0}, "line 1: max_tokens must be from 1 to 1,048,576 (longer than any supported context), got 0."),
+    ({"prompt": "x", "max_tokens": 0}, "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got 0."),
     ({"prompt": "x", "temperature": -1}, "line 1: temperature must be >= 0, got -1.0."),
     ({"prompt": "x", "top_p": 0}, "line 1: top_p must be in (0, 1], got 0.0."),
     ({"prompt": "x", "top_p": 1.5}, "line 1: top_p must be in (0, 1], got 1.5."),
@@ -256,7 +256,7 @@ LINE_ERRORS = [
     ({"prompt": "x", "n": 0}, "line 1: n must be an integer from 1 to 128, got 0."),
     ({"prompt": "x", "n": 1000000}, "line 1: n must be an integer from 1 to 128, got 1000000."),
     ({"prompt": "x", "max_tokens": 10**25},
-     "line 1: max_tokens must be from 1 to 1,048,576 (longer than any supported context), got "
+     "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got "
      "10000000000000000000000000."),
     ({"prompt": "x", "repetition_penalty": 0}, "line 1: repetition_penalty must be > 0, got 0.0."),
     ({"prompt": "x", "presence_penalty": 3}, "line 1: presence_penalty and frequency_penalty must be in [-2, 2]."),
@@ -292,7 +292,7 @@ LINE_ERRORS = [
     (openai(url=COMPLETIONS, logprobs=True), "line 1: field 'body.logprobs': Input should be a valid integer."),
     (openai(max_tokens=5, max_completion_tokens=6),
      "line 1: field 'body.max_completion_tokens': differs from 'body.max_tokens', give only one."),
-    (openai(max_completion_tokens=0), "line 1: max_tokens must be from 1 to 1,048,576 (longer than any supported context), got 0."),
+    (openai(max_completion_tokens=0), "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got 0."),
     (openai(temperature=-0.5), "line 1: temperature must be >= 0, got -0.5."),
     (openai(model=3), "line 1: field 'body.model': Input should be a valid string."),
 ]
