@@ -86,6 +86,13 @@ def test_a_foreign_model_in_the_lines_needs_an_explicit_model(tmp_path, redis_ur
     assert {json.loads(line)["response"]["body"]["model"] for line in out.read_text().splitlines()} == {"tiny-a"}
 
 
+def test_a_dry_run_notes_a_model_only_redis_could_know(tmp_path):
+    dataset = write_lines(tmp_path / "d.jsonl", [openai_line("c1", "gpt-4o-mini")])
+    result = CliRunner().invoke(cli, ["submit", dataset, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "Note: model 'gpt-4o-mini' is no alias and no .gguf file here" in result.stderr
+
+
 def test_lines_naming_two_models_are_refused(tmp_path, redis_url):
     result = submit(tmp_path, redis_url, [openai_line("c1", "smollm2-135m"), openai_line("c2", "gemma3-270m")])
     assert result.exit_code == 1

@@ -49,6 +49,15 @@ def worker_command(redis_url, model, *extra) -> tuple[list[str], dict]:
     return command, {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 
 
+def run_worker(conn, model, kv_cache_memory: str) -> BatchWorker:
+    """A BatchWorker in this process, in burst mode, on the model's queue; each row written at once."""
+    worker = BatchWorker([Queue(queue_for(model), connection=conn, serializer=JSONSerializer)], connection=conn,
+                         serializer=JSONSerializer, model=model, flush_rows=1,
+                         engine_options={"kv_cache_memory": kv_cache_memory, "max_num_seqs": 4})
+    worker.work(burst=True, logging_level="WARNING")
+    return worker
+
+
 def runs_per_request(tmp_path, batch_id) -> dict[str, int]:
     """How many rows each custom id has in the part files: one per run of its request."""
     runs: dict[str, int] = {}
@@ -119,10 +128,7 @@ def test_a_job_past_its_timeout_is_aborted_and_its_neighbours_are_untouched(tmp_
     lines += [{"id": f"s{i}", "prompt": f"hi {i}", "max_tokens": 6, "ignore_eos": True} for i in range(3)]
     batch_id = submit(tmp_path, redis_url, long_context_model, lines, "--job-timeout", "2")
     conn = redis.Redis.from_url(redis_url)
-    worker = BatchWorker([Queue(queue_for(long_context_model), connection=conn, serializer=JSONSerializer)],
-                         connection=conn, serializer=JSONSerializer, model=long_context_model,
-                         engine_options={"kv_cache_memory": "64MiB", "max_num_seqs": 4}, flush_rows=1)
-    worker.work(burst=True, logging_level="WARNING")
+    worker = run_worker(conn, long_context_model, "64MiB")
 
     record = batches.get_batch(conn, batch_id)
     assert (record["status"], record["completed"], record["failed"]) == ("completed", 3, 1)
@@ -143,10 +149,7 @@ def test_choices_that_can_never_fit_the_cache_fail_at_once_and_the_batch_goes_on
              {"id": "plain", "prompt": "hello", "max_tokens": 5, "ignore_eos": True}]
     batch_id = submit(tmp_path, redis_url, tiny_model, lines)
     conn = redis.Redis.from_url(redis_url)
-    worker = BatchWorker([Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)],
-                         connection=conn, serializer=JSONSerializer, model=tiny_model,
-                         engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4}, flush_rows=1)
-    worker.work(burst=True, logging_level="WARNING")
+    run_worker(conn, tiny_model, "4MiB")
     record = batches.get_batch(conn, batch_id)
     assert (record["status"], record["completed"], record["failed"]) == ("completed", 1, 1)
     rows = {r["custom_id"]: r for r in read_parts(str(tmp_path / "out"), batch_id).to_pylist()}

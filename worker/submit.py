@@ -322,6 +322,9 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
                 named.setdefault(request.model, request.line)
         model = _redis(conn, lambda: routing.choose_model(conn, model, named)) if conn else \
             routing.choose_model(None, model, named)
+        if conn is None and not routing.is_known(None, model):
+            log(f"Note: model '{model}' is no alias and no .gguf file here; whether a worker serves it is known "
+                f"only to Redis, which a dry run does not ask.")
 
     result = SubmitResult(batch_id=resume, queue=batch["queue"] if batch else (queue_name or routing.queue_for(model)),
                           lines=lines, valid=len(parsed.requests), invalid=parsed.errors, dry_run=dry_run,
