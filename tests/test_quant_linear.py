@@ -14,7 +14,7 @@ from gguf import quants as gguf_quants
 
 from miro.core.dequant import dequantize
 from miro.core.gguf_file import GGUFFile, TensorInfo
-from miro.core.layers import Linear
+from miro.core.layers import Linear, linear, vnni
 from miro.core.layers.activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups,
                                          quantize_q8_k, quantize_q8_k_columns)
 
@@ -253,25 +253,40 @@ def test_activation_quantizers_match_ggml_reference_bitwise():
 # ---------------------------------------------------------------- native kernels against the reference
 
 
+@pytest.fixture(params=["vnni", "int16"])
+def kernel_path(request, monkeypatch):
+    """Both lane kernels of the 32-value block types: AVX512-VNNI (where the CPU has it) and portable int16."""
+    if request.param == "vnni" and not vnni.AVAILABLE:
+        pytest.skip("this CPU has no AVX512-VNNI")
+    monkeypatch.setattr(linear, "USE_VNNI", request.param == "vnni")
+    return request.param
+
+
 def _assert_tracks_reference(tensor: TensorInfo, x: np.ndarray) -> None:
     got = Linear(tensor)(x)
-    ref = ref_native(tensor, x)
-    # same integer sums and the same float32 steps: equal up to float rounding (in practice, bitwise)
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+    # the same integer sums and the same float32 steps in the same order: the same bits
+    np.testing.assert_array_equal(got, ref_native(tensor, x))
     exact = ref_dequantize(tensor) @ x.astype(np.float64).T
     err = np.abs(got.astype(np.float64) - exact.T)
     assert (err <= activation_error_bound(tensor, x)).all(), f"max error {err.max():.3g}"
 
 
-@pytest.mark.parametrize("n_tokens", [1, 5, 37])  # row-by-row kernels below 8 rows, lane kernels from 8
-@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
-def test_native_tracks_llama_cpp_scheme(qtype, n_tokens):
+@pytest.mark.parametrize("n_tokens", [1, 5, 37])  # row by row below 2 (VNNI) or 8 rows, lanes from there
+@pytest.mark.parametrize("qtype", SUPERBLOCK, ids=lambda t: t.name)
+def test_native_tracks_llama_cpp_scheme_k_quants(qtype, n_tokens):
+    tensor = random_tensor(qtype, 72, 512, seed=int(qtype))
+    _assert_tracks_reference(tensor, activations(n_tokens, 512))
+
+
+@pytest.mark.parametrize("n_tokens", [1, 5, 37])
+@pytest.mark.parametrize("qtype", BLOCK32, ids=lambda t: t.name)
+def test_native_tracks_llama_cpp_scheme(qtype, n_tokens, kernel_path):
     tensor = random_tensor(qtype, 72, 512, seed=int(qtype))
     _assert_tracks_reference(tensor, activations(n_tokens, 512))
 
 
 @pytest.mark.parametrize("qtype", BLOCK32, ids=lambda t: t.name)
-def test_native_on_random_blocks(qtype):
+def test_native_on_random_blocks(qtype, kernel_path):
     """Every bit pattern of the quants (not only what a quantizer writes), with finite float16 scales."""
     rng = np.random.default_rng(7)
     block_bytes = GGML_QUANT_SIZES[qtype][1]
@@ -335,18 +350,36 @@ def test_real_model_native_holds_no_weight_memory(smollm2):
 # ---------------------------------------------------------------- batch invariance
 
 
-@pytest.mark.parametrize("qtype", QUANT_TYPES + FLOAT_TYPES, ids=lambda t: t.name)
-def test_batch_invariance_bitwise(qtype):
-    """One row alone, and inside batches of 37 and 200 rows at several positions: identical bits."""
+def _assert_batch_invariant(qtype: Q) -> None:
     tensor = random_tensor(qtype, 48, 512, seed=11)
     layer = Linear(tensor)
     row = activations(1, 512, seed=5)
     alone = layer(row)
-    for n_tokens in (2, 7, 8, 37, 200):
+    for n_tokens in (2, 7, 8, 16, 17, 37, 200):
         batch = activations(n_tokens, 512, seed=n_tokens)
         for position in sorted({0, n_tokens // 2, n_tokens - 1}):
             batch[position] = row[0]
             np.testing.assert_array_equal(layer(batch)[position], alone[0], err_msg=f"T={n_tokens} at {position}")
+
+
+@pytest.mark.parametrize("qtype", BLOCK32, ids=lambda t: t.name)
+def test_batch_invariance_bitwise(qtype, kernel_path):
+    """One row alone, and inside batches of 2 to 200 rows at several positions: identical bits."""
+    _assert_batch_invariant(qtype)
+
+
+@pytest.mark.parametrize("qtype", SUPERBLOCK + FLOAT_TYPES, ids=lambda t: t.name)
+def test_batch_invariance_bitwise_k_quants_and_floats(qtype):
+    _assert_batch_invariant(qtype)
+
+
+@pytest.mark.skipif(not vnni.AVAILABLE, reason="this CPU has no AVX512-VNNI")
+@pytest.mark.parametrize("qtype", BLOCK32, ids=lambda t: t.name)
+def test_vnni_and_portable_kernels_agree_bitwise(qtype, monkeypatch):
+    layer, x = Linear(random_tensor(qtype, 80, 1024, seed=3)), activations(50, 1024)
+    with_vnni = layer(x)
+    monkeypatch.setattr(linear, "USE_VNNI", False)
+    np.testing.assert_array_equal(layer(x), with_vnni)
 
 
 # ---------------------------------------------------------------- construction

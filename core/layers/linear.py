@@ -23,12 +23,13 @@ from .activations import quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_
 
 NATIVE_TYPES = quant_kernels.BLOCK32_TYPES + quant_kernels.SUPERBLOCK_TYPES + float_kernels.FLOAT_TYPES
 
-# The AVX512-VNNI kernels where the CPU has them (same bits as the portable ones; False to compare).
+# The AVX512-VNNI kernels where the CPU has them (the same bits as the portable ones; False to compare).
 USE_VNNI = True
 
 # From this many activation rows on, each weight block is decoded once for all rows (the "lanes"
 # kernels); below, rows are taken one at a time. Both give the same bits; this only picks the faster.
 LANES_MIN_ROWS = 8
+LANES_MIN_ROWS_VNNI = 2
 
 
 class Linear:
@@ -92,11 +93,12 @@ class Linear:
         n_tok, k = x.shape
         n_lanes = -(-n_tok // quant_kernels.LANE_MULTIPLE) * quant_kernels.LANE_MULTIPLE
         if qtype in quant_kernels.BLOCK32_TYPES:
-            if n_tok < LANES_MIN_ROWS:
+            vnni = kernels.lanes_vnni is not None and USE_VNNI
+            if n_tok < (LANES_MIN_ROWS_VNNI if vnni else LANES_MIN_ROWS):
                 a = quantize_q8_32(x)
                 return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)
-            if kernels.lanes_vnni is not None and USE_VNNI:
-                a = quantize_q8_32_quad_groups(x, n_lanes, bias=128 if qtype == quant_kernels.Q8_0 else 0)
+            if vnni:
+                a = quantize_q8_32_quad_groups(x, -(-n_tok // 16) * 16)
                 return kernels.lanes_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
             a = quantize_q8_32_columns(x, n_lanes)
             return kernels.lanes(self._w, a.q, a.d, a.s, a.qsum, out)

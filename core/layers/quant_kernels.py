@@ -138,47 +138,50 @@ def _load_u32(row, at):
 
 
 @njit(inline="always")
-def _quads_block32(qtype, row, off, quads):
-    """Write one block's 32 weights into quads (8 uint32, values 4q..4q+3 as bytes of quad q):
-    unsigned q for the 4- and 5-bit types, the int8 bytes for Q8_0. Return (d, m, offset, wsum):
-    ggml's integer sum is sum(q * a) + offset * sum(a), and wsum = sum of the Q8_0 weights."""
-    d = load_f16(row, off)
+def _spread_bits(bits):
+    """4 bits to bit 4 of each byte of a uint32 (the 5th bits of 4 values)."""
+    return (bits & 1) << 4 | (bits & 2) << 11 | (bits & 4) << 18 | (bits & 8) << 25
+
+
+@njit(inline="always")
+def _weight_quads(qtype, row, off):
+    """One block's 32 weights as 8 uint32 of 4 unsigned bytes (values 4q..4q+3 in quad q): ggml's
+    integer sum is sum(quads * a) + _quads_offset(qtype) * sum(a). Q8_0's int8 weights get +128
+    (a flipped top bit) to be unsigned, as vpdpbusd wants one operand unsigned."""
+    mask = np.uint32(0x0F0F0F0F)
     if qtype == Q8_0:
-        wsum = 0
-        for q in range(8):
-            quads[q] = _load_u32(row, off + 2 + 4 * q)
-        for j in range(32):
-            wsum += np.int8(row[off + 2 + j])
-        return d, np.float32(0.0), 0, wsum
-    m = load_f16(row, off + 2) if qtype == Q4_1 or qtype == Q5_1 else np.float32(0.0)
-    offset = -8 if qtype == Q4_0 else (-16 if qtype == Q5_0 else 0)
+        flip = np.uint32(0x80808080)
+        return (_load_u32(row, off + 2) ^ flip, _load_u32(row, off + 6) ^ flip, _load_u32(row, off + 10) ^ flip,
+                _load_u32(row, off + 14) ^ flip, _load_u32(row, off + 18) ^ flip, _load_u32(row, off + 22) ^ flip,
+                _load_u32(row, off + 26) ^ flip, _load_u32(row, off + 30) ^ flip)
     if qtype == Q4_0 or qtype == Q4_1:
-        nibbles = off + 2 if qtype == Q4_0 else off + 4
-        high_bits = np.uint32(0)
+        at = off + 2 if qtype == Q4_0 else off + 4
+        lo, hi = np.uint32(0), np.uint32(0)  # no 5th bits
     else:
         qh = off + 2 if qtype == Q5_0 else off + 4
-        nibbles = qh + 4
-        high_bits = _load_u32(row, qh)
-    for q in range(4):
-        both = _load_u32(row, nibbles + 4 * q)
-        lo = (high_bits >> (4 * q)) & 15  # 5th bits of values 4q..4q+3, moved to bit 4 of each byte
-        hi = (high_bits >> (16 + 4 * q)) & 15
-        quads[q] = (both & 0x0F0F0F0F) | (lo & 1) << 4 | (lo & 2) << 11 | (lo & 4) << 18 | (lo & 8) << 25
-        quads[q + 4] = ((both >> 4) & 0x0F0F0F0F) | (hi & 1) << 4 | (hi & 2) << 11 | (hi & 4) << 18 | (hi & 8) << 25
-    return d, m, offset, 0
+        at = qh + 4
+        lo, hi = _load_u32(row, qh) & 0xFFFF, _load_u32(row, qh) >> 16
+    w0, w1, w2, w3 = _load_u32(row, at), _load_u32(row, at + 4), _load_u32(row, at + 8), _load_u32(row, at + 12)
+    return (w0 & mask | _spread_bits(lo), w1 & mask | _spread_bits(lo >> 4), w2 & mask | _spread_bits(lo >> 8),
+            w3 & mask | _spread_bits(lo >> 12), (w0 >> 4) & mask | _spread_bits(hi), (w1 >> 4) & mask | _spread_bits(hi >> 4),
+            (w2 >> 4) & mask | _spread_bits(hi >> 8), (w3 >> 4) & mask | _spread_bits(hi >> 12))
+
+
+def _quads_offset(qtype: int) -> int:
+    return {Q4_0: -8, Q5_0: -16, Q8_0: -128}.get(qtype, 0)
 
 
 def _lanes_32_vnni(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
-    signed_weights = qtype == Q8_0
-    offset = -8 if qtype == Q4_0 else (-16 if qtype == Q5_0 else 0)
+    has_min = qtype == Q4_1 or qtype == Q5_1
+    offset = _quads_offset(qtype)
 
     @njit(cache=True, parallel=True)
     def matmul_lanes_32_vnni(w, a_groups, d_t, s_t, qsum_t, out):
         """The lanes kernel with AVX512-VNNI: the same numbers as matmul_lanes_32.
 
         a_groups (lanes / 16, K / 4, 16) uint32: lane l of group g's 4 activations 4q..4q+3 at
-        [g, q, l] (for Q8_0 each plus 128, as uint8). d_t, s_t, qsum_t (K / 32, lanes).
+        [g, q, l]. d_t, s_t, qsum_t (K / 32, lanes).
         A micro-kernel: two weight rows times 16 lanes, sums in registers over all the blocks.
         """
         n_out = w.shape[0]
@@ -189,29 +192,30 @@ def _lanes_32_vnni(qtype: int):
         for tile in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
             n0 = tile * TILE_ROWS
             rows = min(TILE_ROWS, n_out - n0)
-            # the tile's weights, decoded once (rows past the matrix stay zero: computed, not stored)
+            # the tile's weights decoded once, for every lane group (rows past the matrix stay zero)
             quads = np.zeros(TILE_ROWS * n_blocks * 8, np.uint32)
             d = np.zeros((TILE_ROWS, n_blocks), np.float32)
             m = np.zeros((TILE_ROWS, n_blocks), np.float32)
-            wsum = np.zeros((TILE_ROWS, n_blocks), np.int32)
             for r in range(rows):
+                row = w[n0 + r]
                 for b in range(n_blocks):
+                    off = b * block_bytes
                     at = (r * n_blocks + b) * 8
-                    d[r, b], m[r, b], _, wsum[r, b] = _quads_block32(qtype, w[n0 + r], b * block_bytes, quads[at:at + 8])
+                    (quads[at], quads[at + 1], quads[at + 2], quads[at + 3],
+                     quads[at + 4], quads[at + 5], quads[at + 6], quads[at + 7]) = _weight_quads(qtype, row, off)
+                    d[r, b] = load_f16(row, off)
+                    m[r, b] = load_f16(row, off + 2) if has_min else np.float32(0.0)
             result = np.empty(LANES, np.float32)
             for g in range(n_groups):
                 for r in range(0, rows, 2):
                     acc0, acc1 = zeros16(), zeros16()
                     for b in range(n_blocks):
                         isum0, isum1 = vnni.dot_block_rows2(a_flat, (g * n_quads + 8 * b) * LANES, quads,
-                                                            (r * n_blocks + b) * 8, ((r + 1) * n_blocks + b) * 8,
-                                                            signed_weights)
+                                                            (r * n_blocks + b) * 8, ((r + 1) * n_blocks + b) * 8)
                         at = b * n_lanes + g * LANES
                         if offset != 0:
                             correction = load16(qsum_flat, at) * offset
                             isum0, isum1 = isum0 + correction, isum1 + correction
-                        if signed_weights:
-                            isum0, isum1 = isum0 - 128 * wsum[r, b], isum1 - 128 * wsum[r + 1, b]
                         d_act, s_act = load16(d_flat, at), load16(s_flat, at)
                         acc0 = _add_block32(qtype, acc0, to_float(isum0), d[r, b], m[r, b], d_act, s_act)
                         acc1 = _add_block32(qtype, acc1, to_float(isum1), d[r + 1, b], m[r + 1, b], d_act, s_act)

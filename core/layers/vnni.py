@@ -23,20 +23,19 @@ _V16 = ir.VectorType(ir.IntType(32), LANES)
 
 
 @intrinsic
-def dot_block_rows2(typingctx, a_quads, a_start, w_quads, w_start0, w_start1, signed_weights):
+def dot_block_rows2(typingctx, a_quads, a_start, w_quads, w_start0, w_start1):
     """Two weight rows' 32-value blocks against 16 activation rows (lanes): a pair of int32x16,
     sum over quads q < 8 and bytes i < 4 of w_r[q].byte[i] * a[q, lane].byte[i].
 
-    a_quads (uint32, 1-D): quad q of the 16 lanes at a_start + 16 q (4 int8 activations of one
-    lane per uint32). w_quads (uint32, 1-D): row r's 8 quads from w_start_r, the same for every
-    lane. signed_weights False: weights u8, activations s8; True: weights s8, activations u8
-    (the caller has added 128 to them and subtracts 128 * sum(weights) afterwards).
-    Each activation load serves both rows; two chains per row hide vpdpbusd's latency.
+    a_quads (uint32, 1-D): quad q of the 16 lanes at a_start + 16 q, 4 int8 activations of one
+    lane per uint32. w_quads (uint32, 1-D): row r's 8 quads of unsigned weight bytes from
+    w_start_r, each broadcast to every lane. Each activation load serves both rows; two chains
+    per row hide vpdpbusd's latency.
     """
-    sig = types.UniTuple(int32x16, 2)(a_quads, types.intp, w_quads, types.intp, types.intp, types.boolean)
+    sig = types.UniTuple(int32x16, 2)(a_quads, types.intp, w_quads, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
-        a_arr, a_start_v, w_arr, w0_v, w1_v, signed_v = args
+        a_arr, a_start_v, w_arr, w_start0_v, w_start1_v = args
         vpdpbusd = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_V16, [_V16, _V16, _V16]), "llvm.x86.avx512.vpdpbusd.512")
         a_data = context.make_array(signature.args[0])(context, builder, a_arr).data
@@ -45,11 +44,9 @@ def dot_block_rows2(typingctx, a_quads, a_start, w_quads, w_start0, w_start1, si
         for q in range(8):
             a_at = builder.add(a_start_v, ir.Constant(_I64, LANES * q))
             a_vec = builder.load(builder.bitcast(builder.gep(a_data, [a_at]), _V16.as_pointer()), align=4)
-            for row, w_start in enumerate((w0_v, w1_v)):
-                w_vec = splat(builder, builder.load(builder.gep(w_data, [builder.add(w_start, ir.Constant(_I64, q))])), _V16)
-                unsigned_operand = builder.select(signed_v, a_vec, w_vec)
-                signed_operand = builder.select(signed_v, w_vec, a_vec)
-                sums[row][q % 2] = builder.call(vpdpbusd, [sums[row][q % 2], unsigned_operand, signed_operand])
+            for row, w_start in enumerate((w_start0_v, w_start1_v)):
+                quad = builder.load(builder.gep(w_data, [builder.add(w_start, ir.Constant(_I64, q))]))
+                sums[row][q % 2] = builder.call(vpdpbusd, [sums[row][q % 2], splat(builder, quad, _V16), a_vec])
         rows = [builder.add(chains[0], chains[1]) for chains in sums]
         return context.make_tuple(builder, signature.return_type, rows)
 
