@@ -255,7 +255,7 @@ def test_activation_quantizers_match_ggml_reference_bitwise():
 
 @pytest.fixture(params=["vnni", "int16"])
 def kernel_path(request, monkeypatch):
-    """Both lane kernels of the 32-value block types: AVX512-VNNI (where the CPU has it) and portable int16."""
+    """Both kinds of lane kernels: AVX512-VNNI (where the CPU has it) and portable (int16 / int32)."""
     if request.param == "vnni" and not vnni.AVAILABLE:
         pytest.skip("this CPU has no AVX512-VNNI")
     monkeypatch.setattr(linear, "USE_VNNI", request.param == "vnni")
@@ -272,14 +272,7 @@ def _assert_tracks_reference(tensor: TensorInfo, x: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("n_tokens", [1, 5, 37])  # row by row below 2 (VNNI) or 8 rows, lanes from there
-@pytest.mark.parametrize("qtype", SUPERBLOCK, ids=lambda t: t.name)
-def test_native_tracks_llama_cpp_scheme_k_quants(qtype, n_tokens):
-    tensor = random_tensor(qtype, 72, 512, seed=int(qtype))
-    _assert_tracks_reference(tensor, activations(n_tokens, 512))
-
-
-@pytest.mark.parametrize("n_tokens", [1, 5, 37])
-@pytest.mark.parametrize("qtype", BLOCK32, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_native_tracks_llama_cpp_scheme(qtype, n_tokens, kernel_path):
     tensor = random_tensor(qtype, 72, 512, seed=int(qtype))
     _assert_tracks_reference(tensor, activations(n_tokens, 512))
@@ -362,19 +355,19 @@ def _assert_batch_invariant(qtype: Q) -> None:
             np.testing.assert_array_equal(layer(batch)[position], alone[0], err_msg=f"T={n_tokens} at {position}")
 
 
-@pytest.mark.parametrize("qtype", BLOCK32, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_batch_invariance_bitwise(qtype, kernel_path):
     """One row alone, and inside batches of 2 to 200 rows at several positions: identical bits."""
     _assert_batch_invariant(qtype)
 
 
-@pytest.mark.parametrize("qtype", SUPERBLOCK + FLOAT_TYPES, ids=lambda t: t.name)
-def test_batch_invariance_bitwise_k_quants_and_floats(qtype):
+@pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
+def test_batch_invariance_bitwise_floats(qtype):
     _assert_batch_invariant(qtype)
 
 
 @pytest.mark.skipif(not vnni.AVAILABLE, reason="this CPU has no AVX512-VNNI")
-@pytest.mark.parametrize("qtype", BLOCK32, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_vnni_and_portable_kernels_agree_bitwise(qtype, monkeypatch):
     layer, x = Linear(random_tensor(qtype, 80, 1024, seed=3)), activations(50, 1024)
     with_vnni = layer(x)

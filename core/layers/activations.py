@@ -12,9 +12,10 @@ Two block formats (ggml-quants.c, quantize_row_q8_0_ref / _q8_1_ref / _q8_K_ref)
 Every row is quantized on its own, so a row's blocks never depend on the other rows.
 
 Layouts: row-major (T, K) for the row-by-row kernels; for the kernels that vectorise over
-activation rows ("lanes"), transposed: "columns" (K, lanes) int8, or "quad groups" for vpdpbusd
-(lanes / 16, K / 4, 16) uint32, each lane's 4 consecutive values in one word; their per-block
-fields as (blocks, lanes). Lanes past T are zero.
+activation rows ("lanes"), transposed: "columns" (K, lanes) int8; "quad groups" for vpdpbusd
+(lanes / 16, K / 4, 16) uint32, each lane's 4 consecutive values in one word; "pair groups" for
+vpdpwssd (lanes / 16, K / 2, 16) int32, two int16 values of one of ggml's 8 K-quant lanes per
+word. Their per-block fields as (blocks, lanes). Lanes past T are zero.
 """
 
 from __future__ import annotations
@@ -186,6 +187,20 @@ def _quantize_q8_32_lanes(x, q, d, s, qsum, bias, qk):
             _store_columns(rows_q, q, t0)
 
 
+@njit(inline="always")
+def _store_pair_group(rows_q, q, g):
+    """Rows' int8 values into lane group g of q (groups, K / 2, 16) int32 for vpdpwssd: per
+    super-block, ggml lane l's pair j = values (l + 16 j, l + 16 j + 8) as two int16 in a word,
+    at [g, 128 sb + 16 l + j], the group's 16 rows side by side."""
+    for sb in range(rows_q.shape[1] // QK_K):
+        for lane in range(8):
+            for j in range(16):
+                e = sb * QK_K + lane + 16 * j
+                for r in range(rows_q.shape[0]):
+                    q[g, 128 * sb + 16 * lane + j, r] = np.int32(
+                        np.uint32(np.uint16(rows_q[r, e])) | (np.uint32(np.uint16(rows_q[r, e + 8])) << 16))
+
+
 @njit(cache=True, parallel=True, fastmath=_NO_NANS)
 def _quantize_q8_k_lanes(x, q, d, sum32, qk):
     n_rows, k = x.shape
@@ -194,7 +209,10 @@ def _quantize_q8_k_lanes(x, q, d, sum32, qk):
         rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
         for r in range(rows_q.shape[0]):
             _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r], qk)
-        _store_columns(rows_q, q, t0)
+        if q.ndim == 3:
+            _store_pair_group(rows_q, q, task)
+        else:
+            _store_columns(rows_q, q, t0)
 
 
 def _lane_fields(n_fields: int, n_blocks: int, n_lanes: int) -> list[np.ndarray]:
@@ -227,5 +245,15 @@ def quantize_q8_k_columns(x: np.ndarray, n_lanes: int) -> Q8KBlocks:
     n_rows, k = x.shape
     out = Q8KBlocks(q=np.zeros((k, n_lanes), np.int8), d=np.zeros((k // QK_K, n_lanes), np.float32),
                     sum32=np.zeros((k // QK, n_lanes), np.int32))
+    _quantize_q8_k_lanes(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.sum32, QK)
+    return out
+
+
+def quantize_q8_k_pair_groups(x: np.ndarray, n_lanes: int) -> Q8KBlocks:
+    """x (T, K) to Q8_K blocks for vpdpwssd: q (n_lanes / 16, K / 2, 16) int32 (see _store_pair_group),
+    d (K / 256, n_lanes), sum32 (K / 32, n_lanes). n_lanes is a multiple of 16."""
+    n_rows, k = x.shape
+    out = Q8KBlocks(q=np.zeros((n_lanes // ROWS_PER_TASK, k // 2, ROWS_PER_TASK), np.int32),
+                    d=np.zeros((k // QK_K, n_lanes), np.float32), sum32=np.zeros((k // QK, n_lanes), np.int32))
     _quantize_q8_k_lanes(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.sum32, QK)
     return out

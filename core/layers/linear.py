@@ -19,9 +19,11 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ..dequant import dequantize
 from ..gguf_file import TensorInfo
 from . import float_kernels, quant_kernels
-from .activations import quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups, quantize_q8_k, quantize_q8_k_columns
+from .activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups, quantize_q8_k,
+                          quantize_q8_k_columns, quantize_q8_k_pair_groups)
+from .quant_blocks import BLOCK32_TYPES, SUPERBLOCK_TYPES
 
-NATIVE_TYPES = quant_kernels.BLOCK32_TYPES + quant_kernels.SUPERBLOCK_TYPES + float_kernels.FLOAT_TYPES
+NATIVE_TYPES = BLOCK32_TYPES + SUPERBLOCK_TYPES + float_kernels.FLOAT_TYPES
 
 # The AVX512-VNNI kernels where the CPU has them (the same bits as the portable ones; False to compare).
 USE_VNNI = True
@@ -86,31 +88,53 @@ class Linear:
         out = np.empty((x.shape[0], self.out_features), np.float32)
         if x.shape[0] == 0:
             return out
-        qtype = int(self.type)
-        if qtype in float_kernels.FLOAT_TYPES:
-            return float_kernels.matmul_float(qtype, self._w, x, out)
-        kernels = quant_kernels.kernels_for(qtype)
-        n_tok, k = x.shape
-        n_lanes = -(-n_tok // quant_kernels.LANE_MULTIPLE) * quant_kernels.LANE_MULTIPLE
-        if qtype in quant_kernels.BLOCK32_TYPES:
-            vnni = kernels.lanes_vnni is not None and USE_VNNI
-            if n_tok < (LANES_MIN_ROWS_VNNI if vnni else LANES_MIN_ROWS):
-                a = quantize_q8_32(x)
-                return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)
-            if vnni:
-                a = quantize_q8_32_quad_groups(x, -(-n_tok // 16) * 16)
-                return kernels.lanes_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
-            a = quantize_q8_32_columns(x, n_lanes)
-            return kernels.lanes(self._w, a.q, a.d, a.s, a.qsum, out)
-        if n_tok < LANES_MIN_ROWS:
+        if int(self.type) in float_kernels.FLOAT_TYPES:
+            return float_kernels.matmul_float(int(self.type), self._w, x, out)
+        if int(self.type) in BLOCK32_TYPES:
+            return self._matmul_block32(x, out)
+        return self._matmul_superblocks(x, out)
+
+    def _matmul_block32(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Activations in 32-value blocks (Q8_0, with Q8_1's sums) against Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights."""
+        kernels = quant_kernels.kernels_for(int(self.type))
+        n_tok = x.shape[0]
+        if _row_by_row(kernels, n_tok):
+            a = quantize_q8_32(x)
+            return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)
+        if _use_vnni(kernels):
+            a = quantize_q8_32_quad_groups(x, _round_up(n_tok, 16))
+            return kernels.lanes_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
+        a = quantize_q8_32_columns(x, _round_up(n_tok, quant_kernels.LANE_MULTIPLE))
+        return kernels.lanes(self._w, a.q, a.d, a.s, a.qsum, out)
+
+    def _matmul_superblocks(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Activations in Q8_K blocks against Q4_K/Q5_K/Q6_K weights."""
+        kernels = quant_kernels.kernels_for(int(self.type))
+        n_tok = x.shape[0]
+        if _row_by_row(kernels, n_tok):
             a = quantize_q8_k(x)
             return kernels.rows(self._w, a.q, a.d, a.sum32, out, 16)
-        a = quantize_q8_k_columns(x, n_lanes)
+        if _use_vnni(kernels):
+            a = quantize_q8_k_pair_groups(x, _round_up(n_tok, 16))
+            return kernels.lanes_vnni(self._w, a.q, a.d, a.sum32, out, 16)
+        a = quantize_q8_k_columns(x, _round_up(n_tok, quant_kernels.LANE_MULTIPLE))
         return kernels.lanes(self._w, a.q, a.d, a.sum32, out, 16)
 
     def __repr__(self) -> str:
         return (f"Linear({self.name}, {self.type.name}, {self.out_features}x{self.in_features}, fmt={self.fmt}, "
                 f"weight_bytes={self.weight_bytes:,})")
+
+
+def _use_vnni(kernels: quant_kernels.Kernels) -> bool:
+    return kernels.lanes_vnni is not None and USE_VNNI
+
+
+def _row_by_row(kernels: quant_kernels.Kernels, n_tok: int) -> bool:
+    return n_tok < (LANES_MIN_ROWS_VNNI if _use_vnni(kernels) else LANES_MIN_ROWS)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _address(a: np.ndarray) -> int:

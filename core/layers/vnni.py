@@ -1,4 +1,4 @@
-"""AVX512-VNNI's vpdpbusd for numba: 64 int8 multiply-adds in one instruction.
+"""AVX512-VNNI for numba: vpdpbusd (64 int8 multiply-adds in one instruction) and vpdpwssd (32 int16).
 
 LLVM does not derive vpdpbusd from plain loops (its patterns stop at pmaddwd), and without it
 the int16 kernels reach about half of llama.cpp's speed, so this one instruction comes through
@@ -49,5 +49,36 @@ def dot_block_rows2(typingctx, a_quads, a_start, w_quads, w_start0, w_start1):
                 sums[row][q % 2] = builder.call(vpdpbusd, [sums[row][q % 2], splat(builder, quad, _V16), a_vec])
         rows = [builder.add(chains[0], chains[1]) for chains in sums]
         return context.make_tuple(builder, signature.return_type, rows)
+
+    return sig, codegen
+
+
+@intrinsic
+def dot_superblock_lanes8(typingctx, a_pairs, a_start, w_pairs, w_start):
+    """One weight row's 256-value super-block against 16 activation rows: ggml's 8 lane sums as
+    8 int32x16, lane l = sum over j < 16 of the int16 pair products w[l, j] . a[l, j, row].
+
+    a_pairs (int32, 1-D): pair j of ggml lane l for the 16 activation rows at
+    a_start + (16 l + j) * 16, two int16 values per int32. w_pairs (int32, 1-D): the weight
+    pairs (scale-folded int16) at w_start + 16 l + j, each broadcast to the 16 rows.
+    """
+    sig = types.UniTuple(int32x16, 8)(a_pairs, types.intp, w_pairs, types.intp)
+
+    def codegen(context, builder, signature, args):
+        a_arr, a_start_v, w_arr, w_start_v = args
+        vpdpwssd = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V16, [_V16, _V16, _V16]), "llvm.x86.avx512.vpdpwssd.512")
+        a_data = context.make_array(signature.args[0])(context, builder, a_arr).data
+        w_data = context.make_array(signature.args[2])(context, builder, w_arr).data
+        lanes = []
+        for lane in range(8):
+            acc = ir.Constant(_V16, [0] * LANES)
+            for j in range(16):
+                a_at = builder.add(a_start_v, ir.Constant(_I64, (16 * lane + j) * LANES))
+                a_vec = builder.load(builder.bitcast(builder.gep(a_data, [a_at]), _V16.as_pointer()), align=4)
+                pair = builder.load(builder.gep(w_data, [builder.add(w_start_v, ir.Constant(_I64, 16 * lane + j))]))
+                acc = builder.call(vpdpwssd, [acc, splat(builder, pair, _V16), a_vec])
+            lanes.append(acc)
+        return context.make_tuple(builder, signature.return_type, lanes)
 
     return sig, codegen

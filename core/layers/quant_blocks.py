@@ -1,0 +1,188 @@
+"""GGUF weight blocks as ggml stores them, decoded for the kernels, and ggml's float step per block.
+
+Every kernel takes a block's integers from here and applies add_block32 (32-value blocks) or the
+K-quant steps spelled out in its own loop, so all of them compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from numba import njit
+
+from .halfs import load_f16
+
+Q4_0 = int(GGMLQuantizationType.Q4_0)
+Q4_1 = int(GGMLQuantizationType.Q4_1)
+Q5_0 = int(GGMLQuantizationType.Q5_0)
+Q5_1 = int(GGMLQuantizationType.Q5_1)
+Q8_0 = int(GGMLQuantizationType.Q8_0)
+Q4_K = int(GGMLQuantizationType.Q4_K)
+Q5_K = int(GGMLQuantizationType.Q5_K)
+Q6_K = int(GGMLQuantizationType.Q6_K)
+
+BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+SUPERBLOCK_TYPES = (Q4_K, Q5_K, Q6_K)
+
+
+# ---------------------------------------------------------------- 32-value blocks
+# Block layouts (ggml-common.h); "nibbles" are 16 bytes whose byte j holds value j in its low
+# 4 bits and value j + 16 in its high 4 bits; qh is a little-endian uint32 whose bit j is the
+# 5th bit of value j.
+#   Q4_0, 18 bytes: f16 d | nibbles                 value = d * (q - 8)
+#   Q4_1, 20 bytes: f16 d | f16 m | nibbles         value = d * q + m
+#   Q5_0, 22 bytes: f16 d | qh | nibbles            value = d * (q - 16)
+#   Q5_1, 24 bytes: f16 d | f16 m | qh | nibbles    value = d * q + m
+#   Q8_0, 34 bytes: f16 d | 32 int8                 value = d * q
+
+
+@njit(inline="always")
+def decode_block32(qtype, row, off, u):
+    """Write one block's 32 integers, centred on 0, into u (int16); return (d, m, offset).
+
+    ggml's integer sum of the block against activations a is sum(u * a) + offset * sum(a): the
+    centring keeps the 4- and 5-bit sums within int16, the offset gives back ggml's sum exactly.
+    """
+    d = load_f16(row, off)
+    m = np.float32(0.0)
+    offset = 0
+    if qtype == Q8_0:
+        for j in range(32):
+            u[j] = np.int8(row[off + 2 + j])
+        return d, m, offset
+    if qtype == Q4_0 or qtype == Q4_1:
+        centre = 8
+        nibbles = off + 2 if qtype == Q4_0 else off + 4
+        high_bits = np.uint32(0)
+    else:
+        centre = 16
+        qh = off + 2 if qtype == Q5_0 else off + 4
+        nibbles = qh + 4
+        high_bits = (np.uint32(row[qh]) | (np.uint32(row[qh + 1]) << 8)
+                     | (np.uint32(row[qh + 2]) << 16) | (np.uint32(row[qh + 3]) << 24))
+    if qtype == Q4_1 or qtype == Q5_1:
+        m = load_f16(row, off + 2)
+        offset = centre
+    for j in range(16):
+        byte = np.int32(row[nibbles + j])
+        u[j] = (byte & 15) + (((high_bits >> j) & 1) << 4) - centre
+        u[j + 16] = (byte >> 4) + (((high_bits >> (j + 16)) & 1) << 4) - centre
+    return d, m, offset
+
+
+@njit(inline="always")
+def add_block32(qtype, acc, isum, d, m, d_act, s_act):
+    """acc plus one block's contribution: ggml's float steps, operation for operation.
+
+    isum: ggml's integer sum, as float32 (exact); d, m: the weight block's scale and min;
+    d_act, s_act: the activation block's float16 scale and Q8_1 sum. acc, isum, d_act, s_act
+    are float32 scalars, or float32x16 for 16 activation rows at once: the same IEEE steps.
+    """
+    if qtype == Q4_0:
+        return acc + (isum * d) * d_act
+    if qtype == Q4_1 or qtype == Q5_1:
+        return acc + ((d * d_act) * isum + m * s_act)
+    return acc + (d * d_act) * isum  # Q5_0, Q8_0
+
+
+@njit(inline="always")
+def load_u32(row, at):
+    return (np.uint32(row[at]) | (np.uint32(row[at + 1]) << 8)
+            | (np.uint32(row[at + 2]) << 16) | (np.uint32(row[at + 3]) << 24))
+
+
+@njit(inline="always")
+def _spread_bits(bits):
+    """4 bits to bit 4 of each byte of a uint32 (the 5th bits of 4 values)."""
+    return (bits & 1) << 4 | (bits & 2) << 11 | (bits & 4) << 18 | (bits & 8) << 25
+
+
+@njit(inline="always")
+def weight_quads(qtype, row, off):
+    """One block's 32 weights as 8 uint32 of 4 unsigned bytes (values 4q..4q+3 in quad q): ggml's
+    integer sum is sum(quads * a) + quads_offset(qtype) * sum(a). Q8_0's int8 weights get +128
+    (a flipped top bit) to be unsigned, as vpdpbusd wants one operand unsigned."""
+    mask = np.uint32(0x0F0F0F0F)
+    if qtype == Q8_0:
+        flip = np.uint32(0x80808080)
+        return (load_u32(row, off + 2) ^ flip, load_u32(row, off + 6) ^ flip, load_u32(row, off + 10) ^ flip,
+                load_u32(row, off + 14) ^ flip, load_u32(row, off + 18) ^ flip, load_u32(row, off + 22) ^ flip,
+                load_u32(row, off + 26) ^ flip, load_u32(row, off + 30) ^ flip)
+    if qtype == Q4_0 or qtype == Q4_1:
+        at = off + 2 if qtype == Q4_0 else off + 4
+        lo, hi = np.uint32(0), np.uint32(0)  # no 5th bits
+    else:
+        qh = off + 2 if qtype == Q5_0 else off + 4
+        at = qh + 4
+        lo, hi = load_u32(row, qh) & 0xFFFF, load_u32(row, qh) >> 16
+    w0, w1, w2, w3 = load_u32(row, at), load_u32(row, at + 4), load_u32(row, at + 8), load_u32(row, at + 12)
+    return (w0 & mask | _spread_bits(lo), w1 & mask | _spread_bits(lo >> 4), w2 & mask | _spread_bits(lo >> 8),
+            w3 & mask | _spread_bits(lo >> 12), (w0 >> 4) & mask | _spread_bits(hi), (w1 >> 4) & mask | _spread_bits(hi >> 4),
+            (w2 >> 4) & mask | _spread_bits(hi >> 8), (w3 >> 4) & mask | _spread_bits(hi >> 12))
+
+
+def quads_offset(qtype: int) -> int:
+    """The offset of weight_quads' sums (its unsigned weights are the values plus -offset)."""
+    return {Q4_0: -8, Q5_0: -16, Q8_0: -128}.get(qtype, 0)
+
+
+# ---------------------------------------------------------------- K-quant super-blocks
+# 256 values in 8 sub-blocks of 32 (Q6_K: 16 of 16), ggml-common.h:
+#   Q4_K, 144 bytes: f16 d | f16 dmin | 12 bytes of 6-bit scales and mins | 128 bytes of 4-bit q
+#     q bytes 32c..32c+31 hold sub-block 2c (low nibbles) and 2c+1 (high); value = d*sc*q - dmin*m
+#   Q5_K, 176 bytes: as Q4_K with 32 bytes qh after the scales: bit s of qh[i] is the 5th bit of
+#     value i of sub-block s
+#   Q6_K, 210 bytes: 128 bytes ql | 64 bytes qh | 16 int8 scales | f16 d; value = d*sc*(q - 32)
+#     each half of 128 values: ql[i] low/high nibble and qh[i] bits 0-1/4-5 make values i and
+#     i + 64, ql[i + 32] and qh[i] bits 2-3/6-7 make values i + 32 and i + 96
+# ggml's reference dot keeps 8 int32 lanes per super-block (value e goes to lane e % 8) and 8 float
+# sums per row, added together only at the end, so the lanes are kept here too.
+
+
+@njit(inline="always")
+def _scale_min_k4(j, scales, off):
+    """Sub-block j's 6-bit scale and min from Q4_K/Q5_K's 12 packed bytes (get_scale_min_k4)."""
+    if j < 4:
+        return np.int32(scales[off + j] & 63), np.int32(scales[off + j + 4] & 63)
+    sc = (scales[off + j + 4] & 15) | ((scales[off + j - 4] >> 6) << 4)
+    mn = (scales[off + j + 4] >> 4) | ((scales[off + j] >> 6) << 4)
+    return np.int32(sc), np.int32(mn)
+
+
+@njit(inline="always")
+def decode_superblock(qtype, row, off, u, mins, sixteen):
+    """Write a super-block's 256 integers times their sub-block scale into u (int16) and the
+    sub-block minimums into mins (int32, 8); return (d, dmin).
+
+    `sixteen` is 16, passed at run time so that LLVM vectorises the loops over the values.
+    """
+    if qtype == Q6_K:
+        for half in range(2):
+            ql, qh, e0 = off + 64 * half, off + 128 + 32 * half, 128 * half
+            for i0 in range(0, 32, 16):  # 16 values share a scale
+                sc0 = np.int32(np.int8(row[off + 192 + (e0 + i0) // 16]))
+                sc1 = np.int32(np.int8(row[off + 192 + (e0 + 32 + i0) // 16]))
+                sc2 = np.int32(np.int8(row[off + 192 + (e0 + 64 + i0) // 16]))
+                sc3 = np.int32(np.int8(row[off + 192 + (e0 + 96 + i0) // 16]))
+                for i in range(i0, i0 + sixteen):
+                    h = np.int32(row[qh + i])
+                    lo, lo2 = np.int32(row[ql + i]), np.int32(row[ql + 32 + i])
+                    u[e0 + i] = sc0 * (((lo & 15) | ((h & 3) << 4)) - 32)
+                    u[e0 + 32 + i] = sc1 * (((lo2 & 15) | (((h >> 2) & 3) << 4)) - 32)
+                    u[e0 + 64 + i] = sc2 * (((lo >> 4) | (((h >> 4) & 3) << 4)) - 32)
+                    u[e0 + 96 + i] = sc3 * (((lo2 >> 4) | (((h >> 6) & 3) << 4)) - 32)
+        for j in range(8):
+            mins[j] = 0
+        return load_f16(row, off + 208), np.float32(0.0)
+    qs = off + 16 if qtype == Q4_K else off + 48
+    for s in range(8):
+        sc, mn = _scale_min_k4(s, row, off + 4)
+        mins[s] = mn
+        byte0 = qs + 32 * (s // 2)
+        shift = 4 * (s % 2)
+        for i in range(2 * sixteen):
+            q = (np.int32(row[byte0 + i]) >> shift) & 15
+            if qtype == Q5_K:
+                q += ((np.int32(row[off + 16 + i]) >> s) & 1) << 4
+            u[32 * s + i] = sc * q
+    return load_f16(row, off), load_f16(row, off + 2)
