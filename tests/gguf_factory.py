@@ -1,8 +1,10 @@
 """Tiny, real GGUF files for unit tests, written with ``gguf.GGUFWriter``.
 
-``write_tiny_llama`` writes a valid miniature llama model (random weights, a small
-byte-level BPE vocab, ChatML template) and returns what it wrote, including the
-float32 dequantization of every tensor, so loader tests can compare against it.
+``write_tiny_model`` writes a valid miniature llama, qwen2, qwen3 or gemma3 model
+(random weights, a small byte-level BPE vocab, ChatML template) and returns what it
+wrote, including the float32 dequantization of every tensor, so loader tests can
+compare against it; ``write_tiny_llama`` is its llama case (tests/fixtures/arch_llamacpp.*
+holds llama.cpp's logits for the files scripts/make_arch_reference.py writes with it).
 The ``write_*`` helpers below it produce files that are broken in one known way;
 ``patched_copy`` copies a real file and overwrites header fields in place.
 """
@@ -95,47 +97,129 @@ def _stored_type(raw: np.ndarray, raw_dtype: QT | None) -> QT:
     return {np.dtype(np.float32): QT.F32, np.dtype(np.float16): QT.F16}[raw.dtype]
 
 
-def write_tiny_llama(path, *, tensor_type="F32", n_layers=2, dim=None, n_heads=4, n_kv_heads=2, ffn_dim=None,
-                     context_length=128, tie_embeddings=True, seed=0, rope_theta=10000.0, rms_eps=1e-5,
-                     arch="llama", drop_keys=(), tensor_overrides=None, metadata=None, drop_tensors=()) -> dict:
-    """Write a tiny llama GGUF; weight matrices use ``tensor_type``, norms stay F32.
+# ---- tiny models per architecture ---------------------------------------------------------
 
-    ``dim``/``ffn_dim`` default to 64/128, or 256/512 for K-quants (rows must be multiples
-    of 256). ``drop_keys`` removes metadata keys after they are set; ``metadata`` sets keys
-    (an existing key keeps its stored type; a new one gets gguf-py's type for the value).
-    ``tensor_overrides`` maps a tensor name to an array written as is (float32 -> F32,
-    float16 -> F16) or to a ``(raw_uint8_blocks, "Q2_K")`` pair; ``drop_tensors`` leaves
-    tensors out. Returns the config plus ``tensors``: name -> float32 array (out, in)
-    dequantized from exactly the bytes written.
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+MT = gguf.MODEL_TENSOR
+
+# What differs per architecture, on top of the llama layout (all use RMSNorm, RoPE, GQA and
+# a gated FFN; the tokenizer is the same tiny byte-level BPE for all four):
+#   qwen2:  F32 biases on Q, K and V (blk.N.attn_{q,k,v}.bias); NEOX RoPE in llama.cpp.
+#   qwen3:  per-head RMSNorm of q and k before RoPE (blk.N.attn_{q,k}_norm.weight, (head_dim,)),
+#           head_dim from attention.key_length/value_length, not dim/n_heads.
+#   gemma3: embeddings scaled by sqrt(dim) in the graph, four norms per layer (attn_norm,
+#           post_attention_norm, ffn_norm, post_ffw_norm) plus attn_{q,k}_norm, GELU-tanh gate,
+#           attention.key_length/value_length, attention.sliding_window (5 of every 6 layers
+#           are local: layer i is local unless i % 6 == 5), rope.freq_base for the global layers.
+# Defaults: (n_layers, n_heads, n_kv_heads, head_dim factor, tie_embeddings, rope_theta, rms_eps).
+# head_dim = factor * dim // n_heads (factor 2 where the architecture reads key_length).
+_ARCH_DEFAULTS = {
+    "llama": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=True,
+                  rope_theta=10000.0, rms_eps=1e-5),
+    "qwen2": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False,
+                  rope_theta=1000000.0, rms_eps=1e-6),
+    "qwen3": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=2, tie_embeddings=True,
+                  rope_theta=1000000.0, rms_eps=1e-6),
+    "gemma3": dict(n_layers=7, n_heads=4, n_kv_heads=1, head_factor=2, tie_embeddings=True,
+                   rope_theta=1000000.0, rms_eps=1e-6),
+}
+GEMMA3_SLIDING_WINDOW = 8
+
+
+def tensor_name(kind: gguf.MODEL_TENSOR, bid: int | None = None, suffix: str = "weight") -> str:
+    """gguf-py's name for a tensor kind, e.g. (MT.ATTN_Q, 0, "bias") -> "blk.0.attn_q.bias"."""
+    base = gguf.TENSOR_NAMES[kind]
+    return f"{base.format(bid=bid) if bid is not None else base}.{suffix}"
+
+
+def _layer_shapes(arch: str, i: int, dim: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                  ffn_dim: int) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> logical (out, in) shape for one block, in file order."""
+    q, kv = n_heads * head_dim, n_kv_heads * head_dim
+    t = lambda kind, suffix="weight": tensor_name(kind, i, suffix)  # noqa: E731
+    shapes = {t(MT.ATTN_NORM): (dim,), t(MT.ATTN_Q): (q, dim)}
+    if arch == "qwen2":
+        shapes[t(MT.ATTN_Q, "bias")] = (q,)
+    if arch in ("qwen3", "gemma3"):
+        shapes[t(MT.ATTN_Q_NORM)] = (head_dim,)
+    shapes[t(MT.ATTN_K)] = (kv, dim)
+    if arch == "qwen2":
+        shapes[t(MT.ATTN_K, "bias")] = (kv,)
+    if arch in ("qwen3", "gemma3"):
+        shapes[t(MT.ATTN_K_NORM)] = (head_dim,)
+    shapes[t(MT.ATTN_V)] = (kv, dim)
+    if arch == "qwen2":
+        shapes[t(MT.ATTN_V, "bias")] = (kv,)
+    shapes[t(MT.ATTN_OUT)] = (dim, q)
+    if arch == "gemma3":
+        shapes[t(MT.ATTN_POST_NORM)] = (dim,)
+        shapes[t(MT.FFN_PRE_NORM)] = (dim,)  # the same name as FFN_NORM: blk.N.ffn_norm
+    else:
+        shapes[t(MT.FFN_NORM)] = (dim,)
+    shapes.update({t(MT.FFN_GATE): (ffn_dim, dim), t(MT.FFN_UP): (ffn_dim, dim), t(MT.FFN_DOWN): (dim, ffn_dim)})
+    if arch == "gemma3":
+        shapes[t(MT.FFN_POST_NORM)] = (dim,)
+    return shapes
+
+
+def write_tiny_model(path, *, arch="llama", tensor_type="F32", n_layers=None, dim=None, n_heads=None,
+                     n_kv_heads=None, head_dim=None, ffn_dim=None, context_length=128, tie_embeddings=None,
+                     seed=0, rope_theta=None, rms_eps=None, sliding_window=None, weight_scale=0.05, arch_name=None,
+                     drop_keys=(), tensor_overrides=None, metadata=None, drop_tensors=()) -> dict:
+    """Write a tiny random GGUF of one of ``ARCHITECTURES``; weight matrices use ``tensor_type``,
+    norm weights and biases stay F32.
+
+    Every argument left None takes the architecture's default (``_ARCH_DEFAULTS``): ``dim``/``ffn_dim``
+    64/128, or 256/512 for K-quants (rows must be multiples of 256); ``head_dim`` dim/n_heads for
+    llama and qwen2, 2*dim/n_heads for qwen3 and gemma3 (written as attention.key_length and
+    value_length, as the real models do); gemma3 has 7 layers (local 0-4 and 6, global 5) and
+    ``sliding_window`` 8. ``arch_name`` writes the layout of ``arch`` under another
+    general.architecture (and key prefix). Weight matrices are ``weight_scale`` * N(0, 1) before
+    quantization (K-quants: random blocks), biases 0.5 N(0, 1), norm weights 1 + 0.05 N(0, 1): for
+    gemma3 that is the stored value, which llama.cpp multiplies by as is (its converter added the 1).
+    ``drop_keys``/``metadata``/``tensor_overrides``/``drop_tensors`` as in ``write_tiny_llama``.
+    The same arguments give byte-identical files (no timestamps; seeded). Returns the config plus
+    ``tensors``: name -> float32 array (out, in) dequantized from exactly the bytes written.
     """
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
     if tensor_type not in SUPPORTED_TYPES:
         raise ValueError(f"tensor_type must be one of {SUPPORTED_TYPES}, got {tensor_type!r}")
+    d = _ARCH_DEFAULTS[arch]
+    n_layers = d["n_layers"] if n_layers is None else n_layers
+    n_heads = d["n_heads"] if n_heads is None else n_heads
+    n_kv_heads = d["n_kv_heads"] if n_kv_heads is None else n_kv_heads
+    tie_embeddings = d["tie_embeddings"] if tie_embeddings is None else tie_embeddings
+    rope_theta = d["rope_theta"] if rope_theta is None else rope_theta
+    rms_eps = d["rms_eps"] if rms_eps is None else rms_eps
+    if arch == "gemma3":
+        sliding_window = GEMMA3_SLIDING_WINDOW if sliding_window is None else sliding_window
+    elif sliding_window is not None:
+        raise ValueError(f"sliding_window is a gemma3 setting, not {arch}'s")
+    arch_name = arch if arch_name is None else arch_name
     big = tensor_type in K_QUANTS
     dim = dim if dim is not None else (256 if big else 64)
     ffn_dim = ffn_dim if ffn_dim is not None else (512 if big else 128)
-    head_dim = dim // n_heads
+    head_dim = head_dim if head_dim is not None else d["head_factor"] * dim // n_heads
     rng = np.random.default_rng(seed)
     tokens, token_types, merges = tiny_vocab()
     vocab = len(tokens)
 
-    shapes = {"token_embd.weight": (vocab, dim)}
+    shapes = {tensor_name(MT.TOKEN_EMBD): (vocab, dim)}
     for i in range(n_layers):
-        p = f"blk.{i}."
-        shapes.update({p + "attn_norm.weight": (dim,), p + "attn_q.weight": (n_heads * head_dim, dim),
-                       p + "attn_k.weight": (n_kv_heads * head_dim, dim), p + "attn_v.weight": (n_kv_heads * head_dim, dim),
-                       p + "attn_output.weight": (dim, n_heads * head_dim), p + "ffn_norm.weight": (dim,),
-                       p + "ffn_gate.weight": (ffn_dim, dim), p + "ffn_up.weight": (ffn_dim, dim),
-                       p + "ffn_down.weight": (dim, ffn_dim)})
-    shapes["output_norm.weight"] = (dim,)
+        shapes.update(_layer_shapes(arch, i, dim, n_heads, n_kv_heads, head_dim, ffn_dim))
+    shapes[tensor_name(MT.OUTPUT_NORM)] = (dim,)
     if not tie_embeddings:
-        shapes["output.weight"] = (vocab, dim)
+        shapes[tensor_name(MT.OUTPUT)] = (vocab, dim)
 
     stored: dict[str, tuple[np.ndarray, QT | None]] = {}
     for name, shape in shapes.items():
-        if len(shape) == 1:  # norm: F32 around 1
+        if name.endswith(".bias"):  # F32, large enough to matter
+            stored[name] = ((0.5 * rng.standard_normal(shape)).astype(np.float32), None)
+        elif len(shape) == 1:  # norm: F32 around 1
             stored[name] = ((1.0 + 0.05 * rng.standard_normal(shape)).astype(np.float32), None)
         else:
-            w = (0.05 * rng.standard_normal(shape)).astype(np.float32)
+            w = (weight_scale * rng.standard_normal(shape)).astype(np.float32)
             raw = encode_weight(w, tensor_type, rng)
             stored[name] = (raw, QT[tensor_type] if raw.dtype == np.uint8 else None)
     for name, value in (tensor_overrides or {}).items():
@@ -143,8 +227,8 @@ def write_tiny_llama(path, *, tensor_type="F32", n_layers=2, dim=None, n_heads=4
     for name in drop_tensors:
         del stored[name]  # KeyError on a typo, on purpose
 
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name("tiny-llama-test")
+    w = gguf.GGUFWriter(str(path), arch_name)
+    w.add_name(f"tiny-{arch}-test")
     w.add_block_count(n_layers)
     w.add_context_length(context_length)
     w.add_embedding_length(dim)
@@ -155,6 +239,11 @@ def write_tiny_llama(path, *, tensor_type="F32", n_layers=2, dim=None, n_heads=4
     w.add_layer_norm_rms_eps(rms_eps)
     w.add_vocab_size(vocab)
     w.add_rope_dimension_count(head_dim)
+    if arch in ("qwen3", "gemma3"):
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if arch == "gemma3":
+        w.add_sliding_window(sliding_window)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -186,12 +275,33 @@ def write_tiny_llama(path, *, tensor_type="F32", n_layers=2, dim=None, n_heads=4
             tensors[name] = to_float(raw, _stored_type(raw, raw_dtype))
         except NotImplementedError:  # an override of a type gguf-py cannot dequantize
             tensors[name] = None
-    return dict(path=Path(path), arch=arch, tensor_type=tensor_type, n_layers=n_layers, dim=dim, n_heads=n_heads,
-                n_kv_heads=n_kv_heads, head_dim=head_dim, ffn_dim=ffn_dim, context_length=context_length,
-                tie_embeddings=tie_embeddings, rope_theta=rope_theta, rms_eps=rms_eps, vocab_size=vocab,
-                tokens=tokens, token_types=token_types, merges=merges, bos_token_id=1, eos_token_id=2,
-                chat_template=CHAT_TEMPLATE,
+    return dict(path=Path(path), arch=arch_name, layout=arch, tensor_type=tensor_type, n_layers=n_layers, dim=dim,
+                n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, ffn_dim=ffn_dim,
+                context_length=context_length, tie_embeddings=tie_embeddings, rope_theta=rope_theta,
+                rms_eps=rms_eps, sliding_window=sliding_window, vocab_size=vocab, tokens=tokens,
+                token_types=token_types, merges=merges, bos_token_id=1, eos_token_id=2, chat_template=CHAT_TEMPLATE,
                 tensor_types={n: _stored_type(r, t).name for n, (r, t) in stored.items()}, tensors=tensors)
+
+
+def write_tiny_llama(path, *, tensor_type="F32", n_layers=2, dim=None, n_heads=4, n_kv_heads=2, ffn_dim=None,
+                     context_length=128, tie_embeddings=True, seed=0, rope_theta=10000.0, rms_eps=1e-5,
+                     arch="llama", drop_keys=(), tensor_overrides=None, metadata=None, drop_tensors=()) -> dict:
+    """Write a tiny llama GGUF (``write_tiny_model(arch="llama")``); ``arch`` here is only the
+    general.architecture written (and its key prefix): the layout stays llama's.
+
+    ``dim``/``ffn_dim`` default to 64/128, or 256/512 for K-quants (rows must be multiples
+    of 256). ``drop_keys`` removes metadata keys after they are set; ``metadata`` sets keys
+    (an existing key keeps its stored type; a new one gets gguf-py's type for the value).
+    ``tensor_overrides`` maps a tensor name to an array written as is (float32 -> F32,
+    float16 -> F16) or to a ``(raw_uint8_blocks, "Q2_K")`` pair; ``drop_tensors`` leaves
+    tensors out. Returns the config plus ``tensors``: name -> float32 array (out, in)
+    dequantized from exactly the bytes written.
+    """
+    return write_tiny_model(path, arch="llama", arch_name=arch, tensor_type=tensor_type, n_layers=n_layers, dim=dim,
+                            n_heads=n_heads, n_kv_heads=n_kv_heads, ffn_dim=ffn_dim, context_length=context_length,
+                            tie_embeddings=tie_embeddings, seed=seed, rope_theta=rope_theta, rms_eps=rms_eps,
+                            drop_keys=drop_keys, tensor_overrides=tensor_overrides, metadata=metadata,
+                            drop_tensors=drop_tensors)
 
 
 # ---- broken files -------------------------------------------------------------------------
