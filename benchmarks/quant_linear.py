@@ -15,6 +15,8 @@ Each side cycles through copies of its weights totalling over 2x the L3 cache, s
 reads its weights from DRAM, as a model step does. Prints GFLOP/s (2 * T * out * in per call,
 median of --repeats calls after a warm-up), native / f32, and the weight bytes each side reads.
 Nothing is asserted. The machine's load average is printed: ratios are what count on a busy machine.
+On a machine shared with other work, OpenBLAS's threads suffer most (its 2-thread sgemm can fall
+to a few GFLOP/s while it waits for a core); --threads 1 gives the steadiest ratios.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ def main() -> None:
           f" {'native MB':>10} {'f32 MB':>7}")
     for out_f, in_f in shapes:
         for qtype in types:
+            if in_f % GGML_QUANT_SIZES[qtype][0]:
+                continue  # a K-quant row is whole 256-value blocks (GGUF files store such tensors otherwise)
             tensor = random_tensor(qtype, out_f, in_f, rng)
             native = [Linear(TensorInfo(tensor.name, tensor.shape, qtype, tensor.data.copy()))
                       for _ in range(copies_for(tensor.data.nbytes))]

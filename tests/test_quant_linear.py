@@ -16,7 +16,7 @@ from miro.core.dequant import dequantize
 from miro.core.gguf_file import GGUFFile, TensorInfo
 from miro.core.layers import Linear, linear, vnni
 from miro.core.layers.activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups,
-                                         quantize_q8_k, quantize_q8_k_columns)
+                                         quantize_q8_k, quantize_q8_k_columns, quantize_q8_k_pair_groups)
 
 F32 = np.float32
 BLOCK32 = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
@@ -234,11 +234,10 @@ def test_activation_quantizers_match_ggml_reference_bitwise():
     np.testing.assert_array_equal(got_k.sum32, qk.reshape(37, -1, 32).sum(axis=2))
     columns = quantize_q8_32_columns(x, 64)  # the layouts the lane kernels read
     np.testing.assert_array_equal(columns.q[:, :37].T, got.q)
-    for bias in (0, 128):
-        groups = quantize_q8_32_quad_groups(x, 64, bias)  # (4, K / 4, 16) uint32
-        by_row = groups.q.view(np.uint8).reshape(4, 1024 // 4, 16, 4).transpose(0, 2, 1, 3).reshape(64, 1024)
-        np.testing.assert_array_equal((by_row[:37].astype(np.int64) - bias) % 256, q.reshape(37, -1) % 256)
-        assert not by_row[37:].any()
+    groups = quantize_q8_32_quad_groups(x, 64)  # (4, K / 4, 16) uint32
+    by_row = groups.q.view(np.int8).reshape(4, 1024 // 4, 16, 4).transpose(0, 2, 1, 3).reshape(64, 1024)
+    np.testing.assert_array_equal(by_row[:37], got.q)
+    assert not by_row[37:].any()
     for lanes in (columns, groups):
         np.testing.assert_array_equal(lanes.d[:, :37].T, d)
         np.testing.assert_array_equal(lanes.s[:, :37].T, s)
@@ -246,8 +245,12 @@ def test_activation_quantizers_match_ggml_reference_bitwise():
         assert not lanes.d[:, 37:].any() and not lanes.qsum[:, 37:].any()
     columns_k = quantize_q8_k_columns(x, 64)
     np.testing.assert_array_equal(columns_k.q[:, :37].T, got_k.q)
-    np.testing.assert_array_equal(columns_k.d[:, :37].T, dk)
-    np.testing.assert_array_equal(columns_k.sum32[:, :37].T, got_k.sum32)
+    pairs = quantize_q8_k_pair_groups(x, 64).q.view(np.int16).reshape(4, 4, 8, 16, 16, 2)  # g, sb, lane, j, row, 2
+    by_row = pairs.transpose(0, 4, 1, 3, 5, 2).reshape(64, 1024)  # value sb*256 + 16 j + 8 i + lane
+    np.testing.assert_array_equal(by_row[:37], got_k.q)
+    for lanes in (columns_k, quantize_q8_k_pair_groups(x, 64)):
+        np.testing.assert_array_equal(lanes.d[:, :37].T, dk)
+        np.testing.assert_array_equal(lanes.sum32[:, :37].T, got_k.sum32)
 
 
 # ---------------------------------------------------------------- native kernels against the reference

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, prange
 
+from .cache_key import HELPERS
 from .halfs import round_to_f16
 
 QK = 32  # values per Q8_0 / Q8_1 block
@@ -115,40 +116,7 @@ def _quantize_row_q8_k(x_row, q_row, d, sum32, qk):
             sum32[g] = total
 
 
-# ---------------------------------------------------------------- row-major
-
-
-@njit(cache=True, parallel=True, fastmath=_NO_NANS)
-def _quantize_q8_32(x, q, d, s, qsum, qk):
-    for t in prange(x.shape[0]):
-        _quantize_row_q8_32(x[t], q[t], d[t], s[t], qsum[t], qk)
-
-
-@njit(cache=True, parallel=True, fastmath=_NO_NANS)
-def _quantize_q8_k(x, q, d, sum32, qk):
-    for t in prange(x.shape[0]):
-        _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], qk)
-
-
-def quantize_q8_32(x: np.ndarray) -> Q8Blocks:
-    """Quantize each row of x (T, K), K a multiple of 32, to Q8_0 blocks with Q8_1's sums."""
-    n_rows, k = x.shape
-    out = Q8Blocks(q=np.empty((n_rows, k), np.int8), d=np.empty((n_rows, k // QK), np.float32),
-                   s=np.empty((n_rows, k // QK), np.float32), qsum=np.empty((n_rows, k // QK), np.int32))
-    _quantize_q8_32(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.s, out.qsum, QK)
-    return out
-
-
-def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
-    """Quantize each row of x (T, K), K a multiple of 256, to Q8_K blocks."""
-    n_rows, k = x.shape
-    out = Q8KBlocks(q=np.empty((n_rows, k), np.int8), d=np.empty((n_rows, k // QK_K), np.float32),
-                    sum32=np.empty((n_rows, k // QK), np.int32))
-    _quantize_q8_k(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.sum32, QK)
-    return out
-
-
-# ---------------------------------------------------------------- lanes
+# ---------------------------------------------------------------- the lanes layouts
 
 
 @njit(inline="always")
@@ -160,31 +128,14 @@ def _store_columns(rows_q, q, t0):
 
 
 @njit(inline="always")
-def _store_quad_group(rows_q, q, g, bias):
-    """Rows' int8 values plus bias (as uint8) into lane group g of q (groups, K / 4, 16) uint32:
-    each lane's 4 consecutive values in one word, the group's 16 lanes side by side."""
+def _store_quad_group(rows_q, q, g):
+    """Rows' int8 values into lane group g of q (groups, K / 4, 16) uint32 for vpdpbusd: each
+    lane's 4 consecutive values in one word, the group's 16 lanes side by side."""
     for kq in range(rows_q.shape[1] // 4):
         for r in range(rows_q.shape[0]):
             k = 4 * kq
-            q[g, kq, r] = (np.uint32(np.uint8(rows_q[r, k] + bias))
-                           | (np.uint32(np.uint8(rows_q[r, k + 1] + bias)) << 8)
-                           | (np.uint32(np.uint8(rows_q[r, k + 2] + bias)) << 16)
-                           | (np.uint32(np.uint8(rows_q[r, k + 3] + bias)) << 24))
-
-
-@njit(cache=True, parallel=True, fastmath=_NO_NANS)
-def _quantize_q8_32_lanes(x, q, d, s, qsum, bias, qk):
-    """ROWS_PER_TASK rows at a time: quantized row by row into a scratch, then stored transposed."""
-    n_rows, k = x.shape
-    for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        t0 = task * ROWS_PER_TASK
-        rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
-        for r in range(rows_q.shape[0]):
-            _quantize_row_q8_32(x[t0 + r], rows_q[r], d[:, t0 + r], s[:, t0 + r], qsum[:, t0 + r], qk)
-        if q.ndim == 3:
-            _store_quad_group(rows_q, q, task, bias)
-        else:
-            _store_columns(rows_q, q, t0)
+            q[g, kq, r] = (np.uint32(np.uint8(rows_q[r, k])) | (np.uint32(np.uint8(rows_q[r, k + 1])) << 8)
+                           | (np.uint32(np.uint8(rows_q[r, k + 2])) << 16) | (np.uint32(np.uint8(rows_q[r, k + 3])) << 24))
 
 
 @njit(inline="always")
@@ -201,59 +152,117 @@ def _store_pair_group(rows_q, q, g):
                         np.uint32(np.uint16(rows_q[r, e])) | (np.uint32(np.uint16(rows_q[r, e + 8])) << 16))
 
 
-@njit(cache=True, parallel=True, fastmath=_NO_NANS)
-def _quantize_q8_k_lanes(x, q, d, sum32, qk):
+# ---------------------------------------------------------------- the kernels
+
+
+def _build_kernels():
+    """The cached quantizers, made here so that they close over HELPERS (see cache_key.py)."""
+    helpers = HELPERS
+
+    @njit(cache=True, parallel=True, fastmath=_NO_NANS)
+    def rows_q8_32(x, q, d, s, qsum, qk):
+        helpers  # in numba's cache key
+        for t in prange(x.shape[0]):
+            _quantize_row_q8_32(x[t], q[t], d[t], s[t], qsum[t], qk)
+
+    @njit(cache=True, parallel=True, fastmath=_NO_NANS)
+    def rows_q8_k(x, q, d, sum32, qk):
+        helpers  # in numba's cache key
+        for t in prange(x.shape[0]):
+            _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], qk)
+
+    @njit(cache=True, parallel=True, fastmath=_NO_NANS)
+    def lanes_q8_32(x, q, d, s, qsum, qk):
+        """ROWS_PER_TASK rows at a time: quantized row by row into a scratch, then stored transposed."""
+        helpers  # in numba's cache key
+        n_rows, k = x.shape
+        for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+            t0 = task * ROWS_PER_TASK
+            rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
+            for r in range(rows_q.shape[0]):
+                _quantize_row_q8_32(x[t0 + r], rows_q[r], d[:, t0 + r], s[:, t0 + r], qsum[:, t0 + r], qk)
+            if q.ndim == 3:
+                _store_quad_group(rows_q, q, task)
+            else:
+                _store_columns(rows_q, q, t0)
+
+    @njit(cache=True, parallel=True, fastmath=_NO_NANS)
+    def lanes_q8_k(x, q, d, sum32, qk):
+        helpers  # in numba's cache key
+        n_rows, k = x.shape
+        for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+            t0 = task * ROWS_PER_TASK
+            rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
+            for r in range(rows_q.shape[0]):
+                _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r], qk)
+            if q.ndim == 3:
+                _store_pair_group(rows_q, q, task)
+            else:
+                _store_columns(rows_q, q, t0)
+
+    return rows_q8_32, rows_q8_k, lanes_q8_32, lanes_q8_k
+
+
+_rows_q8_32, _rows_q8_k, _lanes_q8_32, _lanes_q8_k = _build_kernels()
+
+
+# ---------------------------------------------------------------- the quantizers
+
+
+def _float32(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def quantize_q8_32(x: np.ndarray) -> Q8Blocks:
+    """Quantize each row of x (T, K), K a multiple of 32, to Q8_0 blocks with Q8_1's sums."""
     n_rows, k = x.shape
-    for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        t0 = task * ROWS_PER_TASK
-        rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
-        for r in range(rows_q.shape[0]):
-            _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r], qk)
-        if q.ndim == 3:
-            _store_pair_group(rows_q, q, task)
-        else:
-            _store_columns(rows_q, q, t0)
+    out = Q8Blocks(q=np.empty((n_rows, k), np.int8), d=np.empty((n_rows, k // QK), np.float32),
+                   s=np.empty((n_rows, k // QK), np.float32), qsum=np.empty((n_rows, k // QK), np.int32))
+    _rows_q8_32(_float32(x), out.q, out.d, out.s, out.qsum, QK)
+    return out
 
 
-def _lane_fields(n_fields: int, n_blocks: int, n_lanes: int) -> list[np.ndarray]:
-    return [np.zeros((n_blocks, n_lanes), np.float32) for _ in range(n_fields)]
+def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
+    """Quantize each row of x (T, K), K a multiple of 256, to Q8_K blocks."""
+    n_rows, k = x.shape
+    out = Q8KBlocks(q=np.empty((n_rows, k), np.int8), d=np.empty((n_rows, k // QK_K), np.float32),
+                    sum32=np.empty((n_rows, k // QK), np.int32))
+    _rows_q8_k(_float32(x), out.q, out.d, out.sum32, QK)
+    return out
+
+
+def _q8_32_lanes(x: np.ndarray, n_lanes: int, q: np.ndarray) -> Q8Blocks:
+    blocks = x.shape[1] // QK
+    out = Q8Blocks(q=q, d=np.zeros((blocks, n_lanes), np.float32), s=np.zeros((blocks, n_lanes), np.float32),
+                   qsum=np.zeros((blocks, n_lanes), np.int32))
+    _lanes_q8_32(_float32(x), out.q, out.d, out.s, out.qsum, QK)
+    return out
+
+
+def _q8_k_lanes(x: np.ndarray, n_lanes: int, q: np.ndarray) -> Q8KBlocks:
+    k = x.shape[1]
+    out = Q8KBlocks(q=q, d=np.zeros((k // QK_K, n_lanes), np.float32), sum32=np.zeros((k // QK, n_lanes), np.int32))
+    _lanes_q8_k(_float32(x), out.q, out.d, out.sum32, QK)
+    return out
 
 
 def quantize_q8_32_columns(x: np.ndarray, n_lanes: int) -> Q8Blocks:
     """x (T, K) to 32-value blocks, transposed: q (K, n_lanes) int8, d, s, qsum (K / 32, n_lanes)."""
-    n_rows, k = x.shape
-    d, s = _lane_fields(2, k // QK, n_lanes)
-    out = Q8Blocks(q=np.zeros((k, n_lanes), np.int8), d=d, s=s, qsum=np.zeros((k // QK, n_lanes), np.int32))
-    _quantize_q8_32_lanes(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.s, out.qsum, 0, QK)
-    return out
+    return _q8_32_lanes(x, n_lanes, np.zeros((x.shape[1], n_lanes), np.int8))
 
 
-def quantize_q8_32_quad_groups(x: np.ndarray, n_lanes: int, bias: int = 0) -> Q8Blocks:
+def quantize_q8_32_quad_groups(x: np.ndarray, n_lanes: int) -> Q8Blocks:
     """x (T, K) to 32-value blocks for vpdpbusd: q (n_lanes / 16, K / 4, 16) uint32 holding each
-    lane's 4 consecutive int8 values plus `bias` (0, or 128 to make them unsigned), d, s, qsum
-    (K / 32, n_lanes). n_lanes is a multiple of 16 (= ROWS_PER_TASK: a task fills one group)."""
-    n_rows, k = x.shape
-    d, s = _lane_fields(2, k // QK, n_lanes)
-    out = Q8Blocks(q=np.zeros((n_lanes // ROWS_PER_TASK, k // 4, ROWS_PER_TASK), np.uint32), d=d, s=s,
-                   qsum=np.zeros((k // QK, n_lanes), np.int32))
-    _quantize_q8_32_lanes(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.s, out.qsum, bias, QK)
-    return out
+    lane's 4 consecutive int8 values, d, s, qsum (K / 32, n_lanes). n_lanes: a multiple of 16."""
+    return _q8_32_lanes(x, n_lanes, np.zeros((n_lanes // ROWS_PER_TASK, x.shape[1] // 4, ROWS_PER_TASK), np.uint32))
 
 
 def quantize_q8_k_columns(x: np.ndarray, n_lanes: int) -> Q8KBlocks:
     """x (T, K) to Q8_K blocks, transposed: q (K, n_lanes) int8, d (K / 256, n_lanes), sum32 (K / 32, n_lanes)."""
-    n_rows, k = x.shape
-    out = Q8KBlocks(q=np.zeros((k, n_lanes), np.int8), d=np.zeros((k // QK_K, n_lanes), np.float32),
-                    sum32=np.zeros((k // QK, n_lanes), np.int32))
-    _quantize_q8_k_lanes(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.sum32, QK)
-    return out
+    return _q8_k_lanes(x, n_lanes, np.zeros((x.shape[1], n_lanes), np.int8))
 
 
 def quantize_q8_k_pair_groups(x: np.ndarray, n_lanes: int) -> Q8KBlocks:
     """x (T, K) to Q8_K blocks for vpdpwssd: q (n_lanes / 16, K / 2, 16) int32 (see _store_pair_group),
-    d (K / 256, n_lanes), sum32 (K / 32, n_lanes). n_lanes is a multiple of 16."""
-    n_rows, k = x.shape
-    out = Q8KBlocks(q=np.zeros((n_lanes // ROWS_PER_TASK, k // 2, ROWS_PER_TASK), np.int32),
-                    d=np.zeros((k // QK_K, n_lanes), np.float32), sum32=np.zeros((k // QK, n_lanes), np.int32))
-    _quantize_q8_k_lanes(np.ascontiguousarray(x, dtype=np.float32), out.q, out.d, out.sum32, QK)
-    return out
+    d (K / 256, n_lanes), sum32 (K / 32, n_lanes). n_lanes: a multiple of 16."""
+    return _q8_k_lanes(x, n_lanes, np.zeros((n_lanes // ROWS_PER_TASK, x.shape[1] // 2, ROWS_PER_TASK), np.int32))

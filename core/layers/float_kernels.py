@@ -12,6 +12,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
+from .cache_key import HELPERS
 from .halfs import bf16_bits_to_f32, f16_bits_to_f32
 
 F32 = int(GGMLQuantizationType.F32)
@@ -31,25 +32,34 @@ def _dot(a, b):
     return total
 
 
-@njit(cache=True, parallel=True)
-def matmul_float(wtype, w, x, out):
-    """out (T, N) = x (T, K) float32 times w.T, w (N, K) stored as float32, or float16 / bfloat16 bits (uint16)."""
-    n_out, k = w.shape
-    n_tok = x.shape[0]
-    for tile in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
-        n0 = tile * TILE_ROWS
-        rows = min(TILE_ROWS, n_out - n0)
-        widened = np.empty((TILE_ROWS, k), np.float32)
-        for r in range(rows):
-            for i in range(k):
-                if wtype == F16:
-                    widened[r, i] = f16_bits_to_f32(np.uint16(w[n0 + r, i]))
-                elif wtype == BF16:
-                    widened[r, i] = bf16_bits_to_f32(np.uint16(w[n0 + r, i]))
-                else:
-                    widened[r, i] = w[n0 + r, i]
-        for t in range(n_tok):
-            x_t = x[t]
+def _build_matmul_float():
+    helpers = HELPERS  # made here so that the kernel closes over HELPERS (see cache_key.py)
+
+    @njit(cache=True, parallel=True)
+    def matmul_float(wtype, w, x, out):
+        """out (T, N) = x (T, K) float32 times w.T, w (N, K) stored as float32, or float16 / bfloat16 bits (uint16)."""
+        helpers  # in numba's cache key
+        n_out, k = w.shape
+        n_tok = x.shape[0]
+        for tile in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
+            n0 = tile * TILE_ROWS
+            rows = min(TILE_ROWS, n_out - n0)
+            widened = np.empty((TILE_ROWS, k), np.float32)
             for r in range(rows):
-                out[t, n0 + r] = _dot(widened[r], x_t)
-    return out
+                for i in range(k):
+                    if wtype == F16:
+                        widened[r, i] = f16_bits_to_f32(np.uint16(w[n0 + r, i]))
+                    elif wtype == BF16:
+                        widened[r, i] = bf16_bits_to_f32(np.uint16(w[n0 + r, i]))
+                    else:
+                        widened[r, i] = w[n0 + r, i]
+            for t in range(n_tok):
+                x_t = x[t]
+                for r in range(rows):
+                    out[t, n0 + r] = _dot(widened[r], x_t)
+        return out
+
+    return matmul_float
+
+
+matmul_float = _build_matmul_float()

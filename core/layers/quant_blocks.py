@@ -159,18 +159,15 @@ def decode_superblock(qtype, row, off, u, mins, sixteen):
     if qtype == Q6_K:
         for half in range(2):
             ql, qh, e0 = off + 64 * half, off + 128 + 32 * half, 128 * half
-            for i0 in range(0, 32, 16):  # 16 values share a scale
-                sc0 = np.int32(np.int8(row[off + 192 + (e0 + i0) // 16]))
-                sc1 = np.int32(np.int8(row[off + 192 + (e0 + 32 + i0) // 16]))
-                sc2 = np.int32(np.int8(row[off + 192 + (e0 + 64 + i0) // 16]))
-                sc3 = np.int32(np.int8(row[off + 192 + (e0 + 96 + i0) // 16]))
-                for i in range(i0, i0 + sixteen):
-                    h = np.int32(row[qh + i])
-                    lo, lo2 = np.int32(row[ql + i]), np.int32(row[ql + 32 + i])
-                    u[e0 + i] = sc0 * (((lo & 15) | ((h & 3) << 4)) - 32)
-                    u[e0 + 32 + i] = sc1 * (((lo2 & 15) | (((h >> 2) & 3) << 4)) - 32)
-                    u[e0 + 64 + i] = sc2 * (((lo >> 4) | (((h >> 4) & 3) << 4)) - 32)
-                    u[e0 + 96 + i] = sc3 * (((lo2 >> 4) | (((h >> 6) & 3) << 4)) - 32)
+            for quarter in range(4):  # values e0 + 32 quarter + i, i < 32: one simple loop each
+                low_bits = ql + 32 * (quarter % 2)
+                shift = 4 * (quarter // 2)
+                for i0 in range(0, 32, 16):  # 16 values share a scale
+                    e = e0 + 32 * quarter + i0
+                    sc = np.int32(np.int8(row[off + 192 + e // 16]))
+                    for i in range(sixteen):
+                        q = ((np.int32(row[low_bits + i0 + i]) >> shift) & 15) | (((np.int32(row[qh + i0 + i]) >> (2 * quarter)) & 3) << 4)
+                        u[e + i] = sc * (q - 32)
         for j in range(8):
             mins[j] = 0
         return load_f16(row, off + 208), np.float32(0.0)

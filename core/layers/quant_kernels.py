@@ -30,6 +30,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
 from . import vnni, vnni_kernels
+from .cache_key import HELPERS
 from .halfs import load_f16
 from .quant_blocks import (BLOCK32_TYPES, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0, add_block32,
                            decode_block32, decode_superblock)
@@ -66,6 +67,7 @@ def _dot16(w, a_t, k, step, t):
 
 def _lanes_32(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    helpers = HELPERS
 
     @njit(cache=True, parallel=True)
     def matmul_lanes_32(w, a_t, d_t, s_t, qsum_t, out):
@@ -74,6 +76,7 @@ def _lanes_32(qtype: int):
         d_t, s_t, qsum_t (K/32, lanes): the activation blocks' float16 scale, Q8_1 sum and integer
         sum. Lanes past T are padding.
         """
+        helpers  # in numba's cache key: see cache_key.py
         n_out = w.shape[0]
         k, n_lanes = a_t.shape
         for tile in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
@@ -151,6 +154,7 @@ def _dot_row_block32(qtype, row, off, a, k0, sixteen):
 
 def _rows_32(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    helpers = HELPERS
     # the unsigned weights' offset: ggml's sum is sum(q * a) + offset * sum(a)
     offset = -8 if qtype == Q4_0 else (-16 if qtype == Q5_0 else 0)
 
@@ -160,6 +164,7 @@ def _rows_32(qtype: int):
 
         d, s, qsum (T, K/32) as for the lanes kernel; the same numbers, for small T.
         """
+        helpers  # in numba's cache key: see cache_key.py
         n_out = w.shape[0]
         n_tok, k = a.shape
         for n in prange(n_out):
@@ -182,6 +187,7 @@ def _rows_32(qtype: int):
 
 def _lanes_k(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    helpers = HELPERS
 
     @njit(cache=True, parallel=True)
     def matmul_lanes_k(w, a_t, d_t, sum32_t, out, sixteen):
@@ -190,6 +196,7 @@ def _lanes_k(qtype: int):
         d_t (K/256, lanes): the activation blocks' float32 scales; sum32_t (K/32, lanes): the
         integer sum of each 32 activations (ggml's bsums, two by two). Lanes past T are padding.
         """
+        helpers  # in numba's cache key: see cache_key.py
         n_out = w.shape[0]
         k, n_lanes = a_t.shape
         for tile in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
@@ -237,6 +244,7 @@ def _lanes_k(qtype: int):
 
 def _rows_k(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    helpers = HELPERS
 
     @njit(cache=True, parallel=True)
     def matmul_rows_k(w, a, d, sum32, out, sixteen):
@@ -245,6 +253,7 @@ def _rows_k(qtype: int):
         d (T, K/256), sum32 (T, K/32) as for the lanes kernel; the same numbers, for small T.
         `sixteen` is 16, passed at run time so that LLVM vectorises the loops over a super-block.
         """
+        helpers  # in numba's cache key: see cache_key.py
         n_out = w.shape[0]
         n_tok, k = a.shape
         for n in prange(n_out):

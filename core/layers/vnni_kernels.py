@@ -14,6 +14,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
 from . import vnni
+from .cache_key import HELPERS
 from .halfs import load_f16
 from .quant_blocks import Q4_1, Q5_1, Q6_K, add_block32, decode_superblock, quads_offset, weight_quads
 from .simd import LANES, load16, store16, to_float
@@ -24,6 +25,7 @@ CHUNK_VALUES = 1024  # K is walked in chunks: a lane group's chunk of activation
 
 def lanes_32(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    helpers = HELPERS
     has_min = qtype == Q4_1 or qtype == Q5_1
     offset = quads_offset(qtype)
 
@@ -35,6 +37,7 @@ def lanes_32(qtype: int):
         [g, q, l]. d_t, s_t, qsum_t (K / 32, lanes).
         Two weight rows times 16 lanes at a time; each activation load serves both rows.
         """
+        helpers  # in numba's cache key: see cache_key.py
         n_out = w.shape[0]
         n_groups, n_quads, _ = a_groups.shape
         n_blocks, n_lanes = n_quads // 8, n_groups * LANES
@@ -86,6 +89,7 @@ def lanes_32(qtype: int):
 
 def lanes_k(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    helpers = HELPERS
     has_mins = qtype != Q6_K
 
     @njit(cache=True, parallel=True)
@@ -96,6 +100,7 @@ def lanes_k(qtype: int):
         activations.quantize_q8_k_pair_groups). d_t (K / 256, lanes), sum32_t (K / 32, lanes).
         One weight row times 16 lanes at a time, ggml's 8 lane sums and sumf in registers.
         """
+        helpers  # in numba's cache key: see cache_key.py
         n_out = w.shape[0]
         n_groups, n_pairs, _ = a_groups.shape
         n_super, n_lanes = n_pairs // 128, n_groups * LANES
