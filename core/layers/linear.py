@@ -100,6 +100,8 @@ class Linear:
         n_tok = x.shape[0]
         if _row_by_row(kernels, n_tok):
             a = quantize_q8_32(x)
+            if _use_vnni(kernels) and kernels.rows_vnni is not None:
+                return kernels.rows_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
             return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)
         if _use_vnni(kernels):
             a = quantize_q8_32_quad_groups(x, _round_up(n_tok, 16))

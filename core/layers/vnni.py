@@ -16,7 +16,8 @@ from numba.core.extending import intrinsic
 
 from .simd import LANES, int32x16, splat
 
-AVAILABLE = "+avx512vnni" in llvm.get_host_cpu_features().flatten()
+_FEATURES = llvm.get_host_cpu_features().flatten()
+AVAILABLE = "+avx512vnni" in _FEATURES and "+avx512vl" in _FEATURES  # VL: the 256-bit forms
 
 _I64 = ir.IntType(64)
 _V16 = ir.VectorType(ir.IntType(32), LANES)
@@ -82,3 +83,52 @@ def dot_superblock_lanes8(typingctx, a_pairs, a_start, w_pairs, w_start):
         return context.make_tuple(builder, signature.return_type, lanes)
 
     return sig, codegen
+
+
+_V8 = ir.VectorType(ir.IntType(32), 8)
+_BYTES16 = ir.VectorType(ir.IntType(8), 16)
+_BYTES32 = ir.VectorType(ir.IntType(8), 32)
+
+
+def _row_dot(weight_bytes):
+    """An intrinsic: sum over 32 values of w * a, w from weight_bytes(builder, row pointer) (32 u8),
+    a the 32 int8 activations of one row from a_start, with one 256-bit vpdpbusd and a lane sum."""
+
+    @intrinsic
+    def dot(typingctx, row, w_start, a_row, a_start):
+        sig = types.int32(row, types.intp, a_row, types.intp)
+
+        def codegen(context, builder, signature, args):
+            row_v, w_start_v, a_v, a_start_v = args
+            vpdpbusd = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_V8, [_V8, _V8, _V8]), "llvm.x86.avx512.vpdpbusd.256")
+            reduce_add = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.IntType(32), [_V8]), "llvm.vector.reduce.add.v8i32")
+            w_data = context.make_array(signature.args[0])(context, builder, row_v).data
+            a_data = context.make_array(signature.args[2])(context, builder, a_v).data
+            w_vec = builder.bitcast(weight_bytes(builder, builder.gep(w_data, [w_start_v])), _V8)
+            a_vec = builder.load(builder.bitcast(builder.gep(a_data, [a_start_v]), _V8.as_pointer()), align=1)
+            return builder.call(reduce_add, [builder.call(vpdpbusd, [ir.Constant(_V8, [0] * 8), w_vec, a_vec])])
+
+        return sig, codegen
+
+    return dot
+
+
+def _nibbles(builder, at):
+    """16 bytes of nibbles -> 32 u8: low nibbles are values 0-15, high nibbles 16-31."""
+    packed = builder.load(builder.bitcast(at, _BYTES16.as_pointer()), align=1)
+    low = builder.and_(packed, ir.Constant(_BYTES16, [15] * 16))
+    high = builder.lshr(packed, ir.Constant(_BYTES16, [4] * 16))
+    return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
+
+
+def _flipped_bytes(builder, at):
+    """32 int8 -> 32 u8 plus 128 (a flipped top bit)."""
+    values = builder.load(builder.bitcast(at, _BYTES32.as_pointer()), align=1)
+    return builder.xor(values, ir.Constant(_BYTES32, [0x80] * 32))
+
+
+# one block of Q4_0/Q4_1 (nibbles from w_start) or Q8_0 (int8 from w_start, +128) against one activation row
+dot_nibbles_row = _row_dot(_nibbles)
+dot_flipped_bytes_row = _row_dot(_flipped_bytes)

@@ -16,7 +16,7 @@ from numba import njit, prange
 from . import vnni
 from .cache_key import HELPERS
 from .halfs import load_f16
-from .quant_blocks import Q4_1, Q5_1, Q6_K, add_block32, decode_superblock, quads_offset, weight_quads
+from .quant_blocks import Q4_0, Q4_1, Q5_1, Q6_K, Q8_0, add_block32, decode_superblock, quads_offset, weight_quads
 from .simd import LANES, load16, store16, to_float
 
 TILE_ROWS = 16  # weight rows decoded together and shared by every lane group
@@ -161,3 +161,40 @@ def lanes_k(qtype: int):
         return out
 
     return matmul_lanes_k_vnni
+
+
+def rows_32(qtype: int):
+    """A row-by-row kernel for Q4_0, Q4_1 and Q8_0 (None for the 5-bit types)."""
+    if qtype not in (Q4_0, Q4_1, Q8_0):
+        return None
+    block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    helpers = HELPERS
+    has_min = qtype == Q4_1
+    offset = quads_offset(qtype)
+    weights_at = 2 if qtype != Q4_1 else 4
+
+    @njit(cache=True, parallel=True)
+    def matmul_rows_32(w, a, d, s, qsum, out):
+        """out (T, N) = w (N rows of 32-value blocks) times activations a (T, K) int8, row by row:
+        the same numbers as quant_kernels' rows kernel, each block's integer sum one vpdpbusd."""
+        helpers  # in numba's cache key: see cache_key.py
+        n_out = w.shape[0]
+        n_tok, k = a.shape
+        for n in prange(n_out):
+            row = w[n]
+            for t in range(n_tok):
+                a_t = a[t]
+                sumf = np.float32(0.0)
+                for b in range(k // 32):
+                    off = b * block_bytes
+                    if qtype == Q8_0:
+                        isum = vnni.dot_flipped_bytes_row(row, off + weights_at, a_t, b * 32)
+                    else:
+                        isum = vnni.dot_nibbles_row(row, off + weights_at, a_t, b * 32)
+                    isum = np.int32(isum + offset * qsum[t, b])
+                    m = load_f16(row, off + 2) if has_min else np.float32(0.0)
+                    sumf = add_block32(qtype, sumf, np.float32(isum), load_f16(row, off), m, d[t, b], s[t, b])
+                out[t, n] = sumf
+        return out
+
+    return matmul_rows_32
