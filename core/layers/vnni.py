@@ -11,13 +11,15 @@ from __future__ import annotations
 import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
+from numba.core import config
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .simd import LANES, int32x16, splat
 
-_FEATURES = llvm.get_host_cpu_features().flatten()
-AVAILABLE = "+avx512vnni" in _FEATURES and "+avx512vl" in _FEATURES  # VL: the 256-bit forms
+# what numba compiles for: the host, unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say otherwise
+_FEATURES = config.CPU_FEATURES if config.CPU_NAME else llvm.get_host_cpu_features().flatten()
+AVAILABLE = "+avx512vnni" in (_FEATURES or "") and "+avx512vl" in (_FEATURES or "")  # VL: the 256-bit forms
 
 _I64 = ir.IntType(64)
 _V16 = ir.VectorType(ir.IntType(32), LANES)
