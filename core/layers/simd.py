@@ -6,7 +6,6 @@ a loop that updates `acc = acc + x` keeps acc in a register, as a SIMD micro-ker
 
     v = load16(array, i)         # array[i:i + 16] (int32/uint32 -> int32x16, float32 -> float32x16)
     store16(array, i, v)
-    acc = zeros16()              # float32x16 of zeros
     f = to_float(v)              # int32x16 -> float32x16, exact below 2^24
     acc = acc + (f * scale) * v2 # +, -, * lane by lane; a scalar operand applies to every lane
 
@@ -73,14 +72,6 @@ def store16(typingctx, array, index, value):
         return context.get_dummy_value()
 
     return types.void(array, types.intp, value), codegen
-
-
-@intrinsic
-def zeros16(typingctx):
-    def codegen(context, builder, sig, args):
-        return ir.Constant(ir.VectorType(ir.FloatType(), LANES), [0.0] * LANES)
-
-    return float32x16(), codegen
 
 
 @intrinsic

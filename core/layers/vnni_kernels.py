@@ -1,10 +1,11 @@
-"""The AVX512-VNNI kernels: many activation rows times quantized weights, sums in registers.
+"""The AVX512-VNNI kernels: the same numbers as quant_kernels.py's portable ones (exact integer
+sums, ggml's float steps), faster where the CPU has AVX512-VNNI (vnni.AVAILABLE).
 
-The same numbers as the portable lanes kernels of quant_kernels.py (exact integer sums, ggml's
-float steps), faster where the CPU has AVX512-VNNI (vnni.AVAILABLE). Each is a micro-kernel in
-the C sense: a few weight rows times 16 activation rows ("lanes", one 512-bit register), the
-sums kept in registers (simd.py's vector values) over a chunk of K, K walked in chunks so that a
-lane group's activations stay in L1, the weight tile decoded once for every lane group.
+- lanes_32, lanes_k (many activation rows): micro-kernels in the C sense, a few weight rows times
+  16 activation rows ("lanes", one 512-bit register), the sums kept in registers (simd.py's
+  vector values) over a chunk of K, K walked in chunks so that a lane group's activations stay
+  in L1, each tile of weight rows decoded once for every lane group.
+- rows_32 (a few activation rows, Q4_0/Q4_1/Q8_0): each block's integer sum one 256-bit vpdpbusd.
 """
 
 from __future__ import annotations
