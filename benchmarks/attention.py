@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from miro.core.kernels import paged_attention
-from miro.core.model import build_step_input
+from miro.core.model_runner import build_step_input
 
 N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 

@@ -4,7 +4,7 @@ Each size must be a positive integer, the sizes must agree with one another
 (heads dividing the embedding, block_count matching the blk.N tensors present,
 token arrays of one length, bos/eos inside the vocabulary) and the context
 length must stay under MAX_CONTEXT_LENGTH. Whether the sizes agree with the
-tensor shapes is checked against the architecture's tensor list (weights.py).
+tensor shapes is checked against the architecture's tensor list (core/models).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from gguf import Keys
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
 
-SUPPORTED_ARCHITECTURES = ("llama",)
 # The longest context a file may declare: 4M tokens, above the longest-context llama, qwen and gemma
 # GGUFs published (1M for most, 4M for a few llama-3 fine-tunes), far below what one flipped high bit
 # in the 32-bit field gives (8192 -> 268,443,648). Nothing is allocated per declared position.
@@ -50,11 +49,9 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> "ModelConfig":
+        """The hyper-parameters llama-like architectures share, under keys prefixed by the file's architecture
+        (whether miro runs that architecture is the model registry's question, core/models)."""
         arch = gguf.require(Keys.General.ARCHITECTURE)
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelFileError(
-                f"{gguf.path}: architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})."
-            )
 
         def key(template: str) -> str:  # gguf.Keys templates read "{arch}.context_length" and so on
             return template.format(arch=arch)

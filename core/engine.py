@@ -2,9 +2,10 @@
 
     add_request() -> step() ... step() -> finished RequestOutputs
 
-Each step the scheduler picks decode tokens and prefill chunks, the model runs
-them as one packed batch over the paged KV cache, the sampler picks next
-tokens, and finished sequences leave at once.
+Each step the scheduler picks decode tokens and prefill chunks, the model runner
+runs them as one packed batch over the paged KV cache, the sampler picks next
+tokens, and finished sequences leave at once. The engine itself handles only
+requests and sequences.
 """
 
 from __future__ import annotations
@@ -23,15 +24,14 @@ from .block_manager import BlockManager
 from .config import ModelConfig
 from .errors import RequestError
 from .gguf_file import GGUFFile
-from .kv_cache import KVCache, parse_size
-from .model import LlamaModel, build_step_input
+from .model_runner import ModelRunner
+from .models import Model, load_model, read_config
 from .outputs import CompletionOutput, RequestOutput
 from .registry import resolve_model
 from .sampling import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
 from .tokenizer import IncrementalDetokenizer, Tokenizer
-from .weights import load_weights
 
 DEFAULT_KV_CACHE_MEMORY = "1GiB"
 STATS_WINDOW_S = 10.0
@@ -61,7 +61,7 @@ class Request:
 class Engine:
     def __init__(
         self,
-        model: LlamaModel,
+        model: Model,
         tokenizer: Tokenizer,
         *,
         model_name: str = "",
@@ -80,14 +80,10 @@ class Engine:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.block_size = block_size
-        self.batch_invariant = batch_invariant  # outputs bitwise independent of the batch (slower GEMMs)
-        if num_kv_blocks is None:
-            num_kv_blocks = parse_size(kv_cache_memory) // KVCache.bytes_per_block(self.config, block_size)
-        if num_kv_blocks < 1:
-            raise RequestError(f"the KV cache must hold at least one block of {block_size} tokens.")
+        # batch_invariant: outputs bitwise independent of the batch (slower GEMMs)
+        self.runner = ModelRunner(model, block_size, num_kv_blocks, kv_cache_memory, batch_invariant)
         self.max_model_len = min(max_model_len or self.config.context_length, self.config.context_length)
-        self.cache = KVCache(self.config, num_kv_blocks, block_size)
-        self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size, enable_prefix_caching)
         if not enable_chunked_prefill:  # every prompt must fit in one step
             max_num_batched_tokens = max(max_num_batched_tokens, self.max_model_len)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
@@ -106,13 +102,13 @@ class Engine:
         path = resolve_model(name_or_path, log)
         t0 = time.perf_counter()
         gguf = GGUFFile(path)
-        config = ModelConfig.from_gguf(gguf)
+        config = read_config(gguf)  # an architecture miro does not run stops here
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()
-        weights = load_weights(gguf, config)
+        model = load_model(gguf, config)
         t3 = time.perf_counter()
-        engine = cls(LlamaModel(config, weights), tokenizer, model_name=str(name_or_path), **options)
+        engine = cls(model, tokenizer, model_name=str(name_or_path), **options)
         engine.load_times = LoadTimes(parse_s=t1 - t0, tokenizer_s=t2 - t1, weights_s=t3 - t2)
         return engine
 
@@ -193,33 +189,25 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch:
             return outputs
-        self.cache.copy_blocks(batch.block_copies)
-        chunks, wants_logits = [], []
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            start = seq.num_computed_tokens
-            chunks.append((seq.token_ids[start:start + n], start, seq.block_table))
-            wants_logits.append(start + n == seq.num_tokens)
-        step_input = build_step_input(chunks, self.block_size, self.config.n_kv_heads, wants_logits)
-        logits = self.model.forward(step_input, self.cache, self.batch_invariant)
+        out = self.runner.execute(batch)
 
-        sampled, prompt_tokens = [], 0
-        for seq, n, wants in zip(batch.seqs, batch.num_new_tokens, wants_logits):
-            if n > 1 or not seq.output_token_ids:
+        prompt_tokens = 0
+        for scheduled in batch.seqs:
+            n = scheduled.num_new_tokens
+            if n > 1 or not scheduled.seq.output_token_ids:
                 prompt_tokens += n  # prefill (or recomputation after preemption), not a decode token
-            seq.num_computed_tokens += n
-            if wants:
-                sampled.append(seq)
-        stop_ids = [self.requests[s.request_id].stop_ids for s in sampled]
-        tokens = sampler.sample(logits, sampled, stop_ids)
+            scheduled.seq.num_computed_tokens += n
+        stop_ids = [self.requests[s.request_id].stop_ids for s in out.seqs]
+        tokens = sampler.sample(out.logits, out.seqs, stop_ids)
 
         touched = {}
-        for seq, token, row in zip(sampled, tokens, logits):
+        for seq, token, row in zip(out.seqs, tokens, out.logits):
             request = self.requests[seq.request_id]
             if seq.index == 0 and not seq.output_token_ids and request.params.n > 1:
                 self._fork(request, seq, row)
             self._append_token(seq, token, request)
             touched[seq.request_id] = request
-        self._log_tokens(prompt_tokens, len(sampled), step_started)
+        self._log_tokens(prompt_tokens, len(out.seqs), step_started)
 
         for request in touched.values():
             outputs.append(self._output(request))
@@ -328,16 +316,13 @@ class Engine:
         try:
             while True:
                 n = min(seq.num_uncomputed, self.scheduler.max_num_batched_tokens)
-                bm.grow(seq, n)
+                batch = ScheduledBatch()
+                batch.add(seq, n, bm.grow(seq, n))
                 bm.register_full_blocks(seq, seq.num_computed_tokens + n)
-                start = seq.num_computed_tokens
-                last = start + n == len(ids)
-                step = build_step_input([(ids[start:start + n], start, seq.block_table)], self.block_size,
-                                        self.config.n_kv_heads, [last])
-                out = self.model.forward(step, self.cache, self.batch_invariant)
+                out = self.runner.execute(batch)
                 seq.num_computed_tokens += n
-                if last:
-                    return out[0].copy()
+                if out.seqs:  # the chunk reached the prompt's last token
+                    return out.logits[0].copy()
         finally:
             bm.release(seq)
 

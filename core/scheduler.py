@@ -18,15 +18,30 @@ from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
 
 
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """One sequence's share of a step: its tokens start .. start + num_new_tokens - 1 go through the model."""
+
+    seq: Sequence
+    start: int  # tokens already in the KV cache when scheduled: the position of the first new token
+    num_new_tokens: int
+    wants_logits: bool  # the chunk ends at the sequence's last token, so its next token is sampled
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids[self.start:self.start + self.num_new_tokens]
+
+
 @dataclass
 class ScheduledBatch:
-    seqs: list[Sequence] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    """What one step runs (the role of vLLM's SchedulerOutput): the model runner's whole input."""
+
+    seqs: list[ScheduledSequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst), before the step
 
     def add(self, seq: Sequence, n: int, copies: list[tuple[int, int]]) -> None:
-        self.seqs.append(seq)
-        self.num_new_tokens.append(n)
+        start = seq.num_computed_tokens
+        self.seqs.append(ScheduledSequence(seq, start, n, wants_logits=start + n == seq.num_tokens))
         self.block_copies.extend(copies)
 
     def __len__(self) -> int:
@@ -99,7 +114,7 @@ class Scheduler:
         batch.add(seq, n, copies)
 
     def _newest_unscheduled(self, batch: ScheduledBatch) -> Sequence:
-        scheduled = set(map(id, batch.seqs))
+        scheduled = {id(s.seq) for s in batch.seqs}
         return next(s for s in reversed(self.running) if id(s) not in scheduled)
 
     def preempt(self, seq: Sequence) -> None:

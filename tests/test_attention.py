@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from miro.core.kernels import paged_attention
-from miro.core.model import ATTN_TILE, build_step_input
+from miro.core.model_runner import ATTN_TILE, build_step_input
 
 TOL = 1e-4
 

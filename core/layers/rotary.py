@@ -1,0 +1,30 @@
+"""RoPE cos/sin tables, grown with the positions a model has seen (a file's context_length is only a claim)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import kernels
+
+ROPE_CHUNK = 1024  # positions of the RoPE tables computed at a time
+
+
+def empty_rope_tables(head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    empty = np.empty((0, head_dim // 2), dtype=np.float32)
+    return empty, empty
+
+
+def extend_rope_tables(
+    cos: np.ndarray, sin: np.ndarray, n_positions: int, head_dim: int, theta: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin rows covering positions 0..n_positions-1, extended by whole chunks when needed.
+
+    A chunk's values never depend on when it was added, so outputs do not depend on what ran before.
+    """
+    have = len(cos)
+    if n_positions <= have:
+        return cos, sin
+    stop = -(-n_positions // ROPE_CHUNK) * ROPE_CHUNK
+    chunks = [kernels.rope_tables(head_dim, theta, start, start + ROPE_CHUNK)
+              for start in range(have, stop, ROPE_CHUNK)]
+    return np.concatenate([cos, *(c for c, _ in chunks)]), np.concatenate([sin, *(s for _, s in chunks)])

@@ -1,0 +1,59 @@
+"""One module per architecture, chosen by a GGUF's general.architecture.
+
+An architecture's class reads its config (`read_config`), loads and checks its tensors (`load`) and runs
+one packed step (`forward`); the model runner and the engine know nothing else about it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+from gguf import Keys
+
+from ..config import ModelConfig
+from ..errors import ModelFileError
+from ..gguf_file import GGUFFile
+from ..kv_cache import KVCache
+from ..model_runner import StepInput
+from .llama import LlamaModel
+
+
+class Model(Protocol):
+    config: ModelConfig
+
+    @staticmethod
+    def read_config(gguf: GGUFFile) -> ModelConfig: ...
+
+    @classmethod
+    def load(cls, gguf: GGUFFile, config: ModelConfig) -> "Model": ...
+
+    def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
+        """Write the step's K/V into `cache`; return float32 logits (len(step.logit_rows), vocab)."""
+        ...
+
+
+MODELS: dict[str, type[Model]] = {"llama": LlamaModel}
+
+
+def model_class(architecture: str) -> type[Model]:
+    """The class that runs `architecture`; an architecture miro does not run is one sentence naming it."""
+    if not isinstance(architecture, str) or architecture not in MODELS:
+        raise ModelFileError(f"architecture {architecture!r} is not supported (supported: {', '.join(MODELS)}).")
+    return MODELS[architecture]
+
+
+def read_config(gguf: GGUFFile) -> ModelConfig:
+    """The file's config, read by its architecture's class (no tensor is touched)."""
+    architecture = gguf.require(Keys.General.ARCHITECTURE)
+    try:
+        cls = model_class(architecture)
+    except ModelFileError as err:
+        raise ModelFileError(f"{gguf.path}: {err}") from None
+    return cls.read_config(gguf)
+
+
+def load_model(gguf: GGUFFile, config: ModelConfig | None = None) -> Model:
+    """The model a GGUF file holds, its tensors checked against the architecture's list, then loaded."""
+    config = config or read_config(gguf)
+    return model_class(config.architecture).load(gguf, config)
