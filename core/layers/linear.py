@@ -5,8 +5,12 @@ and multiplies by the blocks directly, llama.cpp's way: activations quantized to
 call, integer dot products per block, float scales per block (see quant_kernels.py). A row's
 result is bitwise the same whatever else is in the batch.
 
-fmt="f32" dequantizes once at construction and multiplies with numpy's BLAS: today's path,
-four times the file's bytes for 8-bit weights, eight for 4-bit ones.
+fmt="f32" dequantizes once at construction, keeps the (in, out) transpose C-contiguous and multiplies
+with numpy's BLAS (or, batch-invariant, with a numba GEMM): four times the file's bytes for 8-bit
+weights, eight for 4-bit ones.
+
+`Embedding` is the token-embedding lookup over the same two formats: a dense float32 table, or the
+tensor as stored with only the rows a step needs dequantized.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from .. import kernels as float32_kernels
 from ..dequant import dequantize
 from ..gguf_file import TensorInfo
 from . import float_kernels, quant_kernels
@@ -33,6 +38,21 @@ USE_VNNI = True
 LANES_MIN_ROWS = 8
 LANES_MIN_ROWS_VNNI = 2
 
+WEIGHT_FORMATS = ("f32", "native")
+
+
+def has_native_kernel(qtype: GGMLQuantizationType) -> bool:
+    """Whether fmt="native" can multiply by tensors of this type (otherwise the layer must be fmt="f32")."""
+    return int(qtype) in NATIVE_TYPES
+
+
+def owned_bytes(a: np.ndarray) -> int:
+    """Bytes `a` holds of its own: 0 for a view of a memory-mapped file (the page cache holds those)."""
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return a.nbytes if root.base is None else 0
+
 
 class Linear:
     """y = x @ W.T for x (T, in_features) float32 and W (out_features, in_features) as stored in GGUF."""
@@ -43,13 +63,20 @@ class Linear:
     @classmethod
     def fused(cls, tensors: Sequence[TensorInfo], fmt: str = "native") -> "Linear":
         """One layer over several tensors with the same type and in_features (Q, K, V; gate, up):
-        their outputs side by side. Tensors stored back to back in one buffer stay a single view."""
+        their outputs side by side. Tensors stored back to back in one buffer stay a single view.
+
+        Tensors of different types (a Q4_K_M file's Q6_K attn_v beside Q4_K attn_q/attn_k) become one
+        dequantized matrix in f32, and a `LinearStack` of one layer each in native."""
         first = tensors[0]
         for t in tensors[1:]:
-            if t.type != first.type or t.shape[1:] != first.shape[1:]:
-                raise ValueError(
-                    f"cannot fuse {t.name} ({t.type.name}, {t.shape}) with {first.name} ({first.type.name}, {first.shape})"
-                )
+            if t.shape[1:] != first.shape[1:]:
+                raise ValueError(f"cannot fuse {t.name} (shape {t.shape}) with {first.name} (shape {first.shape})")
+        if any(t.type != first.type for t in tensors):
+            if fmt == "native":
+                return LinearStack([cls(t, fmt) for t in tensors])
+            f32 = [TensorInfo(t.name, t.shape, GGMLQuantizationType.F32, dequantize(t).view(np.uint8).reshape(-1))
+                   for t in tensors]
+            return cls.fused(f32, fmt)
         shape = (sum(t.shape[0] for t in tensors), *first.shape[1:])
         layer = cls.__new__(cls)
         layer._init("+".join(t.name for t in tensors), first.type, shape, [t.data for t in tensors], fmt)
@@ -58,7 +85,7 @@ class Linear:
     def _init(self, name: str, qtype: GGMLQuantizationType, shape: tuple[int, ...], parts: list[np.ndarray], fmt: str):
         if len(shape) != 2:
             raise ValueError(f"{name}: a linear layer needs a 2-D tensor, this one has shape {shape}")
-        if fmt not in ("native", "f32"):
+        if fmt not in WEIGHT_FORMATS:
             raise ValueError(f"fmt must be 'native' or 'f32', not {fmt!r}")
         if fmt == "native" and int(qtype) not in NATIVE_TYPES:
             raise ValueError(f"{name}: type {qtype.name} has no native kernel (use fmt='f32')")
@@ -68,8 +95,8 @@ class Linear:
         self.out_features, self.in_features = shape
         raw = _join(parts)
         self.weight_bytes = 0 if np.shares_memory(raw, parts[0]) else raw.nbytes  # a copy only when fusing scattered parts
-        if fmt == "f32":
-            self._w = dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw))
+        if fmt == "f32":  # (in, out): the layout `x @ w` is fastest with, and the one matmul_invariant takes
+            self._w = np.ascontiguousarray(dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T)
             self.weight_bytes = self._w.nbytes
         elif int(qtype) in float_kernels.FLOAT_TYPES:
             dtype = np.float32 if qtype == GGMLQuantizationType.F32 else np.uint16
@@ -78,13 +105,20 @@ class Linear:
             block_values, block_bytes = GGML_QUANT_SIZES[qtype]
             self._w = raw.reshape(self.out_features, self.in_features // block_values * block_bytes)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """(T, in_features) float32 -> (T, out_features) float32."""
+    def __call__(self, x: np.ndarray, batch_invariant: bool = False) -> np.ndarray:
+        """(T, in_features) float32 -> (T, out_features) float32.
+
+        batch_invariant: each row's result bitwise independent of the other rows. Native kernels always
+        are; f32 then uses a numba GEMM instead of OpenBLAS, whose sgemm may round a row differently
+        depending on how many rows the call has and where the row sits.
+        """
         if x.ndim != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"{self.name}: expected x of shape (T, {self.in_features}), got {x.shape}")
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self.fmt == "f32":
-            return x @ self._w.T
+            if batch_invariant:
+                return float32_kernels.matmul_invariant(x, self._w, np.empty((x.shape[0], self.out_features), np.float32))
+            return x @ self._w
         out = np.empty((x.shape[0], self.out_features), np.float32)
         if x.shape[0] == 0:
             return out
@@ -125,6 +159,47 @@ class Linear:
     def __repr__(self) -> str:
         return (f"Linear({self.name}, {self.type.name}, {self.out_features}x{self.in_features}, fmt={self.fmt}, "
                 f"weight_bytes={self.weight_bytes:,})")
+
+
+class LinearStack:
+    """Several layers over the same input, their outputs side by side: a fused layer whose parts differ in type."""
+
+    def __init__(self, layers: list[Linear]):
+        self.layers = layers
+        self.name = "+".join(layer.name for layer in layers)
+        self.fmt = layers[0].fmt
+        self.in_features = layers[0].in_features
+        self.out_features = sum(layer.out_features for layer in layers)
+        self.weight_bytes = sum(layer.weight_bytes for layer in layers)
+
+    def __call__(self, x: np.ndarray, batch_invariant: bool = False) -> np.ndarray:
+        return np.concatenate([layer(x, batch_invariant) for layer in self.layers], axis=1)
+
+
+class Embedding:
+    """Token embedding rows of a GGUF tensor (vocab, dim): fmt="f32" keeps a dequantized float32 table,
+    fmt="native" keeps the tensor as stored and dequantizes only the rows asked for."""
+
+    def __init__(self, tensor: TensorInfo, fmt: str = "native"):
+        if fmt not in WEIGHT_FORMATS:
+            raise ValueError(f"fmt must be 'native' or 'f32', not {fmt!r}")
+        self.name, self.type, self.fmt = tensor.name, tensor.type, fmt
+        self.vocab_size, self.dim = tensor.shape
+        if fmt == "f32":
+            self._w = dequantize(tensor)
+        else:
+            self._w = tensor.data.reshape(self.vocab_size, -1)  # one row of blocks per token
+        self.weight_bytes = owned_bytes(self._w)
+
+    def __call__(self, token_ids: np.ndarray) -> np.ndarray:
+        """(T,) token ids -> (T, dim) float32, a fresh array."""
+        if self.fmt == "f32":
+            return self._w[token_ids]
+        rows = self._w[token_ids]
+        return dequantize(TensorInfo(name=self.name, shape=(len(token_ids), self.dim), type=self.type, data=rows.reshape(-1)))
+
+    def __repr__(self) -> str:
+        return f"Embedding({self.name}, {self.type.name}, {self.vocab_size}x{self.dim}, fmt={self.fmt})"
 
 
 def _use_vnni(kernels: quant_kernels.Kernels) -> bool:

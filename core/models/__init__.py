@@ -16,24 +16,39 @@ from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..model_runner import StepInput
+from .gemma3 import Gemma3Model
 from .llama import LlamaModel
+from .qwen2 import Qwen2Model
+from .qwen3 import Qwen3Model
 
 
 class Model(Protocol):
     config: ModelConfig
+    weight_format: str  # "f32" (matrices dequantized once) or "native" (kept as stored, llama.cpp's kernels)
 
     @staticmethod
     def read_config(gguf: GGUFFile) -> ModelConfig: ...
 
     @classmethod
-    def load(cls, gguf: GGUFFile, config: ModelConfig) -> "Model": ...
+    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32") -> "Model": ...
+
+    @property
+    def weight_memory(self) -> int:
+        """Bytes the weights hold of their own; a view of the memory-mapped file holds none."""
+        ...
+
+    @property
+    def weight_fallbacks(self) -> list[str]:
+        """One sentence per tensor type kept as f32 although "native" was asked for (no native kernel)."""
+        ...
 
     def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
         """Write the step's K/V into `cache`; return float32 logits (len(step.logit_rows), vocab)."""
         ...
 
 
-MODELS: dict[str, type[Model]] = {"llama": LlamaModel}
+MODELS: dict[str, type[Model]] = {
+    "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "gemma3": Gemma3Model}
 
 
 def model_class(architecture: str) -> type[Model]:
@@ -53,7 +68,8 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
     return cls.read_config(gguf)
 
 
-def load_model(gguf: GGUFFile, config: ModelConfig | None = None) -> Model:
-    """The model a GGUF file holds, its tensors checked against the architecture's list, then loaded."""
+def load_model(gguf: GGUFFile, config: ModelConfig | None = None, weight_format: str = "f32") -> Model:
+    """The model a GGUF file holds, its tensors checked against the architecture's list, then loaded with
+    its matrices in `weight_format` ("f32" or "native")."""
     config = config or read_config(gguf)
-    return model_class(config.architecture).load(gguf, config)
+    return model_class(config.architecture).load(gguf, config, weight_format)

@@ -4,9 +4,11 @@ The forward pass is llama2.c's, over every token of a step at once (prefill chun
 together): each linear layer is one float32 GEMM over all of them; RMSNorm, RoPE with the KV-cache write,
 SiLU-gate and paged attention are numba kernels (core/kernels.py).
 
-Weights are float32 arrays laid out for `x @ W`: GGUF stores a linear layer as (out, in) rows, we keep
-(in, out) C-contiguous copies and fuse Q/K/V into one matrix and gate/up into another, so each layer runs
-four GEMMs.
+Every matrix is a `Linear` (core/layers/linear.py) in one weight format: "f32" dequantizes it once into a
+float32 copy multiplied by BLAS; "native" keeps the file's blocks where they are (a view of the memory map)
+and multiplies by them directly, llama.cpp's way. Q/K/V are fused into one layer and gate/up into another,
+so each transformer block runs four. The token embedding is an `Embedding` in the same format, and a
+missing output.weight means the head is tied to it: a `Linear` over token_embd.
 """
 
 from __future__ import annotations
@@ -21,28 +23,36 @@ from ..config import ModelConfig
 from ..dequant import dequantize
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
-from ..layers.gemm import gemm
+from ..layers.linear import Embedding, Linear, has_native_kernel, owned_bytes
 from ..layers.rotary import empty_rope_tables, extend_rope_tables
 from ..model_runner import StepInput
-from ..weights import TensorSpec, check_tensors, linear_in_out, matrix, norm, tensor_name
+from ..weights import TensorSpec, check_tensors, matrix, norm, tensor_name
 
 
 @dataclass
 class LayerWeights:
     attn_norm: np.ndarray  # (dim,)
-    wqkv: np.ndarray  # (dim, q_dim + 2 * kv_dim)
-    wo: np.ndarray  # (q_dim, dim)
+    wqkv: Linear  # dim -> q_dim + 2 * kv_dim
+    wo: Linear  # q_dim -> dim
     ffn_norm: np.ndarray  # (dim,)
-    w_gate_up: np.ndarray  # (dim, 2 * ffn_dim): gate columns first, then up
-    w_down: np.ndarray  # (ffn_dim, dim)
+    w_gate_up: Linear  # dim -> 2 * ffn_dim: gate outputs first, then up
+    w_down: Linear  # ffn_dim -> dim
 
 
 @dataclass
 class LlamaWeights:
-    token_embd: np.ndarray  # (vocab, dim)
+    token_embd: Embedding  # token id -> (dim,)
     layers: list[LayerWeights]
     output_norm: np.ndarray  # (dim,)
-    lm_head: np.ndarray  # (dim, vocab)
+    lm_head: Linear  # dim -> vocab
+    fallbacks: dict[str, str]  # type name -> why its matrices are f32 although "native" was asked for
+
+    @property
+    def memory(self) -> int:
+        """Bytes the weights hold of their own (a view of the memory-mapped file holds none)."""
+        arrays = [self.output_norm] + [n for layer in self.layers for n in (layer.attn_norm, layer.ffn_norm)]
+        linears = [self.lm_head] + [m for layer in self.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
+        return sum(owned_bytes(a) for a in arrays) + sum(m.weight_bytes for m in linears) + self.token_embd.weight_bytes
 
 
 def llama_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
@@ -67,37 +77,48 @@ def llama_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
     return specs
 
 
-def load_llama_weights(gguf: GGUFFile, config: ModelConfig) -> LlamaWeights:
-    """Check every tensor against the llama tensor list, then dequantize them into the layout `forward` uses."""
+def load_llama_weights(gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32") -> LlamaWeights:
+    """Check every tensor against the llama tensor list, then build the layers `forward` uses in
+    `weight_format` ("f32" or "native"; a type with no native kernel stays f32, noted in `fallbacks`)."""
     check_tensors(gguf, llama_tensor_specs(config))
     T = MODEL_TENSOR
+    fallbacks: dict[str, str] = {}
 
-    def load(tensor: MODEL_TENSOR, block: int | None = None) -> np.ndarray:
-        return dequantize(gguf.tensors[tensor_name(tensor, block)])
+    def tensor(kind: MODEL_TENSOR, block: int | None = None):
+        return gguf.tensors[tensor_name(kind, block)]
+
+    def load(kind: MODEL_TENSOR, block: int | None = None) -> np.ndarray:
+        return dequantize(tensor(kind, block))
+
+    def linear(*kinds: MODEL_TENSOR, block: int | None = None) -> Linear:
+        parts = [tensor(kind, block) for kind in kinds]
+        fmt = weight_format
+        if fmt == "native" and not has_native_kernel(parts[0].type):
+            fmt = "f32"
+            fallbacks[parts[0].type.name] = f"{parts[0].type.name} has no native kernel: its matrices are kept as f32"
+        return Linear.fused(parts, fmt)
 
     layers = [
         LayerWeights(
             attn_norm=load(T.ATTN_NORM, i),
-            wqkv=linear_in_out(load(T.ATTN_Q, i), load(T.ATTN_K, i), load(T.ATTN_V, i)),
-            wo=linear_in_out(load(T.ATTN_OUT, i)),
+            wqkv=linear(T.ATTN_Q, T.ATTN_K, T.ATTN_V, block=i),
+            wo=linear(T.ATTN_OUT, block=i),
             ffn_norm=load(T.FFN_NORM, i),
-            w_gate_up=linear_in_out(load(T.FFN_GATE, i), load(T.FFN_UP, i)),
-            w_down=linear_in_out(load(T.FFN_DOWN, i)),
+            w_gate_up=linear(T.FFN_GATE, T.FFN_UP, block=i),
+            w_down=linear(T.FFN_DOWN, block=i),
         )
         for i in range(config.n_layers)
     ]
-    token_embd = load(T.TOKEN_EMBD)
-    if tensor_name(T.OUTPUT) in gguf.tensors:
-        lm_head = linear_in_out(load(T.OUTPUT))
-    else:  # tied embeddings
-        lm_head = np.ascontiguousarray(token_embd.T)
-    return LlamaWeights(token_embd=token_embd, layers=layers, output_norm=load(T.OUTPUT_NORM), lm_head=lm_head)
+    lm_head = linear(T.OUTPUT if tensor_name(T.OUTPUT) in gguf.tensors else T.TOKEN_EMBD)  # else tied embeddings
+    return LlamaWeights(token_embd=Embedding(tensor(T.TOKEN_EMBD), weight_format), layers=layers,
+                        output_norm=load(T.OUTPUT_NORM), lm_head=lm_head, fallbacks=fallbacks)
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: LlamaWeights):
+    def __init__(self, config: ModelConfig, weights: LlamaWeights, weight_format: str = "f32"):
         self.config = config
         self.weights = weights
+        self.weight_format = weight_format  # "f32" or "native" (see weights.fallbacks for f32 exceptions)
         self.cos, self.sin = empty_rope_tables(config.head_dim)  # grown with the positions seen
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
 
@@ -106,26 +127,35 @@ class LlamaModel:
         return ModelConfig.from_gguf(gguf)
 
     @classmethod
-    def load(cls, gguf: GGUFFile, config: ModelConfig) -> "LlamaModel":
-        return cls(config, load_llama_weights(gguf, config))
+    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32") -> "LlamaModel":
+        return cls(config, load_llama_weights(gguf, config, weight_format), weight_format)
+
+    @property
+    def weight_memory(self) -> int:
+        """Bytes the weights hold of their own; a memory-mapped native tensor holds none."""
+        return self.weights.memory
+
+    @property
+    def weight_fallbacks(self) -> list[str]:
+        """One sentence per tensor type kept as f32 in native mode (no native kernel for it)."""
+        return list(self.weights.fallbacks.values())
 
     def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows.
 
         With batch_invariant every GEMM computes each row the same way whatever else is in the batch.
         """
-        cfg, w = self.config, self.weights
-        linear = gemm(batch_invariant)
+        cfg, w, inv = self.config, self.weights, batch_invariant
         n_tokens = len(step.token_ids)
         self.cos, self.sin = extend_rope_tables(self.cos, self.sin, int(step.positions.max()) + 1 if n_tokens else 0,
                                                 cfg.head_dim, cfg.rope_theta)
-        x = w.token_embd[step.token_ids]
+        x = w.token_embd(step.token_ids)
         normed = np.empty_like(x)
         attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
         act = np.empty((n_tokens, cfg.ffn_dim), dtype=np.float32)
         for i, layer in enumerate(w.layers):
             kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
-            qkv = linear(normed, layer.wqkv)
+            qkv = layer.wqkv(normed, inv)
             kernels.rope_and_store_kv(
                 qkv, step.positions, self.cos, self.sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                 step.slots, cache.k[i], cache.v[i],
@@ -135,10 +165,10 @@ class LlamaModel:
             kernels.paged_attention(
                 q, cache.k[i], cache.v[i], step.block_tables, step.positions, step.attn_items, self.scale, attn_out
             )
-            x += linear(attn_out.reshape(n_tokens, cfg.q_dim), layer.wo)
+            x += layer.wo(attn_out.reshape(n_tokens, cfg.q_dim), inv)
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
-            kernels.silu_mul(linear(normed, layer.w_gate_up), act)
-            x += linear(act, layer.w_down)
+            kernels.silu_mul(layer.w_gate_up(normed, inv), act)
+            x += layer.w_down(act, inv)
         last = x[step.logit_rows]
         kernels.rmsnorm(last, w.output_norm, cfg.rms_eps, last)
-        return linear(last, w.lm_head)
+        return w.lm_head(last, inv)
