@@ -7,6 +7,7 @@ import sys
 import click
 import redis
 
+from miro.core.engine import DEFAULT_WEIGHT_MEMORY_FRACTION, DEFAULT_WEIGHTS, WEIGHT_CHOICES
 from miro.core.errors import MiroError
 from miro.core.registry import DEFAULT_MODEL
 
@@ -76,6 +77,12 @@ def engine_options(command):
         click.option("--no-prefix-caching", is_flag=True, help="Turn automatic prefix caching off."),
         click.option("--batch-invariant", is_flag=True,
                      help="Outputs bitwise independent of the batch (numba GEMMs; slower)."),
+        click.option("--weights", type=click.Choice(WEIGHT_CHOICES), default=DEFAULT_WEIGHTS, show_default=True,
+                     help="f32: matrices dequantized once (fastest, 4-8x the file's size in memory); native: kept "
+                          "as stored in the memory-mapped file; auto: f32 if it fits --max-weight-memory."),
+        click.option("--max-weight-memory", default=None,
+                     help=f"auto's budget for f32 weights (e.g. 8GiB; default: {DEFAULT_WEIGHT_MEMORY_FRACTION:.0%} "
+                          "of the machine's RAM)."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads for BLAS and numba (default: all cores; with several workers on one "
                           "machine, keep workers x threads <= cores)."),
@@ -86,14 +93,14 @@ def engine_options(command):
 
 
 def engine_kwargs(kv_cache_memory, num_kv_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-                  no_prefix_caching, batch_invariant, threads) -> dict:
-    """The Engine's keyword arguments; --threads is applied to this process here and now."""
+                  no_prefix_caching, batch_invariant, weights, max_weight_memory, threads) -> dict:
+    """Engine.from_model's keyword arguments; --threads is applied to this process here and now."""
     if threads is not None:
         limit_threads(threads)
     return dict(kv_cache_memory=kv_cache_memory, num_kv_blocks=num_kv_blocks, block_size=block_size,
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
-                batch_invariant=batch_invariant)
+                batch_invariant=batch_invariant, weights=weights, max_weight_memory=max_weight_memory)
 
 
 def limit_threads(threads: int) -> None:

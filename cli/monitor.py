@@ -53,6 +53,23 @@ def kv(worker: dict) -> str:
     return f"{worker['kv_blocks_used']:,}/{worker['kv_blocks_total']:,} ({worker['kv_usage']:.0%})"
 
 
+def size(n_bytes: int | None) -> str:
+    """1.2 GiB, 340 MiB, 0 B; '-' for unknown."""
+    if n_bytes is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes} B"
+
+
+def weights(worker: dict) -> str:
+    """'llama native 0 B': the architecture, how its weights are held, and the memory they hold of their own."""
+    if "weight_format" not in worker:  # a worker from before these fields
+        return "-"
+    return f"{worker.get('architecture', '?')} {worker['weight_format']} {size(worker.get('weight_memory'))}"
+
+
 def new_table(title: str, columns: tuple[str, ...], right: tuple[str, ...], shrink: tuple[str, ...]) -> Table:
     """A plain table. On a narrow terminal the `shrink` columns give way first, so ids and figures stay whole."""
     table = Table(title=title, title_justify="left", box=None, pad_edge=False)
@@ -76,11 +93,11 @@ def batches_table(views: list[dict]) -> Table:
 
 
 def workers_table(records: list[dict], title: str = "Workers") -> Table:
-    table = new_table(title, ("worker", "host", "state", "KV blocks", "run/wait", "tok/s", "done/failed"),
-                      right=("KV blocks", "run/wait", "tok/s", "done/failed"), shrink=("host",))
+    table = new_table(title, ("worker", "host", "state", "KV blocks", "run/wait", "tok/s", "done/failed", "weights"),
+                      right=("KV blocks", "run/wait", "tok/s", "done/failed"), shrink=("host", "weights"))
     for w in records:
         table.add_row(w["name"], w["host"], w["state"], kv(w), f"{w['running']}/{w['waiting']}",
-                      f"{w['tokens_per_s']:,.0f}", f"{w['jobs_done']:,}/{w['jobs_failed']:,}")
+                      f"{w['tokens_per_s']:,.0f}", f"{w['jobs_done']:,}/{w['jobs_failed']:,}", weights(w))
     return table
 
 

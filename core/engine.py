@@ -11,6 +11,7 @@ requests and sequences.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ import numpy as np
 from . import sampler
 from .block_manager import BlockManager
 from .config import ModelConfig
-from .errors import RequestError
+from .errors import MiroError, RequestError
 from .gguf_file import GGUFFile
+from .kv_cache import parse_size
 from .model_runner import ModelRunner
 from .models import Model, load_model, read_config
 from .outputs import CompletionOutput, RequestOutput
@@ -34,6 +36,41 @@ from .sequence import Sequence
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 DEFAULT_KV_CACHE_MEMORY = "1GiB"
+WEIGHT_CHOICES = ("auto", "f32", "native")
+DEFAULT_WEIGHTS = "auto"
+DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5  # of the machine's RAM: auto's budget for a float32 copy of the weights
+
+
+def default_max_weight_memory() -> int:
+    """Auto's default budget for float32 weights: half the machine's physical memory."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * DEFAULT_WEIGHT_MEMORY_FRACTION)
+
+
+def f32_weight_bytes(gguf: GGUFFile) -> int:
+    """Bytes of a float32 copy of every matrix in the file (a tied output head counts twice: embedding and head)."""
+    matrices = [t for t in gguf.tensors.values() if len(t.shape) == 2]
+    total = sum(int(np.prod(t.shape)) for t in matrices) * 4
+    if "output.weight" not in gguf.tensors and "token_embd.weight" in gguf.tensors:
+        total += int(np.prod(gguf.tensors["token_embd.weight"].shape)) * 4
+    return total
+
+
+def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None) -> tuple[str, str]:
+    """The format to load ("f32" or "native") and a sentence saying why."""
+    if weights not in WEIGHT_CHOICES:
+        raise MiroError(f"weights must be one of {', '.join(WEIGHT_CHOICES)}, not {weights!r}.")
+    if weights != "auto":
+        return weights, f"weights: {weights} (asked for)"
+    budget = default_max_weight_memory() if max_weight_memory is None else parse_size(max_weight_memory)
+    if f32_bytes <= budget:
+        return "f32", (f"weights: f32 (auto: a float32 copy takes {_size(f32_bytes)}, within the "
+                       f"{_size(budget)} weight budget)")
+    return "native", (f"weights: native (auto: a float32 copy would take {_size(f32_bytes)}, over the "
+                      f"{_size(budget)} weight budget; the quantized tensors are used as stored)")
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"
 STATS_WINDOW_S = 10.0
 
 
@@ -77,6 +114,9 @@ class Engine:
     ):
         self.model = model
         self.config: ModelConfig = model.config
+        self.weight_format: str = model.weight_format  # "f32" or "native"
+        self.weight_memory: int = model.weight_memory  # bytes the weights hold of their own
+        self.mapped_bytes = 0  # size of the memory-mapped model file (from_model sets it)
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.block_size = block_size
@@ -97,25 +137,40 @@ class Engine:
         self.load_times: LoadTimes | None = None
 
     @classmethod
-    def from_model(cls, name_or_path: str | Path, log: Callable[[str], None] = lambda m: None, **options) -> "Engine":
-        """Load an alias (pulled on first use) or a .gguf path; options are the constructor's keywords."""
+    def from_model(cls, name_or_path: str | Path, log: Callable[[str], None] = lambda m: None, *,
+                   weights: str = DEFAULT_WEIGHTS, max_weight_memory: str | int | None = None, **options) -> "Engine":
+        """Load an alias (pulled on first use) or a .gguf path; options are the constructor's keywords.
+
+        weights: "f32" dequantizes every matrix once (fastest, 4-8x the file's size in memory), "native"
+        keeps them as stored in the memory-mapped file, "auto" takes f32 when its copy fits
+        max_weight_memory (bytes or "8GiB"; default: half the machine's RAM), else native. The choice
+        and why goes to `log`.
+        """
         path = resolve_model(name_or_path, log)
         t0 = time.perf_counter()
         gguf = GGUFFile(path)
         config = read_config(gguf)  # an architecture miro does not run stops here
+        weight_format, why = choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory)
+        log(why)
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()
-        model = load_model(gguf, config)
+        model = load_model(gguf, config, weight_format)
         t3 = time.perf_counter()
+        for fallback in model.weight_fallbacks:
+            log(f"weights: {fallback}")
         engine = cls(model, tokenizer, model_name=str(name_or_path), **options)
+        engine.mapped_bytes = Path(path).stat().st_size
         engine.load_times = LoadTimes(parse_s=t1 - t0, tokenizer_s=t2 - t1, weights_s=t3 - t2)
         return engine
 
     # -- requests -------------------------------------------------------------------------------------
 
     def _prompt_ids(self, prompt: str | Seq[int]) -> list[int]:
-        ids = self.tokenizer.encode(prompt, special=True) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if isinstance(prompt, str):  # BOS where the file asks for it (add_bos_token), as llama.cpp adds it
+            ids = self.tokenizer.encode(prompt, special=True, add_special=True)
+        else:
+            ids = [int(t) for t in prompt]
         if not ids:
             raise RequestError("the prompt is empty.")
         if any(t < 0 or t >= self.config.vocab_size for t in ids):

@@ -95,6 +95,8 @@ def test_status_json_and_tables_while_a_batch_is_in_progress(held_batch, redis_u
     assert 0 < row["kv_blocks_used"] <= row["kv_blocks_total"]
     assert row["kv_usage"] == pytest.approx(row["kv_blocks_used"] / row["kv_blocks_total"])
     assert row["running"] + row["waiting"] == row["in_flight"]
+    assert row["architecture"] == "llama" and row["weight_format"] in ("f32", "native")
+    assert isinstance(row["weight_memory"], int) and row["weight_memory"] > 0  # the default model fits: f32
 
     human = CliRunner().invoke(cli, ["status", batch_id, "--redis-url", redis_url])
     assert human.exit_code == 0, human.output
@@ -265,7 +267,8 @@ def test_relevant_workers_are_those_on_the_batch_or_its_queue():
 def test_render_on_a_recording_console():
     worker = {"name": "w1", "host": "h", "state": "busy", "queues": ["miro"], "batches": ["batch_a"],
               "kv_blocks_used": 12, "kv_blocks_total": 48, "kv_usage": 0.25, "running": 3, "waiting": 1,
-              "tokens_per_s": 1234.4, "jobs_done": 30, "jobs_failed": 5}
+              "tokens_per_s": 1234.4, "jobs_done": 30, "jobs_failed": 5,
+              "architecture": "llama", "weight_format": "native", "weight_memory": 3 * 2**20}
     view = monitor.batch_view(record(), now=1030.0)
     console = Console(record=True, width=120)
     console.print(render_watch({"batches": [view], "workers": [worker]}))
@@ -277,4 +280,4 @@ def test_render_on_a_recording_console():
     assert "40/100 done: 30 completed, 5 failed, 5 cancelled, 60 remaining" in text
     assert "100 tok/s, 2.0 requests/s over 20s" in text
     assert re.search(r"batch_a +d.jsonl +in_progress +40/100 +5 +5 +2,000 +30s", text)
-    assert re.search(r"w1 +h +busy +12/48 \(25%\) +3/1 +1,234 +30/5", text)
+    assert re.search(r"w1 +h +busy +12/48 \(25%\) +3/1 +1,234 +30/5 +llama native 3.0 MiB", text)

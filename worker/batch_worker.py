@@ -132,7 +132,7 @@ class BatchWorker(BaseWorker):
             from .metrics import serve_metrics
 
             serve_metrics(self, self.metrics_port, self.metrics_host)
-        self.engine = Engine.from_model(self.model, **self.engine_options)
+        self.engine = Engine.from_model(self.model, log=self.log.info, **self.engine_options)
         self.bootstrap(logging_level or "INFO")
         routing.register_served_names(self.connection, self.served_names[1:], self.model)
         self._install_signal_handlers()
@@ -379,6 +379,8 @@ class BatchWorker(BaseWorker):
             "name": self.name, "model": self.model_name, "host": socket.gethostname(), "pid": os.getpid(),
             "queues": [q.name for q in self.queues], "state": state, "started_at": self.started_at,
             "updated_at": time.time(), "batches": sorted({f.payload["batch_id"] for f in self.in_flight.values()}),
+            "architecture": self.engine.config.architecture, "weight_format": self.engine.weight_format,
+            "weight_memory": self.engine.weight_memory,
             **stats,
             "tokens_per_s": stats["prompt_tokens_per_s"] + stats["generation_tokens_per_s"],
             "in_flight": len(self.in_flight), "queued": queued, "jobs_done": self.jobs_done,

@@ -6,6 +6,9 @@ its last refresh; one that stops cleanly deletes it. Fields (all written as stri
 - who: ``name``, ``model``, ``host``, ``pid``, ``queues`` (comma separated), ``state`` (``idle``, ``busy``,
   ``stopping``), ``started_at``, ``updated_at`` (epoch seconds), ``batches`` (ids with requests in flight,
   comma separated)
+- the model: ``architecture`` (the GGUF's, e.g. ``llama``), ``weight_format`` (``f32``: matrices dequantized
+  once; ``native``: kept as stored in the memory-mapped file), ``weight_memory`` (bytes the weights hold of
+  their own; a memory-mapped native tensor holds none)
 - the KV cache and the batch (Engine.stats): ``kv_blocks_used``, ``kv_blocks_total``, ``kv_usage`` (0-1),
   ``running``, ``waiting``, ``preemptions``, ``prefix_cache_hit_rate``, ``prefix_cache_queries``,
   ``prefix_cache_hits``, ``prompt_tokens_total``, ``generation_tokens_total``, ``prompt_tokens_per_s``,
@@ -28,7 +31,7 @@ TTL_S = 5  # how long the hash outlives the worker's last refresh
 INT_FIELDS = frozenset({
     "pid", "kv_blocks_used", "kv_blocks_total", "running", "waiting", "preemptions", "prefix_cache_queries",
     "prefix_cache_hits", "prompt_tokens_total", "generation_tokens_total", "in_flight", "queued", "jobs_done",
-    "jobs_failed", "jobs_cancelled",
+    "jobs_failed", "jobs_cancelled", "weight_memory",
 })
 FLOAT_FIELDS = frozenset({
     "kv_usage", "prefix_cache_hit_rate", "prompt_tokens_per_s", "generation_tokens_per_s", "tokens_per_s",
