@@ -38,6 +38,10 @@ class ModelConfig:
     context_length: int
     rope_theta: float
     rms_eps: float
+    # What some architectures add (their read_config sets them; llama keeps the defaults):
+    rope_neox: bool = False  # RoPE rotates halves (x[i], x[i + head_dim/2]), not adjacent pairs
+    sliding_window: int = 0  # keys a local layer's query sees, itself included; 0: every layer is global
+    rope_theta_local: float = 0.0  # RoPE base of the local (sliding-window) layers
 
     @property
     def q_dim(self) -> int:
@@ -59,9 +63,18 @@ class ModelConfig:
         dim = _positive_int(gguf, key(Keys.LLM.EMBEDDING_LENGTH))
         n_heads = _positive_int(gguf, key(Keys.Attention.HEAD_COUNT))
         n_kv_heads = _positive_int(gguf, key(Keys.Attention.HEAD_COUNT_KV), default=n_heads)
-        _check_divides(gguf, key(Keys.Attention.HEAD_COUNT), n_heads, key(Keys.LLM.EMBEDDING_LENGTH), dim)
         _check_divides(gguf, key(Keys.Attention.HEAD_COUNT_KV), n_kv_heads, key(Keys.Attention.HEAD_COUNT), n_heads)
-        head_dim = dim // n_heads
+        if key(Keys.Attention.KEY_LENGTH) in gguf.metadata:  # qwen3, gemma3: heads need not tile the embedding
+            head_dim = _positive_int(gguf, key(Keys.Attention.KEY_LENGTH))
+        else:
+            _check_divides(gguf, key(Keys.Attention.HEAD_COUNT), n_heads, key(Keys.LLM.EMBEDDING_LENGTH), dim)
+            head_dim = dim // n_heads
+        value_length = _positive_int(gguf, key(Keys.Attention.VALUE_LENGTH), default=head_dim)
+        if value_length != head_dim:
+            raise ModelFileError(
+                f"{gguf.path}: {key(Keys.Attention.VALUE_LENGTH)} is {value_length}, but miro needs it equal to "
+                f"the key length ({head_dim})."
+            )
         rope_dim = _positive_int(gguf, key(Keys.Rope.DIMENSION_COUNT), default=head_dim)
         if rope_dim != head_dim:
             raise ModelFileError(f"{gguf.path}: partial RoPE ({rope_dim} of {head_dim} dims) is not supported.")

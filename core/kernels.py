@@ -1,4 +1,5 @@
-"""numba kernels for the forward pass: RMSNorm, RoPE + KV-cache write, SiLU-gate, paged flash attention, GEMM.
+"""numba kernels for the forward pass: RMSNorm (per row or per head), RoPE (adjacent pairs or NEOX halves)
++ KV-cache write, SiLU and GELU gates, paged flash attention (causal, optionally over a sliding window), GEMM.
 
 Every kernel computes each token's row from that row alone (and, for
 attention, from that token's own context), in a fixed order, so a token's
@@ -11,6 +12,8 @@ import math
 
 import numpy as np
 from numba import njit, prange
+
+from .layers.halfs import f32_to_f16_bits
 
 
 @njit(cache=True, fastmath=True)
@@ -39,6 +42,60 @@ def silu_mul(gate_up, out):
     return out
 
 
+def _gelu_f16_table() -> np.ndarray:
+    """GELU (tanh form) of every float16, rounded to float16: the table ggml evaluates GELU through."""
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):  # inf and nan entries are never looked up (|x| >= 10 bypasses the table)
+        y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(
+            np.float32(math.sqrt(2.0 / math.pi)) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))
+    return y.astype(np.float16).astype(np.float32)
+
+
+_GELU_F16 = _gelu_f16_table()
+
+
+@njit(cache=True)
+def _gelu_mul(gate_up, table, out):
+    n, two_f = gate_up.shape
+    f = two_f // 2
+    for t in range(n):
+        for i in range(f):
+            g = gate_up[t, i]
+            if g <= np.float32(-10.0):
+                y = np.float32(0.0)
+            elif g >= np.float32(10.0):
+                y = g
+            else:
+                y = table[f32_to_f16_bits(g)]
+            out[t, i] = y * gate_up[t, f + i]
+    return out
+
+
+def gelu_mul(gate_up: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = gelu_tanh(gate) * up, where gate_up holds [gate | up] column halves.
+
+    As ggml computes it: the gate rounded to float16 and looked up in a float16 table of GELU
+    (|gate| >= 10: 0 or the gate itself), about 1e-3 relative from the exact function.
+    """
+    return _gelu_mul(gate_up, _GELU_F16, out)
+
+
+@njit(cache=True, fastmath=True)
+def head_rmsnorm(qkv, first_col, n_heads, head_dim, weight, eps):
+    """RMSNorm over each of n_heads heads of head_dim columns from first_col of every row, in place
+    (qwen3's and gemma3's q/k norm): qkv[t, head] = qkv[t, head] / rms(qkv[t, head]) * weight."""
+    for t in range(qkv.shape[0]):
+        for h in range(n_heads):
+            c0 = first_col + h * head_dim
+            acc = 0.0
+            for i in range(head_dim):
+                acc += qkv[t, c0 + i] * qkv[t, c0 + i]
+            inv = np.float32(1.0 / math.sqrt(acc / head_dim + eps))
+            for i in range(head_dim):
+                qkv[t, c0 + i] = qkv[t, c0 + i] * inv * weight[i]
+    return qkv
+
+
 @njit(cache=True)
 def _rotate_pairs(vec, cos_row, sin_row):
     """RoPE on adjacent pairs (x[2i], x[2i+1]), the rotation llama.cpp applies to GGUF llama weights."""
@@ -50,11 +107,31 @@ def _rotate_pairs(vec, cos_row, sin_row):
 
 
 @njit(cache=True)
-def rope_and_store_kv(qkv, positions, cos, sin, n_heads, n_kv_heads, head_dim, slots, k_cache, v_cache):
+def _rotate_halves(vec, cos_row, sin_row):
+    """NEOX RoPE: pairs (x[i], x[i + d/2]), the rotation llama.cpp applies to qwen2, qwen3 and gemma3."""
+    half = cos_row.shape[0]
+    for i in range(half):
+        a = vec[i]
+        b = vec[half + i]
+        vec[i] = a * cos_row[i] - b * sin_row[i]
+        vec[half + i] = a * sin_row[i] + b * cos_row[i]
+
+
+@njit(cache=True)
+def _rotate(vec, cos_row, sin_row, neox):
+    if neox:
+        _rotate_halves(vec, cos_row, sin_row)
+    else:
+        _rotate_pairs(vec, cos_row, sin_row)
+
+
+@njit(cache=True)
+def rope_and_store_kv(qkv, positions, cos, sin, n_heads, n_kv_heads, head_dim, slots, k_cache, v_cache, neox=False):
     """Rotate Q (in place in qkv) and K by each token's position; write K and V into the paged cache.
 
     qkv: (T, (n_heads + 2 * n_kv_heads) * head_dim); slots[t] = block * block_size + offset.
     k_cache, v_cache: (num_blocks, n_kv_heads, block_size, head_dim).
+    neox: rotate halves (x[i], x[i + head_dim/2]) instead of adjacent pairs.
     """
     block_size = k_cache.shape[2]
     q_end = n_heads * head_dim
@@ -62,23 +139,25 @@ def rope_and_store_kv(qkv, positions, cos, sin, n_heads, n_kv_heads, head_dim, s
     for t in range(qkv.shape[0]):
         pos = positions[t]
         for h in range(n_heads):
-            _rotate_pairs(qkv[t, h * head_dim:(h + 1) * head_dim], cos[pos], sin[pos])
+            _rotate(qkv[t, h * head_dim:(h + 1) * head_dim], cos[pos], sin[pos], neox)
         block = slots[t] // block_size
         offset = slots[t] % block_size
         for h in range(n_kv_heads):
             k = qkv[t, q_end + h * head_dim:q_end + (h + 1) * head_dim]
-            _rotate_pairs(k, cos[pos], sin[pos])
+            _rotate(k, cos[pos], sin[pos], neox)
             k_cache[block, h, offset, :] = k
             v_cache[block, h, offset, :] = qkv[t, k_end + h * head_dim:k_end + (h + 1) * head_dim]
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, out):
+def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, out, window=0):
     """Causal flash attention over a paged KV cache for a packed batch of query tokens.
 
     q: (T, n_heads, head_dim); out: same shape.
     block_tables: (S, max_blocks) int32 block ids per sequence.
-    positions[t]: the position of query token t; it attends to positions 0..positions[t] of its sequence.
+    positions[t]: the position of query token t; it attends to positions 0..positions[t] of its sequence,
+      or with window > 0 (a sliding-window layer) only to the last `window` of them,
+      positions[t] - window + 1..positions[t]: blocks wholly before the tile's first window are never read.
     items: (W, 4) int32 rows (seq, kv_head, t_begin, t_end): one work item per sequence, KV head and
       tile of that sequence's query tokens. Every query head of the KV head's group shares each K/V load;
       an online softmax per query keeps memory O(tile), never the full score matrix.
@@ -98,17 +177,23 @@ def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, 
         acc = np.zeros((n_q, head_dim), dtype=np.float32)
         scores = np.empty(block_size, dtype=np.float32)
         max_pos = positions[items[w, 3] - 1]
-        for b in range((max_pos // block_size) + 1):
+        first_block = 0
+        if window > 0:
+            first_block = max(positions[t_begin] - window + 1, 0) // block_size
+        for b in range(first_block, (max_pos // block_size) + 1):
             block = block_tables[seq, b]
             base = b * block_size
             for qi in range(n_q):
                 t = t_begin + qi // group
                 h = kvh * group + qi % group
                 n_valid = min(positions[t] + 1 - base, block_size)
-                if n_valid <= 0:
+                first = 0
+                if window > 0:
+                    first = max(positions[t] - window + 1 - base, 0)
+                if n_valid <= first:
                     continue
                 block_max = m[qi]
-                for j in range(n_valid):
+                for j in range(first, n_valid):
                     s = np.float32(0.0)
                     for d in range(head_dim):
                         s += q[t, h, d] * k_cache[block, kvh, j, d]
@@ -119,7 +204,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, 
                 l[qi] *= correction
                 for d in range(head_dim):
                     acc[qi, d] *= correction
-                for j in range(n_valid):
+                for j in range(first, n_valid):
                     p = np.exp(scores[j] - block_max)
                     l[qi] += p
                     for d in range(head_dim):

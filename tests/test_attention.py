@@ -47,14 +47,15 @@ def make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim, spare_bloc
     return q, k_cache, v_cache, step, tables
 
 
-def run_kernel(q, k_cache, v_cache, step, scale):
+def run_kernel(q, k_cache, v_cache, step, scale, window=0):
     out = np.full(q.shape, np.nan, dtype=np.float32)
-    paged_attention(q, k_cache, v_cache, step.block_tables, step.positions, step.attn_items, scale, out)
+    paged_attention(q, k_cache, v_cache, step.block_tables, step.positions, step.attn_items, scale, out, window)
     return out
 
 
-def reference(q, k_cache, v_cache, specs, tables, scale):
-    """Plain causal softmax attention in float64, per sequence, over K/V gathered from its blocks."""
+def reference(q, k_cache, v_cache, specs, tables, scale, window=0):
+    """Plain causal softmax attention in float64, per sequence, over K/V gathered from its blocks
+    (window > 0: a query at position p sees only keys p - window < k <= p, masked here)."""
     n_tokens, n_heads, head_dim = q.shape
     n_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
     group = n_heads // n_kv_heads
@@ -73,6 +74,8 @@ def reference(q, k_cache, v_cache, specs, tables, scale):
         scores = qs @ k.transpose(0, 2, 1) * float(scale)  # (n_heads, n_new, ctx)
         q_pos = np.arange(start, ctx)
         scores[:, pos[None, :] > q_pos[:, None]] = -np.inf
+        if window:
+            scores[:, pos[None, :] <= q_pos[:, None] - window] = -np.inf
         scores -= scores.max(axis=-1, keepdims=True)
         p = np.exp(scores)
         p /= p.sum(axis=-1, keepdims=True)
@@ -161,3 +164,25 @@ def test_batch_invariance(n_heads, n_kv_heads, block_size):
         in_rev = rev_out[rev_rows[j]:rev_rows[j + 1]]
         assert np.array_equal(alone.view(np.uint32), in_batch.view(np.uint32)), f"sequence {s} {(start, n_new)}"
         assert np.array_equal(alone.view(np.uint32), in_rev.view(np.uint32)), f"sequence {s} {(start, n_new)}"
+
+
+@pytest.mark.parametrize("block_size", [4, 8, 16])
+@pytest.mark.parametrize("window", [1, 8, 13])
+def test_sliding_window_matches_masked_reference(block_size, window):
+    """window > 0 (gemma3's local layers): each query sees only the last `window` positions, itself included;
+    the same mixed batches, against a naive attention with those keys masked."""
+    rng = np.random.default_rng(100 * block_size + window)
+    specs = mixed_specs(rng, block_size)
+    q, k_cache, v_cache, step, tables = make_batch(rng, specs, block_size, 4, 1, 32)
+    scale = np.float32(1.0 / np.sqrt(32))
+    out = run_kernel(q, k_cache, v_cache, step, scale, window)
+    ref = reference(q, k_cache, v_cache, specs, tables, scale, window)
+    assert np.all(np.isfinite(out)), "some output rows were not written"
+    assert np.abs(out - ref).max() < TOL
+    # the window changes the answer wherever a query has more than `window` positions behind it
+    full = reference(q, k_cache, v_cache, specs, tables, scale)
+    long_rows = np.concatenate([np.arange(start, start + n) >= window for start, n in specs])
+    assert np.abs(full - ref)[long_rows].max(axis=(1, 2)).min() > 1e-3
+    # a window longer than every context is no window
+    np.testing.assert_array_equal(run_kernel(q, k_cache, v_cache, step, scale, 100_000),
+                                  run_kernel(q, k_cache, v_cache, step, scale))

@@ -28,3 +28,17 @@ def extend_rope_tables(
     chunks = [kernels.rope_tables(head_dim, theta, start, start + ROPE_CHUNK)
               for start in range(have, stop, ROPE_CHUNK)]
     return np.concatenate([cos, *(c for c, _ in chunks)]), np.concatenate([sin, *(s for _, s in chunks)])
+
+
+class RopeTable:
+    """The cos/sin tables of one RoPE base (theta), grown with the positions a step needs."""
+
+    def __init__(self, head_dim: int, theta: float):
+        self.head_dim, self.theta = head_dim, theta
+        self.cos, self.sin = empty_rope_tables(head_dim)
+
+    def upto(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin covering every position in `positions`."""
+        n_positions = int(positions.max()) + 1 if len(positions) else 0
+        self.cos, self.sin = extend_rope_tables(self.cos, self.sin, n_positions, self.head_dim, self.theta)
+        return self.cos, self.sin

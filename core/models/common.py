@@ -1,0 +1,141 @@
+"""What the qwen2, qwen3 and gemma3 modules share: loading tensors as layers in one weight format,
+the attention step (RoPE, KV-cache write, paged attention) and the output head.
+
+Each architecture's module keeps its own tensor list and its own forward pass, top to bottom; the
+lines here are the ones that would otherwise repeat in every one of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import MODEL_TENSOR
+
+from .. import kernels
+from ..config import ModelConfig
+from ..dequant import dequantize
+from ..gguf_file import GGUFFile
+from ..kv_cache import KVCache
+from ..layers.linear import Embedding, Linear, has_native_kernel, owned_bytes
+from ..model_runner import StepInput
+from ..weights import TensorSpec, matrix, norm, tensor_name
+
+T = MODEL_TENSOR
+
+
+def bias_name(kind: MODEL_TENSOR, block: int) -> str:
+    """'blk.N.attn_q.bias' and the like."""
+    return tensor_name(kind, block).removesuffix(".weight") + ".bias"
+
+
+def attention_specs(config: ModelConfig, i: int) -> dict[str, TensorSpec]:
+    """Block i's attention matrices, as llama has them."""
+    d, q, kv = config.dim, config.q_dim, config.kv_dim
+    return {
+        tensor_name(T.ATTN_Q, i): matrix(q, d),
+        tensor_name(T.ATTN_K, i): matrix(kv, d),
+        tensor_name(T.ATTN_V, i): matrix(kv, d),
+        tensor_name(T.ATTN_OUT, i): matrix(d, q),
+    }
+
+
+def ffn_specs(config: ModelConfig, i: int) -> dict[str, TensorSpec]:
+    """Block i's gated feed-forward matrices."""
+    d, f = config.dim, config.ffn_dim
+    return {
+        tensor_name(T.FFN_GATE, i): matrix(f, d),
+        tensor_name(T.FFN_UP, i): matrix(f, d),
+        tensor_name(T.FFN_DOWN, i): matrix(d, f),
+    }
+
+
+def qk_norm_specs(config: ModelConfig, i: int) -> dict[str, TensorSpec]:
+    """Block i's per-head RMSNorm weights of q and k (qwen3, gemma3)."""
+    return {tensor_name(T.ATTN_Q_NORM, i): norm(config.head_dim), tensor_name(T.ATTN_K_NORM, i): norm(config.head_dim)}
+
+
+def embedding_and_head_specs(config: ModelConfig) -> dict[str, TensorSpec]:
+    """token_embd, output_norm and the optional output.weight (absent: the head is tied to token_embd)."""
+    v, d = config.vocab_size, config.dim
+    return {
+        tensor_name(T.TOKEN_EMBD): matrix(v, d),
+        tensor_name(T.OUTPUT_NORM): norm(d),
+        tensor_name(T.OUTPUT): matrix(v, d, optional=True),
+    }
+
+
+class Loader:
+    """A checked file's tensors as the layers a forward pass uses, matrices in one weight format.
+
+    "f32" dequantizes every matrix once; "native" keeps the file's blocks, except for a type with no
+    native kernel, which stays f32 and is noted in `fallbacks`. `memory` counts the bytes the layers
+    built so far hold of their own.
+    """
+
+    def __init__(self, gguf: GGUFFile, weight_format: str = "f32"):
+        self.gguf = gguf
+        self.weight_format = weight_format
+        self.fallbacks: dict[str, str] = {}  # type name -> why its matrices are f32 although "native" was asked
+        self.memory = 0
+
+    def vector(self, name: str) -> np.ndarray:
+        """A norm weight or a bias, as float32."""
+        a = dequantize(self.gguf.tensors[name])
+        self.memory += owned_bytes(a)
+        return a
+
+    def norm(self, kind: MODEL_TENSOR, block: int | None = None) -> np.ndarray:
+        return self.vector(tensor_name(kind, block))
+
+    def linear(self, *kinds: MODEL_TENSOR, block: int | None = None) -> Linear:
+        """One layer over the named matrices, their outputs side by side (Q, K, V; gate, up)."""
+        parts = [self.gguf.tensors[tensor_name(kind, block)] for kind in kinds]
+        fmt = self.weight_format
+        if fmt == "native" and not has_native_kernel(parts[0].type):
+            fmt = "f32"
+            self.fallbacks[parts[0].type.name] = (
+                f"{parts[0].type.name} has no native kernel: its matrices are kept as f32")
+        layer = Linear.fused(parts, fmt)
+        self.memory += layer.weight_bytes
+        return layer
+
+    def embedding(self) -> Embedding:
+        layer = Embedding(self.gguf.tensors[tensor_name(T.TOKEN_EMBD)], self.weight_format)
+        self.memory += layer.weight_bytes
+        return layer
+
+    def lm_head(self) -> Linear:
+        """output.weight, or token_embd where the file ties the head to the embedding."""
+        return self.linear(T.OUTPUT if tensor_name(T.OUTPUT) in self.gguf.tensors else T.TOKEN_EMBD)
+
+
+def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, config: ModelConfig,
+              rope: tuple[np.ndarray, np.ndarray], scale: np.float32, out: np.ndarray, window: int = 0) -> np.ndarray:
+    """Rotate q and k of the fused qkv rows (in place), write k and v into the cache, attend over it.
+
+    out: (T, n_heads, head_dim), filled; returned as (T, q_dim). window > 0: a sliding-window layer.
+    """
+    cfg = config
+    n_tokens = qkv.shape[0]
+    cos, sin = rope
+    kernels.rope_and_store_kv(qkv, step.positions, cos, sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                              step.slots, cache.k[layer], cache.v[layer], cfg.rope_neox)
+    # a contiguous copy: numba's code for strided views is several times slower
+    q = np.ascontiguousarray(qkv[:, : cfg.q_dim]).reshape(n_tokens, cfg.n_heads, cfg.head_dim)
+    kernels.paged_attention(q, cache.k[layer], cache.v[layer], step.block_tables, step.positions, step.attn_items,
+                            scale, out, window)
+    return out.reshape(n_tokens, cfg.q_dim)
+
+
+def qk_norm(qkv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray, config: ModelConfig) -> None:
+    """Per-head RMSNorm of the q and k columns of the fused qkv rows, in place."""
+    cfg = config
+    kernels.head_rmsnorm(qkv, 0, cfg.n_heads, cfg.head_dim, q_norm, cfg.rms_eps)
+    kernels.head_rmsnorm(qkv, cfg.q_dim, cfg.n_kv_heads, cfg.head_dim, k_norm, cfg.rms_eps)
+
+
+def logits(x: np.ndarray, rows: np.ndarray, output_norm: np.ndarray, lm_head: Linear, eps: float,
+           batch_invariant: bool) -> np.ndarray:
+    """The final RMSNorm and the head, on the rows whose next-token logits are wanted."""
+    last = x[rows]
+    kernels.rmsnorm(last, output_norm, eps, last)
+    return lm_head(last, batch_invariant)

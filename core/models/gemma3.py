@@ -1,0 +1,124 @@
+"""Gemma 3: llama.cpp's gemma3 graph.
+
+What differs from llama: the embedding is scaled by sqrt(dim); each block normalises its attention and
+feed-forward outputs again before adding them (post_attention_norm, post_ffw_norm); q and k get a
+per-head RMSNorm before NEOX RoPE; the gate is GELU (tanh form), not SiLU. Five of every six layers are
+local: their queries see only the last `sliding_window` positions and their RoPE base is 10000, which
+llama.cpp hard-codes (the file's rope.freq_base is the global layers'). Norm weights are multiplied as
+stored: the converter already folded HF's (1 + w) into them. No logit softcapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import Keys
+
+from .. import kernels
+from ..config import ModelConfig, _positive_int
+from ..gguf_file import GGUFFile
+from ..kv_cache import KVCache
+from ..layers.linear import Embedding, Linear
+from ..layers.rotary import RopeTable
+from ..model_runner import StepInput
+from ..weights import TensorSpec, check_tensors, norm, tensor_name
+from .common import (T, Loader, attention, attention_specs, embedding_and_head_specs, ffn_specs, logits, qk_norm,
+                     qk_norm_specs)
+
+LOCAL_ROPE_THETA = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3
+GLOBAL_LAYER_EVERY = 6  # layers 5, 11, 17, ... are global; the others slide
+
+
+def is_local(layer: int) -> bool:
+    return layer % GLOBAL_LAYER_EVERY < GLOBAL_LAYER_EVERY - 1
+
+
+@dataclass
+class Gemma3Layer:
+    attn_norm: np.ndarray  # (dim,)
+    wqkv: Linear  # dim -> q_dim + 2 * kv_dim
+    q_norm: np.ndarray  # (head_dim,)
+    k_norm: np.ndarray  # (head_dim,)
+    wo: Linear  # q_dim -> dim
+    post_attn_norm: np.ndarray  # (dim,)
+    ffn_norm: np.ndarray  # (dim,)
+    w_gate_up: Linear  # dim -> 2 * ffn_dim: gate outputs first, then up
+    w_down: Linear  # ffn_dim -> dim
+    post_ffn_norm: np.ndarray  # (dim,)
+
+
+def gemma3_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
+    d = config.dim
+    specs = embedding_and_head_specs(config)
+    for i in range(config.n_layers):
+        norms = (T.ATTN_NORM, T.ATTN_POST_NORM, T.FFN_NORM, T.FFN_POST_NORM)
+        specs |= {tensor_name(kind, i): norm(d) for kind in norms}
+        specs |= attention_specs(config, i) | qk_norm_specs(config, i) | ffn_specs(config, i)
+    return specs
+
+
+class Gemma3Model:
+    def __init__(self, config: ModelConfig, loader: Loader):
+        check_tensors(loader.gguf, gemma3_tensor_specs(config))
+        self.config = config
+        self.weight_format = loader.weight_format
+        self.layers = [
+            Gemma3Layer(
+                attn_norm=loader.norm(T.ATTN_NORM, i),
+                wqkv=loader.linear(T.ATTN_Q, T.ATTN_K, T.ATTN_V, block=i),
+                q_norm=loader.norm(T.ATTN_Q_NORM, i),
+                k_norm=loader.norm(T.ATTN_K_NORM, i),
+                wo=loader.linear(T.ATTN_OUT, block=i),
+                post_attn_norm=loader.norm(T.ATTN_POST_NORM, i),
+                ffn_norm=loader.norm(T.FFN_NORM, i),
+                w_gate_up=loader.linear(T.FFN_GATE, T.FFN_UP, block=i),
+                w_down=loader.linear(T.FFN_DOWN, block=i),
+                post_ffn_norm=loader.norm(T.FFN_POST_NORM, i),
+            )
+            for i in range(config.n_layers)
+        ]
+        self.token_embd: Embedding = loader.embedding()
+        self.output_norm = loader.norm(T.OUTPUT_NORM)
+        self.lm_head = loader.lm_head()
+        self.weight_memory = loader.memory  # bytes the weights hold of their own
+        self.weight_fallbacks = list(loader.fallbacks.values())  # types kept f32 in native mode, and why
+        self.rope_global = RopeTable(config.head_dim, config.rope_theta)
+        self.rope_local = RopeTable(config.head_dim, config.rope_theta_local)
+        self.embed_scale = np.float32(math.sqrt(config.dim))
+        self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
+
+    @staticmethod
+    def read_config(gguf: GGUFFile) -> ModelConfig:
+        config = ModelConfig.from_gguf(gguf)
+        window = _positive_int(gguf, Keys.Attention.SLIDING_WINDOW.format(arch=config.architecture))
+        return dataclasses.replace(config, rope_neox=True, sliding_window=window, rope_theta_local=LOCAL_ROPE_THETA)
+
+    @classmethod
+    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32") -> "Gemma3Model":
+        return cls(config, Loader(gguf, weight_format))
+
+    def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
+        """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
+        cfg, inv = self.config, batch_invariant
+        n_tokens = len(step.token_ids)
+        rope_global, rope_local = self.rope_global.upto(step.positions), self.rope_local.upto(step.positions)
+        x = self.token_embd(step.token_ids)
+        x *= self.embed_scale
+        normed = np.empty_like(x)
+        attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
+        act = np.empty((n_tokens, cfg.ffn_dim), dtype=np.float32)
+        for i, layer in enumerate(self.layers):
+            rope, window = (rope_local, cfg.sliding_window) if is_local(i) else (rope_global, 0)
+            kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
+            qkv = layer.wqkv(normed, inv)
+            qk_norm(qkv, layer.q_norm, layer.k_norm, cfg)
+            h = layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out, window), inv)
+            x += kernels.rmsnorm(h, layer.post_attn_norm, cfg.rms_eps, h)
+            kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
+            kernels.gelu_mul(layer.w_gate_up(normed, inv), act)
+            h = layer.w_down(act, inv)
+            x += kernels.rmsnorm(h, layer.post_ffn_norm, cfg.rms_eps, h)
+        return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps, inv)

@@ -1,0 +1,97 @@
+"""Qwen2: llama's block with biases on Q, K and V and NEOX RoPE (x[i] rotates with x[i + head_dim/2]).
+
+The output head is usually its own tensor (output.weight); a file without it ties the head to the
+embedding. Matrices are `Linear` layers in one weight format, as in llama.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import kernels
+from ..config import ModelConfig
+from ..gguf_file import GGUFFile
+from ..kv_cache import KVCache
+from ..layers.linear import Embedding, Linear
+from ..layers.rotary import RopeTable
+from ..model_runner import StepInput
+from ..weights import TensorSpec, check_tensors, norm, tensor_name
+from .common import (T, Loader, attention, attention_specs, bias_name, embedding_and_head_specs, ffn_specs,
+                     logits)
+
+
+@dataclass
+class Qwen2Layer:
+    attn_norm: np.ndarray  # (dim,)
+    wqkv: Linear  # dim -> q_dim + 2 * kv_dim
+    qkv_bias: np.ndarray  # (q_dim + 2 * kv_dim,)
+    wo: Linear  # q_dim -> dim
+    ffn_norm: np.ndarray  # (dim,)
+    w_gate_up: Linear  # dim -> 2 * ffn_dim: gate outputs first, then up
+    w_down: Linear  # ffn_dim -> dim
+
+
+def qwen2_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
+    specs = embedding_and_head_specs(config)
+    for i in range(config.n_layers):
+        specs |= {tensor_name(T.ATTN_NORM, i): norm(config.dim), tensor_name(T.FFN_NORM, i): norm(config.dim)}
+        specs |= attention_specs(config, i) | ffn_specs(config, i)
+        specs |= {bias_name(T.ATTN_Q, i): norm(config.q_dim), bias_name(T.ATTN_K, i): norm(config.kv_dim),
+                  bias_name(T.ATTN_V, i): norm(config.kv_dim)}
+    return specs
+
+
+class Qwen2Model:
+    def __init__(self, config: ModelConfig, loader: Loader):
+        check_tensors(loader.gguf, qwen2_tensor_specs(config))
+        self.config = config
+        self.weight_format = loader.weight_format
+        self.layers = [
+            Qwen2Layer(
+                attn_norm=loader.norm(T.ATTN_NORM, i),
+                wqkv=loader.linear(T.ATTN_Q, T.ATTN_K, T.ATTN_V, block=i),
+                qkv_bias=np.concatenate([loader.vector(bias_name(kind, i)) for kind in (T.ATTN_Q, T.ATTN_K, T.ATTN_V)]),
+                wo=loader.linear(T.ATTN_OUT, block=i),
+                ffn_norm=loader.norm(T.FFN_NORM, i),
+                w_gate_up=loader.linear(T.FFN_GATE, T.FFN_UP, block=i),
+                w_down=loader.linear(T.FFN_DOWN, block=i),
+            )
+            for i in range(config.n_layers)
+        ]
+        self.token_embd: Embedding = loader.embedding()
+        self.output_norm = loader.norm(T.OUTPUT_NORM)
+        self.lm_head = loader.lm_head()
+        self.weight_memory = loader.memory  # bytes the weights hold of their own
+        self.weight_fallbacks = list(loader.fallbacks.values())  # types kept f32 in native mode, and why
+        self.rope = RopeTable(config.head_dim, config.rope_theta)
+        self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
+
+    @staticmethod
+    def read_config(gguf: GGUFFile) -> ModelConfig:
+        return dataclasses.replace(ModelConfig.from_gguf(gguf), rope_neox=True)
+
+    @classmethod
+    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32") -> "Qwen2Model":
+        return cls(config, Loader(gguf, weight_format))
+
+    def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
+        """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
+        cfg, inv = self.config, batch_invariant
+        n_tokens = len(step.token_ids)
+        rope = self.rope.upto(step.positions)
+        x = self.token_embd(step.token_ids)
+        normed = np.empty_like(x)
+        attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
+        act = np.empty((n_tokens, cfg.ffn_dim), dtype=np.float32)
+        for i, layer in enumerate(self.layers):
+            kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
+            qkv = layer.wqkv(normed, inv)
+            qkv += layer.qkv_bias
+            x += layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out), inv)
+            kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
+            kernels.silu_mul(layer.w_gate_up(normed, inv), act)
+            x += layer.w_down(act, inv)
+        return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps, inv)
