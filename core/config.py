@@ -63,12 +63,12 @@ class ModelConfig:
         dim = _positive_int(gguf, key(Keys.LLM.EMBEDDING_LENGTH))
         n_heads = _positive_int(gguf, key(Keys.Attention.HEAD_COUNT))
         n_kv_heads = _positive_int(gguf, key(Keys.Attention.HEAD_COUNT_KV), default=n_heads)
-        _check_divides(gguf, key(Keys.Attention.HEAD_COUNT_KV), n_kv_heads, key(Keys.Attention.HEAD_COUNT), n_heads)
         if key(Keys.Attention.KEY_LENGTH) in gguf.metadata:  # qwen3, gemma3: heads need not tile the embedding
             head_dim = _positive_int(gguf, key(Keys.Attention.KEY_LENGTH))
         else:
             _check_divides(gguf, key(Keys.Attention.HEAD_COUNT), n_heads, key(Keys.LLM.EMBEDDING_LENGTH), dim)
             head_dim = dim // n_heads
+        _check_divides(gguf, key(Keys.Attention.HEAD_COUNT_KV), n_kv_heads, key(Keys.Attention.HEAD_COUNT), n_heads)
         value_length = _positive_int(gguf, key(Keys.Attention.VALUE_LENGTH), default=head_dim)
         if value_length != head_dim:
             raise ModelFileError(
