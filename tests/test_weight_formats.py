@@ -1,0 +1,129 @@
+"""Weights kept quantized ("native") against dequantized once ("f32"): the same model, close logits, a
+fraction of the memory, batch invariance, llama.cpp's logits on tiny llama files, and the CLI/engine switch.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import FIXTURES
+from gguf_factory import write_tiny_model
+
+from miro.cli.main import cli
+from miro.core import Engine, SamplingParams
+from miro.core.kv_cache import KVCache
+from miro.core.model_runner import build_step_input
+
+CHATS = [c["messages"] for c in json.loads((FIXTURES / "chat_prompts.json").read_text(encoding="utf-8"))]
+ARCH = json.loads((FIXTURES / "arch_llamacpp.json").read_text())
+ARCH_LOGITS = np.load(FIXTURES / "arch_llamacpp.npz")
+LLAMA_MODELS = [m for m in ARCH["models"] if m["arch"] == "llama"]
+
+
+@pytest.fixture(scope="module")
+def engines(smollm2_path):
+    return {fmt: Engine.from_model(smollm2_path, weights=fmt, kv_cache_memory="128MiB") for fmt in ("f32", "native")}
+
+
+@pytest.fixture(scope="module")
+def chat_ids(engines):
+    tokenizer = engines["f32"].tokenizer
+    return [tokenizer.encode(tokenizer.apply_chat_template(messages), special=True) for messages in CHATS]
+
+
+def test_native_logits_match_f32_on_the_default_model(engines, chat_ids):
+    diffs, top1_equal = [], 0
+    for ids in chat_ids:
+        f32, native = engines["f32"].logits(ids), engines["native"].logits(ids)
+        diffs.append(float(np.abs(f32 - native).max()))
+        top1_equal += int(f32.argmax() == native.argmax())
+    print(f"native vs f32 on {len(chat_ids)} chat prompts: max abs logit diff {max(diffs):.4f} "
+          f"(median {np.median(diffs):.4f}), top-1 equal on {top1_equal}")
+    # 8-bit activations (llama.cpp's scheme) against float32 ones: llama.cpp itself agrees with HF's float32
+    # top-1 on 18 of these 20 prompts (tests/fixtures/llamacpp_reference.json)
+    assert top1_equal >= 18
+    assert max(diffs) < 2.0  # logits span about 30
+
+
+def test_native_matches_llamacpp_on_the_default_model(engines):
+    """Same weights, same activation quantization: close to llama.cpp's recorded top-20 logits. Not exact
+    as on the tiny llamas: that reference ran llama.cpp with its default f16 KV cache (miro's is f32)."""
+    reference = json.loads((FIXTURES / "llamacpp_reference.json").read_text())["prompts"]
+    worst, top1_equal = 0.0, 0
+    for p in reference:
+        got = engines["native"].logits(p["tokenize_ids"])
+        worst = max(worst, float(np.abs(got[p["top20_ids"]] - np.array(p["top20_logits"])).max()))
+        top1_equal += int(got.argmax() == p["top1_id"])
+    print(f"native vs llama.cpp on {len(reference)} prompts: max abs diff over its top-20 logits {worst:.4f}, "
+          f"top-1 equal on {top1_equal}")
+    assert top1_equal >= 19 and worst < 1.0  # the one llama.cpp top-1 that differs leads by 0.02
+
+
+def test_native_greedy_tokens_match_f32_on_most_prompts(engines, chat_ids):
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    outs = {fmt: engines[fmt].generate(chat_ids[:8], params, use_tqdm=False) for fmt in engines}
+    same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs["f32"], outs["native"]))
+    print(f"greedy 16 tokens equal on {same} of 8 prompts")
+    assert same >= 5  # a near-tie flips a token now and then, and the rest of the continuation with it
+
+
+def test_native_weights_hold_a_fraction_of_f32s_memory(engines):
+    f32, native = engines["f32"], engines["native"]
+    print(f"weight memory: f32 {f32.weight_memory:,} B, native {native.weight_memory:,} B "
+          f"(file mapped: {native.mapped_bytes:,} B)")
+    assert (f32.weight_format, native.weight_format) == ("f32", "native")
+    assert native.weight_memory < f32.weight_memory / 20
+    assert native.weight_memory < native.mapped_bytes  # at most a few fused copies (Q/K/V not back to back)
+
+
+def packed_logits(model, prompts: list[list[int]], block_size: int = 16) -> np.ndarray:
+    """Last-position logits of every prompt, all prefilled in one packed step on a fresh cache."""
+    tables, next_block = [], 0
+    for ids in prompts:
+        n = -(-len(ids) // block_size)
+        tables.append(list(range(next_block, next_block + n)))
+        next_block += n
+    cache = KVCache(model.config, next_block, block_size)
+    step = build_step_input([(ids, 0, t) for ids, t in zip(prompts, tables)], block_size, model.config.n_kv_heads,
+                            [True] * len(prompts))
+    return model.forward(step, cache)
+
+
+def test_native_is_batch_invariant(engines, chat_ids):
+    model = engines["native"].model
+    batch = chat_ids[:8]
+    together = packed_logits(model, batch)
+    for i in (0, 5):
+        np.testing.assert_array_equal(packed_logits(model, [batch[i]])[0], together[i])
+
+
+@pytest.mark.parametrize("model", LLAMA_MODELS, ids=[m["key"] for m in LLAMA_MODELS])
+def test_native_matches_llamacpp_on_tiny_llamas(tmp_path, model):
+    path = write_tiny_model(tmp_path / "m.gguf", **model["factory_kwargs"])["path"]
+    engine = Engine.from_model(path, weights="native", num_kv_blocks=64)
+    worst = 0.0
+    for run in model["runs"]:
+        ids = ARCH["prompts"][run["prompt_index"]] + run["greedy_ids"][:-1]
+        expected = ARCH_LOGITS[f"{model['key']}/p{run['prompt_index']}"]
+        for n in (run["n_prompt"], len(ids)):  # after the prompt, and after the greedy continuation
+            got = engine.logits(ids[:n])
+            worst = max(worst, float(np.abs(got - expected[n - 1]).max()))
+            assert got.argmax() == expected[n - 1].argmax() or np.sort(expected[n - 1])[-2] > expected[n - 1].max() - 0.01
+    print(f"{model['key']} native vs llama.cpp: max abs logit diff {worst:.5f}")
+    assert worst < 0.01
+
+
+def test_cli_weights_option_and_autos_message(tiny_model):
+    native = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--weights", "native", "--max-tokens", "2",
+                                      "--num-kv-blocks", "8", "hi"])
+    assert native.exit_code == 0, native.output
+    assert "weights: native (asked for)" in native.stderr
+    auto = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-weight-memory", "1KiB",
+                                    "--max-tokens", "2", "--num-kv-blocks", "8", "hi"])
+    assert auto.exit_code == 0, auto.output
+    assert "weights: native (auto: a float32 copy would take" in auto.stderr and "over the" in auto.stderr
+    roomy = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-tokens", "2", "--num-kv-blocks", "8", "hi"])
+    assert "weights: f32 (auto:" in roomy.stderr
+    bad = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-weight-memory", "lots", "hi"])
+    assert bad.exit_code == 1 and "cannot read 'lots' as a memory size" in bad.output
