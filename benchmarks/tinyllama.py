@@ -1,0 +1,235 @@
+"""miro native, miro f32 and llama.cpp's batched API on a TinyLlama-1.1B-shaped llama with random Q4_0 weights.
+
+    python benchmarks/tinyllama.py [--seqs 8] [--prompt-tokens 32] [--new-tokens 16] [--threads 2]
+
+Writes the model (dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000; about 0.6 GB) into a temp folder,
+then runs each engine in its own process on the same token-id prompts, all sequences at once, greedy, EOS
+ignored, and reports load time, peak RSS and total tokens/s (prompt + generated over the run, load excluded).
+llama.cpp runs through llama-cpp-python's low-level API (LLAMA_PYTHON, default /work/venvs/llama/bin/python):
+one llama_batch holding every sequence, flash attention on, as llama.cpp's examples/parallel does.
+
+The issue's targets for native: peak RSS <= file size x 1.3 + KV cache; load <= 1 s; throughput >= llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA_PYTHON = os.environ.get("LLAMA_PYTHON", "/work/venvs/llama/bin/python")
+SHAPE = dict(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632, vocab=32000)
+CONTEXT = 2048
+
+
+def write_model(path: Path, seed: int = 0) -> None:
+    """A llama GGUF of TinyLlama's shape, every matrix random Q4_0 blocks (small fp16 scales), norms 1."""
+    import gguf
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gguf_factory import tiny_vocab  # byte-level BPE tokens miro and llama.cpp both read
+
+    s = SHAPE
+    rng = np.random.default_rng(seed)
+    tokens, types, merges = tiny_vocab()
+    tokens += [f"<x{i}>" for i in range(s["vocab"] - len(tokens))]
+    types += [int(gguf.TokenType.NORMAL)] * (s["vocab"] - len(types))
+    head_dim = s["dim"] // s["n_heads"]
+    kv_dim = head_dim * s["n_kv_heads"]
+
+    def q4_0(rows: int, cols: int) -> np.ndarray:
+        blocks = rng.integers(0, 256, size=(rows * cols // 32, 18), dtype=np.uint8)
+        blocks[:, :2] = np.array([0.004], dtype=np.float16).view(np.uint8)  # values in about +-0.03
+        return blocks.reshape(rows, cols // 32 * 18)
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tinyllama-shaped-random")
+    w.add_block_count(s["n_layers"])
+    w.add_context_length(CONTEXT)
+    w.add_embedding_length(s["dim"])
+    w.add_feed_forward_length(s["ffn_dim"])
+    w.add_head_count(s["n_heads"])
+    w.add_head_count_kv(s["n_kv_heads"])
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(s["vocab"])
+    w.add_rope_dimension_count(head_dim)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    Q40 = gguf.GGMLQuantizationType.Q4_0
+    ones = np.ones(s["dim"], np.float32)
+    w.add_tensor("token_embd.weight", q4_0(s["vocab"], s["dim"]), raw_dtype=Q40)
+    for i in range(s["n_layers"]):
+        b = f"blk.{i}"
+        w.add_tensor(f"{b}.attn_norm.weight", ones)
+        w.add_tensor(f"{b}.attn_q.weight", q4_0(s["dim"], s["dim"]), raw_dtype=Q40)
+        w.add_tensor(f"{b}.attn_k.weight", q4_0(kv_dim, s["dim"]), raw_dtype=Q40)
+        w.add_tensor(f"{b}.attn_v.weight", q4_0(kv_dim, s["dim"]), raw_dtype=Q40)
+        w.add_tensor(f"{b}.attn_output.weight", q4_0(s["dim"], s["dim"]), raw_dtype=Q40)
+        w.add_tensor(f"{b}.ffn_norm.weight", ones)
+        w.add_tensor(f"{b}.ffn_gate.weight", q4_0(s["ffn_dim"], s["dim"]), raw_dtype=Q40)
+        w.add_tensor(f"{b}.ffn_up.weight", q4_0(s["ffn_dim"], s["dim"]), raw_dtype=Q40)
+        w.add_tensor(f"{b}.ffn_down.weight", q4_0(s["dim"], s["ffn_dim"]), raw_dtype=Q40)
+    w.add_tensor("output_norm.weight", ones)
+    w.add_tensor("output.weight", q4_0(s["vocab"], s["dim"]), raw_dtype=Q40)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def prompts(n_seqs: int, n_tokens: int) -> list[list[int]]:
+    rng = np.random.default_rng(1)
+    return [rng.integers(3, 259, size=n_tokens).tolist() for _ in range(n_seqs)]  # byte tokens: no control ids
+
+
+def kv_cache_bytes(n_seqs: int, n_tokens: int) -> int:
+    """float32 K and V for every token of every sequence, all layers (what miro's cache needs at least)."""
+    s = SHAPE
+    return 2 * 4 * s["n_layers"] * s["n_kv_heads"] * (s["dim"] // s["n_heads"]) * n_seqs * n_tokens
+
+
+# -- one engine per process ---------------------------------------------------------------------------
+
+def run_miro(path: str, weights: str, seqs: list[list[int]], new_tokens: int, threads: int) -> dict:
+    sys.path.insert(0, str(ROOT.parent))
+    from miro.cli.common import limit_threads
+    from miro.core import Engine, SamplingParams
+
+    limit_threads(threads)
+    t0 = time.perf_counter()
+    engine = Engine.from_model(path, weights=weights, kv_cache_memory="256MiB", max_num_seqs=len(seqs))
+    load_s = time.perf_counter() - t0
+    engine.generate([seqs[0][:4]], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True),
+                    use_tqdm=False)  # numba's kernels compile (or load from cache) outside the timing
+    t0 = time.perf_counter()
+    outs = engine.generate(seqs, SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True), use_tqdm=False)
+    run_s = time.perf_counter() - t0
+    generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    return dict(load_s=load_s, run_s=run_s, tokens=sum(map(len, seqs)) + generated, weight_memory=engine.weight_memory)
+
+
+LLAMA_CPP_SCRIPT = r'''
+import json, sys, time, ctypes
+import numpy as np
+import llama_cpp as l
+
+path, seqs, new_tokens, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+l.llama_backend_init()
+t0 = time.perf_counter()
+mp = l.llama_model_default_params()
+model = l.llama_model_load_from_file(path.encode(), mp)
+cp = l.llama_context_default_params()
+n_ctx = len(seqs) * (max(map(len, seqs)) + new_tokens + 8)
+cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, 512, 512, len(seqs)
+cp.n_threads = cp.n_threads_batch = threads
+cp.flash_attn_type = l.LLAMA_FLASH_ATTN_TYPE_ENABLED
+ctx = l.llama_init_from_model(model, cp)
+load_s = time.perf_counter() - t0
+n_vocab = l.llama_vocab_n_tokens(l.llama_model_get_vocab(model))
+batch = l.llama_batch_init(512, 0, len(seqs))
+
+def decode(items):  # items: (token, pos, seq, wants_logits); returns {seq: argmax}
+    picks = {}
+    for start in range(0, len(items), 512):
+        chunk = items[start:start + 512]
+        for i, (tok, pos, seq, want) in enumerate(chunk):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, want
+        batch.n_tokens = len(chunk)
+        assert l.llama_decode(ctx, batch) == 0
+        for i, (tok, pos, seq, want) in enumerate(chunk):
+            if want:
+                row = np.ctypeslib.as_array(l.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
+                picks[seq] = int(row.argmax())
+    return picks
+
+decode([(seqs[0][i], i, 0, i == 3) for i in range(4)])  # warm-up outside the timing, as for miro
+l.llama_memory_clear(l.llama_get_memory(ctx), True)
+t0 = time.perf_counter()
+items = [(t, p, s, p == len(ids) - 1) for s, ids in enumerate(seqs) for p, t in enumerate(ids)]
+last = decode(items)
+lengths = [len(ids) for ids in seqs]
+generated = len(seqs)
+for step in range(new_tokens - 1):
+    last = decode([(last[s], lengths[s] + step, s, True) for s in range(len(seqs))])
+    generated += len(seqs)
+run_s = time.perf_counter() - t0
+print(json.dumps(dict(load_s=load_s, run_s=run_s, tokens=sum(lengths) + generated)))
+'''
+
+
+def child_result(cmd: list[str]) -> dict:
+    """Run one engine in its own process; its JSON line plus the process's peak RSS."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[:3]} failed:\n{proc.stderr[-3000:]}")
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["peak_rss"] = peak_kib * 1024 if peak_kib > before else None  # ru_maxrss is the max over children
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seqs", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--engines", default="native,llama.cpp,f32")
+    parser.add_argument("--child", nargs=2, metavar=("WEIGHTS", "PATH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    seqs = prompts(args.seqs, args.prompt_tokens)
+    if args.child:
+        print(json.dumps(run_miro(args.child[1], args.child[0], seqs, args.new_tokens, args.threads)))
+        return
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tinyllama-q4_0.gguf"
+        t0 = time.perf_counter()
+        write_model(path)
+        size = path.stat().st_size
+        print(f"wrote {path.name}: {size / 2**20:,.0f} MiB in {time.perf_counter() - t0:.0f} s; "
+              f"{args.seqs} sequences x ({args.prompt_tokens} prompt + {args.new_tokens} new) tokens, "
+              f"{args.threads} threads", flush=True)
+        results = {}
+        for name in args.engines.split(","):  # one at a time: ru_maxrss of children is a running max
+            if name == "llama.cpp":
+                cmd = [LLAMA_PYTHON, "-c", LLAMA_CPP_SCRIPT, str(path), json.dumps(seqs), str(args.new_tokens),
+                       str(args.threads)]
+            else:
+                cmd = [sys.executable, __file__, "--child", name, str(path), "--seqs", str(args.seqs),
+                       "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
+                       "--threads", str(args.threads)]
+            results[name] = r = child_result(cmd)
+            rss = f"{r['peak_rss'] / 2**20:,.0f} MiB" if r["peak_rss"] else "n/a (below an earlier engine's)"
+            print(f"{name:>10}: load {r['load_s']:6.2f} s  peak RSS {rss:>12}  "
+                  f"{r['tokens'] / r['run_s']:7.1f} tok/s ({r['tokens']} tokens in {r['run_s']:.1f} s)", flush=True)
+        native = results.get("native")
+        if native:
+            kv = kv_cache_bytes(args.seqs, args.prompt_tokens + args.new_tokens)
+            print(f"targets for native: peak RSS <= {(size * 1.3 + kv) / 2**20:,.0f} MiB (file x 1.3 + KV), load <= 1 s"
+                  + (f", tok/s >= llama.cpp's {results['llama.cpp']['tokens'] / results['llama.cpp']['run_s']:.1f}"
+                     if "llama.cpp" in results else ""))
+
+
+if __name__ == "__main__":
+    main()
