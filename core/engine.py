@@ -117,6 +117,7 @@ class Engine:
         self.weight_format: str = model.weight_format  # "f32" or "native"
         self.weight_memory: int = model.weight_memory  # bytes the weights hold of their own
         self.mapped_bytes = 0  # size of the memory-mapped model file (from_model sets it)
+        self.weight_choice = f"weights: {self.weight_format}"  # from_model: the format and why it was chosen
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.block_size = block_size
@@ -144,23 +145,25 @@ class Engine:
         weights: "f32" dequantizes every matrix once (fastest, 4-8x the file's size in memory), "native"
         keeps them as stored in the memory-mapped file, "auto" takes f32 when its copy fits
         max_weight_memory (bytes or "8GiB"; default: half the machine's RAM), else native. The choice
-        and why goes to `log`.
+        and why is `engine.weight_choice`, and goes to `log` when it is native.
         """
         path = resolve_model(name_or_path, log)
         t0 = time.perf_counter()
         gguf = GGUFFile(path)
         config = read_config(gguf)  # an architecture miro does not run stops here
         weight_format, why = choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory)
-        log(why)
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()
         model = load_model(gguf, config, weight_format)
         t3 = time.perf_counter()
+        if weight_format == "native":  # f32, the fast path, goes unannounced: it is what miro always did
+            log(why)
         for fallback in model.weight_fallbacks:
             log(f"weights: {fallback}")
         engine = cls(model, tokenizer, model_name=str(name_or_path), **options)
         engine.mapped_bytes = Path(path).stat().st_size
+        engine.weight_choice = why
         engine.load_times = LoadTimes(parse_s=t1 - t0, tokenizer_s=t2 - t1, weights_s=t3 - t2)
         return engine
 
