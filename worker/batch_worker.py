@@ -133,8 +133,8 @@ class BatchWorker(BaseWorker):
 
             serve_metrics(self, self.metrics_port, self.metrics_host)
         self.engine = Engine.from_model(self.model, **self.engine_options)
-        self.log.info("Worker %s: %s", self.name, self.engine.weight_choice)
         self.bootstrap(logging_level or "INFO")
+        self.log.info("Worker %s: %s", self.name, self.engine.weight_choice)
         routing.register_served_names(self.connection, self.served_names[1:], self.model)
         self._install_signal_handlers()
         self._heartbeats = HeartbeatThread(self)
