@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 from gguf import GGMLQuantizationType as Q
 
@@ -62,8 +61,3 @@ def check_tensors(gguf: GGUFFile, specs: dict[str, TensorSpec]) -> None:
                 f"{gguf.path}: tensor '{name}' is stored as {info.type.name}, but a norm weight must be one of "
                 f"{', '.join(t.name for t in FLOAT_TYPES)}."
             )
-
-
-def linear_in_out(*matrices: np.ndarray) -> np.ndarray:
-    """Stack (out_i, in) matrices along `out` and return the (in, sum out_i) C-contiguous transpose."""
-    return np.ascontiguousarray(np.concatenate(matrices, axis=0).T)
