@@ -1,11 +1,11 @@
 """miro native, miro f32 and llama.cpp's batched API on a TinyLlama-1.1B-shaped llama with random Q4_0 weights.
 
-    python benchmarks/tinyllama.py [--seqs 8] [--prompt-tokens 32] [--new-tokens 16] [--threads 2]
+    python benchmarks/tinyllama.py --llama-python VENV/bin/python [--seqs 8] [--prompt-tokens 32] [--new-tokens 16]
 
 Writes the model (dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000; about 0.6 GB) into a temp folder,
 then runs each engine in its own process on the same token-id prompts, all sequences at once, greedy, EOS
 ignored, and reports load time, peak RSS and total tokens/s (prompt + generated over the run, load excluded).
-llama.cpp runs through llama-cpp-python's low-level API (LLAMA_PYTHON, default /work/venvs/llama/bin/python):
+llama.cpp runs through llama-cpp-python's low-level API, in the interpreter given by --llama-python (or $LLAMA_PYTHON):
 one llama_batch holding every sequence, flash attention on, as llama.cpp's examples/parallel does.
 
 The issue's targets for native: peak RSS <= file size x 1.3 + KV cache; load <= 1 s; throughput >= llama.cpp's.
@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-LLAMA_PYTHON = os.environ.get("LLAMA_PYTHON", "/work/venvs/llama/bin/python")
 SHAPE = dict(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632, vocab=32000)
 CONTEXT = 2048
 
@@ -195,6 +194,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--engines", default="native,llama.cpp,f32")
+    parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON"),
+                        help="A Python with llama-cpp-python installed (without it, llama.cpp is skipped).")
     parser.add_argument("--child", nargs=2, metavar=("WEIGHTS", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     seqs = prompts(args.seqs, args.prompt_tokens)
@@ -212,8 +213,11 @@ def main() -> None:
               f"{args.threads} threads", flush=True)
         results = {}
         for name in args.engines.split(","):  # one at a time: ru_maxrss of children is a running max
+            if name == "llama.cpp" and not args.llama_python:
+                print("  llama.cpp: skipped (no --llama-python)", flush=True)
+                continue
             if name == "llama.cpp":
-                cmd = [LLAMA_PYTHON, "-c", LLAMA_CPP_SCRIPT, str(path), json.dumps(seqs), str(args.new_tokens),
+                cmd = [args.llama_python, "-c", LLAMA_CPP_SCRIPT, str(path), json.dumps(seqs), str(args.new_tokens),
                        str(args.threads)]
             else:
                 cmd = [sys.executable, __file__, "--child", name, str(path), "--seqs", str(args.seqs),
