@@ -72,10 +72,13 @@ def stop(proc: subprocess.Popen) -> None:
 # ---- worker hashes and the batch lifecycle ------------------------------------------------------------
 
 
+REQUESTS = 1200  # enough for several seconds of work on a quiet machine: a worker publishes once a second
+
+
 def test_two_workers_publish_kv_figures_and_the_batch_walks_the_lifecycle(tmp_path, redis_url, tiny_model):
     conn = redis.Redis.from_url(redis_url)
     lines = [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 40 + 37 * i % 80, "ignore_eos": True}
-             for i in range(160)]  # lengths vary, as in real batches: requests do not finish in lockstep
+             for i in range(REQUESTS)]  # lengths vary, as in real batches: requests do not finish in lockstep
     batch_id = submit(tmp_path, redis_url, tiny_model, lines)
     procs = {name: worker_process(redis_url, tiny_model, "--burst", "--name", name) for name in ("w1", "w2")}
     samples: dict[str, list[dict]] = {"w1": [], "w2": []}
@@ -111,8 +114,8 @@ def test_two_workers_publish_kv_figures_and_the_batch_walks_the_lifecycle(tmp_pa
     assert [s for s in LIFECYCLE if s in statuses] == statuses  # in order, none foreign
     stamps = [record[f"{s}_at"] for s in LIFECYCLE]
     assert record["created_at"] <= stamps[0] and stamps == sorted(stamps)
-    assert record["completed"] + record["failed"] + record["cancelled"] == record["total"] == 160
-    assert (record["completed"], record["completion_tokens"]) == (160, sum(line["max_tokens"] for line in lines))
+    assert record["completed"] + record["failed"] + record["cancelled"] == record["total"] == REQUESTS
+    assert (record["completed"], record["completion_tokens"]) == (REQUESTS, sum(line["max_tokens"] for line in lines))
 
 
 def test_a_killed_workers_hash_expires_within_seconds(redis_url, tiny_model):
