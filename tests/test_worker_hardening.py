@@ -177,3 +177,14 @@ def test_sigterm_stops_a_worker_within_its_grace_whatever_it_holds(tmp_path, red
     assert stopped_after_s < 30, f"the worker took {stopped_after_s:.0f} s to stop with a 1 s grace"
     assert sorted(queue.job_ids) == sorted(batches.job_id(batch_id, f"w{i}") for i in range(3))
     assert batches.get_batch(conn, batch_id)["completed"] == 0
+
+
+def test_rq_started_workers_take_the_weight_format_from_the_environment(redis_url, tiny_model, monkeypatch):
+    """`rq worker -w miro.worker.BatchWorker` passes no options: MIRO_WEIGHTS stands for --weights."""
+    monkeypatch.setenv("MIRO_WEIGHTS", "native")
+    monkeypatch.setenv("MIRO_KV_CACHE_MEMORY", "4MiB")
+    conn = redis.Redis.from_url(redis_url)
+    worker = BatchWorker([Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)],
+                         connection=conn, serializer=JSONSerializer, model=tiny_model)
+    worker.work(burst=True, logging_level="WARNING")
+    assert worker.engine.weight_format == "native"

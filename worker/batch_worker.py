@@ -60,6 +60,10 @@ def engine_options_from_env() -> dict:
         value = os.environ.get(f"MIRO_{name.upper()}")
         if value:
             options[name] = int(value)
+    for name in ("weights", "max_weight_memory"):  # as --weights and --max-weight-memory
+        value = os.environ.get(f"MIRO_{name.upper()}")
+        if value:
+            options[name] = value
     return options
 
 
