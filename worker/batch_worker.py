@@ -237,17 +237,13 @@ class BatchWorker(BaseWorker):
             message = (f"this request is for model '{wanted}', but worker {self.name} serves "
                        f"{', '.join(repr(n) for n in self.served_names)}: start a worker for '{wanted}' and run "
                        f"`miro retry {payload['batch_id']}`")
-            record_failure(self.connection, self._sink(payload["batch_id"]), job, payload, message, worker=self.name,
-                           started=started)
-            self._fail(job, queue, execution, message)
+            self._fail_request(job, queue, execution, payload, message, started)
             return
         try:
             prompt = prompt_text(self.engine, payload)
             self.engine.add_request(prompt, SamplingParams(**payload.get("sampling", {})), request_id=job.id)
         except MiroError as err:
-            record_failure(self.connection, self._sink(payload["batch_id"]), job, payload, str(err), worker=self.name,
-                           started=started, model=self.model_name)
-            self._fail(job, queue, execution, str(err))
+            self._fail_request(job, queue, execution, payload, str(err), started, model=self.model_name)
             return
         self.in_flight[job.id] = InFlight(job, queue, execution, payload, prompt, started)
 
@@ -290,6 +286,13 @@ class BatchWorker(BaseWorker):
             with self.held_lock:
                 self._finalize_failure(job, queue, execution, sys.exc_info())
 
+    def _fail_request(self, job: Job, queue: Queue, execution, payload: dict, message: str, started: float, *,
+                      prompt: str | None = None, model: str | None = None) -> None:
+        """A request that cannot (or may no longer) run: its error row is written and counted, then its job fails."""
+        record_failure(self.connection, self._sink(payload["batch_id"]), job, payload, message, worker=self.name,
+                       started=started, prompt=prompt, model=model)
+        self._fail(job, queue, execution, message)
+
     def _enforce_timeouts(self) -> None:
         """RQ's job timeout, enforced here since there is no work-horse process to kill: a request past it
         leaves the engine and fails with an error row, and the requests beside it go on."""
@@ -301,10 +304,8 @@ class BatchWorker(BaseWorker):
             with self.held_lock:
                 del self.in_flight[flight.job.id]
             message = f"timed out after {flight.job.timeout} s"
-            record_failure(self.connection, self._sink(flight.payload["batch_id"]), flight.job, flight.payload,
-                           message, worker=self.name, started=flight.started, prompt=flight.prompt,
-                           model=self.model_name)
-            self._fail(flight.job, flight.queue, flight.execution, message)
+            self._fail_request(flight.job, flight.queue, flight.execution, flight.payload, message, flight.started,
+                               prompt=flight.prompt, model=self.model_name)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         return int(self.job_monitoring_interval + self.heartbeat_slack_s)
