@@ -12,6 +12,26 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from numba import njit
+
 _HELPER_MODULES = ("halfs.py", "simd.py", "vnni.py", "quant_blocks.py")
 
 HELPERS = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in _HELPER_MODULES)).hexdigest()
+
+
+def cached_variant(variant: str, **options):
+    """njit(cache=True, **options) for a kernel a factory makes once per `variant` (a weight type).
+
+    The variant goes into the function's qualname. numba names a compiled function's environment
+    (which holds, among others, the dtype of an array it returns) after its qualname, its argument
+    types and a counter local to the process that compiled it; two variants of one qualname compiled
+    by different processes can get the same name, and a process that loads both from the cache then
+    fails with "In 'NRT_adapt_ndarray_to_python', 'descr' is NULL". Distinct qualnames also give each
+    variant its own cache index.
+    """
+    def decorate(function):
+        function.__qualname__ = f"{function.__qualname__}_{variant}"
+        function.__name__ = f"{function.__name__}_{variant}"
+        return njit(cache=True, **options)(function)
+
+    return decorate

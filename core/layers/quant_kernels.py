@@ -30,7 +30,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
 from . import vnni, vnni_kernels
-from .cache_key import HELPERS
+from .cache_key import HELPERS, cached_variant
 from .halfs import load_f16
 from .quant_blocks import (BLOCK32_TYPES, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0, add_block32,
                            decode_block32, decode_superblock)
@@ -69,7 +69,7 @@ def _lanes_32(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True)
+    @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
     def matmul_lanes_32(w, a_t, d_t, s_t, qsum_t, out):
         """out (T, N) = w (N rows of 32-value blocks) times activations a_t (K, lanes) int8.
 
@@ -158,7 +158,7 @@ def _rows_32(qtype: int):
     # the unsigned weights' offset: ggml's sum is sum(q * a) + offset * sum(a)
     offset = -8 if qtype == Q4_0 else (-16 if qtype == Q5_0 else 0)
 
-    @njit(cache=True, parallel=True)
+    @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
     def matmul_rows_32(w, a, d, s, qsum, out, sixteen):
         """out (T, N) = w (N rows of 32-value blocks) times activations a (T, K) int8, row by row.
 
@@ -189,7 +189,7 @@ def _lanes_k(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True)
+    @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
     def matmul_lanes_k(w, a_t, d_t, sum32_t, out, sixteen):
         """out (T, N) = w (N rows of K-quant super-blocks) times Q8_K activations a_t (K, lanes) int8.
 
@@ -246,7 +246,7 @@ def _rows_k(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True)
+    @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
     def matmul_rows_k(w, a, d, sum32, out, sixteen):
         """out (T, N) = w (N rows of K-quant super-blocks) times Q8_K activations a (T, K), row by row.
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from numba import njit, prange
+from numba import prange
 
 from . import vnni
-from .cache_key import HELPERS
+from .cache_key import HELPERS, cached_variant
 from .halfs import load_f16
 from .quant_blocks import Q4_0, Q4_1, Q5_1, Q6_K, Q8_0, add_block32, decode_superblock, quads_offset, weight_quads
 from .simd import LANES, load16, store16, to_float
@@ -30,7 +30,7 @@ def lanes_32(qtype: int):
     has_min = qtype == Q4_1 or qtype == Q5_1
     offset = quads_offset(qtype)
 
-    @njit(cache=True, parallel=True)
+    @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
     def matmul_lanes_32_vnni(w, a_groups, d_t, s_t, qsum_t, out):
         """out (T, N) = w (N rows of 32-value blocks) times activations quantized in 32-value blocks.
 
@@ -93,7 +93,7 @@ def lanes_k(qtype: int):
     helpers = HELPERS
     has_mins = qtype != Q6_K
 
-    @njit(cache=True, parallel=True)
+    @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
     def matmul_lanes_k_vnni(w, a_groups, d_t, sum32_t, out, sixteen):
         """out (T, N) = w (N rows of K-quant super-blocks) times Q8_K activations, with vpdpwssd.
 
@@ -174,7 +174,7 @@ def rows_32(qtype: int):
     offset = quads_offset(qtype)
     weights_at = 2 if qtype != Q4_1 else 4
 
-    @njit(cache=True, parallel=True)
+    @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
     def matmul_rows_32(w, a, d, s, qsum, out):
         """out (T, N) = w (N rows of 32-value blocks) times activations a (T, K) int8, row by row:
         the same numbers as quant_kernels' rows kernel, each block's integer sum one vpdpbusd."""

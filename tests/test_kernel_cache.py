@@ -1,0 +1,38 @@
+"""numba's on-disk cache and the kernels a factory makes once per weight type.
+
+numba names a compiled function's environment (the Python objects it needs at run time, such as the
+dtype of an array it returns) after the function's qualname, its argument types and a counter local to
+the compiling process. Two weight types' kernels of one qualname, cached by two processes at the same
+counter value, got the same name; a process loading both then ran one with the other's environment
+and failed with "In 'NRT_adapt_ndarray_to_python', 'descr' is NULL" (seen with gemma3-270m, whose
+Q4_K and Q6_K matrices share the lanes kernel). Each variant's qualname now names its weight type.
+"""
+
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType as Q
+
+from miro.core.layers import quant_kernels, vnni_kernels
+from miro.core.layers.linear import NATIVE_TYPES
+from miro.core.layers.float_kernels import FLOAT_TYPES
+
+
+def test_each_weight_types_kernels_have_their_own_qualnames():
+    qualnames = {}
+    for qtype in sorted(set(NATIVE_TYPES) - set(FLOAT_TYPES)):
+        kernels = quant_kernels.kernels_for(qtype)
+        for kernel in (kernels.lanes, kernels.rows, kernels.lanes_vnni, kernels.rows_vnni):
+            if kernel is not None:
+                name = kernel.py_func.__qualname__
+                assert Q(qtype).name in name
+                assert name not in qualnames, f"{Q(qtype).name} and {qualnames.get(name)} share {name}"
+                qualnames[name] = Q(qtype).name
+    assert len(qualnames) >= 2 * 8
+
+
+def test_vnni_factories_name_their_weight_type_even_where_the_cpu_lacks_vnni():
+    """The VNNI kernels are made only where vnni.AVAILABLE; their factories are checked directly."""
+    names = {vnni_kernels.lanes_k(int(q)).py_func.__qualname__ for q in (Q.Q4_K, Q.Q5_K, Q.Q6_K)}
+    names |= {vnni_kernels.lanes_32(int(q)).py_func.__qualname__ for q in (Q.Q4_0, Q.Q8_0)}
+    names |= {vnni_kernels.rows_32(int(q)).py_func.__qualname__ for q in (Q.Q4_0, Q.Q8_0)}
+    assert len(names) == 7
