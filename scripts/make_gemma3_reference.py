@@ -24,6 +24,12 @@ attention), with no machine paths:
   first one is, or null), ``greedy_text`` their detokenized text, and
   ``greedy_margins`` the top-1 minus top-2 logit gap of each step (a
   reimplementation may pick the other token where this gap is within its noise).
+
+Then it runs llama.cpp again under each of OTHER_SETTINGS (flash attention on, an
+f16 KV cache, one token per batch) and records in ``llama_cpp_self_agreement`` how
+closely llama.cpp follows its own reference: prompts whose top-1 is equal, greedy
+continuations equal, and the mean absolute difference of the reference's top-5
+logits. That is the yardstick for how closely a reimplementation can follow it.
 """
 
 from __future__ import annotations
@@ -45,6 +51,13 @@ N_NEW = 32
 TOP_K = 5
 SETTINGS = {"n_ctx": 512, "n_batch": 512, "n_threads": 2, "logits_all": False, "flash_attn": False,
             "type_k": "f32", "type_v": "f32"}
+# llama.cpp's own ways of running the same model, each as reasonable as SETTINGS: how far llama.cpp moves
+# from its own reference under them is the yardstick for miro's distance from it.
+OTHER_SETTINGS = {
+    "flash_attn": {"flash_attn": True},
+    "f16_kv_cache": {"type_k": "f16", "type_v": "f16"},
+    "one_token_per_batch": {"n_batch": 1, "n_ubatch": 1},
+}
 
 
 def prompts() -> list[dict]:
@@ -77,6 +90,50 @@ def top(logits: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-logits, kind="stable")[:k]
 
 
+def open_model(model: Path, settings: dict) -> llama_cpp.Llama:
+    kv_type = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
+    return llama_cpp.Llama(model_path=str(model), n_ctx=settings["n_ctx"], n_batch=settings["n_batch"],
+                           n_ubatch=settings.get("n_ubatch", settings["n_batch"]), n_threads=settings["n_threads"],
+                           logits_all=False, flash_attn=settings["flash_attn"], type_k=kv_type[settings["type_k"]],
+                           type_v=kv_type[settings["type_v"]], verbose=False)
+
+
+def reference(llm: llama_cpp.Llama, prompt: dict, eog: list[int]) -> dict:
+    """One prompt's ids, last-position top-5 and greedy continuation under llm's settings."""
+    ids = list(llm.tokenize(prompt["text"].encode("utf-8"), add_bos=True, special=False))
+    llm.reset()
+    llm.eval(ids)
+    logits = last_logits(llm)
+    best = top(logits, TOP_K)
+    greedy, margins = [], []
+    cur = logits
+    for step in range(N_NEW):
+        token = int(llm.sample(temp=0.0, repeat_penalty=1.0))
+        assert token == int(np.argmax(cur)), "llama.cpp's greedy token is not the argmax"
+        two = np.sort(cur)[-2:]
+        greedy.append(token)
+        margins.append(round(float(two[1] - two[0]), 5))
+        if step < N_NEW - 1:
+            llm.eval([token])
+            cur = last_logits(llm)
+    first_eog = next((k for k, t in enumerate(greedy) if t in eog), None)
+    text = llm.detokenize(greedy, special=True).decode("utf-8", errors="replace")
+    return {**prompt, "ids": ids, "top5_ids": [int(t) for t in best],
+            "top5_logits": [float(logits[t]) for t in best], "top5_all_logits": logits,
+            "greedy_ids": greedy, "greedy_text": text, "greedy_margins": margins, "first_eog_index": first_eog}
+
+
+def agreement(base: list[dict], other: list[dict]) -> dict:
+    """How closely a run under other settings follows the base run, in the measures the tests use."""
+    diffs = [abs(float(o["top5_all_logits"][t]) - float(b["top5_all_logits"][t]))
+             for b, o in zip(base, other) for t in b["top5_ids"]]
+    return {
+        "top1_equal": sum(b["top5_ids"][0] == o["top5_ids"][0] for b, o in zip(base, other)),
+        "greedy_equal": sum(b["greedy_ids"] == o["greedy_ids"] for b, o in zip(base, other)),
+        "top5_mean_abs_diff": round(float(np.mean(diffs)), 5),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help=f"the GGUF (default: {MODEL_FILE} in the miro cache)")
@@ -84,35 +141,21 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model or cached_model("gemma3-270m")
 
-    llm = llama_cpp.Llama(model_path=str(model), n_ctx=SETTINGS["n_ctx"], n_batch=SETTINGS["n_batch"],
-                          n_threads=SETTINGS["n_threads"], logits_all=False, flash_attn=False,
-                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, verbose=False)
+    llm = open_model(model, SETTINGS)
     vocab = llm._model.vocab
     eog = [t for t in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)]
     records = []
     for p in prompts():
-        ids = list(llm.tokenize(p["text"].encode("utf-8"), add_bos=True, special=False))
-        llm.reset()
-        llm.eval(ids)
-        logits = last_logits(llm)
-        best = top(logits, TOP_K)
-        greedy, margins = [], []
-        cur = logits
-        for step in range(N_NEW):
-            token = int(llm.sample(temp=0.0, repeat_penalty=1.0))
-            assert token == int(np.argmax(cur)), "llama.cpp's greedy token is not the argmax"
-            two = np.sort(cur)[-2:]
-            greedy.append(token)
-            margins.append(round(float(two[1] - two[0]), 5))
-            if step < N_NEW - 1:
-                llm.eval([token])
-                cur = last_logits(llm)
-        first_eog = next((k for k, t in enumerate(greedy) if t in eog), None)
-        text = llm.detokenize(greedy, special=True).decode("utf-8", errors="replace")
-        records.append({**p, "ids": ids, "top5_ids": [int(t) for t in best],
-                        "top5_logits": [float(logits[t]) for t in best], "greedy_ids": greedy,
-                        "greedy_text": text, "greedy_margins": margins, "first_eog_index": first_eog})
-        print(f"{len(ids):3d} tokens  top1 {int(best[0]):6d}  min margin {min(margins):.4f}  {text[:50]!r}")
+        records.append(reference(llm, p, eog))
+        r = records[-1]
+        print(f"{len(r['ids']):3d} tokens  top1 {r['top5_ids'][0]:6d}  min margin {min(r['greedy_margins']):.4f}  "
+              f"{r['greedy_text'][:50]!r}")
+    self_agreement = {}
+    for name, change in OTHER_SETTINGS.items():
+        other = open_model(model, SETTINGS | change)
+        self_agreement[name] = {"settings": change} | agreement(records, [reference(other, p, eog) for p in prompts()])
+        print(f"llama.cpp with {name}: {self_agreement[name]}")
+        del other
 
     fixture = {
         "description": "gemma3-270m (Q4_K_M, base model) reference from llama.cpp via llama-cpp-python (CPU); "
@@ -129,7 +172,8 @@ def main() -> None:
         "n_new_tokens": N_NEW,
         "greedy": "llama.cpp's greedy sampler (Llama.sample(temp=0)) after the prompt batch, one token per decode "
                   "step; end-of-generation tokens do not stop it",
-        "prompts": records,
+        "llama_cpp_self_agreement": self_agreement,
+        "prompts": [{k: v for k, v in r.items() if k != "top5_all_logits"} for r in records],
     }
     args.out.write_text(json.dumps(fixture, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {len(records)} prompts to {args.out}")

@@ -140,20 +140,36 @@ def test_gemma3_prompt_ids_are_llamacpps_with_bos(gemma3_greedy):
     assert [out.prompt_token_ids for out in gemma3_greedy] == [p["ids"] for p in GEMMA3["prompts"]]
 
 
+# How closely llama.cpp follows its own reference run when it runs the same model another reasonable way
+# (flash attention on, an f16 KV cache, one token per batch): 36-38 of 40 top-1 equal, 16-22 of 40 greedy
+# continuations, top-5 logits 0.18-0.23 apart on average. Gemma 3's activations are large and its 8-bit
+# activation blocks round differently at the least change in order, so this is the yardstick for miro.
+LLAMACPP_SELF = GEMMA3["llama_cpp_self_agreement"].values()
+
+
 @pytest.mark.slow
-def test_gemma3_next_token_is_llamacpps_where_its_margin_is_clear(gemma3_greedy):
-    """The first greedy token is the last position's top-1. miro does not round exactly as llama.cpp
-    does, and 18 layers turn that into ~0.2-0.5 of logit noise (as large as f32 vs native weights in
-    miro itself): measured 36 of 40 equal, the 4 others where llama.cpp's top-2 are within 0.25."""
+def test_gemma3_next_token_is_llamacpps_as_often_as_llamacpps_own_other_settings(gemma3_greedy):
+    """Measured 36 of 40 equal (llama.cpp with flash attention: 36), the 4 others where llama.cpp's top-2
+    are within 0.25; every prompt whose margin is clear agrees."""
     same = [out.token_ids[0] == p["top5_ids"][0] for out, p in zip(gemma3_greedy, GEMMA3["prompts"])]
     clear = [p["greedy_margins"][0] > 0.3 for p in GEMMA3["prompts"]]
     assert all(s for s, c in zip(same, clear) if c)
-    assert sum(same) >= 34
+    assert sum(same) >= min(a["top1_equal"] for a in LLAMACPP_SELF) - 2
 
 
 @pytest.mark.slow
-def test_gemma3_greedy_continuations_follow_llamacpps(gemma3_greedy):
-    """32 greedy tokens: measured 19 of 40 continuations identical (21 with f32 weights); a near-tie
-    anywhere sends the rest of a continuation its own way."""
+def test_gemma3_greedy_continuations_follow_llamacpps_as_its_own_other_settings_do(gemma3_greedy):
+    """32 greedy tokens: measured 19 of 40 identical (21 with f32 weights; llama.cpp with flash attention:
+    19, with an f16 KV cache: 16); a near-tie anywhere sends the rest of a continuation its own way."""
     equal = sum(list(out.token_ids) == p["greedy_ids"] for out, p in zip(gemma3_greedy, GEMMA3["prompts"]))
-    assert equal >= 15
+    assert equal >= min(a["greedy_equal"] for a in LLAMACPP_SELF) - 2
+
+
+@pytest.mark.slow
+def test_gemma3_logits_are_as_close_to_llamacpps_as_its_own_other_settings(gemma3_path):
+    """The last position's logits at llama.cpp's top-5 ids: measured 0.220 apart on average in native mode
+    (llama.cpp's own other settings: 0.181-0.231). A wrong convention is whole logits away."""
+    engine = engine_for(gemma3_path, "native", kv_cache_memory="512MiB")
+    diffs = [abs(all_position_logits(engine, p["ids"])[-1, p["top5_ids"]] - p["top5_logits"])
+             for p in GEMMA3["prompts"]]
+    assert np.mean(diffs) <= 1.25 * max(a["top5_mean_abs_diff"] for a in LLAMACPP_SELF)
