@@ -274,7 +274,8 @@ def _assert_tracks_reference(tensor: TensorInfo, x: np.ndarray) -> None:
     assert (err <= activation_error_bound(tensor, x)).all(), f"max error {err.max():.3g}"
 
 
-@pytest.mark.parametrize("n_tokens", [1, 5, 37])  # row by row below 2 (VNNI) or 8 rows, lanes from there
+# row by row below linear.LANES_MIN_ROWS(_VNNI) (2 to 8 rows by type), lanes from there
+@pytest.mark.parametrize("n_tokens", [1, 3, 5, 37])
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_native_tracks_llama_cpp_scheme(qtype, n_tokens, kernel_path):
     tensor = random_tensor(qtype, 72, 512, seed=int(qtype))
