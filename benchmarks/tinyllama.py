@@ -5,6 +5,7 @@
 Writes the model (dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000; about 0.6 GB) into a temp folder,
 then runs each engine in its own process on the same token-id prompts, all sequences at once, greedy, EOS
 ignored, and reports load time, peak RSS and total tokens/s (prompt + generated over the run, load excluded).
+miro's KV cache holds the blocks the run needs, as llama.cpp's context is sized to the run.
 llama.cpp runs through llama-cpp-python's low-level API, in the interpreter given by --llama-python (or $LLAMA_PYTHON):
 one llama_batch holding every sequence, flash attention on, as llama.cpp's examples/parallel does.
 
@@ -114,7 +115,11 @@ def run_miro(path: str, weights: str, seqs: list[list[int]], new_tokens: int, th
 
     limit_threads(threads)
     t0 = time.perf_counter()
-    engine = Engine.from_model(path, weights=weights, kv_cache_memory="256MiB", max_num_seqs=len(seqs))
+    # a KV cache of the blocks this run needs, as llama.cpp's context is sized to it (n_ctx below)
+    block_size = 16
+    blocks = len(seqs) * -(-(max(map(len, seqs)) + new_tokens) // block_size)
+    engine = Engine.from_model(path, weights=weights, block_size=block_size, num_kv_blocks=blocks,
+                               max_num_seqs=len(seqs))
     load_s = time.perf_counter() - t0
     engine.generate([seqs[0][:4]], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True),
                     use_tqdm=False)  # numba's kernels compile (or load from cache) outside the timing
