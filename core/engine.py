@@ -10,11 +10,12 @@ requests and sequences.
 
 from __future__ import annotations
 
+
 import itertools
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence as Seq
 
@@ -180,6 +181,15 @@ class Engine:
             raise RequestError(f"the prompt has token ids outside the vocabulary (0..{self.config.vocab_size - 1}).")
         return ids
 
+    def _room_for(self, n_prompt: int, n: int) -> int:
+        """The most tokens each of n choices can add to an n_prompt-token prompt: up to the context length,
+        and as many as the whole KV cache holds for all of them (at least 1, so a prompt that cannot fit
+        gets _check_fits' error)."""
+        bm = self.block_manager
+        shared = n_prompt // self.block_size if n > 1 else 0
+        blocks_each = (bm.num_blocks - shared) // n + shared  # blocks one choice may use, its shared prompt included
+        return max(1, min(self.max_model_len, blocks_each * self.block_size) - n_prompt)
+
     def _check_fits(self, n_prompt: int, max_tokens: int, n: int = 1) -> None:
         if n_prompt + max_tokens > self.max_model_len:
             raise RequestError(
@@ -208,6 +218,8 @@ class Engine:
         if request_id in self.requests:
             raise RequestError(f"request id '{request_id}' is already in use.")
         ids = self._prompt_ids(prompt)
+        if params.max_tokens is None:
+            params = replace(params, max_tokens=self._room_for(len(ids), params.n))
         self._check_fits(len(ids), params.max_tokens, params.n)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.tokenizer.eog_ids)
         seq = self._new_sequence(request_id, 0, ids, params)

@@ -16,7 +16,7 @@ class SamplingParams:
     """Sampling options, named and defaulted as vLLM names them."""
 
     n: int = 1
-    max_tokens: int = 16
+    max_tokens: int | None = 16  # None: up to the end of the context (OpenAI's default), as far as the KV cache holds
     min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
@@ -43,10 +43,11 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
             bad(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}.")
-        if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:
+        if self.max_tokens is not None and (
+                not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT):
             bad(f"max_tokens must be from 1 to {MAX_TOKENS_LIMIT:,} (longer than any supported context), "
                 f"got {self.max_tokens!r}.")
-        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
             bad(f"min_tokens must be between 0 and max_tokens ({self.max_tokens}), got {self.min_tokens!r}.")
         if self.temperature < 0:
             bad(f"temperature must be >= 0, got {self.temperature!r}.")

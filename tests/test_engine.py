@@ -177,3 +177,20 @@ def test_choices_that_cannot_all_fit_the_cache_are_refused_at_once(loaded):
     while engine.has_unfinished_requests():
         outs += [o for o in engine.step() if o.finished]
     assert [o.request_id for o in outs] == ["fits"] and [len(c.token_ids) for c in outs[0].outputs] == [12] * 7
+
+
+def test_no_max_tokens_runs_to_the_end_of_the_context(loaded):
+    """max_tokens=None (a request line without one, as OpenAI's default): the rest of the context."""
+    engine = make_engine(loaded, max_model_len=48)
+    prompt = list(range(100, 120))
+    [out] = engine.generate([prompt], SamplingParams(max_tokens=None, ignore_eos=True, temperature=0), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 48 - 20 and out.outputs[0].finish_reason == "length"
+
+
+def test_no_max_tokens_is_bounded_by_what_the_cache_holds_for_every_choice(loaded):
+    """8 blocks of 16 and a 20-token prompt: 3 choices share its full block and take 7 // 3 = 2 blocks each
+    beside it, so each may reach 48 tokens: 28 new."""
+    engine = make_engine(loaded, num_kv_blocks=8)
+    prompt = list(range(100, 120))
+    [out] = engine.generate([prompt], SamplingParams(max_tokens=None, n=3, ignore_eos=True), use_tqdm=False)
+    assert [len(c.token_ids) for c in out.outputs] == [28] * 3

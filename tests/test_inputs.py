@@ -48,8 +48,8 @@ def test_simple_prompt_line(tmp_path):
     result = parse(tmp_path, {"id": "q1", "prompt": "Say hi."})
     assert result.ok and result.errors == [] and result.file_error is None
     assert result.requests == [
-        Request(custom_id="q1", line=1, kind="completion", prompt="Say hi.", messages=None, sampling={},
-                model=None, form="simple", url=None)
+        Request(custom_id="q1", line=1, kind="completion", prompt="Say hi.", messages=None,
+                sampling={"max_tokens": None}, model=None, form="simple", url=None)
     ]
 
 
@@ -417,7 +417,7 @@ def test_bad_defaults_raise_miro_error(tmp_path):
         parse_dataset(path, defaults={"temperature": -1})
     with pytest.raises(MiroError, match=r"^Default sampling options bogus are not SamplingParams fields\.$"):
         parse_dataset(path, defaults={"bogus": 1})
-    assert parse_dataset(path, defaults={"stop": "END"}).requests[0].sampling == {"stop": ["END"]}
+    assert parse_dataset(path, defaults={"stop": "END"}).requests[0].sampling == {"max_tokens": None, "stop": ["END"]}
 
 
 # ---- every error message is one clean sentence ---------------------------------------------------
@@ -492,3 +492,10 @@ def test_fuzz_every_line_is_a_request_or_one_clean_error(tmp_path, lines):
         assert request.kind == ("chat" if request.messages is not None else "completion")
         assert (request.prompt is None) != (request.messages is None)
 
+
+
+def test_lines_without_max_tokens_run_to_a_natural_stop(tmp_path):
+    """OpenAI's default, not vLLM's 16: max_tokens None reaches the engine (the rest of the context)."""
+    result = parse(tmp_path, {"prompt": "a"}, openai("o", CHAT), {"prompt": "b", "max_tokens": 7})
+    assert [r.sampling.get("max_tokens", "absent") for r in result.requests] == [None, None, 7]
+    assert [r.sampling["max_tokens"] for r in parse(tmp_path, {"prompt": "a"}, defaults={"max_tokens": 5}).requests] == [5]

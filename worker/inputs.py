@@ -277,7 +277,8 @@ def _parse_line(number: int, text: str, defaults: dict) -> Request:
         raise _LineProblem(f"expected a JSON object, got {_JSON_TYPES.get(type(obj), 'a number')}")
     try:
         request = _openai(obj, number) if obj.keys() & {"url", "method", "body"} else _simple(obj, number)
-        merged = {**defaults, **request.sampling}
+        # a line without max_tokens (and no default for it) runs to a natural stop within the context, as OpenAI's do
+        merged = {"max_tokens": None, **defaults, **request.sampling}
         request.sampling = {k: list(v) if isinstance(v, list) else v for k, v in merged.items()}
         try:
             SamplingParams(**request.sampling)
