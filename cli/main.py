@@ -157,7 +157,7 @@ def submit_main() -> None:
               help="With --format jsonl: where failed requests go [default: OUTPUT with .errors.jsonl].")
 @redis_url_option()
 def results(batch_id, out_path, fmt, errors_path, redis_url):
-    """Merge BATCH's part files into one file: exactly one row per custom id, failed requests included."""
+    """Merge BATCH's part files into one file: one row per custom id and choice, in input order, failed requests included."""
     from miro.worker.batches import connect
     from miro.worker.results import collect, write_openai_jsonl, write_parquet
 

@@ -5,14 +5,16 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow.parquet as pq
 
-from miro.worker.results import merge, read_parts, write_openai_jsonl
+import pyarrow as pa
+
+from miro.worker.results import invalid_line_rows, merge, read_parts, write_openai_jsonl
 from miro.worker.sink import SCHEMA, ParquetSink
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 
 
-def row(custom_id, *, batch="batch_a", choice=0, output="hi", error=None, at=0, kind="chat", job="job-1"):
-    return dict(batch_id=batch, custom_id=custom_id, choice_index=choice, kind=kind, job_id=job, model="m",
+def row(custom_id, *, batch="batch_a", choice=0, output="hi", error=None, at=0, kind="chat", job="job-1", line=None):
+    return dict(batch_id=batch, custom_id=custom_id, line=line, choice_index=choice, kind=kind, job_id=job, model="m",
                 prompt="p", output=None if error else output, finish_reason=None if error else "stop",
                 prompt_tokens=5, completion_tokens=None if error else 2, output_token_ids=None if error else [7, 8],
                 error=error, worker="w1", started_at=T0, finished_at=T0 + timedelta(seconds=at), latency_s=0.5,
@@ -83,3 +85,24 @@ def test_openai_jsonl_output(tmp_path):
 
 def test_no_parts_is_an_empty_table(tmp_path):
     assert read_parts(str(tmp_path), "batch_none").num_rows == 0
+
+
+def test_rows_come_back_in_input_line_order_not_custom_id_text_order(tmp_path):
+    """q1, q2, ..., q10 as the file has them (not q1, q10, q2); choices in order; an invalid line in its
+    place; rows from before the line column (no line) after them."""
+    sink = ParquetSink(str(tmp_path), "w1")
+    for number in (10, 2, 1):  # finished in another order than the file's
+        sink.add(row(f"q{number}", line=number, job=f"job-{number}"))
+    sink.add(row("q3", line=3, choice=1, output="second", job="job-3"))
+    sink.add(row("q3", line=3, choice=0, output="first", job="job-3"))
+    sink.add(row("old", line=None, job="job-old"))
+    sink.flush()
+    invalid = invalid_line_rows("batch_a", {"line-4-invalid": {"custom_id": "line-4-invalid", "line": 4,
+                                                               "error": "line 4: not valid JSON"}})
+    merged = merge(pa.concat_tables([read_parts(str(tmp_path), "batch_a"), invalid]))
+    assert [(r["custom_id"], r["choice_index"]) for r in merged.to_pylist()] == [
+        ("q1", 0), ("q2", 0), ("q3", 0), ("q3", 1), ("line-4-invalid", 0), ("q10", 0), ("old", 0)]
+    ok, failed = write_openai_jsonl(merged, tmp_path / "out.jsonl", tmp_path / "errors.jsonl")
+    assert [json.loads(x)["custom_id"] for x in open(tmp_path / "out.jsonl")] == ["q1", "q2", "q3", "q10", "old"]
+    [error] = [json.loads(x) for x in open(tmp_path / "errors.jsonl")]
+    assert error["id"] == "batch_req_line-4-invalid" and error["custom_id"] == "line-4-invalid"

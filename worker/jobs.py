@@ -43,7 +43,8 @@ def _utc(epoch: float) -> datetime:
 def _base_row(payload: dict, job_id: str, worker: str, model: str | None, prompt: str | None, started: float,
               finished: float) -> dict:
     """`model` is the model that ran the request (None if none did); `requested_model` what the line asked for."""
-    return dict(batch_id=payload["batch_id"], custom_id=payload["custom_id"], kind=payload["kind"], job_id=job_id,
+    return dict(batch_id=payload["batch_id"], custom_id=payload["custom_id"], line=payload.get("line"),
+                kind=payload["kind"], job_id=job_id,
                 model=model, requested_model=payload.get("requested_model") or payload["model"], prompt=prompt,
                 worker=worker, started_at=_utc(started),
                 finished_at=_utc(finished), latency_s=finished - started,

@@ -30,7 +30,8 @@ def read_parts(output: str, batch_id: str) -> pa.Table:
 
 
 def merge(table: pa.Table) -> pa.Table:
-    """One row per (custom_id, choice_index): successes before errors, then the latest finished."""
+    """One row per (custom_id, choice_index): successes before errors, then the latest finished; in the
+    order of the input file's lines (as vLLM returns outputs in the order of its prompts), choices in order."""
     if table.num_rows == 0:
         return table
     failed = pc.invert(pc.is_null(table["error"])).cast(pa.int8())
@@ -39,12 +40,14 @@ def merge(table: pa.Table) -> pa.Table:
                              ("finished_at", "descending")])
     keys = list(zip(ranked["custom_id"].to_pylist(), ranked["choice_index"].to_pylist()))
     first = [i for i, key in enumerate(keys) if i == 0 or key != keys[i - 1]]
-    return ranked.take(first).drop_columns(["_failed"])
+    kept = ranked.take(first).drop_columns(["_failed"])
+    # rows written before the line column existed have none: they follow, by custom id
+    return kept.sort_by([("line", "ascending"), ("custom_id", "ascending"), ("choice_index", "ascending")])
 
 
 def invalid_line_rows(batch_id: str, records: dict[str, dict]) -> pa.Table:
     """Lines that failed validation (`--skip-invalid`), as failed rows of the batch."""
-    rows = [{"batch_id": batch_id, "custom_id": cid, "choice_index": 0, "error": rec["error"]}
+    rows = [{"batch_id": batch_id, "custom_id": cid, "line": rec.get("line"), "choice_index": 0, "error": rec["error"]}
             for cid, rec in records.items()]
     return pa.Table.from_pylist(rows, SCHEMA) if rows else SCHEMA.empty_table()
 
@@ -99,7 +102,9 @@ def write_openai_jsonl(table: pa.Table, path: str, errors_path: str) -> tuple[in
         with open(path, "w", encoding="utf-8") as out, open(errors_path, "w", encoding="utf-8") as errors:
             for custom_id, rows in by_request.items():
                 rows.sort(key=lambda r: r["choice_index"])
-                line = {"id": f"batch_req_{rows[0]['job_id']}", "custom_id": custom_id}
+                # an invalid line never became a job: its id names its line instead
+                request_id = rows[0]["job_id"] or f"line-{rows[0]['line']}-invalid"
+                line = {"id": f"batch_req_{request_id}", "custom_id": custom_id}
                 error = next((r["error"] for r in rows if r["error"]), None)
                 if error:
                     line.update(response=None, error={"code": "request_failed", "message": error})

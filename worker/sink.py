@@ -23,6 +23,7 @@ from miro.core.errors import MiroError
 SCHEMA = pa.schema([
     ("batch_id", pa.string()),
     ("custom_id", pa.string()),
+    ("line", pa.int32()),  # the request's line in the input file: results come back in this order
     ("choice_index", pa.int32()),  # which of the request's n choices
     ("kind", pa.string()),  # "chat" or "completion": the shape of the OpenAI output line
     ("job_id", pa.string()),
