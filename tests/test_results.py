@@ -106,3 +106,41 @@ def test_rows_come_back_in_input_line_order_not_custom_id_text_order(tmp_path):
     assert [json.loads(x)["custom_id"] for x in open(tmp_path / "out.jsonl")] == ["q1", "q2", "q3", "q10", "old"]
     [error] = [json.loads(x) for x in open(tmp_path / "errors.jsonl")]
     assert error["id"] == "batch_req_line-4-invalid" and error["custom_id"] == "line-4-invalid"
+
+
+def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny_model):
+    """A request that asked for logprobs: each generated token with its text, bytes, logprob and top-2, in
+    the Parquet column and as OpenAI's chat (`content`) and legacy completions (parallel lists) objects."""
+    from miro.core import Engine, SamplingParams
+    from miro.worker.jobs import result_rows
+
+    engine = Engine.from_model(tiny_model, num_kv_blocks=16)
+    [output] = engine.generate(["hello"], SamplingParams(max_tokens=4, logprobs=2, temperature=0, ignore_eos=True),
+                               use_tqdm=False)
+    sink = ParquetSink(str(tmp_path), "w1")
+    for kind, custom_id in (("chat", "c"), ("completion", "t")):
+        payload = {"batch_id": "batch_a", "custom_id": custom_id, "kind": kind, "model": "tiny",
+                   "sampling": {"logprobs": 2}}
+        for r in result_rows(payload, output, engine.tokenizer, job_id=f"job-{custom_id}", worker="w1", model="tiny",
+                             prompt="hello", started=0.0, finished=1.0):
+            sink.add(r)
+    sink.add(row("plain", job="job-plain"))  # no logprobs asked: null
+    sink.flush()
+    merged = merge(read_parts(str(tmp_path), "batch_a")).to_pylist()
+    column = {r["custom_id"]: r["logprobs"] for r in merged}
+    assert column["plain"] is None
+    entries = column["c"]
+    assert [e["token_id"] for e in entries] == list(output.outputs[0].token_ids)
+    for e, sampled in zip(entries, output.outputs[0].logprobs):
+        assert e["logprob"] == sampled["logprob"] <= 0 and e["bytes"] == engine.tokenizer.token_bytes(e["token_id"])
+        assert [t["token_id"] for t in e["top_logprobs"]] == [t for t, _ in sampled["top"]] and len(sampled["top"]) == 2
+    write_openai_jsonl(merge(read_parts(str(tmp_path), "batch_a")), tmp_path / "out.jsonl", tmp_path / "errors.jsonl")
+    lines = {json.loads(x)["custom_id"]: json.loads(x)["response"]["body"]["choices"][0] for x in open(tmp_path / "out.jsonl")}
+    chat = lines["c"]["logprobs"]["content"]
+    assert [c["token"] for c in chat] == [e["token"] for e in entries]
+    assert [len(c["top_logprobs"]) for c in chat] == [2] * 4 and chat[0]["bytes"] == list(entries[0]["bytes"])
+    legacy = lines["t"]["logprobs"]
+    assert legacy["tokens"] == [e["token"] for e in entries]
+    assert legacy["token_logprobs"] == [e["logprob"] for e in entries]
+    assert legacy["text_offset"][0] == 0 and len(legacy["top_logprobs"][0]) <= 2
+    assert lines["plain"]["logprobs"] is None

@@ -256,7 +256,7 @@ class BatchWorker(BaseWorker):
         return self.sinks[output]
 
     def _finish(self, flight: InFlight, output) -> None:
-        rows = result_rows(flight.payload, output, job_id=flight.job.id, worker=self.name, model=self.model_name,
+        rows = result_rows(flight.payload, output, self.engine.tokenizer, job_id=flight.job.id, worker=self.name, model=self.model_name,
                            prompt=flight.prompt, started=flight.started, finished=time.time())
         sink = self._sink(flight.payload["batch_id"])
         for row in rows:

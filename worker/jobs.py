@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 
 from miro.core import Engine, SamplingParams
 from miro.core.outputs import RequestOutput
+from miro.core.tokenizer import Tokenizer
 
 from .routing import model_name
 from .sink import ParquetSink
@@ -51,16 +52,28 @@ def _base_row(payload: dict, job_id: str, worker: str, model: str | None, prompt
                 sampling=json.dumps(payload.get("sampling", {}), sort_keys=True))
 
 
-def result_rows(payload: dict, output: RequestOutput, *, job_id: str, worker: str, model: str, prompt: str,
-                started: float, finished: float) -> list[dict]:
+def result_rows(payload: dict, output: RequestOutput, tokenizer: Tokenizer, *, job_id: str, worker: str, model: str,
+                prompt: str, started: float, finished: float) -> list[dict]:
     """One row per choice of a finished request."""
     return [
         {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": choice.index,
          "output": choice.text, "finish_reason": choice.finish_reason,
          "prompt_tokens": len(output.prompt_token_ids), "completion_tokens": len(choice.token_ids),
-         "output_token_ids": choice.token_ids, "error": None}
+         "output_token_ids": choice.token_ids, "error": None,
+         "logprobs": None if choice.logprobs is None else [_logprob(tokenizer, entry) for entry in choice.logprobs]}
         for choice in output.outputs
     ]
+
+
+def _token(tokenizer: Tokenizer, token_id: int) -> dict:
+    raw = tokenizer.token_bytes(token_id)
+    return {"token_id": token_id, "token": raw.decode("utf-8", errors="replace"), "bytes": raw}
+
+
+def _logprob(tokenizer: Tokenizer, entry: dict) -> dict:
+    """The sampler's {token_id, logprob, top: [(id, logprob)]} as a row of the logprobs column."""
+    return {**_token(tokenizer, entry["token_id"]), "logprob": entry["logprob"],
+            "top_logprobs": [{**_token(tokenizer, t), "logprob": lp} for t, lp in entry["top"]]}
 
 
 def error_row(payload: dict, error: str, *, job_id: str, worker: str, prompt: str | None, started: float,
@@ -154,7 +167,7 @@ def generate(**payload) -> dict:
     except Exception as err:  # the request's own problem: record it as its failed row, then fail the job
         record_failure(conn, sink, job, payload, str(err), worker=worker, started=started)
         raise
-    rows = result_rows(payload, output, job_id=job.id, worker=worker, model=model_name(payload["model"]),
+    rows = result_rows(payload, output, engine.tokenizer, job_id=job.id, worker=worker, model=model_name(payload["model"]),
                        prompt=prompt, started=started, finished=time.time())
     for row in rows:
         sink.add(row)

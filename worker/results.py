@@ -69,16 +69,41 @@ def write_parquet(table: pa.Table, path: str) -> None:
         raise MiroError(f"cannot write the results to {path}: {err}.") from None
 
 
+def _chat_logprobs(entries: list[dict] | None) -> dict | None:
+    """OpenAI's chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
+    if entries is None:
+        return None
+
+    def token(e: dict) -> dict:
+        return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["bytes"])}
+
+    return {"content": [{**token(e), "top_logprobs": [token(t) for t in e["top_logprobs"]]} for e in entries]}
+
+
+def _completion_logprobs(entries: list[dict] | None) -> dict | None:
+    """OpenAI's legacy completions `logprobs`: parallel lists, top alternatives as {token: logprob}, and each
+    token's character offset in the completion text."""
+    if entries is None:
+        return None
+    offsets, at = [], 0
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
+
+
 def _response_body(rows: list[dict]) -> dict:
     first = rows[0]
     created = int(first["finished_at"].timestamp()) if first["finished_at"] else 0
     if first["kind"] == "chat":
         choices = [{"index": r["choice_index"], "message": {"role": "assistant", "content": r["output"]},
-                    "finish_reason": r["finish_reason"]} for r in rows]
+                    "logprobs": _chat_logprobs(r["logprobs"]), "finish_reason": r["finish_reason"]} for r in rows]
         obj = "chat.completion"
     else:
-        choices = [{"index": r["choice_index"], "text": r["output"], "finish_reason": r["finish_reason"]}
-                   for r in rows]
+        choices = [{"index": r["choice_index"], "text": r["output"], "logprobs": _completion_logprobs(r["logprobs"]),
+                    "finish_reason": r["finish_reason"]} for r in rows]
         obj = "text_completion"
     completion_tokens = sum(r["completion_tokens"] or 0 for r in rows)
     return {

@@ -20,6 +20,12 @@ from pyarrow import fs as pafs
 
 from miro.core.errors import MiroError
 
+_TOP_LOGPROB = pa.struct([("token_id", pa.int32()), ("token", pa.string()), ("bytes", pa.binary()),
+                          ("logprob", pa.float64())])
+# one entry per generated token, when the request asked for logprobs: the chosen token and its top alternatives
+LOGPROBS = pa.list_(pa.struct([("token_id", pa.int32()), ("token", pa.string()), ("bytes", pa.binary()),
+                               ("logprob", pa.float64()), ("top_logprobs", pa.list_(_TOP_LOGPROB))]))
+
 SCHEMA = pa.schema([
     ("batch_id", pa.string()),
     ("custom_id", pa.string()),
@@ -35,6 +41,7 @@ SCHEMA = pa.schema([
     ("prompt_tokens", pa.int32()),
     ("completion_tokens", pa.int32()),
     ("output_token_ids", pa.list_(pa.int32())),
+    ("logprobs", LOGPROBS),  # null unless the request asked for logprobs
     ("error", pa.string()),
     ("worker", pa.string()),
     ("started_at", pa.timestamp("ms", tz="UTC")),
