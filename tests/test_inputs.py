@@ -214,7 +214,7 @@ LINE_ERRORS = [
     ({"messages": [{"role": "user", "content": 5}]},
      "line 1: field 'messages.0.content': Input should be a valid string."),
     ({"messages": [{"role": "tool", "content": "x"}]},
-     "line 1: field 'messages.0.role': Input should be 'system', 'user' or 'assistant'."),
+     "line 1: field 'messages.0.role': Input should be 'system', 'developer', 'user' or 'assistant'."),
     ({"messages": [{"content": "x"}]}, "line 1: field 'messages.0.role': Field required."),
     ({"messages": "hello"}, "line 1: field 'messages': Input should be a valid list."),
     ({"messages": []}, "line 1: field 'messages': List should have at least 1 item after validation, not 0."),
@@ -285,8 +285,12 @@ LINE_ERRORS = [
      "line 1: field 'body.prompt': arrays of prompts are not supported, put each prompt on its own line."),
     (openai(url=COMPLETIONS, prompt=[1, 2, 3]),
      "line 1: field 'body.prompt': arrays of prompts are not supported, put each prompt on its own line."),
-    (openai(messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}]),
-     "line 1: field 'body.messages.0.content': Input should be a valid string."),
+    (openai(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]),
+     "line 1: field 'body.messages.0.content': content parts of type 'image_url' are not supported (text only)."),
+    (openai(messages=[{"role": "user", "content": []}]),
+     "line 1: field 'body.messages.0.content': a list of content parts must not be empty."),
+    (openai(tools=[{"type": "function"}]), "line 1: field 'body': 'tools' is not supported by miro yet, and ignoring "
+                                           "it would change the answer: remove it or set it to null."),
     (openai(top_logprobs=2), "line 1: field 'body.top_logprobs': needs 'logprobs' set to true."),
     (openai(logprobs=3), "line 1: field 'body.logprobs': Input should be a valid boolean."),
     (openai(url=COMPLETIONS, logprobs=True), "line 1: field 'body.logprobs': Input should be a valid integer."),
@@ -499,3 +503,38 @@ def test_lines_without_max_tokens_run_to_a_natural_stop(tmp_path):
     result = parse(tmp_path, {"prompt": "a"}, openai("o", CHAT), {"prompt": "b", "max_tokens": 7})
     assert [r.sampling.get("max_tokens", "absent") for r in result.requests] == [None, None, 7]
     assert [r.sampling["max_tokens"] for r in parse(tmp_path, {"prompt": "a"}, defaults={"max_tokens": 5}).requests] == [5]
+
+
+def test_developer_role_and_text_content_parts_are_accepted(tmp_path):
+    parts = [{"type": "text", "text": "Say hi"}, {"type": "text", "text": "politely."}]
+    result = parse(tmp_path, openai("o", CHAT, messages=[{"role": "developer", "content": "Be brief."},
+                                                         {"role": "user", "content": parts}]),
+                   {"id": "s", "messages": [{"role": "developer", "content": [{"type": "text", "text": "x"}]},
+                                            {"role": "user", "content": "y"}]})
+    assert result.ok
+    assert result.requests[0].messages == [{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": "Say hi\npolitely."}]
+    assert result.requests[1].messages[0] == {"role": "system", "content": "x"}
+
+
+def test_non_text_content_parts_are_refused_by_type(tmp_path):
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    result = parse(tmp_path, openai("o", CHAT, messages=[{"role": "user", "content": [image]}]))
+    [error] = result.errors
+    assert "content parts of type 'image_url' are not supported (text only)" in error.message
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
+    ("response_format", {"type": "json_object"}), ("logit_bias", {"50256": -100}), ("stream", True),
+])
+def test_fields_miro_cannot_honour_are_refused_by_name_not_ignored(tmp_path, field, value):
+    result = parse(tmp_path, openai("o", CHAT, **{field: value}))
+    [error] = result.errors
+    assert f"'{field}' is not supported by miro yet" in error.message
+
+
+@pytest.mark.parametrize("field, value", [("tools", []), ("tool_choice", "none"), ("response_format", {"type": "text"}),
+                                          ("logit_bias", {}), ("stream", False), ("user", "u1")])
+def test_those_fields_switched_off_are_fine(tmp_path, field, value):
+    assert parse(tmp_path, openai("o", CHAT, **{field: value})).ok

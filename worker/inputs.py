@@ -84,10 +84,34 @@ Id = Annotated[NonEmptyStr | None, BeforeValidator(_int_id_as_str)]
 Stop = Annotated[list[str] | None, BeforeValidator(_stop_as_list)]
 
 
+def _text_of_parts(value: Any) -> Any:
+    """Content given as OpenAI content parts: their text joined with newlines (as vLLM joins them)."""
+    if not isinstance(value, list):
+        return value
+    if not value:
+        raise PydanticCustomError("no_parts", "a list of content parts must not be empty")
+    texts = []
+    for part in value:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            shown = f"of type '{_short(kind, 40)}'" if isinstance(kind, str) else "without a 'type'"
+            raise PydanticCustomError("part_type", "content parts {shown} are not supported (text only)",
+                                      {"shown": shown})
+        if not isinstance(part.get("text"), str):
+            raise PydanticCustomError("part_text", "a text content part needs a 'text' string")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
 class Message(BaseModel):
+    """A chat message. OpenAI's `developer` role is the system role to a chat template."""
+
     model_config = ConfigDict(strict=True, extra="ignore")
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Annotated[str, BeforeValidator(_text_of_parts)]
+
+    def as_template_message(self) -> dict:
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
 
 
 Messages = Annotated[list[Message], Field(min_length=1)]
@@ -144,10 +168,27 @@ class OpenAILine(BaseModel):
     body: dict[str, Any]
 
 
+# Body fields that change what a request means, which miro cannot honour yet: refused by name, never ignored.
+# A field given as its "off" value (null, [], {}, "none", {"type": "text"}, false) is fine.
+_UNHONOURED = ("tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias", "audio",
+               "prediction", "stream")
+_OFF_VALUES = (None, [], {}, "none", {"type": "text"}, False)
+
+
 class _Body(_Sampling):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send many fields we do not use
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients send many fields we do not use (user, metadata, ...)
     model: str | None = None
     max_completion_tokens: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_what_miro_cannot_honour(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in _UNHONOURED:
+                if name in data and data[name] not in _OFF_VALUES:
+                    raise PydanticCustomError("unhonoured", "'{name}' is not supported by miro yet, and ignoring it "
+                                              "would change the answer: remove it or set it to null", {"name": name})
+        return data
 
 
 class ChatBody(_Body):
@@ -216,7 +257,7 @@ def _simple(obj: dict, number: int) -> Request:
     return Request(
         custom_id=line.id or line.custom_id or f"line-{number}", line=number,
         kind="chat" if line.messages is not None else "completion", prompt=line.prompt,
-        messages=[m.model_dump() for m in line.messages] if line.messages is not None else None,
+        messages=[m.as_template_message() for m in line.messages] if line.messages is not None else None,
         sampling=sampling, model=None, form="simple", url=None,
     )
 
@@ -240,7 +281,7 @@ def _openai(obj: dict, number: int) -> Request:
     return Request(
         custom_id=envelope.custom_id, line=number, kind="chat" if chat else "completion",
         prompt=None if chat else body.prompt,
-        messages=[m.model_dump() for m in body.messages] if chat else None,
+        messages=[m.as_template_message() for m in body.messages] if chat else None,
         sampling=sampling, model=body.model, form="openai", url=envelope.url,
     )
 
