@@ -16,7 +16,7 @@ T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 def row(custom_id, *, batch="batch_a", choice=0, output="hi", error=None, at=0, kind="chat", job="job-1", line=None):
     return dict(batch_id=batch, custom_id=custom_id, line=line, choice_index=choice, kind=kind, job_id=job, model="m",
                 prompt="p", output=None if error else output, finish_reason=None if error else "stop",
-                prompt_tokens=5, completion_tokens=None if error else 2, output_token_ids=None if error else [7, 8],
+                prompt_tokens=5, cached_tokens=3, completion_tokens=None if error else 2, output_token_ids=None if error else [7, 8],
                 error=error, worker="w1", started_at=T0, finished_at=T0 + timedelta(seconds=at), latency_s=0.5,
                 sampling=json.dumps({"max_tokens": 4}))
 
@@ -75,7 +75,8 @@ def test_openai_jsonl_output(tmp_path):
     chat = lines["chat-1"]["response"]
     assert chat["status_code"] == 200 and chat["body"]["object"] == "chat.completion"
     assert chat["body"]["choices"][0]["message"] == {"role": "assistant", "content": "Paris"}
-    assert chat["body"]["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert chat["body"]["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+                                     "prompt_tokens_details": {"cached_tokens": 3}}
     assert lines["text-1"]["response"]["body"]["choices"][0]["text"] == " world"
     assert lines["chat-1"]["error"] is None
     error = json.loads(open(tmp_path / "errors.jsonl").read())
@@ -115,8 +116,10 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
     from miro.worker.jobs import result_rows
 
     engine = Engine.from_model(tiny_model, num_kv_blocks=16)
-    [output] = engine.generate(["hello"], SamplingParams(max_tokens=4, logprobs=2, temperature=0, ignore_eos=True),
-                               use_tqdm=False)
+    params = SamplingParams(max_tokens=4, logprobs=2, temperature=0, ignore_eos=True)
+    engine.generate(["hello " * 20], params, use_tqdm=False)
+    [output] = engine.generate(["hello " * 20], params, use_tqdm=False)  # its prompt's full blocks are cached now
+    assert output.num_cached_tokens >= 16
     sink = ParquetSink(str(tmp_path), "w1")
     for kind, custom_id in (("chat", "c"), ("completion", "t")):
         payload = {"batch_id": "batch_a", "custom_id": custom_id, "kind": kind, "model": "tiny",
@@ -144,3 +147,5 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
     assert legacy["token_logprobs"] == [e["logprob"] for e in entries]
     assert legacy["text_offset"][0] == 0 and len(legacy["top_logprobs"][0]) <= 2
     assert lines["plain"]["logprobs"] is None
+    usage = {x["custom_id"]: x["response"]["body"]["usage"] for x in map(json.loads, open(tmp_path / "out.jsonl"))}
+    assert usage["c"]["prompt_tokens_details"] == {"cached_tokens": output.num_cached_tokens}

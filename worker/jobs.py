@@ -58,7 +58,8 @@ def result_rows(payload: dict, output: RequestOutput, tokenizer: Tokenizer, *, j
     return [
         {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": choice.index,
          "output": choice.text, "finish_reason": choice.finish_reason,
-         "prompt_tokens": len(output.prompt_token_ids), "completion_tokens": len(choice.token_ids),
+         "prompt_tokens": len(output.prompt_token_ids), "cached_tokens": output.num_cached_tokens,
+         "completion_tokens": len(choice.token_ids),
          "output_token_ids": choice.token_ids, "error": None,
          "logprobs": None if choice.logprobs is None else [_logprob(tokenizer, entry) for entry in choice.logprobs]}
         for choice in output.outputs

@@ -113,7 +113,8 @@ def _response_body(rows: list[dict]) -> dict:
         "model": first["model"],
         "choices": choices,
         "usage": {"prompt_tokens": first["prompt_tokens"] or 0, "completion_tokens": completion_tokens,
-                  "total_tokens": (first["prompt_tokens"] or 0) + completion_tokens},
+                  "total_tokens": (first["prompt_tokens"] or 0) + completion_tokens,
+                  "prompt_tokens_details": {"cached_tokens": first["cached_tokens"] or 0}},
     }
 
 

@@ -39,6 +39,7 @@ SCHEMA = pa.schema([
     ("output", pa.string()),
     ("finish_reason", pa.string()),
     ("prompt_tokens", pa.int32()),
+    ("cached_tokens", pa.int32()),  # prompt tokens served from the prefix cache
     ("completion_tokens", pa.int32()),
     ("output_token_ids", pa.list_(pa.int32())),
     ("logprobs", LOGPROBS),  # null unless the request asked for logprobs
