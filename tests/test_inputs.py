@@ -538,3 +538,17 @@ def test_fields_miro_cannot_honour_are_refused_by_name_not_ignored(tmp_path, fie
                                           ("logit_bias", {}), ("stream", False), ("user", "u1")])
 def test_those_fields_switched_off_are_fine(tmp_path, field, value):
     assert parse(tmp_path, openai("o", CHAT, **{field: value})).ok
+
+
+def test_a_json_array_or_csv_file_is_one_sentence_about_the_file(tmp_path):
+    array = tmp_path / "a.json"
+    array.write_text(json.dumps([{"id": "q1", "prompt": "a"}, {"id": "q2", "prompt": "b"}], indent=1))
+    assert parse_dataset(array).file_error == (
+        f"Dataset file '{array}' holds a JSON array: miro reads JSON Lines, one request object per line, "
+        'e.g. {"id": "q1", "prompt": "..."}.')
+    csv = tmp_path / "a.csv"
+    csv.write_text("id,prompt\nq1,hello\nq2,world\n")
+    assert "looks like CSV (its first line is 'id,prompt')" in parse_dataset(csv).file_error
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"id": "q1", "prompt": "a"}\nid,prompt\n')  # one good line: the per-line errors stand
+    assert parse_dataset(mixed).file_error is None

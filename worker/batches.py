@@ -139,7 +139,8 @@ def _connect(url: str, timeout: float) -> redis.Redis:
     except redis.AuthenticationError as e:
         raise MiroError(f"Redis at {shown} refused the credentials ({str(e).rstrip('.')}).") from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-        raise _Unreachable(f"Cannot reach Redis at {shown}: {str(e).rstrip('.') or type(e).__name__}.") from None
+        raise _Unreachable(f"Cannot reach Redis at {shown}: {str(e).rstrip('.') or type(e).__name__} (start one "
+                           "with `miro redis`, or give the right --redis-url / MIRO_REDIS_URL).") from None
     except redis.ResponseError as e:
         raise MiroError(f"Redis at {shown} refused PING ({str(e).rstrip('.')}).") from None
     return conn

@@ -379,6 +379,7 @@ def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes
     result = ParseResult()
     first_line: dict[str, int] = {}
     saw_content = False
+    first_content = b""
     with f:
         for number, content, size in _read_lines(f, max_line_bytes):
             if content is None:
@@ -391,6 +392,7 @@ def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes
             if not content.strip():
                 continue
             saw_content = True
+            first_content = first_content or content.strip()
             try:
                 text = content.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -411,4 +413,16 @@ def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes
             result.requests.append(request)
     if not saw_content:
         result.file_error = f"Dataset file '{path}' is empty: it has no request lines."
+    elif not result.requests:
+        result.file_error = _wrong_format(path, first_content)
     return result
+
+
+def _wrong_format(path: Path, first_line: bytes) -> str | None:
+    """When no line is a request, what the file looks like instead, so the user gets one sentence, not one per line."""
+    wanted = 'miro reads JSON Lines, one request object per line, e.g. {"id": "q1", "prompt": "..."}'
+    if first_line.startswith(b"["):
+        return f"Dataset file '{path}' holds a JSON array: {wanted}."
+    if not first_line.startswith(b"{") and b"," in first_line:
+        return f"Dataset file '{path}' looks like CSV (its first line is {_short(first_line.decode('utf-8', 'replace'), 60)!r}): {wanted}."
+    return None
