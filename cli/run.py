@@ -25,7 +25,9 @@ import os
 import shutil
 import signal
 import sys
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -44,9 +46,17 @@ DEFAULT_SHUTDOWN_GRACE_S = 5.0  # the user is waiting: requests in flight get a 
               type=click.Path(dir_okay=False), help="The merged results (Parquet), written once every request ran.")
 @redis_url_option("Use this Redis instead of an embedded one (env MIRO_REDIS_URL).", default=None)
 @model_option
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Default max_tokens for lines.")
-@click.option("--temperature", type=float, default=None, help="Default temperature for lines.")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
+              help="parquet: one row per request and choice; jsonl: OpenAI Batch output lines, failed requests in "
+                   "OUTPUT with .errors.jsonl.")
+@click.option("--name", default=None, help="A name for the batch (shown by miro status).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="Default max_tokens for lines without one.  [default: to a natural stop within the context]")
+@click.option("--temperature", type=float, default=None, help="Default temperature for lines without one.")
+@click.option("--top-p", type=float, default=None, help="Default top_p for lines without one.")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="Default seed for lines without one.")
 @click.option("--skip-invalid", is_flag=True, help="Run the valid lines; invalid ones become failed rows.")
+@click.option("--dry-run", is_flag=True, help="Validate the dataset and report; start nothing, load no model.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted run: only the requests it did not finish run.")
 @click.option("--state-dir", default=None, type=click.Path(file_okay=False),
               help="Where the run keeps what it needs to be resumed.  [default: OUTPUT.miro-run]")
@@ -56,8 +66,8 @@ DEFAULT_SHUTDOWN_GRACE_S = 5.0  # the user is waiting: requests in flight get a 
               help="Finished rows are saved to part files at least this often (the progress bar moves as they are); "
                    "a run killed outright loses at most this much work.")
 @engine_options
-def run_command(dataset, out_path, redis_url, model, max_tokens, temperature, skip_invalid, resume, state_dir,
-                shutdown_grace, flush_seconds, **engine):
+def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temperature, top_p, seed, skip_invalid,
+                dry_run, resume, state_dir, shutdown_grace, flush_seconds, **engine):
     """The whole job on this machine: submit DATASET, run a worker until done, write the merged results.
 
     Ctrl-C writes what finished to OUTPUT's .partial.parquet file; the same command with --resume finishes it.
@@ -65,9 +75,14 @@ def run_command(dataset, out_path, redis_url, model, max_tokens, temperature, sk
     from miro.core.registry import resolve_model
     from miro.worker.batches import redacted
 
-    defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature)) if v is not None}
-    options = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "skip_invalid": skip_invalid}
-    _validate(dataset, defaults, skip_invalid)
+    defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
+                                  ("seed", seed)) if v is not None}
+    options = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
+               "skip_invalid": skip_invalid, "name": name, "format": fmt}
+    checked = _validate(dataset, defaults, skip_invalid)
+    if dry_run:
+        log_to_stderr(f"Dry run: {checked.valid:,} valid lines, {len(checked.invalid):,} invalid; nothing was run.")
+        return
     if not Path(out_path).absolute().parent.is_dir():
         raise MiroError(f"The folder of the output {out_path} does not exist.")
     resolve_model(model, log_to_stderr)  # a wrong --model fails here (and the default one is pulled on first use)
@@ -78,10 +93,12 @@ def run_command(dataset, out_path, redis_url, model, max_tokens, temperature, sk
         with interruption, _redis(state, redis_url) as conn:
             batch_id, queue_name = _submit(conn, state, record, dataset, defaults, resume)
             try:
+                pace = None
                 if not interruption.signal:
                     worker = _worker(conn, queue_name, model, shutdown_grace, flush_seconds, engine)
+                    pace = Pace.start(conn, batch_id)
                     _work(conn, batch_id, worker, interruption)
-                finished = _write_results(conn, batch_id, out_path, state, record, interruption)
+                finished = _write_results(conn, batch_id, out_path, state, record, interruption, pace)
             except (MiroError, redis.RedisError) as err:
                 raise MiroError(f"{str(err).rstrip('.')}; what finished is kept in {state.shown}, so run the same "
                                 "command with --resume to go on.") from None
@@ -97,7 +114,7 @@ def run_command(dataset, out_path, redis_url, model, max_tokens, temperature, sk
         sys.exit(interruption.exit_code if interruption.signal else 1)
 
 
-def _validate(dataset: str, defaults: dict, skip_invalid: bool) -> None:
+def _validate(dataset: str, defaults: dict, skip_invalid: bool):
     """Every line checked before anything starts; the errors are printed as `miro submit` prints them."""
     from miro.worker.submit import InvalidDataset, submit as submit_dataset
 
@@ -110,6 +127,7 @@ def _validate(dataset: str, defaults: dict, skip_invalid: bool) -> None:
         raise
     if checked.invalid:  # --skip-invalid: they become failed rows
         _echo_line_errors(checked.invalid)
+    return checked
 
 
 @contextmanager
@@ -136,7 +154,7 @@ def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, r
     options = record["options"]
     if not resume:
         submitted = submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"],
-                                   defaults=defaults, skip_invalid=options["skip_invalid"],
+                                   name=options.get("name"), defaults=defaults, skip_invalid=options["skip_invalid"],
                                    queue_name=f"miro-run-{os.getpid()}")
         state.save({**record, "batch_id": submitted.batch_id})
         return submitted.batch_id, submitted.queue
@@ -159,7 +177,6 @@ def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, r
 def _requeue_abandoned(conn, queue_name: str) -> None:
     """Jobs that a run killed outright (SIGKILL, a power cut) had taken go back on the queue. Only runs of this
     state folder serve the queue, and the lock says none is running, so every job taken is abandoned."""
-    import time
 
     from rq import Queue
     from rq.registry import StartedJobRegistry
@@ -204,21 +221,53 @@ def _work(conn, batch_id: str, worker, interruption: Interruption) -> None:
             interruption.say = log_to_stderr
 
 
+@dataclass
+class Pace:
+    """The batch's counters when this process's worker started on it (after the model loaded), to report
+    what this run did per second, as vLLM's offline runs end."""
+
+    started: float
+    done: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @classmethod
+    def start(cls, conn, batch_id: str) -> "Pace":
+        from miro.worker import batches
+
+        batch = batches.get_batch(conn, batch_id)
+        return cls(time.monotonic(), _done(batch), batch["prompt_tokens"], batch["completion_tokens"])
+
+    def summary(self, batch: dict) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        requests = _done(batch) - self.done
+        prompt, completion = batch["prompt_tokens"] - self.prompt_tokens, batch["completion_tokens"] - self.completion_tokens
+        return (f"Ran {requests:,} requests in {elapsed:,.1f} s: {requests / elapsed:,.2f} requests/s, "
+                f"{(prompt + completion) / elapsed:,.1f} total tokens/s, {completion / elapsed:,.1f} generated tokens/s.")
+
+
 def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: dict,
-                   interruption: Interruption) -> bool:
+                   interruption: Interruption, pace: Pace | None) -> bool:
     """OUTPUT if every request finished (then True), else the partial file; either way the line that says so."""
-    from miro.worker.results import collect
+    from miro.worker.results import collect, write_openai_jsonl
 
     table, batch = collect(conn, batch_id)
     partial = partial_path(out_path)
     done, total = _done(batch), batch["total"]
+    if pace is not None:
+        log_to_stderr(pace.summary(batch))
     if batch["status"] == "completed":
-        _write_parquet(table, out_path)
+        counts = (f"{batch['completed']:,} completed, {batch['failed']:,} failed, {batch['prompt_tokens']:,} prompt "
+                  f"and {batch['completion_tokens']:,} completion tokens")
+        if record["options"].get("format") == "jsonl":
+            errors_path = out_path.removesuffix(".jsonl") + ".errors.jsonl"
+            ok, failed = write_openai_jsonl(table, out_path, errors_path)
+            log_to_stderr(f"Wrote {ok:,} responses to {out_path} and {failed:,} errors to {errors_path}: {counts}.")
+        else:
+            _write_parquet(table, out_path)
+            log_to_stderr(f"Wrote {table.num_rows:,} rows to {out_path}: {counts}.")
         if os.path.exists(partial):
             os.remove(partial)
-        log_to_stderr(f"Wrote {table.num_rows:,} rows to {out_path}: {batch['completed']:,} completed, "
-                      f"{batch['failed']:,} failed, {batch['prompt_tokens']:,} prompt and "
-                      f"{batch['completion_tokens']:,} completion tokens.")
         return True
     counts = {"partial": "true", "batch_id": batch_id, "total": total, "done": done, "completed": batch["completed"],
               "failed": batch["failed"]}

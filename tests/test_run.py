@@ -5,6 +5,7 @@ file in the state folder and then interrupts: by then some requests are done and
 """
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -236,3 +237,37 @@ def test_a_missing_or_invalid_dataset_fails_before_anything_starts(tmp_path, mon
     assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
     assert result.output.strip().splitlines()[-1].startswith("Error: ")
     assert not (tmp_path / "r.parquet.miro-run").exists()
+
+
+def test_jsonl_output_in_input_order_and_the_runs_pace(tmp_path, tiny_model):
+    """--format jsonl writes OpenAI Batch output lines in the file's order (p0 .. p11, not p0, p1, p10, p11, p2)
+    and failed requests beside them; the run ends with requests/s and tokens/s. --name, --seed, --top-p are taken."""
+    dataset = tmp_path / "d.jsonl"
+    lines = [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 3} for i in range(12)]
+    lines.insert(5, {"id": "bad", "prompt": 5})  # with --skip-invalid: a failed request, in the errors file
+    dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "r.jsonl"
+    done = subprocess.run([sys.executable, "-c", "from miro.cli.main import cli; cli()", "run", str(dataset), "-o",
+                           str(out), "--model", tiny_model, "--format", "jsonl", "--skip-invalid", "--name", "nightly",
+                           "--seed", "3", "--top-p", "0.9", "--kv-cache-memory", "8MiB", "--state-dir",
+                           str(tmp_path / "state")], capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"Ran 12 requests in [\d.]+ s: [\d.]+ requests/s, [\d.,]+ total tokens/s", done.stderr)
+    assert [json.loads(x)["custom_id"] for x in out.read_text().splitlines()] == [f"p{i}" for i in range(12)]
+    [error] = [json.loads(x) for x in (tmp_path / "r.errors.jsonl").read_text().splitlines()]
+    assert error["custom_id"] == "bad" and error["id"] == "batch_req_line-6-invalid"
+    assert "Wrote 12 responses to" in done.stderr and "1 errors to" in done.stderr
+
+
+def test_dry_run_validates_and_starts_nothing(tmp_path, monkeypatch):
+    from miro.cli.embedded_redis import EmbeddedRedis
+
+    def no_redis(self):
+        raise AssertionError("Redis was started")
+
+    monkeypatch.setattr(EmbeddedRedis, "start", no_redis)
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text('{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": "there"}\n')
+    result = CliRunner().invoke(cli, ["run", str(dataset), "-o", str(tmp_path / "r.parquet"), "--dry-run"])
+    assert result.exit_code == 0 and "Dry run: 2 valid lines, 0 invalid; nothing was run." in result.output
+    assert not (tmp_path / "r.parquet.miro-run").exists() and not (tmp_path / "r.parquet").exists()
