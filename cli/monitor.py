@@ -199,6 +199,26 @@ def render_watch(snapshot: dict) -> Group:
     return Group(*lines)
 
 
+PLAIN_EVERY_S = 30.0  # piped `miro watch`: a line at least this often even when nothing moved
+
+
+def plain_progress(snapshot: dict) -> tuple[tuple, str]:
+    """One line of `miro watch` for a log: each batch's progress, speed and ETA, and the workers' count.
+    Also the counts alone, to tell whether anything moved since the last line."""
+    counts = tuple((b["id"], b["status"], b["done"], b["failed"]) for b in snapshot["batches"])
+    parts = []
+    for b in snapshot["batches"]:
+        part = f"{b['id']} {b['status']}: {progress(b)} done ({b['done'] / max(b['total'], 1):.0%}), " \
+               f"{b['failed']:,} failed, {rate(b['tokens_per_s'])}"
+        if b["status"] == "in_progress":
+            part += f", ETA {duration(b['eta_s'])}"
+        parts.append(part)
+    workers = snapshot["workers"]
+    running = sum(w["running"] for w in workers)
+    parts.append(f"{len(workers)} worker{'s' if len(workers) != 1 else ''}, {running} requests running")
+    return counts, time.strftime("%H:%M:%S ") + "; ".join(parts or ["no batch is active"])
+
+
 def summary_line(snapshot: dict, batch_id: str | None) -> str:
     if batch_id is None and not snapshot["batches"]:
         return "No batch is active."
@@ -218,13 +238,25 @@ def watch(conn, batch_id: str | None = None, interval: float = 1.0, console: Con
     console = console or Console()
     windows: dict[str, monitor.RateWindow] = {}
     snapshot = monitor.watch_snapshot(conn, batch_id, windows)
-    with Live(render_watch(snapshot), console=console, auto_refresh=False) as live:
-        while not monitor.watch_finished(snapshot):
+    if console.is_terminal:
+        with Live(render_watch(snapshot), console=console, auto_refresh=False) as live:
+            while not monitor.watch_finished(snapshot):
+                time.sleep(interval)
+                snapshot = monitor.watch_snapshot(conn, batch_id, windows)
+                live.update(render_watch(snapshot), refresh=True)
+    else:  # piped (tee, nohup, a CI log): a plain line whenever the counts move, and at least every PLAIN_EVERY_S
+        printed, last = None, 0.0
+        while True:
+            counts, line = plain_progress(snapshot)
+            if counts != printed or time.monotonic() - last >= PLAIN_EVERY_S:
+                console.print(line, highlight=False, soft_wrap=True)
+                printed, last = counts, time.monotonic()
+            if monitor.watch_finished(snapshot):
+                break
             time.sleep(interval)
             snapshot = monitor.watch_snapshot(conn, batch_id, windows)
-            live.update(render_watch(snapshot), refresh=True)
     line = summary_line(snapshot, batch_id)
-    console.print(line, highlight=False)
+    console.print(line, highlight=False, soft_wrap=True)
     return line
 
 

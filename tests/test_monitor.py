@@ -139,6 +139,34 @@ def test_watch_follows_the_batch_and_ends_when_it_completes(held_batch, redis_ur
     assert batches.get_batch(conn, batch_id)["status"] == "completed"
 
 
+def test_watch_piped_prints_a_plain_line_as_the_batch_moves(held_batch, redis_url):
+    """Not a terminal (tee, nohup, a CI log): one timestamped line per change, each on its own line, while it
+    runs; then the summary on a line of its own."""
+    batch_id, worker, held = held_batch
+    conn = redis.Redis.from_url(redis_url)
+    done_while_held = batches.get_batch(conn, batch_id)["completed"]
+    out = io.StringIO()
+    console = Console(file=out, width=80)  # a file: not a terminal
+    assert not console.is_terminal
+
+    def release_once_shown():
+        try:
+            wait_for(lambda: f"{done_while_held}/{TOTAL} done" in out.getvalue(), timeout_s=30)
+        finally:
+            worker.release.set()
+
+    releaser = threading.Thread(target=release_once_shown, daemon=True)
+    releaser.start()
+    line = watch(conn, batch_id, interval=0.1, console=console)
+    releaser.join()
+    printed = out.getvalue().splitlines()
+    progress_lines = printed[:-1]
+    assert printed[-1] == line and "\x1b" not in out.getvalue()
+    assert re.match(rf"\d\d:\d\d:\d\d {batch_id} in_progress: {done_while_held}/{TOTAL} done", progress_lines[0])
+    assert any(f"{batch_id} completed: {TOTAL}/{TOTAL} done" in p for p in progress_lines)
+    assert all("worker" in p for p in progress_lines) and len(progress_lines) >= 2
+
+
 def read_until_exit(master: int, proc, timeout_s: float = 120.0, until: str | None = None) -> str:
     """What the process wrote on the pty, read until it exits (or, with `until`, until that text appears)."""
     import select
