@@ -7,7 +7,7 @@ import sys
 import click
 import redis
 
-from miro.core.engine import DEFAULT_WEIGHT_MEMORY_FRACTION, DEFAULT_WEIGHTS, WEIGHT_CHOICES
+from miro.core import defaults
 from miro.core.errors import MiroError
 from miro.core.registry import DEFAULT_MODEL
 
@@ -65,23 +65,24 @@ model_option = click.option(
 def engine_options(command):
     """The engine's cache and batching options, shared by every command that loads a model."""
     options = [
-        click.option("--kv-cache-memory", default="1GiB", show_default=True,
+        click.option("--kv-cache-memory", default=defaults.KV_CACHE_MEMORY, show_default=True,
                      help="KV cache size in bytes (e.g. 2GiB, 512MB)."),
         click.option("--num-kv-blocks", type=click.IntRange(min=1), default=None,
                      help="KV cache size in blocks (overrides --kv-cache-memory)."),
-        click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True),
-        click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True),
-        click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=512, show_default=True),
+        click.option("--block-size", type=click.IntRange(min=1), default=defaults.BLOCK_SIZE, show_default=True),
+        click.option("--max-num-seqs", type=click.IntRange(min=1), default=defaults.MAX_NUM_SEQS, show_default=True),
+        click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=defaults.MAX_NUM_BATCHED_TOKENS,
+                     show_default=True),
         click.option("--max-model-len", type=click.IntRange(min=1), default=None,
                      help="Context length limit (default: the model's)."),
         click.option("--no-prefix-caching", is_flag=True, help="Turn automatic prefix caching off."),
         click.option("--batch-invariant", is_flag=True,
                      help="Outputs bitwise independent of the batch (numba GEMMs; slower)."),
-        click.option("--weights", type=click.Choice(WEIGHT_CHOICES), default=DEFAULT_WEIGHTS, show_default=True,
+        click.option("--weights", type=click.Choice(defaults.WEIGHT_CHOICES), default=defaults.WEIGHTS, show_default=True,
                      help="f32: matrices dequantized once (fastest, 4-8x the file's size in memory); native: kept "
                           "as stored in the memory-mapped file; auto: f32 if it fits --max-weight-memory."),
         click.option("--max-weight-memory", default=None,
-                     help=f"auto's budget for f32 weights (e.g. 8GiB; default: {DEFAULT_WEIGHT_MEMORY_FRACTION:.0%} "
+                     help=f"auto's budget for f32 weights (e.g. 8GiB; default: {defaults.WEIGHT_MEMORY_FRACTION:.0%} "
                           "of the machine's RAM)."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads for BLAS and numba (default: all cores; with several workers on one "

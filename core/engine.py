@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence as Seq
 
 import numpy as np
 
-from . import sampler
+from . import defaults, sampler
 from .block_manager import BlockManager
 from .config import ModelConfig
 from .errors import MiroError, RequestError
@@ -36,15 +36,11 @@ from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
-DEFAULT_KV_CACHE_MEMORY = "1GiB"
-WEIGHT_CHOICES = ("auto", "f32", "native")
-DEFAULT_WEIGHTS = "auto"
-DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5  # of the machine's RAM: auto's budget for a float32 copy of the weights
 
 
 def default_max_weight_memory() -> int:
     """Auto's default budget for float32 weights: half the machine's physical memory."""
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * DEFAULT_WEIGHT_MEMORY_FRACTION)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * defaults.WEIGHT_MEMORY_FRACTION)
 
 
 def f32_weight_bytes(gguf: GGUFFile) -> int:
@@ -58,8 +54,8 @@ def f32_weight_bytes(gguf: GGUFFile) -> int:
 
 def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None) -> tuple[str, str]:
     """The format to load ("f32" or "native") and a sentence saying why."""
-    if weights not in WEIGHT_CHOICES:
-        raise MiroError(f"weights must be one of {', '.join(WEIGHT_CHOICES)}, not {weights!r}.")
+    if weights not in defaults.WEIGHT_CHOICES:
+        raise MiroError(f"weights must be one of {', '.join(defaults.WEIGHT_CHOICES)}, not {weights!r}.")
     if weights != "auto":
         return weights, f"weights: {weights} (asked for)"
     budget = default_max_weight_memory() if max_weight_memory is None else parse_size(max_weight_memory)
@@ -103,11 +99,11 @@ class Engine:
         tokenizer: Tokenizer,
         *,
         model_name: str = "",
-        block_size: int = 16,
+        block_size: int = defaults.BLOCK_SIZE,
         num_kv_blocks: int | None = None,
-        kv_cache_memory: str | int = DEFAULT_KV_CACHE_MEMORY,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 512,
+        kv_cache_memory: str | int = defaults.KV_CACHE_MEMORY,
+        max_num_seqs: int = defaults.MAX_NUM_SEQS,
+        max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS,
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
@@ -140,7 +136,7 @@ class Engine:
 
     @classmethod
     def from_model(cls, name_or_path: str | Path, log: Callable[[str], None] = lambda m: None, *,
-                   weights: str = DEFAULT_WEIGHTS, max_weight_memory: str | int | None = None, **options) -> "Engine":
+                   weights: str = defaults.WEIGHTS, max_weight_memory: str | int | None = None, **options) -> "Engine":
         """Load an alias (pulled on first use) or a .gguf path; options are the constructor's keywords.
 
         weights: "f32" dequantizes every matrix once (fastest, 4-8x the file's size in memory), "native"

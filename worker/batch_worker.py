@@ -32,7 +32,7 @@ from rq.registry import CanceledJobRegistry
 from rq.utils import now
 from rq.worker.base import BaseWorker, WorkerStatus
 
-from miro.core import Engine, MiroError, SamplingParams
+from miro.core import Engine, MiroError, SamplingParams, defaults
 from miro.core.registry import DEFAULT_MODEL
 
 from . import batches, keys, routing, workers
@@ -55,7 +55,7 @@ class InFlight:
 
 def engine_options_from_env() -> dict:
     """Engine settings for workers started by `rq worker -w`, which passes no options of its own."""
-    options = {"kv_cache_memory": os.environ.get("MIRO_KV_CACHE_MEMORY", "1GiB")}
+    options = {"kv_cache_memory": os.environ.get("MIRO_KV_CACHE_MEMORY", defaults.KV_CACHE_MEMORY)}
     for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks"):
         value = os.environ.get(f"MIRO_{name.upper()}")
         if value:

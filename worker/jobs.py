@@ -11,22 +11,28 @@ import json
 import os
 import time
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
-from miro.core import Engine, SamplingParams
+from miro.core import SamplingParams, defaults
 from miro.core.outputs import RequestOutput
-from miro.core.tokenizer import Tokenizer
 
 from .routing import model_name
 from .sink import ParquetSink
+
+if TYPE_CHECKING:  # the engine (numba, the kernels) loads only where a request runs, not in submit or status
+    from miro.core import Engine
+    from miro.core.tokenizer import Tokenizer
 
 _engines: dict[str, Engine] = {}
 
 
 def engine_for(model: str) -> Engine:
     """One resident engine per model per process."""
+    from miro.core import Engine
+
     if model not in _engines:
         _engines[model] = Engine.from_model(model, max_num_seqs=1, kv_cache_memory=os.environ.get(
-            "MIRO_KV_CACHE_MEMORY", "512MiB"))
+            "MIRO_KV_CACHE_MEMORY", defaults.KV_CACHE_MEMORY))
     return _engines[model]
 
 
