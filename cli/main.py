@@ -201,10 +201,12 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
 @click.option("--wait-for-redis", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds to keep trying to reach Redis at start-up (fleets often start workers first).")
+@click.option("--logging-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              default="INFO", show_default=True, help="DEBUG adds RQ's line for every job taken and finished.")
 @engine_options
 def worker(redis_url, queues, name, model, served_model_names, burst, shutdown_grace, worker_ttl, maintenance_interval,
            job_monitoring_interval, heartbeat_slack, flush_rows, flush_seconds, metrics_port, metrics_host,
-           wait_for_redis, **engine):
+           wait_for_redis, logging_level, **engine):
     """Run a BatchWorker: the model stays loaded and many jobs share each engine step."""
     from rq import Queue
     from rq.serializers import JSONSerializer
@@ -227,7 +229,7 @@ def worker(redis_url, queues, name, model, served_model_names, burst, shutdown_g
                          metrics_port=metrics_port, metrics_host=metrics_host,
                          served_model_names=list(served_model_names), **rq_settings)
     try:
-        worker.work(burst=burst)
+        worker.work(burst=burst, logging_level=logging_level.upper())
     except redis.RedisError as err:
         raise MiroError(f"Lost Redis at {redacted(redis_url)} ({str(err).rstrip('.')}); the jobs this worker held "
                         f"are queued again once their heartbeat lapses (part files already written stay).") from None

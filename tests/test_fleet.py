@@ -3,6 +3,7 @@ Redis. Real redis-server, real `miro worker` processes on a tiny GGUF model."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -444,3 +445,20 @@ def test_cancel_counts_a_request_rq_gave_up_on(tmp_path, redis_url, tiny_model):
     assert result.exit_code == 0 and result.stdout == "cancelled\n"
     record = batches.get_batch(conn, batch_id)
     assert (record["status"], record["cancelled"], record["failed"]) == ("cancelled", 3, 0)
+
+
+def test_worker_log_says_loading_and_ready_and_keeps_per_job_lines_for_debug(tmp_path, redis_url, tiny_model):
+    batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(6, max_tokens=4))
+    proc = worker_process(redis_url, tiny_model, "--burst", "--name", "w", stdout=subprocess.PIPE, text=True)
+    log, _ = proc.communicate(timeout=120)  # RQ's log handler writes to stdout
+    assert proc.returncode == 0, log
+    assert re.search(r"Worker w: loading model .*tiny\.gguf", log)
+    assert re.search(r"Worker w: loaded .*tiny\.gguf in [\d.]+ s, weights: \w+.*; KV cache [\d,]+ tokens", log)
+    assert "Listening on" in log and log.index("loaded") < log.index("Listening on")
+    assert "Successfully completed" not in log and "result is kept" not in log and " p3 " not in log
+    assert rows_written(tmp_path, batch_id) == 6
+    submit(tmp_path, redis_url, tiny_model, long_lines(2, max_tokens=4), name="e.jsonl")
+    debug = worker_process(redis_url, tiny_model, "--burst", "--name", "w2", "--logging-level", "DEBUG",
+                           stdout=subprocess.PIPE, text=True)
+    debug_log, _ = debug.communicate(timeout=120)
+    assert debug.returncode == 0 and debug_log.count("Successfully completed") == 2

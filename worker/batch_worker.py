@@ -15,6 +15,7 @@ held job's heartbeat lapse: RQ would then queue it again and it would run twice.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import redis
 
 from rq.exceptions import DequeueTimeout
+from rq.logutils import setup_loghandlers
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import CanceledJobRegistry
@@ -40,6 +42,22 @@ from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, result_r
 from .sink import ParquetSink
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
+# RQ's own line for every job it dequeues and finishes: a worker running thousands of requests logs them at DEBUG
+PER_JOB_LOG_FORMATS = frozenset({
+    "Worker %s: %s: %s (%s)", "Worker %s: %s: %s",  # dequeued
+    "Successfully completed %s job in %ss on worker %s", "Successfully completed job %s in %ss on worker %s",
+    "Worker %s: job %s result is kept for %s seconds", "Worker %s: job %s result discarded immediately",
+})
+
+
+class PerJobLinesAtDebug(logging.Filter):
+    """Turns RQ's per-job INFO lines into DEBUG ones (kept only where the logger is set to DEBUG)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and record.msg in PER_JOB_LOG_FORMATS:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
 CANCELLED = frozenset({"cancelling", "cancelled"})
 
 
@@ -136,9 +154,16 @@ class BatchWorker(BaseWorker):
             from .metrics import serve_metrics
 
             serve_metrics(self, self.metrics_port, self.metrics_host)
-        self.engine = Engine.from_model(self.model, **self.engine_options)
+        setup_loghandlers(logging_level or "INFO", name="rq.worker")  # bootstrap sets them too, after the load
+        self.log.addFilter(PerJobLinesAtDebug())
+        self.log.info("Worker %s: loading model %s", self.name, self.model)
+        started = time.perf_counter()
+        self.engine = Engine.from_model(self.model, log=lambda message: self.log.info("Worker %s: %s", self.name,
+                                                                                     message), **self.engine_options)
+        self.log.info("Worker %s: loaded %s in %.1f s, %s; KV cache %s tokens", self.name, self.model,
+                      time.perf_counter() - started, self.engine.weight_choice,
+                      f"{self.engine.block_manager.num_blocks * self.engine.block_size:,}")
         self.bootstrap(logging_level or "INFO")
-        self.log.info("Worker %s: %s", self.name, self.engine.weight_choice)
         routing.register_served_names(self.connection, self.served_names[1:], self.model)
         self._install_signal_handlers()
         self._heartbeats = HeartbeatThread(self)
