@@ -208,7 +208,7 @@ def _worker(conn, queue_name: str, model: str, shutdown_grace: float, flush_seco
 
 def _work(conn, batch_id: str, worker, interruption: Interruption) -> None:
     """Run the worker until the queue is empty, or until the user interrupts it."""
-    from miro.worker.progress import BatchProgress
+    from .progress import BatchProgress
 
     interruption.worker = worker
     if interruption.signal:  # it came while the worker was being made

@@ -285,6 +285,29 @@ def test_rate_window_follows_the_recent_speed_and_falls_back_to_the_average():
     assert window.rates() is None and len(window.samples) == 1
 
 
+def test_early_in_a_batch_rates_and_eta_come_from_what_the_workers_do_now():
+    """1% into a batch (1 request counted, 20 tokens, 60 s in, most of it loading), two workers at 160 and
+    180 tok/s (the second also on another batch): 250 tok/s now, so 99 requests x 20 tokens take 7.9 s, not the
+    counters' 99 minutes."""
+    early = record(total=100, completed=1, failed=0, cancelled=0, prompt_tokens=8, completion_tokens=12,
+                   in_progress_at=1000.0)
+    fleet = [{"name": "w1", "batches": ["batch_a"], "tokens_per_s": 160.0},
+             {"name": "w2", "batches": ["batch_a", "batch_b"], "tokens_per_s": 180.0},
+             {"name": "w3", "batches": ["batch_b"], "tokens_per_s": 500.0},  # not on this batch
+             {"name": "w4", "batches": ["batch_a"], "tokens_per_s": None}]  # not reporting yet
+    counted = monitor.batch_view(early, now=1060.0)
+    assert counted["rate_source"] == "counters" and counted["eta_s"] == 99 * 60.0
+    live = monitor.batch_view(early, now=1060.0, worker_records=fleet)
+    assert live["rate_source"] == "workers" and live["tokens_per_s"] == 250.0
+    assert live["eta_s"] == pytest.approx(99 * 20 / 250.0)
+    nothing_counted = monitor.batch_view(record(completed=0, failed=0, cancelled=0, prompt_tokens=0,
+                                                completion_tokens=0), now=1060.0, worker_records=fleet)
+    assert nothing_counted["tokens_per_s"] == 250.0 and nothing_counted["eta_s"] is None
+    finished = monitor.batch_view(record(status="completed", completed=90, completed_at=1060.0), now=1070.0,
+                                  worker_records=fleet)
+    assert finished["rate_source"] == "counters" and finished["eta_s"] is None
+
+
 def test_relevant_workers_are_those_on_the_batch_or_its_queue():
     fleet = [{"name": "w1", "queues": ["miro"], "batches": []},
              {"name": "w2", "queues": ["other"], "batches": ["batch_a"]},

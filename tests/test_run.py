@@ -253,6 +253,8 @@ def test_jsonl_output_in_input_order_and_the_runs_pace(tmp_path, tiny_model):
                            str(tmp_path / "state")], capture_output=True, text=True, env=ENV, timeout=300)
     assert done.returncode == 0, done.stderr
     assert re.search(r"Ran 12 requests in [\d.]+ s: [\d.]+ requests/s, [\d.,]+ total tokens/s", done.stderr)
+    # stderr is not a terminal here: progress comes as plain lines, the last one when all is done
+    assert re.search(r"^\d\d:\d\d:\d\d batch_\w+: 13/13 done", done.stderr, re.MULTILINE), done.stderr
     assert [json.loads(x)["custom_id"] for x in out.read_text().splitlines()] == [f"p{i}" for i in range(12)]
     [error] = [json.loads(x) for x in (tmp_path / "r.errors.jsonl").read_text().splitlines()]
     assert error["custom_id"] == "bad" and error["id"] == "batch_req_line-6-invalid"

@@ -7,6 +7,11 @@ A batch view is the batch record (batches.py) plus derived figures:
 - ``elapsed_s``: since it went in_progress, up to when it finished (None before it started)
 - ``tokens_per_s``, ``requests_per_s``: over ``elapsed_s``, or over the last seconds when a RateWindow is given
 - ``eta_s``: remaining / requests_per_s while the batch is in_progress (None when unknown)
+- with the live worker records at hand, while the batch is in progress and a worker has its requests in flight:
+  ``tokens_per_s`` is what those workers do now (their last 10 s, a worker's rate shared equally among the
+  batches it has in flight), and ``eta_s`` the remaining requests' tokens (at the batch's tokens per finished
+  request) at that rate. Counters move only when part files are written, so early in a batch they say little.
+  ``rate_source`` says which: "workers" or "counters".
 
 Nothing here prints; cli/monitor.py renders these dicts.
 """
@@ -41,7 +46,8 @@ def elapsed_s(batch: dict[str, Any], now: float) -> float | None:
     return max(ended - started, 0.0)
 
 
-def batch_view(batch: dict[str, Any], now: float | None = None, window: RateWindow | None = None) -> dict[str, Any]:
+def batch_view(batch: dict[str, Any], now: float | None = None, window: RateWindow | None = None,
+               worker_records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The batch record plus the derived figures (see the module docstring)."""
     now = time.time() if now is None else now
     view = dict(batch)
@@ -60,7 +66,20 @@ def batch_view(batch: dict[str, Any], now: float | None = None, window: RateWind
             requests_per_s, tokens_per_s = recent
     view["requests_per_s"], view["tokens_per_s"] = requests_per_s, tokens_per_s
     view["eta_s"] = eta_s(view["remaining"], requests_per_s) if batch["status"] == "in_progress" else None
+    view["rate_source"] = "counters"
+    live = live_tokens_per_s(batch, worker_records) if batch["status"] == "in_progress" else None
+    if live:
+        view["tokens_per_s"], view["rate_source"] = live, "workers"
+        if view["done"] and view["tokens"]:
+            view["eta_s"] = view["remaining"] * (view["tokens"] / view["done"]) / live
     return view
+
+
+def live_tokens_per_s(batch: dict[str, Any], worker_records: list[dict[str, Any]] | None) -> float | None:
+    """Tokens/s the workers with the batch's requests in flight do now; None if none reports any."""
+    shares = [w["tokens_per_s"] / len(w["batches"]) for w in worker_records or ()
+              if batch["id"] in w.get("batches", []) and w.get("tokens_per_s")]
+    return sum(shares) if shares else None
 
 
 def eta_s(remaining: int, requests_per_s: float | None) -> float | None:
@@ -112,13 +131,15 @@ def batch_snapshot(conn: redis.Redis, batch_id: str, now: float | None = None,
                    window: RateWindow | None = None) -> dict[str, Any]:
     """{"batch": view, "workers": [records of the workers relevant to it]}; MiroError for an unknown batch."""
     batch = batches.get_batch(conn, batch_id)
-    return {"batch": batch_view(batch, now, window), "workers": relevant_workers(workers.list_workers(conn), batch)}
+    its_workers = relevant_workers(workers.list_workers(conn), batch)
+    return {"batch": batch_view(batch, now, window, its_workers), "workers": its_workers}
 
 
 def fleet_snapshot(conn: redis.Redis, now: float | None = None) -> dict[str, Any]:
     """{"batches": [every batch view, newest first], "workers": [every live worker's record]}."""
     now = time.time() if now is None else now
-    return {"batches": [batch_view(b, now) for b in batches.list_batches(conn)], "workers": workers.list_workers(conn)}
+    records = workers.list_workers(conn)
+    return {"batches": [batch_view(b, now, None, records) for b in batches.list_batches(conn)], "workers": records}
 
 
 def watch_snapshot(conn: redis.Redis, batch_id: str | None, windows: dict[str, RateWindow],
@@ -133,8 +154,9 @@ def watch_snapshot(conn: redis.Redis, batch_id: str | None, windows: dict[str, R
         snapshot = batch_snapshot(conn, batch_id, now, windows.setdefault(batch_id, RateWindow()))
         return {"batches": [snapshot["batch"]], "workers": snapshot["workers"]}
     shown = [b for b in batches.list_batches(conn) if is_active(b) or b["id"] in windows]
-    return {"batches": [batch_view(b, now, windows.setdefault(b["id"], RateWindow())) for b in shown],
-            "workers": workers.list_workers(conn)}
+    records = workers.list_workers(conn)
+    return {"batches": [batch_view(b, now, windows.setdefault(b["id"], RateWindow()), records) for b in shown],
+            "workers": records}
 
 
 def watch_finished(snapshot: dict[str, Any]) -> bool:
