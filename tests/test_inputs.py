@@ -244,8 +244,10 @@ LINE_ERRORS = [
     ({"prompt": "x", "logprobs": True}, "line 1: field 'logprobs': Input should be a valid integer."),
     # simple form: unknown fields are errors, with a hint for typos
     ({"prompt": "x", "temprature": 0.5}, "line 1: field 'temprature': unknown field (did you mean 'temperature'?)."),
-    ({"prompt": "x", "colour": "red"}, "line 1: field 'colour': unknown field."),
-    ({"prompt": "x", "model": "m"}, "line 1: field 'model': unknown field."),
+    ({"prompt": "x", "temprature": 0.5}, "line 1: field 'temprature': unknown field (did you mean 'temperature'?)."),
+    ({"prompt": "x", "output": "y"}, "line 1: field 'output': the results have a column of that name, rename it."),
+    ({"prompt": "x", "model": "m"}, "line 1: field 'model': a simple line cannot choose its model: give --model, "
+                                    "or use OpenAI lines (body.model)."),
     # sampling values out of range: SamplingParams' own sentence
     ({"prompt": "x", "max_tokens": 0}, "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got 0."),
     ({"prompt": "x", "temperature": -1}, "line 1: temperature must be >= 0, got -1.0."),
@@ -552,3 +554,10 @@ def test_a_json_array_or_csv_file_is_one_sentence_about_the_file(tmp_path):
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text('{"id": "q1", "prompt": "a"}\nid,prompt\n')  # one good line: the per-line errors stand
     assert parse_dataset(mixed).file_error is None
+
+
+def test_a_simple_lines_own_fields_are_carried_for_the_results(tmp_path):
+    """As Ray Data keeps a dataset's other columns: "category" and "meta" ride along with the request."""
+    result = parse(tmp_path, {"id": "q1", "prompt": "x", "category": "math", "meta": {"source": "a", "n": 2}},
+                   {"id": "q2", "prompt": "y"})
+    assert [r.extra for r in result.requests] == [{"category": "math", "meta": {"source": "a", "n": 2}}, None]

@@ -149,3 +149,17 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
     assert lines["plain"]["logprobs"] is None
     usage = {x["custom_id"]: x["response"]["body"]["usage"] for x in map(json.loads, open(tmp_path / "out.jsonl"))}
     assert usage["c"]["prompt_tokens_details"] == {"cached_tokens": output.num_cached_tokens}
+
+
+def test_a_lines_own_fields_become_columns_of_the_results(tmp_path):
+    from miro.worker.results import spread_extra
+
+    sink = ParquetSink(str(tmp_path), "w1")
+    sink.add({**row("q1", line=1), "extra": json.dumps({"category": "math", "score": 3})})
+    sink.add({**row("q2", line=2), "extra": json.dumps({"category": "poetry", "score": "high"})})
+    sink.add(row("q3", line=3))  # a line with none of its own
+    sink.flush()
+    table = spread_extra(merge(read_parts(str(tmp_path), "batch_a")))
+    assert "extra" not in table.column_names and table.column_names[-2:] == ["category", "score"]
+    assert table["category"].to_pylist() == ["math", "poetry", None]
+    assert table["score"].to_pylist() == ["3", '"high"', None]  # a number and a string: kept as their JSON

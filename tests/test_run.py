@@ -273,3 +273,17 @@ def test_dry_run_validates_and_starts_nothing(tmp_path, monkeypatch):
     result = CliRunner().invoke(cli, ["run", str(dataset), "-o", str(tmp_path / "r.parquet"), "--dry-run"])
     assert result.exit_code == 0 and "Dry run: 2 valid lines, 0 invalid; nothing was run." in result.output
     assert not (tmp_path / "r.parquet.miro-run").exists() and not (tmp_path / "r.parquet").exists()
+
+
+def test_a_lines_own_fields_come_back_as_columns(tmp_path, tiny_model):
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "hi", "max_tokens": 2, "category": c}) + "\n"
+                               for i, c in enumerate(["math", "poetry", "math"])))
+    out = tmp_path / "r.parquet"
+    done = subprocess.run([sys.executable, "-c", "from miro.cli.main import cli; cli()", "run", str(dataset), "-o",
+                           str(out), "--model", tiny_model, "--kv-cache-memory", "8MiB"],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(out)
+    assert table["custom_id"].to_pylist() == ["q0", "q1", "q2"]
+    assert table["category"].to_pylist() == ["math", "poetry", "math"]

@@ -39,6 +39,7 @@ class Request:
     model: str | None
     form: Literal["simple", "openai"]
     url: str | None
+    extra: dict[str, Any] | None = None  # a simple line's own fields (e.g. "category"): columns of the results
 
 
 @dataclass
@@ -142,7 +143,7 @@ class _Sampling(BaseModel):
 
 
 class SimpleLine(_Sampling):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")  # the line's own fields go to the results (see _own_fields)
     id: Id = None
     custom_id: Id = None
     prompt: NonEmptyStr | None = None
@@ -258,8 +259,33 @@ def _simple(obj: dict, number: int) -> Request:
         custom_id=line.id or line.custom_id or f"line-{number}", line=number,
         kind="chat" if line.messages is not None else "completion", prompt=line.prompt,
         messages=[m.as_template_message() for m in line.messages] if line.messages is not None else None,
-        sampling=sampling, model=None, form="simple", url=None,
+        sampling=sampling, model=None, form="simple", url=None, extra=_own_fields(line.model_extra or {}),
     )
+
+
+MAX_FIELD_NAME = 128  # characters in the name of a line's own field (a column of the results)
+
+
+def _own_fields(extra: dict[str, Any]) -> dict[str, Any] | None:
+    """A simple line's fields that are not miro's: carried to the results as columns, as Ray Data carries a
+    dataset's other columns. A name one letter or so from one of miro's fields is taken for a typo and refused,
+    and so is a name the results already use."""
+    from .sink import SCHEMA  # the results' own columns
+
+    known = sorted(SimpleLine.model_fields)
+    for name in extra:
+        if name == "model":
+            raise _LineProblem("field 'model': a simple line cannot choose its model: give --model, or use OpenAI "
+                               "lines (body.model)")
+        if len(name) > MAX_FIELD_NAME:
+            raise _LineProblem(f"field '{_short(name, 60)}': a field name of {len(name):,} characters is too long "
+                               f"for a column (at most {MAX_FIELD_NAME})")
+        guess = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if guess:
+            raise _LineProblem(f"field '{_short(name, 60)}': unknown field (did you mean '{guess[0]}'?)")
+        if name in SCHEMA.names:
+            raise _LineProblem(f"field '{_short(name, 60)}': the results have a column of that name, rename it")
+    return dict(extra) or None
 
 
 def _openai(obj: dict, number: int) -> Request:

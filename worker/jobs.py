@@ -55,7 +55,8 @@ def _base_row(payload: dict, job_id: str, worker: str, model: str | None, prompt
                 model=model, requested_model=payload.get("requested_model") or payload["model"], prompt=prompt,
                 worker=worker, started_at=_utc(started),
                 finished_at=_utc(finished), latency_s=finished - started,
-                sampling=json.dumps(payload.get("sampling", {}), sort_keys=True))
+                sampling=json.dumps(payload.get("sampling", {}), sort_keys=True),
+                extra=json.dumps(payload["extra"], ensure_ascii=False) if payload.get("extra") else None)
 
 
 def result_rows(payload: dict, output: RequestOutput, tokenizer: Tokenizer, *, job_id: str, worker: str, model: str,

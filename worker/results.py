@@ -59,7 +59,24 @@ def collect(conn, batch_id: str) -> tuple[pa.Table, dict]:
     batch = batches.get_batch(conn, batch_id)
     parts = read_parts(batch["output"], batch_id)
     invalid = invalid_line_rows(batch_id, batches.failed_lines(conn, batch_id))
-    return merge(pa.concat_tables([parts, invalid])), batch
+    return spread_extra(merge(pa.concat_tables([parts, invalid]))), batch
+
+
+def spread_extra(table: pa.Table) -> pa.Table:
+    """The `extra` column (each simple line's own fields, JSON) as one column per field, in the order the
+    fields first appear; null where a line lacks one. A field whose values pyarrow cannot hold in one type
+    (a number here, text there) becomes a column of their JSON text."""
+    values = [json.loads(v) if v else {} for v in table["extra"].to_pylist()]
+    names = list(dict.fromkeys(name for row in values for name in row))
+    table = table.drop_columns(["extra"])
+    for name in names:
+        column = [row.get(name) for row in values]
+        try:
+            array = pa.array(column)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            array = pa.array([None if v is None else json.dumps(v, ensure_ascii=False) for v in column])
+        table = table.append_column(name, array)
+    return table
 
 
 def write_parquet(table: pa.Table, path: str) -> None:

@@ -49,6 +49,7 @@ SCHEMA = pa.schema([
     ("finished_at", pa.timestamp("ms", tz="UTC")),
     ("latency_s", pa.float64()),
     ("sampling", pa.string()),
+    ("extra", pa.string()),  # a simple line's own fields, JSON; the merged results spread them into columns
 ])
 
 

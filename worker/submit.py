@@ -117,6 +117,8 @@ def payload(request: Request, batch_id: str, model: str) -> dict:
         data["prompt"] = request.prompt
     data.update(sampling=request.sampling, model=model, requested_model=request.model, line=request.line,
                 form=request.form, url=request.url)
+    if request.extra:
+        data["extra"] = request.extra
     return data
 
 
