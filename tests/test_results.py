@@ -114,6 +114,7 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
     the Parquet column and as OpenAI's chat (`content`) and legacy completions (parallel lists) objects."""
     from miro.core import Engine, SamplingParams
     from miro.worker.jobs import result_rows
+    from miro.worker.payload import JobPayload
 
     engine = Engine.from_model(tiny_model, num_kv_blocks=16)
     params = SamplingParams(max_tokens=4, logprobs=2, temperature=0, ignore_eos=True)
@@ -122,8 +123,8 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
     assert output.num_cached_tokens >= 16
     sink = ParquetSink(str(tmp_path), "w1")
     for kind, custom_id in (("chat", "c"), ("completion", "t")):
-        payload = {"batch_id": "batch_a", "custom_id": custom_id, "kind": kind, "model": "tiny",
-                   "sampling": {"logprobs": 2}}
+        payload = JobPayload(batch_id="batch_a", custom_id=custom_id, kind=kind, model="tiny",
+                             sampling={"logprobs": 2}, prompt="hello")
         for r in result_rows(payload, output, engine.tokenizer, job_id=f"job-{custom_id}", worker="w1", model="tiny",
                              prompt="hello", started=0.0, finished=1.0):
             sink.add(r)

@@ -91,21 +91,19 @@ def test_mixed_dataset_enqueues_one_job_per_line(tmp_path, redis_url, monkeypatc
     assert q.job_ids == [batches.job_id(batch_id, cid) for cid in ids]  # file order
     assert len(set(q.job_ids)) == 5
 
+    # the JobPayload as kwargs: fields that are not set (None) are left out
     expected_kwargs = {
         "q1": {"kind": "completion", "prompt": "Say hi.", "sampling": {"max_tokens": 5, "temperature": 0.0},
-               "requested_model": None, "line": 1, "form": "simple", "url": None},
+               "line": 1},
         "q2": {"kind": "chat", "messages": MIXED[1]["messages"],
                "sampling": {"max_tokens": 32, "temperature": 0.5, "stop": ["\n"]},
-               "requested_model": None, "line": 2, "form": "simple", "url": None},
+               "line": 2},
         "c1": {"kind": "chat", "messages": [{"role": "user", "content": "hi"}],
-               "sampling": {"max_tokens": 7, "temperature": 0.0}, "requested_model": "gpt-4o-mini", "line": 3,
-               "form": "openai", "url": CHAT},
+               "sampling": {"max_tokens": 7, "temperature": 0.0}, "requested_model": "gpt-4o-mini", "line": 3},
         "c2": {"kind": "completion", "prompt": "Once upon a time",
-               "sampling": {"max_tokens": 32, "temperature": 0.0, "seed": 3}, "requested_model": None, "line": 4,
-               "form": "openai", "url": COMPLETIONS},
+               "sampling": {"max_tokens": 32, "temperature": 0.0, "seed": 3}, "line": 4},
         "line-5": {"kind": "completion", "prompt": "no id on this line",
-                   "sampling": {"max_tokens": 32, "temperature": 0.0}, "requested_model": None, "line": 5,
-                   "form": "simple", "url": None},
+                   "sampling": {"max_tokens": 32, "temperature": 0.0}, "line": 5},
     }
     for cid in ids:
         job = job_of(conn, batch_id, cid)

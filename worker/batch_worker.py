@@ -34,11 +34,12 @@ from rq.registry import CanceledJobRegistry
 from rq.utils import now
 from rq.worker.base import BaseWorker, WorkerStatus
 
-from miro.core import Engine, MiroError, SamplingParams, defaults
+from miro.core import Engine, MiroError, defaults
 from miro.core.registry import DEFAULT_MODEL
 
 from . import batches, keys, routing, workers
 from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, result_rows, summary, uncounted_failures
+from .payload import JobPayload
 from .sink import ParquetSink
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
@@ -66,7 +67,7 @@ class InFlight:
     job: Job
     queue: Queue
     execution: object
-    payload: dict
+    payload: JobPayload
     prompt: str
     started: float
 
@@ -222,7 +223,8 @@ class BatchWorker(BaseWorker):
                     sink = self._sink(job.meta["batch_id"])
                 except MiroError:  # its batch record is gone: nothing to count it in
                     continue
-                record_failure(self.connection, sink, job, job.kwargs, GAVE_UP, worker=self.name, started=time.time())
+                record_failure(self.connection, sink, job, JobPayload.from_kwargs(job.kwargs), GAVE_UP, worker=self.name,
+                               started=time.time())
 
     def _room(self) -> bool:
         return len(self.in_flight) < self.engine.scheduler.max_num_seqs
@@ -248,25 +250,25 @@ class BatchWorker(BaseWorker):
         if job.func_name not in ALLOWED_FUNCTIONS:
             self._fail(job, queue, execution, f"function {job.func_name} is not on this worker's allow-list")
             return
-        payload = job.kwargs
         try:
-            status = self._status_of(payload["batch_id"])
-        except MiroError as err:  # its batch record is gone: nowhere to write a row
+            payload = JobPayload.from_kwargs(job.kwargs)
+            status = self._status_of(payload.batch_id)
+        except MiroError as err:  # not miro's payload, or its batch record is gone: nowhere to write a row
             self._fail(job, queue, execution, str(err))
             return
         if status in CANCELLED:
             self._cancel([(job, queue, execution, payload)])
             return
-        wanted = routing.model_name(payload["model"])
+        wanted = routing.model_name(payload.model)
         if wanted not in self.served_names:  # it reached a queue this worker was told to serve by --queue
             message = (f"this request is for model '{wanted}', but worker {self.name} serves "
                        f"{', '.join(repr(n) for n in self.served_names)}: start a worker for '{wanted}' and run "
-                       f"`miro retry {payload['batch_id']}`")
+                       f"`miro retry {payload.batch_id}`")
             self._fail_request(job, queue, execution, payload, message, started)
             return
         try:
             prompt = prompt_text(self.engine, payload)
-            self.engine.add_request(prompt, SamplingParams(**payload.get("sampling", {})), request_id=job.id)
+            self.engine.add_request(prompt, payload.sampling_params(), request_id=job.id)
         except MiroError as err:
             self._fail_request(job, queue, execution, payload, str(err), started, model=self.model_name)
             return
@@ -283,7 +285,7 @@ class BatchWorker(BaseWorker):
     def _finish(self, flight: InFlight, output) -> None:
         rows = result_rows(flight.payload, output, self.engine.tokenizer, job_id=flight.job.id, worker=self.name, model=self.model_name,
                            prompt=flight.prompt, started=flight.started, finished=time.time())
-        sink = self._sink(flight.payload["batch_id"])
+        sink = self._sink(flight.payload.batch_id)
         for row in rows:
             sink.add(row)
         self.finished.append((flight, summary(flight.payload, rows)))
@@ -311,10 +313,10 @@ class BatchWorker(BaseWorker):
             with self.held_lock:
                 self._finalize_failure(job, queue, execution, sys.exc_info())
 
-    def _fail_request(self, job: Job, queue: Queue, execution, payload: dict, message: str, started: float, *,
+    def _fail_request(self, job: Job, queue: Queue, execution, payload: JobPayload, message: str, started: float, *,
                       prompt: str | None = None, model: str | None = None) -> None:
         """A request that cannot (or may no longer) run: its error row is written and counted, then its job fails."""
-        record_failure(self.connection, self._sink(payload["batch_id"]), job, payload, message, worker=self.name,
+        record_failure(self.connection, self._sink(payload.batch_id), job, payload, message, worker=self.name,
                        started=started, prompt=prompt, model=model)
         self._fail(job, queue, execution, message)
 
@@ -367,12 +369,12 @@ class BatchWorker(BaseWorker):
 
     def _cancel_cancelled_batches(self) -> None:
         """Read the status of every batch with requests in flight; abort those of batches being cancelled."""
-        batch_ids = sorted({flight.payload["batch_id"] for flight in self.in_flight.values()})
+        batch_ids = sorted({flight.payload.batch_id for flight in self.in_flight.values()})
         with self.connection.pipeline(transaction=False) as pipe:
             for batch_id in batch_ids:
                 pipe.hget(keys.batch(batch_id), "status")
             self.batch_status = {b: (s or b"").decode() for b, s in zip(batch_ids, pipe.execute())}
-        doomed = [flight for flight in self.in_flight.values() if self.batch_status[flight.payload["batch_id"]]
+        doomed = [flight for flight in self.in_flight.values() if self.batch_status[flight.payload.batch_id]
                   in CANCELLED]
         for flight in doomed:
             self.engine.abort(flight.job.id)
@@ -391,7 +393,7 @@ class BatchWorker(BaseWorker):
             pipe.execute()
         by_batch: dict[str, list[str]] = {}
         for _, _, _, payload in jobs:
-            by_batch.setdefault(payload["batch_id"], []).append(payload["custom_id"])
+            by_batch.setdefault(payload.batch_id, []).append(payload.custom_id)
         for batch_id, custom_ids in by_batch.items():
             batches.count_cancelled(self.connection, batch_id, custom_ids)
         self.jobs_cancelled += len(jobs)
@@ -409,7 +411,7 @@ class BatchWorker(BaseWorker):
         return {
             "name": self.name, "model": self.model_name, "host": socket.gethostname(), "pid": os.getpid(),
             "queues": [q.name for q in self.queues], "state": state, "started_at": self.started_at,
-            "updated_at": time.time(), "batches": sorted({f.payload["batch_id"] for f in self.in_flight.values()}),
+            "updated_at": time.time(), "batches": sorted({f.payload.batch_id for f in self.in_flight.values()}),
             "architecture": self.engine.config.architecture, "weight_format": self.engine.weight_format,
             "weight_memory": self.engine.weight_memory,
             **stats,

@@ -13,9 +13,10 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from miro.core import SamplingParams, defaults
+from miro.core import defaults
 from miro.core.outputs import RequestOutput
 
+from .payload import JobPayload
 from .routing import model_name
 from .sink import ParquetSink
 
@@ -36,30 +37,29 @@ def engine_for(model: str) -> Engine:
     return _engines[model]
 
 
-def prompt_text(engine: Engine, payload: dict) -> str:
+def prompt_text(engine: Engine, payload: JobPayload) -> str:
     """The prompt as the model sees it: chat messages rendered with the model's template."""
-    if payload["kind"] == "chat":
-        return engine.tokenizer.apply_chat_template(payload["messages"], add_generation_prompt=True)
-    return payload["prompt"]
+    if payload.kind == "chat":
+        return engine.tokenizer.apply_chat_template(payload.messages, add_generation_prompt=True)
+    return payload.prompt
 
 
 def _utc(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, tz=timezone.utc)
 
 
-def _base_row(payload: dict, job_id: str, worker: str, model: str | None, prompt: str | None, started: float,
+def _base_row(payload: JobPayload, job_id: str, worker: str, model: str | None, prompt: str | None, started: float,
               finished: float) -> dict:
     """`model` is the model that ran the request (None if none did); `requested_model` what the line asked for."""
-    return dict(batch_id=payload["batch_id"], custom_id=payload["custom_id"], line=payload.get("line"),
-                kind=payload["kind"], job_id=job_id,
-                model=model, requested_model=payload.get("requested_model") or payload["model"], prompt=prompt,
+    return dict(batch_id=payload.batch_id, custom_id=payload.custom_id, line=payload.line, kind=payload.kind,
+                job_id=job_id, model=model, requested_model=payload.requested_model or payload.model, prompt=prompt,
                 worker=worker, started_at=_utc(started),
                 finished_at=_utc(finished), latency_s=finished - started,
-                sampling=json.dumps(payload.get("sampling", {}), sort_keys=True),
-                extra=json.dumps(payload["extra"], ensure_ascii=False) if payload.get("extra") else None)
+                sampling=json.dumps(payload.sampling, sort_keys=True),
+                extra=json.dumps(payload.extra, ensure_ascii=False) if payload.extra else None)
 
 
-def result_rows(payload: dict, output: RequestOutput, tokenizer: Tokenizer, *, job_id: str, worker: str, model: str,
+def result_rows(payload: JobPayload, output: RequestOutput, tokenizer: Tokenizer, *, job_id: str, worker: str, model: str,
                 prompt: str, started: float, finished: float) -> list[dict]:
     """One row per choice of a finished request."""
     return [
@@ -84,26 +84,26 @@ def _logprob(tokenizer: Tokenizer, entry: dict) -> dict:
             "top_logprobs": [{**_token(tokenizer, t), "logprob": lp} for t, lp in entry["top"]]}
 
 
-def error_row(payload: dict, error: str, *, job_id: str, worker: str, prompt: str | None, started: float,
+def error_row(payload: JobPayload, error: str, *, job_id: str, worker: str, prompt: str | None, started: float,
               finished: float, model: str | None = None) -> dict:
     return {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": 0, "error": error}
 
 
-def summary(payload: dict, rows: list[dict]) -> dict:
+def summary(payload: JobPayload, rows: list[dict]) -> dict:
     """The small result a finished job keeps in RQ: custom id, finish reason, token counts."""
-    return {"custom_id": payload["custom_id"], "finish_reason": rows[0]["finish_reason"],
+    return {"custom_id": payload.custom_id, "finish_reason": rows[0]["finish_reason"],
             "prompt_tokens": rows[0]["prompt_tokens"],
             "completion_tokens": sum(r["completion_tokens"] for r in rows)}
 
 
-def count_finished(conn, payload: dict, result: dict) -> None:
+def count_finished(conn, payload: JobPayload, result: dict) -> None:
     from . import batches
 
-    batches.count_finished(conn, payload["batch_id"], payload["custom_id"], prompt_tokens=result["prompt_tokens"],
+    batches.count_finished(conn, payload.batch_id, payload.custom_id, prompt_tokens=result["prompt_tokens"],
                            completion_tokens=result["completion_tokens"])
 
 
-def record_failure(conn, sink: ParquetSink, job, payload: dict, error: str, *, worker: str, started: float,
+def record_failure(conn, sink: ParquetSink, job, payload: JobPayload, error: str, *, worker: str, started: float,
                    prompt: str | None = None, model: str | None = None) -> None:
     """A request that cannot be served: its error row is written, it is counted failed, and its job will not be
     retried (the retries are for dead workers; the request itself would fail again)."""
@@ -112,7 +112,7 @@ def record_failure(conn, sink: ParquetSink, job, payload: dict, error: str, *, w
     sink.add(error_row(payload, error, job_id=job.id, worker=worker, prompt=prompt, started=started,
                        finished=time.time(), model=model))
     sink.flush()
-    batches.count_failed(conn, payload["batch_id"], payload["custom_id"])
+    batches.count_failed(conn, payload.batch_id, payload.custom_id)
     job.retries_left = 0
 
 
@@ -138,10 +138,10 @@ def uncounted_failures(conn, queue) -> list:
     return [job for job, seen in zip(failed, counted) if not seen]
 
 
-def run_request(engine: Engine, payload: dict) -> tuple[str, RequestOutput]:
+def run_request(engine: Engine, payload: JobPayload) -> tuple[str, RequestOutput]:
     """Run one request to completion on an otherwise idle engine (RequestError if it is refused)."""
     prompt = prompt_text(engine, payload)
-    params = SamplingParams(**payload.get("sampling", {}))
+    params = payload.sampling_params()
     try:
         [output] = engine.generate([prompt], params, use_tqdm=False)
     except BaseException:  # RQ's timeout (or a stop) interrupted it: the next job must find the engine empty
@@ -157,25 +157,26 @@ def run_request(engine: Engine, payload: dict) -> tuple[str, RequestOutput]:
     return prompt, output
 
 
-def generate(**payload) -> dict:
+def generate(**kwargs) -> dict:
     """The RQ job: run the request, write its rows to the batch's output, count it; returns a small summary."""
     from rq import get_current_job
 
     from . import batches
 
+    payload = JobPayload.from_kwargs(kwargs)
     job = get_current_job()
     conn = job.connection
-    batch = batches.get_batch(conn, payload["batch_id"])
+    batch = batches.get_batch(conn, payload.batch_id)
     worker = job.worker_name or f"{os.uname().nodename}.{os.getpid()}"
     sink = ParquetSink(batch["output"], worker)
-    engine = engine_for(payload["model"])
+    engine = engine_for(payload.model)
     started = time.time()
     try:
         prompt, output = run_request(engine, payload)
     except Exception as err:  # the request's own problem: record it as its failed row, then fail the job
         record_failure(conn, sink, job, payload, str(err), worker=worker, started=started)
         raise
-    rows = result_rows(payload, output, engine.tokenizer, job_id=job.id, worker=worker, model=model_name(payload["model"]),
+    rows = result_rows(payload, output, engine.tokenizer, job_id=job.id, worker=worker, model=model_name(payload.model),
                        prompt=prompt, started=started, finished=time.time())
     for row in rows:
         sink.add(row)

@@ -27,6 +27,7 @@ from rq.utils import now as rq_now
 from miro.core.errors import MiroError
 from miro.worker import batches, keys, routing
 from miro.worker.inputs import LineError, Request, parse_dataset
+from miro.worker.payload import JobPayload
 
 JOB_FUNCTION = "miro.worker.jobs.generate"
 DEFAULT_OUTPUT = "./miro-results"
@@ -108,18 +109,12 @@ def output_uri(output: str) -> str:
     return os.path.abspath(os.path.expanduser(output))
 
 
-def payload(request: Request, batch_id: str, model: str) -> dict:
-    """The job's kwargs: everything the worker needs to run the request and write its row (JSON-able)."""
-    data = {"batch_id": batch_id, "custom_id": request.custom_id, "kind": request.kind}
-    if request.kind == "chat":
-        data["messages"] = request.messages
-    else:
-        data["prompt"] = request.prompt
-    data.update(sampling=request.sampling, model=model, requested_model=request.model, line=request.line,
-                form=request.form, url=request.url)
-    if request.extra:
-        data["extra"] = request.extra
-    return data
+def payload(request: Request, batch_id: str, model: str) -> JobPayload:
+    """Everything the worker needs to run the request and write its rows."""
+    return JobPayload(batch_id=batch_id, custom_id=request.custom_id, kind=request.kind, model=model,
+                      sampling=request.sampling, prompt=request.prompt if request.kind == "completion" else None,
+                      messages=request.messages if request.kind == "chat" else None,
+                      requested_model=request.model, line=request.line, extra=request.extra)
 
 
 def _invalid_ids(errors: list[LineError], taken: set[str]) -> list[tuple[str, LineError]]:
@@ -150,7 +145,7 @@ class _Enqueuer:
     def job(self, request: Request, enqueued_at) -> Job:
         """The request as an RQ Job built by RQ itself (status queued, enqueued now)."""
         job = self.queue.create_job(
-            JOB_FUNCTION, kwargs=payload(request, self.batch_id, self.model),
+            JOB_FUNCTION, kwargs=payload(request, self.batch_id, self.model).to_kwargs(),
             job_id=batches.job_id(self.batch_id, request.custom_id),
             meta={"batch_id": self.batch_id, "custom_id": request.custom_id},
             timeout=self.job_timeout, result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL,
@@ -172,7 +167,7 @@ class _Enqueuer:
     def own_fields(self, request: Request) -> tuple[bytes, bytes, str]:
         """data, meta and description of the request's job hash, encoded as RQ's Job.to_dict encodes them."""
         dumps = JSONSerializer.dumps
-        data = zlib.compress(dumps((JOB_FUNCTION, None, (), payload(request, self.batch_id, self.model))))
+        data = zlib.compress(dumps((JOB_FUNCTION, None, (), payload(request, self.batch_id, self.model).to_kwargs())))
         return data, dumps({"batch_id": self.batch_id, "custom_id": request.custom_id}), \
             f"{self.batch_id} {request.custom_id[:100]}"
 

@@ -1,0 +1,49 @@
+"""JobPayload: what one RQ job carries, the contract between `miro submit` and the workers.
+
+Submit builds it from a validated request line and writes it as the job's kwargs (RQ's JSON serializer);
+a worker reads it back once, with from_kwargs, and from then on reads attributes, never string keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+from miro.core.errors import MiroError
+from miro.core.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class JobPayload:
+    batch_id: str
+    custom_id: str
+    kind: Literal["chat", "completion"]  # the shape of the OpenAI output line, and of the input
+    model: str  # the model the batch runs on (an alias, a .gguf path or a served name)
+    sampling: dict[str, Any]  # SamplingParams keyword arguments, vLLM's names
+    prompt: str | None = None  # kind "completion"
+    messages: list[dict[str, str]] | None = None  # kind "chat": role and content, for the chat template
+    requested_model: str | None = None  # what the line asked for (an OpenAI body's model), if anything
+    line: int | None = None  # the request's line in the input file: the results' order
+    extra: dict[str, Any] | None = None  # a simple line's own fields: columns of the results
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The job's kwargs: every field that is set (JSON-able)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> "JobPayload":
+        """A job's kwargs as a payload; MiroError in one sentence if they are not one (a job miro did not
+        enqueue, or from an incompatible version). Unknown keys from older versions are ignored."""
+        names = {f.name for f in fields(cls)}
+        missing = [n for n in ("batch_id", "custom_id", "kind", "model") if n not in kwargs]
+        if missing:
+            raise MiroError(f"the job's payload lacks {', '.join(missing)}: it was not enqueued by miro submit")
+        payload = cls(**{k: v for k, v in kwargs.items() if k in names and v is not None} | {
+            "sampling": kwargs.get("sampling") or {}})
+        if (payload.kind, payload.prompt is None, payload.messages is None) not in (("chat", True, False),
+                                                                                    ("completion", False, True)):
+            raise MiroError(f"the job's payload for {payload.custom_id!r} is neither a chat nor a completion request")
+        return payload
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(**self.sampling)
