@@ -6,9 +6,11 @@ from datetime import datetime, timedelta, timezone
 import pyarrow.parquet as pq
 
 import pyarrow as pa
+import pytest
 
-from miro.worker.results import invalid_line_rows, merge, read_parts, write_openai_jsonl
-from miro.worker.sink import SCHEMA, ParquetSink
+from miro.worker.results import merge, read_parts, write_openai_jsonl
+from miro.worker.rows import SCHEMA, invalid_line_rows
+from miro.worker.sink import ParquetSink
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 
@@ -113,7 +115,7 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
     """A request that asked for logprobs: each generated token with its text, bytes, logprob and top-2, in
     the Parquet column and as OpenAI's chat (`content`) and legacy completions (parallel lists) objects."""
     from miro.core import Engine, SamplingParams
-    from miro.worker.jobs import result_rows
+    from miro.worker.rows import result_rows
     from miro.worker.payload import JobPayload
 
     engine = Engine.from_model(tiny_model, num_kv_blocks=16)
@@ -164,3 +166,10 @@ def test_a_lines_own_fields_become_columns_of_the_results(tmp_path):
     assert "extra" not in table.column_names and table.column_names[-2:] == ["category", "score"]
     assert table["category"].to_pylist() == ["math", "poetry", None]
     assert table["score"].to_pylist() == ["3", '"high"', None]  # a number and a string: kept as their JSON
+
+
+def test_the_sink_refuses_a_key_the_rows_do_not_have(tmp_path):
+    sink = ParquetSink(str(tmp_path), "w1")
+    with pytest.raises(ValueError, match="rows have no column finsh_reason"):
+        sink.add({**row("a"), "finsh_reason": "stop"})
+    assert sink.pending == 0

@@ -38,8 +38,9 @@ from miro.core import Engine, MiroError, defaults
 from miro.core.registry import DEFAULT_MODEL
 
 from . import batches, keys, routing, workers
-from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, result_rows, summary, uncounted_failures
+from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, summary, uncounted_failures
 from .payload import JobPayload
+from .rows import result_rows
 from .sink import ParquetSink
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})

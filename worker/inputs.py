@@ -270,7 +270,7 @@ def _own_fields(extra: dict[str, Any]) -> dict[str, Any] | None:
     """A simple line's fields that are not miro's: carried to the results as columns, as Ray Data carries a
     dataset's other columns. A name one letter or so from one of miro's fields is taken for a typo and refused,
     and so is a name the results already use."""
-    from .sink import SCHEMA  # the results' own columns
+    from .rows import SCHEMA  # the results' own columns
 
     known = sorted(SimpleLine.model_fields)
     for name in extra:

@@ -1,5 +1,5 @@
-"""What a job's payload means to the engine, the Parquet rows a finished request becomes, and the RQ job
-function `miro.worker.jobs.generate`.
+"""What a job's payload means to the engine, how a finished or failed request is counted, and the RQ job
+function `miro.worker.jobs.generate` (the rows themselves are rows.py's).
 
 `generate` serves RQ's own workers (`rq worker -w rq.SimpleWorker`, which keeps one process and so one
 resident model): it runs its one request, writes its rows durably, then moves the batch counters.
@@ -7,10 +7,8 @@ resident model): it runs its one request, writes its rows durably, then moves th
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from miro.core import defaults
@@ -18,11 +16,11 @@ from miro.core.outputs import RequestOutput
 
 from .payload import JobPayload
 from .routing import model_name
+from .rows import error_row, result_rows
 from .sink import ParquetSink
 
 if TYPE_CHECKING:  # the engine (numba, the kernels) loads only where a request runs, not in submit or status
     from miro.core import Engine
-    from miro.core.tokenizer import Tokenizer
 
 _engines: dict[str, Engine] = {}
 
@@ -42,51 +40,6 @@ def prompt_text(engine: Engine, payload: JobPayload) -> str:
     if payload.kind == "chat":
         return engine.tokenizer.apply_chat_template(payload.messages, add_generation_prompt=True)
     return payload.prompt
-
-
-def _utc(epoch: float) -> datetime:
-    return datetime.fromtimestamp(epoch, tz=timezone.utc)
-
-
-def _base_row(payload: JobPayload, job_id: str, worker: str, model: str | None, prompt: str | None, started: float,
-              finished: float) -> dict:
-    """`model` is the model that ran the request (None if none did); `requested_model` what the line asked for."""
-    return dict(batch_id=payload.batch_id, custom_id=payload.custom_id, line=payload.line, kind=payload.kind,
-                job_id=job_id, model=model, requested_model=payload.requested_model or payload.model, prompt=prompt,
-                worker=worker, started_at=_utc(started),
-                finished_at=_utc(finished), latency_s=finished - started,
-                sampling=json.dumps(payload.sampling, sort_keys=True),
-                extra=json.dumps(payload.extra, ensure_ascii=False) if payload.extra else None)
-
-
-def result_rows(payload: JobPayload, output: RequestOutput, tokenizer: Tokenizer, *, job_id: str, worker: str, model: str,
-                prompt: str, started: float, finished: float) -> list[dict]:
-    """One row per choice of a finished request."""
-    return [
-        {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": choice.index,
-         "output": choice.text, "finish_reason": choice.finish_reason,
-         "prompt_tokens": len(output.prompt_token_ids), "cached_tokens": output.num_cached_tokens,
-         "completion_tokens": len(choice.token_ids),
-         "output_token_ids": choice.token_ids, "error": None,
-         "logprobs": None if choice.logprobs is None else [_logprob(tokenizer, entry) for entry in choice.logprobs]}
-        for choice in output.outputs
-    ]
-
-
-def _token(tokenizer: Tokenizer, token_id: int) -> dict:
-    raw = tokenizer.token_bytes(token_id)
-    return {"token_id": token_id, "token": raw.decode("utf-8", errors="replace"), "bytes": raw}
-
-
-def _logprob(tokenizer: Tokenizer, entry: dict) -> dict:
-    """The sampler's {token_id, logprob, top: [(id, logprob)]} as a row of the logprobs column."""
-    return {**_token(tokenizer, entry["token_id"]), "logprob": entry["logprob"],
-            "top_logprobs": [{**_token(tokenizer, t), "logprob": lp} for t, lp in entry["top"]]}
-
-
-def error_row(payload: JobPayload, error: str, *, job_id: str, worker: str, prompt: str | None, started: float,
-              finished: float, model: str | None = None) -> dict:
-    return {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": 0, "error": error}
 
 
 def summary(payload: JobPayload, rows: list[dict]) -> dict:

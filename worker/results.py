@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 
 from miro.core.errors import MiroError
 
-from .sink import SCHEMA, open_output
+from .rows import SCHEMA, invalid_line_rows, openai_line
+from .sink import open_output
 
 
 def read_parts(output: str, batch_id: str) -> pa.Table:
@@ -43,13 +44,6 @@ def merge(table: pa.Table) -> pa.Table:
     kept = ranked.take(first).drop_columns(["_failed"])
     # rows written before the line column existed have none: they follow, by custom id
     return kept.sort_by([("line", "ascending"), ("custom_id", "ascending"), ("choice_index", "ascending")])
-
-
-def invalid_line_rows(batch_id: str, records: dict[str, dict]) -> pa.Table:
-    """Lines that failed validation (`--skip-invalid`), as failed rows of the batch."""
-    rows = [{"batch_id": batch_id, "custom_id": cid, "line": rec.get("line"), "choice_index": 0, "error": rec["error"]}
-            for cid, rec in records.items()]
-    return pa.Table.from_pylist(rows, SCHEMA) if rows else SCHEMA.empty_table()
 
 
 def collect(conn, batch_id: str) -> tuple[pa.Table, dict]:
@@ -86,55 +80,6 @@ def write_parquet(table: pa.Table, path: str) -> None:
         raise MiroError(f"cannot write the results to {path}: {err}.") from None
 
 
-def _chat_logprobs(entries: list[dict] | None) -> dict | None:
-    """OpenAI's chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
-    if entries is None:
-        return None
-
-    def token(e: dict) -> dict:
-        return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["bytes"])}
-
-    return {"content": [{**token(e), "top_logprobs": [token(t) for t in e["top_logprobs"]]} for e in entries]}
-
-
-def _completion_logprobs(entries: list[dict] | None) -> dict | None:
-    """OpenAI's legacy completions `logprobs`: parallel lists, top alternatives as {token: logprob}, and each
-    token's character offset in the completion text."""
-    if entries is None:
-        return None
-    offsets, at = [], 0
-    for e in entries:
-        offsets.append(at)
-        at += len(e["token"])
-    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
-            "text_offset": offsets}
-
-
-def _response_body(rows: list[dict]) -> dict:
-    first = rows[0]
-    created = int(first["finished_at"].timestamp()) if first["finished_at"] else 0
-    if first["kind"] == "chat":
-        choices = [{"index": r["choice_index"], "message": {"role": "assistant", "content": r["output"]},
-                    "logprobs": _chat_logprobs(r["logprobs"]), "finish_reason": r["finish_reason"]} for r in rows]
-        obj = "chat.completion"
-    else:
-        choices = [{"index": r["choice_index"], "text": r["output"], "logprobs": _completion_logprobs(r["logprobs"]),
-                    "finish_reason": r["finish_reason"]} for r in rows]
-        obj = "text_completion"
-    completion_tokens = sum(r["completion_tokens"] or 0 for r in rows)
-    return {
-        "id": f"{'chatcmpl' if first['kind'] == 'chat' else 'cmpl'}-{first['job_id']}",
-        "object": obj,
-        "created": created,
-        "model": first["model"],
-        "choices": choices,
-        "usage": {"prompt_tokens": first["prompt_tokens"] or 0, "completion_tokens": completion_tokens,
-                  "total_tokens": (first["prompt_tokens"] or 0) + completion_tokens,
-                  "prompt_tokens_details": {"cached_tokens": first["cached_tokens"] or 0}},
-    }
-
-
 def write_openai_jsonl(table: pa.Table, path: str, errors_path: str) -> tuple[int, int]:
     """OpenAI Batch output lines to `path`, failed requests to `errors_path`; returns (ok, failed) counts."""
     by_request: dict[str, list[dict]] = {}
@@ -143,21 +88,10 @@ def write_openai_jsonl(table: pa.Table, path: str, errors_path: str) -> tuple[in
     ok = failed = 0
     try:
         with open(path, "w", encoding="utf-8") as out, open(errors_path, "w", encoding="utf-8") as errors:
-            for custom_id, rows in by_request.items():
-                rows.sort(key=lambda r: r["choice_index"])
-                # an invalid line never became a job: its id names its line instead
-                request_id = rows[0]["job_id"] or f"line-{rows[0]['line']}-invalid"
-                line = {"id": f"batch_req_{request_id}", "custom_id": custom_id}
-                error = next((r["error"] for r in rows if r["error"]), None)
-                if error:
-                    line.update(response=None, error={"code": "request_failed", "message": error})
-                    errors.write(json.dumps(line, ensure_ascii=False) + "\n")
-                    failed += 1
-                else:
-                    line.update(response={"status_code": 200, "request_id": rows[0]["job_id"],
-                                          "body": _response_body(rows)}, error=None)
-                    out.write(json.dumps(line, ensure_ascii=False) + "\n")
-                    ok += 1
+            for rows in by_request.values():
+                line = openai_line(rows)
+                (errors if line["error"] else out).write(json.dumps(line, ensure_ascii=False) + "\n")
+                failed, ok = (failed + 1, ok) if line["error"] else (failed, ok + 1)
     except OSError as err:
         raise MiroError(f"cannot write the results: {err.strerror} ({err.filename}).") from None
     return ok, failed

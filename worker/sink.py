@@ -20,37 +20,8 @@ from pyarrow import fs as pafs
 
 from miro.core.errors import MiroError
 
-_TOP_LOGPROB = pa.struct([("token_id", pa.int32()), ("token", pa.string()), ("bytes", pa.binary()),
-                          ("logprob", pa.float64())])
-# one entry per generated token, when the request asked for logprobs: the chosen token and its top alternatives
-LOGPROBS = pa.list_(pa.struct([("token_id", pa.int32()), ("token", pa.string()), ("bytes", pa.binary()),
-                               ("logprob", pa.float64()), ("top_logprobs", pa.list_(_TOP_LOGPROB))]))
+from .rows import SCHEMA
 
-SCHEMA = pa.schema([
-    ("batch_id", pa.string()),
-    ("custom_id", pa.string()),
-    ("line", pa.int32()),  # the request's line in the input file: results come back in this order
-    ("choice_index", pa.int32()),  # which of the request's n choices
-    ("kind", pa.string()),  # "chat" or "completion": the shape of the OpenAI output line
-    ("job_id", pa.string()),
-    ("model", pa.string()),  # the model that ran the request
-    ("requested_model", pa.string()),  # the model the request asked for (an OpenAI body's `model`, or --model)
-    ("prompt", pa.string()),
-    ("output", pa.string()),
-    ("finish_reason", pa.string()),
-    ("prompt_tokens", pa.int32()),
-    ("cached_tokens", pa.int32()),  # prompt tokens served from the prefix cache
-    ("completion_tokens", pa.int32()),
-    ("output_token_ids", pa.list_(pa.int32())),
-    ("logprobs", LOGPROBS),  # null unless the request asked for logprobs
-    ("error", pa.string()),
-    ("worker", pa.string()),
-    ("started_at", pa.timestamp("ms", tz="UTC")),
-    ("finished_at", pa.timestamp("ms", tz="UTC")),
-    ("latency_s", pa.float64()),
-    ("sampling", pa.string()),
-    ("extra", pa.string()),  # a simple line's own fields, JSON; the merged results spread them into columns
-])
 
 
 def open_output(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -100,6 +71,9 @@ class ParquetSink:
         self._run = uuid.uuid4().hex[:8]  # part names never collide across restarts of one worker name
 
     def add(self, row: dict) -> None:
+        unknown = row.keys() - set(SCHEMA.names)
+        if unknown:  # a misspelt key would be written as a null column: a bug, refused where it happens
+            raise ValueError(f"rows have no column {', '.join(sorted(unknown))}")
         self._buffers.setdefault(row["batch_id"], []).append(row)
         if self._oldest is None:
             self._oldest = time.monotonic()

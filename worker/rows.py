@@ -1,0 +1,168 @@
+"""The result rows, in one place: the Parquet schema, the rows a request becomes (one per choice, or one
+error row; an invalid line's row), and their OpenAI Batch output shape.
+
+Workers build rows with result_rows / error_row, the sink writes them (refusing a key the schema lacks),
+`miro results` and `miro run` merge them and shape them as OpenAI's output lines with openai_line.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from miro.core.outputs import RequestOutput
+    from miro.core.tokenizer import Tokenizer
+
+    from .payload import JobPayload
+
+_TOP_LOGPROB = pa.struct([("token_id", pa.int32()), ("token", pa.string()), ("bytes", pa.binary()),
+                          ("logprob", pa.float64())])
+# one entry per generated token, when the request asked for logprobs: the chosen token and its top alternatives
+LOGPROBS = pa.list_(pa.struct([("token_id", pa.int32()), ("token", pa.string()), ("bytes", pa.binary()),
+                               ("logprob", pa.float64()), ("top_logprobs", pa.list_(_TOP_LOGPROB))]))
+
+SCHEMA = pa.schema([
+    ("batch_id", pa.string()),
+    ("custom_id", pa.string()),
+    ("line", pa.int32()),  # the request's line in the input file: results come back in this order
+    ("choice_index", pa.int32()),  # which of the request's n choices
+    ("kind", pa.string()),  # "chat" or "completion": the shape of the OpenAI output line
+    ("job_id", pa.string()),
+    ("model", pa.string()),  # the model that ran the request
+    ("requested_model", pa.string()),  # the model the request asked for (an OpenAI body's `model`, or --model)
+    ("prompt", pa.string()),
+    ("output", pa.string()),
+    ("finish_reason", pa.string()),
+    ("prompt_tokens", pa.int32()),
+    ("cached_tokens", pa.int32()),  # prompt tokens served from the prefix cache
+    ("completion_tokens", pa.int32()),
+    ("output_token_ids", pa.list_(pa.int32())),
+    ("logprobs", LOGPROBS),  # null unless the request asked for logprobs
+    ("error", pa.string()),
+    ("worker", pa.string()),
+    ("started_at", pa.timestamp("ms", tz="UTC")),
+    ("finished_at", pa.timestamp("ms", tz="UTC")),
+    ("latency_s", pa.float64()),
+    ("sampling", pa.string()),
+    ("extra", pa.string()),  # a simple line's own fields, JSON; the merged results spread them into columns
+])
+
+
+def _utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=timezone.utc)
+
+
+def _base_row(payload: JobPayload, job_id: str, worker: str, model: str | None, prompt: str | None, started: float,
+              finished: float) -> dict:
+    """`model` is the model that ran the request (None if none did); `requested_model` what the line asked for."""
+    return dict(batch_id=payload.batch_id, custom_id=payload.custom_id, line=payload.line, kind=payload.kind,
+                job_id=job_id, model=model, requested_model=payload.requested_model or payload.model, prompt=prompt,
+                worker=worker, started_at=_utc(started),
+                finished_at=_utc(finished), latency_s=finished - started,
+                sampling=json.dumps(payload.sampling, sort_keys=True),
+                extra=json.dumps(payload.extra, ensure_ascii=False) if payload.extra else None)
+
+
+def result_rows(payload: JobPayload, output: RequestOutput, tokenizer: Tokenizer, *, job_id: str, worker: str, model: str,
+                prompt: str, started: float, finished: float) -> list[dict]:
+    """One row per choice of a finished request."""
+    return [
+        {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": choice.index,
+         "output": choice.text, "finish_reason": choice.finish_reason,
+         "prompt_tokens": len(output.prompt_token_ids), "cached_tokens": output.num_cached_tokens,
+         "completion_tokens": len(choice.token_ids),
+         "output_token_ids": choice.token_ids, "error": None,
+         "logprobs": None if choice.logprobs is None else [_logprob(tokenizer, entry) for entry in choice.logprobs]}
+        for choice in output.outputs
+    ]
+
+
+def _token(tokenizer: Tokenizer, token_id: int) -> dict:
+    raw = tokenizer.token_bytes(token_id)
+    return {"token_id": token_id, "token": raw.decode("utf-8", errors="replace"), "bytes": raw}
+
+
+def _logprob(tokenizer: Tokenizer, entry: dict) -> dict:
+    """The sampler's {token_id, logprob, top: [(id, logprob)]} as a row of the logprobs column."""
+    return {**_token(tokenizer, entry["token_id"]), "logprob": entry["logprob"],
+            "top_logprobs": [{**_token(tokenizer, t), "logprob": lp} for t, lp in entry["top"]]}
+
+
+def error_row(payload: JobPayload, error: str, *, job_id: str, worker: str, prompt: str | None, started: float,
+              finished: float, model: str | None = None) -> dict:
+    return {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": 0, "error": error}
+
+
+def invalid_line_rows(batch_id: str, records: dict[str, dict]) -> pa.Table:
+    """Lines that failed validation (`--skip-invalid`), as failed rows of the batch."""
+    rows = [{"batch_id": batch_id, "custom_id": cid, "line": rec.get("line"), "choice_index": 0, "error": rec["error"]}
+            for cid, rec in records.items()]
+    return pa.Table.from_pylist(rows, SCHEMA) if rows else SCHEMA.empty_table()
+
+
+def _chat_logprobs(entries: list[dict] | None) -> dict | None:
+    """OpenAI's chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
+    if entries is None:
+        return None
+
+    def token(e: dict) -> dict:
+        return {"token": e["token"], "logprob": e["logprob"], "bytes": list(e["bytes"])}
+
+    return {"content": [{**token(e), "top_logprobs": [token(t) for t in e["top_logprobs"]]} for e in entries]}
+
+
+def _completion_logprobs(entries: list[dict] | None) -> dict | None:
+    """OpenAI's legacy completions `logprobs`: parallel lists, top alternatives as {token: logprob}, and each
+    token's character offset in the completion text."""
+    if entries is None:
+        return None
+    offsets, at = [], 0
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
+
+
+def _response_body(rows: list[dict]) -> dict:
+    first = rows[0]
+    created = int(first["finished_at"].timestamp()) if first["finished_at"] else 0
+    if first["kind"] == "chat":
+        choices = [{"index": r["choice_index"], "message": {"role": "assistant", "content": r["output"]},
+                    "logprobs": _chat_logprobs(r["logprobs"]), "finish_reason": r["finish_reason"]} for r in rows]
+        obj = "chat.completion"
+    else:
+        choices = [{"index": r["choice_index"], "text": r["output"], "logprobs": _completion_logprobs(r["logprobs"]),
+                    "finish_reason": r["finish_reason"]} for r in rows]
+        obj = "text_completion"
+    completion_tokens = sum(r["completion_tokens"] or 0 for r in rows)
+    return {
+        "id": f"{'chatcmpl' if first['kind'] == 'chat' else 'cmpl'}-{first['job_id']}",
+        "object": obj,
+        "created": created,
+        "model": first["model"],
+        "choices": choices,
+        "usage": {"prompt_tokens": first["prompt_tokens"] or 0, "completion_tokens": completion_tokens,
+                  "total_tokens": (first["prompt_tokens"] or 0) + completion_tokens,
+                  "prompt_tokens_details": {"cached_tokens": first["cached_tokens"] or 0}},
+    }
+
+
+
+
+def openai_line(rows: list[dict]) -> dict:
+    """One request's merged rows (its choices) as an OpenAI Batch output line: a response, or an error."""
+    rows = sorted(rows, key=lambda r: r["choice_index"])
+    # an invalid line never became a job: its id names its line instead
+    request_id = rows[0]["job_id"] or f"line-{rows[0]['line']}-invalid"
+    line = {"id": f"batch_req_{request_id}", "custom_id": rows[0]["custom_id"]}
+    error = next((r["error"] for r in rows if r["error"]), None)
+    if error:
+        return line | {"response": None, "error": {"code": "request_failed", "message": error}}
+    return line | {"response": {"status_code": 200, "request_id": rows[0]["job_id"], "body": _response_body(rows)},
+                   "error": None}
