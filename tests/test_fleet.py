@@ -24,7 +24,7 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
-from miro.worker import BatchWorker, batches, keys, workers
+from miro.worker import BatchWorker, batches, keys, scripts, workers
 from miro.worker.routing import model_name, queue_for
 from miro.worker.results import read_parts
 
@@ -382,14 +382,12 @@ def test_a_job_whose_batch_record_is_gone_fails_and_the_worker_goes_on(tmp_path,
 
 
 def test_a_cancel_that_died_half_way_is_finished_by_the_next(tmp_path, redis_url, tiny_model):
-    from miro.worker import control
-
     conn = redis.Redis.from_url(redis_url)
     batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(5))
     batches.set_status(conn, batch_id, "cancelling")
     queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     # the first step only: the jobs are off the queue, not yet marked canceled or counted
-    assert conn.eval(control._TAKE_OFF_QUEUE, 2, queue.key, keys.batch_cancel_pending(batch_id), f"{batch_id}-") == 5
+    assert scripts.TAKE_OFF_QUEUE(conn, [queue.key, keys.batch_cancel_pending(batch_id)], [f"{batch_id}-"]) == 5
     assert queue.count == 0 and batches.get_batch(conn, batch_id)["cancelled"] == 0
 
     result = CliRunner().invoke(cli, ["cancel", batch_id, "--redis-url", redis_url, "--wait", "0"])

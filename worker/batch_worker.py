@@ -37,7 +37,7 @@ from rq.worker.base import BaseWorker, WorkerStatus
 from miro.core import Engine, MiroError, defaults
 from miro.core.registry import DEFAULT_MODEL
 
-from . import batches, keys, routing, workers
+from . import batches, keys, routing, rq_private, workers
 from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, summary, uncounted_failures
 from .payload import JobPayload
 from .rows import result_rows
@@ -301,7 +301,7 @@ class BatchWorker(BaseWorker):
             finished, self.finished = self.finished, []
             for flight, result in finished:
                 count_finished(self.connection, flight.payload, result)
-                self._finalize_success(flight.job, flight.queue, flight.execution, result)
+                rq_private.finalize_success(self, flight.job, flight.queue, flight.execution, result)
         self.jobs_done += len(finished)
         return len(finished)
 
@@ -357,7 +357,7 @@ class BatchWorker(BaseWorker):
         with self.held_lock, self.connection.pipeline() as pipe:
             for flight in reversed(list(self.in_flight.values())):
                 self.cleanup_execution(flight.job, pipe, flight.execution)
-                flight.queue._enqueue_job(flight.job, pipe, at_front=True)
+                rq_private.enqueue_job(flight.queue, flight.job, pipe, at_front=True)
             pipe.execute()
             self.in_flight.clear()
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 
 from miro.core.errors import MiroError
-from miro.worker import keys
+from miro.worker import keys, scripts
 
 STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled")
 COUNTERS = ("total", "completed", "failed", "cancelled", "prompt_tokens", "completion_tokens")
@@ -49,39 +49,8 @@ ALLOWED_FROM = {
 
 BATCH_ID_RE = re.compile(r"batch_[0-9a-f]{24}")
 
-# KEYS[1] batch hash; ARGV: new status, timestamp, allowed previous statuses... -> {previous status, changed}
-_SET_STATUS = """
-local cur = redis.call('HGET', KEYS[1], 'status')
-if not cur then return {'', 0} end
-if cur == ARGV[1] then return {cur, 0} end
-for i = 3, #ARGV do
-  if ARGV[i] == cur then
-    redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[1] .. '_at', ARGV[2])
-    return {cur, 1}
-  end
-end
-return {cur, -1}
-"""
 
-# KEYS: batch hash, invalid hash; ARGV: custom id, JSON record -> 1 if recorded now, 0 if it already was
-_RECORD_FAILED = """
-if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 1 then
-  redis.call('HINCRBY', KEYS[1], 'total', 1)
-  redis.call('HINCRBY', KEYS[1], 'failed', 1)
-  return 1
-end
-return 0
-"""
 
-# KEYS: batch hash, invalid hash; ARGV: custom id -> 1 if a record was removed (and counted out), else 0
-_CLEAR_FAILED = """
-if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 then
-  redis.call('HINCRBY', KEYS[1], 'total', -1)
-  redis.call('HINCRBY', KEYS[1], 'failed', -1)
-  return 1
-end
-return 0
-"""
 
 
 def new_batch_id() -> str:
@@ -187,8 +156,7 @@ def set_status(conn: redis.Redis, batch_id: str, status: str) -> str:
     """
     if status not in STATUSES:
         raise ValueError(f"unknown batch status {status!r}")
-    script = conn.register_script(_SET_STATUS)
-    previous, changed = script(keys=[keys.batch(batch_id)], args=[status, _now(), *sorted(ALLOWED_FROM[status])])
+    previous, changed = scripts.SET_STATUS(conn, [keys.batch(batch_id)], [status, _now(), *sorted(ALLOWED_FROM[status])])
     previous = previous.decode() if isinstance(previous, bytes) else previous
     if not previous:
         raise MiroError(f"There is no batch '{batch_id}' on this Redis.")
@@ -235,12 +203,7 @@ def record_failed_line(conn, batch_id: str, *, custom_id: str, line: int, error:
     row in the results. ``conn`` may be a pipeline. Returns 1 if recorded now, 0 if it already was.
     """
     record = json.dumps({"custom_id": custom_id, "line": line, "error": error})
-    return conn.eval(_RECORD_FAILED, 2, keys.batch(batch_id), keys.batch_invalid(batch_id), custom_id, record)
-
-
-def clear_failed_line(conn, batch_id: str, custom_id: str):
-    """Undo record_failed_line for ``custom_id`` (total and failed both -1) if recorded; ``conn`` may be a pipeline."""
-    return conn.eval(_CLEAR_FAILED, 2, keys.batch(batch_id), keys.batch_invalid(batch_id), custom_id)
+    return scripts.RECORD_FAILED(conn, [keys.batch(batch_id), keys.batch_invalid(batch_id)], [custom_id, record])
 
 
 def failed_lines(conn: redis.Redis, batch_id: str) -> dict[str, dict]:
@@ -248,36 +211,12 @@ def failed_lines(conn: redis.Redis, batch_id: str) -> dict[str, dict]:
     return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.batch_invalid(batch_id)).items()}
 
 
-# KEYS: batch hash, set of custom ids already counted; ARGV: counter to add to, prompt tokens, completion
-# tokens, timestamp, then the custom ids. A request counts once even if it ran twice (its worker died after
-# writing its row). Once every request is accounted for, an in_progress batch passes through finalizing to
-# completed and a cancelling one becomes cancelled. Returns {requests newly counted, completed+failed+cancelled}.
-_COUNT = """
-local added = 0
-for i = 5, #ARGV do added = added + redis.call('SADD', KEYS[2], ARGV[i]) end
-if added > 0 then
-  redis.call('HINCRBY', KEYS[1], ARGV[1], added)
-  redis.call('HINCRBY', KEYS[1], 'prompt_tokens', ARGV[2])
-  redis.call('HINCRBY', KEYS[1], 'completion_tokens', ARGV[3])
-end
-local b = redis.call('HMGET', KEYS[1], 'completed', 'failed', 'cancelled', 'total', 'status')
-if not b[4] then return {added, 0} end
-local done = tonumber(b[1]) + tonumber(b[2]) + tonumber(b[3] or '0')
-if done >= tonumber(b[4]) then
-  if b[5] == 'in_progress' then
-    redis.call('HSET', KEYS[1], 'status', 'completed', 'finalizing_at', ARGV[4], 'completed_at', ARGV[4])
-  elseif b[5] == 'cancelling' then
-    redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_at', ARGV[4])
-  end
-end
-return {added, done}
-"""
 
 
 def _count(conn, batch_id: str, counter: str, custom_ids: list[str], prompt_tokens: int = 0,
            completion_tokens: int = 0) -> tuple[int, int]:
-    added, done = conn.eval(_COUNT, 2, keys.batch(batch_id), keys.batch_counted(batch_id), counter, prompt_tokens,
-                            completion_tokens, _now(), *custom_ids)
+    added, done = scripts.COUNT(conn, [keys.batch(batch_id), keys.batch_counted(batch_id)],
+                                [counter, prompt_tokens, completion_tokens, _now(), *custom_ids])
     return int(added), int(done)
 
 
@@ -301,15 +240,9 @@ def count_cancelled(conn: redis.Redis, batch_id: str, custom_ids: list[str]) -> 
     return _count(conn, batch_id, "cancelled", custom_ids)[0]
 
 
-# KEYS: batch hash, counted set; ARGV: counter, custom id. The request will run again: take it back out of
-# the counter it was counted in (only if it was counted: a job RQ gave up on was never counted).
-_UNCOUNT = """
-if redis.call('SREM', KEYS[2], ARGV[2]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], -1) return 1 end
-return 0
-"""
 
 
 def uncount(conn, batch_id: str, custom_id: str, counter: str):
     """Undo the counting of a request that is queued again (``counter``: failed or cancelled); ``conn`` may be a
     pipeline."""
-    return conn.eval(_UNCOUNT, 2, keys.batch(batch_id), keys.batch_counted(batch_id), counter, custom_id)
+    return scripts.UNCOUNT(conn, [keys.batch(batch_id), keys.batch_counted(batch_id)], [counter, custom_id])

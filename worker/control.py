@@ -22,50 +22,14 @@ from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp
 
 from miro.core.errors import MiroError
-from miro.worker import batches, keys
+from miro.worker import batches, keys, rq_private, scripts
 from miro.worker.jobs import uncounted_failures
 from miro.worker.submit import ABANDONED_RETRIES
 
 CHUNK = 1000
 SWEEP_EVERY_S = 5.0  # while cancel waits, how often it looks for jobs put back on the queue (it reads the queue)
 
-# KEYS: queue list, the batch's cancel-pending list; ARGV: job id prefix of the batch. Takes the batch's jobs
-# off the queue (the rest keep their order) onto the pending list, atomically; returns how many.
-_TAKE_OFF_QUEUE = """
-local ids = redis.call('LRANGE', KEYS[1], 0, -1)
-local keep, taken = {}, {}
-for _, id in ipairs(ids) do
-  if string.sub(id, 1, #ARGV[1]) == ARGV[1] then taken[#taken + 1] = id else keep[#keep + 1] = id end
-end
-if #taken > 0 then
-  redis.call('DEL', KEYS[1])
-  for i = 1, #keep, 1000 do  -- unpack() is limited by Lua's C stack
-    redis.call('RPUSH', KEYS[1], unpack(keep, i, math.min(i + 999, #keep)))
-  end
-  for i = 1, #taken, 1000 do
-    redis.call('RPUSH', KEYS[2], unpack(taken, i, math.min(i + 999, #taken)))
-  end
-end
-return #taken
-"""
 
-# KEYS: cancel-pending list, canceled registry, batch hash, counted set; ARGV: how many, registry score, job key
-# prefix. Marks up to ARGV[1] pending jobs canceled and counts each request once; returns how many it took.
-_CANCEL_PENDING = """
-local ids = redis.call('LPOP', KEYS[1], ARGV[1])
-if not ids then return 0 end
-local counted = 0
-for _, id in ipairs(ids) do
-  local job = ARGV[3] .. id
-  if redis.call('HGET', job, 'status') == 'queued' then
-    redis.call('HSET', job, 'status', 'canceled')
-    redis.call('ZADD', KEYS[2], ARGV[2], id)
-    counted = counted + redis.call('SADD', KEYS[4], cjson.decode(redis.call('HGET', job, 'meta'))['custom_id'])
-  end
-end
-redis.call('HINCRBY', KEYS[3], 'cancelled', counted)
-return #ids
-"""
 
 
 @dataclass
@@ -90,10 +54,10 @@ def _sweep(conn: redis.Redis, batch: dict) -> int:
     queue, batch_id = _queue(conn, batch), batch["id"]
     StartedJobRegistry(queue=queue).cleanup()
     prefix = f"{batch_id}-"  # every job id of the batch starts so (batches.job_id)
-    removed = int(conn.eval(_TAKE_OFF_QUEUE, 2, queue.key, keys.batch_cancel_pending(batch_id), prefix))
+    removed = int(scripts.TAKE_OFF_QUEUE(conn, [queue.key, keys.batch_cancel_pending(batch_id)], [prefix]))
     canceled = CanceledJobRegistry(queue=queue)
-    while conn.eval(_CANCEL_PENDING, 4, keys.batch_cancel_pending(batch_id), canceled.key, keys.batch(batch_id),
-                    keys.batch_counted(batch_id), CHUNK, current_timestamp(), Job.redis_job_namespace_prefix):
+    pending = [keys.batch_cancel_pending(batch_id), canceled.key, keys.batch(batch_id), keys.batch_counted(batch_id)]
+    while scripts.CANCEL_PENDING(conn, pending, [CHUNK, current_timestamp(), Job.redis_job_namespace_prefix]):
         pass
     # requests RQ failed itself after their workers died too often: nobody will run them now
     given_up = [job.meta["custom_id"] for job in uncounted_failures(conn, queue) if job.meta["batch_id"] == batch_id]
@@ -172,25 +136,20 @@ def retry(conn: redis.Redis, batch_id: str) -> RetryResult:
 def _requeue(conn: redis.Redis, queue: Queue, registry: FailedJobRegistry, batch_id: str,
              chunk: list[tuple[str, str]]) -> int:
     """Queue the chunk's jobs that are still FAILED, each with its counters, in one transaction."""
-    job_keys = [Job.key_for(jid) for _, jid in chunk]
-    with conn.pipeline(transaction=True) as pipe:
-        for _ in range(100):
-            try:
-                pipe.watch(*job_keys)  # another retry or resume of the same jobs makes EXEC fail: read again
-                jobs = Job.fetch_many([jid for _, jid in chunk], connection=conn, serializer=JSONSerializer)
-                todo = [(cid, job) for (cid, _), job in zip(chunk, jobs)
-                        if job is not None and job.get_status(refresh=False) == JobStatus.FAILED]
-                pipe.multi()
-                for cid, job in todo:
-                    registry.remove(job, pipeline=pipe)
-                    pipe.delete(Result.get_key(job.id))
-                    job.retries_left = ABANDONED_RETRIES
-                    job.started_at = job.ended_at = None
-                    job._exc_info = ""
-                    queue._enqueue_job(job, pipeline=pipe)
-                    batches.uncount(pipe, batch_id, cid, "failed")
-                pipe.execute()
-                return len(todo)
-            except redis.WatchError:
-                continue
-    raise MiroError(f"Batch {batch_id} kept changing while retry read it; try again.")
+    def attempt(pipe) -> int:  # another retry or resume of the same jobs makes EXEC fail: read again
+        jobs = Job.fetch_many([jid for _, jid in chunk], connection=conn, serializer=JSONSerializer)
+        todo = [(cid, job) for (cid, _), job in zip(chunk, jobs)
+                if job is not None and job.get_status(refresh=False) == JobStatus.FAILED]
+        pipe.multi()
+        for cid, job in todo:
+            registry.remove(job, pipeline=pipe)
+            pipe.delete(Result.get_key(job.id))
+            job.retries_left = ABANDONED_RETRIES
+            job.started_at = job.ended_at = None
+            rq_private.clear_exc_info(job)
+            rq_private.enqueue_job(queue, job, pipe)
+            batches.uncount(pipe, batch_id, cid, "failed")
+        pipe.execute()
+        return len(todo)
+
+    return scripts.watched(conn, [Job.key_for(jid) for _, jid in chunk], attempt, f"Batch {batch_id}")

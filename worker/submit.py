@@ -25,7 +25,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import now as rq_now
 
 from miro.core.errors import MiroError
-from miro.worker import batches, keys, routing
+from miro.worker import batches, keys, routing, scripts
 from miro.worker.inputs import LineError, Request, parse_dataset
 from miro.worker.payload import JobPayload
 
@@ -45,26 +45,6 @@ _IN_FLIGHT = frozenset({
 
 _OWN_FIELDS = ("data", "meta", "description")
 
-# KEYS: queue list, rq:queues set, batch jobs hash, then one job hash key per job.
-# ARGV: n shared fields, then n (name, value) pairs, then per job: job id, custom id, data, meta, description.
-_WRITE_JOBS = """
-local n = tonumber(ARGV[1])
-local shared = {}
-for i = 2, 1 + 2 * n do shared[#shared + 1] = ARGV[i] end
-local p = 2 + 2 * n
-local ids = {}
-for k = 4, #KEYS do
-  redis.call('HSET', KEYS[k], 'data', ARGV[p + 2], 'meta', ARGV[p + 3], 'description', ARGV[p + 4], unpack(shared))
-  redis.call('HSET', KEYS[3], ARGV[p + 1], ARGV[p])
-  ids[#ids + 1] = ARGV[p]
-  p = p + 5
-end
-redis.call('SADD', KEYS[2], KEYS[1])
-for i = 1, #ids, 1000 do  -- unpack() is limited by Lua's C stack
-  redis.call('RPUSH', KEYS[1], unpack(ids, i, math.min(i + 999, #ids)))
-end
-return #ids
-"""
 
 
 class InvalidDataset(MiroError):
@@ -188,8 +168,7 @@ class _Enqueuer:
         for request, jid in zip(requests, ids):
             args += (jid, request.custom_id, *self.own_fields(request))
         job_keys = [Job.key_for(jid) for jid in ids]
-        pipe.eval(_WRITE_JOBS, 3 + len(ids), self.queue.key, self.queue.redis_queues_keys, self.jobs_key,
-                  *job_keys, *args)
+        scripts.WRITE_JOBS(pipe, [self.queue.key, self.queue.redis_queues_keys, self.jobs_key, *job_keys], args)
 
     def enqueue_new(self, requests: list[Request]) -> None:
         pipe = self.conn.pipeline(transaction=False)  # one script: atomic by itself
@@ -206,34 +185,30 @@ class _Enqueuer:
         if not candidates:
             return
         invalid_key = keys.batch_invalid(self.batch_id)
-        with self.conn.pipeline(transaction=True) as pipe:
-            for _ in range(100):
-                try:
-                    # WATCH first, then read: if anything read changes before EXEC, EXEC fails and we read again.
-                    pipe.watch(self.jobs_key, invalid_key, *(job_keys[i] for i in candidates))
-                    chosen = [requests[i] for i in candidates]
-                    again = self._statuses([job_keys[i] for i in candidates])
-                    reader = self.conn.pipeline(transaction=False)
-                    reader.hmget(self.jobs_key, [r.custom_id for r in chosen])
-                    reader.hmget(invalid_key, [r.custom_id for r in chosen])
-                    known, was_invalid = reader.execute()
-                    keep = [k for k, s in enumerate(again) if s != JobStatus.FINISHED and s not in _IN_FLIGHT]
-                    if keep:
-                        pipe.multi()
-                        self._reset(pipe, [(chosen[k], again[k], known[k], was_invalid[k]) for k in keep])
-                        self.write(pipe, [chosen[k] for k in keep])
-                        pipe.execute()
-                    else:
-                        pipe.unwatch()
-                except redis.WatchError:
-                    continue
-                finished_now = sum(s == JobStatus.FINISHED for s in again)
-                result.already_finished += finished_now
-                result.in_flight += len(again) - len(keep) - finished_now
-                result.expired += sum(again[k] is None and known[k] is not None for k in keep)
-                result.enqueued += len(keep)
-                return
-        raise MiroError(f"Batch {self.batch_id} kept changing while --resume read it; try again.")
+
+        def attempt(pipe) -> None:  # anything read changing before EXEC makes EXEC fail: read again
+            chosen = [requests[i] for i in candidates]
+            again = self._statuses([job_keys[i] for i in candidates])
+            reader = self.conn.pipeline(transaction=False)
+            reader.hmget(self.jobs_key, [r.custom_id for r in chosen])
+            reader.hmget(invalid_key, [r.custom_id for r in chosen])
+            known, was_invalid = reader.execute()
+            keep = [k for k, s in enumerate(again) if s != JobStatus.FINISHED and s not in _IN_FLIGHT]
+            if keep:
+                pipe.multi()
+                self._reset(pipe, [(chosen[k], again[k], known[k], was_invalid[k]) for k in keep])
+                self.write(pipe, [chosen[k] for k in keep])
+                pipe.execute()
+            else:
+                pipe.unwatch()
+            finished_now = sum(s == JobStatus.FINISHED for s in again)
+            result.already_finished += finished_now
+            result.in_flight += len(again) - len(keep) - finished_now
+            result.expired += sum(again[k] is None and known[k] is not None for k in keep)
+            result.enqueued += len(keep)
+
+        scripts.watched(self.conn, [self.jobs_key, invalid_key, *(job_keys[i] for i in candidates)], attempt,
+                        f"Batch {self.batch_id}")
 
     def _statuses(self, job_keys: list[str]) -> list[JobStatus | None]:
         reader = self.conn.pipeline(transaction=False)

@@ -1,0 +1,27 @@
+"""Every use miro makes of RQ's private API, in one file, so that an RQ upgrade that changes it breaks here,
+and tests/test_rq_private.py says so first.
+
+miro's BatchWorker runs many jobs at once through one engine, which RQ's workers do not: it takes jobs,
+finishes them and puts them back with RQ's own steps, some of which RQ keeps private. `miro retry` queues
+failed jobs again as RQ's own retry would.
+"""
+
+from __future__ import annotations
+
+from rq.job import Job
+from rq.queue import Queue
+
+
+def finalize_success(worker, job: Job, queue: Queue, execution, result) -> None:
+    """What RQ's worker does once a job returned: status finished, result stored, registries updated."""
+    worker._finalize_success(job, queue, execution, result)
+
+
+def enqueue_job(queue: Queue, job: Job, pipeline, at_front: bool = False) -> None:
+    """Push an existing job onto the queue (status queued, enqueued_at now) on `pipeline`."""
+    queue._enqueue_job(job, pipeline, at_front=at_front)
+
+
+def clear_exc_info(job: Job) -> None:
+    """Forget a failed job's traceback before it runs again (RQ has no public setter)."""
+    job._exc_info = ""

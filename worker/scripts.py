@@ -1,0 +1,158 @@
+"""How miro changes Redis atomically, in one place: every Lua script it runs, and its one WATCH/MULTI retry loop.
+
+Each script is a redis-py Script: Redis compiles it once (SCRIPT LOAD, on first use per server) and later calls
+send only its SHA1 (EVALSHA); a call through a pipeline loads it when the pipeline runs. Call one as
+``SCRIPT(client, keys, args)``; ``client`` may be a connection or a pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence, TypeVar
+
+import redis
+from redis.commands.core import Script
+
+from miro.core.errors import MiroError
+
+T = TypeVar("T")
+
+
+class Lua:
+    """One Lua script, shared by every connection (its source as bytes: no client needed to hash it)."""
+
+    def __init__(self, source: str):
+        self.script = Script(None, source.strip().encode())
+
+    def __call__(self, client, keys: Sequence, args: Sequence = ()):
+        return self.script(keys=list(keys), args=list(args), client=client)
+
+
+def watched(conn: redis.Redis, watch: Sequence[str], attempt: Callable[[redis.client.Pipeline], T], what: str,
+            attempts: int = 100) -> T:
+    """Run `attempt(pipe)` on a transaction pipeline that WATCHes `watch` first: it reads what it needs (with
+    `conn`), then pipe.multi(), queues its writes and pipe.execute(), and returns what to report. If a
+    watched key changed in between, EXEC fails and it runs again; after `attempts`, MiroError naming `what`."""
+    with conn.pipeline(transaction=True) as pipe:
+        for _ in range(attempts):
+            try:
+                pipe.watch(*watch)
+                return attempt(pipe)
+            except redis.WatchError:
+                pipe.reset()
+    raise MiroError(f"{what} kept changing while miro read it; try again.")
+
+
+# KEYS[1] batch hash; ARGV: new status, timestamp, allowed previous statuses... -> {previous status, changed}
+SET_STATUS = Lua("""
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return {'', 0} end
+if cur == ARGV[1] then return {cur, 0} end
+for i = 3, #ARGV do
+  if ARGV[i] == cur then
+    redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[1] .. '_at', ARGV[2])
+    return {cur, 1}
+  end
+end
+return {cur, -1}
+""")
+
+# KEYS: batch hash, invalid hash; ARGV: custom id, JSON record -> 1 if recorded now, 0 if it already was
+RECORD_FAILED = Lua("""
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'total', 1)
+  redis.call('HINCRBY', KEYS[1], 'failed', 1)
+  return 1
+end
+return 0
+""")
+
+# KEYS: batch hash, set of custom ids already counted; ARGV: counter to add to, prompt tokens, completion
+# tokens, timestamp, then the custom ids. A request counts once even if it ran twice (its worker died after
+# writing its row). Once every request is accounted for, an in_progress batch passes through finalizing to
+# completed and a cancelling one becomes cancelled. Returns {requests newly counted, completed+failed+cancelled}.
+COUNT = Lua("""
+local added = 0
+for i = 5, #ARGV do added = added + redis.call('SADD', KEYS[2], ARGV[i]) end
+if added > 0 then
+  redis.call('HINCRBY', KEYS[1], ARGV[1], added)
+  redis.call('HINCRBY', KEYS[1], 'prompt_tokens', ARGV[2])
+  redis.call('HINCRBY', KEYS[1], 'completion_tokens', ARGV[3])
+end
+local b = redis.call('HMGET', KEYS[1], 'completed', 'failed', 'cancelled', 'total', 'status')
+if not b[4] then return {added, 0} end
+local done = tonumber(b[1]) + tonumber(b[2]) + tonumber(b[3] or '0')
+if done >= tonumber(b[4]) then
+  if b[5] == 'in_progress' then
+    redis.call('HSET', KEYS[1], 'status', 'completed', 'finalizing_at', ARGV[4], 'completed_at', ARGV[4])
+  elseif b[5] == 'cancelling' then
+    redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_at', ARGV[4])
+  end
+end
+return {added, done}
+""")
+
+# KEYS: batch hash, counted set; ARGV: counter, custom id. The request will run again: take it back out of
+# the counter it was counted in (only if it was counted: a job RQ gave up on was never counted).
+UNCOUNT = Lua("""
+if redis.call('SREM', KEYS[2], ARGV[2]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], -1) return 1 end
+return 0
+""")
+
+# KEYS: queue list, the batch's cancel-pending list; ARGV: job id prefix of the batch. Takes the batch's jobs
+# off the queue (the rest keep their order) onto the pending list, atomically; returns how many.
+TAKE_OFF_QUEUE = Lua("""
+local ids = redis.call('LRANGE', KEYS[1], 0, -1)
+local keep, taken = {}, {}
+for _, id in ipairs(ids) do
+  if string.sub(id, 1, #ARGV[1]) == ARGV[1] then taken[#taken + 1] = id else keep[#keep + 1] = id end
+end
+if #taken > 0 then
+  redis.call('DEL', KEYS[1])
+  for i = 1, #keep, 1000 do  -- unpack() is limited by Lua's C stack
+    redis.call('RPUSH', KEYS[1], unpack(keep, i, math.min(i + 999, #keep)))
+  end
+  for i = 1, #taken, 1000 do
+    redis.call('RPUSH', KEYS[2], unpack(taken, i, math.min(i + 999, #taken)))
+  end
+end
+return #taken
+""")
+
+# KEYS: cancel-pending list, canceled registry, batch hash, counted set; ARGV: how many, registry score, job key
+# prefix. Marks up to ARGV[1] pending jobs canceled and counts each request once; returns how many it took.
+CANCEL_PENDING = Lua("""
+local ids = redis.call('LPOP', KEYS[1], ARGV[1])
+if not ids then return 0 end
+local counted = 0
+for _, id in ipairs(ids) do
+  local job = ARGV[3] .. id
+  if redis.call('HGET', job, 'status') == 'queued' then
+    redis.call('HSET', job, 'status', 'canceled')
+    redis.call('ZADD', KEYS[2], ARGV[2], id)
+    counted = counted + redis.call('SADD', KEYS[4], cjson.decode(redis.call('HGET', job, 'meta'))['custom_id'])
+  end
+end
+redis.call('HINCRBY', KEYS[3], 'cancelled', counted)
+return #ids
+""")
+
+# KEYS: queue list, rq:queues set, batch jobs hash, then one job hash key per job.
+# ARGV: n shared fields, then n (name, value) pairs, then per job: job id, custom id, data, meta, description.
+WRITE_JOBS = Lua("""
+local n = tonumber(ARGV[1])
+local shared = {}
+for i = 2, 1 + 2 * n do shared[#shared + 1] = ARGV[i] end
+local p = 2 + 2 * n
+local ids = {}
+for k = 4, #KEYS do
+  redis.call('HSET', KEYS[k], 'data', ARGV[p + 2], 'meta', ARGV[p + 3], 'description', ARGV[p + 4], unpack(shared))
+  redis.call('HSET', KEYS[3], ARGV[p + 1], ARGV[p])
+  ids[#ids + 1] = ARGV[p]
+  p = p + 5
+end
+redis.call('SADD', KEYS[2], KEYS[1])
+for i = 1, #ids, 1000 do  -- unpack() is limited by Lua's C stack
+  redis.call('RPUSH', KEYS[1], unpack(ids, i, math.min(i + 999, #ids)))
+end
+return #ids
+""")
