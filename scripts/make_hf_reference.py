@@ -199,7 +199,7 @@ def main() -> None:
     result = {
         "description": "SmolLM2-135M-Instruct Q4_1 reference from HF transformers (float32 dequantized); "
                        "see scripts/make_hf_reference.py",
-        "model_path": model_path,
+        "model": name,  # the file name only: no machine path in a committed fixture
         "model_sha256": sha256(model_path),
         "versions": {
             "python": platform.python_version(),

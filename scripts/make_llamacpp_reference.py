@@ -148,7 +148,7 @@ def main() -> None:
     result = {
         "description": "SmolLM2-135M-Instruct Q4_1 reference from llama.cpp via llama-cpp-python (CPU); "
                        "see scripts/make_llamacpp_reference.py",
-        "model_path": model_path,
+        "model": os.path.basename(model_path),  # the file name only: no machine path in a committed fixture
         "model_sha256": sha256(model_path),
         "versions": {
             "python": platform.python_version(),

@@ -1,5 +1,5 @@
 """Every use miro makes of RQ's private API, in one file, so that an RQ upgrade that changes it breaks here,
-and tests/test_rq_private.py says so first.
+and tests/worker/test_rq_private.py says so first.
 
 miro's BatchWorker runs many jobs at once through one engine, which RQ's workers do not: it takes jobs,
 finishes them and puts them back with RQ's own steps, some of which RQ keeps private. `miro retry` queues

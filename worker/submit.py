@@ -156,7 +156,7 @@ class _Enqueuer:
         status queued, the id pushed on the queue, the queue in rq:queues) and the custom id -> job id entries.
 
         RQ builds the first job; every job hash is that job's fields with its own data, meta and description
-        (tests/test_submit.py checks each stored hash equals RQ's own Job.to_dict()). One script per chunk
+        (tests/worker/test_submit.py checks each stored hash equals RQ's own Job.to_dict()). One script per chunk
         sends the shared fields once instead of once per job: on 2 cores about 21,000 jobs/s, against 10,000
         for a pipeline of HSETs and 5,400 for RQ's own enqueue_many.
         """

@@ -14,7 +14,7 @@ import yaml
 
 from polling import free_port, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
 SHUTDOWN_GRACE_S = 30  # miro worker's default --shutdown-grace

@@ -115,16 +115,12 @@ def recorded_text(console) -> str:
     return console.export_text(clear=False)
 
 
-def test_watch_follows_the_batch_and_ends_when_it_completes(held_batch, redis_url):
-    batch_id, worker, held = held_batch
-    conn = redis.Redis.from_url(redis_url)
-    done_while_held = batches.get_batch(conn, batch_id)["completed"]
-    # a terminal console, so every frame is recorded, not only the last
-    console = Console(record=True, width=120, force_terminal=True, file=io.StringIO())
+def watch_releasing_once_shown(conn, batch_id, worker, console, shown, text: str) -> str:
+    """`miro watch` on the held batch; the held requests are let go once `text` is in what it `shown`."""
 
     def release_once_shown():
         try:
-            wait_for(lambda: f"{done_while_held}/{TOTAL}" in recorded_text(console), timeout_s=30)
+            wait_for(lambda: text in shown(), timeout_s=30)
         finally:
             worker.release.set()
 
@@ -132,6 +128,17 @@ def test_watch_follows_the_batch_and_ends_when_it_completes(held_batch, redis_ur
     releaser.start()
     line = watch(conn, batch_id, interval=0.1, console=console)
     releaser.join()
+    return line
+
+
+def test_watch_follows_the_batch_and_ends_when_it_completes(held_batch, redis_url):
+    batch_id, worker, held = held_batch
+    conn = redis.Redis.from_url(redis_url)
+    done_while_held = batches.get_batch(conn, batch_id)["completed"]
+    # a terminal console, so every frame is recorded, not only the last
+    console = Console(record=True, width=120, force_terminal=True, file=io.StringIO())
+    line = watch_releasing_once_shown(conn, batch_id, worker, console, lambda: recorded_text(console),
+                                      f"{done_while_held}/{TOTAL}")
     text = recorded_text(console)
     assert f"{done_while_held}/{TOTAL}" in text and "in_progress" in text and worker.name in text
     assert line.startswith(f"{batch_id} completed: {TOTAL}/{TOTAL} done ({TOTAL} completed, 0 failed)")
@@ -148,17 +155,7 @@ def test_watch_piped_prints_a_plain_line_as_the_batch_moves(held_batch, redis_ur
     out = io.StringIO()
     console = Console(file=out, width=80)  # a file: not a terminal
     assert not console.is_terminal
-
-    def release_once_shown():
-        try:
-            wait_for(lambda: f"{done_while_held}/{TOTAL} done" in out.getvalue(), timeout_s=30)
-        finally:
-            worker.release.set()
-
-    releaser = threading.Thread(target=release_once_shown, daemon=True)
-    releaser.start()
-    line = watch(conn, batch_id, interval=0.1, console=console)
-    releaser.join()
+    line = watch_releasing_once_shown(conn, batch_id, worker, console, out.getvalue, f"{done_while_held}/{TOTAL} done")
     printed = out.getvalue().splitlines()
     progress_lines = printed[:-1]
     assert printed[-1] == line and "\x1b" not in out.getvalue()

@@ -116,7 +116,7 @@ def test_miro_worker_command_runs_a_batch(tmp_path, redis_url, tiny_model):
 def test_miro_run_on_the_example_dataset(tmp_path, smollm2_path):
     from pathlib import Path
 
-    example = Path(__file__).parent.parent / "examples" / "prompts.jsonl"
+    example = Path(__file__).resolve().parents[2] / "examples" / "prompts.jsonl"
     out = tmp_path / "results.parquet"
     result = CliRunner().invoke(cli, ["run", str(example), "-o", str(out), "--model", str(smollm2_path),
                                       "--kv-cache-memory", "256MiB"])

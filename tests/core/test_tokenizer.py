@@ -11,7 +11,7 @@ from miro.core.errors import MiroError, ModelFileError, RequestError
 from miro.core.gguf_file import GGUFFile
 from miro.core.tokenizer import IncrementalDetokenizer, Tokenizer
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CORPUS = json.loads((FIXTURES / "tokenizer_corpus.json").read_text(encoding="utf-8"))
 REFERENCE = json.loads((FIXTURES / "tokenizer_llamacpp.json").read_text(encoding="utf-8"))
 IM_START, IM_END, ENDOFTEXT = 1, 2, 0

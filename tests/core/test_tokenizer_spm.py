@@ -9,7 +9,7 @@ from miro.core.errors import ModelFileError, RequestError
 from miro.core.gguf_file import GGUFFile
 from miro.core.tokenizer import IncrementalDetokenizer, Tokenizer
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CORPUS = json.loads((FIXTURES / "tokenizer_corpus.json").read_text(encoding="utf-8"))
 REFERENCE = json.loads((FIXTURES / "tokenizer_gemma3_llamacpp.json").read_text(encoding="utf-8"))
 CASES = REFERENCE["cases"]
