@@ -309,10 +309,19 @@ class BatchWorker(BaseWorker):
         self.jobs_failed += 1
         job.retries_left = 0  # the retries are for dead workers; the request itself would fail again
         try:
-            raise MiroError(message)
+            raise MiroError(message) from None  # raised here only to hand RQ an exc_info; no chained context
         except MiroError:
             with self.held_lock:
-                self._finalize_failure(job, queue, execution, sys.exc_info())
+                rq_private.finalize_failure(self, job, queue, execution, sys.exc_info())
+
+    def handle_exception(self, job: Job, *exc_info):
+        """A request miro failed on purpose (refused by the engine, timed out, for another model) is one log
+        line, not a traceback: it is the request's problem, said in its error row, not the worker's."""
+        if isinstance(exc_info[1], MiroError):
+            self.log.warning("Worker %s: request %s failed: %s", self.name, job.meta.get("custom_id", job.id),
+                             exc_info[1])
+            return
+        super().handle_exception(job, *exc_info)
 
     def _fail_request(self, job: Job, queue: Queue, execution, payload: JobPayload, message: str, started: float, *,
                       prompt: str | None = None, model: str | None = None) -> None:

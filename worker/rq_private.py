@@ -17,6 +17,11 @@ def finalize_success(worker, job: Job, queue: Queue, execution, result) -> None:
     worker._finalize_success(job, queue, execution, result)
 
 
+def finalize_failure(worker, job: Job, queue: Queue, execution, exc_info) -> None:
+    """What RQ's worker does once a job raised: status failed, the traceback stored, registries updated."""
+    worker._finalize_failure(job, queue, execution, exc_info)
+
+
 def enqueue_job(queue: Queue, job: Job, pipeline, at_front: bool = False) -> None:
     """Push an existing job onto the queue (status queued, enqueued_at now) on `pipeline`."""
     queue._enqueue_job(job, pipeline, at_front=at_front)

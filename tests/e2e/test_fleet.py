@@ -446,15 +446,20 @@ def test_cancel_counts_a_request_rq_gave_up_on(tmp_path, redis_url, tiny_model):
 
 
 def test_worker_log_says_loading_and_ready_and_keeps_per_job_lines_for_debug(tmp_path, redis_url, tiny_model):
-    batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(6, max_tokens=4))
-    proc = worker_process(redis_url, tiny_model, "--burst", "--name", "w", stdout=subprocess.PIPE, text=True)
+    too_long = {"id": "too-long", "prompt": "hello " * 300, "max_tokens": 4}  # the tiny model's context is 128
+    batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(6, max_tokens=4) + [too_long])
+    proc = worker_process(redis_url, tiny_model, "--burst", "--name", "w", stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
     log, _ = proc.communicate(timeout=120)  # RQ's log handler writes to stdout
     assert proc.returncode == 0, log
     assert re.search(r"Worker w: loading model .*tiny\.gguf", log)
     assert re.search(r"Worker w: loaded .*tiny\.gguf in [\d.]+ s, weights: \w+.*; KV cache [\d,]+ tokens", log)
     assert "Listening on" in log and log.index("loaded") < log.index("Listening on")
     assert "Successfully completed" not in log and "result is kept" not in log and " p3 " not in log
-    assert rows_written(tmp_path, batch_id) == 6
+    assert rows_written(tmp_path, batch_id) == 7
+    # the refused request: one line, no traceback (its error is in its row)
+    assert re.search(r"Worker w: request too-long failed: the prompt has \d+ tokens", log)
+    assert "Traceback" not in log and "During handling" not in log
     submit(tmp_path, redis_url, tiny_model, long_lines(2, max_tokens=4), name="e.jsonl")
     debug = worker_process(redis_url, tiny_model, "--burst", "--name", "w2", "--logging-level", "DEBUG",
                            stdout=subprocess.PIPE, text=True)

@@ -17,6 +17,10 @@ def parameters(function) -> list[str]:
 def test_the_private_methods_miro_calls_still_take_what_it_passes():
     assert parameters(BaseWorker._finalize_success)[:5] == ["self", "job", "queue", "execution", "return_value"], \
         "RQ's BaseWorker._finalize_success changed: see worker/rq_private.py finalize_success"
+    assert parameters(BaseWorker._finalize_failure)[:5] == ["self", "job", "queue", "execution", "exc_info"], \
+        "RQ's BaseWorker._finalize_failure changed: see worker/rq_private.py finalize_failure"
+    assert parameters(BaseWorker.handle_exception)[:2] == ["self", "job"], \
+        "RQ's BaseWorker.handle_exception changed: BatchWorker.handle_exception overrides it"
     enqueue = parameters(Queue._enqueue_job)
     assert enqueue[:3] == ["self", "job", "pipeline"] and "at_front" in enqueue, \
         "RQ's Queue._enqueue_job changed: see worker/rq_private.py enqueue_job"
