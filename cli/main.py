@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from miro.core import defaults
 from miro.core.registry import DEFAULT_MODEL
 
 from .common import (MiroCommand, MiroGroup, engine_kwargs, engine_options, log_to_stderr,
@@ -23,7 +24,7 @@ def cli():
 @model_option
 @click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
 @click.option("--system", default=None, help="System message (with --chat).")
-@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-tokens", default=defaults.GENERATE_MAX_TOKENS, show_default=True, type=click.IntRange(min=1))
 @click.option("--temperature", default=0.0, show_default=True, type=float)
 @click.option("--top-p", default=1.0, show_default=True, type=float)
 @click.option("--top-k", default=0, show_default=True, type=int, help="0 turns top-k off.")
@@ -83,7 +84,7 @@ SHOWN_ERRORS = 20
 @click.option("--queue", "queue_name", default=None,
               help="RQ queue to enqueue on.  [default: miro:MODEL, the queue workers of that model serve]")
 @click.option("--name", default=None, help="A name for the batch (default: the dataset's file name).")
-@click.option("--output", default="./miro-results", show_default=True,
+@click.option("--output", default=defaults.OUTPUT, show_default=True,
               help="Folder or URI (s3://, gs://, ...) the workers write the Parquet part files under.")
 @click.option("--model", "-m", default=None,
               help="Model alias, .gguf path or name a worker serves (--served-model-name) that runs every line, "
@@ -98,7 +99,7 @@ SHOWN_ERRORS = 20
 @click.option("--dry-run", is_flag=True, help="Validate and report; touch nothing in Redis.")
 @click.option("--resume", metavar="BATCH", default=None,
               help="Add to batch BATCH the requests of the file that have no finished or running job.")
-@click.option("--job-timeout", default="3600", show_default=True,
+@click.option("--job-timeout", default=str(defaults.JOB_TIMEOUT_S), show_default=True,
               help="Seconds a job may take once started (or 30m, 2h, 1d; -1 for no limit).")
 def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temperature, top_p, seed, skip_invalid,
            dry_run, resume, job_timeout):
@@ -182,7 +183,7 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
 @click.option("--served-model-name", "served_model_names", multiple=True,
               help="Also run requests that ask for this model name (e.g. gpt-4o-mini); repeatable.")
 @click.option("--burst", is_flag=True, help="Quit when the queues are empty and nothing is in flight.")
-@click.option("--shutdown-grace", type=float, default=30.0, show_default=True,
+@click.option("--shutdown-grace", type=float, default=defaults.SHUTDOWN_GRACE_S, show_default=True,
               help="Seconds jobs in flight may take to finish after SIGTERM before the rest are requeued.")
 @click.option("--worker-ttl", type=click.IntRange(min=1), default=None,
               help="Seconds the worker's heartbeat lives (RQ's default 420); shorter finds dead workers sooner.")
@@ -190,16 +191,16 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
               help="Seconds between RQ maintenance runs that requeue abandoned jobs (RQ's default 600).")
 @click.option("--job-monitoring-interval", type=click.IntRange(min=1), default=None,
               help="Seconds between heartbeats of the jobs in flight (RQ's default 30).")
-@click.option("--heartbeat-slack", type=click.IntRange(min=1), default=60, show_default=True,
+@click.option("--heartbeat-slack", type=click.IntRange(min=1), default=defaults.HEARTBEAT_SLACK_S, show_default=True,
               help="A job whose heartbeat is this many seconds late is abandoned and queued again.")
-@click.option("--flush-rows", type=click.IntRange(min=1), default=256, show_default=True,
+@click.option("--flush-rows", type=click.IntRange(min=1), default=defaults.FLUSH_ROWS, show_default=True,
               help="Write a Parquet part file once this many rows are waiting...")
-@click.option("--flush-seconds", type=float, default=5.0, show_default=True,
+@click.option("--flush-seconds", type=float, default=defaults.FLUSH_SECONDS, show_default=True,
               help="...or once the oldest waiting row is this old.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
               help="Serve Prometheus metrics on this port (http://HOST:PORT/metrics).")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
-@click.option("--wait-for-redis", type=click.FloatRange(min=0), default=30.0, show_default=True,
+@click.option("--wait-for-redis", type=click.FloatRange(min=0), default=defaults.WAIT_FOR_REDIS_S, show_default=True,
               help="Seconds to keep trying to reach Redis at start-up (fleets often start workers first).")
 @click.option("--logging-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               default="INFO", show_default=True, help="DEBUG adds RQ's line for every job taken and finished.")

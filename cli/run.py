@@ -33,11 +33,11 @@ from pathlib import Path
 import click
 import redis
 
+from miro.core import defaults
 from miro.core.errors import MiroError
 
 from .common import MiroCommand, engine_kwargs, engine_options, log_to_stderr, model_option, redis_url_option
 
-DEFAULT_SHUTDOWN_GRACE_S = 5.0  # the user is waiting: requests in flight get a few seconds, not a worker's 30
 
 
 @click.command("run", cls=MiroCommand)
@@ -60,9 +60,9 @@ DEFAULT_SHUTDOWN_GRACE_S = 5.0  # the user is waiting: requests in flight get a 
 @click.option("--resume", is_flag=True, help="Finish an interrupted run: only the requests it did not finish run.")
 @click.option("--state-dir", default=None, type=click.Path(file_okay=False),
               help="Where the run keeps what it needs to be resumed.  [default: OUTPUT.miro-run]")
-@click.option("--shutdown-grace", type=click.FloatRange(min=0), default=DEFAULT_SHUTDOWN_GRACE_S, show_default=True,
+@click.option("--shutdown-grace", type=click.FloatRange(min=0), default=defaults.RUN_SHUTDOWN_GRACE_S, show_default=True,
               help="Seconds the requests in flight may take to finish after Ctrl-C before they are put back.")
-@click.option("--flush-seconds", type=click.FloatRange(min=0), default=5.0, show_default=True,
+@click.option("--flush-seconds", type=click.FloatRange(min=0), default=defaults.FLUSH_SECONDS, show_default=True,
               help="Finished rows are saved to part files at least this often (the progress bar moves as they are); "
                    "a run killed outright loses at most this much work.")
 @engine_options

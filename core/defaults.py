@@ -1,5 +1,5 @@
-"""The engine's defaults, in one place: Engine's keyword arguments, the CLI's options and the workers
-started by `rq worker` (MIRO_* environment variables) all read them from here.
+"""miro's defaults, in one place: Engine's and BatchWorker's keyword arguments, submit's, the CLI's options
+and the workers started by `rq worker` (MIRO_* environment variables) all read them from here.
 
 No imports beyond the standard library, so that any module (and a command that never loads a model) can
 read them cheaply.
@@ -13,3 +13,18 @@ MAX_NUM_BATCHED_TOKENS = 512  # tokens per step (prefill chunks and decode token
 WEIGHT_CHOICES = ("auto", "f32", "native")
 WEIGHTS = "auto"
 WEIGHT_MEMORY_FRACTION = 0.5  # of the machine's RAM: auto's budget for a float32 copy of the weights
+
+# submitting a batch
+OUTPUT = "./miro-results"  # where the workers write the part files
+JOB_TIMEOUT_S = 3600  # a request waits in the worker's continuous batch, so RQ's 180 s is short
+
+# a worker
+FLUSH_ROWS = 256  # a part file once this many rows wait...
+FLUSH_SECONDS = 5.0  # ...or once the oldest has waited this long
+HEARTBEAT_SLACK_S = 60  # a job whose heartbeat is this late is abandoned and queued again
+SHUTDOWN_GRACE_S = 30.0  # after SIGTERM, for the requests in flight to finish before the rest are requeued
+RUN_SHUTDOWN_GRACE_S = 5.0  # the same for `miro run`: the user is waiting, so a few seconds
+WAIT_FOR_REDIS_S = 30.0  # a worker keeps trying to reach Redis at start-up (fleets often start workers first)
+
+# `miro generate`
+GENERATE_MAX_TOKENS = 256

@@ -89,8 +89,8 @@ def engine_options_from_env() -> dict:
 
 class BatchWorker(BaseWorker):
     def __init__(self, *args, model: str | None = None, engine_options: dict | None = None,
-                 shutdown_grace_s: float | None = None, flush_rows: int = 256, flush_seconds: float = 5.0,
-                 heartbeat_slack_s: int = 60, metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
+                 shutdown_grace_s: float | None = None, flush_rows: int = defaults.FLUSH_ROWS,
+                 flush_seconds: float = defaults.FLUSH_SECONDS, heartbeat_slack_s: int = defaults.HEARTBEAT_SLACK_S, metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
                  served_model_names: list[str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         # `rq info` and Worker.all() construct workers too: the model is loaded in work(), never here.
@@ -109,7 +109,7 @@ class BatchWorker(BaseWorker):
         self._stopping = False
         # after SIGTERM, how long jobs in flight may take to finish before the rest are requeued
         self.shutdown_grace_s = shutdown_grace_s if shutdown_grace_s is not None else float(
-            os.environ.get("MIRO_SHUTDOWN_GRACE_S", "30"))
+            os.environ.get("MIRO_SHUTDOWN_GRACE_S", defaults.SHUTDOWN_GRACE_S))
         self._stop_deadline = float("inf")
         self.step_seconds = 0.0  # time inside Engine.step; the rest of the loop is the worker's own overhead
         self.flush_rows, self.flush_seconds = flush_rows, flush_seconds  # how often part files are written

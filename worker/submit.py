@@ -24,14 +24,13 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.utils import now as rq_now
 
+from miro.core import defaults
 from miro.core.errors import MiroError
 from miro.worker import batches, keys, routing, scripts
 from miro.worker.inputs import LineError, Request, parse_dataset
 from miro.worker.payload import JobPayload
 
 JOB_FUNCTION = "miro.worker.jobs.generate"
-DEFAULT_OUTPUT = "./miro-results"
-DEFAULT_JOB_TIMEOUT = 3600  # seconds; a request waits in the worker's continuous batch, so RQ's 180 s is short
 RESULT_TTL = FAILURE_TTL = 7 * 24 * 3600
 ABANDONED_RETRIES = 3  # runs again of a job whose worker died
 CHUNK = 1000
@@ -246,9 +245,9 @@ def _chunks(items: list, size: int) -> Iterable[list]:
 
 
 def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None = None, name: str | None = None,
-           output: str = DEFAULT_OUTPUT, model: str | None = None, defaults: dict | None = None,
+           output: str = defaults.OUTPUT, model: str | None = None, defaults: dict | None = None,
            skip_invalid: bool = False, dry_run: bool = False, resume: str | None = None,
-           job_timeout: int | str | None = DEFAULT_JOB_TIMEOUT, chunk_size: int = CHUNK,
+           job_timeout: int | str | None = defaults.JOB_TIMEOUT_S, chunk_size: int = CHUNK,
            log: Callable[[str], None] | None = None) -> SubmitResult:
     """Validate the dataset at `path` and enqueue one job per valid request; see the module docstring.
 
@@ -354,7 +353,7 @@ def _redis(conn: redis.Redis, call):
 
 def _job_timeout(value: int | str | None) -> int:
     if value is None:
-        return DEFAULT_JOB_TIMEOUT
+        return defaults.JOB_TIMEOUT_S
     text = str(value).strip().lower()
     match = re.fullmatch(r"(-1|\d+)([smhd]?)", text)
     seconds = int(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]] if match else 0

@@ -64,3 +64,28 @@ def test_threads_option_caps_blas_and_numba_pools(smollm2_path):
     assert out.returncode == 0, out.stderr
     threads = json.loads(out.stdout.strip().splitlines()[-1])
     assert threads["blas"] and set(threads["blas"]) == {1} and threads["numba"] == 1
+
+
+def test_options_and_keyword_arguments_take_their_defaults_from_one_module():
+    """core/defaults.py is the one home of a default: the commands' options and the classes' keyword
+    arguments show the same values."""
+    import inspect
+
+    from miro.core import Engine, defaults
+    from miro.worker import BatchWorker
+    from miro.worker.submit import submit
+
+    def option(command: str, name: str):
+        return next(p.default for p in cli.commands[command].params if p.name == name)
+
+    worker = inspect.signature(BatchWorker.__init__).parameters
+    engine = inspect.signature(Engine.__init__).parameters
+    for command in ("worker", "run", "generate"):
+        assert option(command, "kv_cache_memory") == engine["kv_cache_memory"].default == defaults.KV_CACHE_MEMORY
+        assert option(command, "max_num_seqs") == engine["max_num_seqs"].default == defaults.MAX_NUM_SEQS
+        assert option(command, "weights") == defaults.WEIGHTS
+    assert option("worker", "flush_rows") == worker["flush_rows"].default == defaults.FLUSH_ROWS
+    assert option("worker", "flush_seconds") == worker["flush_seconds"].default == option("run", "flush_seconds")
+    assert option("worker", "heartbeat_slack") == worker["heartbeat_slack_s"].default == defaults.HEARTBEAT_SLACK_S
+    assert option("submit", "output") == inspect.signature(submit).parameters["output"].default == defaults.OUTPUT
+    assert int(option("submit", "job_timeout")) == inspect.signature(submit).parameters["job_timeout"].default
