@@ -66,6 +66,13 @@ def test_miro_redis_password_is_required(miro_redis):
     with socket.create_connection(("127.0.0.1", port), timeout=5) as plain:  # redis-py would retry for seconds
         plain.sendall(b"PING\r\n")
         assert plain.recv(100).startswith(b"-NOAUTH")
+    wrong, needed = (f"Error: Redis at redis://:***@127.0.0.1:{port}/0 refused the credentials: the password (or "
+                     "user) is wrong.", f"Error: Redis at redis://127.0.0.1:{port}/0 refused the credentials: it needs "
+                     "a password, given in the URL as redis://:PASSWORD@host:port/db.")
+    for url, said in ((f"redis://:hunter2@127.0.0.1:{port}/0", wrong), (f"redis://127.0.0.1:{port}/0", needed)):
+        status = subprocess.run([BIN / "miro", "status", "--redis-url", url], capture_output=True, text=True,
+                                timeout=60)
+        assert status.returncode == 1 and status.stderr.strip() == said
     authed.close()
     proc.terminate()
     assert proc.wait(timeout=10) == 0
