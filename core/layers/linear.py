@@ -36,12 +36,14 @@ USE_VNNI = True
 # From this many activation rows on, each weight block is decoded once for all rows (the "lanes"
 # kernels); below, rows are taken one at a time. Both give the same bits; this only picks the faster.
 LANES_MIN_ROWS = 8
-# With VNNI, per weight type: where the lanes kernel's time (about flat up to 16 rows) drops below the
-# row-by-row kernel's (linear in the rows), measured on 5632x2048 matrices, 2 Zen 4 cores. The 5-bit
-# and Q6_K types have no fast row-by-row kernel, so lanes from 2 rows on.
+# With VNNI, per weight type: where the kernel that decodes each weight block once for many rows (the 8-lane
+# kernel up to 8 rows for Q4_0/Q4_1/Q8_0, the 16-lane one beyond) becomes faster than the row-by-row one,
+# measured on 5632x2048 matrices, 2 Zen 4 cores. The 5-bit and Q6_K types have no fast row-by-row kernel.
 _Q = GGMLQuantizationType
-LANES_MIN_ROWS_VNNI = {_Q.Q4_0: 4, _Q.Q4_1: 4, _Q.Q8_0: 8, _Q.Q4_K: 4, _Q.Q5_K: 4}
+LANES_MIN_ROWS_VNNI = {_Q.Q4_0: 3, _Q.Q4_1: 2, _Q.Q8_0: 5, _Q.Q4_K: 4, _Q.Q5_K: 4}
 LANES_MIN_ROWS_VNNI_OTHERS = 2
+# With VNNI, up to this many rows take the 8-lane kernel (Q4_0, Q4_1, Q8_0); 0 turns it off (to compare).
+LANES8_MAX_ROWS = 8
 
 WEIGHT_FORMATS = ("f32", "native")
 
@@ -144,6 +146,8 @@ class Linear:
             return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)
         if _use_vnni(kernels):
             a = quantize_q8_32_quad_groups(x, _round_up(n_tok, 16))
+            if n_tok <= LANES8_MAX_ROWS and kernels.lanes8_vnni is not None:
+                return kernels.lanes8_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
             return kernels.lanes_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
         a = quantize_q8_32_columns(x, _round_up(n_tok, quant_kernels.LANE_MULTIPLE))
         return kernels.lanes(self._w, a.q, a.d, a.s, a.qsum, out)

@@ -6,6 +6,8 @@ sums, ggml's float steps), faster where the CPU has AVX512-VNNI (vnni.AVAILABLE)
   vector values) over a chunk of K, K walked in chunks so that a lane group's activations stay
   in L1, each tile of weight rows decoded once for every lane group.
 - rows_32 (a few activation rows, Q4_0/Q4_1/Q8_0): each block's integer sum one 256-bit vpdpbusd.
+- lanes8_32 (up to 8 activation rows, Q4_0/Q4_1/Q8_0): the lanes kernel's sums for one half-full lane group,
+  with 256-bit vpdpbusd and each weight quad decoded in registers from the row, two rows at a time.
 """
 
 from __future__ import annotations
@@ -199,3 +201,61 @@ def rows_32(qtype: int):
         return out
 
     return matmul_rows_32
+
+
+def lanes8_32(qtype: int):
+    """A kernel for up to 8 activation rows (one lane group, lanes 8-15 empty) for Q4_0, Q4_1 and Q8_0
+    (None for the 5-bit types): the same numbers as lanes_32, without its decoded tile."""
+    if qtype not in (Q4_0, Q4_1, Q8_0):
+        return None
+    block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    helpers = HELPERS
+    has_min = qtype == Q4_1
+    offset = quads_offset(qtype)
+    weights_at = 2 if qtype != Q4_1 else 4
+
+    @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
+    def matmul_lanes8_32_vnni(w, a_groups, d_t, s_t, qsum_t, out):
+        """out (T <= 8, N) = w (N rows of 32-value blocks) times activations in the quad-groups layout of one
+        group (a_groups (1, K / 4, 16), lanes past T zero); d_t, s_t, qsum_t (K / 32, 16)."""
+        helpers  # in numba's cache key: see cache_key.py
+        n_out = w.shape[0]
+        n_quads = a_groups.shape[1]
+        n_blocks = n_quads // 8
+        a_flat = a_groups.reshape(n_quads * LANES)
+        d_flat, s_flat, qsum_flat = d_t.reshape(n_blocks * LANES), s_t.reshape(n_blocks * LANES), qsum_t.reshape(n_blocks * LANES)
+        for tile in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
+            n0 = tile * TILE_ROWS
+            rows = min(TILE_ROWS, n_out - n0)
+            sums = np.zeros((2, LANES), np.float32)
+            for r in range(0, rows, 2):
+                row0 = w[n0 + r]
+                row1 = w[n0 + min(r + 1, rows - 1)]  # an odd last row pairs with itself
+                acc0, acc1 = load16(sums[0], 0), load16(sums[0], 0)
+                for b in range(n_blocks):
+                    off = b * block_bytes
+                    if qtype == Q8_0:
+                        isum0, isum1 = vnni.dot_flipped_bytes_rows2_8(a_flat, 8 * b * LANES, row0, off + weights_at,
+                                                                       row1, off + weights_at)
+                    else:
+                        isum0, isum1 = vnni.dot_nibbles_rows2_8(a_flat, 8 * b * LANES, row0, off + weights_at,
+                                                                 row1, off + weights_at)
+                    at = b * LANES
+                    if offset != 0:
+                        correction = load16(qsum_flat, at) * offset
+                        isum0, isum1 = isum0 + correction, isum1 + correction
+                    d_act, s_act = load16(d_flat, at), load16(s_flat, at)
+                    m0 = load_f16(row0, off + 2) if has_min else np.float32(0.0)
+                    m1 = load_f16(row1, off + 2) if has_min else np.float32(0.0)
+                    acc0 = add_block32(qtype, acc0, to_float(isum0), load_f16(row0, off), m0, d_act, s_act)
+                    acc1 = add_block32(qtype, acc1, to_float(isum1), load_f16(row1, off), m1, d_act, s_act)
+                store16(sums[0], 0, acc0)
+                store16(sums[1], 0, acc1)
+                for lane in range(out.shape[0]):
+                    out[lane, n0 + r] = sums[0, lane]
+                    if r + 1 < rows:
+                        out[lane, n0 + r + 1] = sums[1, lane]
+                sums[0, :] = 0  # the next pair starts from zero (acc0/acc1 load it)
+        return out
+
+    return matmul_lanes8_32_vnni

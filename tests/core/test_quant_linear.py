@@ -373,10 +373,14 @@ def test_batch_invariance_bitwise_floats(qtype):
 @pytest.mark.skipif(not vnni.AVAILABLE, reason="this CPU has no AVX512-VNNI")
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_vnni_and_portable_kernels_agree_bitwise(qtype, monkeypatch):
-    layer, x = Linear(random_tensor(qtype, 80, 1024, seed=3)), activations(50, 1024)
-    with_vnni = layer(x)
-    monkeypatch.setattr(linear, "USE_VNNI", False)
-    np.testing.assert_array_equal(layer(x), with_vnni)
+    """Every VNNI kernel (row by row, 8 lanes, 16 lanes) against the portable ones; 81 rows: an odd last row."""
+    layer = Linear(random_tensor(qtype, 81, 1024, seed=3))
+    for n_tokens in (1, 3, 5, 8, 9, 50):
+        x = activations(n_tokens, 1024, seed=n_tokens)
+        monkeypatch.setattr(linear, "USE_VNNI", True)
+        with_vnni = layer(x)
+        monkeypatch.setattr(linear, "USE_VNNI", False)
+        np.testing.assert_array_equal(layer(x), with_vnni, err_msg=f"T={n_tokens}")
 
 
 # ---------------------------------------------------------------- construction
