@@ -40,7 +40,7 @@ LANES_MIN_ROWS = 8
 # kernel up to 8 rows for Q4_0/Q4_1/Q8_0, the 16-lane one beyond) becomes faster than the row-by-row one,
 # measured on 5632x2048 matrices, 2 Zen 4 cores. The 5-bit and Q6_K types have no fast row-by-row kernel.
 _Q = GGMLQuantizationType
-LANES_MIN_ROWS_VNNI = {_Q.Q4_0: 3, _Q.Q4_1: 2, _Q.Q8_0: 5, _Q.Q4_K: 4, _Q.Q5_K: 4}
+LANES_MIN_ROWS_VNNI = {_Q.Q4_0: 2, _Q.Q4_1: 2, _Q.Q8_0: 3, _Q.Q4_K: 4, _Q.Q5_K: 4}
 LANES_MIN_ROWS_VNNI_OTHERS = 2
 # With VNNI, up to this many rows take the 8-lane kernel (Q4_0, Q4_1, Q8_0); 0 turns it off (to compare).
 LANES8_MAX_ROWS = 8

@@ -19,6 +19,7 @@ import operator
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.core.extending import intrinsic, models, overload, register_model
 
 LANES = 16
@@ -115,3 +116,19 @@ def _register(python_operator, name: str):
 
 for _operator, _name in ((operator.add, "add"), (operator.sub, "sub"), (operator.mul, "mul")):
     _register(_operator, _name)
+
+
+@intrinsic
+def prefetch(typingctx, array, index):
+    """Ask for the cache line of array[index] (1-D, contiguous) ahead of its use (prefetcht0): for a kernel
+    streaming weights from memory, the next rows' lines arrive while this row computes."""
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        at = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        hint = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [at.type, i32, i32, i32]), "llvm.prefetch.p0")
+        builder.call(hint, [at, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])  # read, keep, data
+        return context.get_dummy_value()
+
+    return types.void(array, types.intp), codegen

@@ -161,7 +161,7 @@ def _quads_rows2(weight_quad):
             a_data = context.make_array(signature.args[0])(context, builder, a_arr).data
             rows = [builder.gep(context.make_array(signature.args[k])(context, builder, row).data, [start])
                     for k, row, start in ((2, row0_v, w0_v), (4, row1_v, w1_v))]
-            sums = [[_V8_ZERO, _V8_ZERO] for _ in rows]
+            sums = [[_V8_ZERO] * 4 for _ in rows]  # four chains per row: vpdpbusd's latency is hidden
             for q in range(8):
                 a_at = builder.add(a_start_v, ir.Constant(_I64, LANES * q))
                 a_vec = builder.load(builder.bitcast(builder.gep(a_data, [a_at]), _V8.as_pointer()), align=4)
@@ -169,8 +169,9 @@ def _quads_rows2(weight_quad):
                     one = builder.insert_element(ir.Constant(_V8, None), weight_quad(builder, row, q),
                                                  ir.Constant(ir.IntType(32), 0))
                     quad = builder.shuffle_vector(one, ir.Constant(_V8, None), _V8_ZERO)  # lane 0 everywhere
-                    sums[r][q % 2] = builder.call(vpdpbusd, [sums[r][q % 2], quad, a_vec])
-            wide = [builder.shuffle_vector(builder.add(s0, s1), _V8_ZERO, _WIDEN) for s0, s1 in sums]
+                    sums[r][q % 4] = builder.call(vpdpbusd, [sums[r][q % 4], quad, a_vec])
+            wide = [builder.shuffle_vector(builder.add(builder.add(s0, s1), builder.add(s2, s3)), _V8_ZERO, _WIDEN)
+                    for s0, s1, s2, s3 in sums]
             return context.make_tuple(builder, signature.return_type, wide)
 
         return sig, codegen

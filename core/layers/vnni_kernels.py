@@ -20,10 +20,11 @@ from . import vnni
 from .cache_key import HELPERS, cached_variant
 from .halfs import load_f16
 from .quant_blocks import Q4_0, Q4_1, Q5_1, Q6_K, Q8_0, add_block32, decode_superblock, quads_offset, weight_quads
-from .simd import LANES, load16, store16, to_float
+from .simd import LANES, load16, prefetch, store16, to_float
 
 TILE_ROWS = 16  # weight rows decoded together and shared by every lane group
 CHUNK_VALUES = 1024  # K is walked in chunks: a lane group's chunk of activations stays in L1
+PREFETCH_ROWS = 8  # the 8-lane kernel asks for the weight rows this far ahead while it computes
 
 
 def lanes_32(qtype: int):
@@ -232,8 +233,12 @@ def lanes8_32(qtype: int):
                 row0 = w[n0 + r]
                 row1 = w[n0 + min(r + 1, rows - 1)]  # an odd last row pairs with itself
                 acc0, acc1 = load16(sums[0], 0), load16(sums[0], 0)
+                ahead = n0 + r + PREFETCH_ROWS  # weights stream from memory: ask for rows ahead of these
                 for b in range(n_blocks):
                     off = b * block_bytes
+                    if ahead + 1 < n_out and off % 64 < block_bytes:  # once per cache line of a row
+                        prefetch(w[ahead], off)
+                        prefetch(w[ahead + 1], off)
                     if qtype == Q8_0:
                         isum0, isum1 = vnni.dot_flipped_bytes_rows2_8(a_flat, 8 * b * LANES, row0, off + weights_at,
                                                                        row1, off + weights_at)
