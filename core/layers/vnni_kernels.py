@@ -167,15 +167,22 @@ def lanes_k(qtype: int):
     return matmul_lanes_k_vnni
 
 
+IN_REGISTER_TYPES = (Q4_0, Q4_1, Q8_0)  # weight blocks the row-by-row and 8-lane kernels decode in registers
+
+
+def _in_register_layout(qtype: int) -> tuple[int, bool, int, int]:
+    """A block's bytes, whether it has a min (Q4_1), the offset of its unsigned quads (see weight_quads) and
+    where its quants start."""
+    return (GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1], qtype == Q4_1, quads_offset(qtype),
+            2 if qtype != Q4_1 else 4)
+
+
 def rows_32(qtype: int):
     """A row-by-row kernel for Q4_0, Q4_1 and Q8_0 (None for the 5-bit types)."""
-    if qtype not in (Q4_0, Q4_1, Q8_0):
+    if qtype not in IN_REGISTER_TYPES:
         return None
-    block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    block_bytes, has_min, offset, weights_at = _in_register_layout(qtype)
     helpers = HELPERS
-    has_min = qtype == Q4_1
-    offset = quads_offset(qtype)
-    weights_at = 2 if qtype != Q4_1 else 4
 
     @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
     def matmul_rows_32(w, a, d, s, qsum, out):
@@ -207,13 +214,10 @@ def rows_32(qtype: int):
 def lanes8_32(qtype: int):
     """A kernel for up to 8 activation rows (one lane group, lanes 8-15 empty) for Q4_0, Q4_1 and Q8_0
     (None for the 5-bit types): the same numbers as lanes_32, without its decoded tile."""
-    if qtype not in (Q4_0, Q4_1, Q8_0):
+    if qtype not in IN_REGISTER_TYPES:
         return None
-    block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    block_bytes, has_min, offset, weights_at = _in_register_layout(qtype)
     helpers = HELPERS
-    has_min = qtype == Q4_1
-    offset = quads_offset(qtype)
-    weights_at = 2 if qtype != Q4_1 else 4
 
     @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
     def matmul_lanes8_32_vnni(w, a_groups, d_t, s_t, qsum_t, out):
