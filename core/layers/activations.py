@@ -32,6 +32,7 @@ from .halfs import round_to_f16
 QK = 32  # values per Q8_0 / Q8_1 block
 QK_K = 256  # values per Q8_K block
 ROWS_PER_TASK = 16  # activation rows quantized together into the lanes layout (64-byte stores)
+CHUNK_BLOCKS = 16  # 32-value blocks of those rows a task quantizes: a few rows still keep every core busy
 # Lets LLVM vectorise the max|x| loops (a max with NaN is not associative). No reassociation,
 # no contraction: the numbers stay ggml's for every finite input.
 _NO_NANS = {"nnan", "nsz"}
@@ -120,21 +121,21 @@ def _quantize_row_q8_k(x_row, q_row, d, sum32, qk):
 
 
 @njit(inline="always")
-def _store_columns(rows_q, q, t0):
-    """Rows' int8 values (rows, K) into columns t0.. of q (K, lanes)."""
+def _store_columns(rows_q, q, t0, k0=0):
+    """Rows' int8 values (rows, values k0..) into columns t0.. of q (K, lanes)."""
     for k in range(rows_q.shape[1]):
         for r in range(rows_q.shape[0]):
-            q[k, t0 + r] = rows_q[r, k]
+            q[k0 + k, t0 + r] = rows_q[r, k]
 
 
 @njit(inline="always")
-def _store_quad_group(rows_q, q, g):
-    """Rows' int8 values into lane group g of q (groups, K / 4, 16) uint32 for vpdpbusd: each
+def _store_quad_group(rows_q, q, g, k0=0):
+    """Rows' int8 values (values k0..) into lane group g of q (groups, K / 4, 16) uint32 for vpdpbusd: each
     lane's 4 consecutive values in one word, the group's 16 lanes side by side."""
     for kq in range(rows_q.shape[1] // 4):
         for r in range(rows_q.shape[0]):
             k = 4 * kq
-            q[g, kq, r] = (np.uint32(np.uint8(rows_q[r, k])) | (np.uint32(np.uint8(rows_q[r, k + 1])) << 8)
+            q[g, k0 // 4 + kq, r] = (np.uint32(np.uint8(rows_q[r, k])) | (np.uint32(np.uint8(rows_q[r, k + 1])) << 8)
                            | (np.uint32(np.uint8(rows_q[r, k + 2])) << 16) | (np.uint32(np.uint8(rows_q[r, k + 3])) << 24))
 
 
@@ -173,18 +174,24 @@ def _build_kernels():
 
     @njit(cache=True, parallel=True, fastmath=_NO_NANS)
     def lanes_q8_32(x, q, d, s, qsum, qk):
-        """ROWS_PER_TASK rows at a time: quantized row by row into a scratch, then stored transposed."""
+        """ROWS_PER_TASK rows and CHUNK_BLOCKS blocks at a time (so that a few rows still use every core):
+        quantized row by row into a scratch, then stored transposed."""
         helpers  # in numba's cache key
         n_rows, k = x.shape
-        for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            t0 = task * ROWS_PER_TASK
-            rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
+        chunk = CHUNK_BLOCKS * qk
+        n_chunks = (k + chunk - 1) // chunk
+        for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK * n_chunks):
+            group, k0 = task // n_chunks, task % n_chunks * chunk
+            t0, k1 = group * ROWS_PER_TASK, min(k, k0 + chunk)
+            b0, b1 = k0 // qk, k1 // qk
+            rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k1 - k0), np.int8)
             for r in range(rows_q.shape[0]):
-                _quantize_row_q8_32(x[t0 + r], rows_q[r], d[:, t0 + r], s[:, t0 + r], qsum[:, t0 + r], qk)
+                _quantize_row_q8_32(x[t0 + r, k0:k1], rows_q[r], d[b0:b1, t0 + r], s[b0:b1, t0 + r],
+                                    qsum[b0:b1, t0 + r], qk)
             if q.ndim == 3:
-                _store_quad_group(rows_q, q, task)
+                _store_quad_group(rows_q, q, group, k0)
             else:
-                _store_columns(rows_q, q, t0)
+                _store_columns(rows_q, q, t0, k0)
 
     @njit(cache=True, parallel=True, fastmath=_NO_NANS)
     def lanes_q8_k(x, q, d, sum32, qk):
