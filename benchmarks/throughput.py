@@ -12,9 +12,13 @@ Runs, each in this one process on the same prompts:
   miro           continuous batching, chunked prefill, prefix caching (defaults)
   static         the same engine fed fixed batches of max_num_seqs, each run to completion
   no-chunking    chunked prefill off (a prompt is only admitted whole)
+  native         weights kept as the file's GGUF blocks (numba kernels; batch-invariant by construction)
   invariant      batch_invariant=True (numba GEMMs instead of OpenBLAS)
-  llama-cpp      llama-cpp-python, one prompt after another, greedy with the same output lengths,
-                 on the first --llama-prompts prompts (its tokens/s does not depend on the count)
+  llama-cpp      llama-cpp-python, one prompt after another, Llama.generate with llama.cpp's own greedy
+                 sampler and the same output lengths, on the first --llama-prompts prompts (its tokens/s
+                 does not depend on the count)
+  llama-cpp-P16  llama.cpp's batched low-level API as examples/parallel runs it: 16 (and 32) sequences
+  llama-cpp-P32  per llama_decode, flash attention on, greedy sampler, on all the prompts
 and prints total (prompt + generated) tokens/s of each and the ratios, plus
 the engine's achieved GFLOP/s against numpy's float32 GEMM peak measured here.
 """
@@ -79,16 +83,91 @@ def run_static(engine, requests, batch_size: int) -> float:
 
 
 def run_llama_cpp(model_path: str, requests) -> float:
+    """llama.cpp one prompt after another with its own sampler, as its users run it: Llama.generate, greedy
+    (temp 0, top_k 1), stopped after each request's output length."""
     from llama_cpp import Llama
 
     llm = Llama(model_path=model_path, n_ctx=2048, n_threads=2, n_batch=512, verbose=False)
     t0 = time.perf_counter()
     for prompt_ids, output_len in requests:
-        llm.reset()
-        llm.eval(prompt_ids)
-        for _ in range(output_len):
-            llm.eval([llm.sample(temp=0.0)])
+        for k, _ in enumerate(llm.generate(prompt_ids, temp=0.0, top_k=1, reset=True), start=1):
+            if k == output_len:
+                break
     return total_tokens(requests) / (time.perf_counter() - t0)
+
+
+def run_llama_cpp_batched(model_path: str, requests, parallel: int) -> float:
+    """llama.cpp's batched low-level API as its examples/parallel runs it: `parallel` sequences in one
+    llama_batch per llama_decode (a finished sequence's slot takes the next request), flash attention on,
+    each sequence's next token from llama.cpp's greedy sampler."""
+    import llama_cpp as l
+
+    l.llama_backend_init()
+    model = l.llama_model_load_from_file(model_path.encode(), l.llama_model_default_params())
+    cp = l.llama_context_default_params()
+    cp.n_ctx = parallel * (max(len(p) + n for p, n in requests) + 8)
+    cp.n_batch = cp.n_ubatch = 512
+    cp.n_seq_max = parallel
+    cp.n_threads = cp.n_threads_batch = 2
+    cp.flash_attn_type = l.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    ctx = l.llama_init_from_model(model, cp)
+    sampler = l.llama_sampler_init_greedy()
+    memory = l.llama_get_memory(ctx)
+    batch = l.llama_batch_init(512, 0, 1)
+    pending = list(range(len(requests)))[::-1]
+    slots: dict[int, dict] = {}  # seq id -> {prompt tokens not yet fed, tokens left, position, token to feed}
+    generated = 0
+    t0 = time.perf_counter()
+    while pending or slots:
+        for seq in range(parallel):
+            if seq not in slots and pending:
+                l.llama_memory_seq_rm(memory, seq, -1, -1)
+                i = pending.pop()
+                slots[seq] = {"prompt": list(requests[i][0]), "left": requests[i][1], "pos": 0}
+        items = []  # (token, pos, seq, wants logits); a prompt's tokens go in chunks that fit the batch
+        for seq, slot in slots.items():
+            if len(items) >= 512:
+                break
+            feed = slot["prompt"][:512 - len(items)] if slot["prompt"] else [slot["token"]]
+            for k, tok in enumerate(feed):
+                items.append((tok, slot["pos"] + k, seq, k == len(feed) - 1 and len(feed) == len(slot["prompt"])
+                              or not slot["prompt"]))
+            slot["fed"] = len(feed)
+        for i, (tok, pos, seq, want) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, want
+        batch.n_tokens = len(items)
+        assert l.llama_decode(ctx, batch) == 0
+        for i, (tok, pos, seq, want) in enumerate(items):
+            slot = slots[seq]
+            if pos != slot["pos"] + slot["fed"] - 1:
+                continue  # not this sequence's last item in the batch
+            slot["pos"] += slot["fed"]
+            slot["prompt"] = slot["prompt"][slot["fed"]:]
+            if want:
+                slot["token"] = l.llama_sampler_sample(sampler, ctx, i)
+                slot["left"] -= 1
+                generated += 1
+                if slot["left"] == 0:
+                    del slots[seq]
+    elapsed = time.perf_counter() - t0
+    assert generated == sum(n for _, n in requests)
+    l.llama_sampler_free(sampler)
+    l.llama_batch_free(batch)
+    l.llama_free(ctx)
+    l.llama_model_free(model)
+    return total_tokens(requests) / elapsed
+
+
+def llama_cpp_anchor(args, model_path: str, mode: str, requests) -> float:
+    """One llama.cpp anchor ("generate", or the parallel count of the batched API) in its own process (the
+    interpreter of --llama-python, or this one), so its threads never share a process with numba's."""
+    python = args.llama_python or sys.executable
+    out = subprocess.run([python, __file__, "--only-llama-cpp", f"{model_path}::{mode}"],
+                         input=json.dumps(requests), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"llama.cpp ({mode}) failed; pass --llama-python or --skip llama-cpp:\n{out.stderr[-2000:]}")
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def gemm_peak_gflops() -> float:
@@ -120,13 +199,16 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--llama-prompts", type=int, default=32)
     parser.add_argument("--llama-python", help="python of a venv with llama-cpp-python, if not importable here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["static", "no-chunking", "invariant", "llama-cpp"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["static", "no-chunking", "native", "invariant", "llama-cpp"])
     parser.add_argument("--only-llama-cpp", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.only_llama_cpp:
+        model_path, mode = args.only_llama_cpp.split("::")
         requests = json.loads(sys.stdin.read())
-        print(json.dumps(run_llama_cpp(args.only_llama_cpp, requests)))
+        rate = run_llama_cpp(model_path, requests) if mode == "generate" else \
+            run_llama_cpp_batched(model_path, requests, int(mode))
+        print(json.dumps(rate))
         return
 
     from miro.core import Engine
@@ -153,6 +235,12 @@ def main() -> None:
                            num_kv_blocks=engine.block_manager.num_blocks)
         results["no-chunking"] = run_miro(unchunked, requests)
         del unchunked
+    if "native" not in args.skip:  # weights kept as the file's blocks: batch-invariant by construction
+        native = Engine.from_model(model_path, weights="native", max_model_len=2048,
+                                   num_kv_blocks=engine.block_manager.num_blocks)
+        run_miro(native, requests[:4])
+        results["native"] = run_miro(native, requests)
+        del native
     if "invariant" not in args.skip:
         invariant = Engine(engine.model, engine.tokenizer, max_model_len=2048, batch_invariant=True,
                            num_kv_blocks=engine.block_manager.num_blocks)
@@ -160,14 +248,10 @@ def main() -> None:
         del invariant
     if "llama-cpp" not in args.skip:
         subset = requests[: args.llama_prompts]
-        try:
-            results["llama-cpp"] = run_llama_cpp(model_path, subset)
-        except ImportError:
-            if not args.llama_python:
-                raise SystemExit("llama-cpp-python is not importable: pass --llama-python or --skip llama-cpp")
-            out = subprocess.run([args.llama_python, __file__, "--only-llama-cpp", model_path],
-                                 input=json.dumps(subset), capture_output=True, text=True, check=True)
-            results["llama-cpp"] = float(out.stdout)
+        anchors = [("llama-cpp", "generate", subset)] + [(f"llama-cpp-P{p}", str(p), requests) for p in (16, 32)]
+        for name, mode, reqs in anchors:
+            results[name] = llama_cpp_anchor(args, model_path, mode, reqs)
+            print(f"{name}: {results[name]:.1f} tok/s", flush=True)
 
     print()
     for name, tok_s in results.items():
