@@ -1,0 +1,355 @@
+"""miro.worker.inputs: what is wrong with a line or a file, in one clean sentence each, naming the line and field."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from miro.core.errors import MiroError
+from miro.core.sampling import SamplingParams
+from miro.worker.inputs import ParseResult, parse_dataset
+from input_lines import CHAT, COMPLETIONS, only_error, openai, parse, write
+
+
+# ---- errors, one sentence each --------------------------------------------------------------------
+
+
+LINE_ERRORS = [
+    # malformed JSON and not-objects
+    ('{"id": "q1" "prompt": "x"}', "line 1: not valid JSON (Expecting ',' delimiter at column 13)."),
+    ('{"id": "q1", "prompt": "x",}',
+     "line 1: not valid JSON (Expecting property name enclosed in double quotes at column 28)."),
+    ("[1, 2]", "line 1: expected a JSON object, got an array."),
+    ('"just text"', "line 1: expected a JSON object, got a string."),
+    ("42", "line 1: expected a JSON object, got a number."),
+    ("null", "line 1: expected a JSON object, got null."),
+    ("true", "line 1: expected a JSON object, got true or false."),
+    ('{"prompt": "a", "prompt": "b"}', "line 1: key 'prompt' appears twice in one JSON object."),
+    ("[" * 100_000, "line 1: not valid JSON (a number is too long or the nesting too deep)."),
+    ('{"prompt": "a", "seed": ' + "9" * 5000 + "}",
+     "line 1: not valid JSON (a number is too long or the nesting too deep)."),
+    # simple form: prompt / messages
+    ({"id": "q1"}, "line 1: the line needs a 'prompt' or a 'messages' field."),
+    ({"id": "q1", "prompt": None}, "line 1: the line needs a 'prompt' or a 'messages' field."),
+    ({"id": "q1", "prompt": "a", "messages": [{"role": "user", "content": "b"}]},
+     "line 1: the line has both 'prompt' and 'messages', give only one."),
+    ({"id": "a", "custom_id": "b", "prompt": "x"}, "line 1: give the id as 'id' or as 'custom_id', not both."),
+    # simple form: wrong types
+    ({"messages": [{"role": "user", "content": 5}]},
+     "line 1: field 'messages.0.content': Input should be a valid string."),
+    ({"messages": [{"role": "tool", "content": "x"}]},
+     "line 1: field 'messages.0.role': Input should be 'system', 'developer', 'user' or 'assistant'."),
+    ({"messages": [{"content": "x"}]}, "line 1: field 'messages.0.role': Field required."),
+    ({"messages": "hello"}, "line 1: field 'messages': Input should be a valid list."),
+    ({"messages": []}, "line 1: field 'messages': List should have at least 1 item after validation, not 0."),
+    ({"prompt": 5}, "line 1: field 'prompt': Input should be a valid string."),
+    ({"prompt": ""}, "line 1: field 'prompt': String should have at least 1 character."),
+    ({"id": True, "prompt": "x"}, "line 1: field 'id': Input should be a valid string."),
+    ({"id": "", "prompt": "x"}, "line 1: field 'id': String should have at least 1 character."),
+    ({"prompt": "x", "max_tokens": "100"}, "line 1: field 'max_tokens': Input should be a valid integer."),
+    ({"prompt": "x", "max_tokens": 1.5}, "line 1: field 'max_tokens': Input should be a valid integer."),
+    ({"prompt": "x", "max_tokens": True}, "line 1: field 'max_tokens': Input should be a valid integer."),
+    ({"prompt": "x", "temperature": "hot"}, "line 1: field 'temperature': Input should be a valid number."),
+    ('{"prompt": "x", "temperature": NaN}', "line 1: not valid JSON (NaN is not a JSON number)."),
+    ('{"prompt": "x", "top_p": Infinity}', "line 1: not valid JSON (Infinity is not a JSON number)."),
+    # anywhere in the line, even in fields miro does not read (OpenAI's API refuses them too)
+    ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "metadata": {"k": NaN}}}',
+     "line 1: not valid JSON (NaN is not a JSON number)."),
+    ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "user": -Infinity}}',
+     "line 1: not valid JSON (-Infinity is not a JSON number)."),
+    ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", '
+     '"logit_bias": {"5": Infinity}}}', "line 1: not valid JSON (Infinity is not a JSON number)."),
+    ({"prompt": "x", "ignore_eos": 1}, "line 1: field 'ignore_eos': Input should be a valid boolean."),
+    ({"prompt": "x", "stop": 5}, "line 1: field 'stop': Input should be a string or a list of strings."),
+    ({"prompt": "x", "stop": ["a", 5]}, "line 1: field 'stop.1': Input should be a valid string."),
+    ({"prompt": "x", "stop_token_ids": [-1]},
+     "line 1: field 'stop_token_ids.0': Input should be greater than or equal to 0."),
+    ({"prompt": "x", "seed": -1}, "line 1: field 'seed': Input should be greater than or equal to 0."),
+    ({"prompt": "x", "logprobs": True}, "line 1: field 'logprobs': Input should be a valid integer."),
+    # simple form: unknown fields are errors, with a hint for typos
+    ({"prompt": "x", "temprature": 0.5}, "line 1: field 'temprature': unknown field (did you mean 'temperature'?)."),
+    ({"prompt": "x", "temprature": 0.5}, "line 1: field 'temprature': unknown field (did you mean 'temperature'?)."),
+    ({"prompt": "x", "output": "y"}, "line 1: field 'output': the results have a column of that name, rename it."),
+    ({"prompt": "x", "model": "m"}, "line 1: field 'model': a simple line cannot choose its model: give --model, "
+                                    "or use OpenAI lines (body.model)."),
+    # sampling values out of range: SamplingParams' own sentence
+    ({"prompt": "x", "max_tokens": 0}, "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got 0."),
+    ({"prompt": "x", "temperature": -1}, "line 1: temperature must be >= 0, got -1.0."),
+    ({"prompt": "x", "top_p": 0}, "line 1: top_p must be in (0, 1], got 0.0."),
+    ({"prompt": "x", "top_p": 1.5}, "line 1: top_p must be in (0, 1], got 1.5."),
+    ({"prompt": "x", "top_k": -2}, "line 1: top_k must be -1, 0 (off) or a positive integer, got -2."),
+    ({"prompt": "x", "min_p": 2}, "line 1: min_p must be in [0, 1], got 2.0."),
+    ({"prompt": "x", "n": 0}, "line 1: n must be an integer from 1 to 128, got 0."),
+    ({"prompt": "x", "n": 1000000}, "line 1: n must be an integer from 1 to 128, got 1000000."),
+    ({"prompt": "x", "max_tokens": 10**25},
+     "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got "
+     "10000000000000000000000000."),
+    ({"prompt": "x", "repetition_penalty": 0}, "line 1: repetition_penalty must be > 0, got 0.0."),
+    ({"prompt": "x", "presence_penalty": 3}, "line 1: presence_penalty and frequency_penalty must be in [-2, 2]."),
+    ({"prompt": "x", "logprobs": 21}, "line 1: logprobs must be between 0 and 20, got 21."),
+    ({"prompt": "x", "stop": [""]}, "line 1: stop strings must not be empty."),
+    ({"prompt": "x", "min_tokens": 20, "max_tokens": 10},
+     "line 1: min_tokens must be between 0 and max_tokens (10), got 20."),
+    # OpenAI form: envelope
+    ({**openai(), "url": "/v1/embeddings"},
+     "line 1: field 'url': Input should be '/v1/chat/completions' or '/v1/completions'."),
+    ({**openai(), "method": "GET"}, "line 1: field 'method': Input should be 'POST'."),
+    ({"custom_id": "c1", "method": "POST", "url": CHAT}, "line 1: field 'body': Field required."),
+    ({"custom_id": "c1", "method": "POST", "url": CHAT, "body": "hi"},
+     "line 1: field 'body': Input should be a valid dictionary."),
+    ({"method": "POST", "url": CHAT, "body": {"messages": [{"role": "user", "content": "x"}]}},
+     "line 1: field 'custom_id': Field required."),
+    ({"custom_id": 5, "method": "POST", "url": COMPLETIONS, "body": {"prompt": "x"}},
+     "line 1: field 'custom_id': Input should be a valid string."),
+    ({**openai(), "extra": 1}, "line 1: field 'extra': unknown field."),
+    ({**openai(), "bodi": {}}, "line 1: field 'bodi': unknown field (did you mean 'body'?)."),
+    # OpenAI form: bodies
+    (openai(url=CHAT, prompt="x"), "line 1: field 'body.messages': Field required."),
+    (openai(url=COMPLETIONS, messages=[{"role": "user", "content": "x"}]),
+     "line 1: field 'body.prompt': Field required."),
+    (openai(url=COMPLETIONS, prompt=["a", "b"]),
+     "line 1: field 'body.prompt': arrays of prompts are not supported, put each prompt on its own line."),
+    (openai(url=COMPLETIONS, prompt=[1, 2, 3]),
+     "line 1: field 'body.prompt': arrays of prompts are not supported, put each prompt on its own line."),
+    (openai(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]),
+     "line 1: field 'body.messages.0.content': content parts of type 'image_url' are not supported (text only)."),
+    (openai(messages=[{"role": "user", "content": []}]),
+     "line 1: field 'body.messages.0.content': a list of content parts must not be empty."),
+    (openai(tools=[{"type": "function"}]), "line 1: field 'body': 'tools' is not supported by miro yet, and ignoring "
+                                           "it would change the answer: remove it or set it to null."),
+    (openai(top_logprobs=2), "line 1: field 'body.top_logprobs': needs 'logprobs' set to true."),
+    (openai(logprobs=3), "line 1: field 'body.logprobs': Input should be a valid boolean."),
+    (openai(url=COMPLETIONS, logprobs=True), "line 1: field 'body.logprobs': Input should be a valid integer."),
+    (openai(max_tokens=5, max_completion_tokens=6),
+     "line 1: field 'body.max_completion_tokens': differs from 'body.max_tokens', give only one."),
+    (openai(max_completion_tokens=0), "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got 0."),
+    (openai(temperature=-0.5), "line 1: temperature must be >= 0, got -0.5."),
+    (openai(model=3), "line 1: field 'body.model': Input should be a valid string."),
+]
+
+
+@pytest.mark.parametrize("line, message", LINE_ERRORS, ids=[str(i) for i in range(len(LINE_ERRORS))])
+def test_line_error_messages(tmp_path, line, message):
+    error = only_error(tmp_path, line)
+    assert error.line == 1
+    assert error.message == message
+
+
+def test_multiple_field_errors_in_one_sentence(tmp_path):
+    error = only_error(tmp_path, {"prompt": 1, "max_tokens": "a", "top_k": "b", "seed": "c", "n": "d"})
+    assert error.message.startswith("line 1: field '")
+    assert error.message.count("; field '") == 2
+    assert "field 'max_tokens': Input should be a valid integer" in error.message
+    assert error.message.endswith(" (and 2 more problems).")
+
+
+def test_error_carries_custom_id_when_the_line_has_one(tmp_path):
+    result = parse(
+        tmp_path,
+        {"id": "q1", "prompt": "x", "temperature": -1},
+        {"prompt": 3},
+        {**openai("c7"), "method": "GET"},
+        "{broken",
+    )
+    assert [(e.line, e.custom_id) for e in result.errors] == [(1, "q1"), (2, None), (3, "c7"), (4, None)]
+
+
+def test_good_lines_survive_bad_ones(tmp_path):
+    result = parse(tmp_path, {"id": "a", "prompt": "x"}, "{bad", {"id": "b", "prompt": "y"}, "[1]")
+    assert not result.ok
+    assert [r.custom_id for r in result.requests] == ["a", "b"]
+    assert [e.line for e in result.errors] == [2, 4]
+
+
+def test_duplicate_custom_id_second_occurrence_is_the_error(tmp_path):
+    result = parse(
+        tmp_path,
+        {"id": "q1", "prompt": "x"},
+        {"prompt": "y"},
+        openai("q1"),
+        {"id": "line-2", "prompt": "z"},
+    )
+    assert [r.line for r in result.requests] == [1, 2]
+    assert [(e.line, e.custom_id, e.message) for e in result.errors] == [
+        (3, "q1", "line 3: duplicate custom id 'q1' (first used on line 1)."),
+        (4, "line-2", "line 4: duplicate custom id 'line-2' (first used on line 2)."),
+    ]
+
+
+def test_invalid_utf8_names_the_byte(tmp_path):
+    error = only_error(tmp_path, {"id": "a", "prompt": "ok"}, b'{"prompt": "caf\xe9"}')
+    assert error.line == 2
+    assert error.message == "line 2: not valid UTF-8 (byte 0xe9 at byte 16 of the line)."
+
+
+def test_line_over_the_limit_gives_its_size_not_its_content(tmp_path):
+    long_prompt = "A" * 230
+    result = parse(
+        tmp_path,
+        {"id": "a", "prompt": "short"},
+        {"id": "b", "prompt": long_prompt},
+        {"id": "c", "prompt": "short again"},
+        max_line_bytes=100,
+    )
+    size = len(json.dumps({"id": "b", "prompt": long_prompt}))
+    assert [r.custom_id for r in result.requests] == ["a", "c"]
+    (error,) = result.errors
+    assert error.line == 2
+    assert error.message == f"line 2: the line is {size:,} bytes, over the limit of 100 bytes."
+    assert "AAAA" not in error.message
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b""])
+def test_line_limit_boundary(tmp_path, ending):
+    at_limit = b'{"prompt": "' + b"x" * 88 + b'"}'  # 102 bytes
+    over = b'{"prompt": "' + b"x" * 89 + b'"}'  # 103 bytes
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(at_limit + ending + (over + ending if ending else b""))
+    result = parse_dataset(path, max_line_bytes=102)
+    assert len(result.requests) == 1
+    if ending:
+        assert [e.message for e in result.errors] == ["line 2: the line is 103 bytes, over the limit of 102 bytes."]
+    path.write_bytes(over + b"x" * 5000 + ending + at_limit + ending)
+    result = parse_dataset(path, max_line_bytes=102)
+    size = "5,103" if ending else "5,205"  # without line endings it is all one line
+    assert [e.message for e in result.errors] == [f"line 1: the line is {size} bytes, over the limit of 102 bytes."]
+    assert len(result.requests) == (1 if ending else 0)
+
+
+def test_huge_line_with_default_limit(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'{"prompt": "' + b"y" * 3_000_000 + b'"}\n{"prompt": "fine"}\n')
+    result = parse_dataset(path)
+    assert [r.line for r in result.requests] == [2]
+    expected = "line 1: the line is 3,000,014 bytes, over the limit of 1,000,000 bytes."
+    assert [e.message for e in result.errors] == [expected]
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n", b"\r\n"])
+def test_empty_file_is_a_file_error(tmp_path, content):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(content)
+    result = parse_dataset(path)
+    assert result.requests == [] and result.errors == [] and not result.ok
+    assert result.file_error == f"Dataset file '{path}' is empty: it has no request lines."
+
+
+def test_missing_file_and_directory_raise_miro_error(tmp_path):
+    with pytest.raises(MiroError, match=r"^Dataset file '.*nope\.jsonl' does not exist\.$"):
+        parse_dataset(tmp_path / "nope.jsonl")
+    with pytest.raises(MiroError, match=r"^Dataset path '.*' is a directory, not a JSONL file\.$"):
+        parse_dataset(tmp_path)
+
+
+def test_bad_defaults_raise_miro_error(tmp_path):
+    path = write(tmp_path / "data.jsonl", {"prompt": "x"})
+    with pytest.raises(MiroError, match=r"^Default sampling options are invalid \(temperature must be >= 0"):
+        parse_dataset(path, defaults={"temperature": -1})
+    with pytest.raises(MiroError, match=r"^Default sampling options bogus are not SamplingParams fields\.$"):
+        parse_dataset(path, defaults={"bogus": 1})
+    assert parse_dataset(path, defaults={"stop": "END"}).requests[0].sampling == {"max_tokens": None, "stop": ["END"]}
+
+
+# ---- every error message is one clean sentence ---------------------------------------------------
+
+
+def assert_clean(result: ParseResult):
+    for error in result.errors:
+        message = error.message
+        assert message.startswith(f"line {error.line}: "), message
+        assert message.endswith("."), message
+        assert "\n" not in message and "\r" not in message, message
+        assert len(message) < 600, message
+        for bad in ("Traceback", 'File "', "Error(", "pydantic", "errors.pydantic.dev", "For further information"):
+            assert bad not in message, message
+        assert error.custom_id is None or isinstance(error.custom_id, str)
+
+
+def test_all_listed_errors_are_clean_in_one_file(tmp_path):
+    result = parse(tmp_path, *[line for line, _ in LINE_ERRORS])
+    assert result.requests == [] and len(result.errors) == len(LINE_ERRORS)
+    assert [e.line for e in result.errors] == list(range(1, len(LINE_ERRORS) + 1))
+    assert_clean(result)
+
+
+def test_huge_values_do_not_end_up_in_messages(tmp_path):
+    big = "k" * 200_000
+    result = parse(
+        tmp_path,
+        {"prompt": "x", big: 1},
+        {"id": big, "prompt": "x"},
+        {"id": big, "prompt": "y"},
+        {"prompt": "x", "temperature": big},
+        {"messages": [{"role": big, "content": "x"}]},
+    )
+    assert len(result.errors) == 4
+    assert_clean(result)
+    assert all(len(e.message) < 300 for e in result.errors)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+known_keys = st.sampled_from([
+    "id", "custom_id", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+    "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "logprobs",
+    "stop_token_ids", "method", "url", "body", "role", "content", "model", "max_completion_tokens", "top_logprobs",
+])
+line_objects = st.recursive(
+    json_values,
+    lambda inner: st.dictionaries(known_keys, inner | st.sampled_from([CHAT, COMPLETIONS, "POST", "user"]), max_size=6),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(line_objects.map(json.dumps) | st.binary(max_size=40), min_size=1, max_size=8))
+def test_fuzz_every_line_is_a_request_or_one_clean_error(tmp_path, lines):
+    path = tmp_path / "fuzz.jsonl"
+    encoded = [line.encode() if isinstance(line, str) else line.replace(b"\n", b" ").replace(b"\r", b" ")
+               for line in lines]
+    path.write_bytes(b"\n".join(encoded) + b"\n")
+    result = parse_dataset(path)
+    assert_clean(result)
+    bom = b"\xef\xbb\xbf"
+    stripped = [line[3:] if i == 0 and line.startswith(bom) else line for i, line in enumerate(encoded)]
+    non_blank = [i + 1 for i, line in enumerate(stripped) if line.strip()]
+    assert sorted([r.line for r in result.requests] + [e.line for e in result.errors]) == non_blank
+    for request in result.requests:
+        SamplingParams(**request.sampling)  # never raises RequestError for an accepted line
+        assert request.kind == ("chat" if request.messages is not None else "completion")
+        assert (request.prompt is None) != (request.messages is None)
+
+
+def test_non_text_content_parts_are_refused_by_type(tmp_path):
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    result = parse(tmp_path, openai("o", CHAT, messages=[{"role": "user", "content": [image]}]))
+    [error] = result.errors
+    assert "content parts of type 'image_url' are not supported (text only)" in error.message
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
+    ("response_format", {"type": "json_object"}), ("logit_bias", {"50256": -100}), ("stream", True),
+])
+def test_fields_miro_cannot_honour_are_refused_by_name_not_ignored(tmp_path, field, value):
+    result = parse(tmp_path, openai("o", CHAT, **{field: value}))
+    [error] = result.errors
+    assert f"'{field}' is not supported by miro yet" in error.message
+
+
+def test_a_json_array_or_csv_file_is_one_sentence_about_the_file(tmp_path):
+    array = tmp_path / "a.json"
+    array.write_text(json.dumps([{"id": "q1", "prompt": "a"}, {"id": "q2", "prompt": "b"}], indent=1))
+    assert parse_dataset(array).file_error == (
+        f"Dataset file '{array}' holds a JSON array: miro reads JSON Lines, one request object per line, "
+        'e.g. {"id": "q1", "prompt": "..."}.')
+    csv = tmp_path / "a.csv"
+    csv.write_text("id,prompt\nq1,hello\nq2,world\n")
+    assert "looks like CSV (its first line is 'id,prompt')" in parse_dataset(csv).file_error
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"id": "q1", "prompt": "a"}\nid,prompt\n')  # one good line: the per-line errors stand
+    assert parse_dataset(mixed).file_error is None
