@@ -108,6 +108,28 @@ class Loader:
         return self.linear(T.OUTPUT if tensor_name(T.OUTPUT) in self.gguf.tensors else T.TOKEN_EMBD)
 
 
+class LoadedModel:
+    """What the qwen2, qwen3 and gemma3 models share around their own layers: the embedding and the head, what
+    the engine reads of a model (config, weight format and memory, fallbacks), attention's scale, and load()."""
+
+    config: ModelConfig
+
+    def _load_embedding_and_head(self, config: ModelConfig, loader: Loader) -> None:
+        """After the layers, so that `weight_memory` counts everything the loader built."""
+        self.config = config
+        self.weight_format = loader.weight_format
+        self.token_embd: Embedding = loader.embedding()
+        self.output_norm = loader.norm(T.OUTPUT_NORM)
+        self.lm_head = loader.lm_head()
+        self.weight_memory = loader.memory  # bytes the weights hold of their own
+        self.weight_fallbacks = list(loader.fallbacks.values())  # types kept f32 in native mode, and why
+        self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
+
+    @classmethod
+    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32"):
+        return cls(config, Loader(gguf, weight_format))
+
+
 def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, config: ModelConfig,
               rope: tuple[np.ndarray, np.ndarray], scale: np.float32, out: np.ndarray, window: int = 0) -> np.ndarray:
     """Rotate q and k of the fused qkv rows (in place), write k and v into the cache, attend over it.

@@ -15,12 +15,12 @@ from .. import kernels
 from ..config import ModelConfig
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
-from ..layers.linear import Embedding, Linear
+from ..layers.linear import Linear
 from ..layers.rotary import RopeTable
 from ..model_runner import StepInput
 from ..weights import TensorSpec, check_tensors, norm, tensor_name
-from .common import (T, Loader, attention, attention_specs, embedding_and_head_specs, ffn_specs, logits, qk_norm,
-                     qk_norm_specs)
+from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, ffn_specs, logits,
+                     qk_norm, qk_norm_specs)
 
 
 @dataclass
@@ -43,11 +43,9 @@ def qwen3_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
     return specs
 
 
-class Qwen3Model:
+class Qwen3Model(LoadedModel):
     def __init__(self, config: ModelConfig, loader: Loader):
         check_tensors(loader.gguf, qwen3_tensor_specs(config))
-        self.config = config
-        self.weight_format = loader.weight_format
         self.layers = [
             Qwen3Layer(
                 attn_norm=loader.norm(T.ATTN_NORM, i),
@@ -61,21 +59,12 @@ class Qwen3Model:
             )
             for i in range(config.n_layers)
         ]
-        self.token_embd: Embedding = loader.embedding()
-        self.output_norm = loader.norm(T.OUTPUT_NORM)
-        self.lm_head = loader.lm_head()
-        self.weight_memory = loader.memory  # bytes the weights hold of their own
-        self.weight_fallbacks = list(loader.fallbacks.values())  # types kept f32 in native mode, and why
+        self._load_embedding_and_head(config, loader)
         self.rope = RopeTable(config.head_dim, config.rope_theta)
-        self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
 
     @staticmethod
     def read_config(gguf: GGUFFile) -> ModelConfig:
         return dataclasses.replace(ModelConfig.from_gguf(gguf), rope_neox=True)
-
-    @classmethod
-    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32") -> "Qwen3Model":
-        return cls(config, Loader(gguf, weight_format))
 
     def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
