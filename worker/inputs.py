@@ -20,6 +20,8 @@ from pydantic_core import PydanticCustomError
 from miro.core.errors import MiroError, RequestError
 from miro.core.sampling import SamplingParams
 
+from .rows import SCHEMA
+
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 _SAMPLING_NAMES = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -264,15 +266,14 @@ def _simple(obj: dict, number: int) -> Request:
 
 
 MAX_FIELD_NAME = 128  # characters in the name of a line's own field (a column of the results)
+_MIRO_FIELDS = sorted(SimpleLine.model_fields)  # a line's own field this close to one of these is a typo
+_RESULT_COLUMNS = frozenset(SCHEMA.names)  # the results' own columns
 
 
 def _own_fields(extra: dict[str, Any]) -> dict[str, Any] | None:
     """A simple line's fields that are not miro's: carried to the results as columns, as Ray Data carries a
     dataset's other columns. A name one letter or so from one of miro's fields is taken for a typo and refused,
     and so is a name the results already use."""
-    from .rows import SCHEMA  # the results' own columns
-
-    known = sorted(SimpleLine.model_fields)
     for name in extra:
         if name == "model":
             raise _LineProblem("field 'model': a simple line cannot choose its model: give --model, or use OpenAI "
@@ -280,10 +281,10 @@ def _own_fields(extra: dict[str, Any]) -> dict[str, Any] | None:
         if len(name) > MAX_FIELD_NAME:
             raise _LineProblem(f"field '{_short(name, 60)}': a field name of {len(name):,} characters is too long "
                                f"for a column (at most {MAX_FIELD_NAME})")
-        guess = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        guess = difflib.get_close_matches(name, _MIRO_FIELDS, n=1, cutoff=0.8)
         if guess:
             raise _LineProblem(f"field '{_short(name, 60)}': unknown field (did you mean '{guess[0]}'?)")
-        if name in SCHEMA.names:
+        if name in _RESULT_COLUMNS:
             raise _LineProblem(f"field '{_short(name, 60)}': the results have a column of that name, rename it")
     return dict(extra) or None
 
