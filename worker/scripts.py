@@ -37,8 +37,8 @@ def watched(conn: redis.Redis, watch: Sequence[str], attempt: Callable[[redis.cl
             try:
                 pipe.watch(*watch)
                 return attempt(pipe)
-            except redis.WatchError:
-                pipe.reset()
+            except redis.WatchError:  # EXEC failed (and reset the pipeline): read again
+                continue
     raise MiroError(f"{what} kept changing while miro read it; try again.")
 
 
