@@ -34,6 +34,7 @@ from .registry import resolve_model
 from .sampling import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
+from .structured_output import StructuredOutputs
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -125,6 +126,7 @@ class Engine:
         if not enable_chunked_prefill:  # every prompt must fit in one step
             max_num_batched_tokens = max(max_num_batched_tokens, self.max_model_len)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
+        self.structured = StructuredOutputs(tokenizer, self.config.vocab_size)
         self.requests: dict[str, Request] = {}
         self._aborted: list[RequestOutput] = []
         self._token_log: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
@@ -218,18 +220,20 @@ class Engine:
             params = replace(params, max_tokens=self._room_for(len(ids), params.n))
         self._check_fits(len(ids), params.max_tokens, params.n)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.tokenizer.eog_ids)
-        seq = self._new_sequence(request_id, 0, ids, params)
+        matcher = self.structured.new_matcher(params.structured_outputs) if params.structured_outputs else None
+        seq = self._new_sequence(request_id, 0, ids, params, matcher)
         self.requests[request_id] = Request(
             request_id, prompt if isinstance(prompt, str) else None, ids, params, [seq], stop_ids
         )
         self.scheduler.add(seq)
         return request_id
 
-    def _new_sequence(self, request_id: str, index: int, ids: list[int], params: SamplingParams) -> Sequence:
+    def _new_sequence(self, request_id: str, index: int, ids: list[int], params: SamplingParams,
+                      matcher=None) -> Sequence:
         # choice i of a seeded request has its own fixed stream, independent of the batch
         rng = np.random.default_rng(None if params.seed is None else [params.seed, index])
         detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens)
-        return Sequence(request_id, index, list(ids), params, rng, detok)
+        return Sequence(request_id, index, list(ids), params, rng, detok, matcher=matcher)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request; its output (finish_reason "abort") comes with the next step(). False if unknown."""
@@ -255,7 +259,10 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch:
             return outputs
+        # structured output: the masks of the constrained rows are computed while the forward pass runs
+        pending_masks = self.structured.start_masks([s.seq for s in batch.seqs if s.wants_logits])
         out = self.runner.execute(batch)
+        masks = pending_masks.result() if pending_masks else None
 
         prompt_tokens = 0
         for scheduled in batch.seqs:
@@ -264,7 +271,7 @@ class Engine:
                 prompt_tokens += n  # prefill (or recomputation after preemption), not a decode token
             scheduled.seq.num_computed_tokens += n
         stop_ids = [self.requests[s.request_id].stop_ids for s in out.seqs]
-        tokens = sampler.sample(out.logits, out.seqs, stop_ids)
+        tokens = sampler.sample(out.logits, out.seqs, stop_ids, masks)
 
         touched = {}
         for seq, token, row in zip(out.seqs, tokens, out.logits):
@@ -284,9 +291,11 @@ class Engine:
     def _fork(self, request: Request, parent: Sequence, logits_row: np.ndarray) -> None:
         """n > 1: the other choices share the parent's prompt blocks (copy-on-write) and sample from its logits."""
         for index in range(1, request.params.n):
-            child = self._new_sequence(request.request_id, index, parent.prompt_token_ids, request.params)
+            matcher = parent.matcher.deep_copy() if parent.matcher is not None else None  # before the parent moves
+            child = self._new_sequence(request.request_id, index, parent.prompt_token_ids, request.params, matcher)
             self.block_manager.fork(parent, child)
-            token = sampler.sample(logits_row[None], [child], [request.stop_ids])[0]
+            masks = self.structured.masks([matcher], [0]) if matcher is not None else None
+            token = sampler.sample(logits_row[None], [child], [request.stop_ids], masks)[0]
             request.seqs.append(child)
             self.scheduler.add_running(child)
             self._append_token(child, token, request)
@@ -294,6 +303,9 @@ class Engine:
     def _append_token(self, seq: Sequence, token: int, request: Request) -> None:
         params = seq.params
         seq.output_token_ids.append(token)
+        if seq.matcher is not None and not seq.matcher.consume_token(token):
+            raise MiroError(f"structured output: the grammar refused a token its own mask allowed "
+                            f"({seq.matcher.get_error()}).")
         if token in request.stop_ids:
             self._finish(seq, "stop", stop_reason=token)
             return
@@ -306,6 +318,9 @@ class Engine:
                 seq.text = seq.text[:at]
                 self._finish(seq, "stop", flush=False)
                 return
+        if seq.matcher is not None and seq.matcher.is_stopped():  # the constraint is complete: nothing may follow
+            self._finish(seq, "stop")
+            return
         if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             self._finish(seq, "length")
 

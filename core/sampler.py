@@ -11,6 +11,7 @@ import numpy as np
 
 from .sampling import SamplingParams
 from .sequence import Sequence
+from .structured_output import TokenMasks
 
 # top-p looks for its nucleus among this many most likely tokens first and sorts
 # the whole vocabulary only when they do not hold enough probability mass
@@ -68,8 +69,20 @@ def token_logprobs(raw_row: np.ndarray, token: int, top_n: int) -> dict:
             "top": [(int(t), float(logprobs[t])) for t in top]}
 
 
-def sample(logits: np.ndarray, seqs: list[Sequence], stop_ids: list[set[int]]) -> list[int]:
-    """Next token for each sequence; `logits[i]` belongs to `seqs[i]`, `stop_ids[i]` are its stop tokens."""
+def apply_token_masks(processed: np.ndarray, raw: np.ndarray, masks: TokenMasks) -> None:
+    """Drop the tokens each constrained row's grammar does not allow. Where min_tokens banned all it allows
+    (the grammar is complete and only ends), the grammar wins: the row is its raw logits under the mask."""
+    for j, i in enumerate(masks.rows):
+        allowed = masks.allowed(j, processed.shape[1])
+        processed[i, ~allowed] = -np.inf
+        if not np.isfinite(processed[i]).any():
+            processed[i] = np.where(allowed, raw[i], -np.inf)
+
+
+def sample(logits: np.ndarray, seqs: list[Sequence], stop_ids: list[set[int]],
+           masks: TokenMasks | None = None) -> list[int]:
+    """Next token for each sequence; `logits[i]` belongs to `seqs[i]`, `stop_ids[i]` are its stop tokens,
+    and `masks` holds the allowed tokens of the rows under a structured-output constraint."""
     tokens = [0] * len(seqs)
     processed = logits
     needs_processing = [
@@ -77,13 +90,15 @@ def sample(logits: np.ndarray, seqs: list[Sequence], stop_ids: list[set[int]]) -
         if s.params.repetition_penalty != 1.0 or s.params.presence_penalty or s.params.frequency_penalty
         or len(s.output_token_ids) < s.params.min_tokens
     ]
-    if needs_processing:
+    if needs_processing or masks:
         processed = logits.copy()
         for i in needs_processing:
             s = seqs[i]
             apply_penalties(processed[i], s.params, s.prompt_token_ids, s.output_token_ids)
             if len(s.output_token_ids) < s.params.min_tokens and stop_ids[i]:
                 processed[i, list(stop_ids[i])] = -np.inf
+        if masks:
+            apply_token_masks(processed, logits, masks)
 
     greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
     if greedy:

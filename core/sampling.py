@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from .config import MAX_CONTEXT_LENGTH
 from .errors import RequestError
+from .structured_output import StructuredOutputsParams
 
 MAX_N = 128  # choices per request, OpenAI's limit
 MAX_TOKENS_LIMIT = MAX_CONTEXT_LENGTH  # no model miro loads has a longer context: more is a mistake, refused at submit
@@ -31,10 +32,14 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    # a JSON schema, regex, choice or grammar the output must follow (a dict of its fields is taken too)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.of(self.structured_outputs)
         self.validate()
 
     def validate(self) -> None:
@@ -69,6 +74,11 @@ class SamplingParams:
             bad("stop_token_ids must be non-negative integers.")
         if any(not s for s in self.stop):
             bad("stop strings must not be empty.")
+        if self.structured_outputs is not None:
+            if self.stop:
+                bad("stop strings cannot be combined with structured_outputs: they could cut the output short of "
+                    "what the constraint asks.")
+            self.structured_outputs.validate()
 
     @property
     def greedy(self) -> bool:

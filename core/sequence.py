@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,7 @@ class Sequence:
     stop_reason: str | int | None = None
     logprobs: list[dict] = field(default_factory=list)
     arrival: int = field(default_factory=lambda: next(_arrival_counter))
+    matcher: Any = None  # structured output: llguidance's matcher, fed every token this sequence takes
 
     @property
     def num_tokens(self) -> int:
