@@ -111,3 +111,44 @@ def limit_threads(threads: int) -> None:
 
     threadpool_limits(threads)
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def constraint_options(command):
+    """--json-schema, --regex, --choice and --grammar: the structured output a command's requests follow."""
+    options = [
+        click.option("--json-schema", "json_schema", type=click.Path(dir_okay=False), default=None,
+                     help="The output is JSON following the JSON schema in this file."),
+        click.option("--regex", default=None, help="The output matches this regular expression."),
+        click.option("--choice", multiple=True, help="The output is exactly one of these strings (repeatable)."),
+        click.option("--grammar", type=click.Path(dir_okay=False), default=None,
+                     help="The output follows the Lark grammar in this file."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def constraint_of(json_schema: str | None, regex: str | None, choice: tuple[str, ...], grammar: str | None) -> dict | None:
+    """The constraint options as SamplingParams' structured_outputs (None without one); MiroError in one
+    sentence for two at once or a file that cannot be read."""
+    import json
+
+    given = {name: value for name, value in (("json", json_schema), ("regex", regex), ("choice", list(choice)),
+                                             ("grammar", grammar)) if value}
+    if len(given) > 1:
+        raise MiroError("give one of --json-schema, --regex, --choice and --grammar, not several.")
+    if not given:
+        return None
+    (kind, value), = given.items()
+    if kind in ("json", "grammar"):
+        option = "--json-schema" if kind == "json" else "--grammar"
+        try:
+            value = open(value, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as err:
+            raise MiroError(f"{option} {value}: cannot read the file ({getattr(err, 'strerror', None) or err}).")
+        if kind == "json":
+            try:
+                value = json.loads(value)
+            except ValueError as err:
+                raise MiroError(f"--json-schema {json_schema}: not valid JSON ({err}).") from None
+    return {kind: value}

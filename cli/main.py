@@ -9,7 +9,8 @@ import click
 from miro.core import defaults
 from miro.core.registry import DEFAULT_MODEL
 
-from .common import (MiroCommand, MiroGroup, engine_kwargs, engine_options, log_to_stderr,
+from .common import (MiroCommand, MiroGroup, constraint_of, constraint_options, engine_kwargs, engine_options,
+                     log_to_stderr,
                      model_option, redis_url_option)
 
 
@@ -31,14 +32,16 @@ def cli():
 @click.option("--seed", default=None, type=int)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token.")
+@constraint_options
 @engine_options
-def generate(prompt, model, chat, system, max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **engine):
+def generate(prompt, model, chat, system, max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos,
+             json_schema, regex, choice, grammar, **engine):
     """Generate a completion for PROMPT and print it as it is produced."""
     from miro.core import Engine, SamplingParams
 
     params = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=list(stop),
-        ignore_eos=ignore_eos,
+        ignore_eos=ignore_eos, structured_outputs=constraint_of(json_schema, regex, choice, grammar),
     )
     engine = Engine.from_model(model, log=log_to_stderr, **engine_kwargs(**engine))
     if chat:
@@ -101,14 +104,16 @@ SHOWN_ERRORS = 20
               help="Add to batch BATCH the requests of the file that have no finished or running job.")
 @click.option("--job-timeout", default=str(defaults.JOB_TIMEOUT_S), show_default=True,
               help="Seconds a job may take once started (or 30m, 2h, 1d; -1 for no limit).")
+@constraint_options
 def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temperature, top_p, seed, skip_invalid,
-           dry_run, resume, job_timeout):
+           dry_run, resume, job_timeout, json_schema, regex, choice, grammar):
     """Validate DATASET (JSONL) and enqueue one RQ job per line; prints the batch id."""
     from miro.worker.batches import connect, redacted
     from miro.worker.submit import InvalidDataset, submit as submit_dataset
 
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
-                                  ("seed", seed)) if v is not None}
+                                  ("seed", seed), ("structured_outputs", constraint_of(json_schema, regex, choice, grammar)))
+                if v is not None}
     conn = None if dry_run else connect(redis_url)
     try:
         result = submit_dataset(conn, dataset, queue_name=queue_name, name=name, output=output, model=model,
@@ -160,7 +165,7 @@ def submit_main() -> None:
 def results(batch_id, out_path, fmt, errors_path, redis_url):
     """Merge BATCH's part files into one file: one row per custom id and choice, in input order, failed requests included."""
     from miro.worker.batches import connect
-    from miro.worker.results import collect, write_openai_jsonl, write_parquet
+    from miro.worker.results import collect, cut_constraints_note, write_openai_jsonl, write_parquet
 
     table, batch = collect(connect(redis_url), batch_id)
     if fmt == "parquet":
@@ -172,6 +177,9 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
         errors_path = errors_path or out_path.removesuffix(".jsonl") + ".errors.jsonl"
         ok, failed = write_openai_jsonl(table, out_path, errors_path)
         log_to_stderr(f"Wrote {ok:,} responses to {out_path} and {failed:,} errors to {errors_path}.")
+    note = cut_constraints_note(table)
+    if note:
+        log_to_stderr(note)
 
 
 @cli.command("worker", cls=MiroCommand)

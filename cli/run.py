@@ -36,7 +36,8 @@ import redis
 from miro.core import defaults
 from miro.core.errors import MiroError
 
-from .common import MiroCommand, engine_kwargs, engine_options, log_to_stderr, model_option, redis_url_option
+from .common import (MiroCommand, constraint_of, constraint_options, engine_kwargs, engine_options, log_to_stderr,
+                     model_option, redis_url_option)
 
 
 
@@ -65,9 +66,11 @@ from .common import MiroCommand, engine_kwargs, engine_options, log_to_stderr, m
 @click.option("--flush-seconds", type=click.FloatRange(min=0), default=defaults.FLUSH_SECONDS, show_default=True,
               help="Finished rows are saved to part files at least this often (the progress bar moves as they are); "
                    "a run killed outright loses at most this much work.")
+@constraint_options
 @engine_options
 def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temperature, top_p, seed, skip_invalid,
-                dry_run, resume, state_dir, shutdown_grace, flush_seconds, **engine):
+                dry_run, resume, state_dir, shutdown_grace, flush_seconds, json_schema, regex, choice, grammar,
+                **engine):
     """The whole job on this machine: submit DATASET, run a worker until done, write the merged results.
 
     Ctrl-C writes what finished to OUTPUT's .partial.parquet file; the same command with --resume finishes it.
@@ -75,10 +78,11 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     from miro.core.registry import resolve_model
     from miro.worker.batches import redacted
 
+    constraint = constraint_of(json_schema, regex, choice, grammar)
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
-                                  ("seed", seed)) if v is not None}
+                                  ("seed", seed), ("structured_outputs", constraint)) if v is not None}
     options = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
-               "skip_invalid": skip_invalid, "name": name, "format": fmt}
+               "skip_invalid": skip_invalid, "name": name, "format": fmt, "structured_outputs": constraint}
     checked = _validate(dataset, defaults, skip_invalid)
     if dry_run:
         log_to_stderr(f"Dry run: {checked.valid:,} valid lines, {len(checked.invalid):,} invalid; nothing was run.")
@@ -249,7 +253,7 @@ class Pace:
 def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: dict,
                    interruption: Interruption, pace: Pace | None) -> bool:
     """OUTPUT if every request finished (then True), else the partial file; either way the line that says so."""
-    from miro.worker.results import collect, write_openai_jsonl
+    from miro.worker.results import collect, cut_constraints_note, write_openai_jsonl
 
     table, batch = collect(conn, batch_id)
     partial = partial_path(out_path)
@@ -266,6 +270,9 @@ def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: 
         else:
             _write_parquet(table, out_path)
             log_to_stderr(f"Wrote {table.num_rows:,} rows to {out_path}: {counts}.")
+        note = cut_constraints_note(table)
+        if note:
+            log_to_stderr(note)
         if os.path.exists(partial):
             os.remove(partial)
         return True

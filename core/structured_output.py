@@ -74,12 +74,21 @@ class StructuredOutputsParams:
         """Whether the output is JSON (its parsed value goes to the results)."""
         return self.kind in ("json", "json_object")
 
-    def grammar_text(self) -> str:
-        """The constraint as an llguidance grammar, checked: RequestError in one sentence if it does not compile."""
-        return _compiled(self.kind, _key(self))
+    def grammar_text(self, label: str | None = None) -> str:
+        """The constraint as an llguidance grammar, checked: RequestError in one sentence if it does not compile,
+        naming it `label` (default: structured_outputs.KIND)."""
+        kind = self.kind
+        try:
+            return _compiled(kind, _key(self))
+        except _Unusable as problem:
+            raise RequestError(f"{label or 'structured_outputs.' + kind} {problem}.") from None
 
-    def validate(self) -> None:
-        self.grammar_text()
+    def validate(self, label: str | None = None) -> None:
+        self.grammar_text(label)
+
+
+class _Unusable(Exception):
+    """What is wrong with a constraint, as the end of a sentence naming it ("does not compile: ...")."""
 
 
 def _key(params: StructuredOutputsParams) -> str:
@@ -90,11 +99,10 @@ def _key(params: StructuredOutputsParams) -> str:
         try:
             value = json.loads(value)
         except ValueError as e:
-            raise RequestError(f"structured_outputs.json is not valid JSON ({e}).") from None
+            raise _Unusable(f"is not valid JSON ({e})") from None
     text = json.dumps(value, ensure_ascii=False)
     if len(text) > MAX_CONSTRAINT_CHARS:
-        raise RequestError(f"structured_outputs.{kind} is {len(text):,} characters long, more than the "
-                           f"{MAX_CONSTRAINT_CHARS:,} miro accepts.")
+        raise _Unusable(f"is {len(text):,} characters long, more than the {MAX_CONSTRAINT_CHARS:,} miro accepts")
     return text
 
 
@@ -106,33 +114,38 @@ def _compiled(kind: str, key: str) -> str:
     build = llguidance.LLMatcher
     if kind == "json":
         if not isinstance(value, dict):
-            raise RequestError("structured_outputs.json must be a JSON schema object.")
+            raise _Unusable("must be a JSON schema object")
         grammar = build.grammar_from_json_schema(value, overrides=JSON_OPTIONS)
     elif kind == "json_object":
+        if value is not True:
+            raise _Unusable("must be true or left out")
         grammar = build.grammar_from_json_schema({"type": "object"}, overrides=JSON_OPTIONS)
     elif kind == "regex":
-        _check_type(kind, value, str)
+        _check_string(value)
         grammar = build.grammar_from_regex(value)
     elif kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
-            raise RequestError("structured_outputs.choice must be a non-empty list of non-empty strings.")
+            raise _Unusable("must be a non-empty list of non-empty strings")
         grammar = build.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in value))
     else:
-        _check_type(kind, value, str)
+        _check_string(value)
         grammar = build.grammar_from_lark(value)
     is_error, messages = build.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise RequestError(f"structured_outputs.{kind} does not compile: {_first_line(messages[0])}.")
+        raise _Unusable(f"does not compile: {_first_line(messages[0])}")
     return grammar
 
 
-def _check_type(kind: str, value: Any, expected: type) -> None:
-    if not isinstance(value, expected) or not value:
-        raise RequestError(f"structured_outputs.{kind} must be a non-empty string.")
+def _check_string(value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise _Unusable("must be a non-empty string")
 
 
 def _first_line(message: str, limit: int = 200) -> str:
-    line = next((part.strip() for part in message.splitlines() if part.strip()), "unknown error").rstrip(".")
+    """llguidance's message as one line: its first line, and the regex parser's "error: ..." line if it has one."""
+    lines = [part.strip() for part in message.splitlines() if part.strip()] or ["unknown error"]
+    cause = next((part[len("error:"):].strip() for part in lines[1:] if part.startswith("error:")), None)
+    line = (lines[0].rstrip(":") + (f": {cause}" if cause else "")).rstrip(".")
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 

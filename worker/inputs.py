@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from miro.core.errors import MiroError, RequestError
 from miro.core.sampling import SamplingParams
+from miro.core.structured_output import StructuredOutputsParams
 
 from .rows import SCHEMA
 
@@ -139,6 +140,7 @@ class _Sampling(BaseModel):
     n: int | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: {"json": schema} | {"regex": ...} | {"choice": [...]} | ...
 
     def sampling(self) -> dict:
         return {k: v for k in _Sampling.model_fields if (v := getattr(self, k)) is not None}
@@ -173,15 +175,40 @@ class OpenAILine(BaseModel):
 
 # Body fields that change what a request means, which miro cannot honour yet: refused by name, never ignored.
 # A field given as its "off" value (null, [], {}, "none", {"type": "text"}, false) is fine.
-_UNHONOURED = ("tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias", "audio",
-               "prediction", "stream")
-_OFF_VALUES = (None, [], {}, "none", {"type": "text"}, False)
+_UNHONOURED = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "audio", "prediction", "stream")
+_OFF_VALUES = (None, [], {}, "none", False)
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")  # name, description, strict: the schema is always enforced
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text (no constraint), json_object (any JSON object) or json_schema."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise PydanticCustomError("json_schema", "'json_schema' goes with type 'json_schema', and only there")
+        return self
+
+    def constraint(self) -> dict | None:
+        """The format as SamplingParams' structured_outputs."""
+        if self.type == "json_schema":
+            return {"json": self.json_schema.schema_}
+        return {"json_object": True} if self.type == "json_object" else None
 
 
 class _Body(_Sampling):
     model_config = ConfigDict(extra="ignore")  # OpenAI clients send many fields we do not use (user, metadata, ...)
     model: str | None = None
     max_completion_tokens: int | None = None
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -305,6 +332,16 @@ def _openai(obj: dict, number: int) -> Request:
             sampling["logprobs"] = body.top_logprobs or 0
     elif body.logprobs is not None:
         sampling["logprobs"] = body.logprobs
+    if body.response_format is not None and body.response_format.constraint() is not None:
+        if body.structured_outputs is not None:
+            raise _LineProblem("field 'body.response_format': give it or 'body.structured_outputs', not both")
+        sampling["structured_outputs"] = body.response_format.constraint()
+        label = ("field 'body.response_format.json_schema.schema'" if body.response_format.type == "json_schema"
+                 else "field 'body.response_format'")
+        try:
+            StructuredOutputsParams.of(sampling["structured_outputs"]).validate(label)
+        except RequestError as e:
+            raise _LineProblem(str(e).rstrip(".")) from None
     return Request(
         custom_id=envelope.custom_id, line=number, kind="chat" if chat else "completion",
         prompt=None if chat else body.prompt,

@@ -56,6 +56,18 @@ def collect(conn, batch_id: str) -> tuple[pa.Table, dict]:
     return spread_extra(merge(pa.concat_tables([parts, invalid]))), batch
 
 
+def cut_constraints_note(table: pa.Table) -> str | None:
+    """A sentence on the structured-output requests that max_tokens cut short (they may not parse), if any."""
+    if table.num_rows == 0:
+        return None
+    constrained = pc.match_substring(pc.fill_null(table["sampling"], ""), '"structured_outputs":')
+    cut = pc.sum(pc.and_(constrained, pc.equal(pc.fill_null(table["finish_reason"], ""), "length"))).as_py() or 0
+    if not cut:
+        return None
+    return (f"Note: {cut:,} structured outputs stopped at max_tokens (finish_reason \"length\") and may not parse; "
+            f"their parsed column is null.")
+
+
 def spread_extra(table: pa.Table) -> pa.Table:
     """The `extra` column (each simple line's own fields, JSON) as one column per field, in the order the
     fields first appear; null where a line lacks one. A field whose values pyarrow cannot hold in one type

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from miro.core.structured_output import StructuredOutputsParams, parsed_json
+
 if TYPE_CHECKING:
     from miro.core.outputs import RequestOutput
     from miro.core.tokenizer import Tokenizer
@@ -36,6 +38,9 @@ SCHEMA = pa.schema([
     ("requested_model", pa.string()),  # the model the request asked for (an OpenAI body's `model`, or --model)
     ("prompt", pa.string()),
     ("output", pa.string()),
+    # a JSON-constrained output that stopped, parsed, as compact JSON text; null for anything else, and for one
+    # cut short by max_tokens (finish_reason "length"), which may not parse
+    ("parsed", pa.string()),
     ("finish_reason", pa.string()),
     ("prompt_tokens", pa.int32()),
     ("cached_tokens", pa.int32()),  # prompt tokens served from the prefix cache
@@ -70,9 +75,12 @@ def _base_row(payload: JobPayload, job_id: str, worker: str, model: str | None, 
 def result_rows(payload: JobPayload, output: RequestOutput, tokenizer: Tokenizer, *, job_id: str, worker: str, model: str,
                 prompt: str, started: float, finished: float) -> list[dict]:
     """One row per choice of a finished request."""
+    constraint = payload.sampling.get("structured_outputs")
+    constraint = StructuredOutputsParams.of(constraint) if constraint else None
     return [
         {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": choice.index,
-         "output": choice.text, "finish_reason": choice.finish_reason,
+         "output": choice.text, "parsed": parsed_json(constraint, choice.text, choice.finish_reason),
+         "finish_reason": choice.finish_reason,
          "prompt_tokens": len(output.prompt_token_ids), "cached_tokens": output.num_cached_tokens,
          "completion_tokens": len(choice.token_ids),
          "output_token_ids": choice.token_ids, "error": None,

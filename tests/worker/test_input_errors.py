@@ -333,7 +333,7 @@ def test_non_text_content_parts_are_refused_by_type(tmp_path):
 
 @pytest.mark.parametrize("field, value", [
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-    ("response_format", {"type": "json_object"}), ("logit_bias", {"50256": -100}), ("stream", True),
+    ("logit_bias", {"50256": -100}), ("stream", True),
 ])
 def test_fields_miro_cannot_honour_are_refused_by_name_not_ignored(tmp_path, field, value):
     result = parse(tmp_path, openai("o", CHAT, **{field: value}))
@@ -353,3 +353,32 @@ def test_a_json_array_or_csv_file_is_one_sentence_about_the_file(tmp_path):
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text('{"id": "q1", "prompt": "a"}\nid,prompt\n')  # one good line: the per-line errors stand
     assert parse_dataset(mixed).file_error is None
+
+
+@pytest.mark.parametrize("line, message", [
+    ({"id": "q", "prompt": "x", "structured_outputs": {"regex": "(ab"}},
+     "line 1: structured_outputs.regex does not compile: "),
+    ({"id": "q", "prompt": "x", "structured_outputs": {"json": {"type": "bogus"}}},
+     "line 1: structured_outputs.json does not compile: Invalid type: bogus."),
+    ({"id": "q", "prompt": "x", "structured_outputs": {"grammar": "start: nowhere"}},
+     "line 1: structured_outputs.grammar does not compile: "),
+    ({"id": "q", "prompt": "x", "structured_outputs": {"choice": "yes"}},
+     "line 1: structured_outputs.choice must be a non-empty list of non-empty strings."),
+    ({"id": "q", "prompt": "x", "structured_outputs": "json"},
+     "line 1: field 'structured_outputs': Input should be a valid dictionary."),
+    ({"id": "q", "prompt": "x", "structured_outputs": {"json_object": True}, "stop": "}"},
+     "line 1: stop strings cannot be combined with structured_outputs"),
+    (openai("o", CHAT, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "x"}}}),
+     "line 1: field 'body.response_format.json_schema.schema' does not compile: Invalid type: x."),
+    (openai("o", CHAT, response_format={"type": "json_schema"}),
+     "line 1: field 'body.response_format': 'json_schema' goes with type 'json_schema', and only there."),
+    (openai("o", CHAT, response_format={"type": "xml"}),
+     "line 1: field 'body.response_format.type': Input should be 'text', 'json_object' or 'json_schema'."),
+    (openai("o", CHAT, response_format={"type": "json_object"}, structured_outputs={"regex": "a"}),
+     "line 1: field 'body.response_format': give it or 'body.structured_outputs', not both."),
+])
+def test_a_constraint_that_cannot_compile_is_its_lines_error(tmp_path, line, message):
+    """Submit compiles every schema, regex and grammar: one that fails is that line's error, and nothing is
+    enqueued."""
+    error = only_error(tmp_path, line)
+    assert error.message.startswith(message) and error.message.endswith(".") and "\n" not in error.message

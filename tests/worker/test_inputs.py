@@ -184,3 +184,29 @@ def test_a_simple_lines_own_fields_are_carried_for_the_results(tmp_path):
     result = parse(tmp_path, {"id": "q1", "prompt": "x", "category": "math", "meta": {"source": "a", "n": 2}},
                    {"id": "q2", "prompt": "y"})
     assert [r.extra for r in result.requests] == [{"category": "math", "meta": {"source": "a", "n": 2}}, None]
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+def test_constraints_arrive_as_structured_outputs(tmp_path):
+    """OpenAI's response_format (json_schema, json_object, text) and vLLM's structured_outputs, on both line forms."""
+    schema_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    result = parse(tmp_path,
+                   openai("a", CHAT, response_format=schema_format),
+                   openai("b", CHAT, response_format={"type": "json_object"}),
+                   openai("c", COMPLETIONS, prompt="x", response_format={"type": "text"}),
+                   openai("d", COMPLETIONS, prompt="x", structured_outputs={"regex": "[0-9]+"}),
+                   {"id": "e", "prompt": "x", "structured_outputs": {"choice": ["yes", "no"]}},
+                   {"id": "f", "messages": [{"role": "user", "content": "x"}],
+                    "structured_outputs": {"grammar": 'start: "a"'}})
+    assert result.ok
+    assert [r.sampling.get("structured_outputs") for r in result.requests] == [
+        {"json": PERSON}, {"json_object": True}, None, {"regex": "[0-9]+"}, {"choice": ["yes", "no"]},
+        {"grammar": 'start: "a"'}]
+
+
+def test_a_default_constraint_applies_to_lines_without_one(tmp_path):
+    result = parse(tmp_path, {"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y", "structured_outputs": {"regex": "b"}},
+                   defaults={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert [r.sampling["structured_outputs"] for r in result.requests] == [{"choice": ["yes", "no"]}, {"regex": "b"}]
