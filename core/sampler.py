@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .kernels import mask_rows
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .structured_output import TokenMasks
@@ -72,11 +73,12 @@ def token_logprobs(raw_row: np.ndarray, token: int, top_n: int) -> dict:
 def apply_token_masks(processed: np.ndarray, raw: np.ndarray, masks: TokenMasks) -> None:
     """Drop the tokens each constrained row's grammar does not allow. Where min_tokens banned all it allows
     (the grammar is complete and only ends), the grammar wins: the row is its raw logits under the mask."""
-    for j, i in enumerate(masks.rows):
+    rows = np.asarray(masks.rows, dtype=np.int64)
+    emptied = np.zeros(len(rows), dtype=np.bool_)
+    mask_rows(processed, rows, masks.bits, emptied)
+    for j in np.flatnonzero(emptied):
         allowed = masks.allowed(j, processed.shape[1])
-        processed[i, ~allowed] = -np.inf
-        if not np.isfinite(processed[i]).any():
-            processed[i] = np.where(allowed, raw[i], -np.inf)
+        processed[rows[j]] = np.where(allowed, raw[rows[j]], -np.inf)
 
 
 def sample(logits: np.ndarray, seqs: list[Sequence], stop_ids: list[set[int]],

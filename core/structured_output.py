@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 # JSON is generated without free whitespace: a small model given the choice can loop on spaces and newlines
 JSON_OPTIONS = {"whitespace_flexible": False}
 MAX_CONSTRAINT_CHARS = 1_000_000  # a schema, regex or grammar longer than this is refused at submit
+MAX_CACHED_GRAMMARS = 256  # compiled grammars an engine keeps (a batch usually has one or a few schemas)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class StructuredOutputs:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size  # the logits' width (a vocabulary may be padded past its tokens)
         self._ll_tokenizer = None
+        self._fresh: dict[str, Any] = {}  # grammar -> a matcher at its start, deep-copied for each sequence
         self._executor = None
         self._thread: ThreadPoolExecutor | None = None
 
@@ -188,11 +190,17 @@ class StructuredOutputs:
         """A matcher at the start of the constraint; RequestError if it cannot run on this vocabulary."""
         import llguidance
 
-        matcher = llguidance.LLMatcher(self._llguidance(), params.grammar_text(), log_level=0)
-        if matcher.is_error():
-            raise RequestError(f"structured_outputs cannot run on this model's vocabulary: "
-                               f"{_first_line(matcher.get_error())}.")
-        return matcher
+        grammar = params.grammar_text()
+        fresh = self._fresh.get(grammar)
+        if fresh is None:
+            fresh = llguidance.LLMatcher(self._llguidance(), grammar, log_level=0)
+            if fresh.is_error():
+                raise RequestError(f"structured_outputs cannot run on this model's vocabulary: "
+                                   f"{_first_line(fresh.get_error())}.")
+            if len(self._fresh) >= MAX_CACHED_GRAMMARS:
+                self._fresh.pop(next(iter(self._fresh)))
+            self._fresh[grammar] = fresh
+        return fresh.deep_copy()
 
     def start_masks(self, seqs: list[Sequence]) -> Future | None:
         """Begin computing the masks of the constrained sequences among `seqs` (the rows of the coming logits)

@@ -164,3 +164,13 @@ def test_parsed_json_is_compact_text_of_a_stopped_json_output():
     assert parsed_json(json_params, '{"a": [1, 2]}', "stop") == '{"a":[1,2]}'
     assert parsed_json(StructuredOutputsParams(regex="a"), "a", "stop") is None
     assert parsed_json(None, "{}", "stop") is None
+
+
+def test_a_grammar_that_allows_only_banned_tokens_wins_over_min_tokens():
+    """min_tokens bans the stop tokens; if they are all a row's grammar allows, the row keeps them (raw logits)."""
+    raw = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
+    processed = raw.copy()
+    processed[0, 2] = -np.inf  # min_tokens banned token 2
+    bits = np.array([[0b0100]], dtype=np.int32)  # the grammar allows token 2 only
+    apply_token_masks(processed, raw, TokenMasks([0], bits))
+    assert processed[0].tolist() == [-np.inf, -np.inf, 3.0, -np.inf]
