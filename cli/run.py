@@ -486,6 +486,11 @@ class RunState:
 
 
 def _as_flag(name: str, value) -> str:
+    if name == "structured_outputs":  # {"choice": [...]} was given as --choice, {"json": ...} as --json-schema
+        if value is None:
+            return "no --json-schema, --regex, --choice or --grammar"
+        (kind, given), = value.items()
+        return f"--{'json-schema' if kind == 'json' else kind} {json.dumps(given)}"
     flag = "--" + name.replace("_", "-")
     if isinstance(value, bool):
         return flag if value else f"no {flag}"
