@@ -10,6 +10,11 @@ BLOCK_SIZE = 16  # tokens per KV-cache block
 MAX_NUM_SEQS = 64  # sequences decoded together
 MAX_NUM_BATCHED_TOKENS = 512  # tokens per step (prefill chunks and decode tokens together)
 
+# a request's tokens and logprobs bitwise the same whatever runs beside it; native weights are so by
+# construction (and faster than f32 with OpenBLAS on 2 cores), so auto picks them when this is on. Off by
+# default: native's 8-bit activations (llama.cpp's scheme) change the default model's greedy answers
+BATCH_INVARIANT = False
+
 WEIGHT_CHOICES = ("auto", "f32", "native")
 WEIGHTS = "auto"
 WEIGHT_MEMORY_FRACTION = 0.5  # of the machine's RAM: auto's budget for a float32 copy of the weights

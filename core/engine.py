@@ -53,13 +53,20 @@ def f32_weight_bytes(gguf: GGUFFile) -> int:
     return total
 
 
-def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None) -> tuple[str, str]:
-    """The format to load ("f32" or "native") and a sentence saying why."""
+def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None,
+                         batch_invariant: bool = defaults.BATCH_INVARIANT) -> tuple[str, str]:
+    """The format to load ("f32" or "native") and a sentence saying why.
+
+    auto: native while batch-invariant (native kernels are invariant by construction, and faster than the
+    invariant float32 GEMM f32 would need); otherwise f32 when its copy fits the budget, else native."""
     if weights not in defaults.WEIGHT_CHOICES:
         raise MiroError(f"weights must be one of {', '.join(defaults.WEIGHT_CHOICES)}, not {weights!r}.")
+    budget = default_max_weight_memory() if max_weight_memory is None else parse_size(max_weight_memory)
     if weights != "auto":
         return weights, f"weights: {weights} (asked for)"
-    budget = default_max_weight_memory() if max_weight_memory is None else parse_size(max_weight_memory)
+    if batch_invariant:
+        return "native", ("weights: native (auto: batch-invariant, as the file's blocks are by construction; "
+                          "--no-batch-invariant lets auto take f32 with OpenBLAS when it fits)")
     if f32_bytes <= budget:
         return "f32", (f"weights: f32 (auto: a float32 copy takes {_size(f32_bytes)}, within the "
                        f"{_size(budget)} weight budget)")
@@ -108,7 +115,7 @@ class Engine:
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
-        batch_invariant: bool = False,
+        batch_invariant: bool = defaults.BATCH_INVARIANT,
     ):
         self.model = model
         self.config: ModelConfig = model.config
@@ -119,7 +126,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.block_size = block_size
-        # batch_invariant: outputs bitwise independent of the batch (slower GEMMs)
+        # batch_invariant: outputs bitwise independent of the batch (native weights always are; f32 then takes
+        # a numba GEMM instead of OpenBLAS)
         self.runner = ModelRunner(model, block_size, num_kv_blocks, kv_cache_memory, batch_invariant)
         self.max_model_len = min(max_model_len or self.config.context_length, self.config.context_length)
         self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size, enable_prefix_caching)
@@ -141,22 +149,24 @@ class Engine:
                    weights: str = defaults.WEIGHTS, max_weight_memory: str | int | None = None, **options) -> "Engine":
         """Load an alias (pulled on first use) or a .gguf path; options are the constructor's keywords.
 
-        weights: "f32" dequantizes every matrix once (fastest, 4-8x the file's size in memory), "native"
-        keeps them as stored in the memory-mapped file, "auto" takes f32 when its copy fits
-        max_weight_memory (bytes or "8GiB"; default: half the machine's RAM), else native. The choice
-        and why is `engine.weight_choice`, and goes to `log` when it is native.
+        weights: "native" keeps every matrix as stored in the memory-mapped file (batch-invariant by
+        construction), "f32" dequantizes each once (4-8x the file's size in memory; OpenBLAS), "auto" takes
+        native when batch_invariant, else f32 when its copy fits max_weight_memory (bytes or "8GiB";
+        default: half the machine's RAM), else native. The choice and why is
+        `engine.weight_choice`; it goes to `log` when the memory budget decided it.
         """
         path = resolve_model(name_or_path, log)
         t0 = time.perf_counter()
         gguf = GGUFFile(path)
         config = read_config(gguf)  # an architecture miro does not run stops here
-        weight_format, why = choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory)
+        batch_invariant = options.get("batch_invariant", defaults.BATCH_INVARIANT)
+        weight_format, why = choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory, batch_invariant)
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()
         model = load_model(gguf, config, weight_format)
         t3 = time.perf_counter()
-        if weight_format == "native":  # f32, the fast path, goes unannounced: it is what miro always did
+        if weight_format == "native" and not (weights == "auto" and batch_invariant):  # asked for, or the budget
             log(why)
         for fallback in model.weight_fallbacks:
             log(f"weights: {fallback}")

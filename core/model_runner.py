@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import defaults
 from .errors import RequestError
 from .kv_cache import KVCache, parse_size
 from .scheduler import ScheduledBatch
@@ -75,11 +76,11 @@ def build_step_input(
 
 class ModelRunner:
     def __init__(self, model: Model, block_size: int, num_kv_blocks: int | None, kv_cache_memory: str | int,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = defaults.BATCH_INVARIANT):
         """A KV cache of num_kv_blocks blocks, or of as many as fit in kv_cache_memory ("1GiB", bytes)."""
         self.model = model
         self.block_size = block_size
-        self.batch_invariant = batch_invariant  # outputs bitwise independent of the batch (slower GEMMs)
+        self.batch_invariant = batch_invariant  # outputs bitwise independent of the batch (f32: a numba GEMM)
         if num_kv_blocks is None:
             num_kv_blocks = parse_size(kv_cache_memory) // KVCache.bytes_per_block(model.config, block_size)
         if num_kv_blocks < 1:

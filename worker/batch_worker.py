@@ -84,6 +84,9 @@ def engine_options_from_env() -> dict:
         value = os.environ.get(f"MIRO_{name.upper()}")
         if value:
             options[name] = value
+    invariant = os.environ.get("MIRO_BATCH_INVARIANT")  # "0" / "false": as --no-batch-invariant
+    if invariant:
+        options["batch_invariant"] = invariant.strip().lower() not in ("0", "false", "no", "off")
     return options
 
 

@@ -20,7 +20,7 @@ LLAMA_CPP = json.loads((FIXTURES / "llamacpp_reference.json").read_text())
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    return Engine.from_model(smollm2_path, max_model_len=1024)
+    return Engine.from_model(smollm2_path, max_model_len=1024, weights="f32")  # the float32 path HF is held to
 
 
 @pytest.fixture(scope="module")

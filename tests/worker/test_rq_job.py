@@ -308,3 +308,19 @@ def test_a_job_outside_the_allow_list_fails_without_running(redis_url, tiny_mode
     job = Job.fetch(job.id, connection=conn, serializer=JSONSerializer)
     assert job.get_status() == JobStatus.FAILED and not marker.exists()
     assert "not on this worker's allow-list" in job.latest_result().exc_string
+
+
+@pytest.mark.parametrize("value, expected", [(None, None), ("0", False), ("false", False), ("1", True), ("yes", True)])
+def test_rq_worker_engine_settings_from_the_environment(monkeypatch, value, expected):
+    """`rq worker -w miro.worker.BatchWorker` takes engine settings from MIRO_* variables, as the CLI's options."""
+    from miro.worker.batch_worker import engine_options_from_env
+
+    for name in ("MIRO_BATCH_INVARIANT", "MIRO_WEIGHTS", "MIRO_MAX_NUM_SEQS"):
+        monkeypatch.delenv(name, raising=False)
+    if value is not None:
+        monkeypatch.setenv("MIRO_BATCH_INVARIANT", value)
+    monkeypatch.setenv("MIRO_WEIGHTS", "f32")
+    monkeypatch.setenv("MIRO_MAX_NUM_SEQS", "8")
+    options = engine_options_from_env()
+    assert options.get("batch_invariant") == expected
+    assert options["weights"] == "f32" and options["max_num_seqs"] == 8
