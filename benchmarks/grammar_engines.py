@@ -1,8 +1,8 @@
 """Grammar engines for structured output, measured on the default model's vocabulary.
 
-    python3 -m venv /work/venvs/grammar
-    /work/venvs/grammar/bin/pip install -e . llguidance xgrammar outlines-core jsonschema
-    /work/venvs/grammar/bin/python benchmarks/grammar_engines.py [--runs 3] [--model PATH]
+    python3 -m venv .venv-grammar
+    .venv-grammar/bin/pip install -e . llguidance xgrammar outlines-core jsonschema
+    .venv-grammar/bin/python benchmarks/grammar_engines.py [--runs 3] [--model PATH]
 
 A separate venv, because xgrammar pulls torch. Candidates: llguidance (1.9.x),
 xgrammar (0.2.x), outlines-core (0.2.x); each is imported lazily, so one that
