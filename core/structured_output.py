@@ -2,7 +2,7 @@
 a choice of strings, a Lark grammar), enforced token by token.
 
     StructuredOutputsParams (on SamplingParams) -> grammar, compiled and checked once per distinct constraint
-    -> a Guide per constrained sequence (llguidance's matcher, fed every token the sequence takes)
+    -> a matcher per constrained sequence (llguidance's LLMatcher, fed every token the sequence takes)
     -> each step: StructuredOutputs.start_masks() while the forward pass runs -> TokenMasks -> the sampler
        sets every token the grammar does not allow to -inf, on constrained rows only
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -58,13 +58,10 @@ class StructuredOutputsParams:
                                f"{', '.join(sorted(names))}).")
         return cls(**value)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The keyword arguments of the field that is set: what a job payload carries."""
-        return {k: v for k, v in asdict(self).items() if v not in (None, False)}
-
     @property
     def kind(self) -> str:
-        set_fields = list(self.to_dict())
+        """The name of the one field that is set."""
+        set_fields = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
         if len(set_fields) != 1:
             raise RequestError("structured_outputs takes exactly one of json, regex, choice, grammar and json_object, "
                                f"got {', '.join(set_fields) if set_fields else 'none'}.")
