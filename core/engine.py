@@ -10,9 +10,7 @@ requests and sequences.
 
 from __future__ import annotations
 
-
 import itertools
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -26,7 +24,6 @@ from .block_manager import BlockManager
 from .config import ModelConfig
 from .errors import MiroError, RequestError
 from .gguf_file import GGUFFile
-from .kv_cache import parse_size
 from .model_runner import ModelRunner
 from .models import Model, load_model, read_config
 from .outputs import CompletionOutput, RequestOutput
@@ -36,46 +33,8 @@ from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
 from .structured_output import StructuredOutputs
 from .tokenizer import IncrementalDetokenizer, Tokenizer
+from .weight_format import choose_weight_format, f32_weight_bytes
 
-
-
-def default_max_weight_memory() -> int:
-    """Auto's default budget for float32 weights: half the machine's physical memory."""
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * defaults.WEIGHT_MEMORY_FRACTION)
-
-
-def f32_weight_bytes(gguf: GGUFFile) -> int:
-    """Bytes of a float32 copy of every matrix in the file (a tied output head counts twice: embedding and head)."""
-    matrices = [t for t in gguf.tensors.values() if len(t.shape) == 2]
-    total = sum(int(np.prod(t.shape)) for t in matrices) * 4
-    if "output.weight" not in gguf.tensors and "token_embd.weight" in gguf.tensors:
-        total += int(np.prod(gguf.tensors["token_embd.weight"].shape)) * 4
-    return total
-
-
-def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None,
-                         batch_invariant: bool = defaults.BATCH_INVARIANT) -> tuple[str, str]:
-    """The format to load ("f32" or "native") and a sentence saying why.
-
-    auto: native while batch-invariant (native kernels are invariant by construction, and faster than the
-    invariant float32 GEMM f32 would need); otherwise f32 when its copy fits the budget, else native."""
-    if weights not in defaults.WEIGHT_CHOICES:
-        raise MiroError(f"weights must be one of {', '.join(defaults.WEIGHT_CHOICES)}, not {weights!r}.")
-    budget = default_max_weight_memory() if max_weight_memory is None else parse_size(max_weight_memory)
-    if weights != "auto":
-        return weights, f"weights: {weights} (asked for)"
-    if batch_invariant:
-        return "native", ("weights: native (auto: batch-invariant, as the file's blocks are by construction; "
-                          "--no-batch-invariant lets auto take f32 with OpenBLAS when it fits)")
-    if f32_bytes <= budget:
-        return "f32", (f"weights: f32 (auto: a float32 copy takes {_size(f32_bytes)}, within the "
-                       f"{_size(budget)} weight budget)")
-    return "native", (f"weights: native (auto: a float32 copy would take {_size(f32_bytes)}, over the "
-                      f"{_size(budget)} weight budget; the quantized tensors are used as stored)")
-
-
-def _size(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"
 STATS_WINDOW_S = 10.0
 
 
