@@ -10,8 +10,7 @@ from miro.core import defaults
 from miro.core.registry import DEFAULT_MODEL
 
 from .common import (MiroCommand, MiroGroup, constraint_of, constraint_options, engine_kwargs, engine_options,
-                     log_to_stderr,
-                     model_option, redis_url_option)
+                     log_to_stderr, model_option, redis_url_option)
 
 
 @click.group(cls=MiroGroup)
