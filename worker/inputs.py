@@ -174,7 +174,7 @@ class OpenAILine(BaseModel):
 
 
 # Body fields that change what a request means, which miro cannot honour yet: refused by name, never ignored.
-# A field given as its "off" value (null, [], {}, "none", {"type": "text"}, false) is fine.
+# A field given as its "off" value (null, [], {}, "none", false) is fine. (response_format is honoured: ResponseFormat.)
 _UNHONOURED = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "audio", "prediction", "stream")
 _OFF_VALUES = (None, [], {}, "none", False)
 
