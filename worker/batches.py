@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
+from miro.core import defaults
 from miro.core.errors import MiroError
 from miro.worker import keys, scripts
 
@@ -131,13 +132,13 @@ def _now() -> str:
 
 
 def create_batch(conn: redis.Redis, *, name: str, model: str, input_file: str, output: str, total: int,
-                 queue: str, job_timeout: int | None = None) -> str:
+                 queue: str, priority: str = defaults.PRIORITY, job_timeout: int | None = None) -> str:
     """Write a new batch record with status `validating` and index it; returns the new batch id."""
     batch_id = new_batch_id()
     created = _now()
     record = {
         "id": batch_id, "name": name, "status": "validating", "model": model, "input_file": input_file,
-        "output": output, "queue": queue, "created_at": created, "validating_at": created,
+        "output": output, "queue": queue, "priority": priority, "created_at": created, "validating_at": created,
         **{counter: 0 for counter in COUNTERS},
     }
     if job_timeout is not None:
@@ -169,7 +170,8 @@ def set_status(conn: redis.Redis, batch_id: str, status: str) -> str:
 
 
 def _typed(raw: dict[bytes, bytes]) -> dict[str, Any]:
-    out: dict[str, Any] = {counter: 0 for counter in COUNTERS}  # records made before a counter existed
+    # records made before a counter or the priority existed
+    out: dict[str, Any] = {**{counter: 0 for counter in COUNTERS}, "priority": defaults.PRIORITY}
     for k, v in raw.items():
         key, value = k.decode(), v.decode()
         if key in INT_FIELDS:

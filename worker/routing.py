@@ -2,7 +2,9 @@
 
 A batch runs on one model, and its jobs go to that model's queue, `miro:{model name}`; a worker listens to
 the queues of the names it serves (its model's name and any `--served-model-name`), so in a fleet with
-several models no request lands on the wrong one. A model's name is its alias (`smollm2-135m`) or, for a
+several models no request lands on the wrong one. A batch's priority picks one of three queues per name:
+`miro:{model}:high`, `miro:{model}` (normal) and `miro:{model}:low`; a worker listens to every high queue
+first, then the normal ones, then the low ones, and RQ takes from the first queue with a job. A model's name is its alias (`smollm2-135m`) or, for a
 path, the file's name without `.gguf` (`./models/tiny.gguf` -> `tiny`), so workers on machines that keep the
 file in different folders still agree.
 """
@@ -19,6 +21,7 @@ from miro.core.registry import ALIASES, DEFAULT_MODEL
 from . import keys
 
 QUEUE_PREFIX = "miro:"
+PRIORITIES = ("high", "normal", "low")  # most urgent first
 
 
 def model_name(model: str) -> str:
@@ -31,6 +34,34 @@ def model_name(model: str) -> str:
 
 def queue_for(model: str) -> str:
     return QUEUE_PREFIX + model_name(model)
+
+
+def check_priority(priority: str) -> str:
+    if priority not in PRIORITIES:
+        raise MiroError(f"The priority '{priority}' is not one of {', '.join(PRIORITIES)}.")
+    return priority
+
+
+def priority_queue(queue: str, priority: str) -> str:
+    """The queue a batch of `priority` goes to: `queue` itself for normal, `queue:high` or `queue:low` otherwise."""
+    return queue if priority == "normal" else f"{queue}:{priority}"
+
+
+def queue_priority(queue: str) -> str:
+    """The priority a queue's jobs have, from its name."""
+    return next((p for p in PRIORITIES if p != "normal" and queue.endswith(f":{p}")), "normal")
+
+
+def engine_priority(priority: str) -> int:
+    """The engine's priority number for a batch priority (as vLLM's: lower is served first; normal is 0)."""
+    return PRIORITIES.index(priority) - PRIORITIES.index("normal")
+
+
+def worker_queues(queues: list[str]) -> list[str]:
+    """What a worker given `queues` listens to, most urgent first: each name given without a priority at every
+    priority (high queues, then normal, then low), a name given with one as it is."""
+    expanded = [priority_queue(q, p) if queue_priority(q) == "normal" else q for q in queues for p in PRIORITIES]
+    return sorted(dict.fromkeys(expanded), key=lambda q: PRIORITIES.index(queue_priority(q)))
 
 
 def register_served_names(conn: redis.Redis, names: list[str], model: str) -> None:

@@ -25,6 +25,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import now as rq_now
 
 from miro.core import defaults
+from miro.core.defaults import PRIORITY as DEFAULT_PRIORITY
 from miro.core.errors import MiroError
 from miro.worker import batches, keys, routing, scripts
 from miro.worker.inputs import LineError, Request, parse_dataset
@@ -63,6 +64,7 @@ class InvalidDataset(MiroError):
 class SubmitResult:
     batch_id: str | None  # None for a dry run
     queue: str
+    priority: str
     lines: int  # request lines read: valid + invalid
     valid: int
     invalid: list[LineError] = field(default_factory=list)
@@ -88,9 +90,10 @@ def output_uri(output: str) -> str:
     return os.path.abspath(os.path.expanduser(output))
 
 
-def payload(request: Request, batch_id: str, model: str) -> JobPayload:
+def payload(request: Request, batch_id: str, model: str, priority: str = DEFAULT_PRIORITY) -> JobPayload:
     """Everything the worker needs to run the request and write its rows."""
     return JobPayload(batch_id=batch_id, custom_id=request.custom_id, kind=request.kind, model=model,
+                      priority=priority,
                       sampling=request.sampling, prompt=request.prompt if request.kind == "completion" else None,
                       messages=request.messages if request.kind == "chat" else None,
                       requested_model=request.model, line=request.line, extra=request.extra)
@@ -113,18 +116,20 @@ def _invalid_ids(errors: list[LineError], taken: set[str]) -> list[tuple[str, Li
 class _Enqueuer:
     """Builds RQ jobs for requests and writes them, a chunk per script."""
 
-    def __init__(self, conn: redis.Redis, queue_name: str, batch_id: str, model: str, job_timeout: int):
+    def __init__(self, conn: redis.Redis, queue_name: str, batch_id: str, model: str, priority: str,
+                 job_timeout: int):
         self.conn = conn
         self.queue = Queue(queue_name, connection=conn, serializer=JSONSerializer)
         self.batch_id = batch_id
         self.model = model
+        self.priority = priority
         self.job_timeout = job_timeout
         self.jobs_key = keys.batch_jobs(batch_id)
 
     def job(self, request: Request, enqueued_at) -> Job:
         """The request as an RQ Job built by RQ itself (status queued, enqueued now)."""
         job = self.queue.create_job(
-            JOB_FUNCTION, kwargs=payload(request, self.batch_id, self.model).to_kwargs(),
+            JOB_FUNCTION, kwargs=payload(request, self.batch_id, self.model, self.priority).to_kwargs(),
             job_id=batches.job_id(self.batch_id, request.custom_id),
             meta={"batch_id": self.batch_id, "custom_id": request.custom_id},
             timeout=self.job_timeout, result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL,
@@ -146,7 +151,8 @@ class _Enqueuer:
     def own_fields(self, request: Request) -> tuple[bytes, bytes, str]:
         """data, meta and description of the request's job hash, encoded as RQ's Job.to_dict encodes them."""
         dumps = JSONSerializer.dumps
-        data = zlib.compress(dumps((JOB_FUNCTION, None, (), payload(request, self.batch_id, self.model).to_kwargs())))
+        kwargs = payload(request, self.batch_id, self.model, self.priority).to_kwargs()
+        data = zlib.compress(dumps((JOB_FUNCTION, None, (), kwargs)))
         return data, dumps({"batch_id": self.batch_id, "custom_id": request.custom_id}), \
             f"{self.batch_id} {request.custom_id[:100]}"
 
@@ -248,18 +254,21 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
            output: str = defaults.OUTPUT, model: str | None = None, defaults: dict | None = None,
            skip_invalid: bool = False, dry_run: bool = False, resume: str | None = None,
            job_timeout: int | str | None = defaults.JOB_TIMEOUT_S, chunk_size: int = CHUNK,
-           log: Callable[[str], None] | None = None) -> SubmitResult:
+           priority: str | None = None, log: Callable[[str], None] | None = None) -> SubmitResult:
     """Validate the dataset at `path` and enqueue one job per valid request; see the module docstring.
 
-    `conn` may be None for a dry run (which touches no Redis key). With `resume=BATCH` the requests go to
-    that existing batch (its queue, model and output); only custom ids without a finished or still running
-    job are enqueued. Raises InvalidDataset (nothing enqueued) when a line is invalid and not `skip_invalid`,
+    `conn` may be None for a dry run (which touches no Redis key). `priority` (high, normal or low; None is
+    normal) picks the queue (routing.priority_queue) and is recorded in the batch record and in every job.
+    With `resume=BATCH` the requests go to that existing batch (its queue, model, priority and output); only
+    custom ids without a finished or still running job are enqueued. Raises InvalidDataset (nothing enqueued) when a line is invalid and not `skip_invalid`,
     MiroError for other problems a user can cause.
     """
     log = log or (lambda message: None)
     timeout = _job_timeout(job_timeout)
     if queue_name is not None and not queue_name.strip():
         raise MiroError("The queue name must not be empty.")
+    if priority is not None:
+        routing.check_priority(priority)
     if resume is not None and not batches.BATCH_ID_RE.fullmatch(resume):
         raise MiroError(f"'{resume}' is not a batch id (they look like batch_ followed by 24 hex digits).")
     if not dry_run and conn is None:
@@ -270,7 +279,9 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
         batch = _redis(conn, lambda: batches.get_batch(conn, resume))
         if batch["status"] == "cancelling":
             raise MiroError(f"Batch {resume} is being cancelled; resume it once it is cancelled.")
-        for option, value, recorded in (("queue", queue_name, batch["queue"]), ("model", model, batch["model"])):
+        queue = routing.priority_queue(queue_name, batch["priority"]) if queue_name is not None else None
+        for option, value, recorded in (("queue", queue, batch["queue"]), ("model", model, batch["model"]),
+                                        ("priority", priority, batch["priority"])):
             if value is not None and value != recorded:
                 raise MiroError(f"Batch {resume} uses {option} '{recorded}', not '{value}'; leave --{option} out.")
 
@@ -297,8 +308,13 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
             log(f"Note: model '{model}' is no alias and no .gguf file here; whether a worker serves it is known "
                 f"only to Redis, which a dry run does not ask.")
 
-    result = SubmitResult(batch_id=resume, queue=batch["queue"] if batch else (queue_name or routing.queue_for(model)),
-                          lines=lines, valid=len(parsed.requests), invalid=parsed.errors, dry_run=dry_run,
+    if batch is None:
+        priority = priority or DEFAULT_PRIORITY
+        queue = routing.priority_queue(queue_name or routing.queue_for(model), priority)
+    else:
+        priority, queue = batch["priority"], batch["queue"]
+    result = SubmitResult(batch_id=resume, queue=queue, priority=priority, lines=lines, valid=len(parsed.requests),
+                          invalid=parsed.errors, dry_run=dry_run,
                           resumed=resume is not None, validate_s=validate_s)
     if dry_run:
         return result
@@ -309,10 +325,10 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
         result.batch_id = _redis(conn, lambda: batches.create_batch(
             conn, name=name if name is not None else Path(path).name, model=model,
             input_file=os.path.abspath(path), output=output_uri(output), total=len(parsed.requests),
-            queue=result.queue, job_timeout=timeout))
+            queue=result.queue, priority=priority, job_timeout=timeout))
         batch = {"id": result.batch_id, "model": model, "status": "validating"}
     batch_id = result.batch_id
-    enqueuer = _Enqueuer(conn, result.queue, batch_id, batch["model"], timeout)
+    enqueuer = _Enqueuer(conn, result.queue, batch_id, batch["model"], priority, timeout)
 
     started = time.perf_counter()
     try:

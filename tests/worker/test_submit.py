@@ -109,7 +109,8 @@ def test_mixed_dataset_enqueues_one_job_per_line(tmp_path, redis_url, monkeypatc
         job = job_of(conn, batch_id, cid)
         assert job.func_name == JOB_FUNCTION
         assert job.args == []
-        assert job.kwargs == {"batch_id": batch_id, "custom_id": cid, "model": "smollm2-135m", **expected_kwargs[cid]}
+        assert job.kwargs == {"batch_id": batch_id, "custom_id": cid, "model": "smollm2-135m", "priority": "normal",
+                              **expected_kwargs[cid]}
         assert job.meta == {"batch_id": batch_id, "custom_id": cid}
         assert job.get_status() == JobStatus.QUEUED
         assert job.origin == "miro:smollm2-135m" and job.enqueued_at is not None
@@ -146,7 +147,7 @@ def test_stored_job_hashes_equal_rqs_own(tmp_path, redis_url):
     data = write(tmp_path / "mixed.jsonl", *MIXED, {"id": "\u00e9t\u00e9 \U0001f600 " + "x" * 300, "prompt": "long id"})
     conn = conn_for(redis_url)
     result = submit(conn, data, chunk_size=4, job_timeout="30m", model="smollm2-135m")
-    enqueuer = _Enqueuer(conn, "miro:smollm2-135m", result.batch_id, "smollm2-135m", 1800)
+    enqueuer = _Enqueuer(conn, "miro:smollm2-135m", result.batch_id, "smollm2-135m", "normal", 1800)
     parsed = parse_dataset(data)
     assert len(parsed.requests) == 6
     for request in parsed.requests:
