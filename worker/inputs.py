@@ -50,6 +50,7 @@ class LineError:
     line: int
     custom_id: str | None
     message: str  # one sentence, starting with "line N: "
+    code: str = "invalid_request"  # the OpenAI Batch API's error code for the line (miro serve)
 
 
 @dataclass
@@ -427,8 +428,13 @@ def _checked_defaults(defaults: dict | None) -> dict:
     return defaults
 
 
-def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000) -> ParseResult:
-    """Validate a JSONL dataset; every line becomes a Request or a LineError. Raises MiroError if unreadable."""
+def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000,
+                  endpoint: str | None = None) -> ParseResult:
+    """Validate a JSONL dataset; every line becomes a Request or a LineError. Raises MiroError if unreadable.
+
+    With `endpoint` (an OpenAI batch's, e.g. "/v1/chat/completions") every line must be an OpenAI Batch line
+    with that url, as OpenAI's Batch API requires.
+    """
     path = Path(path)
     defaults = _checked_defaults(defaults)
     try:
@@ -471,7 +477,12 @@ def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes
             if request.custom_id in first_line:
                 first, shown = first_line[request.custom_id], _short(request.custom_id)
                 message = f"line {number}: duplicate custom id {shown!r} (first used on line {first})."
-                result.errors.append(LineError(number, request.custom_id, message))
+                result.errors.append(LineError(number, request.custom_id, message, "duplicate_custom_id"))
+                continue
+            if endpoint is not None and request.url != endpoint:
+                given = f"url '{request.url}'" if request.url else "no url (a simple line)"
+                message = f"line {number}: {given}, but the batch's endpoint is '{endpoint}'."
+                result.errors.append(LineError(number, request.custom_id, message, "url_mismatch"))
                 continue
             first_line[request.custom_id] = number
             result.requests.append(request)

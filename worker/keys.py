@@ -42,3 +42,24 @@ def served_models() -> str:
     """Hash: a name requests may ask for -> the model a worker serves it with (`miro worker --served-model-name`);
     kept, so batches can be submitted for it while no such worker is running."""
     return f"{PREFIX}:served-models"
+
+
+def file(file_id: str) -> str:
+    """Hash: an uploaded or produced file of `miro serve` (id, bytes, created_at, filename, purpose, status)."""
+    return f"{PREFIX}:file:{file_id}"
+
+
+def files() -> str:
+    """Sorted set: every file id of `miro serve`, scored by its creation time (epoch seconds)."""
+    return f"{PREFIX}:files"
+
+
+def api_batch(batch_id: str) -> str:
+    """Hash: what the OpenAI Batch API adds to a batch made through `miro serve` (input file id, endpoint,
+    completion window, metadata, validation errors, output and error file ids)."""
+    return f"{PREFIX}:api-batch:{batch_id}"
+
+
+def api_batches() -> str:
+    """Sorted set: the ids of batches made through `miro serve`, scored by creation time (epoch seconds)."""
+    return f"{PREFIX}:api-batches"

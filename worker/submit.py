@@ -254,13 +254,15 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
            output: str = defaults.OUTPUT, model: str | None = None, defaults: dict | None = None,
            skip_invalid: bool = False, dry_run: bool = False, resume: str | None = None,
            job_timeout: int | str | None = defaults.JOB_TIMEOUT_S, chunk_size: int = CHUNK,
-           priority: str | None = None, log: Callable[[str], None] | None = None) -> SubmitResult:
+           priority: str | None = None, endpoint: str | None = None,
+           log: Callable[[str], None] | None = None) -> SubmitResult:
     """Validate the dataset at `path` and enqueue one job per valid request; see the module docstring.
 
     `conn` may be None for a dry run (which touches no Redis key). `priority` (high, normal or low; None is
     normal) picks the queue (routing.priority_queue) and is recorded in the batch record and in every job.
     With `resume=BATCH` the requests go to that existing batch (its queue, model, priority and output); only
-    custom ids without a finished or still running job are enqueued. Raises InvalidDataset (nothing enqueued) when a line is invalid and not `skip_invalid`,
+    custom ids without a finished or still running job are enqueued. With `endpoint` (an OpenAI batch's) every
+    line must be an OpenAI Batch line with that url (inputs.parse_dataset). Raises InvalidDataset (nothing enqueued) when a line is invalid and not `skip_invalid`,
     MiroError for other problems a user can cause.
     """
     log = log or (lambda message: None)
@@ -286,7 +288,7 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
                 raise MiroError(f"Batch {resume} uses {option} '{recorded}', not '{value}'; leave --{option} out.")
 
     started = time.perf_counter()
-    parsed = parse_dataset(path, defaults)
+    parsed = parse_dataset(path, defaults, endpoint=endpoint)
     validate_s = time.perf_counter() - started
     lines = len(parsed.requests) + len(parsed.errors)
     if parsed.file_error:
