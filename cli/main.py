@@ -262,3 +262,8 @@ cli.add_command(watch_command)
 from .run import run_command  # noqa: E402
 
 cli.add_command(run_command)
+
+
+from .serve import serve_command  # noqa: E402
+
+cli.add_command(serve_command)

@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from miro.core.errors import MiroError
+from miro.worker import batches, workers
 
 # (kind, metric name, help, field of the worker's record)
 METRICS = [
@@ -33,6 +34,16 @@ METRICS = [
 ]
 
 
+def worker_families(records: list[dict]):
+    """The METRICS families with one sample per worker record (labels model_name and worker)."""
+    for kind, name, help_text, field in METRICS:
+        family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+        family = family_type(name, help_text, labels=["model_name", "worker"])
+        for record in records:
+            family.add_metric([record["model"], record["name"]], record.get(field, 0))
+        yield family
+
+
 class WorkerCollector(Collector):
     def __init__(self, worker):
         self.worker = worker
@@ -41,12 +52,23 @@ class WorkerCollector(Collector):
         record = self.worker.stats  # replaced whole by the worker's loop, never changed in place
         if record is None:  # the model is still loading
             return
-        labels = [record["model"], record["name"]]
-        for kind, name, help_text, field in METRICS:
-            family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
-            family = family_type(name, help_text, labels=["model_name", "worker"])
-            family.add_metric(labels, record[field])
-            yield family
+        yield from worker_families([record])
+
+
+class FleetCollector(Collector):
+    """Every live worker's figures (read from their Redis hashes) and the batches per status: `miro serve`'s
+    /metrics. A Redis error propagates to the caller."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def collect(self):
+        yield from worker_families([w for w in workers.list_workers(self.conn) if "model" in w and "name" in w])
+        family = GaugeMetricFamily("miro:batches", "Batches on this Redis, by status.", labels=["status"])
+        records = batches.list_batches(self.conn)
+        for status in batches.STATUSES:
+            family.add_metric([status], sum(b["status"] == status for b in records))
+        yield family
 
 
 def serve_metrics(worker, port: int, host: str = "0.0.0.0") -> None:

@@ -9,6 +9,7 @@ JSONL with failed requests in a separate errors file.
 from __future__ import annotations
 
 import json
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -92,16 +93,21 @@ def write_parquet(table: pa.Table, path: str) -> None:
         raise MiroError(f"cannot write the results to {path}: {err}.") from None
 
 
-def write_openai_jsonl(table: pa.Table, path: str, errors_path: str) -> tuple[int, int]:
-    """OpenAI Batch output lines to `path`, failed requests to `errors_path`; returns (ok, failed) counts."""
+def openai_lines(table: pa.Table) -> Iterator[dict]:
+    """The merged table as OpenAI Batch output lines, one per request (its choices together), in table order."""
     by_request: dict[str, list[dict]] = {}
     for row in table.to_pylist():
         by_request.setdefault(row["custom_id"], []).append(row)
+    for rows in by_request.values():
+        yield openai_line(rows)
+
+
+def write_openai_jsonl(table: pa.Table, path: str, errors_path: str) -> tuple[int, int]:
+    """OpenAI Batch output lines to `path`, failed requests to `errors_path`; returns (ok, failed) counts."""
     ok = failed = 0
     try:
         with open(path, "w", encoding="utf-8") as out, open(errors_path, "w", encoding="utf-8") as errors:
-            for rows in by_request.values():
-                line = openai_line(rows)
+            for line in openai_lines(table):
                 (errors if line["error"] else out).write(json.dumps(line, ensure_ascii=False) + "\n")
                 failed, ok = (failed + 1, ok) if line["error"] else (failed, ok + 1)
     except OSError as err:

@@ -1,0 +1,75 @@
+"""`miro serve`: the OpenAI Batch API over HTTP (worker/api), with uvicorn. Without an API key it serves this
+machine only."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+import click
+
+from miro.core import defaults
+from miro.core.errors import MiroError
+
+from .common import MiroCommand, log_to_stderr, redis_url_option
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _api_keys(given: tuple[str, ...]) -> tuple[str, ...]:
+    keys = given or tuple(os.environ.get("MIRO_API_KEYS", "").split(","))
+    return tuple(key.strip() for key in keys if key.strip())
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so a taken port or an unknown host is one sentence."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except socket.gaierror as err:
+        raise MiroError(f"Cannot listen on {host}: {err.strerror}.") from None
+    except OSError as err:
+        raise MiroError(f"Cannot listen on {host}:{port}: {err.strerror or err}.") from None
+    sock.listen(2048)
+    return sock
+
+
+@click.command("serve", cls=MiroCommand)
+@redis_url_option()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; anything but loopback needs an API key.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--storage", default=defaults.OUTPUT, show_default=True,
+              help="Folder or URL (s3://bucket/prefix) for uploaded files, part files and results; the workers "
+                   "must reach it too.")
+@click.option("--api-key", "api_keys", multiple=True,
+              help="A key clients send as 'Authorization: Bearer KEY' (repeatable; env MIRO_API_KEYS, comma separated).")
+def serve_command(redis_url, host, port, storage, api_keys):
+    """Serve the OpenAI Batch API (files, batches) and a live page of the fleet over HTTP."""
+    import uvicorn
+
+    from miro.worker.api import ServerConfig, create_app
+    from miro.worker.batches import redacted
+
+    keys = _api_keys(api_keys)
+    if not keys and not _is_loopback(host):
+        raise MiroError(f"Refusing to listen on {host} without an API key: give --api-key (or MIRO_API_KEYS), "
+                        "or listen on 127.0.0.1.")
+    app = create_app(ServerConfig(redis_url=redis_url, storage=storage, api_keys=keys))
+    sock = _listen(host, port)
+    address = f"http://{host}:{sock.getsockname()[1]}"
+    access = f"{len(keys)} API key{'s' if len(keys) != 1 else ''}" if keys else \
+        "no API key, so only this machine can reach it"
+    log_to_stderr(f"miro serve: the OpenAI Batch API at {address}/v1 and the live page at {address}/ "
+                  f"({access}); Redis {redacted(redis_url)}, storage {storage}.")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

@@ -1,0 +1,90 @@
+"""The app: one Redis connection and file store for every request, API keys checked on every route but the page,
+and every error in OpenAI's shape (a Redis that went away is a 503, never a traceback)."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from dataclasses import dataclass
+
+import redis
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from miro.worker import batches
+
+from . import batch_routes, file_routes, fleet_routes, page
+from .errors import ApiError
+from .file_store import FileStore
+
+log = logging.getLogger("miro.serve")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    redis_url: str
+    storage: str  # a folder or an object-store URL (s3://bucket/prefix) the whole fleet reaches
+    api_keys: tuple[str, ...] = ()  # none: anyone who reaches the server (cli/serve.py binds loopback then)
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    conn: redis.Redis
+    store: FileStore
+
+
+def _require_key(request: Request) -> None:
+    keys = request.app.state.miro.config.api_keys
+    if not keys:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise ApiError(401, "Missing API key: send it as 'Authorization: Bearer KEY'.", code="missing_api_key")
+    if not any(hmac.compare_digest(given.encode(), key.encode()) for key in keys):
+        raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+
+def _add_error_handlers(app: FastAPI, redis_url: str) -> None:
+    async def api_error(request: Request, err: ApiError):
+        return err.response()
+
+    async def redis_error(request: Request, err: redis.RedisError):
+        message = (f"Redis at {batches.redacted(redis_url)} cannot be reached ({str(err).rstrip('.') or type(err).__name__}); "
+                   "try again once it is back.")
+        return ApiError(503, message, type="server_error", code="redis_unavailable").response()
+
+    async def invalid_request(request: Request, err: RequestValidationError):
+        first = err.errors()[0]
+        param = ".".join(str(part) for part in first["loc"] if part != "body") or None
+        return ApiError(400, f"{param}: {first['msg']}." if param else f"{first['msg']}.", param=param).response()
+
+    async def http_error(request: Request, err: HTTPException):
+        code = "not_found" if err.status_code == 404 else None
+        return ApiError(err.status_code, str(err.detail), code=code).response()
+
+    async def unexpected(request: Request, err: Exception):
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return ApiError(500, f"The server failed: {type(err).__name__}.", type="server_error").response()
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(redis.RedisError, redis_error)
+    app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+def create_app(config: ServerConfig, conn: redis.Redis | None = None) -> FastAPI:
+    """The app for `config`; connects to Redis (MiroError in one sentence if it does not answer) unless given
+    `conn`, and opens the storage location (MiroError if it cannot)."""
+    conn = conn if conn is not None else batches.connect(config.redis_url)
+    app = FastAPI(title="miro", summary="The OpenAI Batch API on a miro fleet", docs_url="/docs", redoc_url=None)
+    app.state.miro = ServerState(config=config, conn=conn, store=FileStore(conn, config.storage))
+    _add_error_handlers(app, config.redis_url)
+    secured = [Depends(_require_key)]
+    app.include_router(file_routes.router, dependencies=secured)
+    app.include_router(batch_routes.router, dependencies=secured)
+    app.include_router(fleet_routes.router, dependencies=secured)
+    app.include_router(page.router)
+    return app

@@ -1,0 +1,75 @@
+"""A miro batch as OpenAI's Batch object: miro's record (status, counters, `{status}_at` stamps) with what
+batch_records.py keeps beside it; and, once a run of the batch has ended, its output and error files (OpenAI
+Batch output lines, results.openai_lines) written to the file store, once per run."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+
+from miro.worker import results
+
+from . import batch_records
+from .batch_records import ApiBatch
+from .file_store import FileStore
+from .shapes import Batch, BatchErrors, RequestCounts
+
+COMPLETION_WINDOW_S = 24 * 3600
+STAMPS = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
+          "cancelled_at")
+ENDED = {"completed": "completed_at", "cancelled": "cancelled_at"}  # runs whose results become files
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def batch_object(record: dict[str, Any], api: ApiBatch) -> Batch:
+    """OpenAI's Batch from miro's batch record (batches.get_batch) and the API's own fields."""
+    return Batch(
+        id=record["id"], endpoint=api.endpoint, input_file_id=api.input_file_id,
+        completion_window=api.completion_window, status=record["status"],
+        errors=BatchErrors(data=api.errors) if api.errors else None,
+        output_file_id=api.output_file_id, error_file_id=api.error_file_id,
+        created_at=int(record["created_at"]), expires_at=int(record["created_at"]) + COMPLETION_WINDOW_S,
+        **{stamp: _int(record.get(stamp)) for stamp in STAMPS},
+        request_counts=RequestCounts(total=record["total"], completed=record["completed"], failed=record["failed"]),
+        model=record.get("model"), metadata=api.metadata,
+    )
+
+
+def with_result_files(conn: redis.Redis, store: FileStore, record: dict[str, Any], api: ApiBatch) -> ApiBatch:
+    """`api` with the output and error files of the batch's last run, written now if it has just ended.
+
+    Concurrent callers race for one claim per run; the others answer without the files until they exist.
+    """
+    stamp = ENDED.get(record["status"])
+    if stamp is None or record.get(stamp) is None:
+        return api
+    run_end = f"{record[stamp]:.3f}"
+    if api.files_for == run_end or not batch_records.claim_files(conn, record["id"], run_end):
+        return api
+    try:
+        output_id, error_id = _write_files(store, conn, record["id"])
+    except BaseException:
+        batch_records.release_claim(conn, record["id"], run_end)
+        raise
+    batch_records.set_files(conn, record["id"], run_end, output_id, error_id)
+    return batch_records.load(conn, record["id"])
+
+
+def _write_files(store: FileStore, conn: redis.Redis, batch_id: str) -> tuple[str | None, str | None]:
+    """(output file id, error file id); None for a file that would be empty, as OpenAI leaves it."""
+    table, _ = results.collect(conn, batch_id)
+    lines = list(results.openai_lines(table))
+
+    def file_of(failed: bool, name: str) -> str | None:
+        chosen = [line for line in lines if bool(line["error"]) == failed]
+        if not chosen:
+            return None
+        encoded = (json.dumps(line, ensure_ascii=False).encode() + b"\n" for line in chosen)
+        return store.write_lines(encoded, f"{batch_id}_{name}.jsonl", "batch_output").id
+
+    return file_of(False, "output"), file_of(True, "error")

@@ -1,0 +1,28 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}, with the HTTP status to send."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi.responses import JSONResponse
+
+
+@dataclass
+class ApiError(Exception):
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    code: str | None = None
+    param: str | None = None
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status)
+
+
+def not_found(kind: str, object_id: str) -> ApiError:
+    return ApiError(404, f"No {kind} with id '{object_id}' on this server.", code="not_found")
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)

@@ -1,0 +1,65 @@
+"""/v1/files: upload (streamed into storage), retrieve, list, delete and content."""
+
+from __future__ import annotations
+
+from anyio import to_thread
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+
+from . import upload
+from .errors import bad_request
+from .file_store import FileRecord
+from .shapes import FileDeleted, FileObject, Page
+
+router = APIRouter()
+
+PURPOSES = ("batch",)  # what may be uploaded; the server itself makes files of purpose batch_output
+
+
+def _object(record: FileRecord) -> FileObject:
+    return FileObject(id=record.id, bytes=record.bytes, created_at=record.created_at, filename=record.filename,
+                      purpose=record.purpose, status=record.status)
+
+
+@router.post("/v1/files")
+async def create_file(request: Request) -> FileObject:
+    store = request.app.state.miro.store
+    received = await upload.receive(request, store)
+    purpose = received.fields.get("purpose")
+    if purpose not in PURPOSES:
+        await to_thread.run_sync(store.delete_bytes, received.file_id)
+        raise bad_request(f"miro takes files of purpose 'batch', not {purpose!r}.", param="purpose")
+    record = await to_thread.run_sync(store.add, received.file_id, received.size, received.filename or "upload.jsonl",
+                                      purpose)
+    return _object(record)
+
+
+@router.get("/v1/files/{file_id}")
+def retrieve_file(file_id: str, request: Request) -> FileObject:
+    return _object(request.app.state.miro.store.get(file_id))
+
+
+@router.get("/v1/files")
+def list_files(request: Request, after: str | None = None, limit: int = Query(10000, ge=1, le=10000),
+               order: str = Query("desc", pattern="^(asc|desc)$"), purpose: str | None = None) -> Page[FileObject]:
+    store = request.app.state.miro.store
+    ids = store.ids(newest_first=order == "desc")
+    if after is not None:
+        ids = ids[ids.index(after) + 1:] if after in ids else []
+    records = [r for r in store.records(ids) if purpose is None or r.purpose == purpose]
+    page = records[:limit]
+    return Page[FileObject](data=[_object(r) for r in page], first_id=page[0].id if page else None,
+                            last_id=page[-1].id if page else None, has_more=len(records) > limit)
+
+
+@router.delete("/v1/files/{file_id}")
+def delete_file(file_id: str, request: Request) -> FileDeleted:
+    request.app.state.miro.store.delete(file_id)
+    return FileDeleted(id=file_id)
+
+
+@router.get("/v1/files/{file_id}/content")
+def file_content(file_id: str, request: Request) -> StreamingResponse:
+    store = request.app.state.miro.store
+    store.get(file_id)
+    return StreamingResponse(store.chunks(file_id), media_type="application/octet-stream")

@@ -1,0 +1,168 @@
+"""Files of `miro serve`: bytes in the storage location the fleet shares (a folder or an object-store URL, through
+pyarrow filesystems), records in Redis (`miro:file:{id}` hashes, the `miro:files` index).
+
+A file's bytes live at `{storage}/files/{id}`, written under a temporary name and moved into place once whole;
+batch part files go under `{storage}/batches/` (submit's output). Nothing here holds a whole file in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Iterator
+
+import redis
+from pyarrow import fs as pafs
+
+from miro.core.errors import MiroError
+from miro.worker import keys
+from miro.worker.sink import open_output
+
+from .errors import not_found
+
+READ_CHUNK = 1 << 20
+
+
+@dataclass
+class FileRecord:
+    id: str
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: str = "processed"
+
+
+class FileWriter:
+    """An open upload: write() chunks, then commit() (the file appears) or abort() (nothing remains)."""
+
+    def __init__(self, filesystem: pafs.FileSystem, path: str):
+        self.filesystem, self.path = filesystem, path
+        folder, name = path.rsplit("/", 1)
+        self.temporary = f"{folder}/.tmp-{uuid.uuid4().hex}-{name}"
+        self.stream = filesystem.open_output_stream(self.temporary)
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.stream.write(data)
+        self.size += len(data)
+
+    def commit(self) -> None:
+        self.stream.close()
+        self.filesystem.move(self.temporary, self.path)
+
+    def abort(self) -> None:
+        self.stream.close()
+        try:
+            self.filesystem.delete_file(self.temporary)
+        except FileNotFoundError:  # never created, or already moved into place
+            pass
+
+
+def join(uri: str, name: str) -> str:
+    """`name` inside a storage location given as a folder path or a URL."""
+    return uri.rstrip("/") + "/" + name if "://" in uri else os.path.join(os.path.abspath(uri), name)
+
+
+class FileStore:
+    def __init__(self, conn: redis.Redis, storage: str):
+        self.conn, self.storage = conn, storage
+        self.filesystem, base = open_output(storage)
+        self.folder = f"{base.rstrip('/')}/files"
+        try:
+            self.filesystem.create_dir(self.folder, recursive=True)
+        except OSError as err:
+            raise MiroError(f"Cannot use the storage location '{storage}': {err}.") from None
+
+    @property
+    def batch_output(self) -> str:
+        """Where workers write the part files of batches made here (submit's `output`)."""
+        return join(self.storage, "batches")
+
+    def path(self, file_id: str) -> str:
+        return f"{self.folder}/{file_id}"
+
+    def new_writer(self) -> tuple[str, FileWriter]:
+        file_id = "file-" + secrets.token_hex(12)
+        return file_id, FileWriter(self.filesystem, self.path(file_id))
+
+    def add(self, file_id: str, size: int, filename: str, purpose: str) -> FileRecord:
+        """Record a file whose bytes are in place."""
+        record = FileRecord(id=file_id, bytes=size, created_at=int(time.time()), filename=filename, purpose=purpose)
+        pipe = self.conn.pipeline(transaction=True)
+        pipe.hset(keys.file(file_id), mapping=asdict(record))
+        pipe.zadd(keys.files(), {file_id: time.time()})
+        pipe.execute()
+        return record
+
+    def write_lines(self, lines: Iterator[bytes], filename: str, purpose: str) -> FileRecord:
+        file_id, writer = self.new_writer()
+        try:
+            for line in lines:
+                writer.write(line)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
+        return self.add(file_id, writer.size, filename, purpose)
+
+    def get(self, file_id: str) -> FileRecord:
+        raw = self.conn.hgetall(keys.file(file_id))
+        if not raw:
+            raise not_found("file", file_id)
+        return _record(raw)
+
+    def records(self, file_ids: list[str]) -> list[FileRecord]:
+        """The records of those ids that still exist, in order."""
+        pipe = self.conn.pipeline(transaction=False)
+        for file_id in file_ids:
+            pipe.hgetall(keys.file(file_id))
+        return [_record(raw) for raw in pipe.execute() if raw]
+
+    def ids(self, newest_first: bool) -> list[str]:
+        ids = self.conn.zrevrange(keys.files(), 0, -1) if newest_first else self.conn.zrange(keys.files(), 0, -1)
+        return [i.decode() for i in ids]
+
+    def delete(self, file_id: str) -> None:
+        self.get(file_id)
+        pipe = self.conn.pipeline(transaction=True)
+        pipe.delete(keys.file(file_id))
+        pipe.zrem(keys.files(), file_id)
+        pipe.execute()
+        self.delete_bytes(file_id)
+
+    def delete_bytes(self, file_id: str) -> None:
+        try:
+            self.filesystem.delete_file(self.path(file_id))
+        except FileNotFoundError:
+            pass
+
+    def chunks(self, file_id: str) -> Iterator[bytes]:
+        """The file's bytes, a MiB at a time."""
+        with self.filesystem.open_input_stream(self.path(file_id)) as stream:
+            while chunk := stream.read(READ_CHUNK):
+                yield chunk
+
+    @contextmanager
+    def local_copy(self, file_id: str) -> Iterator[str]:
+        """A local path to the file's bytes: the file itself on a local filesystem, else a temporary download."""
+        if isinstance(self.filesystem, pafs.LocalFileSystem):
+            yield self.path(file_id)
+            return
+        with tempfile.NamedTemporaryFile(suffix=".jsonl") as copy:
+            with self.filesystem.open_input_stream(self.path(file_id)) as stream:
+                shutil.copyfileobj(stream, copy, READ_CHUNK)
+            copy.flush()
+            yield copy.name
+
+
+def _record(raw: dict[bytes, bytes]) -> FileRecord:
+    fields = {k.decode(): v.decode() for k, v in raw.items()}
+    return FileRecord(id=fields["id"], bytes=int(fields["bytes"]), created_at=int(fields["created_at"]),
+                      filename=fields["filename"], purpose=fields["purpose"], status=fields["status"])

@@ -1,0 +1,94 @@
+"""The JSON objects of OpenAI's Files and Batch APIs, as the openai SDK reads them (openai.types.FileObject,
+FileDeleted, Batch), and the body of a batch creation."""
+
+from __future__ import annotations
+
+from typing import Generic, Literal, TypeVar
+
+from pydantic import BaseModel, Field
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")  # the endpoints a miro batch can run
+PRIORITIES = ("high", "normal", "low")  # metadata.priority
+
+BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
+                      "cancelled"]
+
+
+class FileObject(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: Literal["uploaded", "processed", "error"] = "processed"
+    expires_at: int | None = None
+    status_details: str | None = None
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool = True
+
+
+class BatchError(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchError]
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class Batch(BaseModel):
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    errors: BatchErrors | None = None
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: RequestCounts
+    model: str | None = None
+    metadata: dict[str, str] | None = None
+
+
+Item = TypeVar("Item")
+
+
+class Page(BaseModel, Generic[Item]):
+    """A cursor page: the SDK asks for the next one with after=last_id while has_more."""
+    object: Literal["list"] = "list"
+    data: list[Item]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class BatchCreate(BaseModel):
+    """POST /v1/batches."""
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
