@@ -61,6 +61,12 @@ model_option = click.option(
     "--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Model alias or path to a .gguf file."
 )
 
+priority_option = click.option(
+    "--priority", type=click.Choice(defaults.PRIORITIES), default=None,
+    help="Workers take the jobs of high batches before normal ones, and those before low ones; a high request "
+         f"preempts lower ones running in a worker's engine.  [default: {defaults.PRIORITY}; a resumed batch "
+         "keeps its own]")
+
 
 def engine_options(command):
     """The engine's cache and batching options, shared by every command that loads a model."""

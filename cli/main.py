@@ -10,7 +10,7 @@ from miro.core import defaults
 from miro.core.registry import DEFAULT_MODEL
 
 from .common import (MiroCommand, MiroGroup, constraint_of, constraint_options, engine_kwargs, engine_options,
-                     log_to_stderr, model_option, redis_url_option)
+                     log_to_stderr, model_option, priority_option, redis_url_option)
 
 
 @click.group(cls=MiroGroup)
@@ -103,9 +103,10 @@ SHOWN_ERRORS = 20
               help="Add to batch BATCH the requests of the file that have no finished or running job.")
 @click.option("--job-timeout", default=str(defaults.JOB_TIMEOUT_S), show_default=True,
               help="Seconds a job may take once started (or 30m, 2h, 1d; -1 for no limit).")
+@priority_option
 @constraint_options
 def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temperature, top_p, seed, skip_invalid,
-           dry_run, resume, job_timeout, json_schema, regex, choice, grammar):
+           dry_run, resume, job_timeout, priority, json_schema, regex, choice, grammar):
     """Validate DATASET (JSONL) and enqueue one RQ job per line; prints the batch id."""
     from miro.worker.batches import connect, redacted
     from miro.worker.submit import InvalidDataset, submit as submit_dataset
@@ -117,7 +118,7 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
     try:
         result = submit_dataset(conn, dataset, queue_name=queue_name, name=name, output=output, model=model,
                                 defaults=defaults, skip_invalid=skip_invalid, dry_run=dry_run, resume=resume,
-                                job_timeout=job_timeout, log=log_to_stderr)
+                                job_timeout=job_timeout, priority=priority, log=log_to_stderr)
     except InvalidDataset as e:
         _echo_line_errors(e.errors)
         raise

@@ -82,13 +82,15 @@ def new_table(title: str, columns: tuple[str, ...], right: tuple[str, ...], shri
 
 def batches_table(views: list[dict]) -> Table:
     any_cancelled = any(b["cancelled"] for b in views)
-    table = new_table("Batches", ("batch", "name", "status", "done", "failed",
-                                  *(["cancelled"] if any_cancelled else []), "tokens", "age"),
+    any_priority = any(b.get("priority", "normal") != "normal" for b in views)  # a column only if any is set
+    table = new_table("Batches", ("batch", "name", "status", *(["priority"] if any_priority else []), "done",
+                                  "failed", *(["cancelled"] if any_cancelled else []), "tokens", "age"),
                       right=("done", "failed", "cancelled", "tokens"), shrink=("name",))
     for b in views:
+        priority = [b.get("priority", "normal")] if any_priority else []
         cancelled = [f"{b['cancelled']:,}"] if any_cancelled else []
-        table.add_row(b["id"], b.get("name", ""), status_text(b["status"]), progress(b), f"{b['failed']:,}",
-                      *cancelled, f"{b['tokens']:,}", duration(b["age_s"]))
+        table.add_row(b["id"], b.get("name", ""), status_text(b["status"]), *priority, progress(b),
+                      f"{b['failed']:,}", *cancelled, f"{b['tokens']:,}", duration(b["age_s"]))
     return table
 
 
@@ -112,7 +114,8 @@ def batch_details(b: dict, now: float) -> Table:
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
     grid.add_row("batch", Text.assemble(b["id"], "  ", status_text(b["status"])))
-    for label, key in (("name", "name"), ("model", "model"), ("queue", "queue"), ("input", "input_file")):
+    for label, key in (("name", "name"), ("model", "model"), ("priority", "priority"), ("queue", "queue"),
+                       ("input", "input_file")):
         grid.add_row(label, b.get(key, ""))
     grid.add_row("output", f"{b['output']}/{b['id']}/")
     grid.add_row("requests", f"{progress(b)} done: {b['completed']:,} completed, {b['failed']:,} failed, "

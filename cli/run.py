@@ -29,7 +29,7 @@ from miro.core import defaults
 from miro.core.errors import MiroError
 
 from .common import (MiroCommand, constraint_of, constraint_options, engine_kwargs, engine_options, log_to_stderr,
-                     model_option, redis_url_option)
+                     model_option, priority_option, redis_url_option)
 from .run_state import RunState
 
 
@@ -59,11 +59,12 @@ from .run_state import RunState
 @click.option("--flush-seconds", type=click.FloatRange(min=0), default=defaults.FLUSH_SECONDS, show_default=True,
               help="Finished rows are saved to part files at least this often (the progress bar moves as they are); "
                    "a run killed outright loses at most this much work.")
+@priority_option
 @constraint_options
 @engine_options
 def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temperature, top_p, seed, skip_invalid,
-                dry_run, resume, state_dir, shutdown_grace, flush_seconds, json_schema, regex, choice, grammar,
-                **engine):
+                dry_run, resume, state_dir, shutdown_grace, flush_seconds, priority, json_schema, regex, choice,
+                grammar, **engine):
     """The whole job on this machine: submit DATASET, run a worker until done, write the merged results.
 
     Ctrl-C writes what finished to OUTPUT's .partial.parquet file; the same command with --resume finishes it.
@@ -88,7 +89,7 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     interruption = Interruption(shutdown_grace)
     try:
         with interruption, _redis(state, redis_url) as conn:
-            batch_id, queue_name = _submit(conn, state, record, dataset, defaults, resume)
+            batch_id, queue_name = _submit(conn, state, record, dataset, defaults, resume, priority)
             try:
                 pace = None
                 if not interruption.signal:
@@ -142,9 +143,10 @@ def _redis(state: RunState, redis_url: str | None):
         yield conn
 
 
-def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, resume: bool) -> tuple[str, str]:
-    """Enqueue the dataset as a new batch, or (resume) only its requests with no finished or running job;
-    returns the batch id and its queue."""
+def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, resume: bool,
+            priority: str | None) -> tuple[str, str]:
+    """Enqueue the dataset as a new batch, or (resume) only its requests with no finished or running job (the
+    batch keeps its priority); returns the batch id and its queue."""
     from miro.worker import batches
     from miro.worker.submit import submit as submit_dataset
 
@@ -152,7 +154,7 @@ def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, r
     if not resume:
         submitted = submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"],
                                    name=options.get("name"), defaults=defaults, skip_invalid=options["skip_invalid"],
-                                   queue_name=f"miro-run-{os.getpid()}")
+                                   queue_name=f"miro-run-{os.getpid()}", priority=priority)
         state.save({**record, "batch_id": submitted.batch_id})
         return submitted.batch_id, submitted.queue
 

@@ -22,7 +22,8 @@ WEIGHT_MEMORY_FRACTION = 0.5  # of the machine's RAM: auto's budget for a float3
 # submitting a batch
 OUTPUT = "./miro-results"  # where the workers write the part files
 JOB_TIMEOUT_S = 3600  # a request waits in the worker's continuous batch, so RQ's 180 s is short
-PRIORITY = "normal"  # of a batch: high, normal or low (worker/routing.py PRIORITIES)
+PRIORITIES = ("high", "normal", "low")  # a batch's priority, most urgent first (worker/routing.py: its queues)
+PRIORITY = "normal"
 
 # a worker
 FLUSH_ROWS = 256  # a part file once this many rows wait...

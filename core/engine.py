@@ -176,9 +176,14 @@ class Engine:
             )
 
     def add_request(
-        self, prompt: str | Seq[int], params: SamplingParams | None = None, request_id: str | None = None
+        self, prompt: str | Seq[int], params: SamplingParams | None = None, request_id: str | None = None,
+        priority: int = 0,
     ) -> str:
-        """Queue a request (text, or token ids); returns its id. A request that cannot be served raises RequestError."""
+        """Queue a request (text, or token ids); returns its id. A request that cannot be served raises RequestError.
+
+        `priority`, as vLLM's: lower is more urgent. A request more urgent than running ones preempts them when
+        there is no room for it (scheduler.py); their outputs are the same, only later.
+        """
         params = params or SamplingParams()
         params.validate()
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
@@ -190,7 +195,7 @@ class Engine:
         self._check_fits(len(ids), params.max_tokens, params.n)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.tokenizer.eog_ids)
         matcher = self.structured.new_matcher(params.structured_outputs) if params.structured_outputs else None
-        seq = self._new_sequence(request_id, 0, ids, params, matcher)
+        seq = self._new_sequence(request_id, 0, ids, params, matcher, priority)
         self.requests[request_id] = Request(
             request_id, prompt if isinstance(prompt, str) else None, ids, params, [seq], stop_ids
         )
@@ -198,11 +203,11 @@ class Engine:
         return request_id
 
     def _new_sequence(self, request_id: str, index: int, ids: list[int], params: SamplingParams,
-                      matcher=None) -> Sequence:
+                      matcher=None, priority: int = 0) -> Sequence:
         # choice i of a seeded request has its own fixed stream, independent of the batch
         rng = np.random.default_rng(None if params.seed is None else [params.seed, index])
         detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens)
-        return Sequence(request_id, index, list(ids), params, rng, detok, matcher=matcher)
+        return Sequence(request_id, index, list(ids), params, rng, detok, matcher=matcher, priority=priority)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request; its output (finish_reason "abort") comes with the next step(). False if unknown."""
@@ -261,7 +266,8 @@ class Engine:
         """n > 1: the other choices share the parent's prompt blocks (copy-on-write) and sample from its logits."""
         for index in range(1, request.params.n):
             matcher = parent.matcher.deep_copy() if parent.matcher is not None else None  # before the parent moves
-            child = self._new_sequence(request.request_id, index, parent.prompt_token_ids, request.params, matcher)
+            child = self._new_sequence(request.request_id, index, parent.prompt_token_ids, request.params, matcher,
+                                       parent.priority)
             self.block_manager.fork(parent, child)
             masks = self.structured.masks([matcher], [0]) if matcher is not None else None
             token = sampler.sample(logits_row[None], [child], [request.stop_ids], masks)[0]

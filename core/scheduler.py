@@ -1,12 +1,17 @@
 """Scheduler: continuous batching with chunked prefill and preemption by recomputation.
 
-Each step takes, within `max_num_batched_tokens`:
-1. one token of every running sequence that is decoding, oldest first;
-2. the next chunk of every running sequence still prefilling, oldest first;
-3. waiting sequences, admitted oldest first while `max_num_seqs` and free blocks allow
+Sequences are ordered by urgency: priority (lower is more urgent, as vLLM's), then arrival. Each step:
+0. a waiting sequence more urgent than a running one that has no room (a seat under `max_num_seqs`, or the
+   blocks its admission needs) takes it: the least urgent running sequence (lowest priority, newest) is
+   preempted until it has room, for each such waiting sequence, most urgent first;
+then, within `max_num_batched_tokens`:
+1. one token of every running sequence that is decoding, most urgent first;
+2. the next chunk of every running sequence still prefilling, most urgent first;
+3. waiting sequences, admitted most urgent first while `max_num_seqs` and free blocks allow
    (with chunked prefill off, only while a whole prompt fits in what is left of the budget).
-When blocks run out, the newest running sequence is preempted: its blocks go
-back (they stay in the prefix cache) and it waits to be recomputed.
+When blocks run out, the least urgent running sequence not yet scheduled in the step is preempted.
+A preempted sequence's blocks go back (they stay in the prefix cache) and it waits to be recomputed:
+its tokens so far are kept, only their K/V are computed again.
 """
 
 from __future__ import annotations
@@ -56,13 +61,13 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         # Without chunked prefill a prompt is only admitted when all of it fits in the step's budget.
         self.enable_chunked_prefill = enable_chunked_prefill
-        self.waiting: list[Sequence] = []  # ordered by arrival
+        self.waiting: list[Sequence] = []  # ordered by urgency: priority, then arrival
         self.running: list[Sequence] = []  # ordered by arrival
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        bisect.insort(self.waiting, seq, key=lambda s: s.arrival)
+        bisect.insort(self.waiting, seq, key=lambda s: s.urgency)
 
     def add_running(self, seq: Sequence) -> None:
         """A forked sequence that already holds blocks joins the running set directly."""
@@ -73,18 +78,19 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
+        self._preempt_for_urgent()
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
-        decoding_first = sorted(self.running, key=lambda s: (s.is_prefilling, s.arrival))
+        decoding_first = sorted(self.running, key=lambda s: (s.is_prefilling, s.urgency))
         for seq in decoding_first:
             if budget == 0:
                 break
             if seq.status != SequenceStatus.RUNNING:
-                continue  # preempted to make room for an older sequence in this loop
+                continue  # preempted earlier in this loop, for a more urgent or older sequence
             n = min(seq.num_uncomputed, budget)
             while bm.blocks_to_grow(seq, n) > bm.num_free_blocks:
-                victim = self._newest_unscheduled(batch)
+                victim = self._least_urgent_unscheduled(batch)
                 self.preempt(victim)
                 if victim is seq:
                     break
@@ -113,9 +119,31 @@ class Scheduler:
         self.block_manager.register_full_blocks(seq, seq.num_computed_tokens + n)
         batch.add(seq, n, copies)
 
-    def _newest_unscheduled(self, batch: ScheduledBatch) -> Sequence:
+    def _least_urgent_unscheduled(self, batch: ScheduledBatch) -> Sequence:
         scheduled = {id(s.seq) for s in batch.seqs}
-        return next(s for s in reversed(self.running) if id(s) not in scheduled)
+        return max((s for s in self.running if id(s) not in scheduled), key=lambda s: s.urgency)
+
+    def _preempt_for_urgent(self) -> None:
+        """Step 0 of the module docstring. Each waiting sequence is counted as if the ones before it were
+        admitted (their seats and admission blocks), so one step makes room for all that the running less
+        urgent sequences can give; shared prefixes among them are counted once each, an upper bound."""
+        bm = self.block_manager
+        seats = blocks = 0
+        for seq in list(self.waiting):
+            if self._less_urgent_running(seq) is None:
+                return  # and none for the less urgent sequences after it either
+            seats += 1
+            blocks += bm.admission_cost(seq, min(seq.num_tokens, self.max_num_batched_tokens))
+            while len(self.running) + seats > self.max_num_seqs or blocks > bm.num_free_blocks:
+                victim = self._less_urgent_running(seq)
+                if victim is None:
+                    return
+                self.preempt(victim)
+
+    def _less_urgent_running(self, seq: Sequence) -> Sequence | None:
+        """The least urgent running sequence (lowest priority, then newest), if its priority is below seq's."""
+        victim = max(self.running, key=lambda s: s.urgency, default=None)
+        return victim if victim is not None and victim.priority > seq.priority else None
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

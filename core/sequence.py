@@ -40,6 +40,7 @@ class Sequence:
     stop_reason: str | int | None = None
     logprobs: list[dict] = field(default_factory=list)
     arrival: int = field(default_factory=lambda: next(_arrival_counter))
+    priority: int = 0  # as vLLM's: lower is more urgent; the scheduler admits and preempts by it
     matcher: Any = None  # structured output: llguidance's matcher, fed every token this sequence takes
 
     @property
@@ -58,6 +59,11 @@ class Sequence:
     def is_prefilling(self) -> bool:
         """True until every prompt token (and any output token recomputed after preemption) but the last is in the cache."""
         return self.num_uncomputed > 1
+
+    @property
+    def urgency(self) -> tuple[int, int]:
+        """The scheduler's order: more urgent first, then older first."""
+        return self.priority, self.arrival
 
     @property
     def is_finished(self) -> bool:

@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import redis
@@ -35,6 +36,7 @@ from rq.utils import now
 from rq.worker.base import BaseWorker, WorkerStatus
 
 from miro.core import Engine, MiroError, defaults
+from miro.core.defaults import PRIORITIES
 from miro.core.registry import DEFAULT_MODEL
 
 from . import batches, keys, routing, rq_private, workers
@@ -96,6 +98,11 @@ class BatchWorker(BaseWorker):
                  flush_seconds: float = defaults.FLUSH_SECONDS, heartbeat_slack_s: int = defaults.HEARTBEAT_SLACK_S, metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
                  served_model_names: list[str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        # every priority of each queue given, most urgent first: dequeue_any takes from the first with a job
+        self.queues = [self.queue_class(name, connection=self.connection, job_class=self.job_class,
+                                        serializer=self.serializer)
+                       for name in routing.worker_queues([q.name for q in self.queues])]
+        self._ordered_queues = self.queues[:]
         # `rq info` and Worker.all() construct workers too: the model is loaded in work(), never here.
         self.model = model or os.environ.get("MIRO_MODEL", DEFAULT_MODEL)
         if served_model_names is None:
@@ -230,13 +237,23 @@ class BatchWorker(BaseWorker):
                 record_failure(self.connection, sink, job, JobPayload.from_kwargs(job.kwargs), GAVE_UP, worker=self.name,
                                started=time.time())
 
-    def _room(self) -> bool:
-        return len(self.in_flight) < self.engine.scheduler.max_num_seqs
+    def _with_room(self) -> list[Queue]:
+        """The queues a job may be taken from now: those of a priority with fewer than max_num_seqs requests at
+        least as urgent in flight. The engine seats such a job, preempting less urgent ones if it must
+        (core/scheduler.py), so a worker full of low-priority requests still takes high-priority ones; the
+        preempted ones wait in the engine and finish later."""
+        in_flight = Counter(f.payload.priority for f in self.in_flight.values())
+        room = []
+        for queue in self.queues:
+            rank = PRIORITIES.index(routing.queue_priority(queue.name))
+            if sum(in_flight[p] for p in PRIORITIES[:rank + 1]) < self.engine.scheduler.max_num_seqs:
+                room.append(queue)
+        return room
 
     def _admit(self, block: bool) -> None:
-        while self._room():
+        while queues := self._with_room():
             try:
-                result = Queue.dequeue_any(self.queues, 1 if block else None, connection=self.connection,
+                result = Queue.dequeue_any(queues, 1 if block else None, connection=self.connection,
                                            job_class=self.job_class, serializer=self.serializer)
             except DequeueTimeout:
                 return
@@ -245,7 +262,8 @@ class BatchWorker(BaseWorker):
             job, queue = result
             block = False
             execution = self.prepare_execution(job)
-            self.prepare_job_execution(job, remove_from_intermediate_queue=len(self.queues) == 1)
+            # RQ moves a job taken from a single queue to that queue's intermediate list (LMOVE), not from several
+            self.prepare_job_execution(job, remove_from_intermediate_queue=len(queues) == 1)
             job.started_at = now()
             self._start(job, queue, execution)
 
@@ -272,7 +290,8 @@ class BatchWorker(BaseWorker):
             return
         try:
             prompt = prompt_text(self.engine, payload)
-            self.engine.add_request(prompt, payload.sampling_params(), request_id=job.id)
+            self.engine.add_request(prompt, payload.sampling_params(), request_id=job.id,
+                                    priority=routing.engine_priority(payload.priority))
         except MiroError as err:
             self._fail_request(job, queue, execution, payload, str(err), started, model=self.model_name)
             return

@@ -42,6 +42,8 @@ class JobPayload:
             raise MiroError(f"the job's payload lacks {', '.join(missing)}: it was not enqueued by miro submit")
         payload = cls(**{k: v for k, v in kwargs.items() if k in names and v is not None} | {
             "sampling": kwargs.get("sampling") or {}})
+        if payload.priority not in defaults.PRIORITIES:
+            raise MiroError(f"the job's payload for {payload.custom_id!r} has an unknown priority {payload.priority!r}")
         if (payload.kind, payload.prompt is None, payload.messages is None) not in (("chat", True, False),
                                                                                     ("completion", False, True)):
             raise MiroError(f"the job's payload for {payload.custom_id!r} is neither a chat nor a completion request")

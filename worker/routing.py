@@ -15,13 +15,13 @@ from pathlib import Path
 
 import redis
 
+from miro.core.defaults import PRIORITIES
 from miro.core.errors import MiroError
 from miro.core.registry import ALIASES, DEFAULT_MODEL
 
 from . import keys
 
 QUEUE_PREFIX = "miro:"
-PRIORITIES = ("high", "normal", "low")  # most urgent first
 
 
 def model_name(model: str) -> str:

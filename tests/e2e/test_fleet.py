@@ -25,7 +25,7 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.worker import BatchWorker, batches, keys, scripts, workers
-from miro.worker.routing import model_name, queue_for
+from miro.worker.routing import model_name, queue_for, worker_queues
 from miro.worker.results import read_parts
 
 LIFECYCLE = ["validating", "in_progress", "finalizing", "completed"]
@@ -99,7 +99,8 @@ def test_two_workers_publish_kv_figures_and_the_batch_walks_the_lifecycle(tmp_pa
         assert len(seen) >= 3, f"{name} was hardly ever seen"
         for s in seen:
             assert (s["pid"], s["host"], s["model"], s["queues"]) == (procs[name].pid, socket.gethostname(),
-                                                                       model_name(tiny_model), [queue_for(tiny_model)])
+                                                                       model_name(tiny_model),
+                                                                       worker_queues([queue_for(tiny_model)]))
             assert 0 <= s["kv_blocks_used"] <= s["kv_blocks_total"] and s["kv_blocks_total"] > 0
             assert s["kv_usage"] == pytest.approx(s["kv_blocks_used"] / s["kv_blocks_total"])
             assert 0 <= s["running"] + s["waiting"] <= s["in_flight"] <= 4
