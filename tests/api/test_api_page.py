@@ -1,0 +1,80 @@
+"""The live page at / in a real headless Chromium (Debian's chromium and chromedriver, driven by selenium): a
+batch's progress moves on the page without a reload, the worker's KV cache shows, and the finished batch offers
+its downloads. A screenshot taken mid-batch is kept under tests/artifacts/."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import jsonl
+from polling import wait_for
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+
+
+@pytest.fixture
+def browser(tmp_path):
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        pytest.skip("Debian's chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,800", f"--user-data-dir={tmp_path / 'chromium'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def test_the_live_page_follows_a_batch(fleet, browser):
+    client = fleet.server.client()
+    lines = [{"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "smollm2-135m", "prompt": f"The number {i} is", "max_tokens": 8}} for i in range(300)]
+    uploaded = client.files.create(file=("page.jsonl", jsonl(lines)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
+    browser.get(fleet.server.url + "/")
+    row = f'tr[data-batch="{batch.id}"]'
+
+    def shown() -> tuple[str, str, str] | None:
+        """(status, done, progress bar width) of the batch's row, as the page shows it now (read in one script:
+        the page replaces its rows every second)."""
+        read = browser.execute_script(
+            "const row = document.querySelector(arguments[0]); if (!row) return null;"
+            "const cells = row.querySelectorAll('td');"
+            "return [cells[2].textContent, cells[4].textContent, row.querySelector('.fill').style.width];", row)
+        return tuple(read) if read else None
+
+    def links() -> list[tuple[str, str]]:
+        return [tuple(pair) for pair in browser.execute_script(
+            "return [...document.querySelectorAll(arguments[0] + ' a')].map(a => [a.textContent, a.href]);", row)]
+
+    seen = []
+    screenshot = ARTIFACTS / "live-page.png"
+    while wait_for(shown, timeout_s=30) and (now := shown())[0] != "completed":
+        if not seen or now != seen[-1]:
+            seen.append(now)
+        if now[1] not in ("0 / 300", "300 / 300") and not screenshot.exists():
+            ARTIFACTS.mkdir(exist_ok=True)
+            browser.save_screenshot(str(screenshot))
+            print(f"screenshot of the live page mid-batch: {screenshot}")
+        assert len(seen) < 10_000
+    assert shown()[1] == "300 / 300"
+    progress = [done for status, done, width in seen if status == "in_progress"]
+    assert len(set(progress)) >= 3, f"the page showed progress {progress}"  # it moved, with no reload
+    assert len({width for _, _, width in seen}) >= 3
+    assert screenshot.exists()
+
+    worker = browser.execute_script("return document.querySelector('tr[data-worker=\"api-worker\"]').textContent")
+    assert "smollm2-135m" in worker and "blocks" in worker
+    output_file_id = client.batches.retrieve(batch.id).output_file_id
+    assert wait_for(lambda: [text for text, _ in links()] == ["parquet", "output"], timeout_s=10), links()
+    assert links()[1][1] == f"{fleet.server.url}/v1/files/{output_file_id}/content"
