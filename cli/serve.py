@@ -54,18 +54,21 @@ def _listen(host: str, port: int) -> socket.socket:
                    "must reach it too.")
 @click.option("--api-key", "api_keys", multiple=True,
               help="A key clients send as 'Authorization: Bearer KEY' (repeatable; env MIRO_API_KEYS, comma separated).")
-def serve_command(redis_url, host, port, storage, api_keys):
+@click.option("--wait-for-redis", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="Seconds to keep trying to reach Redis at start-up (when it starts beside the server).")
+def serve_command(redis_url, host, port, storage, api_keys, wait_for_redis):
     """Serve the OpenAI Batch API (files, batches) and a live page of the fleet over HTTP."""
     import uvicorn
 
     from miro.worker.api import ServerConfig, create_app
-    from miro.worker.batches import redacted
+    from miro.worker.batches import connect, redacted
 
     keys = _api_keys(api_keys)
     if not keys and not _is_loopback(host):
         raise MiroError(f"Refusing to listen on {host} without an API key: give --api-key (or MIRO_API_KEYS), "
                         "or listen on 127.0.0.1.")
-    app = create_app(ServerConfig(redis_url=redis_url, storage=storage, api_keys=keys))
+    conn = connect(redis_url, wait_s=wait_for_redis, log=log_to_stderr)
+    app = create_app(ServerConfig(redis_url=redis_url, storage=storage, api_keys=keys), conn)
     sock = _listen(host, port)
     address = f"http://{host}:{sock.getsockname()[1]}"
     access = f"{len(keys)} API key{'s' if len(keys) != 1 else ''}" if keys else \

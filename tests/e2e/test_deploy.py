@@ -6,6 +6,8 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -112,7 +114,7 @@ def test_procfile_passes_honcho_check():
     done = subprocess.run([BIN / "honcho", "-f", "Procfile", "check"], cwd=ROOT, capture_output=True, text=True,
                           timeout=30)
     assert done.returncode == 0, done.stderr
-    assert "(redis, worker)" in done.stderr
+    assert "(redis, worker, serve)" in done.stderr
 
 
 @pytest.mark.slow
@@ -120,7 +122,8 @@ def test_honcho_start_runs_redis_and_a_worker_and_stops_on_sigterm(smollm2_path,
     import rq
 
     port = free_port()
-    env = {**os.environ, "REDIS_PORT": str(port), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "REDIS_PORT": str(port), "SERVE_PORT": str(free_port()),
+           "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     # Run in tmp_path so that miro redis's ./miro-redis lands there, not in the repo.
     log = tmp_path / "honcho.log"
     with open(log, "wb") as out:
@@ -131,6 +134,8 @@ def test_honcho_start_runs_redis_and_a_worker_and_stops_on_sigterm(smollm2_path,
         assert wait_for(client.ping, 20), "timed out waiting for Redis under honcho"
         assert wait_for(lambda: rq.Worker.all(connection=client), 60), "timed out waiting for a miro worker registered in Redis"
         assert (tmp_path / "miro-redis" / "miro-redis.conf").exists()
+        assert wait_for(lambda: _answers(f"http://127.0.0.1:{env['SERVE_PORT']}/v1/batches"), 30), \
+            "timed out waiting for miro serve under honcho"
         client.close()
         honcho.send_signal(signal.SIGTERM)
         honcho.wait(timeout=40)
@@ -146,6 +151,14 @@ def test_honcho_start_runs_redis_and_a_worker_and_stops_on_sigterm(smollm2_path,
             pass
         honcho.wait()
         print(log.read_text())  # shown when the test fails
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError):
+        return False
 
 
 def _compose_command():
@@ -172,6 +185,17 @@ def test_docker_compose_file():
     assert "container_name" not in worker and "ports" not in worker
     assert int(worker["stop_grace_period"].removesuffix("s")) > SHUTDOWN_GRACE_S
     assert_worker_command_parses(worker["command"])
+
+
+def test_docker_compose_serve_service():
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    serve = compose["services"]["serve"]
+    assert serve["build"] == compose["services"]["worker"]["build"]
+    assert serve["environment"]["MIRO_REDIS_URL"] == "redis://redis:6379/0" and "MIRO_API_KEYS" in serve["environment"]
+    assert "results:/results" in serve["volumes"] and serve["ports"] == ["8000:8000"]
+    command = serve["command"]
+    assert command[command.index("--storage") + 1] == "/results" and command[command.index("--port") + 1] == "8000"
+    assert_serve_command_parses(command)
 
 
 def test_docker_compose_config_accepts_the_file():
@@ -212,6 +236,33 @@ def test_kubernetes_manifests():
     assert {"name": "metrics", "containerPort": int(port)} in container["ports"]
     assert worker["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == port
     assert_worker_command_parses(command)
+
+
+def test_kubernetes_serve_manifest():
+    docs = {doc["kind"]: doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "serve.yaml").read_text())}
+    worker = next(d for d in yaml.safe_load_all((DEPLOY / "k8s" / "worker.yaml").read_text())
+                  if d["kind"] == "Deployment")
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["MIRO_REDIS_URL"]["value"] == worker["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"]
+    assert env["MIRO_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "miro-api-keys"
+    # the same results volume as the workers, mounted where --storage points
+    assert pod["volumes"] == worker["spec"]["template"]["spec"]["volumes"]
+    command = container["command"]
+    assert {"name": "results", "mountPath": command[command.index("--storage") + 1]} in container["volumeMounts"]
+    port = int(command[command.index("--port") + 1])
+    assert {"name": "http", "containerPort": port} in container["ports"]
+    assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert_serve_command_parses(command)
+
+
+def assert_serve_command_parses(command: list[str]) -> None:
+    """The deploy file's `miro serve ...` is one the CLI accepts (parsed, not run)."""
+    from miro.cli.serve import serve_command
+
+    assert command[:2] == ["miro", "serve"]
+    serve_command.make_context("serve", list(command[2:]))
 
 
 def assert_worker_command_parses(command: list[str]) -> None:
