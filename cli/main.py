@@ -166,6 +166,7 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
     """Merge BATCH's part files into one file: one row per custom id and choice, in input order, failed requests included."""
     from miro.worker.batches import connect
     from miro.worker.results import collect, cut_constraints_note, write_openai_jsonl, write_parquet
+    from miro.worker.storage import with_suffix
 
     table, batch = collect(connect(redis_url), batch_id)
     if fmt == "parquet":
@@ -174,7 +175,7 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
                       f"{batch['completed']:,} completed, {batch['failed']:,} failed of {batch['total']:,}) "
                       f"to {out_path}.")
     else:
-        errors_path = errors_path or out_path.removesuffix(".jsonl") + ".errors.jsonl"
+        errors_path = errors_path or with_suffix(out_path, ".jsonl", ".errors.jsonl")
         ok, failed = write_openai_jsonl(table, out_path, errors_path)
         log_to_stderr(f"Wrote {ok:,} responses to {out_path} and {failed:,} errors to {errors_path}.")
     note = cut_constraints_note(table)

@@ -70,6 +70,7 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     Ctrl-C writes what finished to OUTPUT's .partial.parquet file; the same command with --resume finishes it.
     """
     from miro.core.registry import resolve_model
+    from miro.worker import storage
     from miro.worker.batches import redacted
 
     constraint = constraint_of(json_schema, regex, choice, grammar)
@@ -81,10 +82,11 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     if dry_run:
         log_to_stderr(f"Dry run: {checked.valid:,} valid lines, {len(checked.invalid):,} invalid; nothing was run.")
         return
-    if not Path(out_path).absolute().parent.is_dir():
+    if not storage.is_uri(out_path) and not Path(out_path).absolute().parent.is_dir():
         raise MiroError(f"The folder of the output {out_path} does not exist.")
     resolve_model(model, log_to_stderr)  # a wrong --model fails here (and the default one is pulled on first use)
-    state = RunState(state_dir or f"{out_path}.miro-run")
+    # next to a local output; in the current folder for one on an object store
+    state = RunState(state_dir or f"{storage.name(out_path) if storage.is_uri(out_path) else out_path}.miro-run")
     record = state.claim(resume, dataset, options, redacted(redis_url) if redis_url else "embedded", out_path)
     interruption = Interruption(shutdown_grace)
     try:
@@ -248,7 +250,8 @@ class Pace:
 def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: dict,
                    interruption: Interruption, pace: Pace | None) -> bool:
     """OUTPUT if every request finished (then True), else the partial file; either way the line that says so."""
-    from miro.worker.results import collect, cut_constraints_note, write_openai_jsonl
+    from miro.worker import storage
+    from miro.worker.results import collect, cut_constraints_note, write_openai_jsonl, write_parquet
 
     table, batch = collect(conn, batch_id)
     partial = partial_path(out_path)
@@ -259,22 +262,21 @@ def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: 
         counts = (f"{batch['completed']:,} completed, {batch['failed']:,} failed, {batch['prompt_tokens']:,} prompt "
                   f"and {batch['completion_tokens']:,} completion tokens")
         if record["options"].get("format") == "jsonl":
-            errors_path = out_path.removesuffix(".jsonl") + ".errors.jsonl"
+            errors_path = storage.with_suffix(out_path, ".jsonl", ".errors.jsonl")
             ok, failed = write_openai_jsonl(table, out_path, errors_path)
             log_to_stderr(f"Wrote {ok:,} responses to {out_path} and {failed:,} errors to {errors_path}: {counts}.")
         else:
-            _write_parquet(table, out_path)
+            write_parquet(table, out_path)
             log_to_stderr(f"Wrote {table.num_rows:,} rows to {out_path}: {counts}.")
         note = cut_constraints_note(table)
         if note:
             log_to_stderr(note)
-        if os.path.exists(partial):
-            os.remove(partial)
+        storage.remove(partial)
         return True
     counts = {"partial": "true", "batch_id": batch_id, "total": total, "done": done, "completed": batch["completed"],
               "failed": batch["failed"]}
     metadata = {**(table.schema.metadata or {}), **{f"miro.{k}".encode(): str(v).encode() for k, v in counts.items()}}
-    _write_parquet(table.replace_schema_metadata(metadata), partial)
+    write_parquet(table.replace_schema_metadata(metadata), partial)
     state.save({**record, "batch_id": batch_id, "done": done, "total": total})
     stopped = "Interrupted" if interruption.signal else "Stopped"
     log_to_stderr(f"{stopped} after {done:,} of {total:,} requests: wrote them to {partial}; run the same command "
@@ -288,23 +290,9 @@ def _done(batch: dict) -> int:
 
 def partial_path(out_path: str) -> str:
     """Where an interrupted run writes what finished: results.parquet -> results.partial.parquet."""
-    stem = out_path[:-len(".parquet")] if out_path.endswith(".parquet") else out_path
-    return f"{stem}.partial.parquet"
+    from miro.worker import storage
 
-
-def _write_parquet(table, path: str) -> None:
-    """Write under a temporary name, then rename: a reader never finds half a file at `path`."""
-    import pyarrow.parquet as pq
-
-    folder, name = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
-    try:
-        pq.write_table(table, temporary, compression="zstd")
-        os.replace(temporary, path)
-    except OSError as err:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise MiroError(f"Cannot write {path} ({err.strerror or err}).") from None
+    return storage.with_suffix(out_path, ".parquet", ".partial.parquet")
 
 
 class Interruption:

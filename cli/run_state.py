@@ -56,8 +56,10 @@ class RunState:
                 raise MiroError(f"There is no interrupted run in {self.shown} to resume; leave --resume out to "
                                 "start one.")
             if record is None:
+                from miro.worker.submit import output_uri  # a local path made absolute, a URI as given
+
                 record = {"dataset": os.path.abspath(dataset), "dataset_sha256": _sha256(dataset),
-                          "output": os.path.abspath(out_path), "redis": which_redis, "options": options,
+                          "output": output_uri(out_path), "redis": which_redis, "options": options,
                           "batch_id": None}
                 self.save(record)
                 return record

@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 
 from miro.core.errors import MiroError
 
+from . import storage
 from .rows import SCHEMA, invalid_line_rows, openai_line
-from .sink import open_output
+from .sink import open_output, write_table_atomically
 
 
 def read_parts(output: str, batch_id: str) -> pa.Table:
@@ -87,8 +88,10 @@ def spread_extra(table: pa.Table) -> pa.Table:
 
 
 def write_parquet(table: pa.Table, path: str) -> None:
+    """To a local path or a URI (storage.py), under a temporary name and renamed: never half a file at `path`."""
+    filesystem, where = open_output(path)
     try:
-        pq.write_table(table, path, compression="zstd")
+        write_table_atomically(filesystem, where, table)
     except OSError as err:
         raise MiroError(f"cannot write the results to {path}: {err}.") from None
 
@@ -106,10 +109,11 @@ def write_openai_jsonl(table: pa.Table, path: str, errors_path: str) -> tuple[in
     """OpenAI Batch output lines to `path`, failed requests to `errors_path`; returns (ok, failed) counts."""
     ok = failed = 0
     try:
-        with open(path, "w", encoding="utf-8") as out, open(errors_path, "w", encoding="utf-8") as errors:
+        with storage.open_text(path) as out, storage.open_text(errors_path) as errors:
             for line in openai_lines(table):
                 (errors if line["error"] else out).write(json.dumps(line, ensure_ascii=False) + "\n")
                 failed, ok = (failed + 1, ok) if line["error"] else (failed, ok + 1)
     except OSError as err:
-        raise MiroError(f"cannot write the results: {err.strerror} ({err.filename}).") from None
+        where = f" ({err.filename})" if err.filename else ""
+        raise MiroError(f"cannot write the results: {err.strerror or err}{where}.") from None
     return ok, failed

@@ -24,8 +24,9 @@ from .rows import SCHEMA
 
 
 
-def open_output(uri: str) -> tuple[pafs.FileSystem, str]:
+def open_output(uri: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem and base path for a folder path or a URI (file://, s3://, gs://, ...)."""
+    uri = os.fspath(uri)
     try:
         if "://" in uri:
             return pafs.FileSystem.from_uri(uri)
