@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 from polling import free_port, wait_for
 
-ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+
+
+def environment() -> dict[str, str]:
+    """This process's environment as it is now (a test may have set credentials), one thread per pool."""
+    return {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+
 MIRO = [sys.executable, "-c", "from miro.cli.main import cli; cli()"]
 
 
@@ -30,12 +35,12 @@ def jsonl(lines: list[dict]) -> bytes:
 class Server:
     """A `miro serve` process; `client()` is the unmodified openai SDK pointed at it."""
 
-    def __init__(self, redis_url: str, storage: Path, *extra: str):
+    def __init__(self, redis_url: str, storage: Path | str, *extra: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.storage = storage
         self.process = subprocess.Popen([*MIRO, "serve", "--redis-url", redis_url, "--port", str(self.port),
-                                         "--storage", str(storage), *extra], env=ENV, stderr=subprocess.PIPE,
+                                         "--storage", str(storage), *extra], env=environment(), stderr=subprocess.PIPE,
                                         text=True)
         if not wait_for(self._answers, timeout_s=60, every_s=0.1):
             self.stop()
@@ -81,8 +86,8 @@ def serve(tmp_path):
     """Start `miro serve` processes (redis URL, extra flags); each is stopped after the test."""
     servers = []
 
-    def start(redis_url: str, *extra: str) -> Server:
-        server = Server(redis_url, tmp_path / f"storage-{len(servers)}", *extra)
+    def start(redis_url: str, *extra: str, storage: str | None = None) -> Server:
+        server = Server(redis_url, storage or tmp_path / f"storage-{len(servers)}", *extra)
         servers.append(server)
         return server
 

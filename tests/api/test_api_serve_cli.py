@@ -6,12 +6,12 @@ import socket
 import subprocess
 
 import pytest
-from conftest import ENV, MIRO
+from conftest import MIRO, environment
 from polling import free_port
 
 
 def serve(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*MIRO, "serve", *args], capture_output=True, text=True, env=ENV, timeout=60)
+    return subprocess.run([*MIRO, "serve", *args], capture_output=True, text=True, env=environment(), timeout=60)
 
 
 def one_sentence(done: subprocess.CompletedProcess) -> str:

@@ -66,8 +66,12 @@ class FileWriter:
 
 
 def join(uri: str, name: str) -> str:
-    """`name` inside a storage location given as a folder path or a URL."""
-    return uri.rstrip("/") + "/" + name if "://" in uri else os.path.join(os.path.abspath(uri), name)
+    """`name` inside a storage location given as a folder path or a URL (whose ?query, say an S3 endpoint, stays
+    at the end)."""
+    if "://" not in uri:
+        return os.path.join(os.path.abspath(uri), name)
+    path, mark, query = uri.partition("?")
+    return f"{path.rstrip('/')}/{name}{mark}{query}"
 
 
 class FileStore:
