@@ -237,3 +237,21 @@ class GGUFFile:
         if key not in self.metadata:
             raise ModelFileError(f"{self.path}: metadata key '{key}' is missing.")
         return self.metadata[key]
+
+
+def release_pages(view: np.ndarray) -> None:
+    """Drop the whole memory pages under `view`, a slice of a GGUF file's memory map, from this process's
+    resident memory: the page cache keeps them, and a later read maps them back in. For tensors repacked at
+    load, whose file bytes nothing reads afterwards. An array that is no view of a memory map is left alone."""
+    root = view
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if not (isinstance(root.base, memoryview) and isinstance(root.base.obj, mmap.mmap)):
+        return
+    file_map = root.base.obj
+    map_start = np.frombuffer(file_map, np.uint8, count=1).__array_interface__["data"][0]
+    start = view.__array_interface__["data"][0] - map_start
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (start + view.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > first and hasattr(file_map, "madvise"):
+        file_map.madvise(mmap.MADV_DONTNEED, first, end - first)

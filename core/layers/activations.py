@@ -220,12 +220,15 @@ def _float32(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def quantize_q8_32(x: np.ndarray) -> Q8Blocks:
-    """Quantize each row of x (T, K), K a multiple of 32, to Q8_0 blocks with Q8_1's sums."""
-    n_rows, k = x.shape
-    out = Q8Blocks(q=np.empty((n_rows, k), np.int8), d=np.empty((n_rows, k // QK), np.float32),
-                   s=np.empty((n_rows, k // QK), np.float32), qsum=np.empty((n_rows, k // QK), np.int32))
-    _rows_q8_32(_float32(x), out.q, out.d, out.s, out.qsum, QK)
+def quantize_q8_32(x: np.ndarray, n_rows: int | None = None) -> Q8Blocks:
+    """Quantize each row of x (T, K), K a multiple of 32, to Q8_0 blocks with Q8_1's sums; n_rows >= T
+    rows in all, those past T zero."""
+    t, k = x.shape
+    n_rows = t if n_rows is None else n_rows
+    new = np.empty if n_rows == t else np.zeros
+    out = Q8Blocks(q=new((n_rows, k), np.int8), d=new((n_rows, k // QK), np.float32),
+                   s=new((n_rows, k // QK), np.float32), qsum=new((n_rows, k // QK), np.int32))
+    _rows_q8_32(_float32(x), out.q[:t], out.d[:t], out.s[:t], out.qsum[:t], QK)
     return out
 
 

@@ -22,11 +22,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .. import kernels as float32_kernels
 from ..dequant import dequantize
-from ..gguf_file import TensorInfo
+from ..gguf_file import TensorInfo, release_pages
 from . import float_kernels, quant_kernels
 from .activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups, quantize_q8_k,
                           quantize_q8_k_columns, quantize_q8_k_pair_groups)
 from .quant_blocks import BLOCK32_TYPES, SUPERBLOCK_TYPES
+from .tiles import TILE_TOKENS, can_tile, repack
 
 NATIVE_TYPES = BLOCK32_TYPES + SUPERBLOCK_TYPES + float_kernels.FLOAT_TYPES
 
@@ -36,14 +37,11 @@ USE_VNNI = True
 # From this many activation rows on, each weight block is decoded once for all rows (the "lanes"
 # kernels); below, rows are taken one at a time. Both give the same bits; this only picks the faster.
 LANES_MIN_ROWS = 8
-# With VNNI, per weight type: where the kernel that decodes each weight block once for many rows (the 8-lane
-# kernel up to 8 rows for Q4_0/Q4_1/Q8_0, the 16-lane one beyond) becomes faster than the row-by-row one,
-# measured on 5632x2048 matrices, 2 Zen 4 cores. The 5-bit and Q6_K types have no fast row-by-row kernel.
+# With VNNI, per weight type: where the lanes kernel becomes faster than the row-by-row one, measured on
+# 5632x2048 matrices, 2 Zen 4 cores. (Q4_0, Q4_1 and Q8_0 take the tile kernel at every row count.)
 _Q = GGMLQuantizationType
-LANES_MIN_ROWS_VNNI = {_Q.Q4_0: 2, _Q.Q4_1: 2, _Q.Q8_0: 3, _Q.Q4_K: 4, _Q.Q5_K: 4}
+LANES_MIN_ROWS_VNNI = {_Q.Q4_K: 4, _Q.Q5_K: 4}
 LANES_MIN_ROWS_VNNI_OTHERS = 2
-# With VNNI, up to this many rows take the 8-lane kernel (Q4_0, Q4_1, Q8_0); 0 turns it off (to compare).
-LANES8_MAX_ROWS = 8
 
 WEIGHT_FORMATS = ("f32", "native")
 
@@ -102,6 +100,7 @@ class Linear:
         self.out_features, self.in_features = shape
         raw = _join(parts)
         self.weight_bytes = 0 if np.shares_memory(raw, parts[0]) else raw.nbytes  # a copy only when fusing scattered parts
+        self._tiles = None
         if fmt == "f32":  # (in, out): the layout `x @ w` is fastest with, and the one matmul_invariant takes
             self._w = np.ascontiguousarray(dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T)
             self.weight_bytes = self._w.nbytes
@@ -111,6 +110,12 @@ class Linear:
         else:
             block_values, block_bytes = GGML_QUANT_SIZES[qtype]
             self._w = raw.reshape(self.out_features, self.in_features // block_values * block_bytes)
+            if USE_VNNI and can_tile(qtype):  # the same bytes in 16-row tiles; the file's pages leave memory
+                self._tiles = repack(int(qtype), self._w)
+                self._w = None
+                self.weight_bytes = self._tiles.nbytes
+                for part in parts:
+                    release_pages(part)
 
     def __call__(self, x: np.ndarray, batch_invariant: bool = False) -> np.ndarray:
         """(T, in_features) float32 -> (T, out_features) float32.
@@ -131,6 +136,10 @@ class Linear:
             return out
         if int(self.type) in float_kernels.FLOAT_TYPES:
             return float_kernels.matmul_float(int(self.type), self._w, x, out)
+        if self._tiles is not None:
+            a = quantize_q8_32(x, _round_up(x.shape[0], TILE_TOKENS))
+            kernel = quant_kernels.kernels_for(int(self.type)).tiles_vnni
+            return kernel(self._tiles.quants, self._tiles.scales, self._tiles.mins, a.q, a.d, a.s, a.qsum, out)
         if int(self.type) in BLOCK32_TYPES:
             return self._matmul_block32(x, out)
         return self._matmul_superblocks(x, out)
@@ -141,13 +150,9 @@ class Linear:
         n_tok = x.shape[0]
         if _row_by_row(kernels, self.type, n_tok):
             a = quantize_q8_32(x)
-            if _use_vnni(kernels) and kernels.rows_vnni is not None:
-                return kernels.rows_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
             return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)
         if _use_vnni(kernels):
             a = quantize_q8_32_quad_groups(x, _round_up(n_tok, 16))
-            if n_tok <= LANES8_MAX_ROWS and kernels.lanes8_vnni is not None:
-                return kernels.lanes8_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
             return kernels.lanes_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
         a = quantize_q8_32_columns(x, _round_up(n_tok, quant_kernels.LANE_MULTIPLE))
         return kernels.lanes(self._w, a.q, a.d, a.s, a.qsum, out)

@@ -298,18 +298,17 @@ def _rows_k(qtype: int):
 
 class Kernels:
     """The loop shapes compiled for one weight type: lanes(...) for many activation rows, rows(...)
-    for few, and on CPUs with AVX512-VNNI lanes_vnni(...) and (Q4_0, Q4_1, Q8_0) rows_vnni(...) and
-    lanes8_vnni(...) (up to 8 rows), else None."""
+    for few, and on CPUs with AVX512-VNNI lanes_vnni(...) and (Q4_0, Q4_1, Q8_0 repacked into tiles)
+    tiles_vnni(...), else None."""
 
     def __init__(self, qtype: int):
         block32 = qtype in BLOCK32_TYPES
         self.lanes = _lanes_32(qtype) if block32 else _lanes_k(qtype)
         self.rows = _rows_32(qtype) if block32 else _rows_k(qtype)
-        self.lanes_vnni = self.rows_vnni = self.lanes8_vnni = None
+        self.lanes_vnni = self.tiles_vnni = None
         if vnni.AVAILABLE:
+            self.tiles_vnni = vnni_kernels.tiles_32(qtype)
             self.lanes_vnni = vnni_kernels.lanes_32(qtype) if block32 else vnni_kernels.lanes_k(qtype)
-            self.rows_vnni = vnni_kernels.rows_32(qtype) if block32 else None
-            self.lanes8_vnni = vnni_kernels.lanes8_32(qtype) if block32 else None
 
 
 _KERNELS: dict[int, Kernels] = {}

@@ -5,6 +5,7 @@ registers (LLVM cannot prove the loop's other loads leave it alone). These types
 a loop that updates `acc = acc + x` keeps acc in a register, as a SIMD micro-kernel in C would.
 
     v = load16(array, i)         # array[i:i + 16] (int32/uint32 -> int32x16, float32 -> float32x16)
+    h = load16_f16(array, i)     # array[i:i + 16] of float16 bits (uint16) -> float32x16
     store16(array, i, v)
     f = to_float(v)              # int32x16 -> float32x16, exact below 2^24
     acc = acc + (f * scale) * v2 # +, -, * lane by lane; a scalar operand applies to every lane
@@ -19,7 +20,6 @@ import operator
 
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.core.extending import intrinsic, models, overload, register_model
 
 LANES = 16
@@ -63,6 +63,16 @@ def load16(typingctx, array, index):
         return builder.load(element_pointer(context, builder, sig.args[0], args[0], args[1], vector_type), align=4)
 
     return vec(array, types.intp), codegen
+
+
+@intrinsic
+def load16_f16(typingctx, array, index):
+    """array[index:index + 16] (uint16 holding float16 bits) as float32x16: one vcvtph2ps, exact."""
+    def codegen(context, builder, sig, args):
+        halves = element_pointer(context, builder, sig.args[0], args[0], args[1], ir.VectorType(ir.HalfType(), LANES))
+        return builder.fpext(builder.load(halves, align=2), ir.VectorType(ir.FloatType(), LANES))
+
+    return float32x16(array, types.intp), codegen
 
 
 @intrinsic
@@ -116,19 +126,3 @@ def _register(python_operator, name: str):
 
 for _operator, _name in ((operator.add, "add"), (operator.sub, "sub"), (operator.mul, "mul")):
     _register(_operator, _name)
-
-
-@intrinsic
-def prefetch(typingctx, array, index):
-    """Ask for the cache line of array[index] (1-D, contiguous) ahead of its use (prefetcht0): for a kernel
-    streaming weights from memory, the next rows' lines arrive while this row computes."""
-    def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        at = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
-        i32 = ir.IntType(32)
-        hint = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [at.type, i32, i32, i32]), "llvm.prefetch.p0")
-        builder.call(hint, [at, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])  # read, keep, data
-        return context.get_dummy_value()
-
-    return types.void(array, types.intp), codegen

@@ -87,117 +87,60 @@ def dot_superblock_lanes8(typingctx, a_pairs, a_start, w_pairs, w_start):
     return sig, codegen
 
 
-_V8 = ir.VectorType(ir.IntType(32), 8)
-_BYTES16 = ir.VectorType(ir.IntType(8), 16)
-_BYTES32 = ir.VectorType(ir.IntType(8), 32)
+_BYTES64 = ir.VectorType(ir.IntType(8), 64)
 
 
-def _row_dot(weight_bytes):
-    """An intrinsic: sum over 32 values of w * a, w from weight_bytes(builder, row pointer) (32 u8),
-    a the 32 int8 activations of one row from a_start, with one 256-bit vpdpbusd and a lane sum."""
+def _tile_dot(quad_vectors):
+    """An intrinsic: one 32-value block of a 16-row tile (tiles.py) against 8 activation rows, as 8 int32x16
+    (one per activation row, lane r = weight row r): sum over quads q < 8 and bytes i < 4 of
+    w[r, q].byte[i] * a[t, 4 q + i]. quad_vectors(builder, block pointer) gives the 8 quads of the tile's 16
+    rows as 512-bit vectors of unsigned bytes. Each activation quad is broadcast from memory (no register
+    shuffles); the 8 rows are 8 independent vpdpbusd chains, enough to hide its latency.
 
-    @intrinsic
-    def dot(typingctx, row, w_start, a_row, a_start):
-        sig = types.int32(row, types.intp, a_row, types.intp)
-
-        def codegen(context, builder, signature, args):
-            row_v, w_start_v, a_v, a_start_v = args
-            vpdpbusd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_V8, [_V8, _V8, _V8]), "llvm.x86.avx512.vpdpbusd.256")
-            reduce_add = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.IntType(32), [_V8]), "llvm.vector.reduce.add.v8i32")
-            w_data = context.make_array(signature.args[0])(context, builder, row_v).data
-            a_data = context.make_array(signature.args[2])(context, builder, a_v).data
-            w_vec = builder.bitcast(weight_bytes(builder, builder.gep(w_data, [w_start_v])), _V8)
-            a_vec = builder.load(builder.bitcast(builder.gep(a_data, [a_start_v]), _V8.as_pointer()), align=1)
-            return builder.call(reduce_add, [builder.call(vpdpbusd, [ir.Constant(_V8, [0] * 8), w_vec, a_vec])])
-
-        return sig, codegen
-
-    return dot
-
-
-def _nibbles(builder, at):
-    """16 bytes of nibbles -> 32 u8: low nibbles are values 0-15, high nibbles 16-31."""
-    packed = builder.load(builder.bitcast(at, _BYTES16.as_pointer()), align=1)
-    low = builder.and_(packed, ir.Constant(_BYTES16, [15] * 16))
-    high = builder.lshr(packed, ir.Constant(_BYTES16, [4] * 16))
-    return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
-
-
-def _flipped_bytes(builder, at):
-    """32 int8 -> 32 u8 plus 128 (a flipped top bit)."""
-    values = builder.load(builder.bitcast(at, _BYTES32.as_pointer()), align=1)
-    return builder.xor(values, ir.Constant(_BYTES32, [0x80] * 32))
-
-
-# one block of Q4_0/Q4_1 (nibbles from w_start) or Q8_0 (int8 from w_start, +128) against one activation row
-dot_nibbles_row = _row_dot(_nibbles)
-dot_flipped_bytes_row = _row_dot(_flipped_bytes)
-
-
-_V8_ZERO = ir.Constant(_V8, [0] * 8)
-_WIDEN = ir.Constant(ir.VectorType(ir.IntType(32), LANES), list(range(LANES)))  # 8 lanes + 8 zeros -> 16
-
-
-def _quads_rows2(weight_quad):
-    """An intrinsic: two weight rows' 32-value blocks against up to 8 activation rows, with each weight quad
-    decoded in registers straight from the row's bytes (no decoded copy): a pair of int32x16 whose lanes 8-15
-    are zero. weight_quad(builder, row pointer, q) gives quad q (4 unsigned bytes) of the block as an i32.
-
-    a_quads (uint32, 1-D): the quad-groups layout (activation.py), quad q of lanes 0-7 at a_start + 16 q.
-    With 256-bit vpdpbusd, two of which issue per cycle where 512-bit ones issue one: for up to 8 rows this
-    does the same sums as dot_block_rows2 in half the multiply work, and skips its decode-to-memory pass.
+    a (int8, 1-D): activation row t's block at a_start + t * a_stride.
     """
 
     @intrinsic
-    def dot(typingctx, a_quads, a_start, row0, w_start0, row1, w_start1):
-        sig = types.UniTuple(int32x16, 2)(a_quads, types.intp, row0, types.intp, row1, types.intp)
+    def dot(typingctx, quants, w_start, a, a_start, a_stride):
+        sig = types.UniTuple(int32x16, 8)(quants, types.intp, a, types.intp, types.intp)
 
         def codegen(context, builder, signature, args):
-            a_arr, a_start_v, row0_v, w0_v, row1_v, w1_v = args
+            quants_v, w_start_v, a_v, a_start_v, stride_v = args
             vpdpbusd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_V8, [_V8, _V8, _V8]), "llvm.x86.avx512.vpdpbusd.256")
-            a_data = context.make_array(signature.args[0])(context, builder, a_arr).data
-            rows = [builder.gep(context.make_array(signature.args[k])(context, builder, row).data, [start])
-                    for k, row, start in ((2, row0_v, w0_v), (4, row1_v, w1_v))]
-            sums = [[_V8_ZERO] * 4 for _ in rows]  # four chains per row: vpdpbusd's latency is hidden
-            for q in range(8):
-                a_at = builder.add(a_start_v, ir.Constant(_I64, LANES * q))
-                a_vec = builder.load(builder.bitcast(builder.gep(a_data, [a_at]), _V8.as_pointer()), align=4)
-                for r, row in enumerate(rows):
-                    one = builder.insert_element(ir.Constant(_V8, None), weight_quad(builder, row, q),
-                                                 ir.Constant(ir.IntType(32), 0))
-                    quad = builder.shuffle_vector(one, ir.Constant(_V8, None), _V8_ZERO)  # lane 0 everywhere
-                    sums[r][q % 4] = builder.call(vpdpbusd, [sums[r][q % 4], quad, a_vec])
-            wide = [builder.shuffle_vector(builder.add(builder.add(s0, s1), builder.add(s2, s3)), _V8_ZERO, _WIDEN)
-                    for s0, s1, s2, s3 in sums]
-            return context.make_tuple(builder, signature.return_type, wide)
+                builder.module, ir.FunctionType(_V16, [_V16, _V16, _V16]), "llvm.x86.avx512.vpdpbusd.512")
+            block = builder.gep(context.make_array(signature.args[0])(context, builder, quants_v).data, [w_start_v])
+            a_data = context.make_array(signature.args[2])(context, builder, a_v).data
+            rows = [builder.add(a_start_v, builder.mul(stride_v, ir.Constant(_I64, t))) for t in range(8)]
+            sums = [ir.Constant(_V16, [0] * LANES)] * 8
+            for q, weights in enumerate(quad_vectors(builder, block)):
+                for t, row in enumerate(rows):
+                    at = builder.gep(a_data, [builder.add(row, ir.Constant(_I64, 4 * q))])
+                    quad = builder.load(builder.bitcast(at, ir.IntType(32).as_pointer()), align=1)
+                    sums[t] = builder.call(vpdpbusd, [sums[t], weights, splat(builder, quad, _V16)])
+            return context.make_tuple(builder, signature.return_type, sums)
 
         return sig, codegen
 
     return dot
 
 
-def _u32_at(builder, row, at: int):
-    return builder.load(builder.bitcast(builder.gep(row, [ir.Constant(_I64, at)]), ir.IntType(32).as_pointer()),
-                        align=1)
+def _load64(builder, block, at: int):
+    return builder.load(builder.bitcast(builder.gep(block, [ir.Constant(_I64, at)]), _BYTES64.as_pointer()), align=1)
 
 
-def _nibble_quad(builder, row, q: int):
-    """Quad q of 16 bytes of nibbles: values 4q..4q+3 are the low nibbles of bytes 4q.. (q < 4), else the high
-    nibbles of bytes 4(q - 4).."""
-    word = _u32_at(builder, row, 4 * (q % 4))
-    if q >= 4:
-        word = builder.lshr(word, ir.Constant(ir.IntType(32), 4))
-    return builder.and_(word, ir.Constant(ir.IntType(32), 0x0F0F0F0F))
+def _tile_nibble_quads(builder, block):
+    """Q4_0/Q4_1 tiles: 4 x 64 bytes, [k][row][4 bytes of nibbles]; the low nibbles are quad k, the high quad k + 4."""
+    packed = [_load64(builder, block, 64 * k) for k in range(4)]
+    low = [builder.and_(p, ir.Constant(_BYTES64, [15] * 64)) for p in packed]
+    high = [builder.lshr(p, ir.Constant(_BYTES64, [4] * 64)) for p in packed]
+    return [builder.bitcast(v, _V16) for v in low + high]
 
 
-def _flipped_byte_quad(builder, row, q: int):
-    """Quad q of 32 int8 values, each plus 128 (a flipped top bit) to be unsigned."""
-    return builder.xor(_u32_at(builder, row, 4 * q), ir.Constant(ir.IntType(32), 0x80808080 - (1 << 32)))
+def _tile_byte_quads(builder, block):
+    """Q8_0 tiles: 8 x 64 bytes, [q][row][4 bytes], already unsigned (+128) at repacking."""
+    return [builder.bitcast(_load64(builder, block, 64 * q), _V16) for q in range(8)]
 
 
-# two rows' blocks of Q4_0 / Q4_1 (nibbles from w_start) or Q8_0 (int8 from w_start, +128) against 8 rows
-dot_nibbles_rows2_8 = _quads_rows2(_nibble_quad)
-dot_flipped_bytes_rows2_8 = _quads_rows2(_flipped_byte_quad)
+# a 16-row tile's block of Q4_0 / Q4_1 (nibbles) or Q8_0 (unsigned bytes) against 8 activation rows
+dot_nibble_tile = _tile_dot(_tile_nibble_quads)
+dot_byte_tile = _tile_dot(_tile_byte_quads)

@@ -21,7 +21,7 @@ def test_each_weight_types_kernels_have_their_own_qualnames():
     qualnames = {}
     for qtype in sorted(set(NATIVE_TYPES) - set(FLOAT_TYPES)):
         kernels = quant_kernels.kernels_for(qtype)
-        for kernel in (kernels.lanes, kernels.rows, kernels.lanes_vnni, kernels.rows_vnni, kernels.lanes8_vnni):
+        for kernel in (kernels.lanes, kernels.rows, kernels.lanes_vnni, kernels.tiles_vnni):
             if kernel is not None:
                 name = kernel.py_func.__qualname__
                 assert Q(qtype).name in name
@@ -34,6 +34,5 @@ def test_vnni_factories_name_their_weight_type_even_where_the_cpu_lacks_vnni():
     """The VNNI kernels are made only where vnni.AVAILABLE; their factories are checked directly."""
     names = {vnni_kernels.lanes_k(int(q)).py_func.__qualname__ for q in (Q.Q4_K, Q.Q5_K, Q.Q6_K)}
     names |= {vnni_kernels.lanes_32(int(q)).py_func.__qualname__ for q in (Q.Q4_0, Q.Q8_0)}
-    names |= {vnni_kernels.rows_32(int(q)).py_func.__qualname__ for q in (Q.Q4_0, Q.Q8_0)}
-    names |= {vnni_kernels.lanes8_32(int(q)).py_func.__qualname__ for q in (Q.Q4_0, Q.Q8_0)}
-    assert len(names) == 9
+    names |= {vnni_kernels.tiles_32(int(q)).py_func.__qualname__ for q in (Q.Q4_0, Q.Q4_1, Q.Q8_0)}
+    assert len(names) == 8

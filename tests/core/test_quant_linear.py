@@ -15,6 +15,7 @@ from gguf import quants as gguf_quants
 from miro.core.dequant import dequantize
 from miro.core.gguf_file import GGUFFile, TensorInfo
 from miro.core.layers import Linear, linear, vnni
+from miro.core.layers.tiles import can_tile
 from miro.core.layers.activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups,
                                          quantize_q8_k, quantize_q8_k_columns, quantize_q8_k_pair_groups)
 
@@ -334,11 +335,16 @@ def test_real_model_tensors(smollm2):
     _assert_tracks_reference(head, x)
 
 
-def test_real_model_native_holds_no_weight_memory(smollm2):
+def test_real_model_native_holds_the_files_bytes_once(smollm2):
+    """Native weights are the file's blocks: memory-mapped, or (Q4_0/Q4_1/Q8_0 where the CPU has AVX512-VNNI)
+    the same bytes repacked into tiles, the mapped pages released."""
     tensor = smollm2.tensors["blk.0.ffn_up.weight"]
     native, f32 = Linear(tensor), Linear(tensor, fmt="f32")
-    assert native.weight_bytes == 0
-    assert np.shares_memory(native._w, tensor.data)
+    if can_tile(tensor.type):
+        assert native.weight_bytes == tensor.data.nbytes and native._w is None
+    else:
+        assert native.weight_bytes == 0
+        assert np.shares_memory(native._w, tensor.data)
     assert f32.weight_bytes == 4 * tensor.shape[0] * tensor.shape[1]
     x = activations(3, tensor.shape[1])
     np.testing.assert_allclose(native(x), f32(x), rtol=0, atol=0.05 * np.abs(f32(x)).max())
@@ -373,21 +379,27 @@ def test_batch_invariance_bitwise_floats(qtype):
 @pytest.mark.skipif(not vnni.AVAILABLE, reason="this CPU has no AVX512-VNNI")
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_vnni_and_portable_kernels_agree_bitwise(qtype, monkeypatch):
-    """Every VNNI kernel (row by row, 8 lanes, 16 lanes) against the portable ones; 81 rows: an odd last row."""
-    layer = Linear(random_tensor(qtype, 81, 1024, seed=3))
+    """Every VNNI kernel (tiles, row by row, 8 lanes, 16 lanes) against the portable ones; 81 rows: an odd
+    last row, and a last tile of one row."""
+    tensor = random_tensor(qtype, 81, 1024, seed=3)
+    monkeypatch.setattr(linear, "USE_VNNI", True)
+    with_vnni = Linear(tensor)
+    assert (with_vnni._tiles is not None) == (qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0))
+    monkeypatch.setattr(linear, "USE_VNNI", False)
+    portable = Linear(tensor)
     for n_tokens in (1, 3, 5, 8, 9, 50):
         x = activations(n_tokens, 1024, seed=n_tokens)
         monkeypatch.setattr(linear, "USE_VNNI", True)
-        with_vnni = layer(x)
+        got = with_vnni(x)
         monkeypatch.setattr(linear, "USE_VNNI", False)
-        np.testing.assert_array_equal(layer(x), with_vnni, err_msg=f"T={n_tokens}")
+        np.testing.assert_array_equal(portable(x), got, err_msg=f"T={n_tokens}")
 
 
 # ---------------------------------------------------------------- construction
 
 
 def test_fused_tensors_back_to_back_stay_one_view():
-    q, k, v = (random_tensor(Q.Q4_0, rows, 256, seed=rows) for rows in (64, 32, 32))
+    q, k, v = (random_tensor(Q.Q5_0, rows, 256, seed=rows) for rows in (64, 32, 32))  # a type never repacked
     buffer = np.concatenate([q.data, k.data, v.data])  # as a GGUF file lays them out
     views, start = [], 0
     for t in (q, k, v):
@@ -401,6 +413,33 @@ def test_fused_tensors_back_to_back_stay_one_view():
     expected = np.concatenate([Linear(t)(x) for t in (q, k, v)], axis=1)
     np.testing.assert_array_equal(fused(x), expected)
     np.testing.assert_array_equal(scattered(x), expected)
+
+
+def _resident_file_bytes() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssFile:"))
+
+
+@pytest.mark.skipif(not can_tile(Q.Q4_0), reason="this CPU has no AVX512-VNNI: nothing is repacked")
+def test_a_repacked_tensor_releases_the_files_pages(tmp_path):
+    """The file's pages under a repacked tensor leave the process's resident memory, so the weights are
+    held once, not twice."""
+    import gguf
+
+    rows, cols = 4096, 2048
+    blocks = np.random.default_rng(0).integers(0, 256, (rows * cols // 32, 18), dtype=np.uint8)
+    writer = gguf.GGUFWriter(str(tmp_path / "one.gguf"), "llama")
+    writer.add_tensor("w", blocks.reshape(rows, cols // 32 * 18), raw_dtype=Q.Q4_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensor = GGUFFile(tmp_path / "one.gguf").tensors["w"]
+    assert int(tensor.data.sum()) > 0  # every page of the tensor read in
+    before = _resident_file_bytes()
+    layer = Linear(tensor)
+    assert layer.weight_bytes == tensor.data.nbytes
+    assert before - _resident_file_bytes() > 0.9 * tensor.data.nbytes
 
 
 def test_bad_input_is_one_clear_error():

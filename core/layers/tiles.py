@@ -1,0 +1,93 @@
+"""Q4_0, Q4_1 and Q8_0 weights repacked once at load into tiles of 16 rows, for the VNNI tile kernel.
+
+The file stores a matrix row by row, each row a run of 32-value blocks. The tile kernel
+(vnni_kernels.tiles_32) wants the opposite: one 64-byte load giving the same 4 values of 16 rows, so
+that one vpdpbusd multiplies 16 weight rows by 4 values of an activation row broadcast from memory.
+A tile holds 16 rows; its block b is
+
+    quants[tile, b * QUANT_BYTES:]   [quad k][row r][4 bytes]: the row's bytes 4k..4k+3 of the block
+                                      (Q4_0/Q4_1: 4 x 64 bytes of nibbles, the low ones values 4k..,
+                                      the high ones 16 + 4k..; Q8_0: 8 x 64 bytes, each int8 + 128)
+    scales[tile, 16 b + r]            the row's float16 d,  mins[tile, 16 b + r] Q4_1's float16 m
+
+The same bytes as the file (Q8_0's flipped top bit aside), in another order: llama.cpp repacks
+Q4_0 for its AVX2/AVX512 kernels the same way (its "CPU_REPACK" buffers). Rows past the matrix's
+end fill the last tile with zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from numba import njit, prange
+
+from . import vnni
+from .quant_blocks import Q4_0, Q4_1, Q8_0
+
+TILE_ROWS = 16  # weight rows per tile: one 512-bit vector of int32 sums
+TILE_TOKENS = 8  # activation rows the kernel takes at once (rows past T are zero padding)
+TILE_TYPES = (Q4_0, Q4_1, Q8_0)
+
+
+def quant_bytes(qtype: int) -> int:
+    """A tile's bytes of quants per 32-value block."""
+    return TILE_ROWS * (32 if qtype == Q8_0 else 16)
+
+
+@dataclass
+class Tiles:
+    """A (rows, K) matrix of 32-value blocks, repacked."""
+
+    qtype: int
+    rows: int
+    quants: np.ndarray  # (n_tiles, n_blocks * quant_bytes) uint8
+    scales: np.ndarray  # (n_tiles, n_blocks * 16) uint16, float16 bits
+    mins: np.ndarray  # the same for Q4_1; (n_tiles, 0) for the others
+
+    @property
+    def nbytes(self) -> int:
+        return self.quants.nbytes + self.scales.nbytes + self.mins.nbytes
+
+
+def can_tile(qtype: int) -> bool:
+    """Whether tensors of this type are repacked (only where the CPU runs the tile kernel)."""
+    return vnni.AVAILABLE and int(qtype) in TILE_TYPES
+
+
+def repack(qtype: int, w: np.ndarray) -> Tiles:
+    """w (rows, n_blocks * block bytes) uint8, as the file stores it, to tiles."""
+    qtype = int(qtype)
+    rows = w.shape[0]
+    n_blocks = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    n_tiles = -(-rows // TILE_ROWS)
+    tiles = Tiles(qtype, rows, np.zeros((n_tiles, n_blocks * quant_bytes(qtype)), np.uint8),
+                  np.zeros((n_tiles, n_blocks * TILE_ROWS), np.uint16),
+                  np.zeros((n_tiles, n_blocks * TILE_ROWS if qtype == Q4_1 else 0), np.uint16))
+    _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins)
+    return tiles
+
+
+@njit(cache=True, parallel=True)
+def _repack(qtype, w, quants, scales, mins):
+    rows = w.shape[0]
+    n_tiles, n_scales = scales.shape
+    n_blocks = n_scales // TILE_ROWS
+    block_bytes = w.shape[1] // n_blocks
+    values_at = 4 if qtype == Q4_1 else 2  # after d (and Q4_1's m)
+    n_quads = 8 if qtype == Q8_0 else 4
+    flip = np.uint8(0x80) if qtype == Q8_0 else np.uint8(0)
+    tile_block = n_quads * 4 * TILE_ROWS
+    for tile in prange(n_tiles):
+        for r in range(min(TILE_ROWS, rows - tile * TILE_ROWS)):
+            row = w[tile * TILE_ROWS + r]
+            for b in range(n_blocks):
+                off = b * block_bytes
+                scales[tile, b * TILE_ROWS + r] = np.uint16(row[off]) | (np.uint16(row[off + 1]) << 8)
+                if qtype == Q4_1:
+                    mins[tile, b * TILE_ROWS + r] = np.uint16(row[off + 2]) | (np.uint16(row[off + 3]) << 8)
+                for k in range(n_quads):
+                    dst = b * tile_block + k * 4 * TILE_ROWS + r * 4
+                    for i in range(4):
+                        quants[tile, dst + i] = row[off + values_at + 4 * k + i] ^ flip
