@@ -4,10 +4,12 @@ import json
 
 import pytest
 import redis
+from click.testing import CliRunner
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from miro.cli.main import cli
 from miro.core.errors import MiroError
 from miro.worker import batches, routing
 from miro.worker.payload import JobPayload
@@ -66,3 +68,16 @@ def test_workers_listen_to_every_high_queue_first():
         "miro:a:high", "miro:b:high", "miro:a", "miro:b", "miro:a:low", "miro:b:low"]
     assert routing.worker_queues(["x:low", "y"]) == ["y:high", "y", "x:low", "y:low"]
     assert [routing.engine_priority(p) for p in routing.PRIORITIES] == [-1, 0, 1]
+
+
+def test_miro_status_shows_the_priority(tmp_path, redis_url):
+    conn = redis.Redis.from_url(redis_url)
+    normal = submit(conn, dataset(tmp_path / "d.jsonl")).batch_id
+    status = CliRunner().invoke(cli, ["status", "--redis-url", redis_url], env={"COLUMNS": "200"})
+    assert status.exit_code == 0 and "priority" not in status.output  # no column while every batch is normal
+    high = submit(conn, dataset(tmp_path / "d.jsonl"), priority="high").batch_id
+    status = CliRunner().invoke(cli, ["status", "--redis-url", redis_url], env={"COLUMNS": "200"})
+    rows = {line.split()[0]: line.split() for line in status.output.splitlines() if line.startswith("batch_")}
+    assert "priority" in status.output and (rows[high][3], rows[normal][3]) == ("high", "normal")
+    details = CliRunner().invoke(cli, ["status", high, "--redis-url", redis_url, "--json"])
+    assert json.loads(details.output)["batch"]["priority"] == "high"
