@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
@@ -21,6 +22,9 @@ from .batch_shape import batch_object, with_result_files
 from .errors import ApiError, bad_request, not_found
 from .file_store import FileRecord
 from .shapes import ENDPOINTS, PRIORITIES, Batch, BatchCreate, BatchError, Page
+
+if TYPE_CHECKING:
+    from .app import ServerState
 
 router = APIRouter()
 MAX_ERRORS = 1000  # line errors kept on a failed batch (its record stays small whatever the file)
@@ -41,7 +45,7 @@ def _check(body: BatchCreate) -> None:
                           param="metadata.priority")
 
 
-def _submit(state, file: FileRecord, body: BatchCreate) -> tuple[str | None, list[BatchError]]:
+def _submit(state: ServerState, file: FileRecord, body: BatchCreate) -> tuple[str | None, list[BatchError]]:
     """miro's submit on the uploaded file: (batch id, []) or (None, why the file is refused)."""
     priority = (body.metadata or {}).get("priority")
     with state.store.local_copy(file.id) as path:
@@ -56,7 +60,7 @@ def _submit(state, file: FileRecord, body: BatchCreate) -> tuple[str | None, lis
     return result.batch_id, []
 
 
-def _failed_batch(state, file: FileRecord) -> str:
+def _failed_batch(state: ServerState, file: FileRecord) -> str:
     """A batch record that failed validation, as OpenAI keeps one (status failed, the errors), nothing enqueued."""
     batch_id = batches.create_batch(state.conn, name=file.filename, model="", input_file=state.store.path(file.id),
                                     output=state.store.batch_output, total=0, queue="")
@@ -81,7 +85,7 @@ def create_batch(body: BatchCreate, request: Request) -> Batch:
     return batch_object(record, api)
 
 
-def _batch(state, batch_id: str) -> Batch:
+def _batch(state: ServerState, batch_id: str) -> Batch:
     api = batch_records.load(state.conn, batch_id)
     if api is None:
         raise not_found("batch", batch_id)
