@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
+from miro.core.defaults import PRIORITIES
 from miro.core.errors import MiroError
 from miro.worker import batches, control, results
 from miro.worker.submit import InvalidDataset, submit
@@ -21,7 +22,7 @@ from .batch_records import ApiBatch
 from .batch_shape import batch_object, with_result_files
 from .errors import ApiError, bad_request, not_found
 from .file_store import FileRecord
-from .shapes import ENDPOINTS, PRIORITIES, Batch, BatchCreate, BatchError, Page
+from .shapes import ENDPOINTS, Batch, BatchCreate, BatchError, Page
 
 if TYPE_CHECKING:
     from .app import ServerState

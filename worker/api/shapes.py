@@ -8,7 +8,6 @@ from typing import Generic, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")  # the endpoints a miro batch can run
-PRIORITIES = ("high", "normal", "low")  # metadata.priority
 
 BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
                       "cancelled"]
