@@ -68,13 +68,14 @@ def test_native_greedy_tokens_match_f32_on_most_prompts(engines, chat_ids):
     assert same >= 5  # a near-tie flips a token now and then, and the rest of the continuation with it
 
 
-def test_native_weights_hold_a_fraction_of_f32s_memory(engines):
+def test_native_weights_hold_the_files_bytes_at_most_once(engines):
     f32, native = engines["f32"], engines["native"]
     print(f"weight memory: f32 {f32.weight_memory:,} B, native {native.weight_memory:,} B "
           f"(file mapped: {native.mapped_bytes:,} B)")
     assert (f32.weight_format, native.weight_format) == ("f32", "native")
-    assert native.weight_memory < f32.weight_memory / 20
-    assert native.weight_memory < native.mapped_bytes  # at most a few fused copies (Q/K/V not back to back)
+    # the file's bytes at most once: memory-mapped, or repacked into tiles (their mapped pages released)
+    assert native.weight_memory <= native.mapped_bytes
+    assert native.weight_memory < f32.weight_memory / 5  # Q4_1 is 5 bits a value, float32 32
 
 
 def packed_logits(model, prompts: list[list[int]], block_size: int = 16) -> np.ndarray:
