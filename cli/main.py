@@ -156,7 +156,7 @@ def submit_main() -> None:
 @cli.command("results", cls=MiroCommand)
 @click.argument("batch_id")
 @click.option("--output", "-o", "out_path", required=True, type=click.Path(dir_okay=False),
-              help="Where to write the merged results.")
+              help="Where to write the merged results: a path, or a URL such as s3://bucket/key.")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
               help="parquet: one row per request (and choice); jsonl: OpenAI Batch output lines.")
 @click.option("--errors", "errors_path", type=click.Path(dir_okay=False), default=None,

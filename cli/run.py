@@ -37,7 +37,9 @@ from .run_state import RunState
 @click.command("run", cls=MiroCommand)
 @click.argument("dataset", type=click.Path(dir_okay=False))
 @click.option("--output", "-o", "out_path", default="results.parquet", show_default=True,
-              type=click.Path(dir_okay=False), help="The merged results (Parquet), written once every request ran.")
+              type=click.Path(dir_okay=False),
+              help="The merged results (Parquet), written once every request ran: a path, or a URL such as "
+                   "s3://bucket/key.")
 @redis_url_option("Use this Redis instead of an embedded one (env MIRO_REDIS_URL).", default=None)
 @model_option
 @click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
