@@ -7,6 +7,8 @@ import hashlib
 import json
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -53,6 +55,13 @@ def test_a_wrong_purpose_or_a_missing_file_is_refused_and_nothing_is_kept(serve,
     with pytest.raises(openai.BadRequestError) as err:
         client.post("/files", body={"purpose": "batch"}, cast_to=object)
     assert "multipart/form-data" in err.value.body["message"]
+    broken = urllib.request.Request(server.url + "/v1/files", method="POST", data=b"--b\r\nno headers end",
+                                    headers={"Content-Type": "multipart/form-data; boundary=zz"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(broken, timeout=30)
+    assert refused.value.code == 400
+    assert json.loads(refused.value.read())["error"]["message"].startswith("The upload is not valid multipart")
+    assert [p.name for p in (server.storage / "files").iterdir()] == []
 
 
 def test_two_uploads_at_once_each_keep_their_bytes(serve, redis_url, tmp_path):
@@ -117,6 +126,11 @@ def test_a_200_mb_upload_streams_to_storage_without_growing_the_server(serve, re
     assert growth < 32 * 2**20
 
 
+def test_without_a_key_the_server_says_it_serves_this_machine_only(serve, redis_url):
+    server = serve(redis_url)
+    assert "(no API key, so only this machine can reach it)" in server.stop()
+
+
 def test_api_keys_are_checked_and_a_refusal_has_openais_shape(serve, redis_url):
     server = serve(redis_url, "--api-key", "k1", "--api-key", "k2")
     assert list(server.client("k2").files.list()) == []
@@ -130,6 +144,7 @@ def test_api_keys_are_checked_and_a_refusal_has_openais_shape(serve, redis_url):
         assert status == 401, path
         assert json.loads(body)["error"]["code"] == "missing_api_key"
     assert server.get("/")[0] == 200  # the page holds no data; it asks for the key
+    assert "(2 API keys)" in server.stop()
 
 
 def test_api_keys_from_the_environment_are_comma_separated(monkeypatch):

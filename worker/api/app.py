@@ -79,7 +79,7 @@ def create_app(config: ServerConfig, conn: redis.Redis | None = None) -> FastAPI
     """The app for `config`; connects to Redis (MiroError in one sentence if it does not answer) unless given
     `conn`, and opens the storage location (MiroError if it cannot)."""
     conn = conn if conn is not None else batches.connect(config.redis_url)
-    app = FastAPI(title="miro", summary="The OpenAI Batch API on a miro fleet", docs_url="/docs", redoc_url=None)
+    app = FastAPI(title="miro", summary="The OpenAI Batch API on a miro fleet", docs_url=None, redoc_url=None)
     app.state.miro = ServerState(config=config, conn=conn, store=FileStore(conn, config.storage))
     _add_error_handlers(app, config.redis_url)
     secured = [Depends(_require_key)]

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from anyio import to_thread
 from python_multipart import MultipartParser
+from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import parse_options_header
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from .errors import bad_request
 from .file_store import FileStore, FileWriter
@@ -101,9 +102,13 @@ async def receive(request: Request, store: FileStore) -> Upload:
         if form.writer is None:
             raise bad_request("The upload has no file: give it in the form field 'file'.", param="file")
         await to_thread.run_sync(form.writer.commit)
-    except BaseException:
+    except BaseException as err:
         if form.writer is not None:
             await to_thread.run_sync(form.writer.abort)
+        if isinstance(err, MultipartParseError):
+            raise bad_request(f"The upload is not valid multipart/form-data ({str(err).rstrip('.')}).") from None
+        if isinstance(err, ClientDisconnect):
+            raise bad_request("The upload was cut off before its end.") from None
         raise
     form.upload.size = form.writer.size
     return form.upload
