@@ -18,7 +18,8 @@ from miro.cli.serve import _api_keys
 
 
 def test_a_file_goes_up_comes_back_and_goes_away(serve, redis_url):
-    client = serve(redis_url).client()
+    server = serve(redis_url)
+    client = server.client()
     data = jsonl([chat_line(i) for i in range(3)])
     uploaded = client.files.create(file=("lines.jsonl", data), purpose="batch")
     assert uploaded.id.startswith("file-") and uploaded.bytes == len(data) and uploaded.filename == "lines.jsonl"
@@ -42,6 +43,10 @@ def test_a_file_goes_up_comes_back_and_goes_away(serve, redis_url):
     with pytest.raises(openai.NotFoundError):
         client.files.content(uploaded.id)
     assert [f.id for f in client.files.list()] == [second.id]
+    (server.storage / "files" / second.id).unlink()  # storage lost the bytes the record names
+    with pytest.raises(openai.NotFoundError) as err:
+        client.files.content(second.id)
+    assert "missing from the storage location" in err.value.body["message"]
 
 
 def test_a_wrong_purpose_or_a_missing_file_is_refused_and_nothing_is_kept(serve, redis_url):

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from . import upload
-from .errors import bad_request
+from .errors import ApiError, bad_request
 from .file_store import FileRecord
 from .shapes import FileDeleted, FileObject, Page
 
@@ -62,4 +62,9 @@ def delete_file(file_id: str, request: Request) -> FileDeleted:
 def file_content(file_id: str, request: Request) -> StreamingResponse:
     store = request.app.state.miro.store
     store.get(file_id)
-    return StreamingResponse(store.chunks(file_id), media_type="application/octet-stream")
+    try:
+        chunks = store.chunks(file_id)
+    except FileNotFoundError:
+        raise ApiError(404, f"The bytes of file {file_id} are missing from the storage location.",
+                       code="not_found") from None
+    return StreamingResponse(chunks, media_type="application/octet-stream")

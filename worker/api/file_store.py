@@ -148,10 +148,16 @@ class FileStore:
             pass
 
     def chunks(self, file_id: str) -> Iterator[bytes]:
-        """The file's bytes, a MiB at a time."""
-        with self.filesystem.open_input_stream(self.path(file_id)) as stream:
-            while chunk := stream.read(READ_CHUNK):
-                yield chunk
+        """The file's bytes, a MiB at a time; opened now, so bytes missing from storage raise here (FileNotFoundError),
+        before a response has begun."""
+        stream = self.filesystem.open_input_stream(self.path(file_id))
+
+        def read() -> Iterator[bytes]:
+            with stream:
+                while chunk := stream.read(READ_CHUNK):
+                    yield chunk
+
+        return read()
 
     @contextmanager
     def local_copy(self, file_id: str) -> Iterator[str]:
