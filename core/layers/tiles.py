@@ -24,7 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
 from . import vnni
-from .quant_blocks import Q4_0, Q4_1, Q8_0
+from .quant_blocks import Q4_0, Q4_1, Q8_0, load_u32
 
 TILE_ROWS = 16  # weight rows per tile: one 512-bit vector of int32 sums
 TILE_TOKENS = 8  # activation rows the kernel takes at once (rows past T are zero padding)
@@ -65,7 +65,7 @@ def repack(qtype: int, w: np.ndarray) -> Tiles:
     tiles = Tiles(qtype, rows, np.zeros((n_tiles, n_blocks * quant_bytes(qtype)), np.uint8),
                   np.zeros((n_tiles, n_blocks * TILE_ROWS), np.uint16),
                   np.zeros((n_tiles, n_blocks * TILE_ROWS if qtype == Q4_1 else 0), np.uint16))
-    _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins)
+    _repack(qtype, w, tiles.quants.view(np.uint32), tiles.scales, tiles.mins)
     return tiles
 
 
@@ -77,8 +77,7 @@ def _repack(qtype, w, quants, scales, mins):
     block_bytes = w.shape[1] // n_blocks
     values_at = 4 if qtype == Q4_1 else 2  # after d (and Q4_1's m)
     n_quads = 8 if qtype == Q8_0 else 4
-    flip = np.uint8(0x80) if qtype == Q8_0 else np.uint8(0)
-    tile_block = n_quads * 4 * TILE_ROWS
+    flip = np.uint32(0x80808080) if qtype == Q8_0 else np.uint32(0)
     for tile in prange(n_tiles):
         for r in range(min(TILE_ROWS, rows - tile * TILE_ROWS)):
             row = w[tile * TILE_ROWS + r]
@@ -87,7 +86,5 @@ def _repack(qtype, w, quants, scales, mins):
                 scales[tile, b * TILE_ROWS + r] = np.uint16(row[off]) | (np.uint16(row[off + 1]) << 8)
                 if qtype == Q4_1:
                     mins[tile, b * TILE_ROWS + r] = np.uint16(row[off + 2]) | (np.uint16(row[off + 3]) << 8)
-                for k in range(n_quads):
-                    dst = b * tile_block + k * 4 * TILE_ROWS + r * 4
-                    for i in range(4):
-                        quants[tile, dst + i] = row[off + values_at + 4 * k + i] ^ flip
+                for k in range(n_quads):  # quants is viewed as uint32: one quad of 4 bytes per element
+                    quants[tile, (b * n_quads + k) * TILE_ROWS + r] = load_u32(row, off + values_at + 4 * k) ^ flip
