@@ -61,7 +61,7 @@ def test_an_invalid_file_gives_a_failed_batch_naming_its_lines(serve, redis_url)
     ]).encode() + b"\n"
     batch = create(client, upload(client, data))
     assert batch.status == "failed" and batch.failed_at is not None and batch.in_progress_at is None
-    assert batch.request_counts.total == 0
+    assert batch.request_counts.total == 0 and batch.model is None
     errors = batch.errors.data
     assert [(e.line, e.code) for e in errors] == [(2, "invalid_request"), (3, "duplicate_custom_id"),
                                                   (4, "url_mismatch"), (5, "url_mismatch")]
@@ -85,6 +85,9 @@ def test_refusals_at_creation_are_openai_errors(serve, redis_url):
     with pytest.raises(openai.BadRequestError) as err:
         client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="1h")
     assert err.value.body["param"] == "completion_window"
+    with pytest.raises(openai.BadRequestError) as err:
+        create(client, file_id, metadata={f"k{i}": "v" for i in range(17)})
+    assert err.value.body["param"] == "metadata" and "at most 16" in err.value.body["message"]
     with pytest.raises(openai.BadRequestError) as err:
         client.post("/batches", body={"endpoint": "/v1/completions"}, cast_to=object)
     assert err.value.body["param"] == "input_file_id"

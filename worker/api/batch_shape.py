@@ -36,7 +36,7 @@ def batch_object(record: dict[str, Any], api: ApiBatch) -> Batch:
         created_at=int(record["created_at"]), expires_at=int(record["created_at"]) + COMPLETION_WINDOW_S,
         **{stamp: _int(record.get(stamp)) for stamp in STAMPS},
         request_counts=RequestCounts(total=record["total"], completed=record["completed"], failed=record["failed"]),
-        model=record.get("model"), metadata=api.metadata,
+        model=record.get("model") or None, metadata=api.metadata,
     )
 
 
