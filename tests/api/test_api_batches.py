@@ -11,6 +11,7 @@ import redis
 from conftest import chat_line, jsonl
 
 from miro.worker import batches
+from miro.worker.api import batch_records
 
 
 def upload(client, lines: list[dict] | bytes, name: str = "d.jsonl") -> str:
@@ -136,3 +137,18 @@ def test_a_redis_that_goes_away_is_a_503_in_openais_shape(serve, own_redis):
         assert err.value.status_code == 503
         assert set(err.value.body) == {"message", "type", "param", "code"}
         assert err.value.body["code"] == "redis_unavailable" and url in err.value.body["message"]
+
+
+def test_an_ended_batch_shows_finalizing_until_its_result_files_are_written(serve, redis_url):
+    client = serve(redis_url).client()
+    batch = create(client, upload(client, [chat_line(0)]))
+    conn = redis.Redis.from_url(redis_url)
+    batches.set_status(conn, batch.id, "completed")  # as the worker that counts the last request does
+    completed_at = batches.get_batch(conn, batch.id)["completed_at"]
+    run_end = f"{completed_at:.3f}"
+    assert batch_records.claim_files(conn, batch.id, run_end)  # as another request writing the files would
+    shown = client.batches.retrieve(batch.id)
+    assert (shown.status, shown.completed_at, shown.output_file_id) == ("finalizing", None, None)
+    batch_records.release_claim(conn, batch.id, run_end)  # that request failed: the next one writes them
+    shown = client.batches.retrieve(batch.id)
+    assert (shown.status, shown.completed_at) == ("completed", int(completed_at))

@@ -1,6 +1,7 @@
 """A miro batch as OpenAI's Batch object: miro's record (status, counters, `{status}_at` stamps) with what
 batch_records.py keeps beside it; and, once a run of the batch has ended, its output and error files (OpenAI
-Batch output lines, results.openai_lines) written to the file store, once per run."""
+Batch output lines, results.openai_lines) written to the file store, once per run. Until they are written the
+batch shows as finalizing (cancelling for a cancelled one), as OpenAI's does while it prepares its results."""
 
 from __future__ import annotations
 
@@ -26,15 +27,29 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
+def _run_end(record: dict[str, Any]) -> str | None:
+    """The stamp of the end of the batch's last run, if it has ended in a way that makes result files."""
+    stamp = ENDED.get(record["status"])
+    return None if stamp is None or record.get(stamp) is None else f"{record[stamp]:.3f}"
+
+
 def batch_object(record: dict[str, Any], api: ApiBatch) -> Batch:
     """OpenAI's Batch from miro's batch record (batches.get_batch) and the API's own fields."""
+    status = record["status"]
+    stamps = {stamp: _int(record.get(stamp)) for stamp in STAMPS}
+    run_end = _run_end(record)
+    if run_end is not None and api.files_for != run_end:
+        # the run has ended but its files are not written yet: a client that waits for "completed" and then
+        # reads output_file_id must not see it before it exists
+        stamps[ENDED[status]] = None
+        status = "finalizing" if status == "completed" else "cancelling"
     return Batch(
         id=record["id"], endpoint=api.endpoint, input_file_id=api.input_file_id,
-        completion_window=api.completion_window, status=record["status"],
+        completion_window=api.completion_window, status=status,
         errors=BatchErrors(data=api.errors) if api.errors else None,
         output_file_id=api.output_file_id, error_file_id=api.error_file_id,
         created_at=int(record["created_at"]), expires_at=int(record["created_at"]) + COMPLETION_WINDOW_S,
-        **{stamp: _int(record.get(stamp)) for stamp in STAMPS},
+        **stamps,
         request_counts=RequestCounts(total=record["total"], completed=record["completed"], failed=record["failed"]),
         model=record.get("model") or None, metadata=api.metadata,
     )
@@ -43,13 +58,11 @@ def batch_object(record: dict[str, Any], api: ApiBatch) -> Batch:
 def with_result_files(conn: redis.Redis, store: FileStore, record: dict[str, Any], api: ApiBatch) -> ApiBatch:
     """`api` with the output and error files of the batch's last run, written now if it has just ended.
 
-    Concurrent callers race for one claim per run; the others answer without the files until they exist.
+    Concurrent callers race for one claim per run; the others answer without the files, and batch_object shows
+    the batch as still finalizing (or cancelling) until they exist.
     """
-    stamp = ENDED.get(record["status"])
-    if stamp is None or record.get(stamp) is None:
-        return api
-    run_end = f"{record[stamp]:.3f}"
-    if api.files_for == run_end or not batch_records.claim_files(conn, record["id"], run_end):
+    run_end = _run_end(record)
+    if run_end is None or api.files_for == run_end or not batch_records.claim_files(conn, record["id"], run_end):
         return api
     try:
         output_id, error_id = _write_files(store, conn, record["id"])
