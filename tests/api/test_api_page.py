@@ -1,6 +1,7 @@
 """The live page at / in a real headless Chromium (Debian's chromium and chromedriver, driven by selenium): a
 batch's progress moves on the page without a reload, the worker's KV cache shows, and the finished batch offers
-its downloads. A screenshot taken mid-batch is kept under tests/artifacts/."""
+its downloads. A screenshot taken mid-batch is kept under tests/artifacts/. With API keys the page asks for one
+and sends it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from pathlib import Path
 import pytest
 from conftest import jsonl
 from polling import wait_for
-
-pytestmark = pytest.mark.slow
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -36,6 +35,7 @@ def browser(tmp_path):
     driver.quit()
 
 
+@pytest.mark.slow
 def test_the_live_page_follows_a_batch(fleet, browser):
     client = fleet.server.client()
     lines = [{"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions",
@@ -82,3 +82,22 @@ def test_the_live_page_follows_a_batch(fleet, browser):
     output_file_id = client.batches.retrieve(batch.id).output_file_id
     assert wait_for(lambda: [text for text, _ in links()] == ["parquet", "output"], timeout_s=10), links()
     assert links()[1][1] == f"{fleet.server.url}/v1/files/{output_file_id}/content"
+
+
+def test_with_api_keys_the_page_asks_for_one_and_uses_it(serve, redis_url, browser):
+    server = serve(redis_url, "--api-key", "page-key")
+    client = server.client("page-key")
+    uploaded = client.files.create(file=("keyed.jsonl", jsonl([{"custom_id": "k0", "method": "POST",
+                                                                 "url": "/v1/completions",
+                                                                 "body": {"prompt": "hi", "max_tokens": 2}}])),
+                                   purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
+    browser.get(server.url + "/")
+    visible = "return getComputedStyle(document.getElementById('key-form')).display !== 'none'"
+    assert wait_for(lambda: browser.execute_script(visible), timeout_s=10), "the page never asked for a key"
+    browser.execute_script("document.getElementById('key').value = 'page-key';"
+                           "document.getElementById('key-save').click();")
+    row = f"return document.querySelector('tr[data-batch=\"{batch.id}\"]')?.textContent"
+    shown = wait_for(lambda: browser.execute_script(row), timeout_s=10)
+    assert shown and "keyed.jsonl" in shown and "0 / 1" in shown
+    assert not browser.execute_script(visible)
