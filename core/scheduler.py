@@ -6,7 +6,8 @@ Sequences are ordered by urgency: priority (lower is more urgent, as vLLM's), th
    preempted until it has room, for each such waiting sequence, most urgent first;
 then, within `max_num_batched_tokens`:
 1. one token of every running sequence that is decoding, most urgent first;
-2. the next chunk of every running sequence still prefilling, most urgent first;
+2. the next chunk of every running sequence still prefilling, most urgent first, each after the admission
+   of the waiting sequences more urgent than it (so a high-priority prompt does not wait for low ones' prefill);
 3. waiting sequences, admitted most urgent first while `max_num_seqs` and free blocks allow
    (with chunked prefill off, only while a whole prompt fits in what is left of the budget).
 When blocks run out, the least urgent running sequence not yet scheduled in the step is preempted.
@@ -81,25 +82,40 @@ class Scheduler:
         self._preempt_for_urgent()
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
-        bm = self.block_manager
-        decoding_first = sorted(self.running, key=lambda s: (s.is_prefilling, s.urgency))
-        for seq in decoding_first:
+        for seq in sorted(self.running, key=lambda s: (s.is_prefilling, s.urgency)):
             if budget == 0:
                 break
             if seq.status != SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop, for a more urgent or older sequence
-            n = min(seq.num_uncomputed, budget)
-            while bm.blocks_to_grow(seq, n) > bm.num_free_blocks:
-                victim = self._least_urgent_unscheduled(batch)
-                self.preempt(victim)
-                if victim is seq:
+            if seq.is_prefilling:  # waiting sequences more urgent than this one get the budget before its chunk
+                budget = self._admit(batch, budget, more_urgent_than=seq.priority)
+                if budget == 0:
                     break
-            else:
-                self._schedule(batch, seq, n)
-                budget -= n
+            budget = self._continue(batch, seq, budget)
+        self._admit(batch, budget)
+        return batch
 
+    def _continue(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        """Schedule a running sequence's next token or prefill chunk, preempting for its blocks if need be;
+        returns the budget left."""
+        bm = self.block_manager
+        n = min(seq.num_uncomputed, budget)
+        while bm.blocks_to_grow(seq, n) > bm.num_free_blocks:
+            victim = self._least_urgent_unscheduled(batch)
+            self.preempt(victim)
+            if victim is seq:
+                return budget
+        self._schedule(batch, seq, n)
+        return budget - n
+
+    def _admit(self, batch: ScheduledBatch, budget: int, more_urgent_than: int | None = None) -> int:
+        """Admit waiting sequences, most urgent first (only those of a priority below `more_urgent_than`, if
+        given), while seats, blocks and the budget allow; returns the budget left."""
+        bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if more_urgent_than is not None and seq.priority >= more_urgent_than:
+                break
             if not self.enable_chunked_prefill and seq.num_tokens > budget and len(batch):
                 break
             n = min(seq.num_tokens, budget)  # an upper bound: prefix-cache hits make it smaller
@@ -112,7 +128,7 @@ class Scheduler:
             budget -= n
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.arrival)
-        return batch
+        return budget
 
     def _schedule(self, batch: ScheduledBatch, seq: Sequence, n: int) -> None:
         copies = self.block_manager.grow(seq, n)

@@ -117,3 +117,18 @@ def test_choices_of_an_urgent_request_keep_its_priority(loaded):
     run(engine, steps=2)
     assert [s.priority for s in engine.requests["high"].seqs] == [HIGH, HIGH]
     assert all(s.status.value == "running" for s in engine.requests["high"].seqs)
+
+
+def test_an_urgent_prompt_is_prefilled_before_the_chunks_of_less_urgent_ones(loaded):
+    engine = make_engine(loaded, max_num_batched_tokens=16, max_num_seqs=8)
+    rng = np.random.default_rng(5)
+    for i in range(3):  # 60-token prompts: 12 steps of 16-token chunks for the three
+        engine.add_request(rng.integers(5, 250, size=60).tolist(), GREEDY, request_id=f"low{i}", priority=LOW)
+    run(engine, steps=1)
+    urgent = prompts(1, seed=9)[0]
+    engine.add_request(urgent, SHORT, request_id="high", priority=HIGH)
+    outputs = {out.request_id: out for out in engine.step()}
+    assert len(outputs["high"].token_ids) == 1  # its whole prompt went through in this one step
+    assert all(s.is_prefilling for i in range(3) for s in engine.requests[f"low{i}"].seqs)
+    assert engine.stats()["preemptions"] == 0  # seats and blocks were free: it only took the budget first
+    assert run(engine)["high"][1] == alone(loaded, urgent, SHORT)
