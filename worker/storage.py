@@ -43,11 +43,6 @@ def name(location: str) -> str:
     return _split(location)[0].rstrip("/").rsplit("/", 1)[-1]
 
 
-def exists(location: str) -> bool:
-    filesystem, path = open_output(location)
-    return filesystem.get_file_info(path).type != pafs.FileType.NotFound
-
-
 def remove(location: str) -> None:
     """Delete the file at the location if there is one."""
     filesystem, path = open_output(location)
