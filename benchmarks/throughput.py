@@ -13,7 +13,8 @@ Runs, each in this one process on the same prompts:
   static         the same engine fed fixed batches of max_num_seqs, each run to completion
   no-chunking    chunked prefill off (a prompt is only admitted whole)
   native         weights kept as the file's GGUF blocks (numba kernels; batch-invariant by construction)
-  invariant      batch_invariant=True (numba GEMMs instead of OpenBLAS)
+  invariant      the other side of the batch-invariance switch, f32 weights: "invariant" (the numba GEMM)
+  or openblas    when the default is off, "openblas" (--no-batch-invariant) when it is on
   llama-cpp      llama-cpp-python, one prompt after another, Llama.generate with llama.cpp's own greedy
                  sampler and the same output lengths, on the first --llama-prompts prompts (its tokens/s
                  does not depend on the count)
@@ -231,11 +232,13 @@ def main() -> None:
         run_miro(native, requests[:4])
         results["native"] = run_miro(native, requests)
         del native
-    if "invariant" not in args.skip:
-        invariant = Engine(engine.model, engine.tokenizer, max_model_len=2048, batch_invariant=True,
-                           num_kv_blocks=engine.block_manager.num_blocks)
-        results["invariant"] = run_miro(invariant, requests)
-        del invariant
+    if "invariant" not in args.skip:  # the other side of the batch-invariance switch, f32 weights
+        invariant = not engine.runner.batch_invariant
+        flipped = Engine.from_model(model_path, weights="f32", batch_invariant=invariant, max_model_len=2048,
+                                    num_kv_blocks=engine.block_manager.num_blocks)
+        run_miro(flipped, requests[:4])
+        results["invariant" if invariant else "openblas"] = run_miro(flipped, requests)
+        del flipped
     if "llama-cpp" not in args.skip:
         subset = requests[: args.llama_prompts]
         anchors = [("llama-cpp", "generate", subset)] + [(f"llama-cpp-P{p}", str(p), requests) for p in (16, 32)]

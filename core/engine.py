@@ -123,7 +123,7 @@ class Engine:
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()
-        model = load_model(gguf, config, weight_format)
+        model = load_model(gguf, config, weight_format, batch_invariant)
         t3 = time.perf_counter()
         if weight_format == "native" and not (weights == "auto" and batch_invariant):  # asked for, or the budget
             log(why)

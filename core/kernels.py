@@ -228,63 +228,6 @@ def rope_tables(head_dim: int, theta: float, start: int, stop: int) -> tuple[np.
     return np.cos(angles), np.sin(angles)
 
 
-_MATMUL_COLS = 32  # output columns per work item of matmul_invariant
-
-
-@njit(cache=True, parallel=True)
-def matmul_invariant(a, b, out):
-    """out = a @ b, each output element summed over k in order 0..K-1 by the same instructions.
-
-    No fastmath: without reassociation or contraction every row's result is bitwise the
-    same whatever the number of rows or the row's position, which OpenBLAS does not promise.
-    Four rows share each load of b; separate 1-D accumulators keep LLVM's loads simple.
-    """
-    m_rows, k_dim = a.shape
-    n_cols = b.shape[1]
-    nb = _MATMUL_COLS
-    for block in prange((n_cols + nb - 1) // nb):
-        n0 = block * nb
-        width = min(nb, n_cols - n0)
-        if width == nb:
-            for m0 in range(0, m_rows - 3, 4):
-                c0 = np.zeros(nb, np.float32)
-                c1 = np.zeros(nb, np.float32)
-                c2 = np.zeros(nb, np.float32)
-                c3 = np.zeros(nb, np.float32)
-                for k in range(k_dim):
-                    x0 = a[m0, k]
-                    x1 = a[m0 + 1, k]
-                    x2 = a[m0 + 2, k]
-                    x3 = a[m0 + 3, k]
-                    for j in range(nb):
-                        bj = b[k, n0 + j]
-                        c0[j] += x0 * bj
-                        c1[j] += x1 * bj
-                        c2[j] += x2 * bj
-                        c3[j] += x3 * bj
-                for j in range(nb):
-                    out[m0, n0 + j] = c0[j]
-                    out[m0 + 1, n0 + j] = c1[j]
-                    out[m0 + 2, n0 + j] = c2[j]
-                    out[m0 + 3, n0 + j] = c3[j]
-            for m in range(m_rows - m_rows % 4, m_rows):
-                c0 = np.zeros(nb, np.float32)
-                for k in range(k_dim):
-                    x0 = a[m, k]
-                    for j in range(nb):
-                        c0[j] += x0 * b[k, n0 + j]
-                for j in range(nb):
-                    out[m, n0 + j] = c0[j]
-        else:  # the last, narrower column block: the same per-element order, one column at a time
-            for m in range(m_rows):
-                for j in range(n0, n_cols):
-                    s = np.float32(0.0)
-                    for k in range(k_dim):
-                        s += a[m, k] * b[k, j]
-                    out[m, j] = s
-    return out
-
-
 @njit(cache=True, nogil=True)
 def mask_rows(logits, rows, bits, emptied):
     """Structured output: logits[rows[j], t] = -inf for every token t whose bit is clear in bits[j] (packed int32

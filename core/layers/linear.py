@@ -20,10 +20,10 @@ from collections.abc import Sequence
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from .. import kernels as float32_kernels
 from ..dequant import dequantize
 from ..gguf_file import TensorInfo, release_pages
 from . import float_kernels, quant_kernels
+from .gemm import matmul_invariant, pack_panels
 from .activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups, quantize_q8_k,
                           quantize_q8_k_columns, quantize_q8_k_pair_groups)
 from .quant_blocks import BLOCK32_TYPES, SUPERBLOCK_TYPES
@@ -62,11 +62,11 @@ def owned_bytes(a: np.ndarray) -> int:
 class Linear:
     """y = x @ W.T for x (T, in_features) float32 and W (out_features, in_features) as stored in GGUF."""
 
-    def __init__(self, tensor: TensorInfo, fmt: str = "native"):
-        self._init(tensor.name, tensor.type, tensor.shape, [tensor.data], fmt)
+    def __init__(self, tensor: TensorInfo, fmt: str = "native", invariant: bool = False):
+        self._init(tensor.name, tensor.type, tensor.shape, [tensor.data], fmt, invariant)
 
     @classmethod
-    def fused(cls, tensors: Sequence[TensorInfo], fmt: str = "native") -> "Linear":
+    def fused(cls, tensors: Sequence[TensorInfo], fmt: str = "native", invariant: bool = False) -> "Linear":
         """One layer over several tensors with the same type and in_features (Q, K, V; gate, up):
         their outputs side by side. Tensors stored back to back in one buffer stay a single view.
 
@@ -81,13 +81,14 @@ class Linear:
                 return LinearStack([cls(t, fmt) for t in tensors])
             f32 = [TensorInfo(t.name, t.shape, GGMLQuantizationType.F32, dequantize(t).view(np.uint8).reshape(-1))
                    for t in tensors]
-            return cls.fused(f32, fmt)
+            return cls.fused(f32, fmt, invariant)
         shape = (sum(t.shape[0] for t in tensors), *first.shape[1:])
         layer = cls.__new__(cls)
-        layer._init("+".join(t.name for t in tensors), first.type, shape, [t.data for t in tensors], fmt)
+        layer._init("+".join(t.name for t in tensors), first.type, shape, [t.data for t in tensors], fmt, invariant)
         return layer
 
-    def _init(self, name: str, qtype: GGMLQuantizationType, shape: tuple[int, ...], parts: list[np.ndarray], fmt: str):
+    def _init(self, name: str, qtype: GGMLQuantizationType, shape: tuple[int, ...], parts: list[np.ndarray], fmt: str,
+              invariant: bool = False):
         if len(shape) != 2:
             raise ValueError(f"{name}: a linear layer needs a 2-D tensor, this one has shape {shape}")
         if fmt not in WEIGHT_FORMATS:
@@ -101,8 +102,10 @@ class Linear:
         raw = _join(parts)
         self.weight_bytes = 0 if np.shares_memory(raw, parts[0]) else raw.nbytes  # a copy only when fusing scattered parts
         self._tiles = None
-        if fmt == "f32":  # (in, out): the layout `x @ w` is fastest with, and the one matmul_invariant takes
+        if fmt == "f32":  # (in, out), the layout `x @ w` is fastest with, or packed for the invariant GEMM
             self._w = np.ascontiguousarray(dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T)
+            if invariant:
+                self._w = pack_panels(self._w)
             self.weight_bytes = self._w.nbytes
         elif int(qtype) in float_kernels.FLOAT_TYPES:
             dtype = np.float32 if qtype == GGMLQuantizationType.F32 else np.uint16
@@ -128,8 +131,8 @@ class Linear:
             raise ValueError(f"{self.name}: expected x of shape (T, {self.in_features}), got {x.shape}")
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self.fmt == "f32":
-            if batch_invariant:
-                return float32_kernels.matmul_invariant(x, self._w, np.empty((x.shape[0], self.out_features), np.float32))
+            if batch_invariant or self._w.ndim == 3:  # packed weights take the invariant GEMM either way
+                return matmul_invariant(x, self._w, np.empty((x.shape[0], self.out_features), np.float32))
             return x @ self._w
         out = np.empty((x.shape[0], self.out_features), np.float32)
         if x.shape[0] == 0:

@@ -8,6 +8,8 @@ a loop that updates `acc = acc + x` keeps acc in a register, as a SIMD micro-ker
     h = load16_f16(array, i)     # array[i:i + 16] of float16 bits (uint16) -> float32x16
     store16(array, i, v)
     f = to_float(v)              # int32x16 -> float32x16, exact below 2^24
+    acc = fma(x, w, acc)         # acc + x * w rounded once (x a float32 scalar, splat)
+    z = zeros16()                # float32x16 of zeros
     acc = acc + (f * scale) * v2 # +, -, * lane by lane; a scalar operand applies to every lane
 
 The arithmetic is plain IEEE lane by lane, with no fast-math flags: the same bits as the scalar
@@ -20,6 +22,7 @@ import operator
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.core.extending import intrinsic, models, overload, register_model
 
 LANES = 16
@@ -126,3 +129,40 @@ def _register(python_operator, name: str):
 
 for _operator, _name in ((operator.add, "add"), (operator.sub, "sub"), (operator.mul, "mul")):
     _register(_operator, _name)
+
+
+@intrinsic
+def fma(typingctx, x, w, acc):
+    """acc + x * w with one rounding (llvm.fma, vfmadd231ps): x a float32 scalar in every lane."""
+    def codegen(context, builder, sig, args):
+        vector_type = ir.VectorType(ir.FloatType(), LANES)
+        fused = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vector_type, [vector_type] * 3), "llvm.fma.v16f32")
+        return builder.call(fused, [splat(builder, args[0], vector_type), args[1], args[2]])
+
+    return float32x16(types.float32, float32x16, float32x16), codegen
+
+
+@intrinsic
+def zeros16(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(ir.VectorType(ir.FloatType(), LANES), [0.0] * LANES)
+
+    return float32x16(), codegen
+
+
+@intrinsic
+def prefetch(typingctx, array, index):
+    """Ask for the cache line of array[index] (1-D, contiguous) ahead of its use (prefetcht0): for a kernel
+    reading weights with a stride the hardware prefetcher does not follow."""
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        at = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        hint = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [at.type, i32, i32, i32]), "llvm.prefetch.p0")
+        builder.call(hint, [at, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])  # read, keep, data
+        return context.get_dummy_value()
+
+    return types.void(array, types.intp), codegen
+

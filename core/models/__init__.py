@@ -30,7 +30,8 @@ class Model(Protocol):
     def read_config(gguf: GGUFFile) -> ModelConfig: ...
 
     @classmethod
-    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32") -> "Model": ...
+    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32",
+             batch_invariant: bool = False) -> "Model": ...
 
     @property
     def weight_memory(self) -> int:
@@ -68,8 +69,10 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
     return cls.read_config(gguf)
 
 
-def load_model(gguf: GGUFFile, config: ModelConfig | None = None, weight_format: str = "f32") -> Model:
+def load_model(gguf: GGUFFile, config: ModelConfig | None = None, weight_format: str = "f32",
+               batch_invariant: bool = False) -> Model:
     """The model a GGUF file holds, its tensors checked against the architecture's list, then loaded with
-    its matrices in `weight_format` ("f32" or "native")."""
+    its matrices in `weight_format` ("f32" or "native"); f32 matrices packed for the batch-invariant GEMM
+    when `batch_invariant`, else laid out for OpenBLAS."""
     config = config or read_config(gguf)
-    return model_class(config.architecture).load(gguf, config, weight_format)
+    return model_class(config.architecture).load(gguf, config, weight_format, batch_invariant)

@@ -71,9 +71,10 @@ class Loader:
     built so far hold of their own.
     """
 
-    def __init__(self, gguf: GGUFFile, weight_format: str = "f32"):
+    def __init__(self, gguf: GGUFFile, weight_format: str = "f32", batch_invariant: bool = False):
         self.gguf = gguf
         self.weight_format = weight_format
+        self.batch_invariant = batch_invariant  # f32 matrices packed for the invariant GEMM
         self.fallbacks: dict[str, str] = {}  # type name -> why its matrices are f32 although "native" was asked
         self.memory = 0
 
@@ -94,7 +95,7 @@ class Loader:
             fmt = "f32"
             self.fallbacks[parts[0].type.name] = (
                 f"{parts[0].type.name} has no native kernel: its matrices are kept as f32")
-        layer = Linear.fused(parts, fmt)
+        layer = Linear.fused(parts, fmt, invariant=self.batch_invariant)
         self.memory += layer.weight_bytes
         return layer
 
@@ -126,8 +127,8 @@ class LoadedModel:
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
 
     @classmethod
-    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32"):
-        return cls(config, Loader(gguf, weight_format))
+    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32", batch_invariant: bool = False):
+        return cls(config, Loader(gguf, weight_format, batch_invariant))
 
 
 def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, config: ModelConfig,

@@ -77,9 +77,11 @@ def llama_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
     return specs
 
 
-def load_llama_weights(gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32") -> LlamaWeights:
+def load_llama_weights(gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32",
+                       batch_invariant: bool = False) -> LlamaWeights:
     """Check every tensor against the llama tensor list, then build the layers `forward` uses in
-    `weight_format` ("f32" or "native"; a type with no native kernel stays f32, noted in `fallbacks`)."""
+    `weight_format` ("f32" or "native"; a type with no native kernel stays f32, noted in `fallbacks`), f32
+    matrices packed for the invariant GEMM when `batch_invariant`."""
     check_tensors(gguf, llama_tensor_specs(config))
     T = MODEL_TENSOR
     fallbacks: dict[str, str] = {}
@@ -96,7 +98,7 @@ def load_llama_weights(gguf: GGUFFile, config: ModelConfig, weight_format: str =
         if fmt == "native" and not has_native_kernel(parts[0].type):
             fmt = "f32"
             fallbacks[parts[0].type.name] = f"{parts[0].type.name} has no native kernel: its matrices are kept as f32"
-        return Linear.fused(parts, fmt)
+        return Linear.fused(parts, fmt, invariant=batch_invariant)
 
     layers = [
         LayerWeights(
@@ -127,8 +129,9 @@ class LlamaModel:
         return ModelConfig.from_gguf(gguf)
 
     @classmethod
-    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32") -> "LlamaModel":
-        return cls(config, load_llama_weights(gguf, config, weight_format), weight_format)
+    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32",
+             batch_invariant: bool = False) -> "LlamaModel":
+        return cls(config, load_llama_weights(gguf, config, weight_format, batch_invariant), weight_format)
 
     @property
     def weight_memory(self) -> int:

@@ -1,0 +1,105 @@
+"""A float32 GEMM whose every output row is bitwise the same whatever else is in the call: f32 weights with
+batch invariance on.
+
+OpenBLAS's sgemm picks its blocking, and with it the order of each sum, by the shape of the call, so a row
+rounds differently in a batch of 7 than alone. Here every output element is one chain of fused multiply-adds
+over k = 0..K-1 from zero, whatever the row count and wherever the row sits: the BLAS micro-kernel's shape
+(broadcast one activation, multiply-add it into a row of weights), with nothing reassociated.
+
+The micro-kernel keeps an 8-row x 32-column tile of sums in 16 registers; each step of k loads two weight
+vectors and broadcasts 8 activations from memory. Work items are 32-column panels of the weights. K is
+walked in blocks that keep a panel's slice in L1, the sums parked in `out` between blocks (a float32 store
+and load change nothing, so the chain is the same). Rows past the last full 8 go through the same tile,
+zero-padded. Weights are best packed panel by panel (`pack_panels`, as BLAS packs them): a panel is then
+read front to back; in the (K, N) layout its rows lie N floats apart.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .cache_key import HELPERS
+from .simd import LANES, fma, load16, store16, zeros16
+
+PANEL = 2 * LANES  # output columns per work item
+ROWS = 8  # activation rows per micro-kernel tile
+K_BLOCK = 256  # steps of k per pass over the row tiles: a panel's slice of weights is 32 KiB
+
+
+def pack_panels(w: np.ndarray) -> np.ndarray:
+    """(K, N) float32 -> (ceil(N / 32), K, 32): each 32-column panel contiguous, the last one zero-padded."""
+    k_dim, n_cols = w.shape
+    n_panels = -(-n_cols // PANEL)
+    padded = np.zeros((k_dim, n_panels * PANEL), np.float32)
+    padded[:, :n_cols] = w
+    return np.ascontiguousarray(padded.reshape(k_dim, n_panels, PANEL).transpose(1, 0, 2))
+
+
+def matmul_invariant(a: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out (T, N) = a (T, K) @ W, W either (K, N) or packed by pack_panels; every element of out one fused
+    multiply-add chain over k in order."""
+    rows = -(-a.shape[0] // ROWS) * ROWS
+    if rows != a.shape[0]:
+        a = np.concatenate([a, np.zeros((rows - a.shape[0], a.shape[1]), np.float32)])
+    if w.ndim == 3:
+        return _matmul(a, w.reshape(w.size), PANEL, w.shape[1] * PANEL, out)
+    if w.shape[1] % PANEL:
+        return _matmul(a, pack_panels(w).reshape(-1), PANEL, w.shape[0] * PANEL, out)
+    return _matmul(a, w.reshape(w.size), w.shape[1], PANEL, out)
+
+
+def _build():
+    helpers = HELPERS
+
+    @njit(cache=True, parallel=True)
+    def matmul_panels(a, w, stride, panel_step, out):
+        """out (T, N) = a (T8, K) @ W, T8 >= T a multiple of 8: panel p's row k at w[p * panel_step + k * stride]."""
+        helpers  # in numba's cache key: see cache_key.py
+        n_rows, k_dim = a.shape
+        n_out, n_cols = out.shape
+        for p in prange((n_cols + PANEL - 1) // PANEL):
+            n0 = p * PANEL
+            width = min(PANEL, n_cols - n0)
+            sums = np.empty((n_rows, PANEL), np.float32)  # the sums between blocks of K
+            for k0 in range(0, k_dim, K_BLOCK):
+                k1 = min(k_dim, k0 + K_BLOCK)
+                for m0 in range(0, n_rows, ROWS):
+                    _tile(a, w, p * panel_step, stride, m0, k0, k1, sums)
+            for m in range(n_out):
+                out[m, n0:n0 + width] = sums[m, :width]
+        return out
+
+    return matmul_panels
+
+
+@njit(inline="always")
+def _tile(a, w, start, stride, m0, k0, k1, sums):
+    """sums[m0:m0 + 8] += a[m0:m0 + 8, k0:k1] @ the panel's rows k0..k1, one fused multiply-add at a time
+    (from zero when k0 == 0)."""
+    if k0 == 0:
+        c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = zeros16()
+        c40 = c41 = c50 = c51 = c60 = c61 = c70 = c71 = zeros16()
+    else:
+        c00, c01, c10, c11 = load16(sums[m0], 0), load16(sums[m0], LANES), load16(sums[m0 + 1], 0), load16(sums[m0 + 1], LANES)
+        c20, c21, c30, c31 = load16(sums[m0 + 2], 0), load16(sums[m0 + 2], LANES), load16(sums[m0 + 3], 0), load16(sums[m0 + 3], LANES)
+        c40, c41, c50, c51 = load16(sums[m0 + 4], 0), load16(sums[m0 + 4], LANES), load16(sums[m0 + 5], 0), load16(sums[m0 + 5], LANES)
+        c60, c61, c70, c71 = load16(sums[m0 + 6], 0), load16(sums[m0 + 6], LANES), load16(sums[m0 + 7], 0), load16(sums[m0 + 7], LANES)
+    for k in range(k0, k1):
+        w0 = load16(w, start + k * stride)
+        w1 = load16(w, start + k * stride + LANES)
+        c00, c01 = fma(a[m0, k], w0, c00), fma(a[m0, k], w1, c01)
+        c10, c11 = fma(a[m0 + 1, k], w0, c10), fma(a[m0 + 1, k], w1, c11)
+        c20, c21 = fma(a[m0 + 2, k], w0, c20), fma(a[m0 + 2, k], w1, c21)
+        c30, c31 = fma(a[m0 + 3, k], w0, c30), fma(a[m0 + 3, k], w1, c31)
+        c40, c41 = fma(a[m0 + 4, k], w0, c40), fma(a[m0 + 4, k], w1, c41)
+        c50, c51 = fma(a[m0 + 5, k], w0, c50), fma(a[m0 + 5, k], w1, c51)
+        c60, c61 = fma(a[m0 + 6, k], w0, c60), fma(a[m0 + 6, k], w1, c61)
+        c70, c71 = fma(a[m0 + 7, k], w0, c70), fma(a[m0 + 7, k], w1, c71)
+    store16(sums[m0], 0, c00), store16(sums[m0], LANES, c01), store16(sums[m0 + 1], 0, c10), store16(sums[m0 + 1], LANES, c11)
+    store16(sums[m0 + 2], 0, c20), store16(sums[m0 + 2], LANES, c21), store16(sums[m0 + 3], 0, c30), store16(sums[m0 + 3], LANES, c31)
+    store16(sums[m0 + 4], 0, c40), store16(sums[m0 + 4], LANES, c41), store16(sums[m0 + 5], 0, c50), store16(sums[m0 + 5], LANES, c51)
+    store16(sums[m0 + 6], 0, c60), store16(sums[m0 + 6], LANES, c61), store16(sums[m0 + 7], 0, c70), store16(sums[m0 + 7], LANES, c71)
+
+
+_matmul = _build()
