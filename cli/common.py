@@ -83,8 +83,8 @@ def engine_options(command):
                      help="Context length limit (default: the model's)."),
         click.option("--no-prefix-caching", is_flag=True, help="Turn automatic prefix caching off."),
         click.option("--batch-invariant/--no-batch-invariant", default=defaults.BATCH_INVARIANT, show_default=True,
-                     help="A request's output bitwise independent of what runs beside it (native weights are; "
-                          "with --no-batch-invariant, auto may take f32 weights and OpenBLAS)."),
+                     help="A request's output bitwise independent of what runs beside it (native weights are by "
+                          "construction, f32 ones take miro's invariant GEMM; --no-batch-invariant: OpenBLAS)."),
         click.option("--weights", type=click.Choice(defaults.WEIGHT_CHOICES), default=defaults.WEIGHTS, show_default=True,
                      help="f32: matrices dequantized once (fastest, 4-8x the file's size in memory); native: kept "
                           "as stored in the memory-mapped file; auto: f32 if it fits --max-weight-memory."),

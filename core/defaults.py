@@ -10,10 +10,9 @@ BLOCK_SIZE = 16  # tokens per KV-cache block
 MAX_NUM_SEQS = 64  # sequences decoded together
 MAX_NUM_BATCHED_TOKENS = 512  # tokens per step (prefill chunks and decode tokens together)
 
-# a request's tokens and logprobs bitwise the same whatever runs beside it; native weights are so by
-# construction (and faster than f32 with OpenBLAS on 2 cores), so auto picks them when this is on. Off by
-# default: native's 8-bit activations (llama.cpp's scheme) change the default model's greedy answers
-BATCH_INVARIANT = False
+# a request's tokens and logprobs bitwise the same whatever runs beside it: native weights are so by
+# construction, f32 ones take the invariant GEMM (layers/gemm.py, faster than OpenBLAS on 2 cores)
+BATCH_INVARIANT = True
 
 WEIGHT_CHOICES = ("auto", "f32", "native")
 WEIGHTS = "auto"

@@ -86,7 +86,7 @@ class Engine:
         self.model_name = model_name
         self.block_size = block_size
         # batch_invariant: outputs bitwise independent of the batch (native weights always are; f32 then takes
-        # a numba GEMM instead of OpenBLAS)
+        # the invariant GEMM instead of OpenBLAS)
         self.runner = ModelRunner(model, block_size, num_kv_blocks, kv_cache_memory, batch_invariant)
         self.max_model_len = min(max_model_len or self.config.context_length, self.config.context_length)
         self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size, enable_prefix_caching)
@@ -108,24 +108,24 @@ class Engine:
                    weights: str = defaults.WEIGHTS, max_weight_memory: str | int | None = None, **options) -> "Engine":
         """Load an alias (pulled on first use) or a .gguf path; options are the constructor's keywords.
 
-        weights: "native" keeps every matrix as stored in the memory-mapped file (batch-invariant by
-        construction), "f32" dequantizes each once (4-8x the file's size in memory; OpenBLAS), "auto" takes
-        native when batch_invariant, else f32 when its copy fits max_weight_memory (bytes or "8GiB";
-        default: half the machine's RAM), else native. The choice and why is
-        `engine.weight_choice`; it goes to `log` when the memory budget decided it.
+        weights: "native" keeps every matrix as stored in the file (batch-invariant by construction), "f32"
+        dequantizes each once (4-8x the file's size in memory; packed for the invariant GEMM when
+        batch_invariant, else laid out for OpenBLAS), "auto" takes f32 when its copy fits max_weight_memory
+        (bytes or "8GiB"; default: half the machine's RAM), else native. The choice and why is
+        `engine.weight_choice`; it goes to `log` when it is native.
         """
         path = resolve_model(name_or_path, log)
         t0 = time.perf_counter()
         gguf = GGUFFile(path)
         config = read_config(gguf)  # an architecture miro does not run stops here
         batch_invariant = options.get("batch_invariant", defaults.BATCH_INVARIANT)
-        weight_format, why = choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory, batch_invariant)
+        weight_format, why = choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory)
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()
         model = load_model(gguf, config, weight_format, batch_invariant)
         t3 = time.perf_counter()
-        if weight_format == "native" and not (weights == "auto" and batch_invariant):  # asked for, or the budget
+        if weight_format == "native":  # asked for, or over the budget
             log(why)
         for fallback in model.weight_fallbacks:
             log(f"weights: {fallback}")

@@ -27,20 +27,16 @@ def f32_weight_bytes(gguf: GGUFFile) -> int:
     return total
 
 
-def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None,
-                         batch_invariant: bool = defaults.BATCH_INVARIANT) -> tuple[str, str]:
+def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None) -> tuple[str, str]:
     """The format to load ("f32" or "native") and a sentence saying why.
 
-    auto: native while batch-invariant (native kernels are invariant by construction, and faster than the
-    invariant float32 GEMM f32 would need); otherwise f32 when its copy fits the budget, else native."""
+    auto: f32 when its copy fits the budget, else native (both batch-invariant when asked: native by
+    construction, f32 through the invariant GEMM)."""
     if weights not in defaults.WEIGHT_CHOICES:
         raise MiroError(f"weights must be one of {', '.join(defaults.WEIGHT_CHOICES)}, not {weights!r}.")
     budget = default_max_weight_memory() if max_weight_memory is None else parse_size(max_weight_memory)
     if weights != "auto":
         return weights, f"weights: {weights} (asked for)"
-    if batch_invariant:
-        return "native", ("weights: native (auto: batch-invariant, as the file's blocks are by construction; "
-                          "--no-batch-invariant lets auto take f32 with OpenBLAS when it fits)")
     if f32_bytes <= budget:
         return "f32", (f"weights: f32 (auto: a float32 copy takes {_size(f32_bytes)}, within the "
                        f"{_size(budget)} weight budget)")

@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 import redis
-from conftest import chat_line, jsonl
+from serve_process import chat_line, jsonl
 
 from miro.worker import batches
 from miro.worker.api import batch_records

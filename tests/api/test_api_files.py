@@ -12,7 +12,7 @@ import urllib.request
 
 import openai
 import pytest
-from conftest import chat_line, jsonl
+from serve_process import chat_line, jsonl
 
 from miro.cli.serve import _api_keys
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 from click.testing import CliRunner
-from conftest import chat_line, jsonl
+from serve_process import chat_line, jsonl
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from polling import wait_for

@@ -10,7 +10,7 @@ import json
 import pyarrow.parquet as pq
 import redis
 import s3_server
-from conftest import jsonl
+from serve_process import jsonl
 from openai.types import Completion
 from rq.serializers import JSONSerializer
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import jsonl
+from serve_process import jsonl
 from polling import wait_for
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

@@ -6,7 +6,7 @@ import socket
 import subprocess
 
 import pytest
-from conftest import MIRO, environment
+from serve_process import MIRO, environment
 from polling import free_port
 
 

@@ -16,7 +16,7 @@ import re
 import gguf
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from fixture_files import FIXTURES
 from gguf_factory import ARCHITECTURES, tensor_name, write_tiny_model
 
 ARCH = json.loads((FIXTURES / "arch_llamacpp.json").read_text())

@@ -18,7 +18,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from fixture_files import FIXTURES
 from gguf_factory import write_tiny_model
 
 from miro.core.engine import Engine

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from fixture_files import FIXTURES
 
 from miro.core import Engine, RequestError, SamplingParams
 

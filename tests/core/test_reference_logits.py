@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from fixture_files import FIXTURES
 from reference_model import reference_logits
 
 from miro.core import Engine, SamplingParams

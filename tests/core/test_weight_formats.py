@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import FIXTURES
+from fixture_files import FIXTURES
 from gguf_factory import write_tiny_model
 
 from miro.cli.main import cli
@@ -120,7 +120,7 @@ def test_cli_weights_option_and_autos_message(tiny_model):
                                       "--num-kv-blocks", "8", "hi"])
     assert native.exit_code == 0, native.output
     assert "weights: native (asked for)" in native.stderr
-    auto = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--no-batch-invariant", "--max-weight-memory",
+    auto = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-weight-memory",
                                     "1KiB", "--max-tokens", "2", "--num-kv-blocks", "8", "hi"])
     assert auto.exit_code == 0, auto.output
     assert "weights: native (auto: a float32 copy would take" in auto.stderr and "over the" in auto.stderr
@@ -129,10 +129,10 @@ def test_cli_weights_option_and_autos_message(tiny_model):
     assert default.exit_code == 0 and "weights:" not in default.stderr  # f32, as always: nothing to announce
     assert Engine.from_model(tiny_model, num_kv_blocks=8).weight_choice.startswith(
         "weights: f32 (auto: a float32 copy takes")
-    invariant = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--batch-invariant", "--max-tokens", "2",
-                                         "--num-kv-blocks", "8", "hi"])
-    assert invariant.exit_code == 0 and "weights:" not in invariant.stderr  # auto's own choice for invariance
-    assert Engine.from_model(tiny_model, num_kv_blocks=8, batch_invariant=True).weight_choice.startswith(
-        "weights: native (auto: batch-invariant")
+    for invariant in (True, False):  # invariance does not move auto's choice: f32 is invariant too, packed
+        engine = Engine.from_model(tiny_model, num_kv_blocks=8, batch_invariant=invariant)
+        assert engine.weight_choice.startswith("weights: f32 (auto: a float32 copy takes")
+        assert engine.runner.batch_invariant is invariant
+        assert all((layer.wqkv._w.ndim == 3) is invariant for layer in engine.model.weights.layers)
     bad = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-weight-memory", "lots", "hi"])
     assert bad.exit_code == 1 and "cannot read 'lots' as a memory size" in bad.output
