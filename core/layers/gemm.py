@@ -8,10 +8,11 @@ over k = 0..K-1 from zero, whatever the row count and wherever the row sits: the
 
 The micro-kernel keeps an 8-row x 32-column tile of sums in 16 registers; each step of k loads two weight
 vectors and broadcasts 8 activations from memory. Work items are 32-column panels of the weights. K is
-walked in blocks that keep a panel's slice in L1, the sums parked in `out` between blocks (a float32 store
-and load change nothing, so the chain is the same). Rows past the last full 8 go through the same tile,
-zero-padded. Weights are best packed panel by panel (`pack_panels`, as BLAS packs them): a panel is then
-read front to back; in the (K, N) layout its rows lie N floats apart.
+walked in blocks that keep a panel's slice in L1, the sums parked in memory between blocks (a float32
+store and load change nothing, so the chain is the same). Rows past the last full 8 go through the same
+tile, zero-padded; fewer than 8 rows take each row against 4 panels at once instead. Weights are best
+packed panel by panel (`pack_panels`, as BLAS packs them): a panel is then read front to back; in the
+(K, N) layout its rows lie N floats apart.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .simd import LANES, fma, load16, store16, zeros16
 PANEL = 2 * LANES  # output columns per work item
 ROWS = 8  # activation rows per micro-kernel tile
 K_BLOCK = 256  # steps of k per pass over the row tiles: a panel's slice of weights is 32 KiB
+STRIP = 4  # panels a row takes at once below 8 rows
 
 
 def pack_panels(w: np.ndarray) -> np.ndarray:
@@ -39,14 +41,18 @@ def pack_panels(w: np.ndarray) -> np.ndarray:
 def matmul_invariant(a: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out (T, N) = a (T, K) @ W, W either (K, N) or packed by pack_panels; every element of out one fused
     multiply-add chain over k in order."""
+    if w.ndim == 3:
+        flat, stride, panel_step = w.reshape(w.size), PANEL, w.shape[1] * PANEL
+    elif w.shape[1] % PANEL:
+        flat, stride, panel_step = pack_panels(w).reshape(-1), PANEL, w.shape[0] * PANEL
+    else:
+        flat, stride, panel_step = w.reshape(w.size), w.shape[1], PANEL
+    if a.shape[0] < ROWS:  # a few rows: a wider strip of columns per row instead of the 8-row tile
+        return _matmul_few_rows(a, flat, stride, panel_step, out)
     rows = -(-a.shape[0] // ROWS) * ROWS
     if rows != a.shape[0]:
         a = np.concatenate([a, np.zeros((rows - a.shape[0], a.shape[1]), np.float32)])
-    if w.ndim == 3:
-        return _matmul(a, w.reshape(w.size), PANEL, w.shape[1] * PANEL, out)
-    if w.shape[1] % PANEL:
-        return _matmul(a, pack_panels(w).reshape(-1), PANEL, w.shape[0] * PANEL, out)
-    return _matmul(a, w.reshape(w.size), w.shape[1], PANEL, out)
+    return _matmul(a, flat, stride, panel_step, out)
 
 
 def _build():
@@ -70,7 +76,37 @@ def _build():
                 out[m, n0:n0 + width] = sums[m, :width]
         return out
 
-    return matmul_panels
+    @njit(cache=True, parallel=True)
+    def matmul_panels_few_rows(a, w, stride, panel_step, out):
+        """The same chains for T < 8 rows, each row against 4 panels at once: 8 independent chains hide the
+        fused multiply-add's latency, as the 8-row tile's 16 do."""
+        helpers  # in numba's cache key: see cache_key.py
+        n_rows, k_dim = a.shape
+        n_cols = out.shape[1]
+        n_panels = (n_cols + PANEL - 1) // PANEL
+        for group in prange((n_panels + STRIP - 1) // STRIP):
+            p0 = group * STRIP
+            starts = np.empty(STRIP, np.int64)  # an absent panel past the end repeats the last one, unstored
+            for j in range(STRIP):
+                starts[j] = min(p0 + j, n_panels - 1) * panel_step
+            sums = np.empty((STRIP, PANEL), np.float32)
+            for m in range(n_rows):
+                c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zeros16()
+                for k in range(k_dim):
+                    x = a[m, k]
+                    c0, c1 = fma(x, load16(w, starts[0] + k * stride), c0), fma(x, load16(w, starts[0] + k * stride + LANES), c1)
+                    c2, c3 = fma(x, load16(w, starts[1] + k * stride), c2), fma(x, load16(w, starts[1] + k * stride + LANES), c3)
+                    c4, c5 = fma(x, load16(w, starts[2] + k * stride), c4), fma(x, load16(w, starts[2] + k * stride + LANES), c5)
+                    c6, c7 = fma(x, load16(w, starts[3] + k * stride), c6), fma(x, load16(w, starts[3] + k * stride + LANES), c7)
+                store16(sums[0], 0, c0), store16(sums[0], LANES, c1), store16(sums[1], 0, c2), store16(sums[1], LANES, c3)
+                store16(sums[2], 0, c4), store16(sums[2], LANES, c5), store16(sums[3], 0, c6), store16(sums[3], LANES, c7)
+                for j in range(min(STRIP, n_panels - p0)):
+                    n0 = (p0 + j) * PANEL
+                    width = min(PANEL, n_cols - n0)
+                    out[m, n0:n0 + width] = sums[j, :width]
+        return out
+
+    return matmul_panels, matmul_panels_few_rows
 
 
 @njit(inline="always")
@@ -102,4 +138,4 @@ def _tile(a, w, start, stride, m0, k0, k1, sums):
     store16(sums[m0 + 6], 0, c60), store16(sums[m0 + 6], LANES, c61), store16(sums[m0 + 7], 0, c70), store16(sums[m0 + 7], LANES, c71)
 
 
-_matmul = _build()
+_matmul, _matmul_few_rows = _build()
