@@ -1,0 +1,207 @@
+"""One engine step taken apart, each part beside its floor: B=64 decode and a 512-token prefill.
+
+    python benchmarks/step_time.py [--model smollm2-135m] [--steps 10] [--weights auto|f32|native]
+                                   [--no-batch-invariant]
+
+The engine runs as configured (defaults: batch-invariant f32 weights). The parts are timed by wrapping, for
+this script only, the functions the forward pass and the engine call:
+- GEMMs: every Linear call, against the float32 GEMM roofline: their FLOPs at numpy's sgemm peak
+  (512x576 @ 576x3072, measured here), or the bytes of their weights at the memory bandwidth, whichever
+  is longer;
+- attention: `kernels.paged_attention`, against the bytes of K and V it must read at the memory bandwidth
+  (a parallel numba sum over 1 GiB, measured here), or its FLOPs at the sgemm peak, whichever is longer;
+- the sampler: `sampler.sample`;
+- the rest (packing the step, norms, RoPE and the KV write, the scheduler, Python): the step's wall time
+  less the parts above.
+All figures come from this one process, in turn; the machine's load average is printed beside them. A ratio
+under 1 beats the floor: the GEMM floor is OpenBLAS's best here, not the machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections import defaultdict
+
+import numpy as np
+from numba import njit, prange
+
+from miro.core import Engine, SamplingParams, kernels, sampler
+from miro.core import engine as engine_module
+from miro.core.layers import linear as linear_module
+from miro.core.models import llama as llama_module
+from miro.core.registry import resolve_model
+
+from throughput import gemm_peak_gflops
+
+
+@njit(parallel=True, cache=True, fastmath=True)  # reassociation lets the sum vectorise: bandwidth-bound
+def _sum(a):
+    total = 0.0
+    for i in prange(a.size):
+        total += a[i]
+    return total
+
+
+def memory_bandwidth_gbs() -> float:
+    """Read bandwidth: a parallel sum over 1 GiB of float32, best of 5."""
+    a = np.ones(2**28, np.float32)
+    _sum(a)
+    best = min(_timed(lambda: _sum(a)) for _ in range(5))
+    return a.nbytes / best / 1e9
+
+
+def _timed(call) -> float:
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
+
+
+class PartTimer:
+    """Seconds (and FLOPs, bytes) spent in the wrapped functions while `active`."""
+
+    def __init__(self):
+        self.seconds = defaultdict(float)
+        self.gemm_flops = 0.0
+        self.gemm_weight_bytes = 0.0
+        self.kv_bytes = 0.0
+        self.attention_flops = 0.0
+        self.active = False
+
+    def wrap_linear(self):
+        timer, call = self, linear_module.Linear.__call__
+
+        def timed_call(layer, x, batch_invariant=False):
+            t0 = time.perf_counter()
+            out = call(layer, x, batch_invariant)
+            if timer.active:
+                timer.seconds["gemm"] += time.perf_counter() - t0
+                timer.gemm_flops += 2.0 * x.shape[0] * layer.in_features * layer.out_features
+                timer.gemm_weight_bytes += layer.weight_bytes or layer.in_features * layer.out_features
+            return out
+
+        linear_module.Linear.__call__ = timed_call
+
+    def wrap_attention(self, config):
+        timer, attend = self, kernels.paged_attention
+
+        def timed_attention(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out):
+            t0 = time.perf_counter()
+            result = attend(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out)
+            if timer.active:
+                timer.seconds["attention"] += time.perf_counter() - t0
+                values, flops = _attention_work(positions, attn_items, config)
+                timer.kv_bytes += 2.0 * values * k_cache.itemsize
+                timer.attention_flops += flops
+            return result
+
+        llama_module.kernels.paged_attention = timed_attention  # the module the llama forward reads it from
+
+    def wrap_sampler(self):
+        timer, sample = self, sampler.sample
+
+        def timed_sample(*args, **kwargs):
+            t0 = time.perf_counter()
+            result = sample(*args, **kwargs)
+            if timer.active:
+                timer.seconds["sampler"] += time.perf_counter() - t0
+            return result
+
+        engine_module.sampler.sample = timed_sample
+
+
+def _attention_work(positions: np.ndarray, items: np.ndarray, config) -> tuple[int, float]:
+    """(K or V values a step's attention must read at least once, its FLOPs). items: rows of (seq, kv_head,
+    t_begin, t_end); each sequence and KV head reads every key up to its furthest query position, and each query
+    head at position p does 4 * head_dim * (p + 1) FLOPs (q.k and p.v)."""
+    furthest: dict[tuple[int, int], int] = {}
+    flops = 0.0
+    group = config.n_heads // config.n_kv_heads
+    for seq, kv_head, t_begin, t_end in items.tolist():
+        key = (seq, kv_head)
+        furthest[key] = max(furthest.get(key, 0), int(positions[t_begin:t_end].max()) + 1)
+        flops += 4.0 * config.head_dim * group * float((positions[t_begin:t_end] + 1).sum())
+    return sum(furthest.values()) * config.head_dim, flops
+
+
+def measure(engine: Engine, timer: PartTimer, steps: int) -> tuple:
+    """Time `steps` engine steps: (wall seconds, part seconds, GEMM FLOPs, GEMM weight bytes, K/V bytes,
+    attention FLOPs)."""
+    timer.seconds.clear()
+    timer.gemm_flops = timer.gemm_weight_bytes = timer.kv_bytes = timer.attention_flops = 0.0
+    timer.active = True
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    wall = time.perf_counter() - t0
+    timer.active = False
+    return wall, dict(timer.seconds), timer.gemm_flops, timer.gemm_weight_bytes, timer.kv_bytes, timer.attention_flops
+
+
+def table(title: str, steps: int, measured, peak_gflops: float, bandwidth_gbs: float) -> None:
+    wall, parts, flops, weight_bytes, kv_bytes, attention_flops = measured
+    gemm_floor = max(flops / (peak_gflops * 1e9), weight_bytes / (bandwidth_gbs * 1e9))
+    attention_floor = max(kv_bytes / (bandwidth_gbs * 1e9), attention_flops / (peak_gflops * 1e9))
+    rest = wall - sum(parts.values())
+    print(f"\n{title}: {wall / steps * 1e3:.1f} ms per step ({steps} steps)")
+    print(f"  {'part':<10} {'ms/step':>8} {'floor':>8} {'x floor':>8}   floor from")
+    rows = [("gemm", parts.get("gemm", 0.0), gemm_floor,
+             f"{flops / steps / 1e9:.1f} GFLOP at {peak_gflops:.0f} GFLOP/s, or {weight_bytes / steps / 1e6:.0f} MB "
+             f"of weights at {bandwidth_gbs:.1f} GB/s"),
+            ("attention", parts.get("attention", 0.0), attention_floor,
+             f"{kv_bytes / steps / 1e6:.1f} MB of K/V at {bandwidth_gbs:.1f} GB/s, or "
+             f"{attention_flops / steps / 1e9:.1f} GFLOP at {peak_gflops:.0f} GFLOP/s"),
+            ("sampler", parts.get("sampler", 0.0), None, ""),
+            ("rest", rest, None, "packing, norms, RoPE + KV write, scheduler, Python")]
+    for name, seconds, floor, why in rows:
+        ratio = f"{seconds / floor:8.2f}" if floor else f"{'':>8}"
+        floor_ms = f"{floor / steps * 1e3:8.1f}" if floor else f"{'':>8}"
+        print(f"  {name:<10} {seconds / steps * 1e3:8.1f} {floor_ms} {ratio}   {why}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--weights", default="auto")
+    parser.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false")
+    args = parser.parse_args()
+
+    model_path = str(resolve_model(args.model))
+    timer = PartTimer()
+    timer.wrap_linear()
+    timer.wrap_sampler()
+    engine = Engine.from_model(model_path, weights=args.weights, batch_invariant=args.batch_invariant,
+                               max_num_seqs=64, max_num_batched_tokens=512, enable_prefix_caching=False)
+    timer.wrap_attention(engine.config)
+    print(f"{args.model}: weights {engine.weight_format}, batch-invariant {engine.runner.batch_invariant}; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    peak, bandwidth = gemm_peak_gflops(), memory_bandwidth_gbs()
+    print(f"sgemm peak {peak:.0f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s")
+    rng = np.random.default_rng(0)
+    vocab = engine.config.vocab_size
+
+    # B=64 decode: 64 prompts of 256 tokens, prefilled first, then decode steps only
+    params = SamplingParams(max_tokens=args.steps + 64, temperature=0, ignore_eos=True)
+    for i in range(64):
+        engine.add_request(rng.integers(100, vocab - 1, 256).tolist(), params, request_id=f"d{i}")
+    while any(seq.is_prefilling for seq in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    engine.step()  # every kernel compiled for these shapes
+    table("B=64 decode (contexts of 256+ tokens)", args.steps, measure(engine, timer, args.steps), peak, bandwidth)
+    for i in range(64):
+        engine.abort(f"d{i}")
+
+    # a 512-token prefill, one step
+    prefill = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    engine.add_request(rng.integers(100, vocab - 1, 512).tolist(), prefill, request_id="warm")
+    while engine.has_unfinished_requests():
+        engine.step()
+    for i in range(args.steps):
+        engine.add_request(rng.integers(100, vocab - 1, 512).tolist(), prefill, request_id=f"p{i}")
+    table("512-token prefill", args.steps, measure(engine, timer, args.steps), peak, bandwidth)
+
+
+if __name__ == "__main__":
+    main()
