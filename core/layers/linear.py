@@ -103,9 +103,8 @@ class Linear:
         self.weight_bytes = 0 if np.shares_memory(raw, parts[0]) else raw.nbytes  # a copy only when fusing scattered parts
         self._tiles = None
         if fmt == "f32":  # (in, out), the layout `x @ w` is fastest with, or packed for the invariant GEMM
-            self._w = np.ascontiguousarray(dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T)
-            if invariant:
-                self._w = pack_panels(self._w)
+            in_out = dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T
+            self._w = pack_panels(in_out) if invariant else np.ascontiguousarray(in_out)
             self.weight_bytes = self._w.nbytes
         elif int(qtype) in float_kernels.FLOAT_TYPES:
             dtype = np.float32 if qtype == GGMLQuantizationType.F32 else np.uint16
@@ -139,10 +138,6 @@ class Linear:
             return out
         if int(self.type) in float_kernels.FLOAT_TYPES:
             return float_kernels.matmul_float(int(self.type), self._w, x, out)
-        if self._tiles is not None:
-            a = quantize_q8_32(x, _round_up(x.shape[0], TILE_TOKENS))
-            kernel = quant_kernels.kernels_for(int(self.type)).tiles_vnni
-            return kernel(self._tiles.quants, self._tiles.scales, self._tiles.mins, a.q, a.d, a.s, a.qsum, out)
         if int(self.type) in BLOCK32_TYPES:
             return self._matmul_block32(x, out)
         return self._matmul_superblocks(x, out)
@@ -151,6 +146,10 @@ class Linear:
         """Activations in 32-value blocks (Q8_0, with Q8_1's sums) against Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights."""
         kernels = quant_kernels.kernels_for(int(self.type))
         n_tok = x.shape[0]
+        if self._tiles is not None:  # repacked at load: the tile kernel for every row count
+            a = quantize_q8_32(x, _round_up(n_tok, TILE_TOKENS))
+            return kernels.tiles_vnni(self._tiles.quants, self._tiles.scales, self._tiles.mins, a.q, a.d, a.s, a.qsum,
+                                      out)
         if _row_by_row(kernels, self.type, n_tok):
             a = quantize_q8_32(x)
             return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)

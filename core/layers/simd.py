@@ -149,20 +149,3 @@ def zeros16(typingctx):
         return ir.Constant(ir.VectorType(ir.FloatType(), LANES), [0.0] * LANES)
 
     return float32x16(), codegen
-
-
-@intrinsic
-def prefetch(typingctx, array, index):
-    """Ask for the cache line of array[index] (1-D, contiguous) ahead of its use (prefetcht0): for a kernel
-    reading weights with a stride the hardware prefetcher does not follow."""
-    def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        at = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
-        i32 = ir.IntType(32)
-        hint = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [at.type, i32, i32, i32]), "llvm.prefetch.p0")
-        builder.call(hint, [at, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])  # read, keep, data
-        return context.get_dummy_value()
-
-    return types.void(array, types.intp), codegen
-

@@ -40,8 +40,6 @@ def quant_bytes(qtype: int) -> int:
 class Tiles:
     """A (rows, K) matrix of 32-value blocks, repacked."""
 
-    qtype: int
-    rows: int
     quants: np.ndarray  # (n_tiles, n_blocks * quant_bytes) uint8
     scales: np.ndarray  # (n_tiles, n_blocks * 16) uint16, float16 bits
     mins: np.ndarray  # the same for Q4_1; (n_tiles, 0) for the others
@@ -62,7 +60,7 @@ def repack(qtype: int, w: np.ndarray) -> Tiles:
     rows = w.shape[0]
     n_blocks = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     n_tiles = -(-rows // TILE_ROWS)
-    tiles = Tiles(qtype, rows, np.zeros((n_tiles, n_blocks * quant_bytes(qtype)), np.uint8),
+    tiles = Tiles(np.zeros((n_tiles, n_blocks * quant_bytes(qtype)), np.uint8),
                   np.zeros((n_tiles, n_blocks * TILE_ROWS), np.uint16),
                   np.zeros((n_tiles, n_blocks * TILE_ROWS if qtype == Q4_1 else 0), np.uint16))
     _repack(qtype, w, tiles.quants.view(np.uint32), tiles.scales, tiles.mins)

@@ -19,7 +19,7 @@ from . import vnni
 from .cache_key import HELPERS, cached_variant
 from .halfs import load_f16
 from .quant_blocks import Q4_1, Q5_1, Q6_K, Q8_0, add_block32, decode_superblock, quads_offset, weight_quads
-from .simd import LANES, load16, load16_f16, store16, to_float
+from .simd import LANES, load16, load16_f16, store16, to_float, zeros16
 from .tiles import TILE_TOKENS, TILE_TYPES, quant_bytes
 from .tiles import TILE_ROWS as REPACKED_TILE_ROWS
 
@@ -192,7 +192,7 @@ def tiles_32(qtype: int):
             tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
             n0 = tile * REPACKED_TILE_ROWS
             for t in range(0, n_tok, TILE_TOKENS):
-                zero = to_float(load16(qsum[t], 0) * 0)
+                zero = zeros16()
                 c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
                 for b in range(n_blocks):
                     if qtype == Q8_0:
