@@ -31,6 +31,14 @@ def _split(location: str) -> tuple[str, str]:
     return path, mark + query
 
 
+def join(location: str, name: str) -> str:
+    """`name` inside a location: a folder path (made absolute) or a URI, whose ?query stays at the end."""
+    if not is_uri(location):
+        return os.path.join(os.path.abspath(location), name)
+    path, query = _split(location)
+    return f"{path.rstrip('/')}/{name}{query}"
+
+
 def with_suffix(location: str, old: str, new: str) -> str:
     """`old` at the end of the location's path replaced by `new` (added if absent): results.parquet ->
     results.partial.parquet, s3://b/out.jsonl?scheme=http -> s3://b/out.errors.jsonl?scheme=http."""

@@ -27,7 +27,7 @@ from rq.utils import now as rq_now
 from miro.core import defaults
 from miro.core.defaults import PRIORITY as DEFAULT_PRIORITY
 from miro.core.errors import MiroError
-from miro.worker import batches, keys, routing, scripts
+from miro.worker import batches, keys, routing, scripts, storage
 from miro.worker.inputs import LineError, Request, parse_dataset
 from miro.worker.payload import JobPayload
 
@@ -85,7 +85,7 @@ class SubmitResult:
 
 def output_uri(output: str) -> str:
     """A URI (s3://..., gs://..., file://...) as given; a local path made absolute, so workers agree on it."""
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", output):
+    if storage.is_uri(output):
         return output
     return os.path.abspath(os.path.expanduser(output))
 

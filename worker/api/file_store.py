@@ -7,7 +7,6 @@ batch part files go under `{storage}/batches/` (submit's output). Nothing here h
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import tempfile
@@ -21,7 +20,7 @@ import redis
 from pyarrow import fs as pafs
 
 from miro.core.errors import MiroError
-from miro.worker import keys
+from miro.worker import keys, storage
 from miro.worker.sink import open_output
 
 from .errors import not_found
@@ -65,15 +64,6 @@ class FileWriter:
             pass
 
 
-def join(uri: str, name: str) -> str:
-    """`name` inside a storage location given as a folder path or a URL (whose ?query, say an S3 endpoint, stays
-    at the end)."""
-    if "://" not in uri:
-        return os.path.join(os.path.abspath(uri), name)
-    path, mark, query = uri.partition("?")
-    return f"{path.rstrip('/')}/{name}{mark}{query}"
-
-
 class FileStore:
     def __init__(self, conn: redis.Redis, storage: str):
         self.conn, self.storage = conn, storage
@@ -87,7 +77,7 @@ class FileStore:
     @property
     def batch_output(self) -> str:
         """Where workers write the part files of batches made here (submit's `output`)."""
-        return join(self.storage, "batches")
+        return storage.join(self.storage, "batches")
 
     def path(self, file_id: str) -> str:
         return f"{self.folder}/{file_id}"
