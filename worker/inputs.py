@@ -1,6 +1,6 @@
 """Validation of a user's JSONL dataset for miro-submit: two line forms in, one normalised Request per line out.
 
-Pydantic models sit at the boundary (one per line form); what comes out is plain
+Pydantic models sit at the boundary (one per line form, line_forms.py); what comes out is plain
 dataclasses. No Redis here. Every problem becomes one sentence naming the line
 and the field, e.g. ``line 7: field 'messages.0.content': Input should be a valid string.``
 """
@@ -12,15 +12,15 @@ import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO, Iterator, Literal
+from typing import Any, BinaryIO, Iterator, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ValidationError
 
 from miro.core.errors import MiroError, RequestError
 from miro.core.sampling import SamplingParams
 from miro.core.structured_output import StructuredOutputsParams
 
+from .line_forms import ChatBody, CompletionBody, OpenAILine, SimpleLine, int_id_as_str, short_text
 from .rows import SCHEMA
 
 CHAT_URL = "/v1/chat/completions"
@@ -65,175 +65,6 @@ class ParseResult:
 
 
 
-def _stop_as_list(value: Any) -> Any:
-    if isinstance(value, str):
-        return [value]
-    if value is None or isinstance(value, list):
-        return value
-    raise PydanticCustomError("stop_type", "Input should be a string or a list of strings")
-
-
-def _int_id_as_str(value: Any) -> Any:
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-
-def _one_prompt_only(value: Any) -> Any:
-    if isinstance(value, list):
-        message = "arrays of prompts are not supported, put each prompt on its own line"
-        raise PydanticCustomError("prompt_array", message)
-    return value
-
-
-NonEmptyStr = Annotated[str, Field(min_length=1)]
-Id = Annotated[NonEmptyStr | None, BeforeValidator(_int_id_as_str)]
-Stop = Annotated[list[str] | None, BeforeValidator(_stop_as_list)]
-
-
-def _text_of_parts(value: Any) -> Any:
-    """Content given as OpenAI content parts: their text joined with newlines (as vLLM joins them)."""
-    if not isinstance(value, list):
-        return value
-    if not value:
-        raise PydanticCustomError("no_parts", "a list of content parts must not be empty")
-    texts = []
-    for part in value:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text":
-            shown = f"of type '{_short(kind, 40)}'" if isinstance(kind, str) else "without a 'type'"
-            raise PydanticCustomError("part_type", "content parts {shown} are not supported (text only)",
-                                      {"shown": shown})
-        if not isinstance(part.get("text"), str):
-            raise PydanticCustomError("part_text", "a text content part needs a 'text' string")
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-class Message(BaseModel):
-    """A chat message. OpenAI's `developer` role is the system role to a chat template."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[str, BeforeValidator(_text_of_parts)]
-
-    def as_template_message(self) -> dict:
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
-
-
-Messages = Annotated[list[Message], Field(min_length=1)]
-
-
-class _Sampling(BaseModel):
-    """vLLM-named sampling fields shared by simple lines and OpenAI bodies; null means "not given"."""
-
-    model_config = ConfigDict(strict=True, allow_inf_nan=False)
-    max_tokens: int | None = None
-    min_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: Annotated[int, Field(ge=0)] | None = None
-    stop: Stop = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    n: int | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    structured_outputs: dict[str, Any] | None = None  # vLLM's: {"json": schema} | {"regex": ...} | {"choice": [...]} | ...
-
-    def sampling(self) -> dict:
-        return {k: v for k in _Sampling.model_fields if (v := getattr(self, k)) is not None}
-
-
-class SimpleLine(_Sampling):
-    model_config = ConfigDict(extra="allow")  # the line's own fields go to the results (see _own_fields)
-    id: Id = None
-    custom_id: Id = None
-    prompt: NonEmptyStr | None = None
-    messages: Messages | None = None
-    logprobs: int | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> SimpleLine:
-        if self.id is not None and self.custom_id is not None:
-            raise PydanticCustomError("two_ids", "give the id as 'id' or as 'custom_id', not both")
-        if self.prompt is None and self.messages is None:
-            raise PydanticCustomError("no_input", "the line needs a 'prompt' or a 'messages' field")
-        if self.prompt is not None and self.messages is not None:
-            raise PydanticCustomError("two_inputs", "the line has both 'prompt' and 'messages', give only one")
-        return self
-
-
-class OpenAILine(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-    custom_id: NonEmptyStr
-    method: Literal["POST"]
-    url: Literal["/v1/chat/completions", "/v1/completions"]
-    body: dict[str, Any]
-
-
-# Body fields that change what a request means, which miro cannot honour yet: refused by name, never ignored.
-# A field given as its "off" value (null, [], {}, "none", false) is fine. (response_format is honoured: ResponseFormat.)
-_UNHONOURED = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "audio", "prediction", "stream")
-_OFF_VALUES = (None, [], {}, "none", False)
-
-
-class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")  # name, description, strict: the schema is always enforced
-    schema_: dict[str, Any] = Field(alias="schema")
-
-
-class ResponseFormat(BaseModel):
-    """OpenAI's response_format: text (no constraint), json_object (any JSON object) or json_schema."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_with_its_type(self) -> ResponseFormat:
-        if (self.type == "json_schema") != (self.json_schema is not None):
-            raise PydanticCustomError("json_schema", "'json_schema' goes with type 'json_schema', and only there")
-        return self
-
-    def constraint(self) -> dict | None:
-        """The format as SamplingParams' structured_outputs."""
-        if self.type == "json_schema":
-            return {"json": self.json_schema.schema_}
-        return {"json_object": True} if self.type == "json_object" else None
-
-
-class _Body(_Sampling):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send many fields we do not use (user, metadata, ...)
-    model: str | None = None
-    max_completion_tokens: int | None = None
-    response_format: ResponseFormat | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_what_miro_cannot_honour(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name in _UNHONOURED:
-                if name in data and data[name] not in _OFF_VALUES:
-                    raise PydanticCustomError("unhonoured", "'{name}' is not supported by miro yet, and ignoring it "
-                                              "would change the answer: remove it or set it to null", {"name": name})
-        return data
-
-
-class ChatBody(_Body):
-    messages: Messages
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-
-
-class CompletionBody(_Body):
-    prompt: Annotated[NonEmptyStr, BeforeValidator(_one_prompt_only)]
-    logprobs: int | None = None
-
-
-
 class _LineProblem(Exception):
     """A line that cannot become a Request; the message is a sentence without "line N: "."""
 
@@ -249,21 +80,15 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     if len(obj) != len(pairs):
         seen: set[str] = set()
         duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise _DuplicateKey(f"key {_short(duplicate)!r} appears twice in one JSON object")
+        raise _DuplicateKey(f"key {short_text(duplicate)!r} appears twice in one JSON object")
     return obj
-
-
-def _short(text: str, limit: int = 80) -> str:
-    """A user's key or id, fit for a one-line message: control characters escaped, long text cut."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _describe(errors: list[dict], prefix: tuple = (), known: set[str] = frozenset()) -> str:
     """Pydantic errors as one sentence: field path and pydantic's message, never the input value."""
     parts = []
     for error in errors[:3]:
-        loc = ".".join(_short(str(p), 60) for p in (*prefix, *error["loc"]))
+        loc = ".".join(short_text(str(p), 60) for p in (*prefix, *error["loc"]))
         message = error["msg"].rstrip(".")
         if error["type"] == "extra_forbidden":
             guess = difflib.get_close_matches(str(error["loc"][-1]), sorted(known), n=1)
@@ -307,13 +132,13 @@ def _own_fields(extra: dict[str, Any]) -> dict[str, Any] | None:
             raise _LineProblem("field 'model': a simple line cannot choose its model: give --model, or use OpenAI "
                                "lines (body.model)")
         if len(name) > MAX_FIELD_NAME:
-            raise _LineProblem(f"field '{_short(name, 60)}': a field name of {len(name):,} characters is too long "
+            raise _LineProblem(f"field '{short_text(name, 60)}': a field name of {len(name):,} characters is too long "
                                f"for a column (at most {MAX_FIELD_NAME})")
         guess = difflib.get_close_matches(name, _MIRO_FIELDS, n=1, cutoff=0.8)
         if guess:
-            raise _LineProblem(f"field '{_short(name, 60)}': unknown field (did you mean '{guess[0]}'?)")
+            raise _LineProblem(f"field '{short_text(name, 60)}': unknown field (did you mean '{guess[0]}'?)")
         if name in _RESULT_COLUMNS:
-            raise _LineProblem(f"field '{_short(name, 60)}': the results have a column of that name, rename it")
+            raise _LineProblem(f"field '{short_text(name, 60)}': the results have a column of that name, rename it")
     return dict(extra) or None
 
 
@@ -353,7 +178,7 @@ def _openai(obj: dict, number: int) -> Request:
 
 def _id_of(obj: dict) -> str | None:
     for key in ("custom_id", "id"):
-        value = _int_id_as_str(obj.get(key))
+        value = int_id_as_str(obj.get(key))
         if isinstance(value, str) and value:
             return value
     return None
@@ -475,7 +300,7 @@ def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes
                 result.errors.append(LineError(number, problem.custom_id, f"line {number}: {problem}."))
                 continue
             if request.custom_id in first_line:
-                first, shown = first_line[request.custom_id], _short(request.custom_id)
+                first, shown = first_line[request.custom_id], short_text(request.custom_id)
                 message = f"line {number}: duplicate custom id {shown!r} (first used on line {first})."
                 result.errors.append(LineError(number, request.custom_id, message, "duplicate_custom_id"))
                 continue
@@ -499,5 +324,5 @@ def _wrong_format(path: Path, first_line: bytes) -> str | None:
     if first_line.startswith(b"["):
         return f"Dataset file '{path}' holds a JSON array: {wanted}."
     if not first_line.startswith(b"{") and b"," in first_line:
-        return f"Dataset file '{path}' looks like CSV (its first line is {_short(first_line.decode('utf-8', 'replace'), 60)!r}): {wanted}."
+        return f"Dataset file '{path}' looks like CSV (its first line is {short_text(first_line.decode('utf-8', 'replace'), 60)!r}): {wanted}."
     return None
