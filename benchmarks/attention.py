@@ -1,4 +1,5 @@
-"""Paged attention kernel speed: miro's numba kernel against naive numpy and torch SDPA.
+"""Paged attention kernel speed: miro's numba kernel (float32 and float16 caches) against naive numpy and
+torch SDPA.
 
     python benchmarks/attention.py [--repeats 7] [--threads N]
 
@@ -7,8 +8,9 @@ heads, head_dim 64) and block size 16, on decode shapes (64 sequences x 1 new
 token over contexts of 150, 300 and 1000) and prefill shapes (1 x 512 new
 tokens from position 0; 8 x 64 from position 0).
 
-- numba: miro.core.kernels.paged_attention on a packed batch over a paged
-  cache with shuffled block tables (items from build_step_input).
+- numba: miro.core.layers.attention.paged_attention on a packed batch over a
+  paged cache with shuffled block tables (items from build_step_input), with
+  the cache in float32 and in float16 (the same values rounded).
 - numpy: per sequence, gather K/V from the blocks, scores matrix, causal
   mask, softmax, weighted sum (float32).
 - torch: torch.nn.functional.scaled_dot_product_attention on contiguous
@@ -17,7 +19,8 @@ tokens from position 0; 8 x 64 from position 0).
   does not import.
 
 Prints ms per call (median of --repeats runs after one warm-up call), the
-ratios numba/numpy and numba/torch (below 1 means numba is faster), and the
+ratios numba/numpy, numba/torch (below 1 means numba is faster) and numba
+float16 / float32, and the
 max-abs difference of the numpy and torch outputs from numba's as a sanity
 check. Nothing is asserted.
 
@@ -35,7 +38,7 @@ import time
 
 import numpy as np
 
-from miro.core.kernels import paged_attention
+from miro.core.layers.attention import paged_attention
 from miro.core.model_runner import build_step_input
 
 N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
@@ -57,11 +60,19 @@ def make_case(rng, n_seqs, n_new, start):
     perm = rng.permutation(num_blocks)
     tables = [[int(b) for b in perm[i * blocks_per_seq:(i + 1) * blocks_per_seq]] for i in range(n_seqs)]
     shape = (num_blocks, N_KV_HEADS, BLOCK_SIZE, HEAD_DIM)
-    k_cache = rng.standard_normal(shape).astype(np.float32)
+    k_cache = rng.standard_normal(shape).astype(np.float32)  # (block, head, position, d), as numpy and torch read it
     v_cache = rng.standard_normal(shape).astype(np.float32)
     step = build_step_input([([0] * n_new, start, t) for t in tables], BLOCK_SIZE, N_KV_HEADS, [True] * n_seqs)
     q = rng.standard_normal((n_seqs * n_new, N_HEADS, HEAD_DIM)).astype(np.float32)
     return q, k_cache, v_cache, step, tables
+
+
+def kernel_caches(k_cache, v_cache, dtype):
+    """The caches in the kernel's layout (K transposed within a block), as float32 or as float16 bits."""
+    k = np.ascontiguousarray(k_cache.transpose(0, 1, 3, 2))
+    if dtype == "float16":
+        return k.astype(np.float16).view(np.uint16), v_cache.astype(np.float16).view(np.uint16)
+    return k, v_cache
 
 
 def numpy_attention(q, k_cache, v_cache, tables, n_new, start, scale):
@@ -143,19 +154,23 @@ def main() -> None:
         + (f", torch {torch.__version__} threads {torch.get_num_threads()}" if torch is not None else ", torch: not importable")
         + f"; median of {args.repeats} runs; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     )
-    header = f"{'shape':<22} {'numba ms':>9} {'numpy ms':>9} {'torch ms':>9} {'numba/numpy':>12} {'numba/torch':>12} {'max|diff|':>10}"
+    header = (f"{'shape':<22} {'numba ms':>9} {'f16 ms':>9} {'numpy ms':>9} {'torch ms':>9} {'numba/numpy':>12} "
+              f"{'numba/torch':>12} {'f16/f32':>8} {'max|diff|':>10}")
     print(header)
     print("-" * len(header))
     for name, n_seqs, n_new, start in SHAPES:
         q, k_cache, v_cache, step, tables = make_case(rng, n_seqs, n_new, start)
         out = np.empty_like(q)
+        caches = {dtype: kernel_caches(k_cache, v_cache, dtype) for dtype in ("float32", "float16")}
 
-        def run_numba():
-            paged_attention(q, k_cache, v_cache, step.block_tables, step.positions, step.attn_items, scale, out)
+        def run_numba(dtype="float32"):
+            kt, v = caches[dtype]
+            paged_attention(q, kt, v, step.block_tables, step.positions, step.attn_items, scale, out)
 
         def run_numpy():
             return numpy_attention(q, k_cache, v_cache, tables, n_new, start, scale)
 
+        t_f16 = median_ms(lambda: run_numba("float16"), args.repeats)
         t_numba = median_ms(run_numba, args.repeats)
         t_numpy = median_ms(run_numpy, args.repeats)
         diff = float(np.abs(run_numpy() - out).max())
@@ -174,7 +189,8 @@ def main() -> None:
         torch_ms = f"{t_torch:9.3f}" if t_torch is not None else f"{'-':>9}"
         torch_ratio = f"{t_numba / t_torch:12.2f}" if t_torch is not None else f"{'-':>12}"
         print(
-            f"{name:<22} {t_numba:9.3f} {t_numpy:9.3f} {torch_ms} {t_numba / t_numpy:12.2f} {torch_ratio} {diff:10.1e}"
+            f"{name:<22} {t_numba:9.3f} {t_f16:9.3f} {t_numpy:9.3f} {torch_ms} {t_numba / t_numpy:12.2f} {torch_ratio} "
+            f"{t_f16 / t_numba:8.2f} {diff:10.1e}"
         )
 
 

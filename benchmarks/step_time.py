@@ -1,14 +1,14 @@
 """One engine step taken apart, each part beside its floor: B=64 decode and a 512-token prefill.
 
     python benchmarks/step_time.py [--model smollm2-135m] [--steps 10] [--weights auto|f32|native]
-                                   [--no-batch-invariant]
+                                   [--kv-cache-dtype float16|float32] [--no-batch-invariant]
 
 The engine runs as configured (defaults: batch-invariant f32 weights). The parts are timed by wrapping, for
 this script only, the functions the forward pass and the engine call:
 - GEMMs: every Linear call, against the float32 GEMM roofline: their FLOPs at numpy's sgemm peak
   (512x576 @ 576x3072, measured here), or the bytes of their weights at the memory bandwidth, whichever
   is longer;
-- attention: `kernels.paged_attention`, against the bytes of K and V it must read at the memory bandwidth
+- attention: `layers.attention.paged_attention`, against the bytes of K and V it must read at the memory bandwidth
   (a parallel numba sum over 1 GiB, measured here), or its FLOPs at the sgemm peak, whichever is longer;
 - the sampler: `sampler.sample`;
 - the rest (packing the step, norms, RoPE and the KV write, the scheduler, Python): the step's wall time
@@ -27,10 +27,10 @@ from collections import defaultdict
 import numpy as np
 from numba import njit, prange
 
-from miro.core import Engine, SamplingParams, kernels, sampler
+from miro.core import Engine, SamplingParams, sampler
 from miro.core import engine as engine_module
+from miro.core.layers import attention as attention_module
 from miro.core.layers import linear as linear_module
-from miro.core.models import llama as llama_module
 from miro.core.registry import resolve_model
 
 from throughput import gemm_peak_gflops
@@ -84,11 +84,11 @@ class PartTimer:
         linear_module.Linear.__call__ = timed_call
 
     def wrap_attention(self, config):
-        timer, attend = self, kernels.paged_attention
+        timer, attend = self, attention_module.paged_attention
 
-        def timed_attention(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out):
+        def timed_attention(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out, window=0):
             t0 = time.perf_counter()
-            result = attend(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out)
+            result = attend(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out, window)
             if timer.active:
                 timer.seconds["attention"] += time.perf_counter() - t0
                 values, flops = _attention_work(positions, attn_items, config)
@@ -96,7 +96,7 @@ class PartTimer:
                 timer.attention_flops += flops
             return result
 
-        llama_module.kernels.paged_attention = timed_attention  # the module the llama forward reads it from
+        attention_module.paged_attention = timed_attention  # the models read it from the module at each call
 
     def wrap_sampler(self):
         timer, sample = self, sampler.sample
@@ -165,6 +165,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--weights", default="auto")
+    parser.add_argument("--kv-cache-dtype", default="float16")
     parser.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false")
     args = parser.parse_args()
 
@@ -173,9 +174,11 @@ def main() -> None:
     timer.wrap_linear()
     timer.wrap_sampler()
     engine = Engine.from_model(model_path, weights=args.weights, batch_invariant=args.batch_invariant,
+                               kv_cache_dtype=args.kv_cache_dtype,
                                max_num_seqs=64, max_num_batched_tokens=512, enable_prefix_caching=False)
     timer.wrap_attention(engine.config)
-    print(f"{args.model}: weights {engine.weight_format}, batch-invariant {engine.runner.batch_invariant}; "
+    print(f"{args.model}: weights {engine.weight_format}, KV cache {engine.kv_cache_dtype}, "
+          f"batch-invariant {engine.runner.batch_invariant}; "
           f"load average {os.getloadavg()[0]:.2f}")
     peak, bandwidth = gemm_peak_gflops(), memory_bandwidth_gbs()
     print(f"sgemm peak {peak:.0f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s")

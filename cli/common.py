@@ -75,7 +75,12 @@ def engine_options(command):
                      help="KV cache size in bytes (e.g. 2GiB, 512MB)."),
         click.option("--num-kv-blocks", type=click.IntRange(min=1), default=None,
                      help="KV cache size in blocks (overrides --kv-cache-memory)."),
-        click.option("--block-size", type=click.IntRange(min=1), default=defaults.BLOCK_SIZE, show_default=True),
+        click.option("--block-size", type=click.IntRange(min=16), default=defaults.BLOCK_SIZE, show_default=True,
+                     help="Tokens per KV-cache block, a multiple of 16."),
+        click.option("--kv-cache-dtype", type=click.Choice(defaults.KV_CACHE_DTYPES), default=defaults.KV_CACHE_DTYPE,
+                     show_default=True,
+                     help="How K and V are stored: float16 halves the memory attention reads and doubles the "
+                          "tokens the cache holds; float32 keeps f32 weights' logits closest to float32 references."),
         click.option("--max-num-seqs", type=click.IntRange(min=1), default=defaults.MAX_NUM_SEQS, show_default=True),
         click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=defaults.MAX_NUM_BATCHED_TOKENS,
                      show_default=True),
@@ -100,12 +105,13 @@ def engine_options(command):
     return command
 
 
-def engine_kwargs(kv_cache_memory, num_kv_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-                  no_prefix_caching, batch_invariant, weights, max_weight_memory, threads) -> dict:
+def engine_kwargs(kv_cache_memory, num_kv_blocks, block_size, kv_cache_dtype, max_num_seqs, max_num_batched_tokens,
+                  max_model_len, no_prefix_caching, batch_invariant, weights, max_weight_memory, threads) -> dict:
     """Engine.from_model's keyword arguments; --threads is applied to this process here and now."""
     if threads is not None:
         limit_threads(threads)
     return dict(kv_cache_memory=kv_cache_memory, num_kv_blocks=num_kv_blocks, block_size=block_size,
+                kv_cache_dtype=kv_cache_dtype,
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
                 batch_invariant=batch_invariant, weights=weights, max_weight_memory=max_weight_memory)

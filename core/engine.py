@@ -24,6 +24,7 @@ from .block_manager import BlockManager
 from .config import ModelConfig
 from .errors import MiroError, RequestError
 from .gguf_file import GGUFFile
+from .kv_cache import check_kv_cache_dtype
 from .model_runner import ModelRunner
 from .models import Model, load_model, read_config
 from .outputs import CompletionOutput, RequestOutput
@@ -75,6 +76,7 @@ class Engine:
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
         batch_invariant: bool = defaults.BATCH_INVARIANT,
+        kv_cache_dtype: str = defaults.KV_CACHE_DTYPE,
     ):
         self.model = model
         self.config: ModelConfig = model.config
@@ -87,7 +89,9 @@ class Engine:
         self.block_size = block_size
         # batch_invariant: outputs bitwise independent of the batch (native weights always are; f32 then takes
         # the invariant GEMM instead of OpenBLAS)
-        self.runner = ModelRunner(model, block_size, num_kv_blocks, kv_cache_memory, batch_invariant)
+        self.kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)  # "float16" or "float32"
+        self.runner = ModelRunner(model, block_size, num_kv_blocks, kv_cache_memory, batch_invariant,
+                                  self.kv_cache_dtype)
         self.max_model_len = min(max_model_len or self.config.context_length, self.config.context_length)
         self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size, enable_prefix_caching)
         if not enable_chunked_prefill:  # every prompt must fit in one step

@@ -1,5 +1,5 @@
-"""numba kernels for the forward pass: RMSNorm (per row or per head), RoPE (adjacent pairs or NEOX halves)
-+ KV-cache write, SiLU and GELU gates, paged flash attention (causal, optionally over a sliding window), GEMM.
+"""numba kernels for the forward pass: RMSNorm (per row or per head), SiLU and GELU gates, RoPE tables,
+the structured-output mask. (RoPE + the KV-cache write and paged attention: layers/attention.py.)
 
 Every kernel computes each token's row from that row alone (and, for
 attention, from that token's own context), in a fixed order, so a token's
@@ -13,7 +13,9 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .layers.cache_key import HELPERS
 from .layers.halfs import f32_to_f16_bits
+from .layers.simd import LANES, exp1, exp16, load16, store16, zeros16
 
 
 @njit(cache=True, fastmath=True)
@@ -30,16 +32,41 @@ def rmsnorm(x, weight, eps, out):
     return out
 
 
-@njit(cache=True, fastmath=True)
-def silu_mul(gate_up, out):
-    """out = silu(gate) * up, where gate_up holds [gate | up] column halves."""
-    n, two_f = gate_up.shape
-    f = two_f // 2
-    for t in range(n):
-        for i in range(f):
-            g = gate_up[t, i]
-            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, f + i]
-    return out
+SILU_CHUNK = 256  # columns of a row per work item of silu_mul
+
+
+def _build_silu_mul():
+    helpers = HELPERS  # made here so that the kernel closes over HELPERS (see layers/cache_key.py)
+
+    @njit(cache=True, parallel=True)
+    def silu_mul(gate_up, out):
+        """out = silu(gate) * up, where gate_up holds [gate | up] column halves: silu(g) = g / (1 + e^-g),
+        16 columns at a time (the last few of a row one by one, through the same polynomial)."""
+        helpers
+        n, two_f = gate_up.shape
+        f = two_f // 2
+        chunks = -(-f // SILU_CHUNK)
+        flat_in = gate_up.reshape(gate_up.size)
+        flat_out = out.reshape(out.size)
+        for item in prange(n * chunks):
+            t = item // chunks
+            c0 = (item % chunks) * SILU_CHUNK
+            c1 = min(c0 + SILU_CHUNK, f)
+            gate, up, to = t * two_f, t * two_f + f, t * f  # where row t's gate, up and output start
+            c = c0
+            while c + LANES <= c1:
+                g = load16(flat_in, gate + c)
+                store16(flat_out, to + c, g / (exp16(zeros16() - g) + np.float32(1.0)) * load16(flat_in, up + c))
+                c += LANES
+            for i in range(c, c1):
+                g = flat_in[gate + i]
+                flat_out[to + i] = g / (exp1(-g) + np.float32(1.0)) * flat_in[up + i]
+        return out
+
+    return silu_mul
+
+
+silu_mul = _build_silu_mul()
 
 
 def _gelu_f16_table() -> np.ndarray:
@@ -94,129 +121,6 @@ def head_rmsnorm(qkv, first_col, n_heads, head_dim, weight, eps):
             for i in range(head_dim):
                 qkv[t, c0 + i] = qkv[t, c0 + i] * inv * weight[i]
     return qkv
-
-
-@njit(cache=True)
-def _rotate_pairs(vec, cos_row, sin_row):
-    """RoPE on adjacent pairs (x[2i], x[2i+1]), the rotation llama.cpp applies to GGUF llama weights."""
-    for i in range(cos_row.shape[0]):
-        a = vec[2 * i]
-        b = vec[2 * i + 1]
-        vec[2 * i] = a * cos_row[i] - b * sin_row[i]
-        vec[2 * i + 1] = a * sin_row[i] + b * cos_row[i]
-
-
-@njit(cache=True)
-def _rotate_halves(vec, cos_row, sin_row):
-    """NEOX RoPE: pairs (x[i], x[i + d/2]), the rotation llama.cpp applies to qwen2, qwen3 and gemma3."""
-    half = cos_row.shape[0]
-    for i in range(half):
-        a = vec[i]
-        b = vec[half + i]
-        vec[i] = a * cos_row[i] - b * sin_row[i]
-        vec[half + i] = a * sin_row[i] + b * cos_row[i]
-
-
-@njit(cache=True)
-def _rotate(vec, cos_row, sin_row, neox):
-    if neox:
-        _rotate_halves(vec, cos_row, sin_row)
-    else:
-        _rotate_pairs(vec, cos_row, sin_row)
-
-
-@njit(cache=True)
-def rope_and_store_kv(qkv, positions, cos, sin, n_heads, n_kv_heads, head_dim, slots, k_cache, v_cache, neox=False):
-    """Rotate Q (in place in qkv) and K by each token's position; write K and V into the paged cache.
-
-    qkv: (T, (n_heads + 2 * n_kv_heads) * head_dim); slots[t] = block * block_size + offset.
-    k_cache, v_cache: (num_blocks, n_kv_heads, block_size, head_dim).
-    neox: rotate halves (x[i], x[i + head_dim/2]) instead of adjacent pairs.
-    """
-    block_size = k_cache.shape[2]
-    q_end = n_heads * head_dim
-    k_end = q_end + n_kv_heads * head_dim
-    for t in range(qkv.shape[0]):
-        pos = positions[t]
-        for h in range(n_heads):
-            _rotate(qkv[t, h * head_dim:(h + 1) * head_dim], cos[pos], sin[pos], neox)
-        block = slots[t] // block_size
-        offset = slots[t] % block_size
-        for h in range(n_kv_heads):
-            k = qkv[t, q_end + h * head_dim:q_end + (h + 1) * head_dim]
-            _rotate(k, cos[pos], sin[pos], neox)
-            k_cache[block, h, offset, :] = k
-            v_cache[block, h, offset, :] = qkv[t, k_end + h * head_dim:k_end + (h + 1) * head_dim]
-
-
-@njit(cache=True, parallel=True, fastmath=True)
-def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, out, window=0):
-    """Causal flash attention over a paged KV cache for a packed batch of query tokens.
-
-    q: (T, n_heads, head_dim); out: same shape.
-    block_tables: (S, max_blocks) int32 block ids per sequence.
-    positions[t]: the position of query token t; it attends to positions 0..positions[t] of its sequence,
-      or with window > 0 (a sliding-window layer) only to the last `window` of them,
-      positions[t] - window + 1..positions[t]: blocks wholly before the tile's first window are never read.
-    items: (W, 4) int32 rows (seq, kv_head, t_begin, t_end): one work item per sequence, KV head and
-      tile of that sequence's query tokens. Every query head of the KV head's group shares each K/V load;
-      an online softmax per query keeps memory O(tile), never the full score matrix.
-    """
-    n_heads = q.shape[1]
-    head_dim = q.shape[2]
-    n_kv_heads = k_cache.shape[1]
-    block_size = k_cache.shape[2]
-    group = n_heads // n_kv_heads
-    for w in prange(items.shape[0]):
-        seq = items[w, 0]
-        kvh = items[w, 1]
-        t_begin = items[w, 2]
-        n_q = (items[w, 3] - t_begin) * group
-        m = np.full(n_q, -np.inf, dtype=np.float32)
-        l = np.zeros(n_q, dtype=np.float32)
-        acc = np.zeros((n_q, head_dim), dtype=np.float32)
-        scores = np.empty(block_size, dtype=np.float32)
-        max_pos = positions[items[w, 3] - 1]
-        first_block = 0
-        if window > 0:
-            first_block = max(positions[t_begin] - window + 1, 0) // block_size
-        for b in range(first_block, (max_pos // block_size) + 1):
-            block = block_tables[seq, b]
-            base = b * block_size
-            for qi in range(n_q):
-                t = t_begin + qi // group
-                h = kvh * group + qi % group
-                n_valid = min(positions[t] + 1 - base, block_size)
-                first = 0
-                if window > 0:
-                    first = max(positions[t] - window + 1 - base, 0)
-                if n_valid <= first:
-                    continue
-                block_max = m[qi]
-                for j in range(first, n_valid):
-                    s = np.float32(0.0)
-                    for d in range(head_dim):
-                        s += q[t, h, d] * k_cache[block, kvh, j, d]
-                    s *= scale
-                    scores[j] = s
-                    block_max = max(block_max, s)
-                correction = np.exp(m[qi] - block_max)
-                l[qi] *= correction
-                for d in range(head_dim):
-                    acc[qi, d] *= correction
-                for j in range(first, n_valid):
-                    p = np.exp(scores[j] - block_max)
-                    l[qi] += p
-                    for d in range(head_dim):
-                        acc[qi, d] += p * v_cache[block, kvh, j, d]
-                m[qi] = block_max
-        for qi in range(n_q):
-            t = t_begin + qi // group
-            h = kvh * group + qi % group
-            inv = np.float32(1.0) / l[qi]
-            for d in range(head_dim):
-                out[t, h, d] = acc[qi, d] * inv
-    return out
 
 
 def rope_tables(head_dim: int, theta: float, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:

@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 
+from . import defaults
 from .config import ModelConfig
 from .errors import MiroError
 
@@ -23,22 +24,47 @@ def parse_size(text: str | int) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
-class KVCache:
-    """K and V for every layer: (n_layers, num_blocks, n_kv_heads, block_size, head_dim) float32."""
+# a cache dtype's name -> the numpy dtype its values are stored as (float16 as its bits: numba has no float16)
+KV_STORAGE = {"float32": np.float32, "float16": np.uint16}
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16):
-        shape = (config.n_layers, num_blocks, config.n_kv_heads, block_size, config.head_dim)
+
+def check_kv_cache_dtype(kv_cache_dtype: str) -> str:
+    if kv_cache_dtype not in KV_STORAGE:
+        raise MiroError(f"the KV cache dtype must be one of {', '.join(defaults.KV_CACHE_DTYPES)}, "
+                        f"not {kv_cache_dtype!r}.")
+    return kv_cache_dtype
+
+
+def check_kv_layout(config: ModelConfig, block_size: int) -> None:
+    """The attention kernel takes keys 16 at a time and head dimensions 16 at a time."""
+    if block_size % 16:
+        raise MiroError(f"the KV cache's block size must be a multiple of 16 tokens, not {block_size}.")
+    if config.head_dim % 16:
+        raise MiroError(f"miro's attention needs a head dimension that is a multiple of 16; this model's is "
+                        f"{config.head_dim}.")
+
+
+class KVCache:
+    """K and V for every layer, in layers/attention.py's layout:
+    k (n_layers, num_blocks, n_kv_heads, head_dim, block_size), v (n_layers, num_blocks, n_kv_heads,
+    block_size, head_dim), as float32 or float16 ("float16" halves the bytes attention reads)."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype: str = "float32"):
+        check_kv_layout(config, block_size)
+        heads = (config.n_layers, num_blocks, config.n_kv_heads)
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.dtype = dtype
         # np.empty + fill touches every page now, not during the first steps.
-        self.k = np.empty(shape, dtype=np.float32)
-        self.v = np.empty(shape, dtype=np.float32)
-        self.k.fill(0.0)
-        self.v.fill(0.0)
+        self.k = np.empty(heads + (config.head_dim, block_size), dtype=KV_STORAGE[dtype])
+        self.v = np.empty(heads + (block_size, config.head_dim), dtype=KV_STORAGE[dtype])
+        self.k.fill(0)
+        self.v.fill(0)
 
     @staticmethod
-    def bytes_per_block(config: ModelConfig, block_size: int) -> int:
-        return 2 * config.n_layers * config.n_kv_heads * block_size * config.head_dim * 4
+    def bytes_per_block(config: ModelConfig, block_size: int, dtype: str = "float32") -> int:
+        itemsize = np.dtype(KV_STORAGE[dtype]).itemsize
+        return 2 * config.n_layers * config.n_kv_heads * block_size * config.head_dim * itemsize
 
     @property
     def nbytes(self) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import defaults
 from .errors import RequestError
-from .kv_cache import KVCache, parse_size
+from .kv_cache import KVCache, check_kv_layout, parse_size
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
@@ -76,16 +76,19 @@ def build_step_input(
 
 class ModelRunner:
     def __init__(self, model: Model, block_size: int, num_kv_blocks: int | None, kv_cache_memory: str | int,
-                 batch_invariant: bool = defaults.BATCH_INVARIANT):
-        """A KV cache of num_kv_blocks blocks, or of as many as fit in kv_cache_memory ("1GiB", bytes)."""
+                 batch_invariant: bool = defaults.BATCH_INVARIANT, kv_cache_dtype: str = "float32"):
+        """A KV cache of num_kv_blocks blocks, or of as many as fit in kv_cache_memory ("1GiB", bytes),
+        storing float32 or float16."""
         self.model = model
         self.block_size = block_size
         self.batch_invariant = batch_invariant  # outputs bitwise independent of the batch (f32: a numba GEMM)
+        check_kv_layout(model.config, block_size)
         if num_kv_blocks is None:
-            num_kv_blocks = parse_size(kv_cache_memory) // KVCache.bytes_per_block(model.config, block_size)
+            num_kv_blocks = parse_size(kv_cache_memory) // KVCache.bytes_per_block(model.config, block_size,
+                                                                                  kv_cache_dtype)
         if num_kv_blocks < 1:
             raise RequestError(f"the KV cache must hold at least one block of {block_size} tokens.")
-        self.cache = KVCache(model.config, num_kv_blocks, block_size)
+        self.cache = KVCache(model.config, num_kv_blocks, block_size, kv_cache_dtype)
 
     @property
     def num_kv_blocks(self) -> int:

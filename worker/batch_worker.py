@@ -82,7 +82,7 @@ def engine_options_from_env() -> dict:
         value = os.environ.get(f"MIRO_{name.upper()}")
         if value:
             options[name] = int(value)
-    for name in ("weights", "max_weight_memory"):  # as --weights and --max-weight-memory
+    for name in ("weights", "max_weight_memory", "kv_cache_dtype"):  # as --weights, --max-weight-memory...
         value = os.environ.get(f"MIRO_{name.upper()}")
         if value:
             options[name] = value
@@ -172,9 +172,9 @@ class BatchWorker(BaseWorker):
         started = time.perf_counter()
         self.engine = Engine.from_model(self.model, log=lambda message: self.log.info("Worker %s: %s", self.name,
                                                                                      message), **self.engine_options)
-        self.log.info("Worker %s: loaded %s in %.1f s, %s; KV cache %s tokens", self.name, self.model,
+        self.log.info("Worker %s: loaded %s in %.1f s, %s; KV cache %s tokens (%s)", self.name, self.model,
                       time.perf_counter() - started, self.engine.weight_choice,
-                      f"{self.engine.block_manager.num_blocks * self.engine.block_size:,}")
+                      f"{self.engine.block_manager.num_blocks * self.engine.block_size:,}", self.engine.kv_cache_dtype)
         self.bootstrap(logging_level or "INFO")
         routing.register_served_names(self.connection, self.served_names[1:], self.model)
         self._install_signal_handlers()

@@ -11,6 +11,7 @@ import numpy as np
 from gguf import MODEL_TENSOR
 
 from .. import kernels
+from ..layers import attention as attention_kernels
 from ..config import ModelConfig
 from ..dequant import dequantize
 from ..gguf_file import GGUFFile
@@ -140,11 +141,11 @@ def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, conf
     cfg = config
     n_tokens = qkv.shape[0]
     cos, sin = rope
-    kernels.rope_and_store_kv(qkv, step.positions, cos, sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+    attention_kernels.rope_and_store_kv(qkv, step.positions, cos, sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                               step.slots, cache.k[layer], cache.v[layer], cfg.rope_neox)
     # a contiguous copy: numba's code for strided views is several times slower
     q = np.ascontiguousarray(qkv[:, : cfg.q_dim]).reshape(n_tokens, cfg.n_heads, cfg.head_dim)
-    kernels.paged_attention(q, cache.k[layer], cache.v[layer], step.block_tables, step.positions, step.attn_items,
+    attention_kernels.paged_attention(q, cache.k[layer], cache.v[layer], step.block_tables, step.positions, step.attn_items,
                             scale, out, window)
     return out.reshape(n_tokens, cfg.q_dim)
 

@@ -2,7 +2,8 @@
 
 The forward pass is llama2.c's, over every token of a step at once (prefill chunks and decode tokens
 together): each linear layer is one float32 GEMM over all of them; RMSNorm, RoPE with the KV-cache write,
-SiLU-gate and paged attention are numba kernels (core/kernels.py).
+SiLU-gate are numba kernels (core/kernels.py), RoPE with the KV write and paged attention too
+(core/layers/attention.py, through common.attention).
 
 Every matrix is a `Linear` (core/layers/linear.py) in one weight format: "f32" dequantizes it once into a
 float32 copy multiplied by BLAS; "native" keeps the file's blocks where they are (a view of the memory map)
@@ -26,6 +27,7 @@ from ..kv_cache import KVCache
 from ..layers.linear import Embedding, Linear, has_native_kernel, owned_bytes
 from ..layers.rotary import empty_rope_tables, extend_rope_tables
 from ..model_runner import StepInput
+from .common import attention
 from ..weights import TensorSpec, check_tensors, matrix, norm, tensor_name
 
 
@@ -159,15 +161,7 @@ class LlamaModel:
         for i, layer in enumerate(w.layers):
             kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
             qkv = layer.wqkv(normed, inv)
-            kernels.rope_and_store_kv(
-                qkv, step.positions, self.cos, self.sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                step.slots, cache.k[i], cache.v[i],
-            )
-            # a contiguous copy: numba's code for strided views is several times slower
-            q = np.ascontiguousarray(qkv[:, : cfg.q_dim]).reshape(n_tokens, cfg.n_heads, cfg.head_dim)
-            kernels.paged_attention(
-                q, cache.k[i], cache.v[i], step.block_tables, step.positions, step.attn_items, self.scale, attn_out
-            )
+            attention(qkv, i, step, cache, cfg, (self.cos, self.sin), self.scale, attn_out)
             x += layer.wo(attn_out.reshape(n_tokens, cfg.q_dim), inv)
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
             kernels.silu_mul(layer.w_gate_up(normed, inv), act)

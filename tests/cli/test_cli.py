@@ -29,6 +29,22 @@ def test_generate_prompt_too_long_is_one_sentence(smollm2_path):
     assert "Traceback" not in result.output
 
 
+def test_kv_cache_options(smollm2_path):
+    """--kv-cache-dtype float32 answers as the float16 default does here; a block size that is not a multiple
+    of 16 is one sentence."""
+    answers = {}
+    for dtype in ("float16", "float32"):
+        result = CliRunner().invoke(cli, ["generate", "--model", str(smollm2_path), "--chat", "--max-tokens", "12",
+                                          "--kv-cache-dtype", dtype, "--num-kv-blocks", "64",
+                                          "What is the capital of France?"])
+        assert result.exit_code == 0, result.output
+        answers[dtype] = result.output
+    assert "Paris" in answers["float32"] and answers["float16"] == answers["float32"]
+    odd = CliRunner().invoke(cli, ["generate", "--model", str(smollm2_path), "--block-size", "24", "hi"])
+    assert odd.exit_code == 1
+    assert odd.output == "Error: the KV cache's block size must be a multiple of 16 tokens, not 24.\n"
+
+
 def test_models_list_and_pull(monkeypatch, tmp_path, smollm2_path):
     monkeypatch.setenv("MIRO_HOME", str(tmp_path))
     (tmp_path / "models").mkdir()

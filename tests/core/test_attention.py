@@ -6,7 +6,8 @@ and decode tokens (one new token over a long context). Contexts cross block
 boundaries and some end exactly on one; every sequence's blocks are drawn from
 a random permutation of the pool, so block tables are neither contiguous nor
 sorted. The kernel only reads the cache, so every context position's K/V is
-simply filled with random values.
+simply filled with random values, in the cache's layout (K transposed within a
+block), as float32 or as float16 bits.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miro.core.kernels import paged_attention
+from miro.core.layers.attention import paged_attention
 from miro.core.model_runner import ATTN_TILE, build_step_input
 
 TOL = 1e-4
 
 
-def make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim, spare_blocks=5, q_strided=False):
+def make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim, spare_blocks=5, q_strided=False,
+               kv_dtype="float32"):
     """Random cache, block tables and queries for sequences given as (start_position, n_new_tokens).
 
     Returns (q, k_cache, v_cache, step, tables); step comes from build_step_input.
@@ -32,8 +34,10 @@ def make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim, spare_bloc
     for n in n_blocks_per_seq:
         tables.append([int(b) for b in perm[used:used + n]])
         used += n
-    k_cache = rng.standard_normal((num_blocks, n_kv_heads, block_size, head_dim)).astype(np.float32)
+    k_cache = rng.standard_normal((num_blocks, n_kv_heads, head_dim, block_size)).astype(np.float32)
     v_cache = rng.standard_normal((num_blocks, n_kv_heads, block_size, head_dim)).astype(np.float32)
+    if kv_dtype == "float16":
+        k_cache, v_cache = (c.astype(np.float16).view(np.uint16) for c in (k_cache, v_cache))
     chunks = [([0] * n_new, start, table) for (start, n_new), table in zip(specs, tables)]
     step = build_step_input(chunks, block_size, n_kv_heads, [True] * len(specs))
     n_tokens = len(step.positions)
@@ -57,7 +61,10 @@ def reference(q, k_cache, v_cache, specs, tables, scale, window=0):
     """Plain causal softmax attention in float64, per sequence, over K/V gathered from its blocks
     (window > 0: a query at position p sees only keys p - window < k <= p, masked here)."""
     n_tokens, n_heads, head_dim = q.shape
-    n_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
+    n_kv_heads, block_size = v_cache.shape[1], v_cache.shape[2]
+    if k_cache.dtype == np.uint16:
+        k_cache, v_cache = (c.view(np.float16) for c in (k_cache, v_cache))
+    k_cache = k_cache.transpose(0, 1, 3, 2)  # (blocks, kv heads, positions, head_dim), as v
     group = n_heads // n_kv_heads
     out = np.empty((n_tokens, n_heads, head_dim), dtype=np.float64)
     row = 0
@@ -107,12 +114,14 @@ def mixed_specs(rng, block_size):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("n_heads,n_kv_heads", [(2, 2), (6, 2), (16, 2)])
-@pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_matches_float64_reference(block_size, n_heads, n_kv_heads, head_dim):
+@pytest.mark.parametrize("block_size", [16, 32, 48])
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
+def test_matches_float64_reference(kv_dtype, block_size, n_heads, n_kv_heads, head_dim):
+    """float16 caches against the reference over the same float16 values: the widening is exact."""
     rng = np.random.default_rng(1000 * block_size + 10 * n_heads + head_dim)
     specs = mixed_specs(rng, block_size)
     q, k_cache, v_cache, step, tables = make_batch(
-        rng, specs, block_size, n_heads, n_kv_heads, head_dim, q_strided=(head_dim == 64)
+        rng, specs, block_size, n_heads, n_kv_heads, head_dim, q_strided=(head_dim == 64), kv_dtype=kv_dtype
     )
     scale = np.float32(1.0 / np.sqrt(head_dim))
     # The block tables really are shuffled: not all ascending runs.
@@ -138,13 +147,15 @@ def test_large_scores_stay_finite():
     assert np.abs(out - ref).max() < TOL
 
 
-@pytest.mark.parametrize("n_heads,n_kv_heads,block_size", [(9, 3, 16), (16, 2, 8)])
-def test_batch_invariance(n_heads, n_kv_heads, block_size):
+@pytest.mark.parametrize("n_heads,n_kv_heads,block_size,kv_dtype", [(9, 3, 16, "float32"), (16, 2, 32, "float32"),
+                                                                    (9, 3, 16, "float16")])
+def test_batch_invariance(n_heads, n_kv_heads, block_size, kv_dtype):
     """A sequence's output is bitwise the same computed alone or at any place in a larger packed batch."""
     rng = np.random.default_rng(42 + n_heads)
     head_dim = 64
     specs = mixed_specs(rng, block_size)
-    q, k_cache, v_cache, step, tables = make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim)
+    q, k_cache, v_cache, step, tables = make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim,
+                                                   kv_dtype=kv_dtype)
     scale = np.float32(1.0 / np.sqrt(head_dim))
     batch_out = run_kernel(q, k_cache, v_cache, step, scale)
     # Also the whole batch in reverse sequence order, so each sequence sits at other rows/items.
@@ -166,8 +177,8 @@ def test_batch_invariance(n_heads, n_kv_heads, block_size):
         assert np.array_equal(alone.view(np.uint32), in_rev.view(np.uint32)), f"sequence {s} {(start, n_new)}"
 
 
-@pytest.mark.parametrize("block_size", [4, 8, 16])
-@pytest.mark.parametrize("window", [1, 8, 13])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("window", [1, 8, 13, 21])
 def test_sliding_window_matches_masked_reference(block_size, window):
     """window > 0 (gemma3's local layers): each query sees only the last `window` positions, itself included;
     the same mixed batches, against a naive attention with those keys masked."""

@@ -65,13 +65,17 @@ def test_dequantize_default_model_fast_paths(smollm2_path):
 
 
 @pytest.mark.parametrize("ttype", SUPPORTED_TYPES)
-def test_tiny_model_runs_and_matches_float64_reference(tiny_models, ttype):
-    engine = Engine.from_model(tiny_models[ttype]["path"], max_model_len=128, num_kv_blocks=32, weights="f32")
+@pytest.mark.parametrize("kv_cache_dtype,tolerance", [("float32", 1e-3), ("float16", 5e-3)])
+def test_tiny_model_runs_and_matches_float64_reference(tiny_models, ttype, kv_cache_dtype, tolerance):
+    """Float32 all through lands within 1e-3 of float64; K and V rounded to float16 within 5e-3."""
+    engine = Engine.from_model(tiny_models[ttype]["path"], max_model_len=128, num_kv_blocks=32, weights="f32",
+                               kv_cache_dtype=kv_cache_dtype)
     ids = [5, 40, 77, 3, 120, 9, 64, 200, 31, 18, 7, 99, 150, 12, 60, 33, 270, 1, 44]
     expected = reference_logits(tiny_models[ttype]["path"], ids)[-1]
     got = engine.logits(ids)
     assert np.all(np.isfinite(got))
-    assert np.abs(got - expected).max() < 1e-3
+    print(f"{ttype}, {kv_cache_dtype} KV: max abs diff from float64 {np.abs(got - expected).max():.2e}")
+    assert np.abs(got - expected).max() < tolerance
     out = engine.generate([ids], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 8 and out.finish_reason == "length"
 
@@ -87,7 +91,7 @@ def test_chunked_prefill_equals_one_pass(tiny_models):
 def test_untied_output_head(tmp_path):
     info = write_tiny_llama(tmp_path / "untied.gguf", tensor_type="Q8_0", tie_embeddings=False)
     ids = [3, 4, 5, 6, 7, 8]
-    got = Engine.from_model(info["path"], num_kv_blocks=8, weights="f32").logits(ids)
+    got = Engine.from_model(info["path"], num_kv_blocks=8, weights="f32", kv_cache_dtype="float32").logits(ids)
     assert np.abs(got - reference_logits(info["path"], ids)[-1]).max() < 1e-3
 
 

@@ -20,7 +20,7 @@ def loaded(tiny_model):
 
 def make_engine(loaded, **options) -> Engine:
     model, tokenizer = loaded
-    return Engine(model, tokenizer, batch_invariant=True, **{"num_kv_blocks": 64, "block_size": 4, **options})
+    return Engine(model, tokenizer, batch_invariant=True, **{"num_kv_blocks": 64, "block_size": 16, **options})
 
 
 def prompts(n: int, seed: int = 3) -> list[list[int]]:
@@ -68,7 +68,7 @@ def test_an_urgent_request_takes_the_seat_of_the_newest_least_urgent_one(loaded)
 
 
 def test_an_urgent_request_takes_kv_blocks_when_every_seat_is_free_but_the_cache_is_full(loaded):
-    engine = make_engine(loaded, num_kv_blocks=30, max_num_seqs=8)
+    engine = make_engine(loaded, num_kv_blocks=8, max_num_seqs=8)
     low = prompts(3)
     for i, prompt in enumerate(low):
         engine.add_request(prompt, GREEDY, request_id=f"low{i}", priority=LOW)

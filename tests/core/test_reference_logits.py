@@ -20,7 +20,16 @@ LLAMA_CPP = json.loads((FIXTURES / "llamacpp_reference.json").read_text())
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    return Engine.from_model(smollm2_path, max_model_len=1024, weights="f32")  # the float32 path HF is held to
+    """The float32 weights HF is held to, with the default KV cache (float16)."""
+    engine = Engine.from_model(smollm2_path, max_model_len=1024, weights="f32")
+    assert engine.kv_cache_dtype == "float16"
+    return engine
+
+
+@pytest.fixture(scope="module")
+def float32_engine(smollm2_path):
+    """Float32 all through, K and V included."""
+    return Engine.from_model(smollm2_path, max_model_len=1024, weights="f32", kv_cache_dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +53,16 @@ def test_chat_template_and_tokenizer_give_hf_ids(engine):
 
 def test_logits_match_hf_float32(miro_logits):
     diff = np.abs(miro_logits - HF_LOGITS).max(axis=1)
+    print(f"f32 weights, float16 KV cache: max abs logit diff from HF {diff.max():.4f}")
     assert diff.max() < 0.02, diff
     assert np.array_equal(miro_logits.argmax(axis=1), HF_LOGITS.argmax(axis=1))
+
+
+def test_a_float32_kv_cache_matches_hf_closer_still(float32_engine):
+    logits = np.stack([float32_engine.logits(p["prompt_ids"]) for p in HF["prompts"]])
+    diff = np.abs(logits - HF_LOGITS).max()
+    print(f"f32 weights, float32 KV cache: max abs logit diff from HF {diff:.5f}")
+    assert diff < 1e-3
 
 
 def test_greedy_continuations_match_hf(engine):
@@ -61,7 +78,7 @@ def test_top1_matches_llama_cpp(miro_logits):
     assert (miro_logits.argmax(axis=1) == llama_top1).sum() >= 18
 
 
-def test_fast_path_matches_float64_reference(engine, smollm2_path):
+def test_fast_path_matches_float64_reference(float32_engine, smollm2_path):
     for p in HF["prompts"][:3]:
         expected = reference_logits(smollm2_path, p["prompt_ids"])[-1]
-        assert np.abs(engine.logits(p["prompt_ids"]) - expected).max() < 1e-3
+        assert np.abs(float32_engine.logits(p["prompt_ids"]) - expected).max() < 1e-3

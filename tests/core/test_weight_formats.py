@@ -46,18 +46,24 @@ def test_native_logits_match_f32_on_the_default_model(engines, chat_ids):
     assert max(diffs) < 2.0  # logits span about 30
 
 
-def test_native_matches_llamacpp_on_the_default_model(engines):
-    """Same weights, same activation quantization: close to llama.cpp's recorded top-20 logits. Not exact
-    as on the tiny llamas: that reference ran llama.cpp with its default f16 KV cache (miro's is f32)."""
+@pytest.mark.parametrize("kv_cache_dtype,least_top1_equal", [("float16", 18), ("float32", 19)])
+def test_native_matches_llamacpp_on_the_default_model(engines, smollm2_path, kv_cache_dtype, least_top1_equal):
+    """Same weights, same activation quantization: close to llama.cpp's recorded top-20 logits (its default
+    f16 KV cache, no flash attention). Not exact as on the tiny llamas: llama.cpp rounds q and the softmax
+    to f16 too. llama.cpp itself, run again on these prompts, agrees with that record on 19 top-1s with its
+    f16 cache and on 18 with an f32 one (scripts/llamacpp_kv_agreement.py)."""
+    engine = engines["native"] if kv_cache_dtype == "float16" else Engine.from_model(
+        smollm2_path, weights="native", kv_cache_memory="128MiB", kv_cache_dtype=kv_cache_dtype)
+    assert engine.kv_cache_dtype == kv_cache_dtype
     reference = json.loads((FIXTURES / "llamacpp_reference.json").read_text())["prompts"]
     worst, top1_equal = 0.0, 0
     for p in reference:
-        got = engines["native"].logits(p["tokenize_ids"])
+        got = engine.logits(p["tokenize_ids"])
         worst = max(worst, float(np.abs(got[p["top20_ids"]] - np.array(p["top20_logits"])).max()))
         top1_equal += int(got.argmax() == p["top1_id"])
     print(f"native vs llama.cpp on {len(reference)} prompts: max abs diff over its top-20 logits {worst:.4f}, "
           f"top-1 equal on {top1_equal}")
-    assert top1_equal >= 19 and worst < 1.0  # the one llama.cpp top-1 that differs leads by 0.02
+    assert top1_equal >= least_top1_equal and worst < 1.0
 
 
 def test_native_greedy_tokens_match_f32_on_most_prompts(engines, chat_ids):
@@ -102,7 +108,8 @@ def test_native_is_batch_invariant(engines, chat_ids):
 @pytest.mark.parametrize("model", LLAMA_MODELS, ids=[m["key"] for m in LLAMA_MODELS])
 def test_native_matches_llamacpp_on_tiny_llamas(tmp_path, model):
     path = write_tiny_model(tmp_path / "m.gguf", **model["factory_kwargs"])["path"]
-    engine = Engine.from_model(path, weights="native", num_kv_blocks=64)
+    # the reference kept its KV cache in float32 (scripts/make_arch_reference.py)
+    engine = Engine.from_model(path, weights="native", num_kv_blocks=64, kv_cache_dtype="float32")
     worst = 0.0
     for run in model["runs"]:
         ids = ARCH["prompts"][run["prompt_index"]] + run["greedy_ids"][:-1]

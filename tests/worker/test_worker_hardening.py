@@ -149,7 +149,7 @@ def test_choices_that_can_never_fit_the_cache_fail_at_once_and_the_batch_goes_on
              {"id": "plain", "prompt": "hello", "max_tokens": 5, "ignore_eos": True}]
     batch_id = submit(tmp_path, redis_url, tiny_model, lines)
     conn = redis.Redis.from_url(redis_url)
-    run_worker(conn, tiny_model, "4MiB")
+    run_worker(conn, tiny_model, "2MiB")
     record = batches.get_batch(conn, batch_id)
     assert (record["status"], record["completed"], record["failed"]) == ("completed", 1, 1)
     rows = {r["custom_id"]: r for r in read_parts(str(tmp_path / "out"), batch_id).to_pylist()}

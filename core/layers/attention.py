@@ -1,0 +1,260 @@
+"""The paged KV cache's two kernels: RoPE + the K/V write, and causal flash attention over the cache.
+
+Layout of one layer's cache (kv_cache.KVCache holds every layer's):
+    k: (num_blocks, n_kv_heads, head_dim, block_size)  K transposed within a block, so that 16 keys' scores
+                                                        are one vector: sum over d of q[d] * k[d, 0:16]
+    v: (num_blocks, n_kv_heads, block_size, head_dim)
+in float32, or float16 bits (uint16): each block is widened to float32 once per work item, and serves
+every query of it. block_size and head_dim are multiples of 16 (kv_cache.check_kv_layout).
+
+Every query's result is computed from its own context alone, in an order fixed by positions (blocks of
+16 keys from position 0), so it never depends on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import get_num_threads, njit, prange, types
+from numba.core.extending import overload
+
+from .cache_key import HELPERS
+from .halfs import f32_to_f16_bits
+from .simd import LANES, exp16, fma, hmax, hsum, keep_lanes, load16, load16_f16, prefetch, store16, zeros16
+
+
+QUERIES = 4  # queries that share each key and value load
+
+
+def as_cache_value(cache, x):
+    """x (float32) as the cache stores it: itself, or its float16 bits."""
+
+
+@overload(as_cache_value)
+def _as_cache_value(cache, x):
+    if cache.dtype == types.uint16:
+        return lambda cache, x: f32_to_f16_bits(np.float32(x))
+    return lambda cache, x: np.float32(x)
+
+
+def block_as_f32(flat_cache, start, scratch):
+    """The block at flat_cache[start:start + scratch.size] as float32, returned as (array, its first index):
+    the cache itself, or its float16 widened into scratch. (No views: a view of a shared array, made in a
+    loop, costs an atomic reference count that both threads contend for.)"""
+
+
+@overload(block_as_f32)
+def _block_as_f32(flat_cache, start, scratch):
+    if flat_cache.dtype == types.uint16:
+        def widen(flat_cache, start, scratch):
+            for i in range(0, scratch.size, LANES):
+                store16(scratch, i, load16_f16(flat_cache, start + i))
+            return scratch, 0
+        return widen
+    return lambda flat_cache, start, scratch: (flat_cache, start)
+
+
+@njit(inline="always")
+def _rotate(vec, cos_row, sin_row, neox):
+    """RoPE: on adjacent pairs (x[2i], x[2i+1]), as llama.cpp rotates GGUF llama weights, or with neox on
+    halves (x[i], x[i + d/2]), as it rotates qwen2, qwen3 and gemma3."""
+    half = cos_row.shape[0]
+    for i in range(half):
+        a_i, b_i = (i, half + i) if neox else (2 * i, 2 * i + 1)
+        a = vec[a_i]
+        b = vec[b_i]
+        vec[a_i] = a * cos_row[i] - b * sin_row[i]
+        vec[b_i] = a * sin_row[i] + b * cos_row[i]
+
+
+def _build():
+    helpers = HELPERS
+
+    @njit(cache=True)
+    def rope_and_store_kv(qkv, positions, cos, sin, n_heads, n_kv_heads, head_dim, slots, k_cache, v_cache,
+                          neox=False):
+        """Rotate Q (in place in qkv) and K by each token's position; write K and V into the paged cache.
+
+        qkv: (T, (n_heads + 2 * n_kv_heads) * head_dim); slots[t] = block * block_size + offset.
+        """
+        helpers  # in numba's cache key: see cache_key.py
+        block_size = v_cache.shape[2]
+        q_end = n_heads * head_dim
+        k_end = q_end + n_kv_heads * head_dim
+        for t in range(qkv.shape[0]):
+            pos = positions[t]
+            for h in range(n_heads):
+                _rotate(qkv[t, h * head_dim:(h + 1) * head_dim], cos[pos], sin[pos], neox)
+            block = slots[t] // block_size
+            offset = slots[t] % block_size
+            for h in range(n_kv_heads):
+                k = qkv[t, q_end + h * head_dim:q_end + (h + 1) * head_dim]
+                _rotate(k, cos[pos], sin[pos], neox)
+                v = qkv[t, k_end + h * head_dim:k_end + (h + 1) * head_dim]
+                for d in range(head_dim):
+                    k_cache[block, h, d, offset] = as_cache_value(k_cache, k[d])
+                    v_cache[block, h, offset, d] = as_cache_value(v_cache, v[d])
+
+    @njit(cache=True, parallel=True)
+    def attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, threads):
+        """paged_attention's kernel; threads: numba's thread count (read outside: it would keep this from the
+        cache)."""
+        helpers  # in numba's cache key: see cache_key.py
+        n_heads, head_dim = q.shape[1], q.shape[2]
+        n_kv_heads, block_size = v_cache.shape[1], v_cache.shape[2]
+        group = n_heads // n_kv_heads
+        block_values = head_dim * block_size  # of one KV head in one block
+        flat_k = k_cache.reshape(k_cache.size)
+        flat_v = v_cache.reshape(v_cache.size)
+        order = _dealt(items.shape[0], threads)
+        for i in prange(items.shape[0]):
+            w = order[i]
+            seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
+            n_q = (t_end - t_begin) * group  # query qi is token t_begin + qi // group, head kvh * group + qi % group
+            rows = -(-n_q // QUERIES) * QUERIES  # the queries padded to whole groups of 4 (the padding is discarded)
+            queries = np.zeros((rows, head_dim), dtype=np.float32)
+            for qi in range(n_q):
+                queries[qi] = q[t_begin + qi // group, kvh * group + qi % group]
+            top = np.full(rows, -np.inf, dtype=np.float32)  # each query's running max score
+            total = np.zeros(rows, dtype=np.float32)  # and its running sum of e^(score - top)
+            acc = np.zeros(rows * head_dim, dtype=np.float32)  # query qi's weighted sum of values at qi * head_dim
+            scores = np.zeros(rows * LANES, dtype=np.float32)  # query qi's 16 scores, then e^(score - top)
+            correction = np.ones(rows, dtype=np.float32)  # the factor acc[qi] is scaled by before this block's values
+            k_scratch = np.empty(block_values, dtype=np.float32)
+            v_scratch = np.empty(block_values, dtype=np.float32)
+            max_pos = positions[t_end - 1]
+            first_block = 0
+            if window > 0:
+                first_block = max(positions[t_begin] - window + 1, 0) // block_size
+            for b in range(first_block, max_pos // block_size + 1):
+                start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+                if b < max_pos // block_size:  # the next block's lines on their way while this one is worked on
+                    _prefetch_block(flat_k, flat_v, (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values,
+                                    block_values)
+                kt, k0 = block_as_f32(flat_k, start, k_scratch)  # kt[k0 + d * block_size + j]: key j's d
+                vb, v0 = block_as_f32(flat_v, start, v_scratch)  # vb[v0 + j * head_dim + d]: value j's d
+                for lane0 in range(0, block_size, LANES):
+                    base = b * block_size + lane0  # the position of lane 0
+                    # three passes over the queries, 4 at a time where they share loads, so that the CPU overlaps
+                    # their dependency chains; every query's own arithmetic is the same whatever its neighbours
+                    for qi in range(0, rows, QUERIES):
+                        _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores)
+                    for t in range(t_begin, t_end):
+                        seen = positions[t] + 1 - base  # keys of the 16 at or before the query
+                        end = min(seen, LANES)
+                        first = max(seen - window, 0) if window > 0 else 0
+                        for qi in range((t - t_begin) * group, (t - t_begin + 1) * group):
+                            _online_softmax(scores, qi, first, end, top, total, correction)
+                    for qi in range(0, rows, QUERIES):
+                        _accumulate_values4(scores, qi, correction, vb, v0 + lane0 * head_dim, acc)
+            for qi in range(n_q):
+                inv = np.float32(1.0) / total[qi]
+                for d in range(head_dim):
+                    out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
+        return out
+
+    return rope_and_store_kv, attend
+
+
+@njit(inline="always")
+def _prefetch_block(flat_k, flat_v, start, n_values):
+    """Prefetch n_values of K and of V from start: blocks lie in the pool in any order, which the hardware's
+    own prefetcher cannot guess."""
+    step = 64 // flat_k.itemsize  # values per cache line
+    for i in range(start, start + n_values, step):
+        prefetch(flat_k, i)
+        prefetch(flat_v, i)
+
+
+@njit(inline="always")
+def _dealt(n, threads):
+    """0..n-1 dealt like cards: i, i + threads, i + 2 threads... for i < threads, one run after another. prange
+    gives each thread one contiguous run of the loop, and a prompt's items grow in cost along it (later query
+    tiles see more keys), so each thread gets a like share of cheap and dear ones instead of one half each."""
+    order = np.empty(n, dtype=np.int64)
+    k = 0
+    for first in range(threads):
+        for w in range(first, n, threads):
+            order[k] = w
+            k += 1
+    return order
+
+
+@njit(inline="always")
+def _scores4(queries, qi, kt, k0, block_size, scale, scores):
+    """scores[(qi + i) * 16:][:16] = scale * (queries[qi + i] . key j) for i < 4 and the 16 keys whose d-th
+    components are at kt[k0 + d * block_size:][:16]. Each query sums even and odd d in two chains."""
+    e0, e1, e2, e3 = zeros16(), zeros16(), zeros16(), zeros16()
+    o0, o1, o2, o3 = zeros16(), zeros16(), zeros16(), zeros16()
+    for d in range(0, queries.shape[1], 2):
+        k_even = load16(kt, k0 + d * block_size)
+        k_odd = load16(kt, k0 + (d + 1) * block_size)
+        e0 = fma(queries[qi, d], k_even, e0)
+        e1 = fma(queries[qi + 1, d], k_even, e1)
+        e2 = fma(queries[qi + 2, d], k_even, e2)
+        e3 = fma(queries[qi + 3, d], k_even, e3)
+        o0 = fma(queries[qi, d + 1], k_odd, o0)
+        o1 = fma(queries[qi + 1, d + 1], k_odd, o1)
+        o2 = fma(queries[qi + 2, d + 1], k_odd, o2)
+        o3 = fma(queries[qi + 3, d + 1], k_odd, o3)
+    store16(scores, qi * LANES, (e0 + o0) * scale)
+    store16(scores, (qi + 1) * LANES, (e1 + o1) * scale)
+    store16(scores, (qi + 2) * LANES, (e2 + o2) * scale)
+    store16(scores, (qi + 3) * LANES, (e3 + o3) * scale)
+
+
+@njit(inline="always")
+def _online_softmax(scores, qi, first, end, top, total, correction):
+    """Query qi's scores of keys first..end-1 -> their e^(score - new top), in place, the other lanes 0; its
+    running top and total brought up to date, and the factor its sum of values so far is to be scaled by."""
+    if end <= first:  # no key here for this query: it keeps its state (0 x value adds nothing)
+        store16(scores, qi * LANES, zeros16())
+        correction[qi] = 1.0
+        return
+    s = keep_lanes(load16(scores, qi * LANES), first, end, -np.inf)
+    new_top = max(top[qi], hmax(s))
+    correction[qi] = 1.0 if new_top == top[qi] else np.exp(top[qi] - new_top)  # exp(0) is 1 exactly
+    p = keep_lanes(exp16(s - new_top), first, end, np.float32(0.0))
+    total[qi] = total[qi] * correction[qi] + hsum(p)
+    top[qi] = new_top
+    store16(scores, qi * LANES, p)
+
+
+@njit(inline="always")
+def _accumulate_values4(probs, qi, correction, vb, v0, acc):
+    """For i < 4: acc[qi + i] = acc[qi + i] * correction[qi + i] + sum over the 16 keys j of
+    probs[(qi + i) * 16 + j] * value j (the row of head_dim at vb[v0 + j * head_dim:]), over j in order."""
+    head_dim = acc.size // correction.size
+    for c in range(0, head_dim, LANES):  # 16 columns at a time, each query's sum in a register over the keys
+        r0, r1, r2, r3 = qi * head_dim + c, (qi + 1) * head_dim + c, (qi + 2) * head_dim + c, (qi + 3) * head_dim + c
+        a0 = load16(acc, r0) * correction[qi]
+        a1 = load16(acc, r1) * correction[qi + 1]
+        a2 = load16(acc, r2) * correction[qi + 2]
+        a3 = load16(acc, r3) * correction[qi + 3]
+        for j in range(LANES):
+            value = load16(vb, v0 + j * head_dim + c)
+            a0 = fma(probs[qi * LANES + j], value, a0)
+            a1 = fma(probs[(qi + 1) * LANES + j], value, a1)
+            a2 = fma(probs[(qi + 2) * LANES + j], value, a2)
+            a3 = fma(probs[(qi + 3) * LANES + j], value, a3)
+        store16(acc, r0, a0)
+        store16(acc, r1, a1)
+        store16(acc, r2, a2)
+        store16(acc, r3, a3)
+
+
+rope_and_store_kv, _attend = _build()
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, out, window=0):
+    """Causal flash attention over the paged cache for a packed batch of query tokens.
+
+    q: (T, n_heads, head_dim); out: same shape.
+    block_tables: (S, max_blocks) int32 block ids per sequence.
+    positions[t]: the position of query token t; it attends to positions 0..positions[t] of its sequence,
+      or with window > 0 (a sliding-window layer) only to the last `window` of them: blocks wholly
+      before the tile's first window are never read.
+    items: (W, 4) int32 rows (seq, kv_head, t_begin, t_end): one work item per sequence, KV head and tile
+      of that sequence's query tokens. Every query head of the KV head's group shares each block; an
+      online softmax per query keeps memory O(tile), never the full score matrix.
+    """
+    return _attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, get_num_threads())
