@@ -13,6 +13,7 @@ Runs, each in this one process on the same prompts:
   static         the same engine fed fixed batches of max_num_seqs, each run to completion
   no-chunking    chunked prefill off (a prompt is only admitted whole)
   native         weights kept as the file's GGUF blocks (numba kernels; batch-invariant by construction)
+  float32-kv     the KV cache in float32 instead of the default float16 (as many blocks)
   invariant      the other side of the batch-invariance switch, f32 weights: "invariant" (the numba GEMM)
   or openblas    when the default is off, "openblas" (--no-batch-invariant) when it is on
   llama-cpp      llama-cpp-python, one prompt after another, Llama.generate with llama.cpp's own greedy
@@ -190,7 +191,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--llama-prompts", type=int, default=32)
     parser.add_argument("--llama-python", help="python of a venv with llama-cpp-python, if not importable here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["static", "no-chunking", "native", "invariant", "llama-cpp"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["static", "no-chunking", "native", "float32-kv", "invariant", "llama-cpp"])
     parser.add_argument("--only-llama-cpp", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -232,6 +233,12 @@ def main() -> None:
         run_miro(native, requests[:4])
         results["native"] = run_miro(native, requests)
         del native
+    if "float32-kv" not in args.skip:
+        float32_kv = Engine.from_model(model_path, kv_cache_dtype="float32", max_model_len=2048,
+                                       num_kv_blocks=engine.block_manager.num_blocks)
+        run_miro(float32_kv, requests[:4])
+        results["float32-kv"] = run_miro(float32_kv, requests)
+        del float32_kv
     if "invariant" not in args.skip:  # the other side of the batch-invariance switch, f32 weights
         invariant = not engine.runner.batch_invariant
         flipped = Engine.from_model(model_path, weights="f32", batch_invariant=invariant, max_model_len=2048,

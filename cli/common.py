@@ -81,12 +81,18 @@ def engine_options(command):
                      show_default=True,
                      help="How K and V are stored: float16 halves the memory attention reads and doubles the "
                           "tokens the cache holds; float32 keeps f32 weights' logits closest to float32 references."),
-        click.option("--max-num-seqs", type=click.IntRange(min=1), default=defaults.MAX_NUM_SEQS, show_default=True),
+        click.option("--max-num-seqs", type=click.IntRange(min=1), default=defaults.MAX_NUM_SEQS,
+                     help=f"Sequences decoded together (default: one per {defaults.TOKENS_PER_SEAT} tokens of KV "
+                          f"cache, {defaults.MAX_NUM_SEQS_RANGE[0]} to {defaults.MAX_NUM_SEQS_RANGE[1]})."),
         click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=defaults.MAX_NUM_BATCHED_TOKENS,
                      show_default=True),
         click.option("--max-model-len", type=click.IntRange(min=1), default=None,
                      help="Context length limit (default: the model's)."),
         click.option("--no-prefix-caching", is_flag=True, help="Turn automatic prefix caching off."),
+        click.option("--admission-order", type=click.Choice(defaults.ADMISSION_ORDERS), default=defaults.ADMISSION_ORDER,
+                     show_default=True,
+                     help="Which waiting request of a priority starts next: the oldest, or the one with the longest "
+                          "prompt prefix already in the prefix cache."),
         click.option("--batch-invariant/--no-batch-invariant", default=defaults.BATCH_INVARIANT, show_default=True,
                      help="A request's output bitwise independent of what runs beside it (native weights are by "
                           "construction, f32 ones take miro's invariant GEMM; --no-batch-invariant: OpenBLAS)."),
@@ -106,7 +112,8 @@ def engine_options(command):
 
 
 def engine_kwargs(kv_cache_memory, num_kv_blocks, block_size, kv_cache_dtype, max_num_seqs, max_num_batched_tokens,
-                  max_model_len, no_prefix_caching, batch_invariant, weights, max_weight_memory, threads) -> dict:
+                  max_model_len, no_prefix_caching, admission_order, batch_invariant, weights, max_weight_memory,
+                  threads) -> dict:
     """Engine.from_model's keyword arguments; --threads is applied to this process here and now."""
     if threads is not None:
         limit_threads(threads)
@@ -114,6 +121,7 @@ def engine_kwargs(kv_cache_memory, num_kv_blocks, block_size, kv_cache_dtype, ma
                 kv_cache_dtype=kv_cache_dtype,
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
+                admission_order=admission_order,
                 batch_invariant=batch_invariant, weights=weights, max_weight_memory=max_weight_memory)
 
 

@@ -90,6 +90,23 @@ class BlockManager:
             parent_id = block.block_id
         return hits
 
+    def cached_prompt_blocks(self, seq: Sequence) -> int:
+        """How many of the prompt's leading full blocks the cache holds, by key alone: the scheduler's hint
+        for admission by shared prefix (admit() checks the tokens too). The keys are worked out once per
+        sequence."""
+        if seq.prompt_block_hashes is None:
+            seq.prompt_block_hashes, key = [], NO_HASH
+            tokens = seq.prompt_token_ids
+            for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
+                key = block_hash(key, tuple(tokens[start:start + self.block_size]))
+                seq.prompt_block_hashes.append(key)
+        n = 0
+        for key in seq.prompt_block_hashes:
+            if key not in self.cached:
+                break
+            n += 1
+        return n
+
     # -- admission -----------------------------------------------------------------------------------
 
     def admit(self, seq: Sequence) -> None:

@@ -11,8 +11,19 @@ BLOCK_SIZE = 16  # tokens per KV-cache block (a multiple of 16: the attention ke
 # tokens a budget holds; the default model's logits stay within 0.02 of float32 transformers' with it
 KV_CACHE_DTYPES = ("float16", "float32")
 KV_CACHE_DTYPE = "float16"
-MAX_NUM_SEQS = 64  # sequences decoded together
+# sequences decoded together; None: from the KV cache, a seat per TOKENS_PER_SEAT tokens it holds, between
+# 64 and 128 (benchmarks/batch_choices.py seats: 128 seats 1.06x 64 on the default model and cache, 256 too many
+# for 1 GiB: it preempts)
+MAX_NUM_SEQS = None
+MAX_NUM_SEQS_RANGE = (64, 128)
+TOKENS_PER_SEAT = 256
 MAX_NUM_BATCHED_TOKENS = 512  # tokens per step (prefill chunks and decode tokens together)
+# the order waiting requests of one priority are admitted in: "prefix": the one with the longest prompt prefix
+# in the prefix cache first (looking at the next ADMISSION_LOOKAHEAD; benchmarks/batch_choices.py admission:
+# 5.2x on prompts sharing long documents, 1.01x on ShareGPT), or "arrival"
+ADMISSION_ORDERS = ("prefix", "arrival")
+ADMISSION_ORDER = "prefix"
+ADMISSION_LOOKAHEAD = 64
 
 # a request's tokens and logprobs bitwise the same whatever runs beside it: native weights are so by
 # construction, f32 ones take the invariant GEMM (layers/gemm.py, faster than OpenBLAS on 2 cores)

@@ -30,7 +30,7 @@ from .models import Model, load_model, read_config
 from .outputs import CompletionOutput, RequestOutput
 from .registry import resolve_model
 from .sampling import SamplingParams
-from .scheduler import ScheduledBatch, Scheduler
+from .scheduler import ScheduledBatch, Scheduler, seats_for
 from .sequence import Sequence
 from .structured_output import StructuredOutputs
 from .tokenizer import IncrementalDetokenizer, Tokenizer
@@ -70,13 +70,14 @@ class Engine:
         block_size: int = defaults.BLOCK_SIZE,
         num_kv_blocks: int | None = None,
         kv_cache_memory: str | int = defaults.KV_CACHE_MEMORY,
-        max_num_seqs: int = defaults.MAX_NUM_SEQS,
+        max_num_seqs: int | None = defaults.MAX_NUM_SEQS,
         max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS,
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
         batch_invariant: bool = defaults.BATCH_INVARIANT,
         kv_cache_dtype: str = defaults.KV_CACHE_DTYPE,
+        admission_order: str = defaults.ADMISSION_ORDER,
     ):
         self.model = model
         self.config: ModelConfig = model.config
@@ -96,7 +97,13 @@ class Engine:
         self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size, enable_prefix_caching)
         if not enable_chunked_prefill:  # every prompt must fit in one step
             max_num_batched_tokens = max(max_num_batched_tokens, self.max_model_len)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
+        if max_num_seqs is None:
+            max_num_seqs = seats_for(self.block_manager.num_blocks * block_size)
+        if admission_order not in defaults.ADMISSION_ORDERS:
+            raise MiroError(f"the admission order must be one of {', '.join(defaults.ADMISSION_ORDERS)}, "
+                            f"not {admission_order!r}.")
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
+                                   admission_order)
         self.structured = StructuredOutputs(tokenizer, self.config.vocab_size)
         self.requests: dict[str, Request] = {}
         self._aborted: list[RequestOutput] = []

@@ -9,7 +9,10 @@ then, within `max_num_batched_tokens`:
 2. the next chunk of every running sequence still prefilling, most urgent first, each after the admission
    of the waiting sequences more urgent than it (so a high-priority prompt does not wait for low ones' prefill);
 3. waiting sequences, admitted most urgent first while `max_num_seqs` and free blocks allow
-   (with chunked prefill off, only while a whole prompt fits in what is left of the budget).
+   (with chunked prefill off, only while a whole prompt fits in what is left of the budget). Within a
+   priority they go by arrival, or with admission_order="prefix" (SGLang's longest-prefix-match) the one
+   whose prompt has the most blocks in the prefix cache goes first, among the next ADMISSION_LOOKAHEAD, so
+   prompts that share a prefix run while it is cached instead of after it has been evicted.
 When blocks run out, the least urgent running sequence not yet scheduled in the step is preempted.
 A preempted sequence's blocks go back (they stay in the prefix cache) and it waits to be recomputed:
 its tokens so far are kept, only their K/V are computed again.
@@ -20,8 +23,16 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from . import defaults
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
+
+
+def seats_for(cache_tokens: int) -> int:
+    """max_num_seqs when none is given: a seat per TOKENS_PER_SEAT tokens of KV cache, within
+    MAX_NUM_SEQS_RANGE (more seats than the cache can feed only preempt)."""
+    low, high = defaults.MAX_NUM_SEQS_RANGE
+    return max(low, min(high, cache_tokens // defaults.TOKENS_PER_SEAT))
 
 
 @dataclass(frozen=True)
@@ -56,8 +67,9 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True):
+                 enable_chunked_prefill: bool = True, admission_order: str = defaults.ADMISSION_ORDER):
         self.block_manager = block_manager
+        self.admission_order = admission_order  # "arrival" or "prefix", within a priority
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # Without chunked prefill a prompt is only admitted when all of it fits in the step's budget.
@@ -113,7 +125,7 @@ class Scheduler:
         given), while seats, blocks and the budget allow; returns the budget left."""
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+            seq = self._next_to_admit()
             if more_urgent_than is not None and seq.priority >= more_urgent_than:
                 break
             if not self.enable_chunked_prefill and seq.num_tokens > budget and len(batch):
@@ -121,7 +133,7 @@ class Scheduler:
             n = min(seq.num_tokens, budget)  # an upper bound: prefix-cache hits make it smaller
             if bm.admission_cost(seq, n) > bm.num_free_blocks:
                 break
-            self.waiting.pop(0)
+            self.waiting.remove(seq)
             bm.admit(seq)
             n = min(seq.num_uncomputed, budget)
             self._schedule(batch, seq, n)
@@ -129,6 +141,22 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.arrival)
         return budget
+
+    def _next_to_admit(self) -> Sequence:
+        """The most urgent waiting sequence; by prefix, of the next ADMISSION_LOOKAHEAD of its priority, the
+        one with the most prompt blocks in the prefix cache (the oldest of those)."""
+        head = self.waiting[0]
+        if self.admission_order != "prefix":
+            return head
+        bm = self.block_manager
+        best, most = head, bm.cached_prompt_blocks(head)
+        for seq in self.waiting[1:defaults.ADMISSION_LOOKAHEAD]:
+            if seq.priority != head.priority:
+                break
+            cached = bm.cached_prompt_blocks(seq)
+            if cached > most:
+                best, most = seq, cached
+        return best
 
     def _schedule(self, batch: ScheduledBatch, seq: Sequence, n: int) -> None:
         copies = self.block_manager.grow(seq, n)

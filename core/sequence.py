@@ -42,6 +42,7 @@ class Sequence:
     arrival: int = field(default_factory=lambda: next(_arrival_counter))
     priority: int = 0  # as vLLM's: lower is more urgent; the scheduler admits and preempts by it
     matcher: Any = None  # structured output: llguidance's matcher, fed every token this sequence takes
+    prompt_block_hashes: list[int] | None = None  # the prompt's full blocks' prefix-cache keys (BlockManager's)
 
     @property
     def num_tokens(self) -> int:

@@ -82,7 +82,7 @@ def engine_options_from_env() -> dict:
         value = os.environ.get(f"MIRO_{name.upper()}")
         if value:
             options[name] = int(value)
-    for name in ("weights", "max_weight_memory", "kv_cache_dtype"):  # as --weights, --max-weight-memory...
+    for name in ("weights", "max_weight_memory", "kv_cache_dtype", "admission_order"):  # as --weights and so on
         value = os.environ.get(f"MIRO_{name.upper()}")
         if value:
             options[name] = value
