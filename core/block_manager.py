@@ -94,6 +94,8 @@ class BlockManager:
         """How many of the prompt's leading full blocks the cache holds, by key alone: the scheduler's hint
         for admission by shared prefix (admit() checks the tokens too). The keys are worked out once per
         sequence."""
+        if not self.enable_prefix_caching:
+            return 0
         if seq.prompt_block_hashes is None:
             seq.prompt_block_hashes, key = [], NO_HASH
             tokens = seq.prompt_token_ids

@@ -76,7 +76,8 @@ def build_step_input(
 
 class ModelRunner:
     def __init__(self, model: Model, block_size: int, num_kv_blocks: int | None, kv_cache_memory: str | int,
-                 batch_invariant: bool = defaults.BATCH_INVARIANT, kv_cache_dtype: str = "float32"):
+                 batch_invariant: bool = defaults.BATCH_INVARIANT,
+                 kv_cache_dtype: str = defaults.KV_CACHE_DTYPE):
         """A KV cache of num_kv_blocks blocks, or of as many as fit in kv_cache_memory ("1GiB", bytes),
         storing float32 or float16."""
         self.model = model

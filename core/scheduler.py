@@ -10,9 +10,9 @@ then, within `max_num_batched_tokens`:
    of the waiting sequences more urgent than it (so a high-priority prompt does not wait for low ones' prefill);
 3. waiting sequences, admitted most urgent first while `max_num_seqs` and free blocks allow
    (with chunked prefill off, only while a whole prompt fits in what is left of the budget). Within a
-   priority they go by arrival, or with admission_order="prefix" (SGLang's longest-prefix-match) the one
-   whose prompt has the most blocks in the prefix cache goes first, among the next ADMISSION_LOOKAHEAD, so
-   prompts that share a prefix run while it is cached instead of after it has been evicted.
+   priority, with admission_order="prefix" (the default; SGLang's longest-prefix-match) the one whose prompt
+   has the most blocks in the prefix cache goes first, among the next ADMISSION_LOOKAHEAD, so prompts that
+   share a prefix run while it is cached instead of after it has been evicted; "arrival": the oldest.
 When blocks run out, the least urgent running sequence not yet scheduled in the step is preempted.
 A preempted sequence's blocks go back (they stay in the prefix cache) and it waits to be recomputed:
 its tokens so far are kept, only their K/V are computed again.
