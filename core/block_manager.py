@@ -76,12 +76,18 @@ class BlockManager:
         if block.ref_count == 0:
             self.free[block_id] = None
 
-    def _cached_prefix(self, token_ids: list[int]) -> list[Block]:
-        """The longest run of full blocks of `token_ids` present in the cache (tokens compared, not just hashes)."""
-        hits, key, parent_id = [], NO_HASH, -1
+    def _chained_keys(self, token_ids: list[int]):
+        """(tokens, key) of each full block of `token_ids`, each key chained with the one before it."""
+        key = NO_HASH
         for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
             chunk = tuple(token_ids[start:start + self.block_size])
             key = block_hash(key, chunk)
+            yield chunk, key
+
+    def _cached_prefix(self, token_ids: list[int]) -> list[Block]:
+        """The longest run of full blocks of `token_ids` present in the cache (tokens compared, not just hashes)."""
+        hits, parent_id = [], -1
+        for chunk, key in self._chained_keys(token_ids):
             block = self.blocks[self.cached[key]] if key in self.cached else None
             # tokens and parent block checked too: by induction the whole prefix is equal, never just its hash
             if block is None or block.token_ids != chunk or block.parent_id != parent_id:
@@ -97,11 +103,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return 0
         if seq.prompt_block_hashes is None:
-            seq.prompt_block_hashes, key = [], NO_HASH
-            tokens = seq.prompt_token_ids
-            for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
-                key = block_hash(key, tuple(tokens[start:start + self.block_size]))
-                seq.prompt_block_hashes.append(key)
+            seq.prompt_block_hashes = [key for _, key in self._chained_keys(seq.prompt_token_ids)]
         n = 0
         for key in seq.prompt_block_hashes:
             if key not in self.cached:

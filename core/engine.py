@@ -99,9 +99,6 @@ class Engine:
             max_num_batched_tokens = max(max_num_batched_tokens, self.max_model_len)
         if max_num_seqs is None:
             max_num_seqs = seats_for(self.block_manager.num_blocks * block_size)
-        if admission_order not in defaults.ADMISSION_ORDERS:
-            raise MiroError(f"the admission order must be one of {', '.join(defaults.ADMISSION_ORDERS)}, "
-                            f"not {admission_order!r}.")
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
                                    admission_order)
         self.structured = StructuredOutputs(tokenizer, self.config.vocab_size)

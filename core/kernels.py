@@ -1,9 +1,8 @@
 """numba kernels for the forward pass: RMSNorm (per row or per head), SiLU and GELU gates, RoPE tables,
 the structured-output mask. (RoPE + the KV-cache write and paged attention: layers/attention.py.)
 
-Every kernel computes each token's row from that row alone (and, for
-attention, from that token's own context), in a fixed order, so a token's
-result never depends on what else is in the batch.
+Every kernel computes each token's row from that row alone, in a fixed order,
+so a token's result never depends on what else is in the batch.
 """
 
 from __future__ import annotations

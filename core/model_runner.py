@@ -15,7 +15,7 @@ import numpy as np
 
 from . import defaults
 from .errors import RequestError
-from .kv_cache import KVCache, check_kv_layout, parse_size
+from .kv_cache import KVCache, parse_size
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
@@ -83,7 +83,6 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.batch_invariant = batch_invariant  # outputs bitwise independent of the batch (f32: a numba GEMM)
-        check_kv_layout(model.config, block_size)
         if num_kv_blocks is None:
             num_kv_blocks = parse_size(kv_cache_memory) // KVCache.bytes_per_block(model.config, block_size,
                                                                                   kv_cache_dtype)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from . import defaults
 from .block_manager import BlockManager
+from .errors import MiroError
 from .sequence import Sequence, SequenceStatus
 
 
@@ -69,7 +70,10 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool = True, admission_order: str = defaults.ADMISSION_ORDER):
         self.block_manager = block_manager
-        self.admission_order = admission_order  # "arrival" or "prefix", within a priority
+        if admission_order not in defaults.ADMISSION_ORDERS:
+            raise MiroError(f"the admission order must be one of {', '.join(defaults.ADMISSION_ORDERS)}, "
+                            f"not {admission_order!r}.")
+        self.admission_order = admission_order  # "prefix" or "arrival", within a priority
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # Without chunked prefill a prompt is only admitted when all of it fits in the step's budget.
