@@ -22,26 +22,15 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..dequant import dequantize
 from ..gguf_file import TensorInfo, release_pages
-from . import float_kernels, quant_kernels
+from . import cpu, float_kernels, quant_kernels
 from .gemm import matmul_invariant, pack_panels
 from .activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups, quantize_q8_k,
                           quantize_q8_k_columns, quantize_q8_k_pair_groups)
 from .quant_blocks import BLOCK32_TYPES, SUPERBLOCK_TYPES
-from .tiles import TILE_TOKENS, can_tile, repack
+from .int8_dots import tile_signed_bytes
+from .tiles import repack
 
 NATIVE_TYPES = BLOCK32_TYPES + SUPERBLOCK_TYPES + float_kernels.FLOAT_TYPES
-
-# The AVX512-VNNI kernels where the CPU has them (the same bits as the portable ones; False to compare).
-USE_VNNI = True
-
-# From this many activation rows on, each weight block is decoded once for all rows (the "lanes"
-# kernels); below, rows are taken one at a time. Both give the same bits; this only picks the faster.
-LANES_MIN_ROWS = 8
-# With VNNI, per weight type: where the lanes kernel becomes faster than the row-by-row one, measured on
-# 5632x2048 matrices, 2 Zen 4 cores. (Q4_0, Q4_1 and Q8_0 take the tile kernel at every row count.)
-_Q = GGMLQuantizationType
-LANES_MIN_ROWS_VNNI = {_Q.Q4_K: 4, _Q.Q5_K: 4}
-LANES_MIN_ROWS_VNNI_OTHERS = 2
 
 WEIGHT_FORMATS = ("f32", "native")
 
@@ -60,13 +49,17 @@ def owned_bytes(a: np.ndarray) -> int:
 
 
 class Linear:
-    """y = x @ W.T for x (T, in_features) float32 and W (out_features, in_features) as stored in GGUF."""
+    """y = x @ W.T for x (T, in_features) float32 and W (out_features, in_features) as stored in GGUF.
 
-    def __init__(self, tensor: TensorInfo, fmt: str = "native", invariant: bool = False):
-        self._init(tensor.name, tensor.type, tensor.shape, [tensor.data], fmt, invariant)
+    tier: the CPU tier whose kernels and layout to use (cpu.py; None: the one this process runs). Every tier
+    gives the same bits; a lower one is there to compare them."""
+
+    def __init__(self, tensor: TensorInfo, fmt: str = "native", invariant: bool = False, tier: str | None = None):
+        self._init(tensor.name, tensor.type, tensor.shape, [tensor.data], fmt, invariant, tier)
 
     @classmethod
-    def fused(cls, tensors: Sequence[TensorInfo], fmt: str = "native", invariant: bool = False) -> "Linear":
+    def fused(cls, tensors: Sequence[TensorInfo], fmt: str = "native", invariant: bool = False,
+              tier: str | None = None) -> "Linear":
         """One layer over several tensors with the same type and in_features (Q, K, V; gate, up):
         their outputs side by side. Tensors stored back to back in one buffer stay a single view.
 
@@ -78,17 +71,18 @@ class Linear:
                 raise ValueError(f"cannot fuse {t.name} (shape {t.shape}) with {first.name} (shape {first.shape})")
         if any(t.type != first.type for t in tensors):
             if fmt == "native":
-                return LinearStack([cls(t, fmt) for t in tensors])
+                return LinearStack([cls(t, fmt, tier=tier) for t in tensors])
             f32 = [TensorInfo(t.name, t.shape, GGMLQuantizationType.F32, dequantize(t).view(np.uint8).reshape(-1))
                    for t in tensors]
-            return cls.fused(f32, fmt, invariant)
+            return cls.fused(f32, fmt, invariant, tier)
         shape = (sum(t.shape[0] for t in tensors), *first.shape[1:])
         layer = cls.__new__(cls)
-        layer._init("+".join(t.name for t in tensors), first.type, shape, [t.data for t in tensors], fmt, invariant)
+        layer._init("+".join(t.name for t in tensors), first.type, shape, [t.data for t in tensors], fmt, invariant,
+                    tier)
         return layer
 
     def _init(self, name: str, qtype: GGMLQuantizationType, shape: tuple[int, ...], parts: list[np.ndarray], fmt: str,
-              invariant: bool = False):
+              invariant: bool, tier: str | None):
         if len(shape) != 2:
             raise ValueError(f"{name}: a linear layer needs a 2-D tensor, this one has shape {shape}")
         if fmt not in WEIGHT_FORMATS:
@@ -98,6 +92,8 @@ class Linear:
         self.name = name
         self.type = qtype
         self.fmt = fmt
+        self.tier = cpu.get(tier)
+        self._plan = cpu.weight_kernels(int(qtype), self.tier)
         self.out_features, self.in_features = shape
         raw = _join(parts)
         self.weight_bytes = 0 if np.shares_memory(raw, parts[0]) else raw.nbytes  # a copy only when fusing scattered parts
@@ -112,12 +108,15 @@ class Linear:
         else:
             block_values, block_bytes = GGML_QUANT_SIZES[qtype]
             self._w = raw.reshape(self.out_features, self.in_features // block_values * block_bytes)
-            if USE_VNNI and can_tile(qtype):  # the same bytes in 16-row tiles; the file's pages leave memory
-                self._tiles = repack(int(qtype), self._w)
+            if self._plan.layout == "tiles":  # the same bytes in 16-row tiles; the file's pages leave memory
+                self._tiles = repack(int(qtype), self._w, tile_signed_bytes(int(qtype), self.tier.has_vnni))
                 self._w = None
                 self.weight_bytes = self._tiles.nbytes
                 for part in parts:
                     release_pages(part)
+
+    def _kernels(self) -> quant_kernels.Kernels:
+        return quant_kernels.kernels_for(int(self.type), self.tier)
 
     def __call__(self, x: np.ndarray, batch_invariant: bool = False) -> np.ndarray:
         """(T, in_features) float32 -> (T, out_features) float32.
@@ -144,16 +143,15 @@ class Linear:
 
     def _matmul_block32(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Activations in 32-value blocks (Q8_0, with Q8_1's sums) against Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights."""
-        kernels = quant_kernels.kernels_for(int(self.type))
+        kernels, plan = self._kernels(), self._plan
         n_tok = x.shape[0]
         if self._tiles is not None:  # repacked at load: the tile kernel for every row count
-            a = quantize_q8_32(x, _round_up(n_tok, TILE_TOKENS))
-            return kernels.tiles_vnni(self._tiles.quants, self._tiles.scales, self._tiles.mins, a.q, a.d, a.s, a.qsum,
-                                      out)
-        if _row_by_row(kernels, self.type, n_tok):
+            a = quantize_q8_32(x, _round_up(n_tok, plan.tile_tokens))
+            return kernels.tiles(self._tiles.quants, self._tiles.scales, self._tiles.mins, a.q, a.d, a.s, a.qsum, out)
+        if n_tok < plan.lanes_from:
             a = quantize_q8_32(x)
             return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)
-        if _use_vnni(kernels):
+        if plan.lanes == "vnni":
             a = quantize_q8_32_quad_groups(x, _round_up(n_tok, 16))
             return kernels.lanes_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
         a = quantize_q8_32_columns(x, _round_up(n_tok, quant_kernels.LANE_MULTIPLE))
@@ -161,12 +159,12 @@ class Linear:
 
     def _matmul_superblocks(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Activations in Q8_K blocks against Q4_K/Q5_K/Q6_K weights."""
-        kernels = quant_kernels.kernels_for(int(self.type))
+        kernels, plan = self._kernels(), self._plan
         n_tok = x.shape[0]
-        if _row_by_row(kernels, self.type, n_tok):
+        if n_tok < plan.lanes_from:
             a = quantize_q8_k(x)
             return kernels.rows(self._w, a.q, a.d, a.sum32, out, 16)
-        if _use_vnni(kernels):
+        if plan.lanes == "vnni":
             a = quantize_q8_k_pair_groups(x, _round_up(n_tok, 16))
             return kernels.lanes_vnni(self._w, a.q, a.d, a.sum32, out, 16)
         a = quantize_q8_k_columns(x, _round_up(n_tok, quant_kernels.LANE_MULTIPLE))
@@ -216,16 +214,6 @@ class Embedding:
 
     def __repr__(self) -> str:
         return f"Embedding({self.name}, {self.type.name}, {self.vocab_size}x{self.dim}, fmt={self.fmt})"
-
-
-def _use_vnni(kernels: quant_kernels.Kernels) -> bool:
-    return kernels.lanes_vnni is not None and USE_VNNI
-
-
-def _row_by_row(kernels: quant_kernels.Kernels, qtype: GGMLQuantizationType, n_tok: int) -> bool:
-    if _use_vnni(kernels):
-        return n_tok < LANES_MIN_ROWS_VNNI.get(qtype, LANES_MIN_ROWS_VNNI_OTHERS)
-    return n_tok < LANES_MIN_ROWS
 
 
 def _round_up(n: int, multiple: int) -> int:

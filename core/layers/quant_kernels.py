@@ -12,7 +12,8 @@ Three loop shapes compute the same numbers:
 - `lanes` (many activation rows), portable: each weight block is decoded once and used for every
   activation row; the innermost loop runs over activation rows ("lanes"), which LLVM vectorises,
   so the activations come transposed, (K, lanes), lanes a multiple of LANE_MULTIPLE.
-- `lanes_vnni` (many activation rows, CPUs with AVX512-VNNI): vnni_kernels.py.
+- `lanes_vnni` (many activation rows, the avx512-vnni tier): vnni_kernels.py; and for Q4_0, Q4_1 and Q8_0
+  repacked into tiles, the tile kernel of each tier with int8 dots: tile_kernels.py.
 
 Integer sums are exact in any order and the float steps are the same IEEE operations in every
 shape, with no fastmath (so no fused multiply-adds), so a row's result is bitwise the same
@@ -29,7 +30,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from . import vnni, vnni_kernels
+from . import tile_kernels, vnni_kernels
+from .cpu import Tier
 from .cache_key import HELPERS, cached_variant
 from .halfs import load_f16
 from .quant_blocks import (BLOCK32_TYPES, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0, add_block32,
@@ -297,25 +299,27 @@ def _rows_k(qtype: int):
 
 
 class Kernels:
-    """The loop shapes compiled for one weight type: lanes(...) for many activation rows, rows(...)
-    for few, and on CPUs with AVX512-VNNI lanes_vnni(...) and (Q4_0, Q4_1, Q8_0 repacked into tiles)
-    tiles_vnni(...), else None."""
+    """The loop shapes compiled for one weight type on one CPU tier: lanes(...) for many activation rows,
+    rows(...) for few; lanes_vnni(...) on the avx512-vnni tier, else None; tiles(...) for Q4_0, Q4_1 and
+    Q8_0 repacked into tiles on tiers with int8 dots, else None. Which one a call takes is cpu.py's table."""
 
-    def __init__(self, qtype: int):
+    def __init__(self, qtype: int, tier: Tier):
         block32 = qtype in BLOCK32_TYPES
         self.lanes = _lanes_32(qtype) if block32 else _lanes_k(qtype)
         self.rows = _rows_32(qtype) if block32 else _rows_k(qtype)
-        self.lanes_vnni = self.tiles_vnni = None
-        if vnni.AVAILABLE:
-            self.tiles_vnni = vnni_kernels.tiles_32(qtype)
+        self.tiles = tile_kernels.tiles_32(qtype, tier)
+        self.lanes_vnni = None
+        if tier.has_vnni and tier.vector_bits == 512:
             self.lanes_vnni = vnni_kernels.lanes_32(qtype) if block32 else vnni_kernels.lanes_k(qtype)
 
 
-_KERNELS: dict[int, Kernels] = {}
+_KERNELS: dict[tuple[int, str], Kernels] = {}
 
 
-def kernels_for(qtype: int) -> Kernels:
-    """The kernels of one weight type, made on first use (numba compiles or loads them from its cache on first call)."""
-    if qtype not in _KERNELS:
-        _KERNELS[qtype] = Kernels(qtype)
-    return _KERNELS[qtype]
+def kernels_for(qtype: int, tier: Tier) -> Kernels:
+    """The kernels of one weight type on one tier, made on first use (numba compiles or loads them from its
+    cache on first call)."""
+    key = (int(qtype), tier.name)
+    if key not in _KERNELS:
+        _KERNELS[key] = Kernels(int(qtype), tier)
+    return _KERNELS[key]

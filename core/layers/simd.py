@@ -53,7 +53,8 @@ class _Vec16Model(models.PrimitiveModel):
 def splat(builder, value, vector_type: ir.VectorType):
     """An IR vector with `value` in every lane."""
     one = builder.insert_element(ir.Constant(vector_type, None), value, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(one, ir.Constant(vector_type, None), ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), vector_type.count), [0] * vector_type.count)
+    return builder.shuffle_vector(one, ir.Constant(vector_type, None), mask)
 
 
 def element_pointer(context, builder, array_type, array, index, vector_type: ir.VectorType):

@@ -1,18 +1,19 @@
-"""Q4_0, Q4_1 and Q8_0 weights repacked once at load into tiles of 16 rows, for the VNNI tile kernel.
+"""Q4_0, Q4_1 and Q8_0 weights repacked once at load into tiles of 16 rows, for the tile kernel.
 
 The file stores a matrix row by row, each row a run of 32-value blocks. The tile kernel
-(vnni_kernels.tiles_32) wants the opposite: one 64-byte load giving the same 4 values of 16 rows, so
-that one vpdpbusd multiplies 16 weight rows by 4 values of an activation row broadcast from memory.
-A tile holds 16 rows; its block b is
+(tile_kernels.py) wants the opposite: one 64-byte load giving the same 4 values of 16 rows, so
+that one vpdpbusd (or vpmaddubsw on a 32-byte half) multiplies 16 (8) weight rows by 4 values of an
+activation row broadcast to every row. A tile holds 16 rows; its block b is
 
     quants[tile, b * QUANT_BYTES:]   [quad k][row r][4 bytes]: the row's bytes 4k..4k+3 of the block
                                       (Q4_0/Q4_1: 4 x 64 bytes of nibbles, the low ones values 4k..,
-                                      the high ones 16 + 4k..; Q8_0: 8 x 64 bytes, each int8 + 128)
+                                      the high ones 16 + 4k..; Q8_0: 8 x 64 bytes, each int8 + 128 for
+                                      vpdpbusd, or the int8 as stored for vpmaddubsw: signed_bytes)
     scales[tile, 16 b + r]            the row's float16 d,  mins[tile, 16 b + r] Q4_1's float16 m
 
-The same bytes as the file (Q8_0's flipped top bit aside), in another order: llama.cpp repacks
-Q4_0 for its AVX2/AVX512 kernels the same way (its "CPU_REPACK" buffers). Rows past the matrix's
-end fill the last tile with zeros.
+The same bytes as the file (Q8_0's flipped top bit aside), in another order, on every tier: llama.cpp
+repacks Q4_0 for its AVX2/AVX512 kernels the same way (its "CPU_REPACK" buffers). Rows past the
+matrix's end fill the last tile with zeros.
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from . import vnni
 from .quant_blocks import Q4_0, Q4_1, Q8_0, load_u32
 
 TILE_ROWS = 16  # weight rows per tile: one 512-bit vector of int32 sums
-TILE_TOKENS = 8  # activation rows the kernel takes at once (rows past T are zero padding)
 TILE_TYPES = (Q4_0, Q4_1, Q8_0)
 
 
@@ -43,39 +42,36 @@ class Tiles:
     quants: np.ndarray  # (n_tiles, n_blocks * quant_bytes) uint8
     scales: np.ndarray  # (n_tiles, n_blocks * 16) uint16, float16 bits
     mins: np.ndarray  # the same for Q4_1; (n_tiles, 0) for the others
+    signed_bytes: bool  # Q8_0: the file's int8 (else int8 + 128)
 
     @property
     def nbytes(self) -> int:
         return self.quants.nbytes + self.scales.nbytes + self.mins.nbytes
 
 
-def can_tile(qtype: int) -> bool:
-    """Whether tensors of this type are repacked (only where the CPU runs the tile kernel)."""
-    return vnni.AVAILABLE and int(qtype) in TILE_TYPES
-
-
-def repack(qtype: int, w: np.ndarray) -> Tiles:
-    """w (rows, n_blocks * block bytes) uint8, as the file stores it, to tiles."""
+def repack(qtype: int, w: np.ndarray, signed_bytes: bool) -> Tiles:
+    """w (rows, n_blocks * block bytes) uint8, as the file stores it, to tiles; signed_bytes: Q8_0's int8 kept
+    as they are (for vpmaddubsw), else + 128 (for vpdpbusd)."""
     qtype = int(qtype)
     rows = w.shape[0]
     n_blocks = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     n_tiles = -(-rows // TILE_ROWS)
     tiles = Tiles(np.zeros((n_tiles, n_blocks * quant_bytes(qtype)), np.uint8),
                   np.zeros((n_tiles, n_blocks * TILE_ROWS), np.uint16),
-                  np.zeros((n_tiles, n_blocks * TILE_ROWS if qtype == Q4_1 else 0), np.uint16))
-    _repack(qtype, w, tiles.quants.view(np.uint32), tiles.scales, tiles.mins)
+                  np.zeros((n_tiles, n_blocks * TILE_ROWS if qtype == Q4_1 else 0), np.uint16), signed_bytes)
+    flip = 0x80808080 if qtype == Q8_0 and not signed_bytes else 0
+    _repack(qtype, w, tiles.quants.view(np.uint32), tiles.scales, tiles.mins, np.uint32(flip))
     return tiles
 
 
 @njit(cache=True, parallel=True)
-def _repack(qtype, w, quants, scales, mins):
+def _repack(qtype, w, quants, scales, mins, flip):
     rows = w.shape[0]
     n_tiles, n_scales = scales.shape
     n_blocks = n_scales // TILE_ROWS
     block_bytes = w.shape[1] // n_blocks
     values_at = 4 if qtype == Q4_1 else 2  # after d (and Q4_1's m)
     n_quads = 8 if qtype == Q8_0 else 4
-    flip = np.uint32(0x80808080) if qtype == Q8_0 else np.uint32(0)
     for tile in prange(n_tiles):
         for r in range(min(TILE_ROWS, rows - tile * TILE_ROWS)):
             row = w[tile * TILE_ROWS + r]

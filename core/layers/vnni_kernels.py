@@ -1,12 +1,11 @@
-"""The AVX512-VNNI kernels: the same numbers as quant_kernels.py's portable ones (exact integer
-sums, ggml's float steps), faster where the CPU has AVX512-VNNI (vnni.AVAILABLE).
+"""The AVX512-VNNI lanes kernels: the same numbers as quant_kernels.py's portable ones (exact integer
+sums, ggml's float steps), faster on the avx512-vnni tier (cpu.py), for the weight types that are not
+repacked into tiles there (Q5_0, Q5_1, the K-quants).
 
-- lanes_32, lanes_k (many activation rows): micro-kernels in the C sense, a few weight rows times
-  16 activation rows ("lanes", one 512-bit register), the sums kept in registers (simd.py's
-  vector values) over a chunk of K, K walked in chunks so that a lane group's activations stay
-  in L1, each tile of weight rows decoded once for every lane group.
-- tiles_32 (Q4_0/Q4_1/Q8_0 repacked into 16-row tiles at load, any number of activation rows): one weight
-  vector serves 8 activation rows, each activation quad broadcast from memory; 1.5-2x lanes_32's speed.
+lanes_32, lanes_k (many activation rows): micro-kernels in the C sense, a few weight rows times
+16 activation rows ("lanes", one 512-bit register), the sums kept in registers (simd.py's
+vector values) over a chunk of K, K walked in chunks so that a lane group's activations stay
+in L1, each tile of weight rows decoded once for every lane group.
 """
 
 from __future__ import annotations
@@ -15,13 +14,11 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from . import vnni
+from . import int8_dots
 from .cache_key import HELPERS, cached_variant
 from .halfs import load_f16
 from .quant_blocks import Q4_1, Q5_1, Q6_K, Q8_0, add_block32, decode_superblock, quads_offset, weight_quads
-from .simd import LANES, load16, load16_f16, store16, to_float, zeros16
-from .tiles import TILE_TOKENS, TILE_TYPES, quant_bytes
-from .tiles import TILE_ROWS as REPACKED_TILE_ROWS
+from .simd import LANES, load16, store16, to_float
 
 TILE_ROWS = 16  # weight rows decoded together and shared by every lane group
 CHUNK_VALUES = 1024  # K is walked in chunks: a lane group's chunk of activations stays in L1
@@ -71,7 +68,7 @@ def lanes_32(qtype: int):
                     for r in range(0, rows, 2):
                         acc0, acc1 = load16(acc[r], 0), load16(acc[r + 1], 0)
                         for b in range(b0, min(b0 + chunk, n_blocks)):
-                            isum0, isum1 = vnni.dot_block_rows2(a_flat, (g * n_quads + 8 * b) * LANES, quads,
+                            isum0, isum1 = int8_dots.dot_block_rows2(a_flat, (g * n_quads + 8 * b) * LANES, quads,
                                                                 (r * n_blocks + b) * 8, ((r + 1) * n_blocks + b) * 8)
                             at = b * n_lanes + g * LANES
                             if offset != 0:
@@ -137,7 +134,7 @@ def lanes_k(qtype: int):
                         s0, s1, s2, s3 = load16(s[0], 0), load16(s[1], 0), load16(s[2], 0), load16(s[3], 0)
                         s4, s5, s6, s7, sumf = load16(s[4], 0), load16(s[5], 0), load16(s[6], 0), load16(s[7], 0), load16(s[8], 0)
                         for sb in range(sb0, min(sb0 + chunk, n_super)):
-                            l0, l1, l2, l3, l4, l5, l6, l7 = vnni.dot_superblock_lanes8(
+                            l0, l1, l2, l3, l4, l5, l6, l7 = int8_dots.dot_superblock_lanes8(
                                 a_flat, (g * n_pairs + 128 * sb) * LANES, pairs, (r * n_super + sb) * 128)
                             d_act = load16(d_flat, sb * n_lanes + g * LANES)
                             scale = d[r, sb] * d_act  # ggml: sums[l] += d * aux32[l], d = x.d * y.d
@@ -165,73 +162,3 @@ def lanes_k(qtype: int):
         return out
 
     return matmul_lanes_k_vnni
-
-
-def tiles_32(qtype: int):
-    """The tile kernel for Q4_0, Q4_1 and Q8_0 weights repacked into 16-row tiles (tiles.py): any number of
-    activation rows, the same numbers as the other kernels."""
-    if qtype not in TILE_TYPES:
-        return None
-    has_min = qtype == Q4_1
-    offset = quads_offset(qtype)
-    block_quants = quant_bytes(qtype)
-    helpers = HELPERS
-
-    @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
-    def matmul_tiles_32(quants, scales, mins, a, d, s, qsum, out):
-        """out (T, N) = tiles of N rows times activations a (T8, K) int8, row-major, T8 >= T a multiple of 8
-        (rows past T zero); d, s, qsum (T8, K / 32). 16 weight rows times 8 activation rows at a time, the
-        float sums in 8 registers of 16 lanes (one lane per weight row) over all of K."""
-        helpers  # in numba's cache key: see cache_key.py
-        n_tok, n_out = out.shape
-        k = a.shape[1]
-        n_blocks = k // 32
-        a_flat = a.reshape(a.size)
-        for tile in prange(quants.shape[0]):
-            spill = np.empty(LANES, np.float32)
-            tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
-            n0 = tile * REPACKED_TILE_ROWS
-            for t in range(0, n_tok, TILE_TOKENS):
-                zero = zeros16()
-                c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
-                for b in range(n_blocks):
-                    if qtype == Q8_0:
-                        i0, i1, i2, i3, i4, i5, i6, i7 = vnni.dot_byte_tile(tile_quants, b * block_quants, a_flat,
-                                                                            t * k + 32 * b, k)
-                    else:
-                        i0, i1, i2, i3, i4, i5, i6, i7 = vnni.dot_nibble_tile(tile_quants, b * block_quants, a_flat,
-                                                                              t * k + 32 * b, k)
-                    dw = load16_f16(tile_scales, 16 * b)
-                    mw = load16_f16(tile_mins, 16 * b) if has_min else zero
-                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
-                    c1 = add_block32(qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b])
-                    c2 = add_block32(qtype, c2, to_float(i2 + offset * qsum[t + 2, b]), dw, mw, d[t + 2, b], s[t + 2, b])
-                    c3 = add_block32(qtype, c3, to_float(i3 + offset * qsum[t + 3, b]), dw, mw, d[t + 3, b], s[t + 3, b])
-                    c4 = add_block32(qtype, c4, to_float(i4 + offset * qsum[t + 4, b]), dw, mw, d[t + 4, b], s[t + 4, b])
-                    c5 = add_block32(qtype, c5, to_float(i5 + offset * qsum[t + 5, b]), dw, mw, d[t + 5, b], s[t + 5, b])
-                    c6 = add_block32(qtype, c6, to_float(i6 + offset * qsum[t + 6, b]), dw, mw, d[t + 6, b], s[t + 6, b])
-                    c7 = add_block32(qtype, c7, to_float(i7 + offset * qsum[t + 7, b]), dw, mw, d[t + 7, b], s[t + 7, b])
-                _store_tile_row(out, t, n0, c0, spill)
-                _store_tile_row(out, t + 1, n0, c1, spill)
-                _store_tile_row(out, t + 2, n0, c2, spill)
-                _store_tile_row(out, t + 3, n0, c3, spill)
-                _store_tile_row(out, t + 4, n0, c4, spill)
-                _store_tile_row(out, t + 5, n0, c5, spill)
-                _store_tile_row(out, t + 6, n0, c6, spill)
-                _store_tile_row(out, t + 7, n0, c7, spill)
-        return out
-
-    return matmul_tiles_32
-
-
-@njit(inline="always")
-def _store_tile_row(out, t, n0, sums, spill):
-    """out[t, n0:n0 + 16] = sums, for the rows and columns out has (padding rows and a short last tile aside)."""
-    if t >= out.shape[0]:
-        return
-    if n0 + LANES <= out.shape[1]:
-        store16(out[t], n0, sums)
-        return
-    store16(spill, 0, sums)
-    for j in range(out.shape[1] - n0):
-        out[t, n0 + j] = spill[j]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from gguf import GGMLQuantizationType as Q
 
-from miro.core.layers import quant_kernels, vnni_kernels
+from miro.core.layers import cpu, quant_kernels, tile_kernels, vnni_kernels
 from miro.core.layers.linear import NATIVE_TYPES
 from miro.core.layers.float_kernels import FLOAT_TYPES
 
@@ -20,8 +20,8 @@ from miro.core.layers.float_kernels import FLOAT_TYPES
 def test_each_weight_types_kernels_have_their_own_qualnames():
     qualnames = {}
     for qtype in sorted(set(NATIVE_TYPES) - set(FLOAT_TYPES)):
-        kernels = quant_kernels.kernels_for(qtype)
-        for kernel in (kernels.lanes, kernels.rows, kernels.lanes_vnni, kernels.tiles_vnni):
+        kernels = quant_kernels.kernels_for(qtype, cpu.TIER)
+        for kernel in (kernels.lanes, kernels.rows, kernels.lanes_vnni, kernels.tiles):
             if kernel is not None:
                 name = kernel.py_func.__qualname__
                 assert Q(qtype).name in name
@@ -30,9 +30,11 @@ def test_each_weight_types_kernels_have_their_own_qualnames():
     assert len(qualnames) >= 2 * 8
 
 
-def test_vnni_factories_name_their_weight_type_even_where_the_cpu_lacks_vnni():
-    """The VNNI kernels are made only where vnni.AVAILABLE; their factories are checked directly."""
+def test_every_tiers_factories_name_their_weight_type_and_tier():
+    """The kernels of every tier, whatever this CPU runs; their factories are checked directly."""
     names = {vnni_kernels.lanes_k(int(q)).py_func.__qualname__ for q in (Q.Q4_K, Q.Q5_K, Q.Q6_K)}
     names |= {vnni_kernels.lanes_32(int(q)).py_func.__qualname__ for q in (Q.Q4_0, Q.Q8_0)}
-    names |= {vnni_kernels.tiles_32(int(q)).py_func.__qualname__ for q in (Q.Q4_0, Q.Q4_1, Q.Q8_0)}
-    assert len(names) == 8
+    int8_tiers = [tier for tier in cpu.TIERS.values() if tier.int8_dot]
+    names |= {tile_kernels.tiles_32(int(q), tier).py_func.__qualname__ for q in (Q.Q4_0, Q.Q4_1, Q.Q8_0)
+              for tier in int8_tiers}
+    assert len(names) == 5 + 3 * len(int8_tiers)

@@ -14,8 +14,7 @@ from gguf import quants as gguf_quants
 
 from miro.core.dequant import dequantize
 from miro.core.gguf_file import GGUFFile, TensorInfo
-from miro.core.layers import Linear, linear, vnni
-from miro.core.layers.tiles import can_tile
+from miro.core.layers import Linear, cpu
 from miro.core.layers.activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups,
                                          quantize_q8_k, quantize_q8_k_columns, quantize_q8_k_pair_groups)
 
@@ -257,17 +256,14 @@ def test_activation_quantizers_match_ggml_reference_bitwise():
 # ---------------------------------------------------------------- native kernels against the reference
 
 
-@pytest.fixture(params=["vnni", "int16"])
-def kernel_path(request, monkeypatch):
-    """Both kinds of lane kernels: AVX512-VNNI (where the CPU has it) and portable (int16 / int32)."""
-    if request.param == "vnni" and not vnni.AVAILABLE:
-        pytest.skip("this CPU has no AVX512-VNNI")
-    monkeypatch.setattr(linear, "USE_VNNI", request.param == "vnni")
+@pytest.fixture(params=cpu.runnable())
+def tier(request) -> str:
+    """Every CPU tier this machine can execute (cpu.py), each with its own kernels and layouts."""
     return request.param
 
 
-def _assert_tracks_reference(tensor: TensorInfo, x: np.ndarray) -> None:
-    got = Linear(tensor)(x)
+def _assert_tracks_reference(tensor: TensorInfo, x: np.ndarray, tier: str | None = None) -> None:
+    got = Linear(tensor, tier=tier)(x)
     # the same integer sums and the same float32 steps in the same order: the same bits
     np.testing.assert_array_equal(got, ref_native(tensor, x))
     exact = ref_dequantize(tensor) @ x.astype(np.float64).T
@@ -275,16 +271,17 @@ def _assert_tracks_reference(tensor: TensorInfo, x: np.ndarray) -> None:
     assert (err <= activation_error_bound(tensor, x)).all(), f"max error {err.max():.3g}"
 
 
-# row by row below linear.LANES_MIN_ROWS(_VNNI) (2 to 8 rows by type), lanes from there
+# row by row below cpu.weight_kernels(...).lanes_from (2 to 8 rows by type and tier), lanes from there;
+# Q4_0, Q4_1 and Q8_0 in tiles at every row count on tiers with int8 dots
 @pytest.mark.parametrize("n_tokens", [1, 3, 5, 37])
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
-def test_native_tracks_llama_cpp_scheme(qtype, n_tokens, kernel_path):
+def test_native_tracks_llama_cpp_scheme(qtype, n_tokens, tier):
     tensor = random_tensor(qtype, 72, 512, seed=int(qtype))
-    _assert_tracks_reference(tensor, activations(n_tokens, 512))
+    _assert_tracks_reference(tensor, activations(n_tokens, 512), tier)
 
 
 @pytest.mark.parametrize("qtype", BLOCK32, ids=lambda t: t.name)
-def test_native_on_random_blocks(qtype, kernel_path):
+def test_native_on_random_blocks(qtype, tier):
     """Every bit pattern of the quants (not only what a quantizer writes), with finite float16 scales."""
     rng = np.random.default_rng(7)
     block_bytes = GGML_QUANT_SIZES[qtype][1]
@@ -294,7 +291,7 @@ def test_native_on_random_blocks(qtype, kernel_path):
         blocks[:, 2:4] = _f16(rng.uniform(-2e-2, 2e-2, len(blocks)))
     tensor = TensorInfo("random_blocks", (40, 256), qtype, blocks.reshape(-1))
     for n_tokens in (3, 19):
-        _assert_tracks_reference(tensor, activations(n_tokens, 256, seed=n_tokens))
+        _assert_tracks_reference(tensor, activations(n_tokens, 256, seed=n_tokens), tier)
 
 
 @pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
@@ -340,7 +337,7 @@ def test_real_model_native_holds_the_files_bytes_once(smollm2):
     the same bytes repacked into tiles, the mapped pages released."""
     tensor = smollm2.tensors["blk.0.ffn_up.weight"]
     native, f32 = Linear(tensor), Linear(tensor, fmt="f32")
-    if can_tile(tensor.type):
+    if cpu.weight_kernels(tensor.type, cpu.TIER).layout == "tiles":
         assert native.weight_bytes == tensor.data.nbytes and native._w is None
     else:
         assert native.weight_bytes == 0
@@ -353,9 +350,9 @@ def test_real_model_native_holds_the_files_bytes_once(smollm2):
 # ---------------------------------------------------------------- batch invariance
 
 
-def _assert_batch_invariant(qtype: Q) -> None:
+def _assert_batch_invariant(qtype: Q, tier: str | None = None) -> None:
     tensor = random_tensor(qtype, 48, 512, seed=11)
-    layer = Linear(tensor)
+    layer = Linear(tensor, tier=tier)
     row = activations(1, 512, seed=5)
     alone = layer(row)
     for n_tokens in (2, 7, 8, 16, 17, 37, 200):
@@ -366,9 +363,9 @@ def _assert_batch_invariant(qtype: Q) -> None:
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
-def test_batch_invariance_bitwise(qtype, kernel_path):
+def test_batch_invariance_bitwise(qtype, tier):
     """One row alone, and inside batches of 2 to 200 rows at several positions: identical bits."""
-    _assert_batch_invariant(qtype)
+    _assert_batch_invariant(qtype, tier)
 
 
 @pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
@@ -376,23 +373,21 @@ def test_batch_invariance_bitwise_floats(qtype):
     _assert_batch_invariant(qtype)
 
 
-@pytest.mark.skipif(not vnni.AVAILABLE, reason="this CPU has no AVX512-VNNI")
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
-def test_vnni_and_portable_kernels_agree_bitwise(qtype, monkeypatch):
-    """Every VNNI kernel (tiles, row by row, 8 lanes, 16 lanes) against the portable ones; 81 rows: an odd
-    last row, and a last tile of one row."""
+def test_every_tiers_kernels_agree_bitwise(qtype):
+    """Every tier this machine can execute (tiles, row by row, VNNI lanes, portable lanes) against the portable
+    tier; 81 rows: an odd last row, and a last tile of one row."""
     tensor = random_tensor(qtype, 81, 1024, seed=3)
-    monkeypatch.setattr(linear, "USE_VNNI", True)
-    with_vnni = Linear(tensor)
-    assert (with_vnni._tiles is not None) == (qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0))
-    monkeypatch.setattr(linear, "USE_VNNI", False)
-    portable = Linear(tensor)
-    for n_tokens in (1, 3, 5, 8, 9, 50):
+    portable = Linear(tensor, tier="portable")
+    layers = {name: Linear(tensor, tier=name) for name in cpu.runnable()}
+    for name, layer in layers.items():
+        tiled = cpu.TIERS[name].int8_dot != "" and qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0)
+        assert (layer._tiles is not None) == tiled, name
+    for n_tokens in (1, 2, 3, 5, 8, 9, 50):
         x = activations(n_tokens, 1024, seed=n_tokens)
-        monkeypatch.setattr(linear, "USE_VNNI", True)
-        got = with_vnni(x)
-        monkeypatch.setattr(linear, "USE_VNNI", False)
-        np.testing.assert_array_equal(portable(x), got, err_msg=f"T={n_tokens}")
+        expected = portable(x)
+        for name, layer in layers.items():
+            np.testing.assert_array_equal(layer(x), expected, err_msg=f"{name}, T={n_tokens}")
 
 
 # ---------------------------------------------------------------- construction
@@ -420,8 +415,8 @@ def _resident_file_bytes() -> int:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssFile:"))
 
 
-@pytest.mark.skipif(not can_tile(Q.Q4_0), reason="this CPU has no AVX512-VNNI: nothing is repacked")
-def test_a_repacked_tensor_releases_the_files_pages(tmp_path):
+@pytest.mark.parametrize("tier", [t for t in cpu.runnable() if cpu.TIERS[t].int8_dot])
+def test_a_repacked_tensor_releases_the_files_pages(tmp_path, tier):
     """The file's pages under a repacked tensor leave the process's resident memory, so the weights are
     held once, not twice."""
     import gguf
@@ -437,7 +432,7 @@ def test_a_repacked_tensor_releases_the_files_pages(tmp_path):
     tensor = GGUFFile(tmp_path / "one.gguf").tensors["w"]
     assert int(tensor.data.sum()) > 0  # every page of the tensor read in
     before = _resident_file_bytes()
-    layer = Linear(tensor)
+    layer = Linear(tensor, tier=tier)
     assert layer.weight_bytes == tensor.data.nbytes
     assert before - _resident_file_bytes() > 0.9 * tensor.data.nbytes
 

@@ -1,0 +1,138 @@
+"""The tile kernel: Q4_0, Q4_1 and Q8_0 weights repacked into 16-row tiles (tiles.py) times 8-bit activations,
+any number of activation rows, on every CPU tier with int8 dot products (cpu.py).
+
+One decoded weight vector serves several activation rows, each activation quad broadcast to every weight
+row; the float sums sit in registers of 16 lanes, one lane per weight row, over all of K. The number of
+activation rows per pass is set by the tier's registers:
+
+- 512-bit tiers (32 zmm): 8 rows, 8 sums of 16 lanes, the 8 int32 dots beside them;
+- 256-bit tiers (16 ymm): 2 rows, each 16-lane sum two ymm, its int16 or int32 dots two more.
+
+Integer sums are exact; the float steps are add_block32's, block after block, so every tier and every row
+count gives the bits of quant_kernels.py's portable kernels.
+"""
+
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType
+from numba import njit, prange
+import numpy as np
+
+from .cache_key import HELPERS, cached_variant
+from .cpu import Tier
+from .int8_dots import tile_dot, tile_signed_bytes
+from .quant_blocks import Q4_1, Q8_0, add_block32, quads_offset
+from .simd import LANES, load16_f16, store16, to_float, zeros16
+from .tiles import TILE_ROWS, TILE_TYPES, quant_bytes
+
+
+def tile_offset(qtype: int, tier: Tier) -> int:
+    """What the tile's integer sum needs added, times the activations' sum, to be ggml's sum."""
+    return 0 if tile_signed_bytes(qtype, tier.has_vnni) else quads_offset(qtype)
+
+
+def tiles_32(qtype: int, tier: Tier):
+    """The tile kernel for one weight type on one tier: kernel(quants, scales, mins, a, d, s, qsum, out)."""
+    if qtype not in TILE_TYPES or not tier.int8_dot:
+        return None
+    if tier.vector_bits == 512:
+        return _tiles_x8(qtype, tier)
+    return _tiles_x2(qtype, tier)
+
+
+def _tiles_x8(qtype: int, tier: Tier):
+    has_min = qtype == Q4_1
+    offset = tile_offset(qtype, tier)
+    block_quants = quant_bytes(qtype)
+    vnni = int(tier.has_vnni)
+    helpers = HELPERS
+
+    @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}", parallel=True)
+    def matmul_tiles_x8(quants, scales, mins, a, d, s, qsum, out):
+        """out (T, N) = tiles of N rows times activations a (T8, K) int8, row-major, T8 >= T a multiple of 8
+        (rows past T zero); d, s, qsum (T8, K / 32). 16 weight rows times 8 activation rows at a time."""
+        helpers  # in numba's cache key: see cache_key.py
+        n_tok, n_out = out.shape
+        k = a.shape[1]
+        n_blocks = k // 32
+        a_flat = a.reshape(a.size)
+        for tile in prange(quants.shape[0]):
+            spill = np.empty(LANES, np.float32)
+            tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
+            n0 = tile * TILE_ROWS
+            for t in range(0, n_tok, 8):
+                zero = zeros16()
+                c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
+                for b in range(n_blocks):
+                    i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k,
+                                                              512, vnni, qtype, 8)
+                    dw = load16_f16(tile_scales, 16 * b)
+                    mw = load16_f16(tile_mins, 16 * b) if has_min else zero
+                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
+                    c1 = add_block32(qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b])
+                    c2 = add_block32(qtype, c2, to_float(i2 + offset * qsum[t + 2, b]), dw, mw, d[t + 2, b], s[t + 2, b])
+                    c3 = add_block32(qtype, c3, to_float(i3 + offset * qsum[t + 3, b]), dw, mw, d[t + 3, b], s[t + 3, b])
+                    c4 = add_block32(qtype, c4, to_float(i4 + offset * qsum[t + 4, b]), dw, mw, d[t + 4, b], s[t + 4, b])
+                    c5 = add_block32(qtype, c5, to_float(i5 + offset * qsum[t + 5, b]), dw, mw, d[t + 5, b], s[t + 5, b])
+                    c6 = add_block32(qtype, c6, to_float(i6 + offset * qsum[t + 6, b]), dw, mw, d[t + 6, b], s[t + 6, b])
+                    c7 = add_block32(qtype, c7, to_float(i7 + offset * qsum[t + 7, b]), dw, mw, d[t + 7, b], s[t + 7, b])
+                _store_tile_row(out, t, n0, c0, spill)
+                _store_tile_row(out, t + 1, n0, c1, spill)
+                _store_tile_row(out, t + 2, n0, c2, spill)
+                _store_tile_row(out, t + 3, n0, c3, spill)
+                _store_tile_row(out, t + 4, n0, c4, spill)
+                _store_tile_row(out, t + 5, n0, c5, spill)
+                _store_tile_row(out, t + 6, n0, c6, spill)
+                _store_tile_row(out, t + 7, n0, c7, spill)
+        return out
+
+    return matmul_tiles_x8
+
+
+def _tiles_x2(qtype: int, tier: Tier):
+    has_min = qtype == Q4_1
+    offset = tile_offset(qtype, tier)
+    block_quants = quant_bytes(qtype)
+    vnni = int(tier.has_vnni)
+    helpers = HELPERS
+
+    @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}", parallel=True)
+    def matmul_tiles_x2(quants, scales, mins, a, d, s, qsum, out):
+        """out (T, N) = tiles of N rows times activations a (T2, K) int8, row-major, T2 >= T a multiple of 2
+        (a row past T zero); d, s, qsum (T2, K / 32). 16 weight rows times 2 activation rows at a time."""
+        helpers  # in numba's cache key: see cache_key.py
+        n_tok, n_out = out.shape
+        k = a.shape[1]
+        n_blocks = k // 32
+        a_flat = a.reshape(a.size)
+        for tile in prange(quants.shape[0]):
+            spill = np.empty(LANES, np.float32)
+            tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
+            n0 = tile * TILE_ROWS
+            for t in range(0, n_tok, 2):
+                zero = zeros16()
+                c0 = c1 = zero
+                for b in range(n_blocks):
+                    i0, i1 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, 256, vnni, qtype, 2)
+                    dw = load16_f16(tile_scales, 16 * b)
+                    mw = load16_f16(tile_mins, 16 * b) if has_min else zero
+                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
+                    c1 = add_block32(qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b])
+                _store_tile_row(out, t, n0, c0, spill)
+                _store_tile_row(out, t + 1, n0, c1, spill)
+        return out
+
+    return matmul_tiles_x2
+
+
+@njit(inline="always")
+def _store_tile_row(out, t, n0, sums, spill):
+    """out[t, n0:n0 + 16] = sums, for the rows and columns out has (padding rows and a short last tile aside)."""
+    if t >= out.shape[0]:
+        return
+    if n0 + LANES <= out.shape[1]:
+        store16(out[t], n0, sums)
+        return
+    store16(spill, 0, sums)
+    for j in range(out.shape[1] - n0):
+        out[t, n0 + j] = spill[j]
