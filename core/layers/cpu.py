@@ -126,7 +126,11 @@ class WeightKernels:
     lanes_from: int  # "rows": from this many activation rows, a lanes kernel (each block decoded once for
     #                  all rows); below, row by row
     lanes: str  # the lanes kernel: "vnni" (vnni_kernels.py) or "portable" (quant_kernels.py)
-    tile_tokens: int  # "tiles": activation rows per pass of the tile kernel (8 in 512-bit registers, 2 in 256)
+    tile_tokens: int  # "tiles": activation rows per pass of the tile kernel from 8 rows on (8 in 512-bit
+    #                   registers, 2 in 256); below 8, 2 (padding 1 row to 8 would do 8 times the work)
+
+    def tokens_per_pass(self, n_rows: int) -> int:
+        return self.tile_tokens if n_rows >= 8 else 2
 
 
 # With VNNI, per weight type, where the lanes kernel becomes faster than the row-by-row one, measured on

@@ -181,7 +181,10 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
                     elif nibbles:
                         words[p] = builder.add(words[p], maddubs(quads[q][p], a_bytes))
                     else:
-                        signed_a = builder.select(negative[q][p], builder.neg(a_bytes), a_bytes)
+                        if width == 32:  # vpsignb: a negated where w < 0 (zeroed where w == 0, as |w| is)
+                            signed_a = call("llvm.x86.avx2.psign.b", v_bytes, [a_bytes, quads[q][p]])
+                        else:  # AVX-512 has no vpsignb
+                            signed_a = builder.select(negative[q][p], builder.neg(a_bytes), a_bytes)
                         sums[p] = builder.add(sums[p], madd_ones(maddubs(magnitudes[q][p], signed_a)))
             if nibbles and not with_vnni:
                 sums = [madd_ones(w) for w in words]

@@ -130,7 +130,7 @@ class Linear:
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self.fmt == "f32":
             if batch_invariant or self._w.ndim == 3:  # packed weights take the invariant GEMM either way
-                return matmul_invariant(x, self._w, np.empty((x.shape[0], self.out_features), np.float32))
+                return matmul_invariant(x, self._w, np.empty((x.shape[0], self.out_features), np.float32), self.tier)
             return x @ self._w
         out = np.empty((x.shape[0], self.out_features), np.float32)
         if x.shape[0] == 0:
@@ -146,8 +146,10 @@ class Linear:
         kernels, plan = self._kernels(), self._plan
         n_tok = x.shape[0]
         if self._tiles is not None:  # repacked at load: the tile kernel for every row count
-            a = quantize_q8_32(x, _round_up(n_tok, plan.tile_tokens))
-            return kernels.tiles(self._tiles.quants, self._tiles.scales, self._tiles.mins, a.q, a.d, a.s, a.qsum, out)
+            tokens = plan.tokens_per_pass(n_tok)
+            kernel = kernels.tiles if tokens == plan.tile_tokens else kernels.tiles_x2
+            a = quantize_q8_32(x, _round_up(n_tok, tokens))
+            return kernel(self._tiles.quants, self._tiles.scales, self._tiles.mins, a.q, a.d, a.s, a.qsum, out)
         if n_tok < plan.lanes_from:
             a = quantize_q8_32(x)
             return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)

@@ -301,13 +301,15 @@ def _rows_k(qtype: int):
 class Kernels:
     """The loop shapes compiled for one weight type on one CPU tier: lanes(...) for many activation rows,
     rows(...) for few; lanes_vnni(...) on the avx512-vnni tier, else None; tiles(...) for Q4_0, Q4_1 and
-    Q8_0 repacked into tiles on tiers with int8 dots, else None. Which one a call takes is cpu.py's table."""
+    Q8_0 repacked into tiles on tiers with int8 dots (tiles_x2: 2 activation rows a pass), else None. Which one
+    a call takes is cpu.py's table."""
 
     def __init__(self, qtype: int, tier: Tier):
         block32 = qtype in BLOCK32_TYPES
         self.lanes = _lanes_32(qtype) if block32 else _lanes_k(qtype)
         self.rows = _rows_32(qtype) if block32 else _rows_k(qtype)
-        self.tiles = tile_kernels.tiles_32(qtype, tier)
+        self.tiles = tile_kernels.tiles_32(qtype, tier, 8 if tier.vector_bits == 512 else 2)
+        self.tiles_x2 = tile_kernels.tiles_32(qtype, tier, 2)
         self.lanes_vnni = None
         if tier.has_vnni and tier.vector_bits == 512:
             self.lanes_vnni = vnni_kernels.lanes_32(qtype) if block32 else vnni_kernels.lanes_k(qtype)

@@ -6,7 +6,8 @@ row; the float sums sit in registers of 16 lanes, one lane per weight row, over 
 activation rows per pass is set by the tier's registers:
 
 - 512-bit tiers (32 zmm): 8 rows, 8 sums of 16 lanes, the 8 int32 dots beside them;
-- 256-bit tiers (16 ymm): 2 rows, each 16-lane sum two ymm, its int16 or int32 dots two more.
+- 256-bit tiers (16 ymm): 2 rows, each 16-lane sum two ymm, its int16 or int32 dots two more; 512-bit tiers
+  below 8 rows too, where padding to 8 would multiply the work.
 
 Integer sums are exact; the float steps are add_block32's, block after block, so every tier and every row
 count gives the bits of quant_kernels.py's portable kernels.
@@ -31,11 +32,12 @@ def tile_offset(qtype: int, tier: Tier) -> int:
     return 0 if tile_signed_bytes(qtype, tier.has_vnni) else quads_offset(qtype)
 
 
-def tiles_32(qtype: int, tier: Tier):
-    """The tile kernel for one weight type on one tier: kernel(quants, scales, mins, a, d, s, qsum, out)."""
+def tiles_32(qtype: int, tier: Tier, tokens: int):
+    """The tile kernel for one weight type on one tier, `tokens` (8 or 2) activation rows per pass:
+    kernel(quants, scales, mins, a, d, s, qsum, out)."""
     if qtype not in TILE_TYPES or not tier.int8_dot:
         return None
-    if tier.vector_bits == 512:
+    if tokens == 8:
         return _tiles_x8(qtype, tier)
     return _tiles_x2(qtype, tier)
 
@@ -90,6 +92,7 @@ def _tiles_x8(qtype: int, tier: Tier):
 
 
 def _tiles_x2(qtype: int, tier: Tier):
+    bits = 512 if tier.vector_bits == 512 else 256
     has_min = qtype == Q4_1
     offset = tile_offset(qtype, tier)
     block_quants = quant_bytes(qtype)
@@ -113,7 +116,7 @@ def _tiles_x2(qtype: int, tier: Tier):
                 zero = zeros16()
                 c0 = c1 = zero
                 for b in range(n_blocks):
-                    i0, i1 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, 256, vnni, qtype, 2)
+                    i0, i1 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 2)
                     dw = load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
                     c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])

@@ -1,0 +1,102 @@
+"""core/layers/cpu.py: the tier named from what numba compiles for, the per-type table, and the kernels of a
+lower tier run for real under its emulation (CI's machine may expose AVX-512, and users' machines may not)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from miro.core.errors import MiroError
+from miro.core.layers import cpu
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ZEN4_AVX512 = frozenset({"avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni"})
+SKYLAKE_X = ZEN4_AVX512 - {"avx512vnni"}
+ALDER_LAKE = frozenset({"avx", "avx2", "fma", "f16c", "avxvnni"})
+ZEN4_AVX512_HIDDEN = frozenset(f[1:] for f in cpu.AVX2_FEATURES.split(",") if f.startswith("+"))
+AARCH64 = frozenset({"neon", "fp-armv8", "dotprod"})
+
+
+@pytest.mark.parametrize("features,tier", [
+    (ZEN4_AVX512, "avx512-vnni"), (SKYLAKE_X, "avx512"), (ALDER_LAKE, "avx-vnni"),
+    (ZEN4_AVX512_HIDDEN, "avx2"), (AARCH64, "portable"), (frozenset(), "portable"),
+    (frozenset({"avx", "avx2", "f16c"}), "portable"),  # AVX2 without FMA: the portable kernels
+])
+def test_tier_of_the_features(features, tier):
+    assert cpu.tier_of(features).name == tier
+
+
+def test_an_avx512_vnni_cpu_runs_every_tier_and_an_avx2_one_only_its_own():
+    assert cpu.TIERS["avx512-vnni"].runs == tuple(cpu.TIERS)
+    assert cpu.TIERS["avx2"].runs == ("avx2", "portable")
+    assert cpu.TIERS["portable"].runs == ("portable",)
+
+
+def test_the_table_tiles_q4_and_q8_wherever_a_tier_has_int8_dots():
+    for name, tier in cpu.TIERS.items():
+        for qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
+            plan = cpu.weight_kernels(qtype, tier)
+            assert plan.layout == ("tiles" if tier.int8_dot else "rows"), name
+        for qtype in (Q.Q5_0, Q.Q4_K, Q.Q6_K):
+            plan = cpu.weight_kernels(qtype, tier)
+            assert plan.layout == "rows" and plan.lanes == ("vnni" if name == "avx512-vnni" else "portable")
+    assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx512-vnni"]).tokens_per_pass(64) == 8
+    assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx512-vnni"]).tokens_per_pass(3) == 2
+    assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx2"]).tokens_per_pass(64) == 2
+
+
+def test_a_tier_this_cpu_cannot_run_is_refused():
+    with pytest.raises(ValueError, match="unknown CPU tier"):
+        cpu.get("sse9")
+    missing = [name for name in cpu.TIERS if name not in cpu.runnable()]
+    for name in missing:
+        with pytest.raises(ValueError, match="cannot run"):
+            cpu.get(name)
+    assert cpu.get(None) is cpu.TIER
+
+
+def test_miro_cpu_tier_lowers_the_tier_or_says_why_not(monkeypatch):
+    monkeypatch.setenv("MIRO_CPU_TIER", "portable")
+    assert cpu._chosen().name == "portable"
+    monkeypatch.setenv("MIRO_CPU_TIER", "avx3")
+    with pytest.raises(MiroError, match=r"^MIRO_CPU_TIER='avx3' is not a tier; the tiers are avx512-vnni, .*\.$"):
+        cpu._chosen()
+    monkeypatch.delenv("MIRO_CPU_TIER")
+    assert cpu._chosen() is cpu.COMPILED
+
+
+def _run_under(tier: str, code: str) -> str:
+    env = {**os.environ, **cpu.emulation_env(tier)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.skipif("avx2" not in cpu.runnable(), reason="the AVX2 emulation needs a CPU that runs AVX2")
+def test_the_tier_follows_what_numba_compiles_for():
+    """NUMBA_CPU_NAME / NUMBA_CPU_FEATURES as the AVX2 emulation sets them: the tier is avx2, not the host's."""
+    out = _run_under("avx2", "from miro.core.layers import cpu; print(cpu.COMPILED.name, cpu.TIER.name, cpu.describe())")
+    assert out.split()[:2] == ["avx2", "avx2"]
+    assert "NUMBA_CPU_*" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("avx2" not in cpu.runnable(), reason="the AVX2 emulation needs a CPU that runs AVX2")
+def test_kernel_equality_tests_pass_when_numba_compiles_for_avx2():
+    """The tests comparing every tier's kernels bit for bit, run by a pytest compiling for an AVX2-only CPU
+    (machine code with 16 ymm registers, not the AVX-512 code of this process)."""
+    env = {**os.environ, **cpu.emulation_env("avx2")}
+    env.pop("MIRO_CPU_TIER")
+    tests = ["tests/core/test_quant_linear.py::test_every_tiers_kernels_agree_bitwise",
+             "tests/core/test_quant_linear.py::test_batch_invariance_bitwise",
+             "tests/core/test_gemm.py", "tests/core/test_attention.py"]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout
