@@ -31,9 +31,11 @@ def cli():
 @click.option("--seed", default=None, type=int)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="First say on stderr what was loaded: the model, its weight format, the CPU tier, the KV cache.")
 @constraint_options
 @engine_options
-def generate(prompt, model, chat, system, max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos,
+def generate(prompt, model, chat, system, max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, verbose,
              json_schema, regex, choice, grammar, **engine):
     """Generate a completion for PROMPT and print it as it is produced."""
     from miro.core import Engine, SamplingParams
@@ -43,6 +45,10 @@ def generate(prompt, model, chat, system, max_tokens, temperature, top_p, top_k,
         ignore_eos=ignore_eos, structured_outputs=constraint_of(json_schema, regex, choice, grammar),
     )
     engine = Engine.from_model(model, log=log_to_stderr, **engine_kwargs(**engine))
+    if verbose:
+        log_to_stderr(f"Loaded {model} ({engine.config.architecture}), {engine.weight_choice}; "
+                      f"{engine.cpu_description}; KV cache {engine.block_manager.num_blocks * engine.block_size:,} "
+                      f"tokens ({engine.kv_cache_dtype})")
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

@@ -95,11 +95,13 @@ def batches_table(views: list[dict]) -> Table:
 
 
 def workers_table(records: list[dict], title: str = "Workers") -> Table:
-    table = new_table(title, ("worker", "host", "state", "KV blocks", "run/wait", "tok/s", "done/failed", "weights"),
+    table = new_table(title, ("worker", "host", "state", "KV blocks", "run/wait", "tok/s", "done/failed", "weights",
+                              "cpu tier"),
                       right=("KV blocks", "run/wait", "tok/s", "done/failed"), shrink=("host", "weights"))
     for w in records:
         table.add_row(w["name"], w["host"], w["state"], kv(w), f"{w['running']}/{w['waiting']}",
-                      f"{w['tokens_per_s']:,.0f}", f"{w['jobs_done']:,}/{w['jobs_failed']:,}", weights(w))
+                      f"{w['tokens_per_s']:,.0f}", f"{w['jobs_done']:,}/{w['jobs_failed']:,}", weights(w),
+                      w.get("cpu_tier", "-"))  # the tier's name as the worker wrote it: no engine import here
     return table
 
 

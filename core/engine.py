@@ -25,6 +25,7 @@ from .config import ModelConfig
 from .errors import MiroError, RequestError
 from .gguf_file import GGUFFile
 from .kv_cache import check_kv_cache_dtype
+from .layers import cpu
 from .model_runner import ModelRunner
 from .models import Model, load_model, read_config
 from .outputs import CompletionOutput, RequestOutput
@@ -85,6 +86,8 @@ class Engine:
         self.weight_memory: int = model.weight_memory  # bytes the weights hold of their own
         self.mapped_bytes = 0  # size of the memory-mapped model file (from_model sets it)
         self.weight_choice = f"weights: {self.weight_format}"  # from_model: the format and why it was chosen
+        self.cpu_tier: str = cpu.TIER.name  # the CPU tier the kernels run (layers/cpu.py): avx512-vnni ... portable
+        self.cpu_description: str = cpu.describe()  # that tier as one line for logs: "cpu tier avx2", ...
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.block_size = block_size

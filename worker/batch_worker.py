@@ -172,8 +172,8 @@ class BatchWorker(BaseWorker):
         started = time.perf_counter()
         self.engine = Engine.from_model(self.model, log=lambda message: self.log.info("Worker %s: %s", self.name,
                                                                                      message), **self.engine_options)
-        self.log.info("Worker %s: loaded %s in %.1f s, %s; KV cache %s tokens (%s)", self.name, self.model,
-                      time.perf_counter() - started, self.engine.weight_choice,
+        self.log.info("Worker %s: loaded %s in %.1f s, %s; %s; KV cache %s tokens (%s)", self.name, self.model,
+                      time.perf_counter() - started, self.engine.weight_choice, self.engine.cpu_description,
                       f"{self.engine.block_manager.num_blocks * self.engine.block_size:,}", self.engine.kv_cache_dtype)
         self.bootstrap(logging_level or "INFO")
         routing.register_served_names(self.connection, self.served_names[1:], self.model)
@@ -445,7 +445,7 @@ class BatchWorker(BaseWorker):
             "queues": [q.name for q in self.queues], "state": state, "started_at": self.started_at,
             "updated_at": time.time(), "batches": sorted({f.payload.batch_id for f in self.in_flight.values()}),
             "architecture": self.engine.config.architecture, "weight_format": self.engine.weight_format,
-            "weight_memory": self.engine.weight_memory,
+            "weight_memory": self.engine.weight_memory, "cpu_tier": self.engine.cpu_tier,
             **stats,
             "tokens_per_s": stats["prompt_tokens_per_s"] + stats["generation_tokens_per_s"],
             "in_flight": len(self.in_flight), "queued": queued, "jobs_done": self.jobs_done,

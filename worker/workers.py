@@ -8,7 +8,8 @@ its last refresh; one that stops cleanly deletes it. Fields (all written as stri
   comma separated)
 - the model: ``architecture`` (the GGUF's, e.g. ``llama``), ``weight_format`` (``f32``: matrices dequantized
   once; ``native``: kept as stored in the memory-mapped file), ``weight_memory`` (bytes the weights hold of
-  their own; a memory-mapped native tensor holds none)
+  their own; a memory-mapped native tensor holds none), ``cpu_tier`` (the CPU tier its kernels run,
+  core/layers/cpu.py: ``avx512-vnni``, ``avx512``, ``avx-vnni``, ``avx2`` or ``portable``)
 - the KV cache and the batch (Engine.stats): ``kv_blocks_used``, ``kv_blocks_total``, ``kv_usage`` (0-1),
   ``running``, ``waiting``, ``preemptions``, ``prefix_cache_hit_rate``, ``prefix_cache_queries``,
   ``prefix_cache_hits``, ``prompt_tokens_total``, ``generation_tokens_total``, ``prompt_tokens_per_s``,

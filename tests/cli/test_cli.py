@@ -1,5 +1,7 @@
 """The `miro` command on the default model: generate, models, and errors as one sentence."""
 
+import re
+
 from click.testing import CliRunner
 
 from miro.cli.main import cli
@@ -12,6 +14,22 @@ def test_generate_chat_greedy(smollm2_path):
     )
     assert result.exit_code == 0, result.output
     assert "Paris" in result.output
+
+
+def test_generate_verbose_names_the_weights_and_the_cpu_tier(tiny_model):
+    """-v says on stderr what was loaded, the CPU tier the kernels run among it; stdout is the completion alone."""
+    from miro.core.layers import cpu
+
+    args = ["generate", "--model", tiny_model, "--max-tokens", "3", "--num-kv-blocks", "8", "--weights", "native",
+            "hi"]
+    result = CliRunner().invoke(cli, [*args[:-1], "-v", "hi"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^Loaded .*tiny\.gguf \(llama\), weights: native \(asked for\); cpu tier (\S+).*; "
+                     r"KV cache 128 tokens \(float16\)$", result.stderr, re.M)
+    assert f"cpu tier {cpu.TIER.name}" in result.stderr and cpu.TIER.name in cpu.TIERS
+    assert "cpu tier" not in result.stdout
+    quiet = CliRunner().invoke(cli, args)
+    assert quiet.exit_code == 0 and "cpu tier" not in quiet.output and quiet.stdout == result.stdout
 
 
 def test_generate_bad_sampling_option_is_one_sentence(smollm2_path):

@@ -454,7 +454,8 @@ def test_worker_log_says_loading_and_ready_and_keeps_per_job_lines_for_debug(tmp
     log, _ = proc.communicate(timeout=120)  # RQ's log handler writes to stdout
     assert proc.returncode == 0, log
     assert re.search(r"Worker w: loading model .*tiny\.gguf", log)
-    assert re.search(r"Worker w: loaded .*tiny\.gguf in [\d.]+ s, weights: \w+.*; KV cache [\d,]+ tokens", log)
+    assert re.search(r"Worker w: loaded .*tiny\.gguf in [\d.]+ s, weights: \w+.*; cpu tier [\w-]+.*; "
+                     r"KV cache [\d,]+ tokens", log)
     assert "Listening on" in log and log.index("loaded") < log.index("Listening on")
     assert "Successfully completed" not in log and "result is kept" not in log and " p3 " not in log
     assert rows_written(tmp_path, batch_id) == 7

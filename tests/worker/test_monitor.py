@@ -19,6 +19,7 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.cli.monitor import render_status, render_watch, watch
+from miro.core.layers import cpu
 from miro.worker import BatchWorker, batches, monitor, workers
 
 TOTAL = 40
@@ -98,11 +99,18 @@ def test_status_json_and_tables_while_a_batch_is_in_progress(held_batch, redis_u
     assert row["running"] + row["waiting"] == row["in_flight"]
     assert row["architecture"] == "llama" and row["weight_format"] in ("f32", "native")
     assert isinstance(row["weight_memory"], int) and row["weight_memory"] > 0  # the default model fits: f32
+    assert row["cpu_tier"] == cpu.TIER.name and row["cpu_tier"] in cpu.TIERS  # the tier its kernels run
+    assert workers.get_worker(conn, worker.name)["cpu_tier"] == cpu.TIER.name  # the hash itself holds it
+    from miro.worker.api.fleet_routes import _workers  # what `miro serve`'s /v1/workers and /v1/fleet list
+
+    assert [w.cpu_tier for w in _workers(workers.list_workers(conn))] == [cpu.TIER.name]
 
     human = CliRunner().invoke(cli, ["status", batch_id, "--redis-url", redis_url])
     assert human.exit_code == 0, human.output
     assert batch_id in human.output and "in_progress" in human.output and worker.name in human.output
     assert f"{batch['done']}/{TOTAL} done" in human.output
+    assert re.search(rf"cpu tier *\n{re.escape(worker.name)} .* llama \w+ [\d.]+ \w*B +{re.escape(cpu.TIER.name)} *\n",
+                     human.output), human.output
 
     listed = CliRunner().invoke(cli, ["status", "--redis-url", redis_url])
     assert listed.exit_code == 0, listed.output
@@ -110,6 +118,8 @@ def test_status_json_and_tables_while_a_batch_is_in_progress(held_batch, redis_u
     listed_json = json.loads(CliRunner().invoke(cli, ["status", "--json", "--redis-url", redis_url]).stdout)
     assert [b["id"] for b in listed_json["batches"]] == [batch_id]
     assert [w["name"] for w in listed_json["workers"]] == [worker.name]
+    assert listed_json["workers"][0]["cpu_tier"] == cpu.TIER.name
+    assert re.search(rf"\n{re.escape(worker.name)} .* {re.escape(cpu.TIER.name)} *\n", listed.output), listed.output
 
 
 def recorded_text(console) -> str:
@@ -317,7 +327,7 @@ def test_render_on_a_recording_console():
     worker = {"name": "w1", "host": "h", "state": "busy", "queues": ["miro"], "batches": ["batch_a"],
               "kv_blocks_used": 12, "kv_blocks_total": 48, "kv_usage": 0.25, "running": 3, "waiting": 1,
               "tokens_per_s": 1234.4, "jobs_done": 30, "jobs_failed": 5,
-              "architecture": "llama", "weight_format": "native", "weight_memory": 3 * 2**20}
+              "architecture": "llama", "weight_format": "native", "weight_memory": 3 * 2**20, "cpu_tier": "avx2"}
     view = monitor.batch_view(record(), now=1030.0)
     console = Console(record=True, width=120)
     console.print(render_watch({"batches": [view], "workers": [worker]}))
@@ -329,4 +339,8 @@ def test_render_on_a_recording_console():
     assert "40/100 done: 30 completed, 5 failed, 5 cancelled, 60 remaining" in text
     assert "100 tok/s, 2.0 requests/s over 20s" in text
     assert re.search(r"batch_a +d.jsonl +in_progress +40/100 +5 +5 +2,000 +30s", text)
-    assert re.search(r"w1 +h +busy +12/48 \(25%\) +3/1 +1,234 +30/5 +llama native 3.0 MiB", text)
+    assert re.search(r"w1 +h +busy +12/48 \(25%\) +3/1 +1,234 +30/5 +llama native 3.0 MiB +avx2", text)
+    older = {k: v for k, v in worker.items() if k != "cpu_tier"}  # a worker from before the field
+    console = Console(record=True, width=120)
+    console.print(render_status({"batches": [], "workers": [older]}, now=1030.0))
+    assert re.search(r"w1 +h +busy .* +llama native 3.0 MiB +- *\n", console.export_text())

@@ -24,6 +24,7 @@ class Worker(BaseModel):
     state: str | None = None
     model: str | None = None
     weight_format: str | None = None
+    cpu_tier: str | None = None  # the CPU tier its kernels run (core/layers/cpu.py), as its hash names it
     queues: list[str] = []
     batches: list[str] = []
     kv_usage: float = 0.0
