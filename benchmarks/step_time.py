@@ -1,7 +1,7 @@
 """One engine step taken apart, each part beside its floor: B=64 decode and a 512-token prefill.
 
     python benchmarks/step_time.py [--model smollm2-135m] [--steps 10] [--weights auto|f32|native]
-                                   [--kv-cache-dtype float16|float32] [--no-batch-invariant]
+                                   [--kv-cache-dtype float16|float32] [--no-batch-invariant] [--tier avx2]
 
 The engine runs as configured (defaults: batch-invariant f32 weights). The parts are timed by wrapping, for
 this script only, the functions the forward pass and the engine call:
@@ -32,6 +32,8 @@ from miro.core import engine as engine_module
 from miro.core.layers import attention as attention_module
 from miro.core.layers import linear as linear_module
 from miro.core.registry import resolve_model
+
+import tiers
 
 from throughput import gemm_peak_gflops
 
@@ -167,7 +169,10 @@ def main() -> None:
     parser.add_argument("--weights", default="auto")
     parser.add_argument("--kv-cache-dtype", default="float16")
     parser.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false")
+    tiers.add_argument(parser)
     args = parser.parse_args()
+    tiers.enter(args)
+    print(tiers.header(args, with_llama=False))
 
     model_path = str(resolve_model(args.model))
     timer = PartTimer()

