@@ -1,7 +1,7 @@
 """Linear layers with weights kept as GGUF blocks (fmt="native") against float32 BLAS on the dequantized matrix.
 
-    python benchmarks/quant_linear.py [--types Q4_0,Q4_1,Q8_0,Q4_K,Q6_K] [--tokens 1,16,64,256]
-                                      [--shapes tinyllama,smollm2] [--repeats 5] [--threads N]
+    python benchmarks/quant_linear.py [--types Q4_0,Q4_1,Q8_0,Q4_K,Q6_K] [--tokens 1,8,64,512]
+                                      [--shapes tinyllama,smollm2] [--repeats 5] [--threads N] [--tier avx2]
 
 Shapes (out x in): TinyLlama-1.1B's 2048x2048 (q, o), 5632x2048 (gate, up), 2048x5632 (down);
 SmolLM2-135M's 576x576, 192x576, 1536x576, 576x1536 and its 49152x576 output head.
@@ -38,6 +38,8 @@ from gguf import quants as gguf_quants  # noqa: E402
 from miro.core.dequant import dequantize  # noqa: E402
 from miro.core.gguf_file import TensorInfo  # noqa: E402
 from miro.core.layers import Linear  # noqa: E402
+
+import tiers  # noqa: E402
 
 SHAPES = {
     "tinyllama": [(2048, 2048), (5632, 2048), (2048, 5632)],
@@ -80,11 +82,14 @@ def median_seconds(calls, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--types", default="Q4_0,Q4_1,Q8_0,Q4_K,Q6_K")
-    parser.add_argument("--tokens", default="1,16,64,256")
+    parser.add_argument("--tokens", default="1,8,64,512")
     parser.add_argument("--shapes", default="tinyllama,smollm2")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="numba and BLAS threads (default: all cores)")
+    tiers.add_argument(parser)
     args = parser.parse_args()
+    tiers.enter(args)
+    print(tiers.header(args, with_llama=False))
     if args.threads:
         import numba
         from threadpoolctl import threadpool_limits
