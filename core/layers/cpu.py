@@ -24,6 +24,7 @@ activation rows. `Linear` asks it and nothing else reads the CPU. MIRO_CPU_TIER 
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -31,7 +32,6 @@ from gguf import GGMLQuantizationType
 from numba.core import config
 
 from ..errors import MiroError
-from .tiles import TILE_TYPES
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,11 @@ def tier_of(features: frozenset[str]) -> Tier:
 
 COMPILED = tier_of(compiled_features())  # the best tier this process's machine code can run
 
+# Whether LLVM turns float16 <-> float32 into instructions here (F16C on x86; aarch64 always). Without them it
+# calls compiler-rt's __extendhfsf2, which numba's JIT cannot resolve: halfs.py then converts with integer ops.
+HALF_IN_HARDWARE = (platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
+                    or "f16c" in compiled_features())
+
 
 def _chosen() -> Tier:
     asked = os.environ.get("MIRO_CPU_TIER", "").strip()
@@ -115,6 +120,7 @@ def get(name: str | None) -> Tier:
 # ---------------------------------------------------------------- the per-type table
 
 _Q = GGMLQuantizationType
+TILE_TYPES = (int(_Q.Q4_0), int(_Q.Q4_1), int(_Q.Q8_0))  # repacked into 16-row tiles where a tier has int8 dots
 
 
 @dataclass(frozen=True)

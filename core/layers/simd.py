@@ -30,6 +30,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic, models, overload, register_model
 
+from .halfs import widen_halves
+
 LANES = 16
 
 
@@ -78,8 +80,8 @@ def load16(typingctx, array, index):
 def load16_f16(typingctx, array, index):
     """array[index:index + 16] (uint16 holding float16 bits) as float32x16: one vcvtph2ps, exact."""
     def codegen(context, builder, sig, args):
-        halves = element_pointer(context, builder, sig.args[0], args[0], args[1], ir.VectorType(ir.HalfType(), LANES))
-        return builder.fpext(builder.load(halves, align=2), ir.VectorType(ir.FloatType(), LANES))
+        halves = element_pointer(context, builder, sig.args[0], args[0], args[1], ir.VectorType(ir.IntType(16), LANES))
+        return widen_halves(builder, builder.load(halves, align=2))
 
     return float32x16(array, types.intp), codegen
 

@@ -24,10 +24,10 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from .quant_blocks import Q4_0, Q4_1, Q8_0, load_u32
+from .cpu import TILE_TYPES  # noqa: F401 (the types tiled, named where the tier table is)
+from .quant_blocks import Q4_1, Q8_0, load_u32
 
 TILE_ROWS = 16  # weight rows per tile: one 512-bit vector of int32 sums
-TILE_TYPES = (Q4_0, Q4_1, Q8_0)
 
 
 def quant_bytes(qtype: int) -> int:
