@@ -1,7 +1,7 @@
-"""Paged attention kernel speed: miro's numba kernel (float32 and float16 caches) against naive numpy and
-torch SDPA.
+"""Paged attention kernel speed: miro's numba kernel (float32 and float16 caches, both scores shapes) against
+naive numpy and torch SDPA.
 
-    python benchmarks/attention.py [--repeats 7] [--threads N]
+    python benchmarks/attention.py [--repeats 7] [--threads N] [--no-torch]
 
 Uses the default model's attention dims (SmolLM2-135M: 9 query heads, 3 KV
 heads, head_dim 64) and block size 16, on decode shapes (64 sequences x 1 new
@@ -10,7 +10,9 @@ tokens from position 0; 8 x 64 from position 0).
 
 - numba: miro.core.layers.attention.paged_attention on a packed batch over a
   paged cache with shuffled block tables (items from build_step_input), with
-  the cache in float32 and in float16 (the same values rounded).
+  the cache in float32 and in float16 (the same values rounded), with the CPU tier's scores shape
+  (queries per key load: attention.SCORE_QUERIES, 4 on 512-bit tiers, 2 on 256-bit ones); the float16
+  cache also with the other shape, whose output must be the same bits.
 - numpy: per sequence, gather K/V from the blocks, scores matrix, causal
   mask, softmax, weighted sum (float32).
 - torch: torch.nn.functional.scaled_dot_product_attention on contiguous
@@ -19,10 +21,11 @@ tokens from position 0; 8 x 64 from position 0).
   does not import.
 
 Prints ms per call (median of --repeats runs after one warm-up call), the
-ratios numba/numpy, numba/torch (below 1 means numba is faster) and numba
-float16 / float32, and the
+ratios numba/numpy, numba/torch (below 1 means numba is faster), numba
+float16 / float32 and the other scores shape / the tier's (float16), and the
 max-abs difference of the numpy and torch outputs from numba's as a sanity
-check. Nothing is asserted.
+check. Nothing is asserted but the two shapes' bits. Under
+`../shared/notes/cpu-tiers.md`'s AVX2 emulation it measures the 256-bit tier.
 
 Timings are only meaningful on an otherwise idle machine: the load average
 is printed with the table. On a busy machine OpenBLAS's worker threads (used
@@ -38,7 +41,8 @@ import time
 
 import numpy as np
 
-from miro.core.layers.attention import paged_attention
+from miro.core.layers import cpu
+from miro.core.layers.attention import SCORE_QUERIES, paged_attention
 from miro.core.model_runner import build_step_input
 
 N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
@@ -132,15 +136,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None, help="numba and torch thread count (default: theirs)")
+    parser.add_argument("--no-torch", action="store_true", help="skip torch SDPA")
     args = parser.parse_args()
 
     import numba
 
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:
-        torch = None
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch
+            import torch.nn.functional as F
+        except ImportError:
+            pass
     if args.threads:
         numba.set_num_threads(args.threads)
         if torch is not None:
@@ -148,14 +155,17 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     scale = np.float32(1.0 / np.sqrt(HEAD_DIM))
+    other = 6 - SCORE_QUERIES  # the other scores shape: 2 or 4
     print(
+        f"cpu tier {cpu.TIER.name}, {SCORE_QUERIES} queries per key load (other shape: {other}); "
         f"n_heads {N_HEADS}, n_kv_heads {N_KV_HEADS}, head_dim {HEAD_DIM}, block_size {BLOCK_SIZE}; "
         f"numba threads {numba.get_num_threads()}"
         + (f", torch {torch.__version__} threads {torch.get_num_threads()}" if torch is not None else ", torch: not importable")
         + f"; median of {args.repeats} runs; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     )
-    header = (f"{'shape':<22} {'numba ms':>9} {'f16 ms':>9} {'numpy ms':>9} {'torch ms':>9} {'numba/numpy':>12} "
-              f"{'numba/torch':>12} {'f16/f32':>8} {'max|diff|':>10}")
+    header = (f"{'shape':<22} {'numba ms':>9} {'f16 ms':>9} {f'f16 sq{other}':>9} {'numpy ms':>9} {'torch ms':>9} "
+              f"{'numba/numpy':>12} {'numba/torch':>12} {'f16/f32':>8} {f'sq{other}/sq{SCORE_QUERIES}':>8} "
+              f"{'max|diff|':>10}")
     print(header)
     print("-" * len(header))
     for name, n_seqs, n_new, start in SHAPES:
@@ -163,14 +173,18 @@ def main() -> None:
         out = np.empty_like(q)
         caches = {dtype: kernel_caches(k_cache, v_cache, dtype) for dtype in ("float32", "float16")}
 
-        def run_numba(dtype="float32"):
+        def run_numba(dtype="float32", score_queries=None, into=out):
             kt, v = caches[dtype]
-            paged_attention(q, kt, v, step.block_tables, step.positions, step.attn_items, scale, out)
+            paged_attention(q, kt, v, step.block_tables, step.positions, step.attn_items, scale, into,
+                            score_queries=score_queries)
 
         def run_numpy():
             return numpy_attention(q, k_cache, v_cache, tables, n_new, start, scale)
 
+        out_other = np.empty_like(q)
+        t_other = median_ms(lambda: run_numba("float16", other, out_other), args.repeats)
         t_f16 = median_ms(lambda: run_numba("float16"), args.repeats)
+        assert np.array_equal(out.view(np.uint32), out_other.view(np.uint32)), "the two scores shapes differ"
         t_numba = median_ms(run_numba, args.repeats)
         t_numpy = median_ms(run_numpy, args.repeats)
         diff = float(np.abs(run_numpy() - out).max())
@@ -189,8 +203,8 @@ def main() -> None:
         torch_ms = f"{t_torch:9.3f}" if t_torch is not None else f"{'-':>9}"
         torch_ratio = f"{t_numba / t_torch:12.2f}" if t_torch is not None else f"{'-':>12}"
         print(
-            f"{name:<22} {t_numba:9.3f} {t_f16:9.3f} {t_numpy:9.3f} {torch_ms} {t_numba / t_numpy:12.2f} {torch_ratio} "
-            f"{t_f16 / t_numba:8.2f} {diff:10.1e}"
+            f"{name:<22} {t_numba:9.3f} {t_f16:9.3f} {t_other:9.3f} {t_numpy:9.3f} {torch_ms} {t_numba / t_numpy:12.2f} "
+            f"{torch_ratio} {t_f16 / t_numba:8.2f} {t_other / t_f16:8.2f} {diff:10.1e}"
         )
 
 

@@ -9,6 +9,12 @@ every query of it. block_size and head_dim are multiples of 16 (kv_cache.check_k
 
 Every query's result is computed from its own context alone, in an order fixed by positions (blocks of
 16 keys from position 0), so it never depends on what else is in the batch.
+
+Queries share each key and value load, in groups whose size the CPU tier sets (cpu.TIER.vector_bits): the
+scores pass keeps two sums per query, so 4 queries are 8 vectors of 16 floats, 8 of the 32 zmm registers
+but 16 ymm, all of AVX2's, and it spills; 256-bit tiers score 2 queries per load. The values pass keeps
+one sum per query (4 queries: 8 ymm) and takes 4 on every tier. A query's arithmetic is the same in any
+group, so the tiers give the same bits.
 """
 
 from __future__ import annotations
@@ -17,12 +23,21 @@ import numpy as np
 from numba import get_num_threads, njit, prange, types
 from numba.core.extending import overload
 
-from .cache_key import HELPERS
+from . import cpu
+from .cache_key import HELPERS, cached_variant
 from .halfs import f32_to_f16_bits
 from .simd import LANES, exp16, fma, hmax, hsum, keep_lanes, load16, load16_f16, prefetch, store16, zeros16
 
 
-QUERIES = 4  # queries that share each key and value load
+QUERIES = 4  # queries that share each value load (and each key load on 512-bit tiers); rows are padded to it
+
+
+def score_queries_for(tier: cpu.Tier) -> int:
+    """Queries that share each key load in the scores pass: their 2 sums each must fit the registers."""
+    return 4 if tier.vector_bits == 512 else 2
+
+
+SCORE_QUERIES = score_queries_for(cpu.TIER)
 
 
 def as_cache_value(cache, x):
@@ -66,7 +81,7 @@ def _rotate(vec, cos_row, sin_row, neox):
         vec[b_i] = a * sin_row[i] + b * cos_row[i]
 
 
-def _build():
+def _build_rope_and_store_kv():
     helpers = HELPERS
 
     @njit(cache=True)
@@ -94,7 +109,15 @@ def _build():
                     k_cache[block, h, d, offset] = as_cache_value(k_cache, k[d])
                     v_cache[block, h, offset, d] = as_cache_value(v_cache, v[d])
 
-    @njit(cache=True, parallel=True)
+    return rope_and_store_kv
+
+
+def _build_attend(score_queries: int):
+    """The attention kernel whose scores pass shares each key load among `score_queries` (2 or 4) queries."""
+    helpers = HELPERS
+    assert score_queries in (2, 4)
+
+    @cached_variant(f"scores{score_queries}", parallel=True)
     def attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, threads):
         """paged_attention's kernel; threads: numba's thread count (read outside: it would keep this from the
         cache)."""
@@ -134,10 +157,14 @@ def _build():
                 vb, v0 = block_as_f32(flat_v, start, v_scratch)  # vb[v0 + j * head_dim + d]: value j's d
                 for lane0 in range(0, block_size, LANES):
                     base = b * block_size + lane0  # the position of lane 0
-                    # three passes over the queries, 4 at a time where they share loads, so that the CPU overlaps
-                    # their dependency chains; every query's own arithmetic is the same whatever its neighbours
-                    for qi in range(0, rows, QUERIES):
-                        _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores)
+                    # three passes over the queries, a group at a time where they share loads, so that the CPU
+                    # overlaps their dependency chains; every query's own arithmetic is the same whatever its
+                    # neighbours
+                    for qi in range(0, rows, score_queries):
+                        if score_queries == 4:
+                            _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores)
+                        else:
+                            _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores)
                     for t in range(t_begin, t_end):
                         seen = positions[t] + 1 - base  # keys of the 16 at or before the query
                         end = min(seen, LANES)
@@ -152,7 +179,7 @@ def _build():
                     out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
         return out
 
-    return rope_and_store_kv, attend
+    return attend
 
 
 @njit(inline="always")
@@ -177,6 +204,22 @@ def _dealt(n, threads):
             order[k] = w
             k += 1
     return order
+
+
+@njit(inline="always")
+def _scores2(queries, qi, kt, k0, block_size, scale, scores):
+    """_scores4 for 2 queries: 4 vectors of sums, which 256-bit registers hold."""
+    e0, e1 = zeros16(), zeros16()
+    o0, o1 = zeros16(), zeros16()
+    for d in range(0, queries.shape[1], 2):
+        k_even = load16(kt, k0 + d * block_size)
+        k_odd = load16(kt, k0 + (d + 1) * block_size)
+        e0 = fma(queries[qi, d], k_even, e0)
+        e1 = fma(queries[qi + 1, d], k_even, e1)
+        o0 = fma(queries[qi, d + 1], k_odd, o0)
+        o1 = fma(queries[qi + 1, d + 1], k_odd, o1)
+    store16(scores, qi * LANES, (e0 + o0) * scale)
+    store16(scores, (qi + 1) * LANES, (e1 + o1) * scale)
 
 
 @njit(inline="always")
@@ -242,10 +285,18 @@ def _accumulate_values4(probs, qi, correction, vb, v0, acc):
         store16(acc, r3, a3)
 
 
-rope_and_store_kv, _attend = _build()
+rope_and_store_kv = _build_rope_and_store_kv()
+_ATTEND = {SCORE_QUERIES: _build_attend(SCORE_QUERIES)}  # the other shape is built when asked for
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, out, window=0):
+def _attend_kernel(score_queries: int):
+    if score_queries not in _ATTEND:
+        _ATTEND[score_queries] = _build_attend(score_queries)
+    return _ATTEND[score_queries]
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, out, window=0,
+                    score_queries=None):
     """Causal flash attention over the paged cache for a packed batch of query tokens.
 
     q: (T, n_heads, head_dim); out: same shape.
@@ -256,5 +307,8 @@ def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, 
     items: (W, 4) int32 rows (seq, kv_head, t_begin, t_end): one work item per sequence, KV head and tile
       of that sequence's query tokens. Every query head of the KV head's group shares each block; an
       online softmax per query keeps memory O(tile), never the full score matrix.
+    score_queries: queries per key load in the scores pass, 2 or 4 (None: the tier's, SCORE_QUERIES); the
+      same bits either way.
     """
-    return _attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, get_num_threads())
+    attend = _attend_kernel(SCORE_QUERIES if score_queries is None else score_queries)
+    return attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, get_num_threads())

@@ -7,15 +7,23 @@ boundaries and some end exactly on one; every sequence's blocks are drawn from
 a random permutation of the pool, so block tables are neither contiguous nor
 sorted. The kernel only reads the cache, so every context position's K/V is
 simply filled with random values, in the cache's layout (K transposed within a
-block), as float32 or as float16 bits.
+block), as float32 or as float16 bits. The kernel runs with the CPU tier's scores
+shape (4 queries per key load on 512-bit tiers, 2 on 256-bit ones); both shapes
+must give the same bits.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from miro.core.layers.attention import paged_attention
+from miro.core.layers import cpu
+from miro.core.layers.attention import SCORE_QUERIES, paged_attention, score_queries_for
 from miro.core.model_runner import ATTN_TILE, build_step_input
 
 TOL = 1e-4
@@ -51,9 +59,10 @@ def make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim, spare_bloc
     return q, k_cache, v_cache, step, tables
 
 
-def run_kernel(q, k_cache, v_cache, step, scale, window=0):
+def run_kernel(q, k_cache, v_cache, step, scale, window=0, score_queries=None):
     out = np.full(q.shape, np.nan, dtype=np.float32)
-    paged_attention(q, k_cache, v_cache, step.block_tables, step.positions, step.attn_items, scale, out, window)
+    paged_attention(q, k_cache, v_cache, step.block_tables, step.positions, step.attn_items, scale, out, window,
+                    score_queries=score_queries)
     return out
 
 
@@ -197,3 +206,50 @@ def test_sliding_window_matches_masked_reference(block_size, window):
     # a window longer than every context is no window
     np.testing.assert_array_equal(run_kernel(q, k_cache, v_cache, step, scale, 100_000),
                                   run_kernel(q, k_cache, v_cache, step, scale))
+
+
+def test_scores_shape_follows_the_tier():
+    assert score_queries_for(cpu.TIERS["avx512-vnni"]) == score_queries_for(cpu.TIERS["avx512"]) == 4
+    assert score_queries_for(cpu.TIERS["avx2"]) == score_queries_for(cpu.TIERS["avx-vnni"]) == 2
+    assert SCORE_QUERIES == score_queries_for(cpu.TIER)
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads,block_size,kv_dtype,window", [
+    (9, 3, 16, "float16", 0), (16, 2, 32, "float32", 0), (6, 2, 16, "float32", 13), (2, 2, 48, "float16", 0)])
+def test_scores_shapes_give_the_same_bits(n_heads, n_kv_heads, block_size, kv_dtype, window):
+    """The 256-bit tiers' shape (2 queries per key load) and the 512-bit tiers' (4): each query's arithmetic is
+    the same, only its neighbours in the registers differ."""
+    rng = np.random.default_rng(7 * n_heads + block_size)
+    specs = mixed_specs(rng, block_size)
+    q, k_cache, v_cache, step, _ = make_batch(rng, specs, block_size, n_heads, n_kv_heads, 64, kv_dtype=kv_dtype)
+    scale = np.float32(0.125)
+    two = run_kernel(q, k_cache, v_cache, step, scale, window, score_queries=2)
+    four = run_kernel(q, k_cache, v_cache, step, scale, window, score_queries=4)
+    assert np.all(np.isfinite(two))
+    assert np.array_equal(two.view(np.uint32), four.view(np.uint32))
+
+
+_CASE = """
+import sys
+import numpy as np
+sys.path.insert(0, "tests/core")
+from test_attention import make_batch, mixed_specs, run_kernel
+rng = np.random.default_rng(5)
+specs = mixed_specs(rng, 16)
+q, k_cache, v_cache, step, _ = make_batch(rng, specs, 16, 9, 3, 64, kv_dtype="float16")
+np.save(sys.argv[1], run_kernel(q, k_cache, v_cache, step, np.float32(0.125)))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("avx2" not in cpu.runnable(), reason="the AVX2 emulation needs a CPU that runs AVX2")
+def test_avx2_machine_code_gives_this_processes_bits(tmp_path):
+    """The kernel compiled for an AVX2-only CPU (the 2-query shape in ymm registers) and this process's (the
+    4-query shape in zmm ones on an AVX-512 machine): the same batch, the same bits."""
+    root = Path(__file__).resolve().parents[2]
+    mine, theirs = tmp_path / "mine.npy", tmp_path / "avx2.npy"
+    for path, extra in ((mine, {}), (theirs, cpu.emulation_env("avx2"))):
+        done = subprocess.run([sys.executable, "-c", _CASE, str(path)], env={**os.environ, **extra}, cwd=root,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert np.array_equal(np.load(mine).view(np.uint32), np.load(theirs).view(np.uint32))
