@@ -17,15 +17,34 @@ from .layers.halfs import f32_to_f16_bits
 from .layers.simd import LANES, exp1, exp16, load16, store16, zeros16
 
 
-@njit(cache=True, fastmath=True)
+@njit(inline="always")
+def _sum_of_squares(row, start, n):
+    """sum of row[start + i]^2 for i < n, each square in float32, summed in float64 in one order on every CPU
+    tier: 8 chains (value i to chain i % 8; LLVM may run them as one vector, never reassociated), added
+    pairwise, then the last few values. (ggml sums in double too, one by one.)"""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    body = n - n % 8
+    for i in range(start, start + body, 8):
+        a0 += row[i] * row[i]
+        a1 += row[i + 1] * row[i + 1]
+        a2 += row[i + 2] * row[i + 2]
+        a3 += row[i + 3] * row[i + 3]
+        a4 += row[i + 4] * row[i + 4]
+        a5 += row[i + 5] * row[i + 5]
+        a6 += row[i + 6] * row[i + 6]
+        a7 += row[i + 7] * row[i + 7]
+    total = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for i in range(start + body, start + n):
+        total += row[i] * row[i]
+    return total
+
+
+@njit(cache=True)
 def rmsnorm(x, weight, eps, out):
     """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for each row t."""
     n, d = x.shape
     for t in range(n):
-        acc = 0.0
-        for i in range(d):
-            acc += x[t, i] * x[t, i]
-        inv = np.float32(1.0 / math.sqrt(acc / d + eps))
+        inv = np.float32(1.0 / math.sqrt(_sum_of_squares(x[t], 0, d) / d + eps))
         for i in range(d):
             out[t, i] = x[t, i] * inv * weight[i]
     return out
@@ -106,17 +125,14 @@ def gelu_mul(gate_up: np.ndarray, out: np.ndarray) -> np.ndarray:
     return _gelu_mul(gate_up, _GELU_F16, out)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True)
 def head_rmsnorm(qkv, first_col, n_heads, head_dim, weight, eps):
     """RMSNorm over each of n_heads heads of head_dim columns from first_col of every row, in place
     (qwen3's and gemma3's q/k norm): qkv[t, head] = qkv[t, head] / rms(qkv[t, head]) * weight."""
     for t in range(qkv.shape[0]):
         for h in range(n_heads):
             c0 = first_col + h * head_dim
-            acc = 0.0
-            for i in range(head_dim):
-                acc += qkv[t, c0 + i] * qkv[t, c0 + i]
-            inv = np.float32(1.0 / math.sqrt(acc / head_dim + eps))
+            inv = np.float32(1.0 / math.sqrt(_sum_of_squares(qkv[t], c0, head_dim) / head_dim + eps))
             for i in range(head_dim):
                 qkv[t, c0 + i] = qkv[t, c0 + i] * inv * weight[i]
     return qkv
