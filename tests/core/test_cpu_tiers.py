@@ -100,3 +100,39 @@ def test_kernel_equality_tests_pass_when_numba_compiles_for_avx2():
                           capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout
+
+
+_GREEDY = """
+import json, sys
+from miro.core import Engine, SamplingParams
+from miro.core.layers import cpu
+prompts = ["The capital of France is", "def fibonacci(n):", "Write a haiku about the sea.", "1, 2, 3, 4,"]
+params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+result = {"tier": cpu.TIER.name}
+for weights in ("native", "f32"):
+    engine = Engine.from_model(sys.argv[1], weights=weights, kv_cache_memory="64MiB")
+    assert engine.runner.batch_invariant
+    outputs = engine.generate(prompts, params, use_tqdm=False)
+    result[weights] = [out.outputs[0].token_ids for out in outputs]
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("avx2" not in cpu.runnable(), reason="the AVX2 emulation needs a CPU that runs AVX2")
+def test_greedy_tokens_are_the_same_on_the_avx2_tier(smollm2_path):
+    """The default model, native and batch-invariant f32 weights: the same greedy tokens compiled for this CPU and
+    for an AVX2-only one (different kernels, different machine code, the same bits)."""
+    import json
+
+    def run(env):
+        done = subprocess.run([sys.executable, "-c", _GREEDY, str(smollm2_path)], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    here = run(dict(os.environ))
+    emulated = run({**os.environ, **cpu.emulation_env("avx2")})
+    assert emulated["tier"] == "avx2"
+    assert emulated["native"] == here["native"]
+    assert emulated["f32"] == here["f32"]
