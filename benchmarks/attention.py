@@ -25,7 +25,7 @@ ratios numba/numpy, numba/torch (below 1 means numba is faster), numba
 float16 / float32 and the other scores shape / the tier's (float16), and the
 max-abs difference of the numpy and torch outputs from numba's as a sanity
 check. Nothing is asserted but the two shapes' bits. Under
-`../shared/notes/cpu-tiers.md`'s AVX2 emulation it measures the 256-bit tier.
+the AVX2 emulation (`cpu.emulation_env("avx2")`, benchmarks/tiers.py) it measures the 256-bit tier.
 
 Timings are only meaningful on an otherwise idle machine: the load average
 is printed with the table. On a busy machine OpenBLAS's worker threads (used

@@ -6,9 +6,10 @@
 
 `--tier avx2` re-executes the script with the environment of `miro.core.layers.cpu.emulation_env("avx2")`:
 numba compiling for an AVX2-only CPU (NUMBA_CPU_NAME and NUMBA_CPU_FEATURES: the name alone keeps the host's
-features), numpy's dispatch without AVX-512 and OpenBLAS's Haswell kernels, as on a VM that hides AVX-512
-(../shared/notes/cpu-tiers.md). Compare it with llama.cpp built for the same tier (`--llama-python` of a
-venv built with GGML_NATIVE=OFF GGML_AVX2=ON GGML_AVX512=OFF, as that note says).
+features), numpy's dispatch without AVX-512 and OpenBLAS's Haswell kernels, as on a VM that hides AVX-512.
+Compare it with llama.cpp built for the same tier (`--llama-python` of a venv built with
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF
+-DGGML_AVX_VNNI=OFF", as the README says).
 """
 
 from __future__ import annotations

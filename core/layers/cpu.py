@@ -1,8 +1,8 @@
 """The CPU the kernels are compiled for, named as a tier, and which kernel each weight type takes there.
 
 numba compiles for the host unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say otherwise, so the features are
-read from what numba will compile for, never from the host directly: under the AVX2 emulation of
-`../shared/notes/cpu-tiers.md` an AVX-512 machine is an AVX2 one here too.
+read from what numba will compile for, never from the host directly: under the AVX2 emulation
+(`emulation_env` below) an AVX-512 machine is an AVX2 one here too.
 
 Tiers, best first (a tier can run the kernels of the tiers it lists in `runs`):
 
@@ -165,8 +165,8 @@ def describe() -> str:
     return line
 
 
-# What makes an AVX-512 machine compile and run as an AVX2-only one (../shared/notes/cpu-tiers.md: the
-# features an AVX-512-hidden Zen 4 VM reports): numba's target (NUMBA_CPU_NAME alone keeps the host's
+# What makes an AVX-512 machine compile and run as an AVX2-only one (the features a Zen 4 VM that hides
+# AVX-512 reports to LLVM): numba's target (NUMBA_CPU_NAME alone keeps the host's
 # features), numpy's dispatch and OpenBLAS's kernels. Set in a child process's environment, before it
 # imports numpy: for the benchmarks and the test that runs the kernels under it.
 AVX2_FEATURES = ("+64bit,+adx,+aes,+avx,+avx2,+bmi,+bmi2,+clflushopt,+clwb,+clzero,+cmov,+crc32,+cx16,+cx8,+f16c,"

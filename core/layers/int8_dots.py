@@ -7,8 +7,8 @@ sums are exact and none of these saturates on the values given to it, so every f
 sums, the same as the portable kernels'.
 
 - `dot_block_rows2`, `dot_superblock_lanes8`: the 512-bit VNNI lanes kernels' dots (vnni_kernels.py).
-- `tile_dot(tier, qtype)`: a 16-row tile's block (tiles.py) against several activation rows, for the
-  tile kernel (tile_kernels.py), on every tier with int8 dots.
+- `tile_dot(..., bits, vnni, qtype, tokens)`: a 16-row tile's block (tiles.py) against several activation
+  rows, for the tile kernel (tile_kernels.py), on every tier with int8 dots.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from .quant_blocks import Q8_0
 from .simd import LANES, int32x16, splat
 
 _I64 = ir.IntType(64)
@@ -86,18 +87,15 @@ def dot_superblock_lanes8(typingctx, a_pairs, a_start, w_pairs, w_start):
     return sig, codegen
 
 
-
-
 # ---------------------------------------------------------------- the tile kernel's dots, every int8 tier
 
-_Q8_0 = 8  # GGMLQuantizationType.Q8_0
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
 
 def tile_signed_bytes(qtype: int, vnni: bool) -> bool:
     """Whether a Q8_0 tile keeps the file's signed bytes (vpmaddubsw tiers: |w| and the sign move to a, as ggml
     does) rather than w + 128 (vpdpbusd tiers, whose unsigned operand is then the weights as they are)."""
-    return qtype == _Q8_0 and not vnni
+    return qtype == Q8_0 and not vnni
 
 
 @intrinsic(prefer_literal=True)
@@ -121,7 +119,7 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
         return None  # numba then retries with the constants as literals
     width = bits.literal_value // 8  # bytes per vector
     with_vnni = bool(vnni.literal_value)
-    nibbles = qtype.literal_value != _Q8_0
+    nibbles = qtype.literal_value != Q8_0
     signed = tile_signed_bytes(qtype.literal_value, with_vnni)
     n_tokens = tokens.literal_value
     sig = types.UniTuple(int32x16, n_tokens)(quants, types.intp, a, types.intp, types.intp, bits, vnni, qtype, tokens)
@@ -159,7 +157,9 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
         else:
             quads = [[load(64 * q + width * p) for p in range(parts)] for q in range(8)]
         if signed:
-            negative = [[builder.icmp_signed("<", v, ir.Constant(v_bytes, [0] * width)) for v in row] for row in quads]
+            if width == 64:  # for the select that stands in for vpsignb, which AVX-512 lacks
+                negative = [[builder.icmp_signed("<", v, ir.Constant(v_bytes, [0] * width)) for v in row]
+                            for row in quads]
             magnitudes = [[call(f"llvm.abs.v{width}i8", v_bytes, [v, ir.Constant(ir.IntType(1), 0)]) for v in row]
                           for row in quads]
 

@@ -308,8 +308,8 @@ class Kernels:
         block32 = qtype in BLOCK32_TYPES
         self.lanes = _lanes_32(qtype) if block32 else _lanes_k(qtype)
         self.rows = _rows_32(qtype) if block32 else _rows_k(qtype)
-        self.tiles = tile_kernels.tiles_32(qtype, tier, 8 if tier.vector_bits == 512 else 2)
         self.tiles_x2 = tile_kernels.tiles_32(qtype, tier, 2)
+        self.tiles = tile_kernels.tiles_32(qtype, tier, 8) if tier.vector_bits == 512 else self.tiles_x2
         self.lanes_vnni = None
         if tier.has_vnni and tier.vector_bits == 512:
             self.lanes_vnni = vnni_kernels.lanes_32(qtype) if block32 else vnni_kernels.lanes_k(qtype)

@@ -20,11 +20,11 @@ from numba import njit, prange
 import numpy as np
 
 from .cache_key import HELPERS, cached_variant
-from .cpu import Tier
+from .cpu import TILE_TYPES, Tier
 from .int8_dots import tile_dot, tile_signed_bytes
-from .quant_blocks import Q4_1, Q8_0, add_block32, quads_offset
+from .quant_blocks import Q4_1, add_block32, quads_offset
 from .simd import LANES, load16_f16, store16, to_float, zeros16
-from .tiles import TILE_ROWS, TILE_TYPES, quant_bytes
+from .tiles import TILE_ROWS, quant_bytes
 
 
 def tile_offset(qtype: int, tier: Tier) -> int:
@@ -42,11 +42,13 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
     return _tiles_x2(qtype, tier)
 
 
+def _constants(qtype: int, tier: Tier) -> tuple[bool, int, int, int]:
+    """What a tile kernel bakes in: Q4_1's mins, the sums' offset, a block's quant bytes, vpdpbusd or not."""
+    return qtype == Q4_1, tile_offset(qtype, tier), quant_bytes(qtype), int(tier.has_vnni)
+
+
 def _tiles_x8(qtype: int, tier: Tier):
-    has_min = qtype == Q4_1
-    offset = tile_offset(qtype, tier)
-    block_quants = quant_bytes(qtype)
-    vnni = int(tier.has_vnni)
+    has_min, offset, block_quants, vnni = _constants(qtype, tier)
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}", parallel=True)
@@ -92,11 +94,8 @@ def _tiles_x8(qtype: int, tier: Tier):
 
 
 def _tiles_x2(qtype: int, tier: Tier):
+    has_min, offset, block_quants, vnni = _constants(qtype, tier)
     bits = 512 if tier.vector_bits == 512 else 256
-    has_min = qtype == Q4_1
-    offset = tile_offset(qtype, tier)
-    block_quants = quant_bytes(qtype)
-    vnni = int(tier.has_vnni)
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}", parallel=True)

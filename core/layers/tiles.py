@@ -24,7 +24,6 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from .cpu import TILE_TYPES  # noqa: F401 (the types tiled, named where the tier table is)
 from .quant_blocks import Q4_1, Q8_0, load_u32
 
 TILE_ROWS = 16  # weight rows per tile: one 512-bit vector of int32 sums
