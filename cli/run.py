@@ -189,8 +189,8 @@ def _requeue_abandoned(conn, queue_name: str) -> None:
     started = StartedJobRegistry(queue=queue)
     for job_id in queue.intermediate_queue.get_job_ids():  # taken off the queue, not yet started
         queue.intermediate_queue.remove(job_id)
-        if job_id not in started:
-            queue.push_job_id(job_id, at_front=True)
+        # status started and leaving this list are one step, so these never started, even if already in `started`
+        queue.push_job_id(job_id, at_front=True)
     started.cleanup(timestamp=time.time() + 10 ** 9)  # started: queued again as if their heartbeats had lapsed
 
 

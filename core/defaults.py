@@ -42,6 +42,7 @@ PRIORITY = "normal"
 # a worker
 FLUSH_ROWS = 256  # a part file once this many rows wait...
 FLUSH_SECONDS = 5.0  # ...or once the oldest has waited this long
+IDLE_POLL_S = 0.2  # an idle worker looks for a job this often (taking one from several queues cannot block)
 HEARTBEAT_SLACK_S = 60  # a job whose heartbeat is this late is abandoned and queued again
 SHUTDOWN_GRACE_S = 30.0  # after SIGTERM, for the requests in flight to finish before the rest are requeued
 RUN_SHUTDOWN_GRACE_S = 5.0  # the same for `miro run`: the user is waiting, so a few seconds

@@ -27,19 +27,19 @@ from dataclasses import dataclass
 
 import redis
 
-from rq.exceptions import DequeueTimeout
+from rq.exceptions import NoSuchJobError
 from rq.logutils import setup_loghandlers
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import CanceledJobRegistry
-from rq.utils import now
+from rq.utils import as_text, now
 from rq.worker.base import BaseWorker, WorkerStatus
 
 from miro.core import Engine, MiroError, defaults
 from miro.core.defaults import PRIORITIES
 from miro.core.registry import DEFAULT_MODEL
 
-from . import batches, keys, routing, rq_private, workers
+from . import batches, keys, routing, rq_private, scripts, workers
 from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, summary, uncounted_failures
 from .payload import JobPayload
 from .rows import result_rows
@@ -98,7 +98,7 @@ class BatchWorker(BaseWorker):
                  flush_seconds: float = defaults.FLUSH_SECONDS, heartbeat_slack_s: int = defaults.HEARTBEAT_SLACK_S, metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
                  served_model_names: list[str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        # every priority of each queue given, most urgent first: dequeue_any takes from the first with a job
+        # every priority of each queue given, most urgent first: _take_next takes from the first with a job
         self.queues = [self.queue_class(name, connection=self.connection, job_class=self.job_class,
                                         serializer=self.serializer)
                        for name in routing.worker_queues([q.name for q in self.queues])]
@@ -251,21 +251,33 @@ class BatchWorker(BaseWorker):
         return room
 
     def _admit(self, block: bool) -> None:
+        """Take jobs while a priority has room; with nothing queued and `block`, wait IDLE_POLL_S first."""
         while queues := self._with_room():
-            try:
-                result = Queue.dequeue_any(queues, 1 if block else None, connection=self.connection,
-                                           job_class=self.job_class, serializer=self.serializer)
-            except DequeueTimeout:
+            taken = self._take_next(queues)
+            if taken is None:
+                if block:
+                    time.sleep(defaults.IDLE_POLL_S)
                 return
-            if result is None:
-                return
-            job, queue = result
+            job, queue = taken
             block = False
             execution = self.prepare_execution(job)
-            # RQ moves a job taken from a single queue to that queue's intermediate list (LMOVE), not from several
-            self.prepare_job_execution(job, remove_from_intermediate_queue=len(queues) == 1)
+            self.prepare_job_execution(job, remove_from_intermediate_queue=True)  # and status started, atomically
             job.started_at = now()
             self._start(job, queue, execution)
+
+    def _take_next(self, queues: list[Queue]) -> tuple[Job, Queue] | None:
+        """The job at the head of the most urgent queue with one, moved onto that queue's intermediate list in
+        the same step (scripts.TAKE_NEXT_JOB), so a worker killed before it starts the job loses nothing."""
+        by_key = {queue.key: queue for queue in queues}
+        keys = [key for queue in queues for key in (queue.key, queue.intermediate_queue_key)]
+        while taken := scripts.TAKE_NEXT_JOB(self.connection, keys):
+            queue = by_key[as_text(taken[0])]
+            job_id = as_text(taken[1])
+            try:
+                return self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer), queue
+            except NoSuchJobError:  # deleted while queued (its result TTL, `miro delete`): nothing to run
+                queue.intermediate_queue.remove(job_id)
+        return None
 
     def _start(self, job: Job, queue: Queue, execution) -> None:
         started = time.time()

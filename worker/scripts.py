@@ -98,6 +98,18 @@ if redis.call('SREM', KEYS[2], ARGV[2]) == 1 then redis.call('HINCRBY', KEYS[1],
 return 0
 """)
 
+# KEYS: pairs of (queue list, its intermediate list), most urgent queue first -> {queue key, job id} of the job
+# at the head of the first non-empty queue, moved onto that queue's intermediate list in the same step, or nil.
+# A worker killed between taking a job and starting it leaves the id there, and RQ's maintenance queues it
+# again (IntermediateQueue.cleanup); BLPOP over several queues would leave it nowhere.
+TAKE_NEXT_JOB = Lua("""
+for i = 1, #KEYS, 2 do
+  local job_id = redis.call('LMOVE', KEYS[i], KEYS[i + 1], 'LEFT', 'RIGHT')
+  if job_id then return {KEYS[i], job_id} end
+end
+return nil
+""")
+
 # KEYS: queue list, the batch's cancel-pending list; ARGV: job id prefix of the batch. Takes the batch's jobs
 # off the queue (the rest keep their order) onto the pending list, atomically; returns how many.
 TAKE_OFF_QUEUE = Lua("""

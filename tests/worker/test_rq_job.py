@@ -2,6 +2,7 @@
 BatchWorker) -> miro results, on a real redis-server and a tiny GGUF model."""
 
 import json
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -204,6 +205,36 @@ def test_kill_9_mid_batch_jobs_run_again_on_a_live_worker(tmp_path, redis_url, t
     finally:
         survivor.send_signal(signal.SIGTERM)
         survivor.wait(timeout=60)
+    assert_every_row_once(tmp_path, redis_url, batch_id)
+
+
+def test_a_job_taken_by_a_worker_killed_before_starting_it_runs_again(tmp_path, redis_url, tiny_model):
+    """The window kill -9 hits most (a worker takes its next jobs just as the last ones are counted): the job
+    is off the queue, not yet started. It waits on its queue's intermediate list, and maintenance queues it
+    again once RQ's minute there has passed (aged here by hand)."""
+    from rq.intermediate_queue import IntermediateQueue
+
+    batch_id = submit_long_batch(tmp_path, redis_url, tiny_model)
+    conn = redis.Redis.from_url(redis_url)
+    queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
+    first_id = queue.job_ids[0]
+
+    def live_worker() -> BatchWorker:
+        return BatchWorker([queue], connection=conn, serializer=JSONSerializer, model=tiny_model,
+                           engine_options={"kv_cache_memory": "8MiB", "max_num_seqs": 4})
+
+    doomed = live_worker()
+    job, taken_from = doomed._take_next(doomed.queues)  # its high, normal and low queues; then kill -9
+    assert (job.id, taken_from.name) == (first_id, queue.name)
+    assert first_id not in queue.job_ids and queue.intermediate_queue.get_job_ids() == [first_id]
+
+    maintainer = live_worker()
+    maintainer.run_maintenance_tasks()  # RQ notes when it first saw the job there...
+    intermediate = IntermediateQueue(queue.key, connection=conn)
+    conn.set(intermediate.get_first_seen_key(first_id), time.time() - 120)
+    maintainer.run_maintenance_tasks()  # ...and a minute later queues it again, one retry fewer
+    assert first_id in queue.job_ids and intermediate.get_job_ids() == []
+    live_worker().work(burst=True, logging_level="WARNING")
     assert_every_row_once(tmp_path, redis_url, batch_id)
 
 
