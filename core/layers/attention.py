@@ -4,8 +4,8 @@ Layout of one layer's cache (kv_cache.KVCache holds every layer's):
     k: (num_blocks, n_kv_heads, head_dim, block_size)  K transposed within a block, so that 16 keys' scores
                                                         are one vector: sum over d of q[d] * k[d, 0:16]
     v: (num_blocks, n_kv_heads, block_size, head_dim)
-in float32, or float16 bits (uint16): each block is widened to float32 once per work item, and serves
-every query of it. block_size and head_dim are multiples of 16 (kv_cache.check_kv_layout).
+in float32, or float16 bits (uint16), widened to float32 exactly: as each vector is loaded for a work item
+of one group of queries (a decode token's), or once per block into scratch for items with more. block_size and head_dim are multiples of 16 (kv_cache.check_kv_layout).
 
 Every query's result is computed from its own context alone, in an order fixed by positions (blocks of
 16 keys from position 0), so it never depends on what else is in the batch.
@@ -49,6 +49,17 @@ def _as_cache_value(cache, x):
     if cache.dtype == types.uint16:
         return lambda cache, x: f32_to_f16_bits(np.float32(x))
     return lambda cache, x: np.float32(x)
+
+
+def load_kv16(flat_cache, i):
+    """flat_cache[i:i + 16] as float32x16: loaded, or its float16 bits widened (vcvtph2ps, exact)."""
+
+
+@overload(load_kv16)
+def _load_kv16(flat_cache, i):
+    if flat_cache.dtype == types.uint16:
+        return lambda flat_cache, i: load16_f16(flat_cache, i)
+    return lambda flat_cache, i: load16(flat_cache, i)
 
 
 def block_as_f32(flat_cache, start, scratch):
@@ -153,26 +164,15 @@ def _build_attend(score_queries: int):
                 if b < max_pos // block_size:  # the next block's lines on their way while this one is worked on
                     _prefetch_block(flat_k, flat_v, (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values,
                                     block_values)
-                kt, k0 = block_as_f32(flat_k, start, k_scratch)  # kt[k0 + d * block_size + j]: key j's d
-                vb, v0 = block_as_f32(flat_v, start, v_scratch)  # vb[v0 + j * head_dim + d]: value j's d
-                for lane0 in range(0, block_size, LANES):
-                    base = b * block_size + lane0  # the position of lane 0
-                    # three passes over the queries, a group at a time where they share loads, so that the CPU
-                    # overlaps their dependency chains; every query's own arithmetic is the same whatever its
-                    # neighbours
-                    for qi in range(0, rows, score_queries):
-                        if score_queries == 4:
-                            _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores)
-                        else:
-                            _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores)
-                    for t in range(t_begin, t_end):
-                        seen = positions[t] + 1 - base  # keys of the 16 at or before the query
-                        end = min(seen, LANES)
-                        first = max(seen - window, 0) if window > 0 else 0
-                        for qi in range((t - t_begin) * group, (t - t_begin + 1) * group):
-                            _online_softmax(scores, qi, first, end, top, total, correction)
-                    for qi in range(0, rows, QUERIES):
-                        _accumulate_values4(scores, qi, correction, vb, v0 + lane0 * head_dim, acc)
+                if rows <= QUERIES:  # one group of 4 queries (decode): widening as it loads beats a pass via scratch
+                    _attend_block(queries, rows, score_queries, flat_k, start, flat_v, start, b, block_size,
+                                  positions, t_begin, t_end, group, window, scale, scores, top, total,
+                                  correction, acc)
+                else:  # many groups: widen the block once, into scratch, for all of them
+                    kt, k0 = block_as_f32(flat_k, start, k_scratch)
+                    vb, v0 = block_as_f32(flat_v, start, v_scratch)
+                    _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, positions, t_begin,
+                                  t_end, group, window, scale, scores, top, total, correction, acc)
             for qi in range(n_q):
                 inv = np.float32(1.0) / total[qi]
                 for d in range(head_dim):
@@ -180,6 +180,31 @@ def _build_attend(score_queries: int):
         return out
 
     return attend
+
+
+@njit(inline="always")
+def _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, positions, t_begin, t_end, group,
+                  window, scale, scores, top, total, correction, acc):
+    """One block of keys for every query of a work item: kt[k0 + d * block_size + j] is key j's d,
+    vb[v0 + j * head_dim + d] value j's d, in float32 or float16 bits (load_kv16 widens them)."""
+    head_dim = queries.shape[1]
+    for lane0 in range(0, block_size, LANES):
+        base = b * block_size + lane0  # the position of lane 0
+        # three passes over the queries, a group at a time where they share loads, so that the CPU overlaps
+        # their dependency chains; every query's own arithmetic is the same whatever its neighbours
+        for qi in range(0, rows, score_queries):
+            if score_queries == 4:
+                _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores)
+            else:
+                _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores)
+        for t in range(t_begin, t_end):
+            seen = positions[t] + 1 - base  # keys of the 16 at or before the query
+            end = min(seen, LANES)
+            first = max(seen - window, 0) if window > 0 else 0
+            for qi in range((t - t_begin) * group, (t - t_begin + 1) * group):
+                _online_softmax(scores, qi, first, end, top, total, correction)
+        for qi in range(0, rows, QUERIES):
+            _accumulate_values4(scores, qi, correction, vb, v0 + lane0 * head_dim, acc)
 
 
 @njit(inline="always")
@@ -212,8 +237,8 @@ def _scores2(queries, qi, kt, k0, block_size, scale, scores):
     e0, e1 = zeros16(), zeros16()
     o0, o1 = zeros16(), zeros16()
     for d in range(0, queries.shape[1], 2):
-        k_even = load16(kt, k0 + d * block_size)
-        k_odd = load16(kt, k0 + (d + 1) * block_size)
+        k_even = load_kv16(kt, k0 + d * block_size)
+        k_odd = load_kv16(kt, k0 + (d + 1) * block_size)
         e0 = fma(queries[qi, d], k_even, e0)
         e1 = fma(queries[qi + 1, d], k_even, e1)
         o0 = fma(queries[qi, d + 1], k_odd, o0)
@@ -229,8 +254,8 @@ def _scores4(queries, qi, kt, k0, block_size, scale, scores):
     e0, e1, e2, e3 = zeros16(), zeros16(), zeros16(), zeros16()
     o0, o1, o2, o3 = zeros16(), zeros16(), zeros16(), zeros16()
     for d in range(0, queries.shape[1], 2):
-        k_even = load16(kt, k0 + d * block_size)
-        k_odd = load16(kt, k0 + (d + 1) * block_size)
+        k_even = load_kv16(kt, k0 + d * block_size)
+        k_odd = load_kv16(kt, k0 + (d + 1) * block_size)
         e0 = fma(queries[qi, d], k_even, e0)
         e1 = fma(queries[qi + 1, d], k_even, e1)
         e2 = fma(queries[qi + 2, d], k_even, e2)
@@ -274,7 +299,7 @@ def _accumulate_values4(probs, qi, correction, vb, v0, acc):
         a2 = load16(acc, r2) * correction[qi + 2]
         a3 = load16(acc, r3) * correction[qi + 3]
         for j in range(LANES):
-            value = load16(vb, v0 + j * head_dim + c)
+            value = load_kv16(vb, v0 + j * head_dim + c)
             a0 = fma(probs[qi * LANES + j], value, a0)
             a1 = fma(probs[(qi + 1) * LANES + j], value, a1)
             a2 = fma(probs[(qi + 2) * LANES + j], value, a2)
