@@ -18,7 +18,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .quant_blocks import Q8_0
+from .quant_blocks import Q5_0, Q5_1, Q8_0
 from .simd import LANES, int32x16, splat
 
 _I64 = ir.IntType(64)
@@ -106,20 +106,22 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
     biased layout).
 
     quants (uint8, 1-D): the block at w_start, [k][row][4 bytes] (Q4_0/Q4_1: 4 x 64 bytes of nibbles, low
-    nibbles quad k, high quad k + 4; Q8_0: 8 x 64 bytes). a (int8, 1-D): activation row t's block at
-    a_start + t * a_stride. Each activation quad is broadcast to every row; the weight vectors are loaded
-    once for all the rows.
+    nibbles quad k, high quad k + 4; Q5_0/Q5_1: the same and 64 bytes of 5th bits, bit q of byte i quad q's;
+    Q8_0: 8 x 64 bytes). a (int8, 1-D): activation row t's block at a_start + t * a_stride. Each activation
+    quad is broadcast to every row; the weight vectors are loaded once for all the rows.
 
     bits, vnni, qtype, tokens: compile-time constants. bits 512: one vector per 16 rows; 256: two halves of
     8 rows. vnni: vpdpbusd; else vpmaddubsw into int16 pairs (Q4: 8 quads summed in int16, at most
-    8 x 2 x 15 x 127 = 30,480; Q8_0: |w| against a with w's sign, at most 2 x 128 x 127 = 32,512 a quad)
-    then vpmaddwd by ones into int32.
+    8 x 2 x 15 x 127 = 30,480; Q5: 4 quads, at most 4 x 2 x 31 x 127 = 31,496; Q8_0: |w| against a with w's
+    sign, at most 2 x 128 x 127 = 32,512 a quad) then vpmaddwd by ones into int32.
     """
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
         return None  # numba then retries with the constants as literals
     width = bits.literal_value // 8  # bytes per vector
     with_vnni = bool(vnni.literal_value)
     nibbles = qtype.literal_value != Q8_0
+    fifth_bits = qtype.literal_value in (Q5_0, Q5_1)
+    quads_per_word_sum = 4 if fifth_bits else 8  # quads whose vpmaddubsw pairs an int16 sum holds
     signed = tile_signed_bytes(qtype.literal_value, with_vnni)
     n_tokens = tokens.literal_value
     sig = types.UniTuple(int32x16, n_tokens)(quants, types.intp, a, types.intp, types.intp, bits, vnni, qtype, tokens)
@@ -150,12 +152,26 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
             pointer = builder.gep(block, [ir.Constant(_I64, at)])
             return builder.load(builder.bitcast(pointer, v_bytes.as_pointer()), align=1)
 
+        def splat_bytes(value):
+            return ir.Constant(v_bytes, [value] * width)
+
         if nibbles:  # quads[q][part]: 4 loads of packed nibbles give quads k (low) and k + 4 (high)
             packed = [[load(64 * k + width * p) for p in range(parts)] for k in range(4)]
-            quads = ([[builder.and_(v, ir.Constant(v_bytes, [15] * width)) for v in row] for row in packed]
-                     + [[builder.lshr(v, ir.Constant(v_bytes, [4] * width)) for v in row] for row in packed])
+            quads = ([[builder.and_(v, splat_bytes(15)) for v in row] for row in packed]
+                     + [[builder.lshr(v, splat_bytes(4)) for v in row] for row in packed])
         else:
             quads = [[load(64 * q + width * p) for p in range(parts)] for q in range(8)]
+        if fifth_bits:  # quad q's 5th bits are bit q of each byte of the last 64: moved to bit 4
+            high = [load(256 + width * p) for p in range(parts)]
+            for q in range(8):
+                for p in range(parts):
+                    if q < 4:
+                        bit = builder.shl(high[p], splat_bytes(4 - q))
+                    elif q > 4:
+                        bit = builder.lshr(high[p], splat_bytes(q - 4))
+                    else:
+                        bit = high[p]
+                    quads[q][p] = builder.or_(quads[q][p], builder.and_(bit, splat_bytes(16)))
         if signed:
             if width == 64:  # for the select that stands in for vpsignb, which AVX-512 lacks
                 negative = [[builder.icmp_signed("<", v, ir.Constant(v_bytes, [0] * width)) for v in row]
@@ -180,6 +196,9 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
                                        [sums[p], builder.bitcast(quads[q][p], v_dwords), a_dwords])
                     elif nibbles:
                         words[p] = builder.add(words[p], maddubs(quads[q][p], a_bytes))
+                        if (q + 1) % quads_per_word_sum == 0 and q < 7:  # before an int16 sum could overflow
+                            sums[p] = builder.add(sums[p], madd_ones(words[p]))
+                            words[p] = ir.Constant(v_words, [0] * (width // 2))
                     else:
                         if width == 32:  # vpsignb: a negated where w < 0 (zeroed where w == 0, as |w| is)
                             signed_a = call("llvm.x86.avx2.psign.b", v_bytes, [a_bytes, quads[q][p]])
@@ -187,7 +206,7 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
                             signed_a = builder.select(negative[q][p], builder.neg(a_bytes), a_bytes)
                         sums[p] = builder.add(sums[p], madd_ones(maddubs(magnitudes[q][p], signed_a)))
             if nibbles and not with_vnni:
-                sums = [madd_ones(w) for w in words]
+                sums = [builder.add(sums[p], madd_ones(words[p])) for p in range(parts)]
             if parts == 1:
                 results.append(sums[0])
             else:

@@ -1,4 +1,4 @@
-"""The tile kernel: Q4_0, Q4_1 and Q8_0 weights repacked into 16-row tiles (tiles.py) times 8-bit activations,
+"""The tile kernel: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights repacked into 16-row tiles (tiles.py) times 8-bit activations,
 any number of activation rows, on every CPU tier with int8 dot products (cpu.py).
 
 One decoded weight vector serves several activation rows, each activation quad broadcast to every weight
@@ -22,9 +22,9 @@ import numpy as np
 from .cache_key import HELPERS, cached_variant
 from .cpu import TILE_TYPES, Tier
 from .int8_dots import tile_dot, tile_signed_bytes
-from .quant_blocks import Q4_1, add_block32, quads_offset
+from .quant_blocks import add_block32, quads_offset
 from .simd import LANES, load16_f16, store16, to_float, zeros16
-from .tiles import TILE_ROWS, quant_bytes
+from .tiles import HAS_MIN, TILE_ROWS, quant_bytes
 
 
 def tile_offset(qtype: int, tier: Tier) -> int:
@@ -43,8 +43,9 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
 
 
 def _constants(qtype: int, tier: Tier) -> tuple[bool, int, int, int]:
-    """What a tile kernel bakes in: Q4_1's mins, the sums' offset, a block's quant bytes, vpdpbusd or not."""
-    return qtype == Q4_1, tile_offset(qtype, tier), quant_bytes(qtype), int(tier.has_vnni)
+    """What a tile kernel bakes in: Q4_1's or Q5_1's mins, the sums' offset, a block's quant bytes, vpdpbusd or
+    not."""
+    return qtype in HAS_MIN, tile_offset(qtype, tier), quant_bytes(qtype), int(tier.has_vnni)
 
 
 def _tiles_x8(qtype: int, tier: Tier):

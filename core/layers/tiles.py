@@ -1,4 +1,4 @@
-"""Q4_0, Q4_1 and Q8_0 weights repacked once at load into tiles of 16 rows, for the tile kernel.
+"""Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights repacked once at load into tiles of 16 rows, for the tile kernel.
 
 The file stores a matrix row by row, each row a run of 32-value blocks. The tile kernel
 (tile_kernels.py) wants the opposite: one 64-byte load giving the same 4 values of 16 rows, so
@@ -7,11 +7,13 @@ activation row broadcast to every row. A tile holds 16 rows; its block b is
 
     quants[tile, b * QUANT_BYTES:]   [quad k][row r][4 bytes]: the row's bytes 4k..4k+3 of the block
                                       (Q4_0/Q4_1: 4 x 64 bytes of nibbles, the low ones values 4k..,
-                                      the high ones 16 + 4k..; Q8_0: 8 x 64 bytes, each int8 + 128 for
-                                      vpdpbusd, or the int8 as stored for vpmaddubsw: signed_bytes)
-    scales[tile, 16 b + r]            the row's float16 d,  mins[tile, 16 b + r] Q4_1's float16 m
+                                      the high ones 16 + 4k..; Q5_0/Q5_1: the same, then 64 bytes of
+                                      5th bits, bit q of the row's byte i that of value 4q + i; Q8_0:
+                                      8 x 64 bytes, each int8 + 128 for vpdpbusd, or the int8 as
+                                      stored for vpmaddubsw: signed_bytes)
+    scales[tile, 16 b + r]            the row's float16 d,  mins[tile, 16 b + r] Q4_1's or Q5_1's float16 m
 
-The same bytes as the file (Q8_0's flipped top bit aside), in another order, on every tier: llama.cpp
+The same bytes as the file (Q8_0's flipped top bit aside, Q5's 5th bits regrouped), in another order, on every tier: llama.cpp
 repacks Q4_0 for its AVX2/AVX512 kernels the same way (its "CPU_REPACK" buffers). Rows past the
 matrix's end fill the last tile with zeros.
 """
@@ -24,14 +26,18 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from .quant_blocks import Q4_1, Q8_0, load_u32
+from .quant_blocks import Q4_1, Q5_0, Q5_1, Q8_0, load_u32
 
 TILE_ROWS = 16  # weight rows per tile: one 512-bit vector of int32 sums
 
 
+HAS_MIN = (Q4_1, Q5_1)  # the types whose blocks carry a float16 m beside d
+HAS_FIFTH_BITS = (Q5_0, Q5_1)
+
+
 def quant_bytes(qtype: int) -> int:
     """A tile's bytes of quants per 32-value block."""
-    return TILE_ROWS * (32 if qtype == Q8_0 else 16)
+    return TILE_ROWS * (32 if qtype == Q8_0 else 20 if qtype in HAS_FIFTH_BITS else 16)
 
 
 @dataclass
@@ -40,7 +46,7 @@ class Tiles:
 
     quants: np.ndarray  # (n_tiles, n_blocks * quant_bytes) uint8
     scales: np.ndarray  # (n_tiles, n_blocks * 16) uint16, float16 bits
-    mins: np.ndarray  # the same for Q4_1; (n_tiles, 0) for the others
+    mins: np.ndarray  # the same for Q4_1 and Q5_1; (n_tiles, 0) for the others
     signed_bytes: bool  # Q8_0: the file's int8 (else int8 + 128)
 
     @property
@@ -57,7 +63,7 @@ def repack(qtype: int, w: np.ndarray, signed_bytes: bool) -> Tiles:
     n_tiles = -(-rows // TILE_ROWS)
     tiles = Tiles(np.zeros((n_tiles, n_blocks * quant_bytes(qtype)), np.uint8),
                   np.zeros((n_tiles, n_blocks * TILE_ROWS), np.uint16),
-                  np.zeros((n_tiles, n_blocks * TILE_ROWS if qtype == Q4_1 else 0), np.uint16), signed_bytes)
+                  np.zeros((n_tiles, n_blocks * TILE_ROWS if qtype in HAS_MIN else 0), np.uint16), signed_bytes)
     flip = 0x80808080 if qtype == Q8_0 and not signed_bytes else 0
     _repack(qtype, w, tiles.quants.view(np.uint32), tiles.scales, tiles.mins, np.uint32(flip))
     return tiles
@@ -69,15 +75,32 @@ def _repack(qtype, w, quants, scales, mins, flip):
     n_tiles, n_scales = scales.shape
     n_blocks = n_scales // TILE_ROWS
     block_bytes = w.shape[1] // n_blocks
-    values_at = 4 if qtype == Q4_1 else 2  # after d (and Q4_1's m)
-    n_quads = 8 if qtype == Q8_0 else 4
+    has_min = qtype == Q4_1 or qtype == Q5_1
+    fifth_bits = qtype == Q5_0 or qtype == Q5_1
+    qh = 4 if has_min else 2  # Q5's 5th bits, after d (and m)
+    values_at = (qh + 4) if fifth_bits else qh
+    n_quads = 8 if qtype == Q8_0 else 4  # quads of the file's bytes; Q5 adds one of 5th bits
+    quads_per_block = n_quads + (1 if fifth_bits else 0)
     for tile in prange(n_tiles):
         for r in range(min(TILE_ROWS, rows - tile * TILE_ROWS)):
             row = w[tile * TILE_ROWS + r]
             for b in range(n_blocks):
                 off = b * block_bytes
                 scales[tile, b * TILE_ROWS + r] = np.uint16(row[off]) | (np.uint16(row[off + 1]) << 8)
-                if qtype == Q4_1:
+                if has_min:
                     mins[tile, b * TILE_ROWS + r] = np.uint16(row[off + 2]) | (np.uint16(row[off + 3]) << 8)
                 for k in range(n_quads):  # quants is viewed as uint32: one quad of 4 bytes per element
-                    quants[tile, (b * n_quads + k) * TILE_ROWS + r] = load_u32(row, off + values_at + 4 * k) ^ flip
+                    quants[tile, (b * quads_per_block + k) * TILE_ROWS + r] = load_u32(row, off + values_at + 4 * k) ^ flip
+                if fifth_bits:
+                    quants[tile, (b * quads_per_block + n_quads) * TILE_ROWS + r] = _fifth_bits_by_quad(load_u32(row, off + qh))
+
+
+@njit(inline="always")
+def _fifth_bits_by_quad(high_bits):
+    """The file's 32 5th bits (bit v: value v's) regrouped: byte i's bit q is value 4q + i's, so that quad q's
+    4 bytes take theirs with one shift and mask."""
+    out = np.uint32(0)
+    for i in range(4):
+        for q in range(8):
+            out |= ((high_bits >> np.uint32(4 * q + i)) & np.uint32(1)) << np.uint32(8 * i + q)
+    return out
