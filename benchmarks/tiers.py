@@ -52,11 +52,11 @@ def llama_cpp_build(python: str | None) -> str:
 
 
 def header(args: argparse.Namespace | None = None, llama_python: str | None = None, with_llama: bool = True) -> str:
-    """One line: the tier and what numba compiles for, OpenBLAS's core type, llama.cpp's build."""
+    """One line: the tier and what numba compiles for, OpenBLAS's core type, llama.cpp's interpreter and build."""
     from miro.core.layers import cpu
 
     line = cpu.describe()
     line += f"; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}"
     if with_llama:
-        line += f"; llama.cpp: {llama_cpp_build(llama_python)}"
+        line += f"; llama.cpp ({llama_python or sys.executable}): {llama_cpp_build(llama_python)}"
     return line

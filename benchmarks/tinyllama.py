@@ -1,11 +1,17 @@
-"""miro native, miro f32 and llama.cpp's batched API on a TinyLlama-1.1B-shaped llama with random Q4_0 weights.
+"""miro native, miro f32 and llama.cpp's batched API on a TinyLlama-1.1B-shaped llama with random weights.
 
-    python benchmarks/tinyllama.py --llama-python VENV/bin/python [--seqs 8] [--prompt-tokens 32] [--new-tokens 16]
-                                   [--tier avx2]
+    python benchmarks/tinyllama.py --llama-python VENV/bin/python [--quant Q4_0|Q4_K_M] [--seqs 8]
+                                   [--prompt-tokens 32] [--new-tokens 16] [--tier avx2]
 
-Writes the model (dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000; about 0.6 GB) into a temp folder,
-then runs each engine in its own process on the same token-id prompts, all sequences at once, greedy, EOS
-ignored, and reports load time, peak RSS and total tokens/s (prompt + generated over the run, load excluded).
+The model: dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000, norms 1. --quant picks its weights:
+- Q4_0 (default): every matrix random Q4_0 blocks (about 0.6 GB), written into a temp folder each run;
+- Q4_K_M: the same model written with random F16 matrices (uniform, the Q4_0 blocks' range and spread), then
+  quantized by llama.cpp's own llama_model_quantize(LLAMA_FTYPE_MOSTLY_Q4_K_M) under --llama-python: its recipe
+  (Q4_K for most matrices, Q6_K for the output head and some attn_v / ffn_down). The 2.2 GB F16 file is deleted
+  once quantized; the result is kept in ~/.cache/miro/bench/, named by the shape and seed, for later runs.
+The file's tensor type mix is printed. Each engine then runs in its own process on the same token-id prompts,
+all sequences at once, greedy, EOS ignored, and reports load time, peak RSS and total tokens/s (prompt +
+generated over the run, load excluded).
 miro's KV cache holds the blocks the run needs, as llama.cpp's context is sized to the run.
 llama.cpp runs through llama-cpp-python's low-level API, in the interpreter given by --llama-python (or $LLAMA_PYTHON):
 one llama_batch holding every sequence, flash attention on, as llama.cpp's examples/parallel does.
@@ -25,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -36,27 +43,53 @@ SHAPE = dict(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632, voca
 CONTEXT = 2048
 
 
-def write_model(path: Path, seed: int = 0) -> None:
-    """A llama GGUF of TinyLlama's shape, every matrix random Q4_0 blocks (small fp16 scales), norms 1."""
+Q4_0_SCALE = 0.004  # the random Q4_0 blocks' float16 scale: values (nibble - 8) x scale, in about +-0.03
+CACHE = Path.home() / ".cache" / "miro" / "bench"  # llama.cpp's Q4_K_M files, one per shape and seed
+
+
+def layout() -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor's name and shape, in file order: matrices (rows, cols), norms (dim,)."""
+    s = SHAPE
+    dim, kv_dim = s["dim"], s["dim"] // s["n_heads"] * s["n_kv_heads"]
+    tensors = [("token_embd.weight", (s["vocab"], dim))]
+    for i in range(s["n_layers"]):
+        b = f"blk.{i}"
+        tensors += [(f"{b}.attn_norm.weight", (dim,)), (f"{b}.attn_q.weight", (dim, dim)),
+                    (f"{b}.attn_k.weight", (kv_dim, dim)), (f"{b}.attn_v.weight", (kv_dim, dim)),
+                    (f"{b}.attn_output.weight", (dim, dim)), (f"{b}.ffn_norm.weight", (dim,)),
+                    (f"{b}.ffn_gate.weight", (s["ffn_dim"], dim)), (f"{b}.ffn_up.weight", (s["ffn_dim"], dim)),
+                    (f"{b}.ffn_down.weight", (dim, s["ffn_dim"]))]
+    return tensors + [("output_norm.weight", (dim,)), ("output.weight", (s["vocab"], dim))]
+
+
+def random_q4_0(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """Random Q4_0 blocks with scale Q4_0_SCALE, as (rows, bytes of a row) uint8."""
+    blocks = rng.integers(0, 256, size=(rows * cols // 32, 18), dtype=np.uint8)
+    blocks[:, :2] = np.array([Q4_0_SCALE], dtype=np.float16).view(np.uint8)
+    return blocks.reshape(rows, cols // 32 * 18)
+
+
+def random_f16(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """Uniform in the Q4_0 blocks' range +-8 x Q4_0_SCALE (the same spread), as (rows, bytes of a row) uint8."""
+    half = 8 * Q4_0_SCALE
+    values = rng.random((rows, cols), dtype=np.float32) * (2 * half) - half
+    return values.astype(np.float16).view(np.uint8)
+
+
+RANDOM_MATRIX = {"Q4_0": random_q4_0, "F16": random_f16}
+
+
+def add_metadata(w, file_type) -> None:
+    """TinyLlama's hyperparameters and a byte-level BPE vocabulary padded to its 32000 tokens."""
     import gguf
 
     sys.path.insert(0, str(ROOT / "tests"))
     from gguf_factory import tiny_vocab  # byte-level BPE tokens miro and llama.cpp both read
 
     s = SHAPE
-    rng = np.random.default_rng(seed)
     tokens, types, merges = tiny_vocab()
     tokens += [f"<x{i}>" for i in range(s["vocab"] - len(tokens))]
     types += [int(gguf.TokenType.NORMAL)] * (s["vocab"] - len(types))
-    head_dim = s["dim"] // s["n_heads"]
-    kv_dim = head_dim * s["n_kv_heads"]
-
-    def q4_0(rows: int, cols: int) -> np.ndarray:
-        blocks = rng.integers(0, 256, size=(rows * cols // 32, 18), dtype=np.uint8)
-        blocks[:, :2] = np.array([0.004], dtype=np.float16).view(np.uint8)  # values in about +-0.03
-        return blocks.reshape(rows, cols // 32 * 18)
-
-    w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tinyllama-shaped-random")
     w.add_block_count(s["n_layers"])
     w.add_context_length(CONTEXT)
@@ -67,8 +100,8 @@ def write_model(path: Path, seed: int = 0) -> None:
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(s["vocab"])
-    w.add_rope_dimension_count(head_dim)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    w.add_rope_dimension_count(s["dim"] // s["n_heads"])
+    w.add_file_type(file_type)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -78,26 +111,91 @@ def write_model(path: Path, seed: int = 0) -> None:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
-    Q40 = gguf.GGMLQuantizationType.Q4_0
-    ones = np.ones(s["dim"], np.float32)
-    w.add_tensor("token_embd.weight", q4_0(s["vocab"], s["dim"]), raw_dtype=Q40)
-    for i in range(s["n_layers"]):
-        b = f"blk.{i}"
-        w.add_tensor(f"{b}.attn_norm.weight", ones)
-        w.add_tensor(f"{b}.attn_q.weight", q4_0(s["dim"], s["dim"]), raw_dtype=Q40)
-        w.add_tensor(f"{b}.attn_k.weight", q4_0(kv_dim, s["dim"]), raw_dtype=Q40)
-        w.add_tensor(f"{b}.attn_v.weight", q4_0(kv_dim, s["dim"]), raw_dtype=Q40)
-        w.add_tensor(f"{b}.attn_output.weight", q4_0(s["dim"], s["dim"]), raw_dtype=Q40)
-        w.add_tensor(f"{b}.ffn_norm.weight", ones)
-        w.add_tensor(f"{b}.ffn_gate.weight", q4_0(s["ffn_dim"], s["dim"]), raw_dtype=Q40)
-        w.add_tensor(f"{b}.ffn_up.weight", q4_0(s["ffn_dim"], s["dim"]), raw_dtype=Q40)
-        w.add_tensor(f"{b}.ffn_down.weight", q4_0(s["dim"], s["ffn_dim"]), raw_dtype=Q40)
-    w.add_tensor("output_norm.weight", ones)
-    w.add_tensor("output.weight", q4_0(s["vocab"], s["dim"]), raw_dtype=Q40)
+
+
+def write_model(path: Path, weights: str = "Q4_0", seed: int = 0) -> None:
+    """A llama GGUF of TinyLlama's shape, every matrix random `weights` (Q4_0 blocks or F16 values), norms 1.
+
+    Tensors are made and written one at a time, so memory holds one matrix (the F16 file is 2.2 GB).
+    """
+    import gguf
+    from gguf.quants import quant_shape_to_byte_shape
+
+    qtype = gguf.GGMLQuantizationType[weights]
+    file_type = {"Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "F16": gguf.LlamaFileType.MOSTLY_F16}[weights]
+    tensors = layout()
+    w = gguf.GGUFWriter(str(path), "llama")
+    add_metadata(w, file_type)
+    for name, shape in tensors:
+        if len(shape) == 1:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
+        else:
+            byte_shape = quant_shape_to_byte_shape(shape, qtype)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for _, shape in tensors:
+        w.write_tensor_data(np.ones(shape, np.float32) if len(shape) == 1 else RANDOM_MATRIX[weights](rng, *shape))
     w.close()
+
+
+QUANTIZE_SCRIPT = r'''
+import ctypes, sys
+import llama_cpp as l
+
+src, dst, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+l.llama_backend_init()
+params = l.llama_model_quantize_default_params()
+params.ftype = l.LLAMA_FTYPE_MOSTLY_Q4_K_M
+params.nthread = threads
+sys.exit(l.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)))
+'''
+
+
+def q4_k_m_model(llama_python: str | None, threads: int, seed: int = 0) -> tuple[Path, str]:
+    """llama.cpp's Q4_K_M of the random F16 model: made once per shape and seed, then read from CACHE.
+
+    Returns the path and how it came to be (for the report line).
+    """
+    path = CACHE / f"tinyllama-{'-'.join(map(str, SHAPE.values()))}-seed{seed}-q4_k_m.gguf"
+    if path.exists():
+        return path, f"cached in {CACHE}"
+    if not llama_python:
+        raise SystemExit("--quant Q4_K_M: llama.cpp's quantizer runs under --llama-python (once; the file is cached)")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    f16, partial = path.with_suffix(".f16.tmp"), path.with_suffix(".partial")
+    t0 = time.perf_counter()
+    try:
+        write_model(f16, "F16", seed)
+        done = subprocess.run([llama_python, "-c", QUANTIZE_SCRIPT, str(f16), str(partial), str(threads)],
+                              capture_output=True, text=True)
+    finally:
+        f16.unlink(missing_ok=True)  # 2.2 GB: kept only while the quantizer reads it
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise SystemExit(f"llama_model_quantize failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    partial.rename(path)
+    return path, f"F16 written and quantized by llama.cpp in {time.perf_counter() - t0:.0f} s, cached in {CACHE}"
+
+
+def model_file(quant: str, folder: Path, llama_python: str | None, threads: int) -> tuple[Path, str]:
+    """The model for --quant (Q4_0 written into `folder`, Q4_K_M from the cache) and how it came to be."""
+    if quant == "Q4_K_M":
+        return q4_k_m_model(llama_python, threads)
+    path = folder / "tinyllama-q4_0.gguf"
+    t0 = time.perf_counter()
+    write_model(path)
+    return path, f"written in {time.perf_counter() - t0:.0f} s"
+
+
+def type_mix(path: Path) -> str:
+    """How many tensors of each GGML type the file holds, most common first."""
+    import gguf
+
+    counts = Counter(t.tensor_type.name for t in gguf.GGUFReader(path).tensors)
+    return ", ".join(f"{n} {name}" for name, n in counts.most_common())
 
 
 def prompts(n_seqs: int, n_tokens: int) -> list[list[int]]:
@@ -206,6 +304,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--engines", default="native,llama.cpp,f32")
+    parser.add_argument("--quant", choices=("Q4_0", "Q4_K_M"), default="Q4_0",
+                        help="Q4_0: random blocks; Q4_K_M: llama.cpp's quantizer on random F16 weights (cached)")
     parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON"),
                         help="A Python with llama-cpp-python installed (without it, llama.cpp is skipped).")
     parser.add_argument("--child", nargs=2, metavar=("WEIGHTS", "PATH"), help=argparse.SUPPRESS)
@@ -219,12 +319,10 @@ def main() -> None:
     print(tiers.header(args, args.llama_python, with_llama="llama.cpp" in args.engines.split(",")), flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "tinyllama-q4_0.gguf"
-        t0 = time.perf_counter()
-        write_model(path)
+        path, origin = model_file(args.quant, Path(tmp), args.llama_python, args.threads)
         size = path.stat().st_size
-        print(f"wrote {path.name}: {size / 2**20:,.0f} MiB in {time.perf_counter() - t0:.0f} s; "
-              f"{args.seqs} sequences x ({args.prompt_tokens} prompt + {args.new_tokens} new) tokens, "
+        print(f"{path.name}: {size / 2**20:,.0f} MiB ({origin}); tensor types: {type_mix(path)}", flush=True)
+        print(f"{args.seqs} sequences x ({args.prompt_tokens} prompt + {args.new_tokens} new) tokens, "
               f"{args.threads} threads", flush=True)
         results = {}
         for name in args.engines.split(","):  # one at a time: ru_maxrss of children is a running max
