@@ -7,7 +7,7 @@
 the --llama-python of a llama.cpp built for AVX2, so that both sides run the same tier.
 
 Workload (as vLLM's benchmark_throughput builds it): the first human turn of
-each ShareGPT conversation, in the model's chat template, is the prompt; the
+each ShareGPT conversation, in the model's chat template (as plain text if it has none), is the prompt; the
 output length is the token count of the reference answer, capped at 256,
 generated with ignore_eos; prompts over 1,024 tokens (or under 4) are skipped.
 
@@ -42,12 +42,15 @@ import tiers
 
 
 def load_sharegpt(tokenizer, num_prompts: int) -> list[tuple[list[int], int]]:
-    """(prompt ids, output length) for the first `num_prompts` usable conversations."""
+    """(prompt ids, output length) for the first `num_prompts` usable conversations: the question in the chat
+    template, or as plain text for a model without one (a base model such as Gemma 3 270M)."""
     from sharegpt import first_turns
 
     requests = []
     for question, answer in first_turns():
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}])
+        prompt = question
+        if tokenizer.chat_template is not None:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}])
         prompt_ids = tokenizer.encode(prompt, special=True)
         output_len = min(len(tokenizer.encode(answer)), 256)
         if 4 <= len(prompt_ids) <= 1024 and output_len >= 4:

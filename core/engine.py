@@ -35,7 +35,7 @@ from .scheduler import ScheduledBatch, Scheduler, seats_for
 from .sequence import Sequence
 from .structured_output import StructuredOutputs
 from .tokenizer import IncrementalDetokenizer, Tokenizer
-from .weight_format import choose_weight_format, f32_weight_bytes
+from .weight_format import choose_weight_format, f32_weight_bytes, matmul_tensors, native_speedup
 
 STATS_WINDOW_S = 10.0
 
@@ -121,8 +121,9 @@ class Engine:
 
         weights: "native" keeps every matrix as stored in the file (batch-invariant by construction), "f32"
         dequantizes each once (4-8x the file's size in memory; packed for the invariant GEMM when
-        batch_invariant, else laid out for OpenBLAS), "auto" takes f32 when its copy fits max_weight_memory
-        (bytes or "8GiB"; default: half the machine's RAM), else native. The choice and why is
+        batch_invariant, else laid out for OpenBLAS), "auto" takes native where its kernels are estimated faster
+        for the file's types on this CPU tier (weight_format.NATIVE_SPEEDUP), else f32 when its copy fits
+        max_weight_memory (bytes or "8GiB"; default: half the machine's RAM), else native. The choice and why is
         `engine.weight_choice`; it goes to `log` when it is native.
         """
         path = resolve_model(name_or_path, log)
@@ -130,7 +131,9 @@ class Engine:
         gguf = GGUFFile(path)
         config = read_config(gguf)  # an architecture miro does not run stops here
         batch_invariant = options.get("batch_invariant", defaults.BATCH_INVARIANT)
-        weight_format, why = choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory)
+        tier = cpu.TIER.name
+        weight_format, why = choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory,
+                                                  native_speedup(matmul_tensors(gguf), tier), tier)
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()

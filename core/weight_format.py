@@ -1,5 +1,10 @@
-"""Which weight format a model loads in: "native" (the file's blocks, memory-mapped) or "f32" (a dequantized
-copy), for Engine.from_model's weights="auto" | "f32" | "native", and the sentence saying why."""
+"""Which weight format a model loads in: "native" (the file's blocks, memory-mapped or repacked) or "f32" (a
+dequantized copy), for Engine.from_model's weights="auto" | "f32" | "native", and the sentence saying why.
+
+auto takes the format that is faster for the file's weight types on this CPU's tier, by the measured table
+NATIVE_SPEEDUP, and f32 only when its copy also fits the memory budget. The two give different numbers, each
+batch-invariant: native follows llama.cpp (activations quantized to 8 bits per block, integer dots), f32
+follows a float32 reference such as HF transformers (README, "Weights")."""
 
 from __future__ import annotations
 
@@ -9,8 +14,19 @@ import numpy as np
 
 from . import defaults
 from .errors import MiroError
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, TensorInfo
 from .kv_cache import parse_size
+
+# Native kernels' throughput over the float32 copy's (the batch-invariant GEMM), per weight type, at 64 rows
+# of 2048 x 2048: `python benchmarks/weight_speeds.py [--tier avx2]`, 2 Zen 4 cores. Tiers not measured take
+# the nearest measured one's (TABLE_OF); a type not in the table counts as f32-speed (1.0).
+NATIVE_SPEEDUP = {
+    "avx512-vnni": {"Q4_0": 2.78, "Q4_1": 2.17, "Q5_0": 2.93, "Q5_1": 2.52, "Q8_0": 2.69, "Q4_K": 0.63,
+                    "Q5_K": 0.64, "Q6_K": 0.68, "F16": 0.42},
+    "avx2": {"Q4_0": 2.25, "Q4_1": 1.98, "Q5_0": 1.4, "Q5_1": 1.43, "Q8_0": 1.86, "Q4_K": 0.46, "Q5_K": 0.46,
+             "Q6_K": 0.44, "F16": 0.58},
+}
+TABLE_OF = {"avx512-vnni": "avx512-vnni", "avx512": "avx2", "avx-vnni": "avx2", "avx2": "avx2"}  # portable: none
 
 
 def default_max_weight_memory() -> int:
@@ -27,19 +43,42 @@ def f32_weight_bytes(gguf: GGUFFile) -> int:
     return total
 
 
-def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None) -> tuple[str, str]:
+def matmul_tensors(gguf: GGUFFile) -> list[TensorInfo]:
+    """The matrices a forward pass multiplies by: every 2-D tensor, the token embedding only as a tied head."""
+    tied = "output.weight" not in gguf.tensors
+    return [t for t in gguf.tensors.values() if len(t.shape) == 2 and (t.name != "token_embd.weight" or tied)]
+
+
+def native_speedup(tensors: list[TensorInfo], tier: str) -> float | None:
+    """How much faster the native kernels are estimated to run these matrices than a float32 copy on `tier`:
+    the time of each at its type's measured speed-up, weighted by its size; None where nothing is measured."""
+    table = NATIVE_SPEEDUP.get(TABLE_OF.get(tier, ""))
+    if not table:
+        return None
+    sizes = [(int(np.prod(t.shape)), table.get(t.type.name, 1.0)) for t in tensors]
+    return sum(n for n, _ in sizes) / sum(n / speedup for n, speedup in sizes)
+
+
+def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None,
+                         speedup: float | None = None, tier: str = "") -> tuple[str, str]:
     """The format to load ("f32" or "native") and a sentence saying why.
 
-    auto: f32 when its copy fits the budget, else native (both batch-invariant when asked: native by
-    construction, f32 through the invariant GEMM)."""
+    auto: native when its kernels are estimated faster on this tier (a tie goes to f32) (`speedup`, from native_speedup) or the
+    float32 copy is over the budget; else f32. Both are batch-invariant when asked: native by construction, f32
+    through the invariant GEMM."""
     if weights not in defaults.WEIGHT_CHOICES:
         raise MiroError(f"weights must be one of {', '.join(defaults.WEIGHT_CHOICES)}, not {weights!r}.")
     budget = default_max_weight_memory() if max_weight_memory is None else parse_size(max_weight_memory)
     if weights != "auto":
         return weights, f"weights: {weights} (asked for)"
+    if speedup is not None and speedup > 1.0:
+        return "native", (f"weights: native (auto: on the {tier} tier the file's kernels are estimated "
+                          f"{speedup:.1f}x as fast as a float32 copy, which they do without)")
     if f32_bytes <= budget:
+        measured = (f", and the file's kernels are estimated {speedup:.2f}x its speed on the {tier} tier"
+                    if speedup is not None else "")
         return "f32", (f"weights: f32 (auto: a float32 copy takes {_size(f32_bytes)}, within the "
-                       f"{_size(budget)} weight budget)")
+                       f"{_size(budget)} weight budget{measured})")
     return "native", (f"weights: native (auto: a float32 copy would take {_size(f32_bytes)}, over the "
                       f"{_size(budget)} weight budget; the quantized tensors are used as stored)")
 

@@ -34,6 +34,10 @@ NATIVE_TYPES = BLOCK32_TYPES + SUPERBLOCK_TYPES + float_kernels.FLOAT_TYPES
 
 WEIGHT_FORMATS = ("f32", "native")
 
+# Rows per call of a K-quant lanes kernel: its float sums (16 weight rows x 8 lanes x rows) stay in L2 up to
+# here; at 512 rows they do not, and the portable kernel ran 4x slower (benchmarks/weight_speeds.py --rows 512).
+SUPERBLOCK_LANES_PER_CALL = 64
+
 
 def has_native_kernel(qtype: GGMLQuantizationType) -> bool:
     """Whether fmt="native" can multiply by tensors of this type (otherwise the layer must be fmt="f32")."""
@@ -166,6 +170,10 @@ class Linear:
         if n_tok < plan.lanes_from:
             a = quantize_q8_k(x)
             return kernels.rows(self._w, a.q, a.d, a.sum32, out, 16)
+        if n_tok > SUPERBLOCK_LANES_PER_CALL:  # the lanes kernels' sums must stay in L2: a chunk of rows per call
+            for t0 in range(0, n_tok, SUPERBLOCK_LANES_PER_CALL):
+                self._matmul_superblocks(x[t0:t0 + SUPERBLOCK_LANES_PER_CALL], out[t0:t0 + SUPERBLOCK_LANES_PER_CALL])
+            return out
         if plan.lanes == "vnni":
             a = quantize_q8_k_pair_groups(x, _round_up(n_tok, 16))
             return kernels.lanes_vnni(self._w, a.q, a.d, a.sum32, out, 16)

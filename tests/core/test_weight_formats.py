@@ -13,7 +13,10 @@ from gguf_factory import write_tiny_model
 from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
 from miro.core.kv_cache import KVCache
+from miro.core.layers import cpu
 from miro.core.model_runner import build_step_input
+from miro.core.gguf_file import TensorInfo
+from miro.core.weight_format import TABLE_OF, choose_weight_format, native_speedup
 
 CHATS = [c["messages"] for c in json.loads((FIXTURES / "chat_prompts.json").read_text(encoding="utf-8"))]
 ARCH = json.loads((FIXTURES / "arch_llamacpp.json").read_text())
@@ -130,16 +133,50 @@ def test_cli_weights_option_and_autos_message(tiny_model):
     auto = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-weight-memory",
                                     "1KiB", "--max-tokens", "2", "--num-kv-blocks", "8", "hi"])
     assert auto.exit_code == 0, auto.output
-    assert "weights: native (auto: a float32 copy would take" in auto.stderr and "over the" in auto.stderr
+    over_budget = "weights: native (auto: a float32 copy would take" in auto.stderr and "over the" in auto.stderr
+    assert over_budget or cpu.TIER.name in TABLE_OF  # where native is faster anyway, it says that instead
     default = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-tokens", "2", "--num-kv-blocks", "8",
                                        "hi"])
-    assert default.exit_code == 0 and "weights:" not in default.stderr  # f32, as always: nothing to announce
-    assert Engine.from_model(tiny_model, num_kv_blocks=8).weight_choice.startswith(
-        "weights: f32 (auto: a float32 copy takes")
-    for invariant in (True, False):  # invariance does not move auto's choice: f32 is invariant too, packed
-        engine = Engine.from_model(tiny_model, num_kv_blocks=8, batch_invariant=invariant)
-        assert engine.weight_choice.startswith("weights: f32 (auto: a float32 copy takes")
+    assert default.exit_code == 0, default.output
+    if cpu.TIER.name in TABLE_OF:  # Q8_0's kernels are measured faster than its float32 copy on these tiers
+        assert f"weights: native (auto: on the {cpu.TIER.name} tier the file's kernels are estimated" in default.stderr
+    else:  # portable: nothing measured, f32 as before, nothing to announce
+        assert "weights:" not in default.stderr
+    choices = {Engine.from_model(tiny_model, num_kv_blocks=8, batch_invariant=invariant).weight_choice
+               for invariant in (True, False)}
+    assert len(choices) == 1  # invariance does not move auto's choice: both formats are invariant
+    for invariant in (True, False):  # f32 is packed for the invariant GEMM only when asked to be invariant
+        engine = Engine.from_model(tiny_model, num_kv_blocks=8, weights="f32", batch_invariant=invariant)
         assert engine.runner.batch_invariant is invariant
         assert all((layer.wqkv._w.ndim == 3) is invariant for layer in engine.model.weights.layers)
     bad = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-weight-memory", "lots", "hi"])
     assert bad.exit_code == 1 and "cannot read 'lots' as a memory size" in bad.output
+
+
+def _matrices(*types_and_sizes) -> list:
+    from gguf import GGMLQuantizationType
+
+    return [TensorInfo(f"m{i}", (rows, cols), GGMLQuantizationType[name], np.zeros(0, np.uint8))
+            for i, (name, rows, cols) in enumerate(types_and_sizes)]
+
+
+def test_auto_weighs_each_types_measured_speed_by_its_share_of_the_matrices():
+    q8_file = _matrices(("Q8_0", 2048, 2048), ("Q8_0", 2048, 2048))
+    k_quant_file = _matrices(("Q4_K", 2048, 2048), ("Q6_K", 2048, 2048))
+    assert native_speedup(q8_file, "avx2") > 1.0 > native_speedup(k_quant_file, "avx2")
+    mixed = native_speedup(_matrices(("Q8_0", 2048, 2048), ("Q4_K", 2048, 2048)), "avx2")
+    assert native_speedup(k_quant_file, "avx2") < mixed < native_speedup(q8_file, "avx2")
+    assert native_speedup(_matrices(("F32", 64, 64)), "avx2") == 1.0  # unmeasured counts as f32's speed
+    assert native_speedup(q8_file, "portable") is None  # no table there
+    assert native_speedup(q8_file, "avx512") == native_speedup(q8_file, "avx2")  # its nearest measured tier
+
+
+def test_auto_takes_the_faster_format_and_f32_only_within_the_budget():
+    fast, why = choose_weight_format("auto", 10 * 2**20, "1GiB", 1.8, "avx2")
+    assert fast == "native" and "on the avx2 tier the file's kernels are estimated 1.8x as fast" in why
+    slow, why = choose_weight_format("auto", 10 * 2**20, "1GiB", 0.5, "avx2")
+    assert slow == "f32" and "within the 1.00 GiB weight budget" in why and "0.50x its speed" in why
+    assert choose_weight_format("auto", 10 * 2**20, "1MiB", 0.5, "avx2")[0] == "native"  # the copy does not fit
+    assert choose_weight_format("auto", 10 * 2**20, "1GiB", 1.0, "avx2")[0] == "f32"  # a tie: f32
+    assert choose_weight_format("auto", 10 * 2**20, "1GiB", None, "portable")[0] == "f32"
+    assert choose_weight_format("f32", 10 * 2**20, "1MiB", 1.8, "avx2") == ("f32", "weights: f32 (asked for)")
