@@ -124,7 +124,8 @@ class Engine:
         batch_invariant, else laid out for OpenBLAS), "auto" takes native where its kernels are estimated faster
         for the file's types on this CPU tier (weight_format.NATIVE_SPEEDUP), else f32 when its copy fits
         max_weight_memory (bytes or "8GiB"; default: half the machine's RAM), else native. The choice and why is
-        `engine.weight_choice`; it goes to `log` when it is native.
+        `engine.weight_choice`; it goes to `log` when native is asked for or
+        taken for want of memory.
         """
         path = resolve_model(name_or_path, log)
         t0 = time.perf_counter()
@@ -132,20 +133,21 @@ class Engine:
         config = read_config(gguf)  # an architecture miro does not run stops here
         batch_invariant = options.get("batch_invariant", defaults.BATCH_INVARIANT)
         tier = cpu.TIER.name
-        weight_format, why = choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory,
-                                                  native_speedup(matmul_tensors(gguf), tier), tier)
+        choice = choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory,
+                                      native_speedup(matmul_tensors(gguf), tier), tier)
+        weight_format = choice.format
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()
         model = load_model(gguf, config, weight_format, batch_invariant)
         t3 = time.perf_counter()
-        if weight_format == "native":  # asked for, or over the budget
-            log(why)
+        if choice.announce:  # native asked for, or taken for want of memory
+            log(choice.why)
         for fallback in model.weight_fallbacks:
             log(f"weights: {fallback}")
         engine = cls(model, tokenizer, model_name=str(name_or_path), **options)
         engine.mapped_bytes = Path(path).stat().st_size
-        engine.weight_choice = why
+        engine.weight_choice = choice.why
         engine.load_times = LoadTimes(parse_s=t1 - t0, tokenizer_s=t2 - t1, weights_s=t3 - t2)
         return engine
 

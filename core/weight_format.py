@@ -9,6 +9,7 @@ follows a float32 reference such as HF transformers (README, "Weights")."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,8 +60,15 @@ def native_speedup(tensors: list[TensorInfo], tier: str) -> float | None:
     return sum(n for n, _ in sizes) / sum(n / speedup for n, speedup in sizes)
 
 
+@dataclass(frozen=True)
+class WeightChoice:
+    format: str  # "f32" or "native"
+    why: str  # one sentence: "weights: native (auto: ...)"
+    announce: bool  # worth a line on stderr: native asked for, or taken because a float32 copy would not fit
+
+
 def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None,
-                         speedup: float | None = None, tier: str = "") -> tuple[str, str]:
+                         speedup: float | None = None, tier: str = "") -> WeightChoice:
     """The format to load ("f32" or "native") and a sentence saying why.
 
     auto: native when its kernels are estimated faster on this tier (a tie goes to f32) (`speedup`, from native_speedup) or the
@@ -70,17 +78,17 @@ def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | 
         raise MiroError(f"weights must be one of {', '.join(defaults.WEIGHT_CHOICES)}, not {weights!r}.")
     budget = default_max_weight_memory() if max_weight_memory is None else parse_size(max_weight_memory)
     if weights != "auto":
-        return weights, f"weights: {weights} (asked for)"
+        return WeightChoice(weights, f"weights: {weights} (asked for)", weights == "native")
     if speedup is not None and speedup > 1.0:
-        return "native", (f"weights: native (auto: on the {tier} tier the file's kernels are estimated "
-                          f"{speedup:.1f}x as fast as a float32 copy, which they do without)")
+        return WeightChoice("native", f"weights: native (auto: on the {tier} tier the file's kernels are estimated "
+                                      f"{speedup:.1f}x as fast as a float32 copy, which they do without)", False)
     if f32_bytes <= budget:
         measured = (f", and the file's kernels are estimated {speedup:.2f}x its speed on the {tier} tier"
                     if speedup is not None else "")
-        return "f32", (f"weights: f32 (auto: a float32 copy takes {_size(f32_bytes)}, within the "
-                       f"{_size(budget)} weight budget{measured})")
-    return "native", (f"weights: native (auto: a float32 copy would take {_size(f32_bytes)}, over the "
-                      f"{_size(budget)} weight budget; the quantized tensors are used as stored)")
+        return WeightChoice("f32", f"weights: f32 (auto: a float32 copy takes {_size(f32_bytes)}, within the "
+                                   f"{_size(budget)} weight budget{measured})", False)
+    return WeightChoice("native", f"weights: native (auto: a float32 copy would take {_size(f32_bytes)}, over the "
+                                  f"{_size(budget)} weight budget; the quantized tensors are used as stored)", True)
 
 
 def _size(n_bytes: int) -> str:
