@@ -71,8 +71,8 @@ def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | 
                          speedup: float | None = None, tier: str = "") -> WeightChoice:
     """The format to load ("f32" or "native") and a sentence saying why.
 
-    auto: native when its kernels are estimated faster on this tier (a tie goes to f32) (`speedup`, from native_speedup) or the
-    float32 copy is over the budget; else f32. Both are batch-invariant when asked: native by construction, f32
+    auto: native when its kernels are estimated faster on this tier (`speedup`, from native_speedup; a tie
+    goes to f32) or the float32 copy is over the budget; else f32. Both are batch-invariant when asked: native by construction, f32
     through the invariant GEMM."""
     if weights not in defaults.WEIGHT_CHOICES:
         raise MiroError(f"weights must be one of {', '.join(defaults.WEIGHT_CHOICES)}, not {weights!r}.")

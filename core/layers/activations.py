@@ -129,17 +129,6 @@ def _store_columns(rows_q, q, t0, k0=0):
 
 
 @njit(inline="always")
-def _store_quad_group(rows_q, q, g, k0=0):
-    """Rows' int8 values (values k0..) into lane group g of q (groups, K / 4, 16) uint32 for vpdpbusd: each
-    lane's 4 consecutive values in one word, the group's 16 lanes side by side."""
-    for kq in range(rows_q.shape[1] // 4):
-        for r in range(rows_q.shape[0]):
-            k = 4 * kq
-            q[g, k0 // 4 + kq, r] = (np.uint32(np.uint8(rows_q[r, k])) | (np.uint32(np.uint8(rows_q[r, k + 1])) << 8)
-                           | (np.uint32(np.uint8(rows_q[r, k + 2])) << 16) | (np.uint32(np.uint8(rows_q[r, k + 3])) << 24))
-
-
-@njit(inline="always")
 def _store_pair_group(rows_q, q, g):
     """Rows' int8 values into lane group g of q (groups, K / 2, 16) int32 for vpdpwssd: per
     super-block, ggml lane l's pair j = values (l + 16 j, l + 16 j + 8) as two int16 in a word,
@@ -188,10 +177,7 @@ def _build_kernels():
             for r in range(rows_q.shape[0]):
                 _quantize_row_q8_32(x[t0 + r, k0:k1], rows_q[r], d[b0:b1, t0 + r], s[b0:b1, t0 + r],
                                     qsum[b0:b1, t0 + r], qk)
-            if q.ndim == 3:
-                _store_quad_group(rows_q, q, group, k0)
-            else:
-                _store_columns(rows_q, q, t0, k0)
+            _store_columns(rows_q, q, t0, k0)
 
     @njit(cache=True, parallel=True, fastmath=_NO_NANS)
     def lanes_q8_k(x, q, d, sum32, qk):
@@ -259,12 +245,6 @@ def _q8_k_lanes(x: np.ndarray, n_lanes: int, q: np.ndarray) -> Q8KBlocks:
 def quantize_q8_32_columns(x: np.ndarray, n_lanes: int) -> Q8Blocks:
     """x (T, K) to 32-value blocks, transposed: q (K, n_lanes) int8, d, s, qsum (K / 32, n_lanes)."""
     return _q8_32_lanes(x, n_lanes, np.zeros((x.shape[1], n_lanes), np.int8))
-
-
-def quantize_q8_32_quad_groups(x: np.ndarray, n_lanes: int) -> Q8Blocks:
-    """x (T, K) to 32-value blocks for vpdpbusd: q (n_lanes / 16, K / 4, 16) uint32 holding each
-    lane's 4 consecutive int8 values, d, s, qsum (K / 32, n_lanes). n_lanes: a multiple of 16."""
-    return _q8_32_lanes(x, n_lanes, np.zeros((n_lanes // ROWS_PER_TASK, x.shape[1] // 4, ROWS_PER_TASK), np.uint32))
 
 
 def quantize_q8_k_columns(x: np.ndarray, n_lanes: int) -> Q8KBlocks:

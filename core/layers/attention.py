@@ -5,7 +5,8 @@ Layout of one layer's cache (kv_cache.KVCache holds every layer's):
                                                         are one vector: sum over d of q[d] * k[d, 0:16]
     v: (num_blocks, n_kv_heads, block_size, head_dim)
 in float32, or float16 bits (uint16), widened to float32 exactly: as each vector is loaded for a work item
-of one group of queries (a decode token's), or once per block into scratch for items with more. block_size and head_dim are multiples of 16 (kv_cache.check_kv_layout).
+of one group of queries (a decode token's), or once per block into scratch for items with more. block_size
+and head_dim are multiples of 16 (kv_cache.check_kv_layout).
 
 Every query's result is computed from its own context alone, in an order fixed by positions (blocks of
 16 keys from position 0), so it never depends on what else is in the batch.

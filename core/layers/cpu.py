@@ -120,7 +120,8 @@ def get(name: str | None) -> Tier:
 # ---------------------------------------------------------------- the per-type table
 
 _Q = GGMLQuantizationType
-TILE_TYPES = tuple(int(t) for t in (_Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0))  # repacked into 16-row tiles where a tier has int8 dots
+# repacked into 16-row tiles where a tier has int8 dots
+TILE_TYPES = tuple(int(t) for t in (_Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ them the int16 kernels reach about half of llama.cpp's speed, so they come throu
 sums are exact and none of these saturates on the values given to it, so every form gives the same
 sums, the same as the portable kernels'.
 
-- `dot_block_rows2`, `dot_superblock_lanes8`: the 512-bit VNNI lanes kernels' dots (vnni_kernels.py).
+- `dot_superblock_lanes8`: the 512-bit VNNI K-quant lanes kernel's dots (vnni_kernels.py).
 - `tile_dot(..., bits, vnni, qtype, tokens)`: a 16-row tile's block (tiles.py) against several activation
   rows, for the tile kernel (tile_kernels.py), on every tier with int8 dots.
 """
@@ -18,42 +18,11 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .quant_blocks import Q5_0, Q5_1, Q8_0
+from .quant_blocks import HAS_FIFTH_BITS, Q8_0
 from .simd import LANES, int32x16, splat
 
 _I64 = ir.IntType(64)
 _V16 = ir.VectorType(ir.IntType(32), LANES)
-
-
-@intrinsic
-def dot_block_rows2(typingctx, a_quads, a_start, w_quads, w_start0, w_start1):
-    """Two weight rows' 32-value blocks against 16 activation rows (lanes): a pair of int32x16,
-    sum over quads q < 8 and bytes i < 4 of w_r[q].byte[i] * a[q, lane].byte[i].
-
-    a_quads (uint32, 1-D): quad q of the 16 lanes at a_start + 16 q, 4 int8 activations of one
-    lane per uint32. w_quads (uint32, 1-D): row r's 8 quads of unsigned weight bytes from
-    w_start_r, each broadcast to every lane. Each activation load serves both rows; two chains
-    per row hide vpdpbusd's latency.
-    """
-    sig = types.UniTuple(int32x16, 2)(a_quads, types.intp, w_quads, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        a_arr, a_start_v, w_arr, w_start0_v, w_start1_v = args
-        vpdpbusd = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_V16, [_V16, _V16, _V16]), "llvm.x86.avx512.vpdpbusd.512")
-        a_data = context.make_array(signature.args[0])(context, builder, a_arr).data
-        w_data = context.make_array(signature.args[2])(context, builder, w_arr).data
-        sums = [[ir.Constant(_V16, [0] * LANES)] * 2 for _ in range(2)]
-        for q in range(8):
-            a_at = builder.add(a_start_v, ir.Constant(_I64, LANES * q))
-            a_vec = builder.load(builder.bitcast(builder.gep(a_data, [a_at]), _V16.as_pointer()), align=4)
-            for row, w_start in enumerate((w_start0_v, w_start1_v)):
-                quad = builder.load(builder.gep(w_data, [builder.add(w_start, ir.Constant(_I64, q))]))
-                sums[row][q % 2] = builder.call(vpdpbusd, [sums[row][q % 2], splat(builder, quad, _V16), a_vec])
-        rows = [builder.add(chains[0], chains[1]) for chains in sums]
-        return context.make_tuple(builder, signature.return_type, rows)
-
-    return sig, codegen
 
 
 @intrinsic
@@ -120,7 +89,7 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
     width = bits.literal_value // 8  # bytes per vector
     with_vnni = bool(vnni.literal_value)
     nibbles = qtype.literal_value != Q8_0
-    fifth_bits = qtype.literal_value in (Q5_0, Q5_1)
+    fifth_bits = qtype.literal_value in HAS_FIFTH_BITS
     quads_per_word_sum = 4 if fifth_bits else 8  # quads whose vpmaddubsw pairs an int16 sum holds
     signed = tile_signed_bytes(qtype.literal_value, with_vnni)
     n_tokens = tokens.literal_value

@@ -24,7 +24,7 @@ from ..dequant import dequantize
 from ..gguf_file import TensorInfo, release_pages
 from . import cpu, float_kernels, quant_kernels
 from .gemm import matmul_invariant, pack_panels
-from .activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups, quantize_q8_k,
+from .activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_k,
                           quantize_q8_k_columns, quantize_q8_k_pair_groups)
 from .quant_blocks import BLOCK32_TYPES, SUPERBLOCK_TYPES
 from .int8_dots import tile_signed_bytes
@@ -157,9 +157,6 @@ class Linear:
         if n_tok < plan.lanes_from:
             a = quantize_q8_32(x)
             return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)
-        if plan.lanes == "vnni":
-            a = quantize_q8_32_quad_groups(x, _round_up(n_tok, 16))
-            return kernels.lanes_vnni(self._w, a.q, a.d, a.s, a.qsum, out)
         a = quantize_q8_32_columns(x, _round_up(n_tok, quant_kernels.LANE_MULTIPLE))
         return kernels.lanes(self._w, a.q, a.d, a.s, a.qsum, out)
 

@@ -22,6 +22,8 @@ Q5_K = int(GGMLQuantizationType.Q5_K)
 Q6_K = int(GGMLQuantizationType.Q6_K)
 
 BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+HAS_MIN = (Q4_1, Q5_1)  # the 32-value blocks that carry a float16 m beside d
+HAS_FIFTH_BITS = (Q5_0, Q5_1)  # and those whose values have a 5th bit, in qh
 SUPERBLOCK_TYPES = (Q4_K, Q5_K, Q6_K)
 
 
@@ -91,38 +93,9 @@ def load_u32(row, at):
             | (np.uint32(row[at + 2]) << 16) | (np.uint32(row[at + 3]) << 24))
 
 
-@njit(inline="always")
-def _spread_bits(bits):
-    """4 bits to bit 4 of each byte of a uint32 (the 5th bits of 4 values)."""
-    return (bits & 1) << 4 | (bits & 2) << 11 | (bits & 4) << 18 | (bits & 8) << 25
-
-
-@njit(inline="always")
-def weight_quads(qtype, row, off):
-    """One block's 32 weights as 8 uint32 of 4 unsigned bytes (values 4q..4q+3 in quad q): ggml's
-    integer sum is sum(quads * a) + quads_offset(qtype) * sum(a). Q8_0's int8 weights get +128
-    (a flipped top bit) to be unsigned, as vpdpbusd wants one operand unsigned."""
-    mask = np.uint32(0x0F0F0F0F)
-    if qtype == Q8_0:
-        flip = np.uint32(0x80808080)
-        return (load_u32(row, off + 2) ^ flip, load_u32(row, off + 6) ^ flip, load_u32(row, off + 10) ^ flip,
-                load_u32(row, off + 14) ^ flip, load_u32(row, off + 18) ^ flip, load_u32(row, off + 22) ^ flip,
-                load_u32(row, off + 26) ^ flip, load_u32(row, off + 30) ^ flip)
-    if qtype == Q4_0 or qtype == Q4_1:
-        at = off + 2 if qtype == Q4_0 else off + 4
-        lo, hi = np.uint32(0), np.uint32(0)  # no 5th bits
-    else:
-        qh = off + 2 if qtype == Q5_0 else off + 4
-        at = qh + 4
-        lo, hi = load_u32(row, qh) & 0xFFFF, load_u32(row, qh) >> 16
-    w0, w1, w2, w3 = load_u32(row, at), load_u32(row, at + 4), load_u32(row, at + 8), load_u32(row, at + 12)
-    return (w0 & mask | _spread_bits(lo), w1 & mask | _spread_bits(lo >> 4), w2 & mask | _spread_bits(lo >> 8),
-            w3 & mask | _spread_bits(lo >> 12), (w0 >> 4) & mask | _spread_bits(hi), (w1 >> 4) & mask | _spread_bits(hi >> 4),
-            (w2 >> 4) & mask | _spread_bits(hi >> 8), (w3 >> 4) & mask | _spread_bits(hi >> 12))
-
-
 def quads_offset(qtype: int) -> int:
-    """The offset of weight_quads' sums (its unsigned weights are the values plus -offset)."""
+    """The offset of ggml's sum over a block's unsigned values as stored (Q8_0's + 128): sum(u * a) + offset *
+    sum(a)."""
     return {Q4_0: -8, Q5_0: -16, Q8_0: -128}.get(qtype, 0)
 
 

@@ -1,5 +1,5 @@
-"""The tile kernel: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights repacked into 16-row tiles (tiles.py) times 8-bit activations,
-any number of activation rows, on every CPU tier with int8 dot products (cpu.py).
+"""The tile kernel: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights repacked into 16-row tiles (tiles.py) times 8-bit
+activations, any number of activation rows, on every CPU tier with int8 dot products (cpu.py).
 
 One decoded weight vector serves several activation rows, each activation quad broadcast to every weight
 row; the float sums sit in registers of 16 lanes, one lane per weight row, over all of K. The number of
@@ -22,9 +22,9 @@ import numpy as np
 from .cache_key import HELPERS, cached_variant
 from .cpu import TILE_TYPES, Tier
 from .int8_dots import tile_dot, tile_signed_bytes
-from .quant_blocks import add_block32, quads_offset
+from .quant_blocks import HAS_MIN, add_block32, quads_offset
 from .simd import LANES, load16_f16, store16, to_float, zeros16
-from .tiles import HAS_MIN, TILE_ROWS, quant_bytes
+from .tiles import TILE_ROWS, quant_bytes
 
 
 def tile_offset(qtype: int, tier: Tier) -> int:

@@ -26,13 +26,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from .quant_blocks import Q4_1, Q5_0, Q5_1, Q8_0, load_u32
+from .quant_blocks import HAS_FIFTH_BITS, HAS_MIN, Q8_0, load_u32
 
 TILE_ROWS = 16  # weight rows per tile: one 512-bit vector of int32 sums
-
-
-HAS_MIN = (Q4_1, Q5_1)  # the types whose blocks carry a float16 m beside d
-HAS_FIFTH_BITS = (Q5_0, Q5_1)
 
 
 def quant_bytes(qtype: int) -> int:
@@ -75,8 +71,8 @@ def _repack(qtype, w, quants, scales, mins, flip):
     n_tiles, n_scales = scales.shape
     n_blocks = n_scales // TILE_ROWS
     block_bytes = w.shape[1] // n_blocks
-    has_min = qtype == Q4_1 or qtype == Q5_1
-    fifth_bits = qtype == Q5_0 or qtype == Q5_1
+    has_min = qtype in HAS_MIN
+    fifth_bits = qtype in HAS_FIFTH_BITS
     qh = 4 if has_min else 2  # Q5's 5th bits, after d (and m)
     values_at = (qh + 4) if fifth_bits else qh
     n_quads = 8 if qtype == Q8_0 else 4  # quads of the file's bytes; Q5 adds one of 5th bits

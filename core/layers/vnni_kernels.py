@@ -1,8 +1,8 @@
-"""The AVX512-VNNI lanes kernels: the same numbers as quant_kernels.py's portable ones (exact integer
+"""The AVX512-VNNI lanes kernel: the same numbers as quant_kernels.py's portable one (exact integer
 sums, ggml's float steps), faster on the avx512-vnni tier (cpu.py), for the weight types that are not
-repacked into tiles there (Q5_0, Q5_1, the K-quants).
+repacked into tiles there (the K-quants).
 
-lanes_32, lanes_k (many activation rows): micro-kernels in the C sense, a few weight rows times
+lanes_k (many activation rows): a micro-kernel in the C sense, a few weight rows times
 16 activation rows ("lanes", one 512-bit register), the sums kept in registers (simd.py's
 vector values) over a chunk of K, K walked in chunks so that a lane group's activations stay
 in L1, each tile of weight rows decoded once for every lane group.
@@ -12,80 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from numba import njit, prange
+from numba import prange
 
 from . import int8_dots
 from .cache_key import HELPERS, cached_variant
-from .halfs import load_f16
-from .quant_blocks import Q4_1, Q5_1, Q6_K, Q8_0, add_block32, decode_superblock, quads_offset, weight_quads
+from .quant_blocks import Q6_K, decode_superblock
 from .simd import LANES, load16, store16, to_float
 
 TILE_ROWS = 16  # weight rows decoded together and shared by every lane group
 CHUNK_VALUES = 1024  # K is walked in chunks: a lane group's chunk of activations stays in L1
-
-
-def lanes_32(qtype: int):
-    block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
-    helpers = HELPERS
-    has_min = qtype == Q4_1 or qtype == Q5_1
-    offset = quads_offset(qtype)
-
-    @cached_variant(GGMLQuantizationType(qtype).name, parallel=True)
-    def matmul_lanes_32_vnni(w, a_groups, d_t, s_t, qsum_t, out):
-        """out (T, N) = w (N rows of 32-value blocks) times activations quantized in 32-value blocks.
-
-        a_groups (lanes / 16, K / 4, 16) uint32: lane l of group g's 4 activations 4q..4q+3 at
-        [g, q, l]. d_t, s_t, qsum_t (K / 32, lanes).
-        Two weight rows times 16 lanes at a time; each activation load serves both rows.
-        """
-        helpers  # in numba's cache key: see cache_key.py
-        n_out = w.shape[0]
-        n_groups, n_quads, _ = a_groups.shape
-        n_blocks, n_lanes = n_quads // 8, n_groups * LANES
-        a_flat = a_groups.reshape(n_groups * n_quads * LANES)
-        d_flat, s_flat, qsum_flat = d_t.reshape(n_blocks * n_lanes), s_t.reshape(n_blocks * n_lanes), qsum_t.reshape(n_blocks * n_lanes)
-        for tile in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
-            n0 = tile * TILE_ROWS
-            rows = min(TILE_ROWS, n_out - n0)
-            # the tile's weights decoded once, for every lane group (rows past the matrix stay zero)
-            quads = np.zeros(TILE_ROWS * n_blocks * 8, np.uint32)
-            d = np.zeros((TILE_ROWS, n_blocks), np.float32)
-            m = np.zeros((TILE_ROWS, n_blocks), np.float32)
-            for r in range(rows):
-                row = w[n0 + r]
-                for b in range(n_blocks):
-                    off = b * block_bytes
-                    at = (r * n_blocks + b) * 8
-                    (quads[at], quads[at + 1], quads[at + 2], quads[at + 3],
-                     quads[at + 4], quads[at + 5], quads[at + 6], quads[at + 7]) = weight_quads(qtype, row, off)
-                    d[r, b] = load_f16(row, off)
-                    m[r, b] = load_f16(row, off + 2) if has_min else np.float32(0.0)
-            acc = np.zeros((TILE_ROWS, LANES), np.float32)  # sums between chunks of K
-            chunk = CHUNK_VALUES // 32
-            for g in range(n_groups):
-                acc[:] = 0
-                for b0 in range(0, n_blocks, chunk):
-                    for r in range(0, rows, 2):
-                        acc0, acc1 = load16(acc[r], 0), load16(acc[r + 1], 0)
-                        for b in range(b0, min(b0 + chunk, n_blocks)):
-                            isum0, isum1 = int8_dots.dot_block_rows2(a_flat, (g * n_quads + 8 * b) * LANES, quads,
-                                                                (r * n_blocks + b) * 8, ((r + 1) * n_blocks + b) * 8)
-                            at = b * n_lanes + g * LANES
-                            if offset != 0:
-                                correction = load16(qsum_flat, at) * offset
-                                isum0, isum1 = isum0 + correction, isum1 + correction
-                            d_act, s_act = load16(d_flat, at), load16(s_flat, at)
-                            acc0 = add_block32(qtype, acc0, to_float(isum0), d[r, b], m[r, b], d_act, s_act)
-                            acc1 = add_block32(qtype, acc1, to_float(isum1), d[r + 1, b], m[r + 1, b], d_act, s_act)
-                        store16(acc[r], 0, acc0)
-                        store16(acc[r + 1], 0, acc1)
-                for r in range(rows):
-                    for lane in range(LANES):
-                        if g * LANES + lane < out.shape[0]:
-                            out[g * LANES + lane, n0 + r] = acc[r, lane]
-        return out
-
-    return matmul_lanes_32_vnni
 
 
 def lanes_k(qtype: int):

@@ -33,9 +33,8 @@ def test_each_weight_types_kernels_have_their_own_qualnames():
 def test_every_tiers_factories_name_their_weight_type_and_tier():
     """The kernels of every tier, whatever this CPU runs; their factories are checked directly."""
     names = {vnni_kernels.lanes_k(int(q)).py_func.__qualname__ for q in (Q.Q4_K, Q.Q5_K, Q.Q6_K)}
-    names |= {vnni_kernels.lanes_32(int(q)).py_func.__qualname__ for q in (Q.Q4_0, Q.Q8_0)}
     int8_tiers = [tier for tier in cpu.TIERS.values() if tier.int8_dot]
     shapes = [(tier, tokens) for tier in int8_tiers for tokens in ((8, 2) if tier.vector_bits == 512 else (2,))]
-    names |= {tile_kernels.tiles_32(int(q), tier, tokens).py_func.__qualname__ for q in (Q.Q4_0, Q.Q4_1, Q.Q8_0)
+    names |= {tile_kernels.tiles_32(int(q), tier, tokens).py_func.__qualname__ for q in cpu.TILE_TYPES
               for tier, tokens in shapes}
-    assert len(names) == 5 + 3 * len(shapes)
+    assert len(names) == 3 + len(cpu.TILE_TYPES) * len(shapes)

@@ -15,7 +15,7 @@ from gguf import quants as gguf_quants
 from miro.core.dequant import dequantize
 from miro.core.gguf_file import GGUFFile, TensorInfo
 from miro.core.layers import Linear, cpu
-from miro.core.layers.activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_32_quad_groups,
+from miro.core.layers.activations import (quantize_q8_32, quantize_q8_32_columns,
                                          quantize_q8_k, quantize_q8_k_columns, quantize_q8_k_pair_groups)
 
 F32 = np.float32
@@ -234,15 +234,10 @@ def test_activation_quantizers_match_ggml_reference_bitwise():
     np.testing.assert_array_equal(got_k.sum32, qk.reshape(37, -1, 32).sum(axis=2))
     columns = quantize_q8_32_columns(x, 64)  # the layouts the lane kernels read
     np.testing.assert_array_equal(columns.q[:, :37].T, got.q)
-    groups = quantize_q8_32_quad_groups(x, 64)  # (4, K / 4, 16) uint32
-    by_row = groups.q.view(np.int8).reshape(4, 1024 // 4, 16, 4).transpose(0, 2, 1, 3).reshape(64, 1024)
-    np.testing.assert_array_equal(by_row[:37], got.q)
-    assert not by_row[37:].any()
-    for lanes in (columns, groups):
-        np.testing.assert_array_equal(lanes.d[:, :37].T, d)
-        np.testing.assert_array_equal(lanes.s[:, :37].T, s)
-        np.testing.assert_array_equal(lanes.qsum[:, :37].T, q.sum(axis=2))
-        assert not lanes.d[:, 37:].any() and not lanes.qsum[:, 37:].any()
+    np.testing.assert_array_equal(columns.d[:, :37].T, d)
+    np.testing.assert_array_equal(columns.s[:, :37].T, s)
+    np.testing.assert_array_equal(columns.qsum[:, :37].T, q.sum(axis=2))
+    assert not columns.d[:, 37:].any() and not columns.qsum[:, 37:].any()
     columns_k = quantize_q8_k_columns(x, 64)
     np.testing.assert_array_equal(columns_k.q[:, :37].T, got_k.q)
     pairs = quantize_q8_k_pair_groups(x, 64).q.view(np.int16).reshape(4, 4, 8, 16, 16, 2)  # g, sb, lane, j, row, 2
