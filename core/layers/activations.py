@@ -11,11 +11,10 @@ Two block formats (ggml-quants.c, quantize_row_q8_0_ref / _q8_1_ref / _q8_K_ref)
 
 Every row is quantized on its own, so a row's blocks never depend on the other rows.
 
-Layouts: row-major (T, K) for the row-by-row kernels; for the kernels that vectorise over
-activation rows ("lanes"), transposed: "columns" (K, lanes) int8; "quad groups" for vpdpbusd
-(lanes / 16, K / 4, 16) uint32, each lane's 4 consecutive values in one word; "pair groups" for
-vpdpwssd (lanes / 16, K / 2, 16) int32, two int16 values of one of ggml's 8 K-quant lanes per
-word. Their per-block fields as (blocks, lanes). Lanes past T are zero.
+Layouts: row-major (T, K) for the row-by-row kernels, and for the tile kernels (K-quants' with each
+32 values in "quad order", ggml's 8 lanes side by side); for the kernels that vectorise over
+activation rows ("lanes", the portable tier), transposed: "columns" (K, lanes) int8, their per-block
+fields as (blocks, lanes). Lanes past T are zero.
 """
 
 from __future__ import annotations
@@ -128,20 +127,6 @@ def _store_columns(rows_q, q, t0, k0=0):
             q[k0 + k, t0 + r] = rows_q[r, k]
 
 
-@njit(inline="always")
-def _store_pair_group(rows_q, q, g):
-    """Rows' int8 values into lane group g of q (groups, K / 2, 16) int32 for vpdpwssd: per
-    super-block, ggml lane l's pair j = values (l + 16 j, l + 16 j + 8) as two int16 in a word,
-    at [g, 128 sb + 16 l + j], the group's 16 rows side by side."""
-    for sb in range(rows_q.shape[1] // QK_K):
-        for lane in range(8):
-            for j in range(16):
-                e = sb * QK_K + lane + 16 * j
-                for r in range(rows_q.shape[0]):
-                    q[g, 128 * sb + 16 * lane + j, r] = np.int32(
-                        np.uint32(np.uint16(rows_q[r, e])) | (np.uint32(np.uint16(rows_q[r, e + 8])) << 16))
-
-
 # ---------------------------------------------------------------- the kernels
 
 
@@ -160,6 +145,19 @@ def _build_kernels():
         helpers  # in numba's cache key
         for t in prange(x.shape[0]):
             _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], qk)
+
+    @njit(cache=True, parallel=True, fastmath=_NO_NANS)
+    def rows_q8_k_quads(x, q, d, sum32, qk):
+        """Each row quantized into a scratch, then stored in quad order (see quantize_q8_k_quads)."""
+        helpers  # in numba's cache key
+        for t in prange(x.shape[0]):
+            row = np.empty(x.shape[1], np.int8)
+            _quantize_row_q8_k(x[t], row, d[t], sum32[t], qk)
+            q_t = q[t]
+            for g in range(x.shape[1] // qk):
+                for lane in range(8):
+                    for i in range(4):
+                        q_t[g * qk + 4 * lane + i] = row[g * qk + lane + 8 * i]
 
     @njit(cache=True, parallel=True, fastmath=_NO_NANS)
     def lanes_q8_32(x, q, d, s, qsum, qk):
@@ -188,15 +186,12 @@ def _build_kernels():
             rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
             for r in range(rows_q.shape[0]):
                 _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r], qk)
-            if q.ndim == 3:
-                _store_pair_group(rows_q, q, task)
-            else:
-                _store_columns(rows_q, q, t0)
+            _store_columns(rows_q, q, t0)
 
-    return rows_q8_32, rows_q8_k, lanes_q8_32, lanes_q8_k
+    return rows_q8_32, rows_q8_k, rows_q8_k_quads, lanes_q8_32, lanes_q8_k
 
 
-_rows_q8_32, _rows_q8_k, _lanes_q8_32, _lanes_q8_k = _build_kernels()
+_rows_q8_32, _rows_q8_k, _rows_q8_k_quads, _lanes_q8_32, _lanes_q8_k = _build_kernels()
 
 
 # ---------------------------------------------------------------- the quantizers
@@ -227,6 +222,17 @@ def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
     return out
 
 
+def quantize_q8_k_quads(x: np.ndarray, n_rows: int) -> Q8KBlocks:
+    """x (T, K) to Q8_K blocks for the K-quant tile kernel: q (n_rows, K) int8 with each 32 values in
+    quad order, value 32 g + l + 8 i at 32 g + 4 l + i (ggml lane l's 4 values side by side); d, sum32 as
+    quantize_q8_k's. Rows past T are zero."""
+    t, k = x.shape
+    out = Q8KBlocks(q=np.zeros((n_rows, k), np.int8), d=np.zeros((n_rows, k // QK_K), np.float32),
+                    sum32=np.zeros((n_rows, k // QK), np.int32))
+    _rows_q8_k_quads(_float32(x), out.q[:t], out.d[:t], out.sum32[:t], QK)
+    return out
+
+
 def _q8_32_lanes(x: np.ndarray, n_lanes: int, q: np.ndarray) -> Q8Blocks:
     blocks = x.shape[1] // QK
     out = Q8Blocks(q=q, d=np.zeros((blocks, n_lanes), np.float32), s=np.zeros((blocks, n_lanes), np.float32),
@@ -250,9 +256,3 @@ def quantize_q8_32_columns(x: np.ndarray, n_lanes: int) -> Q8Blocks:
 def quantize_q8_k_columns(x: np.ndarray, n_lanes: int) -> Q8KBlocks:
     """x (T, K) to Q8_K blocks, transposed: q (K, n_lanes) int8, d (K / 256, n_lanes), sum32 (K / 32, n_lanes)."""
     return _q8_k_lanes(x, n_lanes, np.zeros((x.shape[1], n_lanes), np.int8))
-
-
-def quantize_q8_k_pair_groups(x: np.ndarray, n_lanes: int) -> Q8KBlocks:
-    """x (T, K) to Q8_K blocks for vpdpwssd: q (n_lanes / 16, K / 2, 16) int32 (see _store_pair_group),
-    d (K / 256, n_lanes), sum32 (K / 32, n_lanes). n_lanes: a multiple of 16."""
-    return _q8_k_lanes(x, n_lanes, np.zeros((n_lanes // ROWS_PER_TASK, x.shape[1] // 2, ROWS_PER_TASK), np.int32))

@@ -120,40 +120,40 @@ def get(name: str | None) -> Tier:
 # ---------------------------------------------------------------- the per-type table
 
 _Q = GGMLQuantizationType
-# repacked into 16-row tiles where a tier has int8 dots
-TILE_TYPES = tuple(int(t) for t in (_Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0))
+# repacked into 16-row tiles where a tier has int8 dots (tiles.py; the K-quants superblock_tiles.py)
+TILE_TYPES = tuple(int(t) for t in (_Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K))
+_SUPERBLOCK_TILE_TYPES = (int(_Q.Q4_K), int(_Q.Q5_K), int(_Q.Q6_K))
 
 
 @dataclass(frozen=True)
 class WeightKernels:
     """How a quantized weight type is stored and multiplied on one tier."""
 
-    layout: str  # "tiles": repacked at load into 16-row tiles (tiles.py), the tile kernel at every row count;
-    #              "rows": the file's rows, memory-mapped
-    lanes_from: int  # "rows": from this many activation rows, a lanes kernel (each block decoded once for
-    #                  all rows); below, row by row
-    lanes: str  # the lanes kernel: "vnni" (vnni_kernels.py) or "portable" (quant_kernels.py)
-    tile_tokens: int  # "tiles": activation rows per pass of the tile kernel from 8 rows on (8 in 512-bit
-    #                   registers, 2 in 256); below 8, 2 (padding 1 row to 8 would do 8 times the work)
+    layout: str  # "tiles": repacked at load into 16-row tiles (tiles.py, superblock_tiles.py), the tile kernel
+    #              at every row count; "rows": the file's rows, memory-mapped (the portable tier)
+    lanes_from: int  # "rows": from this many activation rows, the lanes kernel (each block decoded once for
+    #                  all rows, quant_kernels.py); below, row by row
+    tile_tokens: int  # "tiles": activation rows per pass of the tile kernel from that many rows on (what the
+    #                   registers hold: 8 on 512-bit tiers; 2, the K-quants 4, on 256-bit ones); below, 2
+    #                   (padding 1 row to 8 would do 8 times the work)
 
     def tokens_per_pass(self, n_rows: int) -> int:
-        return self.tile_tokens if n_rows >= 8 else 2
+        return self.tile_tokens if n_rows >= self.tile_tokens else 2
 
 
-# With VNNI, per weight type, where the lanes kernel becomes faster than the row-by-row one, measured on
-# 5632x2048 matrices, 2 Zen 4 cores.
-_LANES_FROM_VNNI = {int(_Q.Q4_K): 4, int(_Q.Q5_K): 4}
-_LANES_FROM_VNNI_OTHERS = 2
-_LANES_FROM_PORTABLE = 8
+_LANES_FROM = 8  # the portable tier's lanes kernel beats row by row from here
+# Activation rows per pass of the tile kernels, by vector width: 32-value blocks, K-quants (their 8 lane sums
+# per row are 8 vectors), measured on 2048 x 2048 matrices, 2 Zen 4 cores (benchmarks/quant_linear.py).
+_TILE_TOKENS = {512: 8, 256: 2}
+_SUPERBLOCK_TILE_TOKENS = {512: 8, 256: 4}
 
 
 def weight_kernels(qtype: int, tier: Tier) -> WeightKernels:
     qtype = int(qtype)
-    if tier.int8_dot and qtype in TILE_TYPES:
-        return WeightKernels("tiles", 0, "", 8 if tier.vector_bits == 512 else 2)
-    if tier.name == "avx512-vnni":
-        return WeightKernels("rows", _LANES_FROM_VNNI.get(qtype, _LANES_FROM_VNNI_OTHERS), "vnni", 0)
-    return WeightKernels("rows", _LANES_FROM_PORTABLE, "portable", 0)
+    if not tier.int8_dot or qtype not in TILE_TYPES:
+        return WeightKernels("rows", _LANES_FROM, 0)
+    by_width = _SUPERBLOCK_TILE_TOKENS if qtype in _SUPERBLOCK_TILE_TYPES else _TILE_TOKENS
+    return WeightKernels("tiles", 0, by_width[tier.vector_bits])
 
 
 def describe() -> str:

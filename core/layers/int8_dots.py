@@ -6,9 +6,10 @@ them the int16 kernels reach about half of llama.cpp's speed, so they come throu
 sums are exact and none of these saturates on the values given to it, so every form gives the same
 sums, the same as the portable kernels'.
 
-- `dot_superblock_lanes8`: the 512-bit VNNI K-quant lanes kernel's dots (vnni_kernels.py).
 - `tile_dot(..., bits, vnni, qtype, tokens)`: a 16-row tile's block (tiles.py) against several activation
   rows, for the tile kernel (tile_kernels.py), on every tier with int8 dots.
+- `superblock_tile_dot(...)`: one of ggml's 8 lanes of a K-quant tile's super-block (superblock_tiles.py)
+  against several activation rows, with ggml's float step, for the K-quant tile kernel.
 """
 
 from __future__ import annotations
@@ -18,42 +19,11 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .quant_blocks import HAS_FIFTH_BITS, Q8_0
+from .quant_blocks import HAS_FIFTH_BITS, Q5_K, Q6_K, Q8_0
 from .simd import LANES, int32x16, splat
 
 _I64 = ir.IntType(64)
 _V16 = ir.VectorType(ir.IntType(32), LANES)
-
-
-@intrinsic
-def dot_superblock_lanes8(typingctx, a_pairs, a_start, w_pairs, w_start):
-    """One weight row's 256-value super-block against 16 activation rows: ggml's 8 lane sums as
-    8 int32x16, lane l = sum over j < 16 of the int16 pair products w[l, j] . a[l, j, row].
-
-    a_pairs (int32, 1-D): pair j of ggml lane l for the 16 activation rows at
-    a_start + (16 l + j) * 16, two int16 values per int32. w_pairs (int32, 1-D): the weight
-    pairs (scale-folded int16) at w_start + 16 l + j, each broadcast to the 16 rows.
-    """
-    sig = types.UniTuple(int32x16, 8)(a_pairs, types.intp, w_pairs, types.intp)
-
-    def codegen(context, builder, signature, args):
-        a_arr, a_start_v, w_arr, w_start_v = args
-        vpdpwssd = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_V16, [_V16, _V16, _V16]), "llvm.x86.avx512.vpdpwssd.512")
-        a_data = context.make_array(signature.args[0])(context, builder, a_arr).data
-        w_data = context.make_array(signature.args[2])(context, builder, w_arr).data
-        lanes = []
-        for lane in range(8):
-            acc = ir.Constant(_V16, [0] * LANES)
-            for j in range(16):
-                a_at = builder.add(a_start_v, ir.Constant(_I64, (16 * lane + j) * LANES))
-                a_vec = builder.load(builder.bitcast(builder.gep(a_data, [a_at]), _V16.as_pointer()), align=4)
-                pair = builder.load(builder.gep(w_data, [builder.add(w_start_v, ir.Constant(_I64, 16 * lane + j))]))
-                acc = builder.call(vpdpwssd, [acc, splat(builder, pair, _V16), a_vec])
-            lanes.append(acc)
-        return context.make_tuple(builder, signature.return_type, lanes)
-
-    return sig, codegen
 
 
 # ---------------------------------------------------------------- the tile kernel's dots, every int8 tier
@@ -181,5 +151,128 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
             else:
                 results.append(builder.shuffle_vector(sums[0], sums[1], ir.Constant(_V16, list(range(LANES)))))
         return context.make_tuple(builder, signature.return_type, results)
+
+    return sig, codegen
+
+
+# ---------------------------------------------------------------- the K-quant tile kernel's dots, every int8 tier
+
+
+@intrinsic(prefer_literal=True)
+def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, a_stride, steps, sums, s_start,
+                        bits, vnni, qtype, tokens):
+    """Lane l of one super-block of a 16-row K-quant tile (superblock_tiles.py) against `tokens` activation
+    rows, with ggml's float step: for each row t,
+
+        sums[s_start + t * 128 + r] += steps[16 t + r] * float(aux32[t, r]),
+        aux32[t, r] = sum over sub-blocks S < 8 of sc(r, S) . (quad (S, l) of weight row r) . (quad of a[t])
+
+    exactly ggml's aux32[l] (the products summed in int16 pairs by vpmaddubsw, each pair times its
+    sub-block scale by vpmaddwd, or vpdpwssd where the tier has VNNI). quants (uint8, 1-D): the lane's
+    bytes at w_start. pairs (int32, 1-D): at p_start + 16 S + r, row r's int16 scale pair for quad S (the
+    scale of values i = 0, 1 low, of i = 2, 3 high). a (int8, 1-D): row t's super-block in quad order at
+    a_start + t * a_stride, quad S of lane l at 32 S. steps, sums (float32, 1-D): d_w * d_a per row and
+    token, and the lane's float sums.
+
+    Products: Q4_K 2 x 15 x 127, Q5_K 2 x 31 x 127, Q6_K 2 x 63 x 127 = 16,002 an int16 pair (Q6_K's
+    offset of 32 subtracted as 32 x (a0 + a1), within +-8,128 after), so vpmaddubsw never saturates.
+    bits, vnni, qtype, tokens: compile-time constants as for tile_dot.
+    """
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
+        return None
+    width = bits.literal_value // 8
+    with_vnni = bool(vnni.literal_value)
+    kind = qtype.literal_value
+    n_tokens = tokens.literal_value
+    sig = types.void(quants, types.intp, pairs, types.intp, a, types.intp, types.intp, steps, sums, types.intp,
+                     bits, vnni, qtype, tokens)
+
+    def codegen(context, builder, signature, args):
+        quants_v, w_start_v, pairs_v, p_start_v, a_v, a_start_v, stride_v, steps_v, sums_v, s_start_v = args[:10]
+        parts = 64 // width
+        v_bytes, v_words, v_dwords = (ir.VectorType(_I8, width), ir.VectorType(_I16, width // 2),
+                                      ir.VectorType(_I32, width // 4))
+        v_floats = ir.VectorType(ir.FloatType(), width // 4)
+        suffix = "512" if width == 64 else "256"
+
+        def call(name, result, operands):
+            function = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(result, [op.type for op in operands]), name)
+            return builder.call(function, operands)
+
+        def maddubs(u, s):
+            name = "llvm.x86.avx512.pmaddubs.w.512" if width == 64 else "llvm.x86.avx2.pmadd.ub.sw"
+            return call(name, v_words, [u, s])
+
+        def data(index):
+            return context.make_array(signature.args[index])(context, builder, args[index]).data
+
+        def load(base, at, vector_type, align):
+            return builder.load(builder.bitcast(builder.gep(base, [at]), vector_type.as_pointer()), align=align)
+
+        def splat_bytes(value):
+            return ir.Constant(v_bytes, [value] * width)
+
+        def at(start, offset):
+            return builder.add(start, ir.Constant(_I64, offset))
+
+        block, pair_data, a_data = data(0), data(2), data(4)
+        step_data, sum_data = data(7), data(8)
+
+        def weight_vector(v, p):
+            return load(block, at(w_start_v, 64 * v + width * p), v_bytes, 1)
+
+        def quad(s, p):
+            """Quad (s, lane) of the part p's rows, as unsigned bytes."""
+            if kind == Q6_K:
+                c = {0: 0, 2: 0, 1: 1, 3: 1, 4: 2, 6: 2, 5: 3, 7: 3}[s]
+                packed = weight_vector(c, p)
+                low = builder.and_(packed, splat_bytes(15)) if s % 4 < 2 else builder.lshr(packed, splat_bytes(4))
+                high = weight_vector(4 + s // 4, p)
+                shift = 2 * (s % 4)  # bits shift, shift + 1 move to 4, 5
+                if shift < 4:
+                    high = builder.shl(high, splat_bytes(4 - shift))
+                elif shift > 4:
+                    high = builder.lshr(high, splat_bytes(shift - 4))
+                return builder.or_(low, builder.and_(high, splat_bytes(48)))
+            packed = weight_vector(s // 2, p)
+            value = builder.and_(packed, splat_bytes(15)) if s % 2 == 0 else builder.lshr(packed, splat_bytes(4))
+            if kind == Q5_K:
+                fifth = weight_vector(4, p)
+                bit = (builder.shl(fifth, splat_bytes(4 - s)) if s < 4
+                       else builder.lshr(fifth, splat_bytes(s - 4)) if s > 4 else fifth)
+                value = builder.or_(value, builder.and_(bit, splat_bytes(16)))
+            return value
+
+        acc = [[ir.Constant(v_dwords, [0] * (width // 4)) for _ in range(parts)] for _ in range(n_tokens)]
+        for s in range(8):
+            weights = [quad(s, p) for p in range(parts)]
+            scale_pairs = [builder.bitcast(load(pair_data, at(p_start_v, 16 * s + (width // 4) * p), v_dwords, 4),
+                                           v_words) for p in range(parts)]
+            for t in range(n_tokens):
+                row_start = builder.add(a_start_v, builder.mul(stride_v, ir.Constant(_I64, t)))
+                a_quad = builder.load(builder.bitcast(builder.gep(a_data, [at(row_start, 32 * s)]), _I32.as_pointer()),
+                                      align=1)
+                a_bytes = builder.bitcast(splat(builder, a_quad, v_dwords), v_bytes)
+                offset = maddubs(splat_bytes(32), a_bytes) if kind == Q6_K else None
+                for p in range(parts):
+                    words = maddubs(weights[p], a_bytes)
+                    if offset is not None:
+                        words = builder.sub(words, offset)
+                    if with_vnni:
+                        acc[t][p] = call(f"llvm.x86.avx512.vpdpwssd.{suffix}", v_dwords,
+                                         [acc[t][p], builder.bitcast(words, v_dwords),
+                                          builder.bitcast(scale_pairs[p], v_dwords)])
+                    else:
+                        name = "llvm.x86.avx512.pmaddw.d.512" if width == 64 else "llvm.x86.avx2.pmadd.wd"
+                        acc[t][p] = builder.add(acc[t][p], call(name, v_dwords, [words, scale_pairs[p]]))
+        for t in range(n_tokens):  # ggml: sums[l] += d * aux32[l], d = x.d * y.d
+            for p in range(parts):
+                step = load(step_data, ir.Constant(_I64, 16 * t + (width // 4) * p), v_floats, 4)
+                where = at(s_start_v, 128 * t + (width // 4) * p)
+                total = load(sum_data, where, v_floats, 4)
+                total = builder.fadd(total, builder.fmul(step, builder.sitofp(acc[t][p], v_floats)))
+                builder.store(total, builder.bitcast(builder.gep(sum_data, [where]), v_floats.as_pointer()), align=4)
+        return context.get_dummy_value()
 
     return sig, codegen

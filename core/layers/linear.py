@@ -24,8 +24,7 @@ from ..dequant import dequantize
 from ..gguf_file import TensorInfo, release_pages
 from . import cpu, float_kernels, quant_kernels
 from .gemm import matmul_invariant, pack_panels
-from .activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_k,
-                          quantize_q8_k_columns, quantize_q8_k_pair_groups)
+from .activations import quantize_q8_32, quantize_q8_32_columns, quantize_q8_k, quantize_q8_k_columns, quantize_q8_k_quads
 from .quant_blocks import BLOCK32_TYPES, SUPERBLOCK_TYPES
 from .int8_dots import tile_signed_bytes
 from .tiles import repack
@@ -164,6 +163,12 @@ class Linear:
         """Activations in Q8_K blocks against Q4_K/Q5_K/Q6_K weights."""
         kernels, plan = self._kernels(), self._plan
         n_tok = x.shape[0]
+        if self._tiles is not None:
+            tokens = plan.tokens_per_pass(n_tok)
+            kernel = kernels.tiles if tokens == plan.tile_tokens else kernels.tiles_x2
+            a = quantize_q8_k_quads(x, _round_up(n_tok, tokens))
+            t = self._tiles
+            return kernel(t.quants, t.scales, t.mins, t.sub_scales, t.sub_mins, a.q, a.d, a.sum32, out)
         if n_tok < plan.lanes_from:
             a = quantize_q8_k(x)
             return kernels.rows(self._w, a.q, a.d, a.sum32, out, 16)
@@ -171,9 +176,6 @@ class Linear:
             for t0 in range(0, n_tok, SUPERBLOCK_LANES_PER_CALL):
                 self._matmul_superblocks(x[t0:t0 + SUPERBLOCK_LANES_PER_CALL], out[t0:t0 + SUPERBLOCK_LANES_PER_CALL])
             return out
-        if plan.lanes == "vnni":
-            a = quantize_q8_k_pair_groups(x, _round_up(n_tok, 16))
-            return kernels.lanes_vnni(self._w, a.q, a.d, a.sum32, out, 16)
         a = quantize_q8_k_columns(x, _round_up(n_tok, quant_kernels.LANE_MULTIPLE))
         return kernels.lanes(self._w, a.q, a.d, a.sum32, out, 16)
 

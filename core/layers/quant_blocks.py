@@ -113,8 +113,8 @@ def quads_offset(qtype: int) -> int:
 
 
 @njit(inline="always")
-def _scale_min_k4(j, scales, off):
-    """Sub-block j's 6-bit scale and min from Q4_K/Q5_K's 12 packed bytes (get_scale_min_k4)."""
+def scale_min_k4(j, scales, off):
+    """Sub-block j's 6-bit scale and min from Q4_K/Q5_K's 12 packed bytes (getscale_min_k4)."""
     if j < 4:
         return np.int32(scales[off + j] & 63), np.int32(scales[off + j + 4] & 63)
     sc = (scales[off + j + 4] & 15) | ((scales[off + j - 4] >> 6) << 4)
@@ -146,7 +146,7 @@ def decode_superblock(qtype, row, off, u, mins, sixteen):
         return load_f16(row, off + 208), np.float32(0.0)
     qs = off + 16 if qtype == Q4_K else off + 48
     for s in range(8):
-        sc, mn = _scale_min_k4(s, row, off + 4)
+        sc, mn = scale_min_k4(s, row, off + 4)
         mins[s] = mn
         byte0 = qs + 32 * (s // 2)
         shift = 4 * (s % 2)

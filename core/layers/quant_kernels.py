@@ -12,8 +12,8 @@ Three loop shapes compute the same numbers:
 - `lanes` (many activation rows), portable: each weight block is decoded once and used for every
   activation row; the innermost loop runs over activation rows ("lanes"), which LLVM vectorises,
   so the activations come transposed, (K, lanes), lanes a multiple of LANE_MULTIPLE.
-- `lanes_vnni` (many activation rows of K-quants, the avx512-vnni tier): vnni_kernels.py; and for the
-  32-value blocks repacked into tiles, the tile kernel of each tier with int8 dots: tile_kernels.py.
+- `tiles`: every type repacked into 16-row tiles, on each tier with int8 dots: tile_kernels.py. The two
+  shapes here are the portable tier's, and the reference the tile kernels are tested against.
 
 Integer sums are exact in any order and the float steps are the same IEEE operations in every
 shape, with no fastmath (so no fused multiply-adds), so a row's result is bitwise the same
@@ -30,7 +30,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from . import tile_kernels, vnni_kernels
+from . import cpu, tile_kernels
 from .cpu import Tier
 from .cache_key import HELPERS, cached_variant
 from .halfs import load_f16
@@ -300,19 +300,17 @@ def _rows_k(qtype: int):
 
 class Kernels:
     """The loop shapes compiled for one weight type on one CPU tier: lanes(...) for many activation rows,
-    rows(...) for few; lanes_vnni(...) for K-quants on the avx512-vnni tier, else None; tiles(...) for the
-    32-value blocks repacked into tiles on tiers with int8 dots (tiles_x2: 2 activation rows a pass), else None.
-    Which one a call takes is cpu.py's table."""
+    rows(...) for few; tiles(...) for tiles on tiers with int8 dots (tiles_x2: 2 activation rows a pass), else
+    None. Which one a call takes is cpu.py's table."""
 
     def __init__(self, qtype: int, tier: Tier):
         block32 = qtype in BLOCK32_TYPES
         self.lanes = _lanes_32(qtype) if block32 else _lanes_k(qtype)
         self.rows = _rows_32(qtype) if block32 else _rows_k(qtype)
-        self.tiles_x2 = tile_kernels.tiles_32(qtype, tier, 2)
-        self.tiles = tile_kernels.tiles_32(qtype, tier, 8) if tier.vector_bits == 512 else self.tiles_x2
-        self.lanes_vnni = None
-        if tier.has_vnni and tier.vector_bits == 512 and not block32:  # block32 types are tiles there
-            self.lanes_vnni = vnni_kernels.lanes_k(qtype)
+        tiles_of = tile_kernels.tiles_32 if block32 else tile_kernels.tiles_k
+        tokens = cpu.weight_kernels(qtype, tier).tile_tokens
+        self.tiles_x2 = tiles_of(qtype, tier, 2)
+        self.tiles = tiles_of(qtype, tier, tokens) if tokens > 2 else self.tiles_x2
 
 
 _KERNELS: dict[tuple[int, str], Kernels] = {}

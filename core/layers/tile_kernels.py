@@ -21,9 +21,10 @@ import numpy as np
 
 from .cache_key import HELPERS, cached_variant
 from .cpu import TILE_TYPES, Tier
-from .int8_dots import tile_dot, tile_signed_bytes
-from .quant_blocks import HAS_MIN, add_block32, quads_offset
-from .simd import LANES, load16_f16, store16, to_float, zeros16
+from .int8_dots import superblock_tile_dot, tile_dot, tile_signed_bytes
+from .quant_blocks import HAS_MIN, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset
+from .simd import LANES, load16, load16_f16, store16, to_float, zeros16
+from .superblock_tiles import LANE_BYTES
 from .tiles import TILE_ROWS, quant_bytes
 
 
@@ -35,7 +36,7 @@ def tile_offset(qtype: int, tier: Tier) -> int:
 def tiles_32(qtype: int, tier: Tier, tokens: int):
     """The tile kernel for one weight type on one tier, `tokens` (8 or 2) activation rows per pass:
     kernel(quants, scales, mins, a, d, s, qsum, out)."""
-    if qtype not in TILE_TYPES or not tier.int8_dot:
+    if qtype not in TILE_TYPES or qtype in SUPERBLOCK_TYPES or not tier.int8_dot:
         return None
     if tokens == 8:
         return _tiles_x8(qtype, tier)
@@ -139,3 +140,84 @@ def _store_tile_row(out, t, n0, sums, spill):
     store16(spill, 0, sums)
     for j in range(out.shape[1] - n0):
         out[t, n0 + j] = spill[j]
+
+
+# ---------------------------------------------------------------- K-quant super-blocks
+
+
+def tiles_k(qtype: int, tier: Tier, tokens: int):
+    """The K-quant tile kernel (superblock_tiles.py) for one weight type on one tier, `tokens` activation rows
+    per pass: kernel(quants, scales, mins, sub_scales, sub_mins, a, d, sum32, out)."""
+    if qtype not in SUPERBLOCK_TYPES or qtype not in TILE_TYPES or not tier.int8_dot:
+        return None
+    bits = 512 if tier.vector_bits == 512 else 256
+    vnni = int(tier.has_vnni)
+    lane_bytes = LANE_BYTES[qtype]
+    has_mins = qtype != Q6_K
+    helpers = HELPERS
+
+    @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
+    def matmul_tiles_k(quants, scales, mins, sub_scales, sub_mins, a, d, sum32, out):
+        """out (T, N) = tiles of N rows times Q8_K activations a (Tp, K) int8 in quad order
+        (activations.quantize_q8_k_quads), Tp >= T a multiple of `tokens` (rows past T zero); d (Tp, K / 256),
+        sum32 (Tp, K / 32). 16 weight rows times `tokens` activation rows at a time, ggml's 8 lane sums and
+        sumf per row and token kept apart until the end, as its reference dot does."""
+        helpers  # in numba's cache key: see cache_key.py
+        n_tok, n_out = out.shape
+        k = a.shape[1]
+        n_super = k // 256
+        a_flat = a.reshape(a.size)
+        for tile in prange(quants.shape[0]):
+            tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
+            tile_sub_scales, tile_sub_mins = sub_scales[tile], sub_mins[tile]
+            pairs = np.empty(8 * TILE_ROWS, np.int32)  # per sub-block quad S and row: the int16 scale pair
+            mins32 = np.empty(8 * TILE_ROWS, np.int32)
+            steps = np.empty(tokens * TILE_ROWS, np.float32)  # d_w * d_a
+            sums = np.empty(tokens * 8 * TILE_ROWS, np.float32)  # ggml's sums[8], [token][lane][row]
+            sumf = np.empty(tokens * TILE_ROWS, np.float32)  # ggml's sumf
+            n0 = tile * TILE_ROWS
+            for t0 in range(0, n_tok, tokens):
+                sums[:] = 0
+                sumf[:] = 0
+                for sb in range(n_super):
+                    _scale_pairs(qtype, tile_sub_scales, sb, pairs)
+                    dw = load16_f16(tile_scales, TILE_ROWS * sb)
+                    for t in range(tokens):
+                        store16(steps, TILE_ROWS * t, dw * d[t0 + t, sb])
+                    for lane in range(8):
+                        superblock_tile_dot(tile_quants, (8 * sb + lane) * lane_bytes, pairs, 0, a_flat,
+                                            t0 * k + 256 * sb + 4 * lane, k, steps, sums, TILE_ROWS * lane,
+                                            bits, vnni, qtype, tokens)
+                    if has_mins:  # ggml: sumf -= dmin * sum(bsums * mins), dmin = x.dmin * y.d
+                        for j in range(8 * TILE_ROWS):
+                            mins32[j] = np.int32(tile_sub_mins[8 * TILE_ROWS * sb + j])
+                        dmin = load16_f16(tile_mins, TILE_ROWS * sb)
+                        for t in range(tokens):
+                            sum_mins = load16(mins32, 0) * sum32[t0 + t, 8 * sb]
+                            for j in range(1, 8):
+                                sum_mins = sum_mins + load16(mins32, TILE_ROWS * j) * sum32[t0 + t, 8 * sb + j]
+                            at = TILE_ROWS * t
+                            store16(sumf, at, load16(sumf, at) - (dmin * d[t0 + t, sb]) * to_float(sum_mins))
+                for t in range(min(tokens, n_tok - t0)):  # ggml: sumf += sums[l], l = 0..7
+                    for r in range(min(TILE_ROWS, n_out - n0)):
+                        total = sumf[TILE_ROWS * t + r]
+                        for lane in range(8):
+                            total += sums[(8 * t + lane) * TILE_ROWS + r]
+                        out[t0 + t, n0 + r] = total
+        return out
+
+    return matmul_tiles_k
+
+
+@njit(inline="always")
+def _scale_pairs(qtype, sub_scales, sb, pairs):
+    """pairs[16 S + r]: row r's int16 scales of quad S's values i = 0, 1 (low) and i = 2, 3 (high): Q4_K's and
+    Q5_K's sub-block S scale twice, Q6_K's 16-value sub-blocks 2 S and 2 S + 1."""
+    for s in range(8):
+        for r in range(TILE_ROWS):
+            if qtype == Q6_K:
+                low = np.uint32(np.uint16(np.int8(sub_scales[(16 * sb + 2 * s) * TILE_ROWS + r])))
+                high = np.uint32(np.uint16(np.int8(sub_scales[(16 * sb + 2 * s + 1) * TILE_ROWS + r])))
+            else:
+                low = high = np.uint32(sub_scales[(8 * sb + s) * TILE_ROWS + r])
+            pairs[TILE_ROWS * s + r] = np.int32(low | (high << np.uint32(16)))

@@ -20,13 +20,14 @@ matrix's end fill the last tile with zeros.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from .quant_blocks import HAS_FIFTH_BITS, HAS_MIN, Q8_0, load_u32
+from .quant_blocks import HAS_FIFTH_BITS, HAS_MIN, Q8_0, SUPERBLOCK_TYPES, load_u32
+from .superblock_tiles import repack_superblocks
 
 TILE_ROWS = 16  # weight rows per tile: one 512-bit vector of int32 sums
 
@@ -36,24 +37,32 @@ def quant_bytes(qtype: int) -> int:
     return TILE_ROWS * (32 if qtype == Q8_0 else 20 if qtype in HAS_FIFTH_BITS else 16)
 
 
+def _none() -> np.ndarray:
+    return np.zeros((0, 0), np.uint8)
+
+
 @dataclass
 class Tiles:
     """A (rows, K) matrix of 32-value blocks, repacked."""
 
     quants: np.ndarray  # (n_tiles, n_blocks * quant_bytes) uint8
     scales: np.ndarray  # (n_tiles, n_blocks * 16) uint16, float16 bits
-    mins: np.ndarray  # the same for Q4_1 and Q5_1; (n_tiles, 0) for the others
+    mins: np.ndarray  # the same for Q4_1 and Q5_1 (K-quants: dmin); (n_tiles, 0) for the others
     signed_bytes: bool  # Q8_0: the file's int8 (else int8 + 128)
+    sub_scales: np.ndarray = field(default_factory=_none)  # K-quants only (superblock_tiles.py): each sub-block's scale
+    sub_mins: np.ndarray = field(default_factory=_none)  # and Q4_K's and Q5_K's sub-block mins
 
     @property
     def nbytes(self) -> int:
-        return self.quants.nbytes + self.scales.nbytes + self.mins.nbytes
+        return sum(part.nbytes for part in (self.quants, self.scales, self.mins, self.sub_scales, self.sub_mins))
 
 
 def repack(qtype: int, w: np.ndarray, signed_bytes: bool) -> Tiles:
     """w (rows, n_blocks * block bytes) uint8, as the file stores it, to tiles; signed_bytes: Q8_0's int8 kept
-    as they are (for vpmaddubsw), else + 128 (for vpdpbusd)."""
+    as they are (for vpmaddubsw), else + 128 (for vpdpbusd). K-quants: superblock_tiles.py's layout."""
     qtype = int(qtype)
+    if qtype in SUPERBLOCK_TYPES:
+        return repack_superblocks(qtype, w)
     rows = w.shape[0]
     n_blocks = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     n_tiles = -(-rows // TILE_ROWS)

@@ -38,17 +38,16 @@ def test_an_avx512_vnni_cpu_runs_every_tier_and_an_avx2_one_only_its_own():
     assert cpu.TIERS["portable"].runs == ("portable",)
 
 
-def test_the_table_tiles_the_32_value_blocks_wherever_a_tier_has_int8_dots():
+def test_the_table_tiles_every_quantized_type_wherever_a_tier_has_int8_dots():
     for name, tier in cpu.TIERS.items():
-        for qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):
+        for qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K):
             plan = cpu.weight_kernels(qtype, tier)
             assert plan.layout == ("tiles" if tier.int8_dot else "rows"), name
-        for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
-            plan = cpu.weight_kernels(qtype, tier)
-            assert plan.layout == "rows" and plan.lanes == ("vnni" if name == "avx512-vnni" else "portable")
     assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx512-vnni"]).tokens_per_pass(64) == 8
     assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx512-vnni"]).tokens_per_pass(3) == 2
     assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx2"]).tokens_per_pass(64) == 2
+    assert cpu.weight_kernels(Q.Q4_K, cpu.TIERS["avx2"]).tokens_per_pass(64) == 4
+    assert cpu.weight_kernels(Q.Q6_K, cpu.TIERS["avx2"]).tokens_per_pass(3) == 2
 
 
 def test_a_tier_this_cpu_cannot_run_is_refused():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from gguf import GGMLQuantizationType as Q
 
-from miro.core.layers import cpu, quant_kernels, tile_kernels, vnni_kernels
+from miro.core.layers import cpu, quant_kernels, tile_kernels
 from miro.core.layers.linear import NATIVE_TYPES
 from miro.core.layers.float_kernels import FLOAT_TYPES
 
@@ -21,7 +21,7 @@ def test_each_weight_types_kernels_have_their_own_qualnames():
     qualnames = {}
     for qtype in sorted(set(NATIVE_TYPES) - set(FLOAT_TYPES)):
         kernels = quant_kernels.kernels_for(qtype, cpu.TIER)
-        for kernel in (kernels.lanes, kernels.rows, kernels.lanes_vnni, kernels.tiles):
+        for kernel in (kernels.lanes, kernels.rows, kernels.tiles):
             if kernel is not None:
                 name = kernel.py_func.__qualname__
                 assert Q(qtype).name in name
@@ -32,9 +32,13 @@ def test_each_weight_types_kernels_have_their_own_qualnames():
 
 def test_every_tiers_factories_name_their_weight_type_and_tier():
     """The kernels of every tier, whatever this CPU runs; their factories are checked directly."""
-    names = {vnni_kernels.lanes_k(int(q)).py_func.__qualname__ for q in (Q.Q4_K, Q.Q5_K, Q.Q6_K)}
     int8_tiers = [tier for tier in cpu.TIERS.values() if tier.int8_dot]
-    shapes = [(tier, tokens) for tier in int8_tiers for tokens in ((8, 2) if tier.vector_bits == 512 else (2,))]
-    names |= {tile_kernels.tiles_32(int(q), tier, tokens).py_func.__qualname__ for q in cpu.TILE_TYPES
-              for tier, tokens in shapes}
-    assert len(names) == 3 + len(cpu.TILE_TYPES) * len(shapes)
+    names = set()
+    expected = 0
+    for qtype in cpu.TILE_TYPES:
+        factory = tile_kernels.tiles_k if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else tile_kernels.tiles_32
+        for tier in int8_tiers:
+            for tokens in {2, cpu.weight_kernels(qtype, tier).tile_tokens}:
+                names.add(factory(int(qtype), tier, tokens).py_func.__qualname__)
+                expected += 1
+    assert len(names) == expected

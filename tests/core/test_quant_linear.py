@@ -15,8 +15,8 @@ from gguf import quants as gguf_quants
 from miro.core.dequant import dequantize
 from miro.core.gguf_file import GGUFFile, TensorInfo
 from miro.core.layers import Linear, cpu
-from miro.core.layers.activations import (quantize_q8_32, quantize_q8_32_columns,
-                                         quantize_q8_k, quantize_q8_k_columns, quantize_q8_k_pair_groups)
+from miro.core.layers.activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_k,
+                                         quantize_q8_k_columns, quantize_q8_k_quads)
 
 F32 = np.float32
 BLOCK32 = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
@@ -240,12 +240,14 @@ def test_activation_quantizers_match_ggml_reference_bitwise():
     assert not columns.d[:, 37:].any() and not columns.qsum[:, 37:].any()
     columns_k = quantize_q8_k_columns(x, 64)
     np.testing.assert_array_equal(columns_k.q[:, :37].T, got_k.q)
-    pairs = quantize_q8_k_pair_groups(x, 64).q.view(np.int16).reshape(4, 4, 8, 16, 16, 2)  # g, sb, lane, j, row, 2
-    by_row = pairs.transpose(0, 4, 1, 3, 5, 2).reshape(64, 1024)  # value sb*256 + 16 j + 8 i + lane
-    np.testing.assert_array_equal(by_row[:37], got_k.q)
-    for lanes in (columns_k, quantize_q8_k_pair_groups(x, 64)):
-        np.testing.assert_array_equal(lanes.d[:, :37].T, dk)
-        np.testing.assert_array_equal(lanes.sum32[:, :37].T, got_k.sum32)
+    np.testing.assert_array_equal(columns_k.d[:, :37].T, dk)
+    np.testing.assert_array_equal(columns_k.sum32[:, :37].T, got_k.sum32)
+    quads = quantize_q8_k_quads(x, 40)  # the K-quant tiles' order: value 32 g + l + 8 i at 32 g + 4 l + i
+    by_value = quads.q.reshape(40, 32, 8, 4).transpose(0, 1, 3, 2).reshape(40, 1024)
+    np.testing.assert_array_equal(by_value[:37], got_k.q)
+    np.testing.assert_array_equal(quads.d[:37], dk)
+    np.testing.assert_array_equal(quads.sum32[:37], got_k.sum32)
+    assert not quads.q[37:].any() and not quads.d[37:].any() and not quads.sum32[37:].any()
 
 
 # ---------------------------------------------------------------- native kernels against the reference
@@ -266,8 +268,8 @@ def _assert_tracks_reference(tensor: TensorInfo, x: np.ndarray, tier: str | None
     assert (err <= activation_error_bound(tensor, x)).all(), f"max error {err.max():.3g}"
 
 
-# row by row below cpu.weight_kernels(...).lanes_from (2 to 8 rows by type and tier), lanes from there;
-# Q4_0, Q4_1 and Q8_0 in tiles at every row count on tiers with int8 dots
+# on the portable tier row by row below cpu.weight_kernels(...).lanes_from, lanes from there; on tiers with
+# int8 dots every type in tiles, 2 rows a pass below the tier's tile_tokens, that many from there
 @pytest.mark.parametrize("n_tokens", [1, 3, 5, 37])
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_native_tracks_llama_cpp_scheme(qtype, n_tokens, tier):
@@ -389,7 +391,7 @@ def test_every_tiers_kernels_agree_bitwise(qtype):
 
 
 def test_fused_tensors_back_to_back_stay_one_view():
-    q, k, v = (random_tensor(Q.Q4_K, rows, 256, seed=rows) for rows in (64, 32, 32))  # a type never repacked
+    q, k, v = (random_tensor(Q.F16, rows, 256, seed=rows) for rows in (64, 32, 32))  # a type never repacked
     buffer = np.concatenate([q.data, k.data, v.data])  # as a GGUF file lays them out
     views, start = [], 0
     for t in (q, k, v):
