@@ -1,12 +1,12 @@
 """The table `weights="auto"` decides by: native kernels' throughput over the float32 copy's, per weight type.
 
-    python benchmarks/weight_speeds.py [--rows 64] [--size 2048] [--repeats 7] [--tier avx2]
+    python benchmarks/weight_speeds.py [--rows 64] [--size 2048] [--repeats 15] [--tier avx2]
 
 For each type, one size x size matrix (gguf-py's quantizer where it has one, else random valid K-quant
 blocks) times `--rows` activation rows, batch-invariant both ways as the engine runs them by default: the
 native kernel (`Linear(fmt="native")`, the CPU tier's kernel from cpu.weight_kernels) against the dequantized
 copy through the invariant float32 GEMM (`Linear(fmt="f32", invariant=True)`). Prints GFLOP/s of each, the
-ratio, and the ratios as the dict `core/weight_format.py` keeps in NATIVE_SPEEDUP for this tier. Run it on an
+median of the pairs' ratios, and the ratios as the dict `core/weight_format.py` keeps in NATIVE_SPEEDUP for this tier. Run it on an
 idle machine, on each tier (`--tier avx2` for the AVX2 tier's emulation), and copy the dict in.
 """
 
@@ -28,21 +28,27 @@ from test_quant_linear import activations, random_tensor  # noqa: E402  (the tes
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16)
 
 
-def median_seconds(call, repeats: int) -> float:
-    call()  # compiled, and the weights in cache as far as they fit
+def paired_seconds(native, f32, repeats: int) -> tuple[float, float, float]:
+    """The two calls in turn, `repeats` pairs: their median times and the median of the pairs' ratios
+    f32 / native (a pair shares the machine's speed of the moment, which drifts here by 10-25%)."""
+    native(), f32()  # compiled, and the weights in cache as far as they fit
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+        pair = []
+        for call in (native, f32):
+            t0 = time.perf_counter()
+            call()
+            pair.append(time.perf_counter() - t0)
+        times.append(pair)
+    t = np.array(times)
+    return float(np.median(t[:, 0])), float(np.median(t[:, 1])), float(np.median(t[:, 1] / t[:, 0]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=64, help="activation rows per call (a batch's decode step)")
     parser.add_argument("--size", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=15, help="pairs of calls, native and f32 in turn")
     tiers.add_argument(parser)
     args = parser.parse_args()
     tiers.enter(args)
@@ -58,10 +64,9 @@ def main() -> None:
     for qtype in TYPES:
         tensor = random_tensor(qtype, args.size, args.size, seed=1)
         native, f32 = Linear(tensor, "native"), Linear(tensor, "f32", invariant=True)
-        t_native = median_seconds(lambda: native(x, True), args.repeats)
-        t_f32 = median_seconds(lambda: f32(x, True), args.repeats)
-        speedups[qtype.name] = round(t_f32 / t_native, 2)
-        print(f"{qtype.name:>5} {flop / t_native / 1e9:>12.1f} {flop / t_f32 / 1e9:>9.1f} {t_f32 / t_native:>10.2f}")
+        t_native, t_f32, ratio = paired_seconds(lambda: native(x, True), lambda: f32(x, True), args.repeats)
+        speedups[qtype.name] = round(ratio, 2)
+        print(f"{qtype.name:>5} {flop / t_native / 1e9:>12.1f} {flop / t_f32 / 1e9:>9.1f} {ratio:>10.2f}")
     print(f'"{cpu.TIER.name}": {{' + ", ".join(f"{name}: {ratio}" for name, ratio in speedups.items()) + "},")
 
 

@@ -159,6 +159,60 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
 
 
 @intrinsic(prefer_literal=True)
+def scale_pairs16(typingctx, array, low_at, high_at, signed):
+    """int32x16 whose lane r holds two int16: array[low_at + r] low, array[high_at + r] high (uint8 bytes,
+    taken as int8 if `signed`, a compile-time constant): the operand vpmaddwd multiplies a lane's pair by."""
+    if not isinstance(signed, types.BooleanLiteral):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        v_bytes, v_words = ir.VectorType(_I8, LANES), ir.VectorType(_I16, LANES)
+        extend = builder.sext if signature.args[3].literal_value else builder.zext
+        halves = [extend(builder.load(builder.bitcast(builder.gep(data, [at]), v_bytes.as_pointer()), align=1), v_words)
+                  for at in args[1:3]]
+        interleave = [i // 2 + LANES * (i % 2) for i in range(2 * LANES)]
+        pairs = builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(_I32, 2 * LANES), interleave))
+        return builder.bitcast(pairs, _V16)
+
+    return int32x16(array, types.intp, types.intp, signed), codegen
+
+
+@intrinsic(prefer_literal=True)
+def mins_dot(typingctx, min_pairs, sum32, at, bits):
+    """int32x16: lane r = sum over j < 8 of min(r, j) * sum32[at + j], by vpmaddwd of int16 pairs (one 512-bit or
+    two 256-bit ones per pair, by `bits`, a compile-time constant): min_pairs (int32, 1-D) at 16 j + r holds
+    row r's mins of sub-blocks 2 j, 2 j + 1; sum32 (int32, 1-D) the activations' sums of 32 values
+    (|sum| <= 32 x 127, an int16)."""
+    if not isinstance(bits, types.IntegerLiteral):
+        return None
+    width = bits.literal_value // 8
+
+    def codegen(context, builder, signature, args):
+        pair_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        sum_data = context.make_array(signature.args[1])(context, builder, args[1]).data
+        v_words, v_dwords = ir.VectorType(_I16, width // 2), ir.VectorType(_I32, width // 4)
+        name = "llvm.x86.avx512.pmaddw.d.512" if width == 64 else "llvm.x86.avx2.pmadd.wd"
+        madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v_dwords, [v_words, v_words]), name)
+        parts = 64 // width
+        totals = [ir.Constant(v_dwords, [0] * (width // 4))] * parts
+        for j in range(4):
+            sums = [builder.load(builder.gep(sum_data, [builder.add(args[2], ir.Constant(_I64, 2 * j + h))]))
+                    for h in range(2)]
+            pair = builder.or_(builder.and_(sums[0], ir.Constant(_I32, 0xFFFF)), builder.shl(sums[1], ir.Constant(_I32, 16)))
+            activation = builder.bitcast(splat(builder, pair, v_dwords), v_words)
+            for p in range(parts):
+                at = ir.Constant(_I64, LANES * j + (width // 4) * p)
+                mins = builder.load(builder.bitcast(builder.gep(pair_data, [at]), v_dwords.as_pointer()), align=4)
+                totals[p] = builder.add(totals[p], builder.call(madd, [builder.bitcast(mins, v_words), activation]))
+        if parts == 1:
+            return totals[0]
+        return builder.shuffle_vector(totals[0], totals[1], ir.Constant(_V16, list(range(LANES))))
+
+    return int32x16(min_pairs, sum32, types.intp, bits), codegen
+
+
+@intrinsic(prefer_literal=True)
 def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, a_stride, steps, sums, s_start,
                         bits, vnni, qtype, tokens):
     """Lane l of one super-block of a 16-row K-quant tile (superblock_tiles.py) against `tokens` activation

@@ -21,7 +21,7 @@ import numpy as np
 
 from .cache_key import HELPERS, cached_variant
 from .cpu import TILE_TYPES, Tier
-from .int8_dots import superblock_tile_dot, tile_dot, tile_signed_bytes
+from .int8_dots import mins_dot, scale_pairs16, superblock_tile_dot, tile_dot, tile_signed_bytes
 from .quant_blocks import HAS_MIN, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset
 from .simd import LANES, load16, load16_f16, store16, to_float, zeros16
 from .superblock_tiles import LANE_BYTES
@@ -171,7 +171,8 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
             tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
             tile_sub_scales, tile_sub_mins = sub_scales[tile], sub_mins[tile]
             pairs = np.empty(8 * TILE_ROWS, np.int32)  # per sub-block quad S and row: the int16 scale pair
-            mins32 = np.empty(8 * TILE_ROWS, np.int32)
+            min_pairs = np.empty(4 * TILE_ROWS, np.int32)  # per pair of sub-blocks and row: the int16 mins
+            spill = np.empty(LANES, np.float32)
             steps = np.empty(tokens * TILE_ROWS, np.float32)  # d_w * d_a
             sums = np.empty(tokens * 8 * TILE_ROWS, np.float32)  # ggml's sums[8], [token][lane][row]
             sumf = np.empty(tokens * TILE_ROWS, np.float32)  # ggml's sumf
@@ -189,21 +190,19 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                             t0 * k + 256 * sb + 4 * lane, k, steps, sums, TILE_ROWS * lane,
                                             bits, vnni, qtype, tokens)
                     if has_mins:  # ggml: sumf -= dmin * sum(bsums * mins), dmin = x.dmin * y.d
-                        for j in range(8 * TILE_ROWS):
-                            mins32[j] = np.int32(tile_sub_mins[8 * TILE_ROWS * sb + j])
+                        for j in range(4):  # the mins of sub-blocks 2 j and 2 j + 1 as int16 pairs
+                            at = (8 * sb + 2 * j) * TILE_ROWS
+                            store16(min_pairs, TILE_ROWS * j, scale_pairs16(tile_sub_mins, at, at + TILE_ROWS, False))
                         dmin = load16_f16(tile_mins, TILE_ROWS * sb)
                         for t in range(tokens):
-                            sum_mins = load16(mins32, 0) * sum32[t0 + t, 8 * sb]
-                            for j in range(1, 8):
-                                sum_mins = sum_mins + load16(mins32, TILE_ROWS * j) * sum32[t0 + t, 8 * sb + j]
+                            sum_mins = mins_dot(min_pairs, sum32[t0 + t], 8 * sb, bits)
                             at = TILE_ROWS * t
                             store16(sumf, at, load16(sumf, at) - (dmin * d[t0 + t, sb]) * to_float(sum_mins))
-                for t in range(min(tokens, n_tok - t0)):  # ggml: sumf += sums[l], l = 0..7
-                    for r in range(min(TILE_ROWS, n_out - n0)):
-                        total = sumf[TILE_ROWS * t + r]
-                        for lane in range(8):
-                            total += sums[(8 * t + lane) * TILE_ROWS + r]
-                        out[t0 + t, n0 + r] = total
+                for t in range(tokens):  # ggml: sumf += sums[l], l = 0..7
+                    total = load16(sumf, TILE_ROWS * t)
+                    for lane in range(8):
+                        total = total + load16(sums, (8 * t + lane) * TILE_ROWS)
+                    _store_tile_row(out, t0 + t, n0, total, spill)
         return out
 
     return matmul_tiles_k
@@ -214,10 +213,9 @@ def _scale_pairs(qtype, sub_scales, sb, pairs):
     """pairs[16 S + r]: row r's int16 scales of quad S's values i = 0, 1 (low) and i = 2, 3 (high): Q4_K's and
     Q5_K's sub-block S scale twice, Q6_K's 16-value sub-blocks 2 S and 2 S + 1."""
     for s in range(8):
-        for r in range(TILE_ROWS):
-            if qtype == Q6_K:
-                low = np.uint32(np.uint16(np.int8(sub_scales[(16 * sb + 2 * s) * TILE_ROWS + r])))
-                high = np.uint32(np.uint16(np.int8(sub_scales[(16 * sb + 2 * s + 1) * TILE_ROWS + r])))
-            else:
-                low = high = np.uint32(sub_scales[(8 * sb + s) * TILE_ROWS + r])
-            pairs[TILE_ROWS * s + r] = np.int32(low | (high << np.uint32(16)))
+        if qtype == Q6_K:
+            low = (16 * sb + 2 * s) * TILE_ROWS
+            store16(pairs, TILE_ROWS * s, scale_pairs16(sub_scales, low, low + TILE_ROWS, True))
+        else:
+            at = (8 * sb + s) * TILE_ROWS
+            store16(pairs, TILE_ROWS * s, scale_pairs16(sub_scales, at, at, False))
