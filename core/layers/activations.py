@@ -222,14 +222,16 @@ def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
     return out
 
 
-def quantize_q8_k_quads(x: np.ndarray, n_rows: int) -> Q8KBlocks:
+def quantize_q8_k_quads(x: np.ndarray, n_rows: int, biased: bool = False) -> Q8KBlocks:
     """x (T, K) to Q8_K blocks for the K-quant tile kernel: q (n_rows, K) int8 with each 32 values in
     quad order, value 32 g + l + 8 i at 32 g + 4 l + i (ggml lane l's 4 values side by side); d, sum32 as
-    quantize_q8_k's. Rows past T are zero."""
+    quantize_q8_k's. Rows past T are zero. biased: q's bytes hold q + 128 (as uint8; for Q6_K's kernel)."""
     t, k = x.shape
     out = Q8KBlocks(q=np.zeros((n_rows, k), np.int8), d=np.zeros((n_rows, k // QK_K), np.float32),
                     sum32=np.zeros((n_rows, k // QK), np.int32))
     _rows_q8_k_quads(_float32(x), out.q[:t], out.d[:t], out.sum32[:t], QK)
+    if biased:
+        out.q.view(np.uint8)[:t] ^= 0x80
     return out
 
 

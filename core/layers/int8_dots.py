@@ -214,7 +214,7 @@ def mins_dot(typingctx, min_pairs, sum32, at, bits):
 
 @intrinsic(prefer_literal=True)
 def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, a_stride, steps, sums, s_start,
-                        bits, vnni, qtype, tokens):
+                        offsets, o_start, bits, vnni, qtype, tokens):
     """Lane l of one super-block of a 16-row K-quant tile (superblock_tiles.py) against `tokens` activation
     rows, with ggml's float step: for each row t,
 
@@ -228,9 +228,13 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
     a_start + t * a_stride, quad S of lane l at 32 S. steps, sums (float32, 1-D): d_w * d_a per row and
     token, and the lane's float sums.
 
-    Products: Q4_K 2 x 15 x 127, Q5_K 2 x 31 x 127, Q6_K 2 x 63 x 127 = 16,002 an int16 pair (Q6_K's
-    offset of 32 subtracted as 32 x (a0 + a1), within +-8,128 after), so vpmaddubsw never saturates.
-    bits, vnni, qtype, tokens: compile-time constants as for tile_dot.
+    vpmaddubsw multiplies unsigned by signed bytes. Q4_K's and Q5_K's values are unsigned and the
+    activations signed: at most 2 x 31 x 127 an int16 pair. Q6_K's values less 32 are signed, so its
+    activations come biased, a + 128 (quantize_q8_k_quads(biased=True)), the unsigned operand: at most
+    2 x 255 x 32 = 16,320. What the bias adds, 128 x sum of sc x (q - 32) over the lane, is the tile's
+    offsets[o_start + r] (superblock_tiles.py), subtracted before the float step. Neither saturates.
+    For the other types `offsets` is not read. bits, vnni, qtype, tokens: compile-time constants as for
+    tile_dot.
     """
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
         return None
@@ -239,10 +243,10 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
     kind = qtype.literal_value
     n_tokens = tokens.literal_value
     sig = types.void(quants, types.intp, pairs, types.intp, a, types.intp, types.intp, steps, sums, types.intp,
-                     bits, vnni, qtype, tokens)
+                     offsets, types.intp, bits, vnni, qtype, tokens)
 
     def codegen(context, builder, signature, args):
-        quants_v, w_start_v, pairs_v, p_start_v, a_v, a_start_v, stride_v, steps_v, sums_v, s_start_v = args[:10]
+        w_start_v, p_start_v, a_start_v, stride_v, s_start_v, o_start_v = (args[i] for i in (1, 3, 5, 6, 9, 11))
         parts = 64 // width
         v_bytes, v_words, v_dwords = (ir.VectorType(_I8, width), ir.VectorType(_I16, width // 2),
                                       ir.VectorType(_I32, width // 4))
@@ -271,13 +275,13 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
             return builder.add(start, ir.Constant(_I64, offset))
 
         block, pair_data, a_data = data(0), data(2), data(4)
-        step_data, sum_data = data(7), data(8)
+        step_data, sum_data, offset_data = data(7), data(8), data(10)
 
         def weight_vector(v, p):
             return load(block, at(w_start_v, 64 * v + width * p), v_bytes, 1)
 
         def quad(s, p):
-            """Quad (s, lane) of the part p's rows, as unsigned bytes."""
+            """Quad (s, lane) of the part p's rows: bytes, unsigned (Q4_K, Q5_K) or signed (Q6_K, q - 32)."""
             if kind == Q6_K:
                 c = {0: 0, 2: 0, 1: 1, 3: 1, 4: 2, 6: 2, 5: 3, 7: 3}[s]
                 packed = weight_vector(c, p)
@@ -288,7 +292,7 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
                     high = builder.shl(high, splat_bytes(4 - shift))
                 elif shift > 4:
                     high = builder.lshr(high, splat_bytes(shift - 4))
-                return builder.or_(low, builder.and_(high, splat_bytes(48)))
+                return builder.sub(builder.or_(low, builder.and_(high, splat_bytes(48))), splat_bytes(32))
             packed = weight_vector(s // 2, p)
             value = builder.and_(packed, splat_bytes(15)) if s % 2 == 0 else builder.lshr(packed, splat_bytes(4))
             if kind == Q5_K:
@@ -308,11 +312,8 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
                 a_quad = builder.load(builder.bitcast(builder.gep(a_data, [at(row_start, 32 * s)]), _I32.as_pointer()),
                                       align=1)
                 a_bytes = builder.bitcast(splat(builder, a_quad, v_dwords), v_bytes)
-                offset = maddubs(splat_bytes(32), a_bytes) if kind == Q6_K else None
                 for p in range(parts):
-                    words = maddubs(weights[p], a_bytes)
-                    if offset is not None:
-                        words = builder.sub(words, offset)
+                    words = maddubs(a_bytes, weights[p]) if kind == Q6_K else maddubs(weights[p], a_bytes)
                     if with_vnni:
                         acc[t][p] = call(f"llvm.x86.avx512.vpdpwssd.{suffix}", v_dwords,
                                          [acc[t][p], builder.bitcast(words, v_dwords),
@@ -320,6 +321,11 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
                     else:
                         name = "llvm.x86.avx512.pmaddw.d.512" if width == 64 else "llvm.x86.avx2.pmadd.wd"
                         acc[t][p] = builder.add(acc[t][p], call(name, v_dwords, [words, scale_pairs[p]]))
+        if kind == Q6_K:  # what the activations' bias added
+            for p in range(parts):
+                bias = load(offset_data, at(o_start_v, (width // 4) * p), v_dwords, 4)
+                for t in range(n_tokens):
+                    acc[t][p] = builder.sub(acc[t][p], bias)
         for t in range(n_tokens):  # ggml: sums[l] += d * aux32[l], d = x.d * y.d
             for p in range(parts):
                 step = load(step_data, ir.Constant(_I64, 16 * t + (width // 4) * p), v_floats, 4)

@@ -21,7 +21,9 @@ and per row r: scales[tile, 16 sb + r] its float16 d, mins[tile, 16 sb + r] its 
 sub_scales[tile, (SUB * sb + j) * 16 + r] sub-block j's scale (uint8 6-bit for Q4_K/Q5_K, SUB = 8;
 int8 as stored for Q6_K's 16-value sub-blocks, SUB = 16), sub_mins the same for the 6-bit mins.
 Each of these is a byte of the file moved, so a tile takes the file's bytes (Q4_K/Q5_K's 12 packed bytes
-of scales and mins become 16). Rows past the matrix's end fill the last tile with zeros.
+of scales and mins become 16). Q6_K's tiles add offsets[tile, (8 sb + l) * 16 + r], int32: 128 x the sum
+of sc x (q - 32) over lane l, what its kernel's biased activations add (int8_dots.superblock_tile_dot),
+512 bytes per 3,360 of a tile's super-block. Rows past the matrix's end fill the last tile with zeros.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from .quant_blocks import Q4_K, Q5_K, Q6_K, scale_min_k4
+from .quant_blocks import Q4_K, Q5_K, Q6_K, decode_superblock, scale_min_k4
 
 TILE_ROWS = 16
 LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64}  # a tile's bytes of quants per super-block and lane
@@ -55,18 +57,22 @@ def repack_superblocks(qtype: int, w: np.ndarray):
                   np.zeros((n_tiles, n_super * TILE_ROWS), np.uint16),
                   np.zeros((n_tiles, n_super * TILE_ROWS if has_mins else 0), np.uint16), False,
                   np.zeros((n_tiles, n_super * n_sub * TILE_ROWS), np.uint8),
-                  np.zeros((n_tiles, n_super * n_sub * TILE_ROWS if has_mins else 0), np.uint8))
-    _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, tiles.sub_mins, LANE_BYTES[qtype])
+                  np.zeros((n_tiles, n_super * n_sub * TILE_ROWS if has_mins else 0), np.uint8),
+                  np.zeros((n_tiles, 0 if has_mins else n_super * 8 * TILE_ROWS), np.int32))
+    _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, tiles.sub_mins, tiles.offsets,
+            LANE_BYTES[qtype])
     return tiles
 
 
 @njit(cache=True, parallel=True)
-def _repack(qtype, w, quants, scales, mins, sub_scales, sub_mins, lane_bytes):
+def _repack(qtype, w, quants, scales, mins, sub_scales, sub_mins, offsets, lane_bytes):
     rows = w.shape[0]
     n_tiles, n_scales = scales.shape
     n_super = n_scales // TILE_ROWS
     block_bytes = w.shape[1] // n_super
     for tile in prange(n_tiles):
+        values = np.empty(256, np.int16)
+        no_mins = np.empty(8, np.int32)
         for r in range(min(TILE_ROWS, rows - tile * TILE_ROWS)):
             row = w[tile * TILE_ROWS + r]
             for sb in range(n_super):
@@ -76,6 +82,12 @@ def _repack(qtype, w, quants, scales, mins, sub_scales, sub_mins, lane_bytes):
                     scales[tile, at] = np.uint16(row[off + 208]) | (np.uint16(row[off + 209]) << 8)
                     for j in range(16):
                         sub_scales[tile, (16 * sb + j) * TILE_ROWS + r] = row[off + 192 + j]
+                    decode_superblock(qtype, row, off, values, no_mins, 16)  # sc x (q - 32)
+                    for lane in range(8):
+                        total = 0
+                        for e in range(lane, 256, 8):
+                            total += values[e]
+                        offsets[tile, (8 * sb + lane) * TILE_ROWS + r] = 128 * total
                 else:
                     scales[tile, at] = np.uint16(row[off]) | (np.uint16(row[off + 1]) << 8)
                     mins[tile, at] = np.uint16(row[off + 2]) | (np.uint16(row[off + 3]) << 8)

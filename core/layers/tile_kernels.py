@@ -147,7 +147,7 @@ def _store_tile_row(out, t, n0, sums, spill):
 
 def tiles_k(qtype: int, tier: Tier, tokens: int):
     """The K-quant tile kernel (superblock_tiles.py) for one weight type on one tier, `tokens` activation rows
-    per pass: kernel(quants, scales, mins, sub_scales, sub_mins, a, d, sum32, out)."""
+    per pass: kernel(quants, scales, mins, sub_scales, sub_mins, offsets, a, d, sum32, out)."""
     if qtype not in SUPERBLOCK_TYPES or qtype not in TILE_TYPES or not tier.int8_dot:
         return None
     bits = 512 if tier.vector_bits == 512 else 256
@@ -157,9 +157,9 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
-    def matmul_tiles_k(quants, scales, mins, sub_scales, sub_mins, a, d, sum32, out):
+    def matmul_tiles_k(quants, scales, mins, sub_scales, sub_mins, offsets, a, d, sum32, out):
         """out (T, N) = tiles of N rows times Q8_K activations a (Tp, K) int8 in quad order
-        (activations.quantize_q8_k_quads), Tp >= T a multiple of `tokens` (rows past T zero); d (Tp, K / 256),
+        (activations.quantize_q8_k_quads, biased for Q6_K), Tp >= T a multiple of `tokens` (rows past T zero); d (Tp, K / 256),
         sum32 (Tp, K / 32). 16 weight rows times `tokens` activation rows at a time, ggml's 8 lane sums and
         sumf per row and token kept apart until the end, as its reference dot does."""
         helpers  # in numba's cache key: see cache_key.py
@@ -169,7 +169,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         a_flat = a.reshape(a.size)
         for tile in prange(quants.shape[0]):
             tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
-            tile_sub_scales, tile_sub_mins = sub_scales[tile], sub_mins[tile]
+            tile_sub_scales, tile_sub_mins, tile_offsets = sub_scales[tile], sub_mins[tile], offsets[tile]
             pairs = np.empty(8 * TILE_ROWS, np.int32)  # per sub-block quad S and row: the int16 scale pair
             min_pairs = np.empty(4 * TILE_ROWS, np.int32)  # per pair of sub-blocks and row: the int16 mins
             spill = np.empty(LANES, np.float32)
@@ -188,7 +188,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     for lane in range(8):
                         superblock_tile_dot(tile_quants, (8 * sb + lane) * lane_bytes, pairs, 0, a_flat,
                                             t0 * k + 256 * sb + 4 * lane, k, steps, sums, TILE_ROWS * lane,
-                                            bits, vnni, qtype, tokens)
+                                            tile_offsets, (8 * sb + lane) * TILE_ROWS, bits, vnni, qtype, tokens)
                     if has_mins:  # ggml: sumf -= dmin * sum(bsums * mins), dmin = x.dmin * y.d
                         for j in range(4):  # the mins of sub-blocks 2 j and 2 j + 1 as int16 pairs
                             at = (8 * sb + 2 * j) * TILE_ROWS

@@ -51,10 +51,12 @@ class Tiles:
     signed_bytes: bool  # Q8_0: the file's int8 (else int8 + 128)
     sub_scales: np.ndarray = field(default_factory=_none)  # K-quants only (superblock_tiles.py): each sub-block's scale
     sub_mins: np.ndarray = field(default_factory=_none)  # and Q4_K's and Q5_K's sub-block mins
+    offsets: np.ndarray = field(default_factory=_none)  # Q6_K: what its kernel's biased activations add
 
     @property
     def nbytes(self) -> int:
-        return sum(part.nbytes for part in (self.quants, self.scales, self.mins, self.sub_scales, self.sub_mins))
+        parts = (self.quants, self.scales, self.mins, self.sub_scales, self.sub_mins, self.offsets)
+        return sum(part.nbytes for part in parts)
 
 
 def repack(qtype: int, w: np.ndarray, signed_bytes: bool) -> Tiles:
