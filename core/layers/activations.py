@@ -12,7 +12,7 @@ Two block formats (ggml-quants.c, quantize_row_q8_0_ref / _q8_1_ref / _q8_K_ref)
 Every row is quantized on its own, so a row's blocks never depend on the other rows.
 
 Layouts: row-major (T, K) for the row-by-row kernels, and for the tile kernels (K-quants' with each
-32 values in "quad order", ggml's 8 lanes side by side); for the kernels that vectorise over
+256 values in "quad order", ggml's 8 lanes side by side); for the kernels that vectorise over
 activation rows ("lanes", the portable tier), transposed: "columns" (K, lanes) int8, their per-block
 fields as (blocks, lanes). Lanes past T are zero.
 """
@@ -27,6 +27,7 @@ from numba import njit, prange
 
 from .cache_key import HELPERS
 from .halfs import round_to_f16
+from .superblock_tiles import quad_value
 
 QK = 32  # values per Q8_0 / Q8_1 block
 QK_K = 256  # values per Q8_K block
@@ -154,10 +155,11 @@ def _build_kernels():
             row = np.empty(x.shape[1], np.int8)
             _quantize_row_q8_k(x[t], row, d[t], sum32[t], qk)
             q_t = q[t]
-            for g in range(x.shape[1] // qk):
-                for lane in range(8):
-                    for i in range(4):
-                        q_t[g * qk + 4 * lane + i] = row[g * qk + lane + 8 * i]
+            for k0 in range(0, x.shape[1], QK_K):
+                for quad in range(8):
+                    for lane in range(8):
+                        for i in range(4):
+                            q_t[k0 + 32 * quad + 4 * lane + i] = row[k0 + quad_value(quad, lane, i)]
 
     @njit(cache=True, parallel=True, fastmath=_NO_NANS)
     def lanes_q8_32(x, q, d, s, qsum, qk):
@@ -223,9 +225,9 @@ def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
 
 
 def quantize_q8_k_quads(x: np.ndarray, n_rows: int, biased: bool = False) -> Q8KBlocks:
-    """x (T, K) to Q8_K blocks for the K-quant tile kernel: q (n_rows, K) int8 with each 32 values in
-    quad order, value 32 g + l + 8 i at 32 g + 4 l + i (ggml lane l's 4 values side by side); d, sum32 as
-    quantize_q8_k's. Rows past T are zero. biased: q's bytes hold q + 128 (as uint8; for Q6_K's kernel)."""
+    """x (T, K) to Q8_K blocks for the K-quant tile kernel: q (n_rows, K) int8 with each 256 values in
+    quad order, value quad_value(Q, l, i) at 32 Q + 4 l + i (superblock_tiles.py: 4 values of ggml lane l side
+    by side); d, sum32 as quantize_q8_k's. Rows past T are zero. biased: q's bytes hold q + 128 (as uint8; for Q6_K's kernel)."""
     t, k = x.shape
     out = Q8KBlocks(q=np.zeros((n_rows, k), np.int8), d=np.zeros((n_rows, k // QK_K), np.float32),
                     sum32=np.zeros((n_rows, k // QK), np.int32))

@@ -219,17 +219,17 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
     rows, with ggml's float step: for each row t,
 
         sums[s_start + t * 128 + r] += steps[16 t + r] * float(aux32[t, r]),
-        aux32[t, r] = sum over sub-blocks S < 8 of sc(r, S) . (quad (S, l) of weight row r) . (quad of a[t])
+        aux32[t, r] = sum over quads Q < 8 and bytes i of sc(r, Q, i) . (quad Q of weight row r)[i] . (quad Q of a[t])[i]
 
     exactly ggml's aux32[l] (the products summed in int16 pairs by vpmaddubsw, each pair times its
     sub-block scale by vpmaddwd, or vpdpwssd where the tier has VNNI). quants (uint8, 1-D): the lane's
-    bytes at w_start. pairs (int32, 1-D): at p_start + 16 S + r, row r's int16 scale pair for quad S (the
-    scale of values i = 0, 1 low, of i = 2, 3 high). a (int8, 1-D): row t's super-block in quad order at
-    a_start + t * a_stride, quad S of lane l at 32 S. steps, sums (float32, 1-D): d_w * d_a per row and
-    token, and the lane's float sums.
+    bytes at w_start. pairs (int32, 1-D): at p_start + 16 j + r, row r's int16 scale pair for bytes 0, 1
+    and 2, 3 (low, high) of quads 2 j and 2 j + 1 (Q4_K, Q5_K; j < 4) or of quad j (Q6_K). a (int8, 1-D):
+    row t's super-block in quad order at a_start + t * a_stride, quad Q of lane l at 32 Q. steps, sums
+    (float32, 1-D): d_w * d_a per row and token, and the lane's float sums.
 
     vpmaddubsw multiplies unsigned by signed bytes. Q4_K's and Q5_K's values are unsigned and the
-    activations signed: at most 2 x 31 x 127 an int16 pair. Q6_K's values less 32 are signed, so its
+    activations signed: at most 2 x 31 x 127 an int16 pair, two quads' pairs added 15,748. Q6_K's values less 32 are signed, so its
     activations come biased, a + 128 (quantize_q8_k_quads(biased=True)), the unsigned operand: at most
     2 x 255 x 32 = 16,320. What the bias adds, 128 x sum of sc x (q - 32) over the lane, is the tile's
     offsets[o_start + r] (superblock_tiles.py), subtracted before the float step. Neither saturates.
@@ -280,47 +280,56 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
         def weight_vector(v, p):
             return load(block, at(w_start_v, 64 * v + width * p), v_bytes, 1)
 
-        def quad(s, p):
-            """Quad (s, lane) of the part p's rows: bytes, unsigned (Q4_K, Q5_K) or signed (Q6_K, q - 32)."""
-            if kind == Q6_K:
-                c = {0: 0, 2: 0, 1: 1, 3: 1, 4: 2, 6: 2, 5: 3, 7: 3}[s]
-                packed = weight_vector(c, p)
-                low = builder.and_(packed, splat_bytes(15)) if s % 4 < 2 else builder.lshr(packed, splat_bytes(4))
-                high = weight_vector(4 + s // 4, p)
-                shift = 2 * (s % 4)  # bits shift, shift + 1 move to 4, 5
+        def quad(q, p):
+            """Quad q of the part p's rows: bytes, unsigned (Q4_K, Q5_K) or signed (Q6_K, its values less 32)."""
+            packed = weight_vector(q // 2, p)
+            value = builder.and_(packed, splat_bytes(15)) if q % 2 == 0 else builder.lshr(packed, splat_bytes(4))
+            if kind == Q6_K:  # bits 2 (q % 4), + 1 of vector 4 + q // 4 move to bits 4, 5
+                high, shift = weight_vector(4 + q // 4, p), 2 * (q % 4)
                 if shift < 4:
                     high = builder.shl(high, splat_bytes(4 - shift))
                 elif shift > 4:
                     high = builder.lshr(high, splat_bytes(shift - 4))
-                return builder.sub(builder.or_(low, builder.and_(high, splat_bytes(48))), splat_bytes(32))
-            packed = weight_vector(s // 2, p)
-            value = builder.and_(packed, splat_bytes(15)) if s % 2 == 0 else builder.lshr(packed, splat_bytes(4))
-            if kind == Q5_K:
+                return builder.sub(builder.or_(value, builder.and_(high, splat_bytes(48))), splat_bytes(32))
+            if kind == Q5_K:  # bit q of vector 4 moves to bit 4
                 fifth = weight_vector(4, p)
-                bit = (builder.shl(fifth, splat_bytes(4 - s)) if s < 4
-                       else builder.lshr(fifth, splat_bytes(s - 4)) if s > 4 else fifth)
+                bit = (builder.shl(fifth, splat_bytes(4 - q)) if q < 4
+                       else builder.lshr(fifth, splat_bytes(q - 4)) if q > 4 else fifth)
                 value = builder.or_(value, builder.and_(bit, splat_bytes(16)))
             return value
 
+        def activation_quad(t, q):
+            row_start = builder.add(a_start_v, builder.mul(stride_v, ir.Constant(_I64, t)))
+            word = builder.load(builder.bitcast(builder.gep(a_data, [at(row_start, 32 * q)]), _I32.as_pointer()), align=1)
+            return builder.bitcast(splat(builder, word, v_dwords), v_bytes)
+
+        def accumulate(acc_tp, words, scale_pair):
+            if with_vnni:
+                return call(f"llvm.x86.avx512.vpdpwssd.{suffix}", v_dwords,
+                            [acc_tp, builder.bitcast(words, v_dwords), builder.bitcast(scale_pair, v_dwords)])
+            name = "llvm.x86.avx512.pmaddw.d.512" if width == 64 else "llvm.x86.avx2.pmadd.wd"
+            return builder.add(acc_tp, call(name, v_dwords, [words, scale_pair]))
+
+        def scale_pairs(j):
+            return [builder.bitcast(load(pair_data, at(p_start_v, 16 * j + (width // 4) * p), v_dwords, 4), v_words)
+                    for p in range(parts)]
+
         acc = [[ir.Constant(v_dwords, [0] * (width // 4)) for _ in range(parts)] for _ in range(n_tokens)]
-        for s in range(8):
-            weights = [quad(s, p) for p in range(parts)]
-            scale_pairs = [builder.bitcast(load(pair_data, at(p_start_v, 16 * s + (width // 4) * p), v_dwords, 4),
-                                           v_words) for p in range(parts)]
-            for t in range(n_tokens):
-                row_start = builder.add(a_start_v, builder.mul(stride_v, ir.Constant(_I64, t)))
-                a_quad = builder.load(builder.bitcast(builder.gep(a_data, [at(row_start, 32 * s)]), _I32.as_pointer()),
-                                      align=1)
-                a_bytes = builder.bitcast(splat(builder, a_quad, v_dwords), v_bytes)
-                for p in range(parts):
-                    words = maddubs(a_bytes, weights[p]) if kind == Q6_K else maddubs(weights[p], a_bytes)
-                    if with_vnni:
-                        acc[t][p] = call(f"llvm.x86.avx512.vpdpwssd.{suffix}", v_dwords,
-                                         [acc[t][p], builder.bitcast(words, v_dwords),
-                                          builder.bitcast(scale_pairs[p], v_dwords)])
-                    else:
-                        name = "llvm.x86.avx512.pmaddw.d.512" if width == 64 else "llvm.x86.avx2.pmadd.wd"
-                        acc[t][p] = builder.add(acc[t][p], call(name, v_dwords, [words, scale_pairs[p]]))
+        if kind == Q6_K:  # a scale pair per quad: maddubs(a + 128, q - 32)
+            for q in range(8):
+                weights, pair = [quad(q, p) for p in range(parts)], scale_pairs(q)
+                for t in range(n_tokens):
+                    a_bytes = activation_quad(t, q)
+                    for p in range(parts):
+                        acc[t][p] = accumulate(acc[t][p], maddubs(a_bytes, weights[p]), pair[p])
+        else:  # quads 2 c and 2 c + 1 share the scale pair (sc[2 c], sc[2 c + 1]): their int16 products added first
+            for c in range(4):
+                low, high, pair = [quad(2 * c, p) for p in range(parts)], [quad(2 * c + 1, p) for p in range(parts)], scale_pairs(c)
+                for t in range(n_tokens):
+                    a_low, a_high = activation_quad(t, 2 * c), activation_quad(t, 2 * c + 1)
+                    for p in range(parts):
+                        words = builder.add(maddubs(low[p], a_low), maddubs(high[p], a_high))
+                        acc[t][p] = accumulate(acc[t][p], words, pair[p])
         if kind == Q6_K:  # what the activations' bias added
             for p in range(parts):
                 bias = load(offset_data, at(o_start_v, (width // 4) * p), v_dwords, 4)

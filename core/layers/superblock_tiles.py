@@ -3,27 +3,32 @@
 ggml's reference dot (ggml_vec_dot_q4_K_q8_K_generic and its siblings) keeps 8 integer lanes per
 256-value super-block, value e in lane e % 8, each value times its sub-block's scale, and 8 float sums per
 row, added together only at the end. A tile keeps those lanes apart: one 64-byte vector gives, for 16
-rows, 4 values of one lane l of one 32-value sub-block S, "quad (S, l)": values 32 S + l + 8 i, i < 4.
-vpmaddubsw turns it into int16 pairs (values i = 0, 1 and i = 2, 3) and vpmaddwd by the sub-block
-scales into lane l's exact int32 sum. The activations come in the same order (activations.py,
-quantize_q8_k_quads), so a quad of them is one 4-byte broadcast.
+rows, a "quad" of 4 values of one lane l. vpmaddubsw turns it into int16 pairs (bytes 0, 1 and 2, 3), each
+pair within one sub-block, and vpmaddwd by the pair's scales into lane l's exact int32 sum. Quad Q < 8 of
+lane l holds, with Q = 2 c + h,
+
+    value(Q, l, i) = 64 c + 16 h + 32 (i // 2) + 8 (i % 2) + l,    i < 4:
+
+bytes 0, 1 in 32-value sub-block 2 c, bytes 2, 3 in 2 c + 1 (Q6_K's 16-value sub-blocks 4 c + h and
+4 c + 2 + h). Quads 2 c and 2 c + 1 share Q4_K's and Q5_K's scale pair (sc[2 c], sc[2 c + 1]), so the kernel
+adds their int16 products before one vpmaddwd. The activations come in the same order (activations.py,
+quantize_q8_k_quads: value(Q, l, i) at 32 Q + 4 l + i), so a quad of them is one 4-byte broadcast.
 
 A tile holds 16 rows; super-block sb, lane l of it is LANE_BYTES bytes at
-quants[tile, (8 sb + l) * LANE_BYTES:], each vector [row r][byte i], byte i holding value i of the quad:
+quants[tile, (8 sb + l) * LANE_BYTES:], each vector [row r][byte i]:
 
-    Q4_K (256 B)  4 nibble vectors c: low nibbles quad (2c, l), high nibbles quad (2c + 1, l)
-    Q5_K (320 B)  the same, then one vector of 5th bits: bit S of byte i is quad (S, l)'s
-    Q6_K (384 B)  4 nibble vectors c = 0..3 for the sub-block pairs (0, 2), (1, 3), (4, 6), (5, 7), low
-                  nibbles the first; then 2 vectors h of high bits: bits 2q, 2q + 1 of byte i are
-                  quad (4h + q, l)'s
+    Q4_K (256 B)  4 nibble vectors c: low nibbles quad 2 c, high nibbles quad 2 c + 1
+    Q5_K (320 B)  the same, then one vector of 5th bits: bit Q of byte i is quad Q's
+    Q6_K (384 B)  the same nibbles (the low 4 of 6 bits), then 2 vectors k of high bits: bits 2 q, 2 q + 1
+                  of byte i are quad 4 k + q's
 
 and per row r: scales[tile, 16 sb + r] its float16 d, mins[tile, 16 sb + r] its dmin (Q4_K, Q5_K);
 sub_scales[tile, (SUB * sb + j) * 16 + r] sub-block j's scale (uint8 6-bit for Q4_K/Q5_K, SUB = 8;
 int8 as stored for Q6_K's 16-value sub-blocks, SUB = 16), sub_mins the same for the 6-bit mins.
-Each of these is a byte of the file moved, so a tile takes the file's bytes (Q4_K/Q5_K's 12 packed bytes
-of scales and mins become 16). Q6_K's tiles add offsets[tile, (8 sb + l) * 16 + r], int32: 128 x the sum
-of sc x (q - 32) over lane l, what its kernel's biased activations add (int8_dots.superblock_tile_dot),
-512 bytes per 3,360 of a tile's super-block. Rows past the matrix's end fill the last tile with zeros.
+So a tile takes the file's bytes (Q4_K/Q5_K's 12 packed bytes of scales and mins become 16). Q6_K's tiles
+add offsets[tile, (8 sb + l) * 16 + r], int32: 128 x the sum of sc x (q - 32) over lane l, what its
+kernel's biased activations add (int8_dots.superblock_tile_dot), 512 bytes per 3,360 of a tile's
+super-block. Rows past the matrix's end fill the last tile with zeros.
 """
 
 from __future__ import annotations
@@ -95,18 +100,46 @@ def _repack(qtype, w, quants, scales, mins, sub_scales, sub_mins, offsets, lane_
                         sc, mn = scale_min_k4(j, row, off + 4)
                         sub_scales[tile, (8 * sb + j) * TILE_ROWS + r] = sc
                         sub_mins[tile, (8 * sb + j) * TILE_ROWS + r] = mn
+                _raw_values(qtype, row, off, values)
                 for lane in range(8):
                     base = (8 * sb + lane) * lane_bytes + 4 * r
                     for i in range(4):
-                        j = lane + 8 * i  # value j of a sub-block (of a half, for Q6_K)
+                        high_bits = 0
                         for c in range(4):
-                            if qtype == Q6_K:  # ql bytes 64 h + 32 (c % 2) + j, h = c // 2
-                                byte = row[off + 64 * (c // 2) + 32 * (c % 2) + j]
-                            else:
-                                byte = row[off + (16 if qtype == Q4_K else 48) + 32 * c + j]
-                            quants[tile, base + 64 * c + i] = byte
-                        if qtype == Q5_K:
-                            quants[tile, base + 256 + i] = row[off + 16 + j]
-                        if qtype == Q6_K:
-                            quants[tile, base + 256 + i] = row[off + 128 + j]
-                            quants[tile, base + 320 + i] = row[off + 160 + j]
+                            low, high = values[quad_value(2 * c, lane, i)], values[quad_value(2 * c + 1, lane, i)]
+                            quants[tile, base + 64 * c + i] = (low & 15) | ((high & 15) << 4)
+                            high_bits |= ((low >> 4) << (2 * c)) | ((high >> 4) << (2 * c + 1))
+                        if qtype == Q5_K:  # bit Q: quad Q's 5th bit
+                            quants[tile, base + 256 + i] = high_bits
+                        if qtype == Q6_K:  # bits 2 q, 2 q + 1 of vector k: quad 4 k + q's 5th and 6th bits
+                            for k in range(2):
+                                packed = 0
+                                for q in range(4):
+                                    packed |= (values[quad_value(4 * k + q, lane, i)] >> 4) << (2 * q)
+                                quants[tile, base + 256 + 64 * k + i] = packed
+
+
+@njit(inline="always")
+def quad_value(quad, lane, i):
+    """The value of a super-block at byte i of quad `quad` of ggml lane `lane` (the module's docstring)."""
+    return 64 * (quad // 2) + 16 * (quad % 2) + 32 * (i // 2) + 8 * (i % 2) + lane
+
+
+@njit(inline="always")
+def _raw_values(qtype, row, off, values):
+    """A super-block's 256 quants as stored, unsigned (4, 5 or 6 bits), into values (int16)."""
+    if qtype == Q6_K:
+        for half in range(2):
+            for quarter in range(4):
+                for j in range(32):
+                    low = (np.int32(row[off + 64 * half + 32 * (quarter % 2) + j]) >> (4 * (quarter // 2))) & 15
+                    high = (np.int32(row[off + 128 + 32 * half + j]) >> (2 * quarter)) & 3
+                    values[128 * half + 32 * quarter + j] = low | (high << 4)
+        return
+    qs = off + (16 if qtype == Q4_K else 48)
+    for s in range(8):
+        for j in range(32):
+            q = (np.int32(row[qs + 32 * (s // 2) + j]) >> (4 * (s % 2))) & 15
+            if qtype == Q5_K:
+                q |= ((np.int32(row[off + 16 + j]) >> s) & 1) << 4
+            values[32 * s + j] = q

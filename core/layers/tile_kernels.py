@@ -210,12 +210,14 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
 
 @njit(inline="always")
 def _scale_pairs(qtype, sub_scales, sb, pairs):
-    """pairs[16 S + r]: row r's int16 scales of quad S's values i = 0, 1 (low) and i = 2, 3 (high): Q4_K's and
-    Q5_K's sub-block S scale twice, Q6_K's 16-value sub-blocks 2 S and 2 S + 1."""
-    for s in range(8):
-        if qtype == Q6_K:
-            low = (16 * sb + 2 * s) * TILE_ROWS
-            store16(pairs, TILE_ROWS * s, scale_pairs16(sub_scales, low, low + TILE_ROWS, True))
-        else:
-            at = (8 * sb + s) * TILE_ROWS
-            store16(pairs, TILE_ROWS * s, scale_pairs16(sub_scales, at, at, False))
+    """pairs[16 j + r]: row r's int16 scales of bytes 0, 1 (low) and 2, 3 (high) of the quads (superblock_tiles.py):
+    Q4_K's and Q5_K's sub-blocks 2 j and 2 j + 1 (quads 2 j and 2 j + 1, j < 4), Q6_K's 16-value sub-blocks
+    4 c + h and 4 c + 2 + h (quad j = 2 c + h)."""
+    if qtype == Q6_K:
+        for j in range(8):
+            low = (16 * sb + 4 * (j // 2) + j % 2) * TILE_ROWS
+            store16(pairs, TILE_ROWS * j, scale_pairs16(sub_scales, low, low + 2 * TILE_ROWS, True))
+    else:
+        for j in range(4):
+            low = (8 * sb + 2 * j) * TILE_ROWS
+            store16(pairs, TILE_ROWS * j, scale_pairs16(sub_scales, low, low + TILE_ROWS, False))

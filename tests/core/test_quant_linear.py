@@ -242,8 +242,9 @@ def test_activation_quantizers_match_ggml_reference_bitwise():
     np.testing.assert_array_equal(columns_k.q[:, :37].T, got_k.q)
     np.testing.assert_array_equal(columns_k.d[:, :37].T, dk)
     np.testing.assert_array_equal(columns_k.sum32[:, :37].T, got_k.sum32)
-    quads = quantize_q8_k_quads(x, 40)  # the K-quant tiles' order: value 32 g + l + 8 i at 32 g + 4 l + i
-    by_value = quads.q.reshape(40, 32, 8, 4).transpose(0, 1, 3, 2).reshape(40, 1024)
+    quads = quantize_q8_k_quads(x, 40)  # the K-quant tiles' order: value 64 c + 16 h + 32 a + 8 b + l at
+    by_value = quads.q.reshape(40, 4, 4, 2, 8, 2, 2)  # 256 sb + 32 (2 c + h) + 4 l + 2 a + b: [sb, c, h, l, a, b]
+    by_value = by_value.transpose(0, 1, 2, 5, 3, 6, 4).reshape(40, 1024)  # [sb, c, a, h, b, l]
     np.testing.assert_array_equal(by_value[:37], got_k.q)
     np.testing.assert_array_equal(quads.d[:37], dk)
     np.testing.assert_array_equal(quads.sum32[:37], got_k.sum32)
