@@ -92,29 +92,48 @@ def _quantize_row_q8_32(x_row, q_row, d, s, qsum, qk):
 
 
 @njit(inline="always")
-def _quantize_row_q8_k(x_row, q_row, d, sum32, qk):
-    """One row of K values to Q8_K blocks: q_row (K,) int8, d[b] per 256 values, sum32[g] per 32.
+def _first_largest_magnitude(x_row, k0, n):
+    """The first of x_row[k0:k0 + n] whose magnitude is the largest, as ggml picks it (0 if all are 0).
+
+    The largest and smallest values are vector reductions; only when +m and -m both occur does a scalar scan
+    say which comes first."""
+    high = np.float32(0.0)
+    low = np.float32(0.0)
+    for k in range(k0, k0 + n):
+        high = max(high, x_row[k])
+        low = min(low, x_row[k])
+    if high != -low:
+        return high if high > -low else low
+    for k in range(k0, k0 + n):
+        if abs(x_row[k]) == high:
+            return x_row[k]
+    return np.float32(0.0)
+
+
+@njit(inline="always")
+def _quantize_row_q8_k(x_row, q_row, d, sum32, qk, rounded):
+    """One row of K values to Q8_K blocks: q_row (K,) int8, d[b] per 256 values, sum32[g] per 32; rounded: a
+    float32 scratch of 256.
 
     `qk` is 32, passed at run time so that LLVM vectorises the loops over a block's values.
     """
     magic = np.float32(12582912.0)  # 1.5 * 2^23: adding and subtracting it rounds half to even
     for b in range(x_row.shape[0] // QK_K):
         k0 = b * QK_K
-        amax = np.float32(0.0)
-        signed_max = np.float32(0.0)
-        for k in range(k0, k0 + QK_K):  # the first value of largest magnitude, as ggml picks it
-            if abs(x_row[k]) > amax:
-                amax = abs(x_row[k])
-                signed_max = x_row[k]
+        signed_max = _first_largest_magnitude(x_row, k0, 8 * qk)
+        amax = abs(signed_max)
         iscale = np.float32(-127.0) / signed_max if amax != 0 else np.float32(0.0)
         d[b] = np.float32(1.0) / iscale if amax != 0 else np.float32(0.0)
-        for g in range(k0 // qk, (k0 + QK_K) // qk):
+        # in float32 first, then stored: a loop that reads x_row and writes q_row LLVM leaves scalar (10x slower)
+        for k in range(8 * qk):
+            rounded[k] = min(np.float32(127.0), (iscale * x_row[k0 + k] + magic) - magic)
+        for k in range(8 * qk):
+            q_row[k0 + k] = np.int8(rounded[k])
+        for g in range(8):
             total = np.int32(0)
             for k in range(g * qk, g * qk + qk):
-                v = min(127, np.int32((iscale * x_row[k] + magic) - magic))
-                q_row[k] = v
-                total += v
-            sum32[g] = total
+                total += np.int32(rounded[k])
+            sum32[k0 // qk + g] = total
 
 
 # ---------------------------------------------------------------- the lanes layouts
@@ -145,7 +164,7 @@ def _build_kernels():
     def rows_q8_k(x, q, d, sum32, qk):
         helpers  # in numba's cache key
         for t in prange(x.shape[0]):
-            _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], qk)
+            _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], qk, np.empty(QK_K, np.float32))
 
     @njit(cache=True, parallel=True, fastmath=_NO_NANS)
     def rows_q8_k_quads(x, q, d, sum32, qk):
@@ -153,7 +172,7 @@ def _build_kernels():
         helpers  # in numba's cache key
         for t in prange(x.shape[0]):
             row = np.empty(x.shape[1], np.int8)
-            _quantize_row_q8_k(x[t], row, d[t], sum32[t], qk)
+            _quantize_row_q8_k(x[t], row, d[t], sum32[t], qk, np.empty(QK_K, np.float32))
             q_t = q[t]
             for k0 in range(0, x.shape[1], QK_K):
                 for quad in range(8):
@@ -186,8 +205,9 @@ def _build_kernels():
         for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             t0 = task * ROWS_PER_TASK
             rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
+            rounded = np.empty(QK_K, np.float32)
             for r in range(rows_q.shape[0]):
-                _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r], qk)
+                _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r], qk, rounded)
             _store_columns(rows_q, q, t0)
 
     return rows_q8_32, rows_q8_k, rows_q8_k_quads, lanes_q8_32, lanes_q8_k
