@@ -19,13 +19,14 @@ from .gguf_file import GGUFFile, TensorInfo
 from .kv_cache import parse_size
 
 # Native kernels' throughput over the float32 copy's (the batch-invariant GEMM), per weight type, at 64 rows
-# of 2048 x 2048: `python benchmarks/weight_speeds.py [--tier avx2]`, 2 Zen 4 cores. Tiers not measured take
-# the nearest measured one's (TABLE_OF); a type not in the table counts as f32-speed (1.0).
+# of 2048 x 2048: `python benchmarks/weight_speeds.py [--tier avx2]`, 2 Zen 4 cores, the mean of two runs
+# (each the median of 15 pairs). Tiers not measured take the nearest measured one's (TABLE_OF); a type not in
+# the table counts as f32-speed (1.0).
 NATIVE_SPEEDUP = {
-    "avx512-vnni": {"Q4_0": 2.78, "Q4_1": 2.17, "Q5_0": 2.93, "Q5_1": 2.52, "Q8_0": 2.69, "Q4_K": 0.63,
-                    "Q5_K": 0.64, "Q6_K": 0.68, "F16": 0.42},
-    "avx2": {"Q4_0": 2.25, "Q4_1": 1.98, "Q5_0": 1.4, "Q5_1": 1.43, "Q8_0": 1.86, "Q4_K": 0.46, "Q5_K": 0.46,
-             "Q6_K": 0.44, "F16": 0.58},
+    "avx512-vnni": {"Q4_0": 2.46, "Q4_1": 2.4, "Q5_0": 2.27, "Q5_1": 2.18, "Q8_0": 2.32, "Q4_K": 1.69,
+                    "Q5_K": 1.61, "Q6_K": 1.53, "F16": 0.4},
+    "avx2": {"Q4_0": 1.89, "Q4_1": 1.91, "Q5_0": 1.35, "Q5_1": 1.35, "Q8_0": 1.29, "Q4_K": 2.01, "Q5_K": 1.8,
+             "Q6_K": 1.53, "F16": 0.62},
 }
 TABLE_OF = {"avx512-vnni": "avx512-vnni", "avx512": "avx2", "avx-vnni": "avx2", "avx2": "avx2"}  # portable: none
 

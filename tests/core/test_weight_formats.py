@@ -16,7 +16,7 @@ from miro.core.kv_cache import KVCache
 from miro.core.layers import cpu
 from miro.core.model_runner import build_step_input
 from miro.core.gguf_file import TensorInfo
-from miro.core.weight_format import TABLE_OF, choose_weight_format, native_speedup
+from miro.core.weight_format import NATIVE_SPEEDUP, TABLE_OF, choose_weight_format, native_speedup
 
 CHATS = [c["messages"] for c in json.loads((FIXTURES / "chat_prompts.json").read_text(encoding="utf-8"))]
 ARCH = json.loads((FIXTURES / "arch_llamacpp.json").read_text())
@@ -161,11 +161,13 @@ def _matrices(*types_and_sizes) -> list:
 
 
 def test_auto_weighs_each_types_measured_speed_by_its_share_of_the_matrices():
+    table = NATIVE_SPEEDUP["avx2"]
     q8_file = _matrices(("Q8_0", 2048, 2048), ("Q8_0", 2048, 2048))
-    k_quant_file = _matrices(("Q4_K", 2048, 2048), ("Q6_K", 2048, 2048))
-    assert native_speedup(q8_file, "avx2") > 1.0 > native_speedup(k_quant_file, "avx2")
-    mixed = native_speedup(_matrices(("Q8_0", 2048, 2048), ("Q4_K", 2048, 2048)), "avx2")
-    assert native_speedup(k_quant_file, "avx2") < mixed < native_speedup(q8_file, "avx2")
+    f16_file = _matrices(("F16", 2048, 2048), ("F16", 2048, 2048))  # slower than a float32 copy
+    assert native_speedup(q8_file, "avx2") == pytest.approx(table["Q8_0"]) and table["Q8_0"] > 1.0
+    assert native_speedup(f16_file, "avx2") == pytest.approx(table["F16"]) and table["F16"] < 1.0
+    mixed = native_speedup(_matrices(("Q8_0", 2048, 2048), ("F16", 2048, 6144)), "avx2")  # a quarter Q8_0
+    assert mixed == pytest.approx(4 / (1 / table["Q8_0"] + 3 / table["F16"]))  # times add up, not speeds
     assert native_speedup(_matrices(("F32", 64, 64)), "avx2") == 1.0  # unmeasured counts as f32's speed
     assert native_speedup(q8_file, "portable") is None  # no table there
     assert native_speedup(q8_file, "avx512") == native_speedup(q8_file, "avx2")  # its nearest measured tier
