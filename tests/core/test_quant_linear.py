@@ -292,6 +292,25 @@ def test_native_on_random_blocks(qtype, tier):
         _assert_tracks_reference(tensor, activations(n_tokens, 256, seed=n_tokens), tier)
 
 
+@pytest.mark.parametrize("qtype", SUPERBLOCK, ids=lambda t: t.name)
+def test_k_quant_tiles_at_the_extremes(qtype, tier):
+    """Every quant and sub-block scale at its largest (and Q6_K's at -128 and 0 too), activations all +-127:
+    the int16 sums of the tile kernels' vpmaddubsw must not saturate, so they still give the portable bits."""
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    blocks = np.full((32 * 1024 // 256, block_bytes), 0xFF, np.uint8)
+    if qtype == Q.Q6_K:
+        blocks[::2, 192:208] = 0x80  # int8 scales -128 in every other block
+        blocks[::3, :192] = 0  # and quants 0 (q - 32 = -32) in every third
+        blocks[:, 208:210] = _f16(np.full(len(blocks), 1e-3))
+    else:
+        blocks[:, 0:4] = _f16(np.full(2 * len(blocks), 1e-3)).reshape(len(blocks), 4)
+    tensor = TensorInfo("extremes", (32, 1024), qtype, blocks.reshape(-1))
+    x = np.where(np.arange(1024) % 3 == 0, -1.0, 1.0).astype(F32)[None].repeat(9, axis=0)
+    x[1] = 1.0  # every activation +127
+    x[2] = -1.0  # every activation -127
+    np.testing.assert_array_equal(Linear(tensor, tier=tier)(x), Linear(tensor, tier="portable")(x))
+
+
 @pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
 def test_native_float_types(qtype):
     tensor = random_tensor(qtype, 40, 300)
