@@ -27,7 +27,7 @@ from numba import njit, prange
 
 from .cache_key import HELPERS
 from .halfs import round_to_f16
-from .superblock_tiles import quad_value
+from .superblock_tiles import store_in_quad_order
 
 QK = 32  # values per Q8_0 / Q8_1 block
 QK_K = 256  # values per Q8_K block
@@ -175,10 +175,7 @@ def _build_kernels():
             _quantize_row_q8_k(x[t], row, d[t], sum32[t], qk, np.empty(QK_K, np.float32))
             q_t = q[t]
             for k0 in range(0, x.shape[1], QK_K):
-                for quad in range(8):
-                    for lane in range(8):
-                        for i in range(4):
-                            q_t[k0 + 32 * quad + 4 * lane + i] = row[k0 + quad_value(quad, lane, i)]
+                store_in_quad_order(row, k0, q_t, k0)
 
     @njit(cache=True, parallel=True, fastmath=_NO_NANS)
     def lanes_q8_32(x, q, d, s, qsum, qk):
@@ -249,8 +246,10 @@ def quantize_q8_k_quads(x: np.ndarray, n_rows: int, biased: bool = False) -> Q8K
     quad order, value quad_value(Q, l, i) at 32 Q + 4 l + i (superblock_tiles.py: 4 values of ggml lane l side
     by side); d, sum32 as quantize_q8_k's. Rows past T are zero. biased: q's bytes hold q + 128 (as uint8; for Q6_K's kernel)."""
     t, k = x.shape
-    out = Q8KBlocks(q=np.zeros((n_rows, k), np.int8), d=np.zeros((n_rows, k // QK_K), np.float32),
-                    sum32=np.zeros((n_rows, k // QK), np.int32))
+    out = Q8KBlocks(q=np.empty((n_rows, k), np.int8), d=np.empty((n_rows, k // QK_K), np.float32),
+                    sum32=np.empty((n_rows, k // QK), np.int32))
+    for part in (out.q, out.d, out.sum32):
+        part[t:] = 0
     _rows_q8_k_quads(_float32(x), out.q[:t], out.d[:t], out.sum32[:t], QK)
     if biased:
         out.q.view(np.uint8)[:t] ^= 0x80

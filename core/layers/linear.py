@@ -15,6 +15,7 @@ tensor as stored with only the rows a step needs dequantized.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -67,14 +68,15 @@ class Linear:
         their outputs side by side. Tensors stored back to back in one buffer stay a single view.
 
         Tensors of different types (a Q4_K_M file's Q6_K attn_v beside Q4_K attn_q/attn_k) become one
-        dequantized matrix in f32, and a `LinearStack` of one layer each in native."""
+        dequantized matrix in f32, and in native a `LinearStack` of one layer per run of a type."""
         first = tensors[0]
         for t in tensors[1:]:
             if t.shape[1:] != first.shape[1:]:
                 raise ValueError(f"cannot fuse {t.name} (shape {t.shape}) with {first.name} (shape {first.shape})")
         if any(t.type != first.type for t in tensors):
-            if fmt == "native":
-                return LinearStack([cls(t, fmt, tier=tier) for t in tensors])
+            if fmt == "native":  # neighbours of one type stay one layer: one activation quantization, one call
+                groups = [list(group) for _, group in itertools.groupby(tensors, key=lambda t: t.type)]
+                return LinearStack([cls.fused(group, fmt, tier=tier) for group in groups])
             f32 = [TensorInfo(t.name, t.shape, GGMLQuantizationType.F32, dequantize(t).view(np.uint8).reshape(-1))
                    for t in tensors]
             return cls.fused(f32, fmt, invariant, tier)

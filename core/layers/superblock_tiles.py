@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core.extending import intrinsic
 
 from .quant_blocks import Q4_K, Q5_K, Q6_K, decode_superblock, scale_min_k4
 
@@ -143,3 +145,33 @@ def _raw_values(qtype, row, off, values):
             if qtype == Q5_K:
                 q |= ((np.int32(row[off + 16 + j]) >> s) & 1) << 4
             values[32 * s + j] = q
+
+
+def _quad_order_masks() -> list[list[int]]:
+    """For each 64 values 64 c.. of a super-block, the two 32-byte quads 2 c, 2 c + 1 as shuffle masks."""
+    masks = []
+    for h in range(2):
+        masks.append([16 * h + 32 * (i // 2) + 8 * (i % 2) + lane for lane in range(8) for i in range(4)])
+    return masks
+
+
+@intrinsic
+def store_in_quad_order(typingctx, source, source_at, dest, dest_at):
+    """dest[dest_at + 32 Q + 4 l + i] = source[source_at + quad_value(Q, l, i)] for one super-block of int8: four
+    64-byte loads, eight constant shuffles (vpermb where the CPU has it), eight 32-byte stores."""
+    def codegen(context, builder, signature, args):
+        i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+        v64, v32 = ir.VectorType(i8, 64), ir.VectorType(i8, 32)
+        src = context.make_array(signature.args[0])(context, builder, args[0]).data
+        dst = context.make_array(signature.args[2])(context, builder, args[2]).data
+        masks = [ir.Constant(ir.VectorType(i32, 32), m) for m in _quad_order_masks()]
+        for c in range(4):
+            at = builder.add(args[1], ir.Constant(i64, 64 * c))
+            block = builder.load(builder.bitcast(builder.gep(src, [at]), v64.as_pointer()), align=1)
+            for h in range(2):
+                quad = builder.shuffle_vector(block, ir.Constant(v64, None), masks[h])
+                to = builder.add(args[3], ir.Constant(i64, 32 * (2 * c + h)))
+                builder.store(quad, builder.bitcast(builder.gep(dst, [to]), v32.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.void(source, types.intp, dest, types.intp), codegen

@@ -427,6 +427,15 @@ def test_fused_tensors_back_to_back_stay_one_view():
     np.testing.assert_array_equal(scattered(x), expected)
 
 
+def test_fused_tensors_of_two_types_make_one_layer_per_run_of_a_type():
+    """A Q4_K_M file's attn_q and attn_k (Q4_K) beside a Q6_K attn_v: two layers, the Q4_K pair fused."""
+    q, k, v = random_tensor(Q.Q4_K, 64, 256, seed=1), random_tensor(Q.Q4_K, 32, 256, seed=2), random_tensor(Q.Q6_K, 32, 256, seed=3)
+    stack = Linear.fused([q, k, v])
+    assert [layer.out_features for layer in stack.layers] == [96, 32] and stack.out_features == 128
+    x = activations(5, 256)
+    np.testing.assert_array_equal(stack(x), np.concatenate([Linear(t)(x) for t in (q, k, v)], axis=1))
+
+
 def _resident_file_bytes() -> int:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssFile:"))
