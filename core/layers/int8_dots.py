@@ -31,6 +31,36 @@ _V16 = ir.VectorType(ir.IntType(32), LANES)
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
 
+class _VectorOps:
+    """The vector types and integer instructions of one register width (`width` bytes: 64 for AVX-512BW, 32 for
+    AVX2) that the codegens below emit."""
+
+    def __init__(self, builder, width: int):
+        self.builder, self.width = builder, width
+        self.bytes = ir.VectorType(_I8, width)
+        self.words = ir.VectorType(_I16, width // 2)
+        self.dwords = ir.VectorType(_I32, width // 4)
+        self.suffix = "512" if width == 64 else "256"
+
+    def call(self, name: str, result, operands):
+        function = cgutils.get_or_insert_function(
+            self.builder.module, ir.FunctionType(result, [op.type for op in operands]), name)
+        return self.builder.call(function, operands)
+
+    def maddubs(self, u, s):
+        """vpmaddubsw: unsigned bytes u times signed bytes s, adjacent products summed into int16."""
+        name = "llvm.x86.avx512.pmaddubs.w.512" if self.width == 64 else "llvm.x86.avx2.pmadd.ub.sw"
+        return self.call(name, self.words, [u, s])
+
+    def madd(self, words, other):
+        """vpmaddwd: int16 pairs times int16 pairs, each pair's two products summed into int32."""
+        name = "llvm.x86.avx512.pmaddw.d.512" if self.width == 64 else "llvm.x86.avx2.pmadd.wd"
+        return self.call(name, self.dwords, [words, other])
+
+    def splat_bytes(self, value: int):
+        return ir.Constant(self.bytes, [value] * self.width)
+
+
 def tile_signed_bytes(qtype: int, vnni: bool) -> bool:
     """Whether a Q8_0 tile keeps the file's signed bytes (vpmaddubsw tiers: |w| and the sign move to a, as ggml
     does) rather than w + 128 (vpdpbusd tiers, whose unsigned operand is then the weights as they are)."""
@@ -68,31 +98,18 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
     def codegen(context, builder, signature, args):
         quants_v, w_start_v, a_v, a_start_v, stride_v = args[:5]
         parts = 64 // width
-        v_bytes, v_words, v_dwords = (ir.VectorType(_I8, width), ir.VectorType(_I16, width // 2),
-                                      ir.VectorType(_I32, width // 4))
-        suffix = "512" if width == 64 else "256"
-
-        def call(name, result, operands):
-            function = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(result, [op.type for op in operands]), name)
-            return builder.call(function, operands)
-
-        def maddubs(u, s):
-            name = "llvm.x86.avx512.pmaddubs.w.512" if width == 64 else "llvm.x86.avx2.pmadd.ub.sw"
-            return call(name, v_words, [u, s])
+        ops = _VectorOps(builder, width)
+        v_bytes, v_words, v_dwords, suffix = ops.bytes, ops.words, ops.dwords, ops.suffix
+        call, maddubs, splat_bytes = ops.call, ops.maddubs, ops.splat_bytes
 
         def madd_ones(words):
-            name = "llvm.x86.avx512.pmaddw.d.512" if width == 64 else "llvm.x86.avx2.pmadd.wd"
-            return call(name, v_dwords, [words, ir.Constant(v_words, [1] * (width // 2))])
+            return ops.madd(words, ir.Constant(v_words, [1] * (width // 2)))
 
         block = builder.gep(context.make_array(signature.args[0])(context, builder, quants_v).data, [w_start_v])
 
         def load(at):
             pointer = builder.gep(block, [ir.Constant(_I64, at)])
             return builder.load(builder.bitcast(pointer, v_bytes.as_pointer()), align=1)
-
-        def splat_bytes(value):
-            return ir.Constant(v_bytes, [value] * width)
 
         if nibbles:  # quads[q][part]: 4 loads of packed nibbles give quads k (low) and k + 4 (high)
             packed = [[load(64 * k + width * p) for p in range(parts)] for k in range(4)]
@@ -191,9 +208,8 @@ def mins_dot(typingctx, min_pairs, sum32, at, bits):
     def codegen(context, builder, signature, args):
         pair_data = context.make_array(signature.args[0])(context, builder, args[0]).data
         sum_data = context.make_array(signature.args[1])(context, builder, args[1]).data
-        v_words, v_dwords = ir.VectorType(_I16, width // 2), ir.VectorType(_I32, width // 4)
-        name = "llvm.x86.avx512.pmaddw.d.512" if width == 64 else "llvm.x86.avx2.pmadd.wd"
-        madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v_dwords, [v_words, v_words]), name)
+        ops = _VectorOps(builder, width)
+        v_words, v_dwords = ops.words, ops.dwords
         parts = 64 // width
         totals = [ir.Constant(v_dwords, [0] * (width // 4))] * parts
         for j in range(4):
@@ -204,7 +220,7 @@ def mins_dot(typingctx, min_pairs, sum32, at, bits):
             for p in range(parts):
                 at = ir.Constant(_I64, LANES * j + (width // 4) * p)
                 mins = builder.load(builder.bitcast(builder.gep(pair_data, [at]), v_dwords.as_pointer()), align=4)
-                totals[p] = builder.add(totals[p], builder.call(madd, [builder.bitcast(mins, v_words), activation]))
+                totals[p] = builder.add(totals[p], ops.madd(builder.bitcast(mins, v_words), activation))
         if parts == 1:
             return totals[0]
         return builder.shuffle_vector(totals[0], totals[1], ir.Constant(_V16, list(range(LANES))))
@@ -248,28 +264,16 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
     def codegen(context, builder, signature, args):
         w_start_v, p_start_v, a_start_v, stride_v, s_start_v, o_start_v = (args[i] for i in (1, 3, 5, 6, 9, 11))
         parts = 64 // width
-        v_bytes, v_words, v_dwords = (ir.VectorType(_I8, width), ir.VectorType(_I16, width // 2),
-                                      ir.VectorType(_I32, width // 4))
+        ops = _VectorOps(builder, width)
+        v_bytes, v_words, v_dwords = ops.bytes, ops.words, ops.dwords
         v_floats = ir.VectorType(ir.FloatType(), width // 4)
-        suffix = "512" if width == 64 else "256"
-
-        def call(name, result, operands):
-            function = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(result, [op.type for op in operands]), name)
-            return builder.call(function, operands)
-
-        def maddubs(u, s):
-            name = "llvm.x86.avx512.pmaddubs.w.512" if width == 64 else "llvm.x86.avx2.pmadd.ub.sw"
-            return call(name, v_words, [u, s])
+        maddubs, splat_bytes = ops.maddubs, ops.splat_bytes
 
         def data(index):
             return context.make_array(signature.args[index])(context, builder, args[index]).data
 
         def load(base, at, vector_type, align):
             return builder.load(builder.bitcast(builder.gep(base, [at]), vector_type.as_pointer()), align=align)
-
-        def splat_bytes(value):
-            return ir.Constant(v_bytes, [value] * width)
 
         def at(start, offset):
             return builder.add(start, ir.Constant(_I64, offset))
@@ -305,10 +309,9 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
 
         def accumulate(acc_tp, words, scale_pair):
             if with_vnni:
-                return call(f"llvm.x86.avx512.vpdpwssd.{suffix}", v_dwords,
-                            [acc_tp, builder.bitcast(words, v_dwords), builder.bitcast(scale_pair, v_dwords)])
-            name = "llvm.x86.avx512.pmaddw.d.512" if width == 64 else "llvm.x86.avx2.pmadd.wd"
-            return builder.add(acc_tp, call(name, v_dwords, [words, scale_pair]))
+                return ops.call(f"llvm.x86.avx512.vpdpwssd.{ops.suffix}", v_dwords,
+                                [acc_tp, builder.bitcast(words, v_dwords), builder.bitcast(scale_pair, v_dwords)])
+            return builder.add(acc_tp, ops.madd(words, scale_pair))
 
         def scale_pairs(j):
             return [builder.bitcast(load(pair_data, at(p_start_v, 16 * j + (width // 4) * p), v_dwords, 4), v_words)

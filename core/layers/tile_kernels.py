@@ -11,6 +11,9 @@ activation rows per pass is set by the tier's registers:
 
 Integer sums are exact; the float steps are add_block32's, block after block, so every tier and every row
 count gives the bits of quant_kernels.py's portable kernels.
+
+`tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 8 activation rows a pass on 512-bit
+tiers, 4 on 256-bit ones, ggml's 8 lane sums per row and token kept apart in memory between super-blocks.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from numba import njit, prange
 import numpy as np
 
 from .cache_key import HELPERS, cached_variant
-from .cpu import TILE_TYPES, Tier
+from .cpu import Tier
 from .int8_dots import mins_dot, scale_pairs16, superblock_tile_dot, tile_dot, tile_signed_bytes
-from .quant_blocks import HAS_MIN, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset
+from .quant_blocks import BLOCK32_TYPES, HAS_MIN, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset
 from .simd import LANES, load16, load16_f16, store16, to_float, zeros16
 from .superblock_tiles import LANE_BYTES
 from .tiles import TILE_ROWS, quant_bytes
@@ -36,7 +39,7 @@ def tile_offset(qtype: int, tier: Tier) -> int:
 def tiles_32(qtype: int, tier: Tier, tokens: int):
     """The tile kernel for one weight type on one tier, `tokens` (8 or 2) activation rows per pass:
     kernel(quants, scales, mins, a, d, s, qsum, out)."""
-    if qtype not in TILE_TYPES or qtype in SUPERBLOCK_TYPES or not tier.int8_dot:
+    if qtype not in BLOCK32_TYPES or not tier.int8_dot:
         return None
     if tokens == 8:
         return _tiles_x8(qtype, tier)
@@ -148,7 +151,7 @@ def _store_tile_row(out, t, n0, sums, spill):
 def tiles_k(qtype: int, tier: Tier, tokens: int):
     """The K-quant tile kernel (superblock_tiles.py) for one weight type on one tier, `tokens` activation rows
     per pass: kernel(quants, scales, mins, sub_scales, sub_mins, offsets, a, d, sum32, out)."""
-    if qtype not in SUPERBLOCK_TYPES or qtype not in TILE_TYPES or not tier.int8_dot:
+    if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot:
         return None
     bits = 512 if tier.vector_bits == 512 else 256
     vnni = int(tier.has_vnni)
