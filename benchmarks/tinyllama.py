@@ -1,7 +1,7 @@
 """miro native, miro f32 and llama.cpp's batched API on a TinyLlama-1.1B-shaped llama with random weights.
 
     python benchmarks/tinyllama.py --llama-python VENV/bin/python [--quant Q4_0|Q4_K_M] [--seqs 8]
-                                   [--prompt-tokens 32] [--new-tokens 16] [--tier avx2]
+                                   [--prompt-tokens 32] [--new-tokens 16] [--rounds 1] [--tier avx2]
 
 The model: dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000, norms 1. --quant picks its weights:
 - Q4_0 (default): every matrix random Q4_0 blocks (about 0.6 GB), written into a temp folder each run;
@@ -10,8 +10,9 @@ The model: dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000, norms 1. --qu
   (Q4_K for most matrices, Q6_K for the output head and some attn_v / ffn_down). The 2.2 GB F16 file is deleted
   once quantized; the result is kept in ~/.cache/miro/bench/, named by the shape and seed, for later runs.
 The file's tensor type mix is printed. Each engine then runs in its own process on the same token-id prompts,
-all sequences at once, greedy, EOS ignored, and reports load time, peak RSS and total tokens/s (prompt +
-generated over the run, load excluded).
+all sequences at once, greedy, EOS ignored, and reports load time, its own peak RSS and total tokens/s
+(prompt + generated over the run, load excluded). --rounds N runs the engines in turn N times and prints
+native / llama.cpp round by round and the median: this machine's speed drifts between minutes.
 miro's KV cache holds the blocks the run needs, as llama.cpp's context is sized to the run.
 llama.cpp runs through llama-cpp-python's low-level API, in the interpreter given by --llama-python (or $LLAMA_PYTHON):
 one llama_batch holding every sequence, flash attention on, as llama.cpp's examples/parallel does.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -286,15 +286,27 @@ print(json.dumps(dict(load_s=load_s, run_s=run_s, tokens=sum(lengths) + generate
 
 
 def child_result(cmd: list[str]) -> dict:
-    """Run one engine in its own process; its JSON line plus the process's peak RSS."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{cmd[:3]} failed:\n{proc.stderr[-3000:]}")
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["peak_rss"] = peak_kib * 1024 if peak_kib > before else None  # ru_maxrss is the max over children
+    """Run one engine in its own process; its JSON line plus that process's own peak RSS (wait4's rusage)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{cmd[:3]} failed:\n{err.read()[-3000:]}")
+        result = json.loads(out.read().strip().splitlines()[-1])
+    result["peak_rss"] = usage.ru_maxrss * 1024
     return result
+
+
+def print_ratios(runs: list[dict]) -> None:
+    """native / llama.cpp tokens/s, round by round (each round runs both in turn), and their median."""
+    ratios = sorted(r["native"]["tokens"] / r["native"]["run_s"] / (r["llama.cpp"]["tokens"] / r["llama.cpp"]["run_s"])
+                    for r in runs if "native" in r and "llama.cpp" in r)
+    if ratios:
+        print(f"native / llama.cpp tok/s, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
+              f"median {ratios[len(ratios) // 2]:.2f}x", flush=True)
 
 
 def main() -> None:
@@ -308,6 +320,8 @@ def main() -> None:
                         help="Q4_0: random blocks; Q4_K_M: llama.cpp's quantizer on random F16 weights (cached)")
     parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON"),
                         help="A Python with llama-cpp-python installed (without it, llama.cpp is skipped).")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the engines in turn this many times; prints native / llama.cpp round by round")
     parser.add_argument("--child", nargs=2, metavar=("WEIGHTS", "PATH"), help=argparse.SUPPRESS)
     tiers.add_argument(parser)
     args = parser.parse_args()
@@ -324,24 +338,26 @@ def main() -> None:
         print(f"{path.name}: {size / 2**20:,.0f} MiB ({origin}); tensor types: {type_mix(path)}", flush=True)
         print(f"{args.seqs} sequences x ({args.prompt_tokens} prompt + {args.new_tokens} new) tokens, "
               f"{args.threads} threads", flush=True)
-        results = {}
-        for name in args.engines.split(","):  # one at a time: ru_maxrss of children is a running max
-            if name == "llama.cpp" and not args.llama_python:
-                print("  llama.cpp: skipped (no --llama-python)", flush=True)
-                continue
-            if name == "llama.cpp":
-                cmd = [args.llama_python, "-c", LLAMA_CPP_SCRIPT, str(path), json.dumps(seqs), str(args.new_tokens),
-                       str(args.threads)]
-            else:
-                cmd = [sys.executable, __file__, "--child", name, str(path), "--seqs", str(args.seqs),
-                       "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
-                       "--threads", str(args.threads)]
-            results[name] = r = child_result(cmd)
-            rss = f"{r['peak_rss'] / 2**20:,.0f} MiB" if r["peak_rss"] else "n/a (below an earlier engine's)"
-            print(f"{name:>10}: load {r['load_s']:6.2f} s  peak RSS {rss:>12}  "
-                  f"{r['tokens'] / r['run_s']:7.1f} tok/s ({r['tokens']} tokens in {r['run_s']:.1f} s)", flush=True)
-        native = results.get("native")
-        if native:
+        runs = []
+        for round_ in range(args.rounds):  # the engines in turn, one at a time, so that drift hits each alike
+            results = {}
+            for name in args.engines.split(","):
+                if name == "llama.cpp" and not args.llama_python:
+                    print("  llama.cpp: skipped (no --llama-python)", flush=True)
+                    continue
+                if name == "llama.cpp":
+                    cmd = [args.llama_python, "-c", LLAMA_CPP_SCRIPT, str(path), json.dumps(seqs),
+                           str(args.new_tokens), str(args.threads)]
+                else:
+                    cmd = [sys.executable, __file__, "--child", name, str(path), "--seqs", str(args.seqs),
+                           "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
+                           "--threads", str(args.threads)]
+                results[name] = r = child_result(cmd)
+                print(f"{name:>10}: load {r['load_s']:6.2f} s  peak RSS {r['peak_rss'] / 2**20:>8,.0f} MiB  "
+                      f"{r['tokens'] / r['run_s']:7.1f} tok/s ({r['tokens']} tokens in {r['run_s']:.1f} s)", flush=True)
+            runs.append(results)
+        print_ratios(runs)
+        if "native" in results:
             kv = kv_cache_bytes(args.seqs, args.prompt_tokens + args.new_tokens)
             print(f"targets for native: peak RSS <= {(size * 1.3 + kv) / 2**20:,.0f} MiB (file x 1.3 + KV), load <= 1 s"
                   + (f", tok/s >= llama.cpp's {results['llama.cpp']['tokens'] / results['llama.cpp']['run_s']:.1f}"

@@ -1,4 +1,4 @@
-"""numba kernels for the forward pass: RMSNorm (per row or per head), SiLU and GELU gates, RoPE tables,
+"""numba kernels for the forward pass: RMSNorm (per row or per head), SiLU and GELU gates,
 the structured-output mask. (RoPE + the KV-cache write and paged attention: layers/attention.py.)
 
 Every kernel computes each token's row from that row alone, in a fixed order,
@@ -136,15 +136,6 @@ def head_rmsnorm(qkv, first_col, n_heads, head_dim, weight, eps):
             for i in range(head_dim):
                 qkv[t, c0 + i] = qkv[t, c0 + i] * inv * weight[i]
     return qkv
-
-
-def rope_tables(head_dim: int, theta: float, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin for positions start..stop-1, (stop - start, head_dim // 2) float32, computed in float32
-    as HF transformers does."""
-    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    inv_freq = np.float32(1.0) / np.power(np.float32(theta), exponents, dtype=np.float32)
-    angles = np.outer(np.arange(start, stop).astype(np.float32), inv_freq).astype(np.float32)
-    return np.cos(angles), np.sin(angles)
 
 
 @njit(cache=True, nogil=True)

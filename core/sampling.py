@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from .config import MAX_CONTEXT_LENGTH
 from .errors import RequestError
-from .structured_output import StructuredOutputsParams
+from .constraint import StructuredOutputsParams
 
 MAX_N = 128  # choices per request, OpenAI's limit
 MAX_TOKENS_LIMIT = MAX_CONTEXT_LENGTH  # no model miro loads has a longer context: more is a mistake, refused at submit

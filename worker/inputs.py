@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from miro.core.errors import MiroError, RequestError
 from miro.core.sampling import SamplingParams
-from miro.core.structured_output import StructuredOutputsParams
+from miro.core.constraint import StructuredOutputsParams
 
 from .line_forms import ChatBody, CompletionBody, OpenAILine, SimpleLine, int_id_as_str, short_text
 from .rows import SCHEMA

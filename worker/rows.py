@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from miro.core.structured_output import StructuredOutputsParams, parsed_json
+from miro.core.constraint import StructuredOutputsParams, parsed_json
 
 if TYPE_CHECKING:
     from miro.core.outputs import RequestOutput

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
-
 ROPE_CHUNK = 1024  # positions of the RoPE tables computed at a time
+
+
+def rope_tables(head_dim: int, theta: float, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin for positions start..stop-1, (stop - start, head_dim // 2) float32, computed in float32
+    as HF transformers does."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = np.float32(1.0) / np.power(np.float32(theta), exponents, dtype=np.float32)
+    angles = np.outer(np.arange(start, stop).astype(np.float32), inv_freq).astype(np.float32)
+    return np.cos(angles), np.sin(angles)
 
 
 def empty_rope_tables(head_dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -25,7 +32,7 @@ def extend_rope_tables(
     if n_positions <= have:
         return cos, sin
     stop = -(-n_positions // ROPE_CHUNK) * ROPE_CHUNK
-    chunks = [kernels.rope_tables(head_dim, theta, start, start + ROPE_CHUNK)
+    chunks = [rope_tables(head_dim, theta, start, start + ROPE_CHUNK)
               for start in range(have, stop, ROPE_CHUNK)]
     return np.concatenate([cos, *(c for c, _ in chunks)]), np.concatenate([sin, *(s for _, s in chunks)])
 

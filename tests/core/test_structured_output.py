@@ -14,7 +14,8 @@ import pytest
 
 from miro.core import Engine, RequestError, SamplingParams
 from miro.core.sampler import apply_token_masks
-from miro.core.structured_output import StructuredOutputsParams, TokenMasks, parsed_json
+from miro.core.constraint import StructuredOutputsParams, parsed_json
+from miro.core.structured_output import TokenMasks
 
 PERSON = {
     "type": "object",
