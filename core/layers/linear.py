@@ -28,7 +28,8 @@ from .gemm import matmul_invariant, pack_panels
 from .activations import quantize_q8_32, quantize_q8_32_columns, quantize_q8_k, quantize_q8_k_columns, quantize_q8_k_quads
 from .quant_blocks import BLOCK32_TYPES, SUPERBLOCK_TYPES
 from .int8_dots import tile_signed_bytes
-from .tiles import repack
+from .superblock_tiles import repack_superblocks
+from .tiles import repack_blocks
 
 NATIVE_TYPES = BLOCK32_TYPES + SUPERBLOCK_TYPES + float_kernels.FLOAT_TYPES
 
@@ -114,7 +115,8 @@ class Linear:
             block_values, block_bytes = GGML_QUANT_SIZES[qtype]
             self._w = raw.reshape(self.out_features, self.in_features // block_values * block_bytes)
             if self._plan.layout == "tiles":  # the same bytes in 16-row tiles; the file's pages leave memory
-                self._tiles = repack(int(qtype), self._w, tile_signed_bytes(int(qtype), self.tier.has_vnni))
+                self._tiles = (repack_superblocks(int(qtype), self._w) if int(qtype) in SUPERBLOCK_TYPES else
+                               repack_blocks(int(qtype), self._w, tile_signed_bytes(int(qtype), self.tier.has_vnni)))
                 self._w = None
                 self.weight_bytes = self._tiles.nbytes
                 for part in parts:

@@ -40,8 +40,8 @@ from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
 from .quant_blocks import Q4_K, Q5_K, Q6_K, decode_superblock, scale_min_k4
+from .tiles import TILE_ROWS, Tiles
 
-TILE_ROWS = 16
 LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64}  # a tile's bytes of quants per super-block and lane
 
 
@@ -52,8 +52,6 @@ def sub_blocks(qtype: int) -> int:
 
 def repack_superblocks(qtype: int, w: np.ndarray):
     """w (rows, n_super * block bytes) uint8, as the file stores it, to a Tiles (tiles.py)."""
-    from .tiles import Tiles  # tiles.py hands K-quants to this module
-
     qtype = int(qtype)
     rows = w.shape[0]
     n_super = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]

@@ -26,8 +26,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from .quant_blocks import HAS_FIFTH_BITS, HAS_MIN, Q8_0, SUPERBLOCK_TYPES, load_u32
-from .superblock_tiles import repack_superblocks
+from .quant_blocks import HAS_FIFTH_BITS, HAS_MIN, Q8_0, load_u32
 
 TILE_ROWS = 16  # weight rows per tile: one 512-bit vector of int32 sums
 
@@ -59,12 +58,11 @@ class Tiles:
         return sum(part.nbytes for part in parts)
 
 
-def repack(qtype: int, w: np.ndarray, signed_bytes: bool) -> Tiles:
-    """w (rows, n_blocks * block bytes) uint8, as the file stores it, to tiles; signed_bytes: Q8_0's int8 kept
-    as they are (for vpmaddubsw), else + 128 (for vpdpbusd). K-quants: superblock_tiles.py's layout."""
+def repack_blocks(qtype: int, w: np.ndarray, signed_bytes: bool) -> Tiles:
+    """w (rows, n_blocks * block bytes) uint8 of a 32-value block type, as the file stores it, to tiles;
+    signed_bytes: Q8_0's int8 kept as they are (for vpmaddubsw), else + 128 (for vpdpbusd). (K-quants:
+    superblock_tiles.repack_superblocks.)"""
     qtype = int(qtype)
-    if qtype in SUPERBLOCK_TYPES:
-        return repack_superblocks(qtype, w)
     rows = w.shape[0]
     n_blocks = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     n_tiles = -(-rows // TILE_ROWS)
