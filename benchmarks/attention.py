@@ -43,7 +43,7 @@ import numpy as np
 
 from miro.core.layers import cpu
 from miro.core.layers.attention import SCORE_QUERIES, paged_attention
-from miro.core.model_runner import build_step_input
+from miro.core.step_input import build_step_input
 
 N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 

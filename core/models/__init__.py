@@ -15,11 +15,10 @@ from ..config import ModelConfig
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
-from ..model_runner import StepInput
+from ..step_input import StepInput
 from .gemma3 import Gemma3Model
 from .llama import LlamaModel
-from .qwen2 import Qwen2Model
-from .qwen3 import Qwen3Model
+from .qwen import Qwen2Model, Qwen3Model
 
 
 class Model(Protocol):

@@ -1,5 +1,6 @@
-"""What the qwen2, qwen3 and gemma3 modules share: loading tensors as layers in one weight format,
-the attention step (RoPE, KV-cache write, paged attention) and the output head.
+"""What the architectures share: the tensor specs several of them list, loading tensors as layers in one
+weight format, the model around its layers (embedding and head, what the engine reads of it), the
+attention step (RoPE, KV-cache write, paged attention) and the logits of the last rows.
 
 Each architecture's module keeps its own tensor list and its own forward pass, top to bottom; the
 lines here are the ones that would otherwise repeat in every one of them.
@@ -11,21 +12,21 @@ import numpy as np
 from gguf import MODEL_TENSOR
 
 from .. import kernels
-from ..layers import attention as attention_kernels
 from ..config import ModelConfig
 from ..dequant import dequantize
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
+from ..layers import attention as attention_kernels
 from ..layers.linear import Embedding, Linear, has_native_kernel, owned_bytes
-from ..model_runner import StepInput
+from ..step_input import StepInput
 from ..weights import TensorSpec, matrix, norm, tensor_name
 
 T = MODEL_TENSOR
 
 
-def bias_name(kind: MODEL_TENSOR, block: int) -> str:
-    """'blk.N.attn_q.bias' and the like."""
-    return tensor_name(kind, block).removesuffix(".weight") + ".bias"
+def norm_specs(config: ModelConfig, i: int, *kinds: MODEL_TENSOR) -> dict[str, TensorSpec]:
+    """Block i's RMSNorm weights of the given kinds, each over the embedding (ATTN_NORM, FFN_NORM, ...)."""
+    return {tensor_name(kind, i): norm(config.dim) for kind in kinds}
 
 
 def attention_specs(config: ModelConfig, i: int) -> dict[str, TensorSpec]:
@@ -111,8 +112,9 @@ class Loader:
 
 
 class LoadedModel:
-    """What the qwen2, qwen3 and gemma3 models share around their own layers: the embedding and the head, what
-    the engine reads of a model (config, weight format and memory, fallbacks), attention's scale, and load()."""
+    """What every architecture's model shares around its own layers: the embedding and the head, what the
+    engine reads of a model (config, weight format and memory, fallbacks), attention's scale, read_config()
+    and load()."""
 
     config: ModelConfig
 
@@ -126,6 +128,11 @@ class LoadedModel:
         self.weight_memory = loader.memory  # bytes the weights hold of their own
         self.weight_fallbacks = list(loader.fallbacks.values())  # types kept f32 in native mode, and why
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
+
+    @staticmethod
+    def read_config(gguf: GGUFFile) -> ModelConfig:
+        """The keys llama-like architectures share; an architecture with keys of its own reads them too."""
+        return ModelConfig.from_gguf(gguf)
 
     @classmethod
     def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32", batch_invariant: bool = False):

@@ -23,10 +23,10 @@ from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..layers.linear import Linear
 from ..layers.rotary import RopeTable
-from ..model_runner import StepInput
-from ..weights import TensorSpec, check_tensors, norm, tensor_name
+from ..step_input import StepInput
+from ..weights import TensorSpec, check_tensors
 from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, ffn_specs, logits,
-                     qk_norm, qk_norm_specs)
+                     norm_specs, qk_norm, qk_norm_specs)
 
 LOCAL_ROPE_THETA = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3
 GLOBAL_LAYER_EVERY = 6  # layers 5, 11, 17, ... are global; the others slide
@@ -51,11 +51,9 @@ class Gemma3Layer:
 
 
 def gemma3_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
-    d = config.dim
     specs = embedding_and_head_specs(config)
     for i in range(config.n_layers):
-        norms = (T.ATTN_NORM, T.ATTN_POST_NORM, T.FFN_NORM, T.FFN_POST_NORM)
-        specs |= {tensor_name(kind, i): norm(d) for kind in norms}
+        specs |= norm_specs(config, i, T.ATTN_NORM, T.ATTN_POST_NORM, T.FFN_NORM, T.FFN_POST_NORM)
         specs |= attention_specs(config, i) | qk_norm_specs(config, i) | ffn_specs(config, i)
     return specs
 

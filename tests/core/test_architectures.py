@@ -24,9 +24,9 @@ from gguf_factory import write_tiny_model
 from miro.core.engine import Engine
 from miro.core.errors import ModelFileError
 from miro.core.gguf_file import GGUFFile
-from miro.core.model_runner import build_step_input
 from miro.core.models import MODELS, load_model, model_class, read_config
 from miro.core.sampling import SamplingParams
+from miro.core.step_input import build_step_input
 from miro.core.tokenizer import Tokenizer
 
 ARCH = json.loads((FIXTURES / "arch_llamacpp.json").read_text())

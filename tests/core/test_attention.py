@@ -24,7 +24,7 @@ import pytest
 
 from miro.core.layers import cpu
 from miro.core.layers.attention import SCORE_QUERIES, paged_attention, score_queries_for
-from miro.core.model_runner import ATTN_TILE, build_step_input
+from miro.core.step_input import ATTN_TILE, build_step_input
 
 TOL = 1e-4
 

@@ -127,9 +127,9 @@ def test_long_context_under_the_bound_costs_no_memory(tmp_path, smollm2_path):
 def test_rope_tables_grow_with_the_positions_used(tmp_path):
     info = write_tiny_llama(tmp_path / "tiny.gguf", context_length=MAX_CONTEXT_LENGTH)
     engine = Engine.from_model(info["path"], num_kv_blocks=8)
-    assert len(engine.model.cos) == 0
+    assert len(engine.model.rope.cos) == 0
     engine.logits([5, 6, 7])
-    assert len(engine.model.cos) == len(engine.model.sin) == ROPE_CHUNK
+    assert len(engine.model.rope.cos) == len(engine.model.rope.sin) == ROPE_CHUNK
 
 
 # ---- tiny files written wrong on purpose -----------------------------------------------------

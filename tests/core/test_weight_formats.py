@@ -14,8 +14,8 @@ from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
 from miro.core.kv_cache import KVCache
 from miro.core.layers import cpu
-from miro.core.model_runner import build_step_input
 from miro.core.gguf_file import TensorInfo
+from miro.core.step_input import build_step_input
 from miro.core.weight_format import NATIVE_SPEEDUP, TABLE_OF, choose_weight_format, native_speedup
 
 CHATS = [c["messages"] for c in json.loads((FIXTURES / "chat_prompts.json").read_text(encoding="utf-8"))]
@@ -148,7 +148,7 @@ def test_cli_weights_option_and_autos_message(tiny_model):
     for invariant in (True, False):  # f32 is packed for the invariant GEMM only when asked to be invariant
         engine = Engine.from_model(tiny_model, num_kv_blocks=8, weights="f32", batch_invariant=invariant)
         assert engine.runner.batch_invariant is invariant
-        assert all((layer.wqkv._w.ndim == 3) is invariant for layer in engine.model.weights.layers)
+        assert all((layer.wqkv._w.ndim == 3) is invariant for layer in engine.model.layers)
     bad = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-weight-memory", "lots", "hi"])
     assert bad.exit_code == 1 and "cannot read 'lots' as a memory size" in bad.output
 

@@ -1,7 +1,10 @@
-"""Qwen3: llama's block with a per-head RMSNorm of q and k before NEOX RoPE, no biases.
+"""Qwen2 and Qwen3: llama's block with NEOX RoPE (x[i] rotates with x[i + head_dim/2]) and one addition
+each, applied to the fused q/k/v rows before RoPE: qwen2 adds biases to Q, K and V; qwen3 normalises
+each head of q and k (RMSNorm) and has no biases.
 
-head_dim is attention.key_length, which need not be dim / n_heads (ModelConfig.from_gguf reads it).
-Matrices are `Linear` layers in one weight format, as in llama.py.
+qwen3's head_dim is attention.key_length, which need not be dim / n_heads (ModelConfig.from_gguf reads
+it). The output head is usually its own tensor (output.weight); a file without it ties the head to the
+embedding. Matrices are `Linear` layers in one weight format, as in llama.py.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import MODEL_TENSOR
 
 from .. import kernels
 from ..config import ModelConfig
@@ -17,41 +21,63 @@ from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..layers.linear import Linear
 from ..layers.rotary import RopeTable
-from ..model_runner import StepInput
+from ..step_input import StepInput
 from ..weights import TensorSpec, check_tensors, norm, tensor_name
 from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, ffn_specs, logits,
-                     qk_norm, qk_norm_specs)
+                     norm_specs, qk_norm, qk_norm_specs)
 
 
 @dataclass
-class Qwen3Layer:
+class QwenLayer:
     attn_norm: np.ndarray  # (dim,)
     wqkv: Linear  # dim -> q_dim + 2 * kv_dim
-    q_norm: np.ndarray  # (head_dim,)
-    k_norm: np.ndarray  # (head_dim,)
+    qkv_bias: np.ndarray | None  # (q_dim + 2 * kv_dim,): qwen2
+    q_norm: np.ndarray | None  # (head_dim,): qwen3
+    k_norm: np.ndarray | None  # (head_dim,): qwen3
     wo: Linear  # q_dim -> dim
     ffn_norm: np.ndarray  # (dim,)
     w_gate_up: Linear  # dim -> 2 * ffn_dim: gate outputs first, then up
     w_down: Linear  # ffn_dim -> dim
 
 
-def qwen3_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
+def bias_name(kind: MODEL_TENSOR, block: int) -> str:
+    """'blk.N.attn_q.bias' and the like."""
+    return tensor_name(kind, block).removesuffix(".weight") + ".bias"
+
+
+def qwen_tensor_specs(config: ModelConfig, has_qkv_bias: bool, has_qk_norm: bool) -> dict[str, TensorSpec]:
     specs = embedding_and_head_specs(config)
     for i in range(config.n_layers):
-        specs |= {tensor_name(T.ATTN_NORM, i): norm(config.dim), tensor_name(T.FFN_NORM, i): norm(config.dim)}
-        specs |= attention_specs(config, i) | qk_norm_specs(config, i) | ffn_specs(config, i)
+        specs |= norm_specs(config, i, T.ATTN_NORM, T.FFN_NORM) | attention_specs(config, i)
+        if has_qk_norm:
+            specs |= qk_norm_specs(config, i)
+        specs |= ffn_specs(config, i)
+        if has_qkv_bias:
+            specs |= {bias_name(T.ATTN_Q, i): norm(config.q_dim), bias_name(T.ATTN_K, i): norm(config.kv_dim),
+                      bias_name(T.ATTN_V, i): norm(config.kv_dim)}
     return specs
 
 
-class Qwen3Model(LoadedModel):
+def load_qkv_bias(loader: Loader, i: int) -> np.ndarray:
+    """Block i's Q, K and V biases side by side, as the fused qkv rows lay them out."""
+    return np.concatenate([loader.vector(bias_name(kind, i)) for kind in (T.ATTN_Q, T.ATTN_K, T.ATTN_V)])
+
+
+class QwenModel(LoadedModel):
+    """One forward pass for both; a subclass per architecture sets which addition its blocks have."""
+
+    has_qkv_bias: bool  # biases on Q, K and V
+    has_qk_norm: bool  # a per-head RMSNorm of q and k
+
     def __init__(self, config: ModelConfig, loader: Loader):
-        check_tensors(loader.gguf, qwen3_tensor_specs(config))
+        check_tensors(loader.gguf, qwen_tensor_specs(config, self.has_qkv_bias, self.has_qk_norm))
         self.layers = [
-            Qwen3Layer(
+            QwenLayer(
                 attn_norm=loader.norm(T.ATTN_NORM, i),
                 wqkv=loader.linear(T.ATTN_Q, T.ATTN_K, T.ATTN_V, block=i),
-                q_norm=loader.norm(T.ATTN_Q_NORM, i),
-                k_norm=loader.norm(T.ATTN_K_NORM, i),
+                qkv_bias=load_qkv_bias(loader, i) if self.has_qkv_bias else None,
+                q_norm=loader.norm(T.ATTN_Q_NORM, i) if self.has_qk_norm else None,
+                k_norm=loader.norm(T.ATTN_K_NORM, i) if self.has_qk_norm else None,
                 wo=loader.linear(T.ATTN_OUT, block=i),
                 ffn_norm=loader.norm(T.FFN_NORM, i),
                 w_gate_up=loader.linear(T.FFN_GATE, T.FFN_UP, block=i),
@@ -78,9 +104,20 @@ class Qwen3Model(LoadedModel):
         for i, layer in enumerate(self.layers):
             kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
             qkv = layer.wqkv(normed, inv)
-            qk_norm(qkv, layer.q_norm, layer.k_norm, cfg)
+            if self.has_qkv_bias:
+                qkv += layer.qkv_bias
+            if self.has_qk_norm:
+                qk_norm(qkv, layer.q_norm, layer.k_norm, cfg)
             x += layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out), inv)
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
             kernels.silu_mul(layer.w_gate_up(normed, inv), act)
             x += layer.w_down(act, inv)
         return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps, inv)
+
+
+class Qwen2Model(QwenModel):
+    has_qkv_bias, has_qk_norm = True, False
+
+
+class Qwen3Model(QwenModel):
+    has_qkv_bias, has_qk_norm = False, True
