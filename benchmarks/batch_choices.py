@@ -44,7 +44,7 @@ def seats(args) -> None:
         rates[n] = run_miro(engine, requests)
         stats = engine.stats()
         print(f"max_num_seqs {n:>4}: {rates[n]:7.1f} total tok/s ({rates[n] / rates[args.seats[0]]:.2f}x), "
-              f"preemptions {stats['preemptions']}", flush=True)
+              f"preemptions {stats.preemptions}", flush=True)
 
 
 def document_workload(tokenizer, n_documents: int, n_questions: int, output_len: int = 32):
@@ -109,7 +109,7 @@ def compare_orders(base, requests, num_blocks: int) -> None:
         stats = engine.stats()
         print(f"{order:<8} {rates[order]:7.1f} total tok/s ({rates[order] / rates['arrival']:.2f}x), "
               f"{engine.prompt_tokens_total:,} prompt tokens computed, prefix cache hit rate "
-              f"{stats['prefix_cache_hit_rate']:.3f}, preemptions {stats['preemptions']}, "
+              f"{stats.prefix_cache_hit_rate:.3f}, preemptions {stats.preemptions}, "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
 
 

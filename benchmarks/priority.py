@@ -74,7 +74,7 @@ def run(args, low_priority: str, high_priority: str) -> Latency:
             batch_id = submit(conn, high, output=str(out), model=args.model, priority=high_priority).batch_id
             job_ids = {batches.job_id(batch_id, f"high{i}") for i in range(args.high)}
             first_token: dict[str, float] = {}
-            while batches.get_batch(conn, batch_id)["status"] != "completed":
+            while batches.get_batch(conn, batch_id).status != "completed":
                 for job_id in job_ids - first_token.keys():
                     request = worker.engine.requests.get(job_id)
                     if request is not None and request.seqs[0].output_token_ids:

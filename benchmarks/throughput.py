@@ -229,8 +229,8 @@ def main() -> None:
     results["miro"] = run_miro(engine, requests)
     miro_s = time.perf_counter() - t0
     stats = engine.stats()
-    print(f"miro: {results['miro']:.1f} tok/s, preemptions {stats['preemptions']}, "
-          f"prefix cache hit rate {stats['prefix_cache_hit_rate']:.3f}")
+    print(f"miro: {results['miro']:.1f} tok/s, preemptions {stats.preemptions}, "
+          f"prefix cache hit rate {stats.prefix_cache_hit_rate:.3f}")
     if "static" not in args.skip:
         results["static"] = run_static(engine, requests, engine.scheduler.max_num_seqs)
     if "no-chunking" not in args.skip:

@@ -9,8 +9,8 @@ import click
 from miro.core import defaults
 from miro.core.registry import DEFAULT_MODEL
 
-from .common import (MiroCommand, MiroGroup, constraint_of, constraint_options, engine_kwargs, engine_options,
-                     log_to_stderr, model_option, priority_option, redis_url_option)
+from .common import (MiroCommand, MiroGroup, constraint_of, constraint_options, echo_line_errors, engine_kwargs,
+                     engine_options, log_to_stderr, model_option, priority_option, redis_url_option)
 
 
 @click.group(cls=MiroGroup)
@@ -83,9 +83,6 @@ def models_list():
         click.echo(f"{row['name']:<16} {state:<11} {row['description']}  {row['path']}")
 
 
-SHOWN_ERRORS = 20
-
-
 @cli.command("submit", cls=MiroCommand)
 @click.argument("dataset", type=click.Path(dir_okay=True, path_type=str))
 @redis_url_option("Redis to enqueue on (env MIRO_REDIS_URL).")
@@ -126,10 +123,10 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
                                 defaults=defaults, skip_invalid=skip_invalid, dry_run=dry_run, resume=resume,
                                 job_timeout=job_timeout, priority=priority, log=log_to_stderr)
     except InvalidDataset as e:
-        _echo_line_errors(e.errors)
+        echo_line_errors(e.errors)
         raise
     if result.invalid:
-        _echo_line_errors(result.invalid)
+        echo_line_errors(result.invalid)
     if dry_run:
         log_to_stderr(f"Dry run: {result.valid:,} valid lines, {len(result.invalid):,} invalid; nothing was enqueued.")
         return
@@ -145,13 +142,6 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
     if result.invalid:
         log_to_stderr(f"Recorded {result.recorded_invalid:,} invalid lines as failed requests of the batch.")
     click.echo(result.batch_id)
-
-
-def _echo_line_errors(errors) -> None:
-    for error in errors[:SHOWN_ERRORS]:
-        log_to_stderr(error.message)
-    if len(errors) > SHOWN_ERRORS:
-        log_to_stderr(f"... and {len(errors) - SHOWN_ERRORS:,} more.")
 
 
 def submit_main() -> None:
@@ -171,22 +161,14 @@ def submit_main() -> None:
 def results(batch_id, out_path, fmt, errors_path, redis_url):
     """Merge BATCH's part files into one file: one row per custom id and choice, in input order, failed requests included."""
     from miro.worker.batches import connect
-    from miro.worker.results import collect, cut_constraints_note, write_openai_jsonl, write_parquet
-    from miro.worker.storage import with_suffix
+    from miro.worker.results import collect, write_results
 
     table, batch = collect(connect(redis_url), batch_id)
-    if fmt == "parquet":
-        write_parquet(table, out_path)
-        log_to_stderr(f"Wrote {table.num_rows:,} rows of {batch_id} ({batch['status']}, "
-                      f"{batch['completed']:,} completed, {batch['failed']:,} failed of {batch['total']:,}) "
-                      f"to {out_path}.")
-    else:
-        errors_path = errors_path or with_suffix(out_path, ".jsonl", ".errors.jsonl")
-        ok, failed = write_openai_jsonl(table, out_path, errors_path)
-        log_to_stderr(f"Wrote {ok:,} responses to {out_path} and {failed:,} errors to {errors_path}.")
-    note = cut_constraints_note(table)
-    if note:
-        log_to_stderr(note)
+    written = write_results(table, out_path, fmt, errors_path)
+    log_to_stderr(f"{written.sentence()}: {batch_id} is {batch.status}, {batch.completed:,} completed and "
+                  f"{batch.failed:,} failed of {batch.total:,}.")
+    if written.note:
+        log_to_stderr(written.note)
 
 
 @cli.command("worker", cls=MiroCommand)

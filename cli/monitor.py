@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console, Group
@@ -15,6 +16,11 @@ from rich.text import Text
 
 
 from .common import MiroCommand, redis_url_option
+
+if TYPE_CHECKING:
+    from miro.worker.batches import BatchRecord
+    from miro.worker.monitor import BatchView, Snapshot
+    from miro.worker.workers import WorkerRecord
 
 STATUS_STYLE = {"completed": "green", "failed": "red", "cancelled": "dim", "cancelling": "magenta",
                 "in_progress": "cyan", "validating": "yellow", "finalizing": "cyan"}
@@ -44,13 +50,18 @@ def status_text(status: str) -> Text:
     return Text(status, style=STATUS_STYLE.get(status, ""))
 
 
-def progress(batch: dict) -> str:
+def progress(batch: BatchRecord) -> str:
     """done/total, as '12/40'."""
-    return f"{batch['done']:,}/{batch['total']:,}"
+    return f"{batch.done:,}/{batch.total:,}"
 
 
-def kv(worker: dict) -> str:
-    return f"{worker['kv_blocks_used']:,}/{worker['kv_blocks_total']:,} ({worker['kv_usage']:.0%})"
+def failed_and_cancelled(batch: BatchRecord) -> str:
+    """'3 failed', or '3 failed, 40 cancelled': a cancelled batch's done count includes what never ran."""
+    return f"{batch.failed:,} failed" + (f", {batch.cancelled:,} cancelled" if batch.cancelled else "")
+
+
+def kv(worker: WorkerRecord) -> str:
+    return f"{worker.stats.kv_blocks_used:,}/{worker.stats.kv_blocks_total:,} ({worker.stats.kv_usage:.0%})"
 
 
 def size(n_bytes: int | None) -> str:
@@ -63,11 +74,11 @@ def size(n_bytes: int | None) -> str:
     return f"{n_bytes} B"
 
 
-def weights(worker: dict) -> str:
+def weights(worker: WorkerRecord) -> str:
     """'llama native 0 B': the architecture, how its weights are held, and the memory they hold of their own."""
-    if "weight_format" not in worker:  # a worker from before these fields
+    if worker.weight_format is None:  # a worker from before these fields
         return "-"
-    return f"{worker.get('architecture', '?')} {worker['weight_format']} {size(worker.get('weight_memory'))}"
+    return f"{worker.architecture or '?'} {worker.weight_format} {size(worker.weight_memory)}"
 
 
 def new_table(title: str, columns: tuple[str, ...], right: tuple[str, ...], shrink: tuple[str, ...]) -> Table:
@@ -80,28 +91,28 @@ def new_table(title: str, columns: tuple[str, ...], right: tuple[str, ...], shri
 
 # -- miro status ----------------------------------------------------------------------------------
 
-def batches_table(views: list[dict]) -> Table:
-    any_cancelled = any(b["cancelled"] for b in views)
-    any_priority = any(b.get("priority", "normal") != "normal" for b in views)  # a column only if any is set
+def batches_table(views: list[BatchView]) -> Table:
+    any_cancelled = any(b.batch.cancelled for b in views)
+    any_priority = any(b.batch.priority != "normal" for b in views)  # a column only if any is set
     table = new_table("Batches", ("batch", "name", "status", *(["priority"] if any_priority else []), "done",
                                   "failed", *(["cancelled"] if any_cancelled else []), "tokens", "age"),
                       right=("done", "failed", "cancelled", "tokens"), shrink=("name",))
     for b in views:
-        priority = [b.get("priority", "normal")] if any_priority else []
-        cancelled = [f"{b['cancelled']:,}"] if any_cancelled else []
-        table.add_row(b["id"], b.get("name", ""), status_text(b["status"]), *priority, progress(b),
-                      f"{b['failed']:,}", *cancelled, f"{b['tokens']:,}", duration(b["age_s"]))
+        priority = [b.batch.priority] if any_priority else []
+        cancelled = [f"{b.batch.cancelled:,}"] if any_cancelled else []
+        table.add_row(b.batch.id, b.batch.name, status_text(b.batch.status), *priority, progress(b.batch),
+                      f"{b.batch.failed:,}", *cancelled, f"{b.batch.tokens:,}", duration(b.age_s))
     return table
 
 
-def workers_table(records: list[dict], title: str = "Workers") -> Table:
+def workers_table(records: list[WorkerRecord], title: str = "Workers") -> Table:
     table = new_table(title, ("worker", "host", "state", "KV blocks", "run/wait", "tok/s", "done/failed", "weights",
                               "cpu tier"),
                       right=("KV blocks", "run/wait", "tok/s", "done/failed"), shrink=("host", "weights"))
     for w in records:
-        table.add_row(w["name"], w["host"], w["state"], kv(w), f"{w['running']}/{w['waiting']}",
-                      f"{w['tokens_per_s']:,.0f}", f"{w['jobs_done']:,}/{w['jobs_failed']:,}", weights(w),
-                      w.get("cpu_tier", "-"))  # the tier's name as the worker wrote it: no engine import here
+        table.add_row(w.name, w.host, w.state, kv(w), f"{w.stats.running}/{w.stats.waiting}",
+                      f"{w.tokens_per_s:,.0f}", f"{w.jobs_done:,}/{w.jobs_failed:,}", weights(w),
+                      w.cpu_tier or "-")  # the tier's name as the worker wrote it: no engine import here
     return table
 
 
@@ -109,40 +120,42 @@ def when(stamp: float, now: float) -> str:
     return f"{datetime.fromtimestamp(stamp).astimezone().isoformat(timespec='seconds')} ({duration(now - stamp)} ago)"
 
 
-def batch_details(b: dict, now: float) -> Table:
+def batch_details(b: BatchView, now: float) -> Table:
     from miro.worker.batches import STATUSES
 
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
-    grid.add_row("batch", Text.assemble(b["id"], "  ", status_text(b["status"])))
-    for label, key in (("name", "name"), ("model", "model"), ("priority", "priority"), ("queue", "queue"),
-                       ("input", "input_file")):
-        grid.add_row(label, b.get(key, ""))
-    grid.add_row("output", f"{b['output']}/{b['id']}/")
-    grid.add_row("requests", f"{progress(b)} done: {b['completed']:,} completed, {b['failed']:,} failed, "
-                             f"{b['cancelled']:,} cancelled, {b['remaining']:,} remaining")
-    grid.add_row("tokens", f"{b['prompt_tokens']:,} prompt + {b['completion_tokens']:,} completion")
-    if b["elapsed_s"] is not None:
-        grid.add_row("speed", f"{rate(b['tokens_per_s'])}, {rate(b['requests_per_s'], 'requests/s', 1)} "
-                              f"over {duration(b['elapsed_s'])}")
-    if b["status"] == "in_progress":
-        grid.add_row("ETA", duration(b["eta_s"]))
-    grid.add_row("created", when(b["created_at"], now))
+    grid.add_row("batch", Text.assemble(b.batch.id, "  ", status_text(b.batch.status)))
+    for label, value in (("name", b.batch.name), ("model", b.batch.model), ("priority", b.batch.priority),
+                         ("queue", b.batch.queue), ("input", b.batch.input_file)):
+        grid.add_row(label, value)
+    grid.add_row("output", f"{b.batch.output}/{b.batch.id}/")
+    grid.add_row("requests", f"{progress(b.batch)} done: {b.batch.completed:,} completed, {b.batch.failed:,} failed, "
+                             f"{b.batch.cancelled:,} cancelled, {b.batch.remaining:,} remaining")
+    grid.add_row("tokens", f"{b.batch.prompt_tokens:,} prompt + {b.batch.completion_tokens:,} completion")
+    if b.elapsed_s is not None:
+        grid.add_row("speed", f"{rate(b.tokens_per_s)}, {rate(b.requests_per_s, 'requests/s', 1)} "
+                              f"over {duration(b.elapsed_s)}")
+    if b.batch.status == "in_progress":
+        grid.add_row("ETA", duration(b.eta_s))
+    grid.add_row("created", when(b.batch.created_at, now))
     # the status stamps in time order; finalizing_at and completed_at are equal, so lifecycle order breaks ties
-    stamps = sorted((b[f"{status}_at"], i, status) for i, status in enumerate(STATUSES)
-                    if status != "validating" and b.get(f"{status}_at") is not None)
+    stamps = sorted((b.batch.at(status), i, status) for i, status in enumerate(STATUSES)
+                    if status != "validating" and b.batch.at(status) is not None)
     for stamp, _, status in stamps:
         grid.add_row(status, when(stamp, now))
     return grid
 
 
-def render_status(snapshot: dict, now: float | None = None) -> Group:
-    """The human view of a status snapshot ({"batches", "workers"} or {"batch", "workers"})."""
+def render_status(snapshot, now: float | None = None) -> Group:
+    """The human view of a status snapshot: one batch and its workers, or every batch and live worker."""
+    from miro.worker.monitor import BatchSnapshot
+
     now = time.time() if now is None else now
-    if "batch" in snapshot:
-        return Group(batch_details(snapshot["batch"], now), workers_table(snapshot["workers"], "Its workers"))
-    return Group(batches_table(snapshot["batches"]), workers_table(snapshot["workers"], "Live workers"))
+    if isinstance(snapshot, BatchSnapshot):
+        return Group(batch_details(snapshot.batch, now), workers_table(snapshot.workers, "Its workers"))
+    return Group(batches_table(snapshot.batches), workers_table(snapshot.workers, "Live workers"))
 
 
 @click.command("status", cls=MiroCommand)
@@ -161,13 +174,13 @@ def status_command(batch_id, as_json, limit, redis_url):
         snapshot = monitor.batch_snapshot(conn, batch_id)
     else:
         snapshot = monitor.fleet_snapshot(conn)
-        shown = snapshot["batches"][:limit or None]
-        if len(shown) < len(snapshot["batches"]) and not as_json:
-            click.echo(f"The newest {len(shown)} of {len(snapshot['batches'])} batches (--limit 0 shows all).",
+        shown = snapshot.batches[:limit or None]
+        if len(shown) < len(snapshot.batches) and not as_json:
+            click.echo(f"The newest {len(shown)} of {len(snapshot.batches)} batches (--limit 0 shows all).",
                        err=True)
-        snapshot["batches"] = shown
+        snapshot.batches = shown
     if as_json:
-        click.echo(json.dumps(snapshot, indent=2))
+        click.echo(json.dumps(snapshot.to_dict(), indent=2))
     else:
         console = Console()
         if not console.is_terminal:  # piped: no screen to fit, so never shorten an id or a figure
@@ -184,22 +197,22 @@ def bar_line(completed: int, total: int, label: str) -> Table:
     return grid
 
 
-def render_watch(snapshot: dict) -> Group:
+def render_watch(snapshot: Snapshot) -> Group:
     """One frame of `miro watch`: two lines per batch (figures, then a bar), two per worker (figures, KV bar)."""
     lines: list = [Text("Batches", style="bold")]
-    for b in snapshot["batches"]:
-        figures = Text.assemble(b["id"], "  ", status_text(b["status"]),
-                                f"  {progress(b)} done, {b['failed']:,} failed")
-        speed = f"{b['done'] / max(b['total'], 1):.0%}  {rate(b['tokens_per_s'])}"
-        if b["status"] == "in_progress":
-            speed += f"  ETA {duration(b['eta_s'])}"
-        lines += [figures, bar_line(b["done"], b["total"], speed)]
+    for b in snapshot.batches:
+        figures = Text.assemble(b.batch.id, "  ", status_text(b.batch.status),
+                                f"  {progress(b.batch)} done, {failed_and_cancelled(b.batch)}")
+        speed = f"{b.batch.done / max(b.batch.total, 1):.0%}  {rate(b.tokens_per_s)}"
+        if b.batch.status == "in_progress":
+            speed += f"  ETA {duration(b.eta_s)}"
+        lines += [figures, bar_line(b.batch.done, b.batch.total, speed)]
     lines.append(Text("Workers", style="bold"))
-    for w in snapshot["workers"]:
-        lines += [Text(f"{w['name']}  {w['state']}  {w['running']} running  {w['waiting']} waiting  "
-                       f"{rate(w['tokens_per_s'])}"),
-                  bar_line(w["kv_blocks_used"], w["kv_blocks_total"], f"KV {kv(w)}")]
-    if not snapshot["workers"]:
+    for w in snapshot.workers:
+        lines += [Text(f"{w.name}  {w.state}  {w.stats.running} running  {w.stats.waiting} waiting  "
+                       f"{rate(w.tokens_per_s)}"),
+                  bar_line(w.stats.kv_blocks_used, w.stats.kv_blocks_total, f"KV {kv(w)}")]
+    if not snapshot.workers:
         lines.append(Text("  none", style="dim"))
     return Group(*lines)
 
@@ -207,32 +220,32 @@ def render_watch(snapshot: dict) -> Group:
 PLAIN_EVERY_S = 30.0  # piped `miro watch`: a line at least this often even when nothing moved
 
 
-def plain_progress(snapshot: dict) -> tuple[tuple, str]:
+def plain_progress(snapshot: Snapshot) -> tuple[tuple, str]:
     """One line of `miro watch` for a log: each batch's progress, speed and ETA, and the workers' count.
     Also the counts alone, to tell whether anything moved since the last line."""
-    counts = tuple((b["id"], b["status"], b["done"], b["failed"]) for b in snapshot["batches"])
+    counts = tuple((b.batch.id, b.batch.status, b.batch.done, b.batch.failed) for b in snapshot.batches)
     parts = []
-    for b in snapshot["batches"]:
-        part = f"{b['id']} {b['status']}: {progress(b)} done ({b['done'] / max(b['total'], 1):.0%}), " \
-               f"{b['failed']:,} failed, {rate(b['tokens_per_s'])}"
-        if b["status"] == "in_progress":
-            part += f", ETA {duration(b['eta_s'])}"
+    for b in snapshot.batches:
+        batch = b.batch
+        part = f"{batch.id} {batch.status}: {progress(batch)} done ({batch.done / max(batch.total, 1):.0%}), " \
+               f"{failed_and_cancelled(batch)}, {rate(b.tokens_per_s)}"
+        if b.batch.status == "in_progress":
+            part += f", ETA {duration(b.eta_s)}"
         parts.append(part)
-    workers = snapshot["workers"]
-    running = sum(w["running"] for w in workers)
+    workers = snapshot.workers
+    running = sum(w.stats.running for w in workers)
     parts.append(f"{len(workers)} worker{'s' if len(workers) != 1 else ''}, {running} requests running")
     return counts, time.strftime("%H:%M:%S ") + "; ".join(parts or ["no batch is active"])
 
 
-def summary_line(snapshot: dict, batch_id: str | None) -> str:
-    if batch_id is None and not snapshot["batches"]:
+def summary_line(snapshot: Snapshot, batch_id: str | None) -> str:
+    if batch_id is None and not snapshot.batches:
         return "No batch is active."
     parts = []
-    for b in snapshot["batches"]:
-        counts = f"{b['completed']:,} completed, {b['failed']:,} failed" + (
-            f", {b['cancelled']:,} cancelled" if b["cancelled"] else "")
-        parts.append(f"{b['id']} {b['status']}: {progress(b)} done ({counts}), {b['tokens']:,} tokens "
-                     f"in {duration(b['elapsed_s'])}")
+    for b in snapshot.batches:
+        counts = f"{b.batch.completed:,} completed, {failed_and_cancelled(b.batch)}"
+        parts.append(f"{b.batch.id} {b.batch.status}: {progress(b.batch)} done ({counts}), {b.batch.tokens:,} tokens "
+                     f"in {duration(b.elapsed_s)}")
     return "; ".join(parts) + "."
 
 
@@ -245,7 +258,7 @@ def watch(conn, batch_id: str | None = None, interval: float = 1.0, console: Con
     snapshot = monitor.watch_snapshot(conn, batch_id, windows)
     if console.is_terminal:
         with Live(render_watch(snapshot), console=console, auto_refresh=False) as live:
-            while not monitor.watch_finished(snapshot):
+            while not snapshot.finished:
                 time.sleep(interval)
                 snapshot = monitor.watch_snapshot(conn, batch_id, windows)
                 live.update(render_watch(snapshot), refresh=True)
@@ -256,7 +269,7 @@ def watch(conn, batch_id: str | None = None, interval: float = 1.0, console: Con
             if counts != printed or time.monotonic() - last >= PLAIN_EVERY_S:
                 console.print(line, highlight=False, soft_wrap=True)
                 printed, last = counts, time.monotonic()
-            if monitor.watch_finished(snapshot):
+            if snapshot.finished:
                 break
             time.sleep(interval)
             snapshot = monitor.watch_snapshot(conn, batch_id, windows)

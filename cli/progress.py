@@ -3,7 +3,8 @@
 The speed and the time left are what the run's worker does now (its record's last-10 s token rate, see
 worker/monitor.py), not the batch's counters averaged since the start, which include loading the model and
 move only when part files are written. On a terminal a bar is redrawn; piped (a log, nohup, CI) a plain line
-is printed whenever the count moves, and at least every PLAIN_EVERY_S.
+is printed whenever the count moves, and at least every PLAIN_EVERY_S. The count is of the requests that
+finished (a result or an error): those of a cancelled batch that never ran are said apart, not shown as done.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ class BatchProgress:
 
     def __enter__(self):
         record = batches.get_batch(self.conn, self.batch_id)
-        self._task = self._bar.add_task(self.batch_id, total=record["total"], speed="loading the model",
-                                        completed=_done(record))
+        self._task = self._bar.add_task(self.batch_id, total=record.total, speed="loading the model",
+                                        completed=record.finished)
         if not self.plain:
             self._bar.start()
         self._thread.start()
@@ -48,18 +49,21 @@ class BatchProgress:
     def _update(self, last: bool = False) -> None:
         view = monitor.batch_view(batches.get_batch(self.conn, self.batch_id),
                                   worker_records=workers.list_workers(self.conn))
-        failed = f", {view['failed']:,} failed" if view["failed"] else ""
-        if view["rate_source"] == "workers":
-            speed = f"{rate(view['tokens_per_s'])}{failed}, ETA {duration(view['eta_s'])}"
+        batch = view.batch
+        failed = "".join(f", {n:,} {what}" for n, what in ((batch.failed, "failed"), (batch.cancelled, "cancelled"))
+                         if n)
+        if view.rate_source == "workers":
+            speed = f"{rate(view.tokens_per_s)}{failed}, ETA {duration(view.eta_s)}"
         else:  # the worker has not reported yet (it is loading the model) or the batch is done
-            speed = f"{failed.lstrip(', ')}" if view["remaining"] == 0 else f"loading the model{failed}"
-        self._bar.update(self._task, completed=view["done"], speed=speed)
+            speed = f"{failed.lstrip(', ')}" if batch.remaining == 0 else f"loading the model{failed}"
+        self._bar.update(self._task, completed=batch.finished, speed=speed)
         if self.plain:
             now = time.monotonic()
-            if last or self._printed is None or view["done"] != self._printed[0] or now - self._printed[1] >= PLAIN_EVERY_S:
-                self.print(f"{time.strftime('%H:%M:%S')} {self.batch_id}: {view['done']:,}/{view['total']:,} done"
+            moved = self._printed is None or batch.done != self._printed[0]
+            if last or moved or now - self._printed[1] >= PLAIN_EVERY_S:
+                self.print(f"{time.strftime('%H:%M:%S')} {self.batch_id}: {batch.finished:,}/{batch.total:,} done"
                            f"{', ' + speed if speed else ''}")
-                self._printed = (view["done"], now)
+                self._printed = (batch.done, now)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -73,6 +77,3 @@ class BatchProgress:
             self._bar.stop()
         return False
 
-
-def _done(record: dict) -> int:
-    return record["completed"] + record["failed"] + record["cancelled"]

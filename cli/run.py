@@ -27,12 +27,11 @@ import redis
 
 from miro.core import defaults
 from miro.core.errors import MiroError
+from miro.worker import batches
 
-from .common import (MiroCommand, constraint_of, constraint_options, engine_kwargs, engine_options, log_to_stderr,
-                     model_option, priority_option, redis_url_option)
+from .common import (MiroCommand, constraint_of, constraint_options, echo_line_errors, engine_kwargs, engine_options,
+                     log_to_stderr, model_option, priority_option, redis_url_option)
 from .run_state import RunState
-
-
 
 @click.command("run", cls=MiroCommand)
 @click.argument("dataset", type=click.Path(dir_okay=False))
@@ -73,7 +72,6 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     """
     from miro.core.registry import resolve_model
     from miro.worker import storage
-    from miro.worker.batches import redacted
 
     constraint = constraint_of(json_schema, regex, choice, grammar)
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
@@ -89,7 +87,7 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     resolve_model(model, log_to_stderr)  # a wrong --model fails here (and the default one is pulled on first use)
     # next to a local output; in the current folder for one on an object store
     state = RunState(state_dir or f"{storage.name(out_path) if storage.is_uri(out_path) else out_path}.miro-run")
-    record = state.claim(resume, dataset, options, redacted(redis_url) if redis_url else "embedded", out_path)
+    record = state.claim(resume, dataset, options, batches.redacted(redis_url) if redis_url else "embedded", out_path)
     interruption = Interruption(shutdown_grace)
     try:
         with interruption, _redis(state, redis_url) as conn:
@@ -120,15 +118,13 @@ def _validate(dataset: str, defaults: dict, skip_invalid: bool):
     """Every line checked before anything starts; the errors are printed as `miro submit` prints them."""
     from miro.worker.submit import InvalidDataset, submit as submit_dataset
 
-    from .main import _echo_line_errors  # shared with `miro submit`
-
     try:
         checked = submit_dataset(None, dataset, defaults=defaults, skip_invalid=skip_invalid, dry_run=True)
     except InvalidDataset as e:
-        _echo_line_errors(e.errors)
+        echo_line_errors(e.errors)
         raise
     if checked.invalid:  # --skip-invalid: they become failed rows
-        _echo_line_errors(checked.invalid)
+        echo_line_errors(checked.invalid)
     return checked
 
 
@@ -137,9 +133,7 @@ def _redis(state: RunState, redis_url: str | None):
     """The run's Redis: the one at redis_url, or an embedded one on the state folder's data, stopped on the way
     out whatever happens."""
     if redis_url:
-        from miro.worker.batches import connect
-
-        yield connect(redis_url)
+        yield batches.connect(redis_url)
         return
     from .embedded_redis import EmbeddedRedis
 
@@ -151,7 +145,6 @@ def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, r
             priority: str | None) -> tuple[str, str]:
     """Enqueue the dataset as a new batch, or (resume) only its requests with no finished or running job (the
     batch keeps its priority); returns the batch id and its queue."""
-    from miro.worker import batches
     from miro.worker.submit import submit as submit_dataset
 
     options = record["options"]
@@ -168,13 +161,13 @@ def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, r
     except MiroError:
         raise MiroError(f"The Redis of the interrupted run no longer holds its batch {batch_id}; delete "
                         f"{state.shown} to start over.") from None
-    _requeue_abandoned(conn, batch["queue"])
+    _requeue_abandoned(conn, batch.queue)
     submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"], defaults=defaults,
                    skip_invalid=options["skip_invalid"], resume=batch_id)
     batch = batches.get_batch(conn, batch_id)
-    log_to_stderr(f"Resuming {batch_id} from {state.shown}: {_done(batch):,} of {batch['total']:,} requests "
+    log_to_stderr(f"Resuming {batch_id} from {state.shown}: {batch.done:,} of {batch.total:,} requests "
                   "already done.")
-    return batch_id, batch["queue"]
+    return batch_id, batch.queue
 
 
 def _requeue_abandoned(conn, queue_name: str) -> None:
@@ -226,25 +219,21 @@ def _work(conn, batch_id: str, worker, interruption: Interruption) -> None:
 
 @dataclass
 class Pace:
-    """The batch's counters when this process's worker started on it (after the model loaded), to report
-    what this run did per second, as vLLM's offline runs end."""
+    """The batch's record when this process's worker started on it (after the model loaded), to report what this
+    run did per second, as vLLM's offline runs end. Requests cancelled meanwhile did not run: they do not count."""
 
     started: float
-    done: int
-    prompt_tokens: int
-    completion_tokens: int
+    at_start: batches.BatchRecord
 
     @classmethod
     def start(cls, conn, batch_id: str) -> "Pace":
-        from miro.worker import batches
+        return cls(time.monotonic(), batches.get_batch(conn, batch_id))
 
-        batch = batches.get_batch(conn, batch_id)
-        return cls(time.monotonic(), _done(batch), batch["prompt_tokens"], batch["completion_tokens"])
-
-    def summary(self, batch: dict) -> str:
+    def summary(self, batch: batches.BatchRecord) -> str:
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        requests = _done(batch) - self.done
-        prompt, completion = batch["prompt_tokens"] - self.prompt_tokens, batch["completion_tokens"] - self.completion_tokens
+        requests = batch.finished - self.at_start.finished
+        prompt = batch.prompt_tokens - self.at_start.prompt_tokens
+        completion = batch.completion_tokens - self.at_start.completion_tokens
         return (f"Ran {requests:,} requests in {elapsed:,.1f} s: {requests / elapsed:,.2f} requests/s, "
                 f"{(prompt + completion) / elapsed:,.1f} total tokens/s, {completion / elapsed:,.1f} generated tokens/s.")
 
@@ -253,41 +242,31 @@ def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: 
                    interruption: Interruption, pace: Pace | None) -> bool:
     """OUTPUT if every request finished (then True), else the partial file; either way the line that says so."""
     from miro.worker import storage
-    from miro.worker.results import collect, cut_constraints_note, write_openai_jsonl, write_parquet
+    from miro.worker.results import collect, write_parquet, write_results
 
     table, batch = collect(conn, batch_id)
     partial = partial_path(out_path)
-    done, total = _done(batch), batch["total"]
     if pace is not None:
         log_to_stderr(pace.summary(batch))
-    if batch["status"] == "completed":
-        counts = (f"{batch['completed']:,} completed, {batch['failed']:,} failed, {batch['prompt_tokens']:,} prompt "
-                  f"and {batch['completion_tokens']:,} completion tokens")
-        if record["options"].get("format") == "jsonl":
-            errors_path = storage.with_suffix(out_path, ".jsonl", ".errors.jsonl")
-            ok, failed = write_openai_jsonl(table, out_path, errors_path)
-            log_to_stderr(f"Wrote {ok:,} responses to {out_path} and {failed:,} errors to {errors_path}: {counts}.")
-        else:
-            write_parquet(table, out_path)
-            log_to_stderr(f"Wrote {table.num_rows:,} rows to {out_path}: {counts}.")
-        note = cut_constraints_note(table)
-        if note:
-            log_to_stderr(note)
+    if batch.status == "completed":
+        written = write_results(table, out_path, record["options"].get("format", "parquet"))
+        log_to_stderr(f"{written.sentence()}: {batch.completed:,} completed, {batch.failed:,} failed, "
+                      f"{batch.prompt_tokens:,} prompt and {batch.completion_tokens:,} completion tokens.")
+        if written.note:
+            log_to_stderr(written.note)
         storage.remove(partial)
         return True
-    counts = {"partial": "true", "batch_id": batch_id, "total": total, "done": done, "completed": batch["completed"],
-              "failed": batch["failed"]}
+    # the partial file holds the finished requests; --resume runs the rest, cancelled ones included
+    finished, total = batch.finished, batch.total
+    counts = {"partial": "true", "batch_id": batch_id, "total": total, "done": finished, "completed": batch.completed,
+              "failed": batch.failed}
     metadata = {**(table.schema.metadata or {}), **{f"miro.{k}".encode(): str(v).encode() for k, v in counts.items()}}
     write_parquet(table.replace_schema_metadata(metadata), partial)
-    state.save({**record, "batch_id": batch_id, "done": done, "total": total})
+    state.save({**record, "batch_id": batch_id, "done": finished, "total": total})
     stopped = "Interrupted" if interruption.signal else "Stopped"
-    log_to_stderr(f"{stopped} after {done:,} of {total:,} requests: wrote them to {partial}; run the same command "
-                  f"with --resume to finish the other {total - done:,}.")
+    log_to_stderr(f"{stopped} after {finished:,} of {total:,} requests: wrote them to {partial}; run the same command "
+                  f"with --resume to finish the other {total - finished:,}.")
     return False
-
-
-def _done(batch: dict) -> int:
-    return batch["completed"] + batch["failed"]
 
 
 def partial_path(out_path: str) -> str:

@@ -33,6 +33,7 @@ from .registry import resolve_model
 from .sampling import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler, seats_for
 from .sequence import Sequence
+from .stats import EngineStats
 from .structured_output import StructuredOutputs
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .weight_format import choose_weight_format, f32_weight_bytes, matmul_tensors, native_speedup
@@ -352,27 +353,27 @@ class Engine:
             self._token_log.popleft()
         return now - max(now - STATS_WINDOW_S, self._first_step_at if self._first_step_at is not None else now)
 
-    def stats(self) -> dict:
-        """KV cache and token figures, named as vLLM names them; throughputs are over the last 10 s (or since
-        the first step, if sooner), so they fall to 0 when the engine is idle."""
+    def stats(self) -> EngineStats:
+        """KV cache and token figures; throughputs are over the last 10 s (or since the first step, if sooner),
+        so they fall to 0 when the engine is idle."""
         bm = self.block_manager
         span = self._trim_token_log()
         log = self._token_log
-        return {
-            "kv_blocks_used": bm.num_used_blocks,
-            "kv_blocks_total": bm.num_blocks,
-            "kv_usage": bm.num_used_blocks / bm.num_blocks,
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "preemptions": self.scheduler.num_preemptions,
-            "prefix_cache_hit_rate": bm.prefix_cache_hit_rate,
-            "prefix_cache_queries": bm.prefix_queries,  # prompt tokens looked up in the prefix cache
-            "prefix_cache_hits": bm.prefix_hits,  # of those, tokens found
-            "prompt_tokens_total": self.prompt_tokens_total,
-            "generation_tokens_total": self.generation_tokens_total,
-            "prompt_tokens_per_s": sum(p for _, p, _ in log) / span if span else 0.0,
-            "generation_tokens_per_s": sum(g for _, _, g in log) / span if span else 0.0,
-        }
+        return EngineStats(
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_total=bm.num_blocks,
+            kv_usage=bm.num_used_blocks / bm.num_blocks,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            preemptions=self.scheduler.num_preemptions,
+            prefix_cache_hit_rate=bm.prefix_cache_hit_rate,
+            prefix_cache_queries=bm.prefix_queries,
+            prefix_cache_hits=bm.prefix_hits,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            prompt_tokens_per_s=sum(p for _, p, _ in log) / span if span else 0.0,
+            generation_tokens_per_s=sum(g for _, _, g in log) / span if span else 0.0,
+        )
 
     # -- convenience ----------------------------------------------------------------------------------
 
@@ -466,9 +467,9 @@ class _Progress:
         if self._bar:
             self._bar.update(self._task, completed=self.done)
 
-    def show(self, stats: dict) -> None:
+    def show(self, stats: EngineStats) -> None:
         if self._bar:
-            speed = f"{stats['prompt_tokens_per_s']:.0f} prompt tok/s, {stats['generation_tokens_per_s']:.0f} gen tok/s"
+            speed = f"{stats.prompt_tokens_per_s:.0f} prompt tok/s, {stats.generation_tokens_per_s:.0f} gen tok/s"
             self._bar.update(self._task, speed=speed)
 
     def close(self) -> None:

@@ -39,7 +39,7 @@ from miro.core import Engine, MiroError, defaults
 from miro.core.defaults import PRIORITIES
 from miro.core.registry import DEFAULT_MODEL
 
-from . import batches, keys, routing, rq_private, scripts, workers
+from . import batches, routing, rq_private, scripts, workers
 from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, summary, uncounted_failures
 from .payload import JobPayload
 from .rows import result_rows
@@ -99,10 +99,9 @@ class BatchWorker(BaseWorker):
                  served_model_names: list[str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         # every priority of each queue given, most urgent first: _take_next takes from the first with a job
-        self.queues = [self.queue_class(name, connection=self.connection, job_class=self.job_class,
-                                        serializer=self.serializer)
-                       for name in routing.worker_queues([q.name for q in self.queues])]
-        self._ordered_queues = self.queues[:]
+        queues = [self.queue_class(name, connection=self.connection, job_class=self.job_class, serializer=self.serializer)
+                  for name in routing.worker_queues([q.name for q in self.queues])]
+        rq_private.set_queues(self, queues)
         # `rq info` and Worker.all() construct workers too: the model is loaded in work(), never here.
         self.model = model or os.environ.get("MIRO_MODEL", DEFAULT_MODEL)
         if served_model_names is None:
@@ -129,7 +128,7 @@ class BatchWorker(BaseWorker):
         self.metrics_port, self.metrics_host = metrics_port, metrics_host  # Prometheus endpoint, if any
         self.jobs_done = self.jobs_failed = self.jobs_cancelled = 0
         self.batch_status: dict[str, str] = {}  # batch id -> status, for the batches of the requests in flight
-        self.stats: dict | None = None  # the record last written to the worker's hash (metrics.py reads it)
+        self.record: workers.WorkerRecord | None = None  # the last one written to its hash (metrics.py reads it)
         self._last_refresh = 0.0
         # Held jobs (in flight, or finished and waiting for their rows to be written) change hands only under
         # this lock, so the heartbeat thread never beats a job the loop has just finished, failed or requeued.
@@ -140,7 +139,7 @@ class BatchWorker(BaseWorker):
 
     handle_signals = True  # False: the caller handles SIGINT/SIGTERM and stops the worker with request_warm_stop
 
-    def _install_signal_handlers(self):
+    def install_stop_handlers(self):
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return  # the caller's, or embedded in a thread: whoever started it stops it (request_warm_stop)
         signal.signal(signal.SIGINT, self._request_stop)
@@ -177,7 +176,7 @@ class BatchWorker(BaseWorker):
                       f"{self.engine.block_manager.num_blocks * self.engine.block_size:,}", self.engine.kv_cache_dtype)
         self.bootstrap(logging_level or "INFO")
         routing.register_served_names(self.connection, self.served_names[1:], self.model)
-        self._install_signal_handlers()
+        self.install_stop_handlers()
         self._heartbeats = HeartbeatThread(self)
         self._heartbeats.start()
         self.started_at = time.time()
@@ -221,7 +220,7 @@ class BatchWorker(BaseWorker):
             self._enforce_timeouts()
             self._publish()
             self._last_refresh = time.monotonic()
-        if not self.in_flight and self._state == WorkerStatus.BUSY:  # RQ marks it busy when a job starts
+        if not self.in_flight and self.get_state() == WorkerStatus.BUSY:  # RQ marks it busy when a job starts
             self.set_state(WorkerStatus.IDLE)
 
     def run_maintenance_tasks(self):
@@ -311,7 +310,7 @@ class BatchWorker(BaseWorker):
 
     def _sink(self, batch_id: str) -> ParquetSink:
         if batch_id not in self.outputs:  # read each batch's output location once, not once per request
-            self.outputs[batch_id] = batches.get_batch(self.connection, batch_id)["output"]
+            self.outputs[batch_id] = batches.get_batch(self.connection, batch_id).output
         output = self.outputs[batch_id]
         if output not in self.sinks:
             self.sinks[output] = ParquetSink(output, self.name, self.flush_rows, self.flush_seconds)
@@ -408,16 +407,13 @@ class BatchWorker(BaseWorker):
 
     def _status_of(self, batch_id: str) -> str:
         if batch_id not in self.batch_status:
-            self.batch_status[batch_id] = batches.get_batch(self.connection, batch_id)["status"]
+            self.batch_status[batch_id] = batches.get_batch(self.connection, batch_id).status
         return self.batch_status[batch_id]
 
     def _cancel_cancelled_batches(self) -> None:
         """Read the status of every batch with requests in flight; abort those of batches being cancelled."""
-        batch_ids = sorted({flight.payload.batch_id for flight in self.in_flight.values()})
-        with self.connection.pipeline(transaction=False) as pipe:
-            for batch_id in batch_ids:
-                pipe.hget(keys.batch(batch_id), "status")
-            self.batch_status = {b: (s or b"").decode() for b, s in zip(batch_ids, pipe.execute())}
+        self.batch_status = batches.statuses(self.connection,
+                                             sorted({flight.payload.batch_id for flight in self.in_flight.values()}))
         doomed = [flight for flight in self.in_flight.values() if self.batch_status[flight.payload.batch_id]
                   in CANCELLED]
         for flight in doomed:
@@ -444,34 +440,32 @@ class BatchWorker(BaseWorker):
 
     # -- the worker's record in Redis -----------------------------------------------------------------
 
-    def stats_record(self) -> dict:
+    def worker_record(self) -> workers.WorkerRecord:
         """What the worker's hash holds (see workers.py)."""
-        stats = self.engine.stats()
         with self.connection.pipeline(transaction=False) as pipe:
             for queue in self.queues:
                 pipe.llen(queue.key)
             queued = sum(pipe.execute())
-        state = "stopping" if self._stopping else "busy" if self.in_flight else "idle"
-        return {
-            "name": self.name, "model": self.model_name, "host": socket.gethostname(), "pid": os.getpid(),
-            "queues": [q.name for q in self.queues], "state": state, "started_at": self.started_at,
-            "updated_at": time.time(), "batches": sorted({f.payload.batch_id for f in self.in_flight.values()}),
-            "architecture": self.engine.config.architecture, "weight_format": self.engine.weight_format,
-            "weight_memory": self.engine.weight_memory, "cpu_tier": self.engine.cpu_tier,
-            **stats,
-            "tokens_per_s": stats["prompt_tokens_per_s"] + stats["generation_tokens_per_s"],
-            "in_flight": len(self.in_flight), "queued": queued, "jobs_done": self.jobs_done,
-            "jobs_failed": self.jobs_failed, "jobs_cancelled": self.jobs_cancelled,
-        }
+        return workers.WorkerRecord(
+            name=self.name, model=self.model_name, host=socket.gethostname(), pid=os.getpid(),
+            queues=[q.name for q in self.queues],
+            state="stopping" if self._stopping else "busy" if self.in_flight else "idle",
+            started_at=self.started_at, updated_at=time.time(),
+            batches=sorted({f.payload.batch_id for f in self.in_flight.values()}),
+            architecture=self.engine.config.architecture, weight_format=self.engine.weight_format,
+            weight_memory=self.engine.weight_memory, cpu_tier=self.engine.cpu_tier, stats=self.engine.stats(),
+            in_flight=len(self.in_flight), queued=queued, jobs_done=self.jobs_done, jobs_failed=self.jobs_failed,
+            jobs_cancelled=self.jobs_cancelled,
+        )
 
     def _publish(self) -> None:
-        self.stats = self.stats_record()
-        workers.publish(self.connection, self.name, self.stats)
+        self.record = self.worker_record()
+        workers.publish(self.connection, self.record)
 
     def _remove_record(self) -> None:
         """The worker stops: its hash goes (metrics keep the final figures, for a last scrape)."""
         try:
-            self.stats = self.stats_record()
+            self.record = self.worker_record()
             workers.remove(self.connection, self.name)
         except redis.RedisError:
             pass  # Redis is gone: the record expires by itself

@@ -15,6 +15,9 @@ Once completed + failed + cancelled reaches total, the batch settles: ``in_progr
 (stamping ``finalizing_at`` and ``completed_at`` together), ``cancelling`` becomes ``cancelled``.
 
 Status follows the OpenAI Batch lifecycle; every change stamps ``{status}_at`` (epoch seconds).
+
+`BatchRecord` is the hash as Python reads it: every reader takes its figures (``done``, ``remaining``, the
+time in progress) from the record rather than summing the counters itself.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import re
 import secrets
 import time
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,11 +35,10 @@ import redis
 
 from miro.core import defaults
 from miro.core.errors import MiroError
-from miro.worker import keys, scripts
+from miro.worker import hashes, keys, scripts
 
 STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled")
-COUNTERS = ("total", "completed", "failed", "cancelled", "prompt_tokens", "completion_tokens")
-INT_FIELDS = frozenset(COUNTERS) | {"job_timeout"}
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 # new status -> the statuses it may follow. Terminal statuses go back to in_progress only through --resume.
 ALLOWED_FROM = {
@@ -51,7 +54,91 @@ ALLOWED_FROM = {
 BATCH_ID_RE = re.compile(r"batch_[0-9a-f]{24}")
 
 
+@dataclass
+class BatchRecord:
+    """The `miro:batch:{id}` hash (the module docstring says what each counter means)."""
 
+    id: str
+    status: str
+    created_at: float  # epoch seconds
+    name: str = ""
+    model: str = ""
+    input_file: str = ""
+    output: str = ""  # where the workers write the part files
+    queue: str = ""
+    priority: str = defaults.PRIORITY  # records made before priorities existed are normal
+    job_timeout: int | None = None
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    stamps: dict[str, float] = field(default_factory=dict)  # status -> when the batch last took it
+
+    @staticmethod
+    def key(batch_id: str) -> str:
+        return keys.batch(batch_id)
+
+    @classmethod
+    def from_hash(cls, raw) -> BatchRecord:
+        values = hashes.decoded(raw)
+        stamps = {k.removesuffix("_at"): float(v) for k, v in values.items() if k.endswith("_at") and k != "created_at"}
+        return cls(**hashes.field_values(cls, values), stamps=stamps)
+
+    def to_hash(self) -> dict[str, str | int | float]:
+        return {**hashes.hash_values(self), **{f"{status}_at": f"{t:.3f}" for status, t in self.stamps.items()}}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON (`miro status --json`): the hash's fields, stamps as ``{status}_at``, and the
+        derived counts."""
+        return {**hashes.hash_values(self), **{f"{status}_at": t for status, t in self.stamps.items()},
+                "done": self.done, "remaining": self.remaining, "tokens": self.tokens}
+
+    @property
+    def done(self) -> int:
+        """Requests accounted for: completed + failed + cancelled. The batch settles when it reaches total."""
+        return self.completed + self.failed + self.cancelled
+
+    @property
+    def finished(self) -> int:
+        """Requests with a row in the results (a result or an error): done less the cancelled ones, which
+        never ran."""
+        return self.completed + self.failed
+
+    @property
+    def remaining(self) -> int:
+        return max(self.total - self.done, 0)
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def is_active(self) -> bool:
+        return self.status not in TERMINAL
+
+    def at(self, status: str) -> float | None:
+        """When the batch last took `status` (epoch seconds); None if it never did."""
+        return self.stamps.get(status)
+
+    def age_s(self, now: float) -> float:
+        return max(now - self.created_at, 0.0)
+
+    def elapsed_s(self, now: float) -> float | None:
+        """Seconds the batch has been (or was) in progress; None if it never started."""
+        started = self.at("in_progress")
+        if started is None:
+            return None
+        # Only a terminal status's own stamp ends the run: a batch resumed after completing keeps its old
+        # completed_at, which is before its new in_progress_at.
+        ended = self.at(self.status) if self.status in TERMINAL else None
+        return max((now if ended is None else ended) - started, 0.0)
+
+    def rates_since_start(self, now: float) -> tuple[float, float] | None:
+        """(requests/s, tokens/s) over the time in progress; None before it started."""
+        elapsed = self.elapsed_s(now)
+        return (self.done / elapsed, self.tokens / elapsed) if elapsed else None
 
 
 def new_batch_id() -> str:
@@ -135,19 +222,15 @@ def create_batch(conn: redis.Redis, *, name: str, model: str, input_file: str, o
                  queue: str, priority: str = defaults.PRIORITY, job_timeout: int | None = None) -> str:
     """Write a new batch record with status `validating` and index it; returns the new batch id."""
     batch_id = new_batch_id()
-    created = _now()
-    record = {
-        "id": batch_id, "name": name, "status": "validating", "model": model, "input_file": input_file,
-        "output": output, "queue": queue, "priority": priority, "created_at": created, "validating_at": created,
-        **{counter: 0 for counter in COUNTERS},
-    }
-    if job_timeout is not None:
-        record["job_timeout"] = job_timeout
+    created = float(_now())
+    record = BatchRecord(id=batch_id, status="validating", created_at=created, name=name, model=model,
+                         input_file=input_file, output=output, queue=queue, priority=priority, job_timeout=job_timeout,
+                         stamps={"validating": created})
     pipe = conn.pipeline(transaction=True)
-    pipe.hset(keys.batch(batch_id), mapping=record)
+    pipe.hset(record.key(batch_id), mapping=record.to_hash())
     if total:
-        pipe.hincrby(keys.batch(batch_id), "total", total)
-    pipe.zadd(keys.batches(), {batch_id: float(created)})
+        pipe.hincrby(record.key(batch_id), "total", total)
+    pipe.zadd(keys.batches(), {batch_id: created})
     pipe.execute()
     return batch_id
 
@@ -169,35 +252,28 @@ def set_status(conn: redis.Redis, batch_id: str, status: str) -> str:
     return previous
 
 
-def _typed(raw: dict[bytes, bytes]) -> dict[str, Any]:
-    # records made before a counter or the priority existed
-    out: dict[str, Any] = {**{counter: 0 for counter in COUNTERS}, "priority": defaults.PRIORITY}
-    for k, v in raw.items():
-        key, value = k.decode(), v.decode()
-        if key in INT_FIELDS:
-            out[key] = int(value)
-        elif key.endswith("_at"):
-            out[key] = float(value)
-        else:
-            out[key] = value
-    return out
-
-
-def get_batch(conn: redis.Redis, batch_id: str) -> dict[str, Any]:
-    """The batch record with typed values: counters int, `*_at` timestamps float epoch seconds, the rest str."""
-    raw = conn.hgetall(keys.batch(batch_id))
+def get_batch(conn: redis.Redis, batch_id: str) -> BatchRecord:
+    raw = conn.hgetall(BatchRecord.key(batch_id))
     if not raw:
         raise MiroError(f"There is no batch '{batch_id}' on this Redis.")
-    return _typed(raw)
+    return BatchRecord.from_hash(raw)
 
 
-def list_batches(conn: redis.Redis) -> list[dict[str, Any]]:
+def statuses(conn: redis.Redis, batch_ids: list[str]) -> dict[str, str]:
+    """batch id -> its status alone ("" for a batch that is gone), in one round trip."""
+    with conn.pipeline(transaction=False) as pipe:
+        for batch_id in batch_ids:
+            pipe.hget(BatchRecord.key(batch_id), "status")
+        return {b: (s or b"").decode() for b, s in zip(batch_ids, pipe.execute())}
+
+
+def list_batches(conn: redis.Redis) -> list[BatchRecord]:
     """Every batch record, newest first."""
     ids = [b.decode() for b in conn.zrevrange(keys.batches(), 0, -1)]
     pipe = conn.pipeline(transaction=False)
     for batch_id in ids:
-        pipe.hgetall(keys.batch(batch_id))
-    return [_typed(raw) for raw in pipe.execute() if raw]
+        pipe.hgetall(BatchRecord.key(batch_id))
+    return [BatchRecord.from_hash(raw) for raw in pipe.execute() if raw]
 
 
 def record_failed_line(conn, batch_id: str, *, custom_id: str, line: int, error: str):
@@ -214,8 +290,6 @@ def record_failed_line(conn, batch_id: str, *, custom_id: str, line: int, error:
 def failed_lines(conn: redis.Redis, batch_id: str) -> dict[str, dict]:
     """custom id -> {custom_id, line, error} for every invalid line recorded for the batch."""
     return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.batch_invalid(batch_id)).items()}
-
-
 
 
 def _count(conn, batch_id: str, counter: str, custom_ids: list[str], prompt_tokens: int = 0,
@@ -243,8 +317,6 @@ def count_cancelled(conn: redis.Redis, batch_id: str, custom_ids: list[str]) -> 
     becomes cancelled.
     """
     return _count(conn, batch_id, "cancelled", custom_ids)[0]
-
-
 
 
 def uncount(conn, batch_id: str, custom_id: str, counter: str):

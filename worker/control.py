@@ -40,18 +40,18 @@ class CancelResult:
     already: bool = False  # the batch was cancelled before
 
 
-def _queue(conn: redis.Redis, batch: dict) -> Queue:
-    return Queue(batch["queue"], connection=conn, serializer=JSONSerializer)
+def _queue(conn: redis.Redis, batch: batches.BatchRecord) -> Queue:
+    return Queue(batch.queue, connection=conn, serializer=JSONSerializer)
 
 
-def _sweep(conn: redis.Redis, batch: dict) -> int:
+def _sweep(conn: redis.Redis, batch: batches.BatchRecord) -> int:
     """Requeue the jobs of dead workers (RQ's clean-up), then take the batch's queued jobs off; returns how many.
 
     Taking them off the queue is one atomic script (a list rewrite: ~0.2 s per 100,000 queued jobs); marking
     them canceled runs in chunks, so Redis never stays busy long. The jobs wait in between on a list of their
     own, so a cancel that dies half-way leaves nothing behind that the next `miro cancel` does not finish.
     """
-    queue, batch_id = _queue(conn, batch), batch["id"]
+    queue, batch_id = _queue(conn, batch), batch.id
     StartedJobRegistry(queue=queue).cleanup()
     prefix = f"{batch_id}-"  # every job id of the batch starts so (batches.job_id)
     removed = int(scripts.TAKE_OFF_QUEUE(conn, [queue.key, keys.batch_cancel_pending(batch_id)], [prefix]))
@@ -67,23 +67,22 @@ def _sweep(conn: redis.Redis, batch: dict) -> int:
 
 def outstanding(conn: redis.Redis, batch_id: str) -> int:
     """Requests of the batch not yet accounted for; after a sweep, those that workers still hold."""
-    record = batches.get_batch(conn, batch_id)
-    return max(0, record["total"] - record["completed"] - record["failed"] - record["cancelled"])
+    return batches.get_batch(conn, batch_id).remaining
 
 
 def cancel(conn: redis.Redis, batch_id: str, wait_s: float = 0.0) -> CancelResult:
     """Cancel the batch; wait up to `wait_s` for the workers to abort its requests in flight."""
     batch = batches.get_batch(conn, batch_id)
-    if batch["status"] == "cancelled":
+    if batch.status == "cancelled":
         return CancelResult(status="cancelled", already=True)
-    if batch["status"] in ("completed", "failed"):
-        raise MiroError(f"Batch {batch_id} is {batch['status']}; there is nothing left to cancel.")
+    if batch.status in ("completed", "failed"):
+        raise MiroError(f"Batch {batch_id} is {batch.status}; there is nothing left to cancel.")
     batches.set_status(conn, batch_id, "cancelling")
     result = CancelResult(status="cancelling", removed=_sweep(conn, batch))
     deadline = time.monotonic() + wait_s
     last_sweep = time.monotonic()
     while True:
-        result.status = batches.get_batch(conn, batch_id)["status"]
+        result.status = batches.get_batch(conn, batch_id).status
         if result.status == "cancelled" or time.monotonic() >= deadline:
             break
         time.sleep(0.25)
@@ -116,10 +115,10 @@ def _failed_jobs(conn: redis.Redis, batch_id: str) -> list[tuple[str, str]]:
 def retry(conn: redis.Redis, batch_id: str) -> RetryResult:
     """Queue every failed request of the batch again (with fresh retries); its new run replaces its error row."""
     batch = batches.get_batch(conn, batch_id)
-    if batch["status"] in ("cancelling", "cancelled"):
-        raise MiroError(f"Batch {batch_id} is {batch['status']}; to run what it has left, submit its file again "
+    if batch.status in ("cancelling", "cancelled"):
+        raise MiroError(f"Batch {batch_id} is {batch.status}; to run what it has left, submit its file again "
                         f"with --resume {batch_id}.")
-    if batch["status"] == "validating":
+    if batch.status == "validating":
         raise MiroError(f"Batch {batch_id} is still being submitted; retry it once it is in progress.")
     result = RetryResult(invalid=conn.hlen(keys.batch_invalid(batch_id)))
     failed = _failed_jobs(conn, batch_id)

@@ -121,7 +121,7 @@ def generate(**kwargs) -> dict:
     conn = job.connection
     batch = batches.get_batch(conn, payload.batch_id)
     worker = job.worker_name or f"{os.uname().nodename}.{os.getpid()}"
-    sink = ParquetSink(batch["output"], worker)
+    sink = ParquetSink(batch.output, worker)
     engine = engine_for(payload.model)
     started = time.time()
     try:

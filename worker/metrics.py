@@ -5,26 +5,31 @@ the engine's thread). Labels: model_name and worker.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from miro.core.errors import MiroError
 from miro.worker import batches, workers
+from miro.worker.workers import WorkerRecord
 
-# (kind, metric name, help, field of the worker's record)
+# (kind, metric name, help, attribute of the worker's record: WorkerRecord, "stats." for its EngineStats)
 METRICS = [
-    ("gauge", "miro:num_requests_running", "Requests in the engine's running batch.", "running"),
+    ("gauge", "miro:num_requests_running", "Requests in the engine's running batch.", "stats.running"),
     ("gauge", "miro:num_requests_waiting", "Requests admitted to the engine and waiting for KV cache room.",
-     "waiting"),
-    ("gauge", "miro:kv_cache_usage_perc", "KV cache usage: 1 means every block is in use.", "kv_usage"),
-    ("gauge", "miro:kv_cache_blocks_used", "KV cache blocks in use.", "kv_blocks_used"),
-    ("gauge", "miro:kv_cache_blocks_total", "KV cache blocks in the pool.", "kv_blocks_total"),
-    ("counter", "miro:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
-    ("counter", "miro:prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
-    ("counter", "miro:num_preemptions", "Requests preempted for KV cache room (recomputed later).", "preemptions"),
-    ("counter", "miro:prompt_tokens", "Prompt tokens prefilled.", "prompt_tokens_total"),
-    ("counter", "miro:generation_tokens", "Tokens generated.", "generation_tokens_total"),
+     "stats.waiting"),
+    ("gauge", "miro:kv_cache_usage_perc", "KV cache usage: 1 means every block is in use.", "stats.kv_usage"),
+    ("gauge", "miro:kv_cache_blocks_used", "KV cache blocks in use.", "stats.kv_blocks_used"),
+    ("gauge", "miro:kv_cache_blocks_total", "KV cache blocks in the pool.", "stats.kv_blocks_total"),
+    ("counter", "miro:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+     "stats.prefix_cache_queries"),
+    ("counter", "miro:prefix_cache_hits", "Prompt tokens found in the prefix cache.", "stats.prefix_cache_hits"),
+    ("counter", "miro:num_preemptions", "Requests preempted for KV cache room (recomputed later).",
+     "stats.preemptions"),
+    ("counter", "miro:prompt_tokens", "Prompt tokens prefilled.", "stats.prompt_tokens_total"),
+    ("counter", "miro:generation_tokens", "Tokens generated.", "stats.generation_tokens_total"),
     ("counter", "miro:request_success", "Requests finished and written.", "jobs_done"),
     ("counter", "miro:request_failure", "Requests that failed.", "jobs_failed"),
     ("counter", "miro:request_cancelled", "Requests dropped because their batch was cancelled.", "jobs_cancelled"),
@@ -34,13 +39,14 @@ METRICS = [
 ]
 
 
-def worker_families(records: list[dict]):
+def worker_families(records: list[WorkerRecord]):
     """The METRICS families with one sample per worker record (labels model_name and worker)."""
-    for kind, name, help_text, field in METRICS:
+    for kind, name, help_text, attribute in METRICS:
         family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
         family = family_type(name, help_text, labels=["model_name", "worker"])
+        value_of = attrgetter(attribute)
         for record in records:
-            family.add_metric([record["model"], record["name"]], record.get(field, 0))
+            family.add_metric([record.model, record.name], value_of(record))
         yield family
 
 
@@ -49,7 +55,7 @@ class WorkerCollector(Collector):
         self.worker = worker
 
     def collect(self):
-        record = self.worker.stats  # replaced whole by the worker's loop, never changed in place
+        record = self.worker.record  # replaced whole by the worker's loop, never changed in place
         if record is None:  # the model is still loading
             return
         yield from worker_families([record])
@@ -63,11 +69,11 @@ class FleetCollector(Collector):
         self.conn = conn
 
     def collect(self):
-        yield from worker_families([w for w in workers.list_workers(self.conn) if "model" in w and "name" in w])
+        yield from worker_families([w for w in workers.list_workers(self.conn) if w.model and w.name])
         family = GaugeMetricFamily("miro:batches", "Batches on this Redis, by status.", labels=["status"])
         records = batches.list_batches(self.conn)
         for status in batches.STATUSES:
-            family.add_metric([status], sum(b["status"] == status for b in records))
+            family.add_metric([status], sum(b.status == status for b in records))
         yield family
 
 

@@ -1,8 +1,8 @@
-"""The read side of `miro status` and `miro watch`: snapshots of batches and workers, as plain dicts.
+"""The read side of `miro status` and `miro watch`: snapshots of batches and workers.
 
-A batch view is the batch record (batches.py) plus derived figures:
+A `BatchView` is a batch record (batches.BatchRecord, which has ``done``, ``remaining``, ``tokens`` and the time
+in progress) plus what is derived from it at one moment:
 
-- ``done`` (completed + failed + cancelled), ``remaining``, ``tokens`` (prompt + completion)
 - ``age_s``: since the batch was created
 - ``elapsed_s``: since it went in_progress, up to when it finished (None before it started)
 - ``tokens_per_s``, ``requests_per_s``: over ``elapsed_s``, or over the last seconds when a RateWindow is given
@@ -13,72 +13,92 @@ A batch view is the batch record (batches.py) plus derived figures:
   request) at that rate. Counters move only when part files are written, so early in a batch they say little.
   ``rate_source`` says which: "workers" or "counters".
 
-Nothing here prints; cli/monitor.py renders these dicts.
+Nothing here prints; cli/monitor.py renders these views (`to_dict` is their JSON).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from . import batches, workers
-
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
-# the timestamp that ends a batch's run, per terminal status
-END_STAMP = {"completed": "completed_at", "failed": "failed_at", "cancelled": "cancelled_at"}
+from .batches import BatchRecord
+from .workers import WorkerRecord
 
 
-def is_active(batch: dict[str, Any]) -> bool:
-    return batch["status"] not in TERMINAL
+@dataclass
+class BatchView:
+    batch: BatchRecord
+    age_s: float
+    elapsed_s: float | None
+    requests_per_s: float | None
+    tokens_per_s: float | None
+    eta_s: float | None
+    rate_source: str  # "workers" or "counters"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.batch.to_dict(), "age_s": self.age_s, "elapsed_s": self.elapsed_s,
+                "requests_per_s": self.requests_per_s, "tokens_per_s": self.tokens_per_s, "eta_s": self.eta_s,
+                "rate_source": self.rate_source}
 
 
-def elapsed_s(batch: dict[str, Any], now: float) -> float | None:
-    """Seconds the batch has been (or was) in progress; None if it never started."""
-    started = batch.get("in_progress_at")
-    if started is None:
-        return None
-    # Only a terminal status's own stamp ends the run: a batch resumed after completing keeps its old
-    # completed_at, which is before its new in_progress_at.
-    ended = batch.get(END_STAMP.get(batch["status"], ""), now)
-    return max(ended - started, 0.0)
+@dataclass
+class Snapshot:
+    """Batches and workers as one read of Redis saw them."""
+
+    batches: list[BatchView]
+    workers: list[WorkerRecord]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batches": [b.to_dict() for b in self.batches], "workers": [w.to_dict() for w in self.workers]}
+
+    @property
+    def finished(self) -> bool:
+        """True once no batch of the snapshot is active."""
+        return not any(b.batch.is_active for b in self.batches)
 
 
-def batch_view(batch: dict[str, Any], now: float | None = None, window: RateWindow | None = None,
-               worker_records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+@dataclass
+class BatchSnapshot:
+    """One batch and the workers relevant to it (`miro status BATCH`)."""
+
+    batch: BatchView
+    workers: list[WorkerRecord]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch.to_dict(), "workers": [w.to_dict() for w in self.workers]}
+
+
+def batch_view(batch: BatchRecord, now: float | None = None, window: RateWindow | None = None,
+               worker_records: list[WorkerRecord] | None = None) -> BatchView:
     """The batch record plus the derived figures (see the module docstring)."""
     now = time.time() if now is None else now
-    view = dict(batch)
-    view["done"] = batch["completed"] + batch["failed"] + batch["cancelled"]
-    view["remaining"] = max(batch["total"] - view["done"], 0)
-    view["tokens"] = batch["prompt_tokens"] + batch["completion_tokens"]
-    view["age_s"] = max(now - batch["created_at"], 0.0)
-    view["elapsed_s"] = elapsed_s(batch, now)
-    requests_per_s = tokens_per_s = None
-    if view["elapsed_s"]:
-        requests_per_s, tokens_per_s = view["done"] / view["elapsed_s"], view["tokens"] / view["elapsed_s"]
+    requests_per_s, tokens_per_s = batch.rates_since_start(now) or (None, None)
     if window is not None:
-        window.add(now, view["done"], view["tokens"])
+        window.add(now, batch.done, batch.tokens)
         recent = window.rates()
         if recent is not None:
             requests_per_s, tokens_per_s = recent
-    view["requests_per_s"], view["tokens_per_s"] = requests_per_s, tokens_per_s
-    view["eta_s"] = eta_s(view["remaining"], requests_per_s) if batch["status"] == "in_progress" else None
-    view["rate_source"] = "counters"
-    live = live_tokens_per_s(batch, worker_records) if batch["status"] == "in_progress" else None
+    in_progress = batch.status == "in_progress"
+    view = BatchView(batch=batch, age_s=batch.age_s(now), elapsed_s=batch.elapsed_s(now),
+                     requests_per_s=requests_per_s, tokens_per_s=tokens_per_s,
+                     eta_s=eta_s(batch.remaining, requests_per_s) if in_progress else None, rate_source="counters")
+    live = live_tokens_per_s(batch, worker_records) if in_progress else None
     if live:
-        view["tokens_per_s"], view["rate_source"] = live, "workers"
-        if view["done"] and view["tokens"]:
-            view["eta_s"] = view["remaining"] * (view["tokens"] / view["done"]) / live
+        view.tokens_per_s, view.rate_source = live, "workers"
+        if batch.done and batch.tokens:
+            view.eta_s = batch.remaining * (batch.tokens / batch.done) / live
     return view
 
 
-def live_tokens_per_s(batch: dict[str, Any], worker_records: list[dict[str, Any]] | None) -> float | None:
+def live_tokens_per_s(batch: BatchRecord, worker_records: list[WorkerRecord] | None) -> float | None:
     """Tokens/s the workers with the batch's requests in flight do now; None if none reports any."""
-    shares = [w["tokens_per_s"] / len(w["batches"]) for w in worker_records or ()
-              if batch["id"] in w.get("batches", []) and w.get("tokens_per_s")]
+    shares = [w.tokens_per_s / len(w.batches) for w in worker_records or ()
+              if batch.id in w.batches and w.tokens_per_s]
     return sum(shares) if shares else None
 
 
@@ -121,30 +141,29 @@ class RateWindow:
         return (done1 - done0) / span, (tokens1 - tokens0) / span
 
 
-def relevant_workers(worker_records: list[dict[str, Any]], batch: dict[str, Any]) -> list[dict[str, Any]]:
+def relevant_workers(worker_records: list[WorkerRecord], batch: BatchRecord) -> list[WorkerRecord]:
     """Workers with requests of the batch in flight, or serving the batch's queue."""
-    return [w for w in worker_records
-            if batch["id"] in w.get("batches", []) or batch.get("queue") in w.get("queues", [])]
+    return [w for w in worker_records if batch.id in w.batches or batch.queue in w.queues]
 
 
 def batch_snapshot(conn: redis.Redis, batch_id: str, now: float | None = None,
-                   window: RateWindow | None = None) -> dict[str, Any]:
-    """{"batch": view, "workers": [records of the workers relevant to it]}; MiroError for an unknown batch."""
+                   window: RateWindow | None = None) -> BatchSnapshot:
+    """The batch's view and the workers relevant to it; MiroError for an unknown batch."""
     batch = batches.get_batch(conn, batch_id)
     its_workers = relevant_workers(workers.list_workers(conn), batch)
-    return {"batch": batch_view(batch, now, window, its_workers), "workers": its_workers}
+    return BatchSnapshot(batch_view(batch, now, window, its_workers), its_workers)
 
 
-def fleet_snapshot(conn: redis.Redis, now: float | None = None) -> dict[str, Any]:
-    """{"batches": [every batch view, newest first], "workers": [every live worker's record]}."""
+def fleet_snapshot(conn: redis.Redis, now: float | None = None) -> Snapshot:
+    """Every batch's view, newest first, and every live worker's record."""
     now = time.time() if now is None else now
     records = workers.list_workers(conn)
-    return {"batches": [batch_view(b, now, None, records) for b in batches.list_batches(conn)], "workers": records}
+    return Snapshot([batch_view(b, now, None, records) for b in batches.list_batches(conn)], records)
 
 
 def watch_snapshot(conn: redis.Redis, batch_id: str | None, windows: dict[str, RateWindow],
-                   now: float | None = None) -> dict[str, Any]:
-    """What one frame of `miro watch` shows: {"batches": [...], "workers": [...]}, rates over each batch's window.
+                   now: float | None = None) -> Snapshot:
+    """What one frame of `miro watch` shows, rates over each batch's window.
 
     With a batch id: that batch and its workers. Without: every active batch, plus those that were active
     earlier in the watch (each gets a window in `windows` when first shown), and every live worker.
@@ -152,13 +171,7 @@ def watch_snapshot(conn: redis.Redis, batch_id: str | None, windows: dict[str, R
     now = time.time() if now is None else now
     if batch_id is not None:
         snapshot = batch_snapshot(conn, batch_id, now, windows.setdefault(batch_id, RateWindow()))
-        return {"batches": [snapshot["batch"]], "workers": snapshot["workers"]}
-    shown = [b for b in batches.list_batches(conn) if is_active(b) or b["id"] in windows]
+        return Snapshot([snapshot.batch], snapshot.workers)
+    shown = [b for b in batches.list_batches(conn) if b.is_active or b.id in windows]
     records = workers.list_workers(conn)
-    return {"batches": [batch_view(b, now, windows.setdefault(b["id"], RateWindow()), records) for b in shown],
-            "workers": records}
-
-
-def watch_finished(snapshot: dict[str, Any]) -> bool:
-    """True once no batch of the snapshot is active."""
-    return not any(is_active(b) for b in snapshot["batches"])
+    return Snapshot([batch_view(b, now, windows.setdefault(b.id, RateWindow()), records) for b in shown], records)

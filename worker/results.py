@@ -9,6 +9,7 @@ JSONL with failed requests in a separate errors file.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Iterator
 
 import pyarrow as pa
@@ -17,7 +18,8 @@ import pyarrow.parquet as pq
 
 from miro.core.errors import MiroError
 
-from . import storage
+from . import batches, storage
+from .batches import BatchRecord
 from .rows import SCHEMA, invalid_line_rows, openai_line
 from .sink import open_output, write_table_atomically
 
@@ -48,12 +50,10 @@ def merge(table: pa.Table) -> pa.Table:
     return kept.sort_by([("line", "ascending"), ("custom_id", "ascending"), ("choice_index", "ascending")])
 
 
-def collect(conn, batch_id: str) -> tuple[pa.Table, dict]:
+def collect(conn, batch_id: str) -> tuple[pa.Table, BatchRecord]:
     """The merged rows of a batch (part files plus invalid lines) and its record."""
-    from . import batches
-
     batch = batches.get_batch(conn, batch_id)
-    parts = read_parts(batch["output"], batch_id)
+    parts = read_parts(batch.output, batch_id)
     invalid = invalid_line_rows(batch_id, batches.failed_lines(conn, batch_id))
     return spread_extra(merge(pa.concat_tables([parts, invalid]))), batch
 
@@ -117,3 +117,33 @@ def write_openai_jsonl(table: pa.Table, path: str, errors_path: str) -> tuple[in
         where = f" ({err.filename})" if err.filename else ""
         raise MiroError(f"cannot write the results: {err.strerror or err}{where}.") from None
     return ok, failed
+
+
+@dataclass
+class Written:
+    """What write_results wrote, and the sentence that says so."""
+
+    path: str
+    rows: int  # Parquet rows, or (jsonl) response lines
+    errors_path: str | None = None  # jsonl: the failed requests' lines
+    errors: int = 0
+    note: str | None = None  # cut_constraints_note's, if any
+
+    def sentence(self) -> str:
+        if self.errors_path is None:
+            return f"Wrote {self.rows:,} rows to {self.path}"
+        return f"Wrote {self.rows:,} responses to {self.path} and {self.errors:,} errors to {self.errors_path}"
+
+
+def write_results(table: pa.Table, path: str, fmt: str = "parquet", errors_path: str | None = None) -> Written:
+    """The merged table as Parquet, or (fmt "jsonl") as OpenAI Batch output lines with the failed requests in
+    `errors_path` (default: PATH with .errors.jsonl)."""
+    if fmt == "parquet":
+        write_parquet(table, path)
+        written = Written(path, table.num_rows)
+    else:
+        errors_path = errors_path or storage.with_suffix(path, ".jsonl", ".errors.jsonl")
+        ok, failed = write_openai_jsonl(table, path, errors_path)
+        written = Written(path, ok, errors_path, failed)
+    written.note = cut_constraints_note(table)
+    return written

@@ -4,12 +4,22 @@ and tests/worker/test_rq_private.py says so first.
 miro's BatchWorker runs many jobs at once through one engine, which RQ's workers do not: it takes jobs,
 finishes them and puts them back with RQ's own steps, some of which RQ keeps private. `miro retry` queues
 failed jobs again as RQ's own retry would.
+
+It also relies on two things RQ does not promise: BaseWorker keeps the queues it takes jobs from in
+`_ordered_queues` beside `queues` (set_queues), and its bootstrap() installs no signal handlers, so that a
+BatchWorker's own (or, in `miro run`, the caller's) stay in place: BatchWorker.work, not RQ's, installs them.
 """
 
 from __future__ import annotations
 
 from rq.job import Job
 from rq.queue import Queue
+
+
+def set_queues(worker, queues: list[Queue]) -> None:
+    """Give a worker the queues it serves, in order (RQ's dequeue strategies read `_ordered_queues`)."""
+    worker.queues = queues
+    worker._ordered_queues = queues[:]
 
 
 def finalize_success(worker, job: Job, queue: Queue, execution, result) -> None:

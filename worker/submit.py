@@ -279,11 +279,11 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     batch = None
     if resume is not None and not dry_run:
         batch = _redis(conn, lambda: batches.get_batch(conn, resume))
-        if batch["status"] == "cancelling":
+        if batch.status == "cancelling":
             raise MiroError(f"Batch {resume} is being cancelled; resume it once it is cancelled.")
-        queue = routing.priority_queue(queue_name, batch["priority"]) if queue_name is not None else None
-        for option, value, recorded in (("queue", queue, batch["queue"]), ("model", model, batch["model"]),
-                                        ("priority", priority, batch["priority"])):
+        queue = routing.priority_queue(queue_name, batch.priority) if queue_name is not None else None
+        for option, value, recorded in (("queue", queue, batch.queue), ("model", model, batch.model),
+                                        ("priority", priority, batch.priority)):
             if value is not None and value != recorded:
                 raise MiroError(f"Batch {resume} uses {option} '{recorded}', not '{value}'; leave --{option} out.")
 
@@ -314,7 +314,7 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
         priority = priority or DEFAULT_PRIORITY
         queue = routing.priority_queue(queue_name or routing.queue_for(model), priority)
     else:
-        priority, queue = batch["priority"], batch["queue"]
+        priority, queue = batch.priority, batch.queue
     result = SubmitResult(batch_id=resume, queue=queue, priority=priority, lines=lines, valid=len(parsed.requests),
                           invalid=parsed.errors, dry_run=dry_run,
                           resumed=resume is not None, validate_s=validate_s)
@@ -328,9 +328,9 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
             conn, name=name if name is not None else Path(path).name, model=model,
             input_file=os.path.abspath(path), output=output_uri(output), total=len(parsed.requests),
             queue=result.queue, priority=priority, job_timeout=timeout))
-        batch = {"id": result.batch_id, "model": model, "status": "validating"}
+        batch = _redis(conn, lambda: batches.get_batch(conn, result.batch_id))
     batch_id = result.batch_id
-    enqueuer = _Enqueuer(conn, result.queue, batch_id, batch["model"], priority, timeout)
+    enqueuer = _Enqueuer(conn, result.queue, batch_id, batch.model, priority, timeout)
 
     started = time.perf_counter()
     try:
@@ -348,7 +348,7 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
                 enqueuer.enqueue_new(chunk)
                 result.enqueued += len(chunk)
         result.enqueue_s = time.perf_counter() - started
-        if result.enqueued or batch["status"] == "validating":
+        if result.enqueued or batch.status == "validating":
             batches.set_status(conn, batch_id, "in_progress")
     except redis.RedisError as e:
         done = f"{result.enqueued:,} of {len(parsed.requests):,} jobs" if result.enqueued else "no jobs"

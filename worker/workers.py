@@ -10,75 +10,97 @@ its last refresh; one that stops cleanly deletes it. Fields (all written as stri
   once; ``native``: kept as stored in the memory-mapped file), ``weight_memory`` (bytes the weights hold of
   their own; a memory-mapped native tensor holds none), ``cpu_tier`` (the CPU tier its kernels run,
   core/layers/cpu.py: ``avx512-vnni``, ``avx512``, ``avx-vnni``, ``avx2`` or ``portable``)
-- the KV cache and the batch (Engine.stats): ``kv_blocks_used``, ``kv_blocks_total``, ``kv_usage`` (0-1),
-  ``running``, ``waiting``, ``preemptions``, ``prefix_cache_hit_rate``, ``prefix_cache_queries``,
+- the KV cache and the batch (Engine.stats(), an EngineStats): ``kv_blocks_used``, ``kv_blocks_total``,
+  ``kv_usage`` (0-1), ``running``, ``waiting``, ``preemptions``, ``prefix_cache_hit_rate``, ``prefix_cache_queries``,
   ``prefix_cache_hits``, ``prompt_tokens_total``, ``generation_tokens_total``, ``prompt_tokens_per_s``,
-  ``generation_tokens_per_s``, ``tokens_per_s`` (the two summed; rates over the last 10 s)
+  ``generation_tokens_per_s``, ``tokens_per_s`` (the two summed, written for other readers; rates over the last 10 s)
 - jobs: ``in_flight`` (taken from the queue, not finished), ``queued`` (jobs waiting in the worker's queues),
   ``jobs_done``, ``jobs_failed``, ``jobs_cancelled`` (since the worker started)
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
 
-from miro.worker import keys
+from miro.core.stats import EngineStats
+from miro.worker import hashes, keys
 
 REFRESH_S = 1.0  # how often a worker rewrites its hash
 TTL_S = 5  # how long the hash outlives the worker's last refresh
 
-INT_FIELDS = frozenset({
-    "pid", "kv_blocks_used", "kv_blocks_total", "running", "waiting", "preemptions", "prefix_cache_queries",
-    "prefix_cache_hits", "prompt_tokens_total", "generation_tokens_total", "in_flight", "queued", "jobs_done",
-    "jobs_failed", "jobs_cancelled", "weight_memory",
-})
-FLOAT_FIELDS = frozenset({
-    "kv_usage", "prefix_cache_hit_rate", "prompt_tokens_per_s", "generation_tokens_per_s", "tokens_per_s",
-    "started_at", "updated_at",
-})
-LIST_FIELDS = frozenset({"queues", "batches"})
+
+@dataclass
+class WorkerRecord:
+    """The `miro:worker:{name}` hash (the module docstring says what each field means)."""
+
+    name: str = ""
+    model: str = ""
+    host: str = ""
+    pid: int = 0
+    queues: list[str] = field(default_factory=list)
+    state: str = ""
+    started_at: float | None = None
+    updated_at: float | None = None
+    batches: list[str] = field(default_factory=list)
+    # None in a record of a worker from before these fields
+    architecture: str | None = None
+    weight_format: str | None = None
+    weight_memory: int | None = None
+    cpu_tier: str | None = None
+    stats: EngineStats = field(default_factory=EngineStats)
+    in_flight: int = 0
+    queued: int = 0
+    jobs_done: int = 0
+    jobs_failed: int = 0
+    jobs_cancelled: int = 0
+
+    @staticmethod
+    def key(name: str) -> str:
+        return keys.worker(name)
+
+    @classmethod
+    def from_hash(cls, raw) -> WorkerRecord:
+        values = hashes.decoded(raw)
+        return cls(**hashes.field_values(cls, values), stats=EngineStats(**hashes.field_values(EngineStats, values)))
+
+    def to_hash(self) -> dict[str, str | int | float]:
+        return {**hashes.hash_values(self), **hashes.hash_values(self.stats), "tokens_per_s": self.tokens_per_s}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON (`miro status --json`, /v1/workers): one flat object, as the hash is."""
+        own = {k: v for k, v in asdict(self).items() if k != "stats"}
+        return {**own, **asdict(self.stats), "tokens_per_s": self.tokens_per_s}
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.stats.tokens_per_s
 
 
-def publish(conn: redis.Redis, name: str, record: dict[str, Any], ttl_s: int = TTL_S) -> None:
+def publish(conn: redis.Redis, record: WorkerRecord, ttl_s: int = TTL_S) -> None:
     """Write the worker's hash and give it `ttl_s` to live."""
-    mapping = {k: ",".join(v) if k in LIST_FIELDS else v for k, v in record.items()}
     with conn.pipeline(transaction=True) as pipe:
-        pipe.hset(keys.worker(name), mapping=mapping)
-        pipe.expire(keys.worker(name), ttl_s)
+        pipe.hset(record.key(record.name), mapping=record.to_hash())
+        pipe.expire(record.key(record.name), ttl_s)
         pipe.execute()
 
 
 def remove(conn: redis.Redis, name: str) -> None:
-    conn.delete(keys.worker(name))
+    conn.delete(WorkerRecord.key(name))
 
 
-def _typed(raw: dict[bytes, bytes]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in raw.items():
-        key, value = k.decode(), v.decode()
-        if key in INT_FIELDS:
-            out[key] = int(value)
-        elif key in FLOAT_FIELDS:
-            out[key] = float(value)
-        elif key in LIST_FIELDS:
-            out[key] = [item for item in value.split(",") if item]
-        else:
-            out[key] = value
-    return out
-
-
-def list_workers(conn: redis.Redis) -> list[dict[str, Any]]:
-    """Every live worker's record (typed), sorted by name."""
-    names = sorted(conn.scan_iter(match=keys.worker("*"), count=1000))
+def list_workers(conn: redis.Redis) -> list[WorkerRecord]:
+    """Every live worker's record, sorted by name."""
+    names = sorted(conn.scan_iter(match=WorkerRecord.key("*"), count=1000))
     pipe = conn.pipeline(transaction=False)
     for key in names:
         pipe.hgetall(key)
-    records = [_typed(raw) for raw in pipe.execute() if raw]  # a worker may have expired since the scan
-    return sorted(records, key=lambda r: r.get("name", ""))
+    records = [WorkerRecord.from_hash(raw) for raw in pipe.execute() if raw]  # one may have expired since the scan
+    return sorted(records, key=lambda r: r.name)
 
 
-def get_worker(conn: redis.Redis, name: str) -> dict[str, Any] | None:
-    raw = conn.hgetall(keys.worker(name))
-    return _typed(raw) if raw else None
+def get_worker(conn: redis.Redis, name: str) -> WorkerRecord | None:
+    raw = conn.hgetall(WorkerRecord.key(name))
+    return WorkerRecord.from_hash(raw) if raw else None

@@ -33,7 +33,7 @@ def test_a_batch_is_miros_own_with_openais_shape(serve, redis_url):
     assert batch.created_at <= batch.in_progress_at and batch.expires_at == batch.created_at + 24 * 3600
     assert batch.errors is None and batch.output_file_id is None and batch.model == "smollm2-135m"
     record = batches.get_batch(redis.Redis.from_url(redis_url), batch.id)  # miro status, cancel, ... see it
-    assert (record["status"], record["total"], record["name"], record["priority"]) == ("in_progress", 3, "d.jsonl",
+    assert (record.status, record.total, record.name, record.priority) == ("in_progress", 3, "d.jsonl",
                                                                                      "normal")
     assert client.batches.retrieve(batch.id) == batch
 
@@ -43,7 +43,7 @@ def test_metadata_priority_is_the_batchs_priority(serve, redis_url):
     file_id = upload(client, [chat_line(0)])
     batch = create(client, file_id, metadata={"priority": "high"})
     record = batches.get_batch(redis.Redis.from_url(redis_url), batch.id)
-    assert record["priority"] == "high" and batch.metadata == {"priority": "high"}
+    assert record.priority == "high" and batch.metadata == {"priority": "high"}
     with pytest.raises(openai.BadRequestError) as err:
         create(client, file_id, metadata={"priority": "urgent"})
     assert err.value.body["param"] == "metadata.priority"
@@ -68,7 +68,7 @@ def test_an_invalid_file_gives_a_failed_batch_naming_its_lines(serve, redis_url)
                                                   (4, "url_mismatch"), (5, "url_mismatch")]
     assert all(e.message.startswith(f"line {e.line}: ") for e in errors)
     assert client.batches.retrieve(batch.id).errors == batch.errors
-    assert batches.get_batch(redis.Redis.from_url(redis_url), batch.id)["status"] == "failed"
+    assert batches.get_batch(redis.Redis.from_url(redis_url), batch.id).status == "failed"
 
     empty = create(client, upload(client, b"\n"))
     assert empty.status == "failed" and empty.errors.data[0].code == "invalid_file"
@@ -144,7 +144,7 @@ def test_an_ended_batch_shows_finalizing_until_its_result_files_are_written(serv
     batch = create(client, upload(client, [chat_line(0)]))
     conn = redis.Redis.from_url(redis_url)
     batches.set_status(conn, batch.id, "completed")  # as the worker that counts the last request does
-    completed_at = batches.get_batch(conn, batch.id)["completed_at"]
+    completed_at = batches.get_batch(conn, batch.id).at("completed")
     run_end = f"{completed_at:.3f}"
     assert batch_records.claim_files(conn, batch.id, run_end)  # as another request writing the files would
     shown = client.batches.retrieve(batch.id)

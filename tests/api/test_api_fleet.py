@@ -81,7 +81,7 @@ def test_cancelling_mid_batch(fleet):
     counts = batch.request_counts
     assert batch.status == "cancelled" and 0 < counts.completed < counts.total == 400 and counts.failed == 0
     record = batches.get_batch(redis.Redis.from_url(fleet.redis_url), batch.id)
-    assert record["status"] == "cancelled" and record["completed"] + record["cancelled"] == 400
+    assert record.status == "cancelled" and record.completed + record.cancelled == 400
     got = output_lines(client, batch.output_file_id)
     assert len(got) == counts.completed
     for line in got:

@@ -5,11 +5,13 @@ and sends it."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
 
 import pytest
+from cancelled_batch import cancelled_after_three
 from serve_process import jsonl
 from polling import wait_for
 
@@ -101,3 +103,18 @@ def test_with_api_keys_the_page_asks_for_one_and_uses_it(serve, redis_url, brows
     shown = wait_for(lambda: browser.execute_script(row), timeout_s=10)
     assert shown and "keyed.jsonl" in shown and "0 / 1" in shown
     assert not browser.execute_script(visible)
+
+
+def test_a_cancelled_batch_shows_what_ran_not_all_done(serve, redis_url, browser):
+    batch_id = cancelled_after_three(redis_url)
+    server = serve(redis_url)
+    status, body = server.get("/v1/fleet")
+    assert status == 200
+    [shown] = [b for b in json.loads(body)["batches"] if b["id"] == batch_id]
+    assert (shown["done"], shown["finished"], shown["cancelled"], shown["total"]) == (10, 3, 7, 10)
+
+    browser.get(server.url + "/")
+    read = ("const row = document.querySelector(arguments[0]); if (!row) return null;"
+            "return [row.querySelectorAll('td')[4].textContent, row.querySelector('.fill').style.width];")
+    cells = wait_for(lambda: browser.execute_script(read, f'tr[data-batch="{batch_id}"]'), timeout_s=10)
+    assert cells == ["3 / 10, 7 cancelled", "30%"], cells

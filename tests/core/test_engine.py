@@ -48,7 +48,7 @@ def test_batched_equals_alone_bit_for_bit(loaded):
     batched = make_engine(loaded, num_kv_blocks=24, max_num_batched_tokens=40, batch_invariant=True)
     together = batched.generate(prompts, params)
     stats = batched.stats()
-    assert stats["preemptions"] > 0, "the cache should have been small enough to force preemption"
+    assert stats.preemptions > 0, "the cache should have been small enough to force preemption"
 
     alone = make_engine(loaded, enable_prefix_caching=False, batch_invariant=True)
     for prompt, p, out in zip(prompts, params, together):
@@ -66,13 +66,13 @@ def test_prefix_cache_computes_shared_prefix_once(loaded, smollm2_path):
     stats = cached.stats()
     shared_tokens = 400 // 16 * 16  # full blocks of the shared prefix
     total = sum(len(p) for p in prompts)
-    assert stats["prefix_cache_hits"] == cached.block_manager.prefix_hits == 49 * shared_tokens
-    assert stats["prefix_cache_queries"] == total
-    assert stats["prefix_cache_hit_rate"] == pytest.approx(49 * shared_tokens / total)
+    assert stats.prefix_cache_hits == cached.block_manager.prefix_hits == 49 * shared_tokens
+    assert stats.prefix_cache_queries == total
+    assert stats.prefix_cache_hit_rate == pytest.approx(49 * shared_tokens / total)
 
     plain = make_engine(loaded, num_kv_blocks=400, enable_prefix_caching=False)
     without = plain.generate(prompts, params)
-    assert plain.stats()["prefix_cache_hit_rate"] == 0
+    assert plain.stats().prefix_cache_hit_rate == 0
     assert [o.token_ids for o in with_cache] == [o.token_ids for o in without]
 
 
@@ -82,14 +82,14 @@ def test_stats_and_blocks_freed(loaded):
         engine.add_request(prompt, SamplingParams(max_tokens=5, temperature=0))
     engine.step()
     mid = engine.stats()
-    assert mid["running"] + mid["waiting"] == 4 and 0 < mid["kv_blocks_used"] <= 64
-    assert mid["kv_usage"] == mid["kv_blocks_used"] / 64
+    assert mid.running + mid.waiting == 4 and 0 < mid.kv_blocks_used <= 64
+    assert mid.kv_usage == mid.kv_blocks_used / 64
     while engine.has_unfinished_requests():
         engine.step()
     end = engine.stats()
-    assert end["running"] == end["waiting"] == 0 and end["kv_blocks_used"] == 0
-    assert end["prompt_tokens_total"] + engine.block_manager.prefix_hits == sum(len(p) for p in CHAT_PROMPTS[:4])
-    assert 4 <= end["generation_tokens_total"] <= 20 and end["generation_tokens_per_s"] > 0
+    assert end.running == end.waiting == 0 and end.kv_blocks_used == 0
+    assert end.prompt_tokens_total + engine.block_manager.prefix_hits == sum(len(p) for p in CHAT_PROMPTS[:4])
+    assert 4 <= end.generation_tokens_total <= 20 and end.generation_tokens_per_s > 0
 
 
 def test_token_rates_cover_the_window_and_fall_to_zero_when_idle(loaded, monkeypatch):
@@ -104,12 +104,12 @@ def test_token_rates_cover_the_window_and_fall_to_zero_when_idle(loaded, monkeyp
     after = time.monotonic()
     # the window starts when the first step began and ends at the call: 16 tokens over that span
     since_first_step = (before - engine._first_step_at, after - engine._first_step_at)
-    assert 16 / since_first_step[1] <= busy["generation_tokens_per_s"] <= 16 / since_first_step[0]
+    assert 16 / since_first_step[1] <= busy.generation_tokens_per_s <= 16 / since_first_step[0]
     monkeypatch.setattr(engine_module, "STATS_WINDOW_S", 0.05)
     time.sleep(0.1)
     idle = engine.stats()
-    assert idle["generation_tokens_per_s"] == idle["prompt_tokens_per_s"] == 0.0
-    assert idle["generation_tokens_total"] == 16
+    assert idle.generation_tokens_per_s == idle.prompt_tokens_per_s == 0.0
+    assert idle.generation_tokens_total == 16
 
 
 def test_abort(loaded):

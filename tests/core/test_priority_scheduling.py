@@ -58,7 +58,7 @@ def test_an_urgent_request_takes_the_seat_of_the_newest_least_urgent_one(loaded)
     run(engine, steps=1)
     assert state(engine, "high") == "running"
     assert [state(engine, f"low{i}") for i in range(3)] == ["running", "running", "waiting"]
-    assert engine.stats()["preemptions"] == 1
+    assert engine.stats().preemptions == 1
 
     finished = run(engine)
     assert finished["high"][0] < min(finished[f"low{i}"][0] for i in range(3))
@@ -78,7 +78,7 @@ def test_an_urgent_request_takes_kv_blocks_when_every_seat_is_free_but_the_cache
     engine.add_request(urgent, SHORT, request_id="high", priority=HIGH)
     run(engine, steps=1)
     assert state(engine, "high") == "running"
-    assert engine.stats()["preemptions"] >= 1
+    assert engine.stats().preemptions >= 1
 
     finished = run(engine)
     assert finished["high"][0] < min(finished[f"low{i}"][0] for i in range(3))
@@ -96,7 +96,7 @@ def test_a_request_no_more_urgent_than_the_running_ones_waits_for_a_seat(loaded,
     engine.add_request(prompts(1, seed=9)[0], SHORT, request_id="late", priority=arriving)
     run(engine, steps=2)
     assert state(engine, "late") == "waiting"
-    assert engine.stats()["preemptions"] == 0
+    assert engine.stats().preemptions == 0
 
 
 def test_waiting_requests_are_admitted_most_urgent_first(loaded):
@@ -130,5 +130,5 @@ def test_an_urgent_prompt_is_prefilled_before_the_chunks_of_less_urgent_ones(loa
     outputs = {out.request_id: out for out in engine.step()}
     assert len(outputs["high"].token_ids) == 1  # its whole prompt went through in this one step
     assert all(s.is_prefilling for i in range(3) for s in engine.requests[f"low{i}"].seqs)
-    assert engine.stats()["preemptions"] == 0  # seats and blocks were free: it only took the budget first
+    assert engine.stats().preemptions == 0  # seats and blocks were free: it only took the budget first
     assert run(engine)["high"][1] == alone(loaded, urgent, SHORT)

@@ -139,7 +139,7 @@ def test_n_choices_share_prompt_blocks(engine):
     full_blocks = len(prompt) // engine.block_size
     assert len(seqs) == 4
     assert all(s.block_table[:full_blocks] == seqs[0].block_table[:full_blocks] for s in seqs)
-    assert engine.stats()["kv_blocks_used"] == engine.block_manager.blocks_needed(len(prompt))
+    assert engine.stats().kv_blocks_used == engine.block_manager.blocks_needed(len(prompt))
     result = None
     while engine.has_unfinished_requests():
         result = next((o for o in engine.step() if o.finished), result)

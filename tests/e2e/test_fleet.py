@@ -83,13 +83,13 @@ def test_two_workers_publish_kv_figures_and_the_batch_walks_the_lifecycle(tmp_pa
     batch_id = submit(tmp_path, redis_url, tiny_model, lines)
     procs = {name: worker_process(redis_url, tiny_model, "--burst", "--name", name) for name in ("w1", "w2")}
     samples: dict[str, list[dict]] = {"w1": [], "w2": []}
-    statuses = [batches.get_batch(conn, batch_id)["status"]]
+    statuses = [batches.get_batch(conn, batch_id).status]
     running = True
     while running:
         running = any(p.poll() is None for p in procs.values())  # one more look after both have exited
         for record in workers.list_workers(conn):
-            samples[record["name"]].append(record)
-        status = batches.get_batch(conn, batch_id)["status"]
+            samples[record.name].append(record)
+        status = batches.get_batch(conn, batch_id).status
         if status != statuses[-1]:
             statuses.append(status)
         time.sleep(0.2 if running else 0)
@@ -98,26 +98,26 @@ def test_two_workers_publish_kv_figures_and_the_batch_walks_the_lifecycle(tmp_pa
     for name, seen in samples.items():
         assert len(seen) >= 3, f"{name} was hardly ever seen"
         for s in seen:
-            assert (s["pid"], s["host"], s["model"], s["queues"]) == (procs[name].pid, socket.gethostname(),
+            assert (s.pid, s.host, s.model, s.queues) == (procs[name].pid, socket.gethostname(),
                                                                        model_name(tiny_model),
                                                                        worker_queues([queue_for(tiny_model)]))
-            assert 0 <= s["kv_blocks_used"] <= s["kv_blocks_total"] and s["kv_blocks_total"] > 0
-            assert s["kv_usage"] == pytest.approx(s["kv_blocks_used"] / s["kv_blocks_total"])
-            assert 0 <= s["running"] + s["waiting"] <= s["in_flight"] <= 4
-            assert s["updated_at"] >= s["started_at"] and s["state"] in ("idle", "busy")
-        assert len({s["kv_blocks_used"] for s in seen}) >= 2, f"{name}'s KV figures never moved"
-        done = [s["jobs_done"] for s in seen]
+            assert 0 <= s.stats.kv_blocks_used <= s.stats.kv_blocks_total and s.stats.kv_blocks_total > 0
+            assert s.stats.kv_usage == pytest.approx(s.stats.kv_blocks_used / s.stats.kv_blocks_total)
+            assert 0 <= s.stats.running + s.stats.waiting <= s.in_flight <= 4
+            assert s.updated_at >= s.started_at and s.state in ("idle", "busy")
+        assert len({s.stats.kv_blocks_used for s in seen}) >= 2, f"{name}'s KV figures never moved"
+        done = [s.jobs_done for s in seen]
         assert done == sorted(done) and done[-1] > done[0]
-        assert seen[-1]["generation_tokens_total"] > seen[0]["generation_tokens_total"]
+        assert seen[-1].stats.generation_tokens_total > seen[0].stats.generation_tokens_total
     assert workers.list_workers(conn) == []  # a worker that stops removes its hash
 
     record = batches.get_batch(conn, batch_id)
     assert statuses[0] == "in_progress" and statuses[-1] == "completed"
     assert [s for s in LIFECYCLE if s in statuses] == statuses  # in order, none foreign
-    stamps = [record[f"{s}_at"] for s in LIFECYCLE]
-    assert record["created_at"] <= stamps[0] and stamps == sorted(stamps)
-    assert record["completed"] + record["failed"] + record["cancelled"] == record["total"] == REQUESTS
-    assert (record["completed"], record["completion_tokens"]) == (REQUESTS, sum(line["max_tokens"] for line in lines))
+    stamps = [record.at(s) for s in LIFECYCLE]
+    assert record.created_at <= stamps[0] and stamps == sorted(stamps)
+    assert record.completed + record.failed + record.cancelled == record.total == REQUESTS
+    assert (record.completed, record.completion_tokens) == (REQUESTS, sum(line["max_tokens"] for line in lines))
 
 
 def test_a_killed_workers_hash_expires_within_seconds(redis_url, tiny_model):
@@ -144,33 +144,33 @@ def test_cancel_mid_batch_aborts_in_flight_and_writes_nothing_after(tmp_path, re
     batch_id = submit(tmp_path, redis_url, long_context_model, lines)
     proc = worker_process(redis_url, long_context_model, "--name", "w", "--kv-cache-memory", "64MiB")
     try:
-        assert wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 4), "the worker did no work"
-        assert wait_for(lambda: (workers.get_worker(conn, "w") or {}).get("running", 0) > 0)
+        assert wait_for(lambda: batches.get_batch(conn, batch_id).completed >= 4), "the worker did no work"
+        assert wait_for(lambda: (w := workers.get_worker(conn, "w")) is not None and w.stats.running > 0)
         cancelled = CliRunner().invoke(cli, ["cancel", batch_id, "--redis-url", redis_url])
         assert cancelled.exit_code == 0, cancelled.output
         assert cancelled.stdout == "cancelled\n"
 
         record = batches.get_batch(conn, batch_id)
-        assert record["status"] == "cancelled" and record["cancelled_at"] >= record["cancelling_at"]
-        assert record["completed"] == 4 and record["cancelled"] == 36
-        assert record["completed"] + record["failed"] + record["cancelled"] == record["total"] == 40
+        assert record.status == "cancelled" and record.at("cancelled") >= record.at("cancelling")
+        assert record.completed == 4 and record.cancelled == 36
+        assert record.completed + record.failed + record.cancelled == record.total == 40
         queue = Queue(queue_for(long_context_model), connection=conn, serializer=JSONSerializer)
         assert queue.count == 0
         statuses = [Job.fetch(batches.job_id(batch_id, f"p{i}"), connection=conn,
                               serializer=JSONSerializer).get_status() for i in range(40)]
         assert set(statuses) == {JobStatus.FINISHED, JobStatus.CANCELED}
-        assert statuses.count(JobStatus.CANCELED) == record["cancelled"] == len(queue.canceled_job_registry)
-        assert wait_for(lambda: workers.get_worker(conn, "w")["jobs_cancelled"] == 4)  # the long ones it held
-        assert workers.get_worker(conn, "w")["running"] == 0
+        assert statuses.count(JobStatus.CANCELED) == record.cancelled == len(queue.canceled_job_registry)
+        assert wait_for(lambda: workers.get_worker(conn, "w").jobs_cancelled == 4)  # the long ones it held
+        assert workers.get_worker(conn, "w").stats.running == 0
 
         rows = rows_written(tmp_path, batch_id)
-        assert rows == record["completed"]
+        assert rows == record.completed
         time.sleep(2)  # the worker keeps running: nothing more of the batch is written or counted
         assert rows_written(tmp_path, batch_id) == rows
         assert batches.get_batch(conn, batch_id) == record
 
         later = submit(tmp_path, redis_url, long_context_model, long_lines(2, max_tokens=3), name="later.jsonl")
-        assert wait_for(lambda: batches.get_batch(conn, later)["status"] == "completed"), "the worker stopped serving"
+        assert wait_for(lambda: batches.get_batch(conn, later).status == "completed"), "the worker stopped serving"
     finally:
         stop(proc)
     assert proc.returncode == 0
@@ -190,7 +190,7 @@ def test_cancel_without_workers_settles_at_once_and_resume_undoes_it(tmp_path, r
     assert result.exit_code == 0 and result.stdout == "cancelled\n"
     assert "5 queued jobs removed" in result.stderr
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["cancelled"], record["total"]) == ("cancelled", 5, 5)
+    assert (record.status, record.cancelled, record.total) == ("cancelled", 5, 5)
     queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     assert queue.job_ids == [batches.job_id(other, f"p{i}") for i in range(3)]  # the other batch keeps its place
 
@@ -198,7 +198,7 @@ def test_cancel_without_workers_settles_at_once_and_resume_undoes_it(tmp_path, r
                                        "--resume", batch_id])
     assert resumed.exit_code == 0, resumed.output
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["cancelled"], record["total"]) == ("in_progress", 0, 5)
+    assert (record.status, record.cancelled, record.total) == ("in_progress", 0, 5)
     assert queue.count == 8
 
 
@@ -226,20 +226,20 @@ def test_retry_reruns_exactly_the_failed_requests(tmp_path, redis_url, tiny_mode
     batch_id = submit(tmp_path, redis_url, tiny_model, lines)
     run_worker(conn, tiny_model, max_model_len=32)  # the long prompts do not fit this worker
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["completed"], record["failed"]) == ("completed", 5, 3)
+    assert (record.status, record.completed, record.failed) == ("completed", 5, 3)
 
     retried = CliRunner().invoke(cli, ["retry", batch_id, "--redis-url", redis_url])
     assert retried.exit_code == 0, retried.output
     assert retried.stdout == "3\n"
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["completed"], record["failed"]) == ("in_progress", 5, 0)
+    assert (record.status, record.completed, record.failed) == ("in_progress", 5, 0)
     queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     assert sorted(queue.job_ids) == sorted(batches.job_id(batch_id, f"l{i}") for i in range(3))
     assert len(queue.failed_job_registry) == 0
 
     run_worker(conn, tiny_model)  # room for them now
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["completed"], record["failed"]) == ("completed", 8, 0)
+    assert (record.status, record.completed, record.failed) == ("completed", 8, 0)
     runs = {}
     for row in read_parts(str(tmp_path / "out"), batch_id).to_pylist():
         runs.setdefault(row["custom_id"], []).append(row["error"] is None)
@@ -254,7 +254,7 @@ def test_retry_reruns_exactly_the_failed_requests(tmp_path, redis_url, tiny_mode
 
     nothing = CliRunner().invoke(cli, ["retry", batch_id, "--redis-url", redis_url])
     assert nothing.exit_code == 0 and nothing.stdout == "0\n"
-    assert batches.get_batch(conn, batch_id)["status"] == "completed"
+    assert batches.get_batch(conn, batch_id).status == "completed"
 
 
 # ---- metrics ------------------------------------------------------------------------------------------
@@ -290,16 +290,16 @@ def test_metrics_port_serves_the_workers_figures_under_vllm_names(tmp_path, redi
         assert during["miro:queue_depth"] <= 12
     finally:
         thread.join(timeout=120)
-    assert batches.get_batch(conn, batch_id)["status"] == "completed"
+    assert batches.get_batch(conn, batch_id).status == "completed"
 
     final = scrape(port)  # the server outlives the loop with the final figures
-    stats = worker.stats
+    stats = worker.record.stats
     expected = {
         "miro:request_success_total": 12, "miro:request_failure_total": 0, "miro:num_requests_running": 0,
-        "miro:generation_tokens_total": 12 * 20, "miro:prompt_tokens_total": stats["prompt_tokens_total"],
-        "miro:prefix_cache_queries_total": stats["prefix_cache_queries"],
-        "miro:prefix_cache_hits_total": stats["prefix_cache_hits"], "miro:num_preemptions_total": 0,
-        "miro:kv_cache_blocks_total": stats["kv_blocks_total"], "miro:queue_depth": 0,
+        "miro:generation_tokens_total": 12 * 20, "miro:prompt_tokens_total": stats.prompt_tokens_total,
+        "miro:prefix_cache_queries_total": stats.prefix_cache_queries,
+        "miro:prefix_cache_hits_total": stats.prefix_cache_hits, "miro:num_preemptions_total": 0,
+        "miro:kv_cache_blocks_total": stats.kv_blocks_total, "miro:queue_depth": 0,
     }
     assert {name: final[name] for name in expected} == expected
     assert final["miro:prefix_cache_hits_total"] > 0
@@ -376,7 +376,7 @@ def test_a_job_whose_batch_record_is_gone_fails_and_the_worker_goes_on(tmp_path,
     kept = submit(tmp_path, redis_url, tiny_model, long_lines(2, max_tokens=3))
     conn.delete(keys.batch(orphan))
     run_worker(conn, tiny_model)
-    assert batches.get_batch(conn, kept)["status"] == "completed"
+    assert batches.get_batch(conn, kept).status == "completed"
     job = Job.fetch(batches.job_id(orphan, "p0"), connection=conn, serializer=JSONSerializer)
     assert job.get_status() == JobStatus.FAILED
     assert f"There is no batch '{orphan}' on this Redis." in job.latest_result().exc_string
@@ -389,12 +389,12 @@ def test_a_cancel_that_died_half_way_is_finished_by_the_next(tmp_path, redis_url
     queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     # the first step only: the jobs are off the queue, not yet marked canceled or counted
     assert scripts.TAKE_OFF_QUEUE(conn, [queue.key, keys.batch_cancel_pending(batch_id)], [f"{batch_id}-"]) == 5
-    assert queue.count == 0 and batches.get_batch(conn, batch_id)["cancelled"] == 0
+    assert queue.count == 0 and batches.get_batch(conn, batch_id).cancelled == 0
 
     result = CliRunner().invoke(cli, ["cancel", batch_id, "--redis-url", redis_url, "--wait", "0"])
     assert result.exit_code == 0 and result.stdout == "cancelled\n"
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["cancelled"], record["total"]) == ("cancelled", 5, 5)
+    assert (record.status, record.cancelled, record.total) == ("cancelled", 5, 5)
     assert conn.exists(keys.batch_cancel_pending(batch_id)) == 0
     assert len(queue.canceled_job_registry) == 5
 
@@ -425,7 +425,7 @@ def test_a_request_rq_gives_up_on_gets_an_error_row_and_its_batch_completes(tmp_
     run_worker(conn, tiny_model)  # maintenance: RQ fails the job, the worker counts it and writes its row
     assert Job.fetch(poison.id, connection=conn, serializer=JSONSerializer).get_status() == JobStatus.FAILED
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["completed"], record["failed"]) == ("completed", 2, 1)
+    assert (record.status, record.completed, record.failed) == ("completed", 2, 1)
     rows = {r["custom_id"]: r for r in read_parts(str(tmp_path / "out"), batch_id).to_pylist()}
     assert rows[poison.meta["custom_id"]]["error"].startswith("its worker stopped")
 
@@ -433,7 +433,7 @@ def test_a_request_rq_gives_up_on_gets_an_error_row_and_its_batch_completes(tmp_
     start_and_abandon(conn, queue, retries_left=2)  # retries left: queued again and run
     run_worker(conn, tiny_model)
     record = batches.get_batch(conn, again)
-    assert (record["status"], record["completed"], record["failed"]) == ("completed", 2, 0)
+    assert (record.status, record.completed, record.failed) == ("completed", 2, 0)
 
 
 def test_cancel_counts_a_request_rq_gave_up_on(tmp_path, redis_url, tiny_model):
@@ -443,7 +443,7 @@ def test_cancel_counts_a_request_rq_gave_up_on(tmp_path, redis_url, tiny_model):
     result = CliRunner().invoke(cli, ["cancel", batch_id, "--redis-url", redis_url, "--wait", "0"])
     assert result.exit_code == 0 and result.stdout == "cancelled\n"
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["cancelled"], record["failed"]) == ("cancelled", 3, 0)
+    assert (record.status, record.cancelled, record.failed) == ("cancelled", 3, 0)
 
 
 def test_worker_log_says_loading_and_ready_and_keeps_per_job_lines_for_debug(tmp_path, redis_url, tiny_model):

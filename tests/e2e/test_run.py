@@ -200,13 +200,13 @@ def test_with_an_external_redis_the_batch_stays_there_and_resume_uses_it(make_ru
     before = partial_rows(run)
     batch_id = json.loads((run.state / "run.json").read_text())["batch_id"]
     conn = redis.Redis.from_url(redis_url)
-    assert batches.get_batch(conn, batch_id)["status"] == "in_progress"
+    assert batches.get_batch(conn, batch_id).status == "in_progress"
     assert not (run.state / "redis").exists()
 
     embedded = run.run("--resume", "--redis-url", "")  # the batch is on that Redis, not on an embedded one
     assert embedded.returncode == 1 and "used the Redis at" in embedded.stderr
     assert_resumed(run, before)
-    assert batches.get_batch(conn, batch_id)["status"] == "completed"
+    assert batches.get_batch(conn, batch_id).status == "completed"
 
 
 def test_resume_with_nothing_to_resume_is_one_sentence(tmp_path):

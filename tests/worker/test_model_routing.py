@@ -108,11 +108,11 @@ def test_two_models_two_workers_each_request_runs_on_its_own_model(tmp_path, red
         result = submit(tmp_path, redis_url, lines, "--model", model)
         assert result.exit_code == 0, result.output
         batch_ids[model] = result.stdout.strip()
-    assert batches.get_batch(conn, batch_ids[two_models[0]])["queue"] == "miro:tiny-a"
+    assert batches.get_batch(conn, batch_ids[two_models[0]]).queue == "miro:tiny-a"
 
     worker_a = run_worker(conn, two_models[0])  # burst: takes all it serves, leaves the rest queued
-    assert batches.get_batch(conn, batch_ids[two_models[0]])["status"] == "completed"
-    assert batches.get_batch(conn, batch_ids[two_models[1]])["completed"] == 0
+    assert batches.get_batch(conn, batch_ids[two_models[0]]).status == "completed"
+    assert batches.get_batch(conn, batch_ids[two_models[1]]).completed == 0
     worker_b = run_worker(conn, two_models[1])
     for model, worker in zip(two_models, (worker_a, worker_b)):
         rows = rows_by_id(tmp_path, batch_ids[model])
@@ -128,7 +128,7 @@ def test_a_job_on_a_queue_of_another_model_fails_with_a_sentence_and_retry_runs_
     conn = redis.Redis.from_url(redis_url)
     wrong = run_worker(conn, model_b, queues=[queue_for(model_a)])  # told by --queue to serve A's queue
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["failed"]) == ("completed", 1)
+    assert (record.status, record.failed) == ("completed", 1)
     error = rows_by_id(tmp_path, batch_id)["x"]["error"]
     assert error == (f"this request is for model 'tiny-a', but worker {wrong.name} serves 'tiny-b': start a worker "
                      f"for 'tiny-a' and run `miro retry {batch_id}`")
@@ -156,7 +156,7 @@ def test_a_served_model_name_maps_a_foreign_model_to_a_worker(tmp_path, redis_ur
     result = submit(tmp_path, redis_url, [openai_line("c1", "gpt-4o-mini")])
     assert result.exit_code == 0, result.output
     batch_id = result.stdout.strip()
-    assert batches.get_batch(redis.Redis.from_url(redis_url), batch_id)["queue"] == "miro:gpt-4o-mini"
+    assert batches.get_batch(redis.Redis.from_url(redis_url), batch_id).queue == "miro:gpt-4o-mini"
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stderr
     row = rows_by_id(tmp_path, batch_id)["c1"]

@@ -39,7 +39,7 @@ def run_batch(tmp_path, redis_url, tiny_model, output) -> str:
     BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
                 engine_options={"kv_cache_memory": "4MiB"}, flush_rows=2).work(burst=True)
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["completed"], record["failed"]) == ("completed", 4, 1)
+    assert (record.status, record.completed, record.failed) == ("completed", 4, 1)
     return batch_id
 
 

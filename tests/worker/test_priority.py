@@ -32,7 +32,7 @@ def test_a_batch_goes_to_its_priority_queue_and_record(tmp_path, redis_url, prio
     result = submit(conn, dataset(tmp_path / "d.jsonl"), priority=priority)
     assert (result.queue, result.priority) == (queue, priority)
     record = batches.get_batch(conn, result.batch_id)
-    assert (record["queue"], record["priority"]) == (queue, priority)
+    assert (record.queue, record.priority) == (queue, priority)
     ids = queued_ids(conn, queue)
     assert len(ids) == 3
     job = Job.fetch(ids[0], connection=conn, serializer=JSONSerializer)

@@ -47,7 +47,7 @@ def test_a_worker_takes_the_high_batch_before_the_low_one_queued_first(tmp_path,
                                    "--kv-cache-memory", "4MiB", "--max-num-seqs", "2"])
     assert ran.exit_code == 0, ran.output
     conn = redis.Redis.from_url(redis_url)
-    assert [batches.get_batch(conn, b)["status"] for b in (low, high)] == ["completed", "completed"]
+    assert [batches.get_batch(conn, b).status for b in (low, high)] == ["completed", "completed"]
     # two seats: the high requests take them, and the low ones start only once both have finished
     assert max(r["finished_at"] for r in rows(tmp_path, high)) <= min(r["started_at"] for r in rows(tmp_path, low))
 
@@ -70,14 +70,14 @@ def test_a_high_batch_reaches_a_worker_full_of_low_requests_and_finishes_first(t
     running = threading.Thread(target=worker.work, kwargs={"burst": True})
     running.start()
     try:
-        wait_for(lambda: worker.engine is not None and worker.engine.stats()["generation_tokens_total"] > 0
+        wait_for(lambda: worker.engine is not None and worker.engine.stats().generation_tokens_total > 0
                  or not running.is_alive(), timeout_s=120, every_s=0.01)
         assert running.is_alive() and len(worker.in_flight) == 2, "the worker should be full of low requests"
         high = submit(tmp_path, redis_url, model, "high", "high", requests("h", 2, 4))
     finally:
         running.join(timeout=300)
-    assert [batches.get_batch(conn, b)["status"] for b in (low, high)] == ["completed", "completed"]
-    assert worker.engine.stats()["preemptions"] >= 2  # both seats were taken by low requests
+    assert [batches.get_batch(conn, b).status for b in (low, high)] == ["completed", "completed"]
+    assert worker.engine.stats().preemptions >= 2  # both seats were taken by low requests
     low_rows, high_rows = rows(tmp_path, low), rows(tmp_path, high)
     assert all(r["completion_tokens"] == 3000 for r in low_rows)
     assert min(r["started_at"] for r in high_rows) > max(r["started_at"] for r in low_rows)  # it came later
@@ -92,7 +92,7 @@ def test_cancel_resume_and_retry_of_a_high_batch(tmp_path, redis_url, tiny_model
 
     cancelled = CliRunner().invoke(cli, ["cancel", high, "--redis-url", redis_url])
     assert cancelled.exit_code == 0, cancelled.output
-    assert batches.get_batch(conn, high)["status"] == "cancelled"
+    assert batches.get_batch(conn, high).status == "cancelled"
     assert queue(conn, tiny_model, "high").count == 0
 
     resumed = CliRunner().invoke(cli, ["submit", str(tmp_path / "high.jsonl"), "--redis-url", redis_url,
@@ -103,7 +103,7 @@ def test_cancel_resume_and_retry_of_a_high_batch(tmp_path, redis_url, tiny_model
     BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
                 engine_options={"kv_cache_memory": "4MiB"}).work(burst=True)
     record = batches.get_batch(conn, high)
-    assert (record["status"], record["completed"], record["failed"]) == ("completed", 3, 1)
+    assert (record.status, record.completed, record.failed) == ("completed", 3, 1)
 
     retried = CliRunner().invoke(cli, ["retry", high, "--redis-url", redis_url])
     assert retried.exit_code == 0, retried.output

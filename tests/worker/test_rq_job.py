@@ -60,8 +60,8 @@ def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_m
     assert queue.count == 0
 
     record = batches.get_batch(conn, batch_id)
-    assert (record["total"], record["completed"], record["failed"]) == (6, 4, 2)
-    assert record["status"] == "completed"
+    assert (record.total, record.completed, record.failed) == (6, 4, 2)
+    assert record.status == "completed"
     finished = Job.fetch(batches.job_id(batch_id, "s1"), connection=conn, serializer=JSONSerializer)
     assert finished.get_status() == JobStatus.FINISHED
     summary = finished.return_value()
@@ -110,7 +110,7 @@ def test_miro_worker_command_runs_a_batch(tmp_path, redis_url, tiny_model):
                                    "--kv-cache-memory", "4MiB"])
     assert ran.exit_code == 0, ran.output
     record = batches.get_batch(redis.Redis.from_url(redis_url), batch_id)
-    assert (record["completed"], record["failed"], record["status"]) == (5, 0, "completed")
+    assert (record.completed, record.failed, record.status) == (5, 0, "completed")
 
 
 @pytest.mark.slow
@@ -156,7 +156,7 @@ def worker_command(redis_url, tiny_model, *extra) -> tuple[list[str], dict]:
 def assert_every_row_once(tmp_path, redis_url, batch_id) -> None:
     conn = redis.Redis.from_url(redis_url)
     record = batches.get_batch(conn, batch_id)
-    assert (record["completed"], record["failed"], record["status"]) == (LONG_BATCH, 0, "completed")
+    assert (record.completed, record.failed, record.status) == (LONG_BATCH, 0, "completed")
     merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url",
                                       redis_url])
     assert merged.exit_code == 0
@@ -174,12 +174,12 @@ def test_sigterm_mid_batch_requeues_and_nothing_is_lost(tmp_path, redis_url, tin
     conn = redis.Redis.from_url(redis_url)
     command, env = worker_command(redis_url, tiny_model)
     first = subprocess.Popen(command + ["--shutdown-grace", "0"], env=env, stderr=subprocess.PIPE, text=True)
-    assert wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 3), "the first worker did no work"
+    assert wait_for(lambda: batches.get_batch(conn, batch_id).completed >= 3), "the first worker did no work"
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=60) == 0, first.stderr.read()
     after_stop = batches.get_batch(conn, batch_id)
-    assert after_stop["completed"] < LONG_BATCH, "the batch finished before the signal: nothing was in flight"
-    assert Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer).count == LONG_BATCH - after_stop["completed"]
+    assert after_stop.completed < LONG_BATCH, "the batch finished before the signal: nothing was in flight"
+    assert Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer).count == LONG_BATCH - after_stop.completed
 
     second = subprocess.run(command + ["--burst"], env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
@@ -196,14 +196,14 @@ def test_kill_9_mid_batch_jobs_run_again_on_a_live_worker(tmp_path, redis_url, t
     command, env = worker_command(redis_url, tiny_model, "--job-monitoring-interval", "1", "--heartbeat-slack", "2",
                                   "--maintenance-interval", "1")
     doomed = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
-    assert wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 3), "the worker did no work"
+    assert wait_for(lambda: batches.get_batch(conn, batch_id).completed >= 3), "the worker did no work"
     doomed.send_signal(signal.SIGKILL)
     doomed.wait()
-    assert batches.get_batch(conn, batch_id)["completed"] < LONG_BATCH
+    assert batches.get_batch(conn, batch_id).completed < LONG_BATCH
 
     survivor = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: batches.get_batch(conn, batch_id)["status"] == "completed", timeout_s=120)
+        assert wait_for(lambda: batches.get_batch(conn, batch_id).status == "completed", timeout_s=120)
     finally:
         survivor.send_signal(signal.SIGTERM)
         survivor.wait(timeout=60)
@@ -247,10 +247,10 @@ def test_a_request_that_ran_twice_counts_once(redis_url):
     batches.count_finished(conn, batch_id, "a", prompt_tokens=5, completion_tokens=3)
     batches.count_finished(conn, batch_id, "a", prompt_tokens=5, completion_tokens=3)  # its worker died, rerun
     record = batches.get_batch(conn, batch_id)
-    assert (record["completed"], record["prompt_tokens"], record["status"]) == (1, 5, "in_progress")
+    assert (record.completed, record.prompt_tokens, record.status) == (1, 5, "in_progress")
     batches.count_failed(conn, batch_id, "b")
     record = batches.get_batch(conn, batch_id)
-    assert (record["completed"], record["failed"], record["status"]) == (1, 1, "completed")
+    assert (record.completed, record.failed, record.status) == (1, 1, "completed")
 
 
 @pytest.mark.slow
@@ -282,7 +282,7 @@ def test_two_workers_200_mixed_lines_exactly_once_and_equal_to_the_engine(tmp_pa
     assert [w.wait(timeout=300) for w in workers] == [0, 0]
     conn = redis.Redis.from_url(redis_url)
     record = batches.get_batch(conn, batch_id)
-    assert (record["completed"], record["failed"], record["status"]) == (200, 0, "completed")
+    assert (record.completed, record.failed, record.status) == (200, 0, "completed")
     parts = list((tmp_path / "out" / batch_id).glob("part-*.parquet"))
     assert len({pq.read_table(p)["worker"][0].as_py() for p in parts}) == 2, "both workers should have worked"
 

@@ -31,3 +31,39 @@ def test_a_jobs_exc_info_is_still_the_private_attribute_miro_clears():
     rq_private.clear_exc_info(job)
     assert job._exc_info == "" and "_exc_info" in inspect.getsource(Job), \
         "RQ's Job no longer keeps _exc_info: see worker/rq_private.py clear_exc_info"
+
+
+def test_a_workers_queue_order_is_still_kept_in_ordered_queues(redis_url):
+    import redis
+
+    conn = redis.Redis.from_url(redis_url)
+    first, second = Queue("order-a", connection=conn), Queue("order-b", connection=conn)
+    worker = BaseWorker([first], connection=conn)
+    assert worker._ordered_queues == worker.queues, \
+        "RQ's BaseWorker no longer keeps _ordered_queues beside queues: see worker/rq_private.py set_queues"
+    rq_private.set_queues(worker, [second, first])
+    assert worker.queues == worker._ordered_queues == [second, first]
+
+
+def test_rqs_bootstrap_installs_no_signal_handlers(redis_url):
+    """BatchWorker.work installs its own after bootstrap() (none at all in `miro run`, whose Interruption
+    handles the signals): RQ's bootstrap must not put RQ's back."""
+    import signal
+
+    import redis
+
+    conn = redis.Redis.from_url(redis_url)
+    worker = BaseWorker([Queue("bootstrap", connection=conn)], connection=conn)
+
+    def ours(signum, frame):
+        pass
+
+    previous = {signum: signal.signal(signum, ours) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        worker.bootstrap()
+        assert signal.getsignal(signal.SIGINT) is ours and signal.getsignal(signal.SIGTERM) is ours, \
+            "RQ's BaseWorker.bootstrap now installs signal handlers: see BatchWorker.install_stop_handlers"
+    finally:
+        worker.teardown()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

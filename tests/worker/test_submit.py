@@ -123,17 +123,17 @@ def test_mixed_dataset_enqueues_one_job_per_line(tmp_path, redis_url, monkeypatc
         cid: batches.job_id(batch_id, cid) for cid in ids}
 
     record = batches.get_batch(conn, batch_id)
-    assert record["id"] == batch_id and record["name"] == "mixed run"
-    assert record["status"] == "in_progress"
-    assert record["model"] == "smollm2-135m" and record["queue"] == "miro:smollm2-135m"
-    assert record["total"] == 5
-    assert record["completed"] == record["failed"] == record["prompt_tokens"] == record["completion_tokens"] == 0
-    assert record["output"] == str(tmp_path / "miro-results")
-    assert record["input_file"] == str(data)
-    assert record["job_timeout"] == 7200
-    assert isinstance(record["created_at"], float)
-    assert record["created_at"] == record["validating_at"] <= record["in_progress_at"]
-    assert conn.zscore(keys.batches(), batch_id) == record["created_at"]
+    assert record.id == batch_id and record.name == "mixed run"
+    assert record.status == "in_progress"
+    assert record.model == "smollm2-135m" and record.queue == "miro:smollm2-135m"
+    assert record.total == 5
+    assert record.completed == record.failed == record.prompt_tokens == record.completion_tokens == 0
+    assert record.output == str(tmp_path / "miro-results")
+    assert record.input_file == str(data)
+    assert record.job_timeout == 7200
+    assert isinstance(record.created_at, float)
+    assert record.created_at == record.at("validating") <= record.at("in_progress")
+    assert conn.zscore(keys.batches(), batch_id) == record.created_at
     assert conn.hlen(keys.batch_invalid(batch_id)) == 0
 
 
@@ -167,9 +167,9 @@ def test_options_queue_model_output_and_batch_list(tmp_path, redis_url):
     conn = conn_for(redis_url)
     assert queue(conn, "gpu").count == 2 and queue(conn).count == 2
     listed = batches.list_batches(conn)
-    assert [b["id"] for b in listed] == [second.stdout.strip(), first.stdout.strip()]  # newest first
-    assert listed[1]["output"] == "s3://bucket/out" and listed[1]["model"] == str(other_model)
-    assert listed[1]["name"] == "d.jsonl" and listed[1]["queue"] == "gpu"
+    assert [b.id for b in listed] == [second.stdout.strip(), first.stdout.strip()]  # newest first
+    assert listed[1].output == "s3://bucket/out" and listed[1].model == str(other_model)
+    assert listed[1].name == "d.jsonl" and listed[1].queue == "gpu"
     job = Job.fetch(queue(conn, "gpu").job_ids[0], connection=conn, serializer=JSONSerializer)
     assert job.kwargs["model"] == str(other_model) and job.origin == "gpu"
 
@@ -182,7 +182,7 @@ def test_many_lines_in_chunks_keep_order(tmp_path, redis_url):
     q = queue(conn)
     assert q.count == 2500
     assert q.job_ids == [batches.job_id(result.batch_id, f"r{i}") for i in range(2500)]
-    assert batches.get_batch(conn, result.batch_id)["total"] == 2500
+    assert batches.get_batch(conn, result.batch_id).total == 2500
     assert conn.hlen(keys.batch_jobs(result.batch_id)) == 2500
 
 
@@ -271,7 +271,7 @@ def test_skip_invalid_enqueues_valid_lines_and_records_invalid_ones_as_failed(tm
     assert q.job_ids == [batches.job_id(batch_id, "a"), batches.job_id(batch_id, "b")]
     assert job_of(conn, batch_id, "a").kwargs["prompt"] == "x"  # the duplicate did not replace the first
     record = batches.get_batch(conn, batch_id)
-    assert record["status"] == "in_progress" and record["total"] == 5 and record["failed"] == 3
+    assert record.status == "in_progress" and record.total == 5 and record.failed == 3
     failed = batches.failed_lines(conn, batch_id)
     assert set(failed) == {"line-2", "line-4", "c"}
     assert failed["line-2"]["line"] == 2 and failed["line-2"]["error"].startswith("line 2: not valid JSON")
@@ -339,12 +339,12 @@ def test_resume_enqueues_only_requests_without_a_finished_or_running_job(tmp_pat
         assert job.get_status() == JobStatus.QUEUED and job.kwargs["custom_id"] == cid and job.exc_info is None
     assert jid["r1"] not in FailedJobRegistry("miro:smollm2-135m", connection=conn, serializer=JSONSerializer)
     record = batches.get_batch(conn, batch_id)
-    assert record["total"] == 7 and record["failed"] == 0 and record["status"] == "in_progress"
+    assert record.total == 7 and record.failed == 0 and record.status == "in_progress"
     assert conn.hget(keys.batch_jobs(batch_id), "r6").decode() == jid["r6"]
 
     again = run("submit", data, "--redis-url", redis_url, "--resume", batch_id)
     assert again.exit_code == 0 and "enqueued 0 jobs" in again.stderr
-    assert q.count == 5 and batches.get_batch(conn, batch_id)["total"] == 7
+    assert q.count == 5 and batches.get_batch(conn, batch_id).total == 7
 
 
 def test_resume_reopens_a_completed_batch_and_counts_a_fixed_line_once(tmp_path, redis_url):
@@ -353,7 +353,7 @@ def test_resume_reopens_a_completed_batch_and_counts_a_fixed_line_once(tmp_path,
     first = submit(conn, data, skip_invalid=True)
     batch_id = first.batch_id
     assert first.recorded_invalid == 1
-    assert batches.get_batch(conn, batch_id)["total"] == 2 and batches.get_batch(conn, batch_id)["failed"] == 1
+    assert batches.get_batch(conn, batch_id).total == 2 and batches.get_batch(conn, batch_id).failed == 1
     _take_off_queue(conn, job_of(conn, batch_id, "a"), JobStatus.FINISHED)
     conn.hincrby(keys.batch(batch_id), "completed", 1)
     for status in ("finalizing", "completed"):
@@ -363,7 +363,7 @@ def test_resume_reopens_a_completed_batch_and_counts_a_fixed_line_once(tmp_path,
     same = submit(conn, data, skip_invalid=True, resume=batch_id)
     assert same.enqueued == 0 and same.recorded_invalid == 0 and same.already_finished == 1
     record = batches.get_batch(conn, batch_id)
-    assert record["status"] == "completed" and record["total"] == 2 and record["failed"] == 1
+    assert record.status == "completed" and record.total == 2 and record.failed == 1
     # without --skip-invalid the invalid line stops it, nothing changes
     with pytest.raises(MiroError, match="1 of 2 lines is invalid"):
         submit(conn, data, resume=batch_id)
@@ -373,8 +373,8 @@ def test_resume_reopens_a_completed_batch_and_counts_a_fixed_line_once(tmp_path,
     assert fixed.enqueued == 1 and fixed.already_finished == 1
     assert queue(conn).job_ids == [batches.job_id(batch_id, "b")]
     record = batches.get_batch(conn, batch_id)
-    assert record["status"] == "in_progress" and record["total"] == 2 and record["failed"] == 0
-    assert record["completed"] == 1 and batches.failed_lines(conn, batch_id) == {}
+    assert record.status == "in_progress" and record.total == 2 and record.failed == 0
+    assert record.completed == 1 and batches.failed_lines(conn, batch_id) == {}
 
 
 def test_resume_errors(tmp_path, redis_url):
@@ -398,21 +398,21 @@ def test_batch_lifecycle(redis_url):
     batch_id = batches.create_batch(conn, name="n", model="m", input_file="/x.jsonl", output="/out", total=3,
                                     queue="miro")
     assert BATCH_ID.fullmatch(batch_id)
-    assert batches.get_batch(conn, batch_id)["status"] == "validating"
+    assert batches.get_batch(conn, batch_id).status == "validating"
     with pytest.raises(MiroError, match="is validating, it cannot become completed"):
         batches.set_status(conn, batch_id, "completed")
     for status in ("in_progress", "cancelling", "cancelled"):
         batches.set_status(conn, batch_id, status)
     record = batches.get_batch(conn, batch_id)
-    assert record["status"] == "cancelled" and record["total"] == 3
-    assert record["created_at"] <= record["in_progress_at"] <= record["cancelling_at"] <= record["cancelled_at"]
+    assert record.status == "cancelled" and record.total == 3
+    assert record.created_at <= record.at("in_progress") <= record.at("cancelling") <= record.at("cancelled")
     assert batches.set_status(conn, batch_id, "cancelled") == "cancelled"  # no change, no error
     with pytest.raises(MiroError, match="no batch"):
         batches.set_status(conn, "batch_" + "1" * 24, "in_progress")
     assert batches.record_failed_line(conn, batch_id, custom_id="z", line=9, error="line 9: bad.") == 1
     assert batches.record_failed_line(conn, batch_id, custom_id="z", line=9, error="line 9: bad.") == 0
     record = batches.get_batch(conn, batch_id)
-    assert record["total"] == 4 and record["failed"] == 1
+    assert record.total == 4 and record.failed == 1
 
 
 # ---- Redis unreachable, console script, rq info -----------------------------------------------------

@@ -83,7 +83,7 @@ def test_finished_jobs_waiting_for_their_flush_keep_their_heartbeat(tmp_path, re
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started > 8, "the long requests were too short to keep finished rows waiting"
     record = batches.get_batch(redis.Redis.from_url(redis_url), batch_id)
-    assert (record["status"], record["completed"], record["failed"]) == ("completed", 24, 0)
+    assert (record.status, record.completed, record.failed) == ("completed", 24, 0)
     assert runs_per_request(tmp_path, batch_id) == {line["id"]: 1 for line in lines}
 
 
@@ -99,17 +99,17 @@ def test_short_intervals_and_a_kill_count_every_request_completed_once(tmp_path,
     doomed = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     survivor = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: batches.get_batch(conn, batch_id)["completed"] >= 4, timeout_s=120)
+        assert wait_for(lambda: batches.get_batch(conn, batch_id).completed >= 4, timeout_s=120)
         doomed.send_signal(signal.SIGKILL)
         doomed.wait()
-        assert wait_for(lambda: batches.get_batch(conn, batch_id)["status"] == "completed", timeout_s=240)
+        assert wait_for(lambda: batches.get_batch(conn, batch_id).status == "completed", timeout_s=240)
     finally:
         for proc in (doomed, survivor):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=60)
     record = batches.get_batch(conn, batch_id)
-    assert (record["completed"], record["failed"]) == (24, 0)
+    assert (record.completed, record.failed) == (24, 0)
     assert set(runs_per_request(tmp_path, batch_id)) == {f"p{i}" for i in range(24)}
     merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url",
                                       redis_url])
@@ -131,7 +131,7 @@ def test_a_job_past_its_timeout_is_aborted_and_its_neighbours_are_untouched(tmp_
     worker = run_worker(conn, long_context_model, "64MiB")
 
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["completed"], record["failed"]) == ("completed", 3, 1)
+    assert (record.status, record.completed, record.failed) == ("completed", 3, 1)
     endless = Job.fetch(batches.job_id(batch_id, "endless"), connection=conn, serializer=JSONSerializer)
     assert endless.get_status() == JobStatus.FAILED and endless.retries_left == 0
     rows = {r["custom_id"]: r for r in read_parts(str(tmp_path / "out"), batch_id).to_pylist()}
@@ -151,7 +151,7 @@ def test_choices_that_can_never_fit_the_cache_fail_at_once_and_the_batch_goes_on
     conn = redis.Redis.from_url(redis_url)
     run_worker(conn, tiny_model, "2MiB")
     record = batches.get_batch(conn, batch_id)
-    assert (record["status"], record["completed"], record["failed"]) == ("completed", 1, 1)
+    assert (record.status, record.completed, record.failed) == ("completed", 1, 1)
     rows = {r["custom_id"]: r for r in read_parts(str(tmp_path / "out"), batch_id).to_pylist()}
     assert "each of its 128 choices" in rows["wide"]["error"] and "more than the whole cache" in rows["wide"]["error"]
     assert rows["plain"]["error"] is None and len(rows["plain"]["output_token_ids"]) == 5
@@ -176,7 +176,7 @@ def test_sigterm_stops_a_worker_within_its_grace_whatever_it_holds(tmp_path, red
     stopped_after_s = time.monotonic() - signalled
     assert stopped_after_s < 30, f"the worker took {stopped_after_s:.0f} s to stop with a 1 s grace"
     assert sorted(queue.job_ids) == sorted(batches.job_id(batch_id, f"w{i}") for i in range(3))
-    assert batches.get_batch(conn, batch_id)["completed"] == 0
+    assert batches.get_batch(conn, batch_id).completed == 0
 
 
 def test_rq_started_workers_take_the_weight_format_from_the_environment(redis_url, tiny_model, monkeypatch):

@@ -82,7 +82,7 @@ def create_batch(body: BatchCreate, request: Request) -> Batch:
     api = ApiBatch(batch_id=batch_id, input_file_id=file.id, endpoint=body.endpoint,
                    completion_window=body.completion_window, metadata=body.metadata, errors=errors)
     record = batches.get_batch(state.conn, batch_id)
-    batch_records.save(state.conn, api, record["created_at"])
+    batch_records.save(state.conn, api, record.created_at)
     return batch_object(record, api)
 
 

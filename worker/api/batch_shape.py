@@ -6,11 +6,10 @@ batch shows as finalizing (cancelling for a cancelled one), as OpenAI's does whi
 from __future__ import annotations
 
 import json
-from typing import Any
-
 import redis
 
 from miro.worker import results
+from miro.worker.batches import BatchRecord
 
 from . import batch_records
 from .batch_records import ApiBatch
@@ -18,59 +17,58 @@ from .file_store import FileStore
 from .shapes import Batch, BatchErrors, RequestCounts
 
 COMPLETION_WINDOW_S = 24 * 3600
-STAMPS = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
-          "cancelled_at")
-ENDED = {"completed": "completed_at", "cancelled": "cancelled_at"}  # runs whose results become files
+STAMPED = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
+ENDED = ("completed", "cancelled")  # runs whose results become files
 
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def _run_end(record: dict[str, Any]) -> str | None:
+def _run_end(record: BatchRecord) -> str | None:
     """The stamp of the end of the batch's last run, if it has ended in a way that makes result files."""
-    stamp = ENDED.get(record["status"])
-    return None if stamp is None or record.get(stamp) is None else f"{record[stamp]:.3f}"
+    ended = record.at(record.status) if record.status in ENDED else None
+    return None if ended is None else f"{ended:.3f}"
 
 
-def batch_object(record: dict[str, Any], api: ApiBatch) -> Batch:
+def batch_object(record: BatchRecord, api: ApiBatch) -> Batch:
     """OpenAI's Batch from miro's batch record (batches.get_batch) and the API's own fields."""
-    status = record["status"]
-    stamps = {stamp: _int(record.get(stamp)) for stamp in STAMPS}
+    status = record.status
+    stamps = {f"{stamped}_at": _int(record.at(stamped)) for stamped in STAMPED}
     run_end = _run_end(record)
     if run_end is not None and api.files_for != run_end:
         # the run has ended but its files are not written yet: a client that waits for "completed" and then
         # reads output_file_id must not see it before it exists
-        stamps[ENDED[status]] = None
+        stamps[f"{status}_at"] = None
         status = "finalizing" if status == "completed" else "cancelling"
     return Batch(
-        id=record["id"], endpoint=api.endpoint, input_file_id=api.input_file_id,
+        id=record.id, endpoint=api.endpoint, input_file_id=api.input_file_id,
         completion_window=api.completion_window, status=status,
         errors=BatchErrors(data=api.errors) if api.errors else None,
         output_file_id=api.output_file_id, error_file_id=api.error_file_id,
-        created_at=int(record["created_at"]), expires_at=int(record["created_at"]) + COMPLETION_WINDOW_S,
+        created_at=int(record.created_at), expires_at=int(record.created_at) + COMPLETION_WINDOW_S,
         **stamps,
-        request_counts=RequestCounts(total=record["total"], completed=record["completed"], failed=record["failed"]),
-        model=record.get("model") or None, metadata=api.metadata,
+        request_counts=RequestCounts(total=record.total, completed=record.completed, failed=record.failed),
+        model=record.model or None, metadata=api.metadata,
     )
 
 
-def with_result_files(conn: redis.Redis, store: FileStore, record: dict[str, Any], api: ApiBatch) -> ApiBatch:
+def with_result_files(conn: redis.Redis, store: FileStore, record: BatchRecord, api: ApiBatch) -> ApiBatch:
     """`api` with the output and error files of the batch's last run, written now if it has just ended.
 
     Concurrent callers race for one claim per run; the others answer without the files, and batch_object shows
     the batch as still finalizing (or cancelling) until they exist.
     """
     run_end = _run_end(record)
-    if run_end is None or api.files_for == run_end or not batch_records.claim_files(conn, record["id"], run_end):
+    if run_end is None or api.files_for == run_end or not batch_records.claim_files(conn, record.id, run_end):
         return api
     try:
-        output_id, error_id = _write_files(store, conn, record["id"])
+        output_id, error_id = _write_files(store, conn, record.id)
     except BaseException:
-        batch_records.release_claim(conn, record["id"], run_end)
+        batch_records.release_claim(conn, record.id, run_end)
         raise
-    batch_records.set_files(conn, record["id"], run_end, output_id, error_id)
-    return batch_records.load(conn, record["id"])
+    batch_records.set_files(conn, record.id, run_end, output_id, error_id)
+    return batch_records.load(conn, record.id)
 
 
 def _write_files(store: FileStore, conn: redis.Redis, batch_id: str) -> tuple[str | None, str | None]:

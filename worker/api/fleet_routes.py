@@ -10,8 +10,10 @@ from pydantic import BaseModel
 
 from miro.worker import monitor, workers
 from miro.worker.metrics import FleetCollector
+from miro.worker.workers import WorkerRecord
 
 from . import batch_records
+from .batch_records import ApiBatch
 from .batch_shape import with_result_files
 
 router = APIRouter()
@@ -49,7 +51,8 @@ class BatchProgress(BaseModel):
     name: str
     status: str
     total: int
-    done: int
+    done: int  # completed + failed + cancelled
+    finished: int  # completed + failed: what ran (the page's progress; a cancelled request never ran)
     completed: int
     failed: int
     cancelled: int
@@ -65,9 +68,18 @@ class Fleet(BaseModel):
     workers: list[Worker]
 
 
-def _workers(records: list[dict]) -> list[Worker]:
-    return [Worker.model_validate({k: v for k, v in r.items() if k in Worker.model_fields}) for r in records
-            if "name" in r]
+def _workers(records: list[WorkerRecord]) -> list[Worker]:
+    shown = [r.to_dict() for r in records if r.name]
+    return [Worker.model_validate({k: v for k, v in r.items() if k in Worker.model_fields}) for r in shown]
+
+
+def _progress(view: monitor.BatchView, api: ApiBatch | None) -> BatchProgress:
+    batch = view.batch
+    return BatchProgress(id=batch.id, name=batch.name, status=batch.status, total=batch.total, done=batch.done,
+                         finished=batch.finished, completed=batch.completed, failed=batch.failed,
+                         cancelled=batch.cancelled, tokens_per_s=view.tokens_per_s, eta_s=view.eta_s,
+                         created_at=batch.created_at, output_file_id=api.output_file_id if api else None,
+                         error_file_id=api.error_file_id if api else None)
 
 
 @router.get("/v1/workers")
@@ -80,15 +92,12 @@ def fleet(request: Request) -> Fleet:
     state = request.app.state.miro
     snapshot = monitor.fleet_snapshot(state.conn)
     shown = []
-    for view in snapshot["batches"][:PAGE_BATCHES]:
-        api = batch_records.load(state.conn, view["id"])
+    for view in snapshot.batches[:PAGE_BATCHES]:
+        api = batch_records.load(state.conn, view.batch.id)
         if api is not None:
-            api = with_result_files(state.conn, state.store, view, api)
-        shown.append(BatchProgress.model_validate({
-            **{k: v for k, v in view.items() if k in BatchProgress.model_fields}, "name": view.get("name", ""),
-            "output_file_id": api.output_file_id if api else None, "error_file_id": api.error_file_id if api else None,
-        }))
-    return Fleet(batches=shown, workers=_workers(snapshot["workers"]))
+            api = with_result_files(state.conn, state.store, view.batch, api)
+        shown.append(_progress(view, api))
+    return Fleet(batches=shown, workers=_workers(snapshot.workers))
 
 
 @router.get("/metrics")
