@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-from dataclasses import dataclass
 
 import redis
 from fastapi import Depends, FastAPI, Request
@@ -17,22 +16,9 @@ from miro.worker import batches
 from . import batch_routes, file_routes, fleet_routes, page
 from .errors import ApiError
 from .file_store import FileStore
+from .state import ServerConfig, ServerState
 
 log = logging.getLogger("miro.serve")
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    redis_url: str
-    storage: str  # a folder or an object-store URL (s3://bucket/prefix) the whole fleet reaches
-    api_keys: tuple[str, ...] = ()  # none: anyone who reaches the server (cli/serve.py binds loopback then)
-
-
-@dataclass
-class ServerState:
-    config: ServerConfig
-    conn: redis.Redis
-    store: FileStore
 
 
 def _require_key(request: Request) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
@@ -23,9 +22,7 @@ from .batch_shape import batch_object, with_result_files
 from .errors import ApiError, bad_request, not_found
 from .file_store import FileRecord
 from .shapes import ENDPOINTS, Batch, BatchCreate, BatchError, Page
-
-if TYPE_CHECKING:
-    from .app import ServerState
+from .state import ServerState
 
 router = APIRouter()
 MAX_ERRORS = 1000  # line errors kept on a failed batch (its record stays small whatever the file)
