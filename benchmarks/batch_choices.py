@@ -95,15 +95,15 @@ def admission(args) -> None:
 
 
 def compare_orders(base, requests, num_blocks: int) -> None:
-    from miro.core import Engine
+    from miro.core import Engine, EngineConfig
 
     rates = {}
     for order in ("arrival", "prefix"):
-        engine = Engine(base.model, base.tokenizer, max_model_len=2048, num_kv_blocks=num_blocks,
-                        admission_order=order)
+        engine = Engine(base.model, base.tokenizer, EngineConfig(max_model_len=2048, num_kv_blocks=num_blocks,
+                                                                 admission_order=order))
         run_miro(engine, requests[:2])
-        engine = Engine(base.model, base.tokenizer, max_model_len=2048, num_kv_blocks=num_blocks,
-                        admission_order=order)
+        engine = Engine(base.model, base.tokenizer, EngineConfig(max_model_len=2048, num_kv_blocks=num_blocks,
+                                                                 admission_order=order))
         t0 = time.perf_counter()
         rates[order] = run_miro(engine, requests)
         stats = engine.stats()

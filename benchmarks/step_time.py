@@ -74,9 +74,9 @@ class PartTimer:
     def wrap_linear(self):
         timer, call = self, linear_module.Linear.__call__
 
-        def timed_call(layer, x, batch_invariant=False):
+        def timed_call(layer, x):
             t0 = time.perf_counter()
-            out = call(layer, x, batch_invariant)
+            out = call(layer, x)
             if timer.active:
                 timer.seconds["gemm"] += time.perf_counter() - t0
                 timer.gemm_flops += 2.0 * x.shape[0] * layer.in_features * layer.out_features
@@ -183,7 +183,7 @@ def main() -> None:
                                max_num_seqs=64, max_num_batched_tokens=512, enable_prefix_caching=False)
     timer.wrap_attention(engine.config)
     print(f"{args.model}: weights {engine.weight_format}, KV cache {engine.kv_cache_dtype}, "
-          f"batch-invariant {engine.runner.batch_invariant}; "
+          f"batch-invariant {engine.model.batch_invariant}; "
           f"load average {os.getloadavg()[0]:.2f}")
     peak, bandwidth = gemm_peak_gflops(), memory_bandwidth_gbs()
     print(f"sgemm peak {peak:.0f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s")

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import jsonschema
 
-from miro.core import Engine, SamplingParams
+from miro.core import Engine, EngineConfig, SamplingParams
 from miro.core import sampler as sampler_module
 from miro.core.structured_output import StructuredOutputs
 
@@ -145,7 +145,7 @@ def timed(owner, name: str, log: list[tuple[int, float]], size=lambda args: 0):
 
 def run(model, tokenizer, prompts, lengths: list[int] | None, max_tokens: int, max_num_seqs: int):
     """Constrained (lengths None), or unconstrained generating lengths[i] tokens for prompt i."""
-    engine = Engine(model, tokenizer, max_num_seqs=max_num_seqs)
+    engine = Engine(model, tokenizer, EngineConfig(max_num_seqs=max_num_seqs))
     steps = StepLog(engine)
     if lengths is None:
         params = [SamplingParams(max_tokens=max_tokens, temperature=0, structured_outputs=c) for _, c in prompts]

@@ -214,7 +214,7 @@ def main() -> None:
 
     tiers.enter(args)
     print(tiers.header(args, args.llama_python, with_llama="llama-cpp" not in args.skip), flush=True)
-    from miro.core import Engine
+    from miro.core import Engine, EngineConfig
     from miro.core.registry import resolve_model
 
     model_path = str(resolve_model(args.model))
@@ -234,8 +234,8 @@ def main() -> None:
     if "static" not in args.skip:
         results["static"] = run_static(engine, requests, engine.scheduler.max_num_seqs)
     if "no-chunking" not in args.skip:
-        unchunked = Engine(engine.model, engine.tokenizer, max_model_len=2048, enable_chunked_prefill=False,
-                           num_kv_blocks=engine.block_manager.num_blocks)
+        unchunked = Engine(engine.model, engine.tokenizer, EngineConfig(
+            max_model_len=2048, enable_chunked_prefill=False, num_kv_blocks=engine.block_manager.num_blocks))
         results["no-chunking"] = run_miro(unchunked, requests)
         del unchunked
     if "native" not in args.skip:  # weights kept as the file's blocks: batch-invariant by construction
@@ -251,7 +251,7 @@ def main() -> None:
         results["float32-kv"] = run_miro(float32_kv, requests)
         del float32_kv
     if "invariant" not in args.skip:  # the other side of the batch-invariance switch, f32 weights
-        invariant = not engine.runner.batch_invariant
+        invariant = not engine.engine_config.batch_invariant
         flipped = Engine.from_model(model_path, weights="f32", batch_invariant=invariant, max_model_len=2048,
                                     num_kv_blocks=engine.block_manager.num_blocks)
         run_miro(flipped, requests[:4])

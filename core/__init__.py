@@ -8,11 +8,12 @@ import os
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from .engine_config import EngineConfig  # noqa: E402
 from .errors import MiroError, ModelFileError, RequestError  # noqa: E402
 from .outputs import CompletionOutput, RequestOutput  # noqa: E402
 from .sampling import SamplingParams  # noqa: E402
 
-__all__ = ["Engine", "CompletionOutput", "RequestOutput", "SamplingParams", "MiroError", "ModelFileError", "RequestError"]
+__all__ = ["Engine", "EngineConfig", "CompletionOutput", "RequestOutput", "SamplingParams", "MiroError", "ModelFileError", "RequestError"]
 
 
 def __getattr__(name: str):

@@ -22,6 +22,7 @@ import numpy as np
 from . import defaults, sampler
 from .block_manager import BlockManager
 from .config import ModelConfig
+from .engine_config import EngineConfig
 from .errors import MiroError, RequestError
 from .gguf_file import GGUFFile
 from .kv_cache import check_kv_cache_dtype
@@ -63,24 +64,10 @@ class Request:
 
 
 class Engine:
-    def __init__(
-        self,
-        model: Model,
-        tokenizer: Tokenizer,
-        *,
-        model_name: str = "",
-        block_size: int = defaults.BLOCK_SIZE,
-        num_kv_blocks: int | None = None,
-        kv_cache_memory: str | int = defaults.KV_CACHE_MEMORY,
-        max_num_seqs: int | None = defaults.MAX_NUM_SEQS,
-        max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS,
-        max_model_len: int | None = None,
-        enable_prefix_caching: bool = True,
-        enable_chunked_prefill: bool = True,
-        batch_invariant: bool = defaults.BATCH_INVARIANT,
-        kv_cache_dtype: str = defaults.KV_CACHE_DTYPE,
-        admission_order: str = defaults.ADMISSION_ORDER,
-    ):
+    def __init__(self, model: Model, tokenizer: Tokenizer, config: EngineConfig | None = None, *, model_name: str = ""):
+        """An engine over a loaded model; config: every option (EngineConfig's defaults when None). The weights'
+        options (weights, max_weight_memory, batch_invariant) took effect when the model was loaded."""
+        config = config or EngineConfig()
         self.model = model
         self.config: ModelConfig = model.config
         self.weight_format: str = model.weight_format  # "f32" or "native"
@@ -91,20 +78,18 @@ class Engine:
         self.cpu_description: str = cpu.describe()  # that tier as one line for logs: "cpu tier avx2", ...
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.block_size = block_size
-        # batch_invariant: outputs bitwise independent of the batch (native weights always are; f32 then takes
-        # the invariant GEMM instead of OpenBLAS)
-        self.kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)  # "float16" or "float32"
-        self.runner = ModelRunner(model, block_size, num_kv_blocks, kv_cache_memory, batch_invariant,
-                                  self.kv_cache_dtype)
-        self.max_model_len = min(max_model_len or self.config.context_length, self.config.context_length)
-        self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size, enable_prefix_caching)
-        if not enable_chunked_prefill:  # every prompt must fit in one step
+        self.engine_config = config
+        self.block_size = block_size = config.block_size
+        self.kv_cache_dtype = check_kv_cache_dtype(config.kv_cache_dtype)  # "float16" or "float32"
+        self.runner = ModelRunner(model, block_size, config.num_kv_blocks, config.kv_cache_memory, self.kv_cache_dtype)
+        self.max_model_len = min(config.max_model_len or self.config.context_length, self.config.context_length)
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size, config.enable_prefix_caching)
+        max_num_batched_tokens = config.max_num_batched_tokens
+        if not config.enable_chunked_prefill:  # every prompt must fit in one step
             max_num_batched_tokens = max(max_num_batched_tokens, self.max_model_len)
-        if max_num_seqs is None:
-            max_num_seqs = seats_for(self.block_manager.num_blocks * block_size)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
-                                   admission_order)
+        max_num_seqs = config.max_num_seqs or seats_for(self.block_manager.num_blocks * block_size)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
+                                   config.enable_chunked_prefill, config.admission_order)
         self.structured = StructuredOutputs(tokenizer, self.config.vocab_size)
         self.requests: dict[str, Request] = {}
         self._aborted: list[RequestOutput] = []
@@ -116,9 +101,9 @@ class Engine:
         self.load_times: LoadTimes | None = None
 
     @classmethod
-    def from_model(cls, name_or_path: str | Path, log: Callable[[str], None] = lambda m: None, *,
-                   weights: str = defaults.WEIGHTS, max_weight_memory: str | int | None = None, **options) -> "Engine":
-        """Load an alias (pulled on first use) or a .gguf path; options are the constructor's keywords.
+    def from_model(cls, name_or_path: str | Path, log: Callable[[str], None] = lambda m: None,
+                   config: EngineConfig | None = None, **options) -> "Engine":
+        """Load an alias (pulled on first use) or a .gguf path; config, or the options as EngineConfig's keywords.
 
         weights: "native" keeps every matrix as stored in the file (batch-invariant by construction), "f32"
         dequantizes each once (4-8x the file's size in memory; packed for the invariant GEMM when
@@ -128,25 +113,24 @@ class Engine:
         `engine.weight_choice`; it goes to `log` when native is asked for or
         taken for want of memory.
         """
+        config = EngineConfig.of(options, base=config)
         path = resolve_model(name_or_path, log)
         t0 = time.perf_counter()
         gguf = GGUFFile(path)
-        config = read_config(gguf)  # an architecture miro does not run stops here
-        batch_invariant = options.get("batch_invariant", defaults.BATCH_INVARIANT)
+        model_config = read_config(gguf)  # an architecture miro does not run stops here
         tier = cpu.TIER.name
-        choice = choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory,
+        choice = choose_weight_format(config.weights, f32_weight_bytes(gguf), config.max_weight_memory,
                                       native_speedup(matmul_tensors(gguf), tier), tier)
-        weight_format = choice.format
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()
-        model = load_model(gguf, config, weight_format, batch_invariant)
+        model = load_model(gguf, model_config, choice.format, config.batch_invariant)
         t3 = time.perf_counter()
         if choice.announce:  # native asked for, or taken for want of memory
             log(choice.why)
         for fallback in model.weight_fallbacks:
             log(f"weights: {fallback}")
-        engine = cls(model, tokenizer, model_name=str(name_or_path), **options)
+        engine = cls(model, tokenizer, config, model_name=str(name_or_path))
         engine.mapped_bytes = Path(path).stat().st_size
         engine.weight_choice = choice.why
         engine.load_times = LoadTimes(parse_s=t1 - t0, tokenizer_s=t2 - t1, weights_s=t3 - t2)

@@ -49,7 +49,8 @@ class KVCache:
     k (n_layers, num_blocks, n_kv_heads, head_dim, block_size), v (n_layers, num_blocks, n_kv_heads,
     block_size, head_dim), as float32 or float16 ("float16" halves the bytes attention reads)."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16, dtype: str = "float32"):
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = defaults.BLOCK_SIZE,
+                 dtype: str = defaults.KV_CACHE_DTYPE):
         check_kv_layout(config, block_size)
         heads = (config.n_layers, num_blocks, config.n_kv_heads)
         self.num_blocks = num_blocks
@@ -62,7 +63,7 @@ class KVCache:
         self.v.fill(0)
 
     @staticmethod
-    def bytes_per_block(config: ModelConfig, block_size: int, dtype: str = "float32") -> int:
+    def bytes_per_block(config: ModelConfig, block_size: int, dtype: str = defaults.KV_CACHE_DTYPE) -> int:
         itemsize = np.dtype(KV_STORAGE[dtype]).itemsize
         return 2 * config.n_layers * config.n_kv_heads * block_size * config.head_dim * itemsize
 

@@ -31,13 +31,11 @@ class ModelRunnerOutput:
 
 class ModelRunner:
     def __init__(self, model: Model, block_size: int, num_kv_blocks: int | None, kv_cache_memory: str | int,
-                 batch_invariant: bool = defaults.BATCH_INVARIANT,
                  kv_cache_dtype: str = defaults.KV_CACHE_DTYPE):
         """A KV cache of num_kv_blocks blocks, or of as many as fit in kv_cache_memory ("1GiB", bytes),
         storing float32 or float16."""
         self.model = model
         self.block_size = block_size
-        self.batch_invariant = batch_invariant  # outputs bitwise independent of the batch (f32: a numba GEMM)
         if num_kv_blocks is None:
             num_kv_blocks = parse_size(kv_cache_memory) // KVCache.bytes_per_block(model.config, block_size,
                                                                                   kv_cache_dtype)
@@ -55,5 +53,5 @@ class ModelRunner:
         chunks = [(s.token_ids, s.start, s.seq.block_table) for s in batch.seqs]
         wants_logits = [s.wants_logits for s in batch.seqs]
         step = build_step_input(chunks, self.block_size, self.model.config.n_kv_heads, wants_logits)
-        logits = self.model.forward(step, self.cache, self.batch_invariant)
+        logits = self.model.forward(step, self.cache)
         return ModelRunnerOutput([s.seq for s in batch.seqs if s.wants_logits], logits)

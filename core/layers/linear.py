@@ -104,6 +104,7 @@ class Linear:
         raw = _join(parts)
         self.weight_bytes = 0 if np.shares_memory(raw, parts[0]) else raw.nbytes  # a copy only when fusing scattered parts
         self._tiles = None
+        self.batch_invariant = invariant or fmt == "native"
         if fmt == "f32":  # (in, out), the layout `x @ w` is fastest with, or packed for the invariant GEMM
             in_out = dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T
             self._w = pack_panels(in_out) if invariant else np.ascontiguousarray(in_out)
@@ -125,18 +126,19 @@ class Linear:
     def _kernels(self) -> quant_kernels.Kernels:
         return quant_kernels.kernels_for(int(self.type), self.tier)
 
-    def __call__(self, x: np.ndarray, batch_invariant: bool = False) -> np.ndarray:
+    def __call__(self, x: np.ndarray) -> np.ndarray:
         """(T, in_features) float32 -> (T, out_features) float32.
 
-        batch_invariant: each row's result bitwise independent of the other rows. Native kernels always
-        are; f32 then uses a numba GEMM instead of OpenBLAS, whose sgemm may round a row differently
-        depending on how many rows the call has and where the row sits.
+        Each row's result is bitwise independent of the other rows when the layer is `batch_invariant`: native
+        kernels always are; f32 weights built with invariant=True are packed for a numba GEMM, else laid out
+        for OpenBLAS, whose sgemm may round a row differently depending on how many rows the call has and
+        where the row sits.
         """
         if x.ndim != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"{self.name}: expected x of shape (T, {self.in_features}), got {x.shape}")
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self.fmt == "f32":
-            if batch_invariant or self._w.ndim == 3:  # packed weights take the invariant GEMM either way
+            if self.batch_invariant:
                 return matmul_invariant(x, self._w, np.empty((x.shape[0], self.out_features), np.float32), self.tier)
             return x @ self._w
         out = np.empty((x.shape[0], self.out_features), np.float32)
@@ -198,9 +200,10 @@ class LinearStack:
         self.in_features = layers[0].in_features
         self.out_features = sum(layer.out_features for layer in layers)
         self.weight_bytes = sum(layer.weight_bytes for layer in layers)
+        self.batch_invariant = all(layer.batch_invariant for layer in layers)
 
-    def __call__(self, x: np.ndarray, batch_invariant: bool = False) -> np.ndarray:
-        return np.concatenate([layer(x, batch_invariant) for layer in self.layers], axis=1)
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return np.concatenate([layer(x) for layer in self.layers], axis=1)
 
 
 class Embedding:

@@ -24,6 +24,7 @@ from .qwen import Qwen2Model, Qwen3Model
 class Model(Protocol):
     config: ModelConfig
     weight_format: str  # "f32" (matrices dequantized once) or "native" (kept as stored, llama.cpp's kernels)
+    batch_invariant: bool  # every row's logits bitwise independent of the rest of the batch (fixed at load)
 
     @staticmethod
     def read_config(gguf: GGUFFile) -> ModelConfig: ...
@@ -42,7 +43,7 @@ class Model(Protocol):
         """One sentence per tensor type kept as f32 although "native" was asked for (no native kernel)."""
         ...
 
-    def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
+    def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Write the step's K/V into `cache`; return float32 logits (len(step.logit_rows), vocab)."""
         ...
 

@@ -122,6 +122,7 @@ class LoadedModel:
         """After the layers, so that `weight_memory` counts everything the loader built."""
         self.config = config
         self.weight_format = loader.weight_format
+        self.batch_invariant = loader.weight_format == "native" or loader.batch_invariant  # as every Linear is
         self.token_embd: Embedding = loader.embedding()
         self.output_norm = loader.norm(T.OUTPUT_NORM)
         self.lm_head = loader.lm_head()
@@ -164,9 +165,8 @@ def qk_norm(qkv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray, config: Mod
     kernels.head_rmsnorm(qkv, cfg.q_dim, cfg.n_kv_heads, cfg.head_dim, k_norm, cfg.rms_eps)
 
 
-def logits(x: np.ndarray, rows: np.ndarray, output_norm: np.ndarray, lm_head: Linear, eps: float,
-           batch_invariant: bool) -> np.ndarray:
+def logits(x: np.ndarray, rows: np.ndarray, output_norm: np.ndarray, lm_head: Linear, eps: float) -> np.ndarray:
     """The final RMSNorm and the head, on the rows whose next-token logits are wanted."""
     last = x[rows]
     kernels.rmsnorm(last, output_norm, eps, last)
-    return lm_head(last, batch_invariant)
+    return lm_head(last)

@@ -87,9 +87,9 @@ class Gemma3Model(LoadedModel):
         window = _positive_int(gguf, Keys.Attention.SLIDING_WINDOW.format(arch=config.architecture))
         return dataclasses.replace(config, rope_neox=True, sliding_window=window, rope_theta_local=LOCAL_ROPE_THETA)
 
-    def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
+    def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
-        cfg, inv = self.config, batch_invariant
+        cfg = self.config
         n_tokens = len(step.token_ids)
         rope_global, rope_local = self.rope_global.upto(step.positions), self.rope_local.upto(step.positions)
         x = self.token_embd(step.token_ids)
@@ -100,12 +100,12 @@ class Gemma3Model(LoadedModel):
         for i, layer in enumerate(self.layers):
             rope, window = (rope_local, cfg.sliding_window) if is_local(i) else (rope_global, 0)
             kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
-            qkv = layer.wqkv(normed, inv)
+            qkv = layer.wqkv(normed)
             qk_norm(qkv, layer.q_norm, layer.k_norm, cfg)
-            h = layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out, window), inv)
+            h = layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out, window))
             x += kernels.rmsnorm(h, layer.post_attn_norm, cfg.rms_eps, h)
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
-            kernels.gelu_mul(layer.w_gate_up(normed, inv), act)
-            h = layer.w_down(act, inv)
+            kernels.gelu_mul(layer.w_gate_up(normed), act)
+            h = layer.w_down(act)
             x += kernels.rmsnorm(h, layer.post_ffn_norm, cfg.rms_eps, h)
-        return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps, inv)
+        return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps)

@@ -64,12 +64,9 @@ class LlamaModel(LoadedModel):
         self._load_embedding_and_head(config, loader)
         self.rope = RopeTable(config.head_dim, config.rope_theta)
 
-    def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
-        """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows.
-
-        With batch_invariant every GEMM computes each row the same way whatever else is in the batch.
-        """
-        cfg, inv = self.config, batch_invariant
+    def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
+        """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
+        cfg = self.config
         n_tokens = len(step.token_ids)
         rope = self.rope.upto(step.positions)
         x = self.token_embd(step.token_ids)
@@ -78,9 +75,9 @@ class LlamaModel(LoadedModel):
         act = np.empty((n_tokens, cfg.ffn_dim), dtype=np.float32)
         for i, layer in enumerate(self.layers):
             kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
-            qkv = layer.wqkv(normed, inv)
-            x += layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out), inv)
+            qkv = layer.wqkv(normed)
+            x += layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out))
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
-            kernels.silu_mul(layer.w_gate_up(normed, inv), act)
-            x += layer.w_down(act, inv)
-        return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps, inv)
+            kernels.silu_mul(layer.w_gate_up(normed), act)
+            x += layer.w_down(act)
+        return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps)

@@ -92,9 +92,9 @@ class QwenModel(LoadedModel):
     def read_config(gguf: GGUFFile) -> ModelConfig:
         return dataclasses.replace(ModelConfig.from_gguf(gguf), rope_neox=True)
 
-    def forward(self, step: StepInput, cache: KVCache, batch_invariant: bool = False) -> np.ndarray:
+    def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
-        cfg, inv = self.config, batch_invariant
+        cfg = self.config
         n_tokens = len(step.token_ids)
         rope = self.rope.upto(step.positions)
         x = self.token_embd(step.token_ids)
@@ -103,16 +103,16 @@ class QwenModel(LoadedModel):
         act = np.empty((n_tokens, cfg.ffn_dim), dtype=np.float32)
         for i, layer in enumerate(self.layers):
             kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
-            qkv = layer.wqkv(normed, inv)
+            qkv = layer.wqkv(normed)
             if self.has_qkv_bias:
                 qkv += layer.qkv_bias
             if self.has_qk_norm:
                 qk_norm(qkv, layer.q_norm, layer.k_norm, cfg)
-            x += layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out), inv)
+            x += layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out))
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
-            kernels.silu_mul(layer.w_gate_up(normed, inv), act)
-            x += layer.w_down(act, inv)
-        return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps, inv)
+            kernels.silu_mul(layer.w_gate_up(normed), act)
+            x += layer.w_down(act)
+        return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps)
 
 
 class Qwen2Model(QwenModel):

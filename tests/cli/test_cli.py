@@ -107,7 +107,7 @@ def test_options_and_keyword_arguments_take_their_defaults_from_one_module():
     arguments show the same values."""
     import inspect
 
-    from miro.core import Engine, defaults
+    from miro.core import EngineConfig, defaults
     from miro.worker import BatchWorker
     from miro.worker.submit import submit
 
@@ -115,11 +115,13 @@ def test_options_and_keyword_arguments_take_their_defaults_from_one_module():
         return next(p.default for p in cli.commands[command].params if p.name == name)
 
     worker = inspect.signature(BatchWorker.__init__).parameters
-    engine = inspect.signature(Engine.__init__).parameters
+    engine = EngineConfig()
     for command in ("worker", "run", "generate"):
-        assert option(command, "kv_cache_memory") == engine["kv_cache_memory"].default == defaults.KV_CACHE_MEMORY
-        assert option(command, "max_num_seqs") == engine["max_num_seqs"].default == defaults.MAX_NUM_SEQS
-        assert option(command, "weights") == defaults.WEIGHTS
+        assert option(command, "kv_cache_memory") == engine.kv_cache_memory == defaults.KV_CACHE_MEMORY
+        assert option(command, "max_num_seqs") == engine.max_num_seqs == defaults.MAX_NUM_SEQS
+        assert option(command, "weights") == engine.weights == defaults.WEIGHTS
+        assert option(command, "kv_cache_dtype") == engine.kv_cache_dtype == defaults.KV_CACHE_DTYPE
+        assert option(command, "block_size") == engine.block_size == defaults.BLOCK_SIZE
     assert option("worker", "flush_rows") == worker["flush_rows"].default == defaults.FLUSH_ROWS
     assert option("worker", "flush_seconds") == worker["flush_seconds"].default == option("run", "flush_seconds")
     assert option("worker", "heartbeat_slack") == worker["heartbeat_slack_s"].default == defaults.HEARTBEAT_SLACK_S

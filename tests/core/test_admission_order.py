@@ -5,7 +5,7 @@ alone. And max_num_seqs's default, derived from the KV cache's size."""
 import numpy as np
 import pytest
 
-from miro.core import Engine, MiroError, SamplingParams
+from miro.core import Engine, EngineConfig, MiroError, SamplingParams
 from miro.core.scheduler import seats_for
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -20,7 +20,7 @@ def loaded(tiny_model):
 
 def make_engine(loaded, **options) -> Engine:
     model, tokenizer = loaded
-    return Engine(model, tokenizer, **{"num_kv_blocks": 64, **options})
+    return Engine(model, tokenizer, EngineConfig.of({"num_kv_blocks": 64, **options}))
 
 
 def other(seed: int) -> list[int]:

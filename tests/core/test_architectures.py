@@ -22,6 +22,7 @@ from fixture_files import FIXTURES
 from gguf_factory import write_tiny_model
 
 from miro.core.engine import Engine
+from miro.core.engine_config import EngineConfig
 from miro.core.errors import ModelFileError
 from miro.core.gguf_file import GGUFFile
 from miro.core.models import MODELS, load_model, model_class, read_config
@@ -53,7 +54,7 @@ def all_position_logits(engine: Engine, ids: list[int]) -> np.ndarray:
 def engine_for(path, weight_format: str, **options) -> Engine:
     gguf = GGUFFile(path)
     model = load_model(gguf, read_config(gguf), weight_format)
-    return Engine(model, Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path)), **options)
+    return Engine(model, Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path)), EngineConfig.of(options))
 
 
 @pytest.fixture(scope="module")

@@ -110,7 +110,7 @@ params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 result = {"tier": cpu.TIER.name}
 for weights in ("native", "f32"):
     engine = Engine.from_model(sys.argv[1], weights=weights, kv_cache_memory="64MiB")
-    assert engine.runner.batch_invariant
+    assert engine.model.batch_invariant
     outputs = engine.generate(prompts, params, use_tqdm=False)
     result[weights] = [out.outputs[0].token_ids for out in outputs]
 print(json.dumps(result))

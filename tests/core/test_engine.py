@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from fixture_files import FIXTURES
 
-from miro.core import Engine, RequestError, SamplingParams
+from miro.core import Engine, EngineConfig, RequestError, SamplingParams
 
 CHAT_PROMPTS = [p["prompt_ids"] for p in json.loads((FIXTURES / "hf_reference.json").read_text())["prompts"]]
 
@@ -21,7 +21,7 @@ def loaded(smollm2_path):
 def make_engine(loaded, **options) -> Engine:
     model, tokenizer = loaded
     options.setdefault("num_kv_blocks", 256)
-    return Engine(model, tokenizer, **options)
+    return Engine(model, tokenizer, EngineConfig.of(options))
 
 
 def mixed_prompts(n: int) -> list[list[int]]:
@@ -194,3 +194,13 @@ def test_no_max_tokens_is_bounded_by_what_the_cache_holds_for_every_choice(loade
     prompt = list(range(100, 120))
     [out] = engine.generate([prompt], SamplingParams(max_tokens=None, n=3, ignore_eos=True), use_tqdm=False)
     assert [len(c.token_ids) for c in out.outputs] == [28] * 3
+
+
+def test_engine_options_are_one_config_and_an_unknown_one_is_refused_in_one_sentence():
+    from miro.core import MiroError
+
+    config = EngineConfig.of({"block_size": 32, "max_num_seqs": 5})
+    assert (config.block_size, config.max_num_seqs, config.kv_cache_dtype) == (32, 5, EngineConfig().kv_cache_dtype)
+    assert EngineConfig.of({"max_num_seqs": 7}, base=config) == EngineConfig(block_size=32, max_num_seqs=7)
+    with pytest.raises(MiroError, match=r"^the engine has no option 'max_seqs' \(it takes .*max_num_seqs.*\)\.$"):
+        Engine.from_model("no-such-model.gguf", max_seqs=4)  # refused before the file is looked at

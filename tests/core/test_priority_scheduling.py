@@ -4,7 +4,7 @@ blocks of the least urgent running one (preempted, recomputed later), and every 
 import numpy as np
 import pytest
 
-from miro.core import Engine, SamplingParams
+from miro.core import Engine, EngineConfig, SamplingParams
 
 HIGH, NORMAL, LOW = -1, 0, 1
 GREEDY = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
@@ -20,7 +20,7 @@ def loaded(tiny_model):
 
 def make_engine(loaded, **options) -> Engine:
     model, tokenizer = loaded
-    return Engine(model, tokenizer, batch_invariant=True, **{"num_kv_blocks": 64, "block_size": 16, **options})
+    return Engine(model, tokenizer, EngineConfig.of({"num_kv_blocks": 64, "block_size": 16, **options}))
 
 
 def prompts(n: int, seed: int = 3) -> list[list[int]]:

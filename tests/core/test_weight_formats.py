@@ -147,7 +147,7 @@ def test_cli_weights_option_and_autos_message(tiny_model):
     assert len(choices) == 1  # invariance does not move auto's choice: both formats are invariant
     for invariant in (True, False):  # f32 is packed for the invariant GEMM only when asked to be invariant
         engine = Engine.from_model(tiny_model, num_kv_blocks=8, weights="f32", batch_invariant=invariant)
-        assert engine.runner.batch_invariant is invariant
+        assert engine.model.batch_invariant is invariant
         assert all((layer.wqkv._w.ndim == 3) is invariant for layer in engine.model.layers)
     bad = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-weight-memory", "lots", "hi"])
     assert bad.exit_code == 1 and "cannot read 'lots' as a memory size" in bad.output
