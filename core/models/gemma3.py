@@ -25,8 +25,8 @@ from ..layers.linear import Linear
 from ..layers.rotary import RopeTable
 from ..step_input import StepInput
 from ..weights import TensorSpec, check_tensors
-from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, ffn_specs, logits,
-                     norm_specs, qk_norm, qk_norm_specs)
+from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,
+                     ffn_specs, logits, norm_specs, qk_norm, qk_norm_specs)
 
 LOCAL_ROPE_THETA = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3
 GLOBAL_LAYER_EVERY = 6  # layers 5, 11, 17, ... are global; the others slide
@@ -96,7 +96,6 @@ class Gemma3Model(LoadedModel):
         x *= self.embed_scale
         normed = np.empty_like(x)
         attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
-        act = np.empty((n_tokens, cfg.ffn_dim), dtype=np.float32)
         for i, layer in enumerate(self.layers):
             rope, window = (rope_local, cfg.sliding_window) if is_local(i) else (rope_global, 0)
             kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
@@ -105,7 +104,6 @@ class Gemma3Model(LoadedModel):
             h = layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out, window))
             x += kernels.rmsnorm(h, layer.post_attn_norm, cfg.rms_eps, h)
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
-            kernels.gelu_mul(layer.w_gate_up(normed), act)
-            h = layer.w_down(act)
+            h = feed_forward(normed, layer.w_gate_up, layer.w_down, kernels.gelu_mul)
             x += kernels.rmsnorm(h, layer.post_ffn_norm, cfg.rms_eps, h)
         return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps)

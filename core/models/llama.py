@@ -25,8 +25,8 @@ from ..layers.linear import Linear
 from ..layers.rotary import RopeTable
 from ..step_input import StepInput
 from ..weights import TensorSpec, check_tensors
-from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, ffn_specs, logits,
-                     norm_specs)
+from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,
+                     ffn_specs, logits, norm_specs)
 
 
 @dataclass
@@ -72,12 +72,10 @@ class LlamaModel(LoadedModel):
         x = self.token_embd(step.token_ids)
         normed = np.empty_like(x)
         attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
-        act = np.empty((n_tokens, cfg.ffn_dim), dtype=np.float32)
         for i, layer in enumerate(self.layers):
             kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
             qkv = layer.wqkv(normed)
             x += layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out))
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
-            kernels.silu_mul(layer.w_gate_up(normed), act)
-            x += layer.w_down(act)
+            x += feed_forward(normed, layer.w_gate_up, layer.w_down, kernels.silu_mul)
         return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps)
