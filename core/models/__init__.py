@@ -17,8 +17,7 @@ from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..step_input import StepInput
 from .gemma3 import Gemma3Model
-from .llama import LlamaModel
-from .qwen import Qwen2Model, Qwen3Model
+from .llama import LlamaModel, Qwen2Model, Qwen3Model
 
 
 class Model(Protocol):

@@ -1,9 +1,14 @@
-"""Llama: its tensors and its forward pass over one packed batch of tokens.
+"""The llama family: llama, qwen2 and qwen3, one forward pass over one packed batch of tokens.
 
 The forward pass is llama2.c's, over every token of a step at once (prefill chunks and decode tokens
 together): each linear layer is one GEMM over all of them; RMSNorm and the SiLU gate are numba kernels
 (core/kernels.py), RoPE with the KV-cache write and paged attention too (core/layers/attention.py,
-through common.attention). RoPE rotates adjacent pairs (x[2i], x[2i + 1]).
+through common.attention).
+
+What sets the three apart is a flag each: llama rotates adjacent pairs (x[2i], x[2i + 1]); qwen2 and qwen3
+rotate NEOX halves (x[i] with x[i + head_dim/2]) and add one thing to the fused q/k/v rows before RoPE:
+qwen2 biases on Q, K and V, qwen3 a per-head RMSNorm of q and k (its head_dim is attention.key_length,
+which need not be dim / n_heads: ModelConfig.from_gguf reads it).
 
 Every matrix is a `Linear` (core/layers/linear.py) in one weight format: "f32" dequantizes it once into a
 float32 copy; "native" keeps the file's blocks where they are (a view of the memory map) and multiplies by
@@ -14,46 +19,77 @@ output.weight means the head is tied to it (common.Loader.lm_head).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import MODEL_TENSOR
 
 from .. import kernels
 from ..config import ModelConfig
+from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..layers.linear import Linear
 from ..layers.rotary import RopeTable
 from ..step_input import StepInput
-from ..weights import TensorSpec, check_tensors
+from ..weights import TensorSpec, check_tensors, norm, tensor_name
 from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,
-                     ffn_specs, logits, norm_specs)
+                     ffn_specs, logits, norm_specs, qk_norm, qk_norm_specs)
 
 
 @dataclass
 class LlamaLayer:
     attn_norm: np.ndarray  # (dim,)
     wqkv: Linear  # dim -> q_dim + 2 * kv_dim
+    qkv_bias: np.ndarray | None  # (q_dim + 2 * kv_dim,): qwen2
+    q_norm: np.ndarray | None  # (head_dim,): qwen3
+    k_norm: np.ndarray | None  # (head_dim,): qwen3
     wo: Linear  # q_dim -> dim
     ffn_norm: np.ndarray  # (dim,)
     w_gate_up: Linear  # dim -> 2 * ffn_dim: gate outputs first, then up
     w_down: Linear  # ffn_dim -> dim
 
 
-def llama_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
-    """Every tensor a llama file must hold (or may, if optional), with the shape its config implies."""
+def bias_name(kind: MODEL_TENSOR, block: int) -> str:
+    """'blk.N.attn_q.bias' and the like."""
+    return tensor_name(kind, block).removesuffix(".weight") + ".bias"
+
+
+def llama_tensor_specs(config: ModelConfig, has_qkv_bias: bool = False, has_qk_norm: bool = False) -> dict[str, TensorSpec]:
+    """Every tensor a file of the family must hold (or may, if optional), with the shape its config implies."""
     specs = embedding_and_head_specs(config)
     for i in range(config.n_layers):
-        specs |= norm_specs(config, i, T.ATTN_NORM, T.FFN_NORM) | attention_specs(config, i) | ffn_specs(config, i)
+        specs |= norm_specs(config, i, T.ATTN_NORM, T.FFN_NORM) | attention_specs(config, i)
+        if has_qk_norm:
+            specs |= qk_norm_specs(config, i)
+        specs |= ffn_specs(config, i)
+        if has_qkv_bias:
+            specs |= {bias_name(T.ATTN_Q, i): norm(config.q_dim), bias_name(T.ATTN_K, i): norm(config.kv_dim),
+                      bias_name(T.ATTN_V, i): norm(config.kv_dim)}
     return specs
 
 
+def load_qkv_bias(loader: Loader, i: int) -> np.ndarray:
+    """Block i's Q, K and V biases side by side, as the fused qkv rows lay them out."""
+    return np.concatenate([loader.vector(bias_name(kind, i)) for kind in (T.ATTN_Q, T.ATTN_K, T.ATTN_V)])
+
+
 class LlamaModel(LoadedModel):
+    """One forward pass for the family; a subclass per architecture sets which additions its blocks have."""
+
+    has_qkv_bias = False  # biases on Q, K and V (qwen2)
+    has_qk_norm = False  # a per-head RMSNorm of q and k (qwen3)
+    rope_neox = False  # RoPE on halves (qwen2, qwen3) rather than adjacent pairs
+
     def __init__(self, config: ModelConfig, loader: Loader):
-        check_tensors(loader.gguf, llama_tensor_specs(config))
+        check_tensors(loader.gguf, llama_tensor_specs(config, self.has_qkv_bias, self.has_qk_norm))
         self.layers = [
             LlamaLayer(
                 attn_norm=loader.norm(T.ATTN_NORM, i),
                 wqkv=loader.linear(T.ATTN_Q, T.ATTN_K, T.ATTN_V, block=i),
+                qkv_bias=load_qkv_bias(loader, i) if self.has_qkv_bias else None,
+                q_norm=loader.norm(T.ATTN_Q_NORM, i) if self.has_qk_norm else None,
+                k_norm=loader.norm(T.ATTN_K_NORM, i) if self.has_qk_norm else None,
                 wo=loader.linear(T.ATTN_OUT, block=i),
                 ffn_norm=loader.norm(T.FFN_NORM, i),
                 w_gate_up=loader.linear(T.FFN_GATE, T.FFN_UP, block=i),
@@ -63,6 +99,10 @@ class LlamaModel(LoadedModel):
         ]
         self._load_embedding_and_head(config, loader)
         self.rope = RopeTable(config.head_dim, config.rope_theta)
+
+    @classmethod
+    def read_config(cls, gguf: GGUFFile) -> ModelConfig:
+        return dataclasses.replace(ModelConfig.from_gguf(gguf), rope_neox=cls.rope_neox)
 
     def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
@@ -75,7 +115,19 @@ class LlamaModel(LoadedModel):
         for i, layer in enumerate(self.layers):
             kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
             qkv = layer.wqkv(normed)
+            if self.has_qkv_bias:
+                qkv += layer.qkv_bias
+            if self.has_qk_norm:
+                qk_norm(qkv, layer.q_norm, layer.k_norm, cfg)
             x += layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out))
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
             x += feed_forward(normed, layer.w_gate_up, layer.w_down, kernels.silu_mul)
         return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps)
+
+
+class Qwen2Model(LlamaModel):
+    has_qkv_bias, rope_neox = True, True
+
+
+class Qwen3Model(LlamaModel):
+    has_qk_norm, rope_neox = True, True
