@@ -158,17 +158,19 @@ def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, conf
     return out.reshape(n_tokens, cfg.q_dim)
 
 
-FFN_ROWS = 128  # rows of a step the feed-forward takes at a time (see feed_forward)
+FFN_BYTES = 8 << 20  # the most a step's feed-forward gate/up output takes at a time (see feed_forward)
 
 
 def feed_forward(normed: np.ndarray, w_gate_up: Linear, w_down: Linear, gate_kernel) -> np.ndarray:
-    """w_down(gate(w_gate_up(normed))), gate_kernel(gate_up, out) one of kernels.silu_mul / gelu_mul, FFN_ROWS
-    rows at a time: a 512-token prefill's (T, 2 x ffn_dim) gate/up output alone is the step's largest buffer
-    (23 MB on a 1.1B model), and every row's result is its own whatever rows share its call."""
-    out = np.empty((normed.shape[0], w_down.out_features), dtype=np.float32)
-    act = np.empty((min(normed.shape[0], FFN_ROWS), w_down.in_features), dtype=np.float32)
-    for first in range(0, normed.shape[0], FFN_ROWS):
-        rows = slice(first, first + FFN_ROWS)
+    """w_down(gate(w_gate_up(normed))), gate_kernel(gate_up, out) one of kernels.silu_mul / gelu_mul, in runs of
+    rows whose gate/up output fits FFN_BYTES: a 512-token prefill's (T, 2 x ffn_dim) output was the step's
+    largest buffer (23 MB on a 1.1B model), and every row's result is its own whatever rows share its call."""
+    n_rows = normed.shape[0]
+    run = max(16, FFN_BYTES // (4 * w_gate_up.out_features))
+    out = np.empty((n_rows, w_down.out_features), dtype=np.float32)
+    act = np.empty((min(n_rows, run), w_down.in_features), dtype=np.float32)
+    for first in range(0, n_rows, run):
+        rows = slice(first, first + run)
         chunk = act[: len(normed[rows])]
         gate_kernel(w_gate_up(normed[rows]), chunk)
         out[rows] = w_down(chunk)

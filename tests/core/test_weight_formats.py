@@ -189,13 +189,14 @@ def test_auto_takes_the_faster_format_and_f32_only_within_the_budget():
 
 @pytest.mark.parametrize("fmt", ["native", "f32"])
 def test_the_feed_forward_in_chunks_of_rows_gives_the_bits_of_one_call(engines, fmt):
-    """feed_forward takes FFN_ROWS rows at a time to bound a prefill's largest buffers; batch-invariant layers
-    must give the same bits as one call over all the rows."""
+    """feed_forward takes runs of rows to bound a prefill's largest buffers; batch-invariant layers must give
+    the same bits as one call over all the rows."""
     from miro.core import kernels
-    from miro.core.models.common import FFN_ROWS, feed_forward
+    from miro.core.models.common import FFN_BYTES, feed_forward
 
     layer = engines[fmt].model.layers[0]
-    x = np.random.default_rng(0).standard_normal((2 * FFN_ROWS + 37, layer.w_gate_up.in_features)).astype(np.float32)
+    run = FFN_BYTES // (4 * layer.w_gate_up.out_features)
+    x = np.random.default_rng(0).standard_normal((2 * run + 37, layer.w_gate_up.in_features)).astype(np.float32)
     gate_up = layer.w_gate_up(x)
     act = np.empty((len(x), gate_up.shape[1] // 2), dtype=np.float32)
     kernels.silu_mul(gate_up, act)
