@@ -21,8 +21,9 @@ from rq.serializers import JSONSerializer
 
 from miro.core import Engine, SamplingParams
 from miro.core.registry import resolve_model
-from miro.worker import BatchWorker, control, keys
-from miro.worker.submit import submit
+from miro.worker import BatchWorker
+from miro.worker.fleet import control, keys
+from miro.worker.fleet.submit import submit
 
 
 def median_ms(call, repeats: int) -> float:

@@ -23,8 +23,8 @@ from rq.serializers import JSONSerializer
 from miro.core import Engine
 from miro.core.registry import resolve_model
 from miro.worker import BatchWorker
-from miro.worker.results import collect, write_parquet
-from miro.worker.submit import submit
+from miro.worker.fleet.results import collect, write_parquet
+from miro.worker.fleet.submit import submit
 
 from throughput import load_sharegpt, run_miro, total_tokens
 

@@ -51,10 +51,11 @@ def run(args, low_priority: str, high_priority: str) -> Latency:
     import pyarrow.parquet as pq
     from rq.serializers import JSONSerializer
 
-    from miro.cli.embedded_redis import EmbeddedRedis
-    from miro.worker import BatchWorker, batches
-    from miro.worker.routing import queue_for
-    from miro.worker.submit import submit
+    from miro.worker import BatchWorker
+    from miro.worker.fleet import batches
+    from miro.worker.fleet.embedded_redis import EmbeddedRedis
+    from miro.worker.fleet.routing import queue_for
+    from miro.worker.fleet.submit import submit
 
     with tempfile.TemporaryDirectory() as folder, EmbeddedRedis(Path(folder) / "redis") as conn:
         out = Path(folder) / "out"

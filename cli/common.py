@@ -28,7 +28,7 @@ def _run_reporting_errors(invoke, ctx):
         click.echo(f"Error: {err}", err=True)
         sys.exit(1)
     except redis.RedisError as err:  # it answered when the command connected, then stopped (or refused a command)
-        from miro.worker.batches import redacted
+        from miro.worker.fleet.batches import redacted
 
         url = ctx.params.get("redis_url")
         where = f" at {redacted(url)}" if url else ""

@@ -111,8 +111,8 @@ def models_list():
 def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temperature, top_p, seed, skip_invalid,
            dry_run, resume, job_timeout, priority, json_schema, regex, choice, grammar):
     """Validate DATASET (JSONL) and enqueue one RQ job per line; prints the batch id."""
-    from miro.worker.batches import connect, redacted
-    from miro.worker.submit import InvalidDataset, submit as submit_dataset
+    from miro.worker.fleet.batches import connect, redacted
+    from miro.worker.fleet.submit import InvalidDataset, submit as submit_dataset
 
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
                                   ("seed", seed), ("structured_outputs", constraint_of(json_schema, regex, choice, grammar)))
@@ -160,8 +160,8 @@ def submit_main() -> None:
 @redis_url_option()
 def results(batch_id, out_path, fmt, errors_path, redis_url):
     """Merge BATCH's part files into one file: one row per custom id and choice, in input order, failed requests included."""
-    from miro.worker.batches import connect
-    from miro.worker.results import collect, write_results
+    from miro.worker.fleet.batches import connect
+    from miro.worker.fleet.results import collect, write_results
 
     table, batch = collect(connect(redis_url), batch_id)
     written = write_results(table, out_path, fmt, errors_path)
@@ -213,8 +213,8 @@ def worker(redis_url, queues, name, model, served_model_names, burst, shutdown_g
 
     from miro.core.errors import MiroError
     from miro.worker import BatchWorker
-    from miro.worker.batches import connect, redacted
-    from miro.worker.routing import queue_for
+    from miro.worker.fleet.batches import connect, redacted
+    from miro.worker.fleet.routing import queue_for
 
     conn = connect(redis_url, wait_s=wait_for_redis, log=log_to_stderr)
     queues = queues or [queue_for(n) for n in dict.fromkeys([model, *served_model_names])]

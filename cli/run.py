@@ -27,7 +27,7 @@ import redis
 
 from miro.core import defaults
 from miro.core.errors import MiroError
-from miro.worker import batches
+from miro.worker.fleet import batches, control
 
 from .common import (MiroCommand, constraint_of, constraint_options, echo_line_errors, engine_kwargs, engine_options,
                      log_to_stderr, model_option, priority_option, redis_url_option)
@@ -71,7 +71,7 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     Ctrl-C writes what finished to OUTPUT's .partial.parquet file; the same command with --resume finishes it.
     """
     from miro.core.registry import resolve_model
-    from miro.worker import storage
+    from miro.worker.fleet import storage
 
     constraint = constraint_of(json_schema, regex, choice, grammar)
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
@@ -116,7 +116,7 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
 
 def _validate(dataset: str, defaults: dict, skip_invalid: bool):
     """Every line checked before anything starts; the errors are printed as `miro submit` prints them."""
-    from miro.worker.submit import InvalidDataset, submit as submit_dataset
+    from miro.worker.fleet.submit import InvalidDataset, submit as submit_dataset
 
     try:
         checked = submit_dataset(None, dataset, defaults=defaults, skip_invalid=skip_invalid, dry_run=True)
@@ -135,7 +135,7 @@ def _redis(state: RunState, redis_url: str | None):
     if redis_url:
         yield batches.connect(redis_url)
         return
-    from .embedded_redis import EmbeddedRedis
+    from miro.worker.fleet.embedded_redis import EmbeddedRedis
 
     with EmbeddedRedis(state.redis_dir) as conn:
         yield conn
@@ -145,7 +145,7 @@ def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, r
             priority: str | None) -> tuple[str, str]:
     """Enqueue the dataset as a new batch, or (resume) only its requests with no finished or running job (the
     batch keeps its priority); returns the batch id and its queue."""
-    from miro.worker.submit import submit as submit_dataset
+    from miro.worker.fleet.submit import submit as submit_dataset
 
     options = record["options"]
     if not resume:
@@ -161,30 +161,13 @@ def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, r
     except MiroError:
         raise MiroError(f"The Redis of the interrupted run no longer holds its batch {batch_id}; delete "
                         f"{state.shown} to start over.") from None
-    _requeue_abandoned(conn, batch.queue)
+    control.requeue_abandoned(conn, batch.queue)  # a run killed outright left them taken
     submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"], defaults=defaults,
                    skip_invalid=options["skip_invalid"], resume=batch_id)
     batch = batches.get_batch(conn, batch_id)
     log_to_stderr(f"Resuming {batch_id} from {state.shown}: {batch.done:,} of {batch.total:,} requests "
                   "already done.")
     return batch_id, batch.queue
-
-
-def _requeue_abandoned(conn, queue_name: str) -> None:
-    """Jobs that a run killed outright (SIGKILL, a power cut) had taken go back on the queue. Only runs of this
-    state folder serve the queue, and the lock says none is running, so every job taken is abandoned."""
-
-    from rq import Queue
-    from rq.registry import StartedJobRegistry
-    from rq.serializers import JSONSerializer
-
-    queue = Queue(queue_name, connection=conn, serializer=JSONSerializer)
-    started = StartedJobRegistry(queue=queue)
-    for job_id in queue.intermediate_queue.get_job_ids():  # taken off the queue, not yet started
-        queue.intermediate_queue.remove(job_id)
-        # status started and leaving this list are one step, so these never started, even if already in `started`
-        queue.push_job_id(job_id, at_front=True)
-    started.cleanup(timestamp=time.time() + 10 ** 9)  # started: queued again as if their heartbeats had lapsed
 
 
 def _worker(conn, queue_name: str, model: str, shutdown_grace: float, flush_seconds: float, engine: dict):
@@ -241,8 +224,8 @@ class Pace:
 def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: dict,
                    interruption: Interruption, pace: Pace | None) -> bool:
     """OUTPUT if every request finished (then True), else the partial file; either way the line that says so."""
-    from miro.worker import storage
-    from miro.worker.results import collect, write_parquet, write_results
+    from miro.worker.fleet import storage
+    from miro.worker.fleet.results import collect, write_parquet, write_results
 
     table, batch = collect(conn, batch_id)
     partial = partial_path(out_path)
@@ -271,7 +254,7 @@ def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: 
 
 def partial_path(out_path: str) -> str:
     """Where an interrupted run writes what finished: results.parquet -> results.partial.parquet."""
-    from miro.worker import storage
+    from miro.worker.fleet import storage
 
     return storage.with_suffix(out_path, ".parquet", ".partial.parquet")
 

@@ -61,7 +61,7 @@ def serve_command(redis_url, host, port, storage, api_keys, wait_for_redis):
     import uvicorn
 
     from miro.worker.api import ServerConfig, create_app
-    from miro.worker.batches import connect, redacted
+    from miro.worker.fleet.batches import connect, redacted
 
     keys = _api_keys(api_keys)
     if not keys and not _is_loopback(host):

@@ -36,7 +36,7 @@ WEIGHT_MEMORY_FRACTION = 0.5  # of the machine's RAM: auto's budget for a float3
 # submitting a batch
 OUTPUT = "./miro-results"  # where the workers write the part files
 JOB_TIMEOUT_S = 3600  # a request waits in the worker's continuous batch, so RQ's 180 s is short
-PRIORITIES = ("high", "normal", "low")  # a batch's priority, most urgent first (worker/routing.py: its queues)
+PRIORITIES = ("high", "normal", "low")  # a batch's priority, most urgent first (worker/fleet/routing.py: its queues)
 PRIORITY = "normal"
 
 # a worker

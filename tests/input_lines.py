@@ -1,9 +1,9 @@
-"""Writing JSONL datasets for the tests of miro.worker.inputs (test_inputs.py, test_input_errors.py)."""
+"""Writing JSONL datasets for the tests of miro.worker.fleet.inputs (test_inputs.py, test_input_errors.py)."""
 
 import json
 from pathlib import Path
 
-from miro.worker.inputs import LineError, ParseResult, parse_dataset
+from miro.worker.fleet.inputs import LineError, ParseResult, parse_dataset
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

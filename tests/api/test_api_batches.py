@@ -10,7 +10,7 @@ import pytest
 import redis
 from serve_process import chat_line, jsonl
 
-from miro.worker import batches
+from miro.worker.fleet import batches
 from miro.worker.api import batch_records
 
 

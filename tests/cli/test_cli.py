@@ -109,7 +109,7 @@ def test_options_and_keyword_arguments_take_their_defaults_from_one_module():
 
     from miro.core import EngineConfig, defaults
     from miro.worker import BatchWorker
-    from miro.worker.submit import submit
+    from miro.worker.fleet.submit import submit
 
     def option(command: str, name: str):
         return next(p.default for p in cli.commands[command].params if p.name == name)

@@ -24,9 +24,10 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
-from miro.worker import BatchWorker, batches, keys, scripts, workers
-from miro.worker.routing import model_name, queue_for, worker_queues
-from miro.worker.results import read_parts
+from miro.worker import BatchWorker
+from miro.worker.fleet import batches, keys, scripts, workers
+from miro.worker.fleet.routing import model_name, queue_for, worker_queues
+from miro.worker.fleet.results import read_parts
 
 LIFECYCLE = ["validating", "in_progress", "finalizing", "completed"]
 

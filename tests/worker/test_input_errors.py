@@ -1,4 +1,4 @@
-"""miro.worker.inputs: what is wrong with a line or a file, in one clean sentence each, naming the line and field."""
+"""miro.worker.fleet.inputs: what is wrong with a line or a file, in one clean sentence each, naming the line and field."""
 
 import json
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from miro.core.errors import MiroError
 from miro.core.sampling import SamplingParams
-from miro.worker.inputs import ParseResult, parse_dataset
+from miro.worker.fleet.inputs import ParseResult, parse_dataset
 from input_lines import CHAT, COMPLETIONS, only_error, openai, parse, write
 
 

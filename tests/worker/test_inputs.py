@@ -1,10 +1,10 @@
-"""miro.worker.inputs: valid lines of JSONL datasets for miro-submit, both line forms, normalised to Requests.
+"""miro.worker.fleet.inputs: valid lines of JSONL datasets for miro-submit, both line forms, normalised to Requests.
 Errors are test_input_errors.py's."""
 
 import pytest
 
 from miro.core.sampling import SamplingParams
-from miro.worker.inputs import Request, parse_dataset
+from miro.worker.fleet.inputs import Request, parse_dataset
 from input_lines import CHAT, COMPLETIONS, openai, parse
 
 

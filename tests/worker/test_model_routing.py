@@ -15,9 +15,10 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
-from miro.worker import BatchWorker, batches
-from miro.worker.results import read_parts
-from miro.worker.routing import model_name, queue_for
+from miro.worker import BatchWorker
+from miro.worker.fleet import batches
+from miro.worker.fleet.results import read_parts
+from miro.worker.fleet.routing import model_name, queue_for
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """`miro status` and `miro watch` on a real redis-server and real BatchWorkers on a tiny GGUF model; the figures
-they derive (worker/monitor.py) on records made in the test."""
+they derive (worker/fleet/monitor.py) on records made in the test."""
 
 import dataclasses
 import io
@@ -22,8 +22,9 @@ from miro.cli.main import cli
 from miro.cli.monitor import render_status, render_watch, watch
 from miro.core.layers import cpu
 from miro.core.stats import EngineStats
-from miro.worker import BatchWorker, batches, monitor, workers
-from miro.worker.workers import WorkerRecord
+from miro.worker import BatchWorker
+from miro.worker.fleet import batches, monitor, workers
+from miro.worker.fleet.workers import WorkerRecord
 
 TOTAL = 40
 HOLD_AFTER = 10

@@ -11,9 +11,9 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.core.errors import MiroError
-from miro.worker import batches, routing
-from miro.worker.payload import JobPayload
-from miro.worker.submit import submit
+from miro.worker.fleet import batches, routing
+from miro.worker.fleet.payload import JobPayload
+from miro.worker.fleet.submit import submit
 
 
 def dataset(path, n=3):

@@ -14,8 +14,9 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
-from miro.worker import BatchWorker, batches
-from miro.worker.routing import priority_queue, queue_for
+from miro.worker import BatchWorker
+from miro.worker.fleet import batches
+from miro.worker.fleet.routing import priority_queue, queue_for
 
 
 def submit(tmp_path, redis_url, tiny_model, name, priority, lines) -> str:

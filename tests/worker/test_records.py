@@ -7,9 +7,9 @@ import pytest
 import redis
 
 from miro.core.stats import EngineStats
-from miro.worker import batches, workers
-from miro.worker.batches import BatchRecord
-from miro.worker.workers import WorkerRecord
+from miro.worker.fleet import batches, workers
+from miro.worker.fleet.batches import BatchRecord
+from miro.worker.fleet.workers import WorkerRecord
 
 
 @pytest.mark.parametrize("decode", [False, True])

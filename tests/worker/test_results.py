@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pyarrow as pa
 import pytest
 
-from miro.worker.results import merge, read_parts, write_openai_jsonl
-from miro.worker.rows import SCHEMA, invalid_line_rows
-from miro.worker.sink import ParquetSink
+from miro.worker.fleet.results import merge, read_parts, write_openai_jsonl
+from miro.worker.fleet.rows import SCHEMA, invalid_line_rows
+from miro.worker.fleet.sink import ParquetSink
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 
@@ -115,8 +115,8 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
     """A request that asked for logprobs: each generated token with its text, bytes, logprob and top-2, in
     the Parquet column and as OpenAI's chat (`content`) and legacy completions (parallel lists) objects."""
     from miro.core import Engine, SamplingParams
-    from miro.worker.rows import result_rows
-    from miro.worker.payload import JobPayload
+    from miro.worker.fleet.rows import result_rows
+    from miro.worker.fleet.payload import JobPayload
 
     engine = Engine.from_model(tiny_model, num_kv_blocks=16)
     params = SamplingParams(max_tokens=4, logprobs=2, temperature=0, ignore_eos=True)
@@ -155,7 +155,7 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
 
 
 def test_a_lines_own_fields_become_columns_of_the_results(tmp_path):
-    from miro.worker.results import spread_extra
+    from miro.worker.fleet.results import spread_extra
 
     sink = ParquetSink(str(tmp_path), "w1")
     sink.add({**row("q1", line=1), "extra": json.dumps({"category": "math", "score": 3})})

@@ -15,8 +15,9 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
-from miro.worker import BatchWorker, batches
-from miro.worker.routing import queue_for
+from miro.worker import BatchWorker
+from miro.worker.fleet import batches
+from miro.worker.fleet.routing import queue_for
 
 
 def write_dataset(path, lines):
@@ -346,7 +347,7 @@ def test_a_job_outside_the_allow_list_fails_without_running(redis_url, tiny_mode
 @pytest.mark.parametrize("value, expected", [(None, None), ("0", False), ("false", False), ("1", True), ("yes", True)])
 def test_rq_worker_engine_settings_from_the_environment(monkeypatch, value, expected):
     """`rq worker -w miro.worker.BatchWorker` takes engine settings from MIRO_* variables, as the CLI's options."""
-    from miro.worker.batch_worker import engine_options_from_env
+    from miro.worker.process.batch_worker import engine_options_from_env
 
     for name in ("MIRO_BATCH_INVARIANT", "MIRO_WEIGHTS", "MIRO_MAX_NUM_SEQS"):
         monkeypatch.delenv(name, raising=False)
@@ -357,3 +358,16 @@ def test_rq_worker_engine_settings_from_the_environment(monkeypatch, value, expe
     options = engine_options_from_env()
     assert options.get("batch_invariant") == expected
     assert options["weights"] == "f32" and options["max_num_seqs"] == 8
+
+
+def test_the_job_function_name_every_job_carries_finds_the_process_module():
+    """Jobs name their function `miro.worker.jobs.generate` (submit.JOB_FUNCTION, the BatchWorker's allow-list,
+    jobs queued before the function moved to miro.worker.process.jobs): RQ still imports it by that name."""
+    from rq.utils import import_attribute
+
+    from miro.worker.fleet.submit import JOB_FUNCTION
+    from miro.worker.process import jobs
+    from miro.worker.process.batch_worker import ALLOWED_FUNCTIONS
+
+    assert JOB_FUNCTION == "miro.worker.jobs.generate" and ALLOWED_FUNCTIONS == {JOB_FUNCTION}
+    assert import_attribute(JOB_FUNCTION) is jobs.generate

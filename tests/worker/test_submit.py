@@ -20,9 +20,9 @@ from rq.utils import utcparse
 
 from miro.cli.main import cli
 from miro.core.errors import MiroError
-from miro.worker import batches, keys
-from miro.worker.inputs import parse_dataset
-from miro.worker.submit import JOB_FUNCTION, RESULT_TTL, _Enqueuer, submit
+from miro.worker.fleet import batches, keys
+from miro.worker.fleet.inputs import parse_dataset
+from miro.worker.fleet.submit import JOB_FUNCTION, RESULT_TTL, _Enqueuer, submit
 
 BIN = Path(sys.executable).parent
 CHAT = "/v1/chat/completions"

@@ -19,9 +19,10 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
-from miro.worker import BatchWorker, batches
-from miro.worker.results import read_parts
-from miro.worker.routing import queue_for
+from miro.worker import BatchWorker
+from miro.worker.fleet import batches
+from miro.worker.fleet.results import read_parts
+from miro.worker.fleet.routing import queue_for
 
 SHORT_INTERVALS = ("--job-monitoring-interval", "1", "--heartbeat-slack", "2", "--maintenance-interval", "1")
 

@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from miro.worker import batches
+from miro.worker.fleet import batches
 
 from . import batch_routes, file_routes, fleet_routes, page
 from .errors import ApiError

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from miro.worker import keys
+from miro.worker.fleet import keys
 
 from .shapes import BatchError
 

@@ -13,8 +13,8 @@ from starlette.background import BackgroundTask
 
 from miro.core.defaults import PRIORITIES
 from miro.core.errors import MiroError
-from miro.worker import batches, control, results
-from miro.worker.submit import InvalidDataset, submit
+from miro.worker.fleet import batches, control, results
+from miro.worker.fleet.submit import InvalidDataset, submit
 
 from . import batch_records
 from .batch_records import ApiBatch

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import redis
 
-from miro.worker import results
-from miro.worker.batches import BatchRecord
+from miro.worker.fleet import results
+from miro.worker.fleet.batches import BatchRecord
 
 from . import batch_records
 from .batch_records import ApiBatch

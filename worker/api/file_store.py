@@ -20,8 +20,8 @@ import redis
 from pyarrow import fs as pafs
 
 from miro.core.errors import MiroError
-from miro.worker import keys, storage
-from miro.worker.sink import open_output
+from miro.worker.fleet import keys, storage
+from miro.worker.fleet.sink import open_output
 
 from .errors import not_found
 

@@ -8,9 +8,9 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
 
-from miro.worker import monitor, workers
-from miro.worker.metrics import FleetCollector
-from miro.worker.workers import WorkerRecord
+from miro.worker.fleet import monitor, workers
+from miro.worker.fleet.metrics import FleetCollector
+from miro.worker.fleet.workers import WorkerRecord
 
 from . import batch_records
 from .batch_records import ApiBatch

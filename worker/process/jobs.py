@@ -1,5 +1,6 @@
 """What a job's payload means to the engine, how a finished or failed request is counted, and the RQ job
-function `miro.worker.jobs.generate` (the rows themselves are rows.py's).
+function `generate`, named `miro.worker.jobs.generate` in every job (miro.worker re-exports this module as
+`jobs`; the rows themselves are fleet/rows.py's).
 
 `generate` serves RQ's own workers (`rq worker -w rq.SimpleWorker`, which keeps one process and so one
 resident model): it runs its one request, writes its rows durably, then moves the batch counters.
@@ -13,11 +14,10 @@ from typing import TYPE_CHECKING
 
 from miro.core import defaults
 from miro.core.outputs import RequestOutput
-
-from .payload import JobPayload
-from .routing import model_name
-from .rows import error_row, result_rows
-from .sink import ParquetSink
+from miro.worker.fleet.payload import JobPayload
+from miro.worker.fleet.routing import model_name
+from miro.worker.fleet.rows import error_row, result_rows
+from miro.worker.fleet.sink import ParquetSink
 
 if TYPE_CHECKING:  # the engine (numba, the kernels) loads only where a request runs, not in submit or status
     from miro.core import Engine
@@ -50,7 +50,7 @@ def summary(payload: JobPayload, rows: list[dict]) -> dict:
 
 
 def count_finished(conn, payload: JobPayload, result: dict) -> None:
-    from . import batches
+    from miro.worker.fleet import batches
 
     batches.count_finished(conn, payload.batch_id, payload.custom_id, prompt_tokens=result["prompt_tokens"],
                            completion_tokens=result["completion_tokens"])
@@ -60,7 +60,7 @@ def record_failure(conn, sink: ParquetSink, job, payload: JobPayload, error: str
                    prompt: str | None = None, model: str | None = None) -> None:
     """A request that cannot be served: its error row is written, it is counted failed, and its job will not be
     retried (the retries are for dead workers; the request itself would fail again)."""
-    from . import batches
+    from miro.worker.fleet import batches
 
     sink.add(error_row(payload, error, job_id=job.id, worker=worker, prompt=prompt, started=started,
                        finished=time.time(), model=model))
@@ -71,24 +71,6 @@ def record_failure(conn, sink: ParquetSink, job, payload: JobPayload, error: str
 
 GAVE_UP = ("its worker stopped (killed, or its machine lost) each time it ran this request, and RQ gave up on it "
            "after its retries")
-
-
-def uncounted_failures(conn, queue) -> list:
-    """Jobs of the queue's failed registry that no batch counted: RQ's clean-up failed them itself after their
-    workers died too often. Every other failed request is counted (with its error row) before its job fails."""
-    from rq.job import Job
-    from rq.registry import FailedJobRegistry
-
-    from . import keys
-
-    ids = FailedJobRegistry(queue=queue).get_job_ids(cleanup=False)
-    failed = [job for job in Job.fetch_many(ids, connection=conn, serializer=queue.serializer)
-              if job is not None and "batch_id" in job.meta and "custom_id" in job.meta]
-    with conn.pipeline(transaction=False) as pipe:
-        for job in failed:
-            pipe.sismember(keys.batch_counted(job.meta["batch_id"]), job.meta["custom_id"])
-        counted = pipe.execute()
-    return [job for job, seen in zip(failed, counted) if not seen]
 
 
 def run_request(engine: Engine, payload: JobPayload) -> tuple[str, RequestOutput]:
@@ -114,7 +96,7 @@ def generate(**kwargs) -> dict:
     """The RQ job: run the request, write its rows to the batch's output, count it; returns a small summary."""
     from rq import get_current_job
 
-    from . import batches
+    from miro.worker.fleet import batches
 
     payload = JobPayload.from_kwargs(kwargs)
     job = get_current_job()

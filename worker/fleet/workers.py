@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from miro.core.stats import EngineStats
-from miro.worker import hashes, keys
+from miro.worker.fleet import hashes, keys
 
 REFRESH_S = 1.0  # how often a worker rewrites its hash
 TTL_S = 5  # how long the hash outlives the worker's last refresh

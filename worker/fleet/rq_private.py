@@ -8,6 +8,8 @@ failed jobs again as RQ's own retry would.
 It also relies on two things RQ does not promise: BaseWorker keeps the queues it takes jobs from in
 `_ordered_queues` beside `queues` (set_queues), and its bootstrap() installs no signal handlers, so that a
 BatchWorker's own (or, in `miro run`, the caller's) stay in place: BatchWorker.work, not RQ's, installs them.
+And, for `miro run --resume`, that a job a worker takes sits in the queue's intermediate queue until it is
+started, and leaves it in the same step as its status becomes started (requeue_taken).
 """
 
 from __future__ import annotations
@@ -40,3 +42,12 @@ def enqueue_job(queue: Queue, job: Job, pipeline, at_front: bool = False) -> Non
 def clear_exc_info(job: Job) -> None:
     """Forget a failed job's traceback before it runs again (RQ has no public setter)."""
     job._exc_info = ""
+
+
+def requeue_taken(queue: Queue) -> None:
+    """Put back at the front of the queue the jobs a worker took off it and never started (they sit in RQ's
+    intermediate queue; status started and leaving it are one step, so none of them started, even if one is
+    already in the started registry)."""
+    for job_id in queue.intermediate_queue.get_job_ids():
+        queue.intermediate_queue.remove(job_id)
+        queue.push_job_id(job_id, at_front=True)

@@ -12,8 +12,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from miro.core.errors import MiroError
-from miro.worker import batches, workers
-from miro.worker.workers import WorkerRecord
+from miro.worker.fleet import batches, workers
+from miro.worker.fleet.workers import WorkerRecord
 
 # (kind, metric name, help, attribute of the worker's record: WorkerRecord, "stats." for its EngineStats)
 METRICS = [

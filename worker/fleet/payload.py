@@ -26,7 +26,7 @@ class JobPayload:
     requested_model: str | None = None  # what the line asked for (an OpenAI body's model), if anything
     line: int | None = None  # the request's line in the input file: the results' order
     extra: dict[str, Any] | None = None  # a simple line's own fields: columns of the results
-    priority: str = defaults.PRIORITY  # the batch's: high, normal or low (worker/routing.py)
+    priority: str = defaults.PRIORITY  # the batch's: high, normal or low (worker/fleet/routing.py)
 
     def to_kwargs(self) -> dict[str, Any]:
         """The job's kwargs: every field that is set (JSON-able)."""

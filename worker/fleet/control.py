@@ -22,14 +22,11 @@ from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp
 
 from miro.core.errors import MiroError
-from miro.worker import batches, keys, rq_private, scripts
-from miro.worker.jobs import uncounted_failures
-from miro.worker.submit import ABANDONED_RETRIES
+from miro.worker.fleet import batches, keys, rq_private, scripts
+from miro.worker.fleet.submit import ABANDONED_RETRIES
 
 CHUNK = 1000
 SWEEP_EVERY_S = 5.0  # while cancel waits, how often it looks for jobs put back on the queue (it reads the queue)
-
-
 
 
 @dataclass
@@ -152,3 +149,25 @@ def _requeue(conn: redis.Redis, queue: Queue, registry: FailedJobRegistry, batch
         return len(todo)
 
     return scripts.watched(conn, [Job.key_for(jid) for _, jid in chunk], attempt, f"Batch {batch_id}")
+
+
+def uncounted_failures(conn: redis.Redis, queue: Queue) -> list[Job]:
+    """Jobs of the queue's failed registry that no batch counted: RQ's clean-up failed them itself after their
+    workers died too often. Every other failed request is counted (with its error row) before its job fails."""
+    ids = FailedJobRegistry(queue=queue).get_job_ids(cleanup=False)
+    failed = [job for job in Job.fetch_many(ids, connection=conn, serializer=queue.serializer)
+              if job is not None and "batch_id" in job.meta and "custom_id" in job.meta]
+    with conn.pipeline(transaction=False) as pipe:
+        for job in failed:
+            pipe.sismember(keys.batch_counted(job.meta["batch_id"]), job.meta["custom_id"])
+        counted = pipe.execute()
+    return [job for job, seen in zip(failed, counted) if not seen]
+
+
+def requeue_abandoned(conn: redis.Redis, queue_name: str) -> None:
+    """Every job taken from the queue goes back on it (`miro run --resume`: a run killed outright, by SIGKILL or
+    a power cut, left them taken). Only for a queue that no worker serves now: each job taken counts as
+    abandoned."""
+    queue = Queue(queue_name, connection=conn, serializer=JSONSerializer)
+    rq_private.requeue_taken(queue)
+    StartedJobRegistry(queue=queue).cleanup(timestamp=time.time() + 10 ** 9)  # as if their heartbeats had lapsed

@@ -39,11 +39,13 @@ from miro.core import Engine, MiroError, defaults
 from miro.core.defaults import PRIORITIES
 from miro.core.registry import DEFAULT_MODEL
 
-from . import batches, routing, rq_private, scripts, workers
-from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, summary, uncounted_failures
-from .payload import JobPayload
-from .rows import result_rows
-from .sink import ParquetSink
+from miro.worker.fleet import batches, routing, rq_private, scripts, workers
+from miro.worker.fleet.control import uncounted_failures
+from miro.worker.fleet.payload import JobPayload
+from miro.worker.fleet.rows import result_rows
+from miro.worker.fleet.sink import ParquetSink
+
+from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, summary
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
 # RQ's own line for every job it dequeues and finishes: a worker running thousands of requests logs them at DEBUG
@@ -162,7 +164,7 @@ class BatchWorker(BaseWorker):
     def work(self, burst: bool = False, logging_level: str | None = None, *args, max_jobs: int | None = None,
              **kwargs) -> bool:
         if self.metrics_port is not None:
-            from .metrics import serve_metrics
+            from miro.worker.fleet.metrics import serve_metrics
 
             serve_metrics(self, self.metrics_port, self.metrics_host)
         setup_loghandlers(logging_level or "INFO", name="rq.worker")  # bootstrap sets them too, after the load

@@ -27,9 +27,9 @@ from rq.utils import now as rq_now
 from miro.core import defaults
 from miro.core.defaults import PRIORITY as DEFAULT_PRIORITY
 from miro.core.errors import MiroError
-from miro.worker import batches, keys, routing, scripts, storage
-from miro.worker.inputs import LineError, Request, parse_dataset
-from miro.worker.payload import JobPayload
+from miro.worker.fleet import batches, keys, routing, scripts, storage
+from miro.worker.fleet.inputs import LineError, Request, parse_dataset
+from miro.worker.fleet.payload import JobPayload
 
 JOB_FUNCTION = "miro.worker.jobs.generate"
 RESULT_TTL = FAILURE_TTL = 7 * 24 * 3600

@@ -35,7 +35,7 @@ import redis
 
 from miro.core import defaults
 from miro.core.errors import MiroError
-from miro.worker import hashes, keys, scripts
+from miro.worker.fleet import hashes, keys, scripts
 
 STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled")
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
