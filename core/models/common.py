@@ -167,8 +167,11 @@ def feed_forward(normed: np.ndarray, w_gate_up: Linear, w_down: Linear, gate_ker
     largest buffer (23 MB on a 1.1B model), and every row's result is its own whatever rows share its call."""
     n_rows = normed.shape[0]
     run = max(16, FFN_BYTES // (4 * w_gate_up.out_features))
-    out = np.empty((n_rows, w_down.out_features), dtype=np.float32)
     act = np.empty((min(n_rows, run), w_down.in_features), dtype=np.float32)
+    if n_rows <= run:
+        gate_kernel(w_gate_up(normed), act)
+        return w_down(act)
+    out = np.empty((n_rows, w_down.out_features), dtype=np.float32)
     for first in range(0, n_rows, run):
         rows = slice(first, first + run)
         chunk = act[: len(normed[rows])]
