@@ -167,15 +167,14 @@ def _build_attend(score_queries: int):
                 if rows <= QUERIES:  # one group of 4 queries (decode): widening as it loads beats a pass via scratch
                     _attend_block(queries, rows, score_queries, flat_k, start, flat_v, start, b, block_size,
                                   positions, t_begin, t_end, group, window, scale, scores, top, total,
-                                  correction, acc, flat_k, flat_v, ahead)
+                                  correction, acc, ahead)
                 else:  # many groups: widen the block once, into scratch, for all of them
                     if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
                         _prefetch_block(flat_k, flat_v, ahead, block_values)
                     kt, k0 = block_as_f32(flat_k, start, k_scratch)
                     vb, v0 = block_as_f32(flat_v, start, v_scratch)
                     _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, positions, t_begin,
-                                  t_end, group, window, scale, scores, top, total, correction, acc, flat_k, flat_v,
-                                  -1)
+                                  t_end, group, window, scale, scores, top, total, correction, acc, -1)
             for qi in range(n_q):
                 inv = np.float32(1.0) / total[qi]
                 for d in range(head_dim):
@@ -187,14 +186,14 @@ def _build_attend(score_queries: int):
 
 @njit(inline="always")
 def _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, positions, t_begin, t_end, group,
-                  window, scale, scores, top, total, correction, acc, flat_k, flat_v, ahead):
+                  window, scale, scores, top, total, correction, acc, ahead):
     """One block of keys for every query of a work item: kt[k0 + d * block_size + j] is key j's d,
     vb[v0 + j * head_dim + d] value j's d, in float32 or float16 bits (load_kv16 widens them).
 
-    ahead >= 0: the next block's K and V start there in flat_k and flat_v. The first group's passes prefetch
-    them a line per step, in the shadow of this block's arithmetic: blocks lie in the pool in any order,
-    which the hardware's prefetcher cannot guess, and for one group (decode) a burst of 64 prefetches at
-    once stalls on the cache's miss buffers (measured 1.3x slower)."""
+    ahead >= 0 (kt and vb are then the cache itself): the next block's K and V start there. The first group's
+    passes prefetch them a line per step, in the shadow of this block's arithmetic: blocks lie in the pool in
+    any order, which the hardware's prefetcher cannot guess, and for one group (decode) a burst of 64
+    prefetches at once stalls on the cache's miss buffers (measured 1.3x slower)."""
     head_dim = queries.shape[1]
     for lane0 in range(0, block_size, LANES):
         base = b * block_size + lane0  # the position of lane 0
@@ -203,9 +202,9 @@ def _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, p
         for qi in range(0, rows, score_queries):
             k_ahead = ahead + lane0 if ahead >= 0 and qi == 0 else -1
             if score_queries == 4:
-                _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores, flat_k, k_ahead)
+                _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
             else:
-                _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, flat_k, k_ahead)
+                _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
         for t in range(t_begin, t_end):
             seen = positions[t] + 1 - base  # keys of the 16 at or before the query
             end = min(seen, LANES)
@@ -214,7 +213,7 @@ def _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, p
                 _online_softmax(scores, qi, first, end, top, total, correction)
         for qi in range(0, rows, QUERIES):
             v_ahead = ahead + lane0 * head_dim if ahead >= 0 and qi == 0 else -1
-            _accumulate_values4(scores, qi, correction, vb, v0 + lane0 * head_dim, acc, flat_v, v_ahead)
+            _accumulate_values4(scores, qi, correction, vb, v0 + lane0 * head_dim, acc, v_ahead)
 
 
 @njit(inline="always")
@@ -251,14 +250,14 @@ def _dealt(n, threads):
 
 
 @njit(inline="always")
-def _scores2(queries, qi, kt, k0, block_size, scale, scores, flat_k, k_ahead):
+def _scores2(queries, qi, kt, k0, block_size, scale, scores, k_ahead):
     """_scores4 for 2 queries: 4 vectors of sums, which 256-bit registers hold."""
     e0, e1 = zeros16(), zeros16()
     o0, o1 = zeros16(), zeros16()
     for d in range(0, queries.shape[1], 2):
         k_even = load_kv16(kt, k0 + d * block_size)
         k_odd = load_kv16(kt, k0 + (d + 1) * block_size)
-        _prefetch_rows(flat_k, k_ahead, d * block_size, block_size)
+        _prefetch_rows(kt, k_ahead, d * block_size, block_size)
         e0 = fma(queries[qi, d], k_even, e0)
         e1 = fma(queries[qi + 1, d], k_even, e1)
         o0 = fma(queries[qi, d + 1], k_odd, o0)
@@ -268,16 +267,16 @@ def _scores2(queries, qi, kt, k0, block_size, scale, scores, flat_k, k_ahead):
 
 
 @njit(inline="always")
-def _scores4(queries, qi, kt, k0, block_size, scale, scores, flat_k, k_ahead):
+def _scores4(queries, qi, kt, k0, block_size, scale, scores, k_ahead):
     """scores[(qi + i) * 16:][:16] = scale * (queries[qi + i] . key j) for i < 4 and the 16 keys whose d-th
     components are at kt[k0 + d * block_size:][:16]. Each query sums even and odd d in two chains. k_ahead >= 0:
-    the same rows of the next block, at flat_k[k_ahead + d * block_size], are prefetched along the way."""
+    the same rows of the next block, at kt[k_ahead + d * block_size], are prefetched along the way."""
     e0, e1, e2, e3 = zeros16(), zeros16(), zeros16(), zeros16()
     o0, o1, o2, o3 = zeros16(), zeros16(), zeros16(), zeros16()
     for d in range(0, queries.shape[1], 2):
         k_even = load_kv16(kt, k0 + d * block_size)
         k_odd = load_kv16(kt, k0 + (d + 1) * block_size)
-        _prefetch_rows(flat_k, k_ahead, d * block_size, block_size)
+        _prefetch_rows(kt, k_ahead, d * block_size, block_size)
         e0 = fma(queries[qi, d], k_even, e0)
         e1 = fma(queries[qi + 1, d], k_even, e1)
         e2 = fma(queries[qi + 2, d], k_even, e2)
@@ -310,10 +309,10 @@ def _online_softmax(scores, qi, first, end, top, total, correction):
 
 
 @njit(inline="always")
-def _accumulate_values4(probs, qi, correction, vb, v0, acc, flat_v, v_ahead):
+def _accumulate_values4(probs, qi, correction, vb, v0, acc, v_ahead):
     """For i < 4: acc[qi + i] = acc[qi + i] * correction[qi + i] + sum over the 16 keys j of
     probs[(qi + i) * 16 + j] * value j (the row of head_dim at vb[v0 + j * head_dim:]), over j in order.
-    v_ahead >= 0: the next block's same rows, at flat_v[v_ahead:], are prefetched along the way."""
+    v_ahead >= 0: the next block's same rows, at vb[v_ahead:], are prefetched along the way."""
     head_dim = acc.size // correction.size
     for c in range(0, head_dim, LANES):  # 16 columns at a time, each query's sum in a register over the keys
         r0, r1, r2, r3 = qi * head_dim + c, (qi + 1) * head_dim + c, (qi + 2) * head_dim + c, (qi + 3) * head_dim + c
@@ -323,8 +322,8 @@ def _accumulate_values4(probs, qi, correction, vb, v0, acc, flat_v, v_ahead):
         a3 = load16(acc, r3) * correction[qi + 3]
         for j in range(LANES):
             value = load_kv16(vb, v0 + j * head_dim + c)
-            if c % (64 // flat_v.itemsize) == 0:  # the first 16 columns of each cache line
-                _prefetch_rows(flat_v, v_ahead, j * head_dim + c, 0)
+            if c % (64 // vb.itemsize) == 0:  # the first 16 columns of each cache line
+                _prefetch_rows(vb, v_ahead, j * head_dim + c, 0)
             a0 = fma(probs[qi * LANES + j], value, a0)
             a1 = fma(probs[(qi + 1) * LANES + j], value, a1)
             a2 = fma(probs[(qi + 2) * LANES + j], value, a2)
