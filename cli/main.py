@@ -47,7 +47,7 @@ def generate(prompt, model, chat, system, max_tokens, temperature, top_p, top_k,
     engine = Engine.from_model(model, log=log_to_stderr, **engine_kwargs(**engine))
     if verbose:
         log_to_stderr(f"Loaded {model} ({engine.config.architecture}), {engine.weight_choice}; "
-                      f"{engine.cpu_description}; KV cache {engine.block_manager.num_blocks * engine.block_size:,} "
+                      f"{engine.cpu_description}; KV cache {engine.kv_cache_tokens:,} "
                       f"tokens ({engine.kv_cache_dtype})")
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]

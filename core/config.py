@@ -17,6 +17,7 @@ from gguf import Keys
 
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
+from .pooling import GGUF_POOLING_TYPES
 
 # The longest context a file may declare: 4M tokens, above the longest-context llama, qwen and gemma
 # GGUFs published (1M for most, 4M for a few llama-3 fine-tunes), far below what one flipped high bit
@@ -37,11 +38,13 @@ class ModelConfig:
     vocab_size: int
     context_length: int
     rope_theta: float
-    rms_eps: float
+    rms_eps: float  # the norms' epsilon: RMSNorm's, or LayerNorm's for an encoder (bert)
     # What some architectures add (their read_config sets them; llama keeps the defaults):
     rope_neox: bool = False  # RoPE rotates halves (x[i], x[i + head_dim/2]), not adjacent pairs
     sliding_window: int = 0  # keys a local layer's query sees, itself included; 0: every layer is global
     rope_theta_local: float = 0.0  # RoPE base of the local (sliding-window) layers
+    causal: bool = True  # False: an encoder (bert), every token attends to its whole input, no KV cache
+    pooling_type: str | None = None  # "mean", "cls" or "last" where the file says how it embeds ({arch}.pooling_type)
 
     @property
     def q_dim(self) -> int:
@@ -52,7 +55,7 @@ class ModelConfig:
         return self.n_kv_heads * self.head_dim
 
     @classmethod
-    def from_gguf(cls, gguf: GGUFFile) -> "ModelConfig":
+    def from_gguf(cls, gguf: GGUFFile, norm_eps_key: str = Keys.Attention.LAYERNORM_RMS_EPS) -> "ModelConfig":
         """The hyper-parameters llama-like architectures share, under keys prefixed by the file's architecture
         (whether miro runs that architecture is the model registry's question, core/models)."""
         arch = gguf.require(Keys.General.ARCHITECTURE)
@@ -98,8 +101,21 @@ class ModelConfig:
             vocab_size=vocab_size,
             context_length=context_length,
             rope_theta=_positive_float(gguf, key(Keys.Rope.FREQ_BASE), default=10000.0),
-            rms_eps=_positive_float(gguf, key(Keys.Attention.LAYERNORM_RMS_EPS)),
+            rms_eps=_positive_float(gguf, key(norm_eps_key)),
+            pooling_type=read_pooling_type(gguf),
         )
+
+
+def read_pooling_type(gguf: GGUFFile) -> str | None:
+    """The file's `{arch}.pooling_type` as a name (llama.cpp's enum: 1 mean, 2 cls, 3 last); None when absent or
+    0 (none). A kind miro does not pool (4, rank) is an error."""
+    key = Keys.LLM.POOLING_TYPE.format(arch=gguf.require(Keys.General.ARCHITECTURE))
+    value = gguf.get(key, 0)
+    if value == 0:
+        return None
+    if value not in GGUF_POOLING_TYPES:
+        raise ModelFileError(f"{gguf.path}: {key} is {value!r}; miro pools mean (1), cls (2) or last (3).")
+    return GGUF_POOLING_TYPES[value]
 
 
 def _positive_int(gguf: GGUFFile, key: str, default: int | None = None) -> int:

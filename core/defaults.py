@@ -18,6 +18,10 @@ MAX_NUM_SEQS = None
 MAX_NUM_SEQS_RANGE = (64, 128)
 TOKENS_PER_SEAT = 256
 MAX_NUM_BATCHED_TOKENS = 512  # tokens per step (prefill chunks and decode tokens together)
+# embeddings (core/embedder.py): whole inputs packed into one forward pass up to this many tokens (TEI's
+# max_batch_tokens, llama.cpp's n_ubatch), and the inputs an embedding engine holds at once
+EMBED_BATCH_TOKENS = 4096
+EMBED_MAX_NUM_SEQS = 256
 # the order waiting requests of one priority are admitted in: "prefix": the one with the longest prompt prefix
 # in the prefix cache first (looking at the next ADMISSION_LOOKAHEAD; benchmarks/batch_choices.py admission:
 # 5.2x on prompts sharing long documents, 1.01x on ShareGPT), or "arrival"

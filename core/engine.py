@@ -6,6 +6,10 @@ Each step the scheduler picks decode tokens and prefill chunks, the model runner
 runs them as one packed batch over the paged KV cache, the sampler picks next
 tokens, and finished sequences leave at once. The engine itself handles only
 requests and sequences.
+
+An embedding model (a BERT encoder, or a decoder whose file names a pooling type)
+takes embedding requests instead (add_request with PoolingParams): each step packs
+waiting inputs into one pass and hands back EmbeddingRequestOutputs (embedder.py).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence as Seq
 
@@ -21,6 +25,7 @@ import numpy as np
 
 from . import defaults, sampler
 from .block_manager import BlockManager
+from .embedder import Embedder, EmbeddingRequest
 from .config import ModelConfig
 from .engine_config import EngineConfig
 from .errors import MiroError, RequestError
@@ -29,38 +34,19 @@ from .kv_cache import check_kv_cache_dtype
 from .layers import cpu
 from .model_runner import ModelRunner
 from .models import Model, load_model, read_config
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
+from .pooling import PoolingParams
 from .registry import resolve_model
 from .sampling import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler, seats_for
-from .sequence import Sequence
-from .stats import EngineStats
+from .sequence import Request, Sequence
+from .progress_bar import ProgressBar
+from .stats import EngineStats, LoadTimes
 from .structured_output import StructuredOutputs
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .weight_format import choose_weight_format, f32_weight_bytes, matmul_tensors, native_speedup
 
 STATS_WINDOW_S = 10.0
-
-
-@dataclass
-class LoadTimes:
-    parse_s: float
-    tokenizer_s: float
-    weights_s: float
-
-    @property
-    def total_s(self) -> float:
-        return self.parse_s + self.tokenizer_s + self.weights_s
-
-
-@dataclass
-class Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence]
-    stop_ids: set[int]
 
 
 class Engine:
@@ -81,18 +67,30 @@ class Engine:
         self.engine_config = config
         self.block_size = block_size = config.block_size
         self.kv_cache_dtype = check_kv_cache_dtype(config.kv_cache_dtype)  # "float16" or "float32"
-        self.runner = ModelRunner(model, block_size, config.num_kv_blocks, config.kv_cache_memory, self.kv_cache_dtype)
+        # what the model does: "generate" (a decoder), or "embed" (an encoder, or a decoder with a pooling type)
+        self.supported_tasks: tuple[str, ...] = ("embed",) if self.config.pooling_type else ("generate",)
+        # an encoder has no KV cache: its runner and block manager hold nothing
+        self.runner = (ModelRunner(model, block_size, config.num_kv_blocks, config.kv_cache_memory, self.kv_cache_dtype)
+                       if self.config.causal else None)
         self.max_model_len = min(config.max_model_len or self.config.context_length, self.config.context_length)
-        self.block_manager = BlockManager(self.runner.num_kv_blocks, block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(self.runner.num_kv_blocks if self.runner else 0, block_size,
+                                          config.enable_prefix_caching)
         max_num_batched_tokens = config.max_num_batched_tokens
         if not config.enable_chunked_prefill:  # every prompt must fit in one step
             max_num_batched_tokens = max(max_num_batched_tokens, self.max_model_len)
-        max_num_seqs = config.max_num_seqs or seats_for(self.block_manager.num_blocks * block_size)
+        if "embed" in self.supported_tasks:
+            max_num_seqs = config.max_num_seqs or defaults.EMBED_MAX_NUM_SEQS
+            self.embedder = Embedder(model, tokenizer, self.max_model_len, config.embed_batch_tokens, self.runner,
+                                     self.block_manager)
+        else:
+            max_num_seqs = config.max_num_seqs or seats_for(self.block_manager.num_blocks * block_size)
+            self.embedder = None
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
                                    config.enable_chunked_prefill, config.admission_order)
         self.structured = StructuredOutputs(tokenizer, self.config.vocab_size)
         self.requests: dict[str, Request] = {}
-        self._aborted: list[RequestOutput] = []
+        self.embedding_requests: dict[str, EmbeddingRequest] = {}
+        self._aborted: list[RequestOutput | EmbeddingRequestOutput] = []
         self._token_log: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
         self._first_step_at: float | None = None  # when the first step began: the rate window starts no earlier
         self.prompt_tokens_total = 0  # prompt tokens computed (recomputation after preemption included)
@@ -177,19 +175,28 @@ class Engine:
             )
 
     def add_request(
-        self, prompt: str | Seq[int], params: SamplingParams | None = None, request_id: str | None = None,
-        priority: int = 0,
+        self, prompt: str | Seq[int], params: SamplingParams | PoolingParams | None = None,
+        request_id: str | None = None, priority: int = 0,
     ) -> str:
         """Queue a request (text, or token ids); returns its id. A request that cannot be served raises RequestError.
 
+        SamplingParams (the default) generate; PoolingParams embed, on a model whose supported_tasks has "embed".
         `priority`, as vLLM's: lower is more urgent. A request more urgent than running ones preempts them when
         there is no room for it (scheduler.py); their outputs are the same, only later.
         """
+        task = "embed" if isinstance(params, PoolingParams) else "generate"
+        if task not in self.supported_tasks:
+            raise RequestError(self._cannot(task))
         params = params or SamplingParams()
-        params.validate()
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
-        if request_id in self.requests:
+        if request_id in self.requests or request_id in self.embedding_requests:
             raise RequestError(f"request id '{request_id}' is already in use.")
+        if task == "embed":
+            request = self.embedder.make_request(request_id, prompt, params, priority)
+            self.embedding_requests[request_id] = request
+            self.embedder.add(request)
+            return request_id
+        params.validate()
         ids = self._prompt_ids(prompt)
         if params.max_tokens is None:
             params = replace(params, max_tokens=self._room_for(len(ids), params.n))
@@ -203,6 +210,14 @@ class Engine:
         self.scheduler.add(seq)
         return request_id
 
+    def _cannot(self, task: str) -> str:
+        name = f"model '{self.model_name}'" if self.model_name else "the model"
+        if task == "embed":
+            return (f"{name} cannot embed: it generates text, and its file names no pooling type "
+                    f"({self.config.architecture}.pooling_type); embed with an embedding model such as all-minilm-l6-v2.")
+        return (f"{name} is an embedding model: it embeds text (/v1/embeddings, PoolingParams) and cannot "
+                f"generate it.")
+
     def _new_sequence(self, request_id: str, index: int, ids: list[int], params: SamplingParams,
                       matcher=None, priority: int = 0) -> Sequence:
         # choice i of a seeded request has its own fixed stream, independent of the batch
@@ -212,6 +227,12 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request; its output (finish_reason "abort") comes with the next step(). False if unknown."""
+        embedding = self.embedding_requests.pop(str(request_id), None)
+        if embedding is not None:
+            self.embedder.abort(embedding.request_id)
+            self._aborted.append(EmbeddingRequestOutput(embedding.request_id, embedding.prompt, embedding.token_ids,
+                                                        error="aborted"))
+            return True
         request = self.requests.pop(str(request_id), None)
         if request is None:
             return False
@@ -223,14 +244,16 @@ class Engine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or bool(self._aborted)
+        return bool(self.requests) or bool(self.embedding_requests) or bool(self._aborted)
 
     # -- the step -------------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
         """Run one batch; return a snapshot of every request that got new tokens or finished."""
         step_started = time.monotonic()
         outputs, self._aborted = self._aborted, []
+        if self.embedder is not None:
+            return outputs + self._embed_step(step_started)
         batch = self.scheduler.schedule()
         if not batch:
             return outputs
@@ -262,6 +285,15 @@ class Engine:
             if all(s.is_finished for s in request.seqs):
                 del self.requests[request.request_id]
         return outputs
+
+    def _embed_step(self, step_started: float) -> list[EmbeddingRequestOutput]:
+        """One embedding pass over the waiting inputs (embedder.py); every output is finished."""
+        done = self.embedder.run_pass()
+        for out in done:
+            del self.embedding_requests[out.request_id]
+        if done:
+            self._log_tokens(sum(out.num_tokens for out in done), 0, step_started)
+        return done
 
     def _fork(self, request: Request, parent: Sequence, logits_row: np.ndarray) -> None:
         """n > 1: the other choices share the parent's prompt blocks (copy-on-write) and sample from its logits."""
@@ -320,6 +352,16 @@ class Engine:
             num_cached_tokens=request.seqs[0].num_cached_tokens,
         )
 
+    @property
+    def embedding_dim(self) -> int:
+        """The length of the model's embeddings (before a request's `dimensions` cuts them)."""
+        return self.config.dim
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """Tokens the KV cache holds (0 for an encoder, which has none)."""
+        return self.block_manager.num_blocks * self.block_size
+
     # -- stats ----------------------------------------------------------------------------------------
 
     def _log_tokens(self, prompt_tokens: int, generated: int, step_started: float) -> None:
@@ -346,9 +388,9 @@ class Engine:
         return EngineStats(
             kv_blocks_used=bm.num_used_blocks,
             kv_blocks_total=bm.num_blocks,
-            kv_usage=bm.num_used_blocks / bm.num_blocks,
+            kv_usage=bm.num_used_blocks / bm.num_blocks if bm.num_blocks else 0.0,
             running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
+            waiting=len(self.scheduler.waiting) + len(self.embedding_requests),
             preemptions=self.scheduler.num_preemptions,
             prefix_cache_hit_rate=bm.prefix_cache_hit_rate,
             prefix_cache_queries=bm.prefix_queries,
@@ -408,17 +450,24 @@ class Engine:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params_list = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
-        results: dict[str, RequestOutput] = {}
+        return self._run_all(prompts, params_list, "generate", use_tqdm)
+
+    def _run_all(self, prompts: list, params_list: list, label: str, use_tqdm: bool) -> list:
+        """Add every prompt, step until each has finished; outputs in prompt order, a refused one's with
+        `error` set."""
+        results = {}
         order = []
         for prompt, p in zip(prompts, params_list):
-            request_id = f"gen-{next(self._ids)}"
+            request_id = f"{label}-{next(self._ids)}"
             order.append(request_id)
             try:
                 self.add_request(prompt, p, request_id)
             except RequestError as err:
-                results[request_id] = RequestOutput(request_id, prompt if isinstance(prompt, str) else None,
-                                                    [], error=str(err), finished=True)
-        progress = _Progress(len(prompts), enabled=use_tqdm)
+                text = prompt if isinstance(prompt, str) else None
+                results[request_id] = (RequestOutput(request_id, text, [], error=str(err), finished=True)
+                                       if label == "generate" else
+                                       EmbeddingRequestOutput(request_id, text, [], error=str(err)))
+        progress = ProgressBar(len(prompts), enabled=use_tqdm, label=label)
         progress.advance(len(results))
         while any(r not in results for r in order):
             for out in self.step():
@@ -429,36 +478,23 @@ class Engine:
         progress.close()
         return [results[r] for r in order]
 
+    def embed(self, inputs: str | Seq[str | Seq[int]], params: PoolingParams | None = None,
+              use_tqdm: bool = False) -> np.ndarray:
+        """Embed every input (texts, or lists of token ids), batched: an (n, dimensions) float32 array in input
+        order, L2-normalised unless params say not. An input the model cannot embed raises RequestError
+        naming it."""
+        outputs = self.encode(inputs, params, use_tqdm)
+        for k, out in enumerate(outputs):
+            if out.error:
+                raise RequestError(f"input {k}: {out.error}")
+        return np.stack([out.embedding for out in outputs]) if outputs else np.zeros((0, self.config.dim), np.float32)
 
-class _Progress:
-    """A one-line progress display on stderr for generate(use_tqdm=True)."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.enabled = total, 0, enabled
-        self._bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._bar = Progress(TextColumn("generate"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[speed]}"), TimeRemainingColumn(),
-                                 console=Console(stderr=True))
-            self._task = self._bar.add_task("generate", total=total, speed="")
-            self._bar.start()
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        if self._bar:
-            self._bar.update(self._task, completed=self.done)
-
-    def show(self, stats: EngineStats) -> None:
-        if self._bar:
-            speed = f"{stats.prompt_tokens_per_s:.0f} prompt tok/s, {stats.generation_tokens_per_s:.0f} gen tok/s"
-            self._bar.update(self._task, speed=speed)
-
-    def close(self) -> None:
-        if self._bar:
-            self._bar.stop()
+    def encode(self, inputs: str | Seq[str | Seq[int]], params: PoolingParams | None = None,
+               use_tqdm: bool = False) -> list[EmbeddingRequestOutput]:
+        """Embed every input, batched; outputs in input order, a refused input's with `error` set."""
+        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        return self._run_all(inputs, [params or PoolingParams()] * len(inputs), "embed", use_tqdm)
 
 
 def _find_stop(text: str, stops: list[str], new_from: int) -> int | None:

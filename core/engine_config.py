@@ -31,6 +31,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     admission_order: str = defaults.ADMISSION_ORDER  # within a priority: "prefix" (longest cached first) or "arrival"
+    embed_batch_tokens: int = defaults.EMBED_BATCH_TOKENS  # an embedding pass's most tokens (whole inputs, >= 1)
 
     @classmethod
     def of(cls, options: dict, base: EngineConfig | None = None) -> EngineConfig:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -37,3 +41,19 @@ class RequestOutput:
     @property
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason if self.outputs else None
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """An embedding request's result: one vector (vLLM's EmbeddingRequestOutput, flattened)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]  # the tokens embedded (after truncation)
+    embedding: "np.ndarray | None" = None  # (dimensions,) float32; None when refused
+    finished: bool = True
+    error: str | None = None  # set when the request was refused
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids)

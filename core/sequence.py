@@ -69,3 +69,15 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+
+@dataclass
+class Request:
+    """A generation request: its prompt, parameters, and its n choices' sequences."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    stop_ids: set[int]

@@ -28,3 +28,14 @@ class EngineStats:
     @property
     def tokens_per_s(self) -> float:
         return self.prompt_tokens_per_s + self.generation_tokens_per_s
+
+
+@dataclass
+class LoadTimes:
+    parse_s: float
+    tokenizer_s: float
+    weights_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.parse_s + self.tokenizer_s + self.weights_s

@@ -9,7 +9,9 @@ user-defined tokens always. Each remaining fragment then goes to the model:
   `tokenizers` library, after llama.cpp's pre-tokenizer regexes for
   `tokenizer.ggml.pre` (each one an isolating split);
 * SentencePiece (`"llama"`, e.g. Gemma) runs llama.cpp's own merge loop by
-  scores with byte fallback: see tokenizer_spm.py.
+  scores with byte fallback: see tokenizer_spm.py;
+* WordPiece (`"bert"`, BERT's) runs on `tokenizers` with BERT's normaliser:
+  see tokenizer_wpm.py.
 
 `encode(..., add_special=True)` adds BOS / EOS as the file's
 `tokenizer.ggml.add_bos_token` / `add_eos_token` say, as llama.cpp's
@@ -33,6 +35,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import MiroError, ModelFileError, RequestError
 from .tokenizer_spm import SentencePieceModel, byte_token_value
+from .tokenizer_wpm import WordPiece
 
 # llama.cpp token types (tokenizer.ggml.token_type)
 UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 2, 3, 4, 5, 6
@@ -179,10 +182,10 @@ class Tokenizer:
     def from_gguf_metadata(cls, meta: dict, source: str = "") -> Tokenizer:
         kind = meta.get("tokenizer.ggml.model")
         pre = meta.get("tokenizer.ggml.pre") or "default"
-        if kind != "llama" and (kind != "gpt2" or pre not in _PRE_TOKENIZERS):
+        if kind not in ("llama", "bert") and (kind != "gpt2" or pre not in _PRE_TOKENIZERS):
             raise ModelFileError(f"{source}: unsupported tokenizer (model '{kind}', pre-tokenizer '{pre}'); "
-                                 f"supported: 'llama' (SentencePiece) and 'gpt2' with pre-tokenizer "
-                                 f"{', '.join(sorted(_PRE_TOKENIZERS))}.")
+                                 f"supported: 'llama' (SentencePiece), 'bert' (WordPiece) and 'gpt2' with "
+                                 f"pre-tokenizer {', '.join(sorted(_PRE_TOKENIZERS))}.")
         try:
             tokens = list(meta["tokenizer.ggml.tokens"])
         except KeyError as exc:
@@ -192,6 +195,15 @@ class Tokenizer:
             model = _sentencepiece(meta, tokens, source)
             bos_id, eos_id = _token_id(meta, "bos", n, default=1), _token_id(meta, "eos", n, default=2)
             add_bos = meta.get("tokenizer.ggml.add_bos_token", True)
+        elif kind == "bert":  # llama.cpp's WPM: [CLS] (its bos) first, [SEP] last
+            model = WordPiece(tokens, list(meta.get("tokenizer.ggml.token_type") or [1] * n),
+                              _token_id(meta, "unknown", n), source)
+            bos_id, eos_id = _token_id(meta, "bos", n), _token_id(meta, "seperator", n)
+            if bos_id is None or eos_id is None:
+                raise ModelFileError(f"{source}: a WordPiece vocabulary needs tokenizer.ggml.bos_token_id ([CLS]) "
+                                     f"and tokenizer.ggml.seperator_token_id ([SEP]).")
+            add_bos = True
+            meta = {**meta, "tokenizer.ggml.add_eos_token": meta.get("tokenizer.ggml.add_sep_token", True)}
         else:
             model = _ByteLevelBPE(meta, tokens, pre, source)
             bos_id, eos_id = _token_id(meta, "bos", n), _token_id(meta, "eos", n)

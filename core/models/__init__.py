@@ -16,6 +16,7 @@ from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..step_input import StepInput
+from .bert import BertModel
 from .gemma3 import Gemma3Model
 from .llama import LlamaModel, Qwen2Model, Qwen3Model
 
@@ -43,12 +44,13 @@ class Model(Protocol):
         ...
 
     def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
-        """Write the step's K/V into `cache`; return float32 logits (len(step.logit_rows), vocab)."""
+        """Write the step's K/V into `cache`; return float32 logits (len(step.logit_rows), vocab).
+        (A decoder; an encoder, config.causal False, has `encode(EncoderInput)` instead: models/bert.py.)"""
         ...
 
 
 MODELS: dict[str, type[Model]] = {
-    "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "gemma3": Gemma3Model}
+    "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "gemma3": Gemma3Model, "bert": BertModel}
 
 
 def model_class(architecture: str) -> type[Model]:

@@ -106,6 +106,16 @@ class LlamaModel(LoadedModel):
 
     def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
+        return logits(self._blocks(step, cache), step.logit_rows, self.output_norm, self.lm_head, self.config.rms_eps)
+
+    def hidden_states(self, step: StepInput, cache: KVCache) -> np.ndarray:
+        """The same step's final-normed hidden state of every token (T, dim), where an embedding pools them."""
+        x = self._blocks(step, cache)
+        kernels.rmsnorm(x, self.output_norm, self.config.rms_eps, x)
+        return x
+
+    def _blocks(self, step: StepInput, cache: KVCache) -> np.ndarray:
+        """The transformer blocks over the step's tokens: the residual stream after the last one (T, dim)."""
         cfg = self.config
         n_tokens = len(step.token_ids)
         rope = self.rope.upto(step.positions)
@@ -122,7 +132,7 @@ class LlamaModel(LoadedModel):
             x += layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out))
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
             x += feed_forward(normed, layer.w_gate_up, layer.w_down, kernels.silu_mul)
-        return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps)
+        return x
 
 
 class Qwen2Model(LlamaModel):

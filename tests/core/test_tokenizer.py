@@ -207,7 +207,7 @@ def test_chat_template_variables(meta):
 
 @pytest.mark.parametrize("change", [
     {"tokenizer.ggml.model": "llama"},
-    {"tokenizer.ggml.model": "bert"},
+    {"tokenizer.ggml.model": "t5"},
     {"tokenizer.ggml.pre": "chameleon"},
 ])
 def test_unsupported_tokenizer_is_a_model_file_error(meta, change):

@@ -175,7 +175,7 @@ class BatchWorker(BaseWorker):
                                                                                      message), **self.engine_options)
         self.log.info("Worker %s: loaded %s in %.1f s, %s; %s; KV cache %s tokens (%s)", self.name, self.model,
                       time.perf_counter() - started, self.engine.weight_choice, self.engine.cpu_description,
-                      f"{self.engine.block_manager.num_blocks * self.engine.block_size:,}", self.engine.kv_cache_dtype)
+                      f"{self.engine.kv_cache_tokens:,}", self.engine.kv_cache_dtype)
         self.bootstrap(logging_level or "INFO")
         routing.register_served_names(self.connection, self.served_names[1:], self.model)
         self.install_stop_handlers()
