@@ -79,6 +79,28 @@ priority_option = click.option(
          "keeps its own]")
 
 
+def embedding_line_options(command):
+    """--task and --truncate: how a dataset's lines are embedded (`miro run`, `miro submit`)."""
+    from miro.worker.fleet.inputs import TASKS
+
+    options = [
+        click.option("--task", type=click.Choice(TASKS), default=None,
+                     help="embed: a simple line's 'prompt' is embedded, not completed (lines with 'input' and "
+                          "/v1/embeddings lines always embed).  [default: what the first line does]"),
+        click.option("--truncate", is_flag=True,
+                     help="Cut embedding inputs longer than the model's context to fit, in lines without "
+                          "truncate_prompt_tokens; without it such an input is its line's error."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def pooling_defaults(truncate: bool) -> dict:
+    """The PoolingParams options of embedding lines that set none: --truncate cuts to the model's context."""
+    return {"truncate_prompt_tokens": -1} if truncate else {}
+
+
 def engine_options(command):
     """The engine's cache and batching options, shared by every command that loads a model."""
     options = [

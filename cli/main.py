@@ -8,9 +8,11 @@ import click
 
 from miro.core import defaults
 from miro.core.registry import DEFAULT_MODEL
+from miro.worker.fleet.routing import EMBED_MODEL
 
-from .common import (MiroCommand, MiroGroup, constraint_of, constraint_options, echo_line_errors, engine_kwargs,
-                     engine_options, log_to_stderr, model_option, priority_option, redis_url_option)
+from .common import (MiroCommand, MiroGroup, constraint_of, constraint_options, echo_line_errors,
+                     embedding_line_options, engine_kwargs, engine_options, log_to_stderr, model_option,
+                     pooling_defaults, priority_option, redis_url_option)
 
 
 @click.group(cls=MiroGroup)
@@ -93,7 +95,8 @@ def models_list():
               help="Folder or URI (s3://, gs://, ...) the workers write the Parquet part files under.")
 @click.option("--model", "-m", default=None,
               help="Model alias, .gguf path or name a worker serves (--served-model-name) that runs every line, "
-                   f"whatever model the lines name.  [default: the model the lines name, else {DEFAULT_MODEL}]")
+                   f"whatever model the lines name.  [default: the model the lines name, else {DEFAULT_MODEL} "
+                   f"({EMBED_MODEL} for embeddings)]")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Default max_tokens for lines without one.")
 @click.option("--temperature", type=float, default=None, help="Default temperature for lines without one.")
@@ -107,9 +110,10 @@ def models_list():
 @click.option("--job-timeout", default=str(defaults.JOB_TIMEOUT_S), show_default=True,
               help="Seconds a job may take once started (or 30m, 2h, 1d; -1 for no limit).")
 @priority_option
+@embedding_line_options
 @constraint_options
 def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temperature, top_p, seed, skip_invalid,
-           dry_run, resume, job_timeout, priority, json_schema, regex, choice, grammar):
+           dry_run, resume, job_timeout, priority, task, truncate, json_schema, regex, choice, grammar):
     """Validate DATASET (JSONL) and enqueue one RQ job per line; prints the batch id."""
     from miro.worker.fleet.batches import connect, redacted
     from miro.worker.fleet.submit import InvalidDataset, submit as submit_dataset
@@ -121,7 +125,8 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
     try:
         result = submit_dataset(conn, dataset, queue_name=queue_name, name=name, output=output, model=model,
                                 defaults=defaults, skip_invalid=skip_invalid, dry_run=dry_run, resume=resume,
-                                job_timeout=job_timeout, priority=priority, log=log_to_stderr)
+                                job_timeout=job_timeout, priority=priority, task=task,
+                                pooling_defaults=pooling_defaults(truncate), log=log_to_stderr)
     except InvalidDataset as e:
         echo_line_errors(e.errors)
         raise
@@ -154,7 +159,7 @@ def submit_main() -> None:
 @click.option("--output", "-o", "out_path", required=True, type=click.Path(dir_okay=False),
               help="Where to write the merged results: a path, or a URL such as s3://bucket/key.")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
-              help="parquet: one row per request (and choice); jsonl: OpenAI Batch output lines.")
+              help="parquet: one row per request and choice (or embedding input); jsonl: OpenAI Batch output lines.")
 @click.option("--errors", "errors_path", type=click.Path(dir_okay=False), default=None,
               help="With --format jsonl: where failed requests go [default: OUTPUT with .errors.jsonl].")
 @redis_url_option()
@@ -257,3 +262,8 @@ cli.add_command(run_command)
 from .serve import serve_command  # noqa: E402
 
 cli.add_command(serve_command)
+
+
+from .embed import embed_command  # noqa: E402
+
+cli.add_command(embed_command)

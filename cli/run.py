@@ -27,10 +27,12 @@ import redis
 
 from miro.core import defaults
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, control
+from miro.core.registry import DEFAULT_MODEL
+from miro.worker.fleet import batches, control, routing
 
-from .common import (MiroCommand, constraint_of, constraint_options, echo_line_errors, engine_kwargs, engine_options,
-                     log_to_stderr, model_option, priority_option, redis_url_option)
+from .common import (MiroCommand, constraint_of, constraint_options, echo_line_errors, embedding_line_options,
+                     engine_kwargs, engine_options, log_to_stderr, pooling_defaults, priority_option,
+                     redis_url_option)
 from .run_state import RunState
 
 @click.command("run", cls=MiroCommand)
@@ -40,10 +42,12 @@ from .run_state import RunState
               help="The merged results (Parquet), written once every request ran: a path, or a URL such as "
                    "s3://bucket/key.")
 @redis_url_option("Use this Redis instead of an embedded one (env MIRO_REDIS_URL).", default=None)
-@model_option
+@click.option("--model", "-m", default=None,
+              help=f"Model alias or path to a .gguf file.  [default: {DEFAULT_MODEL}; {routing.EMBED_MODEL} for "
+                   "an embedding dataset]")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
-              help="parquet: one row per request and choice; jsonl: OpenAI Batch output lines, failed requests in "
-                   "OUTPUT with .errors.jsonl.")
+              help="parquet: one row per request and choice (or embedding input); jsonl: OpenAI Batch output "
+                   "lines, failed requests in OUTPUT with .errors.jsonl.")
 @click.option("--name", default=None, help="A name for the batch (shown by miro status).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Default max_tokens for lines without one.  [default: to a natural stop within the context]")
@@ -61,11 +65,12 @@ from .run_state import RunState
               help="Finished rows are saved to part files at least this often (the progress bar moves as they are); "
                    "a run killed outright loses at most this much work.")
 @priority_option
+@embedding_line_options
 @constraint_options
 @engine_options
 def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temperature, top_p, seed, skip_invalid,
-                dry_run, resume, state_dir, shutdown_grace, flush_seconds, priority, json_schema, regex, choice,
-                grammar, **engine):
+                dry_run, resume, state_dir, shutdown_grace, flush_seconds, priority, task, truncate, json_schema, regex,
+                choice, grammar, **engine):
     """The whole job on this machine: submit DATASET, run a worker until done, write the merged results.
 
     Ctrl-C writes what finished to OUTPUT's .partial.parquet file; the same command with --resume finishes it.
@@ -76,9 +81,12 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     constraint = constraint_of(json_schema, regex, choice, grammar)
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
                                   ("seed", seed), ("structured_outputs", constraint)) if v is not None}
+    lines = LineOptions(defaults, task, pooling_defaults(truncate))
     options = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
-               "skip_invalid": skip_invalid, "name": name, "format": fmt, "structured_outputs": constraint}
-    checked = _validate(dataset, defaults, skip_invalid)
+               "skip_invalid": skip_invalid, "name": name, "format": fmt, "structured_outputs": constraint,
+               "task": task, "truncate": truncate}
+    checked = _validate(dataset, lines, skip_invalid)
+    model = options["model"] = model or routing.default_model(checked.task)
     if dry_run:
         log_to_stderr(f"Dry run: {checked.valid:,} valid lines, {len(checked.invalid):,} invalid; nothing was run.")
         return
@@ -91,7 +99,7 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     interruption = Interruption(shutdown_grace)
     try:
         with interruption, _redis(state, redis_url) as conn:
-            batch_id, queue_name = _submit(conn, state, record, dataset, defaults, resume, priority)
+            batch_id, queue_name = _submit(conn, state, record, dataset, lines, resume, priority)
             try:
                 pace = None
                 if not interruption.signal:
@@ -114,12 +122,24 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
         sys.exit(interruption.exit_code if interruption.signal else 1)
 
 
-def _validate(dataset: str, defaults: dict, skip_invalid: bool):
+@dataclass(frozen=True)
+class LineOptions:
+    """How the dataset's lines are read: sampling defaults, the task, the pooling defaults (submit's arguments)."""
+
+    defaults: dict
+    task: str | None
+    pooling_defaults: dict
+
+    def submit_kwargs(self) -> dict:
+        return {"defaults": self.defaults, "task": self.task, "pooling_defaults": self.pooling_defaults}
+
+
+def _validate(dataset: str, lines: LineOptions, skip_invalid: bool):
     """Every line checked before anything starts; the errors are printed as `miro submit` prints them."""
     from miro.worker.fleet.submit import InvalidDataset, submit as submit_dataset
 
     try:
-        checked = submit_dataset(None, dataset, defaults=defaults, skip_invalid=skip_invalid, dry_run=True)
+        checked = submit_dataset(None, dataset, skip_invalid=skip_invalid, dry_run=True, **lines.submit_kwargs())
     except InvalidDataset as e:
         echo_line_errors(e.errors)
         raise
@@ -141,7 +161,7 @@ def _redis(state: RunState, redis_url: str | None):
         yield conn
 
 
-def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, resume: bool,
+def _submit(conn, state: RunState, record: dict, dataset: str, lines: LineOptions, resume: bool,
             priority: str | None) -> tuple[str, str]:
     """Enqueue the dataset as a new batch, or (resume) only its requests with no finished or running job (the
     batch keeps its priority); returns the batch id and its queue."""
@@ -150,8 +170,8 @@ def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, r
     options = record["options"]
     if not resume:
         submitted = submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"],
-                                   name=options.get("name"), defaults=defaults, skip_invalid=options["skip_invalid"],
-                                   queue_name=f"miro-run-{os.getpid()}", priority=priority)
+                                   name=options.get("name"), skip_invalid=options["skip_invalid"],
+                                   queue_name=f"miro-run-{os.getpid()}", priority=priority, **lines.submit_kwargs())
         state.save({**record, "batch_id": submitted.batch_id})
         return submitted.batch_id, submitted.queue
 
@@ -162,8 +182,8 @@ def _submit(conn, state: RunState, record: dict, dataset: str, defaults: dict, r
         raise MiroError(f"The Redis of the interrupted run no longer holds its batch {batch_id}; delete "
                         f"{state.shown} to start over.") from None
     control.requeue_abandoned(conn, batch.queue)  # a run killed outright left them taken
-    submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"], defaults=defaults,
-                   skip_invalid=options["skip_invalid"], resume=batch_id)
+    submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"],
+                   skip_invalid=options["skip_invalid"], resume=batch_id, **lines.submit_kwargs())
     batch = batches.get_batch(conn, batch_id)
     log_to_stderr(f"Resuming {batch_id} from {state.shown}: {batch.done:,} of {batch.total:,} requests "
                   "already done.")
@@ -217,6 +237,9 @@ class Pace:
         requests = batch.finished - self.at_start.finished
         prompt = batch.prompt_tokens - self.at_start.prompt_tokens
         completion = batch.completion_tokens - self.at_start.completion_tokens
+        if batch.task == "embed":
+            return (f"Embedded {requests:,} requests in {elapsed:,.1f} s: {requests / elapsed:,.2f} requests/s, "
+                    f"{prompt / elapsed:,.1f} tokens/s.")
         return (f"Ran {requests:,} requests in {elapsed:,.1f} s: {requests / elapsed:,.2f} requests/s, "
                 f"{(prompt + completion) / elapsed:,.1f} total tokens/s, {completion / elapsed:,.1f} generated tokens/s.")
 
@@ -233,8 +256,9 @@ def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: 
         log_to_stderr(pace.summary(batch))
     if batch.status == "completed":
         written = write_results(table, out_path, record["options"].get("format", "parquet"))
-        log_to_stderr(f"{written.sentence()}: {batch.completed:,} completed, {batch.failed:,} failed, "
-                      f"{batch.prompt_tokens:,} prompt and {batch.completion_tokens:,} completion tokens.")
+        tokens = (f"{batch.prompt_tokens:,} tokens embedded" if batch.task == "embed" else
+                  f"{batch.prompt_tokens:,} prompt and {batch.completion_tokens:,} completion tokens")
+        log_to_stderr(f"{written.sentence()}: {batch.completed:,} completed, {batch.failed:,} failed, {tokens}.")
         if written.note:
             log_to_stderr(written.note)
         storage.remove(partial)

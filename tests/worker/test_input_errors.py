@@ -30,8 +30,8 @@ LINE_ERRORS = [
     ('{"prompt": "a", "seed": ' + "9" * 5000 + "}",
      "line 1: not valid JSON (a number is too long or the nesting too deep)."),
     # simple form: prompt / messages
-    ({"id": "q1"}, "line 1: the line needs a 'prompt' or a 'messages' field."),
-    ({"id": "q1", "prompt": None}, "line 1: the line needs a 'prompt' or a 'messages' field."),
+    ({"id": "q1"}, "line 1: the line needs a 'prompt', 'messages' or 'input' field."),
+    ({"id": "q1", "prompt": None}, "line 1: the line needs a 'prompt', 'messages' or 'input' field."),
     ({"id": "q1", "prompt": "a", "messages": [{"role": "user", "content": "b"}]},
      "line 1: the line has both 'prompt' and 'messages', give only one."),
     ({"id": "a", "custom_id": "b", "prompt": "x"}, "line 1: give the id as 'id' or as 'custom_id', not both."),
@@ -92,8 +92,8 @@ LINE_ERRORS = [
     ({"prompt": "x", "min_tokens": 20, "max_tokens": 10},
      "line 1: min_tokens must be between 0 and max_tokens (10), got 20."),
     # OpenAI form: envelope
-    ({**openai(), "url": "/v1/embeddings"},
-     "line 1: field 'url': Input should be '/v1/chat/completions' or '/v1/completions'."),
+    ({**openai(), "url": "/v1/responses"},
+     "line 1: field 'url': Input should be '/v1/chat/completions', '/v1/completions' or '/v1/embeddings'."),
     ({**openai(), "method": "GET"}, "line 1: field 'method': Input should be 'POST'."),
     ({"custom_id": "c1", "method": "POST", "url": CHAT}, "line 1: field 'body': Field required."),
     ({"custom_id": "c1", "method": "POST", "url": CHAT, "body": "hi"},

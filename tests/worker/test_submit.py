@@ -191,11 +191,11 @@ def test_many_lines_in_chunks_keep_order(tmp_path, redis_url):
 GOOD = {"id": "ok", "prompt": "fine"}
 BAD_CASES = {
     "malformed JSON": ([GOOD, '{"id": "a", "prompt": "x"'], "line 2: not valid JSON"),
-    "missing prompt": ([GOOD, {"id": "b", "max_tokens": 3}], "line 2: the line needs a 'prompt' or a 'messages'"),
+    "missing prompt": ([GOOD, {"id": "b", "max_tokens": 3}], "line 2: the line needs a 'prompt', 'messages' or 'input'"),
     "wrong type": ([GOOD, {"id": "c", "prompt": "x", "max_tokens": "ten"}], "line 2: field 'max_tokens'"),
     "wrong message type": ([GOOD, {"id": "d", "messages": [{"role": "user", "content": 5}]}],
                            "line 2: field 'messages.0.content'"),
-    "unknown url": ([GOOD, openai("e", url="/v1/embeddings")], "line 2: field 'url'"),
+    "unknown url": ([GOOD, openai("e", url="/v1/responses")], "line 2: field 'url'"),
     "bad method": ([GOOD, openai("f", method="GET")], "line 2: field 'method'"),
     "duplicate custom id": ([GOOD, openai("ok")], "line 2: duplicate custom id 'ok' (first used on line 1)"),
     "invalid UTF-8": ([GOOD, b'{"id": "g", "prompt": "caf\xe9"}'], "line 2: not valid UTF-8"),

@@ -30,7 +30,8 @@ MAX_ERRORS = 1000  # line errors kept on a failed batch (its record stays small 
 
 def _check(body: BatchCreate) -> None:
     if body.endpoint not in ENDPOINTS:
-        raise bad_request(f"miro runs batches for the endpoints {' and '.join(ENDPOINTS)}, not '{body.endpoint}'.",
+        raise bad_request(f"miro runs batches for the endpoints {', '.join(ENDPOINTS[:-1])} and {ENDPOINTS[-1]}, "
+                          f"not '{body.endpoint}'.",
                           param="endpoint")
     if body.completion_window != "24h":
         raise bad_request("The completion window must be '24h'.", param="completion_window")

@@ -67,6 +67,7 @@ class BatchRecord:
     output: str = ""  # where the workers write the part files
     queue: str = ""
     priority: str = defaults.PRIORITY  # records made before priorities existed are normal
+    task: str = "generate"  # "generate" or "embed" (inputs.TASKS): which columns its results have
     job_timeout: int | None = None
     total: int = 0
     completed: int = 0
@@ -219,13 +220,14 @@ def _now() -> str:
 
 
 def create_batch(conn: redis.Redis, *, name: str, model: str, input_file: str, output: str, total: int,
-                 queue: str, priority: str = defaults.PRIORITY, job_timeout: int | None = None) -> str:
+                 queue: str, priority: str = defaults.PRIORITY, job_timeout: int | None = None,
+                 task: str = "generate") -> str:
     """Write a new batch record with status `validating` and index it; returns the new batch id."""
     batch_id = new_batch_id()
     created = float(_now())
     record = BatchRecord(id=batch_id, status="validating", created_at=created, name=name, model=model,
                          input_file=input_file, output=output, queue=queue, priority=priority, job_timeout=job_timeout,
-                         stamps={"validating": created})
+                         task=task, stamps={"validating": created})
     pipe = conn.pipeline(transaction=True)
     pipe.hset(record.key(batch_id), mapping=record.to_hash())
     if total:

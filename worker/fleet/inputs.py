@@ -1,5 +1,9 @@
 """Validation of a user's JSONL dataset for miro-submit: two line forms in, one normalised Request per line out.
 
+A line generates (a chat or a completion request) or embeds (an embedding request: OpenAI's /v1/embeddings, a
+simple line's `input`, or its `prompt` under task "embed"); a batch runs on one model, so it does one or the
+other, and a line of the other task is that line's error.
+
 Pydantic models sit at the boundary (one per line form, line_forms.py); what comes out is plain
 dataclasses. No Redis here. Every problem becomes one sentence naming the line
 and the field, e.g. ``line 7: field 'messages.0.content': Input should be a valid string.``
@@ -17,14 +21,18 @@ from typing import Any, BinaryIO, Iterator, Literal
 from pydantic import BaseModel, ValidationError
 
 from miro.core.errors import MiroError, RequestError
+from miro.core.pooling import PoolingParams
 from miro.core.sampling import SamplingParams
 from miro.core.constraint import StructuredOutputsParams
 
-from .line_forms import ChatBody, CompletionBody, OpenAILine, SimpleLine, int_id_as_str, short_text
+from .line_forms import (ChatBody, CompletionBody, EmbeddingBody, OpenAILine, SimpleLine, int_id_as_str,
+                         short_text)
 from .rows import SCHEMA
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
+TASKS = ("generate", "embed")  # what a batch does (the engine's supported_tasks names)
 _SAMPLING_NAMES = {f.name for f in dataclasses.fields(SamplingParams)}
 _JSON_TYPES = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}
 
@@ -35,7 +43,7 @@ class Request:
 
     custom_id: str
     line: int
-    kind: Literal["chat", "completion"]
+    kind: Literal["chat", "completion", "embedding"]
     prompt: str | None
     messages: list[dict] | None
     sampling: dict
@@ -43,6 +51,13 @@ class Request:
     form: Literal["simple", "openai"]
     url: str | None
     extra: dict[str, Any] | None = None  # a simple line's own fields (e.g. "category"): columns of the results
+    inputs: list[str] | list[list[int]] | None = None  # kind "embedding": texts, or lists of token ids
+    pooling: dict | None = None  # kind "embedding": PoolingParams keyword arguments
+    encoding_format: Literal["float", "base64"] | None = None  # kind "embedding": how OpenAI lines give vectors
+
+    @property
+    def task(self) -> str:
+        return "embed" if self.kind == "embedding" else "generate"
 
 
 @dataclass
@@ -58,6 +73,7 @@ class ParseResult:
     requests: list[Request] = field(default_factory=list)
     errors: list[LineError] = field(default_factory=list)
     file_error: str | None = None  # a problem with the whole file (it is empty)
+    task: str = "generate"  # what the batch does: "generate" or "embed" (the task asked for, or its first line's)
 
     @property
     def ok(self) -> bool:
@@ -105,8 +121,13 @@ def _validate(model: type[BaseModel], data: Any, prefix: tuple = ()) -> Any:
         raise _LineProblem(_describe(e.errors(), prefix, set(model.model_fields))) from None
 
 
-def _simple(obj: dict, number: int) -> Request:
+def _simple(obj: dict, number: int, task: str | None) -> Request:
     line = _validate(SimpleLine, obj)
+    if line.input is not None or (task == "embed" and line.prompt is not None):
+        return _simple_embedding(line, number)
+    if given := line.given_pooling_fields():
+        raise _LineProblem(f"field '{given[0]}': only an embedding line takes it (one with 'input', or a 'prompt' "
+                           "under --task embed)")
     sampling = line.sampling()
     if line.logprobs is not None:
         sampling["logprobs"] = line.logprobs
@@ -115,6 +136,17 @@ def _simple(obj: dict, number: int) -> Request:
         kind="chat" if line.messages is not None else "completion", prompt=line.prompt,
         messages=[m.as_template_message() for m in line.messages] if line.messages is not None else None,
         sampling=sampling, model=None, form="simple", url=None, extra=_own_fields(line.model_extra or {}),
+    )
+
+
+def _simple_embedding(line: SimpleLine, number: int) -> Request:
+    if given := line.given_sampling_fields():
+        raise _LineProblem(f"field '{given[0]}': a sampling option, and an embedding line generates nothing")
+    return Request(
+        custom_id=line.id or line.custom_id or f"line-{number}", line=number, kind="embedding", prompt=None,
+        messages=None, sampling={}, model=None, form="simple", url=None, extra=_own_fields(line.model_extra or {}),
+        inputs=line.input if line.input is not None else [line.prompt], pooling=line.pooling(),
+        encoding_format=line.encoding_format or "float",
     )
 
 
@@ -144,6 +176,11 @@ def _own_fields(extra: dict[str, Any]) -> dict[str, Any] | None:
 
 def _openai(obj: dict, number: int) -> Request:
     envelope = _validate(OpenAILine, obj)
+    if envelope.url == EMBEDDINGS_URL:
+        body = _validate(EmbeddingBody, envelope.body, ("body",))
+        return Request(custom_id=envelope.custom_id, line=number, kind="embedding", prompt=None, messages=None,
+                       sampling={}, model=body.model, form="openai", url=envelope.url, inputs=body.input,
+                       pooling=body.pooling(), encoding_format=body.encoding_format or "float")
     chat = envelope.url == CHAT_URL
     body = _validate(ChatBody if chat else CompletionBody, envelope.body, ("body",))
     sampling = body.sampling()
@@ -193,7 +230,7 @@ def _refuse_constant(name: str):
     raise _NonStandardNumber(f"not valid JSON ({name} is not a JSON number)")
 
 
-def _parse_line(number: int, text: str, defaults: dict) -> Request:
+def _parse_line(number: int, text: str, defaults: dict, pooling_defaults: dict, task: str | None) -> Request:
     try:
         obj = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_refuse_constant)
     except _NonStandardNumber as e:
@@ -207,12 +244,17 @@ def _parse_line(number: int, text: str, defaults: dict) -> Request:
     if not isinstance(obj, dict):
         raise _LineProblem(f"expected a JSON object, got {_JSON_TYPES.get(type(obj), 'a number')}")
     try:
-        request = _openai(obj, number) if obj.keys() & {"url", "method", "body"} else _simple(obj, number)
-        # a line without max_tokens (and no default for it) runs to a natural stop within the context, as OpenAI's do
-        merged = {"max_tokens": None, **defaults, **request.sampling}
-        request.sampling = {k: list(v) if isinstance(v, list) else v for k, v in merged.items()}
+        request = _openai(obj, number) if obj.keys() & {"url", "method", "body"} else _simple(obj, number, task)
         try:
-            SamplingParams(**request.sampling)
+            if request.kind == "embedding":
+                request.pooling = {**pooling_defaults, **request.pooling}
+                PoolingParams(**request.pooling)
+            else:
+                # a line without max_tokens (and no default for it) runs to a natural stop within the context, as
+                # OpenAI's do
+                merged = {"max_tokens": None, **defaults, **request.sampling}
+                request.sampling = {k: list(v) if isinstance(v, list) else v for k, v in merged.items()}
+                SamplingParams(**request.sampling)
         except RequestError as e:
             raise _LineProblem(str(e).rstrip(".")) from None
     except _LineProblem as problem:
@@ -254,14 +296,21 @@ def _checked_defaults(defaults: dict | None) -> dict:
 
 
 def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000,
-                  endpoint: str | None = None) -> ParseResult:
+                  endpoint: str | None = None, task: str | None = None,
+                  pooling_defaults: dict | None = None) -> ParseResult:
     """Validate a JSONL dataset; every line becomes a Request or a LineError. Raises MiroError if unreadable.
 
     With `endpoint` (an OpenAI batch's, e.g. "/v1/chat/completions") every line must be an OpenAI Batch line
-    with that url, as OpenAI's Batch API requires.
+    with that url, as OpenAI's Batch API requires. `task` ("generate" or "embed") is what the batch does; with
+    "embed" a simple line's `prompt` is embedded. Without it the first valid line decides. `defaults` are
+    SamplingParams keyword arguments for generation lines without them, `pooling_defaults` PoolingParams ones
+    for embedding lines.
     """
     path = Path(path)
     defaults = _checked_defaults(defaults)
+    pooling_defaults = _checked_pooling_defaults(pooling_defaults)
+    if task is not None and task not in TASKS:
+        raise MiroError(f"The task '{task}' is not one of {', '.join(TASKS)}.")
     try:
         f = open(path, "rb")
     except FileNotFoundError:
@@ -272,6 +321,7 @@ def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes
         raise MiroError(f"Dataset file '{path}' cannot be read ({e.strerror or e}).") from None
 
     result = ParseResult()
+    task_line: int | None = None  # the line that set the batch's task, when no task was given
     first_line: dict[str, int] = {}
     saw_content = False
     first_content = b""
@@ -295,7 +345,7 @@ def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes
                 result.errors.append(LineError(number, None, f"line {number}: not valid UTF-8 ({bad})."))
                 continue
             try:
-                request = _parse_line(number, text, defaults)
+                request = _parse_line(number, text, defaults, pooling_defaults, task)
             except _LineProblem as problem:
                 result.errors.append(LineError(number, problem.custom_id, f"line {number}: {problem}."))
                 continue
@@ -309,13 +359,42 @@ def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes
                 message = f"line {number}: {given}, but the batch's endpoint is '{endpoint}'."
                 result.errors.append(LineError(number, request.custom_id, message, "url_mismatch"))
                 continue
+            if task is None and task_line is None:
+                task_line = number
+                result.task = request.task
+            if request.task != (task or result.task):
+                message = _task_mismatch(number, request, task, task_line)
+                result.errors.append(LineError(number, request.custom_id, message, "task_mismatch"))
+                continue
             first_line[request.custom_id] = number
             result.requests.append(request)
+    if task is not None:
+        result.task = task
     if not saw_content:
         result.file_error = f"Dataset file '{path}' is empty: it has no request lines."
     elif not result.requests:
         result.file_error = _wrong_format(path, first_content)
     return result
+
+
+def _task_mismatch(number: int, request: Request, task: str | None, task_line: int | None) -> str:
+    what = "an embedding request" if request.task == "embed" else "a generation request"
+    batch = "generates" if request.task == "embed" else "embeds"
+    why = f"--task {task}" if task is not None else f"as line {task_line} does"
+    return (f"line {number}: {what}, but the batch {batch} ({why}); a batch runs on one model, which either embeds "
+            "or generates: put the two kinds in two files.")
+
+
+def _checked_pooling_defaults(pooling_defaults: dict | None) -> dict:
+    pooling_defaults = dict(pooling_defaults or {})
+    try:
+        PoolingParams(**pooling_defaults)
+    except TypeError:
+        raise MiroError(f"Default pooling options {', '.join(sorted(pooling_defaults))} are not PoolingParams "
+                        "fields.") from None
+    except RequestError as e:
+        raise MiroError(f"Default pooling options are invalid ({str(e).rstrip('.')}).") from None
+    return pooling_defaults
 
 
 def _wrong_format(path: Path, first_line: bytes) -> str | None:

@@ -1,6 +1,6 @@
-"""The two forms a line of a dataset may take, as pydantic models: a simple line (prompt or messages, vLLM's
-sampling names, fields of its own) and an OpenAI Batch API line whose body is a chat or a completion request.
-inputs.py reads a dataset through them."""
+"""The two forms a line of a dataset may take, as pydantic models: a simple line (prompt, messages or input,
+vLLM's sampling and pooling names, fields of its own) and an OpenAI Batch API line whose body is a chat, a
+completion or an embeddings request. inputs.py reads a dataset through them."""
 
 from __future__ import annotations
 
@@ -35,7 +35,57 @@ def _one_prompt_only(value: Any) -> Any:
     return value
 
 
+MAX_EMBEDDING_INPUTS = 2048  # inputs one /v1/embeddings request may hold (OpenAI's limit)
+
+
+def _number_kind(value: Any) -> str | None:
+    """Why a JSON value is not a token id (an integer from 0), or None if it is one."""
+    if type(value) is int:
+        return "a negative number" if value < 0 else None
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, float):
+        return "a number with a fraction"
+    return {str: "a string", list: "a list", dict: "an object", type(None): "null"}.get(type(value), "not a number")
+
+
+def _embedding_inputs(value: Any) -> Any:
+    """OpenAI's embeddings `input` (a string, a list of strings, a list of token ids, or a list of lists of token
+    ids) as a list of inputs, each a non-empty string or a non-empty list of token ids, all of one kind."""
+    if isinstance(value, str):
+        value = [value]
+    elif isinstance(value, list) and value and isinstance(value[0], (int, float)):
+        value = [value]  # one input given as its token ids
+    if not isinstance(value, list):
+        raise PydanticCustomError("input_type", "should be a string, a list of strings, a list of token ids or a list "
+                                                "of lists of token ids")
+    if not value:
+        raise PydanticCustomError("input_empty", "should not be an empty list")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise PydanticCustomError("input_count", "has {n} inputs, more than the {limit} one request may hold: split it "
+                                  "over several lines", {"n": f"{len(value):,}", "limit": f"{MAX_EMBEDDING_INPUTS:,}"})
+    for index, item in enumerate(value):
+        if isinstance(item, str):
+            if not item:
+                raise PydanticCustomError("input_blank", "input {index} is an empty string", {"index": index})
+        elif isinstance(item, list):
+            if not item:
+                raise PydanticCustomError("input_blank", "input {index} is an empty list of token ids", {"index": index})
+            for position, token in enumerate(item):
+                if (kind := _number_kind(token)) is not None:
+                    raise PydanticCustomError("token_id", "input {index}: token {position} is {kind}, and token ids are "
+                                              "integers from 0", {"index": index, "position": position, "kind": kind})
+        else:
+            kind = _number_kind(item) or "a number"
+            raise PydanticCustomError("input_item", "input {index} is {kind}, not a string or a list of token ids",
+                                      {"index": index, "kind": kind})
+    if len({type(item) for item in value}) > 1:
+        raise PydanticCustomError("input_mixed", "mixes strings and lists of token ids: give one kind")
+    return value
+
+
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+EmbeddingInputs = Annotated[list[str] | list[list[int]], BeforeValidator(_embedding_inputs)]
 Id = Annotated[NonEmptyStr | None, BeforeValidator(int_id_as_str)]
 Stop = Annotated[list[str] | None, BeforeValidator(_stop_as_list)]
 
@@ -98,30 +148,53 @@ class _Sampling(BaseModel):
         return {k: v for k in _Sampling.model_fields if (v := getattr(self, k)) is not None}
 
 
-class SimpleLine(_Sampling):
+class _Pooling(BaseModel):
+    """An embedding request's options beside its input: vLLM's and OpenAI's names; null means "not given"."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    normalize: bool | None = None
+    truncate_prompt_tokens: int | None = None  # vLLM's: cut a longer input to this many tokens; -1: to the context
+    encoding_format: Literal["float", "base64"] | None = None  # how OpenAI output lines give the vector
+
+    def pooling(self) -> dict:
+        """PoolingParams keyword arguments."""
+        return {k: v for k in ("dimensions", "normalize", "truncate_prompt_tokens") if (v := getattr(self, k)) is not None}
+
+    def given_pooling_fields(self) -> list[str]:
+        return [k for k in _Pooling.model_fields if getattr(self, k) is not None]
+
+
+class SimpleLine(_Sampling, _Pooling):
     model_config = ConfigDict(extra="allow")  # the line's own fields go to the results (see _own_fields)
     id: Id = None
     custom_id: Id = None
     prompt: NonEmptyStr | None = None
     messages: Messages | None = None
+    input: EmbeddingInputs | None = None  # an embedding line
     logprobs: int | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SimpleLine:
         if self.id is not None and self.custom_id is not None:
             raise PydanticCustomError("two_ids", "give the id as 'id' or as 'custom_id', not both")
-        if self.prompt is None and self.messages is None:
-            raise PydanticCustomError("no_input", "the line needs a 'prompt' or a 'messages' field")
-        if self.prompt is not None and self.messages is not None:
-            raise PydanticCustomError("two_inputs", "the line has both 'prompt' and 'messages', give only one")
+        given = [name for name in ("prompt", "messages", "input") if getattr(self, name) is not None]
+        if not given:
+            raise PydanticCustomError("no_input", "the line needs a 'prompt', 'messages' or 'input' field")
+        if len(given) > 1:
+            raise PydanticCustomError("two_inputs", "the line has both '{a}' and '{b}', give only one",
+                                      {"a": given[0], "b": given[1]})
         return self
+
+    def given_sampling_fields(self) -> list[str]:
+        return [k for k in (*_Sampling.model_fields, "logprobs") if getattr(self, k) is not None]
 
 
 class OpenAILine(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     custom_id: NonEmptyStr
     method: Literal["POST"]
-    url: Literal["/v1/chat/completions", "/v1/completions"]
+    url: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
     body: dict[str, Any]
 
 
@@ -182,3 +255,13 @@ class ChatBody(_Body):
 class CompletionBody(_Body):
     prompt: Annotated[NonEmptyStr, BeforeValidator(_one_prompt_only)]
     logprobs: int | None = None
+
+
+class EmbeddingBody(_Pooling):
+    """A /v1/embeddings body: OpenAI's fields and vLLM's truncate_prompt_tokens and normalize. Unknown fields are
+    refused, as a misspelt `dimensions` would silently change the vectors."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    input: EmbeddingInputs
+    user: str | None = None  # OpenAI's end-user id: accepted, not used

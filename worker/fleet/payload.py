@@ -11,18 +11,25 @@ from typing import Any, Literal
 
 from miro.core import defaults
 from miro.core.errors import MiroError
+from miro.core.pooling import PoolingParams
 from miro.core.sampling import SamplingParams
+
+# the kind of a request -> (prompt given, messages given, inputs given)
+_SHAPES = {"completion": (True, False, False), "chat": (False, True, False), "embedding": (False, False, True)}
 
 
 @dataclass(frozen=True)
 class JobPayload:
     batch_id: str
     custom_id: str
-    kind: Literal["chat", "completion"]  # the shape of the OpenAI output line, and of the input
+    kind: Literal["chat", "completion", "embedding"]  # the shape of the OpenAI output line, and of the input
     model: str  # the model the batch runs on (an alias, a .gguf path or a served name)
-    sampling: dict[str, Any]  # SamplingParams keyword arguments, vLLM's names
+    sampling: dict[str, Any]  # SamplingParams keyword arguments, vLLM's names ({} for an embedding)
     prompt: str | None = None  # kind "completion"
     messages: list[dict[str, str]] | None = None  # kind "chat": role and content, for the chat template
+    inputs: list[str] | list[list[int]] | None = None  # kind "embedding": one vector each (texts or token ids)
+    pooling: dict[str, Any] | None = None  # kind "embedding": PoolingParams keyword arguments
+    encoding_format: str | None = None  # kind "embedding": "float" or "base64" in OpenAI output lines
     requested_model: str | None = None  # what the line asked for (an OpenAI body's model), if anything
     line: int | None = None  # the request's line in the input file: the results' order
     extra: dict[str, Any] | None = None  # a simple line's own fields: columns of the results
@@ -44,10 +51,19 @@ class JobPayload:
             "sampling": kwargs.get("sampling") or {}})
         if payload.priority not in defaults.PRIORITIES:
             raise MiroError(f"the job's payload for {payload.custom_id!r} has an unknown priority {payload.priority!r}")
-        if (payload.kind, payload.prompt is None, payload.messages is None) not in (("chat", True, False),
-                                                                                    ("completion", False, True)):
-            raise MiroError(f"the job's payload for {payload.custom_id!r} is neither a chat nor a completion request")
+        given = (payload.prompt is not None, payload.messages is not None, payload.inputs is not None)
+        if _SHAPES.get(payload.kind) != given:
+            raise MiroError(f"the job's payload for {payload.custom_id!r} is neither a chat, a completion nor an "
+                            "embedding request")
         return payload
+
+    @property
+    def task(self) -> str:
+        """What the engine does with it: "embed" or "generate" (Engine.supported_tasks' names)."""
+        return "embed" if self.kind == "embedding" else "generate"
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(**self.sampling)
+
+    def pooling_params(self) -> PoolingParams:
+        return PoolingParams(**(self.pooling or {}))

@@ -1,9 +1,11 @@
-"""Merge a batch's part files into one table (one row per custom id and choice) and write it out.
+"""Merge a batch's part files into one table (one row per custom id and choice, or input) and write it out.
 
 A request that ran twice (a worker died after writing its row but before RQ
 heard of it) has two rows; the merge keeps one, preferring a success over an
-error and then the latest. Output: Parquet, or the OpenAI Batch API's output
-JSONL with failed requests in a separate errors file.
+error and then the latest. The table keeps its batch's task's columns (rows.TASK_COLUMNS): an embedding batch's
+`embedding` column is fixed_size_list<float32>[size] when every vector has one size (lines that ask for different
+`dimensions` leave it list<float32>). Output: Parquet, or the OpenAI Batch API's output JSONL with failed
+requests in a separate errors file.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from miro.core.errors import MiroError
 
 from . import batches, storage
 from .batches import BatchRecord
-from .rows import SCHEMA, invalid_line_rows, openai_line
+from .rows import SCHEMA, TASK_COLUMNS, invalid_line_rows, openai_line
 from .sink import open_output, write_table_atomically
 
 
@@ -35,19 +37,36 @@ def read_parts(output: str, batch_id: str) -> pa.Table:
 
 
 def merge(table: pa.Table) -> pa.Table:
-    """One row per (custom_id, choice_index): successes before errors, then the latest finished; in the
-    order of the input file's lines (as vLLM returns outputs in the order of its prompts), choices in order."""
+    """One row per (custom_id, choice_index, input_index): successes before errors, then the latest finished; in
+    the order of the input file's lines (as vLLM returns outputs in the order of its prompts), choices and inputs
+    in order. A request's error row (no input index) stands for its first input, so a success replaces it."""
     if table.num_rows == 0:
         return table
     failed = pc.invert(pc.is_null(table["error"])).cast(pa.int8())
-    ranked = table.append_column("_failed", failed)
-    ranked = ranked.sort_by([("custom_id", "ascending"), ("choice_index", "ascending"), ("_failed", "ascending"),
-                             ("finished_at", "descending")])
-    keys = list(zip(ranked["custom_id"].to_pylist(), ranked["choice_index"].to_pylist()))
+    ranked = table.append_column("_failed", failed).append_column("_input", pc.fill_null(table["input_index"], 0))
+    ranked = ranked.sort_by([("custom_id", "ascending"), ("choice_index", "ascending"), ("_input", "ascending"),
+                             ("_failed", "ascending"), ("finished_at", "descending")])
+    keys = list(zip(ranked["custom_id"].to_pylist(), ranked["choice_index"].to_pylist(), ranked["_input"].to_pylist()))
     first = [i for i, key in enumerate(keys) if i == 0 or key != keys[i - 1]]
     kept = ranked.take(first).drop_columns(["_failed"])
     # rows written before the line column existed have none: they follow, by custom id
-    return kept.sort_by([("line", "ascending"), ("custom_id", "ascending"), ("choice_index", "ascending")])
+    kept = kept.sort_by([("line", "ascending"), ("custom_id", "ascending"), ("choice_index", "ascending"),
+                         ("_input", "ascending")])
+    return kept.drop_columns(["_input"])
+
+
+def task_table(table: pa.Table, task: str) -> pa.Table:
+    """The merged table with the columns of the batch's task only; an embedding batch's vectors of one size as
+    fixed_size_list<float32>[size]."""
+    other = next(columns for name, columns in TASK_COLUMNS.items() if name != task)
+    table = table.drop_columns([name for name in other if name in table.column_names])
+    if task != "embed":
+        return table
+    sizes = pc.unique(pc.list_value_length(table["embedding"]).drop_null()).to_pylist()
+    if len(sizes) != 1:  # no vector (every line failed), or lines asked for different dimensions
+        return table
+    index = table.column_names.index("embedding")
+    return table.set_column(index, "embedding", table["embedding"].cast(pa.list_(pa.float32(), sizes[0])))
 
 
 def collect(conn, batch_id: str) -> tuple[pa.Table, BatchRecord]:
@@ -55,12 +74,12 @@ def collect(conn, batch_id: str) -> tuple[pa.Table, BatchRecord]:
     batch = batches.get_batch(conn, batch_id)
     parts = read_parts(batch.output, batch_id)
     invalid = invalid_line_rows(batch_id, batches.failed_lines(conn, batch_id))
-    return spread_extra(merge(pa.concat_tables([parts, invalid]))), batch
+    return spread_extra(task_table(merge(pa.concat_tables([parts, invalid])), batch.task)), batch
 
 
 def cut_constraints_note(table: pa.Table) -> str | None:
     """A sentence on the structured-output requests that max_tokens cut short (they may not parse), if any."""
-    if table.num_rows == 0:
+    if table.num_rows == 0 or "finish_reason" not in table.column_names:
         return None
     constrained = pc.match_substring(pc.fill_null(table["sampling"], ""), '"structured_outputs":')
     cut = pc.sum(pc.and_(constrained, pc.equal(pc.fill_null(table["finish_reason"], ""), "length"))).as_py() or 0

@@ -22,6 +22,12 @@ from miro.core.registry import ALIASES, DEFAULT_MODEL
 from . import keys
 
 QUEUE_PREFIX = "miro:"
+EMBED_MODEL = "all-minilm-l6-v2"  # the model of an embedding batch that names none (DEFAULT_MODEL's, for embeddings)
+
+
+def default_model(task: str) -> str:
+    """The model a batch of `task` ("generate" or "embed") runs on when neither --model nor its lines name one."""
+    return EMBED_MODEL if task == "embed" else DEFAULT_MODEL
 
 
 def model_name(model: str) -> str:
@@ -88,9 +94,10 @@ def _unknown(model: str, where: str, remedy: str) -> MiroError:
     )
 
 
-def choose_model(conn: redis.Redis | None, model_option: str | None, named: dict[str, int]) -> str:
+def choose_model(conn: redis.Redis | None, model_option: str | None, named: dict[str, int],
+                 task: str = "generate") -> str:
     """The batch's model: --model if given (the lines' own `model` fields then only say what they asked for),
-    otherwise the one model the lines name (OpenAI bodies' `model`), otherwise the default model.
+    otherwise the one model the lines name (OpenAI bodies' `model`), otherwise the default model of its task.
 
     `named` maps each model the lines name to the first line naming it. `conn` is None for a dry run without
     Redis, which cannot know what the fleet serves: names it cannot place are accepted then.
@@ -100,7 +107,7 @@ def choose_model(conn: redis.Redis | None, model_option: str | None, named: dict
             raise _unknown(model_option, "The ", "check the name, or start such a worker first.")
         return model_option
     if not named:
-        return DEFAULT_MODEL
+        return default_model(task)
     if len(named) > 1:
         listed = ", ".join(f"'{m}' (line {line})" for m, line in sorted(named.items(), key=lambda kv: kv[1]))
         raise MiroError(f"The lines name {len(named)} models ({listed}), and a batch runs on one: split the file "

@@ -1,5 +1,9 @@
-"""The result rows, in one place: the Parquet schema, the rows a request becomes (one per choice, or one
-error row; an invalid line's row), and their OpenAI Batch output shape.
+"""The result rows, in one place: the Parquet schema, the rows a request becomes (one per choice of a
+generation, one per input of an embedding, or one error row; an invalid line's row), and their OpenAI Batch
+output shape.
+
+Part files hold every column; the merged results of a batch keep those of its task (TASK_COLUMNS): an
+embedding batch has no choices, outputs or finish reasons, a generation batch no vectors.
 
 Workers build rows with result_rows / error_row, the sink writes them (refusing a key the schema lacks),
 `miro results` and `miro run` merge them and shape them as OpenAI's output lines with openai_line.
@@ -7,16 +11,18 @@ Workers build rows with result_rows / error_row, the sink writes them (refusing 
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 from miro.core.constraint import StructuredOutputsParams, parsed_json
 
 if TYPE_CHECKING:
-    from miro.core.outputs import RequestOutput
+    from miro.core.outputs import EmbeddingRequestOutput, RequestOutput
     from miro.core.tokenizer import Tokenizer
 
     from .payload import JobPayload
@@ -32,12 +38,16 @@ SCHEMA = pa.schema([
     ("custom_id", pa.string()),
     ("line", pa.int32()),  # the request's line in the input file: results come back in this order
     ("choice_index", pa.int32()),  # which of the request's n choices
-    ("kind", pa.string()),  # "chat" or "completion": the shape of the OpenAI output line
+    ("input_index", pa.int32()),  # an embedding request's input (the index of OpenAI's data[]); null: the whole line
+    ("kind", pa.string()),  # "chat", "completion" or "embedding": the shape of the OpenAI output line
     ("job_id", pa.string()),
     ("model", pa.string()),  # the model that ran the request
     ("requested_model", pa.string()),  # the model the request asked for (an OpenAI body's `model`, or --model)
-    ("prompt", pa.string()),
+    ("prompt", pa.string()),  # an embedding's input text (null for token ids)
     ("output", pa.string()),
+    # the merged results of a batch whose vectors have one size make this fixed_size_list<float32>[size]
+    ("embedding", pa.list_(pa.float32())),
+    ("encoding_format", pa.string()),  # "float" or "base64": how the OpenAI output line gives the embedding
     # a JSON-constrained output that stopped, parsed, as compact JSON text; null for anything else, and for one
     # cut short by max_tokens (finish_reason "length"), which may not parse
     ("parsed", pa.string()),
@@ -52,9 +62,16 @@ SCHEMA = pa.schema([
     ("started_at", pa.timestamp("ms", tz="UTC")),
     ("finished_at", pa.timestamp("ms", tz="UTC")),
     ("latency_s", pa.float64()),
-    ("sampling", pa.string()),
+    ("sampling", pa.string()),  # the request's options, JSON: SamplingParams' (or PoolingParams' for an embedding)
     ("extra", pa.string()),  # a simple line's own fields, JSON; the merged results spread them into columns
 ])
+
+# the columns that mean something for one task only: the merged results of a batch drop the other task's
+TASK_COLUMNS = {
+    "generate": ("choice_index", "output", "parsed", "finish_reason", "cached_tokens", "completion_tokens",
+                 "output_token_ids", "logprobs"),
+    "embed": ("input_index", "embedding", "encoding_format"),
+}
 
 
 def _utc(epoch: float) -> datetime:
@@ -68,7 +85,8 @@ def _base_row(payload: JobPayload, job_id: str, worker: str, model: str | None, 
                 job_id=job_id, model=model, requested_model=payload.requested_model or payload.model, prompt=prompt,
                 worker=worker, started_at=_utc(started),
                 finished_at=_utc(finished), latency_s=finished - started,
-                sampling=json.dumps(payload.sampling, sort_keys=True),
+                sampling=json.dumps(payload.pooling if payload.kind == "embedding" else payload.sampling,
+                                    sort_keys=True),
                 extra=json.dumps(payload.extra, ensure_ascii=False) if payload.extra else None)
 
 
@@ -89,6 +107,17 @@ def result_rows(payload: JobPayload, output: RequestOutput, tokenizer: Tokenizer
     ]
 
 
+def embedding_rows(payload: JobPayload, outputs: list[EmbeddingRequestOutput], *, job_id: str, worker: str,
+                   model: str, started: float, finished: float) -> list[dict]:
+    """One row per input of a finished embedding request (outputs in input order)."""
+    return [
+        {**_base_row(payload, job_id, worker, model, text if isinstance(text, str) else None, started, finished),
+         "choice_index": 0, "input_index": index, "embedding": output.embedding.tolist(),
+         "encoding_format": payload.encoding_format or "float", "prompt_tokens": output.num_tokens, "error": None}
+        for index, (text, output) in enumerate(zip(payload.inputs, outputs))
+    ]
+
+
 def _token(tokenizer: Tokenizer, token_id: int) -> dict:
     raw = tokenizer.token_bytes(token_id)
     return {"token_id": token_id, "token": raw.decode("utf-8", errors="replace"), "bytes": raw}
@@ -102,7 +131,9 @@ def _logprob(tokenizer: Tokenizer, entry: dict) -> dict:
 
 def error_row(payload: JobPayload, error: str, *, job_id: str, worker: str, prompt: str | None, started: float,
               finished: float, model: str | None = None) -> dict:
-    return {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": 0, "error": error}
+    """A request that failed as a whole: one row (an embedding's with no input index: it is the line's)."""
+    return {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": 0, "error": error,
+            "encoding_format": payload.encoding_format}
 
 
 def invalid_line_rows(batch_id: str, records: dict[str, dict]) -> pa.Table:
@@ -137,6 +168,23 @@ def _completion_logprobs(entries: list[dict] | None) -> dict | None:
             "text_offset": offsets}
 
 
+def _embedding_body(rows: list[dict]) -> dict:
+    """OpenAI's CreateEmbeddingResponse: a vector per input, as floats or (base64) its little-endian float32
+    bytes in base64, as OpenAI encodes them."""
+    rows = sorted(rows, key=lambda r: r["input_index"])
+    tokens = sum(r["prompt_tokens"] or 0 for r in rows)
+
+    def encoded(vector: list[float]):
+        if rows[0]["encoding_format"] == "base64":
+            return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+        return vector
+
+    return {"object": "list",
+            "data": [{"object": "embedding", "index": r["input_index"], "embedding": encoded(r["embedding"])}
+                     for r in rows],
+            "model": rows[0]["model"], "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
 def _response_body(rows: list[dict]) -> dict:
     first = rows[0]
     created = int(first["finished_at"].timestamp()) if first["finished_at"] else 0
@@ -164,13 +212,16 @@ def _response_body(rows: list[dict]) -> dict:
 
 
 def openai_line(rows: list[dict]) -> dict:
-    """One request's merged rows (its choices) as an OpenAI Batch output line: a response, or an error."""
-    rows = sorted(rows, key=lambda r: r["choice_index"])
+    """One request's merged rows (its choices, or its inputs) as an OpenAI Batch output line: a response, or an
+    error."""
     # an invalid line never became a job: its id names its line instead
     request_id = rows[0]["job_id"] or f"line-{rows[0]['line']}-invalid"
     line = {"id": f"batch_req_{request_id}", "custom_id": rows[0]["custom_id"]}
     error = next((r["error"] for r in rows if r["error"]), None)
     if error:
         return line | {"response": None, "error": {"code": "request_failed", "message": error}}
-    return line | {"response": {"status_code": 200, "request_id": rows[0]["job_id"], "body": _response_body(rows)},
-                   "error": None}
+    if rows[0]["kind"] == "embedding":
+        body = _embedding_body(rows)
+    else:
+        body = _response_body(sorted(rows, key=lambda r: r["choice_index"]))
+    return line | {"response": {"status_code": 200, "request_id": rows[0]["job_id"], "body": body}, "error": None}

@@ -68,6 +68,7 @@ class SubmitResult:
     lines: int  # request lines read: valid + invalid
     valid: int
     invalid: list[LineError] = field(default_factory=list)
+    task: str = "generate"  # what the batch does: "generate" or "embed"
     enqueued: int = 0
     recorded_invalid: int = 0  # invalid lines newly recorded as failed requests (--skip-invalid)
     already_finished: int = 0  # --resume: requests whose job finished
@@ -96,6 +97,7 @@ def payload(request: Request, batch_id: str, model: str, priority: str = DEFAULT
                       priority=priority,
                       sampling=request.sampling, prompt=request.prompt if request.kind == "completion" else None,
                       messages=request.messages if request.kind == "chat" else None,
+                      inputs=request.inputs, pooling=request.pooling, encoding_format=request.encoding_format,
                       requested_model=request.model, line=request.line, extra=request.extra)
 
 
@@ -254,15 +256,17 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
            output: str = defaults.OUTPUT, model: str | None = None, defaults: dict | None = None,
            skip_invalid: bool = False, dry_run: bool = False, resume: str | None = None,
            job_timeout: int | str | None = defaults.JOB_TIMEOUT_S, chunk_size: int = CHUNK,
-           priority: str | None = None, endpoint: str | None = None,
-           log: Callable[[str], None] | None = None) -> SubmitResult:
+           priority: str | None = None, endpoint: str | None = None, task: str | None = None,
+           pooling_defaults: dict | None = None, log: Callable[[str], None] | None = None) -> SubmitResult:
     """Validate the dataset at `path` and enqueue one job per valid request; see the module docstring.
 
     `conn` may be None for a dry run (which touches no Redis key). `priority` (high, normal or low; None is
     normal) picks the queue (routing.priority_queue) and is recorded in the batch record and in every job.
     With `resume=BATCH` the requests go to that existing batch (its queue, model, priority and output); only
     custom ids without a finished or still running job are enqueued. With `endpoint` (an OpenAI batch's) every
-    line must be an OpenAI Batch line with that url (inputs.parse_dataset). Raises InvalidDataset (nothing enqueued) when a line is invalid and not `skip_invalid`,
+    line must be an OpenAI Batch line with that url (inputs.parse_dataset). `task` ("generate" or "embed"; None:
+    the first line's) is what the batch does, `defaults` and `pooling_defaults` the sampling and pooling options of
+    lines without them (parse_dataset). Raises InvalidDataset (nothing enqueued) when a line is invalid and not `skip_invalid`,
     MiroError for other problems a user can cause.
     """
     log = log or (lambda message: None)
@@ -288,7 +292,7 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
                 raise MiroError(f"Batch {resume} uses {option} '{recorded}', not '{value}'; leave --{option} out.")
 
     started = time.perf_counter()
-    parsed = parse_dataset(path, defaults, endpoint=endpoint)
+    parsed = parse_dataset(path, defaults, endpoint=endpoint, task=task, pooling_defaults=pooling_defaults)
     validate_s = time.perf_counter() - started
     lines = len(parsed.requests) + len(parsed.errors)
     if parsed.file_error:
@@ -297,6 +301,9 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
         raise InvalidDataset(parsed.errors, lines)
     if not parsed.requests:
         raise MiroError(f"None of the {lines:,} lines is valid, so nothing was enqueued.")
+    if batch is not None and parsed.task != batch.task:
+        raise MiroError(f"Batch {resume} {'embeds' if batch.task == 'embed' else 'generates'}, but the lines of this "
+                        f"file {'embed' if parsed.task == 'embed' else 'generate'}; resume it with the same --task.")
     log(f"Validated {lines:,} lines in {validate_s:.2f} s: {len(parsed.requests):,} valid, "
         f"{len(parsed.errors):,} invalid.")
     if batch is None:
@@ -304,8 +311,8 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
         for request in parsed.requests:
             if request.model is not None:
                 named.setdefault(request.model, request.line)
-        model = _redis(conn, lambda: routing.choose_model(conn, model, named)) if conn else \
-            routing.choose_model(None, model, named)
+        model = _redis(conn, lambda: routing.choose_model(conn, model, named, parsed.task)) if conn else \
+            routing.choose_model(None, model, named, parsed.task)
         if conn is None and not routing.is_known(None, model):
             log(f"Note: model '{model}' is no alias and no .gguf file here; whether a worker serves it is known "
                 f"only to Redis, which a dry run does not ask.")
@@ -316,7 +323,7 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     else:
         priority, queue = batch.priority, batch.queue
     result = SubmitResult(batch_id=resume, queue=queue, priority=priority, lines=lines, valid=len(parsed.requests),
-                          invalid=parsed.errors, dry_run=dry_run,
+                          invalid=parsed.errors, task=parsed.task, dry_run=dry_run,
                           resumed=resume is not None, validate_s=validate_s)
     if dry_run:
         return result
@@ -327,7 +334,7 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
         result.batch_id = _redis(conn, lambda: batches.create_batch(
             conn, name=name if name is not None else Path(path).name, model=model,
             input_file=os.path.abspath(path), output=output_uri(output), total=len(parsed.requests),
-            queue=result.queue, priority=priority, job_timeout=timeout))
+            queue=result.queue, priority=priority, job_timeout=timeout, task=parsed.task))
         batch = _redis(conn, lambda: batches.get_batch(conn, result.batch_id))
     batch_id = result.batch_id
     enqueuer = _Enqueuer(conn, result.queue, batch_id, batch.model, priority, timeout)

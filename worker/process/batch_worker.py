@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 import redis
 
@@ -42,10 +41,10 @@ from miro.core.registry import DEFAULT_MODEL
 from miro.worker.fleet import batches, routing, rq_private, scripts, workers
 from miro.worker.fleet.control import uncounted_failures
 from miro.worker.fleet.payload import JobPayload
-from miro.worker.fleet.rows import result_rows
 from miro.worker.fleet.sink import ParquetSink
 
-from .jobs import GAVE_UP, count_finished, prompt_text, record_failure, summary
+from .in_flight import InFlight
+from .jobs import GAVE_UP, add_requests, count_finished, job_rows, record_failure, summary
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
 # RQ's own line for every job it dequeues and finishes: a worker running thousands of requests logs them at DEBUG
@@ -65,16 +64,6 @@ class PerJobLinesAtDebug(logging.Filter):
             return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
         return True
 CANCELLED = frozenset({"cancelling", "cancelled"})
-
-
-@dataclass
-class InFlight:
-    job: Job
-    queue: Queue
-    execution: object
-    payload: JobPayload
-    prompt: str
-    started: float
 
 
 def engine_options_from_env() -> dict:
@@ -113,7 +102,8 @@ class BatchWorker(BaseWorker):
         self.served_names = [self.model_name, *(n for n in served_model_names if n != self.model_name)]
         self.engine_options = engine_options if engine_options is not None else engine_options_from_env()
         self.engine: Engine | None = None
-        self.in_flight: dict[str, InFlight] = {}
+        self.in_flight: dict[str, InFlight] = {}  # job id -> the job
+        self.by_request: dict[str, InFlight] = {}  # engine request id -> its job, while the request runs
         self.finished: list[tuple[InFlight, dict]] = []  # rows buffered in the sink, jobs not yet finalized
         self.sinks: dict[str, ParquetSink] = {}  # output location -> its sink
         self.outputs: dict[str, str] = {}  # batch id -> output location
@@ -202,8 +192,10 @@ class BatchWorker(BaseWorker):
                 outputs = self.engine.step()
                 self.step_seconds += time.perf_counter() - step_started
                 for output in outputs:
-                    if output.finished and output.request_id in self.in_flight:
-                        self._finish(self.in_flight.pop(output.request_id), output)
+                    flight = self.by_request.pop(output.request_id, None) if output.finished else None
+                    if flight is not None and flight.take(output):  # the job's last request
+                        del self.in_flight[flight.job.id]
+                        self._finish(flight)
                 done += self._flush(force=False)
         except SystemExit:
             self._requeue_in_flight()
@@ -243,7 +235,9 @@ class BatchWorker(BaseWorker):
         least as urgent in flight. The engine seats such a job, preempting less urgent ones if it must
         (core/scheduler.py), so a worker full of low-priority requests still takes high-priority ones; the
         preempted ones wait in the engine and finish later."""
-        in_flight = Counter(f.payload.priority for f in self.in_flight.values())
+        in_flight = Counter()
+        for flight in self.in_flight.values():
+            in_flight[flight.payload.priority] += flight.seats
         room = []
         for queue in self.queues:
             rank = PRIORITIES.index(routing.queue_priority(queue.name))
@@ -301,14 +295,14 @@ class BatchWorker(BaseWorker):
                        f"`miro retry {payload.batch_id}`")
             self._fail_request(job, queue, execution, payload, message, started)
             return
-        try:
-            prompt = prompt_text(self.engine, payload)
-            self.engine.add_request(prompt, payload.sampling_params(), request_id=job.id,
-                                    priority=routing.engine_priority(payload.priority))
+        try:  # a generation for an embedding model, or the reverse, is refused here in the engine's sentence
+            prompt, request_ids = add_requests(self.engine, payload, job.id, routing.engine_priority(payload.priority))
         except MiroError as err:
             self._fail_request(job, queue, execution, payload, str(err), started, model=self.model_name)
             return
-        self.in_flight[job.id] = InFlight(job, queue, execution, payload, prompt, started)
+        flight = InFlight(job, queue, execution, payload, prompt, started, request_ids)
+        self.in_flight[job.id] = flight
+        self.by_request.update(dict.fromkeys(request_ids, flight))
 
     def _sink(self, batch_id: str) -> ParquetSink:
         if batch_id not in self.outputs:  # read each batch's output location once, not once per request
@@ -318,9 +312,9 @@ class BatchWorker(BaseWorker):
             self.sinks[output] = ParquetSink(output, self.name, self.flush_rows, self.flush_seconds)
         return self.sinks[output]
 
-    def _finish(self, flight: InFlight, output) -> None:
-        rows = result_rows(flight.payload, output, self.engine.tokenizer, job_id=flight.job.id, worker=self.name, model=self.model_name,
-                           prompt=flight.prompt, started=flight.started, finished=time.time())
+    def _finish(self, flight: InFlight) -> None:
+        rows = job_rows(flight.payload, flight.prompt, flight.finished_outputs(), self.engine, job_id=flight.job.id,
+                        worker=self.name, model=self.model_name, started=flight.started, finished=time.time())
         sink = self._sink(flight.payload.batch_id)
         for row in rows:
             sink.add(row)
@@ -372,9 +366,8 @@ class BatchWorker(BaseWorker):
         late = [f for f in self.in_flight.values()
                 if f.job.timeout is not None and f.job.timeout > 0 and now_s - f.started > f.job.timeout]
         for flight in late:
-            self.engine.abort(flight.job.id)
             with self.held_lock:
-                del self.in_flight[flight.job.id]
+                self._leave_engine(flight)
             message = f"timed out after {flight.job.timeout} s"
             self._fail_request(flight.job, flight.queue, flight.execution, flight.payload, message, flight.started,
                                prompt=flight.prompt, model=self.model_name)
@@ -394,16 +387,23 @@ class BatchWorker(BaseWorker):
                 flight.job.heartbeat(now(), ttl, pipe, xx=True)
             pipe.execute()
 
+    def _leave_engine(self, flight: InFlight) -> None:
+        """Abort the job's engine requests; it is no longer in flight (the caller holds held_lock)."""
+        for request_id in flight.request_ids:
+            self.engine.abort(request_id)
+            self.by_request.pop(request_id, None)
+        del self.in_flight[flight.job.id]
+
     def _requeue_in_flight(self) -> None:
         """Put unfinished jobs back at the front of their queues, in their order, for another worker."""
-        for request_id in self.in_flight:
-            self.engine.abort(request_id)
         with self.held_lock, self.connection.pipeline() as pipe:
-            for flight in reversed(list(self.in_flight.values())):
+            flights = list(self.in_flight.values())
+            for flight in flights:
+                self._leave_engine(flight)
+            for flight in reversed(flights):
                 self.cleanup_execution(flight.job, pipe, flight.execution)
                 rq_private.enqueue_job(flight.queue, flight.job, pipe, at_front=True)
             pipe.execute()
-            self.in_flight.clear()
 
     # -- cancellation ---------------------------------------------------------------------------------
 
@@ -419,9 +419,8 @@ class BatchWorker(BaseWorker):
         doomed = [flight for flight in self.in_flight.values() if self.batch_status[flight.payload.batch_id]
                   in CANCELLED]
         for flight in doomed:
-            self.engine.abort(flight.job.id)
             with self.held_lock:
-                del self.in_flight[flight.job.id]
+                self._leave_engine(flight)
         if doomed:
             self._cancel([(f.job, f.queue, f.execution, f.payload) for f in doomed])
 

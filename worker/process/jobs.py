@@ -1,6 +1,7 @@
-"""What a job's payload means to the engine, how a finished or failed request is counted, and the RQ job
-function `generate`, named `miro.worker.jobs.generate` in every job (miro.worker re-exports this module as
-`jobs`; the rows themselves are fleet/rows.py's).
+"""What a job's payload means to the engine (the prompt text; the engine requests of a job: one for a
+generation, one per input of an embedding), how a finished or failed request is counted, and the RQ job
+function `generate`, named `miro.worker.jobs.generate` in every job, embeddings' too (miro.worker re-exports
+this module as `jobs`; the rows themselves are fleet/rows.py's).
 
 `generate` serves RQ's own workers (`rq worker -w rq.SimpleWorker`, which keeps one process and so one
 resident model): it runs its one request, writes its rows durably, then moves the batch counters.
@@ -13,10 +14,11 @@ import time
 from typing import TYPE_CHECKING
 
 from miro.core import defaults
-from miro.core.outputs import RequestOutput
+from miro.core.errors import RequestError
+from miro.core.outputs import EmbeddingRequestOutput, RequestOutput
 from miro.worker.fleet.payload import JobPayload
 from miro.worker.fleet.routing import model_name
-from miro.worker.fleet.rows import error_row, result_rows
+from miro.worker.fleet.rows import embedding_rows, error_row, result_rows
 from miro.worker.fleet.sink import ParquetSink
 
 if TYPE_CHECKING:  # the engine (numba, the kernels) loads only where a request runs, not in submit or status
@@ -42,8 +44,40 @@ def prompt_text(engine: Engine, payload: JobPayload) -> str:
     return payload.prompt
 
 
+def add_requests(engine: Engine, payload: JobPayload, job_id: str, priority: int) -> tuple[str | None, list[str]]:
+    """Queue the job's engine requests: its prompt (request id `job_id`), or each input of an embedding (request
+    ids `{job_id}:{i}`). Returns the prompt text (None for an embedding) and the request ids; RequestError, in the
+    engine's sentence, if the engine refuses one (those already queued are aborted)."""
+    if payload.task not in engine.supported_tasks:
+        # the engine's own sentence (it names the model and what it can do), before any template is rendered:
+        # an embedding model's tokenizer has none
+        engine.add_request(payload.prompt or "", payload.pooling_params() if payload.task == "embed" else
+                           payload.sampling_params(), request_id=job_id, priority=priority)
+    if payload.kind != "embedding":
+        prompt = prompt_text(engine, payload)
+        engine.add_request(prompt, payload.sampling_params(), request_id=job_id, priority=priority)
+        return prompt, [job_id]
+    params, added = payload.pooling_params(), []
+    for index, text in enumerate(payload.inputs):
+        try:
+            added.append(engine.add_request(text, params, request_id=f"{job_id}:{index}", priority=priority))
+        except RequestError as err:
+            for request_id in added:
+                engine.abort(request_id)
+            raise RequestError(_of_input(payload, index, str(err))) from None
+    return None, added
+
+
+def _of_input(payload: JobPayload, index: int, error: str) -> str:
+    """An input's error as its request's: naming the input when the request has several."""
+    return f"input {index}: {error}" if len(payload.inputs) > 1 else error
+
+
 def summary(payload: JobPayload, rows: list[dict]) -> dict:
     """The small result a finished job keeps in RQ: custom id, finish reason, token counts."""
+    if payload.kind == "embedding":
+        return {"custom_id": payload.custom_id, "finish_reason": None, "inputs": len(rows),
+                "prompt_tokens": sum(r["prompt_tokens"] for r in rows), "completion_tokens": 0}
     return {"custom_id": payload.custom_id, "finish_reason": rows[0]["finish_reason"],
             "prompt_tokens": rows[0]["prompt_tokens"],
             "completion_tokens": sum(r["completion_tokens"] for r in rows)}
@@ -73,23 +107,37 @@ GAVE_UP = ("its worker stopped (killed, or its machine lost) each time it ran th
            "after its retries")
 
 
-def run_request(engine: Engine, payload: JobPayload) -> tuple[str, RequestOutput]:
-    """Run one request to completion on an otherwise idle engine (RequestError if it is refused)."""
-    prompt = prompt_text(engine, payload)
-    params = payload.sampling_params()
+def run_request(engine: Engine, payload: JobPayload) -> tuple[str | None, list[RequestOutput | EmbeddingRequestOutput]]:
+    """Run one request to completion on an otherwise idle engine (RequestError if it is refused): its prompt
+    (None for an embedding) and its outputs (one, or one per input of an embedding, in input order)."""
+    job_id = "job"
     try:
-        [output] = engine.generate([prompt], params, use_tqdm=False)
+        prompt, request_ids = add_requests(engine, payload, job_id, priority=0)
+        done: dict[str, RequestOutput | EmbeddingRequestOutput] = {}
+        while len(done) < len(request_ids):
+            done.update((out.request_id, out) for out in engine.step() if out.finished and out.request_id in request_ids)
     except BaseException:  # RQ's timeout (or a stop) interrupted it: the next job must find the engine empty
-        for request_id in list(engine.requests):
+        for request_id in [*engine.requests, *engine.embedding_requests]:
             engine.abort(request_id)
         while engine.has_unfinished_requests():
             engine.step()
         raise
-    if output.error:
-        from miro.core.errors import RequestError
+    outputs = [done[request_id] for request_id in request_ids]
+    failed = next(((index, out.error) for index, out in enumerate(outputs) if out.error), None)
+    if failed is not None:
+        raise RequestError(_of_input(payload, *failed) if payload.kind == "embedding" else failed[1])
+    return prompt, outputs
 
-        raise RequestError(output.error)
-    return prompt, output
+
+def job_rows(payload: JobPayload, prompt: str | None, outputs: list, engine: Engine, *, job_id: str, worker: str,
+             model: str, started: float, finished: float) -> list[dict]:
+    """A finished job's rows: one per choice of a generation, one per input of an embedding."""
+    if payload.kind == "embedding":
+        return embedding_rows(payload, outputs, job_id=job_id, worker=worker, model=model, started=started,
+                              finished=finished)
+    [output] = outputs
+    return result_rows(payload, output, engine.tokenizer, job_id=job_id, worker=worker, model=model, prompt=prompt,
+                       started=started, finished=finished)
 
 
 def generate(**kwargs) -> dict:
@@ -107,12 +155,12 @@ def generate(**kwargs) -> dict:
     engine = engine_for(payload.model)
     started = time.time()
     try:
-        prompt, output = run_request(engine, payload)
+        prompt, outputs = run_request(engine, payload)
     except Exception as err:  # the request's own problem: record it as its failed row, then fail the job
         record_failure(conn, sink, job, payload, str(err), worker=worker, started=started)
         raise
-    rows = result_rows(payload, output, engine.tokenizer, job_id=job.id, worker=worker, model=model_name(payload.model),
-                       prompt=prompt, started=started, finished=time.time())
+    rows = job_rows(payload, prompt, outputs, engine, job_id=job.id, worker=worker, model=model_name(payload.model),
+                    started=started, finished=time.time())
     for row in rows:
         sink.add(row)
     sink.flush()  # durable before RQ hears the job finished
