@@ -12,6 +12,7 @@ a loop that updates `acc = acc + x` keeps acc in a register, as a SIMD micro-ker
     z = zeros16()                # float32x16 of zeros
     acc = acc + (f * scale) * v2 # +, -, *, / lane by lane (/: float32 only); a scalar operand applies to every lane
     e = exp16(v)                 # e^v lane by lane (a polynomial, within 2 ulp; below -87.3: 2^-126)
+    a = abs16(v)                 # |v| lane by lane
     y = exp1(x)                  # the same for one float32
     m = hmax(v); s = hsum(v)     # the largest lane; the sum of the lanes, always in the same tree order
     w = keep_lanes(v, a, b, f)   # lanes a..b-1 of v, the others set to the scalar f
@@ -195,6 +196,15 @@ def exp16(typingctx, value):
         exponent = builder.add(builder.fptosi(n, vi), ir.Constant(vi, [127] * LANES))
         two_n = builder.bitcast(builder.shl(exponent, ir.Constant(vi, [23] * LANES)), vf)
         return builder.fmul(poly, two_n)
+
+    return float32x16(float32x16), codegen
+
+
+@intrinsic
+def abs16(typingctx, value):
+    """|value| lane by lane (llvm.fabs: the sign bit cleared)."""
+    def codegen(context, builder, sig, args):
+        return _call(builder, "llvm.fabs.v16f32", ir.VectorType(ir.FloatType(), LANES), [args[0]])
 
     return float32x16(float32x16), codegen
 
