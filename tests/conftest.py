@@ -1,4 +1,4 @@
-"""Shared fixtures: the real default model, tiny GGUF files, a real redis-server."""
+"""Shared fixtures: the real default model and embedding model, tiny GGUF files, a real redis-server."""
 import os
 from pathlib import Path
 
@@ -25,6 +25,14 @@ def smollm2_path() -> Path:
     from miro.core.registry import resolve_model
 
     return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """Path of the real embedding model all-MiniLM-L6-v2 (a BERT GGUF), pulled and converted if needed."""
+    from miro.core.registry import resolve_model
+
+    return resolve_model("all-minilm-l6-v2")
 
 
 @pytest.fixture(scope="session")
