@@ -3,8 +3,9 @@
     rq worker -w miro.worker.BatchWorker -S rq.serializers.JSONSerializer miro     (model from MIRO_MODEL)
 
 Like rq's SimpleWorker it never forks. Each turn of the loop it admits queued
-jobs while the engine has room, runs one engine step, and hands finished
-requests to the Parquet sink; a job is marked finished in RQ only after the
+jobs while the engine has room (an embedding job holds one engine request per
+input: in_flight.py), runs one engine step, and hands finished jobs to the
+Parquet sink; a job is marked finished in RQ only after the
 sink has made its rows durable, so a crash can repeat a request, never lose it.
 About once a second it also aborts the requests of batches being cancelled and
 of jobs past their timeout, and refreshes its `miro:worker:{name}` hash
