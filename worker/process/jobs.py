@@ -49,8 +49,9 @@ def add_requests(engine: Engine, payload: JobPayload, job_id: str, priority: int
     ids `{job_id}:{i}`). Returns the prompt text (None for an embedding) and the request ids; RequestError, in the
     engine's sentence, if the engine refuses one (those already queued are aborted)."""
     if payload.task not in engine.supported_tasks:
-        # the engine's own sentence (it names the model and what it can do), before any template is rendered:
-        # an embedding model's tokenizer has none
+        # add_request refuses a task the engine cannot do before it reads the prompt, in a sentence naming the
+        # model and what it can do; asked here, before a chat template is rendered (an embedder's tokenizer has
+        # none) and before an input is numbered
         engine.add_request(payload.prompt or "", payload.pooling_params() if payload.task == "embed" else
                            payload.sampling_params(), request_id=job_id, priority=priority)
     if payload.kind != "embedding":
