@@ -99,6 +99,8 @@ def _chosen() -> Tier:
 
 
 TIER = _chosen()  # the tier this process runs: COMPILED unless MIRO_CPU_TIER asks for a lower one
+# Whether the bfloat16 GEMM (bf16_gemm.py: vdpbf16ps) runs here: AVX512_BF16 compiled for, on a 512-bit tier
+HAS_BF16_DOT = "avx512bf16" in compiled_features() and TIER.vector_bits == 512
 
 
 def runnable() -> tuple[str, ...]:

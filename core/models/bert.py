@@ -111,7 +111,7 @@ class BertModel:
         self.embd_norm = layer_norm(T.TOKEN_EMBD_NORM)
         self.config = config
         self.weight_format = loader.weight_format
-        self.batch_invariant = loader.weight_format == "native" or loader.batch_invariant
+        self.batch_invariant = loader.weight_format in ("native", "bf16") or loader.batch_invariant
         self.weight_memory = loader.memory
         self.weight_fallbacks = list(loader.fallbacks.values())
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))

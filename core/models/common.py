@@ -102,7 +102,8 @@ class Loader:
         return layer
 
     def embedding(self) -> Embedding:
-        layer = Embedding(self.gguf.tensors[tensor_name(T.TOKEN_EMBD)], self.weight_format)
+        fmt = "f32" if self.weight_format == "bf16" else self.weight_format  # a lookup: nothing to multiply
+        layer = Embedding(self.gguf.tensors[tensor_name(T.TOKEN_EMBD)], fmt)
         self.memory += layer.weight_bytes
         return layer
 
@@ -122,7 +123,7 @@ class LoadedModel:
         """After the layers, so that `weight_memory` counts everything the loader built."""
         self.config = config
         self.weight_format = loader.weight_format
-        self.batch_invariant = loader.weight_format == "native" or loader.batch_invariant  # as every Linear is
+        self.batch_invariant = loader.weight_format in ("native", "bf16") or loader.batch_invariant  # as every Linear is
         self.token_embd: Embedding = loader.embedding()
         self.output_norm = loader.norm(T.OUTPUT_NORM)
         self.lm_head = loader.lm_head()

@@ -15,6 +15,7 @@ import pytest
 from miro.core import Engine
 from miro.core.convert import gguf_tensor_name, phantom_vocabulary
 from miro.core.errors import ModelFileError, RequestError
+from miro.core.layers import cpu
 from miro.core.pooling import PoolingParams
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -40,7 +41,13 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def minilm() -> Engine:
+    """The defaults: bf16 weights where the CPU has AVX512_BF16, else f32."""
     return Engine.from_model("all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="module")
+def minilm_f32() -> Engine:
+    return Engine.from_model("all-minilm-l6-v2", weights="f32")
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +59,16 @@ def test_the_corpus_is_what_the_fixture_was_made_from():
     assert len(TEXTS) == FACTS["n_texts"] == len(REFERENCE["st_embeddings"])
 
 
-def test_every_text_is_within_1e_4_of_sentence_transformers(vectors):
+def test_every_text_is_within_1e_4_of_sentence_transformers(minilm, vectors):
     cos = cosines(vectors, REFERENCE["st_embeddings"])
-    assert cos.min() >= 0.9999, (cos.argmin(), cos.min())
+    assert cos.min() >= 0.9999, (minilm.weight_format, cos.argmin(), cos.min())
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
+    assert minilm.weight_format == ("bf16" if cpu.HAS_BF16_DOT else "f32")
+
+
+def test_f32_weights_give_sentence_transformers_vectors_to_float32_rounding(minilm_f32):
+    cos = cosines(minilm_f32.embed(TEXTS), REFERENCE["st_embeddings"])
+    assert cos.min() >= 0.999999
 
 
 def test_token_ids_are_bert_tokenizers_and_llama_cpps_where_those_agree(minilm):
@@ -73,12 +86,12 @@ def test_embeddings_are_within_1e_3_of_llama_cpp_on_the_same_file(vectors):
     assert cos.min() >= 0.999
 
 
-def test_mean_and_cls_pooling_without_normalising_give_sentence_transformers_vectors(minilm):
+def test_mean_and_cls_pooling_without_normalising_give_sentence_transformers_vectors(minilm_f32):
     picks = [0, 31, 61, 79]
     texts = [TEXTS[i] for i in picks]
-    mean = minilm.embed(texts, PoolingParams(normalize=False))
+    mean = minilm_f32.embed(texts, PoolingParams(normalize=False))
     assert np.allclose(mean, REFERENCE["st_unnormalized"][picks], atol=2e-5)
-    cls = minilm.embed(texts, PoolingParams(pooling_type="cls", normalize=False))
+    cls = minilm_f32.embed(texts, PoolingParams(pooling_type="cls", normalize=False))
     assert np.allclose(cls, REFERENCE["st_cls"][picks], atol=2e-5)
     assert cosines(cls, mean).max() < 0.999  # really another vector
 
@@ -93,11 +106,14 @@ def test_dimensions_cut_the_vector_then_normalise_it(minilm):
         minilm.embed(TEXTS[:1], PoolingParams(dimensions=385))
 
 
-def test_a_text_embeds_to_the_same_bits_alone_and_packed_with_others(minilm, vectors):
-    for i in (0, 40, 70):
-        assert np.array_equal(minilm.embed([TEXTS[i]])[0], vectors[i])
-    small = Engine.from_model("all-minilm-l6-v2", embed_batch_tokens=64)  # many passes of a few inputs
-    assert np.array_equal(small.embed(TEXTS[:12]), vectors[:12])
+@pytest.mark.parametrize("weights", ["auto", "f32"])
+def test_a_text_embeds_to_the_same_bits_alone_and_packed_with_others(weights):
+    engine = Engine.from_model("all-minilm-l6-v2", weights=weights)
+    packed = engine.embed(TEXTS[:24])
+    for i in (0, 9, 20):
+        assert np.array_equal(engine.embed([TEXTS[i]])[0], packed[i])
+    small = Engine.from_model("all-minilm-l6-v2", weights=weights, embed_batch_tokens=64)  # many small passes
+    assert np.array_equal(small.embed(TEXTS[:12]), packed[:12])
 
 
 def test_token_ids_are_embedded_as_given(minilm, vectors):
