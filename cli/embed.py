@@ -8,14 +8,14 @@ import numpy as np
 
 from miro.core.errors import MiroError
 
-from miro.worker.fleet.routing import EMBED_MODEL
+from miro.core.registry import DEFAULT_EMBEDDING_MODEL
 
 from .common import MiroCommand, engine_kwargs, engine_options, log_to_stderr
 
 
 @click.command("embed", cls=MiroCommand)
 @click.argument("texts", nargs=-1, required=True)
-@click.option("--model", "-m", default=EMBED_MODEL, show_default=True,
+@click.option("--model", "-m", default=DEFAULT_EMBEDDING_MODEL, show_default=True,
               help="An embedding model: alias or path to a .gguf file.")
 @click.option("--output", "-o", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Write the vectors to this Parquet file (or URL, s3://...) instead of printing them: columns "

@@ -7,8 +7,7 @@ import sys
 import click
 
 from miro.core import defaults
-from miro.core.registry import DEFAULT_MODEL
-from miro.worker.fleet.routing import EMBED_MODEL
+from miro.core.registry import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
 
 from .common import (MiroCommand, MiroGroup, constraint_of, constraint_options, echo_line_errors,
                      embedding_line_options, engine_kwargs, engine_options, log_to_stderr, model_option,
@@ -96,7 +95,7 @@ def models_list():
 @click.option("--model", "-m", default=None,
               help="Model alias, .gguf path or name a worker serves (--served-model-name) that runs every line, "
                    f"whatever model the lines name.  [default: the model the lines name, else {DEFAULT_MODEL} "
-                   f"({EMBED_MODEL} for embeddings)]")
+                   f"({DEFAULT_EMBEDDING_MODEL} for embeddings)]")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Default max_tokens for lines without one.")
 @click.option("--temperature", type=float, default=None, help="Default temperature for lines without one.")

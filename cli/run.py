@@ -27,7 +27,7 @@ import redis
 
 from miro.core import defaults
 from miro.core.errors import MiroError
-from miro.core.registry import DEFAULT_MODEL
+from miro.core.registry import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
 from miro.worker.fleet import batches, control, routing
 
 from .common import (MiroCommand, constraint_of, constraint_options, echo_line_errors, embedding_line_options,
@@ -43,7 +43,7 @@ from .run_state import RunState
                    "s3://bucket/key.")
 @redis_url_option("Use this Redis instead of an embedded one (env MIRO_REDIS_URL).", default=None)
 @click.option("--model", "-m", default=None,
-              help=f"Model alias or path to a .gguf file.  [default: {DEFAULT_MODEL}; {routing.EMBED_MODEL} for "
+              help=f"Model alias or path to a .gguf file.  [default: {DEFAULT_MODEL}; {DEFAULT_EMBEDDING_MODEL} for "
                    "an embedding dataset]")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
               help="parquet: one row per request and choice (or embedding input); jsonl: OpenAI Batch output "

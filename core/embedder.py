@@ -83,7 +83,7 @@ class Embedder:
         if n > limit:
             if truncate is None:
                 raise RequestError(f"the input has {n:,} tokens, more than the model's context of "
-                                   f"{self.max_model_len:,}: shorten it, or set truncate_prompt_tokens to cut it.")
+                                   f"{self.max_model_len:,}: shorten it, or set truncate_prompt_tokens (--truncate) to cut it.")
             if limit <= len(head) + len(tail):
                 raise RequestError(f"truncate_prompt_tokens is {truncate}: too few for the model's "
                                    f"{len(head) + len(tail)} special tokens and any text.")

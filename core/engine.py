@@ -36,8 +36,8 @@ from .model_runner import ModelRunner
 from .models import Model, load_model, read_config
 from .outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
 from .pooling import PoolingParams
-from .registry import resolve_model
-from .sampling import SamplingParams
+from .registry import DEFAULT_EMBEDDING_MODEL, resolve_model
+from .sampling import SamplingParams, find_stop
 from .scheduler import ScheduledBatch, Scheduler, seats_for
 from .sequence import Request, Sequence
 from .progress_bar import ProgressBar
@@ -185,14 +185,14 @@ class Engine:
         `priority`, as vLLM's: lower is more urgent. A request more urgent than running ones preempts them when
         there is no room for it (scheduler.py); their outputs are the same, only later.
         """
-        task = "embed" if isinstance(params, PoolingParams) else "generate"
-        if task not in self.supported_tasks:
-            raise RequestError(self._cannot(task))
+        refusal = self.refusal("embed" if isinstance(params, PoolingParams) else "generate")
+        if refusal:
+            raise RequestError(refusal)
         params = params or SamplingParams()
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self.requests or request_id in self.embedding_requests:
             raise RequestError(f"request id '{request_id}' is already in use.")
-        if task == "embed":
+        if isinstance(params, PoolingParams):
             request = self.embedder.make_request(request_id, prompt, params, priority)
             self.embedding_requests[request_id] = request
             self.embedder.add(request)
@@ -211,11 +211,14 @@ class Engine:
         self.scheduler.add(seq)
         return request_id
 
-    def _cannot(self, task: str) -> str:
+    def refusal(self, task: str) -> str | None:
+        """Why the model cannot do `task` ("generate" or "embed"), in one sentence naming it; None if it can."""
+        if task in self.supported_tasks:
+            return None
         name = f"model '{self.model_name}'" if self.model_name else "the model"
         if task == "embed":
             return (f"{name} cannot embed: it generates text, and its file names no pooling type "
-                    f"({self.config.architecture}.pooling_type); embed with an embedding model such as all-minilm-l6-v2.")
+                    f"({self.config.architecture}.pooling_type); embed with an embedding model such as {DEFAULT_EMBEDDING_MODEL}.")
         return (f"{name} is an embedding model: it embeds text (/v1/embeddings, PoolingParams) and cannot "
                 f"generate it.")
 
@@ -321,7 +324,7 @@ class Engine:
         before = len(seq.text)
         seq.text += seq.detokenizer.add(token)
         if params.stop and len(seq.text) > before:
-            at = _find_stop(seq.text, params.stop, before)
+            at = find_stop(seq.text, params.stop, before)
             if at is not None:
                 seq.stop_reason = next(s for s in params.stop if seq.text.startswith(s, at))
                 seq.text = seq.text[:at]
@@ -352,11 +355,6 @@ class Engine:
             finished=all(s.finish_reason is not None for s in request.seqs),
             num_cached_tokens=request.seqs[0].num_cached_tokens,
         )
-
-    @property
-    def embedding_dim(self) -> int:
-        """The length of the model's embeddings (before a request's `dimensions` cuts them)."""
-        return self.config.dim
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -496,10 +494,3 @@ class Engine:
         if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
             inputs = [inputs]
         return self._run_all(inputs, [params or PoolingParams()] * len(inputs), "embed", use_tqdm)
-
-
-def _find_stop(text: str, stops: list[str], new_from: int) -> int | None:
-    """Where the earliest stop string starts, looking only where text from `new_from` on could complete one."""
-    hits = [text.find(s, max(0, new_from - len(s) + 1)) for s in stops]
-    hits = [h for h in hits if h != -1]
-    return min(hits) if hits else None

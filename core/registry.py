@@ -26,6 +26,7 @@ from typing import Callable
 from .errors import MiroError
 
 DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"  # an embedding batch's model when it names none
 
 
 @dataclass(frozen=True)

@@ -83,3 +83,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+
+def find_stop(text: str, stops: list[str], new_from: int) -> int | None:
+    """Where the earliest stop string starts, looking only where text from `new_from` on could complete one."""
+    hits = [text.find(s, max(0, new_from - len(s) + 1)) for s in stops]
+    hits = [h for h in hits if h != -1]
+    return min(hits) if hits else None

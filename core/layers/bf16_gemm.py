@@ -22,7 +22,8 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .cache_key import HELPERS
-from .simd import LANES, float32x16, int32x16, load16, splat, store16, zeros16
+from .gemm import park_tile_sums, tile_sums
+from .simd import LANES, float32x16, int32x16, load16, splat
 
 PANEL = 2 * LANES  # output columns per panel
 ROWS = 8  # activation rows per tile
@@ -123,14 +124,7 @@ def _build():
 @njit(inline="always")
 def _tile(a, w, start, m0, j0, j1, sums):
     """sums[m0:m0 + 8] += a[m0:m0 + 8, j0:j1] . the panel's k-pairs j0..j1 (from zero when j0 == 0)."""
-    if j0 == 0:
-        c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = zeros16()
-        c40 = c41 = c50 = c51 = c60 = c61 = c70 = c71 = zeros16()
-    else:
-        c00, c01, c10, c11 = load16(sums[m0], 0), load16(sums[m0], LANES), load16(sums[m0 + 1], 0), load16(sums[m0 + 1], LANES)
-        c20, c21, c30, c31 = load16(sums[m0 + 2], 0), load16(sums[m0 + 2], LANES), load16(sums[m0 + 3], 0), load16(sums[m0 + 3], LANES)
-        c40, c41, c50, c51 = load16(sums[m0 + 4], 0), load16(sums[m0 + 4], LANES), load16(sums[m0 + 5], 0), load16(sums[m0 + 5], LANES)
-        c60, c61, c70, c71 = load16(sums[m0 + 6], 0), load16(sums[m0 + 6], LANES), load16(sums[m0 + 7], 0), load16(sums[m0 + 7], LANES)
+    c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71 = tile_sums(sums, m0, j0 == 0)
     for j in range(j0, j1):
         w0 = load16(w, start + j * PANEL)
         w1 = load16(w, start + j * PANEL + LANES)
@@ -142,10 +136,7 @@ def _tile(a, w, start, m0, j0, j1, sums):
         c50, c51 = dot_bf16(c50, a[m0 + 5, j], w0), dot_bf16(c51, a[m0 + 5, j], w1)
         c60, c61 = dot_bf16(c60, a[m0 + 6, j], w0), dot_bf16(c61, a[m0 + 6, j], w1)
         c70, c71 = dot_bf16(c70, a[m0 + 7, j], w0), dot_bf16(c71, a[m0 + 7, j], w1)
-    store16(sums[m0], 0, c00), store16(sums[m0], LANES, c01), store16(sums[m0 + 1], 0, c10), store16(sums[m0 + 1], LANES, c11)
-    store16(sums[m0 + 2], 0, c20), store16(sums[m0 + 2], LANES, c21), store16(sums[m0 + 3], 0, c30), store16(sums[m0 + 3], LANES, c31)
-    store16(sums[m0 + 4], 0, c40), store16(sums[m0 + 4], LANES, c41), store16(sums[m0 + 5], 0, c50), store16(sums[m0 + 5], LANES, c51)
-    store16(sums[m0 + 6], 0, c60), store16(sums[m0 + 6], LANES, c61), store16(sums[m0 + 7], 0, c70), store16(sums[m0 + 7], LANES, c71)
+    park_tile_sums(sums, m0, (c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71))
 
 
 _matmul = _build()

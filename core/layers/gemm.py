@@ -130,17 +130,30 @@ def _build():
 
 
 @njit(inline="always")
+def tile_sums(sums, m0, fresh):
+    """An 8 x 32 tile's 16 vectors of sums: zeros when `fresh`, else those parked in sums[m0:m0 + 8]."""
+    if fresh:
+        zero = zeros16()
+        return (zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)
+    return (load16(sums[m0], 0), load16(sums[m0], LANES), load16(sums[m0 + 1], 0), load16(sums[m0 + 1], LANES),
+            load16(sums[m0 + 2], 0), load16(sums[m0 + 2], LANES), load16(sums[m0 + 3], 0), load16(sums[m0 + 3], LANES),
+            load16(sums[m0 + 4], 0), load16(sums[m0 + 4], LANES), load16(sums[m0 + 5], 0), load16(sums[m0 + 5], LANES),
+            load16(sums[m0 + 6], 0), load16(sums[m0 + 6], LANES), load16(sums[m0 + 7], 0), load16(sums[m0 + 7], LANES))
+
+
+@njit(inline="always")
+def park_tile_sums(sums, m0, tile):
+    """Store an 8 x 32 tile's 16 vectors of sums in sums[m0:m0 + 8] (a float32 store changes nothing)."""
+    for r in range(8):
+        store16(sums[m0 + r], 0, tile[2 * r])
+        store16(sums[m0 + r], LANES, tile[2 * r + 1])
+
+
+@njit(inline="always")
 def _tile(a, w, start, stride, m0, k0, k1, sums):
     """sums[m0:m0 + 8] += a[m0:m0 + 8, k0:k1] @ the panel's rows k0..k1, one fused multiply-add at a time
     (from zero when k0 == 0)."""
-    if k0 == 0:
-        c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = zeros16()
-        c40 = c41 = c50 = c51 = c60 = c61 = c70 = c71 = zeros16()
-    else:
-        c00, c01, c10, c11 = load16(sums[m0], 0), load16(sums[m0], LANES), load16(sums[m0 + 1], 0), load16(sums[m0 + 1], LANES)
-        c20, c21, c30, c31 = load16(sums[m0 + 2], 0), load16(sums[m0 + 2], LANES), load16(sums[m0 + 3], 0), load16(sums[m0 + 3], LANES)
-        c40, c41, c50, c51 = load16(sums[m0 + 4], 0), load16(sums[m0 + 4], LANES), load16(sums[m0 + 5], 0), load16(sums[m0 + 5], LANES)
-        c60, c61, c70, c71 = load16(sums[m0 + 6], 0), load16(sums[m0 + 6], LANES), load16(sums[m0 + 7], 0), load16(sums[m0 + 7], LANES)
+    c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71 = tile_sums(sums, m0, k0 == 0)
     for k in range(k0, k1):
         w0 = load16(w, start + k * stride)
         w1 = load16(w, start + k * stride + LANES)
@@ -152,10 +165,7 @@ def _tile(a, w, start, stride, m0, k0, k1, sums):
         c50, c51 = fma(a[m0 + 5, k], w0, c50), fma(a[m0 + 5, k], w1, c51)
         c60, c61 = fma(a[m0 + 6, k], w0, c60), fma(a[m0 + 6, k], w1, c61)
         c70, c71 = fma(a[m0 + 7, k], w0, c70), fma(a[m0 + 7, k], w1, c71)
-    store16(sums[m0], 0, c00), store16(sums[m0], LANES, c01), store16(sums[m0 + 1], 0, c10), store16(sums[m0 + 1], LANES, c11)
-    store16(sums[m0 + 2], 0, c20), store16(sums[m0 + 2], LANES, c21), store16(sums[m0 + 3], 0, c30), store16(sums[m0 + 3], LANES, c31)
-    store16(sums[m0 + 4], 0, c40), store16(sums[m0 + 4], LANES, c41), store16(sums[m0 + 5], 0, c50), store16(sums[m0 + 5], LANES, c51)
-    store16(sums[m0 + 6], 0, c60), store16(sums[m0 + 6], LANES, c61), store16(sums[m0 + 7], 0, c70), store16(sums[m0 + 7], LANES, c71)
+    park_tile_sums(sums, m0, (c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71))
 
 
 def _build_narrow():

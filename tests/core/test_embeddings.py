@@ -124,7 +124,7 @@ def test_token_ids_are_embedded_as_given(minilm, vectors):
 def test_an_input_longer_than_the_context_is_refused_unless_truncation_is_asked(minilm):
     long_text = "word " * 600
     with pytest.raises(RequestError, match=r"input 1: the input has 602 tokens, more than the model's context of "
-                                           r"512: shorten it, or set truncate_prompt_tokens"):
+                                           r"512: shorten it, or set truncate_prompt_tokens \(--truncate\)"):
         minilm.embed(["short", long_text])
     cut = minilm.embedder.make_request("x", long_text, PoolingParams(truncate_prompt_tokens=8)).token_ids
     assert cut == [101] + [2773] * 6 + [102]  # [CLS], the first words, [SEP]
@@ -155,6 +155,8 @@ def test_an_embedding_model_refuses_to_generate_and_a_chat_model_to_embed(minilm
         minilm.add_request("hello")
     chat = Engine.from_model(tiny_model)
     assert chat.supported_tasks == ("generate",) and minilm.supported_tasks == ("embed",)
+    assert minilm.refusal("embed") is None and chat.refusal("generate") is None
+    assert "cannot embed" in chat.refusal("embed") and "is an embedding model" in minilm.refusal("generate")
     with pytest.raises(RequestError, match="cannot embed: it generates text"):
         chat.embed(["hello"])
 
@@ -168,7 +170,7 @@ def test_an_aborted_embedding_comes_back_once_without_a_vector(minilm):
 
 
 def test_an_encoder_holds_no_kv_cache(minilm):
-    assert minilm.kv_cache_tokens == 0 and minilm.runner is None and minilm.embedding_dim == 384
+    assert minilm.kv_cache_tokens == 0 and minilm.runner is None
 
 
 def test_hf_tensor_names_map_to_llama_cpps_bert_layout():

@@ -101,7 +101,7 @@ def test_miro_embed_prints_a_json_array_per_text_or_writes_parquet(tmp_path, min
 @pytest.mark.parametrize("args, message", [
     (["hello", ""], "Error: text 2: the input is an empty string.\n"),
     (["x " * 600], "Error: the input has 602 tokens, more than the model's context of 512: shorten it, or set "
-                   "truncate_prompt_tokens to cut it.\n"),
+                   "truncate_prompt_tokens (--truncate) to cut it.\n"),
     (["hello", "--dimensions", "500"], "Error: dimensions is 500, but the model's embeddings have 384.\n"),
 ])
 def test_miro_embed_errors_are_one_sentence(minilm_path, args, message):

@@ -17,17 +17,16 @@ import redis
 
 from miro.core.defaults import PRIORITIES
 from miro.core.errors import MiroError
-from miro.core.registry import ALIASES, DEFAULT_MODEL
+from miro.core.registry import ALIASES, DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
 
 from . import keys
 
 QUEUE_PREFIX = "miro:"
-EMBED_MODEL = "all-minilm-l6-v2"  # the model of an embedding batch that names none (DEFAULT_MODEL's, for embeddings)
 
 
 def default_model(task: str) -> str:
     """The model a batch of `task` ("generate" or "embed") runs on when neither --model nor its lines name one."""
-    return EMBED_MODEL if task == "embed" else DEFAULT_MODEL
+    return DEFAULT_EMBEDDING_MODEL if task == "embed" else DEFAULT_MODEL
 
 
 def model_name(model: str) -> str:

@@ -48,12 +48,9 @@ def add_requests(engine: Engine, payload: JobPayload, job_id: str, priority: int
     """Queue the job's engine requests: its prompt (request id `job_id`), or each input of an embedding (request
     ids `{job_id}:{i}`). Returns the prompt text (None for an embedding) and the request ids; RequestError, in the
     engine's sentence, if the engine refuses one (those already queued are aborted)."""
-    if payload.task not in engine.supported_tasks:
-        # add_request refuses a task the engine cannot do before it reads the prompt, in a sentence naming the
-        # model and what it can do; asked here, before a chat template is rendered (an embedder's tokenizer has
-        # none) and before an input is numbered
-        engine.add_request(payload.prompt or "", payload.pooling_params() if payload.task == "embed" else
-                           payload.sampling_params(), request_id=job_id, priority=priority)
+    refusal = engine.refusal(payload.task)  # before a chat template is rendered (an embedder has none)
+    if refusal:
+        raise RequestError(refusal)
     if payload.kind != "embedding":
         prompt = prompt_text(engine, payload)
         engine.add_request(prompt, payload.sampling_params(), request_id=job_id, priority=priority)
