@@ -4,7 +4,6 @@ exactly once."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 from click.testing import CliRunner
-from polling import wait_for
+from polling import kill_one_of_two_workers
 
 from miro.cli.main import cli
 from miro.core import Engine
@@ -131,19 +130,8 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_embeds_every_input_once(tmp
     command = [*MIRO, "worker", "--redis-url", redis_url, "--model", MODEL, "--max-num-seqs", "8",
                "--job-monitoring-interval", "1", "--heartbeat-slack", "2", "--maintenance-interval", "1",
                "--flush-rows", "8", "--flush-seconds", "6"]
-    doomed = subprocess.Popen(command, env=ENV, stderr=subprocess.DEVNULL)
-    survivor = subprocess.Popen(command, env=ENV, stderr=subprocess.DEVNULL)
-    try:
-        assert wait_for(lambda: batches.get_batch(conn, batch_id).completed >= 4, timeout_s=120, every_s=0.05)
-        doomed.send_signal(signal.SIGKILL)
-        doomed.wait()
-        assert batches.get_batch(conn, batch_id).completed < 60, "the batch ended before the kill"
-        assert wait_for(lambda: batches.get_batch(conn, batch_id).status == "completed", timeout_s=240)
-    finally:
-        for proc in (doomed, survivor):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=60)
+    kill_one_of_two_workers(command, ENV, lambda: batches.get_batch(conn, batch_id).completed,
+                            lambda: batches.get_batch(conn, batch_id).status == "completed", total=60)
     record = batches.get_batch(conn, batch_id)
     assert (record.completed, record.failed, record.total) == (60, 0, 60)
     out = tmp_path / "m.parquet"

@@ -13,7 +13,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 from gguf_factory import write_tiny_llama
-from polling import wait_for
+from polling import kill_one_of_two_workers, wait_for
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
@@ -97,18 +97,8 @@ def test_short_intervals_and_a_kill_count_every_request_completed_once(tmp_path,
     conn = redis.Redis.from_url(redis_url)
     command, env = worker_command(redis_url, long_context_model, *SHORT_INTERVALS, "--flush-rows", "4",
                                   "--flush-seconds", "6")
-    doomed = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
-    survivor = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
-    try:
-        assert wait_for(lambda: batches.get_batch(conn, batch_id).completed >= 4, timeout_s=120)
-        doomed.send_signal(signal.SIGKILL)
-        doomed.wait()
-        assert wait_for(lambda: batches.get_batch(conn, batch_id).status == "completed", timeout_s=240)
-    finally:
-        for proc in (doomed, survivor):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=60)
+    kill_one_of_two_workers(command, env, lambda: batches.get_batch(conn, batch_id).completed,
+                            lambda: batches.get_batch(conn, batch_id).status == "completed")
     record = batches.get_batch(conn, batch_id)
     assert (record.completed, record.failed) == (24, 0)
     assert set(runs_per_request(tmp_path, batch_id)) == {f"p{i}" for i in range(24)}
