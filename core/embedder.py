@@ -49,7 +49,7 @@ class Embedder:
         self.block_manager = block_manager
         self.dim = model.config.dim
         self.default_pooling = model.config.pooling_type or "last"
-        self.waiting: list[EmbeddingRequest] = []
+        self.waiting: dict[str, EmbeddingRequest] = {}  # request id -> the request, until its pass
         self._arrivals = itertools.count()
 
     # -- requests -------------------------------------------------------------------------------------
@@ -91,13 +91,10 @@ class Embedder:
         return head + body + tail
 
     def add(self, request: EmbeddingRequest) -> None:
-        self.waiting.append(request)
+        self.waiting[request.request_id] = request
 
     def abort(self, request_id: str) -> EmbeddingRequest | None:
-        for k, request in enumerate(self.waiting):
-            if request.request_id == request_id:
-                return self.waiting.pop(k)
-        return None
+        return self.waiting.pop(request_id, None)
 
     # -- a pass ---------------------------------------------------------------------------------------
 
@@ -105,9 +102,8 @@ class Embedder:
         """Embed the most urgent waiting inputs that fit one pass; their outputs, finished."""
         if not self.waiting:
             return []
-        self.waiting.sort(key=lambda r: (r.priority, r.arrival))
         batch, tokens = [], 0
-        for request in self.waiting:
+        for request in sorted(self.waiting.values(), key=lambda r: (r.priority, r.arrival)):
             if batch and tokens + len(request.token_ids) > self.batch_tokens:
                 break
             if self.runner is not None and not self._fits_cache(batch + [request]):
@@ -116,7 +112,8 @@ class Embedder:
             tokens += len(request.token_ids)
         if not batch:  # a decoder whose KV cache is full of generation: the pass waits for room
             return []
-        del self.waiting[: len(batch)]
+        for request in batch:
+            del self.waiting[request.request_id]
         hidden = self._encode(batch) if self.runner is None else self._decode_prefill(batch)
         return [EmbeddingRequestOutput(r.request_id, r.prompt, r.token_ids, finish(pool(h, r.pooling_type), r.params))
                 for r, h in zip(batch, hidden)]

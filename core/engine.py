@@ -89,7 +89,6 @@ class Engine:
                                    config.enable_chunked_prefill, config.admission_order)
         self.structured = StructuredOutputs(tokenizer, self.config.vocab_size)
         self.requests: dict[str, Request] = {}
-        self.embedding_requests: dict[str, EmbeddingRequest] = {}
         self._aborted: list[RequestOutput | EmbeddingRequestOutput] = []
         self._token_log: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
         self._first_step_at: float | None = None  # when the first step began: the rate window starts no earlier
@@ -194,7 +193,6 @@ class Engine:
             raise RequestError(f"request id '{request_id}' is already in use.")
         if isinstance(params, PoolingParams):
             request = self.embedder.make_request(request_id, prompt, params, priority)
-            self.embedding_requests[request_id] = request
             self.embedder.add(request)
             return request_id
         params.validate()
@@ -231,9 +229,8 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request; its output (finish_reason "abort") comes with the next step(). False if unknown."""
-        embedding = self.embedding_requests.pop(str(request_id), None)
+        embedding = self.embedder.abort(str(request_id)) if self.embedder is not None else None
         if embedding is not None:
-            self.embedder.abort(embedding.request_id)
             self._aborted.append(EmbeddingRequestOutput(embedding.request_id, embedding.prompt, embedding.token_ids,
                                                         error="aborted"))
             return True
@@ -293,11 +290,14 @@ class Engine:
     def _embed_step(self, step_started: float) -> list[EmbeddingRequestOutput]:
         """One embedding pass over the waiting inputs (embedder.py); every output is finished."""
         done = self.embedder.run_pass()
-        for out in done:
-            del self.embedding_requests[out.request_id]
         if done:
             self._log_tokens(sum(out.num_tokens for out in done), 0, step_started)
         return done
+
+    @property
+    def embedding_requests(self) -> dict[str, EmbeddingRequest]:
+        """The embedding requests waiting for their pass (every other one has finished), by id."""
+        return self.embedder.waiting if self.embedder is not None else {}
 
     def _fork(self, request: Request, parent: Sequence, logits_row: np.ndarray) -> None:
         """n > 1: the other choices share the parent's prompt blocks (copy-on-write) and sample from its logits."""

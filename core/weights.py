@@ -40,6 +40,11 @@ def tensor_name(tensor: MODEL_TENSOR, block: int | None = None) -> str:
     return TENSOR_NAMES[tensor].format(bid=block) + ".weight"
 
 
+def bias_name(tensor: MODEL_TENSOR, block: int | None = None) -> str:
+    """The GGUF name of a weight's bias, e.g. MODEL_TENSOR.ATTN_Q, 3 -> 'blk.3.attn_q.bias'."""
+    return TENSOR_NAMES[tensor].format(bid=block) + ".bias"
+
+
 def check_tensors(gguf: GGUFFile, specs: dict[str, TensorSpec]) -> None:
     """Every expected tensor is present, of a type miro dequantizes, with its expected shape."""
     for name, spec in specs.items():

@@ -24,7 +24,7 @@ from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..layers import encoder
 from ..layers.linear import Linear
-from ..weights import TensorSpec, check_tensors, matrix, norm, tensor_name
+from ..weights import TensorSpec, bias_name, check_tensors, matrix, norm, tensor_name
 from .common import Loader
 
 T = MODEL_TENSOR
@@ -60,10 +60,6 @@ class BertLayer:
     w_down: Linear
     down_bias: np.ndarray
     out_norm: tuple[np.ndarray, np.ndarray]  # LayerNorm weight, bias after the feed-forward
-
-
-def bias_name(kind: MODEL_TENSOR, block: int | None = None) -> str:
-    return tensor_name(kind, block).removesuffix(".weight") + ".bias"
 
 
 def bert_tensor_specs(config: ModelConfig, n_positions: int, n_token_types: int) -> dict[str, TensorSpec]:

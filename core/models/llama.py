@@ -23,7 +23,6 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import MODEL_TENSOR
 
 from .. import kernels
 from ..config import ModelConfig
@@ -32,7 +31,7 @@ from ..kv_cache import KVCache
 from ..layers.linear import Linear
 from ..layers.rotary import RopeTable
 from ..step_input import StepInput
-from ..weights import TensorSpec, check_tensors, norm, tensor_name
+from ..weights import TensorSpec, bias_name, check_tensors, norm
 from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,
                      ffn_specs, logits, norm_specs, qk_norm, qk_norm_specs)
 
@@ -48,11 +47,6 @@ class LlamaLayer:
     ffn_norm: np.ndarray  # (dim,)
     w_gate_up: Linear  # dim -> 2 * ffn_dim: gate outputs first, then up
     w_down: Linear  # ffn_dim -> dim
-
-
-def bias_name(kind: MODEL_TENSOR, block: int) -> str:
-    """'blk.N.attn_q.bias' and the like."""
-    return tensor_name(kind, block).removesuffix(".weight") + ".bias"
 
 
 def llama_tensor_specs(config: ModelConfig, has_qkv_bias: bool = False, has_qk_norm: bool = False) -> dict[str, TensorSpec]:
