@@ -81,10 +81,10 @@ def test_refusals_at_creation_are_openai_errors(serve, redis_url):
     with pytest.raises(openai.NotFoundError):
         create(client, "file-0123")
     with pytest.raises(openai.BadRequestError) as err:
-        create(client, file_id, endpoint="/v1/responses")
+        create(client, file_id, endpoint="/v1/moderations")
     assert err.value.body["param"] == "endpoint"
-    assert err.value.body["message"] == ("miro runs batches for the endpoints /v1/chat/completions, /v1/completions "
-                                         "and /v1/embeddings, not '/v1/responses'.")
+    assert err.value.body["message"] == ("miro runs batches for the endpoints /v1/chat/completions, /v1/completions, "
+                                         "/v1/responses and /v1/embeddings, not '/v1/moderations'.")
     with pytest.raises(openai.BadRequestError) as err:
         client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="1h")
     assert err.value.body["param"] == "completion_window"

@@ -63,7 +63,7 @@ def test_the_payload_of_an_embedding_round_trips_through_the_jobs_kwargs(tmp_pat
     assert "prompt" not in kwargs and "messages" not in kwargs
     again = JobPayload.from_kwargs(kwargs)
     assert again == job and again.task == "embed" and again.pooling_params().dimensions == 8
-    with pytest.raises(MiroError, match="neither a chat, a completion nor an embedding request"):
+    with pytest.raises(MiroError, match="neither a chat, a completion, a Responses nor an embedding request"):
         JobPayload.from_kwargs({**kwargs, "prompt": "also"})
 
 

@@ -92,8 +92,9 @@ LINE_ERRORS = [
     ({"prompt": "x", "min_tokens": 20, "max_tokens": 10},
      "line 1: min_tokens must be between 0 and max_tokens (10), got 20."),
     # OpenAI form: envelope
-    ({**openai(), "url": "/v1/responses"},
-     "line 1: field 'url': Input should be '/v1/chat/completions', '/v1/completions' or '/v1/embeddings'."),
+    ({**openai(), "url": "/v1/moderations"},
+     "line 1: field 'url': Input should be '/v1/chat/completions', '/v1/completions', '/v1/embeddings' or "
+     "'/v1/responses'."),
     ({**openai(), "method": "GET"}, "line 1: field 'method': Input should be 'POST'."),
     ({"custom_id": "c1", "method": "POST", "url": CHAT}, "line 1: field 'body': Field required."),
     ({"custom_id": "c1", "method": "POST", "url": CHAT, "body": "hi"},

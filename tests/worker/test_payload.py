@@ -27,7 +27,7 @@ def test_payloads_of_earlier_versions_still_read():
 @pytest.mark.parametrize("kwargs, message", [
     ({"x": 1}, "the job's payload lacks batch_id, custom_id, kind, model: it was not enqueued by miro submit"),
     ({"batch_id": "b", "custom_id": "q", "kind": "chat", "model": "m", "prompt": "p"},
-     "the job's payload for 'q' is neither a chat, a completion nor an embedding request"),
+     "the job's payload for 'q' is neither a chat, a completion, a Responses nor an embedding request"),
 ])
 def test_a_payload_miro_did_not_write_is_one_sentence(kwargs, message):
     with pytest.raises(MiroError) as err:

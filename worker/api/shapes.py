@@ -7,7 +7,7 @@ from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")  # the endpoints a miro batch can run
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")  # what a miro batch runs
 
 BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
                       "cancelled"]

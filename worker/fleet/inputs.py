@@ -25,13 +25,15 @@ from miro.core.pooling import PoolingParams
 from miro.core.sampling import SamplingParams
 from miro.core.constraint import StructuredOutputsParams
 
-from .line_forms import (ChatBody, CompletionBody, EmbeddingBody, OpenAILine, SimpleLine, int_id_as_str,
-                         short_text)
+from .line_forms import (LOGPROBS_INCLUDE, ChatBody, CompletionBody, EmbeddingBody, OpenAILine, ResponsesBody,
+                         SimpleLine, int_id_as_str, short_text)
+from .payload import ResponseEcho
 from .rows import SCHEMA
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
+RESPONSES_URL = "/v1/responses"
 TASKS = ("generate", "embed")  # what a batch does (the engine's supported_tasks names)
 _SAMPLING_NAMES = {f.name for f in dataclasses.fields(SamplingParams)}
 _JSON_TYPES = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}
@@ -43,7 +45,7 @@ class Request:
 
     custom_id: str
     line: int
-    kind: Literal["chat", "completion", "embedding"]
+    kind: Literal["chat", "completion", "response", "embedding"]  # "response": a chat whose output is a Response
     prompt: str | None
     messages: list[dict] | None
     sampling: dict
@@ -54,6 +56,7 @@ class Request:
     inputs: list[str] | list[list[int]] | None = None  # kind "embedding": texts, or lists of token ids
     pooling: dict | None = None  # kind "embedding": PoolingParams keyword arguments
     encoding_format: Literal["float", "base64"] | None = None  # kind "embedding": how OpenAI lines give vectors
+    response: ResponseEcho | None = None  # kind "response": what its Response object gives back of the request
 
     @property
     def task(self) -> str:
@@ -181,13 +184,12 @@ def _openai(obj: dict, number: int) -> Request:
         return Request(custom_id=envelope.custom_id, line=number, kind="embedding", prompt=None, messages=None,
                        sampling={}, model=body.model, form="openai", url=envelope.url, inputs=body.input,
                        pooling=body.pooling(), encoding_format=body.encoding_format or "float")
+    if envelope.url == RESPONSES_URL:
+        return _responses(envelope, number)
     chat = envelope.url == CHAT_URL
     body = _validate(ChatBody if chat else CompletionBody, envelope.body, ("body",))
     sampling = body.sampling()
-    if body.max_completion_tokens is not None:
-        if body.max_tokens is not None and body.max_tokens != body.max_completion_tokens:
-            raise _LineProblem("field 'body.max_completion_tokens': differs from 'body.max_tokens', give only one")
-        sampling["max_tokens"] = body.max_completion_tokens
+    _take_max_tokens(sampling, body.max_tokens, body.max_completion_tokens, "max_completion_tokens")
     if chat:
         if body.top_logprobs is not None and not body.logprobs:
             raise _LineProblem("field 'body.top_logprobs': needs 'logprobs' set to true")
@@ -195,22 +197,67 @@ def _openai(obj: dict, number: int) -> Request:
             sampling["logprobs"] = body.top_logprobs or 0
     elif body.logprobs is not None:
         sampling["logprobs"] = body.logprobs
-    if body.response_format is not None and body.response_format.constraint() is not None:
-        if body.structured_outputs is not None:
-            raise _LineProblem("field 'body.response_format': give it or 'body.structured_outputs', not both")
-        sampling["structured_outputs"] = body.response_format.constraint()
-        label = ("field 'body.response_format.json_schema.schema'" if body.response_format.type == "json_schema"
-                 else "field 'body.response_format'")
-        try:
-            StructuredOutputsParams.of(sampling["structured_outputs"]).validate(label)
-        except RequestError as e:
-            raise _LineProblem(str(e).rstrip(".")) from None
+    if body.response_format is not None:
+        schema = body.response_format.type == "json_schema"
+        _constrain(sampling, body.response_format.constraint(), body.structured_outputs, "body.response_format",
+                   "body.response_format.json_schema.schema" if schema else "body.response_format")
     return Request(
         custom_id=envelope.custom_id, line=number, kind="chat" if chat else "completion",
         prompt=None if chat else body.prompt,
         messages=[m.as_template_message() for m in body.messages] if chat else None,
         sampling=sampling, model=body.model, form="openai", url=envelope.url,
     )
+
+
+def _responses(envelope: OpenAILine, number: int) -> Request:
+    """A /v1/responses line: a chat request (the instructions as its system message) whose output is a Response."""
+    body = _validate(ResponsesBody, envelope.body, ("body",))
+    if body.n not in (None, 1):
+        raise _LineProblem("field 'body.n': a Responses request gives one output; use /v1/chat/completions lines "
+                           "for n choices")
+    for entry in body.include or ():
+        if entry != LOGPROBS_INCLUDE:
+            raise _LineProblem(f"field 'body.include': '{short_text(entry, 60)}' is not supported (only "
+                               f"'{LOGPROBS_INCLUDE}')")
+    sampling = body.sampling()
+    _take_max_tokens(sampling, body.max_tokens, body.max_output_tokens, "max_output_tokens")
+    if body.top_logprobs is not None and not body.wants_logprobs:
+        raise _LineProblem(f"field 'body.top_logprobs': needs 'include' to list '{LOGPROBS_INCLUDE}'")
+    if body.wants_logprobs:
+        sampling["logprobs"] = body.top_logprobs or 0
+    text_format = body.text.format if body.text is not None else None
+    if text_format is not None:
+        schema = text_format.type == "json_schema"
+        _constrain(sampling, text_format.constraint(), body.structured_outputs, "body.text.format",
+                   "body.text.format.schema" if schema else "body.text.format")
+    echo = ResponseEcho(instructions=body.instructions, metadata=body.metadata,
+                        text_format=text_format.echo() if text_format is not None else None)
+    return Request(custom_id=envelope.custom_id, line=number, kind="response", prompt=None, messages=body.messages(),
+                   sampling=sampling, model=body.model, form="openai", url=envelope.url, response=echo)
+
+
+def _take_max_tokens(sampling: dict, max_tokens: int | None, openai_name_value: int | None, openai_name: str) -> None:
+    """OpenAI's name for the output limit (max_completion_tokens, max_output_tokens) as vLLM's max_tokens."""
+    if openai_name_value is None:
+        return
+    if max_tokens is not None and max_tokens != openai_name_value:
+        raise _LineProblem(f"field 'body.{openai_name}': differs from 'body.max_tokens', give only one")
+    sampling["max_tokens"] = openai_name_value
+
+
+def _constrain(sampling: dict, constraint: dict | None, structured_outputs: dict | None, field_name: str,
+               label: str) -> None:
+    """An OpenAI output format (response_format, text.format) as the request's structured_outputs, compiled now
+    so that a schema that does not compile is this line's error."""
+    if constraint is None:
+        return
+    if structured_outputs is not None:
+        raise _LineProblem(f"field '{field_name}': give it or 'body.structured_outputs', not both")
+    sampling["structured_outputs"] = constraint
+    try:
+        StructuredOutputsParams.of(constraint).validate(f"field '{label}'")
+    except RequestError as e:
+        raise _LineProblem(str(e).rstrip(".")) from None
 
 
 def _id_of(obj: dict) -> str | None:

@@ -1,6 +1,6 @@
 """The two forms a line of a dataset may take, as pydantic models: a simple line (prompt, messages or input,
 vLLM's sampling and pooling names, fields of its own) and an OpenAI Batch API line whose body is a chat, a
-completion or an embeddings request. inputs.py reads a dataset through them."""
+completion, a Responses or an embeddings request. inputs.py reads a dataset through them."""
 
 from __future__ import annotations
 
@@ -90,8 +90,9 @@ Id = Annotated[NonEmptyStr | None, BeforeValidator(int_id_as_str)]
 Stop = Annotated[list[str] | None, BeforeValidator(_stop_as_list)]
 
 
-def _text_of_parts(value: Any) -> Any:
-    """Content given as OpenAI content parts: their text joined with newlines (as vLLM joins them)."""
+def _text_of(value: Any, kinds: tuple[str, ...]) -> Any:
+    """Content given as OpenAI content parts of the given types: their text joined with newlines (as vLLM joins
+    them)."""
     if not isinstance(value, list):
         return value
     if not value:
@@ -99,14 +100,19 @@ def _text_of_parts(value: Any) -> Any:
     texts = []
     for part in value:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text":
+        if kind not in kinds:
             shown = f"of type '{short_text(kind, 40)}'" if isinstance(kind, str) else "without a 'type'"
-            raise PydanticCustomError("part_type", "content parts {shown} are not supported (text only)",
-                                      {"shown": shown})
+            raise PydanticCustomError("part_type", "content parts {shown} are not supported ({kinds} only)",
+                                      {"shown": shown, "kinds": " or ".join(kinds)})
         if not isinstance(part.get("text"), str):
-            raise PydanticCustomError("part_text", "a text content part needs a 'text' string")
+            raise PydanticCustomError("part_text", "a {kind} content part needs a 'text' string", {"kind": kind})
         texts.append(part["text"])
     return "\n".join(texts)
+
+
+def _text_of_parts(value: Any) -> Any:
+    """Chat content: a string or text parts."""
+    return _text_of(value, ("text",))
 
 
 class Message(BaseModel):
@@ -194,7 +200,7 @@ class OpenAILine(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     custom_id: NonEmptyStr
     method: Literal["POST"]
-    url: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+    url: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
     body: dict[str, Any]
 
 
@@ -265,3 +271,103 @@ class EmbeddingBody(_Pooling):
     model: str | None = None
     input: EmbeddingInputs
     user: str | None = None  # OpenAI's end-user id: accepted, not used
+
+
+# A Responses body's fields that change what a request means and that miro cannot honour: refused by name.
+_UNHONOURED_RESPONSES = ("tools", "tool_choice", "stream", "previous_response_id", "conversation", "prompt",
+                         "reasoning", "background")
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the `include` entry that asks for the output's logprobs
+
+
+def _text_of_input_parts(value: Any) -> Any:
+    """Responses content: a string, or input_text parts (output_text for an earlier assistant answer)."""
+    return _text_of(value, ("input_text", "output_text"))
+
+
+class InputMessage(Message):
+    """A Responses input item: a message (its `type`, when given, is "message")."""
+
+    type: Literal["message"] = "message"
+    content: Annotated[str, BeforeValidator(_text_of_input_parts)]
+
+
+def _input_items(value: Any) -> Any:
+    """A Responses `input`: a string is one user message; a list holds message items."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list):
+        for item in value:
+            kind = item.get("type", "message") if isinstance(item, dict) else None
+            if kind != "message":
+                shown = f"of type '{short_text(kind, 40)}'" if isinstance(kind, str) else "that are not objects"
+                raise PydanticCustomError("item_type", "input items {shown} are not supported (messages only)",
+                                          {"shown": shown})
+    return value
+
+
+class TextFormat(BaseModel):
+    """A Responses `text.format`: text (no constraint), json_object (any JSON object) or json_schema (its name and
+    schema beside the type, where chat nests them under json_schema)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced
+    description: str | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> TextFormat:
+        if self.type == "json_schema" and (self.schema_ is None or not self.name):
+            raise PydanticCustomError("json_schema", "type 'json_schema' needs a 'name' and a 'schema'")
+        if self.type != "json_schema" and (self.schema_ is not None or self.name is not None):
+            raise PydanticCustomError("json_schema", "'name' and 'schema' go with type 'json_schema', and only there")
+        return self
+
+    def constraint(self) -> dict | None:
+        """The format as SamplingParams' structured_outputs."""
+        if self.type == "json_schema":
+            return {"json": self.schema_}
+        return {"json_object": True} if self.type == "json_object" else None
+
+    def echo(self) -> dict:
+        """The format as the Response object gives it back."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")  # verbosity: a hint, not a constraint
+    format: TextFormat | None = None
+
+
+class ResponsesBody(_Sampling):
+    """A /v1/responses body: OpenAI's Responses fields, and vLLM's sampling names as on a chat body."""
+
+    model_config = ConfigDict(extra="ignore")  # store, user, truncation, service_tier, ... change nothing here
+    model: str | None = None
+    input: Annotated[Annotated[list[InputMessage], Field(min_length=1)], BeforeValidator(_input_items)]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    text: TextConfig | None = None
+    metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_what_miro_cannot_honour(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in _UNHONOURED_RESPONSES:
+                if name in data and data[name] not in _OFF_VALUES:
+                    raise PydanticCustomError("unhonoured", "'{name}' is not supported by miro yet, and ignoring it "
+                                              "would change the answer: remove it or set it to null", {"name": name})
+        return data
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.include or ())
+
+    def messages(self) -> list[dict]:
+        """The chat the model sees: the instructions as a system message, then the input."""
+        system = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
+        return system + [m.as_template_message() for m in self.input]

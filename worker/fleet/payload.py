@@ -14,22 +14,34 @@ from miro.core.errors import MiroError
 from miro.core.pooling import PoolingParams
 from miro.core.sampling import SamplingParams
 
-# the kind of a request -> (prompt given, messages given, inputs given)
-_SHAPES = {"completion": (True, False, False), "chat": (False, True, False), "embedding": (False, False, True)}
+# the kind of a request -> (prompt given, messages given, inputs given); a Responses request is a chat request
+# whose output line is a Response object
+_SHAPES = {"completion": (True, False, False), "chat": (False, True, False), "response": (False, True, False),
+           "embedding": (False, False, True)}
+
+
+@dataclass(frozen=True)
+class ResponseEcho:
+    """What the Response object of a /v1/responses request gives back of the request, beside its output."""
+
+    instructions: str | None = None
+    metadata: dict[str, str] | None = None
+    text_format: dict[str, Any] | None = None  # the request's text.format as OpenAI echoes it; None: plain text
 
 
 @dataclass(frozen=True)
 class JobPayload:
     batch_id: str
     custom_id: str
-    kind: Literal["chat", "completion", "embedding"]  # the shape of the OpenAI output line, and of the input
+    kind: Literal["chat", "completion", "response", "embedding"]  # the shape of the OpenAI output line and input
     model: str  # the model the batch runs on (an alias, a .gguf path or a served name)
     sampling: dict[str, Any]  # SamplingParams keyword arguments, vLLM's names ({} for an embedding)
     prompt: str | None = None  # kind "completion"
-    messages: list[dict[str, str]] | None = None  # kind "chat": role and content, for the chat template
+    messages: list[dict[str, str]] | None = None  # kinds "chat", "response": role and content, for the template
     inputs: list[str] | list[list[int]] | None = None  # kind "embedding": one vector each (texts or token ids)
     pooling: dict[str, Any] | None = None  # kind "embedding": PoolingParams keyword arguments
     encoding_format: str | None = None  # kind "embedding": "float" or "base64" in OpenAI output lines
+    response: ResponseEcho | None = None  # kind "response": what its Response object gives back
     requested_model: str | None = None  # what the line asked for (an OpenAI body's model), if anything
     line: int | None = None  # the request's line in the input file: the results' order
     extra: dict[str, Any] | None = None  # a simple line's own fields: columns of the results
@@ -47,14 +59,17 @@ class JobPayload:
         missing = [n for n in ("batch_id", "custom_id", "kind", "model") if n not in kwargs]
         if missing:
             raise MiroError(f"the job's payload lacks {', '.join(missing)}: it was not enqueued by miro submit")
-        payload = cls(**{k: v for k, v in kwargs.items() if k in names and v is not None} | {
-            "sampling": kwargs.get("sampling") or {}})
+        given = {k: v for k, v in kwargs.items() if k in names and v is not None}
+        if isinstance(given.get("response"), dict):
+            known = {f.name for f in fields(ResponseEcho)}
+            given["response"] = ResponseEcho(**{k: v for k, v in given["response"].items() if k in known})
+        payload = cls(**given | {"sampling": kwargs.get("sampling") or {}})
         if payload.priority not in defaults.PRIORITIES:
             raise MiroError(f"the job's payload for {payload.custom_id!r} has an unknown priority {payload.priority!r}")
         given = (payload.prompt is not None, payload.messages is not None, payload.inputs is not None)
         if _SHAPES.get(payload.kind) != given:
-            raise MiroError(f"the job's payload for {payload.custom_id!r} is neither a chat, a completion nor an "
-                            "embedding request")
+            raise MiroError(f"the job's payload for {payload.custom_id!r} is neither a chat, a completion, a "
+                            "Responses nor an embedding request")
         return payload
 
     @property

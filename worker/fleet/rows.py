@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,9 @@ import numpy as np
 import pyarrow as pa
 
 from miro.core.constraint import StructuredOutputsParams, parsed_json
+
+from .payload import ResponseEcho
+from .response_object import RESPONSE_ECHO, response_object
 
 if TYPE_CHECKING:
     from miro.core.outputs import EmbeddingRequestOutput, RequestOutput
@@ -39,7 +43,7 @@ SCHEMA = pa.schema([
     ("line", pa.int32()),  # the request's line in the input file: results come back in this order
     ("choice_index", pa.int32()),  # which of the request's n choices
     ("input_index", pa.int32()),  # an embedding request's input (the index of OpenAI's data[]); null: the whole line
-    ("kind", pa.string()),  # "chat", "completion" or "embedding": the shape of the OpenAI output line
+    ("kind", pa.string()),  # "chat", "completion", "response" or "embedding": the shape of the OpenAI output line
     ("job_id", pa.string()),
     ("model", pa.string()),  # the model that ran the request
     ("requested_model", pa.string()),  # the model the request asked for (an OpenAI body's `model`, or --model)
@@ -62,7 +66,9 @@ SCHEMA = pa.schema([
     ("started_at", pa.timestamp("ms", tz="UTC")),
     ("finished_at", pa.timestamp("ms", tz="UTC")),
     ("latency_s", pa.float64()),
-    ("sampling", pa.string()),  # the request's options, JSON: SamplingParams' (or PoolingParams' for an embedding)
+    # the request's options, JSON: SamplingParams' (PoolingParams' for an embedding; a Responses request's also its
+    # instructions, metadata and text format under "response")
+    ("sampling", pa.string()),
     ("extra", pa.string()),  # a simple line's own fields, JSON; the merged results spread them into columns
 ])
 
@@ -85,9 +91,19 @@ def _base_row(payload: JobPayload, job_id: str, worker: str, model: str | None, 
                 job_id=job_id, model=model, requested_model=payload.requested_model or payload.model, prompt=prompt,
                 worker=worker, started_at=_utc(started),
                 finished_at=_utc(finished), latency_s=finished - started,
-                sampling=json.dumps(payload.pooling if payload.kind == "embedding" else payload.sampling,
-                                    sort_keys=True),
+                sampling=json.dumps(_options(payload), sort_keys=True),
                 extra=json.dumps(payload.extra, ensure_ascii=False) if payload.extra else None)
+
+
+def _options(payload: JobPayload) -> dict:
+    """The `sampling` column: SamplingParams' keyword arguments (PoolingParams' for an embedding); a Responses
+    request's also hold, under "response", what its Response object gives back (instructions, metadata, text
+    format), so its output line can be written from its row alone."""
+    if payload.kind == "embedding":
+        return payload.pooling
+    if payload.kind == "response":
+        return {**payload.sampling, RESPONSE_ECHO: asdict(payload.response or ResponseEcho())}
+    return payload.sampling
 
 
 def result_rows(payload: JobPayload, output: RequestOutput, tokenizer: Tokenizer, *, job_id: str, worker: str, model: str,
@@ -209,8 +225,6 @@ def _response_body(rows: list[dict]) -> dict:
     }
 
 
-
-
 def openai_line(rows: list[dict]) -> dict:
     """One request's merged rows (its choices, or its inputs) as an OpenAI Batch output line: a response, or an
     error."""
@@ -222,6 +236,9 @@ def openai_line(rows: list[dict]) -> dict:
         return line | {"response": None, "error": {"code": "request_failed", "message": error}}
     if rows[0]["kind"] == "embedding":
         body = _embedding_body(rows)
+    elif rows[0]["kind"] == "response":
+        logprobs = _chat_logprobs(rows[0]["logprobs"])
+        body = response_object(rows[0], logprobs["content"] if logprobs else None)
     else:
         body = _response_body(sorted(rows, key=lambda r: r["choice_index"]))
     return line | {"response": {"status_code": 200, "request_id": rows[0]["job_id"], "body": body}, "error": None}

@@ -96,8 +96,9 @@ def payload(request: Request, batch_id: str, model: str, priority: str = DEFAULT
     return JobPayload(batch_id=batch_id, custom_id=request.custom_id, kind=request.kind, model=model,
                       priority=priority,
                       sampling=request.sampling, prompt=request.prompt if request.kind == "completion" else None,
-                      messages=request.messages if request.kind == "chat" else None,
+                      messages=request.messages if request.kind in ("chat", "response") else None,
                       inputs=request.inputs, pooling=request.pooling, encoding_format=request.encoding_format,
+                      response=request.response,
                       requested_model=request.model, line=request.line, extra=request.extra)
 
 

@@ -39,7 +39,7 @@ def engine_for(model: str) -> Engine:
 
 def prompt_text(engine: Engine, payload: JobPayload) -> str:
     """The prompt as the model sees it: chat messages rendered with the model's template."""
-    if payload.kind == "chat":
+    if payload.messages is not None:  # a chat or a Responses request
         return engine.tokenizer.apply_chat_template(payload.messages, add_generation_prompt=True)
     return payload.prompt
 
