@@ -4,6 +4,9 @@ and a batch through miro submit, a BatchWorker on a tiny GGUF and miro results, 
 SDK's Response type reads and whose Parquet rows have a chat batch's columns."""
 
 import json
+import os
+import subprocess
+import sys
 
 import jsonschema
 import pyarrow.parquet as pq
@@ -156,3 +159,19 @@ def test_a_responses_batch_gives_response_objects_the_sdk_validates(tmp_path, re
              "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}]
     chat_table, _, _ = run_batch(tmp_path, redis_url, tiny_model, chat)
     assert table.schema.equals(chat_table.schema)
+
+
+def test_miro_run_writes_responses_lines_as_response_objects(tmp_path, tiny_model):
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text("".join(json.dumps(x) + "\n" for x in [
+        line("a", max_output_tokens=3, metadata={"n": "1"}), line("b", max_output_tokens=3, instructions="Hi.")]))
+    out = tmp_path / "r.jsonl"
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", "from miro.cli.main import cli; cli()", "run", str(dataset), "-o",
+                           str(out), "--model", tiny_model, "--kv-cache-memory", "8MiB", "--format", "jsonl"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = {x["custom_id"]: Response.model_validate(x["response"]["body"]) for x in map(json.loads,
+                                                                                     out.read_text().splitlines())}
+    assert (got["a"].metadata, got["a"].instructions, got["b"].instructions) == ({"n": "1"}, None, "Hi.")
+    assert all(r.usage.output_tokens <= 3 and r.output[0].role == "assistant" for r in got.values())
