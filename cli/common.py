@@ -78,6 +78,11 @@ priority_option = click.option(
          f"preempts lower ones running in a worker's engine.  [default: {defaults.PRIORITY}; a resumed batch "
          "keeps its own]")
 
+completion_window_option = click.option(
+    "--completion-window", default=defaults.COMPLETION_WINDOW, show_default=True,
+    help="How long the batch may take (24h as OpenAI's, or 30m, 2h, 90s, 2d): past it, requests not yet run "
+         "expire (batch_expired errors) and the batch becomes expired; what finished is kept.")
+
 
 def embedding_line_options(command):
     """--task and --truncate: how a dataset's lines are embedded (`miro run`, `miro submit`)."""

@@ -9,9 +9,9 @@ import click
 from miro.core import defaults
 from miro.core.registry import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
 
-from .common import (MiroCommand, MiroGroup, constraint_of, constraint_options, echo_line_errors,
-                     embedding_line_options, engine_kwargs, engine_options, log_to_stderr, model_option,
-                     pooling_defaults, priority_option, redis_url_option)
+from .common import (MiroCommand, MiroGroup, completion_window_option, constraint_of, constraint_options,
+                     echo_line_errors, embedding_line_options, engine_kwargs, engine_options, log_to_stderr,
+                     model_option, pooling_defaults, priority_option, redis_url_option)
 
 
 @click.group(cls=MiroGroup)
@@ -109,10 +109,12 @@ def models_list():
 @click.option("--job-timeout", default=str(defaults.JOB_TIMEOUT_S), show_default=True,
               help="Seconds a job may take once started (or 30m, 2h, 1d; -1 for no limit).")
 @priority_option
+@completion_window_option
 @embedding_line_options
 @constraint_options
 def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temperature, top_p, seed, skip_invalid,
-           dry_run, resume, job_timeout, priority, task, truncate, json_schema, regex, choice, grammar):
+           dry_run, resume, job_timeout, priority, completion_window, task, truncate, json_schema, regex, choice,
+           grammar):
     """Validate DATASET (JSONL) and enqueue one RQ job per line; prints the batch id."""
     from miro.worker.fleet.batches import connect, redacted
     from miro.worker.fleet.submit import InvalidDataset, submit as submit_dataset
@@ -125,7 +127,8 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
         result = submit_dataset(conn, dataset, queue_name=queue_name, name=name, output=output, model=model,
                                 defaults=defaults, skip_invalid=skip_invalid, dry_run=dry_run, resume=resume,
                                 job_timeout=job_timeout, priority=priority, task=task,
-                                pooling_defaults=pooling_defaults(truncate), log=log_to_stderr)
+                                pooling_defaults=pooling_defaults(truncate), completion_window=completion_window,
+                                log=log_to_stderr)
     except InvalidDataset as e:
         echo_line_errors(e.errors)
         raise

@@ -28,11 +28,11 @@ import redis
 from miro.core import defaults
 from miro.core.errors import MiroError
 from miro.core.registry import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
-from miro.worker.fleet import batches, control, routing
+from miro.worker.fleet import batches, control, durations, routing
 
-from .common import (MiroCommand, constraint_of, constraint_options, echo_line_errors, embedding_line_options,
-                     engine_kwargs, engine_options, log_to_stderr, pooling_defaults, priority_option,
-                     redis_url_option)
+from .common import (MiroCommand, completion_window_option, constraint_of, constraint_options, echo_line_errors,
+                     embedding_line_options, engine_kwargs, engine_options, log_to_stderr, pooling_defaults,
+                     priority_option, redis_url_option)
 from .run_state import RunState
 
 @click.command("run", cls=MiroCommand)
@@ -65,12 +65,13 @@ from .run_state import RunState
               help="Finished rows are saved to part files at least this often (the progress bar moves as they are); "
                    "a run killed outright loses at most this much work.")
 @priority_option
+@completion_window_option
 @embedding_line_options
 @constraint_options
 @engine_options
 def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temperature, top_p, seed, skip_invalid,
-                dry_run, resume, state_dir, shutdown_grace, flush_seconds, priority, task, truncate, json_schema, regex,
-                choice, grammar, **engine):
+                dry_run, resume, state_dir, shutdown_grace, flush_seconds, priority, completion_window, task, truncate,
+                json_schema, regex, choice, grammar, **engine):
     """The whole job on this machine: submit DATASET, run a worker until done, write the merged results.
 
     Ctrl-C writes what finished to OUTPUT's .partial.parquet file; the same command with --resume finishes it.
@@ -82,6 +83,7 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
                                   ("seed", seed), ("structured_outputs", constraint)) if v is not None}
     lines = LineOptions(defaults, task, pooling_defaults(truncate))
+    durations.completion_window(completion_window)  # refused before anything starts
     options = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
                "skip_invalid": skip_invalid, "name": name, "format": fmt, "structured_outputs": constraint,
                "task": task, "truncate": truncate}
@@ -99,7 +101,7 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     interruption = Interruption(shutdown_grace)
     try:
         with interruption, _redis(state, redis_url) as conn:
-            batch_id, queue_name = _submit(conn, state, record, dataset, lines, resume, priority)
+            batch_id, queue_name = _submit(conn, state, record, dataset, lines, resume, priority, completion_window)
             try:
                 pace = None
                 if not interruption.signal:
@@ -162,16 +164,17 @@ def _redis(state: RunState, redis_url: str | None):
 
 
 def _submit(conn, state: RunState, record: dict, dataset: str, lines: LineOptions, resume: bool,
-            priority: str | None) -> tuple[str, str]:
+            priority: str | None, completion_window: str) -> tuple[str, str]:
     """Enqueue the dataset as a new batch, or (resume) only its requests with no finished or running job (the
-    batch keeps its priority); returns the batch id and its queue."""
+    batch keeps its priority and completion window); returns the batch id and its queue."""
     from miro.worker.fleet.submit import submit as submit_dataset
 
     options = record["options"]
     if not resume:
         submitted = submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"],
                                    name=options.get("name"), skip_invalid=options["skip_invalid"],
-                                   queue_name=f"miro-run-{os.getpid()}", priority=priority, **lines.submit_kwargs())
+                                   queue_name=f"miro-run-{os.getpid()}", priority=priority,
+                                   completion_window=completion_window, **lines.submit_kwargs())
         state.save({**record, "batch_id": submitted.batch_id})
         return submitted.batch_id, submitted.queue
 
@@ -254,6 +257,13 @@ def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: 
     partial = partial_path(out_path)
     if pace is not None:
         log_to_stderr(pace.summary(batch))
+    if batch.status == "expired":  # what finished, and a batch_expired row for each request the window cut off
+        written = write_results(table, out_path, record["options"].get("format", "parquet"))
+        storage.remove(partial)
+        log_to_stderr(f"Batch {batch_id} expired: its completion window ({batch.completion_window}) ended with "
+                      f"{batch.expired:,} of {batch.total:,} requests not run. {written.sentence()}, those as "
+                      "batch_expired errors; run the same command with --resume to run them in a new window.")
+        return False
     if batch.status == "completed":
         written = write_results(table, out_path, record["options"].get("format", "parquet"))
         tokens = (f"{batch.prompt_tokens:,} tokens embedded" if batch.task == "embed" else

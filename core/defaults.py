@@ -42,6 +42,8 @@ OUTPUT = "./miro-results"  # where the workers write the part files
 JOB_TIMEOUT_S = 3600  # a request waits in the worker's continuous batch, so RQ's 180 s is short
 PRIORITIES = ("high", "normal", "low")  # a batch's priority, most urgent first (worker/fleet/routing.py: its queues)
 PRIORITY = "normal"
+# a batch's completion window, as OpenAI's Batch API's: past it, what has not run expires (worker/fleet/expiry.py)
+COMPLETION_WINDOW = "24h"
 
 # a worker
 FLUSH_ROWS = 256  # a part file once this many rows wait...
@@ -51,6 +53,10 @@ HEARTBEAT_SLACK_S = 60  # a job whose heartbeat is this late is abandoned and qu
 SHUTDOWN_GRACE_S = 30.0  # after SIGTERM, for the requests in flight to finish before the rest are requeued
 RUN_SHUTDOWN_GRACE_S = 5.0  # the same for `miro run`: the user is waiting, so a few seconds
 WAIT_FOR_REDIS_S = 30.0  # a worker keeps trying to reach Redis at start-up (fleets often start workers first)
+
+# `miro serve`
+SERVER_SWEEP_S = 1.0  # how often it expires due batches and files and writes the result files of ended batches
+FILE_EXPIRY_RANGE_S = (3600, 2592000)  # expires_after.seconds, as OpenAI's: 1 hour to 30 days
 
 # `miro generate`
 GENERATE_MAX_TOKENS = 256

@@ -1,18 +1,26 @@
 """Batch records in Redis: the `miro:batch:{id}` hash, the `miro:batches` index and the invalid-line record.
 
-Counters (total, completed, failed, cancelled, prompt_tokens, completion_tokens) are written as 0 when the record is
-made and move only with HINCRBY afterwards. Their meaning, shared by every writer:
+Counters (total, completed, failed, cancelled, prompt_tokens, cached_tokens, completion_tokens) are written as 0 when
+the record is made and move only with HINCRBY afterwards. Their meaning, shared by every writer:
 
 - ``total``: requests of the batch, one per custom id: every enqueued job plus every invalid line recorded
   with ``record_failed_line`` (``--skip-invalid``).
 - ``failed``: invalid lines recorded, plus jobs that ended in RQ status FAILED (the worker adds those). A
   ``--resume`` that enqueues a FAILED job again takes it back out of ``failed``.
 - ``completed``: jobs that finished (the worker adds those).
-- ``cancelled``: requests of a cancelled batch that did not run: queued jobs `miro cancel` removed, jobs a
-  worker aborted or refused because their batch was being cancelled. A ``--resume`` takes them back out.
+- ``cancelled``: requests of a cancelled or expired batch that did not run: queued jobs `miro cancel` (or expiry,
+  expiry.py) removed, jobs a worker aborted or refused because their batch was being cancelled or expiring. A
+  ``--resume`` takes them back out. In an expired batch these are the expired requests (``BatchRecord.expired``).
+- ``prompt_tokens``, ``cached_tokens`` (prompt tokens served from the prefix cache), ``completion_tokens``: summed
+  over the completed requests, once per custom id, by the same count that counts them.
 
 Once completed + failed + cancelled reaches total, the batch settles: ``in_progress`` becomes ``completed``
-(stamping ``finalizing_at`` and ``completed_at`` together), ``cancelling`` becomes ``cancelled``.
+(stamping ``finalizing_at`` and ``completed_at`` together), ``cancelling`` becomes ``cancelled``, ``expiring``
+becomes ``expired``; the batch id goes into ``miro:ended-batches`` for `miro serve` to write its result files.
+
+A batch has a completion window (``--completion-window``, OpenAI's ``24h`` by default): ``expires_at`` is its
+creation time plus the window, and ``miro:batch-deadlines`` scores the batch by it, so whoever runs batches (every
+worker, and `miro serve`) finds the due ones cheaply and expires them (expiry.py).
 
 Status follows the OpenAI Batch lifecycle; every change stamps ``{status}_at`` (epoch seconds).
 
@@ -35,20 +43,26 @@ import redis
 
 from miro.core import defaults
 from miro.core.errors import MiroError
-from miro.worker.fleet import hashes, keys, scripts
+from miro.worker.fleet import durations, hashes, keys, scripts
 
-STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled")
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
+STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled", "expiring",
+            "expired")
+TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+# a batch in one of these has its queued requests taken off and those in flight aborted, and runs nothing more
+STOPPING = frozenset({"cancelling", "cancelled", "expiring", "expired"})
 
 # new status -> the statuses it may follow. Terminal statuses go back to in_progress only through --resume.
 ALLOWED_FROM = {
     "validating": frozenset(),
-    "in_progress": frozenset({"validating", "finalizing", "completed", "failed", "cancelled"}),
+    "in_progress": frozenset({"validating", "finalizing", "completed", "failed", "cancelled", "expired"}),
     "finalizing": frozenset({"in_progress"}),
     "completed": frozenset({"finalizing", "in_progress"}),
     "failed": frozenset({"validating", "in_progress", "finalizing"}),
     "cancelling": frozenset({"validating", "in_progress", "finalizing"}),
     "cancelled": frozenset({"cancelling"}),
+    # expiry is a cancel by the clock: the requests not yet run are counted cancelled, and shown as batch_expired
+    "expiring": frozenset({"in_progress", "finalizing"}),
+    "expired": frozenset({"expiring"}),
 }
 
 BATCH_ID_RE = re.compile(r"batch_[0-9a-f]{24}")
@@ -69,11 +83,15 @@ class BatchRecord:
     priority: str = defaults.PRIORITY  # records made before priorities existed are normal
     task: str = "generate"  # "generate" or "embed" (inputs.TASKS): which columns its results have
     job_timeout: int | None = None
+    endpoint: str = ""  # the OpenAI endpoint its lines are for (/v1/chat/completions, ...); "" in older records
+    completion_window: str = ""  # as given ("24h", "30m"); "" in records made before windows existed: no expiry
+    expires_at: float | None = None  # created_at + the window (epoch seconds); None: never expires
     total: int = 0
     completed: int = 0
     failed: int = 0
     cancelled: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, those served from the prefix cache
     completion_tokens: int = 0
     stamps: dict[str, float] = field(default_factory=dict)  # status -> when the batch last took it
 
@@ -84,7 +102,8 @@ class BatchRecord:
     @classmethod
     def from_hash(cls, raw) -> BatchRecord:
         values = hashes.decoded(raw)
-        stamps = {k.removesuffix("_at"): float(v) for k, v in values.items() if k.endswith("_at") and k != "created_at"}
+        stamps = {k.removesuffix("_at"): float(v) for k, v in values.items()
+                  if k.endswith("_at") and k.removesuffix("_at") in STATUSES}
         return cls(**hashes.field_values(cls, values), stamps=stamps)
 
     def to_hash(self) -> dict[str, str | int | float]:
@@ -93,8 +112,9 @@ class BatchRecord:
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON (`miro status --json`): the hash's fields, stamps as ``{status}_at``, and the
         derived counts."""
-        return {**hashes.hash_values(self), **{f"{status}_at": t for status, t in self.stamps.items()},
-                "done": self.done, "remaining": self.remaining, "tokens": self.tokens}
+        return {**hashes.hash_values(self), "expires_at": self.expires_at,
+                **{f"{status}_at": t for status, t in self.stamps.items()},
+                "done": self.done, "remaining": self.remaining, "tokens": self.tokens, "expired": self.expired}
 
     @property
     def done(self) -> int:
@@ -106,6 +126,16 @@ class BatchRecord:
         """Requests with a row in the results (a result or an error): done less the cancelled ones, which
         never ran."""
         return self.completed + self.failed
+
+    @property
+    def expired(self) -> int:
+        """Requests that did not run because the batch's completion window ended (the cancelled ones of an
+        expiring or expired batch)."""
+        return self.cancelled if self.status in ("expiring", "expired") else 0
+
+    def is_due(self, now: float) -> bool:
+        """Past its completion window while it still runs."""
+        return self.expires_at is not None and now >= self.expires_at and self.status in ALLOWED_FROM["expiring"]
 
     @property
     def remaining(self) -> int:
@@ -221,20 +251,38 @@ def _now() -> str:
 
 def create_batch(conn: redis.Redis, *, name: str, model: str, input_file: str, output: str, total: int,
                  queue: str, priority: str = defaults.PRIORITY, job_timeout: int | None = None,
-                 task: str = "generate") -> str:
-    """Write a new batch record with status `validating` and index it; returns the new batch id."""
+                 task: str = "generate", endpoint: str = "",
+                 completion_window: str | None = defaults.COMPLETION_WINDOW) -> str:
+    """Write a new batch record with status `validating` and index it (and its deadline, unless
+    `completion_window` is None); returns the new batch id. A window that is no duration is a MiroError."""
+    window_s = None if completion_window is None else durations.completion_window(completion_window)
     batch_id = new_batch_id()
     created = float(_now())
     record = BatchRecord(id=batch_id, status="validating", created_at=created, name=name, model=model,
                          input_file=input_file, output=output, queue=queue, priority=priority, job_timeout=job_timeout,
-                         task=task, stamps={"validating": created})
+                         task=task, endpoint=endpoint, completion_window=completion_window or "",
+                         expires_at=None if window_s is None else created + window_s, stamps={"validating": created})
     pipe = conn.pipeline(transaction=True)
     pipe.hset(record.key(batch_id), mapping=record.to_hash())
     if total:
         pipe.hincrby(record.key(batch_id), "total", total)
     pipe.zadd(keys.batches(), {batch_id: created})
+    if record.expires_at is not None:
+        pipe.zadd(keys.batch_deadlines(), {batch_id: record.expires_at})
     pipe.execute()
     return batch_id
+
+
+def renew_window(conn: redis.Redis, batch: BatchRecord) -> float | None:
+    """A batch resumed after it expired gets its window again from now; returns the new expires_at."""
+    if not batch.completion_window:
+        return None
+    expires_at = time.time() + durations.completion_window(batch.completion_window)
+    pipe = conn.pipeline(transaction=True)
+    pipe.hset(keys.batch(batch.id), "expires_at", f"{expires_at:.3f}")
+    pipe.zadd(keys.batch_deadlines(), {batch.id: expires_at})
+    pipe.execute()
+    return expires_at
 
 
 def set_status(conn: redis.Redis, batch_id: str, status: str) -> str:
@@ -294,17 +342,19 @@ def failed_lines(conn: redis.Redis, batch_id: str) -> dict[str, dict]:
     return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.batch_invalid(batch_id)).items()}
 
 
-def _count(conn, batch_id: str, counter: str, custom_ids: list[str], prompt_tokens: int = 0,
+def _count(conn, batch_id: str, counter: str, custom_ids: list[str], prompt_tokens: int = 0, cached_tokens: int = 0,
            completion_tokens: int = 0) -> tuple[int, int]:
-    added, done = scripts.COUNT(conn, [keys.batch(batch_id), keys.batch_counted(batch_id)],
-                                [counter, prompt_tokens, completion_tokens, _now(), *custom_ids])
+    added, done = scripts.COUNT(conn, [keys.batch(batch_id), keys.batch_counted(batch_id), keys.ended_batches(),
+                                       keys.batch_deadlines()],
+                                [counter, prompt_tokens, cached_tokens, completion_tokens, _now(), batch_id,
+                                 *custom_ids])
     return int(added), int(done)
 
 
 def count_finished(conn: redis.Redis, batch_id: str, custom_id: str, *, prompt_tokens: int,
-                   completion_tokens: int) -> int:
+                   completion_tokens: int, cached_tokens: int = 0) -> int:
     """A request's rows are written: count it completed (and its tokens) once; returns completed+failed+cancelled."""
-    return _count(conn, batch_id, "completed", [custom_id], prompt_tokens, completion_tokens)[1]
+    return _count(conn, batch_id, "completed", [custom_id], prompt_tokens, cached_tokens, completion_tokens)[1]
 
 
 def count_failed(conn: redis.Redis, batch_id: str, custom_id: str) -> int:

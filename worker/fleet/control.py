@@ -5,7 +5,7 @@ Cancelling is shared work. `cancel` moves the batch to ``cancelling``, takes its
 come back to the queue and are taken off too. Each BatchWorker checks the status of the
 batches it has requests of about once a second: it aborts those in flight and refuses new ones of a
 cancelling batch. Whoever counts the last outstanding request moves the batch to ``cancelled``
-(batches._COUNT); rows already written stay.
+(scripts.COUNT); rows already written stay. Expiry (expiry.py) is the same path with ``expiring`` and ``expired``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _queue(conn: redis.Redis, batch: batches.BatchRecord) -> Queue:
     return Queue(batch.queue, connection=conn, serializer=JSONSerializer)
 
 
-def _sweep(conn: redis.Redis, batch: batches.BatchRecord) -> int:
+def sweep(conn: redis.Redis, batch: batches.BatchRecord) -> int:
     """Requeue the jobs of dead workers (RQ's clean-up), then take the batch's queued jobs off; returns how many.
 
     Taking them off the queue is one atomic script (a list rewrite: ~0.2 s per 100,000 queued jobs); marking
@@ -72,10 +72,10 @@ def cancel(conn: redis.Redis, batch_id: str, wait_s: float = 0.0) -> CancelResul
     batch = batches.get_batch(conn, batch_id)
     if batch.status == "cancelled":
         return CancelResult(status="cancelled", already=True)
-    if batch.status in ("completed", "failed"):
+    if batch.status in ("completed", "failed", "expiring", "expired"):
         raise MiroError(f"Batch {batch_id} is {batch.status}; there is nothing left to cancel.")
     batches.set_status(conn, batch_id, "cancelling")
-    result = CancelResult(status="cancelling", removed=_sweep(conn, batch))
+    result = CancelResult(status="cancelling", removed=sweep(conn, batch))
     deadline = time.monotonic() + wait_s
     last_sweep = time.monotonic()
     while True:
@@ -84,7 +84,7 @@ def cancel(conn: redis.Redis, batch_id: str, wait_s: float = 0.0) -> CancelResul
             break
         time.sleep(0.25)
         if time.monotonic() - last_sweep >= SWEEP_EVERY_S:  # jobs requeued since: a worker died or got SIGTERM
-            result.removed += _sweep(conn, batch)
+            result.removed += sweep(conn, batch)
             last_sweep = time.monotonic()
     result.running = 0 if result.status == "cancelled" else outstanding(conn, batch_id)
     return result
@@ -112,7 +112,7 @@ def _failed_jobs(conn: redis.Redis, batch_id: str) -> list[tuple[str, str]]:
 def retry(conn: redis.Redis, batch_id: str) -> RetryResult:
     """Queue every failed request of the batch again (with fresh retries); its new run replaces its error row."""
     batch = batches.get_batch(conn, batch_id)
-    if batch.status in ("cancelling", "cancelled"):
+    if batch.status in batches.STOPPING:
         raise MiroError(f"Batch {batch_id} is {batch.status}; to run what it has left, submit its file again "
                         f"with --resume {batch_id}.")
     if batch.status == "validating":

@@ -13,6 +13,23 @@ def batches() -> str:
     return f"{PREFIX}:batches"
 
 
+def batch_deadlines() -> str:
+    """Sorted set: the batches with a completion window that may still expire, scored by their expires_at (epoch
+    seconds); a batch leaves it once it has ended (expiry.py)."""
+    return f"{PREFIX}:batch-deadlines"
+
+
+def batch_expiry_lock(batch_id: str) -> str:
+    """String with a TTL: held by the one worker or server expiring the batch now (expiry.py)."""
+    return f"{PREFIX}:batch:{batch_id}:expiry-lock"
+
+
+def ended_batches() -> str:
+    """Set: ids of batches whose run has just ended (completed, cancelled, expired), added by the count that settled
+    them; `miro serve` writes their output and error files and takes them out."""
+    return f"{PREFIX}:ended-batches"
+
+
 def batch_jobs(batch_id: str) -> str:
     """Hash: custom id -> RQ job id, one field per request enqueued for the batch."""
     return f"{PREFIX}:batch:{batch_id}:jobs"
@@ -52,6 +69,11 @@ def file(file_id: str) -> str:
 def files() -> str:
     """Sorted set: every file id of `miro serve`, scored by its creation time (epoch seconds)."""
     return f"{PREFIX}:files"
+
+
+def file_deadlines() -> str:
+    """Sorted set: the files of `miro serve` that expire (expires_after), scored by their expires_at (epoch seconds)."""
+    return f"{PREFIX}:file-deadlines"
 
 
 def api_batch(batch_id: str) -> str:

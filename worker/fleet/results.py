@@ -2,7 +2,7 @@
 
 A request that ran twice (a worker died after writing its row but before RQ
 heard of it) has two rows; the merge keeps one, preferring a success over an
-error and then the latest. The table keeps its batch's task's columns (rows.TASK_COLUMNS): an embedding batch's
+error and then the latest. An expired batch's requests that never ran get a row each, error code batch_expired. The table keeps its batch's task's columns (rows.TASK_COLUMNS): an embedding batch's
 `embedding` column is fixed_size_list<float32>[size] when every vector has one size (lines that ask for different
 `dimensions` leave it list<float32>). Output: Parquet, or the OpenAI Batch API's output JSONL with failed
 requests in a separate errors file.
@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 
 from miro.core.errors import MiroError
 
-from . import batches, storage
+from . import batches, keys, storage
 from .batches import BatchRecord
-from .rows import SCHEMA, TASK_COLUMNS, invalid_line_rows, openai_line
+from .rows import SCHEMA, TASK_COLUMNS, expired_rows, invalid_line_rows, openai_line
 from .sink import open_output, write_table_atomically
 
 
@@ -70,11 +70,20 @@ def task_table(table: pa.Table, task: str) -> pa.Table:
 
 
 def collect(conn, batch_id: str) -> tuple[pa.Table, BatchRecord]:
-    """The merged rows of a batch (part files plus invalid lines) and its record."""
+    """The merged rows of a batch (part files plus invalid lines, and for an expired batch a batch_expired row per
+    request that never ran) and its record."""
     batch = batches.get_batch(conn, batch_id)
     parts = read_parts(batch.output, batch_id)
     invalid = invalid_line_rows(batch_id, batches.failed_lines(conn, batch_id))
-    return spread_extra(task_table(merge(pa.concat_tables([parts, invalid])), batch.task)), batch
+    expired = _expired(conn, batch, parts) if batch.status == "expired" else SCHEMA.empty_table()
+    return spread_extra(task_table(merge(pa.concat_tables([parts, invalid, expired])), batch.task)), batch
+
+
+def _expired(conn, batch: BatchRecord, parts: pa.Table) -> pa.Table:
+    """The requests of an expired batch with no row: those its window cut off."""
+    ran = set(pc.unique(parts["custom_id"]).to_pylist())
+    jobs = {cid.decode(): jid.decode() for cid, jid in conn.hgetall(keys.batch_jobs(batch.id)).items()}
+    return expired_rows(batch.id, {cid: jid for cid, jid in jobs.items() if cid not in ran})
 
 
 def cut_constraints_note(table: pa.Table) -> str | None:

@@ -62,6 +62,8 @@ SCHEMA = pa.schema([
     ("output_token_ids", pa.list_(pa.int32())),
     ("logprobs", LOGPROBS),  # null unless the request asked for logprobs
     ("error", pa.string()),
+    # OpenAI's error code of a failed request: request_failed, or batch_expired for one its batch's window cut off
+    ("error_code", pa.string()),
     ("worker", pa.string()),
     ("started_at", pa.timestamp("ms", tz="UTC")),
     ("finished_at", pa.timestamp("ms", tz="UTC")),
@@ -152,6 +154,17 @@ def error_row(payload: JobPayload, error: str, *, job_id: str, worker: str, prom
             "encoding_format": payload.encoding_format}
 
 
+EXPIRED_ERROR = "This request could not be executed before the completion window expired."
+
+
+def expired_rows(batch_id: str, job_ids: dict[str, str]) -> pa.Table:
+    """Requests an expired batch never ran (custom id -> job id), as failed rows with OpenAI's batch_expired code
+    (their line is not known: the results list them after the others)."""
+    rows = [{"batch_id": batch_id, "custom_id": cid, "job_id": jid, "choice_index": 0, "error": EXPIRED_ERROR,
+             "error_code": "batch_expired"} for cid, jid in job_ids.items()]
+    return pa.Table.from_pylist(rows, SCHEMA) if rows else SCHEMA.empty_table()
+
+
 def invalid_line_rows(batch_id: str, records: dict[str, dict]) -> pa.Table:
     """Lines that failed validation (`--skip-invalid`), as failed rows of the batch."""
     rows = [{"batch_id": batch_id, "custom_id": cid, "line": rec.get("line"), "choice_index": 0, "error": rec["error"]}
@@ -233,7 +246,8 @@ def openai_line(rows: list[dict]) -> dict:
     line = {"id": f"batch_req_{request_id}", "custom_id": rows[0]["custom_id"]}
     error = next((r["error"] for r in rows if r["error"]), None)
     if error:
-        return line | {"response": None, "error": {"code": "request_failed", "message": error}}
+        code = next((r.get("error_code") for r in rows if r.get("error_code")), None) or "request_failed"
+        return line | {"response": None, "error": {"code": code, "message": error}}
     if rows[0]["kind"] == "embedding":
         body = _embedding_body(rows)
     elif rows[0]["kind"] == "response":

@@ -66,26 +66,39 @@ end
 return 0
 """)
 
-# KEYS: batch hash, set of custom ids already counted; ARGV: counter to add to, prompt tokens, completion
-# tokens, timestamp, then the custom ids. A request counts once even if it ran twice (its worker died after
-# writing its row). Once every request is accounted for, an in_progress batch passes through finalizing to
-# completed and a cancelling one becomes cancelled. Returns {requests newly counted, completed+failed+cancelled}.
+# KEYS: batch hash, set of custom ids already counted, the ended-batches set, the batch deadlines; ARGV: counter to add to, prompt
+# tokens, cached prompt tokens, completion tokens, timestamp, batch id, then the custom ids. A request counts once
+# even if it ran twice (its worker died after writing its row). Once every request is accounted for, an
+# in_progress batch passes through finalizing to completed, a cancelling one becomes cancelled and an expiring one
+# expired, the batch id joins the ended set (`miro serve` writes its files) and leaves the deadlines. Returns {requests newly counted,
+# completed+failed+cancelled}.
 COUNT = Lua("""
 local added = 0
-for i = 5, #ARGV do added = added + redis.call('SADD', KEYS[2], ARGV[i]) end
+for i = 7, #ARGV do added = added + redis.call('SADD', KEYS[2], ARGV[i]) end
 if added > 0 then
   redis.call('HINCRBY', KEYS[1], ARGV[1], added)
   redis.call('HINCRBY', KEYS[1], 'prompt_tokens', ARGV[2])
-  redis.call('HINCRBY', KEYS[1], 'completion_tokens', ARGV[3])
+  redis.call('HINCRBY', KEYS[1], 'cached_tokens', ARGV[3])
+  redis.call('HINCRBY', KEYS[1], 'completion_tokens', ARGV[4])
 end
 local b = redis.call('HMGET', KEYS[1], 'completed', 'failed', 'cancelled', 'total', 'status')
 if not b[4] then return {added, 0} end
 local done = tonumber(b[1]) + tonumber(b[2]) + tonumber(b[3] or '0')
 if done >= tonumber(b[4]) then
+  local settled = nil
   if b[5] == 'in_progress' then
-    redis.call('HSET', KEYS[1], 'status', 'completed', 'finalizing_at', ARGV[4], 'completed_at', ARGV[4])
+    redis.call('HSET', KEYS[1], 'status', 'completed', 'finalizing_at', ARGV[5], 'completed_at', ARGV[5])
+    settled = true
   elseif b[5] == 'cancelling' then
-    redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_at', ARGV[4])
+    redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_at', ARGV[5])
+    settled = true
+  elseif b[5] == 'expiring' then
+    redis.call('HSET', KEYS[1], 'status', 'expired', 'expired_at', ARGV[5])
+    settled = true
+  end
+  if settled then
+    redis.call('SADD', KEYS[3], ARGV[6])
+    redis.call('ZREM', KEYS[4], ARGV[6])
   end
 end
 return {added, done}
@@ -95,6 +108,12 @@ return {added, done}
 # the counter it was counted in (only if it was counted: a job RQ gave up on was never counted).
 UNCOUNT = Lua("""
 if redis.call('SREM', KEYS[2], ARGV[2]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], -1) return 1 end
+return 0
+""")
+
+# KEYS: a lock key; ARGV: the holder's token. Deletes the lock only if that holder still has it (expiry.py).
+RELEASE_LOCK = Lua("""
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """)
 

@@ -27,7 +27,7 @@ from rq.utils import now as rq_now
 from miro.core import defaults
 from miro.core.defaults import PRIORITY as DEFAULT_PRIORITY
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, keys, routing, scripts, storage
+from miro.worker.fleet import batches, durations, keys, routing, scripts, storage
 from miro.worker.fleet.inputs import LineError, Request, parse_dataset
 from miro.worker.fleet.payload import JobPayload
 
@@ -258,7 +258,8 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
            skip_invalid: bool = False, dry_run: bool = False, resume: str | None = None,
            job_timeout: int | str | None = defaults.JOB_TIMEOUT_S, chunk_size: int = CHUNK,
            priority: str | None = None, endpoint: str | None = None, task: str | None = None,
-           pooling_defaults: dict | None = None, log: Callable[[str], None] | None = None) -> SubmitResult:
+           pooling_defaults: dict | None = None, completion_window: str = defaults.COMPLETION_WINDOW,
+           log: Callable[[str], None] | None = None) -> SubmitResult:
     """Validate the dataset at `path` and enqueue one job per valid request; see the module docstring.
 
     `conn` may be None for a dry run (which touches no Redis key). `priority` (high, normal or low; None is
@@ -267,11 +268,14 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     custom ids without a finished or still running job are enqueued. With `endpoint` (an OpenAI batch's) every
     line must be an OpenAI Batch line with that url (inputs.parse_dataset). `task` ("generate" or "embed"; None:
     the first line's) is what the batch does, `defaults` and `pooling_defaults` the sampling and pooling options of
-    lines without them (parse_dataset). Raises InvalidDataset (nothing enqueued) when a line is invalid and not `skip_invalid`,
+    lines without them (parse_dataset). `completion_window` ("24h", "30m", ...) is how long the batch may run
+    before what has not run expires (expiry.py); a resumed batch keeps its own, renewed from now if it had
+    expired. Raises InvalidDataset (nothing enqueued) when a line is invalid and not `skip_invalid`,
     MiroError for other problems a user can cause.
     """
     log = log or (lambda message: None)
     timeout = _job_timeout(job_timeout)
+    durations.completion_window(completion_window)  # a window that is no duration is refused before anything
     if queue_name is not None and not queue_name.strip():
         raise MiroError("The queue name must not be empty.")
     if priority is not None:
@@ -284,8 +288,9 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     batch = None
     if resume is not None and not dry_run:
         batch = _redis(conn, lambda: batches.get_batch(conn, resume))
-        if batch.status == "cancelling":
-            raise MiroError(f"Batch {resume} is being cancelled; resume it once it is cancelled.")
+        if batch.status in ("cancelling", "expiring"):
+            raise MiroError(f"Batch {resume} is {batch.status}; resume it once it is "
+                            f"{'cancelled' if batch.status == 'cancelling' else 'expired'}.")
         queue = routing.priority_queue(queue_name, batch.priority) if queue_name is not None else None
         for option, value, recorded in (("queue", queue, batch.queue), ("model", model, batch.model),
                                         ("priority", priority, batch.priority)):
@@ -335,7 +340,8 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
         result.batch_id = _redis(conn, lambda: batches.create_batch(
             conn, name=name if name is not None else Path(path).name, model=model,
             input_file=os.path.abspath(path), output=output_uri(output), total=len(parsed.requests),
-            queue=result.queue, priority=priority, job_timeout=timeout, task=parsed.task))
+            queue=result.queue, priority=priority, job_timeout=timeout, task=parsed.task,
+            endpoint=endpoint or batch_endpoint(parsed.requests), completion_window=completion_window))
         batch = _redis(conn, lambda: batches.get_batch(conn, result.batch_id))
     batch_id = result.batch_id
     enqueuer = _Enqueuer(conn, result.queue, batch_id, batch.model, priority, timeout)
@@ -356,6 +362,8 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
                 enqueuer.enqueue_new(chunk)
                 result.enqueued += len(chunk)
         result.enqueue_s = time.perf_counter() - started
+        if result.enqueued and batch.status == "expired":  # its window starts again, or it would expire at once
+            batches.renew_window(conn, batch)
         if result.enqueued or batch.status == "validating":
             batches.set_status(conn, batch_id, "in_progress")
     except redis.RedisError as e:
@@ -365,6 +373,15 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
             f"command with --resume {batch_id} to enqueue the rest."
         ) from None
     return result
+
+
+KIND_ENDPOINTS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "embedding": "/v1/embeddings"}
+
+
+def batch_endpoint(requests: list[Request]) -> str:
+    """The OpenAI endpoint a batch's lines are for (a simple line's by its kind); several, comma separated."""
+    found = dict.fromkeys(request.url or KIND_ENDPOINTS.get(request.kind, "") for request in requests)
+    return ",".join(endpoint for endpoint in found if endpoint)
 
 
 def _redis(conn: redis.Redis, call):

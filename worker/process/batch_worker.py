@@ -7,7 +7,8 @@ jobs while the engine has room (an embedding job holds one engine request per
 input: in_flight.py), runs one engine step, and hands finished jobs to the
 Parquet sink; a job is marked finished in RQ only after the
 sink has made its rows durable, so a crash can repeat a request, never lose it.
-About once a second it also aborts the requests of batches being cancelled and
+About once a second it also expires the batches whose completion window has ended
+(expiry.py), aborts the requests of batches being cancelled or expiring and
 of jobs past their timeout, and refreshes its `miro:worker:{name}` hash
 (workers.py). Heartbeats come from a thread of their own (HeartbeatThread), so
 that no engine step, however long, and no wait for a part-file flush lets a
@@ -16,7 +17,6 @@ held job's heartbeat lapse: RQ would then queue it again and it would run twice.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -39,49 +39,16 @@ from miro.core import Engine, MiroError, defaults
 from miro.core.defaults import PRIORITIES
 from miro.core.registry import DEFAULT_MODEL
 
-from miro.worker.fleet import batches, routing, rq_private, scripts, workers
+from miro.worker.fleet import batches, expiry, routing, rq_private, scripts, workers
 from miro.worker.fleet.control import uncounted_failures
 from miro.worker.fleet.payload import JobPayload
 from miro.worker.fleet.sink import ParquetSink
 
 from .in_flight import InFlight
 from .jobs import GAVE_UP, add_requests, count_finished, job_rows, record_failure, summary
+from .worker_support import HeartbeatThread, PerJobLinesAtDebug, engine_options_from_env
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
-# RQ's own line for every job it dequeues and finishes: a worker running thousands of requests logs them at DEBUG
-PER_JOB_LOG_FORMATS = frozenset({
-    "Worker %s: %s: %s (%s)", "Worker %s: %s: %s",  # dequeued
-    "Successfully completed %s job in %ss on worker %s", "Successfully completed job %s in %ss on worker %s",
-    "Worker %s: job %s result is kept for %s seconds", "Worker %s: job %s result discarded immediately",
-})
-
-
-class PerJobLinesAtDebug(logging.Filter):
-    """Turns RQ's per-job INFO lines into DEBUG ones (kept only where the logger is set to DEBUG)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.INFO and record.msg in PER_JOB_LOG_FORMATS:
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
-        return True
-CANCELLED = frozenset({"cancelling", "cancelled"})
-
-
-def engine_options_from_env() -> dict:
-    """Engine settings for workers started by `rq worker -w`, which passes no options of its own."""
-    options = {"kv_cache_memory": os.environ.get("MIRO_KV_CACHE_MEMORY", defaults.KV_CACHE_MEMORY)}
-    for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks"):
-        value = os.environ.get(f"MIRO_{name.upper()}")
-        if value:
-            options[name] = int(value)
-    for name in ("weights", "max_weight_memory", "kv_cache_dtype", "admission_order"):  # as --weights and so on
-        value = os.environ.get(f"MIRO_{name.upper()}")
-        if value:
-            options[name] = value
-    invariant = os.environ.get("MIRO_BATCH_INVARIANT")  # "0" / "false": as --no-batch-invariant
-    if invariant:
-        options["batch_invariant"] = invariant.strip().lower() not in ("0", "false", "no", "off")
-    return options
 
 
 class BatchWorker(BaseWorker):
@@ -121,6 +88,7 @@ class BatchWorker(BaseWorker):
         self.metrics_port, self.metrics_host = metrics_port, metrics_host  # Prometheus endpoint, if any
         self.jobs_done = self.jobs_failed = self.jobs_cancelled = 0
         self.batch_status: dict[str, str] = {}  # batch id -> status, for the batches of the requests in flight
+        self.deadlines: dict[str, float | None] = {}  # batch id -> its expires_at, for the batches it has taken jobs of
         self.record: workers.WorkerRecord | None = None  # the last one written to its hash (metrics.py reads it)
         self._last_refresh = 0.0
         # Held jobs (in flight, or finished and waiting for their rows to be written) change hands only under
@@ -211,6 +179,7 @@ class BatchWorker(BaseWorker):
     def _tick(self) -> None:
         """The worker's periodic duties, between engine steps."""
         if time.monotonic() - self._last_refresh >= workers.REFRESH_S:
+            expiry.expire_due(self.connection)
             self._cancel_cancelled_batches()
             self._enforce_timeouts()
             self._publish()
@@ -286,7 +255,7 @@ class BatchWorker(BaseWorker):
         except MiroError as err:  # not miro's payload, or its batch record is gone: nowhere to write a row
             self._fail(job, queue, execution, str(err))
             return
-        if status in CANCELLED:
+        if status in batches.STOPPING:
             self._cancel([(job, queue, execution, payload)])
             return
         wanted = routing.model_name(payload.model)
@@ -409,16 +378,27 @@ class BatchWorker(BaseWorker):
     # -- cancellation ---------------------------------------------------------------------------------
 
     def _status_of(self, batch_id: str) -> str:
+        """The batch's status; a batch whose completion window has ended is expired first, so no job of it
+        starts after its window, even between two of the worker's expiry rounds."""
         if batch_id not in self.batch_status:
-            self.batch_status[batch_id] = batches.get_batch(self.connection, batch_id).status
+            self._read_batch(batch_id)
+        deadline = self.deadlines.get(batch_id)
+        if deadline is not None and time.time() >= deadline and self.batch_status[batch_id] not in batches.STOPPING:
+            expiry.expire(self.connection, batch_id)
+            self._read_batch(batch_id)
         return self.batch_status[batch_id]
 
+    def _read_batch(self, batch_id: str) -> None:
+        record = batches.get_batch(self.connection, batch_id)
+        self.batch_status[batch_id], self.deadlines[batch_id] = record.status, record.expires_at
+
     def _cancel_cancelled_batches(self) -> None:
-        """Read the status of every batch with requests in flight; abort those of batches being cancelled."""
+        """Read the status of every batch with requests in flight; abort those of batches being cancelled or
+        expiring."""
         self.batch_status = batches.statuses(self.connection,
                                              sorted({flight.payload.batch_id for flight in self.in_flight.values()}))
         doomed = [flight for flight in self.in_flight.values() if self.batch_status[flight.payload.batch_id]
-                  in CANCELLED]
+                  in batches.STOPPING]
         for flight in doomed:
             with self.held_lock:
                 self._leave_engine(flight)
@@ -426,7 +406,8 @@ class BatchWorker(BaseWorker):
             self._cancel([(f.job, f.queue, f.execution, f.payload) for f in doomed])
 
     def _cancel(self, jobs: list[tuple[Job, Queue, object, dict]]) -> None:
-        """Mark jobs of cancelled batches canceled in RQ and count their requests cancelled; no rows are written."""
+        """Mark jobs of cancelled (or expired) batches canceled in RQ and count their requests cancelled; no rows are
+        written (an expired batch's come back as batch_expired errors: results.collect)."""
         with self.held_lock, self.connection.pipeline() as pipe:
             for job, queue, execution, _ in jobs:
                 self.cleanup_execution(job, pipe, execution)
@@ -471,25 +452,3 @@ class BatchWorker(BaseWorker):
             workers.remove(self.connection, self.name)
         except redis.RedisError:
             pass  # Redis is gone: the record expires by itself
-
-
-class HeartbeatThread(threading.Thread):
-    """Beats for the worker and every job it holds, every job_monitoring_interval (at most half the heartbeat
-    TTL), whatever the main loop is doing; a Redis error here is left for the main loop to report."""
-
-    def __init__(self, worker: BatchWorker):
-        super().__init__(name=f"{worker.name}-heartbeats", daemon=True)
-        self.worker = worker
-        self.interval_s = min(worker.job_monitoring_interval, worker.get_heartbeat_ttl(None) / 2)
-        self._stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self._stopped.wait(self.interval_s):
-            try:
-                self.worker.heartbeat_held_jobs()
-            except redis.RedisError:
-                pass
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self.join()

@@ -72,12 +72,13 @@ def _of_input(payload: JobPayload, index: int, error: str) -> str:
 
 
 def summary(payload: JobPayload, rows: list[dict]) -> dict:
-    """The small result a finished job keeps in RQ: custom id, finish reason, token counts."""
+    """The small result a finished job keeps in RQ: custom id, finish reason, token counts (cached_tokens: the
+    prompt tokens the prefix cache served)."""
     if payload.kind == "embedding":
         return {"custom_id": payload.custom_id, "finish_reason": None, "inputs": len(rows),
-                "prompt_tokens": sum(r["prompt_tokens"] for r in rows), "completion_tokens": 0}
+                "prompt_tokens": sum(r["prompt_tokens"] for r in rows), "cached_tokens": 0, "completion_tokens": 0}
     return {"custom_id": payload.custom_id, "finish_reason": rows[0]["finish_reason"],
-            "prompt_tokens": rows[0]["prompt_tokens"],
+            "prompt_tokens": rows[0]["prompt_tokens"], "cached_tokens": rows[0].get("cached_tokens") or 0,
             "completion_tokens": sum(r["completion_tokens"] for r in rows)}
 
 
@@ -85,7 +86,7 @@ def count_finished(conn, payload: JobPayload, result: dict) -> None:
     from miro.worker.fleet import batches
 
     batches.count_finished(conn, payload.batch_id, payload.custom_id, prompt_tokens=result["prompt_tokens"],
-                           completion_tokens=result["completion_tokens"])
+                           cached_tokens=result["cached_tokens"], completion_tokens=result["completion_tokens"])
 
 
 def record_failure(conn, sink: ParquetSink, job, payload: JobPayload, error: str, *, worker: str, started: float,

@@ -1,0 +1,73 @@
+"""What a BatchWorker is set up with besides its arguments: the engine settings of a worker started by `rq worker
+-w` (MIRO_* environment variables), the filter that keeps RQ's per-job log lines at DEBUG, and the thread that
+beats the heartbeats of every job the worker holds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING
+
+import redis
+
+from miro.core import defaults
+
+if TYPE_CHECKING:
+    from .batch_worker import BatchWorker
+
+# RQ's own line for every job it dequeues and finishes: a worker running thousands of requests logs them at DEBUG
+PER_JOB_LOG_FORMATS = frozenset({
+    "Worker %s: %s: %s (%s)", "Worker %s: %s: %s",  # dequeued
+    "Successfully completed %s job in %ss on worker %s", "Successfully completed job %s in %ss on worker %s",
+    "Worker %s: job %s result is kept for %s seconds", "Worker %s: job %s result discarded immediately",
+})
+
+
+class PerJobLinesAtDebug(logging.Filter):
+    """Turns RQ's per-job INFO lines into DEBUG ones (kept only where the logger is set to DEBUG)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and record.msg in PER_JOB_LOG_FORMATS:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def engine_options_from_env() -> dict:
+    """Engine settings for workers started by `rq worker -w`, which passes no options of its own."""
+    options = {"kv_cache_memory": os.environ.get("MIRO_KV_CACHE_MEMORY", defaults.KV_CACHE_MEMORY)}
+    for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks"):
+        value = os.environ.get(f"MIRO_{name.upper()}")
+        if value:
+            options[name] = int(value)
+    for name in ("weights", "max_weight_memory", "kv_cache_dtype", "admission_order"):  # as --weights and so on
+        value = os.environ.get(f"MIRO_{name.upper()}")
+        if value:
+            options[name] = value
+    invariant = os.environ.get("MIRO_BATCH_INVARIANT")  # "0" / "false": as --no-batch-invariant
+    if invariant:
+        options["batch_invariant"] = invariant.strip().lower() not in ("0", "false", "no", "off")
+    return options
+
+
+class HeartbeatThread(threading.Thread):
+    """Beats for the worker and every job it holds, every job_monitoring_interval (at most half the heartbeat
+    TTL), whatever the main loop is doing; a Redis error here is left for the main loop to report."""
+
+    def __init__(self, worker: BatchWorker):
+        super().__init__(name=f"{worker.name}-heartbeats", daemon=True)
+        self.worker = worker
+        self.interval_s = min(worker.job_monitoring_interval, worker.get_heartbeat_ttl(None) / 2)
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            try:
+                self.worker.heartbeat_held_jobs()
+            except redis.RedisError:
+                pass
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join()
