@@ -54,6 +54,15 @@ SHUTDOWN_GRACE_S = 30.0  # after SIGTERM, for the requests in flight to finish b
 RUN_SHUTDOWN_GRACE_S = 5.0  # the same for `miro run`: the user is waiting, so a few seconds
 WAIT_FOR_REDIS_S = 30.0  # a worker keeps trying to reach Redis at start-up (fleets often start workers first)
 
+# the page's charts (worker/fleet/series.py): each worker appends a point per SERIES_STEP_S to short Redis streams,
+# a day of them at most, gone a day after the last
+SERIES_STEP_S = 5
+SERIES_POINTS = 17280  # a day at 5 s
+SERIES_TTL_S = 86400
+SERIES_RATE_SPAN_S = 30.0  # a rate from counters spans at least this (they move when part files are written)
+SERIES_MAX_POINTS = 360  # the most points one chart is sent (a longer series is thinned evenly)
+SERIES_WINDOW_S = 3600  # the fleet charts' span, unless asked for another
+
 # `miro serve`
 SERVER_SWEEP_S = 1.0  # how often it expires due batches and files and writes the result files of ended batches
 FILE_EXPIRY_RANGE_S = (3600, 2592000)  # expires_after.seconds, as OpenAI's: 1 hour to 30 days

@@ -45,6 +45,23 @@ def worker(name: str) -> str:
     return f"{PREFIX}:worker:{name}"
 
 
+def worker_series(name: str) -> str:
+    """Stream: a worker's points for the page's charts (KV use, running, waiting, tokens/s, requests), one per
+    SERIES_STEP_S, entry ids the step's start in ms; capped and with a TTL (series.py)."""
+    return f"{PREFIX}:series:worker:{name}"
+
+
+def batch_series(batch_id: str) -> str:
+    """Stream: a batch's counters (requests finished, tokens) for its page's charts, one point per SERIES_STEP_S
+    appended by a worker with its requests in flight; capped and with a TTL (series.py)."""
+    return f"{PREFIX}:series:batch:{batch_id}"
+
+
+def series_workers() -> str:
+    """Sorted set: the workers with a series, scored by their last point's time (series.py)."""
+    return f"{PREFIX}:series:workers"
+
+
 def batch_counted(batch_id: str) -> str:
     """Set: custom ids already counted as completed or failed, so a request that ran twice counts once."""
     return f"{PREFIX}:batch:{batch_id}:counted"
