@@ -86,8 +86,10 @@ def test_refusals_at_creation_are_openai_errors(serve, redis_url):
     assert err.value.body["message"] == ("miro runs batches for the endpoints /v1/chat/completions, /v1/completions, "
                                          "/v1/responses and /v1/embeddings, not '/v1/moderations'.")
     with pytest.raises(openai.BadRequestError) as err:
-        client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="1h")
+        client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="soon")
     assert err.value.body["param"] == "completion_window"
+    assert err.value.body["message"] == ("The completion window 'soon' is not valid: give a duration such as 24h "
+                                         "(OpenAI's), 30m, 90s or 2d.")
     with pytest.raises(openai.BadRequestError) as err:
         create(client, file_id, metadata={f"k{i}": "v" for i in range(17)})
     assert err.value.body["param"] == "metadata" and "at most 16" in err.value.body["message"]
@@ -137,7 +139,8 @@ def test_a_redis_that_goes_away_is_a_503_in_openais_shape(serve, own_redis):
         with pytest.raises(openai.InternalServerError) as err:
             call()
         assert err.value.status_code == 503
-        assert set(err.value.body) == {"message", "type", "param", "code"}
+        assert set(err.value.body) == {"message", "type", "param", "code", "request_id"}
+        assert err.value.request_id == err.value.body["request_id"] and err.value.request_id.startswith("req_")
         assert err.value.body["code"] == "redis_unavailable" and url in err.value.body["message"]
 
 

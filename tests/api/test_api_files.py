@@ -39,7 +39,8 @@ def test_a_file_goes_up_comes_back_and_goes_away(serve, redis_url):
     with pytest.raises(openai.NotFoundError) as err:
         client.files.retrieve(uploaded.id)
     assert err.value.body == {"message": f"No file with id '{uploaded.id}' on this server.",
-                              "type": "invalid_request_error", "param": None, "code": "not_found"}
+                              "type": "invalid_request_error", "param": None, "code": "not_found",
+                              "request_id": err.value.request_id}
     with pytest.raises(openai.NotFoundError):
         client.files.content(uploaded.id)
     assert [f.id for f in client.files.list()] == [second.id]
@@ -143,7 +144,7 @@ def test_api_keys_are_checked_and_a_refusal_has_openais_shape(serve, redis_url):
         server.client("wrong").files.list()
     assert err.value.status_code == 401
     assert err.value.body == {"message": "Incorrect API key provided.", "type": "invalid_request_error",
-                              "param": None, "code": "invalid_api_key"}
+                              "param": None, "code": "invalid_api_key", "request_id": err.value.request_id}
     for path in ("/v1/files", "/v1/batches", "/v1/workers", "/v1/fleet", "/metrics"):
         status, body = server.get(path)
         assert status == 401, path

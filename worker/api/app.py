@@ -1,10 +1,12 @@
 """The app: one Redis connection and file store for every request, API keys checked on every route but the page,
-and every error in OpenAI's shape (a Redis that went away is a 503, never a traceback)."""
+every error in OpenAI's shape (a Redis that went away is a 503, never a traceback), an `x-request-id` on every
+response, and the background duties (background.py) while it serves."""
 
 from __future__ import annotations
 
 import hmac
 import logging
+from contextlib import asynccontextmanager
 
 import redis
 from fastapi import Depends, FastAPI, Request
@@ -13,7 +15,8 @@ from starlette.exceptions import HTTPException
 
 from miro.worker.fleet import batches
 
-from . import batch_routes, file_routes, fleet_routes, page
+from . import batch_routes, file_routes, fleet_routes, page, request_ids
+from .background import Background
 from .errors import ApiError
 from .file_store import FileStore
 from .state import ServerConfig, ServerState
@@ -34,25 +37,27 @@ def _require_key(request: Request) -> None:
 
 def _add_error_handlers(app: FastAPI, redis_url: str) -> None:
     async def api_error(request: Request, err: ApiError):
-        return err.response()
+        return err.response(request_ids.of(request))
 
     async def redis_error(request: Request, err: redis.RedisError):
         message = (f"Redis at {batches.redacted(redis_url)} cannot be reached ({str(err).rstrip('.') or type(err).__name__}); "
                    "try again once it is back.")
-        return ApiError(503, message, type="server_error", code="redis_unavailable").response()
+        return ApiError(503, message, type="server_error", code="redis_unavailable").response(request_ids.of(request))
 
     async def invalid_request(request: Request, err: RequestValidationError):
         first = err.errors()[0]
         param = ".".join(str(part) for part in first["loc"] if part != "body") or None
-        return ApiError(400, f"{param}: {first['msg']}." if param else f"{first['msg']}.", param=param).response()
+        message = f"{param}: {first['msg']}." if param else f"{first['msg']}."
+        return ApiError(400, message, param=param).response(request_ids.of(request))
 
     async def http_error(request: Request, err: HTTPException):
         code = "not_found" if err.status_code == 404 else None
-        return ApiError(err.status_code, str(err.detail), code=code).response()
+        return ApiError(err.status_code, str(err.detail), code=code).response(request_ids.of(request))
 
     async def unexpected(request: Request, err: Exception):
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return ApiError(500, f"The server failed: {type(err).__name__}.", type="server_error").response()
+        request_id = request_ids.of(request)
+        log.exception("unexpected error on %s %s (request %s)", request.method, request.url.path, request_id)
+        return ApiError(500, f"The server failed: {type(err).__name__}.", type="server_error").response(request_id)
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(redis.RedisError, redis_error)
@@ -65,8 +70,19 @@ def create_app(config: ServerConfig, conn: redis.Redis | None = None) -> FastAPI
     """The app for `config`; connects to Redis (MiroError in one sentence if it does not answer) unless given
     `conn`, and opens the storage location (MiroError if it cannot)."""
     conn = conn if conn is not None else batches.connect(config.redis_url)
-    app = FastAPI(title="miro", summary="The OpenAI Batch API on a miro fleet", docs_url=None, redoc_url=None)
-    app.state.miro = ServerState(config=config, conn=conn, store=FileStore(conn, config.storage))
+    state = ServerState(config=config, conn=conn, store=FileStore(conn, config.storage))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        background = Background(state)
+        background.start()
+        yield
+        background.stop()
+
+    app = FastAPI(title="miro", summary="The OpenAI Batch API on a miro fleet", docs_url=None, redoc_url=None,
+                  lifespan=lifespan)
+    app.state.miro = state
+    app.add_middleware(request_ids.RequestIds)
     _add_error_handlers(app, config.redis_url)
     secured = [Depends(_require_key)]
     app.include_router(file_routes.router, dependencies=secured)

@@ -1,6 +1,9 @@
-"""What the OpenAI Batch API adds to a miro batch made through `miro serve`: the `miro:api-batch:{id}` hash
-(input file id, endpoint, completion window, metadata, validation errors, output and error file ids) and the
-`miro:api-batches` index that batches.list pages through, newest first."""
+"""What the OpenAI Batch API adds to a miro batch: the `miro:api-batch:{id}` hash (input file id, endpoint, completion
+window, metadata, validation errors, the expiry of its result files, the output and error file ids).
+
+A batch made through `miro serve` has every field; one made by `miro-submit` or `miro run` has none until the server
+writes its result files, and `of` fills the rest from miro's own record. batches.list pages through every batch on
+the Redis (`miro:batches`), newest first."""
 
 from __future__ import annotations
 
@@ -10,42 +13,66 @@ from dataclasses import dataclass, field
 import redis
 
 from miro.worker.fleet import keys
+from miro.worker.fleet.batches import BatchRecord
 
 from .shapes import BatchError
+
+TASK_ENDPOINTS = {"generate": "/v1/chat/completions", "embed": "/v1/embeddings"}  # records that name no endpoint
 
 
 @dataclass
 class ApiBatch:
     batch_id: str
-    input_file_id: str
+    input_file_id: str  # "" for a batch made without the API: its input file is no file of the server's
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
     errors: list[BatchError] = field(default_factory=list)  # why validation failed
+    output_expires_after_s: int | None = None  # the result files expire this long after they are written
     output_file_id: str | None = None
     error_file_id: str | None = None
     files_for: str | None = None  # the end stamp of the run the output and error files were made for
 
 
-def save(conn: redis.Redis, record: ApiBatch, created_at: float) -> None:
+def save(conn: redis.Redis, record: ApiBatch) -> None:
     mapping = {"batch_id": record.batch_id, "input_file_id": record.input_file_id, "endpoint": record.endpoint,
                "completion_window": record.completion_window, "metadata": json.dumps(record.metadata),
-               "errors": json.dumps([e.model_dump() for e in record.errors])}
-    pipe = conn.pipeline(transaction=True)
-    pipe.hset(keys.api_batch(record.batch_id), mapping=mapping)
-    pipe.zadd(keys.api_batches(), {record.batch_id: created_at})
-    pipe.execute()
+               "errors": json.dumps([e.model_dump() for e in record.errors]),
+               "output_expires_after_s": "" if record.output_expires_after_s is None else record.output_expires_after_s}
+    conn.hset(keys.api_batch(record.batch_id), mapping=mapping)
+
+
+def _decoded(conn: redis.Redis, batch_id: str) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in conn.hgetall(keys.api_batch(batch_id)).items()}
+
+
+def _files(raw: dict[str, str]) -> dict:
+    return {"output_file_id": raw.get("output_file_id") or None, "error_file_id": raw.get("error_file_id") or None,
+            "files_for": raw.get("files_for")}
 
 
 def load(conn: redis.Redis, batch_id: str) -> ApiBatch | None:
-    raw = {k.decode(): v.decode() for k, v in conn.hgetall(keys.api_batch(batch_id)).items()}
-    if not raw:
+    """The API's record of a batch made through it; None for any other."""
+    raw = _decoded(conn, batch_id)
+    if "batch_id" not in raw:
         return None
+    expires_after = raw.get("output_expires_after_s")
     return ApiBatch(batch_id=raw["batch_id"], input_file_id=raw["input_file_id"], endpoint=raw["endpoint"],
                     completion_window=raw["completion_window"], metadata=json.loads(raw["metadata"]),
                     errors=[BatchError(**e) for e in json.loads(raw["errors"])],
-                    output_file_id=raw.get("output_file_id") or None, error_file_id=raw.get("error_file_id") or None,
-                    files_for=raw.get("files_for"))
+                    output_expires_after_s=int(expires_after) if expires_after else None, **_files(raw))
+
+
+def of(conn: redis.Redis, record: BatchRecord) -> ApiBatch:
+    """The API's side of any batch: its own record if it was made through the API, otherwise what miro's record
+    says (its endpoint, its window, its name as metadata) with the result files the server has written for it."""
+    made_here = load(conn, record.id)
+    if made_here is not None:
+        return made_here
+    endpoint = record.endpoint.split(",")[0] or TASK_ENDPOINTS.get(record.task, "/v1/chat/completions")
+    return ApiBatch(batch_id=record.id, input_file_id="", endpoint=endpoint,
+                    completion_window=record.completion_window or "24h",
+                    metadata={"name": record.name[:512]} if record.name else None, **_files(_decoded(conn, record.id)))
 
 
 def claim_files(conn: redis.Redis, batch_id: str, run_end: str) -> bool:
@@ -65,12 +92,13 @@ def set_files(conn: redis.Redis, batch_id: str, run_end: str, output_file_id: st
 
 
 def page_ids(conn: redis.Redis, after: str | None, limit: int) -> tuple[list[str], bool]:
-    """Up to `limit` batch ids, newest first, after the id `after`; and whether more follow."""
+    """Up to `limit` ids of the batches on the Redis, whatever made them, newest first, after the id `after`; and
+    whether more follow."""
     start = 0
     if after is not None:
-        rank = conn.zrevrank(keys.api_batches(), after)
+        rank = conn.zrevrank(keys.batches(), after)
         if rank is None:
             return [], False
         start = rank + 1
-    ids = [i.decode() for i in conn.zrevrange(keys.api_batches(), start, start + limit)]
+    ids = [i.decode() for i in conn.zrevrange(keys.batches(), start, start + limit)]
     return ids[:limit], len(ids) > limit

@@ -1,6 +1,6 @@
 """/v1/batches: create (validate and enqueue with miro's own submit), retrieve, list, cancel, and miro's merged
 results as Parquet. The batch id is miro's, so `miro status`, `watch`, `cancel`, `retry` and `results` work on
-batches made here."""
+batches made here, and retrieve, list and cancel on batches made by `miro-submit` or `miro run`."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from starlette.background import BackgroundTask
 
 from miro.core.defaults import PRIORITIES
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, control, results
+from miro.worker.fleet import batches, control, durations, results
 from miro.worker.fleet.submit import InvalidDataset, submit
 
-from . import batch_records
+from . import batch_records, file_expiry
 from .batch_records import ApiBatch
 from .batch_shape import batch_object, with_result_files
 from .errors import ApiError, bad_request, not_found
@@ -33,8 +33,10 @@ def _check(body: BatchCreate) -> None:
         raise bad_request(f"miro runs batches for the endpoints {', '.join(ENDPOINTS[:-1])} and {ENDPOINTS[-1]}, "
                           f"not '{body.endpoint}'.",
                           param="endpoint")
-    if body.completion_window != "24h":
-        raise bad_request("The completion window must be '24h'.", param="completion_window")
+    try:
+        durations.completion_window(body.completion_window)
+    except MiroError as err:
+        raise bad_request(str(err), param="completion_window") from None
     for key, value in (body.metadata or {}).items():
         if len(key) > 64 or len(value) > 512:
             raise bad_request("Metadata keys are at most 64 characters and values at most 512.", param="metadata")
@@ -50,7 +52,7 @@ def _submit(state: ServerState, file: FileRecord, body: BatchCreate) -> tuple[st
     with state.store.local_copy(file.id) as path:
         try:
             result = submit(state.conn, path, name=file.filename, output=state.store.batch_output,
-                            endpoint=body.endpoint, priority=priority)
+                            endpoint=body.endpoint, priority=priority, completion_window=body.completion_window)
         except InvalidDataset as invalid:
             shown = invalid.errors[:MAX_ERRORS]
             return None, [BatchError(code=e.code, message=e.message, line=e.line) for e in shown]
@@ -62,7 +64,7 @@ def _submit(state: ServerState, file: FileRecord, body: BatchCreate) -> tuple[st
 def _failed_batch(state: ServerState, file: FileRecord) -> str:
     """A batch record that failed validation, as OpenAI keeps one (status failed, the errors), nothing enqueued."""
     batch_id = batches.create_batch(state.conn, name=file.filename, model="", input_file=state.store.path(file.id),
-                                    output=state.store.batch_output, total=0, queue="")
+                                    output=state.store.batch_output, total=0, queue="", completion_window=None)
     batches.set_status(state.conn, batch_id, "failed")
     return batch_id
 
@@ -71,6 +73,8 @@ def _failed_batch(state: ServerState, file: FileRecord) -> str:
 def create_batch(body: BatchCreate, request: Request) -> Batch:
     state = request.app.state.miro
     _check(body)
+    given = body.output_expires_after
+    output_expires_after_s = file_expiry.seconds(given.anchor, given.seconds, "output_expires_after") if given else None
     file = state.store.get(body.input_file_id)
     if file.purpose != "batch":
         raise bad_request(f"File {file.id} has purpose '{file.purpose}', not 'batch'.", param="input_file_id")
@@ -78,30 +82,44 @@ def create_batch(body: BatchCreate, request: Request) -> Batch:
     if batch_id is None:
         batch_id = _failed_batch(state, file)
     api = ApiBatch(batch_id=batch_id, input_file_id=file.id, endpoint=body.endpoint,
-                   completion_window=body.completion_window, metadata=body.metadata, errors=errors)
-    record = batches.get_batch(state.conn, batch_id)
-    batch_records.save(state.conn, api, record.created_at)
-    return batch_object(record, api)
+                   completion_window=body.completion_window, metadata=body.metadata, errors=errors,
+                   output_expires_after_s=output_expires_after_s)
+    batch_records.save(state.conn, api)
+    return batch_object(batches.get_batch(state.conn, batch_id), api)
 
 
-def _batch(state: ServerState, batch_id: str) -> Batch:
-    api = batch_records.load(state.conn, batch_id)
-    if api is None:
+def _record(state: ServerState, batch_id: str) -> batches.BatchRecord:
+    """The batch's record, whatever made it; 404 in OpenAI's shape if there is none."""
+    if not batches.BATCH_ID_RE.fullmatch(batch_id):
         raise not_found("batch", batch_id)
-    record = batches.get_batch(state.conn, batch_id)
-    return batch_object(record, with_result_files(state.conn, state.store, record, api))
+    try:
+        return batches.get_batch(state.conn, batch_id)
+    except MiroError:
+        raise not_found("batch", batch_id) from None
+
+
+def _batch(state: ServerState, record: batches.BatchRecord, write_files: bool = True) -> Batch:
+    """OpenAI's Batch for the record; with `write_files`, its result files are written first if it has just ended
+    (the background loop does it too, so a list leaves that to it)."""
+    api = batch_records.of(state.conn, record)
+    if write_files:
+        api = with_result_files(state.conn, state.store, record, api)
+    return batch_object(record, api)
 
 
 @router.get("/v1/batches/{batch_id}")
 def retrieve_batch(batch_id: str, request: Request) -> Batch:
-    return _batch(request.app.state.miro, batch_id)
+    state = request.app.state.miro
+    return _batch(state, _record(state, batch_id))
 
 
 @router.get("/v1/batches")
 def list_batches(request: Request, after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> Page[Batch]:
     state = request.app.state.miro
     ids, has_more = batch_records.page_ids(state.conn, after, limit)
-    data = [_batch(state, batch_id) for batch_id in ids]
+    found = batches.records(state.conn, ids)
+    ids = [record.id for record in found]  # a record deleted since the index was read is left out
+    data = [_batch(state, record, write_files=False) for record in found]
     return Page[Batch](data=data, first_id=ids[0] if ids else None, last_id=ids[-1] if ids else None,
                        has_more=has_more)
 
@@ -109,25 +127,19 @@ def list_batches(request: Request, after: str | None = None, limit: int = Query(
 @router.post("/v1/batches/{batch_id}/cancel")
 def cancel_batch(batch_id: str, request: Request) -> Batch:
     state = request.app.state.miro
-    if batch_records.load(state.conn, batch_id) is None:
-        raise not_found("batch", batch_id)
+    _record(state, batch_id)
     try:
         control.cancel(state.conn, batch_id)  # workers abort what they hold; the batch becomes cancelled then
     except MiroError as err:
         raise ApiError(400, str(err)) from None
-    return _batch(state, batch_id)
+    return _batch(state, _record(state, batch_id))
 
 
 @router.get("/v1/batches/{batch_id}/results.parquet")
 def results_parquet(batch_id: str, request: Request) -> FileResponse:
     """miro's merged results (one row per custom id and choice, in input order) of any batch on this Redis."""
     state = request.app.state.miro
-    if not batches.BATCH_ID_RE.fullmatch(batch_id):
-        raise not_found("batch", batch_id)
-    try:
-        batches.get_batch(state.conn, batch_id)
-    except MiroError:
-        raise not_found("batch", batch_id) from None
+    _record(state, batch_id)
     table, _ = results.collect(state.conn, batch_id)
     handle, path = tempfile.mkstemp(suffix=".parquet")
     os.close(handle)

@@ -1,11 +1,16 @@
-"""A miro batch as OpenAI's Batch object: miro's record (status, counters, `{status}_at` stamps) with what
+"""A miro batch as OpenAI's Batch object: miro's record (status, counters, token sums, `{status}_at` stamps) with what
 batch_records.py keeps beside it; and, once a run of the batch has ended, its output and error files (OpenAI
 Batch output lines, results.openai_lines) written to the file store, once per run. Until they are written the
-batch shows as finalizing (cancelling for a cancelled one), as OpenAI's does while it prepares its results."""
+batch shows as finalizing (cancelling for a cancelled one), as OpenAI's does while it prepares its results.
+
+Who writes them: `miro serve`'s background loop (background.py) as soon as the batch ends, and failing that the
+first request that looks at the batch; one claim per run makes it once."""
 
 from __future__ import annotations
 
 import json
+import logging
+
 import redis
 
 from miro.worker.fleet import results
@@ -14,11 +19,12 @@ from miro.worker.fleet.batches import BatchRecord
 from . import batch_records
 from .batch_records import ApiBatch
 from .file_store import FileStore
-from .shapes import Batch, BatchErrors, RequestCounts
+from .shapes import Batch, BatchErrors, BatchUsage, InputTokensDetails, OutputTokensDetails, RequestCounts
 
-COMPLETION_WINDOW_S = 24 * 3600
+log = logging.getLogger("miro.serve")
+
 STAMPED = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
-ENDED = ("completed", "cancelled")  # runs whose results become files
+ENDED = ("completed", "cancelled", "expired")  # runs whose results become files
 
 
 def _int(value: float | None) -> int | None:
@@ -31,25 +37,37 @@ def _run_end(record: BatchRecord) -> str | None:
     return None if ended is None else f"{ended:.3f}"
 
 
+def usage(record: BatchRecord) -> BatchUsage:
+    """OpenAI's usage from the record's token sums (counted once per custom id with the requests)."""
+    return BatchUsage(input_tokens=record.prompt_tokens,
+                      input_tokens_details=InputTokensDetails(cached_tokens=record.cached_tokens),
+                      output_tokens=record.completion_tokens, output_tokens_details=OutputTokensDetails(),
+                      total_tokens=record.prompt_tokens + record.completion_tokens)
+
+
 def batch_object(record: BatchRecord, api: ApiBatch) -> Batch:
     """OpenAI's Batch from miro's batch record (batches.get_batch) and the API's own fields."""
     status = record.status
     stamps = {f"{stamped}_at": _int(record.at(stamped)) for stamped in STAMPED}
+    if status == "expiring":  # OpenAI's Batch has no such status: the batch is stopping to prepare its results
+        status, stamps["finalizing_at"] = "finalizing", _int(record.at("expiring"))
     run_end = _run_end(record)
     if run_end is not None and api.files_for != run_end:
         # the run has ended but its files are not written yet: a client that waits for "completed" and then
         # reads output_file_id must not see it before it exists
         stamps[f"{status}_at"] = None
-        status = "finalizing" if status == "completed" else "cancelling"
+        status = "cancelling" if status == "cancelled" else "finalizing"
     return Batch(
         id=record.id, endpoint=api.endpoint, input_file_id=api.input_file_id,
         completion_window=api.completion_window, status=status,
         errors=BatchErrors(data=api.errors) if api.errors else None,
         output_file_id=api.output_file_id, error_file_id=api.error_file_id,
-        created_at=int(record.created_at), expires_at=int(record.created_at) + COMPLETION_WINDOW_S,
+        created_at=int(record.created_at), expires_at=_int(record.expires_at),
         **stamps,
-        request_counts=RequestCounts(total=record.total, completed=record.completed, failed=record.failed),
-        model=record.model or None, metadata=api.metadata,
+        # requests an expired batch never ran are in its error file, so OpenAI counts them failed
+        request_counts=RequestCounts(total=record.total, completed=record.completed,
+                                     failed=record.failed + record.expired),
+        usage=usage(record), model=record.model or None, metadata=api.metadata,
     )
 
 
@@ -57,21 +75,30 @@ def with_result_files(conn: redis.Redis, store: FileStore, record: BatchRecord, 
     """`api` with the output and error files of the batch's last run, written now if it has just ended.
 
     Concurrent callers race for one claim per run; the others answer without the files, and batch_object shows
-    the batch as still finalizing (or cancelling) until they exist.
+    the batch as still finalizing (or cancelling) until they exist. A batch made without the API whose part files
+    the server cannot read gets no files (its results stay where its workers wrote them).
     """
     run_end = _run_end(record)
     if run_end is None or api.files_for == run_end or not batch_records.claim_files(conn, record.id, run_end):
         return api
     try:
-        output_id, error_id = _write_files(store, conn, record.id)
+        output_id, error_id = _write_files(store, conn, record.id, api.output_expires_after_s)
+    except OSError as err:
+        if api.input_file_id:  # the server's own batch: its storage failed, and the next request tries again
+            batch_records.release_claim(conn, record.id, run_end)
+            raise
+        log.warning("batch %s: its part files at %s cannot be read here (%s); it gets no output file",
+                    record.id, record.output, err)
+        output_id = error_id = None
     except BaseException:
         batch_records.release_claim(conn, record.id, run_end)
         raise
     batch_records.set_files(conn, record.id, run_end, output_id, error_id)
-    return batch_records.load(conn, record.id)
+    return batch_records.of(conn, record)
 
 
-def _write_files(store: FileStore, conn: redis.Redis, batch_id: str) -> tuple[str | None, str | None]:
+def _write_files(store: FileStore, conn: redis.Redis, batch_id: str,
+                 expires_after_s: int | None) -> tuple[str | None, str | None]:
     """(output file id, error file id); None for a file that would be empty, as OpenAI leaves it."""
     table, _ = results.collect(conn, batch_id)
     lines = list(results.openai_lines(table))
@@ -81,6 +108,6 @@ def _write_files(store: FileStore, conn: redis.Redis, batch_id: str) -> tuple[st
         if not chosen:
             return None
         encoded = (json.dumps(line, ensure_ascii=False).encode() + b"\n" for line in chosen)
-        return store.write_lines(encoded, f"{batch_id}_{name}.jsonl", "batch_output").id
+        return store.write_lines(encoded, f"{batch_id}_{name}.jsonl", "batch_output", expires_after_s).id
 
     return file_of(False, "output"), file_of(True, "error")

@@ -1,4 +1,6 @@
-"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}, with the HTTP status to send."""
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code", "request_id"}}, with the HTTP status to
+send. `request_id` is the request's `x-request-id` (request_ids.py), which the openai SDK reads into
+APIError.request_id; in the body too, so a logged error body names the request."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ class ApiError(Exception):
     code: str | None = None
     param: str | None = None
 
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status)
+    def response(self, request_id: str | None = None) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
+                          "request_id": request_id}}
+        return JSONResponse(body, status_code=self.status, headers={"x-request-id": request_id} if request_id else None)
 
 
 def not_found(kind: str, object_id: str) -> ApiError:

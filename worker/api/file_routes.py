@@ -6,7 +6,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from . import upload
+from . import file_expiry, upload
 from .errors import ApiError, bad_request
 from .file_store import FileRecord
 from .shapes import FileDeleted, FileObject, Page
@@ -18,7 +18,7 @@ PURPOSES = ("batch",)  # what may be uploaded; the server itself makes files of 
 
 def _object(record: FileRecord) -> FileObject:
     return FileObject(id=record.id, bytes=record.bytes, created_at=record.created_at, filename=record.filename,
-                      purpose=record.purpose, status=record.status)
+                      purpose=record.purpose, status=record.status, expires_at=record.expires_at)
 
 
 @router.post("/v1/files")
@@ -26,11 +26,15 @@ async def create_file(request: Request) -> FileObject:
     store = request.app.state.miro.store
     received = await upload.receive(request, store)
     purpose = received.fields.get("purpose")
-    if purpose not in PURPOSES:
+    try:
+        if purpose not in PURPOSES:
+            raise bad_request(f"miro takes files of purpose 'batch', not {purpose!r}.", param="purpose")
+        expires_after_s = file_expiry.from_form(received.fields)
+    except ApiError:
         await to_thread.run_sync(store.delete_bytes, received.file_id)
-        raise bad_request(f"miro takes files of purpose 'batch', not {purpose!r}.", param="purpose")
+        raise
     record = await to_thread.run_sync(store.add, received.file_id, received.size, received.filename or "upload.jsonl",
-                                      purpose)
+                                      purpose, expires_after_s)
     return _object(record)
 
 

@@ -3,6 +3,11 @@ pyarrow filesystems), records in Redis (`miro:file:{id}` hashes, the `miro:files
 
 A file's bytes live at `{storage}/files/{id}`, written under a temporary name and moved into place once whole;
 batch part files go under `{storage}/batches/` (submit's output). Nothing here holds a whole file in memory.
+
+A file given an expiry (`expires_after` on upload, a batch's `output_expires_after` for its result files) is
+scored by its expires_at in `miro:file-deadlines`. Once past it the file is gone: whoever next reads it through
+the store (get, records) deletes its record and its bytes and answers 404, and `miro serve`'s background loop
+deletes the rest every second (sweep_expired), so the bytes leave storage even if nobody asks.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ class FileRecord:
     filename: str
     purpose: str
     status: str = "processed"
+    expires_at: int | None = None  # epoch seconds; None: kept until deleted
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
 
 
 class FileWriter:
@@ -86,16 +95,22 @@ class FileStore:
         file_id = "file-" + secrets.token_hex(12)
         return file_id, FileWriter(self.filesystem, self.path(file_id))
 
-    def add(self, file_id: str, size: int, filename: str, purpose: str) -> FileRecord:
-        """Record a file whose bytes are in place."""
-        record = FileRecord(id=file_id, bytes=size, created_at=int(time.time()), filename=filename, purpose=purpose)
+    def add(self, file_id: str, size: int, filename: str, purpose: str,
+            expires_after_s: int | None = None) -> FileRecord:
+        """Record a file whose bytes are in place; with `expires_after_s` it expires that long after now."""
+        created = int(time.time())
+        record = FileRecord(id=file_id, bytes=size, created_at=created, filename=filename, purpose=purpose,
+                            expires_at=None if expires_after_s is None else created + expires_after_s)
         pipe = self.conn.pipeline(transaction=True)
-        pipe.hset(keys.file(file_id), mapping=asdict(record))
+        pipe.hset(keys.file(file_id), mapping={k: v for k, v in asdict(record).items() if v is not None})
         pipe.zadd(keys.files(), {file_id: time.time()})
+        if record.expires_at is not None:
+            pipe.zadd(keys.file_deadlines(), {file_id: record.expires_at})
         pipe.execute()
         return record
 
-    def write_lines(self, lines: Iterator[bytes], filename: str, purpose: str) -> FileRecord:
+    def write_lines(self, lines: Iterator[bytes], filename: str, purpose: str,
+                    expires_after_s: int | None = None) -> FileRecord:
         file_id, writer = self.new_writer()
         try:
             for line in lines:
@@ -104,20 +119,37 @@ class FileStore:
             writer.abort()
             raise
         writer.commit()
-        return self.add(file_id, writer.size, filename, purpose)
+        return self.add(file_id, writer.size, filename, purpose, expires_after_s)
 
     def get(self, file_id: str) -> FileRecord:
+        """The file's record; 404 in OpenAI's shape if there is none or it has expired (then it is deleted)."""
         raw = self.conn.hgetall(keys.file(file_id))
-        if not raw:
+        record = _record(raw) if raw else None
+        if record is not None and record.expired(time.time()):
+            self.remove(file_id)
+            record = None
+        if record is None:
             raise not_found("file", file_id)
-        return _record(raw)
+        return record
 
     def records(self, file_ids: list[str]) -> list[FileRecord]:
-        """The records of those ids that still exist, in order."""
+        """The records of those ids that still exist and have not expired, in order (the expired ones are deleted)."""
         pipe = self.conn.pipeline(transaction=False)
         for file_id in file_ids:
             pipe.hgetall(keys.file(file_id))
-        return [_record(raw) for raw in pipe.execute() if raw]
+        found, now = [_record(raw) for raw in pipe.execute() if raw], time.time()
+        for record in found:
+            if record.expired(now):
+                self.remove(record.id)
+        return [record for record in found if not record.expired(now)]
+
+    def sweep_expired(self, now: float | None = None) -> int:
+        """Delete every file past its expires_at, record and bytes; returns how many."""
+        now = time.time() if now is None else now
+        due = [i.decode() for i in self.conn.zrangebyscore(keys.file_deadlines(), "-inf", now)]
+        for file_id in due:
+            self.remove(file_id)
+        return len(due)
 
     def ids(self, newest_first: bool) -> list[str]:
         ids = self.conn.zrevrange(keys.files(), 0, -1) if newest_first else self.conn.zrange(keys.files(), 0, -1)
@@ -125,9 +157,14 @@ class FileStore:
 
     def delete(self, file_id: str) -> None:
         self.get(file_id)
+        self.remove(file_id)
+
+    def remove(self, file_id: str) -> None:
+        """The file's record, then its bytes (a record never names bytes that are gone)."""
         pipe = self.conn.pipeline(transaction=True)
         pipe.delete(keys.file(file_id))
         pipe.zrem(keys.files(), file_id)
+        pipe.zrem(keys.file_deadlines(), file_id)
         pipe.execute()
         self.delete_bytes(file_id)
 
@@ -164,5 +201,7 @@ class FileStore:
 
 def _record(raw: dict[bytes, bytes]) -> FileRecord:
     fields = {k.decode(): v.decode() for k, v in raw.items()}
+    expires_at = fields.get("expires_at")
     return FileRecord(id=fields["id"], bytes=int(fields["bytes"]), created_at=int(fields["created_at"]),
-                      filename=fields["filename"], purpose=fields["purpose"], status=fields["status"])
+                      filename=fields["filename"], purpose=fields["purpose"], status=fields["status"],
+                      expires_at=int(expires_at) if expires_at else None)

@@ -49,6 +49,22 @@ class RequestCounts(BaseModel):
     failed: int
 
 
+class InputTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens served from the prefix cache
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0  # miro's models do not reason apart from their output
+
+
+class BatchUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
 class Batch(BaseModel):
     id: str
     object: Literal["batch"] = "batch"
@@ -69,6 +85,7 @@ class Batch(BaseModel):
     cancelling_at: int | None = None
     cancelled_at: int | None = None
     request_counts: RequestCounts
+    usage: BatchUsage | None = None
     model: str | None = None
     metadata: dict[str, str] | None = None
 
@@ -85,9 +102,16 @@ class Page(BaseModel, Generic[Item]):
     has_more: bool
 
 
+class ExpiresAfter(BaseModel):
+    """When a file expires: `seconds` after its creation (OpenAI's only anchor)."""
+    anchor: str
+    seconds: int
+
+
 class BatchCreate(BaseModel):
     """POST /v1/batches."""
     input_file_id: str
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    output_expires_after: ExpiresAfter | None = None  # of the output and error files

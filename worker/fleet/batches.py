@@ -319,9 +319,13 @@ def statuses(conn: redis.Redis, batch_ids: list[str]) -> dict[str, str]:
 
 def list_batches(conn: redis.Redis) -> list[BatchRecord]:
     """Every batch record, newest first."""
-    ids = [b.decode() for b in conn.zrevrange(keys.batches(), 0, -1)]
+    return records(conn, [b.decode() for b in conn.zrevrange(keys.batches(), 0, -1)])
+
+
+def records(conn: redis.Redis, batch_ids: list[str]) -> list[BatchRecord]:
+    """The records of those batches that exist, in the order given, in one round trip."""
     pipe = conn.pipeline(transaction=False)
-    for batch_id in ids:
+    for batch_id in batch_ids:
         pipe.hgetall(BatchRecord.key(batch_id))
     return [BatchRecord.from_hash(raw) for raw in pipe.execute() if raw]
 

@@ -94,11 +94,8 @@ def file_deadlines() -> str:
 
 
 def api_batch(batch_id: str) -> str:
-    """Hash: what the OpenAI Batch API adds to a batch made through `miro serve` (input file id, endpoint,
-    completion window, metadata, validation errors, output and error file ids)."""
+    """Hash: what the OpenAI Batch API adds to a batch (for one made through `miro serve`: input file id, endpoint,
+    completion window, metadata, validation errors, result-file expiry; for any batch: its output and error file
+    ids, once the server has written them)."""
     return f"{PREFIX}:api-batch:{batch_id}"
 
-
-def api_batches() -> str:
-    """Sorted set: the ids of batches made through `miro serve`, scored by creation time (epoch seconds)."""
-    return f"{PREFIX}:api-batches"
