@@ -96,7 +96,7 @@ def test_status_json_and_tables_while_a_batch_is_in_progress(held_batch, redis_u
     [row] = shown["workers"]
     assert row["name"] == worker.name and row["state"] == "busy" and batch_id in row["batches"]
     queue = batch["queue"]  # a worker listens to each of its queues at every priority, most urgent first
-    assert row["queues"] == [f"{queue}:high", queue, f"{queue}:low"] and row["in_flight"] > 0
+    assert row["queues"] == [f"{queue}/high", queue, f"{queue}/low"] and row["in_flight"] > 0
     assert row["queued"] == TOTAL - batch["done"] - row["in_flight"]
     assert 0 < row["kv_blocks_used"] <= row["kv_blocks_total"]
     assert row["kv_usage"] == pytest.approx(row["kv_blocks_used"] / row["kv_blocks_total"])

@@ -22,7 +22,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp
 
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, keys, rq_private, scripts
+from miro.worker.fleet import batches, keys, routing, rq_private, scripts
 from miro.worker.fleet.submit import ABANDONED_RETRIES
 
 CHUNK = 1000
@@ -122,8 +122,9 @@ def retry(conn: redis.Redis, batch_id: str) -> RetryResult:
     if not failed:
         return result
     batches.set_status(conn, batch_id, "in_progress")
+    registry = FailedJobRegistry(queue=_queue(conn, batch))  # where they failed, under the queue recorded then
+    batch.queue = routing.upgrade_recorded_queue(conn, batch_id, batch.queue, batch.priority)
     queue = _queue(conn, batch)
-    registry = FailedJobRegistry(queue=queue)
     for start in range(0, len(failed), CHUNK):
         result.enqueued += _requeue(conn, queue, registry, batch_id, failed[start:start + CHUNK])
     return result

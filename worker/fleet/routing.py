@@ -3,10 +3,13 @@
 A batch runs on one model, and its jobs go to that model's queue, `miro:{model name}`; a worker listens to
 the queues of the names it serves (its model's name and any `--served-model-name`), so in a fleet with
 several models no request lands on the wrong one. A batch's priority picks one of three queues per name:
-`miro:{model}:high`, `miro:{model}` (normal) and `miro:{model}:low`; a worker listens to every high queue
-first, then the normal ones, then the low ones, and RQ takes from the first queue with a job. A model's name is its alias (`smollm2-135m`) or, for a
-path, the file's name without `.gguf` (`./models/tiny.gguf` -> `tiny`), so workers on machines that keep the
-file in different folders still agree.
+`miro:{model}/high`, `miro:{model}` (normal) and `miro:{model}/low`; a worker listens to every high queue
+first, then the normal ones, then the low ones, and RQ takes from the first queue with a job. A model's name
+is its alias (`smollm2-135m`) or, for a path, the file's name without `.gguf` (`./models/tiny.gguf` -> `tiny`),
+so workers on machines that keep the file in different folders still agree. A model's name never holds a "/"
+(it is a file's name), so no model, not even one named `high` or `x:low`, has a normal queue that reads as
+another's priority queue. Queues of earlier versions were `miro:{model}:high` and `:low`: a worker moves their
+jobs to the new names when it starts (migrate_legacy_queues), and retry and --resume use the new names.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from miro.core.defaults import PRIORITIES
 from miro.core.errors import MiroError
 from miro.core.registry import ALIASES, DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
 
-from . import keys
+from . import keys, scripts
 
 QUEUE_PREFIX = "miro:"
+PRIORITY_SEPARATOR = "/"  # between a queue and its priority: a character no model name holds
+LEGACY_SEPARATOR = ":"  # before PRIORITY_SEPARATOR: a model named "high" collided with priority queues
 
 
 def default_model(task: str) -> str:
@@ -48,13 +53,51 @@ def check_priority(priority: str) -> str:
 
 
 def priority_queue(queue: str, priority: str) -> str:
-    """The queue a batch of `priority` goes to: `queue` itself for normal, `queue:high` or `queue:low` otherwise."""
-    return queue if priority == "normal" else f"{queue}:{priority}"
+    """The queue a batch of `priority` goes to: `queue` itself for normal, `queue/high` or `queue/low` otherwise."""
+    return queue if priority == "normal" else f"{queue}{PRIORITY_SEPARATOR}{priority}"
 
 
 def queue_priority(queue: str) -> str:
     """The priority a queue's jobs have, from its name."""
-    return next((p for p in PRIORITIES if p != "normal" and queue.endswith(f":{p}")), "normal")
+    return next((p for p in PRIORITIES if p != "normal" and queue.endswith(f"{PRIORITY_SEPARATOR}{p}")), "normal")
+
+
+def upgraded_queue(queue: str, priority: str) -> str:
+    """A batch's recorded queue under today's names: an earlier version's `Q:high` of a high batch is `Q/high`."""
+    legacy = f"{LEGACY_SEPARATOR}{priority}"
+    if priority != "normal" and queue.endswith(legacy):
+        return priority_queue(queue[: -len(legacy)], priority)
+    return queue
+
+
+def upgrade_recorded_queue(conn: redis.Redis, batch_id: str, queue: str, priority: str) -> str:
+    """The queue of a batch about to get jobs again (retry, --resume) under today's names, recorded so."""
+    upgraded = upgraded_queue(queue, priority)
+    if upgraded != queue:
+        conn.hset(keys.batch(batch_id), "queue", upgraded)
+    return upgraded
+
+
+def migrate_legacy_queues(conn: redis.Redis, queues: list[str]) -> int:
+    """Move the jobs an earlier version queued on `Q:high` / `Q:low` for each normal queue Q given onto `Q/high` /
+    `Q/low` (only those whose batch records that queue and priority: a model named `Q:high` keeps its own), and
+    update their batch records; returns how many jobs moved."""
+    from rq import Queue
+    from rq.job import Job
+
+    moved = 0
+    for queue in queues:
+        if queue_priority(queue) != "normal":
+            continue
+        for priority in PRIORITIES:
+            if priority == "normal":
+                continue
+            legacy, new = f"{queue}{LEGACY_SEPARATOR}{priority}", priority_queue(queue, priority)
+            old_key, new_key = Queue(legacy, connection=conn).key, Queue(new, connection=conn).key
+            if conn.exists(old_key):
+                moved += int(scripts.MIGRATE_QUEUE(conn, [old_key, new_key, Queue.redis_queues_keys],
+                                                   [legacy, new, priority, keys.batch(""), Job.redis_job_namespace_prefix]))
+    return moved
 
 
 def engine_priority(priority: str) -> int:

@@ -129,6 +129,42 @@ end
 return nil
 """)
 
+# KEYS: an earlier version's priority queue list (`Q:high`), today's (`Q/high`), the rq:queues set; ARGV: the two
+# queue names, the priority, the batch key prefix, the job key prefix. Moves the jobs whose batch records the old queue
+# and that priority onto the new queue (in order; the others keep theirs), with it as their origin (where RQ puts an
+# abandoned job back), and records the new queue in those batches; returns how many.
+MIGRATE_QUEUE = Lua("""
+local ids = redis.call('LRANGE', KEYS[1], 0, -1)
+local keep, moved, batches = {}, {}, {}
+for _, id in ipairs(ids) do
+  local batch_id = string.match(id, '^(batch_%x+)%-')
+  local ours = false
+  if batch_id then
+    local b = redis.call('HMGET', ARGV[4] .. batch_id, 'queue', 'priority')
+    ours = b[1] == ARGV[1] and b[2] == ARGV[3]
+  end
+  if ours then
+    moved[#moved + 1] = id
+    batches[batch_id] = true
+    redis.call('HSET', ARGV[5] .. id, 'origin', ARGV[2])
+  else
+    keep[#keep + 1] = id
+  end
+end
+if #moved > 0 then
+  redis.call('DEL', KEYS[1])
+  for i = 1, #keep, 1000 do
+    redis.call('RPUSH', KEYS[1], unpack(keep, i, math.min(i + 999, #keep)))
+  end
+  for i = 1, #moved, 1000 do
+    redis.call('RPUSH', KEYS[2], unpack(moved, i, math.min(i + 999, #moved)))
+  end
+  redis.call('SADD', KEYS[3], KEYS[2])
+  for batch_id in pairs(batches) do redis.call('HSET', ARGV[4] .. batch_id, 'queue', ARGV[2]) end
+end
+return #moved
+""")
+
 # KEYS: queue list, the batch's cancel-pending list; ARGV: job id prefix of the batch. Takes the batch's jobs
 # off the queue (the rest keep their order) onto the pending list, atomically; returns how many.
 TAKE_OFF_QUEUE = Lua("""

@@ -291,6 +291,7 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
         if batch.status in ("cancelling", "expiring"):
             raise MiroError(f"Batch {resume} is {batch.status}; resume it once it is "
                             f"{'cancelled' if batch.status == 'cancelling' else 'expired'}.")
+        batch.queue = routing.upgrade_recorded_queue(conn, batch.id, batch.queue, batch.priority)
         queue = routing.priority_queue(queue_name, batch.priority) if queue_name is not None else None
         for option, value, recorded in (("queue", queue, batch.queue), ("model", model, batch.model),
                                         ("priority", priority, batch.priority)):

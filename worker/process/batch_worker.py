@@ -137,6 +137,9 @@ class BatchWorker(BaseWorker):
                       f"{self.engine.kv_cache_tokens:,}", self.engine.kv_cache_dtype)
         self.bootstrap(logging_level or "INFO")
         routing.register_served_names(self.connection, self.served_names[1:], self.model)
+        moved = routing.migrate_legacy_queues(self.connection, [q.name for q in self.queues])
+        if moved:
+            self.log.info("Worker %s: moved %s jobs from the priority queues of an earlier version", self.name, moved)
         self.install_stop_handlers()
         self._heartbeats = HeartbeatThread(self)
         self._heartbeats.start()
