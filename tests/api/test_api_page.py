@@ -1,6 +1,6 @@
 """The live page at / in a real headless Chromium (Debian's chromium and chromedriver, driven by selenium): a
 batch's progress moves on the page without a reload, the worker's KV cache shows, and the finished batch offers
-its downloads. A screenshot taken mid-batch is kept under tests/artifacts/. With API keys the page asks for one
+its downloads and a link to its own page (test_api_batch_page.py). A screenshot taken mid-batch is kept under tests/artifacts/. With API keys the page asks for one
 and sends it."""
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def test_the_live_page_follows_a_batch(fleet, browser):
 
     def links() -> list[tuple[str, str]]:
         return [tuple(pair) for pair in browser.execute_script(
-            "return [...document.querySelectorAll(arguments[0] + ' a')].map(a => [a.textContent, a.href]);", row)]
+            "return [...document.querySelectorAll(arguments[0] + ' td:last-child a')].map(a => [a.textContent, a.href]);",
+            row)]
 
     seen = []
     screenshot = ARTIFACTS / "live-page.png"
@@ -84,6 +85,8 @@ def test_the_live_page_follows_a_batch(fleet, browser):
     output_file_id = client.batches.retrieve(batch.id).output_file_id
     assert wait_for(lambda: [text for text, _ in links()] == ["parquet", "output"], timeout_s=10), links()
     assert links()[1][1] == f"{fleet.server.url}/v1/files/{output_file_id}/content"
+    batch_link = browser.execute_script("return document.querySelector(arguments[0] + ' td a').href", row)
+    assert batch_link == f"{fleet.server.url}/batches/{batch.id}"  # the batch's own page
 
 
 def test_with_api_keys_the_page_asks_for_one_and_uses_it(serve, redis_url, browser):

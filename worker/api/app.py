@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 
 from miro.worker.fleet import batches
 
-from . import batch_routes, file_routes, fleet_routes, page, request_ids
+from . import batch_routes, chart_routes, file_routes, fleet_routes, page, request_ids
 from .background import Background
 from .errors import ApiError
 from .file_store import FileStore
@@ -88,5 +88,6 @@ def create_app(config: ServerConfig, conn: redis.Redis | None = None) -> FastAPI
     app.include_router(file_routes.router, dependencies=secured)
     app.include_router(batch_routes.router, dependencies=secured)
     app.include_router(fleet_routes.router, dependencies=secured)
+    app.include_router(chart_routes.router, dependencies=secured)
     app.include_router(page.router)
     return app

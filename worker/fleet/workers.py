@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from miro.core.stats import EngineStats
-from miro.worker.fleet import hashes, keys
+from miro.worker.fleet import hashes, keys, series
 
 REFRESH_S = 1.0  # how often a worker rewrites its hash
 TTL_S = 5  # how long the hash outlives the worker's last refresh
@@ -79,12 +79,17 @@ class WorkerRecord:
         return self.stats.tokens_per_s
 
 
+_series_writers: dict[str, series.SeriesWriter] = {}  # by worker name: the step each last appended a point for
+
+
 def publish(conn: redis.Redis, record: WorkerRecord, ttl_s: int = TTL_S) -> None:
-    """Write the worker's hash and give it `ttl_s` to live."""
+    """Write the worker's hash and give it `ttl_s` to live; once a step (series.py), append its points for the
+    page's charts."""
     with conn.pipeline(transaction=True) as pipe:
         pipe.hset(record.key(record.name), mapping=record.to_hash())
         pipe.expire(record.key(record.name), ttl_s)
         pipe.execute()
+    _series_writers.setdefault(record.name, series.SeriesWriter()).append(conn, record)
 
 
 def remove(conn: redis.Redis, name: str) -> None:
