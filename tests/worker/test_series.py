@@ -15,6 +15,13 @@ from miro.worker.fleet.series import BatchPoint, SeriesWriter
 T0 = 1_800_000_000.0  # a step boundary (a multiple of 5 s)
 
 
+class Writer(SeriesWriter):
+    """A SeriesWriter fed worker records, as workers.publish feeds it."""
+
+    def add(self, conn, record: workers.WorkerRecord) -> bool:
+        return self.append(conn, record.name, workers.series_point(record), record.batches)
+
+
 def worker(name, t, *, tokens_per_s=0.0, done=0, kv=0.0, batches=()):
     return workers.WorkerRecord(name=name, model="m", updated_at=t, batches=list(batches), jobs_done=done,
                                 stats=EngineStats(kv_usage=kv, generation_tokens_per_s=tokens_per_s, running=2))
@@ -33,12 +40,12 @@ def conn(redis_url):
 
 
 def test_a_worker_appends_one_point_per_step_and_its_batches_counters(conn):
-    writer = SeriesWriter()
+    writer = Writer()
     batch(conn, completed=3, tokens=30)
-    assert writer.append(conn, worker("w1", T0 + 0.2, tokens_per_s=50, done=3, kv=0.25, batches=["batch_s"]))
-    assert not writer.append(conn, worker("w1", T0 + 1.2, tokens_per_s=99, done=4))  # the same step: nothing
+    assert writer.add(conn, worker("w1", T0 + 0.2, tokens_per_s=50, done=3, kv=0.25, batches=["batch_s"]))
+    assert not writer.add(conn, worker("w1", T0 + 1.2, tokens_per_s=99, done=4))  # the same step: nothing
     batch(conn, completed=8, tokens=80)
-    assert writer.append(conn, worker("w1", T0 + 5.1, tokens_per_s=60, done=8, kv=0.5, batches=["batch_s"]))
+    assert writer.add(conn, worker("w1", T0 + 5.1, tokens_per_s=60, done=8, kv=0.5, batches=["batch_s"]))
     [points] = series.worker_series(conn, T0 - 1).values()
     assert [(p.t, p.tokens_per_s, p.requests, p.kv_usage, p.running) for p in points] == [
         (T0 + 0.2, 50.0, 3, 0.25, 2), (T0 + 5.1, 60.0, 8, 0.5, 2)]
@@ -50,27 +57,27 @@ def test_a_worker_appends_one_point_per_step_and_its_batches_counters(conn):
 
 def test_two_workers_on_one_batch_leave_one_point_per_step(conn):
     batch(conn, completed=1, tokens=10)
-    first, second = SeriesWriter(), SeriesWriter()
-    first.append(conn, worker("w1", T0 + 0.5, batches=["batch_s"]))
-    second.append(conn, worker("w2", T0 + 0.9, batches=["batch_s"]))  # same step: Redis refuses its point
+    first, second = Writer(), Writer()
+    first.add(conn, worker("w1", T0 + 0.5, batches=["batch_s"]))
+    second.add(conn, worker("w2", T0 + 0.9, batches=["batch_s"]))  # same step: Redis refuses its point
     assert conn.xlen(keys.batch_series("batch_s")) == 1
     assert sorted(series.worker_series(conn, T0 - 1)) == ["w1", "w2"]
 
 
 def test_a_stream_is_capped(conn):
-    writer = SeriesWriter(max_points=10)
+    writer = Writer(max_points=10)
     for i in range(40):
-        writer.append(conn, worker("w1", T0 + 5 * i))
+        writer.add(conn, worker("w1", T0 + 5 * i))
     entries = conn.xrange(keys.worker_series("w1"))
     assert len(entries) == 10 and entries[0][0] == f"{int(T0 + 150) * 1000}-0".encode()  # the newest ten
 
 
 def test_batch_rates_span_the_window_and_end_at_the_batch_now(conn):
     record = batch(conn, completed=0, tokens=0, started=T0)
-    writer = SeriesWriter()
+    writer = Writer()
     for i in range(1, 13):  # a request and 10 tokens a second, counted every 5 s
         batch(conn, completed=5 * i, tokens=50 * i, started=T0)
-        writer.append(conn, worker("w1", T0 + 5 * i + 0.1, batches=["batch_s"]))
+        writer.add(conn, worker("w1", T0 + 5 * i + 0.1, batches=["batch_s"]))
     record = batch(conn, completed=62, tokens=620, started=T0)
     points = series.batch_points(conn, record, now=T0 + 62)
     assert (points[0].t, points[0].finished, points[-1].t, points[-1].finished) == (T0, 0, T0 + 62, 62)
@@ -85,9 +92,9 @@ def test_batch_rates_span_the_window_and_end_at_the_batch_now(conn):
 
 def test_fleet_rates_sum_the_workers_step_by_step(conn):
     for name, per_s in (("w1", 2), ("w2", 3)):
-        writer = SeriesWriter()
+        writer = Writer()
         for i in range(4):
-            writer.append(conn, worker(name, T0 + 5 * i + 1, tokens_per_s=10.0 * per_s, done=5 * per_s * i))
+            writer.add(conn, worker(name, T0 + 5 * i + 1, tokens_per_s=10.0 * per_s, done=5 * per_s * i))
     fleet = series.fleet_rates(series.worker_series(conn, T0 - 1))
     assert [p.t for p in fleet] == [T0, T0 + 5, T0 + 10, T0 + 15]
     assert [p.tokens_per_s for p in fleet] == [50.0] * 4

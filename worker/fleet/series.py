@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import redis
 
@@ -27,9 +26,6 @@ from miro.core import defaults
 
 from . import hashes, keys
 from .batches import BatchRecord
-
-if TYPE_CHECKING:
-    from .workers import WorkerRecord
 
 
 @dataclass
@@ -68,30 +64,27 @@ def step_of(t: float, step_s: float = defaults.SERIES_STEP_S) -> int:
 
 
 class SeriesWriter:
-    """A worker's appends: a point per step at most, whatever how often it is asked."""
+    """A worker's appends: a point per step at most, however often it is asked."""
 
     def __init__(self, step_s: float = defaults.SERIES_STEP_S, max_points: int = defaults.SERIES_POINTS,
                  ttl_s: int = defaults.SERIES_TTL_S):
         self.step_s, self.max_points, self.ttl_s = step_s, max_points, ttl_s
         self.last_step: int | None = None
 
-    def append(self, conn: redis.Redis, record: WorkerRecord) -> bool:
-        """Append the worker's point and its batches' points if this step has none from it yet; True if it did."""
-        now = record.updated_at or time.time()
-        step = step_of(now, self.step_s)
+    def append(self, conn: redis.Redis, name: str, point: WorkerPoint, batch_ids: list[str]) -> bool:
+        """Append the worker's point, and a point of each batch it has requests of in flight, if this step has
+        none from it yet; True if it did."""
+        step = step_of(point.t, self.step_s)
         if step == self.last_step:
             return False
         self.last_step = step
-        counters = _batch_counters(conn, record.batches)
-        point = WorkerPoint(t=now, kv_usage=record.stats.kv_usage, running=record.stats.running,
-                            waiting=record.stats.waiting, tokens_per_s=record.tokens_per_s,
-                            requests=record.jobs_done + record.jobs_failed)
+        counters = _batch_counters(conn, batch_ids)
         pipe = conn.pipeline(transaction=False)
-        self._add(pipe, keys.worker_series(record.name), step, point)
-        pipe.zadd(keys.series_workers(), {record.name: now})
-        pipe.zremrangebyscore(keys.series_workers(), "-inf", now - self.ttl_s)
+        self._add(pipe, keys.worker_series(name), step, point)
+        pipe.zadd(keys.series_workers(), {name: point.t})
+        pipe.zremrangebyscore(keys.series_workers(), "-inf", point.t - self.ttl_s)
         for batch in counters:
-            self._add(pipe, keys.batch_series(batch.id), step, BatchPoint(t=now, finished=batch.finished,
+            self._add(pipe, keys.batch_series(batch.id), step, BatchPoint(t=point.t, finished=batch.finished,
                                                                           tokens=batch.tokens))
         pipe.execute(raise_on_error=False)  # a batch's step another worker took first is refused, as meant
         return True

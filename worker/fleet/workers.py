@@ -20,6 +20,7 @@ its last refresh; one that stops cleanly deletes it. Fields (all written as stri
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -89,7 +90,15 @@ def publish(conn: redis.Redis, record: WorkerRecord, ttl_s: int = TTL_S) -> None
         pipe.hset(record.key(record.name), mapping=record.to_hash())
         pipe.expire(record.key(record.name), ttl_s)
         pipe.execute()
-    _series_writers.setdefault(record.name, series.SeriesWriter()).append(conn, record)
+    writer = _series_writers.setdefault(record.name, series.SeriesWriter())
+    writer.append(conn, record.name, series_point(record), record.batches)
+
+
+def series_point(record: WorkerRecord) -> series.WorkerPoint:
+    """What the page's charts keep of the record (series.py)."""
+    return series.WorkerPoint(t=record.updated_at or time.time(), kv_usage=record.stats.kv_usage,
+                              running=record.stats.running, waiting=record.stats.waiting,
+                              tokens_per_s=record.tokens_per_s, requests=record.jobs_done + record.jobs_failed)
 
 
 def remove(conn: redis.Redis, name: str) -> None:
