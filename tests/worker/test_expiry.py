@@ -66,7 +66,7 @@ def test_a_batch_past_its_window_mid_run_keeps_what_finished_and_expires_the_res
     running.start()
     try:
         assert wait_for(lambda: worker.engine is not None, timeout_s=120, every_s=0.01)  # the model is loaded
-        lines = [request("s0", 2), request("s1", 2)] + [request(f"l{i}", 4000) for i in range(8)]
+        lines = [request("s0", 2), request("s1", 2)] + [request(f"l{i}", 4000) for i in range(12)]
         batch_id = submit(tmp_path, redis_url, model, lines, "3s")
         record = batches.get_batch(conn, batch_id)
         assert (record.completion_window, record.expires_at) == ("3s", pytest.approx(record.created_at + 3, abs=0.01))
@@ -80,7 +80,7 @@ def test_a_batch_past_its_window_mid_run_keeps_what_finished_and_expires_the_res
         running.join(timeout=60)
     record = batches.get_batch(conn, batch_id)
     assert record.status == "expired" and record.at("expired") >= record.expires_at
-    assert record.completed >= 2 and record.expired >= 4 and record.completed + record.expired == 10
+    assert record.completed >= 2 and record.expired >= 4 and record.completed + record.expired == 14
     assert record.failed == 0 and record.to_dict()["expired"] == record.expired
     assert Queue(queue_for(model), connection=conn, serializer=JSONSerializer).count == 0
     assert conn.zscore(keys.batch_deadlines(), batch_id) is None  # nothing left to expire
@@ -90,13 +90,13 @@ def test_a_batch_past_its_window_mid_run_keeps_what_finished_and_expires_the_res
     assert all(r["error"] is None and r["started_at"].timestamp() <= record.expires_at + 0.001 for r in rows)
 
     table, _ = results.collect(conn, batch_id)
-    assert table.num_rows == 10
+    assert table.num_rows == 14
     lines = list(results.openai_lines(table))
     finished = [line for line in lines if line["error"] is None]
     expired = [line for line in lines if line["error"] is not None]
     assert len(finished) == record.completed and len(expired) == record.expired
     assert {line["custom_id"] for line in finished} | {line["custom_id"] for line in expired} == {
-        line["id"] for line in [request("s0", 2), request("s1", 2)] + [request(f"l{i}", 1) for i in range(8)]}
+        line["id"] for line in [request("s0", 2), request("s1", 2)] + [request(f"l{i}", 1) for i in range(12)]}
     assert all(line["error"] == {"code": "batch_expired", "message": EXPIRED_ERROR} for line in expired)
     assert all(line["id"].startswith(f"batch_req_{batch_id}-") for line in expired)
 
