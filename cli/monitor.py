@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from miro.worker.fleet.workers import WorkerRecord
 
 STATUS_STYLE = {"completed": "green", "failed": "red", "cancelled": "dim", "cancelling": "magenta",
-                "in_progress": "cyan", "validating": "yellow", "finalizing": "cyan"}
+                "in_progress": "cyan", "validating": "yellow", "finalizing": "cyan", "expiring": "magenta",
+                "expired": "dim"}
 
 
 # -- formatting -----------------------------------------------------------------------------------
@@ -56,8 +57,10 @@ def progress(batch: BatchRecord) -> str:
 
 
 def failed_and_cancelled(batch: BatchRecord) -> str:
-    """'3 failed', or '3 failed, 40 cancelled': a cancelled batch's done count includes what never ran."""
-    return f"{batch.failed:,} failed" + (f", {batch.cancelled:,} cancelled" if batch.cancelled else "")
+    """'3 failed', or '3 failed, 40 cancelled' (or expired): a cancelled or expired batch's done count includes
+    what never ran."""
+    stopped = "expired" if batch.expired else "cancelled"
+    return f"{batch.failed:,} failed" + (f", {batch.cancelled:,} {stopped}" if batch.cancelled else "")
 
 
 def kv(worker: WorkerRecord) -> str:

@@ -50,8 +50,8 @@ class BatchProgress:
         view = monitor.batch_view(batches.get_batch(self.conn, self.batch_id),
                                   worker_records=workers.list_workers(self.conn))
         batch = view.batch
-        failed = "".join(f", {n:,} {what}" for n, what in ((batch.failed, "failed"), (batch.cancelled, "cancelled"))
-                         if n)
+        stopped = "expired" if batch.expired else "cancelled"  # an expired batch's cancelled requests expired
+        failed = "".join(f", {n:,} {what}" for n, what in ((batch.failed, "failed"), (batch.cancelled, stopped)) if n)
         if view.rate_source == "workers":
             speed = f"{rate(view.tokens_per_s)}{failed}, ETA {duration(view.eta_s)}"
         else:  # the worker has not reported yet (it is loading the model) or the batch is done
