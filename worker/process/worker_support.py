@@ -7,14 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING
 
 import redis
+from rq.worker.base import BaseWorker
 
 from miro.core import defaults
-
-if TYPE_CHECKING:
-    from .batch_worker import BatchWorker
 
 # RQ's own line for every job it dequeues and finishes: a worker running thousands of requests logs them at DEBUG
 PER_JOB_LOG_FORMATS = frozenset({
@@ -53,9 +50,10 @@ def engine_options_from_env() -> dict:
 
 class HeartbeatThread(threading.Thread):
     """Beats for the worker and every job it holds, every job_monitoring_interval (at most half the heartbeat
-    TTL), whatever the main loop is doing; a Redis error here is left for the main loop to report."""
+    TTL), whatever the main loop is doing; a Redis error here is left for the main loop to report. Its worker is a
+    BatchWorker (batch_worker.py), which has heartbeat_held_jobs."""
 
-    def __init__(self, worker: BatchWorker):
+    def __init__(self, worker: BaseWorker):
         super().__init__(name=f"{worker.name}-heartbeats", daemon=True)
         self.worker = worker
         self.interval_s = min(worker.job_monitoring_interval, worker.get_heartbeat_ttl(None) / 2)
