@@ -3,11 +3,13 @@ real Redis, through bytes and decoded connections, and read from hashes written 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 
 from miro.core.stats import EngineStats
-from miro.worker.fleet import batches, workers
+from miro.worker.fleet import batches, keys, workers
 from miro.worker.fleet.batches import BatchRecord
 from miro.worker.fleet.workers import WorkerRecord
 
@@ -53,3 +55,18 @@ def test_a_worker_record_from_before_the_model_fields_has_none_of_them(redis_url
     conn.hset(WorkerRecord.key("w0"), mapping={"name": "w0", "queues": "", "running": "1"})
     old = workers.get_worker(conn, "w0")
     assert (old.weight_format, old.cpu_tier, old.queues, old.stats.running) == (None, None, [], 1)
+
+
+def test_workers_are_found_by_their_index_and_a_dead_ones_name_goes(redis_url):
+    conn = redis.Redis.from_url(redis_url)
+    for i in range(3000):  # a large batch's job keys: nothing a reader of the workers walks through
+        conn.set(f"rq:job:batch_x-{i}", "x")
+    now = time.time()
+    workers.publish(conn, WorkerRecord(name="live", model="m", updated_at=now))
+    workers.publish(conn, WorkerRecord(name="stalled", model="m", updated_at=now - 10))
+    workers.publish(conn, WorkerRecord(name="dead", model="m", updated_at=now - 120))
+    conn.delete(WorkerRecord.key("stalled"), WorkerRecord.key("dead"))  # their hashes expired
+    assert [w.name for w in workers.list_workers(conn)] == ["live"]
+    assert conn.zrange(keys.workers(), 0, -1) == [b"stalled", b"live"]  # the long-gone name dropped
+    workers.remove(conn, "live")  # a worker that stops cleanly takes its name out too
+    assert conn.zrange(keys.workers(), 0, -1) == [b"stalled"]

@@ -45,6 +45,12 @@ def worker(name: str) -> str:
     return f"{PREFIX}:worker:{name}"
 
 
+def workers() -> str:
+    """Sorted set: the names of workers that published a hash, scored by their last refresh (epoch seconds), so
+    readers find the hashes without scanning the keyspace (workers.py)."""
+    return f"{PREFIX}:workers"
+
+
 def worker_series(name: str) -> str:
     """Stream: a worker's points for the page's charts (KV use, running, waiting, tokens/s, requests), one per
     SERIES_STEP_S, entry ids the step's start in ms; capped and with a TTL (series.py)."""

@@ -89,6 +89,7 @@ def publish(conn: redis.Redis, record: WorkerRecord, ttl_s: int = TTL_S) -> None
     with conn.pipeline(transaction=True) as pipe:
         pipe.hset(record.key(record.name), mapping=record.to_hash())
         pipe.expire(record.key(record.name), ttl_s)
+        pipe.zadd(keys.workers(), {record.name: record.updated_at or time.time()})
         pipe.execute()
     writer = _series_writers.setdefault(record.name, series.SeriesWriter())
     writer.append(conn, record.name, series_point(record), record.batches)
@@ -102,17 +103,28 @@ def series_point(record: WorkerRecord) -> series.WorkerPoint:
 
 
 def remove(conn: redis.Redis, name: str) -> None:
-    conn.delete(WorkerRecord.key(name))
+    with conn.pipeline(transaction=True) as pipe:
+        pipe.delete(WorkerRecord.key(name))
+        pipe.zrem(keys.workers(), name)
+        pipe.execute()
+
+
+FORGET_AFTER_S = 60  # a name in miro:workers whose hash is gone and that has not refreshed for this long is dropped
 
 
 def list_workers(conn: redis.Redis) -> list[WorkerRecord]:
-    """Every live worker's record, sorted by name."""
-    names = sorted(conn.scan_iter(match=WorkerRecord.key("*"), count=1000))
+    """Every live worker's record, sorted by name: the hashes of the names in miro:workers (a read of a few keys,
+    where a SCAN would walk every key of a large batch's jobs). A name whose hash has expired (its worker died)
+    is dropped once it is FORGET_AFTER_S old, so a worker stalled for a while (a long first step) comes back."""
+    named = conn.zrange(keys.workers(), 0, -1, withscores=True)
     pipe = conn.pipeline(transaction=False)
-    for key in names:
-        pipe.hgetall(key)
-    records = [WorkerRecord.from_hash(raw) for raw in pipe.execute() if raw]  # one may have expired since the scan
-    return sorted(records, key=lambda r: r.name)
+    for name, _ in named:
+        pipe.hgetall(WorkerRecord.key(name.decode() if isinstance(name, bytes) else name))
+    raws = pipe.execute()
+    gone = [name for (name, last), raw in zip(named, raws) if not raw and last < time.time() - FORGET_AFTER_S]
+    if gone:
+        conn.zrem(keys.workers(), *gone)
+    return sorted((WorkerRecord.from_hash(raw) for raw in raws if raw), key=lambda r: r.name)
 
 
 def get_worker(conn: redis.Redis, name: str) -> WorkerRecord | None:
