@@ -8,11 +8,12 @@ the Redis (`miro:batches`), newest first."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 import redis
 
-from miro.worker.fleet import keys
+from miro.worker.fleet import keys, scripts
 from miro.worker.fleet.batches import BatchRecord
 
 from .shapes import BatchError
@@ -75,10 +76,14 @@ def of(conn: redis.Redis, record: BatchRecord) -> ApiBatch:
                     metadata={"name": record.name[:512]} if record.name else None, **_files(_decoded(conn, record.id)))
 
 
+CLAIM_HOLDS_S = 600  # a writer that died (its server killed mid-write) leaves its claim to another after this
+
+
 def claim_files(conn: redis.Redis, batch_id: str, run_end: str) -> bool:
     """True for the one caller that is to write the output and error files of the run that ended at `run_end`
     (a batch retried after it completed ends again, and gets new files)."""
-    return bool(conn.hsetnx(keys.api_batch(batch_id), f"claim:{run_end}", "1"))
+    return bool(scripts.CLAIM(conn, [keys.api_batch(batch_id)], [f"claim:{run_end}", f"{time.time():.3f}",
+                                                                  CLAIM_HOLDS_S]))
 
 
 def release_claim(conn: redis.Redis, batch_id: str, run_end: str) -> None:

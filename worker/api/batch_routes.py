@@ -18,7 +18,7 @@ from miro.worker.fleet.submit import InvalidDataset, submit
 
 from . import batch_records, file_expiry
 from .batch_records import ApiBatch
-from .batch_shape import batch_object, with_result_files
+from .batch_shape import WAIT_FOR_WRITER_S, batch_object, with_result_files
 from .errors import ApiError, bad_request, not_found
 from .file_store import FileRecord
 from .shapes import ENDPOINTS, Batch, BatchCreate, BatchError, Page
@@ -103,7 +103,7 @@ def _batch(state: ServerState, record: batches.BatchRecord, write_files: bool = 
     (the background loop does it too, so a list leaves that to it)."""
     api = batch_records.of(state.conn, record)
     if write_files:
-        api = with_result_files(state.conn, state.store, record, api)
+        api = with_result_files(state.conn, state.store, record, api, wait_s=WAIT_FOR_WRITER_S)
     return batch_object(record, api)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import redis
 
@@ -23,6 +24,7 @@ from .shapes import Batch, BatchErrors, BatchUsage, InputTokensDetails, OutputTo
 
 log = logging.getLogger("miro.serve")
 
+WAIT_FOR_WRITER_S = 5.0  # how long a retrieve waits for the files another writer is writing, to answer with them
 STAMPED = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
 ENDED = ("completed", "cancelled", "expired")  # runs whose results become files
 
@@ -71,16 +73,19 @@ def batch_object(record: BatchRecord, api: ApiBatch) -> Batch:
     )
 
 
-def with_result_files(conn: redis.Redis, store: FileStore, record: BatchRecord, api: ApiBatch) -> ApiBatch:
+def with_result_files(conn: redis.Redis, store: FileStore, record: BatchRecord, api: ApiBatch,
+                      wait_s: float = 0.0) -> ApiBatch:
     """`api` with the output and error files of the batch's last run, written now if it has just ended.
 
-    Concurrent callers race for one claim per run; the others answer without the files, and batch_object shows
-    the batch as still finalizing (or cancelling) until they exist. A batch made without the API whose part files
+    Concurrent callers race for one claim per run; the others wait up to `wait_s` for the winner's files, then
+    answer without them, and batch_object shows the batch as still finalizing (or cancelling) until they exist. A batch made without the API whose part files
     the server cannot read gets no files (its results stay where its workers wrote them).
     """
     run_end = _run_end(record)
-    if run_end is None or api.files_for == run_end or not batch_records.claim_files(conn, record.id, run_end):
+    if run_end is None or api.files_for == run_end:
         return api
+    if not batch_records.claim_files(conn, record.id, run_end):
+        return _written_by_another(conn, record, run_end, wait_s) or api
     try:
         output_id, error_id = _write_files(store, conn, record.id, api.output_expires_after_s)
     except OSError as err:
@@ -95,6 +100,17 @@ def with_result_files(conn: redis.Redis, store: FileStore, record: BatchRecord, 
         raise
     batch_records.set_files(conn, record.id, run_end, output_id, error_id)
     return batch_records.of(conn, record)
+
+
+def _written_by_another(conn: redis.Redis, record: BatchRecord, run_end: str, wait_s: float) -> ApiBatch | None:
+    """The batch's API record once another writer has set the run's files, if it does within `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        api = batch_records.of(conn, record)
+        if api.files_for == run_end:
+            return api
+    return None
 
 
 def _write_files(store: FileStore, conn: redis.Redis, batch_id: str,

@@ -111,6 +111,15 @@ if redis.call('SREM', KEYS[2], ARGV[2]) == 1 then redis.call('HINCRBY', KEYS[1],
 return 0
 """)
 
+# KEYS: a hash; ARGV: field, now (epoch seconds), how long a claim holds. Sets the field to now if it is not set or
+# was set longer ago than that (its holder died); returns 1 if the caller now holds the claim, 0 if another does.
+CLAIM = Lua("""
+local since = redis.call('HGET', KEYS[1], ARGV[1])
+if since and tonumber(ARGV[2]) - tonumber(since) < tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+""")
+
 # KEYS: a lock key; ARGV: the holder's token. Deletes the lock only if that holder still has it (expiry.py).
 RELEASE_LOCK = Lua("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
