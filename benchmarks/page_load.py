@@ -135,7 +135,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--batches", type=int, default=10)
-    parser.add_argument("--lines", type=int, default=2000, help="requests per batch")
+    parser.add_argument("--lines", type=int, default=3000, help="requests per batch")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=60.0, help="each phase's length")
     args = parser.parse_args()
