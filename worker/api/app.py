@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 
 from miro.worker.fleet import batches
 
-from . import batch_routes, chart_routes, file_routes, fleet_routes, page, request_ids
+from . import batch_routes, chart_routes, file_routes, fleet_routes, message_routes, page, request_ids
 from .background import Background
 from .errors import ApiError
 from .file_store import FileStore
@@ -29,35 +29,42 @@ def _require_key(request: Request) -> None:
     if not keys:
         return
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" and request.headers.get("x-api-key"):  # as Anthropic's clients may send it
+        scheme, given = "bearer", request.headers["x-api-key"]
     if scheme.lower() != "bearer" or not given:
         raise ApiError(401, "Missing API key: send it as 'Authorization: Bearer KEY'.", code="missing_api_key")
     if not any(hmac.compare_digest(given.encode(), key.encode()) for key in keys):
         raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
 
 
+def _respond(request: Request, err: ApiError):
+    """The error in the shape of the API asked: Anthropic's under /v1/messages, OpenAI's elsewhere."""
+    return err.response(request_ids.of(request), anthropic=request.url.path.startswith("/v1/messages"))
+
+
 def _add_error_handlers(app: FastAPI, redis_url: str) -> None:
     async def api_error(request: Request, err: ApiError):
-        return err.response(request_ids.of(request))
+        return _respond(request, err)
 
     async def redis_error(request: Request, err: redis.RedisError):
         message = (f"Redis at {batches.redacted(redis_url)} cannot be reached ({str(err).rstrip('.') or type(err).__name__}); "
                    "try again once it is back.")
-        return ApiError(503, message, type="server_error", code="redis_unavailable").response(request_ids.of(request))
+        return _respond(request, ApiError(503, message, type="server_error", code="redis_unavailable"))
 
     async def invalid_request(request: Request, err: RequestValidationError):
         first = err.errors()[0]
         param = ".".join(str(part) for part in first["loc"] if part != "body") or None
         message = f"{param}: {first['msg']}." if param else f"{first['msg']}."
-        return ApiError(400, message, param=param).response(request_ids.of(request))
+        return _respond(request, ApiError(400, message, param=param))
 
     async def http_error(request: Request, err: HTTPException):
         code = "not_found" if err.status_code == 404 else None
-        return ApiError(err.status_code, str(err.detail), code=code).response(request_ids.of(request))
+        return _respond(request, ApiError(err.status_code, str(err.detail), code=code))
 
     async def unexpected(request: Request, err: Exception):
-        request_id = request_ids.of(request)
-        log.exception("unexpected error on %s %s (request %s)", request.method, request.url.path, request_id)
-        return ApiError(500, f"The server failed: {type(err).__name__}.", type="server_error").response(request_id)
+        log.exception("unexpected error on %s %s (request %s)", request.method, request.url.path,
+                      request_ids.of(request))
+        return _respond(request, ApiError(500, f"The server failed: {type(err).__name__}.", type="server_error"))
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(redis.RedisError, redis_error)
@@ -88,6 +95,7 @@ def create_app(config: ServerConfig, conn: redis.Redis | None = None) -> FastAPI
     app.include_router(file_routes.router, dependencies=secured)
     app.include_router(batch_routes.router, dependencies=secured)
     app.include_router(fleet_routes.router, dependencies=secured)
+    app.include_router(message_routes.router, dependencies=secured)
     app.include_router(chart_routes.router, dependencies=secured)
     app.include_router(page.router)
     return app

@@ -1,6 +1,7 @@
 """OpenAI's `x-request-id`: every request gets an id (`req_` and 32 hex digits), sent back as the response's
-`x-request-id` header (the openai SDK reads it into APIError.request_id and `_request_id`) and kept in
-`request.state.request_id` for the error bodies and the log."""
+`x-request-id` header (the openai SDK reads it into APIError.request_id and `_request_id`) and as `request-id`
+(Anthropic's name, which the anthropic SDK reads), and kept in `request.state.request_id` for the error bodies and
+the log."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = "x-request-id"
+HEADERS = (HEADER, "request-id")  # OpenAI's, Anthropic's
 
 
 def new_request_id() -> str:
@@ -38,8 +40,9 @@ class RequestIds:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)
-                if HEADER not in headers:
-                    headers.append(HEADER, request_id)
+                for name in HEADERS:
+                    if name not in headers:
+                        headers.append(name, request_id)
             await send(message)
 
         await self.app(scope, receive, send_with_id)

@@ -99,6 +99,11 @@ def file_deadlines() -> str:
     return f"{PREFIX}:file-deadlines"
 
 
+def message_batches() -> str:
+    """Sorted set: the ids of batches made through `miro serve`'s Anthropic Message Batches API, by creation time."""
+    return f"{PREFIX}:message-batches"
+
+
 def api_batch(batch_id: str) -> str:
     """Hash: what the OpenAI Batch API adds to a batch (for one made through `miro serve`: input file id, endpoint,
     completion window, metadata, validation errors, result-file expiry; for any batch: its output and error file
