@@ -195,7 +195,7 @@ BAD_CASES = {
     "wrong type": ([GOOD, {"id": "c", "prompt": "x", "max_tokens": "ten"}], "line 2: field 'max_tokens'"),
     "wrong message type": ([GOOD, {"id": "d", "messages": [{"role": "user", "content": 5}]}],
                            "line 2: field 'messages.0.content'"),
-    "unknown url": ([GOOD, openai("e", url="/v1/responses")], "line 2: field 'url'"),
+    "unknown url": ([GOOD, openai("e", url="/v1/moderations")], "line 2: field 'url'"),
     "bad method": ([GOOD, openai("f", method="GET")], "line 2: field 'method'"),
     "duplicate custom id": ([GOOD, openai("ok")], "line 2: duplicate custom id 'ok' (first used on line 1)"),
     "invalid UTF-8": ([GOOD, b'{"id": "g", "prompt": "caf\xe9"}'], "line 2: not valid UTF-8"),
