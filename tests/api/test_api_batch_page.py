@@ -29,27 +29,26 @@ def polyline(browser, svg_id: str) -> str | None:
 def test_a_batch_page_charts_its_run_and_shows_its_errors_and_outputs(fleet, browser):  # noqa: F811
     client = fleet.server.client()
     # one line asks for more tokens than the model's context holds: the worker refuses it, its error shows
-    lines = [completion("too-long", 9000), *(completion(f"n{i}", 16, f"The number {i} is") for i in range(240))]
+    lines = [completion("too-long", 9000), *(completion(f"n{i}", 16, f"The number {i} is") for i in range(400))]
     uploaded = client.files.create(file=("charted.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
     browser.get(f"{fleet.server.url}/batches/{batch.id}")
     assert wait_for(lambda: browser.execute_script("return document.getElementById('batch-id').textContent")
                     == batch.id, timeout_s=10)
 
-    # the tokens/s chart gains points while the batch runs: it moved, with no reload
+    # the tokens/s chart gains points while the batch runs (a worker appends one every 5 s): it moved, no reload
     seen: list[str] = []
     screenshot = ARTIFACTS / "batch-page.png"
     screenshot.unlink(missing_ok=True)
     deadline = time.monotonic() + 240
-    while len(seen) < 3:
+    while not seen or len(seen[-1].split()) < max(4, len(seen[0].split()) + 2):
         assert time.monotonic() < deadline, f"the batch's chart never moved: {seen}"
         status = browser.execute_script("return document.getElementById('status').textContent")
         points = polyline(browser, "batch-tokens")
         if points and (not seen or points != seen[-1]):
             seen.append(points)
-        assert status != "completed" or len(seen) >= 3, f"the batch completed before its chart moved: {seen}"
-        time.sleep(1)
-    assert len(seen[-1].split()) > len(seen[0].split())  # more points than at first
+        assert status != "completed", f"the batch completed before its chart moved: {seen}"
+        time.sleep(0.5)
     ARTIFACTS.mkdir(exist_ok=True)
     browser.save_screenshot(str(screenshot))
     print(f"screenshot of a batch's page mid-batch: {screenshot}")
@@ -58,7 +57,7 @@ def test_a_batch_page_charts_its_run_and_shows_its_errors_and_outputs(fleet, bro
                     == "completed", timeout_s=240)
     text = lambda element_id: browser.execute_script(  # noqa: E731
         "return document.getElementById(arguments[0]).textContent", element_id)
-    assert wait_for(lambda: "241 / 241 ran: 240 completed, 1 failed" in text("counts"), timeout_s=10), text("counts")
+    assert wait_for(lambda: "401 / 401 ran: 400 completed, 1 failed" in text("counts"), timeout_s=10), text("counts")
     error_row = browser.execute_script("return document.querySelector('#errors tr[data-custom-id=\"too-long\"]')"
                                        "?.textContent")
     assert error_row and "context length" in error_row
