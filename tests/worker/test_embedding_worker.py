@@ -70,7 +70,8 @@ EMBEDDING_COLUMNS = [
     ("batch_id", pa.string()), ("custom_id", pa.string()), ("line", pa.int32()), ("input_index", pa.int32()),
     ("kind", pa.string()), ("job_id", pa.string()), ("model", pa.string()), ("requested_model", pa.string()),
     ("prompt", pa.string()), ("embedding", pa.list_(pa.float32(), 384)), ("encoding_format", pa.string()),
-    ("prompt_tokens", pa.int32()), ("error", pa.string()), ("worker", pa.string()),
+    ("prompt_tokens", pa.int32()), ("error", pa.string()), ("error_code", pa.string()),
+    ("worker", pa.string()),
     ("started_at", pa.timestamp("ms", tz="UTC")), ("finished_at", pa.timestamp("ms", tz="UTC")),
     ("latency_s", pa.float64()), ("sampling", pa.string()), ("topic", pa.string()),
 ]

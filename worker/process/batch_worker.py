@@ -88,7 +88,7 @@ class BatchWorker(BaseWorker):
         self.metrics_port, self.metrics_host = metrics_port, metrics_host  # Prometheus endpoint, if any
         self.jobs_done = self.jobs_failed = self.jobs_cancelled = 0
         self.batch_status: dict[str, str] = {}  # batch id -> status, for the batches of the requests in flight
-        self.deadlines: dict[str, float | None] = {}  # batch id -> its expires_at, for the batches it has taken jobs of
+        self.deadlines: dict[str, float | None] = {}  # batch id -> its expires_at, for the same batches
         self.record: workers.WorkerRecord | None = None  # the last one written to its hash (metrics.py reads it)
         self._last_refresh = 0.0
         # Held jobs (in flight, or finished and waiting for their rows to be written) change hands only under
@@ -400,6 +400,7 @@ class BatchWorker(BaseWorker):
         expiring."""
         self.batch_status = batches.statuses(self.connection,
                                              sorted({flight.payload.batch_id for flight in self.in_flight.values()}))
+        self.deadlines = {b: d for b, d in self.deadlines.items() if b in self.batch_status}  # read again when needed
         doomed = [flight for flight in self.in_flight.values() if self.batch_status[flight.payload.batch_id]
                   in batches.STOPPING]
         for flight in doomed:
