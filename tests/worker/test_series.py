@@ -106,3 +106,20 @@ def test_counters_that_go_back_start_the_rates_anew_and_long_series_are_thinned(
     assert [(r.t, r.requests_per_s) for r in rates] == [(5, 2.0), (15, 1.0)]
     thinned = series.thinned(list(range(1000)), most=11)
     assert thinned[0] == 0 and thinned[-1] == 999 and len(thinned) == 11
+
+
+def test_stored_points_read_each_entry_once_and_agree_with_a_whole_read(conn):
+    writer, stored = Writer(), series.StoredPoints(size=1)
+    for i in range(3):
+        batch(conn, completed=i, tokens=10 * i)
+        writer.add(conn, worker("w1", T0 + 5 * i, batches=["batch_s"]))
+    assert [p.finished for p in stored.of(conn, "batch_s")] == [0, 1, 2]
+    assert stored.read["batch_s"][0] == f"{int(T0 + 10) * 1000}-0"  # where the next read starts after
+    for i in range(3, 5):
+        batch(conn, completed=i, tokens=10 * i)
+        writer.add(conn, worker("w1", T0 + 5 * i, batches=["batch_s"]))
+    record = batch(conn, completed=5, tokens=50)
+    assert series.batch_points(conn, record, T0 + 30, stored) == series.batch_points(conn, record, T0 + 30)
+    assert [p.finished for p in stored.of(conn, "batch_s")] == [0, 1, 2, 3, 4]
+    stored.of(conn, "batch_other")
+    assert list(stored.read) == ["batch_other"]  # only the last `size` batches are kept

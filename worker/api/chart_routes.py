@@ -20,7 +20,9 @@ from .batch_shape import with_result_files
 from .errors import not_found
 
 router = APIRouter()
-_peeks = PeekCache()  # one server process, one cache: each part file of a watched batch is read once
+# one server process, one of each: each part file and each series point of a watched batch is read once
+_peeks = PeekCache()
+_stored_points = series.StoredPoints()
 
 
 class RateSample(BaseModel):
@@ -127,6 +129,6 @@ def batch_detail(request: Request, batch_id: str) -> BatchDetail:
         timeline=[Stamp(status="created", at=record.created_at), *(Stamp(status=s, at=t) for s, t in stamps)],
         expires_at=record.expires_at, elapsed_s=view.elapsed_s, eta_s=view.eta_s, tokens_per_s=view.tokens_per_s,
         requests_per_s=view.requests_per_s,
-        series=_rate_samples(series.batch_rates(series.batch_points(state.conn, record, now))),
+        series=_rate_samples(series.batch_rates(series.batch_points(state.conn, record, now, _stored_points))),
         errors=_peeked(peek.errors), outputs=_peeked(peek.outputs),
         output_file_id=api.output_file_id if api else None, error_file_id=api.error_file_id if api else None)

@@ -17,7 +17,7 @@ part files are written, in steps) and thin a long series to SERIES_MAX_POINTS.
 
 from __future__ import annotations
 
-import time
+import threading
 from dataclasses import dataclass
 
 import redis
@@ -115,16 +115,41 @@ def worker_series(conn: redis.Redis, since: float) -> dict[str, list[WorkerPoint
     return {name: points for name, entries in zip(names, pipe.execute()) if (points := _points(WorkerPoint, entries))}
 
 
-def batch_points(conn: redis.Redis, batch: BatchRecord, now: float) -> list[BatchPoint]:
+class StoredPoints:
+    """Batches' stored points as read so far, for the `size` batches last asked for. A stream only grows at its
+    end, so each read asks Redis for the entries after the last one read: a page polled every second through a
+    six-hour batch reads each of its points once, not the whole series every second."""
+
+    def __init__(self, size: int = 16):
+        self.size = size
+        self.read: dict[str, tuple[str, list[BatchPoint]]] = {}  # batch id -> (last entry id, points)
+        self._lock = threading.Lock()  # the server answers on several threads
+
+    def of(self, conn: redis.Redis, batch_id: str) -> list[BatchPoint]:
+        with self._lock:
+            last_id, points = self.read.pop(batch_id, (None, []))
+            entries = conn.xrange(keys.batch_series(batch_id), min="-" if last_id is None else f"({last_id}")
+            if entries:
+                last_id = hashes.decoded({"id": entries[-1][0]})["id"]
+                points = points + _points(BatchPoint, entries)
+            self.read[batch_id] = (last_id, points)  # now the most recent
+            while len(self.read) > self.size:
+                self.read.pop(next(iter(self.read)))
+            return points
+
+
+def batch_points(conn: redis.Redis, batch: BatchRecord, now: float,
+                 stored: StoredPoints | None = None) -> list[BatchPoint]:
     """A batch's points, from when it went in progress (nothing counted yet) to now or when it ended (its
-    counters then): the stream's points between."""
+    counters then): the stream's points between (read through `stored`, when given)."""
     started = batch.at("in_progress")
     if started is None:
         return []
     ended = batch.at(batch.status) if not batch.is_active else None
     last = BatchPoint(t=ended if ended is not None else now, finished=batch.finished, tokens=batch.tokens)
-    stored = [p for p in _points(BatchPoint, conn.xrange(keys.batch_series(batch.id))) if started < p.t < last.t]
-    return [BatchPoint(t=started), *stored, last]
+    read = stored.of(conn, batch.id) if stored is not None else _points(BatchPoint, conn.xrange(
+        keys.batch_series(batch.id)))
+    return [BatchPoint(t=started), *(p for p in read if started < p.t < last.t), last]
 
 
 def rates(points: list[tuple[float, int, int]], span_s: float = defaults.SERIES_RATE_SPAN_S) -> list[RatePoint]:
