@@ -1,6 +1,7 @@
-"""The Batch API a client expects, with no worker: batches made by miro-submit listed and retrieved beside the API's
-own, usage, a batch the server expires when its window ends, result files written without a request, file expiry
-(expires_after, output_expires_after) and x-request-id. Every object is checked with the SDK's own types."""
+"""The Batch API a client expects: batches made by miro-submit listed and retrieved beside the API's own, with usage,
+and their result files written without a request once a worker (the tiny model) has run them; a batch the server
+expires when its window ends, no worker running; file expiry (expires_after, output_expires_after) and
+x-request-id. Every object is checked with the SDK's own types."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ import openai
 import pytest
 import redis
 from openai.types import Batch, FileObject
+from openai.types.chat import ChatCompletion
 from polling import wait_for
+from rq.serializers import JSONSerializer
 from serve_process import chat_line, jsonl
 
+from miro.worker import BatchWorker
 from miro.worker.fleet import batches, keys
+from miro.worker.fleet.routing import queue_for
 from miro.worker.fleet.submit import submit
 
 
@@ -57,6 +62,29 @@ def test_batches_made_by_miro_submit_are_listed_and_retrieved_as_sdk_batches(ser
     assert cancelled.status in ("cancelling", "cancelled")
     ended = wait_for(lambda: (b := client.batches.retrieve(made_by_cli)).status == "cancelled" and b, timeout_s=10)
     assert ended and ended.cancelled_at is not None and ended.output_file_id is None  # no row was written
+
+
+def test_a_miro_submit_batch_that_completes_gets_its_result_files_with_no_request(serve, redis_url, tmp_path,
+                                                                                 tiny_model):
+    client = serve(redis_url).client()
+    conn = redis.Redis.from_url(redis_url)
+    dataset = tmp_path / "chat.jsonl"
+    lines = [chat_line(i) for i in range(3)]
+    lines[2]["body"]["messages"][0]["content"] = "hello " * 200  # over the tiny model's context: it fails
+    dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    batch_id = submit(conn, dataset, output=str(tmp_path / "out"), model=tiny_model).batch_id
+    BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
+                engine_options={"kv_cache_memory": "4MiB"}).work(burst=True)
+    assert wait_for(lambda: conn.hget(keys.api_batch(batch_id), "files_for"), timeout_s=10, every_s=0.1)
+    done = Batch.model_validate(raw(client, f"/batches/{batch_id}"))
+    assert (done.status, done.endpoint, done.request_counts.completed, done.request_counts.failed) == (
+        "completed", "/v1/chat/completions", 2, 1)
+    assert done.usage.output_tokens > 0 and done.completed_at is not None
+    output = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
+    assert [line["custom_id"] for line in output] == ["r0", "r1"]
+    assert all(ChatCompletion.model_validate(line["response"]["body"]).choices for line in output)
+    failed, = [json.loads(line) for line in client.files.content(done.error_file_id).text.splitlines()]
+    assert failed["custom_id"] == "r2" and failed["error"]["code"] == "request_failed"
 
 
 def test_a_batch_past_its_window_is_expired_by_the_server_with_batch_expired_errors(serve, redis_url):
