@@ -134,9 +134,14 @@ def batch_details(b: BatchView, now: float) -> Table:
                          ("queue", b.batch.queue), ("input", b.batch.input_file)):
         grid.add_row(label, value)
     grid.add_row("output", f"{b.batch.output}/{b.batch.id}/")
+    stopped = "expired" if b.batch.expired else "cancelled"
     grid.add_row("requests", f"{progress(b.batch)} done: {b.batch.completed:,} completed, {b.batch.failed:,} failed, "
-                             f"{b.batch.cancelled:,} cancelled, {b.batch.remaining:,} remaining")
-    grid.add_row("tokens", f"{b.batch.prompt_tokens:,} prompt + {b.batch.completion_tokens:,} completion")
+                             f"{b.batch.cancelled:,} {stopped}, {b.batch.remaining:,} remaining")
+    grid.add_row("tokens", f"{b.batch.prompt_tokens:,} prompt ({b.batch.cached_tokens:,} cached) + "
+                           f"{b.batch.completion_tokens:,} completion")
+    if b.batch.expires_at is not None:
+        grid.add_row("window", f"{b.batch.completion_window}: expires "
+                               f"{datetime.fromtimestamp(b.batch.expires_at).astimezone().isoformat(timespec='seconds')}")
     if b.elapsed_s is not None:
         grid.add_row("speed", f"{rate(b.tokens_per_s)}, {rate(b.requests_per_s, 'requests/s', 1)} "
                               f"over {duration(b.elapsed_s)}")
