@@ -269,8 +269,8 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     line must be an OpenAI Batch line with that url (inputs.parse_dataset). `task` ("generate" or "embed"; None:
     the first line's) is what the batch does, `defaults` and `pooling_defaults` the sampling and pooling options of
     lines without them (parse_dataset). `completion_window` ("24h", "30m", ...) is how long the batch may run
-    before what has not run expires (expiry.py); a resumed batch keeps its own, renewed from now if it had
-    expired. Raises InvalidDataset (nothing enqueued) when a line is invalid and not `skip_invalid`,
+    before what has not run expires (expiry.py); a resumed batch keeps its own, renewed from now if it has
+    passed. Raises InvalidDataset (nothing enqueued) when a line is invalid and not `skip_invalid`,
     MiroError for other problems a user can cause.
     """
     log = log or (lambda message: None)
@@ -363,8 +363,8 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
                 enqueuer.enqueue_new(chunk)
                 result.enqueued += len(chunk)
         result.enqueue_s = time.perf_counter() - started
-        if result.enqueued and batch.status == "expired":  # its window starts again, or it would expire at once
-            batches.renew_window(conn, batch)
+        if result.enqueued and batch.expires_at is not None and batch.expires_at <= time.time():
+            batches.renew_window(conn, batch)  # resumed past its window (expired, say): it starts again from now
         if result.enqueued or batch.status == "validating":
             batches.set_status(conn, batch_id, "in_progress")
     except redis.RedisError as e:
