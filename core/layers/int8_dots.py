@@ -9,7 +9,8 @@ sums, the same as the portable kernels'.
 - `tile_dot(..., bits, vnni, qtype, tokens)`: a 16-row tile's block (tiles.py) against several activation
   rows, for the tile kernel (tile_kernels.py), on every tier with int8 dots.
 - `superblock_tile_dot(...)`: one of ggml's 8 lanes of a K-quant tile's super-block (superblock_tiles.py)
-  against several activation rows, with ggml's float step, for the K-quant tile kernel.
+  against several activation rows, with ggml's float step, for the K-quant tile kernel; `superblock_bias`
+  what Q6_K's biased activations add to it.
 """
 
 from __future__ import annotations
@@ -228,6 +229,67 @@ def mins_dot(typingctx, min_pairs, sum32, at, bits):
     return int32x16(min_pairs, sum32, types.intp, bits), codegen
 
 
+class _SuperblockLane:
+    """The IR of one lane of a K-quant tile's super-block: its quads, unpacked, and their products summed
+    into int32 by scale pairs (for the two codegens below). quants: the lane's bytes from w_start; pairs:
+    the int16 scale pairs from p_start, as superblock_tile_dot describes."""
+
+    def __init__(self, builder, width: int, kind: int, with_vnni: bool, quants, w_start, pairs, p_start):
+        self.builder, self.width, self.kind, self.with_vnni = builder, width, kind, with_vnni
+        self.parts = 64 // width
+        self.ops = _VectorOps(builder, width)
+        self.quants, self.w_start, self.pairs, self.p_start = quants, w_start, pairs, p_start
+
+    def load(self, base, at, vector_type, align):
+        return self.builder.load(self.builder.bitcast(self.builder.gep(base, [at]), vector_type.as_pointer()), align=align)
+
+    def at(self, start, offset):
+        return self.builder.add(start, ir.Constant(_I64, offset))
+
+    def weight_vector(self, v, p):
+        return self.load(self.quants, self.at(self.w_start, 64 * v + self.width * p), self.ops.bytes, 1)
+
+    def quad(self, q, p):
+        """Quad q of the part p's rows: bytes, unsigned (Q4_K, Q5_K) or signed (Q6_K, its values less 32)."""
+        builder, splat_bytes = self.builder, self.ops.splat_bytes
+        packed = self.weight_vector(q // 2, p)
+        value = builder.and_(packed, splat_bytes(15)) if q % 2 == 0 else builder.lshr(packed, splat_bytes(4))
+        if self.kind == Q6_K:  # bits 2 (q % 4), + 1 of vector 4 + q // 4 move to bits 4, 5
+            high, shift = self.weight_vector(4 + q // 4, p), 2 * (q % 4)
+            if shift < 4:
+                high = builder.shl(high, splat_bytes(4 - shift))
+            elif shift > 4:
+                high = builder.lshr(high, splat_bytes(shift - 4))
+            return builder.sub(builder.or_(value, builder.and_(high, splat_bytes(48))), splat_bytes(32))
+        if self.kind == Q5_K:  # bit q of vector 4 moves to bit 4
+            fifth = self.weight_vector(4, p)
+            bit = (builder.shl(fifth, splat_bytes(4 - q)) if q < 4
+                   else builder.lshr(fifth, splat_bytes(q - 4)) if q > 4 else fifth)
+            value = builder.or_(value, builder.and_(bit, splat_bytes(16)))
+        return value
+
+    def accumulate(self, acc, words, scale_pair):
+        """acc + each int16 pair of words times scale_pair's, summed into int32 (vpdpwssd, or vpmaddwd + vpaddd)."""
+        ops = self.ops
+        if self.with_vnni:
+            return ops.call(f"llvm.x86.avx512.vpdpwssd.{ops.suffix}", ops.dwords,
+                            [acc, self.builder.bitcast(words, ops.dwords), self.builder.bitcast(scale_pair, ops.dwords)])
+        return self.builder.add(acc, ops.madd(words, scale_pair))
+
+    def scale_pairs(self, j):
+        return [self.builder.bitcast(self.load(self.pairs, self.at(self.p_start, 16 * j + (self.width // 4) * p),
+                                               self.ops.dwords, 4), self.ops.words)
+                for p in range(self.parts)]
+
+    def zeros(self):
+        return [ir.Constant(self.ops.dwords, [0] * (self.width // 4)) for _ in range(self.parts)]
+
+    def as_vec16(self, parts):
+        if self.parts == 1:
+            return parts[0]
+        return self.builder.shuffle_vector(parts[0], parts[1], ir.Constant(_V16, list(range(LANES))))
+
+
 @intrinsic(prefer_literal=True)
 def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, a_stride, steps, sums, s_start,
                         offsets, o_start, bits, vnni, qtype, tokens):
@@ -247,92 +309,54 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
     vpmaddubsw multiplies unsigned by signed bytes. Q4_K's and Q5_K's values are unsigned and the
     activations signed: at most 2 x 31 x 127 an int16 pair, two quads' pairs added 15,748. Q6_K's values less 32 are signed, so its
     activations come biased, a + 128 (quantize_q8_k_quads(biased=True)), the unsigned operand: at most
-    2 x 255 x 32 = 16,320. What the bias adds, 128 x sum of sc x (q - 32) over the lane, is the tile's
-    offsets[o_start + r] (superblock_tiles.py), subtracted before the float step. Neither saturates.
+    2 x 255 x 32 = 16,320. What the bias adds, 128 x sum of sc x (q - 32) per lane and row, is
+    offsets[o_start + r] (superblock_bias), subtracted before the float step. Neither saturates.
     For the other types `offsets` is not read. bits, vnni, qtype, tokens: compile-time constants as for
     tile_dot.
     """
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
         return None
     width = bits.literal_value // 8
-    with_vnni = bool(vnni.literal_value)
     kind = qtype.literal_value
     n_tokens = tokens.literal_value
     sig = types.void(quants, types.intp, pairs, types.intp, a, types.intp, types.intp, steps, sums, types.intp,
                      offsets, types.intp, bits, vnni, qtype, tokens)
 
     def codegen(context, builder, signature, args):
-        w_start_v, p_start_v, a_start_v, stride_v, s_start_v, o_start_v = (args[i] for i in (1, 3, 5, 6, 9, 11))
-        parts = 64 // width
-        ops = _VectorOps(builder, width)
-        v_bytes, v_words, v_dwords = ops.bytes, ops.words, ops.dwords
-        v_floats = ir.VectorType(ir.FloatType(), width // 4)
-        maddubs, splat_bytes = ops.maddubs, ops.splat_bytes
+        a_start_v, stride_v, s_start_v, o_start_v = (args[i] for i in (5, 6, 9, 11))
 
         def data(index):
             return context.make_array(signature.args[index])(context, builder, args[index]).data
 
-        def load(base, at, vector_type, align):
-            return builder.load(builder.bitcast(builder.gep(base, [at]), vector_type.as_pointer()), align=align)
-
-        def at(start, offset):
-            return builder.add(start, ir.Constant(_I64, offset))
-
-        block, pair_data, a_data = data(0), data(2), data(4)
-        step_data, sum_data, offset_data = data(7), data(8), data(10)
-
-        def weight_vector(v, p):
-            return load(block, at(w_start_v, 64 * v + width * p), v_bytes, 1)
-
-        def quad(q, p):
-            """Quad q of the part p's rows: bytes, unsigned (Q4_K, Q5_K) or signed (Q6_K, its values less 32)."""
-            packed = weight_vector(q // 2, p)
-            value = builder.and_(packed, splat_bytes(15)) if q % 2 == 0 else builder.lshr(packed, splat_bytes(4))
-            if kind == Q6_K:  # bits 2 (q % 4), + 1 of vector 4 + q // 4 move to bits 4, 5
-                high, shift = weight_vector(4 + q // 4, p), 2 * (q % 4)
-                if shift < 4:
-                    high = builder.shl(high, splat_bytes(4 - shift))
-                elif shift > 4:
-                    high = builder.lshr(high, splat_bytes(shift - 4))
-                return builder.sub(builder.or_(value, builder.and_(high, splat_bytes(48))), splat_bytes(32))
-            if kind == Q5_K:  # bit q of vector 4 moves to bit 4
-                fifth = weight_vector(4, p)
-                bit = (builder.shl(fifth, splat_bytes(4 - q)) if q < 4
-                       else builder.lshr(fifth, splat_bytes(q - 4)) if q > 4 else fifth)
-                value = builder.or_(value, builder.and_(bit, splat_bytes(16)))
-            return value
+        lane = _SuperblockLane(builder, width, kind, bool(vnni.literal_value), data(0), args[1], data(2), args[3])
+        parts, load, at = lane.parts, lane.load, lane.at
+        v_bytes, v_dwords = lane.ops.bytes, lane.ops.dwords
+        v_floats = ir.VectorType(ir.FloatType(), width // 4)
+        maddubs = lane.ops.maddubs
+        a_data, step_data, sum_data, offset_data = data(4), data(7), data(8), data(10)
 
         def activation_quad(t, q):
             row_start = builder.add(a_start_v, builder.mul(stride_v, ir.Constant(_I64, t)))
             word = builder.load(builder.bitcast(builder.gep(a_data, [at(row_start, 32 * q)]), _I32.as_pointer()), align=1)
             return builder.bitcast(splat(builder, word, v_dwords), v_bytes)
 
-        def accumulate(acc_tp, words, scale_pair):
-            if with_vnni:
-                return ops.call(f"llvm.x86.avx512.vpdpwssd.{ops.suffix}", v_dwords,
-                                [acc_tp, builder.bitcast(words, v_dwords), builder.bitcast(scale_pair, v_dwords)])
-            return builder.add(acc_tp, ops.madd(words, scale_pair))
-
-        def scale_pairs(j):
-            return [builder.bitcast(load(pair_data, at(p_start_v, 16 * j + (width // 4) * p), v_dwords, 4), v_words)
-                    for p in range(parts)]
-
-        acc = [[ir.Constant(v_dwords, [0] * (width // 4)) for _ in range(parts)] for _ in range(n_tokens)]
+        acc = [lane.zeros() for _ in range(n_tokens)]
         if kind == Q6_K:  # a scale pair per quad: maddubs(a + 128, q - 32)
             for q in range(8):
-                weights, pair = [quad(q, p) for p in range(parts)], scale_pairs(q)
+                weights, pair = [lane.quad(q, p) for p in range(parts)], lane.scale_pairs(q)
                 for t in range(n_tokens):
                     a_bytes = activation_quad(t, q)
                     for p in range(parts):
-                        acc[t][p] = accumulate(acc[t][p], maddubs(a_bytes, weights[p]), pair[p])
+                        acc[t][p] = lane.accumulate(acc[t][p], maddubs(a_bytes, weights[p]), pair[p])
         else:  # quads 2 c and 2 c + 1 share the scale pair (sc[2 c], sc[2 c + 1]): their int16 products added first
             for c in range(4):
-                low, high, pair = [quad(2 * c, p) for p in range(parts)], [quad(2 * c + 1, p) for p in range(parts)], scale_pairs(c)
+                low, high = [lane.quad(2 * c, p) for p in range(parts)], [lane.quad(2 * c + 1, p) for p in range(parts)]
+                pair = lane.scale_pairs(c)
                 for t in range(n_tokens):
                     a_low, a_high = activation_quad(t, 2 * c), activation_quad(t, 2 * c + 1)
                     for p in range(parts):
                         words = builder.add(maddubs(low[p], a_low), maddubs(high[p], a_high))
-                        acc[t][p] = accumulate(acc[t][p], words, pair[p])
+                        acc[t][p] = lane.accumulate(acc[t][p], words, pair[p])
         if kind == Q6_K:  # what the activations' bias added
             for p in range(parts):
                 bias = load(offset_data, at(o_start_v, (width // 4) * p), v_dwords, 4)
@@ -348,3 +372,29 @@ def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, 
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic(prefer_literal=True)
+def superblock_bias(typingctx, quants, w_start, pairs, p_start, bits, vnni):
+    """int32x16: for lane l of one super-block of a 16-row Q6_K tile, lane r = 128 x sum over the lane's values
+    of sc x (q - 32), what superblock_tile_dot's biased activations (a + 128) add to row r's aux32: the same
+    vpmaddubsw (128 against q - 32, at most 2 x 128 x 32 an int16 pair) and scale pairs, so it is exact.
+    Arguments as for superblock_tile_dot; bits, vnni compile-time constants."""
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni)):
+        return None
+    width = bits.literal_value // 8
+
+    def codegen(context, builder, signature, args):
+        def data(index):
+            return context.make_array(signature.args[index])(context, builder, args[index]).data
+
+        lane = _SuperblockLane(builder, width, Q6_K, bool(vnni.literal_value), data(0), args[1], data(2), args[3])
+        acc = lane.zeros()
+        bias = lane.ops.splat_bytes(128)
+        for q in range(8):
+            pair = lane.scale_pairs(q)
+            for p in range(lane.parts):
+                acc[p] = lane.accumulate(acc[p], lane.ops.maddubs(bias, lane.quad(q, p)), pair[p])
+        return lane.as_vec16(acc)
+
+    return int32x16(quants, types.intp, pairs, types.intp, bits, vnni), codegen

@@ -183,7 +183,7 @@ class Linear:
             kernel = kernels.tiles if tokens == plan.tile_tokens else kernels.tiles_x2
             a = quantize_q8_k_quads(x, _round_up(n_tok, tokens), biased=self.type == GGMLQuantizationType.Q6_K)
             t = self._tiles
-            return kernel(t.quants, t.scales, t.mins, t.sub_scales, t.sub_mins, t.offsets, a.q, a.d, a.sum32, out)
+            return kernel(t.quants, t.scales, t.mins, t.sub_scales, a.q, a.d, a.sum32, out)
         if n_tok < plan.lanes_from:
             a = quantize_q8_k(x)
             return kernels.rows(self._w, a.q, a.d, a.sum32, out, 16)

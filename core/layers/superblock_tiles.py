@@ -23,12 +23,13 @@ quants[tile, (8 sb + l) * LANE_BYTES:], each vector [row r][byte i]:
                   of byte i are quad 4 k + q's
 
 and per row r: scales[tile, 16 sb + r] its float16 d, mins[tile, 16 sb + r] its dmin (Q4_K, Q5_K);
-sub_scales[tile, (SUB * sb + j) * 16 + r] sub-block j's scale (uint8 6-bit for Q4_K/Q5_K, SUB = 8;
-int8 as stored for Q6_K's 16-value sub-blocks, SUB = 16), sub_mins the same for the 6-bit mins.
-So a tile takes the file's bytes (Q4_K/Q5_K's 12 packed bytes of scales and mins become 16). Q6_K's tiles
-add offsets[tile, (8 sb + l) * 16 + r], int32: 128 x the sum of sc x (q - 32) over lane l, what its
-kernel's biased activations add (int8_dots.superblock_tile_dot), 512 bytes per 3,360 of a tile's
-super-block. Rows past the matrix's end fill the last tile with zeros.
+sub_scales[tile, (SUB * sb + i) * 16 + r] byte i of the row's sub-block scales as the file stores them:
+Q4_K's and Q5_K's 12 bytes packing 8 6-bit scales and 8 6-bit mins (SUB = 12; the kernel unpacks a
+super-block's for all 16 rows at once, tile_kernels._unpack_k4_scales), Q6_K's 16 int8 scales (SUB = 16).
+So a tile takes exactly the file's bytes. What Q6_K's
+biased activations add (int8_dots.superblock_tile_dot) is not stored: the kernel computes it per tile
+(int8_dots.superblock_bias), which costs it less than one more activation row's work. Rows past the
+matrix's end fill the last tile with zeros.
 """
 
 from __future__ import annotations
@@ -39,15 +40,15 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
-from .quant_blocks import Q4_K, Q5_K, Q6_K, decode_superblock, scale_min_k4
+from .quant_blocks import Q4_K, Q5_K, Q6_K
 from .tiles import TILE_ROWS, Tiles
 
 LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64}  # a tile's bytes of quants per super-block and lane
 
 
-def sub_blocks(qtype: int) -> int:
-    """Sub-blocks, each with its own scale, per super-block."""
-    return 16 if qtype == Q6_K else 8
+def scale_bytes(qtype: int) -> int:
+    """Bytes of sub-block scales (and mins) per super-block and row: Q6_K's 16 int8, Q4_K's and Q5_K's 12 packed."""
+    return 16 if qtype == Q6_K else 12
 
 
 def repack_superblocks(qtype: int, w: np.ndarray):
@@ -56,28 +57,23 @@ def repack_superblocks(qtype: int, w: np.ndarray):
     rows = w.shape[0]
     n_super = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     n_tiles = -(-rows // TILE_ROWS)
-    n_sub = sub_blocks(qtype)
     has_mins = qtype != Q6_K
     tiles = Tiles(np.zeros((n_tiles, n_super * 8 * LANE_BYTES[qtype]), np.uint8),
                   np.zeros((n_tiles, n_super * TILE_ROWS), np.uint16),
                   np.zeros((n_tiles, n_super * TILE_ROWS if has_mins else 0), np.uint16), False,
-                  np.zeros((n_tiles, n_super * n_sub * TILE_ROWS), np.uint8),
-                  np.zeros((n_tiles, n_super * n_sub * TILE_ROWS if has_mins else 0), np.uint8),
-                  np.zeros((n_tiles, 0 if has_mins else n_super * 8 * TILE_ROWS), np.int32))
-    _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, tiles.sub_mins, tiles.offsets,
-            LANE_BYTES[qtype])
+                  np.zeros((n_tiles, n_super * scale_bytes(qtype) * TILE_ROWS), np.uint8))
+    _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, LANE_BYTES[qtype])
     return tiles
 
 
 @njit(cache=True, parallel=True)
-def _repack(qtype, w, quants, scales, mins, sub_scales, sub_mins, offsets, lane_bytes):
+def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes):
     rows = w.shape[0]
     n_tiles, n_scales = scales.shape
     n_super = n_scales // TILE_ROWS
     block_bytes = w.shape[1] // n_super
     for tile in prange(n_tiles):
         values = np.empty(256, np.int16)
-        no_mins = np.empty(8, np.int32)
         for r in range(min(TILE_ROWS, rows - tile * TILE_ROWS)):
             row = w[tile * TILE_ROWS + r]
             for sb in range(n_super):
@@ -87,19 +83,11 @@ def _repack(qtype, w, quants, scales, mins, sub_scales, sub_mins, offsets, lane_
                     scales[tile, at] = np.uint16(row[off + 208]) | (np.uint16(row[off + 209]) << 8)
                     for j in range(16):
                         sub_scales[tile, (16 * sb + j) * TILE_ROWS + r] = row[off + 192 + j]
-                    decode_superblock(qtype, row, off, values, no_mins, 16)  # sc x (q - 32)
-                    for lane in range(8):
-                        total = 0
-                        for e in range(lane, 256, 8):
-                            total += values[e]
-                        offsets[tile, (8 * sb + lane) * TILE_ROWS + r] = 128 * total
                 else:
                     scales[tile, at] = np.uint16(row[off]) | (np.uint16(row[off + 1]) << 8)
                     mins[tile, at] = np.uint16(row[off + 2]) | (np.uint16(row[off + 3]) << 8)
-                    for j in range(8):
-                        sc, mn = scale_min_k4(j, row, off + 4)
-                        sub_scales[tile, (8 * sb + j) * TILE_ROWS + r] = sc
-                        sub_mins[tile, (8 * sb + j) * TILE_ROWS + r] = mn
+                    for i in range(12):
+                        sub_scales[tile, (12 * sb + i) * TILE_ROWS + r] = row[off + 4 + i]
                 _raw_values(qtype, row, off, values)
                 for lane in range(8):
                     base = (8 * sb + lane) * lane_bytes + 4 * r

@@ -24,7 +24,7 @@ import numpy as np
 
 from .cache_key import HELPERS, cached_variant
 from .cpu import Tier
-from .int8_dots import mins_dot, scale_pairs16, superblock_tile_dot, tile_dot, tile_signed_bytes
+from .int8_dots import mins_dot, scale_pairs16, superblock_bias, superblock_tile_dot, tile_dot, tile_signed_bytes
 from .quant_blocks import BLOCK32_TYPES, HAS_MIN, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset
 from .simd import LANES, load16, load16_f16, store16, to_float, zeros16
 from .superblock_tiles import LANE_BYTES
@@ -150,7 +150,7 @@ def _store_tile_row(out, t, n0, sums, spill):
 
 def tiles_k(qtype: int, tier: Tier, tokens: int):
     """The K-quant tile kernel (superblock_tiles.py) for one weight type on one tier, `tokens` activation rows
-    per pass: kernel(quants, scales, mins, sub_scales, sub_mins, offsets, a, d, sum32, out)."""
+    per pass: kernel(quants, scales, mins, sub_scales, a, d, sum32, out)."""
     if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot:
         return None
     bits = 512 if tier.vector_bits == 512 else 256
@@ -160,7 +160,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
-    def matmul_tiles_k(quants, scales, mins, sub_scales, sub_mins, offsets, a, d, sum32, out):
+    def matmul_tiles_k(quants, scales, mins, sub_scales, a, d, sum32, out):
         """out (T, N) = tiles of N rows times Q8_K activations a (Tp, K) int8 in quad order
         (activations.quantize_q8_k_quads, biased for Q6_K), Tp >= T a multiple of `tokens` (rows past T zero); d (Tp, K / 256),
         sum32 (Tp, K / 32). 16 weight rows times `tokens` activation rows at a time, ggml's 8 lane sums and
@@ -172,8 +172,19 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         a_flat = a.reshape(a.size)
         for tile in prange(quants.shape[0]):
             tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
-            tile_sub_scales, tile_sub_mins, tile_offsets = sub_scales[tile], sub_mins[tile], offsets[tile]
+            tile_sub_scales = sub_scales[tile]
+            # Q4_K, Q5_K: per super-block its 8 scales then its 8 mins, per row, unpacked once per tile
+            unpacked = np.empty(n_super * 16 * TILE_ROWS if has_mins else 0, np.uint8)
+            for sb in range(n_super if has_mins else 0):
+                _unpack_k4_scales(tile_sub_scales, sb, unpacked)
             pairs = np.empty(8 * TILE_ROWS, np.int32)  # per sub-block quad S and row: the int16 scale pair
+            biases = np.empty(0 if has_mins else n_super * 8 * TILE_ROWS, np.int32)  # Q6_K: per lane and row
+            if not has_mins:
+                for sb in range(n_super):
+                    _scale_pairs(qtype, tile_sub_scales, sb, pairs)
+                    for lane in range(8):
+                        store16(biases, (8 * sb + lane) * TILE_ROWS,
+                                superblock_bias(tile_quants, (8 * sb + lane) * lane_bytes, pairs, 0, bits, vnni))
             min_pairs = np.empty(4 * TILE_ROWS, np.int32)  # per pair of sub-blocks and row: the int16 mins
             spill = np.empty(LANES, np.float32)
             steps = np.empty(tokens * TILE_ROWS, np.float32)  # d_w * d_a
@@ -184,18 +195,21 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                 sums[:] = 0
                 sumf[:] = 0
                 for sb in range(n_super):
-                    _scale_pairs(qtype, tile_sub_scales, sb, pairs)
+                    if has_mins:
+                        _scale_pairs(qtype, unpacked, sb, pairs)
+                    else:
+                        _scale_pairs(qtype, tile_sub_scales, sb, pairs)
                     dw = load16_f16(tile_scales, TILE_ROWS * sb)
                     for t in range(tokens):
                         store16(steps, TILE_ROWS * t, dw * d[t0 + t, sb])
                     for lane in range(8):
                         superblock_tile_dot(tile_quants, (8 * sb + lane) * lane_bytes, pairs, 0, a_flat,
                                             t0 * k + 256 * sb + 4 * lane, k, steps, sums, TILE_ROWS * lane,
-                                            tile_offsets, (8 * sb + lane) * TILE_ROWS, bits, vnni, qtype, tokens)
+                                            biases, (8 * sb + lane) * TILE_ROWS, bits, vnni, qtype, tokens)
                     if has_mins:  # ggml: sumf -= dmin * sum(bsums * mins), dmin = x.dmin * y.d
                         for j in range(4):  # the mins of sub-blocks 2 j and 2 j + 1 as int16 pairs
-                            at = (8 * sb + 2 * j) * TILE_ROWS
-                            store16(min_pairs, TILE_ROWS * j, scale_pairs16(tile_sub_mins, at, at + TILE_ROWS, False))
+                            at = (16 * sb + 8 + 2 * j) * TILE_ROWS
+                            store16(min_pairs, TILE_ROWS * j, scale_pairs16(unpacked, at, at + TILE_ROWS, False))
                         dmin = load16_f16(tile_mins, TILE_ROWS * sb)
                         for t in range(tokens):
                             sum_mins = mins_dot(min_pairs, sum32[t0 + t], 8 * sb, bits)
@@ -212,15 +226,33 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
 
 
 @njit(inline="always")
+def _unpack_k4_scales(packed, sb, unpacked):
+    """unpacked[16 (16 sb + j) + r]: sub-block j's 6-bit scale of row r, unpacked[16 (16 sb + 8 + j) + r] its min,
+    from super-block sb's 12 packed bytes per row in the tile (packed[(12 sb + i) * 16 + r]), as ggml's
+    get_scale_min_k4."""
+    at = 12 * TILE_ROWS * sb
+    to = 16 * TILE_ROWS * sb
+    for j in range(4):
+        for r in range(TILE_ROWS):
+            low, high = packed[at + TILE_ROWS * j + r], packed[at + TILE_ROWS * (j + 4) + r]
+            top = packed[at + TILE_ROWS * (j + 8) + r]
+            unpacked[to + TILE_ROWS * j + r] = low & 63
+            unpacked[to + TILE_ROWS * (8 + j) + r] = high & 63
+            unpacked[to + TILE_ROWS * (4 + j) + r] = (top & 15) | ((low >> 6) << 4)
+            unpacked[to + TILE_ROWS * (12 + j) + r] = (top >> 4) | ((high >> 6) << 4)
+
+
+@njit(inline="always")
 def _scale_pairs(qtype, sub_scales, sb, pairs):
     """pairs[16 j + r]: row r's int16 scales of bytes 0, 1 (low) and 2, 3 (high) of the quads (superblock_tiles.py):
     Q4_K's and Q5_K's sub-blocks 2 j and 2 j + 1 (quads 2 j and 2 j + 1, j < 4), Q6_K's 16-value sub-blocks
-    4 c + h and 4 c + 2 + h (quad j = 2 c + h)."""
+    4 c + h and 4 c + 2 + h (quad j = 2 c + h). sub_scales: Q6_K's as its tile holds them, Q4_K's and Q5_K's
+    unpacked (_unpack_k4_scales: 16 bytes per super-block and row, the scales before the mins)."""
     if qtype == Q6_K:
         for j in range(8):
             low = (16 * sb + 4 * (j // 2) + j % 2) * TILE_ROWS
             store16(pairs, TILE_ROWS * j, scale_pairs16(sub_scales, low, low + 2 * TILE_ROWS, True))
     else:
         for j in range(4):
-            low = (8 * sb + 2 * j) * TILE_ROWS
+            low = (16 * sb + 2 * j) * TILE_ROWS
             store16(pairs, TILE_ROWS * j, scale_pairs16(sub_scales, low, low + TILE_ROWS, False))

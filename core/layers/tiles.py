@@ -48,13 +48,11 @@ class Tiles:
     scales: np.ndarray  # (n_tiles, n_blocks * 16) uint16, float16 bits
     mins: np.ndarray  # the same for Q4_1 and Q5_1 (K-quants: dmin); (n_tiles, 0) for the others
     signed_bytes: bool  # Q8_0: the file's int8 (else int8 + 128)
-    sub_scales: np.ndarray = field(default_factory=_none)  # K-quants only (superblock_tiles.py): each sub-block's scale
-    sub_mins: np.ndarray = field(default_factory=_none)  # and Q4_K's and Q5_K's sub-block mins
-    offsets: np.ndarray = field(default_factory=_none)  # Q6_K: what its kernel's biased activations add
+    sub_scales: np.ndarray = field(default_factory=_none)  # K-quants only (superblock_tiles.py): sub-block scales (and mins)
 
     @property
     def nbytes(self) -> int:
-        parts = (self.quants, self.scales, self.mins, self.sub_scales, self.sub_mins, self.offsets)
+        parts = (self.quants, self.scales, self.mins, self.sub_scales)
         return sum(part.nbytes for part in parts)
 
 
