@@ -45,6 +45,8 @@ def test_the_live_page_follows_a_batch(fleet, browser):
     uploaded = client.files.create(file=("page.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
     browser.get(fleet.server.url + "/")
+    # the shared style sheet (/page/page.css) applies: 2em of the body's 14px
+    assert browser.execute_script("return getComputedStyle(document.body).marginTop") == "28px"
     row = f'tr[data-batch="{batch.id}"]'
 
     def shown() -> tuple[str, str, str] | None:
