@@ -54,6 +54,11 @@ SHUTDOWN_GRACE_S = 30.0  # after SIGTERM, for the requests in flight to finish b
 RUN_SHUTDOWN_GRACE_S = 5.0  # the same for `miro run`: the user is waiting, so a few seconds
 WAIT_FOR_REDIS_S = 30.0  # a worker keeps trying to reach Redis at start-up (fleets often start workers first)
 
+# once a batch ends its finished and cancelled requests' RQ job keys go (worker/fleet/release.py): this many jobs per
+# Lua call, so Redis is never busy long; a batch its ender left half-released is finished by a sweep this much later
+RELEASE_CHUNK = 1000
+RELEASE_GRACE_S = 30.0
+
 # the page's charts (worker/fleet/series.py): each worker appends a point per SERIES_STEP_S to short Redis streams,
 # a day of them at most, gone a day after the last
 SERIES_STEP_S = 5

@@ -349,7 +349,7 @@ def failed_lines(conn: redis.Redis, batch_id: str) -> dict[str, dict]:
 def _count(conn, batch_id: str, counter: str, custom_ids: list[str], prompt_tokens: int = 0, cached_tokens: int = 0,
            completion_tokens: int = 0) -> tuple[int, int]:
     added, done = scripts.COUNT(conn, [keys.batch(batch_id), keys.batch_counted(batch_id), keys.ended_batches(),
-                                       keys.batch_deadlines()],
+                                       keys.batch_deadlines(), keys.batch_releases()],
                                 [counter, prompt_tokens, cached_tokens, completion_tokens, _now(), batch_id,
                                  *custom_ids])
     return int(added), int(done)

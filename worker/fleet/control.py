@@ -22,7 +22,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp
 
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, keys, routing, rq_private, scripts
+from miro.worker.fleet import batches, keys, release, routing, rq_private, scripts
 from miro.worker.fleet.submit import ABANDONED_RETRIES
 
 CHUNK = 1000
@@ -59,6 +59,7 @@ def sweep(conn: redis.Redis, batch: batches.BatchRecord) -> int:
     # requests RQ failed itself after their workers died too often: nobody will run them now
     given_up = [job.meta["custom_id"] for job in uncounted_failures(conn, queue) if job.meta["batch_id"] == batch_id]
     batches.count_cancelled(conn, batch_id, given_up)  # and settle the batch once nothing is outstanding
+    release.release_if_ended(conn, batch_id)  # settled: its jobs' keys go
     return removed
 
 

@@ -30,6 +30,12 @@ def ended_batches() -> str:
     return f"{PREFIX}:ended-batches"
 
 
+def batch_releases() -> str:
+    """Sorted set: ended batches whose RQ job keys have not all been deleted yet, scored by when they ended; added
+    by the count that settled them, taken out once release.py has deleted them."""
+    return f"{PREFIX}:batch-releases"
+
+
 def batch_jobs(batch_id: str) -> str:
     """Hash: custom id -> RQ job id, one field per request enqueued for the batch."""
     return f"{PREFIX}:batch:{batch_id}:jobs"

@@ -66,11 +66,12 @@ end
 return 0
 """)
 
-# KEYS: batch hash, set of custom ids already counted, the ended-batches set, the batch deadlines; ARGV: counter to add to, prompt
-# tokens, cached prompt tokens, completion tokens, timestamp, batch id, then the custom ids. A request counts once
-# even if it ran twice (its worker died after writing its row). Once every request is accounted for, an
-# in_progress batch passes through finalizing to completed, a cancelling one becomes cancelled and an expiring one
-# expired, the batch id joins the ended set (`miro serve` writes its files) and leaves the deadlines. Returns {requests newly counted,
+# KEYS: batch hash, set of custom ids already counted, the ended-batches set, the batch deadlines, the batch releases;
+# ARGV: counter to add to, prompt tokens, cached prompt tokens, completion tokens, timestamp, batch id, then the custom
+# ids. A request counts once even if it ran twice (its worker died after writing its row). Once every request is
+# accounted for, an in_progress batch passes through finalizing to completed, a cancelling one becomes cancelled and an
+# expiring one expired, the batch id joins the ended set (`miro serve` writes its files), leaves the deadlines and
+# joins the releases, scored by now (release.py deletes its jobs' keys). Returns {requests newly counted,
 # completed+failed+cancelled}.
 COUNT = Lua("""
 local added = 0
@@ -99,6 +100,7 @@ if done >= tonumber(b[4]) then
   if settled then
     redis.call('SADD', KEYS[3], ARGV[6])
     redis.call('ZREM', KEYS[4], ARGV[6])
+    redis.call('ZADD', KEYS[5], ARGV[5], ARGV[6])
   end
 end
 return {added, done}
@@ -231,4 +233,35 @@ for i = 1, #ids, 1000 do  -- unpack() is limited by Lua's C stack
   redis.call('RPUSH', KEYS[1], unpack(ids, i, math.min(i + 999, #ids)))
 end
 return #ids
+""")
+
+# ARGV: RQ's job key prefix, its result key prefix, its finished and canceled registry key prefixes, then job ids.
+# Deletes (UNLINK: freed off the main thread) the job hash and result stream of each job that is finished or
+# canceled, and takes it out of its queue's finished and canceled registries (the queue is the job's origin).
+# Failed jobs stay (`miro retry` queues them again), and so does a job queued or started again (a resume, a retry,
+# or RQ's clean-up of a dead worker's job). Returns how many it deleted; a job already gone counts 0, so running it
+# again over the same ids is harmless.
+RELEASE_JOBS = Lua("""
+local released = 0
+for i = 5, #ARGV do
+  local id = ARGV[i]
+  local job = ARGV[1] .. id
+  local s = redis.call('HMGET', job, 'status', 'origin')
+  if s[1] == 'finished' or s[1] == 'canceled' then
+    if s[2] then
+      redis.call('ZREM', ARGV[3] .. s[2], id)
+      redis.call('ZREM', ARGV[4] .. s[2], id)
+    end
+    redis.call('UNLINK', job, ARGV[2] .. id)
+    released = released + 1
+  end
+end
+return released
+""")
+
+# KEYS: the batch releases; ARGV: batch id, the score it had when its release began. Takes it out only if it has not
+# ended again since (a retry that ended anew is released again).
+FORGET_RELEASE = Lua("""
+if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1])) == tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 0
 """)

@@ -120,8 +120,10 @@ class _Enqueuer:
     """Builds RQ jobs for requests and writes them, a chunk per script."""
 
     def __init__(self, conn: redis.Redis, queue_name: str, batch_id: str, model: str, priority: str,
-                 job_timeout: int):
+                 job_timeout: int, output: str = ""):
         self.conn = conn
+        self.output = output  # where the batch's part files are: --resume reads which requests have rows
+        self._with_rows: set[str] | None = None
         self.queue = Queue(queue_name, connection=conn, serializer=JSONSerializer)
         self.batch_id = batch_id
         self.model = model
@@ -186,7 +188,7 @@ class _Enqueuer:
     def resume_chunk(self, requests: list[Request], result: SubmitResult) -> None:
         """Enqueue the requests of the chunk that have no job that finished or will still run."""
         job_keys = [Job.key_for(batches.job_id(self.batch_id, r.custom_id)) for r in requests]
-        statuses = self._statuses(job_keys)
+        statuses = self._released_as(requests, self._statuses(job_keys))
         candidates = [i for i, s in enumerate(statuses) if s != JobStatus.FINISHED and s not in _IN_FLIGHT]
         result.already_finished += sum(s == JobStatus.FINISHED for s in statuses)
         result.in_flight += sum(s in _IN_FLIGHT for s in statuses)
@@ -196,7 +198,7 @@ class _Enqueuer:
 
         def attempt(pipe) -> None:  # anything read changing before EXEC makes EXEC fail: read again
             chosen = [requests[i] for i in candidates]
-            again = self._statuses([job_keys[i] for i in candidates])
+            again = self._released_as(chosen, self._statuses([job_keys[i] for i in candidates]))
             reader = self.conn.pipeline(transaction=False)
             reader.hmget(self.jobs_key, [r.custom_id for r in chosen])
             reader.hmget(invalid_key, [r.custom_id for r in chosen])
@@ -223,6 +225,31 @@ class _Enqueuer:
         for key in job_keys:
             reader.hget(key, "status")
         return [JobStatus(s.decode()) if s else None for s in reader.execute()]
+
+    def _released_as(self, requests: list[Request], statuses: list[JobStatus | None]) -> list[JobStatus | None]:
+        """What the requests whose job hash is gone were: once a batch ended, its finished and cancelled jobs' keys
+        went (release.py), and a request that was counted but has no row in the part files was cancelled."""
+        gone = [i for i, status in enumerate(statuses) if status is None]
+        if not gone:
+            return statuses
+        custom_ids = [requests[i].custom_id for i in gone]
+        reader = self.conn.pipeline(transaction=False)
+        reader.hmget(self.jobs_key, custom_ids)
+        reader.smismember(keys.batch_counted(self.batch_id), custom_ids)
+        known, counted = reader.execute()
+        out = list(statuses)
+        for i, custom_id, job, was_counted in zip(gone, custom_ids, known, counted):
+            if job is not None and was_counted:
+                out[i] = JobStatus.FINISHED if custom_id in self.with_rows() else JobStatus.CANCELED
+        return out
+
+    def with_rows(self) -> set[str]:
+        """The custom ids with a row in the batch's part files (read once per submit)."""
+        if self._with_rows is None:
+            from miro.worker.fleet.results import read_parts  # pyarrow: only a resume of an ended batch needs it
+
+            self._with_rows = set(read_parts(self.output, self.batch_id).column("custom_id").to_pylist())
+        return self._with_rows
 
     def _reset(self, pipe, rows: Iterable[tuple[Request, JobStatus | None, bytes | None, bytes | None]]) -> None:
         """Clear what an earlier run of each job left and keep the batch counters right (see batches.py)."""
@@ -345,7 +372,7 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
             endpoint=endpoint or batch_endpoint(parsed.requests), completion_window=completion_window))
         batch = _redis(conn, lambda: batches.get_batch(conn, result.batch_id))
     batch_id = result.batch_id
-    enqueuer = _Enqueuer(conn, result.queue, batch_id, batch.model, priority, timeout)
+    enqueuer = _Enqueuer(conn, result.queue, batch_id, batch.model, priority, timeout, batch.output)
 
     started = time.perf_counter()
     try:

@@ -39,7 +39,7 @@ from miro.core import Engine, MiroError, defaults
 from miro.core.defaults import PRIORITIES
 from miro.core.registry import DEFAULT_MODEL
 
-from miro.worker.fleet import batches, expiry, routing, rq_private, scripts, workers
+from miro.worker.fleet import batches, expiry, release, routing, rq_private, scripts, workers
 from miro.worker.fleet.control import uncounted_failures
 from miro.worker.fleet.payload import JobPayload
 from miro.worker.fleet.sink import ParquetSink
@@ -183,6 +183,7 @@ class BatchWorker(BaseWorker):
         """The worker's periodic duties, between engine steps."""
         if time.monotonic() - self._last_refresh >= workers.REFRESH_S:
             expiry.expire_due(self.connection)
+            release.release_stale(self.connection)
             self._cancel_cancelled_batches()
             self._enforce_timeouts()
             self._publish()
@@ -304,6 +305,7 @@ class BatchWorker(BaseWorker):
             for flight, result in finished:
                 count_finished(self.connection, flight.payload, result)
                 rq_private.finalize_success(self, flight.job, flight.queue, flight.execution, result)
+        self._release_ended({flight.payload.batch_id for flight, _ in finished})
         self.jobs_done += len(finished)
         return len(finished)
 
@@ -331,6 +333,7 @@ class BatchWorker(BaseWorker):
         record_failure(self.connection, self._sink(payload.batch_id), job, payload, message, worker=self.name,
                        started=started, prompt=prompt, model=model)
         self._fail(job, queue, execution, message)
+        self._release_ended({payload.batch_id})
 
     def _enforce_timeouts(self) -> None:
         """RQ's job timeout, enforced here since there is no work-horse process to kill: a request past it
@@ -423,7 +426,14 @@ class BatchWorker(BaseWorker):
             by_batch.setdefault(payload.batch_id, []).append(payload.custom_id)
         for batch_id, custom_ids in by_batch.items():
             batches.count_cancelled(self.connection, batch_id, custom_ids)
+        self._release_ended(set(by_batch))
         self.jobs_cancelled += len(jobs)
+
+    def _release_ended(self, batch_ids: set[str]) -> None:
+        """The batches this worker's counts may just have ended: their finished and cancelled jobs' keys go, now that
+        RQ has heard of every job this worker counted (release.py)."""
+        for batch_id in sorted(batch_ids):
+            release.release_if_ended(self.connection, batch_id)
 
     # -- the worker's record in Redis -----------------------------------------------------------------
 

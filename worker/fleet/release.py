@@ -1,0 +1,71 @@
+"""What Redis keeps of a batch once it has ended: its record, its counters and miro's per-request index, not RQ's
+jobs.
+
+Every request is an RQ job, and RQ keeps a finished job's hash and result for its result_ttl and a canceled one's
+hash for ever. Once a batch has ended (completed, cancelled, expired), the job hashes, result streams and registry
+entries of its finished and cancelled requests go (scripts.RELEASE_JOBS, RELEASE_CHUNK jobs per call, UNLINKed).
+What stays:
+
+- the batch record (`miro:batch:{id}`: status, counters, token sums): `miro status`, the API's batch objects;
+- `miro:batch:{id}:jobs` (custom id -> job id) and `:counted`: the requests of the batch and which were counted,
+  so a request that runs twice still counts once, `miro results` and the Anthropic results know the requests that
+  never ran, and `--resume` knows what to run again (a request counted but with no row in the part files is one
+  that was cancelled: submit.py);
+- `:invalid` (the invalid lines' error rows);
+- the jobs of failed requests, until RQ's failure_ttl: `miro retry` queues those very jobs again.
+
+The count that ends a batch puts it in `miro:batch-releases` (scripts.COUNT); whoever ended it releases it at once,
+once the jobs it holds are finished in RQ (the worker that counted the last request, `miro cancel`, the expiry
+sweep), and every worker and `miro serve` release, about once a second, any batch that ended more than
+RELEASE_GRACE_S ago and is still there: one whose releaser died half-way, or that RQ's own SimpleWorker ended.
+Releasing twice, or at once from two processes, deletes nothing twice.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from rq.job import Job
+from rq.registry import CanceledJobRegistry, FinishedJobRegistry
+from rq.results import Result
+
+from miro.core import defaults
+
+from . import keys, scripts
+
+_PREFIXES = (Job.redis_job_namespace_prefix, Result.get_key(""), FinishedJobRegistry.key_template.format(""),
+             CanceledJobRegistry.key_template.format(""))
+STALE_PER_CALL = 4  # batches release_stale looks at per call; the rest wait for the next one
+
+
+def release(conn: redis.Redis, batch_id: str, chunk: int = defaults.RELEASE_CHUNK) -> int:
+    """Delete the RQ keys of the batch's finished and cancelled jobs; returns how many jobs went."""
+    began = conn.zscore(keys.batch_releases(), batch_id)
+    released, cursor = 0, 0
+    while True:
+        cursor, jobs = conn.hscan(keys.batch_jobs(batch_id), cursor, count=chunk)
+        if jobs:
+            released += int(scripts.RELEASE_JOBS(conn, [], [*_PREFIXES, *jobs.values()]))
+        if cursor == 0:
+            break
+    if began is not None:
+        scripts.FORGET_RELEASE(conn, [keys.batch_releases()], [batch_id, repr(began)])
+    return released
+
+
+def release_if_ended(conn: redis.Redis, batch_id: str) -> int:
+    """Release the batch if it has ended and is not released yet (the caller has just counted some of it)."""
+    if conn.zscore(keys.batch_releases(), batch_id) is None:
+        return 0
+    return release(conn, batch_id)
+
+
+def release_stale(conn: redis.Redis, now: float | None = None, grace_s: float = defaults.RELEASE_GRACE_S) -> list[str]:
+    """Release the batches that ended more than grace_s ago and are still waiting (up to STALE_PER_CALL)."""
+    now = time.time() if now is None else now
+    stale = [b.decode() for b in conn.zrangebyscore(keys.batch_releases(), "-inf", now - grace_s, start=0,
+                                                   num=STALE_PER_CALL)]
+    for batch_id in stale:
+        release(conn, batch_id)
+    return stale
