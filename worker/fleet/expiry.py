@@ -72,15 +72,21 @@ def expire(conn: redis.Redis, batch_id: str, now: float | None = None) -> bool:
             return False
         if record.status == "expiring":
             control.sweep(conn, record)
-            conn.zadd(deadlines, {batch_id: now + RESWEEP_S})
+            _rearm(conn, batch_id, now + RESWEEP_S)
             return False
         if not record.is_due(now):
-            conn.zadd(deadlines, {batch_id: max(record.expires_at, now + RESWEEP_S)})
+            _rearm(conn, batch_id, max(record.expires_at, now + RESWEEP_S))
             return False
         try:
             batches.set_status(conn, batch_id, "expiring")
         except MiroError:  # it completed, or began cancelling, since it was read
             return False
         control.sweep(conn, record)  # and settle it at once if nothing is in flight
-        conn.zadd(deadlines, {batch_id: now + RESWEEP_S})
+        _rearm(conn, batch_id, now + RESWEEP_S)
         return True
+
+
+def _rearm(conn: redis.Redis, batch_id: str, when: float) -> None:
+    """Look at the batch again at `when`, unless it ended meanwhile (its last count took it off the deadlines)."""
+    scripts.REARM_DEADLINE(conn, [keys.batch_deadlines(), keys.batch(batch_id)],
+                           [batch_id, when, *sorted(batches.TERMINAL)])

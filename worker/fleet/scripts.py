@@ -122,6 +122,18 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """)
 
+# KEYS: the deadlines sorted set, batch hash; ARGV: batch id, when to look at it next, the ended statuses...
+# Looks at the batch again at that time unless it has ended meanwhile (COUNT takes an ended batch off the
+# deadlines; a plain ZADD after it would put it back). Returns 1 if re-armed, 0 if it had ended.
+REARM_DEADLINE = Lua("""
+local status = redis.call('HGET', KEYS[2], 'status')
+for i = 3, #ARGV do
+  if status == ARGV[i] then redis.call('ZREM', KEYS[1], ARGV[1]) return 0 end
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+return 1
+""")
+
 # KEYS: a lock key; ARGV: the holder's token. Deletes the lock only if that holder still has it (expiry.py).
 RELEASE_LOCK = Lua("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
