@@ -2,6 +2,7 @@
 BatchWorker) -> miro results, on a real redis-server and a tiny GGUF model."""
 
 import json
+import signal
 import time
 
 import pyarrow.parquet as pq
@@ -17,6 +18,7 @@ from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
 from miro.worker import BatchWorker
 from miro.worker.fleet import batches, release
+from miro.worker.fleet.workers import list_workers
 from miro.worker.fleet.routing import queue_for
 
 
@@ -278,16 +280,24 @@ def test_two_workers_200_mixed_lines_exactly_once_and_equal_to_the_engine(tmp_pa
             lines.append({"custom_id": f"t{i}", "method": "POST", "url": "/v1/completions",
                           "body": {"prompt": f"the world {i}", "max_tokens": 5, "temperature": 0}})
     dataset = write_dataset(tmp_path / "d.jsonl", lines)
-    submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
-                                         "--output", str(tmp_path / "out")])
-    batch_id = submitted.stdout.strip()
     miro = [sys.executable, "-c", "from miro.cli.main import cli; cli()"]
     options = ["worker", "--redis-url", redis_url, "--model", tiny_model, "--kv-cache-memory", "8MiB",
-               "--max-num-seqs", "8", "--burst"]
+               "--max-num-seqs", "8"]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
-    workers = [subprocess.Popen(miro + options, env=env, stderr=subprocess.DEVNULL) for _ in range(2)]
-    assert [w.wait(timeout=300) for w in workers] == [0, 0]
     conn = redis.Redis.from_url(redis_url)
+    workers = [subprocess.Popen(miro + options, env=env, stderr=subprocess.DEVNULL) for _ in range(2)]
+    try:
+        # both waiting before the batch comes, so neither can take it all while the other still starts (a busy
+        # machine once started one 7 s late)
+        assert wait_for(lambda: len(list_workers(conn)) == 2, timeout_s=120), "the workers did not start"
+        submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
+                                             "--output", str(tmp_path / "out")])
+        batch_id = submitted.stdout.strip()
+        assert wait_for(lambda: batches.get_batch(conn, batch_id).status == "completed", timeout_s=300)
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)  # a warm stop: it finishes what it holds, then exits 0
+    assert [w.wait(timeout=60) for w in workers] == [0, 0]
     record = batches.get_batch(conn, batch_id)
     assert (record.completed, record.failed, record.status) == (200, 0, "completed")
     parts = list((tmp_path / "out" / batch_id).glob("part-*.parquet"))
