@@ -62,6 +62,13 @@ class _VectorOps:
         return ir.Constant(self.bytes, [value] * self.width)
 
 
+def _as_vec16(builder, parts):
+    """One int32x16 from a register width's parts: itself on 512-bit tiers, two 8-lane halves joined on 256-bit ones."""
+    if len(parts) == 1:
+        return parts[0]
+    return builder.shuffle_vector(parts[0], parts[1], ir.Constant(_V16, list(range(LANES))))
+
+
 def tile_signed_bytes(qtype: int, vnni: bool) -> bool:
     """Whether a Q8_0 tile keeps the file's signed bytes (vpmaddubsw tiers: |w| and the sign move to a, as ggml
     does) rather than w + 128 (vpdpbusd tiers, whose unsigned operand is then the weights as they are)."""
@@ -164,10 +171,7 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
                         sums[p] = builder.add(sums[p], madd_ones(maddubs(magnitudes[q][p], signed_a)))
             if nibbles and not with_vnni:
                 sums = [builder.add(sums[p], madd_ones(words[p])) for p in range(parts)]
-            if parts == 1:
-                results.append(sums[0])
-            else:
-                results.append(builder.shuffle_vector(sums[0], sums[1], ir.Constant(_V16, list(range(LANES)))))
+            results.append(_as_vec16(builder, sums))
         return context.make_tuple(builder, signature.return_type, results)
 
     return sig, codegen
@@ -222,9 +226,7 @@ def mins_dot(typingctx, min_pairs, sum32, at, bits):
                 at = ir.Constant(_I64, LANES * j + (width // 4) * p)
                 mins = builder.load(builder.bitcast(builder.gep(pair_data, [at]), v_dwords.as_pointer()), align=4)
                 totals[p] = builder.add(totals[p], ops.madd(builder.bitcast(mins, v_words), activation))
-        if parts == 1:
-            return totals[0]
-        return builder.shuffle_vector(totals[0], totals[1], ir.Constant(_V16, list(range(LANES))))
+        return _as_vec16(builder, totals)
 
     return int32x16(min_pairs, sum32, types.intp, bits), codegen
 
@@ -283,11 +285,6 @@ class _SuperblockLane:
 
     def zeros(self):
         return [ir.Constant(self.ops.dwords, [0] * (self.width // 4)) for _ in range(self.parts)]
-
-    def as_vec16(self, parts):
-        if self.parts == 1:
-            return parts[0]
-        return self.builder.shuffle_vector(parts[0], parts[1], ir.Constant(_V16, list(range(LANES))))
 
 
 @intrinsic(prefer_literal=True)
@@ -395,6 +392,6 @@ def superblock_bias(typingctx, quants, w_start, pairs, p_start, bits, vnni):
             pair = lane.scale_pairs(q)
             for p in range(lane.parts):
                 acc[p] = lane.accumulate(acc[p], lane.ops.maddubs(bias, lane.quad(q, p)), pair[p])
-        return lane.as_vec16(acc)
+        return _as_vec16(builder, acc)
 
     return int32x16(quants, types.intp, pairs, types.intp, bits, vnni), codegen

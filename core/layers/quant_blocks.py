@@ -113,12 +113,13 @@ def quads_offset(qtype: int) -> int:
 
 
 @njit(inline="always")
-def scale_min_k4(j, scales, off):
-    """Sub-block j's 6-bit scale and min from Q4_K/Q5_K's 12 packed bytes (getscale_min_k4)."""
+def scale_min_k4(j, scales, off, stride=1):
+    """Sub-block j's 6-bit scale and min from Q4_K/Q5_K's 12 packed bytes (getscale_min_k4), byte i at
+    scales[off + stride * i] (1 in the file; a K-quant tile keeps each byte's 16 rows together)."""
     if j < 4:
-        return np.int32(scales[off + j] & 63), np.int32(scales[off + j + 4] & 63)
-    sc = (scales[off + j + 4] & 15) | ((scales[off + j - 4] >> 6) << 4)
-    mn = (scales[off + j + 4] >> 4) | ((scales[off + j] >> 6) << 4)
+        return np.int32(scales[off + stride * j] & 63), np.int32(scales[off + stride * (j + 4)] & 63)
+    sc = (scales[off + stride * (j + 4)] & 15) | ((scales[off + stride * (j - 4)] >> 6) << 4)
+    mn = (scales[off + stride * (j + 4)] >> 4) | ((scales[off + stride * j] >> 6) << 4)
     return np.int32(sc), np.int32(mn)
 
 

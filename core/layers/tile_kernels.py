@@ -25,7 +25,7 @@ import numpy as np
 from .cache_key import HELPERS, cached_variant
 from .cpu import Tier
 from .int8_dots import mins_dot, scale_pairs16, superblock_bias, superblock_tile_dot, tile_dot, tile_signed_bytes
-from .quant_blocks import BLOCK32_TYPES, HAS_MIN, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset
+from .quant_blocks import BLOCK32_TYPES, HAS_MIN, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset, scale_min_k4
 from .simd import LANES, load16, load16_f16, store16, to_float, zeros16
 from .superblock_tiles import LANE_BYTES
 from .tiles import TILE_ROWS, quant_bytes
@@ -232,14 +232,11 @@ def _unpack_k4_scales(packed, sb, unpacked):
     get_scale_min_k4."""
     at = 12 * TILE_ROWS * sb
     to = 16 * TILE_ROWS * sb
-    for j in range(4):
+    for j in range(8):
         for r in range(TILE_ROWS):
-            low, high = packed[at + TILE_ROWS * j + r], packed[at + TILE_ROWS * (j + 4) + r]
-            top = packed[at + TILE_ROWS * (j + 8) + r]
-            unpacked[to + TILE_ROWS * j + r] = low & 63
-            unpacked[to + TILE_ROWS * (8 + j) + r] = high & 63
-            unpacked[to + TILE_ROWS * (4 + j) + r] = (top & 15) | ((low >> 6) << 4)
-            unpacked[to + TILE_ROWS * (12 + j) + r] = (top >> 4) | ((high >> 6) << 4)
+            sc, mn = scale_min_k4(j, packed, at + r, TILE_ROWS)
+            unpacked[to + TILE_ROWS * j + r] = sc
+            unpacked[to + TILE_ROWS * (8 + j) + r] = mn
 
 
 @njit(inline="always")
