@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from miro.worker.fleet.seen_ids import MIN_CAPACITY, SeenIds, _insert, estimated_lines, hash_ids
+from miro.worker.fleet.seen_ids import MIN_CAPACITY, WINDOW, SeenIds, _insert, estimated_lines, hash_ids
 
 
 def test_duplicates_across_chunks_keep_the_first_line():
@@ -100,15 +100,91 @@ def test_random_200k_run_against_a_dict():
     assert 50_000 < len(oracle) < 190_000  # the run had many duplicates and many new ids
 
 
-def test_hash_zero_is_stored_as_one_and_probing_wraps_around():
-    keys, lines = np.zeros(8, dtype=np.uint64), np.zeros(8, dtype=np.uint32)
-    # 0 and 1 are the same key (0 marks an empty slot); 7, 15, 23 all start at the last slot: 7 stays, 15 wraps to 0, 23 to 2
-    hashes = np.array([0, 7, 15, 23, 1, 23, 0], dtype=np.uint64)
-    dup_index, dup_first = np.empty(7, dtype=np.int64), np.empty(7, dtype=np.uint32)
-    found, inserted = _insert(keys, lines, hashes, np.arange(1, 8, dtype=np.uint32), dup_index, dup_first)
-    assert (found, inserted) == (3, 4)
-    assert dup_index[:found].tolist() == [4, 5, 6] and dup_first[:found].tolist() == [1, 4, 1]
-    assert keys.tolist() == [15, 1, 23, 0, 0, 0, 0, 7]
+def test_insert_probes_past_its_window_and_wraps_around():
+    keys, lines = np.zeros(16, dtype=np.uint64), np.zeros(16, dtype=np.uint32)
+    # 15, 31, 47 all start at the last slot: one takes it, the others wrap to slots 0 and 1; 3 takes slot 3
+    present, first = _insert(keys, lines, np.array([15, 31, 47, 3], dtype=np.uint64), np.arange(1, 5, dtype=np.uint32))
+    assert not present.any() and first.tolist() == [1, 2, 3, 4]
+    assert {int(keys[i]) for i in (15, 0, 1)} == {15, 31, 47} and keys[3] == 3 and np.count_nonzero(keys) == 4
+    assert all(lines[i] == {15: 1, 31: 2, 47: 3, 3: 4}[int(keys[i])] for i in np.flatnonzero(keys))
+    present, first = _insert(keys, lines, np.array([47, 5, 31], dtype=np.uint64), np.array([7, 8, 9], dtype=np.uint32))
+    assert present.tolist() == [True, False, True] and first.tolist() == [3, 8, 2] and keys[5] == 5
+    # a cluster longer than one probing window: 20 hashes all wanting slot 2 of 32, one chunk and then one by one
+    keys, lines = np.zeros(32, dtype=np.uint64), np.zeros(32, dtype=np.uint32)
+    hashes = np.array([2 + 32 * k for k in range(1, 3 * WINDOW)], dtype=np.uint64)
+    present, _ = _insert(keys, lines, hashes, np.arange(hashes.size, dtype=np.uint32))
+    assert not present.any() and sorted(keys[2:2 + hashes.size].tolist()) == sorted(hashes.tolist())
+    for h, n in zip(hashes.tolist(), range(hashes.size)):
+        assert _insert(keys, lines, np.array([h], dtype=np.uint64), np.array([99], dtype=np.uint32))[1][0] == n
+
+
+def test_hash_zero_is_taken_as_one(monkeypatch):
+    seen = SeenIds()
+    seen._keys[1] = 1  # as if an id hashing to 0 or 1 had been added at line 5
+    seen._lines[1], seen._count = 5, 1
+    assert "x" not in seen
+    monkeypatch.setattr("miro.worker.fleet.seen_ids.hash_ids", lambda ids: np.zeros(len(ids), dtype=np.uint64))
+    assert seen.add(["zero", "zero"], [6, 7]) == [(0, 5), (1, 5)] and len(seen) == 1
+
+
+def test_contains():
+    seen = SeenIds()
+    assert "a" not in seen
+    seen.add(["a", "b"], [1, 2])
+    assert "a" in seen and "b" in seen and "c" not in seen and "" not in seen
+    seen.first_line("", 3)
+    assert "" in seen and len(seen) == 3
+
+
+def test_first_line_records_new_ids_and_keeps_the_first():
+    seen = SeenIds()
+    assert seen.first_line("a", 1) is None
+    assert seen.first_line("b", 2) is None
+    assert seen.first_line("a", 3) == 1
+    assert seen.first_line("a", 4) == 1 and len(seen) == 2
+    assert seen.first_line("\ud800", 5) is None and seen.first_line("\ud800", 6) == 5
+    with pytest.raises(OverflowError):
+        seen.first_line("big", 2**32)
+    with pytest.raises(OverflowError):
+        seen.first_line("negative", -1)
+    assert "big" not in seen and len(seen) == 3
+    with pytest.raises(OverflowError):
+        seen.add(["big"], [2**32])
+
+
+def test_first_line_and_add_share_one_table():
+    seen = SeenIds()
+    assert seen.add(["a", "b"], [1, 2]) == []
+    assert seen.first_line("b", 3) == 2 and seen.first_line("c", 4) is None
+    assert seen.add(["c", "d", "a", "d"], [5, 6, 7, 8]) == [(0, 4), (2, 1), (3, 6)]
+    assert seen.first_line("d", 9) == 6 and len(seen) == 4
+
+
+def test_first_line_grows_the_table_and_mixes_with_add_against_a_dict():
+    rng = random.Random(7)
+    pool = [f"id-{rng.getrandbits(32):x}" for _ in range(30_000)]
+    seen, oracle, line, sizes = SeenIds(), {}, 1, set()
+    while line <= 60_000:
+        if rng.random() < 0.5:
+            cid = rng.choice(pool)
+            assert seen.first_line(cid, line) == oracle.get(cid)
+            oracle.setdefault(cid, line)
+            line += 1
+        else:
+            chunk = [rng.choice(pool) for _ in range(rng.choice([1, 5, 200]))]
+            lines = list(range(line, line + len(chunk)))
+            expected = []
+            for k, (cid, n) in enumerate(zip(chunk, lines)):
+                if cid in oracle:
+                    expected.append((k, oracle[cid]))
+                else:
+                    oracle[cid] = n
+            assert seen.add(chunk, lines) == expected
+            line += len(chunk)
+        sizes.add(seen.nbytes)
+    assert len(seen) == len(oracle) and len(sizes) >= 10
+    assert [cid in seen for cid in pool[:1000]] == [cid in oracle for cid in pool[:1000]]
+    assert all(seen.first_line(cid, 0) == first for cid, first in oracle.items())
 
 
 def test_hashes_are_64_bit_and_stable():

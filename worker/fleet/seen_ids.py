@@ -1,22 +1,16 @@
 """Which custom ids a dataset has used so far, and on which line first: miro-submit's duplicate check at 10M lines.
 
-A dict of str -> line costs 100+ bytes an id (1 GB at 10,000,000 lines). `SeenIds` keeps 12 bytes a slot instead:
-a 64-bit hash of the id (blake2b, digest_size=8, of its UTF-8 bytes) and its first line (uint32), in two numpy
-arrays of one open-addressing table (linear probing, slot = hash % capacity, so the capacity need not be a
-power of two; hash 0 marks an empty slot, a real 0 is taken as 1). At most 3/4 of the slots are used: about
-16 bytes an id, 160 MB (153 MiB) at 10M; growing makes a table 1.5x as large and rehashes into it (old and new
-coexist for that moment, 2.5x the old table: 10M ids grown from nothing peak at 426 MB more RSS, not 198), so
-pre-size it with `expected` (see `estimated_lines`) where you can. numba itself adds RSS: ~60 MB at import and
-~45 MB more at the first call (its LLVM runtime), compiled or loaded from the cache (benchmarks/seen_ids.py).
+A dict of str -> line costs 100+ bytes an id (1 GB at 10M lines). `SeenIds` keeps 12 bytes a slot: a 64-bit hash
+of the id (blake2b, digest_size=8, of its UTF-8 bytes) and its first line (uint32), in two numpy arrays of one
+open-addressing table (linear probing, slot = hash % capacity; hash 0 marks an empty slot, a real 0 is taken as 1).
+At most 3/4 of the slots are used: about 16 bytes an id, 153 MiB at 10M. A growth (x1.5) copies the used entries
+out compactly, frees the old arrays and re-inserts into the new ones: 1.5x + 0.75x the old table at its peak, not
+2.5x; pre-size it with `expected` (see `estimated_lines`) where you can. Two ids with the same 64-bit hash would be
+taken as one: at n distinct ids the chance is about n^2 / 2^65 (2.7e-6 at 10M), accepted. Lines are uint32s.
 
-Exact enough: two different ids with the same 64-bit hash would be reported as a duplicate. With n distinct ids
-the chance that any two collide is about n^2 / 2^65: 2.7e-6 at 10M ids, 2.7e-8 at 1M. That is accepted.
-Lines are kept as uint32: a line number above 2**32 - 1 is refused (numpy's OverflowError), not a concern
-for datasets of up to 10M lines.
-
-Insertion runs in one numba function over a whole chunk (`_insert`, compiled once and cached on disk: ~0.35 s
-the first time, ~0.15 s to load after); the hashing stays in Python (hashlib's blake2b, as fast as any of its
-64-bit-or-more digests here), most of add's ~1.8M ids/s.
+numpy and hashlib only, no compiled code: `add` hashes a chunk, folds its repeats with np.unique and probes for all
+its distinct hashes at once in numpy (`_insert`); `first_line` and `in` probe for one id in a Python loop over
+memoryviews of the same arrays. Speed and memory: benchmarks/seen_ids.py.
 """
 
 from __future__ import annotations
@@ -24,58 +18,42 @@ from __future__ import annotations
 import os
 from hashlib import blake2b
 
-import numba
 import numpy as np
 
 MAX_LOAD = 0.75
 GROWTH = 1.5
 MIN_CAPACITY = 16
+WINDOW = 8  # slots looked at in _insert's first probing round, twice as many each next one
+REHASH_BLOCK = 1 << 16  # entries put into a grown table per _insert call
+_ORDER = "little" if np.little_endian else "big"  # hash_ids reads digests as native uint64s
 
 
-@numba.njit(cache=True)
-def _insert(keys, lines, hashes, chunk_lines, dup_index, dup_first):
-    """Insert hashes[i] (line chunk_lines[i]) in order; a hash already present is a duplicate: its index and first
-    line go to dup_index/dup_first and it is not inserted. Returns (duplicates found, ids inserted)."""
-    capacity = np.uint64(keys.shape[0])
-    found = 0
-    inserted = 0
-    for i in range(hashes.shape[0]):
-        h = hashes[i]
-        if h == 0:
-            h = np.uint64(1)
-        slot = h % capacity
-        while True:
-            k = keys[slot]
-            if k == 0:
-                keys[slot] = h
-                lines[slot] = chunk_lines[i]
-                inserted += 1
-                break
-            if k == h:
-                dup_index[found] = i
-                dup_first[found] = lines[slot]
-                found += 1
-                break
-            slot += np.uint64(1)
-            if slot == capacity:
-                slot = np.uint64(0)
-    return found, inserted
-
-
-@numba.njit(cache=True)
-def _rehash(old_keys, old_lines, keys, lines):
-    """Put every used slot of the old table into the new, empty one (all keys distinct, so no comparing)."""
-    capacity = np.uint64(keys.shape[0])
-    for j in range(old_keys.shape[0]):
-        h = old_keys[j]
-        if h != 0:
-            slot = h % capacity
-            while keys[slot] != 0:
-                slot += np.uint64(1)
-                if slot == capacity:
-                    slot = np.uint64(0)
-            keys[slot] = h
-            lines[slot] = old_lines[j]
+def _insert(keys: np.ndarray, lines: np.ndarray, hashes: np.ndarray, new_lines: np.ndarray):
+    """Look up distinct nonzero `hashes` in the table, inserting the absent ones with their `new_lines`. Returns
+    (present: bool array, first: each hash's line in the table, its new line if it was absent)."""
+    capacity = keys.shape[0]
+    slot = (hashes % np.uint64(capacity)).astype(np.intp)
+    present, first = np.zeros(hashes.shape[0], dtype=bool), new_lines.copy()
+    active, width = np.arange(hashes.shape[0]), WINDOW
+    while active.size:
+        h, s = hashes[active], slot[active]
+        idx = s[:, None] + np.arange(width := min(width, capacity))
+        idx[idx >= capacity] -= capacity
+        window = keys[idx]
+        hit = (window == h[:, None]) | (window == 0)
+        pos = hit.argmax(axis=1)
+        rows = np.arange(active.size)
+        at, k, found = idx[rows, pos], window[rows, pos], hit[rows, pos]
+        match, empty = found & (k != 0), found & (k == 0)
+        present[active[match]], first[active[match]] = True, lines[at[match]]
+        # absent hashes take their first empty slot; several wanting one slot: the last write wins, the rest go on
+        e_at, e_h, won = at[empty], h[empty], np.zeros(active.size, dtype=bool)
+        keys[e_at] = e_h
+        won[empty] = keys[e_at] == e_h
+        lines[at[won]] = new_lines[active[won]]
+        slot[active] = np.where(found, at, s + width) % capacity
+        active, width = active[~(match | won)], width * 2  # a long cluster takes log2(its length) rounds
+    return present, first
 
 
 def hash_ids(custom_ids: list[str]) -> np.ndarray:
@@ -93,17 +71,25 @@ class SeenIds:
         self._allocate(max(MIN_CAPACITY, -(-max(expected, 0) * 4 // 3) + 1))
 
     def _allocate(self, capacity: int) -> None:
-        self._keys = np.zeros(capacity, dtype=np.uint64)
-        self._lines = np.zeros(capacity, dtype=np.uint32)
+        self._keys, self._lines = np.zeros(capacity, dtype=np.uint64), np.zeros(capacity, dtype=np.uint32)
+        self._key_view, self._line_view = memoryview(self._keys), memoryview(self._lines)  # for the scalar probe
+        self._limit = int(MAX_LOAD * capacity)  # ids it may hold before growing
 
     def _make_room(self, more: int) -> None:
-        capacity = self._keys.shape[0]
-        needed = self._count + more  # as if every id were new
-        if needed <= MAX_LOAD * capacity:
+        if (needed := self._count + more) <= self._limit:  # as if every id were new
             return
-        old_keys, old_lines = self._keys, self._lines
+        capacity, n = self._keys.shape[0], 0
+        used = np.empty(self._count, dtype=np.uint64), np.empty(self._count, dtype=np.uint32)
+        for start in range(0, capacity, REHASH_BLOCK):  # compactly, without a capacity-long mask
+            keys, lines = self._keys[start:start + REHASH_BLOCK], self._lines[start:start + REHASH_BLOCK]
+            m = int(np.count_nonzero(mask := keys != 0))
+            used[0][n:n + m], used[1][n:n + m] = keys[mask], lines[mask]
+            n += m
+        del keys, lines, mask
+        self._keys = self._lines = self._key_view = self._line_view = None  # the old table is freed here
         self._allocate(max(int(capacity * GROWTH), int(needed / MAX_LOAD) + 1))
-        _rehash(old_keys, old_lines, self._keys, self._lines)
+        for start in range(0, n, REHASH_BLOCK):
+            _insert(self._keys, self._lines, used[0][start:start + REHASH_BLOCK], used[1][start:start + REHASH_BLOCK])
 
     def add(self, custom_ids: list[str], lines: list[int]) -> list[tuple[int, int]]:
         """Record a chunk of ids in order; return (index in the chunk, first line) for each id already seen (earlier
@@ -113,32 +99,51 @@ class SeenIds:
         if not custom_ids:
             return []
         self._make_room(len(custom_ids))
-        n = len(custom_ids)
-        dup_index, dup_first = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.uint32)
-        found, inserted = _insert(self._keys, self._lines, hash_ids(custom_ids), np.asarray(lines, dtype=np.uint32),
-                                  dup_index, dup_first)
-        self._count += inserted
-        return list(zip(dup_index[:found].tolist(), dup_first[:found].tolist()))
+        hashes = np.maximum(hash_ids(custom_ids), np.uint64(1))  # 0 marks an empty slot: taken as 1
+        distinct, at, inverse = np.unique(hashes, return_index=True, return_inverse=True)  # at: first occurrences
+        present, first = _insert(self._keys, self._lines, distinct, np.asarray(lines, dtype=np.uint32)[at])
+        self._count += int(distinct.shape[0] - np.count_nonzero(present))
+        duplicate = np.ones(hashes.shape[0], dtype=bool)
+        duplicate[at[~present]] = False
+        return list(zip((index := np.flatnonzero(duplicate)).tolist(), first[inverse[index]].tolist()))
+
+    def first_line(self, custom_id: str, line: int, record: bool = True) -> int | None:
+        """One id: record it at `line` and return None if new, else return the line it was first used on. A scalar
+        linear probe over memoryviews of the table (hashed as hash_ids does, 0 taken as 1)."""
+        keys = self._key_view
+        h = int.from_bytes(blake2b(custom_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), _ORDER) or 1
+        slot = h % len(keys)
+        while k := keys[slot]:
+            if k == h:
+                return self._line_view[slot]
+            slot = slot + 1 if slot + 1 < len(keys) else 0
+        if record:
+            if not 0 <= line <= 0xFFFF_FFFF:
+                raise OverflowError(f"line {line} does not fit in a uint32")
+            if self._count >= self._limit:  # grown: probe again in the new table
+                self._make_room(1)
+                return self.first_line(custom_id, line)
+            keys[slot], self._line_view[slot] = h, line
+            self._count += 1
+        return None
+
+    def __contains__(self, custom_id: str) -> bool:
+        return self.first_line(custom_id, 0, record=False) is not None
 
     def __len__(self) -> int:
         return self._count
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the table's arrays (not counting the moment of a growth, when the old ones are also held)."""
+        """Bytes of the table's arrays (not counting the moment of a growth, when the old entries are also held)."""
         return self._keys.nbytes + self._lines.nbytes
 
 
 def estimated_lines(path, sample_lines: int = 1000) -> int:
     """About how many lines the file has: its size over the mean byte length of its first `sample_lines` lines
     (read once, without a pass over the whole file), for `SeenIds(expected=...)`. 0 for an empty file."""
-    size = os.path.getsize(path)
-    if size == 0:
+    if (size := os.path.getsize(path)) == 0:
         return 0
-    count = length = 0
     with open(path, "rb") as f:
-        for line in f:
-            count, length = count + 1, length + len(line)
-            if count >= sample_lines:
-                break
-    return max(1, round(size * count / length))
+        sample = [len(line) for _, line in zip(range(sample_lines), f)]
+    return max(1, round(size * len(sample) / sum(sample)))
