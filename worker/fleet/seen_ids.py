@@ -42,8 +42,7 @@ def _insert(keys: np.ndarray, lines: np.ndarray, hashes: np.ndarray, new_lines: 
         window = keys[idx]
         hit = (window == h[:, None]) | (window == 0)
         pos = hit.argmax(axis=1)
-        rows = np.arange(active.size)
-        at, k, found = idx[rows, pos], window[rows, pos], hit[rows, pos]
+        at, k, found = idx[rows := np.arange(active.size), pos], window[rows, pos], hit[rows, pos]
         match, empty = found & (k != 0), found & (k == 0)
         present[active[match]], first[active[match]] = True, lines[at[match]]
         # absent hashes take their first empty slot; several wanting one slot: the last write wins, the rest go on
@@ -120,7 +119,8 @@ class SeenIds:
         if record:
             if not 0 <= line <= 0xFFFF_FFFF:
                 raise OverflowError(f"line {line} does not fit in a uint32")
-            if self._count >= self._limit:  # grown: probe again in the new table
+            if self._count >= self._limit:  # grown (its view of the old table let go first): probe the new one
+                del keys
                 self._make_room(1)
                 return self.first_line(custom_id, line)
             keys[slot], self._line_view[slot] = h, line
