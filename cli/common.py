@@ -57,15 +57,7 @@ def log_to_stderr(message: str) -> None:
     click.echo(message, err=True)
 
 
-SHOWN_ERRORS = 20
-
-
-def echo_line_errors(errors) -> None:
-    """A dataset's line errors on stderr (`miro submit`, `miro run`), the first SHOWN_ERRORS of them."""
-    for error in errors[:SHOWN_ERRORS]:
-        log_to_stderr(error.message)
-    if len(errors) > SHOWN_ERRORS:
-        log_to_stderr(f"... and {len(errors) - SHOWN_ERRORS:,} more.")
+SHOWN_ERRORS = 20  # invalid lines printed one by one (cli/validation_progress.py); the rest are counted
 
 
 model_option = click.option(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -10,7 +11,7 @@ from miro.core import defaults
 from miro.core.registry import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
 
 from .common import (MiroCommand, MiroGroup, completion_window_option, constraint_of, constraint_options,
-                     echo_line_errors, embedding_line_options, engine_kwargs, engine_options, log_to_stderr,
+                     embedding_line_options, engine_kwargs, engine_options, log_to_stderr,
                      model_option, pooling_defaults, priority_option, redis_url_option)
 
 
@@ -117,23 +118,21 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
            grammar):
     """Validate DATASET (JSONL) and enqueue one RQ job per line; prints the batch id."""
     from miro.worker.fleet.batches import connect, redacted
-    from miro.worker.fleet.submit import InvalidDataset, submit as submit_dataset
+    from miro.worker.fleet.submit import submit as submit_dataset
+
+    from .validation_progress import ValidationProgress
 
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
                                   ("seed", seed), ("structured_outputs", constraint_of(json_schema, regex, choice, grammar)))
                 if v is not None}
     conn = None if dry_run else connect(redis_url)
-    try:
+    with ValidationProgress(os.path.basename(dataset)) as progress:  # invalid lines are shown as they are found
         result = submit_dataset(conn, dataset, queue_name=queue_name, name=name, output=output, model=model,
                                 defaults=defaults, skip_invalid=skip_invalid, dry_run=dry_run, resume=resume,
                                 job_timeout=job_timeout, priority=priority, task=task,
                                 pooling_defaults=pooling_defaults(truncate), completion_window=completion_window,
-                                log=log_to_stderr)
-    except InvalidDataset as e:
-        echo_line_errors(e.errors)
-        raise
-    if result.invalid:
-        echo_line_errors(result.invalid)
+                                log=log_to_stderr, on_line_error=progress.on_line_error,
+                                on_progress=progress.on_progress)
     if dry_run:
         log_to_stderr(f"Dry run: {result.valid:,} valid lines, {len(result.invalid):,} invalid; nothing was enqueued.")
         return
@@ -144,8 +143,10 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
                       + (f", {result.expired:,} had expired and were enqueued again" if result.expired else "")
                       + f" ({where}).")
     else:
-        log_to_stderr(f"Enqueued {result.enqueued:,} jobs on {where} in {result.enqueue_s:.2f} s "
-                      f"({result.jobs_per_s:,.0f} jobs/s).")
+        stored = result.stored - result.enqueued
+        log_to_stderr(f"Enqueued {result.enqueued:,} jobs on {where} in {result.enqueue_s:.2f} s"
+                      + (f"; the other {stored:,} requests are stored with the results and are queued as the "
+                         f"workers take jobs." if stored else "."))
     if result.invalid:
         log_to_stderr(f"Recorded {result.recorded_invalid:,} invalid lines as failed requests of the batch.")
     click.echo(result.batch_id)

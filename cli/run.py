@@ -30,7 +30,7 @@ from miro.core.errors import MiroError
 from miro.core.registry import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
 from miro.worker.fleet import batches, control, durations, routing
 
-from .common import (MiroCommand, completion_window_option, constraint_of, constraint_options, echo_line_errors,
+from .common import (MiroCommand, completion_window_option, constraint_of, constraint_options,
                      embedding_line_options, engine_kwargs, engine_options, log_to_stderr, pooling_defaults,
                      priority_option, redis_url_option)
 from .run_state import RunState
@@ -138,16 +138,13 @@ class LineOptions:
 
 def _validate(dataset: str, lines: LineOptions, skip_invalid: bool):
     """Every line checked before anything starts; the errors are printed as `miro submit` prints them."""
-    from miro.worker.fleet.submit import InvalidDataset, submit as submit_dataset
+    from miro.worker.fleet.submit import submit as submit_dataset
 
-    try:
-        checked = submit_dataset(None, dataset, skip_invalid=skip_invalid, dry_run=True, **lines.submit_kwargs())
-    except InvalidDataset as e:
-        echo_line_errors(e.errors)
-        raise
-    if checked.invalid:  # --skip-invalid: they become failed rows
-        echo_line_errors(checked.invalid)
-    return checked
+    from .validation_progress import ValidationProgress
+
+    with ValidationProgress(os.path.basename(dataset)) as progress:  # invalid lines are shown as they are found
+        return submit_dataset(None, dataset, skip_invalid=skip_invalid, dry_run=True, **lines.submit_kwargs(),
+                              on_line_error=progress.on_line_error, on_progress=progress.on_progress)
 
 
 @contextmanager

@@ -74,3 +74,13 @@ FILE_EXPIRY_RANGE_S = (3600, 2592000)  # expires_after.seconds, as OpenAI's: 1 h
 
 # `miro generate`
 GENERATE_MAX_TOKENS = 256
+
+# a batch's requests wait in storage (worker/fleet/spool.py) and are made into RQ jobs a chunk at a time (feed.py),
+# so Redis holds what is in flight: enough queued on a batch's queue for every seat of the workers serving it, twice
+# over, plus a margin; a feeder writes at most FEED_CHUNKS_PER_CALL chunks per call, so a worker's round stays short
+SPOOL_CHUNK = 1000  # requests per stored chunk file, and per job-writing Lua script
+FEED_MARGIN = 1000
+FEED_SEATS_FACTOR = 2
+FEED_CHUNKS_PER_CALL = 4
+FEED_BATCHES_PER_CALL = 8
+FEED_LOCK_TTL_MS = 30_000

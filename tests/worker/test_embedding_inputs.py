@@ -9,7 +9,7 @@ import pytest
 from miro.core.errors import MiroError
 from miro.worker.fleet.inputs import parse_dataset
 from miro.worker.fleet.payload import JobPayload
-from miro.worker.fleet.submit import payload
+from miro.worker.fleet.job_writer import payload
 from input_lines import CHAT, parse, write
 
 EMBEDDINGS = "/v1/embeddings"

@@ -381,7 +381,7 @@ def test_the_job_function_name_every_job_carries_finds_the_process_module():
     jobs queued before the function moved to miro.worker.process.jobs): RQ still imports it by that name."""
     from rq.utils import import_attribute
 
-    from miro.worker.fleet.submit import JOB_FUNCTION
+    from miro.worker.fleet.job_writer import JOB_FUNCTION
     from miro.worker.process import jobs
     from miro.worker.process.batch_worker import ALLOWED_FUNCTIONS
 

@@ -20,9 +20,10 @@ from rq.utils import utcparse
 
 from miro.cli.main import cli
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, keys
+from miro.worker.fleet import batches, feed, keys
 from miro.worker.fleet.inputs import parse_dataset
-from miro.worker.fleet.submit import JOB_FUNCTION, RESULT_TTL, _Enqueuer, submit
+from miro.worker.fleet.job_writer import JOB_FUNCTION, RESULT_TTL, JobWriter
+from miro.worker.fleet.submit import submit
 
 BIN = Path(sys.executable).parent
 CHAT = "/v1/chat/completions"
@@ -147,7 +148,7 @@ def test_stored_job_hashes_equal_rqs_own(tmp_path, redis_url):
     data = write(tmp_path / "mixed.jsonl", *MIXED, {"id": "\u00e9t\u00e9 \U0001f600 " + "x" * 300, "prompt": "long id"})
     conn = conn_for(redis_url)
     result = submit(conn, data, chunk_size=4, job_timeout="30m", model="smollm2-135m")
-    enqueuer = _Enqueuer(conn, "miro:smollm2-135m", result.batch_id, "smollm2-135m", "normal", 1800)
+    enqueuer = JobWriter(conn, "miro:smollm2-135m", result.batch_id, "smollm2-135m", "normal", 1800)
     parsed = parse_dataset(data)
     assert len(parsed.requests) == 6
     for request in parsed.requests:
@@ -160,31 +161,42 @@ def test_stored_job_hashes_equal_rqs_own(tmp_path, redis_url):
 def test_options_queue_model_output_and_batch_list(tmp_path, redis_url):
     data = write(tmp_path / "d.jsonl", *MIXED[:2])
     other_model = write_tiny_llama(tmp_path / "other-model.gguf")["path"]  # a .gguf file here is a known model
+    output = f"file://{tmp_path}/out"  # a URI is kept as given (the requests are stored there)
     first = run("submit", data, "--redis-url", redis_url, "--queue", "gpu", "--model", str(other_model),
-                "--output", "s3://bucket/out")
+                "--output", output)
     second = run("submit", data, "--redis-url", redis_url)
     assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
     conn = conn_for(redis_url)
     assert queue(conn, "gpu").count == 2 and queue(conn).count == 2
     listed = batches.list_batches(conn)
     assert [b.id for b in listed] == [second.stdout.strip(), first.stdout.strip()]  # newest first
-    assert listed[1].output == "s3://bucket/out" and listed[1].model == str(other_model)
+    assert listed[1].output == output and listed[1].model == str(other_model)
     assert listed[1].name == "d.jsonl" and listed[1].queue == "gpu"
     job = Job.fetch(queue(conn, "gpu").job_ids[0], connection=conn, serializer=JSONSerializer)
     assert job.kwargs["model"] == str(other_model) and job.origin == "gpu"
 
 
-def test_many_lines_in_chunks_keep_order(tmp_path, redis_url):
+def test_many_lines_are_stored_and_fed_a_window_at_a_time_in_order(tmp_path, redis_url):
+    """Submit stores every request and queues the first window (FEED_MARGIN with no worker); each top-up once the
+    queue drains queues the next chunk, so the job ids come in file order across windows."""
     data = write(tmp_path / "d.jsonl", *({"id": f"r{i}", "prompt": f"p {i}"} for i in range(2500)))
     conn = conn_for(redis_url)
-    result = submit(conn, data, chunk_size=1000)
-    assert result.enqueued == 2500 and result.jobs_per_s > 0
+    result = submit(conn, data, chunk_size=1000, output=str(tmp_path / "out"))
+    assert result.enqueued == 1000 and result.stored == 2500 and result.jobs_per_s > 0
+    record = batches.get_batch(conn, result.batch_id)
+    assert (record.total, record.chunks, record.spooled, record.fed, record.fed_requests) == (2500, 3, 2500, 1, 1000)
+    assert sorted(p.name for p in (tmp_path / "out" / result.batch_id / "_requests").iterdir()) == \
+        ["0000000.jsonl", "0000001.jsonl", "0000002.jsonl"]
     q = queue(conn)
-    assert q.count == 2500
-    assert q.job_ids == [batches.job_id(result.batch_id, f"r{i}") for i in range(2500)]
-    assert batches.get_batch(conn, result.batch_id).total == 2500
+    assert feed.top_up(conn) == 0  # the window is full
+    seen = []
+    while q.count:
+        seen += [jid.decode() for jid in conn.lpop(q.key, 1000)]  # the fleet drains the queue
+        feed.top_up(conn)
+    assert seen == [batches.job_id(result.batch_id, f"r{i}") for i in range(2500)]
     assert conn.hlen(keys.batch_jobs(result.batch_id)) == 2500
-
+    assert conn.zscore(keys.feeding(), result.batch_id) is None  # nothing left to feed
+    assert batches.get_batch(conn, result.batch_id).fed_requests == 2500
 
 # ---- bad inputs: nothing enqueued -------------------------------------------------------------------
 

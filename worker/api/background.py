@@ -6,7 +6,8 @@
   `miro:ended-batches`), so a batch reaches completed, cancelled or expired with its files without anyone asking;
 - delete the files past their expires_at, records and bytes (FileStore.sweep_expired);
 - delete the RQ job keys of batches that ended a while ago and are still waiting for it (release.release_stale, as
-  every worker does too).
+  every worker does too);
+- feed the batches whose requests wait in storage (feed.top_up, as every worker does too).
 
 A Redis that stops answering is said once in the log and tried again each round; nothing here ends the server.
 """
@@ -20,7 +21,7 @@ import redis
 
 from miro.core.defaults import SERVER_SWEEP_S
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, expiry, keys, release
+from miro.worker.fleet import batches, expiry, feed, keys, release
 
 from . import batch_records
 from .batch_shape import ENDED, with_result_files
@@ -64,6 +65,7 @@ class Background(threading.Thread):
         finalize_ended(self.state)
         self.state.store.sweep_expired()
         release.release_stale(self.state.conn)
+        feed.top_up(self.state.conn)
 
     def run(self) -> None:
         while not self._stopped.wait(self.interval_s):

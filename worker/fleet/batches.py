@@ -93,6 +93,13 @@ class BatchRecord:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, those served from the prefix cache
     completion_tokens: int = 0
+    # its requests in storage (spool.py), fed to the queue a chunk at a time (feed.py); 0 chunks in older records
+    chunks: int = 0  # chunk files of stored requests
+    spooled: int = 0  # requests in them
+    fed: int = 0  # chunks made into RQ jobs so far, in order
+    fed_requests: int = 0  # the requests in them
+    feed_closed: int = 0  # 1 once a cancel or expiry stopped the feeding: what was not fed is counted cancelled
+    unfed_cancelled: int = 0  # how many requests that was (a resume takes them back)
     stamps: dict[str, float] = field(default_factory=dict)  # status -> when the batch last took it
 
     @staticmethod
@@ -132,6 +139,16 @@ class BatchRecord:
         """Requests that did not run because the batch's completion window ended (the cancelled ones of an
         expiring or expired batch)."""
         return self.cancelled if self.status in ("expiring", "expired") else 0
+
+    @property
+    def unfed(self) -> int:
+        """Stored requests not yet made into RQ jobs."""
+        return self.spooled - self.fed_requests
+
+    @property
+    def feeding(self) -> bool:
+        """Chunks are left to feed and nothing stopped the feeding."""
+        return self.fed < self.chunks and not self.feed_closed
 
     def is_due(self, now: float) -> bool:
         """Past its completion window while it still runs."""
@@ -252,16 +269,19 @@ def _now() -> str:
 def create_batch(conn: redis.Redis, *, name: str, model: str, input_file: str, output: str, total: int,
                  queue: str, priority: str = defaults.PRIORITY, job_timeout: int | None = None,
                  task: str = "generate", endpoint: str = "",
-                 completion_window: str | None = defaults.COMPLETION_WINDOW) -> str:
+                 completion_window: str | None = defaults.COMPLETION_WINDOW, batch_id: str | None = None,
+                 chunks: int = 0, spooled: int = 0) -> str:
     """Write a new batch record with status `validating` and index it (and its deadline, unless
-    `completion_window` is None); returns the new batch id. A window that is no duration is a MiroError."""
+    `completion_window` is None); returns the batch id (`batch_id`, or a new one). `chunks` chunk files holding
+    `spooled` requests wait in storage to be fed (feed.py). A window that is no duration is a MiroError."""
     window_s = None if completion_window is None else durations.completion_window(completion_window)
-    batch_id = new_batch_id()
+    batch_id = batch_id or new_batch_id()
     created = float(_now())
     record = BatchRecord(id=batch_id, status="validating", created_at=created, name=name, model=model,
                          input_file=input_file, output=output, queue=queue, priority=priority, job_timeout=job_timeout,
                          task=task, endpoint=endpoint, completion_window=completion_window or "",
-                         expires_at=None if window_s is None else created + window_s, stamps={"validating": created})
+                         expires_at=None if window_s is None else created + window_s, chunks=chunks, spooled=spooled,
+                         stamps={"validating": created})
     pipe = conn.pipeline(transaction=True)
     pipe.hset(record.key(batch_id), mapping=record.to_hash())
     if total:
@@ -269,6 +289,8 @@ def create_batch(conn: redis.Redis, *, name: str, model: str, input_file: str, o
     pipe.zadd(keys.batches(), {batch_id: created})
     if record.expires_at is not None:
         pipe.zadd(keys.batch_deadlines(), {batch_id: record.expires_at})
+    if chunks:
+        pipe.zadd(keys.feeding(), {batch_id: created})
     pipe.execute()
     return batch_id
 

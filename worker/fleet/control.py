@@ -22,8 +22,8 @@ from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp
 
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, keys, release, routing, rq_private, scripts
-from miro.worker.fleet.submit import ABANDONED_RETRIES
+from miro.worker.fleet import batches, feed, keys, release, routing, rq_private, scripts
+from miro.worker.fleet.job_writer import ABANDONED_RETRIES
 
 CHUNK = 1000
 SWEEP_EVERY_S = 5.0  # while cancel waits, how often it looks for jobs put back on the queue (it reads the queue)
@@ -42,13 +42,15 @@ def _queue(conn: redis.Redis, batch: batches.BatchRecord) -> Queue:
 
 
 def sweep(conn: redis.Redis, batch: batches.BatchRecord) -> int:
-    """Requeue the jobs of dead workers (RQ's clean-up), then take the batch's queued jobs off; returns how many.
+    """Stop feeding the batch, requeue the jobs of dead workers (RQ's clean-up), then take the batch's queued jobs
+    off; returns how many.
 
     Taking them off the queue is one atomic script (a list rewrite: ~0.2 s per 100,000 queued jobs); marking
     them canceled runs in chunks, so Redis never stays busy long. The jobs wait in between on a list of their
     own, so a cancel that dies half-way leaves nothing behind that the next `miro cancel` does not finish.
     """
     queue, batch_id = _queue(conn, batch), batch.id
+    feed.close(conn, batch_id)  # what storage still holds is counted cancelled: it is never fed
     StartedJobRegistry(queue=queue).cleanup()
     prefix = f"{batch_id}-"  # every job id of the batch starts so (batches.job_id)
     removed = int(scripts.TAKE_OFF_QUEUE(conn, [queue.key, keys.batch_cancel_pending(batch_id)], [prefix]))

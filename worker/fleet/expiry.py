@@ -16,16 +16,13 @@ again every RESWEEP_S for the jobs RQ's clean-up put back on its queue.
 
 from __future__ import annotations
 
-import secrets
 import time
-from contextlib import contextmanager
-from typing import Iterator
 
 import redis
 
 from miro.core.errors import MiroError
 
-from . import batches, control, keys, scripts
+from . import batches, control, keys, locks, scripts
 
 LOCK_TTL_MS = 30_000  # a holder that dies frees the lock after this long
 RESWEEP_S = control.SWEEP_EVERY_S  # how often an expiring batch's queue is swept again, and a not-yet-due one looked at
@@ -39,18 +36,6 @@ def expire_due(conn: redis.Redis, now: float | None = None) -> list[str]:
     return [batch_id for batch_id in due if expire(conn, batch_id, now)]
 
 
-@contextmanager
-def _lock(conn: redis.Redis, batch_id: str) -> Iterator[bool]:
-    """True while this caller holds the batch's expiry lock; False if another does."""
-    key, token = keys.batch_expiry_lock(batch_id), secrets.token_hex(8)
-    held = bool(conn.set(key, token, nx=True, px=LOCK_TTL_MS))
-    try:
-        yield held
-    finally:
-        if held:
-            scripts.RELEASE_LOCK(conn, [key], [token])
-
-
 def expire(conn: redis.Redis, batch_id: str, now: float | None = None) -> bool:
     """Expire the batch if its window has ended; True if this call moved it to ``expiring``.
 
@@ -59,7 +44,7 @@ def expire(conn: redis.Redis, batch_id: str, now: float | None = None) -> bool:
     """
     now = time.time() if now is None else now
     deadlines = keys.batch_deadlines()
-    with _lock(conn, batch_id) as held:
+    with locks.held(conn, keys.batch_expiry_lock(batch_id), LOCK_TTL_MS) as held:
         if not held:
             return False
         try:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Literal
+from typing import Any, BinaryIO, Callable, Iterator, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -342,16 +343,62 @@ def _checked_defaults(defaults: dict | None) -> dict:
     return defaults
 
 
+@dataclass
+class DatasetScan:
+    """What scan_dataset has read so far; whole once its iterator is exhausted."""
+
+    lines: int = 0  # request lines read: valid + invalid (blank lines are no requests)
+    valid: int = 0
+    invalid: int = 0
+    task: str = "generate"  # the task asked for, or the first valid line's
+    file_error: str | None = None  # a problem with the whole file (empty, or no line a request), set at the end
+    bytes_read: int = 0
+    bytes_total: int = 0
+
+
+class FirstLines:
+    """custom id -> the line that first used it, for small files (seen_ids.SeenIds keeps 12 bytes an id)."""
+
+    def __init__(self):
+        self._lines: dict[str, int] = {}
+
+    def first_line(self, custom_id: str, line: int) -> int | None:
+        """The line that used `custom_id` before, or None (and `line` is remembered as its first)."""
+        first = self._lines.setdefault(custom_id, line)
+        return None if first == line else first
+
+    def __contains__(self, custom_id: str) -> bool:
+        return custom_id in self._lines
+
+
 def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000,
                   endpoint: str | None = None, task: str | None = None,
                   pooling_defaults: dict | None = None) -> ParseResult:
-    """Validate a JSONL dataset; every line becomes a Request or a LineError. Raises MiroError if unreadable.
+    """Validate a JSONL dataset into memory: scan_dataset's items as lists (for files that fit in memory)."""
+    scan, result = DatasetScan(), ParseResult()
+    for item in scan_dataset(path, defaults, max_line_bytes, endpoint, task, pooling_defaults, scan=scan):
+        (result.errors if isinstance(item, LineError) else result.requests).append(item)
+    result.file_error, result.task = scan.file_error, scan.task
+    return result
+
+
+PROGRESS_EVERY = 4096  # lines between two on_progress calls
+
+
+def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000,
+                 endpoint: str | None = None, task: str | None = None, pooling_defaults: dict | None = None, *,
+                 scan: DatasetScan | None = None, seen=None,
+                 on_progress: Callable[[DatasetScan], None] | None = None) -> Iterator[Request | LineError]:
+    """Validate a JSONL dataset line by line: yields a Request or a LineError per request line, in file order,
+    holding one line in memory at a time. Raises MiroError if the file cannot be read.
 
     With `endpoint` (an OpenAI batch's, e.g. "/v1/chat/completions") every line must be an OpenAI Batch line
     with that url, as OpenAI's Batch API requires. `task` ("generate" or "embed") is what the batch does; with
     "embed" a simple line's `prompt` is embedded. Without it the first valid line decides. `defaults` are
     SamplingParams keyword arguments for generation lines without them, `pooling_defaults` PoolingParams ones
-    for embedding lines.
+    for embedding lines. `scan` is filled in as it goes; `seen` remembers custom ids (anything with
+    `first_line(custom_id, line) -> earlier line or None`: seen_ids.SeenIds for big files, a dict by default);
+    `on_progress(scan)` is called every PROGRESS_EVERY lines and at the end.
     """
     path = Path(path)
     defaults = _checked_defaults(defaults)
@@ -367,61 +414,74 @@ def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes
     except OSError as e:
         raise MiroError(f"Dataset file '{path}' cannot be read ({e.strerror or e}).") from None
 
-    result = ParseResult()
+    scan = scan if scan is not None else DatasetScan()
+    seen = seen if seen is not None else FirstLines()
+    scan.task = task or scan.task
     task_line: int | None = None  # the line that set the batch's task, when no task was given
-    first_line: dict[str, int] = {}
     saw_content = False
     first_content = b""
+
+    def invalid(number: int, custom_id: str | None, message: str, code: str = "invalid_request") -> LineError:
+        scan.invalid += 1
+        return LineError(number, custom_id, message, code)
+
     with f:
+        scan.bytes_total = os.fstat(f.fileno()).st_size
         for number, content, size in _read_lines(f, max_line_bytes):
+            if on_progress is not None and number % PROGRESS_EVERY == 0:
+                scan.bytes_read = f.tell()
+                on_progress(scan)
             if content is None:
                 saw_content = True
-                message = f"line {number}: the line is {size:,} bytes, over the limit of {max_line_bytes:,} bytes."
-                result.errors.append(LineError(number, None, message))
+                scan.lines += 1
+                yield invalid(number, None, f"line {number}: the line is {size:,} bytes, over the limit of "
+                                            f"{max_line_bytes:,} bytes.")
                 continue
             if number == 1 and content.startswith(b"\xef\xbb\xbf"):
                 content = content[3:]  # a UTF-8 byte order mark, as some editors write
             if not content.strip():
                 continue
             saw_content = True
+            scan.lines += 1
             first_content = first_content or content.strip()
             try:
                 text = content.decode("utf-8")
             except UnicodeDecodeError as e:
                 bad = f"byte 0x{content[e.start]:02x} at byte {e.start + 1} of the line"
-                result.errors.append(LineError(number, None, f"line {number}: not valid UTF-8 ({bad})."))
+                yield invalid(number, None, f"line {number}: not valid UTF-8 ({bad}).")
                 continue
             try:
                 request = _parse_line(number, text, defaults, pooling_defaults, task)
             except _LineProblem as problem:
-                result.errors.append(LineError(number, problem.custom_id, f"line {number}: {problem}."))
-                continue
-            if request.custom_id in first_line:
-                first, shown = first_line[request.custom_id], short_text(request.custom_id)
-                message = f"line {number}: duplicate custom id {shown!r} (first used on line {first})."
-                result.errors.append(LineError(number, request.custom_id, message, "duplicate_custom_id"))
+                yield invalid(number, problem.custom_id, f"line {number}: {problem}.")
                 continue
             if endpoint is not None and request.url != endpoint:
                 given = f"url '{request.url}'" if request.url else "no url (a simple line)"
-                message = f"line {number}: {given}, but the batch's endpoint is '{endpoint}'."
-                result.errors.append(LineError(number, request.custom_id, message, "url_mismatch"))
+                yield invalid(number, request.custom_id, f"line {number}: {given}, but the batch's endpoint is "
+                                                         f"'{endpoint}'.", "url_mismatch")
                 continue
             if task is None and task_line is None:
                 task_line = number
-                result.task = request.task
-            if request.task != (task or result.task):
-                message = _task_mismatch(number, request, task, task_line)
-                result.errors.append(LineError(number, request.custom_id, message, "task_mismatch"))
+                scan.task = request.task
+            if request.task != scan.task:
+                yield invalid(number, request.custom_id, _task_mismatch(number, request, task, task_line),
+                              "task_mismatch")
                 continue
-            first_line[request.custom_id] = number
-            result.requests.append(request)
-    if task is not None:
-        result.task = task
+            first = seen.first_line(request.custom_id, number)
+            if first is not None:
+                shown = short_text(request.custom_id)
+                yield invalid(number, request.custom_id, f"line {number}: duplicate custom id {shown!r} (first used "
+                                                         f"on line {first}).", "duplicate_custom_id")
+                continue
+            scan.valid += 1
+            yield request
+        scan.bytes_read = scan.bytes_total
     if not saw_content:
-        result.file_error = f"Dataset file '{path}' is empty: it has no request lines."
-    elif not result.requests:
-        result.file_error = _wrong_format(path, first_content)
-    return result
+        scan.file_error = f"Dataset file '{path}' is empty: it has no request lines."
+    elif not scan.valid:
+        scan.file_error = _wrong_format(path, first_content)
+    if on_progress is not None:
+        on_progress(scan)
 
 
 def _task_mismatch(number: int, request: Request, task: str | None, task_line: int | None) -> str:

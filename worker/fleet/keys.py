@@ -116,3 +116,13 @@ def api_batch(batch_id: str) -> str:
     ids, once the server has written them)."""
     return f"{PREFIX}:api-batch:{batch_id}"
 
+
+
+def feeding() -> str:
+    """Sorted set: batches with stored requests still to make into jobs, scored by creation time (feed.py)."""
+    return f"{PREFIX}:feeding"
+
+
+def batch_feed_lock(batch_id: str) -> str:
+    """String with a TTL: held by the one worker, server or submitter feeding the batch now (feed.py)."""
+    return f"{PREFIX}:batch:{batch_id}:feed-lock"

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from miro.core.errors import MiroError
 
-from . import batches, keys, storage
+from . import batches, keys, spool, storage
 from .batches import BatchRecord
 from .rows import SCHEMA, TASK_COLUMNS, expired_rows, invalid_line_rows, openai_line
 from .sink import open_output, write_table_atomically
@@ -83,7 +83,8 @@ def _expired(conn, batch: BatchRecord, parts: pa.Table) -> pa.Table:
     """The requests of an expired batch with no row: those its window cut off."""
     ran = set(pc.unique(parts["custom_id"]).to_pylist())
     jobs = {cid.decode(): jid.decode() for cid, jid in conn.hgetall(keys.batch_jobs(batch.id)).items()}
-    return expired_rows(batch.id, {cid: jid for cid, jid in jobs.items() if cid not in ran})
+    never_fed = {r.custom_id: batches.job_id(batch.id, r.custom_id) for r in spool.never_fed(batch)}
+    return expired_rows(batch.id, {cid: jid for cid, jid in jobs.items() if cid not in ran} | never_fed)
 
 
 def cut_constraints_note(table: pa.Table) -> str | None:

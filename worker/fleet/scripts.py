@@ -226,15 +226,16 @@ redis.call('HINCRBY', KEYS[3], 'cancelled', counted)
 return #ids
 """)
 
-# KEYS: queue list, rq:queues set, batch jobs hash, then one job hash key per job.
-# ARGV: n shared fields, then n (name, value) pairs, then per job: job id, custom id, data, meta, description.
-WRITE_JOBS = Lua("""
-local n = tonumber(ARGV[1])
+# The loop both job writers share: ARGV from @A on is n shared fields, then n (name, value) pairs, then per job: job id,
+# custom id, data, meta, description; the job hash keys are KEYS[@K] on. KEYS[1..3]: queue list, rq:queues set, the
+# batch's jobs hash.
+_WRITE_JOBS_LOOP = """
+local n = tonumber(ARGV[@A])
 local shared = {}
-for i = 2, 1 + 2 * n do shared[#shared + 1] = ARGV[i] end
-local p = 2 + 2 * n
+for i = @A + 1, @A + 2 * n do shared[#shared + 1] = ARGV[i] end
+local p = @A + 1 + 2 * n
 local ids = {}
-for k = 4, #KEYS do
+for k = @K, #KEYS do
   redis.call('HSET', KEYS[k], 'data', ARGV[p + 2], 'meta', ARGV[p + 3], 'description', ARGV[p + 4], unpack(shared))
   redis.call('HSET', KEYS[3], ARGV[p + 1], ARGV[p])
   ids[#ids + 1] = ARGV[p]
@@ -244,9 +245,51 @@ redis.call('SADD', KEYS[2], KEYS[1])
 for i = 1, #ids, 1000 do  -- unpack() is limited by Lua's C stack
   redis.call('RPUSH', KEYS[1], unpack(ids, i, math.min(i + 999, #ids)))
 end
+"""
+
+# KEYS: queue list, rq:queues set, batch jobs hash, then one job hash key per job; ARGV: the loop's -> jobs written.
+WRITE_JOBS = Lua(_WRITE_JOBS_LOOP.replace("@A", "1").replace("@K", "4") + "return #ids")
+
+# KEYS: queue list, rq:queues set, batch jobs hash, batch hash, then one job hash key per job; ARGV: the chunk's index,
+# then the loop's. Writes the jobs of a stored chunk only if it is the batch's next one (`fed`), the feeding was not
+# closed and the batch runs (validating or in_progress), and moves `fed` on in the same step, so two feeders never
+# write one chunk twice and a cancel never races a feed. Returns the jobs written, or -1.
+FEED_JOBS = Lua("""
+local b = redis.call('HMGET', KEYS[4], 'fed', 'feed_closed', 'status')
+if tonumber(b[1] or '0') ~= tonumber(ARGV[1]) or b[2] == '1' then return -1 end
+if b[3] ~= 'in_progress' and b[3] ~= 'validating' then return -1 end
+""" + _WRITE_JOBS_LOOP.replace("@A", "2").replace("@K", "5") + """
+redis.call('HINCRBY', KEYS[4], 'fed', 1)
+redis.call('HINCRBY', KEYS[4], 'fed_requests', #ids)
 return #ids
 """)
 
+# KEYS: batch hash, the feeding set; ARGV: batch id. A cancel or expiry stops the feeding: the stored requests not yet
+# fed are counted cancelled at once (COUNT settles the batch once the fed ones are accounted for too). Returns how
+# many; 0 if it was closed before.
+CLOSE_FEED = Lua("""
+local b = redis.call('HMGET', KEYS[1], 'feed_closed', 'spooled', 'fed_requests')
+redis.call('ZREM', KEYS[2], ARGV[1])
+if b[1] == '1' then return 0 end
+local unfed = tonumber(b[2] or '0') - tonumber(b[3] or '0')
+redis.call('HSET', KEYS[1], 'feed_closed', 1, 'unfed_cancelled', unfed)
+if unfed > 0 then redis.call('HINCRBY', KEYS[1], 'cancelled', unfed) end
+return unfed
+""")
+
+# KEYS: batch hash, the feeding set; ARGV: batch id, its score there. A resume feeds again what a cancel or expiry
+# left unfed: those requests are no longer counted cancelled. Returns how many were taken back.
+REOPEN_FEED = Lua("""
+local b = redis.call('HMGET', KEYS[1], 'feed_closed', 'unfed_cancelled', 'fed', 'chunks')
+local back = 0
+if b[1] == '1' then
+  back = tonumber(b[2] or '0')
+  if back > 0 then redis.call('HINCRBY', KEYS[1], 'cancelled', 0 - back) end
+  redis.call('HSET', KEYS[1], 'feed_closed', 0, 'unfed_cancelled', 0)
+end
+if tonumber(b[3] or '0') < tonumber(b[4] or '0') then redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1]) end
+return back
+""")
 # ARGV: RQ's job key prefix, its result key prefix, its finished and canceled registry key prefixes, then job ids.
 # Deletes (UNLINK: freed off the main thread) the job hash and result stream of each job that is finished or
 # canceled, and takes it out of its queue's finished and canceled registries (the queue is the job's origin).

@@ -14,7 +14,7 @@ its last refresh; one that stops cleanly deletes it. Fields (all written as stri
   ``kv_usage`` (0-1), ``running``, ``waiting``, ``preemptions``, ``prefix_cache_hit_rate``, ``prefix_cache_queries``,
   ``prefix_cache_hits``, ``prompt_tokens_total``, ``generation_tokens_total``, ``prompt_tokens_per_s``,
   ``generation_tokens_per_s``, ``tokens_per_s`` (the two summed, written for other readers; rates over the last 10 s)
-- jobs: ``in_flight`` (taken from the queue, not finished), ``queued`` (jobs waiting in the worker's queues),
+- jobs: ``in_flight`` (taken from the queue, not finished), ``seats`` (how many it runs at once), ``queued`` (jobs waiting in the worker's queues),
   ``jobs_done``, ``jobs_failed``, ``jobs_cancelled`` (since the worker started)
 """
 
@@ -53,6 +53,7 @@ class WorkerRecord:
     cpu_tier: str | None = None
     stats: EngineStats = field(default_factory=EngineStats)
     in_flight: int = 0
+    seats: int = 0  # requests it runs at once (the engine's max_num_seqs): what the feeder keeps queued for
     queued: int = 0
     jobs_done: int = 0
     jobs_failed: int = 0

@@ -39,7 +39,7 @@ from miro.core import Engine, MiroError, defaults
 from miro.core.defaults import PRIORITIES
 from miro.core.registry import DEFAULT_MODEL
 
-from miro.worker.fleet import batches, expiry, release, routing, rq_private, scripts, workers
+from miro.worker.fleet import batches, expiry, feed, release, routing, rq_private, scripts, workers
 from miro.worker.fleet.control import uncounted_failures
 from miro.worker.fleet.payload import JobPayload
 from miro.worker.fleet.sink import ParquetSink
@@ -184,6 +184,7 @@ class BatchWorker(BaseWorker):
         if time.monotonic() - self._last_refresh >= workers.REFRESH_S:
             expiry.expire_due(self.connection)
             release.release_stale(self.connection)
+            feed.top_up(self.connection)
             self._cancel_cancelled_batches()
             self._enforce_timeouts()
             self._publish()
@@ -223,6 +224,8 @@ class BatchWorker(BaseWorker):
         """Take jobs while a priority has room; with nothing queued and `block`, wait IDLE_POLL_S first."""
         while queues := self._with_room():
             taken = self._take_next(queues)
+            if taken is None and feed.top_up(self.connection):  # the queue ran dry before a round's top-up
+                taken = self._take_next(queues)
             if taken is None:
                 if block:
                     time.sleep(defaults.IDLE_POLL_S)
@@ -451,7 +454,7 @@ class BatchWorker(BaseWorker):
             batches=sorted({f.payload.batch_id for f in self.in_flight.values()}),
             architecture=self.engine.config.architecture, weight_format=self.engine.weight_format,
             weight_memory=self.engine.weight_memory, cpu_tier=self.engine.cpu_tier, stats=self.engine.stats(),
-            in_flight=len(self.in_flight), queued=queued, jobs_done=self.jobs_done, jobs_failed=self.jobs_failed,
+            in_flight=len(self.in_flight), seats=self.engine.scheduler.max_num_seqs, queued=queued, jobs_done=self.jobs_done, jobs_failed=self.jobs_failed,
             jobs_cancelled=self.jobs_cancelled,
         )
 

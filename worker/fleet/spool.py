@@ -1,0 +1,110 @@
+"""A batch's validated requests in storage, the source of truth while Redis holds only those in flight.
+
+`miro-submit` writes every valid request, in file order, into chunk files of `chunk_size` requests beside the
+batch's part files: `{output}/{batch_id}/_requests/{k:07d}.jsonl` (a folder that Parquet readers of the batch folder skip, as they skip names starting with "_"), one JSON object per line with the fields of
+inputs.Request. The feeder (feed.py) turns one chunk at a time into RQ jobs; any worker can, since workers already
+reach `output` to write their part files. A chunk is written under a temporary name and renamed (an object store's
+upload is whole on close), so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict
+from typing import Iterator
+
+from pyarrow import fs as pafs
+
+from .inputs import Request
+from .payload import ResponseEcho
+from .sink import open_output
+
+
+def _folder(output: str, batch_id: str) -> tuple[pafs.FileSystem, str]:
+    filesystem, base = open_output(output)
+    return filesystem, f"{base}/{batch_id}/_requests"
+
+
+def _chunk_name(index: int) -> str:
+    return f"{index:07d}.jsonl"
+
+
+def _encode(request: Request) -> bytes:
+    return json.dumps(asdict(request), ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def _decode(line: bytes) -> Request:
+    fields = json.loads(line)
+    if fields.get("response") is not None:
+        fields["response"] = ResponseEcho(**fields["response"])
+    return Request(**fields)
+
+
+class SpoolWriter:
+    """Appends requests; every `chunk_size` of them become one chunk file."""
+
+    def __init__(self, output: str, batch_id: str, chunk_size: int):
+        self.filesystem, self.folder = _folder(output, batch_id)
+        self.chunk_size = chunk_size
+        self.chunks = 0  # chunk files written
+        self.requests = 0  # requests in them and in the buffer
+        self._buffer: list[bytes] = []
+
+    def add(self, request: Request) -> None:
+        self._buffer.append(_encode(request))
+        self.requests += 1
+        if len(self._buffer) >= self.chunk_size:
+            self._write()
+
+    def close(self) -> int:
+        """Write what is buffered; returns how many chunk files the batch has."""
+        if self._buffer:
+            self._write()
+        return self.chunks
+
+    def _write(self) -> None:
+        if self.chunks == 0:
+            self.filesystem.create_dir(self.folder, recursive=True)
+        path = f"{self.folder}/{_chunk_name(self.chunks)}"
+        data = b"".join(self._buffer)
+        if isinstance(self.filesystem, pafs.LocalFileSystem):
+            temporary = f"{self.folder}/.tmp-{uuid.uuid4().hex}"
+            with open(temporary, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        else:
+            with self.filesystem.open_output_stream(path) as stream:
+                stream.write(data)
+        self.chunks += 1
+        self._buffer = []
+
+
+def read_chunk(output: str, batch_id: str, index: int) -> list[Request]:
+    """The requests of chunk `index`, in file order."""
+    filesystem, folder = _folder(output, batch_id)
+    with filesystem.open_input_stream(f"{folder}/{_chunk_name(index)}") as stream:
+        data = stream.read()
+    return [_decode(line) for line in data.splitlines() if line]
+
+
+def requests_from(output: str, batch_id: str, first: int, chunks: int) -> Iterator[Request]:
+    """Every request of chunks first .. chunks - 1, one chunk in memory at a time."""
+    for index in range(first, chunks):
+        yield from read_chunk(output, batch_id, index)
+
+
+def remove(output: str, batch_id: str) -> None:
+    """Delete the batch's stored requests (a submission that was refused)."""
+    filesystem, folder = _folder(output, batch_id)
+    if filesystem.get_file_info(folder).type != pafs.FileType.NotFound:
+        filesystem.delete_dir(folder)
+
+
+def never_fed(batch) -> Iterator[Request]:
+    """The stored requests of a batch (batches.BatchRecord) that a cancel or expiry left unfed: they never ran."""
+    if batch.chunks and batch.feed_closed:
+        yield from requests_from(batch.output, batch.id, batch.fed, batch.chunks)
