@@ -62,6 +62,9 @@ RELEASE_GRACE_S = 30.0
 # the page's charts (worker/fleet/series.py): each worker appends a point per SERIES_STEP_S to short Redis streams,
 # a day of them at most, gone a day after the last
 SERIES_STEP_S = 5
+# ...and its record, counters and per-request index (release.py) stay this long after, as OpenAI keeps a batch's
+# files 30 days by default: `miro status`, `results` and `--resume` work until then
+BATCH_TTL_S = 30 * 86400
 SERIES_POINTS = 17280  # a day at 5 s
 SERIES_TTL_S = 86400
 SERIES_RATE_SPAN_S = 30.0  # a rate from counters spans at least this (they move when part files are written)

@@ -106,3 +106,13 @@ def test_a_worker_tops_up_the_queue_and_runs_a_batch_bigger_than_its_window(tmp_
     assert (batch.status, batch.completed, batch.fed) == ("completed", 23, 5)
     rows = pq.read_table(tmp_path / "out" / batch_id).to_pylist()  # the stored requests are no part of it
     assert sorted(r["custom_id"] for r in rows) == sorted(f"r{i}" for i in range(23))
+
+
+def test_stored_requests_that_cannot_be_read_are_said_and_the_feeder_goes_on(tmp_path, redis_url, small_window):
+    conn, batch_id = new_batch(tmp_path, redis_url, 23)
+    (tmp_path / "out" / batch_id / "_requests" / "0000002.jsonl").unlink()  # the storage lost a chunk
+    conn.delete(Queue(batches.get_batch(conn, batch_id).queue, connection=conn).key)
+    said: list[str] = []
+    assert feed.top_up(conn, log=said.append) == 0
+    assert len(said) == 1 and said[0].startswith(f"Cannot read chunk 2 of batch {batch_id}'s stored requests at ")
+    assert batches.get_batch(conn, batch_id).fed == 2  # nothing skipped: a feeder that can read it writes it

@@ -10,6 +10,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
+from miro.core import defaults
 from miro.worker import BatchWorker
 from miro.worker.fleet import batches, control, expiry, keys, release, results, scripts
 from miro.worker.fleet.routing import queue_for
@@ -57,6 +58,9 @@ def test_a_completed_batch_keeps_only_its_failed_jobs_and_status_results_and_ret
     assert set(rq_keys(conn, batch_id)) == {f"rq:failed:{queue_for(tiny_model)} {failed_job}", f"rq:job:{failed_job}",
                                             f"rq:results:{failed_job}"}
     assert conn.zscore(keys.batch_releases(), batch_id) is None
+    # what stays (record, counters, per-request index) goes by itself after BATCH_TTL_S
+    ttls = [conn.ttl(key) for key in keys.batch_all(batch_id) if conn.exists(key)]
+    assert len(ttls) >= 3 and all(defaults.BATCH_TTL_S - 60 < ttl <= defaults.BATCH_TTL_S for ttl in ttls)
 
     status = CliRunner().invoke(cli, ["status", batch_id, "--redis-url", redis_url])
     assert status.exit_code == 0 and "7/7 done" in status.output, status.output
@@ -87,8 +91,10 @@ def test_cancel_frees_the_jobs_and_resume_runs_exactly_the_unfinished_ones(tmp_p
     assert rq_keys(conn, batch_id) == []
     assert conn.llen(keys.batch_cancel_pending(batch_id)) == 0
 
+    assert conn.ttl(keys.batch(batch_id)) > 0  # an ended batch's keys expire...
     resumed = submit(conn, dataset, resume=batch_id)
     assert (resumed.enqueued, resumed.already_finished, resumed.expired) == (6, 4, 0)
+    assert [conn.ttl(key) for key in (keys.batch(batch_id), keys.batch_counted(batch_id))] == [-1, -1]  # ...not a running one's
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.completed, record.cancelled, record.total) == ("in_progress", 4, 0, 10)
     run_worker(conn, tiny_model)

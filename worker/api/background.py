@@ -65,7 +65,7 @@ class Background(threading.Thread):
         finalize_ended(self.state)
         self.state.store.sweep_expired()
         release.release_stale(self.state.conn)
-        feed.top_up(self.state.conn)
+        feed.top_up(self.state.conn, log=log.warning)
 
     def run(self) -> None:
         while not self._stopped.wait(self.interval_s):

@@ -307,6 +307,14 @@ def renew_window(conn: redis.Redis, batch: BatchRecord) -> float | None:
     return expires_at
 
 
+def persist(conn: redis.Redis, batch_id: str) -> None:
+    """Keep the batch's keys for good again (a resumed batch runs: release.py gave them a TTL when it ended)."""
+    pipe = conn.pipeline(transaction=False)
+    for key in keys.batch_all(batch_id):
+        pipe.persist(key)
+    pipe.execute()
+
+
 def set_status(conn: redis.Redis, batch_id: str, status: str) -> str:
     """Move a batch to `status` (atomically, only along the lifecycle); returns the previous status.
 

@@ -99,16 +99,17 @@ class RetryResult:
     invalid: int = 0  # failed requests that were invalid lines: there is nothing to run
 
 
-def _failed_jobs(conn: redis.Redis, batch_id: str) -> list[tuple[str, str]]:
-    """(custom id, job id) of every request of the batch whose job is FAILED in RQ."""
-    pairs = [(cid.decode(), jid.decode()) for cid, jid in conn.hgetall(keys.batch_jobs(batch_id)).items()]
+def _failed_jobs(conn: redis.Redis, batch: batches.BatchRecord) -> list[tuple[str, str]]:
+    """(custom id, job id) of every request of the batch whose job is FAILED in RQ: the jobs of its queue's failed
+    registry whose ids are the batch's (batches.job_id), so this takes the failures' time, not the batch's."""
+    registry = FailedJobRegistry(queue=_queue(conn, batch))
+    prefix = f"{batch.id}-"
+    ids = [jid for jid in registry.get_job_ids(cleanup=False) if jid.startswith(prefix)]
     failed = []
-    for start in range(0, len(pairs), CHUNK):
-        chunk = pairs[start:start + CHUNK]
-        pipe = conn.pipeline(transaction=False)
-        for _, jid in chunk:
-            pipe.hget(Job.key_for(jid), "status")
-        failed += [pair for pair, status in zip(chunk, pipe.execute()) if status == JobStatus.FAILED.value.encode()]
+    for start in range(0, len(ids), CHUNK):
+        jobs = Job.fetch_many(ids[start:start + CHUNK], connection=conn, serializer=JSONSerializer)
+        failed += [(job.meta["custom_id"], job.id) for job in jobs
+                   if job is not None and job.get_status(refresh=False) == JobStatus.FAILED]
     return failed
 
 
@@ -121,7 +122,7 @@ def retry(conn: redis.Redis, batch_id: str) -> RetryResult:
     if batch.status == "validating":
         raise MiroError(f"Batch {batch_id} is still being submitted; retry it once it is in progress.")
     result = RetryResult(invalid=conn.hlen(keys.batch_invalid(batch_id)))
-    failed = _failed_jobs(conn, batch_id)
+    failed = _failed_jobs(conn, batch)
     if not failed:
         return result
     batches.set_status(conn, batch_id, "in_progress")

@@ -14,7 +14,9 @@ once; a resume opens it again (REOPEN_FEED).
 from __future__ import annotations
 
 import time
+from typing import Callable
 
+import pyarrow as pa
 import redis
 
 from miro.core import defaults
@@ -46,11 +48,18 @@ def window(conn: redis.Redis, queue: str) -> int:
     return defaults.FEED_MARGIN + defaults.FEED_SEATS_FACTOR * seats_by_queue(conn).get(queue, 0)
 
 
-def top_up(conn: redis.Redis) -> int:
+def top_up(conn: redis.Redis, log: Callable[[str], None] | None = None) -> int:
     """Feed the batches in `miro:feeding` whose queue is short (the oldest FEED_BATCHES_PER_CALL first); returns
-    the jobs written."""
-    waiting = conn.zrange(keys.feeding(), 0, defaults.FEED_BATCHES_PER_CALL - 1)
-    return sum(feed(conn, batch_id.decode()) for batch_id in waiting)
+    the jobs written. A batch whose stored requests cannot be read from here is said to `log` and left to the
+    others that feed."""
+    written = 0
+    for batch_id in conn.zrange(keys.feeding(), 0, defaults.FEED_BATCHES_PER_CALL - 1):
+        try:
+            written += feed(conn, batch_id.decode())
+        except MiroError as e:
+            if log is not None:
+                log(str(e))
+    return written
 
 
 def feed(conn: redis.Redis, batch_id: str, max_chunks: int = defaults.FEED_CHUNKS_PER_CALL) -> int:
@@ -77,7 +86,12 @@ def feed(conn: redis.Redis, batch_id: str, max_chunks: int = defaults.FEED_CHUNK
             if not batch.feeding:
                 conn.zrem(keys.feeding(), batch_id)
                 break
-            jobs = writer.feed(batch.fed, spool.read_chunk(batch.output, batch_id, batch.fed))
+            try:
+                requests = spool.read_chunk(batch.output, batch_id, batch.fed)
+            except (OSError, pa.ArrowException) as e:
+                raise MiroError(f"Cannot read chunk {batch.fed} of batch {batch_id}'s stored requests at "
+                                f"{batch.output}: {e}") from None
+            jobs = writer.feed(batch.fed, requests)
             if jobs < 0:  # closed, stopped or moved on meanwhile
                 break
             written += jobs

@@ -126,3 +126,9 @@ def feeding() -> str:
 def batch_feed_lock(batch_id: str) -> str:
     """String with a TTL: held by the one worker, server or submitter feeding the batch now (feed.py)."""
     return f"{PREFIX}:batch:{batch_id}:feed-lock"
+
+
+def batch_all(batch_id: str) -> list[str]:
+    """The batch's record and its per-request keys: what an ended batch keeps until its TTL (release.py)."""
+    return [batch(batch_id), batch_jobs(batch_id), batch_invalid(batch_id), batch_counted(batch_id),
+            batch_cancel_pending(batch_id)]

@@ -19,6 +19,10 @@ once the jobs it holds are finished in RQ (the worker that counted the last requ
 sweep), and every worker and `miro serve` release, about once a second, any batch that ended more than
 RELEASE_GRACE_S ago and is still there: one whose releaser died half-way, or that RQ's own SimpleWorker ended.
 Releasing twice, or at once from two processes, deletes nothing twice.
+
+What stays is kept for BATCH_TTL_S (30 days) after the batch ended: the release gives the record and its
+per-request keys that TTL (scripts.EXPIRE_ENDED, only if the batch has still ended), so Redis ends up where it was
+before the batch; `--resume` makes them persist again (batches.persist).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from rq.results import Result
 
 from miro.core import defaults
 
-from . import keys, scripts
+from . import batches, keys, scripts
 
 _PREFIXES = (Job.redis_job_namespace_prefix, Result.get_key(""), FinishedJobRegistry.key_template.format(""),
              CanceledJobRegistry.key_template.format(""))
@@ -50,6 +54,7 @@ def release(conn: redis.Redis, batch_id: str, chunk: int = defaults.RELEASE_CHUN
         if cursor == 0:
             break
     if began is not None:
+        scripts.EXPIRE_ENDED(conn, keys.batch_all(batch_id), [defaults.BATCH_TTL_S, *sorted(batches.TERMINAL)])
         scripts.FORGET_RELEASE(conn, [keys.batch_releases()], [batch_id, repr(began)])
     return released
 

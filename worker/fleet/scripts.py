@@ -316,6 +316,19 @@ return released
 
 # KEYS: the batch releases; ARGV: batch id, the score it had when its release began. Takes it out only if it has not
 # ended again since (a retry that ended anew is released again).
+# KEYS: the batch hash, then its other keys; ARGV: seconds, the ended statuses... Gives every key a TTL if the batch
+# has ended (one resumed meanwhile keeps its keys: submit.py makes them persist again). Returns 1 if it did.
+EXPIRE_ENDED = Lua("""
+local status = redis.call('HGET', KEYS[1], 'status')
+for i = 2, #ARGV do
+  if status == ARGV[i] then
+    for k = 1, #KEYS do redis.call('EXPIRE', KEYS[k], ARGV[1]) end
+    return 1
+  end
+end
+return 0
+""")
+
 FORGET_RELEASE = Lua("""
 if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1])) == tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end
 return 0

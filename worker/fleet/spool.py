@@ -1,10 +1,11 @@
 """A batch's validated requests in storage, the source of truth while Redis holds only those in flight.
 
 `miro-submit` writes every valid request, in file order, into chunk files of `chunk_size` requests beside the
-batch's part files: `{output}/{batch_id}/_requests/{k:07d}.jsonl` (a folder that Parquet readers of the batch folder skip, as they skip names starting with "_"), one JSON object per line with the fields of
-inputs.Request. The feeder (feed.py) turns one chunk at a time into RQ jobs; any worker can, since workers already
-reach `output` to write their part files. A chunk is written under a temporary name and renamed (an object store's
-upload is whole on close), so a reader never sees half of one.
+batch's part files: `{output}/{batch_id}/_requests/{k:07d}.jsonl` (Parquet readers of the batch folder skip a
+folder whose name starts with "_"), one JSON object per line with the fields of inputs.Request that are set. The
+feeder (feed.py) turns one chunk at a time into RQ jobs; any worker can, since workers already reach `output` to
+write their part files. A chunk is written under a temporary name and renamed (an object store's upload is whole
+on close), so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Iterator
 
 from pyarrow import fs as pafs
@@ -31,15 +32,19 @@ def _chunk_name(index: int) -> str:
     return f"{index:07d}.jsonl"
 
 
+_NULLABLE = {f.name: None for f in fields(Request)}  # a field left out of a stored line is None
+
+
 def _encode(request: Request) -> bytes:
-    return json.dumps(asdict(request), ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    kept = {name: value for name, value in asdict(request).items() if value is not None}
+    return json.dumps(kept, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
 def _decode(line: bytes) -> Request:
-    fields = json.loads(line)
-    if fields.get("response") is not None:
-        fields["response"] = ResponseEcho(**fields["response"])
-    return Request(**fields)
+    values = _NULLABLE | json.loads(line)
+    if values["response"] is not None:
+        values["response"] = ResponseEcho(**values["response"])
+    return Request(**values)
 
 
 class SpoolWriter:

@@ -305,6 +305,7 @@ def _resume(conn: redis.Redis, batch_id: str, queue_name: str | None, model: str
             batches.renew_window(conn, batch)  # resumed past its window (expired, say): it starts again from now
         if result.enqueued or result.unfed or batch.status == "validating":
             batches.set_status(conn, batch_id, "in_progress")
+            batches.persist(conn, batch_id)  # it runs again: its keys no longer expire with its end
         while (fed := feed.feed(conn, batch_id)) > 0:
             result.enqueued += fed
     except redis.RedisError as e:

@@ -184,13 +184,16 @@ class BatchWorker(BaseWorker):
         if time.monotonic() - self._last_refresh >= workers.REFRESH_S:
             expiry.expire_due(self.connection)
             release.release_stale(self.connection)
-            feed.top_up(self.connection)
+            feed.top_up(self.connection, log=self._log_feed_problem)
             self._cancel_cancelled_batches()
             self._enforce_timeouts()
             self._publish()
             self._last_refresh = time.monotonic()
         if not self.in_flight and self.get_state() == WorkerStatus.BUSY:  # RQ marks it busy when a job starts
             self.set_state(WorkerStatus.IDLE)
+
+    def _log_feed_problem(self, message: str) -> None:
+        self.log.warning("Worker %s: %s", self.name, message)
 
     def run_maintenance_tasks(self):
         """RQ's maintenance (abandoned jobs queued again, or failed when out of retries), then the batch side of
@@ -224,7 +227,8 @@ class BatchWorker(BaseWorker):
         """Take jobs while a priority has room; with nothing queued and `block`, wait IDLE_POLL_S first."""
         while queues := self._with_room():
             taken = self._take_next(queues)
-            if taken is None and feed.top_up(self.connection):  # the queue ran dry before a round's top-up
+            # the queues ran dry before this round's top-up: feed now rather than idle for a round
+            if taken is None and feed.top_up(self.connection, log=self._log_feed_problem):
                 taken = self._take_next(queues)
             if taken is None:
                 if block:
