@@ -1,7 +1,8 @@
 """What a big batch costs Redis and the submitting machine (issue 25): submit, status and cancel of N simple
-short-prompt lines on a local redis-server, then one small batch run to completion through a real worker.
+short-prompt lines (--embed: embedding lines) on a local redis-server, then one small batch run to completion
+through a real worker.
 
-    python benchmarks/scale.py [--lines 200000] [--complete 20] [--json out.json]
+    python benchmarks/scale.py [--lines 200000] [--complete 20] [--embed] [--json out.json]
 
 It reports `miro-submit`'s wall time and peak RSS, Redis used_memory before submit, after it and at its peak,
 `miro status` and `miro cancel` times, used_memory after the cancel, and for the small batch how far used_memory
@@ -70,16 +71,19 @@ def used(conn: redis.Redis) -> int:
     return conn.info("memory")["used_memory"]
 
 
-def write_lines(path: Path, n: int) -> None:
+def write_lines(path: Path, n: int, embed: bool = False) -> None:
     with path.open("w") as f:
         for i in range(n):
-            f.write(json.dumps({"id": f"req-{i:07d}", "prompt": f"Write one short sentence about the number {i}.",
-                                "max_tokens": 4}) + "\n")
+            text = f"Write one short sentence about the number {i}."
+            line = {"id": f"req-{i:07d}", "input": text} if embed else {"id": f"req-{i:07d}", "prompt": text,
+                                                                          "max_tokens": 4}
+            f.write(json.dumps(line) + "\n")
 
 
-def big_batch(conn: redis.Redis, url: str, model: str, workdir: Path, n: int) -> dict:
+def big_batch(conn: redis.Redis, url: str, model: str, workdir: Path, n: int, embed: bool = False) -> dict:
     dataset = workdir / "big.jsonl"
-    write_lines(dataset, n)
+    write_lines(dataset, n, embed)
+    model = "all-minilm-l6-v2" if embed else model  # submit only names it: no worker runs the big batch
     before = used(conn)
     submit_s, submit_rss, batch_id = miro("submit", str(dataset), "--redis-url", url, "--model", model,
                                           "--output", str(workdir / "out"))
@@ -133,6 +137,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--complete", type=int, default=20, help="requests of the small batch run to completion")
+    parser.add_argument("--embed", action="store_true", help="the big batch's lines are embedding requests")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     from gguf_factory import write_tiny_llama
@@ -143,7 +148,7 @@ def main() -> None:
         proc, url = start_redis(workdir)
         try:
             conn = redis.Redis.from_url(url)
-            figures = {"big": big_batch(conn, url, model, workdir, args.lines)}
+            figures = {"big": big_batch(conn, url, model, workdir, args.lines, args.embed)}
             if args.complete:
                 figures["small"] = small_batch(conn, url, model, workdir, args.complete)
         finally:

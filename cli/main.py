@@ -141,6 +141,8 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
         log_to_stderr(f"Resumed {result.batch_id}: enqueued {result.enqueued:,} jobs; {result.already_finished:,} "
                       f"already finished, {result.in_flight:,} still queued or running"
                       + (f", {result.expired:,} had expired and were enqueued again" if result.expired else "")
+                      + (f", {result.unfed:,} stored requests a cancel or expiry had left are fed again"
+                         if result.unfed else "")
                       + f" ({where}).")
     else:
         stored = result.stored - result.enqueued
