@@ -171,10 +171,11 @@ def submit_main() -> None:
 def results(batch_id, out_path, fmt, errors_path, redis_url):
     """Merge BATCH's part files into one file: one row per custom id and choice, in input order, failed requests included."""
     from miro.worker.fleet.batches import connect
-    from miro.worker.fleet.results import collect, write_results
+    from miro.worker.fleet.results import BatchResults, write_results
 
-    table, batch = collect(connect(redis_url), batch_id)
-    written = write_results(table, out_path, fmt, errors_path)
+    merged = BatchResults(connect(redis_url), batch_id)  # written a slice of lines at a time
+    batch = merged.batch
+    written = write_results(merged, out_path, fmt, errors_path)
     log_to_stderr(f"{written.sentence()}: {batch_id} is {batch.status}, {batch.completed:,} completed and "
                   f"{batch.failed:,} failed of {batch.total:,}.")
     if written.note:

@@ -248,21 +248,22 @@ def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: 
                    interruption: Interruption, pace: Pace | None) -> bool:
     """OUTPUT if every request finished (then True), else the partial file; either way the line that says so."""
     from miro.worker.fleet import storage
-    from miro.worker.fleet.results import collect, write_parquet, write_results
+    from miro.worker.fleet.results import BatchResults, write_results
 
-    table, batch = collect(conn, batch_id)
+    merged = BatchResults(conn, batch_id)  # written a slice of lines at a time
+    batch = merged.batch
     partial = partial_path(out_path)
     if pace is not None:
         log_to_stderr(pace.summary(batch))
     if batch.status == "expired":  # what finished, and a batch_expired row for each request the window cut off
-        written = write_results(table, out_path, record["options"].get("format", "parquet"))
+        written = write_results(merged, out_path, record["options"].get("format", "parquet"))
         storage.remove(partial)
         log_to_stderr(f"Batch {batch_id} expired: its completion window ({batch.completion_window}) ended with "
                       f"{batch.expired:,} of {batch.total:,} requests not run. {written.sentence()}, those as "
                       "batch_expired errors; run the same command with --resume to run them in a new window.")
         return False
     if batch.status == "completed":
-        written = write_results(table, out_path, record["options"].get("format", "parquet"))
+        written = write_results(merged, out_path, record["options"].get("format", "parquet"))
         tokens = (f"{batch.prompt_tokens:,} tokens embedded" if batch.task == "embed" else
                   f"{batch.prompt_tokens:,} prompt and {batch.completion_tokens:,} completion tokens")
         log_to_stderr(f"{written.sentence()}: {batch.completed:,} completed, {batch.failed:,} failed, {tokens}.")
@@ -274,8 +275,8 @@ def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: 
     finished, total = batch.finished, batch.total
     counts = {"partial": "true", "batch_id": batch_id, "total": total, "done": finished, "completed": batch.completed,
               "failed": batch.failed}
-    metadata = {**(table.schema.metadata or {}), **{f"miro.{k}".encode(): str(v).encode() for k, v in counts.items()}}
-    write_parquet(table.replace_schema_metadata(metadata), partial)
+    metadata = {f"miro.{k}".encode(): str(v).encode() for k, v in counts.items()}
+    write_results(merged, partial, "parquet", metadata=metadata)
     state.save({**record, "batch_id": batch_id, "done": finished, "total": total})
     stopped = "Interrupted" if interruption.signal else "Stopped"
     log_to_stderr(f"{stopped} after {finished:,} of {total:,} requests: wrote them to {partial}; run the same command "

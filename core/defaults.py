@@ -54,17 +54,21 @@ SHUTDOWN_GRACE_S = 30.0  # after SIGTERM, for the requests in flight to finish b
 RUN_SHUTDOWN_GRACE_S = 5.0  # the same for `miro run`: the user is waiting, so a few seconds
 WAIT_FOR_REDIS_S = 30.0  # a worker keeps trying to reach Redis at start-up (fleets often start workers first)
 
+# `miro results` and `miro run` merge and write a batch's results this many rows (of its part files) at a time
+# (worker/fleet/part_slices.py), so their memory is a slice's, not the batch's
+RESULTS_SLICE_ROWS = 50_000
+
 # once a batch ends its finished and cancelled requests' RQ job keys go (worker/fleet/release.py): this many jobs per
 # Lua call, so Redis is never busy long; a batch its ender left half-released is finished by a sweep this much later
 RELEASE_CHUNK = 1000
 RELEASE_GRACE_S = 30.0
+# ...and its record, counters and per-request index (release.py) stay this long after, as OpenAI keeps a batch's
+# files 30 days by default: `miro status`, `results` and `--resume` work until then
+BATCH_TTL_S = 30 * 86400
 
 # the page's charts (worker/fleet/series.py): each worker appends a point per SERIES_STEP_S to short Redis streams,
 # a day of them at most, gone a day after the last
 SERIES_STEP_S = 5
-# ...and its record, counters and per-request index (release.py) stay this long after, as OpenAI keeps a batch's
-# files 30 days by default: `miro status`, `results` and `--resume` work until then
-BATCH_TTL_S = 30 * 86400
 SERIES_POINTS = 17280  # a day at 5 s
 SERIES_TTL_S = 86400
 SERIES_RATE_SPAN_S = 30.0  # a rate from counters spans at least this (they move when part files are written)

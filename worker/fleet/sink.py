@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from typing import IO, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -35,26 +37,44 @@ def open_output(uri: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
         raise MiroError(f"cannot open the output location '{uri}': {err}.") from None
 
 
-def write_table_atomically(filesystem: pafs.FileSystem, path: str, table: pa.Table) -> None:
-    """Write under a temporary name in the same folder, make it durable, then rename into place."""
+@contextmanager
+def atomic_output(filesystem: pafs.FileSystem, path: str) -> Iterator[IO[bytes]]:
+    """A stream to `path` under a temporary name in the same folder: made durable and renamed into place when the
+    block ends, deleted if it raises."""
     folder, name = path.rsplit("/", 1)
     filesystem.create_dir(folder, recursive=True)
     temporary = f"{folder}/.tmp-{uuid.uuid4().hex}-{name}"
-    if isinstance(filesystem, pafs.LocalFileSystem):
+    if not isinstance(filesystem, pafs.LocalFileSystem):
+        try:
+            with filesystem.open_output_stream(temporary) as stream:
+                yield stream
+        except BaseException:
+            with suppress(OSError):
+                filesystem.delete_file(temporary)
+            raise
+        filesystem.move(temporary, path)
+        return
+    try:
         with open(temporary, "wb") as f:
-            pq.write_table(table, f, compression="zstd")
+            yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(temporary, path)
-        directory = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself survives a power cut
-        finally:
-            os.close(directory)
-    else:
-        with filesystem.open_output_stream(temporary) as stream:
-            pq.write_table(table, stream, compression="zstd")
-        filesystem.move(temporary, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.remove(temporary)
+        raise
+    os.replace(temporary, path)
+    directory = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a power cut
+    finally:
+        os.close(directory)
+
+
+def write_table_atomically(filesystem: pafs.FileSystem, path: str, table: pa.Table) -> None:
+    """Write under a temporary name in the same folder, make it durable, then rename into place."""
+    with atomic_output(filesystem, path) as stream:
+        pq.write_table(table, stream, compression="zstd")
 
 
 @dataclass
