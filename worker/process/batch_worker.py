@@ -46,7 +46,7 @@ from miro.worker.fleet.sink import ParquetSink
 
 from .in_flight import InFlight
 from .jobs import GAVE_UP, add_requests, count_finished, job_rows, record_failure, summary
-from .worker_support import HeartbeatThread, PerJobLinesAtDebug, engine_options_from_env
+from .worker_support import HeartbeatThread, PerJobLinesAtDebug, engine_options_from_env, wait_for_redis
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
 
@@ -147,28 +147,25 @@ class BatchWorker(BaseWorker):
         done = 0
         try:
             while True:
-                self._tick()
-                if self.should_run_maintenance_tasks:
-                    self.run_maintenance_tasks()
-                if not self._stopping and (max_jobs is None or done + len(self.in_flight) < max_jobs):
-                    self._admit(block=not self.in_flight and not burst)
-                if self.in_flight and time.monotonic() > self._stop_deadline:
-                    self._flush(force=True)
-                    self._requeue_in_flight()
-                if not self.in_flight:
-                    self._flush(force=True)
-                    if burst or self._stopping or (max_jobs is not None and done >= max_jobs):
-                        break
-                    continue
-                step_started = time.perf_counter()
-                outputs = self.engine.step()
-                self.step_seconds += time.perf_counter() - step_started
-                for output in outputs:
-                    flight = self.by_request.pop(output.request_id, None) if output.finished else None
-                    if flight is not None and flight.take(output):  # the job's last request
-                        del self.in_flight[flight.job.id]
-                        self._finish(flight)
-                done += self._flush(force=False)
+                try:
+                    self._tick()
+                    if self.should_run_maintenance_tasks:
+                        self.run_maintenance_tasks()
+                    if not self._stopping and (max_jobs is None or done + len(self.in_flight) < max_jobs):
+                        self._admit(block=not self.in_flight and not burst)
+                    if self.in_flight and time.monotonic() > self._stop_deadline:
+                        self._flush(force=True)
+                        self._requeue_in_flight()
+                    if not self.in_flight:
+                        done += self._flush(force=True)
+                        if burst or self._stopping or (max_jobs is not None and done >= max_jobs):
+                            break
+                        continue
+                    self._step()
+                    done += self._flush(force=False)
+                except (redis.ConnectionError, redis.TimeoutError) as e:
+                    # the engine keeps its requests and the sinks their rows: counted and finished once it answers
+                    wait_for_redis(self.connection, e, self.log, f"Worker {self.name}", lambda: self._stopping)
         except SystemExit:
             self._requeue_in_flight()
             raise
@@ -178,6 +175,17 @@ class BatchWorker(BaseWorker):
             self._remove_record()
             self.teardown()
         return bool(done)
+
+    def _step(self) -> None:
+        """One engine step; each job whose last request finished gets its rows (written at the next flush)."""
+        step_started = time.perf_counter()
+        outputs = self.engine.step()
+        self.step_seconds += time.perf_counter() - step_started
+        for output in outputs:
+            flight = self.by_request.pop(output.request_id, None) if output.finished else None
+            if flight is not None and flight.take(output):  # the job's last request
+                del self.in_flight[flight.job.id]
+                self._finish(flight)
 
     def _tick(self) -> None:
         """The worker's periodic duties, between engine steps."""
@@ -307,11 +315,13 @@ class BatchWorker(BaseWorker):
             return 0
         for sink in self.sinks.values():
             sink.flush()
+        finished = []
         with self.held_lock:
-            finished, self.finished = self.finished, []
-            for flight, result in finished:
-                count_finished(self.connection, flight.payload, result)
+            while self.finished:  # one by one: a job Redis failed on stays, to be counted and finished again
+                flight, result = self.finished[0]
+                count_finished(self.connection, flight.payload, result)  # counts a request once, however often
                 rq_private.finalize_success(self, flight.job, flight.queue, flight.execution, result)
+                finished.append(self.finished.pop(0))
         self._release_ended({flight.payload.batch_id for flight, _ in finished})
         self.jobs_done += len(finished)
         return len(finished)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+from typing import Callable
 
 import redis
 from rq.worker.base import BaseWorker
@@ -69,3 +71,22 @@ class HeartbeatThread(threading.Thread):
     def stop(self) -> None:
         self._stopped.set()
         self.join()
+
+
+def wait_for_redis(conn: redis.Redis, error: Exception, log, who: str, stopping: Callable[[], bool]) -> None:
+    """Redis went away (a restart, a network cut): say so once, then try again until it answers, or raise `error`
+    once `stopping()`. A job whose heartbeat lapsed meanwhile may run again elsewhere; the merge keeps one row of it
+    and the count counts it once."""
+    log.warning("%s: Redis is unreachable (%s); trying again until it answers", who,
+                str(error).rstrip(".") or type(error).__name__)
+    pause = 0.5
+    while not stopping():
+        time.sleep(pause)
+        try:
+            conn.ping()
+        except (redis.ConnectionError, redis.TimeoutError):
+            pause = min(pause * 2, 5.0)
+            continue
+        log.info("%s: Redis answers again", who)
+        return
+    raise error

