@@ -93,7 +93,8 @@ def test_an_expired_batch_gives_its_unfed_requests_batch_expired_rows(tmp_path, 
     batch = batches.get_batch(conn, batch_id)
     assert (batch.status, batch.expired) == ("expired", 23)
     table, _ = results.collect(conn, batch_id)
-    assert sorted(table["custom_id"].to_pylist()) == sorted(f"r{i}" for i in range(23))
+    assert table["custom_id"].to_pylist() == [f"r{i}" for i in range(23)]  # at their lines, in file order
+    assert table["line"].to_pylist() == list(range(1, 24))
     assert set(table["error_code"].to_pylist()) == {"batch_expired"}
 
 

@@ -110,9 +110,17 @@ def unread_rows(conn, batch: BatchRecord, parts: Callable[[], pa.Table]) -> pa.T
 def _expired(conn, batch: BatchRecord, parts: pa.Table) -> pa.Table:
     """The requests of an expired batch with no row: those its window cut off."""
     ran = set(pc.unique(parts["custom_id"]).to_pylist())
-    jobs = {cid.decode(): jid.decode() for cid, jid in conn.hgetall(keys.batch_jobs(batch.id)).items()}
-    never_fed = {r.custom_id: batches.job_id(batch.id, r.custom_id) for r in spool.never_fed(batch)}
-    return expired_rows(batch.id, {cid: jid for cid, jid in jobs.items() if cid not in ran} | never_fed)
+    cut, lines = {}, {}
+    for request in spool.requests_from(batch.output, batch.id, 0, batch.chunks):  # each with its line
+        if request.custom_id not in ran:
+            cut[request.custom_id] = batches.job_id(batch.id, request.custom_id)
+            lines[request.custom_id] = request.line
+        ran.add(request.custom_id)  # seen: the index below need not give it again
+    # and what a batch from before requests were stored enqueued, or a --resume of an edited file added
+    for cid, jid in conn.hscan_iter(keys.batch_jobs(batch.id), count=1000):
+        if cid.decode() not in ran:
+            cut[cid.decode()] = jid.decode()
+    return expired_rows(batch.id, cut, lines)
 
 
 def cut_constraints(table: pa.Table) -> int:

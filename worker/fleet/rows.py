@@ -157,11 +157,13 @@ def error_row(payload: JobPayload, error: str, *, job_id: str, worker: str, prom
 EXPIRED_ERROR = "This request could not be executed before the completion window expired."
 
 
-def expired_rows(batch_id: str, job_ids: dict[str, str]) -> pa.Table:
-    """Requests an expired batch never ran (custom id -> job id), as failed rows with OpenAI's batch_expired code
-    (their line is not known: the results list them after the others)."""
-    rows = [{"batch_id": batch_id, "custom_id": cid, "job_id": jid, "choice_index": 0, "error": EXPIRED_ERROR,
-             "error_code": "batch_expired"} for cid, jid in job_ids.items()]
+def expired_rows(batch_id: str, job_ids: dict[str, str], lines: dict[str, int] | None = None) -> pa.Table:
+    """Requests an expired batch never ran (custom id -> job id), as failed rows with OpenAI's batch_expired code,
+    at their line if `lines` has it (a batch from before its requests were stored has none: the results list those
+    after the others)."""
+    lines = lines or {}
+    rows = [{"batch_id": batch_id, "custom_id": cid, "job_id": jid, "line": lines.get(cid), "choice_index": 0,
+             "error": EXPIRED_ERROR, "error_code": "batch_expired"} for cid, jid in job_ids.items()]
     return pa.Table.from_pylist(rows, SCHEMA) if rows else SCHEMA.empty_table()
 
 
