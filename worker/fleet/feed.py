@@ -75,13 +75,15 @@ def feed(conn: redis.Redis, batch_id: str, max_chunks: int = defaults.FEED_CHUNK
         return 0
     writer = JobWriter.for_batch(conn, batch)
     target = window(conn, batch.queue)
-    if conn.llen(writer.queue.key) >= target:
+    if conn.llen(writer.queue.key) >= target:  # the common case, without taking the lock
         return 0
     written = 0
     with locks.held(conn, keys.batch_feed_lock(batch_id), defaults.FEED_LOCK_TTL_MS) as held:
         if not held:
             return 0
         for _ in range(max_chunks):
+            if conn.llen(writer.queue.key) >= target:  # the window is full (another feeder may just have filled it)
+                break
             batch = batches.get_batch(conn, batch_id)  # its position now: another feeder may have moved it
             if not batch.feeding:
                 conn.zrem(keys.feeding(), batch_id)
@@ -95,8 +97,6 @@ def feed(conn: redis.Redis, batch_id: str, max_chunks: int = defaults.FEED_CHUNK
             if jobs < 0:  # closed, stopped or moved on meanwhile
                 break
             written += jobs
-            if conn.llen(writer.queue.key) >= target:
-                break
     return written
 
 
