@@ -91,6 +91,7 @@ class BatchWorker(BaseWorker):
         self.deadlines: dict[str, float | None] = {}  # batch id -> its expires_at, for the same batches
         self.record: workers.WorkerRecord | None = None  # the last one written to its hash (metrics.py reads it)
         self._last_refresh = 0.0
+        self._last_feed = 0.0  # when it last fed because its queues ran dry
         # Held jobs (in flight, or finished and waiting for their rows to be written) change hands only under
         # this lock, so the heartbeat thread never beats a job the loop has just finished, failed or requeued.
         self.held_lock = threading.Lock()
@@ -158,6 +159,8 @@ class BatchWorker(BaseWorker):
                         self._requeue_in_flight()
                     if not self.in_flight:
                         done += self._flush(force=True)
+                        if burst and not self._stopping and self._feed_now(every_s=0.0):
+                            continue  # the queue ran dry, not the batches: a burst worker goes on
                         if burst or self._stopping or (max_jobs is not None and done >= max_jobs):
                             break
                         continue
@@ -200,6 +203,14 @@ class BatchWorker(BaseWorker):
         if not self.in_flight and self.get_state() == WorkerStatus.BUSY:  # RQ marks it busy when a job starts
             self.set_state(WorkerStatus.IDLE)
 
+    def _feed_now(self, every_s: float = defaults.IDLE_POLL_S) -> bool:
+        """The queues ran dry before this round's top-up: feed now rather than idle for a round (at most every
+        `every_s`, as a worker with requests in flight looks for jobs at every engine step)."""
+        if time.monotonic() - self._last_feed < every_s:
+            return False
+        self._last_feed = time.monotonic()
+        return feed.top_up(self.connection, log=self._log_feed_problem) > 0
+
     def _log_feed_problem(self, message: str) -> None:
         self.log.warning("Worker %s: %s", self.name, message)
 
@@ -235,8 +246,7 @@ class BatchWorker(BaseWorker):
         """Take jobs while a priority has room; with nothing queued and `block`, wait IDLE_POLL_S first."""
         while queues := self._with_room():
             taken = self._take_next(queues)
-            # the queues ran dry before this round's top-up: feed now rather than idle for a round
-            if taken is None and feed.top_up(self.connection, log=self._log_feed_problem):
+            if taken is None and self._feed_now():
                 taken = self._take_next(queues)
             if taken is None:
                 if block:
