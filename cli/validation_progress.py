@@ -1,7 +1,7 @@
 """What `miro submit` and `miro run` say while they read a dataset: its first invalid lines at once, and how far
 the reading has got.
 
-On a terminal a bar of the bytes read is drawn once the file takes more than a moment (inputs.PROGRESS_EVERY
+On a terminal a bar of the bytes read is drawn once the file takes more than a moment (dataset.PROGRESS_EVERY
 lines); piped (a log, CI) a plain line is printed every PLAIN_EVERY_S. The first SHOWN_ERRORS invalid lines are
 printed as they are found, and the count of the rest at the end.
 """

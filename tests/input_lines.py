@@ -3,7 +3,8 @@
 import json
 from pathlib import Path
 
-from miro.worker.fleet.inputs import LineError, ParseResult, parse_dataset
+from miro.worker.fleet.dataset import ParseResult, parse_dataset
+from miro.worker.fleet.inputs import LineError
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

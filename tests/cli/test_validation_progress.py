@@ -9,16 +9,16 @@ from click.testing import CliRunner
 from miro.cli import validation_progress
 from miro.cli.common import SHOWN_ERRORS
 from miro.cli.main import cli
-from miro.worker.fleet import inputs
+from miro.worker.fleet import dataset
 
 
 def test_invalid_lines_come_first_then_the_count_then_one_sentence(tmp_path, redis_url, monkeypatch):
-    monkeypatch.setattr(inputs, "PROGRESS_EVERY", 10)
+    monkeypatch.setattr(dataset, "PROGRESS_EVERY", 10)
     monkeypatch.setattr(validation_progress, "PLAIN_EVERY_S", 0.0)
     lines = [json.dumps({"id": f"r{i}", "prompt": "hi"}) if i % 2 else '{"id": "broken"' for i in range(100)]
-    dataset = tmp_path / "d.jsonl"
-    dataset.write_text("\n".join(lines) + "\n")
-    done = CliRunner().invoke(cli, ["submit", str(dataset), "--redis-url", redis_url, "--output",
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    done = CliRunner().invoke(cli, ["submit", str(path), "--redis-url", redis_url, "--output",
                                     str(tmp_path / "out")])
     assert done.exit_code == 1
     said = done.stderr.splitlines()

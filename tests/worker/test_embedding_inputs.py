@@ -7,7 +7,7 @@ import json
 import pytest
 
 from miro.core.errors import MiroError
-from miro.worker.fleet.inputs import parse_dataset
+from miro.worker.fleet.dataset import parse_dataset
 from miro.worker.fleet.payload import JobPayload
 from miro.worker.fleet.job_writer import payload
 from input_lines import CHAT, parse, write

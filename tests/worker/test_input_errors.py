@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from miro.core.errors import MiroError
 from miro.core.sampling import SamplingParams
-from miro.worker.fleet.inputs import ParseResult, parse_dataset
+from miro.worker.fleet.dataset import ParseResult, parse_dataset
 from input_lines import CHAT, COMPLETIONS, only_error, openai, parse, write
 
 

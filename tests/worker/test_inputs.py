@@ -4,7 +4,8 @@ Errors are test_input_errors.py's."""
 import pytest
 
 from miro.core.sampling import SamplingParams
-from miro.worker.fleet.inputs import Request, parse_dataset
+from miro.worker.fleet.dataset import parse_dataset
+from miro.worker.fleet.inputs import Request
 from input_lines import CHAT, COMPLETIONS, openai, parse
 
 

@@ -21,7 +21,7 @@ from rq.utils import utcparse
 from miro.cli.main import cli
 from miro.core.errors import MiroError
 from miro.worker.fleet import batches, feed, keys
-from miro.worker.fleet.inputs import parse_dataset
+from miro.worker.fleet.dataset import parse_dataset
 from miro.worker.fleet.job_writer import JOB_FUNCTION, RESULT_TTL, JobWriter
 from miro.worker.fleet.submit import submit
 

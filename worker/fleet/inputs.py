@@ -14,10 +14,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -72,20 +70,7 @@ class LineError:
     code: str = "invalid_request"  # the OpenAI Batch API's error code for the line (miro serve)
 
 
-@dataclass
-class ParseResult:
-    requests: list[Request] = field(default_factory=list)
-    errors: list[LineError] = field(default_factory=list)
-    file_error: str | None = None  # a problem with the whole file (it is empty)
-    task: str = "generate"  # what the batch does: "generate" or "embed" (the task asked for, or its first line's)
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors and self.file_error is None
-
-
-
-class _LineProblem(Exception):
+class LineProblem(Exception):
     """A line that cannot become a Request; the message is a sentence without "line N: "."""
 
     custom_id: str | None = None
@@ -122,7 +107,7 @@ def _validate(model: type[BaseModel], data: Any, prefix: tuple = ()) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise _LineProblem(_describe(e.errors(), prefix, set(model.model_fields))) from None
+        raise LineProblem(_describe(e.errors(), prefix, set(model.model_fields))) from None
 
 
 def _simple(obj: dict, number: int, task: str | None) -> Request:
@@ -130,7 +115,7 @@ def _simple(obj: dict, number: int, task: str | None) -> Request:
     if line.input is not None or (task == "embed" and line.prompt is not None):
         return _simple_embedding(line, number)
     if given := line.given_pooling_fields():
-        raise _LineProblem(f"field '{given[0]}': only an embedding line takes it (one with 'input', or a 'prompt' "
+        raise LineProblem(f"field '{given[0]}': only an embedding line takes it (one with 'input', or a 'prompt' "
                            "under --task embed)")
     sampling = line.sampling()
     if line.logprobs is not None:
@@ -145,7 +130,7 @@ def _simple(obj: dict, number: int, task: str | None) -> Request:
 
 def _simple_embedding(line: SimpleLine, number: int) -> Request:
     if given := line.given_sampling_fields():
-        raise _LineProblem(f"field '{given[0]}': a sampling option, and an embedding line generates nothing")
+        raise LineProblem(f"field '{given[0]}': a sampling option, and an embedding line generates nothing")
     return Request(
         custom_id=line.id or line.custom_id or f"line-{number}", line=number, kind="embedding", prompt=None,
         messages=None, sampling={}, model=None, form="simple", url=None, extra=_own_fields(line.model_extra or {}),
@@ -165,16 +150,16 @@ def _own_fields(extra: dict[str, Any]) -> dict[str, Any] | None:
     and so is a name the results already use."""
     for name in extra:
         if name == "model":
-            raise _LineProblem("field 'model': a simple line cannot choose its model: give --model, or use OpenAI "
+            raise LineProblem("field 'model': a simple line cannot choose its model: give --model, or use OpenAI "
                                "lines (body.model)")
         if len(name) > MAX_FIELD_NAME:
-            raise _LineProblem(f"field '{short_text(name, 60)}': a field name of {len(name):,} characters is too long "
+            raise LineProblem(f"field '{short_text(name, 60)}': a field name of {len(name):,} characters is too long "
                                f"for a column (at most {MAX_FIELD_NAME})")
         guess = difflib.get_close_matches(name, _MIRO_FIELDS, n=1, cutoff=0.8)
         if guess:
-            raise _LineProblem(f"field '{short_text(name, 60)}': unknown field (did you mean '{guess[0]}'?)")
+            raise LineProblem(f"field '{short_text(name, 60)}': unknown field (did you mean '{guess[0]}'?)")
         if name in _RESULT_COLUMNS:
-            raise _LineProblem(f"field '{short_text(name, 60)}': the results have a column of that name, rename it")
+            raise LineProblem(f"field '{short_text(name, 60)}': the results have a column of that name, rename it")
     return dict(extra) or None
 
 
@@ -193,7 +178,7 @@ def _openai(obj: dict, number: int) -> Request:
     _take_max_tokens(sampling, body.max_tokens, body.max_completion_tokens, "max_completion_tokens")
     if chat:
         if body.top_logprobs is not None and not body.logprobs:
-            raise _LineProblem("field 'body.top_logprobs': needs 'logprobs' set to true")
+            raise LineProblem("field 'body.top_logprobs': needs 'logprobs' set to true")
         if body.logprobs:
             sampling["logprobs"] = body.top_logprobs or 0
     elif body.logprobs is not None:
@@ -214,16 +199,16 @@ def _responses(envelope: OpenAILine, number: int) -> Request:
     """A /v1/responses line: a chat request (the instructions as its system message) whose output is a Response."""
     body = _validate(ResponsesBody, envelope.body, ("body",))
     if body.n not in (None, 1):
-        raise _LineProblem("field 'body.n': a Responses request gives one output; use /v1/chat/completions lines "
+        raise LineProblem("field 'body.n': a Responses request gives one output; use /v1/chat/completions lines "
                            "for n choices")
     for entry in body.include or ():
         if entry != LOGPROBS_INCLUDE:
-            raise _LineProblem(f"field 'body.include': '{short_text(entry, 60)}' is not supported (only "
+            raise LineProblem(f"field 'body.include': '{short_text(entry, 60)}' is not supported (only "
                                f"'{LOGPROBS_INCLUDE}')")
     sampling = body.sampling()
     _take_max_tokens(sampling, body.max_tokens, body.max_output_tokens, "max_output_tokens")
     if body.top_logprobs is not None and not body.wants_logprobs:
-        raise _LineProblem(f"field 'body.top_logprobs': needs 'include' to list '{LOGPROBS_INCLUDE}'")
+        raise LineProblem(f"field 'body.top_logprobs': needs 'include' to list '{LOGPROBS_INCLUDE}'")
     if body.wants_logprobs:
         sampling["logprobs"] = body.top_logprobs or 0
     text_format = body.text.format if body.text is not None else None
@@ -242,7 +227,7 @@ def _take_max_tokens(sampling: dict, max_tokens: int | None, openai_name_value: 
     if openai_name_value is None:
         return
     if max_tokens is not None and max_tokens != openai_name_value:
-        raise _LineProblem(f"field 'body.{openai_name}': differs from 'body.max_tokens', give only one")
+        raise LineProblem(f"field 'body.{openai_name}': differs from 'body.max_tokens', give only one")
     sampling["max_tokens"] = openai_name_value
 
 
@@ -253,12 +238,12 @@ def _constrain(sampling: dict, constraint: dict | None, structured_outputs: dict
     if constraint is None:
         return
     if structured_outputs is not None:
-        raise _LineProblem(f"field '{field_name}': give it or 'body.structured_outputs', not both")
+        raise LineProblem(f"field '{field_name}': give it or 'body.structured_outputs', not both")
     sampling["structured_outputs"] = constraint
     try:
         StructuredOutputsParams.of(constraint).validate(f"field '{label}'")
     except RequestError as e:
-        raise _LineProblem(str(e).rstrip(".")) from None
+        raise LineProblem(str(e).rstrip(".")) from None
 
 
 def _id_of(obj: dict) -> str | None:
@@ -278,19 +263,19 @@ def _refuse_constant(name: str):
     raise _NonStandardNumber(f"not valid JSON ({name} is not a JSON number)")
 
 
-def _parse_line(number: int, text: str, defaults: dict, pooling_defaults: dict, task: str | None) -> Request:
+def parse_line(number: int, text: str, defaults: dict, pooling_defaults: dict, task: str | None) -> Request:
     try:
         obj = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_refuse_constant)
     except _NonStandardNumber as e:
-        raise _LineProblem(str(e)) from None
+        raise LineProblem(str(e)) from None
     except json.JSONDecodeError as e:
-        raise _LineProblem(f"not valid JSON ({e.msg} at column {e.colno})") from None
+        raise LineProblem(f"not valid JSON ({e.msg} at column {e.colno})") from None
     except _DuplicateKey as e:
-        raise _LineProblem(str(e)) from None
+        raise LineProblem(str(e)) from None
     except (ValueError, RecursionError):  # a number with thousands of digits, or nesting too deep
-        raise _LineProblem("not valid JSON (a number is too long or the nesting too deep)") from None
+        raise LineProblem("not valid JSON (a number is too long or the nesting too deep)") from None
     if not isinstance(obj, dict):
-        raise _LineProblem(f"expected a JSON object, got {_JSON_TYPES.get(type(obj), 'a number')}")
+        raise LineProblem(f"expected a JSON object, got {_JSON_TYPES.get(type(obj), 'a number')}")
     try:
         request = _openai(obj, number) if obj.keys() & {"url", "method", "body"} else _simple(obj, number, task)
         try:
@@ -304,32 +289,15 @@ def _parse_line(number: int, text: str, defaults: dict, pooling_defaults: dict, 
                 request.sampling = {k: list(v) if isinstance(v, list) else v for k, v in merged.items()}
                 SamplingParams(**request.sampling)
         except RequestError as e:
-            raise _LineProblem(str(e).rstrip(".")) from None
-    except _LineProblem as problem:
+            raise LineProblem(str(e).rstrip(".")) from None
+    except LineProblem as problem:
         problem.custom_id = _id_of(obj)
         raise
     return request
 
 
 
-def _read_lines(f: BinaryIO, max_line_bytes: int) -> Iterator[tuple[int, bytes | None, int]]:
-    """(line number, content without line ending or None when over the limit, size in bytes)."""
-    number = 0
-    while raw := f.readline(max_line_bytes + 2):  # room for the content and "\r\n"
-        number += 1
-        if not raw.endswith(b"\n") and len(raw) == max_line_bytes + 2:  # too long: skip it in chunks
-            size, tail = len(raw), raw[-2:]
-            while chunk := f.readline(1 << 20):
-                size, tail = size + len(chunk), (tail + chunk)[-2:]
-                if chunk.endswith(b"\n"):
-                    break
-            yield number, None, size - (2 if tail == b"\r\n" else 1 if tail.endswith(b"\n") else 0)
-            continue
-        content = raw.rstrip(b"\r\n")
-        yield number, (content if len(content) <= max_line_bytes else None), len(content)
-
-
-def _checked_defaults(defaults: dict | None) -> dict:
+def checked_defaults(defaults: dict | None) -> dict:
     defaults = dict(defaults or {})
     unknown = sorted(set(defaults) - _SAMPLING_NAMES)
     if unknown:
@@ -343,148 +311,7 @@ def _checked_defaults(defaults: dict | None) -> dict:
     return defaults
 
 
-@dataclass
-class DatasetScan:
-    """What scan_dataset has read so far; whole once its iterator is exhausted."""
-
-    lines: int = 0  # request lines read: valid + invalid (blank lines are no requests)
-    valid: int = 0
-    invalid: int = 0
-    task: str = "generate"  # the task asked for, or the first valid line's
-    file_error: str | None = None  # a problem with the whole file (empty, or no line a request), set at the end
-    bytes_read: int = 0
-    bytes_total: int = 0
-
-
-class FirstLines:
-    """custom id -> the line that first used it, for small files (seen_ids.SeenIds keeps 12 bytes an id)."""
-
-    def __init__(self):
-        self._lines: dict[str, int] = {}
-
-    def first_line(self, custom_id: str, line: int) -> int | None:
-        """The line that used `custom_id` before, or None (and `line` is remembered as its first)."""
-        first = self._lines.setdefault(custom_id, line)
-        return None if first == line else first
-
-    def __contains__(self, custom_id: str) -> bool:
-        return custom_id in self._lines
-
-
-def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000,
-                  endpoint: str | None = None, task: str | None = None,
-                  pooling_defaults: dict | None = None) -> ParseResult:
-    """Validate a JSONL dataset into memory: scan_dataset's items as lists (for files that fit in memory)."""
-    scan, result = DatasetScan(), ParseResult()
-    for item in scan_dataset(path, defaults, max_line_bytes, endpoint, task, pooling_defaults, scan=scan):
-        (result.errors if isinstance(item, LineError) else result.requests).append(item)
-    result.file_error, result.task = scan.file_error, scan.task
-    return result
-
-
-PROGRESS_EVERY = 4096  # lines between two on_progress calls
-
-
-def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000,
-                 endpoint: str | None = None, task: str | None = None, pooling_defaults: dict | None = None, *,
-                 scan: DatasetScan | None = None, seen=None,
-                 on_progress: Callable[[DatasetScan], None] | None = None) -> Iterator[Request | LineError]:
-    """Validate a JSONL dataset line by line: yields a Request or a LineError per request line, in file order,
-    holding one line in memory at a time. Raises MiroError if the file cannot be read.
-
-    With `endpoint` (an OpenAI batch's, e.g. "/v1/chat/completions") every line must be an OpenAI Batch line
-    with that url, as OpenAI's Batch API requires. `task` ("generate" or "embed") is what the batch does; with
-    "embed" a simple line's `prompt` is embedded. Without it the first valid line decides. `defaults` are
-    SamplingParams keyword arguments for generation lines without them, `pooling_defaults` PoolingParams ones
-    for embedding lines. `scan` is filled in as it goes; `seen` remembers custom ids (anything with
-    `first_line(custom_id, line) -> earlier line or None`: seen_ids.SeenIds for big files, a dict by default);
-    `on_progress(scan)` is called every PROGRESS_EVERY lines and at the end.
-    """
-    path = Path(path)
-    defaults = _checked_defaults(defaults)
-    pooling_defaults = _checked_pooling_defaults(pooling_defaults)
-    if task is not None and task not in TASKS:
-        raise MiroError(f"The task '{task}' is not one of {', '.join(TASKS)}.")
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        raise MiroError(f"Dataset file '{path}' does not exist.") from None
-    except IsADirectoryError:
-        raise MiroError(f"Dataset path '{path}' is a directory, not a JSONL file.") from None
-    except OSError as e:
-        raise MiroError(f"Dataset file '{path}' cannot be read ({e.strerror or e}).") from None
-
-    scan = scan if scan is not None else DatasetScan()
-    seen = seen if seen is not None else FirstLines()
-    scan.task = task or scan.task
-    task_line: int | None = None  # the line that set the batch's task, when no task was given
-    saw_content = False
-    first_content = b""
-
-    def invalid(number: int, custom_id: str | None, message: str, code: str = "invalid_request") -> LineError:
-        scan.invalid += 1
-        return LineError(number, custom_id, message, code)
-
-    with f:
-        scan.bytes_total = os.fstat(f.fileno()).st_size
-        for number, content, size in _read_lines(f, max_line_bytes):
-            if on_progress is not None and number % PROGRESS_EVERY == 0:
-                scan.bytes_read = f.tell()
-                on_progress(scan)
-            if content is None:
-                saw_content = True
-                scan.lines += 1
-                yield invalid(number, None, f"line {number}: the line is {size:,} bytes, over the limit of "
-                                            f"{max_line_bytes:,} bytes.")
-                continue
-            if number == 1 and content.startswith(b"\xef\xbb\xbf"):
-                content = content[3:]  # a UTF-8 byte order mark, as some editors write
-            if not content.strip():
-                continue
-            saw_content = True
-            scan.lines += 1
-            first_content = first_content or content.strip()
-            try:
-                text = content.decode("utf-8")
-            except UnicodeDecodeError as e:
-                bad = f"byte 0x{content[e.start]:02x} at byte {e.start + 1} of the line"
-                yield invalid(number, None, f"line {number}: not valid UTF-8 ({bad}).")
-                continue
-            try:
-                request = _parse_line(number, text, defaults, pooling_defaults, task)
-            except _LineProblem as problem:
-                yield invalid(number, problem.custom_id, f"line {number}: {problem}.")
-                continue
-            if endpoint is not None and request.url != endpoint:
-                given = f"url '{request.url}'" if request.url else "no url (a simple line)"
-                yield invalid(number, request.custom_id, f"line {number}: {given}, but the batch's endpoint is "
-                                                         f"'{endpoint}'.", "url_mismatch")
-                continue
-            if task is None and task_line is None:
-                task_line = number
-                scan.task = request.task
-            if request.task != scan.task:
-                yield invalid(number, request.custom_id, _task_mismatch(number, request, task, task_line),
-                              "task_mismatch")
-                continue
-            first = seen.first_line(request.custom_id, number)
-            if first is not None:
-                shown = short_text(request.custom_id)
-                yield invalid(number, request.custom_id, f"line {number}: duplicate custom id {shown!r} (first used "
-                                                         f"on line {first}).", "duplicate_custom_id")
-                continue
-            scan.valid += 1
-            yield request
-        scan.bytes_read = scan.bytes_total
-    if not saw_content:
-        scan.file_error = f"Dataset file '{path}' is empty: it has no request lines."
-    elif not scan.valid:
-        scan.file_error = _wrong_format(path, first_content)
-    if on_progress is not None:
-        on_progress(scan)
-
-
-def _task_mismatch(number: int, request: Request, task: str | None, task_line: int | None) -> str:
+def task_mismatch(number: int, request: Request, task: str | None, task_line: int | None) -> str:
     what = "an embedding request" if request.task == "embed" else "a generation request"
     batch = "generates" if request.task == "embed" else "embeds"
     why = f"--task {task}" if task is not None else f"as line {task_line} does"
@@ -492,7 +319,7 @@ def _task_mismatch(number: int, request: Request, task: str | None, task_line: i
             "or generates: put the two kinds in two files.")
 
 
-def _checked_pooling_defaults(pooling_defaults: dict | None) -> dict:
+def checked_pooling_defaults(pooling_defaults: dict | None) -> dict:
     pooling_defaults = dict(pooling_defaults or {})
     try:
         PoolingParams(**pooling_defaults)
@@ -502,13 +329,3 @@ def _checked_pooling_defaults(pooling_defaults: dict | None) -> dict:
     except RequestError as e:
         raise MiroError(f"Default pooling options are invalid ({str(e).rstrip('.')}).") from None
     return pooling_defaults
-
-
-def _wrong_format(path: Path, first_line: bytes) -> str | None:
-    """When no line is a request, what the file looks like instead, so the user gets one sentence, not one per line."""
-    wanted = 'miro reads JSON Lines, one request object per line, e.g. {"id": "q1", "prompt": "..."}'
-    if first_line.startswith(b"["):
-        return f"Dataset file '{path}' holds a JSON array: {wanted}."
-    if not first_line.startswith(b"{") and b"," in first_line:
-        return f"Dataset file '{path}' looks like CSV (its first line is {short_text(first_line.decode('utf-8', 'replace'), 60)!r}): {wanted}."
-    return None

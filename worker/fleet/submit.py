@@ -24,7 +24,8 @@ from miro.core import defaults
 from miro.core.defaults import PRIORITY as DEFAULT_PRIORITY
 from miro.core.errors import MiroError
 from miro.worker.fleet import batches, durations, feed, keys, routing, spool, storage
-from miro.worker.fleet.inputs import DatasetScan, FirstLines, LineError, Request, scan_dataset
+from miro.worker.fleet.dataset import DatasetScan, FirstLines, scan_dataset
+from miro.worker.fleet.inputs import LineError, Request
 from miro.worker.fleet.resume import Resumer, UnfedFilter
 
 CHUNK = defaults.SPOOL_CHUNK
@@ -106,17 +107,17 @@ class _Read:
     """What one pass over the file gathered beside the stored requests."""
 
     scan: DatasetScan
-    seen: object  # the valid requests' custom ids (inputs.FirstLines or seen_ids.FirstLines)
+    seen: object  # the valid requests' custom ids (dataset.FirstLines or seen_ids.SeenIds)
     errors: list[LineError] = field(default_factory=list)
     named: dict[str, int] = field(default_factory=dict)  # model a line names -> the first line naming it
     endpoints: dict[str, None] = field(default_factory=dict)  # in order of first use
     clashing: set[str] = field(default_factory=set)  # valid custom ids of the form line-N (an invalid line's name)
+    validate_s: float = 0.0
 
     def taken_ids(self) -> set[str]:
         """The valid custom ids an invalid line's name could clash with (_invalid_ids)."""
         named = {error.custom_id for error in self.errors if error.custom_id}
         return self.clashing | {cid for cid in named if cid in self.seen}
-    validate_s: float = 0.0
 
     def take(self, items: Iterator[Request | LineError], on_line_error) -> Iterator[Request]:
         """The valid requests of `items`, noting the rest."""
@@ -151,7 +152,7 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     low; None is normal) picks the queue (routing.priority_queue) and is recorded in the batch record and in every
     job. With `resume=BATCH` the requests go to that existing batch (its queue, model, priority and output); only
     custom ids without a finished or still running job are enqueued. With `endpoint` (an OpenAI batch's) every
-    line must be an OpenAI Batch line with that url (inputs.scan_dataset). `task` ("generate" or "embed"; None:
+    line must be an OpenAI Batch line with that url (dataset.scan_dataset). `task` ("generate" or "embed"; None:
     the first line's) is what the batch does, `defaults` and `pooling_defaults` the sampling and pooling options of
     lines without them. `completion_window` ("24h", "30m", ...) is how long the batch may run before what has not
     run expires (expiry.py); a resumed batch keeps its own, renewed from now if it has passed. `on_line_error` is
