@@ -137,6 +137,9 @@ def batch_details(b: BatchView, now: float) -> Table:
     stopped = "expired" if b.batch.expired else "cancelled"
     grid.add_row("requests", f"{progress(b.batch)} done: {b.batch.completed:,} completed, {b.batch.failed:,} failed, "
                              f"{b.batch.cancelled:,} {stopped}, {b.batch.remaining:,} remaining")
+    if b.batch.chunks:
+        never = f", {b.batch.unfed_cancelled:,} never queued" if b.batch.feed_closed else ""
+        grid.add_row("stored", f"{b.batch.spooled:,} requests, {b.batch.fed_requests:,} of them queued so far{never}")
     grid.add_row("tokens", f"{b.batch.prompt_tokens:,} prompt ({b.batch.cached_tokens:,} cached) + "
                            f"{b.batch.completion_tokens:,} completion")
     if b.batch.expires_at is not None:

@@ -117,3 +117,16 @@ def test_stored_requests_that_cannot_be_read_are_said_and_the_feeder_goes_on(tmp
     assert feed.top_up(conn, log=said.append) == 0
     assert len(said) == 1 and said[0].startswith(f"Cannot read chunk 2 of batch {batch_id}'s stored requests at ")
     assert batches.get_batch(conn, batch_id).fed == 2  # nothing skipped: a feeder that can read it writes it
+
+
+def test_miro_status_says_how_much_of_a_batch_is_stored_and_queued(tmp_path, redis_url, small_window):
+    from click.testing import CliRunner
+
+    from miro.cli.main import cli
+
+    conn, batch_id = new_batch(tmp_path, redis_url, 23)
+    shown = CliRunner().invoke(cli, ["status", batch_id, "--redis-url", redis_url])
+    assert shown.exit_code == 0 and "23 requests, 10 of them queued so far" in shown.output, shown.output
+    control.cancel(conn, batch_id)
+    shown = CliRunner().invoke(cli, ["status", batch_id, "--redis-url", redis_url])
+    assert "23 requests, 10 of them queued so far, 13 never queued" in shown.output, shown.output
