@@ -22,7 +22,7 @@ from miro.cli.main import cli
 from miro.core.errors import MiroError
 from miro.worker.fleet import batches, feed, keys
 from miro.worker.fleet.dataset import parse_dataset
-from miro.worker.fleet.job_writer import JOB_FUNCTION, RESULT_TTL, JobWriter
+from miro.worker.fleet.job_writer import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL, JobWriter
 from miro.worker.fleet.submit import submit
 
 BIN = Path(sys.executable).parent
@@ -115,7 +115,7 @@ def test_mixed_dataset_enqueues_one_job_per_line(tmp_path, redis_url, monkeypatc
         assert job.meta == {"batch_id": batch_id, "custom_id": cid}
         assert job.get_status() == JobStatus.QUEUED
         assert job.origin == "miro:smollm2-135m" and job.enqueued_at is not None
-        assert job.timeout == 7200 and job.result_ttl == RESULT_TTL and job.failure_ttl == RESULT_TTL
+        assert job.timeout == 7200 and job.result_ttl == RESULT_TTL == 1 and job.failure_ttl == FAILURE_TTL
         assert conn.ttl(job.key) == -1  # a queued job never expires
         # stored as JSON, never pickle
         func, instance, args, kwargs = json.loads(zlib.decompress(conn.hget(job.key, "data")))

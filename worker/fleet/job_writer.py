@@ -20,7 +20,11 @@ from miro.worker.fleet.inputs import Request
 from miro.worker.fleet.payload import JobPayload
 
 JOB_FUNCTION = "miro.worker.jobs.generate"
-RESULT_TTL = FAILURE_TTL = 7 * 24 * 3600
+# a finished job's hash and result expire a second after it finishes: its rows are in a part file and it is counted,
+# so Redis holds the jobs in flight, not those done (a failed one stays for `miro retry`). Not 0: RQ then deletes the
+# job at once, which raises for a job that an earlier, dead worker had started (rq 3.0: its execution is gone).
+RESULT_TTL = 1
+FAILURE_TTL = 7 * 24 * 3600
 ABANDONED_RETRIES = 3  # runs again of a job whose worker died
 
 _OWN_FIELDS = ("data", "meta", "description")

@@ -1,8 +1,8 @@
 """What Redis keeps of a batch once it has ended: its record, its counters and miro's per-request index, not RQ's
 jobs.
 
-Every request is an RQ job, and RQ keeps a finished job's hash and result for its result_ttl and a canceled one's
-hash for ever. Once a batch has ended (completed, cancelled, expired), the job hashes, result streams and registry
+Every request is an RQ job; a finished one's hash and result expire a second after it finished (job_writer.RESULT_TTL)
+and RQ keeps a canceled one's hash for ever. Once a batch has ended (completed, cancelled, expired), the job hashes, result streams and registry
 entries of its finished and cancelled requests go (scripts.RELEASE_JOBS, RELEASE_CHUNK jobs per call, UNLINKed).
 What stays:
 
