@@ -36,7 +36,10 @@ _NULLABLE = {f.name: None for f in fields(Request)}  # a field left out of a sto
 
 
 def _encode(request: Request) -> bytes:
-    kept = {name: value for name, value in asdict(request).items() if value is not None}
+    # the fields themselves, not asdict's deep copy of them (a quarter of the time)
+    kept = {name: value for name in _NULLABLE if (value := getattr(request, name)) is not None}
+    if request.response is not None:
+        kept["response"] = asdict(request.response)
     return json.dumps(kept, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
