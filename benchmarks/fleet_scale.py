@@ -100,12 +100,12 @@ def engine_alone(model: str, requests: list[dict]) -> dict:
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t0
-    errors = sum(1 for o in outs if o.error)
     tokens = {r["id"]: list(o.outputs[0].token_ids) for r, o in zip(requests, outs) if not o.error}
     import numba
 
-    return {"load_s": round(load_s, 1), "wall_s": round(wall, 1), "errors": errors, "threads": numba.get_num_threads(),
-            "weights": str(engine.weight_choice), "requests_per_s": round(len(requests) / wall, 1), "_tokens": tokens}
+    return {"load_s": round(load_s, 1), "wall_s": round(wall, 1), "errors": sum(1 for o in outs if o.error),
+            "threads": numba.get_num_threads(), "weights": str(engine.weight_choice),
+            "requests_per_s": round(len(requests) / wall, 1), "_tokens": tokens}
 
 
 class Fleet:
@@ -119,8 +119,7 @@ class Fleet:
         self.workers: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
         self.events: list[dict] = []
-        self.started = time.perf_counter()
-        self.serial = 0
+        self.started, self.serial = time.perf_counter(), 0
 
     def now(self) -> float:
         return round(time.perf_counter() - self.started, 1)
@@ -173,21 +172,24 @@ class Fleet:
             self.redis.wait()
 
 
+# Linux keeps a forked child's high-water RSS across execve, so a command forked from this process would report at
+# least this one's RSS: it is forked from this small launcher instead, which reports the command's ru_maxrss (wait4)
+LAUNCH = ("import os, sys\npid = os.fork()\nif pid == 0:\n    os.execv(sys.executable, [sys.executable, '-c', "
+          "'from miro.cli.main import cli; cli()', *sys.argv[1:]])\n_, status, usage = os.wait4(pid, 0)\n"
+          "print('MAXRSS_KB', usage.ru_maxrss, file=sys.stderr)\nsys.exit(os.waitstatus_to_exitcode(status))\n")
+
+
 def miro_wait4(*args: str) -> tuple[float, int, str]:
     """One miro command as its own process: (wall seconds, its own peak RSS in MB via wait4, stdout)."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as errors:
-        proc = subprocess.Popen([sys.executable, "-c", "from miro.cli.main import cli; cli()", *args],
-                                stdout=subprocess.PIPE, stderr=errors)
-        out = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc = subprocess.run([sys.executable, "-c", LAUNCH, *args], stdout=subprocess.PIPE, stderr=errors)
         errors.seek(0)
-        err = errors.read()
-    proc.returncode = os.waitstatus_to_exitcode(status)
+        err = errors.read().decode()
     wall = time.perf_counter() - t0
     if proc.returncode:
-        raise SystemExit(f"miro {' '.join(args)} failed: {err.decode()[-2000:]}")
-    return wall, usage.ru_maxrss // 1024, out.decode().strip()
+        raise SystemExit(f"miro {' '.join(args)} failed: {err[-2000:]}")
+    return wall, int(err.rsplit("MAXRSS_KB", 1)[1]) // 1024, proc.stdout.decode().strip()
 
 
 def counters(conn: redis.Redis, batch_id: str) -> dict:
@@ -311,8 +313,7 @@ def run_fleet(model: str, requests: list[dict], k: int, failures: bool, timeout_
 
 
 def harness_rss_mb() -> int:
-    """This process's peak RSS: a child's ru_maxrss is at least this process's RSS when it forked (Linux keeps
-    the forked image's high-water mark across execve), so it is the floor under the children's figures."""
+    """This process's peak RSS (what a command forked from it directly would report at least: see LAUNCH)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 

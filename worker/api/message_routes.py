@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, control, keys, results, spool
+from miro.worker.fleet import batches, control, keys, results
 from miro.worker.fleet.submit import InvalidDataset, submit
 
 from .errors import ApiError, bad_request, not_found
@@ -131,8 +131,7 @@ def message_batch_results(batch_id: str, request: Request) -> StreamingResponse:
     by_request: dict[str, list[dict]] = {}
     for row in table.to_pylist():
         by_request.setdefault(row["custom_id"], []).append(row)
-    never_ran = [cid.decode() for cid in state.conn.hkeys(keys.batch_jobs(batch_id)) if cid.decode() not in by_request]
-    never_ran += [r.custom_id for r in spool.never_fed(record) if r.custom_id not in by_request]
+    never_ran, _ = results.never_ran(state.conn, record, set(by_request))
     lines = [*(result_line(rows) for rows in by_request.values()), *(canceled_line(cid) for cid in never_ran)]
     return StreamingResponse((json.dumps(line, ensure_ascii=False) + "\n" for line in lines),
                              media_type="application/x-jsonl")

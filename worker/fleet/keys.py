@@ -37,7 +37,8 @@ def batch_releases() -> str:
 
 
 def batch_jobs(batch_id: str) -> str:
-    """Hash: custom id -> RQ job id, one field per request enqueued for the batch."""
+    """Hash: custom id -> RQ job id, for the jobs --resume enqueued and a batch from before requests were stored (a
+    fed job is in no index: its stored chunk lists it, and its id follows from its custom id)."""
     return f"{PREFIX}:batch:{batch_id}:jobs"
 
 

@@ -7,10 +7,11 @@ entries of its finished and cancelled requests go (scripts.RELEASE_JOBS, RELEASE
 What stays:
 
 - the batch record (`miro:batch:{id}`: status, counters, token sums): `miro status`, the API's batch objects;
-- `miro:batch:{id}:jobs` (custom id -> job id) and `:counted`: the requests of the batch and which were counted,
-  so a request that runs twice still counts once, `miro results` and the Anthropic results know the requests that
-  never ran, and `--resume` knows what to run again (a request counted but with no row in the part files is one
-  that was cancelled: submit.py);
+- `:counted`: which requests were counted, so a request that runs twice still counts once, and `--resume` knows
+  what to run again (a request counted but with no row in the part files is one that was cancelled: resume.py);
+  `miro:batch:{id}:jobs` (custom id -> job id) for the jobs --resume enqueued and batches from before requests were
+  stored; the stored chunks list the rest (spool.py), which `miro results` and the Anthropic results read for the
+  requests that never ran;
 - `:invalid` (the invalid lines' error rows);
 - the jobs of failed requests, until RQ's failure_ttl: `miro retry` queues those very jobs again.
 
@@ -28,6 +29,7 @@ before the batch; `--resume` makes them persist again (batches.persist).
 from __future__ import annotations
 
 import time
+from typing import Iterator
 
 import redis
 from rq.job import Job
@@ -43,16 +45,43 @@ _PREFIXES = (Job.redis_job_namespace_prefix, Result.get_key(""), FinishedJobRegi
 STALE_PER_CALL = 4  # batches release_stale looks at per call; the rest wait for the next one
 
 
-def release(conn: redis.Redis, batch_id: str, chunk: int = defaults.RELEASE_CHUNK) -> int:
-    """Delete the RQ keys of the batch's finished and cancelled jobs; returns how many jobs went."""
-    began = conn.zscore(keys.batch_releases(), batch_id)
-    released, cursor = 0, 0
+def _job_ids(conn: redis.Redis, batch_id: str, queue: str, chunk: int) -> Iterator[list[str]]:
+    """The batch's job ids that may still have keys, a chunk at a time: those of its jobs hash (what --resume and
+    batches from before stored requests enqueued) and those in its queue's canceled and finished registries (a fed
+    job is in no hash; a finished one's hash expires by itself, a canceled one's stays)."""
+    cursor = 0
     while True:
         cursor, jobs = conn.hscan(keys.batch_jobs(batch_id), cursor, count=chunk)
         if jobs:
-            released += int(scripts.RELEASE_JOBS(conn, [], [*_PREFIXES, *jobs.values()]))
+            yield [job.decode() for job in jobs.values()]
         if cursor == 0:
             break
+    for registry in (CanceledJobRegistry, FinishedJobRegistry):
+        key = registry.key_template.format(queue)
+        ids = [job.decode() for job, _ in conn.zscan_iter(key, match=f"{batch_id}-*", count=chunk)] if queue else []
+        for start in range(0, len(ids), chunk):
+            yield ids[start:start + chunk]
+
+
+def _forget_expired(conn: redis.Redis, finished_registry: str, jobs: list[str]) -> None:
+    """Take the jobs whose hash has expired (a finished one's, a second after it finished) out of the batch's queue's
+    finished registry, which RQ would do only at its next clean-up."""
+    reader = conn.pipeline(transaction=False)
+    for job in jobs:
+        reader.exists(Job.key_for(job))
+    gone = [job for job, exists in zip(jobs, reader.execute()) if not exists]
+    if gone:
+        conn.zrem(finished_registry, *gone)
+
+
+def release(conn: redis.Redis, batch_id: str, chunk: int = defaults.RELEASE_CHUNK) -> int:
+    """Delete the RQ keys of the batch's finished and cancelled jobs; returns how many jobs went."""
+    began = conn.zscore(keys.batch_releases(), batch_id)
+    queue = (conn.hget(keys.batch(batch_id), "queue") or b"").decode()
+    released = 0
+    for jobs in _job_ids(conn, batch_id, queue, chunk):
+        released += int(scripts.RELEASE_JOBS(conn, [], [*_PREFIXES, *jobs]))
+        _forget_expired(conn, FinishedJobRegistry.key_template.format(queue), jobs)
     if began is not None:
         scripts.EXPIRE_ENDED(conn, keys.batch_all(batch_id), [defaults.BATCH_TTL_S, *sorted(batches.TERMINAL)])
         scripts.FORGET_RELEASE(conn, [keys.batch_releases()], [batch_id, repr(began)])

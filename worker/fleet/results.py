@@ -109,18 +109,25 @@ def unread_rows(conn, batch: BatchRecord, parts: Callable[[], pa.Table]) -> pa.T
 
 def _expired(conn, batch: BatchRecord, parts: pa.Table) -> pa.Table:
     """The requests of an expired batch with no row: those its window cut off."""
-    ran = set(pc.unique(parts["custom_id"]).to_pylist())
+    cut, lines = never_ran(conn, batch, set(pc.unique(parts["custom_id"]).to_pylist()))
+    return expired_rows(batch.id, cut, lines)
+
+
+def never_ran(conn, batch: BatchRecord, ran: set[str]) -> tuple[dict[str, str], dict[str, int]]:
+    """The batch's requests whose custom id is not in `ran` (those with a row): custom id -> job id, and custom id ->
+    line where known. They are its stored requests, each with its line, and what its jobs hash has beside them (a
+    batch from before requests were stored, a --resume of an edited file)."""
+    ran = set(ran)
     cut, lines = {}, {}
-    for request in spool.requests_from(batch.output, batch.id, 0, batch.chunks):  # each with its line
+    for request in spool.requests_from(batch.output, batch.id, 0, batch.chunks):
         if request.custom_id not in ran:
             cut[request.custom_id] = batches.job_id(batch.id, request.custom_id)
             lines[request.custom_id] = request.line
-        ran.add(request.custom_id)  # seen: the index below need not give it again
-    # and what a batch from before requests were stored enqueued, or a --resume of an edited file added
+        ran.add(request.custom_id)  # seen: the jobs hash need not give it again
     for cid, jid in conn.hscan_iter(keys.batch_jobs(batch.id), count=1000):
         if cid.decode() not in ran:
             cut[cid.decode()] = jid.decode()
-    return expired_rows(batch.id, cut, lines)
+    return cut, lines
 
 
 def cut_constraints(table: pa.Table) -> int:

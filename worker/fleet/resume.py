@@ -3,8 +3,9 @@
 A request whose job finished, or is still queued or running, is left alone; every other one (failed, cancelled,
 expired from Redis, or new to the batch: an edited file, an invalid line fixed) is enqueued again, its earlier run's
 keys cleared and the batch's counters kept right. A batch whose requests wait in storage (spool.py) has its
-feeding opened again (feed.reopen): the requests it never fed are the feeder's, not resume's, so only the first
-`fed_requests` valid requests of the file are looked at one by one; the stored copy stands for the rest.
+feeding opened again (feed.reopen): the requests it never fed are the feeder's, not resume's (the stored copy stands
+for them), and which are which is told by the stored chunks (StoredIndex), as Redis keeps no index of a fed batch's
+requests: a request is the batch's if it is counted, has a job hash, or sits in a chunk the batch fed.
 """
 
 from __future__ import annotations
@@ -27,11 +28,25 @@ IN_FLIGHT = frozenset({
 })
 
 
+def known_requests(conn, batch_id: str, custom_ids: list[str]) -> list[bool]:
+    """Which of these custom ids are requests the batch has made into jobs: in its jobs hash (what --resume and
+    batches from before stored requests enqueued), counted, or with a job hash (a fed request that is neither yet)."""
+    reader = conn.pipeline(transaction=False)
+    reader.hmget(keys.batch_jobs(batch_id), custom_ids)
+    reader.smismember(keys.batch_counted(batch_id), custom_ids)
+    for custom_id in custom_ids:
+        reader.exists(Job.key_for(batches.job_id(batch_id, custom_id)))
+    indexed, counted, *has_job = reader.execute()
+    return [job is not None or bool(was_counted) or bool(exists)
+            for job, was_counted, exists in zip(indexed, counted, has_job)]
+
+
 class Resumer:
     """Enqueues again, a chunk at a time, the requests of a batch with no job that finished or will still run."""
 
     def __init__(self, conn, batch: batches.BatchRecord, result):
         self.conn = conn
+        self.stored = StoredIndex(batch)
         self.writer = JobWriter.for_batch(conn, batch)
         self.batch_id = batch.id
         self.output = batch.output  # where the batch's part files are: which requests have rows
@@ -39,7 +54,12 @@ class Resumer:
         self._with_rows: set[str] | None = None
 
     def resume_chunk(self, requests: list[Request]) -> None:
-        """Enqueue the requests of the chunk that have no job that finished or will still run."""
+        """Enqueue the requests of the chunk that have no job that finished or will still run; those the feeder
+        has still to feed are left to it."""
+        unfed = self.stored.unfed(requests)
+        requests = [r for r in requests if r.custom_id not in unfed]
+        if not requests:
+            return
         result, jobs_key = self.result, self.writer.jobs_key
         job_keys = [Job.key_for(batches.job_id(self.batch_id, r.custom_id)) for r in requests]
         statuses = self._released_as(requests, self._statuses(job_keys))
@@ -53,10 +73,9 @@ class Resumer:
         def attempt(pipe) -> None:  # anything read changing before EXEC makes EXEC fail: read again
             chosen = [requests[i] for i in candidates]
             again = self._released_as(chosen, self._statuses([job_keys[i] for i in candidates]))
-            reader = self.conn.pipeline(transaction=False)
-            reader.hmget(jobs_key, [r.custom_id for r in chosen])
-            reader.hmget(invalid_key, [r.custom_id for r in chosen])
-            known, was_invalid = reader.execute()
+            indexed = known_requests(self.conn, self.batch_id, [r.custom_id for r in chosen])
+            known = [is_known or self.stored.fed(r.custom_id) for r, is_known in zip(chosen, indexed)]
+            was_invalid = self.conn.hmget(invalid_key, [r.custom_id for r in chosen])
             keep = [k for k, s in enumerate(again) if s != JobStatus.FINISHED and s not in IN_FLIGHT]
             if keep:
                 pipe.multi()
@@ -68,10 +87,11 @@ class Resumer:
             finished_now = sum(s == JobStatus.FINISHED for s in again)
             result.already_finished += finished_now
             result.in_flight += len(again) - len(keep) - finished_now
-            result.expired += sum(again[k] is None and known[k] is not None for k in keep)
+            result.expired += sum(again[k] is None and known[k] for k in keep)
             result.enqueued += len(keep)
 
-        scripts.watched(self.conn, [jobs_key, invalid_key, *(job_keys[i] for i in candidates)], attempt,
+        watch = [jobs_key, invalid_key, keys.batch_counted(self.batch_id), *(job_keys[i] for i in candidates)]
+        scripts.watched(self.conn, watch, attempt,
                         f"Batch {self.batch_id}")
 
     def _statuses(self, job_keys: list[str]) -> list[JobStatus | None]:
@@ -81,19 +101,17 @@ class Resumer:
         return [JobStatus(s.decode()) if s else None for s in reader.execute()]
 
     def _released_as(self, requests: list[Request], statuses: list[JobStatus | None]) -> list[JobStatus | None]:
-        """What the requests whose job hash is gone were: once a batch ended, its finished and cancelled jobs' keys
-        went (release.py), and a request that was counted but has no row in the part files was cancelled."""
+        """What the requests whose job hash is gone were: a finished job's expires a second after it finished
+        (job_writer.RESULT_TTL), an ended batch's cancelled ones went (release.py), so a request that was counted
+        is finished if the part files have a row of it, and was cancelled if not."""
         gone = [i for i, status in enumerate(statuses) if status is None]
         if not gone:
             return statuses
         custom_ids = [requests[i].custom_id for i in gone]
-        reader = self.conn.pipeline(transaction=False)
-        reader.hmget(self.writer.jobs_key, custom_ids)
-        reader.smismember(keys.batch_counted(self.batch_id), custom_ids)
-        known, counted = reader.execute()
+        counted = self.conn.smismember(keys.batch_counted(self.batch_id), custom_ids)
         out = list(statuses)
-        for i, custom_id, job, was_counted in zip(gone, custom_ids, known, counted):
-            if job is not None and was_counted:
+        for i, custom_id, was_counted in zip(gone, custom_ids, counted):
+            if was_counted:
                 out[i] = JobStatus.FINISHED if custom_id in self.with_rows() else JobStatus.CANCELED
         return out
 
@@ -105,7 +123,7 @@ class Resumer:
             self._with_rows = set(read_parts(self.output, self.batch_id).column("custom_id").to_pylist())
         return self._with_rows
 
-    def _reset(self, pipe, rows: Iterable[tuple[Request, JobStatus | None, bytes | None, bytes | None]]) -> None:
+    def _reset(self, pipe, rows: Iterable[tuple[Request, JobStatus | None, bool, bytes | None]]) -> None:
         """Clear what an earlier run of each job left and keep the batch counters right (see batches.py)."""
         queue = self.writer.queue
         failed = FailedJobRegistry(queue.name, connection=self.conn, serializer=JSONSerializer)
@@ -122,7 +140,7 @@ class Resumer:
                 batches.uncount(pipe, self.batch_id, request.custom_id, counter)
             else:
                 pipe.srem(keys.batch_counted(self.batch_id), request.custom_id)
-            if known is None:  # a request new to the batch (or one that was an invalid line before)
+            if not known:  # a request new to the batch (or one that was an invalid line before)
                 pipe.hincrby(batch_key, "total", 1)
                 if was_invalid is not None:
                     pipe.hdel(keys.batch_invalid(self.batch_id), request.custom_id)
@@ -130,27 +148,36 @@ class Resumer:
                     pipe.hincrby(batch_key, "failed", -1)
 
 
-class UnfedFilter:
-    """Tells which of a resumed file's requests the feeder still has in storage: a spooled batch's requests from the
-    first one of its next chunk on that are no job yet and were no invalid line (those the file may have fixed)."""
+class StoredIndex:
+    """Custom id -> the stored chunk that holds it, for a batch whose requests wait in storage (spool.py): read once,
+    when first asked, 12 bytes an id (seen_ids.SeenIds). A resume needs it to tell what the batch fed from what it
+    has not, and both from a line new to the file."""
 
-    def __init__(self, conn, batch: batches.BatchRecord):
-        from miro.worker.fleet import spool
+    def __init__(self, batch: batches.BatchRecord):
+        self.batch = batch
+        self._chunks = None
 
-        self.conn, self.batch_id = conn, batch.id
-        self.first_line = None  # the file line from which the stored requests are not yet jobs
-        if batch.chunks and batch.fed < batch.chunks:
-            self.first_line = spool.read_chunk(batch.output, batch.id, batch.fed)[0].line
+    def chunk_of(self, custom_id: str) -> int | None:
+        if not self.batch.chunks:
+            return None
+        if self._chunks is None:
+            from miro.worker.fleet import spool
+            from miro.worker.fleet.seen_ids import SeenIds
 
-    def without_unfed(self, requests: list[Request]) -> list[Request]:
-        if self.first_line is None:
-            return requests
-        late = [r.custom_id for r in requests if r.line >= self.first_line]
-        if not late:
-            return requests
-        reader = self.conn.pipeline(transaction=False)
-        reader.hmget(keys.batch_jobs(self.batch_id), late)
-        reader.hmget(keys.batch_invalid(self.batch_id), late)
-        jobs, invalid = reader.execute()
-        unfed = {cid for cid, job, was_invalid in zip(late, jobs, invalid) if job is None and was_invalid is None}
-        return [r for r in requests if r.custom_id not in unfed]
+            self._chunks = SeenIds(int(self.batch.spooled * 1.1))
+            for index in range(self.batch.chunks):
+                ids = [r.custom_id for r in spool.read_chunk(self.batch.output, self.batch.id, index)]
+                self._chunks.add(ids, [index] * len(ids))
+        return self._chunks.first_line(custom_id, 0, record=False)
+
+    def fed(self, custom_id: str) -> bool:
+        """A stored request that the batch has made into a job."""
+        chunk = self.chunk_of(custom_id)
+        return chunk is not None and chunk < self.batch.fed
+
+    def unfed(self, requests: list[Request]) -> set[str]:
+        """The custom ids of those requests that the feeder still has to make into jobs."""
+        if self.batch.fed >= self.batch.chunks:
+            return set()
+        return {r.custom_id for r in requests if (chunk := self.chunk_of(r.custom_id)) is not None
+                and chunk >= self.batch.fed}

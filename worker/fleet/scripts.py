@@ -228,7 +228,7 @@ return #ids
 
 # The loop both job writers share: ARGV from @A on is n shared fields, then n (name, value) pairs, then per job: job id,
 # custom id, data, meta, description; the job hash keys are KEYS[@K] on. KEYS[1..3]: queue list, rq:queues set, the
-# batch's jobs hash.
+# batch's jobs hash (custom id -> job id; a fed batch's stored chunks list its requests instead: @INDEX is dropped).
 _WRITE_JOBS_LOOP = """
 local n = tonumber(ARGV[@A])
 local shared = {}
@@ -237,7 +237,7 @@ local p = @A + 1 + 2 * n
 local ids = {}
 for k = @K, #KEYS do
   redis.call('HSET', KEYS[k], 'data', ARGV[p + 2], 'meta', ARGV[p + 3], 'description', ARGV[p + 4], unpack(shared))
-  redis.call('HSET', KEYS[3], ARGV[p + 1], ARGV[p])
+  @INDEX
   ids[#ids + 1] = ARGV[p]
   p = p + 5
 end
@@ -248,17 +248,19 @@ end
 """
 
 # KEYS: queue list, rq:queues set, batch jobs hash, then one job hash key per job; ARGV: the loop's -> jobs written.
-WRITE_JOBS = Lua(_WRITE_JOBS_LOOP.replace("@A", "1").replace("@K", "4") + "return #ids")
+_INDEX = "redis.call('HSET', KEYS[3], ARGV[p + 1], ARGV[p])"
+WRITE_JOBS = Lua(_WRITE_JOBS_LOOP.replace("@A", "1").replace("@K", "4").replace("@INDEX", _INDEX) + "return #ids")
 
 # KEYS: queue list, rq:queues set, batch jobs hash, batch hash, then one job hash key per job; ARGV: the chunk's index,
-# then the loop's. Writes the jobs of a stored chunk only if it is the batch's next one (`fed`), the feeding was not
-# closed and the batch runs (validating or in_progress), and moves `fed` on in the same step, so two feeders never
-# write one chunk twice and a cancel never races a feed. Returns the jobs written, or -1.
+# then the loop's. Writes the jobs of a stored chunk (not in the jobs hash: the chunk lists them) only if it is the
+# batch's next one (`fed`), the feeding was not closed and the batch runs (validating or in_progress), and moves `fed`
+# on in the same step, so two feeders never write one chunk twice and a cancel never races a feed. Returns the jobs
+# written, or -1.
 FEED_JOBS = Lua("""
 local b = redis.call('HMGET', KEYS[4], 'fed', 'feed_closed', 'status')
 if tonumber(b[1] or '0') ~= tonumber(ARGV[1]) or b[2] == '1' then return -1 end
 if b[3] ~= 'in_progress' and b[3] ~= 'validating' then return -1 end
-""" + _WRITE_JOBS_LOOP.replace("@A", "2").replace("@K", "5") + """
+""" + _WRITE_JOBS_LOOP.replace("@A", "2").replace("@K", "5").replace("@INDEX", "") + """
 redis.call('HINCRBY', KEYS[4], 'fed', 1)
 redis.call('HINCRBY', KEYS[4], 'fed_requests', #ids)
 return #ids

@@ -110,9 +110,3 @@ def remove(output: str, batch_id: str) -> None:
     filesystem, folder = _folder(output, batch_id)
     if filesystem.get_file_info(folder).type != pafs.FileType.NotFound:
         filesystem.delete_dir(folder)
-
-
-def never_fed(batch) -> Iterator[Request]:
-    """The stored requests of a batch (batches.BatchRecord) that a cancel or expiry left unfed: they never ran."""
-    if batch.chunks and batch.feed_closed:
-        yield from requests_from(batch.output, batch.id, batch.fed, batch.chunks)

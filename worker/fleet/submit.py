@@ -23,10 +23,10 @@ import redis
 from miro.core import defaults
 from miro.core.defaults import PRIORITY as DEFAULT_PRIORITY
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, durations, feed, keys, routing, spool, storage
+from miro.worker.fleet import batches, durations, feed, routing, spool, storage
 from miro.worker.fleet.dataset import DatasetScan, FirstLines, scan_dataset
 from miro.worker.fleet.inputs import LineError, Request
-from miro.worker.fleet.resume import Resumer, UnfedFilter
+from miro.worker.fleet.resume import Resumer, known_requests
 
 CHUNK = defaults.SPOOL_CHUNK
 BIG_FILE_LINES = 200_000  # from about this many lines custom ids are remembered by hash (seen_ids.SeenIds)
@@ -244,13 +244,14 @@ def _record_invalid(conn: redis.Redis, batch_id: str, read: _Read) -> int:
     """Record each invalid line (--skip-invalid) as a failed request of the batch; returns how many were new."""
     if not read.errors:
         return 0
-    known = {cid.decode() for cid in conn.hkeys(keys.batch_jobs(batch_id))}
     recorded = 0
     invalid = _invalid_ids(read.errors, read.taken_ids())
     for start in range(0, len(invalid), CHUNK):
+        chunk = invalid[start:start + CHUNK]
+        known = known_requests(conn, batch_id, [cid for cid, _ in chunk])
         pipe = conn.pipeline(transaction=True)
-        for cid, error in invalid[start:start + CHUNK]:
-            if cid not in known:  # --resume of an edited file: leave existing requests alone
+        for (cid, error), is_request in zip(chunk, known):
+            if not is_request:  # --resume of an edited file: leave existing requests alone
                 batches.record_failed_line(pipe, batch_id, custom_id=cid, line=error.line, error=error.message)
         recorded += sum(pipe.execute())
     return recorded
@@ -293,13 +294,13 @@ def _resume(conn: redis.Redis, batch_id: str, queue_name: str | None, model: str
     result = SubmitResult(batch_id=batch_id, queue=batch.queue, priority=batch.priority, lines=scan.lines,
                           valid=scan.valid, invalid=read.errors, task=scan.task, resumed=True, stored=batch.spooled,
                           validate_s=read.validate_s)
-    resumer, unfed = Resumer(conn, batch, result), UnfedFilter(conn, batch)
+    resumer = Resumer(conn, batch, result)
     started = time.perf_counter()
     try:
         result.recorded_invalid = _record_invalid(conn, batch_id, read)
         _, requests = read_file(progress=None, line_errors=None)
         for chunk in _chunks(requests, chunk_size):
-            resumer.resume_chunk(unfed.without_unfed(chunk))
+            resumer.resume_chunk(chunk)
         result.unfed = feed.reopen(conn, batch)
         result.enqueue_s = time.perf_counter() - started
         if (result.enqueued or result.unfed) and batch.expires_at is not None and batch.expires_at <= time.time():
