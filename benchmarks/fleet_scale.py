@@ -60,8 +60,7 @@ TEMPLATES = [
 WORDS = ["river", "stone", "light", "garden", "music", "window", "cloud", "bread", "winter", "paper", "dream"]
 ANIMALS = ["cat", "dog", "horse", "spider", "owl", "whale", "ant", "lion", "frog"]
 COUNTRIES = ["France", "Japan", "Brazil", "Kenya", "Canada", "India", "Norway"]
-LANGS = ["French", "Spanish", "German", "Italian", "Japanese"]
-COLOURS = ["red", "green", "blue", "yellow", "purple"]
+LANGS, COLOURS = ["French", "Spanish", "German", "Italian", "Japanese"], ["red", "green", "blue", "yellow", "purple"]
 JOBS = ["baker", "pilot", "nurse", "farmer", "teacher", "plumber"]
 WORKER_FLAGS = ["--threads", "1", "--maintenance-interval", "15", "--heartbeat-slack", "10",
                 "--job-monitoring-interval", "10", "--worker-ttl", "30", "--logging-level", "info"]
