@@ -66,3 +66,33 @@ def test_a_worker_waits_out_a_redis_restart_and_the_batch_completes_once_each(tm
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_redis_error_as_a_job_starts_or_finishes_loses_no_job(tmp_path, redis_url, tiny_model):
+    """Redis fails on the worker's first read of a batch's output location (as a fresh worker meets a restart):
+    the job it was starting is started again once Redis answers, and finishing jobs needs no Redis, so no job is
+    left held by a worker whose engine no longer has it (the batch completes, each request once)."""
+    conn = redis.Redis.from_url(redis_url)
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"hello {i}", "max_tokens": 2, "temperature": 0})
+                               + "\n" for i in range(8)))
+    batch_id = submit(conn, dataset, model=tiny_model, output=str(tmp_path / "out")).batch_id
+    worker = BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
+                         engine_options={"kv_cache_memory": "4MiB"})
+    real_sink, failed = worker._sink, []
+
+    def sink_once_unreachable(batch):
+        if not failed:
+            failed.append(batch)
+            raise redis.ConnectionError("simulated: Redis restarting")
+        return real_sink(batch)
+
+    worker._sink = sink_once_unreachable
+    running = threading.Thread(target=worker.work, kwargs={"burst": True})
+    running.start()
+    running.join(timeout=60)
+    assert failed and not running.is_alive()
+    record = batches.get_batch(conn, batch_id)
+    assert (record.status, record.completed) == ("completed", 8) and worker.in_flight == {}
+    table, _ = collect(conn, batch_id)
+    assert sorted(table["custom_id"].to_pylist()) == sorted(f"q{i}" for i in range(8))

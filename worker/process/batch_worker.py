@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -46,7 +45,7 @@ from miro.worker.fleet.sink import ParquetSink
 
 from .in_flight import InFlight
 from .jobs import GAVE_UP, add_requests, count_finished, job_rows, record_failure, summary
-from .worker_support import HeartbeatThread, PerJobLinesAtDebug, engine_options_from_env, wait_for_redis
+from .worker_support import HeartbeatThread, PerJobLinesAtDebug, engine_options_from_env, wait_for_redis, worker_record
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
 
@@ -92,6 +91,7 @@ class BatchWorker(BaseWorker):
         self.record: workers.WorkerRecord | None = None  # the last one written to its hash (metrics.py reads it)
         self._last_refresh = 0.0
         self._last_feed = 0.0  # when it last fed because its queues ran dry
+        self._starting: tuple | None = None  # the job being started (_admit)
         # Held jobs (in flight, or finished and waiting for their rows to be written) change hands only under
         # this lock, so the heartbeat thread never beats a job the loop has just finished, failed or requeued.
         self.held_lock = threading.Lock()
@@ -149,6 +149,9 @@ class BatchWorker(BaseWorker):
         try:
             while True:
                 try:
+                    if self._starting is not None:  # Redis failed as it was being started (in RQ, not in flight)
+                        self._start(*self._starting)
+                        self._starting = None
                     self._tick()
                     if self.should_run_maintenance_tasks:
                         self.run_maintenance_tasks()
@@ -184,18 +187,23 @@ class BatchWorker(BaseWorker):
         step_started = time.perf_counter()
         outputs = self.engine.step()
         self.step_seconds += time.perf_counter() - step_started
+        done = []
         for output in outputs:
             flight = self.by_request.pop(output.request_id, None) if output.finished else None
             if flight is not None and flight.take(output):  # the job's last request
+                done.append(flight)
+        for flight in done:  # rows made (no Redis: _start read the output location) before the job leaves in_flight
+            self._finish(flight)
+        with self.held_lock:  # the heartbeat thread reads in_flight
+            for flight in done:
                 del self.in_flight[flight.job.id]
-                self._finish(flight)
 
     def _tick(self) -> None:
         """The worker's periodic duties, between engine steps."""
         if time.monotonic() - self._last_refresh >= workers.REFRESH_S:
             expiry.expire_due(self.connection)
             release.release_stale(self.connection)
-            feed.top_up(self.connection, log=self._log_feed_problem)
+            self._feed_now(every_s=0.0)
             self._cancel_cancelled_batches()
             self._enforce_timeouts()
             self._publish()
@@ -204,15 +212,13 @@ class BatchWorker(BaseWorker):
             self.set_state(WorkerStatus.IDLE)
 
     def _feed_now(self, every_s: float = defaults.IDLE_POLL_S) -> bool:
-        """The queues ran dry before this round's top-up: feed now rather than idle for a round (at most every
-        `every_s`, as a worker with requests in flight looks for jobs at every engine step)."""
+        """Top up the queues of the batches being fed, at most every `every_s` (a worker with requests in flight
+        looks for jobs at every engine step); True if it queued any."""
         if time.monotonic() - self._last_feed < every_s:
             return False
         self._last_feed = time.monotonic()
-        return feed.top_up(self.connection, log=self._log_feed_problem) > 0
-
-    def _log_feed_problem(self, message: str) -> None:
-        self.log.warning("Worker %s: %s", self.name, message)
+        return feed.top_up(self.connection, log=lambda message: self.log.warning("Worker %s: %s", self.name,
+                                                                                 message)) > 0
 
     def run_maintenance_tasks(self):
         """RQ's maintenance (abandoned jobs queued again, or failed when out of retries), then the batch side of
@@ -257,7 +263,9 @@ class BatchWorker(BaseWorker):
             execution = self.prepare_execution(job)
             self.prepare_job_execution(job, remove_from_intermediate_queue=True)  # and status started, atomically
             job.started_at = now()
+            self._starting = (job, queue, execution)  # started in RQ: if Redis fails before it is in flight, again
             self._start(job, queue, execution)
+            self._starting = None
 
     def _take_next(self, queues: list[Queue]) -> tuple[Job, Queue] | None:
         """The job at the head of the most urgent queue with one, moved onto that queue's intermediate list in
@@ -281,6 +289,7 @@ class BatchWorker(BaseWorker):
         try:
             payload = JobPayload.from_kwargs(job.kwargs)
             status = self._status_of(payload.batch_id)
+            self._sink(payload.batch_id)  # its output read now: finishing it needs no Redis (a Redis outage then)
         except MiroError as err:  # not miro's payload, or its batch record is gone: nowhere to write a row
             self._fail(job, queue, execution, str(err))
             return
@@ -465,22 +474,7 @@ class BatchWorker(BaseWorker):
     # -- the worker's record in Redis -----------------------------------------------------------------
 
     def worker_record(self) -> workers.WorkerRecord:
-        """What the worker's hash holds (see workers.py)."""
-        with self.connection.pipeline(transaction=False) as pipe:
-            for queue in self.queues:
-                pipe.llen(queue.key)
-            queued = sum(pipe.execute())
-        return workers.WorkerRecord(
-            name=self.name, model=self.model_name, host=socket.gethostname(), pid=os.getpid(),
-            queues=[q.name for q in self.queues],
-            state="stopping" if self._stopping else "busy" if self.in_flight else "idle",
-            started_at=self.started_at, updated_at=time.time(),
-            batches=sorted({f.payload.batch_id for f in self.in_flight.values()}),
-            architecture=self.engine.config.architecture, weight_format=self.engine.weight_format,
-            weight_memory=self.engine.weight_memory, cpu_tier=self.engine.cpu_tier, stats=self.engine.stats(),
-            in_flight=len(self.in_flight), seats=self.engine.scheduler.max_num_seqs, queued=queued, jobs_done=self.jobs_done, jobs_failed=self.jobs_failed,
-            jobs_cancelled=self.jobs_cancelled,
-        )
+        return worker_record(self)
 
     def _publish(self) -> None:
         self.record = self.worker_record()

@@ -1,11 +1,12 @@
 """What a BatchWorker is set up with besides its arguments: the engine settings of a worker started by `rq worker
--w` (MIRO_* environment variables), the filter that keeps RQ's per-job log lines at DEBUG, and the thread that
-beats the heartbeats of every job the worker holds."""
+-w` (MIRO_* environment variables), the filter that keeps RQ's per-job log lines at DEBUG, the thread that
+beats the heartbeats of every job the worker holds, the wait for a Redis that went away, and the worker's record."""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from typing import Callable
@@ -14,6 +15,7 @@ import redis
 from rq.worker.base import BaseWorker
 
 from miro.core import defaults
+from miro.worker.fleet.workers import WorkerRecord
 
 # RQ's own line for every job it dequeues and finishes: a worker running thousands of requests logs them at DEBUG
 PER_JOB_LOG_FORMATS = frozenset({
@@ -90,3 +92,23 @@ def wait_for_redis(conn: redis.Redis, error: Exception, log, who: str, stopping:
         log.info("%s: Redis answers again", who)
         return
     raise error
+
+
+def worker_record(worker) -> WorkerRecord:
+    """What a BatchWorker's `miro:worker:{name}` hash holds (see worker/fleet/workers.py)."""
+    with worker.connection.pipeline(transaction=False) as pipe:
+        for queue in worker.queues:
+            pipe.llen(queue.key)
+        queued = sum(pipe.execute())
+    engine = worker.engine
+    return WorkerRecord(
+        name=worker.name, model=worker.model_name, host=socket.gethostname(), pid=os.getpid(),
+        queues=[q.name for q in worker.queues],
+        state="stopping" if worker._stopping else "busy" if worker.in_flight else "idle",
+        started_at=worker.started_at, updated_at=time.time(),
+        batches=sorted({f.payload.batch_id for f in worker.in_flight.values()}),
+        architecture=engine.config.architecture, weight_format=engine.weight_format,
+        weight_memory=engine.weight_memory, cpu_tier=engine.cpu_tier, stats=engine.stats(),
+        in_flight=len(worker.in_flight), seats=engine.scheduler.max_num_seqs, queued=queued,
+        jobs_done=worker.jobs_done, jobs_failed=worker.jobs_failed, jobs_cancelled=worker.jobs_cancelled,
+    )
