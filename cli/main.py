@@ -209,7 +209,8 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
               help="Serve Prometheus metrics on this port (http://HOST:PORT/metrics).")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
 @click.option("--wait-for-redis", type=click.FloatRange(min=0), default=defaults.WAIT_FOR_REDIS_S, show_default=True,
-              help="Seconds to keep trying to reach Redis at start-up (fleets often start workers first).")
+              help="Seconds to keep trying to reach Redis at start-up (fleets often start workers first), and "
+                   "when it goes away while the worker runs (a restart): past them the worker ends.")
 @click.option("--logging-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               default="INFO", show_default=True, help="DEBUG adds RQ's line for every job taken and finished.")
 @engine_options
@@ -236,7 +237,7 @@ def worker(redis_url, queues, name, model, served_model_names, burst, shutdown_g
                          engine_options=engine_kwargs(**engine), shutdown_grace_s=shutdown_grace,
                          flush_rows=flush_rows, flush_seconds=flush_seconds, heartbeat_slack_s=heartbeat_slack,
                          metrics_port=metrics_port, metrics_host=metrics_host,
-                         served_model_names=list(served_model_names), **rq_settings)
+                         served_model_names=list(served_model_names), redis_wait_s=wait_for_redis, **rq_settings)
     try:
         worker.work(burst=burst, logging_level=logging_level.upper())
     except redis.RedisError as err:

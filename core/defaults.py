@@ -52,7 +52,7 @@ IDLE_POLL_S = 0.2  # an idle worker looks for a job this often (taking one from 
 HEARTBEAT_SLACK_S = 60  # a job whose heartbeat is this late is abandoned and queued again
 SHUTDOWN_GRACE_S = 30.0  # after SIGTERM, for the requests in flight to finish before the rest are requeued
 RUN_SHUTDOWN_GRACE_S = 5.0  # the same for `miro run`: the user is waiting, so a few seconds
-WAIT_FOR_REDIS_S = 30.0  # a worker keeps trying to reach Redis at start-up (fleets often start workers first)
+WAIT_FOR_REDIS_S = 30.0  # how long a worker tries to reach Redis at start-up (fleets start workers first) or mid-run
 
 # `miro results` and `miro run` merge and write a batch's results this many rows (of its part files) at a time
 # (worker/fleet/part_slices.py), so their memory is a slice's, not the batch's

@@ -53,8 +53,10 @@ ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
 class BatchWorker(BaseWorker):
     def __init__(self, *args, model: str | None = None, engine_options: dict | None = None,
                  shutdown_grace_s: float | None = None, flush_rows: int = defaults.FLUSH_ROWS,
-                 flush_seconds: float = defaults.FLUSH_SECONDS, heartbeat_slack_s: int = defaults.HEARTBEAT_SLACK_S, metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
-                 served_model_names: list[str] | None = None, **kwargs):
+                 flush_seconds: float = defaults.FLUSH_SECONDS, heartbeat_slack_s: int = defaults.HEARTBEAT_SLACK_S,
+                 metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
+                 served_model_names: list[str] | None = None, redis_wait_s: float = defaults.WAIT_FOR_REDIS_S,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         # every priority of each queue given, most urgent first: _take_next takes from the first with a job
         queues = [self.queue_class(name, connection=self.connection, job_class=self.job_class, serializer=self.serializer)
@@ -84,6 +86,7 @@ class BatchWorker(BaseWorker):
         # A job's started-registry entry lives job_monitoring_interval + this; once it lapses (the worker
         # died), RQ's maintenance on any live worker queues the job again. RQ itself adds 60 s.
         self.heartbeat_slack_s = heartbeat_slack_s
+        self.redis_wait_s = redis_wait_s  # how long it waits for a Redis that went away before it ends
         self.metrics_port, self.metrics_host = metrics_port, metrics_host  # Prometheus endpoint, if any
         self.jobs_done = self.jobs_failed = self.jobs_cancelled = 0
         self.batch_status: dict[str, str] = {}  # batch id -> status, for the batches of the requests in flight
@@ -171,7 +174,8 @@ class BatchWorker(BaseWorker):
                     done += self._flush(force=False)
                 except (redis.ConnectionError, redis.TimeoutError) as e:
                     # the engine keeps its requests and the sinks their rows: counted and finished once it answers
-                    wait_for_redis(self.connection, e, self.log, f"Worker {self.name}", lambda: self._stopping)
+                    wait_for_redis(self.connection, e, self.log, f"Worker {self.name}", lambda: self._stopping,
+                                   self.redis_wait_s)
         except SystemExit:
             self._requeue_in_flight()
             raise

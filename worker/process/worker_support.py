@@ -75,15 +75,16 @@ class HeartbeatThread(threading.Thread):
         self.join()
 
 
-def wait_for_redis(conn: redis.Redis, error: Exception, log, who: str, stopping: Callable[[], bool]) -> None:
-    """Redis went away (a restart, a network cut): say so once, then try again until it answers, or raise `error`
-    once `stopping()`. A job whose heartbeat lapsed meanwhile may run again elsewhere; the merge keeps one row of it
-    and the count counts it once."""
-    log.warning("%s: Redis is unreachable (%s); trying again until it answers", who,
-                str(error).rstrip(".") or type(error).__name__)
-    pause = 0.5
-    while not stopping():
-        time.sleep(pause)
+def wait_for_redis(conn: redis.Redis, error: Exception, log, who: str, stopping: Callable[[], bool],
+                   give_up_s: float) -> None:
+    """Redis went away (a restart, a network cut): say so once, then try again until it answers; raise `error` once
+    `stopping()` or after `give_up_s` (the worker then ends in one sentence). A job whose heartbeat lapsed meanwhile
+    may run again elsewhere; the merge keeps one row of it and the count counts it once."""
+    log.warning("%s: Redis is unreachable (%s); trying again for up to %.0f s", who,
+                str(error).rstrip(".") or type(error).__name__, give_up_s)
+    deadline, pause = time.monotonic() + give_up_s, 0.5
+    while not stopping() and time.monotonic() < deadline:
+        time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
         try:
             conn.ping()
         except (redis.ConnectionError, redis.TimeoutError):
