@@ -116,7 +116,8 @@ def models_list():
 def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temperature, top_p, seed, skip_invalid,
            dry_run, resume, job_timeout, priority, completion_window, task, truncate, json_schema, regex, choice,
            grammar):
-    """Validate DATASET (JSONL) and enqueue one RQ job per line; prints the batch id."""
+    """Validate DATASET (JSONL), store its requests and queue them, one RQ job each, as workers drain the queue;
+    prints the batch id."""
     from miro.worker.fleet.batches import connect, redacted
     from miro.worker.fleet.submit import submit as submit_dataset
 
