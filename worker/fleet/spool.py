@@ -11,8 +11,6 @@ on close), so a reader never sees half of one.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from dataclasses import asdict, fields
 from typing import Iterator
 
@@ -20,7 +18,7 @@ from pyarrow import fs as pafs
 
 from .inputs import Request
 from .payload import ResponseEcho
-from .sink import open_output
+from .sink import atomic_output, open_output
 
 
 def _folder(output: str, batch_id: str) -> tuple[pafs.FileSystem, str]:
@@ -73,20 +71,8 @@ class SpoolWriter:
         return self.chunks
 
     def _write(self) -> None:
-        if self.chunks == 0:
-            self.filesystem.create_dir(self.folder, recursive=True)
-        path = f"{self.folder}/{_chunk_name(self.chunks)}"
-        data = b"".join(self._buffer)
-        if isinstance(self.filesystem, pafs.LocalFileSystem):
-            temporary = f"{self.folder}/.tmp-{uuid.uuid4().hex}"
-            with open(temporary, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, path)
-        else:
-            with self.filesystem.open_output_stream(path) as stream:
-                stream.write(data)
+        with atomic_output(self.filesystem, f"{self.folder}/{_chunk_name(self.chunks)}") as stream:
+            stream.write(b"".join(self._buffer))
         self.chunks += 1
         self._buffer = []
 
