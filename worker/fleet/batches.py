@@ -198,6 +198,11 @@ def job_id(batch_id: str, custom_id: str) -> str:
     return f"{batch_id}-{hashlib.blake2b(custom_id.encode(), digest_size=12).hexdigest()}"
 
 
+def registry_job_ids(conn: redis.Redis, registry_key: str, batch_id: str) -> list[str]:
+    """The ids of the batch's jobs in an RQ registry of its queue (a sorted set of every batch's job ids on it)."""
+    return [job.decode() for job, _ in conn.zscan_iter(registry_key, match=f"{batch_id}-*", count=1000)]
+
+
 def redacted(url: str) -> str:
     """The Redis URL without its password, for messages."""
     try:

@@ -102,9 +102,7 @@ class RetryResult:
 def _failed_jobs(conn: redis.Redis, batch: batches.BatchRecord) -> list[tuple[str, str]]:
     """(custom id, job id) of every request of the batch whose job is FAILED in RQ: the jobs of its queue's failed
     registry whose ids are the batch's (batches.job_id), so this takes the failures' time, not the batch's."""
-    registry = FailedJobRegistry(queue=_queue(conn, batch))
-    prefix = f"{batch.id}-"
-    ids = [jid for jid in registry.get_job_ids(cleanup=False) if jid.startswith(prefix)]
+    ids = batches.registry_job_ids(conn, FailedJobRegistry(queue=_queue(conn, batch)).key, batch.id)
     failed = []
     for start in range(0, len(ids), CHUNK):
         jobs = Job.fetch_many(ids[start:start + CHUNK], connection=conn, serializer=JSONSerializer)

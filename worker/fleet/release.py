@@ -57,8 +57,7 @@ def _job_ids(conn: redis.Redis, batch_id: str, queue: str, chunk: int) -> Iterat
         if cursor == 0:
             break
     for registry in (CanceledJobRegistry, FinishedJobRegistry):
-        key = registry.key_template.format(queue)
-        ids = [job.decode() for job, _ in conn.zscan_iter(key, match=f"{batch_id}-*", count=chunk)] if queue else []
+        ids = batches.registry_job_ids(conn, registry.key_template.format(queue), batch_id) if queue else []
         for start in range(0, len(ids), chunk):
             yield ids[start:start + chunk]
 
