@@ -81,22 +81,19 @@ def feed(conn: redis.Redis, batch_id: str, max_chunks: int = defaults.FEED_CHUNK
     with locks.held(conn, keys.batch_feed_lock(batch_id), defaults.FEED_LOCK_TTL_MS) as held:
         if not held:
             return 0
-        for _ in range(max_chunks):
+        batch = batches.get_batch(conn, batch_id)  # its position now: another feeder may have moved it
+        for chunk in range(batch.fed, min(batch.fed + max_chunks, batch.chunks)):
             if conn.llen(writer.queue.key) >= target:  # the window is full (another feeder may just have filled it)
                 break
-            batch = batches.get_batch(conn, batch_id)  # its position now: another feeder may have moved it
-            if not batch.feeding:
-                conn.zrem(keys.feeding(), batch_id)
-                break
             try:
-                requests = spool.read_chunk(batch.output, batch_id, batch.fed)
+                requests = spool.read_chunk(batch.output, batch_id, chunk)
             except (OSError, pa.ArrowException) as e:
-                raise MiroError(f"Cannot read chunk {batch.fed} of batch {batch_id}'s stored requests at "
+                raise MiroError(f"Cannot read chunk {chunk} of batch {batch_id}'s stored requests at "
                                 f"{batch.output}: {e}") from None
-            jobs = writer.feed(batch.fed, requests)
+            jobs = writer.feed(chunk, requests)
             if jobs < 0:  # closed, stopped or moved on meanwhile
                 break
-            written += jobs
+            written += jobs  # moved on by one: FEED_JOBS wrote the chunk only if it was the next
     return written
 
 
