@@ -94,7 +94,7 @@ class BatchWorker(BaseWorker):
         self.record: workers.WorkerRecord | None = None  # the last one written to its hash (metrics.py reads it)
         self._last_refresh = 0.0
         self._last_feed = 0.0  # when it last fed because its queues ran dry
-        self._starting: tuple | None = None  # the job being started (_admit)
+        self._starting: tuple[Job, Queue] | None = None  # the job being started (_admit)
         # Held jobs (in flight, or finished and waiting for their rows to be written) change hands only under
         # this lock, so the heartbeat thread never beats a job the loop has just finished, failed or requeued.
         self.held_lock = threading.Lock()
@@ -152,8 +152,8 @@ class BatchWorker(BaseWorker):
         try:
             while True:
                 try:
-                    if self._starting is not None:  # Redis failed as it was being started (in RQ, not in flight)
-                        self._start(*self._starting)
+                    if self._starting is not None:  # Redis failed as it was being started: taken, not in flight
+                        self._begin(*self._starting)
                         self._starting = None
                     self._tick()
                     if self.should_run_maintenance_tasks:
@@ -262,14 +262,16 @@ class BatchWorker(BaseWorker):
                 if block:
                     time.sleep(defaults.IDLE_POLL_S)
                 return
-            job, queue = taken
             block = False
-            execution = self.prepare_execution(job)
-            self.prepare_job_execution(job, remove_from_intermediate_queue=True)  # and status started, atomically
-            job.started_at = now()
-            self._starting = (job, queue, execution)  # started in RQ: if Redis fails before it is in flight, again
-            self._start(job, queue, execution)
+            self._starting = taken  # off the queue: if Redis fails before it is in flight, it is started again
+            self._begin(*taken)
             self._starting = None
+
+    def _begin(self, job: Job, queue: Queue) -> None:
+        execution = self.prepare_execution(job)
+        self.prepare_job_execution(job, remove_from_intermediate_queue=True)  # and status started, atomically
+        job.started_at = now()
+        self._start(job, queue, execution)
 
     def _take_next(self, queues: list[Queue]) -> tuple[Job, Queue] | None:
         """The job at the head of the most urgent queue with one, moved onto that queue's intermediate list in
