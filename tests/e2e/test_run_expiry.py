@@ -20,6 +20,7 @@ def long_context_model(tmp_path_factory) -> str:
                                 context_length=4096)["path"])
 
 
+@pytest.mark.slow
 def test_a_run_past_its_window_writes_what_finished_and_the_expired_rest(tmp_path, long_context_model):
     dataset = tmp_path / "d.jsonl"
     requests = [{"id": "s0", "prompt": "hi", "max_tokens": 2}, {"id": "s1", "prompt": "hey", "max_tokens": 2}]

@@ -14,7 +14,7 @@ from polling import free_port, wait_for
 from rq.serializers import JSONSerializer
 
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches
+from miro.worker.fleet import batches, scripts
 from miro.worker.fleet.results import collect
 from miro.worker.fleet.routing import queue_for
 from miro.worker.fleet.submit import submit
@@ -96,3 +96,35 @@ def test_a_redis_error_as_a_job_starts_or_finishes_loses_no_job(tmp_path, redis_
     assert (record.status, record.completed) == ("completed", 8) and worker.in_flight == {}
     table, _ = collect(conn, batch_id)
     assert sorted(table["custom_id"].to_pylist()) == sorted(f"q{i}" for i in range(8))
+
+
+def test_a_take_whose_reply_redis_lost_is_found_and_run_once_redis_answers(tmp_path, redis_url, tiny_model,
+                                                                            monkeypatch):
+    """Redis moves a job onto its intermediate list, then goes away before the worker hears which job it took: once
+    Redis answers, the worker finds that take in its last-take key and runs the job, and a burst worker does not end
+    without it (RQ's maintenance would queue it again only minutes later)."""
+    conn = redis.Redis.from_url(redis_url)
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"hello {i}", "max_tokens": 2, "temperature": 0})
+                               + "\n" for i in range(6)))
+    batch_id = submit(conn, dataset, model=tiny_model, output=str(tmp_path / "out")).batch_id
+    real_take, lost = scripts.TAKE_NEXT_JOB, []
+
+    def take_then_lose_the_reply(client, keys, args=()):
+        taken = real_take(client, keys, args)
+        if taken and not lost:
+            lost.append(taken[1].decode())
+            raise redis.ConnectionError("simulated: Redis went away before it replied")
+        return taken
+
+    monkeypatch.setattr(scripts, "TAKE_NEXT_JOB", take_then_lose_the_reply)
+    worker = BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
+                         engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 2})
+    running = threading.Thread(target=worker.work, kwargs={"burst": True})
+    running.start()
+    running.join(timeout=60)
+    assert lost and not running.is_alive()
+    record = batches.get_batch(conn, batch_id)
+    assert (record.status, record.completed, record.failed) == ("completed", 6, 0)
+    table, _ = collect(conn, batch_id)
+    assert sorted(table["custom_id"].to_pylist()) == sorted(f"t{i}" for i in range(6))

@@ -20,6 +20,7 @@ from miro.worker import BatchWorker
 from miro.worker.fleet import batches, release
 from miro.worker.fleet.workers import list_workers
 from miro.worker.fleet.routing import queue_for
+from miro.worker.process import taking
 
 
 def write_dataset(path, lines):
@@ -230,7 +231,7 @@ def test_a_job_taken_by_a_worker_killed_before_starting_it_runs_again(tmp_path, 
                            engine_options={"kv_cache_memory": "8MiB", "max_num_seqs": 4})
 
     doomed = live_worker()
-    job, taken_from = doomed._take_next(doomed.queues)  # its high, normal and low queues; then kill -9
+    job, taken_from = taking.take_next(doomed, doomed.queues)  # its high, normal and low queues; then kill -9
     assert (job.id, taken_from.name) == (first_id, queue.name)
     assert first_id not in queue.job_ids and queue.intermediate_queue.get_job_ids() == [first_id]
 

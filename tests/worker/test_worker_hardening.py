@@ -70,6 +70,7 @@ def runs_per_request(tmp_path, batch_id) -> dict[str, int]:
 # ---- heartbeats cover every job the worker holds ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_finished_jobs_waiting_for_their_flush_keep_their_heartbeat(tmp_path, redis_url, long_context_model):
     """Short requests finish at once, but two long ones keep the worker busy, so their rows wait 6 s for the part
     file: twice the 3 s a job's heartbeat lives, with maintenance every second. No finished request may be

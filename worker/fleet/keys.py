@@ -52,6 +52,12 @@ def worker(name: str) -> str:
     return f"{PREFIX}:worker:{name}"
 
 
+def worker_last_take(name: str) -> str:
+    """String with a TTL: "{queue key} {job id}" of the job the worker last took off a queue (scripts.TAKE_NEXT_JOB),
+    read after a Redis outage in case the reply to that take was lost (worker/process/taking.py)."""
+    return f"{PREFIX}:worker:{name}:last-take"
+
+
 def workers() -> str:
     """Sorted set: the names of workers that published a hash, scored by their last refresh (epoch seconds), so
     readers find the hashes without scanning the keyspace (workers.py)."""

@@ -140,14 +140,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """)
 
-# KEYS: pairs of (queue list, its intermediate list), most urgent queue first -> {queue key, job id} of the job
-# at the head of the first non-empty queue, moved onto that queue's intermediate list in the same step, or nil.
-# A worker killed between taking a job and starting it leaves the id there, and RQ's maintenance queues it
-# again (IntermediateQueue.cleanup); BLPOP over several queues would leave it nowhere.
+# KEYS: the worker's last-take key, then pairs of (queue list, its intermediate list), most urgent queue first;
+# ARGV: the last-take key's TTL (s) -> {queue key, job id} of the job at the head of the first non-empty queue, moved
+# onto that queue's intermediate list in the same step, or nil. A worker killed between taking a job and starting it
+# leaves the id there, and RQ's maintenance queues it again (IntermediateQueue.cleanup); BLPOP over several queues
+# would leave it nowhere. The take is also written to the last-take key, so a worker whose reply Redis lost (it went
+# away mid-call) finds the job it took once Redis answers (worker/process/taking.py).
 TAKE_NEXT_JOB = Lua("""
-for i = 1, #KEYS, 2 do
+for i = 2, #KEYS, 2 do
   local job_id = redis.call('LMOVE', KEYS[i], KEYS[i + 1], 'LEFT', 'RIGHT')
-  if job_id then return {KEYS[i], job_id} end
+  if job_id then
+    redis.call('SET', KEYS[1], KEYS[i] .. ' ' .. job_id, 'EX', ARGV[1])
+    return {KEYS[i], job_id}
+  end
 end
 return nil
 """)

@@ -26,23 +26,23 @@ from collections import Counter
 
 import redis
 
-from rq.exceptions import NoSuchJobError
 from rq.logutils import setup_loghandlers
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import CanceledJobRegistry
-from rq.utils import as_text, now
+from rq.utils import now
 from rq.worker.base import BaseWorker, WorkerStatus
 
 from miro.core import Engine, MiroError, defaults
 from miro.core.defaults import PRIORITIES
 from miro.core.registry import DEFAULT_MODEL
 
-from miro.worker.fleet import batches, expiry, feed, release, routing, rq_private, scripts, workers
+from miro.worker.fleet import batches, expiry, feed, release, routing, rq_private, workers
 from miro.worker.fleet.control import uncounted_failures
 from miro.worker.fleet.payload import JobPayload
 from miro.worker.fleet.sink import ParquetSink
 
+from . import taking
 from .in_flight import InFlight
 from .jobs import GAVE_UP, add_requests, count_finished, job_rows, record_failure, summary
 from .worker_support import HeartbeatThread, PerJobLinesAtDebug, engine_options_from_env, wait_for_redis, worker_record
@@ -58,7 +58,7 @@ class BatchWorker(BaseWorker):
                  served_model_names: list[str] | None = None, redis_wait_s: float = defaults.WAIT_FOR_REDIS_S,
                  **kwargs):
         super().__init__(*args, **kwargs)
-        # every priority of each queue given, most urgent first: _take_next takes from the first with a job
+        # every priority of each queue given, most urgent first: taking.take_next takes from the first with a job
         queues = [self.queue_class(name, connection=self.connection, job_class=self.job_class, serializer=self.serializer)
                   for name in routing.worker_queues([q.name for q in self.queues])]
         rq_private.set_queues(self, queues)
@@ -95,6 +95,7 @@ class BatchWorker(BaseWorker):
         self._last_refresh = 0.0
         self._last_feed = 0.0  # when it last fed because its queues ran dry
         self._starting: tuple[Job, Queue] | None = None  # the job being started (_admit)
+        self._after_outage = False  # Redis answers again: look for a job taken just before it went away
         # Held jobs (in flight, or finished and waiting for their rows to be written) change hands only under
         # this lock, so the heartbeat thread never beats a job the loop has just finished, failed or requeued.
         self.held_lock = threading.Lock()
@@ -152,6 +153,9 @@ class BatchWorker(BaseWorker):
         try:
             while True:
                 try:
+                    if self._after_outage:  # the reply to its last take may be what Redis lost
+                        self._starting = self._starting or taking.lost_take(self)
+                        self._after_outage = False
                     if self._starting is not None:  # Redis failed as it was being started: taken, not in flight
                         self._begin(*self._starting)
                         self._starting = None
@@ -176,6 +180,7 @@ class BatchWorker(BaseWorker):
                     # the engine keeps its requests and the sinks their rows: counted and finished once it answers
                     wait_for_redis(self.connection, e, self.log, f"Worker {self.name}", lambda: self._stopping,
                                    self.redis_wait_s)
+                    self._after_outage = True
         except SystemExit:
             self._requeue_in_flight()
             raise
@@ -255,9 +260,9 @@ class BatchWorker(BaseWorker):
     def _admit(self, block: bool) -> None:
         """Take jobs while a priority has room; with nothing queued and `block`, wait IDLE_POLL_S first."""
         while queues := self._with_room():
-            taken = self._take_next(queues)
+            taken = taking.take_next(self, queues)
             if taken is None and self._feed_now():
-                taken = self._take_next(queues)
+                taken = taking.take_next(self, queues)
             if taken is None:
                 if block:
                     time.sleep(defaults.IDLE_POLL_S)
@@ -272,20 +277,6 @@ class BatchWorker(BaseWorker):
         self.prepare_job_execution(job, remove_from_intermediate_queue=True)  # and status started, atomically
         job.started_at = now()
         self._start(job, queue, execution)
-
-    def _take_next(self, queues: list[Queue]) -> tuple[Job, Queue] | None:
-        """The job at the head of the most urgent queue with one, moved onto that queue's intermediate list in
-        the same step (scripts.TAKE_NEXT_JOB), so a worker killed before it starts the job loses nothing."""
-        by_key = {queue.key: queue for queue in queues}
-        keys = [key for queue in queues for key in (queue.key, queue.intermediate_queue_key)]
-        while taken := scripts.TAKE_NEXT_JOB(self.connection, keys):
-            queue = by_key[as_text(taken[0])]
-            job_id = as_text(taken[1])
-            try:
-                return self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer), queue
-            except NoSuchJobError:  # deleted while queued (its result TTL, `miro delete`): nothing to run
-                queue.intermediate_queue.remove(job_id)
-        return None
 
     def _start(self, job: Job, queue: Queue, execution) -> None:
         started = time.time()
