@@ -113,14 +113,21 @@ def quads_offset(qtype: int) -> int:
 
 
 @njit(inline="always")
-def scale_min_k4(j, scales, off, stride=1):
-    """Sub-block j's 6-bit scale and min from Q4_K/Q5_K's 12 packed bytes (getscale_min_k4), byte i at
-    scales[off + stride * i] (1 in the file; a K-quant tile keeps each byte's 16 rows together)."""
+def unpack_k4(low, high, top):
+    """ggml's get_scale_min_k4 for sub-blocks q and q + 4 at once (q < 4), from bytes q, q + 4 and q + 8 of
+    Q4_K/Q5_K's 12 packed bytes: (scale q, min q, scale q + 4, min q + 4). Plain arithmetic on its arguments, so a
+    loop over a tile's 16 rows of those bytes vectorizes (tile_kernels._unpack_k4_scales)."""
+    return (low & 63, high & 63, (top & 15) | ((low >> 6) << 4), (top >> 4) | ((high >> 6) << 4))
+
+
+@njit(inline="always")
+def scale_min_k4(j, scales, off):
+    """Sub-block j's 6-bit scale and min from Q4_K/Q5_K's 12 packed bytes at scales[off:]."""
+    q = j % 4
+    sc, mn, sc_high, mn_high = unpack_k4(scales[off + q], scales[off + q + 4], scales[off + q + 8])
     if j < 4:
-        return np.int32(scales[off + stride * j] & 63), np.int32(scales[off + stride * (j + 4)] & 63)
-    sc = (scales[off + stride * (j + 4)] & 15) | ((scales[off + stride * (j - 4)] >> 6) << 4)
-    mn = (scales[off + stride * (j + 4)] >> 4) | ((scales[off + stride * j] >> 6) << 4)
-    return np.int32(sc), np.int32(mn)
+        return np.int32(sc), np.int32(mn)
+    return np.int32(sc_high), np.int32(mn_high)
 
 
 @njit(inline="always")

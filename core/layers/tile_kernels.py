@@ -25,7 +25,7 @@ import numpy as np
 from .cache_key import HELPERS, cached_variant
 from .cpu import Tier
 from .int8_dots import mins_dot, scale_pairs16, superblock_bias, superblock_tile_dot, tile_dot, tile_signed_bytes
-from .quant_blocks import BLOCK32_TYPES, HAS_MIN, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset, scale_min_k4
+from .quant_blocks import BLOCK32_TYPES, HAS_MIN, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset, unpack_k4
 from .simd import LANES, load16, load16_f16, store16, to_float, zeros16
 from .superblock_tiles import LANE_BYTES
 from .tiles import TILE_ROWS, quant_bytes
@@ -232,11 +232,14 @@ def _unpack_k4_scales(packed, sb, unpacked):
     get_scale_min_k4."""
     at = 12 * TILE_ROWS * sb
     to = 16 * TILE_ROWS * sb
-    for j in range(8):
+    for q in range(4):
         for r in range(TILE_ROWS):
-            sc, mn = scale_min_k4(j, packed, at + r, TILE_ROWS)
-            unpacked[to + TILE_ROWS * j + r] = sc
-            unpacked[to + TILE_ROWS * (8 + j) + r] = mn
+            sc, mn, sc_high, mn_high = unpack_k4(packed[at + TILE_ROWS * q + r], packed[at + TILE_ROWS * (q + 4) + r],
+                                                 packed[at + TILE_ROWS * (q + 8) + r])
+            unpacked[to + TILE_ROWS * q + r] = sc
+            unpacked[to + TILE_ROWS * (8 + q) + r] = mn
+            unpacked[to + TILE_ROWS * (4 + q) + r] = sc_high
+            unpacked[to + TILE_ROWS * (12 + q) + r] = mn_high
 
 
 @njit(inline="always")
