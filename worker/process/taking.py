@@ -38,10 +38,8 @@ def lost_take(worker) -> tuple[Job, Queue] | None:
         return None
     queue_key, job_id = as_text(last).split(" ", 1)
     queue = next((q for q in worker.queues if q.key == queue_key), None)
-    if queue is None or job_id in worker.in_flight or any(f.job.id == job_id for f, _ in worker.finished):
-        return None
-    if worker.connection.lpos(queue.intermediate_queue_key, job_id) is None:
-        return None  # started (starting takes it off the list), or already queued again by RQ's maintenance
+    if queue is None or worker.connection.lpos(queue.intermediate_queue_key, job_id) is None:
+        return None  # started (in flight or finished: starting takes it off the list), or queued again by RQ
     job = _fetch(worker, queue, job_id)
     return (job, queue) if job is not None else None
 
