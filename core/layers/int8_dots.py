@@ -201,34 +201,32 @@ def scale_pairs16(typingctx, array, low_at, high_at, signed):
 
 
 @intrinsic(prefer_literal=True)
-def mins_dot(typingctx, min_pairs, sum32, at, bits):
-    """int32x16: lane r = sum over j < 8 of min(r, j) * sum32[at + j], by vpmaddwd of int16 pairs (one 512-bit or
-    two 256-bit ones per pair, by `bits`, a compile-time constant): min_pairs (int32, 1-D) at 16 j + r holds
-    row r's mins of sub-blocks 2 j, 2 j + 1; sum32 (int32, 1-D) the activations' sums of 32 values
-    (|sum| <= 32 x 127, an int16)."""
+def mins_dot(typingctx, min_pairs, m_start, sum_pairs, at, bits):
+    """int32x16: lane r = sum over j < 8 of min(r, j) * sum32[j], by vpmaddwd of int16 pairs (one 512-bit or two
+    256-bit ones per pair, by `bits`, a compile-time constant): min_pairs (int32, 1-D) at m_start + 16 j + r holds
+    row r's mins of sub-blocks 2 j, 2 j + 1; sum_pairs (int32, 1-D) at at + j the activations' sums of those two
+    sub-blocks' 32 values as one int16 pair (|sum| <= 32 x 127), low then high."""
     if not isinstance(bits, types.IntegerLiteral):
         return None
     width = bits.literal_value // 8
 
     def codegen(context, builder, signature, args):
         pair_data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        sum_data = context.make_array(signature.args[1])(context, builder, args[1]).data
+        sum_data = context.make_array(signature.args[2])(context, builder, args[2]).data
         ops = _VectorOps(builder, width)
         v_words, v_dwords = ops.words, ops.dwords
         parts = 64 // width
         totals = [ir.Constant(v_dwords, [0] * (width // 4))] * parts
         for j in range(4):
-            sums = [builder.load(builder.gep(sum_data, [builder.add(args[2], ir.Constant(_I64, 2 * j + h))]))
-                    for h in range(2)]
-            pair = builder.or_(builder.and_(sums[0], ir.Constant(_I32, 0xFFFF)), builder.shl(sums[1], ir.Constant(_I32, 16)))
+            pair = builder.load(builder.gep(sum_data, [builder.add(args[3], ir.Constant(_I64, j))]))
             activation = builder.bitcast(splat(builder, pair, v_dwords), v_words)
             for p in range(parts):
-                at = ir.Constant(_I64, LANES * j + (width // 4) * p)
+                at = builder.add(args[1], ir.Constant(_I64, LANES * j + (width // 4) * p))
                 mins = builder.load(builder.bitcast(builder.gep(pair_data, [at]), v_dwords.as_pointer()), align=4)
                 totals[p] = builder.add(totals[p], ops.madd(builder.bitcast(mins, v_words), activation))
         return _as_vec16(builder, totals)
 
-    return int32x16(min_pairs, sum32, types.intp, bits), codegen
+    return int32x16(min_pairs, types.intp, sum_pairs, types.intp, bits), codegen
 
 
 class _SuperblockLane:
@@ -288,84 +286,99 @@ class _SuperblockLane:
 
 
 @intrinsic(prefer_literal=True)
-def superblock_tile_dot(typingctx, quants, w_start, pairs, p_start, a, a_start, a_stride, steps, sums, s_start,
-                        offsets, o_start, bits, vnni, qtype, tokens):
-    """Lane l of one super-block of a 16-row K-quant tile (superblock_tiles.py) against `tokens` activation
-    rows, with ggml's float step: for each row t,
+def superblock_tile_dot(typingctx, quants, w_start, w_stride, pairs, p_start, p_stride, a, a_start, a_stride, steps, sums,
+                        s_start, offsets, o_start, o_stride, bits, vnni, qtype, tokens, group):
+    """Lane l of one super-block of `group` neighbouring 16-row K-quant tiles (superblock_tiles.py) against
+    `tokens` activation rows, with ggml's float step: for each tile g, row t and weight row r,
 
-        sums[s_start + t * 128 + r] += steps[16 t + r] * float(aux32[t, r]),
-        aux32[t, r] = sum over quads Q < 8 and bytes i of sc(r, Q, i) . (quad Q of weight row r)[i] . (quad Q of a[t])[i]
+        sums[s_start + (g * tokens + t) * 128 + r] += steps[16 (g * tokens + t) + r] * float(aux32[g, t, r]),
+        aux32[g, t, r] = sum over quads Q < 8 and bytes i of sc(r, Q, i) . (quad Q of weight row r)[i] . (quad Q of a[t])[i]
 
     exactly ggml's aux32[l] (the products summed in int16 pairs by vpmaddubsw, each pair times its
-    sub-block scale by vpmaddwd, or vpdpwssd where the tier has VNNI). quants (uint8, 1-D): the lane's
-    bytes at w_start. pairs (int32, 1-D): at p_start + 16 j + r, row r's int16 scale pair for bytes 0, 1
+    sub-block scale by vpmaddwd, or vpdpwssd where the tier has VNNI). Each activation quad is broadcast once
+    for the group's 16 x `group` rows: on 512-bit tiers a broadcast costs about what a multiply does, and the
+    registers hold two tiles' sums for 8 rows. quants (uint8, 1-D): tile g's lane bytes at w_start + g * w_stride.
+    pairs (int32, 1-D): at p_start + g * p_stride + 16 j + r, row r's int16 scale pair for bytes 0, 1
     and 2, 3 (low, high) of quads 2 j and 2 j + 1 (Q4_K, Q5_K; j < 4) or of quad j (Q6_K). a (int8, 1-D):
     row t's super-block in quad order at a_start + t * a_stride, quad Q of lane l at 32 Q. steps, sums
-    (float32, 1-D): d_w * d_a per row and token, and the lane's float sums.
+    (float32, 1-D): d_w * d_a per tile, row and token, and the lane's float sums.
 
     vpmaddubsw multiplies unsigned by signed bytes. Q4_K's and Q5_K's values are unsigned and the
     activations signed: at most 2 x 31 x 127 an int16 pair, two quads' pairs added 15,748. Q6_K's values less 32 are signed, so its
     activations come biased, a + 128 (quantize_q8_k_quads(biased=True)), the unsigned operand: at most
     2 x 255 x 32 = 16,320. What the bias adds, 128 x sum of sc x (q - 32) per lane and row, is
-    offsets[o_start + r] (superblock_bias), subtracted before the float step. Neither saturates.
-    For the other types `offsets` is not read. bits, vnni, qtype, tokens: compile-time constants as for
+    offsets[o_start + g * o_stride + r] (superblock_bias), subtracted before the float step. Neither saturates.
+    For the other types `offsets` is not read. bits, vnni, qtype, tokens, group: compile-time constants as for
     tile_dot.
     """
-    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens, group)):
         return None
     width = bits.literal_value // 8
     kind = qtype.literal_value
-    n_tokens = tokens.literal_value
-    sig = types.void(quants, types.intp, pairs, types.intp, a, types.intp, types.intp, steps, sums, types.intp,
-                     offsets, types.intp, bits, vnni, qtype, tokens)
+    n_tokens, n_tiles = tokens.literal_value, group.literal_value
+    sig = types.void(quants, types.intp, types.intp, pairs, types.intp, types.intp, a, types.intp, types.intp, steps,
+                     sums, types.intp, offsets, types.intp, types.intp, bits, vnni, qtype, tokens, group)
 
     def codegen(context, builder, signature, args):
-        a_start_v, stride_v, s_start_v, o_start_v = (args[i] for i in (5, 6, 9, 11))
+        w_start_v, w_stride_v, p_start_v, p_stride_v, a_start_v, stride_v, s_start_v, o_start_v, o_stride_v = (
+            args[i] for i in (1, 2, 4, 5, 7, 8, 11, 13, 14))
 
         def data(index):
             return context.make_array(signature.args[index])(context, builder, args[index]).data
 
-        lane = _SuperblockLane(builder, width, kind, bool(vnni.literal_value), data(0), args[1], data(2), args[3])
+        def offset(start, stride, g):
+            return builder.add(start, builder.mul(stride, ir.Constant(_I64, g)))
+
+        lanes = [_SuperblockLane(builder, width, kind, bool(vnni.literal_value), data(0),
+                                 offset(w_start_v, w_stride_v, g), data(3), offset(p_start_v, p_stride_v, g))
+                 for g in range(n_tiles)]
+        lane = lanes[0]
         parts, load, at = lane.parts, lane.load, lane.at
         v_bytes, v_dwords = lane.ops.bytes, lane.ops.dwords
         v_floats = ir.VectorType(ir.FloatType(), width // 4)
         maddubs = lane.ops.maddubs
-        a_data, step_data, sum_data, offset_data = data(4), data(7), data(8), data(10)
+        a_data, step_data, sum_data, offset_data = data(6), data(9), data(10), data(12)
 
         def activation_quad(t, q):
             row_start = builder.add(a_start_v, builder.mul(stride_v, ir.Constant(_I64, t)))
             word = builder.load(builder.bitcast(builder.gep(a_data, [at(row_start, 32 * q)]), _I32.as_pointer()), align=1)
             return builder.bitcast(splat(builder, word, v_dwords), v_bytes)
 
-        acc = [lane.zeros() for _ in range(n_tokens)]
+        acc = [[lane.zeros() for _ in range(n_tiles)] for _ in range(n_tokens)]  # [t][g][part]
         if kind == Q6_K:  # a scale pair per quad: maddubs(a + 128, q - 32)
             for q in range(8):
-                weights, pair = [lane.quad(q, p) for p in range(parts)], lane.scale_pairs(q)
+                weights = [[tile.quad(q, p) for p in range(parts)] for tile in lanes]
+                pair = [tile.scale_pairs(q) for tile in lanes]
                 for t in range(n_tokens):
                     a_bytes = activation_quad(t, q)
-                    for p in range(parts):
-                        acc[t][p] = lane.accumulate(acc[t][p], maddubs(a_bytes, weights[p]), pair[p])
+                    for g in range(n_tiles):
+                        for p in range(parts):
+                            acc[t][g][p] = lanes[g].accumulate(acc[t][g][p], maddubs(a_bytes, weights[g][p]), pair[g][p])
         else:  # quads 2 c and 2 c + 1 share the scale pair (sc[2 c], sc[2 c + 1]): their int16 products added first
             for c in range(4):
-                low, high = [lane.quad(2 * c, p) for p in range(parts)], [lane.quad(2 * c + 1, p) for p in range(parts)]
-                pair = lane.scale_pairs(c)
+                low = [[tile.quad(2 * c, p) for p in range(parts)] for tile in lanes]
+                high = [[tile.quad(2 * c + 1, p) for p in range(parts)] for tile in lanes]
+                pair = [tile.scale_pairs(c) for tile in lanes]
                 for t in range(n_tokens):
                     a_low, a_high = activation_quad(t, 2 * c), activation_quad(t, 2 * c + 1)
-                    for p in range(parts):
-                        words = builder.add(maddubs(low[p], a_low), maddubs(high[p], a_high))
-                        acc[t][p] = lane.accumulate(acc[t][p], words, pair[p])
-        if kind == Q6_K:  # what the activations' bias added
-            for p in range(parts):
-                bias = load(offset_data, at(o_start_v, (width // 4) * p), v_dwords, 4)
-                for t in range(n_tokens):
-                    acc[t][p] = builder.sub(acc[t][p], bias)
-        for t in range(n_tokens):  # ggml: sums[l] += d * aux32[l], d = x.d * y.d
-            for p in range(parts):
-                step = load(step_data, ir.Constant(_I64, 16 * t + (width // 4) * p), v_floats, 4)
-                where = at(s_start_v, 128 * t + (width // 4) * p)
-                total = load(sum_data, where, v_floats, 4)
-                total = builder.fadd(total, builder.fmul(step, builder.sitofp(acc[t][p], v_floats)))
-                builder.store(total, builder.bitcast(builder.gep(sum_data, [where]), v_floats.as_pointer()), align=4)
+                    for g in range(n_tiles):
+                        for p in range(parts):
+                            words = builder.add(maddubs(low[g][p], a_low), maddubs(high[g][p], a_high))
+                            acc[t][g][p] = lanes[g].accumulate(acc[t][g][p], words, pair[g][p])
+        for g in range(n_tiles):
+            if kind == Q6_K:  # what the activations' bias added
+                for p in range(parts):
+                    bias = load(offset_data, at(offset(o_start_v, o_stride_v, g), (width // 4) * p), v_dwords, 4)
+                    for t in range(n_tokens):
+                        acc[t][g][p] = builder.sub(acc[t][g][p], bias)
+            for t in range(n_tokens):  # ggml: sums[l] += d * aux32[l], d = x.d * y.d
+                row = g * n_tokens + t
+                for p in range(parts):
+                    step = load(step_data, ir.Constant(_I64, 16 * row + (width // 4) * p), v_floats, 4)
+                    where = at(s_start_v, 128 * row + (width // 4) * p)
+                    total = load(sum_data, where, v_floats, 4)
+                    total = builder.fadd(total, builder.fmul(step, builder.sitofp(acc[t][g][p], v_floats)))
+                    builder.store(total, builder.bitcast(builder.gep(sum_data, [where]), v_floats.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -13,7 +13,9 @@ Integer sums are exact; the float steps are add_block32's, block after block, so
 count gives the bits of quant_kernels.py's portable kernels.
 
 `tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 8 activation rows a pass on 512-bit
-tiers, 4 on 256-bit ones, ggml's 8 lane sums per row and token kept apart in memory between super-blocks.
+tiers, 4 on 256-bit ones, ggml's 8 lane sums per row and token kept apart in memory between super-blocks. A
+tile's scale pairs and mins are unpacked once per call, not per pass; Q4_K takes two tiles a pass on 512-bit
+tiers (superblock_tile_group).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 from .cache_key import HELPERS, cached_variant
 from .cpu import Tier
 from .int8_dots import mins_dot, scale_pairs16, superblock_bias, superblock_tile_dot, tile_dot, tile_signed_bytes
-from .quant_blocks import BLOCK32_TYPES, HAS_MIN, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset, unpack_k4
+from .quant_blocks import BLOCK32_TYPES, HAS_MIN, Q4_K, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset, unpack_k4
 from .simd import LANES, load16, load16_f16, store16, to_float, zeros16
 from .superblock_tiles import LANE_BYTES
 from .tiles import TILE_ROWS, quant_bytes
@@ -157,81 +159,111 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     vnni = int(tier.has_vnni)
     lane_bytes = LANE_BYTES[qtype]
     has_mins = qtype != Q6_K
+    group = superblock_tile_group(qtype, tier, tokens)
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
     def matmul_tiles_k(quants, scales, mins, sub_scales, a, d, sum32, out):
         """out (T, N) = tiles of N rows times Q8_K activations a (Tp, K) int8 in quad order
         (activations.quantize_q8_k_quads, biased for Q6_K), Tp >= T a multiple of `tokens` (rows past T zero); d (Tp, K / 256),
-        sum32 (Tp, K / 32). 16 weight rows times `tokens` activation rows at a time, ggml's 8 lane sums and
-        sumf per row and token kept apart until the end, as its reference dot does."""
+        sum32 (Tp, K / 32). `group` neighbouring tiles of 16 weight rows (the last group may have fewer) times
+        `tokens` activation rows at a time, ggml's 8 lane sums and sumf per row and token kept apart until the
+        end, as its reference dot does."""
         helpers  # in numba's cache key: see cache_key.py
         n_tok, n_out = out.shape
         k = a.shape[1]
         n_super = k // 256
+        n_tiles, tile_bytes = quants.shape
+        flat_quants = quants.reshape(quants.size)
         a_flat = a.reshape(a.size)
-        for tile in prange(quants.shape[0]):
-            tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
-            tile_sub_scales = sub_scales[tile]
-            # Q4_K, Q5_K: per super-block its 8 scales then its 8 mins, per row, unpacked once per tile
-            unpacked = np.empty(n_super * 16 * TILE_ROWS if has_mins else 0, np.uint8)
-            for sb in range(n_super if has_mins else 0):
-                _unpack_k4_scales(tile_sub_scales, sb, unpacked)
-            pairs = np.empty(8 * TILE_ROWS, np.int32)  # per sub-block quad S and row: the int16 scale pair
-            biases = np.empty(0 if has_mins else n_super * 8 * TILE_ROWS, np.int32)  # Q6_K: per lane and row
-            if not has_mins:
+        # the activations' sums of sub-blocks 2 j and 2 j + 1 as one int16 pair (|sum| <= 32 x 127), for vpmaddwd
+        sum_pairs = np.empty((a.shape[0], k // 64), np.int32)
+        for t in range(a.shape[0] if has_mins else 0):
+            for j in range(k // 64):
+                sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
+        for first_group in prange((n_tiles + group - 1) // group):
+            first = first_group * group
+            in_group = min(group, n_tiles - first)
+            # per tile and super-block, once per call: the int16 scale pairs of its quads (Q4_K, Q5_K: 4 of 8;
+            # Q6_K: 8), [tile][super-block][quad][row], and the mins of sub-block pairs [tile][super-block][pair][row]
+            pairs = np.empty(group * n_super * 8 * TILE_ROWS, np.int32)
+            min_pairs = np.empty(group * n_super * 4 * TILE_ROWS if has_mins else 0, np.int32)
+            biases = np.empty(0 if has_mins else group * n_super * 8 * TILE_ROWS, np.int32)  # Q6_K: per tile, lane, row
+            unpacked = np.empty(16 * TILE_ROWS, np.uint8)  # Q4_K, Q5_K: one super-block's 8 scales and 8 mins per row
+            for g in range(in_group):
+                tile_sub_scales = sub_scales[first + g]
                 for sb in range(n_super):
-                    _scale_pairs(qtype, tile_sub_scales, sb, pairs)
-                    for lane in range(8):
-                        store16(biases, (8 * sb + lane) * TILE_ROWS,
-                                superblock_bias(tile_quants, (8 * sb + lane) * lane_bytes, pairs, 0, bits, vnni))
-            min_pairs = np.empty(4 * TILE_ROWS, np.int32)  # per pair of sub-blocks and row: the int16 mins
+                    at = (g * n_super + sb) * 8 * TILE_ROWS
+                    if has_mins:
+                        _unpack_k4_scales(tile_sub_scales, sb, unpacked)
+                        _scale_pairs(qtype, unpacked, 0, pairs[at:])
+                        for j in range(4):  # the mins of sub-blocks 2 j and 2 j + 1 as int16 pairs
+                            low = (8 + 2 * j) * TILE_ROWS
+                            store16(min_pairs, (g * n_super + sb) * 4 * TILE_ROWS + TILE_ROWS * j,
+                                    scale_pairs16(unpacked, low, low + TILE_ROWS, False))
+                    else:
+                        _scale_pairs(qtype, tile_sub_scales, sb, pairs[at:])
+                        for lane in range(8):
+                            w_at = (first + g) * tile_bytes + (8 * sb + lane) * lane_bytes
+                            store16(biases, (at // TILE_ROWS + lane) * TILE_ROWS,
+                                    superblock_bias(flat_quants, w_at, pairs, at, bits, vnni))
             spill = np.empty(LANES, np.float32)
-            steps = np.empty(tokens * TILE_ROWS, np.float32)  # d_w * d_a
-            sums = np.empty(tokens * 8 * TILE_ROWS, np.float32)  # ggml's sums[8], [token][lane][row]
-            sumf = np.empty(tokens * TILE_ROWS, np.float32)  # ggml's sumf
-            n0 = tile * TILE_ROWS
+            steps = np.empty(group * tokens * TILE_ROWS, np.float32)  # d_w * d_a, [tile][token][row]
+            sums = np.empty(group * tokens * 8 * TILE_ROWS, np.float32)  # ggml's sums[8], [tile][token][lane][row]
+            sumf = np.empty(group * tokens * TILE_ROWS, np.float32)  # ggml's sumf, [tile][token][row]
+            per_tile = n_super * 8 * TILE_ROWS  # pairs and biases of a tile
             for t0 in range(0, n_tok, tokens):
                 sums[:] = 0
                 sumf[:] = 0
                 for sb in range(n_super):
-                    if has_mins:
-                        _scale_pairs(qtype, unpacked, sb, pairs)
-                    else:
-                        _scale_pairs(qtype, tile_sub_scales, sb, pairs)
-                    dw = load16_f16(tile_scales, TILE_ROWS * sb)
-                    for t in range(tokens):
-                        store16(steps, TILE_ROWS * t, dw * d[t0 + t, sb])
-                    for lane in range(8):
-                        superblock_tile_dot(tile_quants, (8 * sb + lane) * lane_bytes, pairs, 0, a_flat,
-                                            t0 * k + 256 * sb + 4 * lane, k, steps, sums, TILE_ROWS * lane,
-                                            biases, (8 * sb + lane) * TILE_ROWS, bits, vnni, qtype, tokens)
-                    if has_mins:  # ggml: sumf -= dmin * sum(bsums * mins), dmin = x.dmin * y.d
-                        for j in range(4):  # the mins of sub-blocks 2 j and 2 j + 1 as int16 pairs
-                            at = (16 * sb + 8 + 2 * j) * TILE_ROWS
-                            store16(min_pairs, TILE_ROWS * j, scale_pairs16(unpacked, at, at + TILE_ROWS, False))
-                        dmin = load16_f16(tile_mins, TILE_ROWS * sb)
+                    for g in range(in_group):
+                        dw = load16_f16(scales[first + g], TILE_ROWS * sb)
                         for t in range(tokens):
-                            sum_mins = mins_dot(min_pairs, sum32[t0 + t], 8 * sb, bits)
-                            at = TILE_ROWS * t
-                            store16(sumf, at, load16(sumf, at) - (dmin * d[t0 + t, sb]) * to_float(sum_mins))
-                for t in range(tokens):  # ggml: sumf += sums[l], l = 0..7
-                    total = load16(sumf, TILE_ROWS * t)
+                            store16(steps, TILE_ROWS * (g * tokens + t), dw * d[t0 + t, sb])
                     for lane in range(8):
-                        total = total + load16(sums, (8 * t + lane) * TILE_ROWS)
-                    _store_tile_row(out, t0 + t, n0, total, spill)
+                        w_at = first * tile_bytes + (8 * sb + lane) * lane_bytes
+                        a_at = t0 * k + 256 * sb + 4 * lane
+                        o_at = (sb * 8 + lane) * TILE_ROWS
+                        if in_group == group:
+                            superblock_tile_dot(flat_quants, w_at, tile_bytes, pairs, sb * 8 * TILE_ROWS, per_tile,
+                                                a_flat, a_at, k, steps, sums, TILE_ROWS * lane, biases, o_at, per_tile,
+                                                bits, vnni, qtype, tokens, group)
+                        else:  # the matrix's last tile, alone
+                            superblock_tile_dot(flat_quants, w_at, tile_bytes, pairs, sb * 8 * TILE_ROWS, per_tile,
+                                                a_flat, a_at, k, steps, sums, TILE_ROWS * lane, biases, o_at, per_tile,
+                                                bits, vnni, qtype, tokens, 1)
+                    for g in range(in_group if has_mins else 0):  # ggml: sumf -= dmin * sum(bsums * mins), dmin = x.dmin * y.d
+                        dmin = load16_f16(mins[first + g], TILE_ROWS * sb)
+                        for t in range(tokens):
+                            sum_mins = mins_dot(min_pairs, (g * n_super + sb) * 4 * TILE_ROWS, sum_pairs[t0 + t], 4 * sb,
+                                                bits)
+                            at = TILE_ROWS * (g * tokens + t)
+                            store16(sumf, at, load16(sumf, at) - (dmin * d[t0 + t, sb]) * to_float(sum_mins))
+                for g in range(in_group):
+                    for t in range(tokens):  # ggml: sumf += sums[l], l = 0..7
+                        total = load16(sumf, TILE_ROWS * (g * tokens + t))
+                        for lane in range(8):
+                            total = total + load16(sums, ((g * tokens + t) * 8 + lane) * TILE_ROWS)
+                        _store_tile_row(out, t0 + t, (first + g) * TILE_ROWS, total, spill)
         return out
 
     return matmul_tiles_k
 
 
+def superblock_tile_group(qtype: int, tier: Tier, tokens: int) -> int:
+    """Neighbouring K-quant tiles per pass: Q4_K's 2 on 512-bit tiers with 8 activation rows a pass, each
+    activation quad then broadcast once for 32 weight rows (on Zen 4 a broadcast costs about what a multiply
+    does; two tiles' 8 int32 sums and their quads fit 32 zmm); else 1. Q5_K's 5th bits and Q6_K's high bits
+    take registers more: two tiles at a time gave them -15% to +16% by row count (Q5_K) and 5-10% less (Q6_K)."""
+    return 2 if qtype == Q4_K and tier.vector_bits == 512 and tokens == 8 else 1
+
+
 @njit(inline="always")
 def _unpack_k4_scales(packed, sb, unpacked):
-    """unpacked[16 (16 sb + j) + r]: sub-block j's 6-bit scale of row r, unpacked[16 (16 sb + 8 + j) + r] its min,
-    from super-block sb's 12 packed bytes per row in the tile (packed[(12 sb + i) * 16 + r]), as ggml's
-    get_scale_min_k4."""
+    """unpacked[16 j + r]: sub-block j's 6-bit scale of row r, unpacked[16 (8 + j) + r] its min, from super-block
+    sb's 12 packed bytes per row in the tile (packed[(12 sb + i) * 16 + r]), as ggml's get_scale_min_k4."""
     at = 12 * TILE_ROWS * sb
-    to = 16 * TILE_ROWS * sb
+    to = 0
     for q in range(4):
         for r in range(TILE_ROWS):
             sc, mn, sc_high, mn_high = unpack_k4(packed[at + TILE_ROWS * q + r], packed[at + TILE_ROWS * (q + 4) + r],
