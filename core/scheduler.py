@@ -175,6 +175,8 @@ class Scheduler:
         """Step 0 of the module docstring. Each waiting sequence is counted as if the ones before it were
         admitted (their seats and admission blocks), so one step makes room for all that the running less
         urgent sequences can give; shared prefixes among them are counted once each, an upper bound."""
+        if not self.waiting or self._less_urgent_running(self.waiting[0]) is None:
+            return  # the usual case, decided without copying a long waiting list
         bm = self.block_manager
         seats = blocks = 0
         for seq in list(self.waiting):

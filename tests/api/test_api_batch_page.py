@@ -28,8 +28,10 @@ def polyline(browser, svg_id: str) -> str | None:
 @pytest.mark.slow
 def test_a_batch_page_charts_its_run_and_shows_its_errors_and_outputs(fleet, browser):  # noqa: F811
     client = fleet.server.client()
-    # one line asks for more tokens than the model's context holds: the worker refuses it, its error shows
-    lines = [completion("too-long", 9000), *(completion(f"n{i}", 16, f"The number {i} is") for i in range(400))]
+    # one line asks for more tokens than the model's context holds: the worker refuses it, its error shows; the
+    # others run long enough for the chart to gain two series points (5 s each) on a fast machine (CI's finished
+    # 400 x 16 tokens after one)
+    lines = [completion("too-long", 9000), *(completion(f"n{i}", 40, f"The number {i} is") for i in range(400))]
     uploaded = client.files.create(file=("charted.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
     browser.get(f"{fleet.server.url}/batches/{batch.id}")
