@@ -156,10 +156,18 @@ def engine_kwargs(kv_cache_memory, num_kv_blocks, block_size, kv_cache_dtype, ma
 
 
 def limit_threads(threads: int) -> None:
-    """Cap OpenBLAS's and numba's thread pools (they collapse when they fight other processes for cores)."""
+    """Cap OpenBLAS's and numba's thread pools (they collapse when they fight other processes for cores).
+
+    The environment variables cover BLAS libraries loaded later (scipy's own OpenBLAS, which numba
+    imports on first use); threadpool_limits covers those already loaded.
+    """
+    import os
+
     import numba
     from threadpoolctl import threadpool_limits
 
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
     threadpool_limits(threads)
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
 
