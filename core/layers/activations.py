@@ -12,7 +12,7 @@ Two block formats (ggml-quants.c, quantize_row_q8_0_ref / _q8_1_ref / _q8_K_ref)
 Every row is quantized on its own, so a row's blocks never depend on the other rows.
 
 Layouts: row-major (T, K) for the row-by-row kernels, and for the tile kernels (K-quants' with each
-256 values in "quad order", ggml's 8 lanes side by side); for the kernels that vectorise over
+256 values in "quad order", superblock_tiles.py); for the kernels that vectorise over
 activation rows ("lanes", the portable tier), transposed: "columns" (K, lanes) int8, their per-block
 fields as (blocks, lanes). Lanes past T are zero.
 """

@@ -144,8 +144,8 @@ class WeightKernels:
 
 
 _LANES_FROM = 8  # the portable tier's lanes kernel beats row by row from here
-# Activation rows per pass of the tile kernels, by vector width: 32-value blocks, K-quants (their 8 lane sums
-# per row are 8 vectors), measured on 2048 x 2048 matrices, 2 Zen 4 cores (benchmarks/quant_linear.py).
+# Activation rows per pass of the tile kernels, by vector width: 32-value blocks, K-quants (their weight vectors
+# stay in registers across the pass's rows), measured on 2048 x 2048 matrices, 2 Zen 4 cores (benchmarks/quant_linear.py).
 _TILE_TOKENS = {512: 8, 256: 2}
 _SUPERBLOCK_TILE_TOKENS = {512: 8, 256: 4}
 

@@ -8,9 +8,9 @@ sums, the same as the portable kernels'.
 
 - `tile_dot(..., bits, vnni, qtype, tokens)`: a 16-row tile's block (tiles.py) against several activation
   rows, for the tile kernel (tile_kernels.py), on every tier with int8 dots.
-- `superblock_tile_dot(...)`: one of ggml's 8 lanes of a K-quant tile's super-block (superblock_tiles.py)
-  against several activation rows, with ggml's float step, for the K-quant tile kernel; `superblock_bias`
-  what Q6_K's biased activations add to it.
+- `superblock_tile_sum(...)`: a quarter of a K-quant tile's super-block (superblock_tiles.py) against several
+  activation rows, added to exact int32 sums, for the K-quant tile kernel; `superblock_bias` what Q6_K's
+  biased activations add to them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .quant_blocks import HAS_FIFTH_BITS, Q5_K, Q6_K, Q8_0
+from .quant_blocks import HAS_FIFTH_BITS, Q4_K, Q5_K, Q6_K, Q8_0
 from .simd import LANES, int32x16, splat
 
 _I64 = ir.IntType(64)
@@ -230,15 +230,17 @@ def mins_dot(typingctx, min_pairs, m_start, sum_pairs, at, bits):
 
 
 class _SuperblockLane:
-    """The IR of one lane of a K-quant tile's super-block: its quads, unpacked, and their products summed
-    into int32 by scale pairs (for the two codegens below). quants: the lane's bytes from w_start; pairs:
-    the int16 scale pairs from p_start, as superblock_tile_dot describes."""
+    """The IR of one lane of a K-quant tile's super-block: quads 2 c and 2 c + 1 of it (c = `unit`, an IR value:
+    a run-time one or a constant), unpacked, and int16 products summed into int32 by scale pairs. quants: the
+    lane's bytes from w_start; pairs: the int16 scale pairs of unit c from p_start (Q6_K: quad 2 c's, then
+    2 c + 1's 16 further on), as superblock_tile_sum describes."""
 
-    def __init__(self, builder, width: int, kind: int, with_vnni: bool, quants, w_start, pairs, p_start):
+    def __init__(self, builder, width: int, kind: int, with_vnni: bool, quants, w_start, pairs, p_start, unit):
         self.builder, self.width, self.kind, self.with_vnni = builder, width, kind, with_vnni
         self.parts = 64 // width
         self.ops = _VectorOps(builder, width)
-        self.quants, self.w_start, self.pairs, self.p_start = quants, w_start, pairs, p_start
+        self.quants, self.w_start, self.pairs, self.unit = quants, w_start, pairs, unit
+        self.p_start = builder.add(p_start, builder.mul(unit, ir.Constant(_I64, 32 if kind == Q6_K else 16)))
 
     def load(self, base, at, vector_type, align):
         return self.builder.load(self.builder.bitcast(self.builder.gep(base, [at]), vector_type.as_pointer()), align=align)
@@ -247,25 +249,31 @@ class _SuperblockLane:
         return self.builder.add(start, ir.Constant(_I64, offset))
 
     def weight_vector(self, v, p):
-        return self.load(self.quants, self.at(self.w_start, 64 * v + self.width * p), self.ops.bytes, 1)
+        """Vector v (an IR value) of the lane, part p: the super-block's vectors lie [v][lane] (superblock_tiles.py)."""
+        at = self.builder.add(self.w_start, self.builder.mul(v, ir.Constant(_I64, 8 * 64)))
+        return self.load(self.quants, self.at(at, self.width * p), self.ops.bytes, 1)
 
-    def quad(self, q, p):
-        """Quad q of the part p's rows: bytes, unsigned (Q4_K, Q5_K) or signed (Q6_K, its values less 32)."""
-        builder, splat_bytes = self.builder, self.ops.splat_bytes
-        packed = self.weight_vector(q // 2, p)
-        value = builder.and_(packed, splat_bytes(15)) if q % 2 == 0 else builder.lshr(packed, splat_bytes(4))
+    def _bits_to_4(self, vector, low_bit, count: int):
+        """Bits low_bit.. low_bit + count - 1 (low_bit an IR value) of each byte, moved to bits 4.. : one uniform
+        int16 shift (x86 has no byte shifts; the bits that cross from the byte above are masked off)."""
+        builder, ops = self.builder, self.ops
+        shift = splat(builder, builder.trunc(low_bit, _I16), ops.words)
+        moved = builder.bitcast(builder.lshr(builder.bitcast(vector, ops.words), shift), ops.bytes)
+        return builder.shl(builder.and_(moved, ops.splat_bytes((1 << count) - 1)), ops.splat_bytes(4))
+
+    def quad(self, h, p):
+        """Quad 2 c + h (h = 0, 1) of the part p's rows: bytes, unsigned (Q4_K, Q5_K) or signed (Q6_K, its values
+        less 32). Both are in nibble vector c: quad 2 c in the low nibbles, 2 c + 1 in the high ones."""
+        builder, splat_bytes, c = self.builder, self.ops.splat_bytes, self.unit
+        packed = self.weight_vector(c, p)
+        value = builder.and_(packed, splat_bytes(15)) if h == 0 else builder.lshr(packed, splat_bytes(4))
+        quad = builder.add(builder.mul(c, ir.Constant(_I64, 2)), ir.Constant(_I64, h))
         if self.kind == Q6_K:  # bits 2 (q % 4), + 1 of vector 4 + q // 4 move to bits 4, 5
-            high, shift = self.weight_vector(4 + q // 4, p), 2 * (q % 4)
-            if shift < 4:
-                high = builder.shl(high, splat_bytes(4 - shift))
-            elif shift > 4:
-                high = builder.lshr(high, splat_bytes(shift - 4))
-            return builder.sub(builder.or_(value, builder.and_(high, splat_bytes(48))), splat_bytes(32))
+            high = self.weight_vector(builder.add(builder.lshr(quad, ir.Constant(_I64, 2)), ir.Constant(_I64, 4)), p)
+            shift = builder.mul(builder.and_(quad, ir.Constant(_I64, 3)), ir.Constant(_I64, 2))
+            return builder.sub(builder.or_(value, self._bits_to_4(high, shift, 2)), splat_bytes(32))
         if self.kind == Q5_K:  # bit q of vector 4 moves to bit 4
-            fifth = self.weight_vector(4, p)
-            bit = (builder.shl(fifth, splat_bytes(4 - q)) if q < 4
-                   else builder.lshr(fifth, splat_bytes(q - 4)) if q > 4 else fifth)
-            value = builder.or_(value, builder.and_(bit, splat_bytes(16)))
+            value = builder.or_(value, self._bits_to_4(self.weight_vector(ir.Constant(_I64, 4), p), quad, 1))
         return value
 
     def accumulate(self, acc, words, scale_pair):
@@ -276,8 +284,9 @@ class _SuperblockLane:
                             [acc, self.builder.bitcast(words, ops.dwords), self.builder.bitcast(scale_pair, ops.dwords)])
         return self.builder.add(acc, ops.madd(words, scale_pair))
 
-    def scale_pairs(self, j):
-        return [self.builder.bitcast(self.load(self.pairs, self.at(self.p_start, 16 * j + (self.width // 4) * p),
+    def scale_pairs(self, h):
+        """Unit c's scale pairs: Q4_K's and Q5_K's for both quads (h = 0), Q6_K's for quad 2 c + h."""
+        return [self.builder.bitcast(self.load(self.pairs, self.at(self.p_start, 16 * h + (self.width // 4) * p),
                                                self.ops.dwords, 4), self.ops.words)
                 for p in range(self.parts)]
 
@@ -285,43 +294,57 @@ class _SuperblockLane:
         return [ir.Constant(self.ops.dwords, [0] * (self.width // 4)) for _ in range(self.parts)]
 
 
+# lanes whose int16 products (two quads' for Q4_K and Q5_K, one quad's for Q6_K) add up without overflow before
+# one vpmaddwd by their shared scale pair: per lane at most 2 x 2 x 15 x 127 = 7,620 (Q4_K), 2 x 2 x 31 x 127 =
+# 15,748 (Q5_K), 2 x 255 x 32 = 16,320 (Q6_K, biased activations); an int16 holds 32,767
+LANES_PER_WORD_SUM = {Q4_K: 4, Q5_K: 2, Q6_K: 2}
+
+
+def lanes_per_call(qtype: int, bits: int) -> int:
+    """superblock_tile_sum's lanes per call, their quads of one unit kept in registers across the activation rows:
+    as many as 32 zmm or 16 ymm hold beside the rest (measured on one Zen 4 core)."""
+    return 4 if bits == 512 and qtype != Q6_K else 2
+
+
 @intrinsic(prefer_literal=True)
-def superblock_tile_dot(typingctx, quants, w_start, w_stride, pairs, p_start, p_stride, a, a_start, a_stride, steps, sums,
-                        s_start, offsets, o_start, o_stride, bits, vnni, qtype, tokens, group):
-    """Lane l of one super-block of `group` neighbouring 16-row K-quant tiles (superblock_tiles.py) against
-    `tokens` activation rows, with ggml's float step: for each tile g, row t and weight row r,
+def superblock_tile_sum(typingctx, quants, w_start, w_stride, pairs, p_start, p_stride, a, a_start, a_stride,
+                        isums, i_start, unit, first_lane, bits, vnni, qtype, tokens, group):
+    """Quads 2 c and 2 c + 1 (c = `unit`, run time) of lanes_per_call() lanes from `first_lane` (run time) of one super-block of `group` neighbouring
+    16-row K-quant tiles (superblock_tiles.py) against `tokens` activation rows, added to exact int32 sums:
 
-        sums[s_start + (g * tokens + t) * 128 + r] += steps[16 (g * tokens + t) + r] * float(aux32[g, t, r]),
-        aux32[g, t, r] = sum over quads Q < 8 and bytes i of sc(r, Q, i) . (quad Q of weight row r)[i] . (quad Q of a[t])[i]
+        isums[i_start + 16 (g * tokens + t) + r] += sum over lanes l, quads Q in (2 c, 2 c + 1) and bytes i of
+                                                   sc(r, Q, i) . (quad Q of lane l of weight row r)[i] . (a[t]'s)[i]
 
-    exactly ggml's aux32[l] (the products summed in int16 pairs by vpmaddubsw, each pair times its
-    sub-block scale by vpmaddwd, or vpdpwssd where the tier has VNNI). Each activation quad is broadcast once
-    for the group's 16 x `group` rows: on 512-bit tiers a broadcast costs about what a multiply does, and the
-    registers hold two tiles' sums for 8 rows. quants (uint8, 1-D): tile g's lane bytes at w_start + g * w_stride.
-    pairs (int32, 1-D): at p_start + g * p_stride + 16 j + r, row r's int16 scale pair for bytes 0, 1
-    and 2, 3 (low, high) of quads 2 j and 2 j + 1 (Q4_K, Q5_K; j < 4) or of quad j (Q6_K). a (int8, 1-D):
-    row t's super-block in quad order at a_start + t * a_stride, quad Q of lane l at 32 Q. steps, sums
-    (float32, 1-D): d_w * d_a per tile, row and token, and the lane's float sums.
+    Called for every c and lane, this gives a row's whole super-block sum, sub-block scales applied: the integer the
+    kernel's one float step per super-block takes (ggml's x86 repack order, tile_kernels.tiles_k). Each lane's
+    quads are multiplied by vpmaddubsw into int16 pairs, LANES_PER_WORD_SUM lanes of them added in int16 (they
+    share the scale pair), then one vpmaddwd (vpdpwssd where the tier has VNNI) by the pair.
 
-    vpmaddubsw multiplies unsigned by signed bytes. Q4_K's and Q5_K's values are unsigned and the
-    activations signed: at most 2 x 31 x 127 an int16 pair, two quads' pairs added 15,748. Q6_K's values less 32 are signed, so its
-    activations come biased, a + 128 (quantize_q8_k_quads(biased=True)), the unsigned operand: at most
-    2 x 255 x 32 = 16,320. What the bias adds, 128 x sum of sc x (q - 32) per lane and row, is
-    offsets[o_start + g * o_stride + r] (superblock_bias), subtracted before the float step. Neither saturates.
-    For the other types `offsets` is not read. bits, vnni, qtype, tokens, group: compile-time constants as for
-    tile_dot.
-    """
+    quants (uint8, 1-D): tile g's super-block at w_start + g * w_stride, its vector v of lane l 64 (8 v + l) further. pairs (int32,
+    1-D): at p_start + g * p_stride + 16 j + r, row r's int16 scale pair for bytes 0, 1 and 2, 3 of quads 2 j and
+    2 j + 1 (Q4_K, Q5_K; j < 4) or of quad j (Q6_K). a (int8, 1-D): row t's super-block in quad order at
+    a_start + t * a_stride, quad Q of lane l at 32 Q + 4 l.
+
+    vpmaddubsw multiplies unsigned by signed bytes. Q4_K's and Q5_K's values are unsigned and the activations
+    signed. Q6_K's values less 32 are signed, so its activations come biased, a + 128
+    (quantize_q8_k_quads(biased=True)), the unsigned operand; what the bias adds, 128 x sum of sc x (q - 32),
+    the kernel takes off (superblock_bias). Nothing saturates. bits, vnni, qtype, tokens, group: compile-time
+    constants as for tile_dot."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens, group)):
         return None
     width = bits.literal_value // 8
     kind = qtype.literal_value
     n_tokens, n_tiles = tokens.literal_value, group.literal_value
-    sig = types.void(quants, types.intp, types.intp, pairs, types.intp, types.intp, a, types.intp, types.intp, steps,
-                     sums, types.intp, offsets, types.intp, types.intp, bits, vnni, qtype, tokens, group)
+    sig = types.void(quants, types.intp, types.intp, pairs, types.intp, types.intp, a, types.intp, types.intp, isums,
+                     types.intp, types.intp, types.intp, bits, vnni, qtype, tokens, group)
 
     def codegen(context, builder, signature, args):
-        w_start_v, w_stride_v, p_start_v, p_stride_v, a_start_v, stride_v, s_start_v, o_start_v, o_stride_v = (
-            args[i] for i in (1, 2, 4, 5, 7, 8, 11, 13, 14))
+        w_start_v, w_stride_v, p_start_v, p_stride_v, a_start_v, stride_v, i_start_v, unit_v, first_lane_v = (
+            args[i] for i in (1, 2, 4, 5, 7, 8, 10, 11, 12))
+        per_call = lanes_per_call(kind, bits.literal_value)
+        per_sum = min(LANES_PER_WORD_SUM[kind], per_call)
+        w_start_v = builder.add(w_start_v, builder.mul(first_lane_v, ir.Constant(_I64, 64)))
+        a_start_v = builder.add(a_start_v, builder.mul(first_lane_v, ir.Constant(_I64, 4)))
 
         def data(index):
             return context.make_array(signature.args[index])(context, builder, args[index]).data
@@ -329,56 +352,46 @@ def superblock_tile_dot(typingctx, quants, w_start, w_stride, pairs, p_start, p_
         def offset(start, stride, g):
             return builder.add(start, builder.mul(stride, ir.Constant(_I64, g)))
 
-        lanes = [_SuperblockLane(builder, width, kind, bool(vnni.literal_value), data(0),
-                                 offset(w_start_v, w_stride_v, g), data(3), offset(p_start_v, p_stride_v, g))
-                 for g in range(n_tiles)]
-        lane = lanes[0]
-        parts, load, at = lane.parts, lane.load, lane.at
-        v_bytes, v_dwords = lane.ops.bytes, lane.ops.dwords
-        v_floats = ir.VectorType(ir.FloatType(), width // 4)
-        maddubs = lane.ops.maddubs
-        a_data, step_data, sum_data, offset_data = data(6), data(9), data(10), data(12)
+        tiles = [[_SuperblockLane(builder, width, kind, bool(vnni.literal_value), data(0),
+                                  builder.add(offset(w_start_v, w_stride_v, g), ir.Constant(_I64, 64 * lane)),
+                                  data(3), offset(p_start_v, p_stride_v, g), unit_v)
+                  for lane in range(per_call)] for g in range(n_tiles)]
+        first = tiles[0][0]
+        parts, load, at, ops = first.parts, first.load, first.at, first.ops
+        a_data, isum_data = data(6), data(9)
+        a_unit = builder.add(a_start_v, builder.mul(unit_v, ir.Constant(_I64, 64)))  # quad 2 c at 32 (2 c)
 
-        def activation_quad(t, q):
-            row_start = builder.add(a_start_v, builder.mul(stride_v, ir.Constant(_I64, t)))
-            word = builder.load(builder.bitcast(builder.gep(a_data, [at(row_start, 32 * q)]), _I32.as_pointer()), align=1)
-            return builder.bitcast(splat(builder, word, v_dwords), v_bytes)
+        def activation_quad(t, h, lane):
+            row_start = builder.add(a_unit, builder.mul(stride_v, ir.Constant(_I64, t)))
+            word = builder.load(builder.bitcast(builder.gep(a_data, [at(row_start, 32 * h + 4 * lane)]),
+                                                _I32.as_pointer()), align=1)
+            return builder.bitcast(splat(builder, word, ops.dwords), ops.bytes)
 
-        acc = [[lane.zeros() for _ in range(n_tiles)] for _ in range(n_tokens)]  # [t][g][part]
-        if kind == Q6_K:  # a scale pair per quad: maddubs(a + 128, q - 32)
-            for q in range(8):
-                weights = [[tile.quad(q, p) for p in range(parts)] for tile in lanes]
-                pair = [tile.scale_pairs(q) for tile in lanes]
-                for t in range(n_tokens):
-                    a_bytes = activation_quad(t, q)
-                    for g in range(n_tiles):
+        pair = [[tiles[g][0].scale_pairs(h) for h in range(2 if kind == Q6_K else 1)] for g in range(n_tiles)]
+        zero_words = ir.Constant(ops.words, [0] * (width // 2))
+        lanes = range(per_call)  # their weights stay in registers across the activation rows
+        weights = {(g, lane, h): [tiles[g][lane].quad(h, p) for p in range(parts)]
+                   for g in range(n_tiles) for lane in lanes for h in range(2)}
+        for t in range(n_tokens):
+            a_quads = {(lane, h): activation_quad(t, h, lane) for lane in lanes for h in range(2)}
+            for g in range(n_tiles):
+                where = [at(i_start_v, 16 * (g * n_tokens + t) + (width // 4) * p) for p in range(parts)]
+                acc = [load(isum_data, where[p], ops.dwords, 4) for p in range(parts)]
+                for lane0 in range(0, per_call, per_sum):
+                    words = [[zero_words] * parts for _ in range(2)]  # Q6_K: a sum per quad; else one for both
+                    for lane in range(lane0, lane0 + per_sum):
+                        for h in range(2):
+                            into = h if kind == Q6_K else 0
+                            for p in range(parts):
+                                w, a_bytes = weights[g, lane, h][p], a_quads[lane, h]
+                                product = ops.maddubs(a_bytes, w) if kind == Q6_K else ops.maddubs(w, a_bytes)
+                                words[into][p] = builder.add(words[into][p], product)
+                    for h in range(len(pair[g])):
                         for p in range(parts):
-                            acc[t][g][p] = lanes[g].accumulate(acc[t][g][p], maddubs(a_bytes, weights[g][p]), pair[g][p])
-        else:  # quads 2 c and 2 c + 1 share the scale pair (sc[2 c], sc[2 c + 1]): their int16 products added first
-            for c in range(4):
-                low = [[tile.quad(2 * c, p) for p in range(parts)] for tile in lanes]
-                high = [[tile.quad(2 * c + 1, p) for p in range(parts)] for tile in lanes]
-                pair = [tile.scale_pairs(c) for tile in lanes]
-                for t in range(n_tokens):
-                    a_low, a_high = activation_quad(t, 2 * c), activation_quad(t, 2 * c + 1)
-                    for g in range(n_tiles):
-                        for p in range(parts):
-                            words = builder.add(maddubs(low[g][p], a_low), maddubs(high[g][p], a_high))
-                            acc[t][g][p] = lanes[g].accumulate(acc[t][g][p], words, pair[g][p])
-        for g in range(n_tiles):
-            if kind == Q6_K:  # what the activations' bias added
+                            acc[p] = tiles[g][0].accumulate(acc[p], words[h][p], pair[g][h][p])
                 for p in range(parts):
-                    bias = load(offset_data, at(offset(o_start_v, o_stride_v, g), (width // 4) * p), v_dwords, 4)
-                    for t in range(n_tokens):
-                        acc[t][g][p] = builder.sub(acc[t][g][p], bias)
-            for t in range(n_tokens):  # ggml: sums[l] += d * aux32[l], d = x.d * y.d
-                row = g * n_tokens + t
-                for p in range(parts):
-                    step = load(step_data, ir.Constant(_I64, 16 * row + (width // 4) * p), v_floats, 4)
-                    where = at(s_start_v, 128 * row + (width // 4) * p)
-                    total = load(sum_data, where, v_floats, 4)
-                    total = builder.fadd(total, builder.fmul(step, builder.sitofp(acc[t][g][p], v_floats)))
-                    builder.store(total, builder.bitcast(builder.gep(sum_data, [where]), v_floats.as_pointer()), align=4)
+                    builder.store(acc[p], builder.bitcast(builder.gep(isum_data, [where[p]]), ops.dwords.as_pointer()),
+                                  align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -386,10 +399,10 @@ def superblock_tile_dot(typingctx, quants, w_start, w_stride, pairs, p_start, p_
 
 @intrinsic(prefer_literal=True)
 def superblock_bias(typingctx, quants, w_start, pairs, p_start, bits, vnni):
-    """int32x16: for lane l of one super-block of a 16-row Q6_K tile, lane r = 128 x sum over the lane's values
-    of sc x (q - 32), what superblock_tile_dot's biased activations (a + 128) add to row r's aux32: the same
-    vpmaddubsw (128 against q - 32, at most 2 x 128 x 32 an int16 pair) and scale pairs, so it is exact.
-    Arguments as for superblock_tile_dot; bits, vnni compile-time constants."""
+    """int32x16: for one super-block of a 16-row Q6_K tile, lane r = 128 x the sum over its values of sc x (q - 32),
+    what superblock_tile_sum's biased activations (a + 128) add to row r's sum: the same vpmaddubsw (128 against
+    q - 32, at most 2 x 128 x 32 an int16 pair) and scale pairs, so it is exact. quants from w_start: the
+    super-block's 8 lanes; pairs from p_start: its scale pairs. bits, vnni compile-time constants."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni)):
         return None
     width = bits.literal_value // 8
@@ -398,13 +411,18 @@ def superblock_bias(typingctx, quants, w_start, pairs, p_start, bits, vnni):
         def data(index):
             return context.make_array(signature.args[index])(context, builder, args[index]).data
 
-        lane = _SuperblockLane(builder, width, Q6_K, bool(vnni.literal_value), data(0), args[1], data(2), args[3])
-        acc = lane.zeros()
-        bias = lane.ops.splat_bytes(128)
-        for q in range(8):
-            pair = lane.scale_pairs(q)
-            for p in range(lane.parts):
-                acc[p] = lane.accumulate(acc[p], lane.ops.maddubs(bias, lane.quad(q, p)), pair[p])
+        acc = None
+        for lane in range(8):
+            for c in range(4):
+                part = _SuperblockLane(builder, width, Q6_K, bool(vnni.literal_value), data(0),
+                                       builder.add(args[1], ir.Constant(_I64, 64 * lane)), data(2),
+                                       args[3], ir.Constant(_I64, c))
+                acc = acc or part.zeros()
+                bias = part.ops.splat_bytes(128)
+                for h in range(2):
+                    pair = part.scale_pairs(h)
+                    for p in range(part.parts):
+                        acc[p] = part.accumulate(acc[p], part.ops.maddubs(bias, part.quad(h, p)), pair[p])
         return _as_vec16(builder, acc)
 
     return int32x16(quants, types.intp, pairs, types.intp, bits, vnni), codegen

@@ -37,7 +37,7 @@ NATIVE_TYPES = BLOCK32_TYPES + SUPERBLOCK_TYPES + float_kernels.FLOAT_TYPES
 
 WEIGHT_FORMATS = ("f32", "native", "bf16")
 
-# Rows per call of a K-quant lanes kernel: its float sums (16 weight rows x 8 lanes x rows) stay in L2 up to
+# Rows per call of a K-quant lanes kernel: its sums (16 weight rows x rows, int32 and float) stay in L2 up to
 # here; at 512 rows they do not, and the portable kernel ran 4x slower (benchmarks/weight_speeds.py --rows 512).
 SUPERBLOCK_LANES_PER_CALL = 64
 

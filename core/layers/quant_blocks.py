@@ -108,8 +108,8 @@ def quads_offset(qtype: int) -> int:
 #   Q6_K, 210 bytes: 128 bytes ql | 64 bytes qh | 16 int8 scales | f16 d; value = d*sc*(q - 32)
 #     each half of 128 values: ql[i] low/high nibble and qh[i] bits 0-1/4-5 make values i and
 #     i + 64, ql[i + 32] and qh[i] bits 2-3/6-7 make values i + 32 and i + 96
-# ggml's reference dot keeps 8 int32 lanes per super-block (value e goes to lane e % 8) and 8 float
-# sums per row, added together only at the end, so the lanes are kept here too.
+# The K-quant kernels follow ggml's x86 repack kernel (ggml_gemm_q4_K_8x8_q8_K): a super-block's products,
+# each times its sub-block's scale, summed exactly into one integer per row, then one float step.
 
 
 @njit(inline="always")

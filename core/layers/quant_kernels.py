@@ -3,7 +3,9 @@
 out[t, n] = sum over the blocks b of weight row n of  f(integer dot of the block, its scales),
 where the integer dot of a block is exact (int16/int32) and the float part is applied per block
 and accumulated in float32 in the order of ggml's reference vec_dot (ggml-cpu/quants.c,
-ggml_vec_dot_*_generic), so the numbers track llama.cpp's.
+ggml_vec_dot_*_generic) for the 32-value blocks, and of ggml's x86 repack kernel for the K-quants
+(ggml-cpu/arch/x86/repack.cpp, ggml_gemm_q4_K_8x8_q8_K: one float step per super-block, the mins in an
+accumulator of their own, out = acc - acc_mins), so the numbers track llama.cpp's.
 
 Three loop shapes compute the same numbers:
 
@@ -208,37 +210,37 @@ def _lanes_k(qtype: int):
             mins = np.empty((TILE_ROWS, 8), np.int32)
             d = np.empty(TILE_ROWS, np.float32)
             dmin = np.empty(TILE_ROWS, np.float32)
-            lane_sum = np.empty(n_lanes, np.int32)
-            sums = np.zeros((TILE_ROWS, 8, n_lanes), np.float32)  # ggml's sums[8]
-            sumf = np.zeros((TILE_ROWS, n_lanes), np.float32)  # ggml's sumf
+            row_sum = np.empty((TILE_ROWS, n_lanes), np.int32)  # a super-block's integer sum per row and lane
+            acc = np.zeros((TILE_ROWS, n_lanes), np.float32)
+            acc_mins = np.zeros((TILE_ROWS, n_lanes), np.float32)
             for sb in range(k // 256):
                 k0 = sb * 256
                 for r in range(rows):
                     d[r], dmin[r] = decode_superblock(qtype, w[n0 + r], sb * block_bytes, u[r], mins[r], sixteen)
+                row_sum[:] = 0
                 for lane in range(8):  # the lane's 32 activation rows stay in L1 for the tile's rows
                     for r in range(rows):
                         lo, hi = _weights16(u[r], lane, 8), _weights16(u[r], lane + 128, 8)
+                        sum_r = row_sum[r]
                         for t in range(n_lanes):
-                            lane_sum[t] = _dot16(lo, a_t, k0 + lane, 8, t) + _dot16(hi, a_t, k0 + 128 + lane, 8, t)
-                        sums_l, d_r = sums[r, lane], d[r]
-                        for t in range(n_lanes):
-                            sums_l[t] += (d_r * d_t[sb, t]) * np.float32(lane_sum[t])
+                            sum_r[t] += _dot16(lo, a_t, k0 + lane, 8, t) + _dot16(hi, a_t, k0 + 128 + lane, 8, t)
+                for r in range(rows):
+                    acc_r, sum_r, d_r = acc[r], row_sum[r], d[r]
+                    for t in range(n_lanes):
+                        acc_r[t] += (d_r * d_t[sb, t]) * np.float32(sum_r[t])
                 if qtype != Q6_K:
                     g = sb * 8
                     for r in range(rows):
                         m0, m1, m2, m3, m4, m5, m6, m7 = mins[r, 0], mins[r, 1], mins[r, 2], mins[r, 3], mins[r, 4], mins[r, 5], mins[r, 6], mins[r, 7]
-                        sumf_r, dmin_r = sumf[r], dmin[r]
+                        acc_mins_r, dmin_r = acc_mins[r], dmin[r]
                         for t in range(n_lanes):
                             sum_mins = (m0 * sum32_t[g, t] + m1 * sum32_t[g + 1, t] + m2 * sum32_t[g + 2, t]
                                         + m3 * sum32_t[g + 3, t] + m4 * sum32_t[g + 4, t] + m5 * sum32_t[g + 5, t]
                                         + m6 * sum32_t[g + 6, t] + m7 * sum32_t[g + 7, t])
-                            sumf_r[t] -= (dmin_r * d_t[sb, t]) * np.float32(np.int32(sum_mins))
+                            acc_mins_r[t] += (dmin_r * d_t[sb, t]) * np.float32(np.int32(sum_mins))
             for r in range(rows):
                 for t in range(out.shape[0]):
-                    total = sumf[r, t]
-                    for lane in range(8):
-                        total += sums[r, lane, t]
-                    out[t, n0 + r] = total
+                    out[t, n0 + r] = acc[r, t] - acc_mins[r, t]
         return out
 
     return matmul_lanes_k
@@ -263,8 +265,8 @@ def _rows_k(qtype: int):
             u = np.empty(256, np.int16)
             mins = np.empty(8, np.int32)
             prod = np.empty(256, np.int32)
-            sums = np.zeros((n_tok, 8), np.float32)
-            sumf = np.zeros(n_tok, np.float32)
+            acc = np.zeros(n_tok, np.float32)
+            acc_mins = np.zeros(n_tok, np.float32)
             for sb in range(k // 256):
                 d_w, dmin = decode_superblock(qtype, row, sb * block_bytes, u, mins, sixteen)
                 k0 = sb * 256
@@ -272,24 +274,17 @@ def _rows_k(qtype: int):
                     a_t = a[t]
                     for e in range(16 * sixteen):
                         prod[e] = np.int32(u[e]) * np.int32(a_t[k0 + e])
-                    half = 8 * sixteen
-                    while half >= 8:  # fold to ggml's 8 lanes: value e goes to lane e % 8
-                        for e in range(half):
-                            prod[e] += prod[e + half]
-                        half //= 2
-                    scale = d_w * d[t, sb]
-                    for lane in range(8):
-                        sums[t, lane] += scale * np.float32(prod[lane])
+                    total = np.int32(0)
+                    for e in range(16 * sixteen):
+                        total += prod[e]
+                    acc[t] += (d_w * d[t, sb]) * np.float32(total)
                     if qtype != Q6_K:
                         sum_mins = 0
                         for j in range(8):
                             sum_mins += mins[j] * sum32[t, sb * 8 + j]
-                        sumf[t] -= (dmin * d[t, sb]) * np.float32(np.int32(sum_mins))
+                        acc_mins[t] += (dmin * d[t, sb]) * np.float32(np.int32(sum_mins))
             for t in range(n_tok):
-                total = sumf[t]
-                for lane in range(8):
-                    total += sums[t, lane]
-                out[t, n] = total
+                out[t, n] = acc[t] - acc_mins[t]
         return out
 
     return matmul_rows_k

@@ -1,35 +1,35 @@
 """Q4_K, Q5_K and Q6_K weights repacked once at load into tiles of 16 rows, for the K-quant tile kernel.
 
-ggml's reference dot (ggml_vec_dot_q4_K_q8_K_generic and its siblings) keeps 8 integer lanes per
-256-value super-block, value e in lane e % 8, each value times its sub-block's scale, and 8 float sums per
-row, added together only at the end. A tile keeps those lanes apart: one 64-byte vector gives, for 16
-rows, a "quad" of 4 values of one lane l. vpmaddubsw turns it into int16 pairs (bytes 0, 1 and 2, 3), each
-pair within one sub-block, and vpmaddwd by the pair's scales into lane l's exact int32 sum. Quad Q < 8 of
-lane l holds, with Q = 2 c + h,
+The kernel takes, per row and token, each super-block's exact integer sum (every value times its
+sub-block's scale) and one float step for it, as ggml's x86 repack kernel does (tile_kernels.tiles_k).
+How the values are grouped inside a super-block is then free; a tile groups them in "quads" of 4 values,
+one 64-byte vector giving a quad for 16 rows, so that vpmaddubsw turns it into int16 pairs (bytes 0, 1
+and 2, 3), each pair within one sub-block, and vpmaddwd by the pair's scales into exact int32. The quads
+come from ggml's reference dot's 8 lanes (value e in lane e % 8): quad Q < 8 of lane l holds, with Q = 2 c + h,
 
     value(Q, l, i) = 64 c + 16 h + 32 (i // 2) + 8 (i % 2) + l,    i < 4:
 
 bytes 0, 1 in 32-value sub-block 2 c, bytes 2, 3 in 2 c + 1 (Q6_K's 16-value sub-blocks 4 c + h and
-4 c + 2 + h). Quads 2 c and 2 c + 1 share Q4_K's and Q5_K's scale pair (sc[2 c], sc[2 c + 1]), so the kernel
-adds their int16 products before one vpmaddwd. The activations come in the same order (activations.py,
+4 c + 2 + h). Quads 2 c and 2 c + 1 share Q4_K's and Q5_K's scale pair (sc[2 c], sc[2 c + 1]), and so do a
+unit's quads across lanes, so the kernel adds the int16 products of several lanes before one vpmaddwd
+(int8_dots.LANES_PER_WORD_SUM). The activations come in the same order (activations.py,
 quantize_q8_k_quads: value(Q, l, i) at 32 Q + 4 l + i), so a quad of them is one 4-byte broadcast.
 
-A tile holds 16 rows; super-block sb, lane l of it is LANE_BYTES bytes at
-quants[tile, (8 sb + l) * LANE_BYTES:], each vector [row r][byte i]:
+A tile holds 16 rows; super-block sb of it is 8 x LANE_BYTES bytes at quants[tile, 8 sb LANE_BYTES:],
+vector v of lane l at 64 (8 v + l) in it (so the kernel's 4 lanes of one vector are 256 bytes in a row),
+each vector [row r][byte i]:
 
-    Q4_K (256 B)  4 nibble vectors c: low nibbles quad 2 c, high nibbles quad 2 c + 1
-    Q5_K (320 B)  the same, then one vector of 5th bits: bit Q of byte i is quad Q's
-    Q6_K (384 B)  the same nibbles (the low 4 of 6 bits), then 2 vectors k of high bits: bits 2 q, 2 q + 1
-                  of byte i are quad 4 k + q's
+    v = c < 4     nibbles: low nibbles quad 2 c, high nibbles quad 2 c + 1 (every type)
+    v = 4         Q5_K: 5th bits, bit Q of byte i quad Q's
+    v = 4 + k     Q6_K, k < 2: high bits, bits 2 q, 2 q + 1 of byte i quad 4 k + q's
 
 and per row r: scales[tile, 16 sb + r] its float16 d, mins[tile, 16 sb + r] its dmin (Q4_K, Q5_K);
 sub_scales[tile, (SUB * sb + i) * 16 + r] byte i of the row's sub-block scales as the file stores them:
 Q4_K's and Q5_K's 12 bytes packing 8 6-bit scales and 8 6-bit mins (SUB = 12; the kernel unpacks a
 super-block's for all 16 rows at once, tile_kernels._unpack_k4_scales), Q6_K's 16 int8 scales (SUB = 16).
-So a tile takes exactly the file's bytes. What Q6_K's
-biased activations add (int8_dots.superblock_tile_dot) is not stored: the kernel computes it per tile
-(int8_dots.superblock_bias), which costs it less than one more activation row's work. Rows past the
-matrix's end fill the last tile with zeros.
+So a tile takes exactly the file's bytes. What Q6_K's biased activations add (int8_dots.superblock_tile_sum)
+is not stored: the kernel computes it per tile (int8_dots.superblock_bias), which costs it less than one
+more activation row's work. Rows past the matrix's end fill the last tile with zeros.
 """
 
 from __future__ import annotations
@@ -89,22 +89,22 @@ def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes):
                     for i in range(12):
                         sub_scales[tile, (12 * sb + i) * TILE_ROWS + r] = row[off + 4 + i]
                 _raw_values(qtype, row, off, values)
-                for lane in range(8):
-                    base = (8 * sb + lane) * lane_bytes + 4 * r
+                for lane in range(8):  # vector v of lane l at 64 (8 v + l) in the super-block
+                    base = 8 * sb * lane_bytes + 64 * lane + 4 * r
                     for i in range(4):
                         high_bits = 0
                         for c in range(4):
                             low, high = values[quad_value(2 * c, lane, i)], values[quad_value(2 * c + 1, lane, i)]
-                            quants[tile, base + 64 * c + i] = (low & 15) | ((high & 15) << 4)
+                            quants[tile, base + 512 * c + i] = (low & 15) | ((high & 15) << 4)
                             high_bits |= ((low >> 4) << (2 * c)) | ((high >> 4) << (2 * c + 1))
                         if qtype == Q5_K:  # bit Q: quad Q's 5th bit
-                            quants[tile, base + 256 + i] = high_bits
-                        if qtype == Q6_K:  # bits 2 q, 2 q + 1 of vector k: quad 4 k + q's 5th and 6th bits
+                            quants[tile, base + 512 * 4 + i] = high_bits
+                        if qtype == Q6_K:  # bits 2 q, 2 q + 1 of vector 4 + k: quad 4 k + q's 5th and 6th bits
                             for k in range(2):
                                 packed = 0
                                 for q in range(4):
                                     packed |= (values[quad_value(4 * k + q, lane, i)] >> 4) << (2 * q)
-                                quants[tile, base + 256 + 64 * k + i] = packed
+                                quants[tile, base + 512 * (4 + k) + i] = packed
 
 
 @njit(inline="always")

@@ -13,9 +13,9 @@ Integer sums are exact; the float steps are add_block32's, block after block, so
 count gives the bits of quant_kernels.py's portable kernels.
 
 `tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 8 activation rows a pass on 512-bit
-tiers, 4 on 256-bit ones, ggml's 8 lane sums per row and token kept apart in memory between super-blocks. A
-tile's scale pairs and mins are unpacked once per call, not per pass; Q4_K takes two tiles a pass on 512-bit
-tiers (superblock_tile_group).
+tiers, 4 on 256-bit ones, each super-block's exact integer sum per row and token built in int32 and given one
+float step, as ggml's x86 repack kernel does. A tile's scale pairs and mins are unpacked once per call, not per
+pass; Q4_K takes two tiles a pass on 512-bit tiers (superblock_tile_group).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 
 from .cache_key import HELPERS, cached_variant
 from .cpu import Tier
-from .int8_dots import mins_dot, scale_pairs16, superblock_bias, superblock_tile_dot, tile_dot, tile_signed_bytes
+from .int8_dots import lanes_per_call, mins_dot, scale_pairs16, superblock_bias, superblock_tile_sum, tile_dot, tile_signed_bytes
 from .quant_blocks import BLOCK32_TYPES, HAS_MIN, Q4_K, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset, unpack_k4
 from .simd import LANES, load16, load16_f16, store16, to_float, zeros16
 from .superblock_tiles import LANE_BYTES
@@ -160,6 +160,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     lane_bytes = LANE_BYTES[qtype]
     has_mins = qtype != Q6_K
     group = superblock_tile_group(qtype, tier, tokens)
+    per_call = lanes_per_call(qtype, bits)
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
@@ -167,8 +168,9 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         """out (T, N) = tiles of N rows times Q8_K activations a (Tp, K) int8 in quad order
         (activations.quantize_q8_k_quads, biased for Q6_K), Tp >= T a multiple of `tokens` (rows past T zero); d (Tp, K / 256),
         sum32 (Tp, K / 32). `group` neighbouring tiles of 16 weight rows (the last group may have fewer) times
-        `tokens` activation rows at a time, ggml's 8 lane sums and sumf per row and token kept apart until the
-        end, as its reference dot does."""
+        `tokens` activation rows at a time. Per row and token, as ggml's x86 repack kernel (ggml_gemm_q4_K_8x8_q8_K):
+        each super-block's exact integer sum, sub-block scales applied, takes one float step,
+        acc += (d_w * d_a) * sum, the mins another, accm += (dmin * d_a) * sum(mins * bsums), and out = acc - accm."""
         helpers  # in numba's cache key: see cache_key.py
         n_tok, n_out = out.shape
         k = a.shape[1]
@@ -188,7 +190,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
             # Q6_K: 8), [tile][super-block][quad][row], and the mins of sub-block pairs [tile][super-block][pair][row]
             pairs = np.empty(group * n_super * 8 * TILE_ROWS, np.int32)
             min_pairs = np.empty(group * n_super * 4 * TILE_ROWS if has_mins else 0, np.int32)
-            biases = np.empty(0 if has_mins else group * n_super * 8 * TILE_ROWS, np.int32)  # Q6_K: per tile, lane, row
+            biases = np.empty(0 if has_mins else group * n_super * TILE_ROWS, np.int32)  # Q6_K: per tile, super-block, row
             unpacked = np.empty(16 * TILE_ROWS, np.uint8)  # Q4_K, Q5_K: one super-block's 8 scales and 8 mins per row
             for g in range(in_group):
                 tile_sub_scales = sub_scales[first + g]
@@ -203,47 +205,49 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                     scale_pairs16(unpacked, low, low + TILE_ROWS, False))
                     else:
                         _scale_pairs(qtype, tile_sub_scales, sb, pairs[at:])
-                        for lane in range(8):
-                            w_at = (first + g) * tile_bytes + (8 * sb + lane) * lane_bytes
-                            store16(biases, (at // TILE_ROWS + lane) * TILE_ROWS,
-                                    superblock_bias(flat_quants, w_at, pairs, at, bits, vnni))
+                        store16(biases, (g * n_super + sb) * TILE_ROWS,
+                                superblock_bias(flat_quants, (first + g) * tile_bytes + 8 * sb * lane_bytes, pairs, at,
+                                                bits, vnni))
             spill = np.empty(LANES, np.float32)
-            steps = np.empty(group * tokens * TILE_ROWS, np.float32)  # d_w * d_a, [tile][token][row]
-            sums = np.empty(group * tokens * 8 * TILE_ROWS, np.float32)  # ggml's sums[8], [tile][token][lane][row]
-            sumf = np.empty(group * tokens * TILE_ROWS, np.float32)  # ggml's sumf, [tile][token][row]
-            per_tile = n_super * 8 * TILE_ROWS  # pairs and biases of a tile
+            isums = np.empty(group * tokens * TILE_ROWS, np.int32)  # a super-block's integer sums, [tile][token][row]
+            acc = np.empty(group * tokens * TILE_ROWS, np.float32)
+            acc_mins = np.empty(group * tokens * TILE_ROWS, np.float32)
+            per_tile = n_super * 8 * TILE_ROWS  # the scale pairs of a tile
             for t0 in range(0, n_tok, tokens):
-                sums[:] = 0
-                sumf[:] = 0
+                acc[:] = 0
+                acc_mins[:] = 0
                 for sb in range(n_super):
+                    isums[:] = 0
+                    w_at = first * tile_bytes + 8 * sb * lane_bytes
+                    for c in range(4):  # in the order the tile's bytes lie
+                        for lane in range(0, 8, per_call):
+                            if in_group == group:
+                                superblock_tile_sum(flat_quants, w_at, tile_bytes, pairs, sb * 8 * TILE_ROWS, per_tile,
+                                                    a_flat, t0 * k + 256 * sb, k, isums, 0, c, lane, bits, vnni, qtype,
+                                                    tokens, group)
+                            else:  # the matrix's last tile, alone
+                                superblock_tile_sum(flat_quants, w_at, tile_bytes, pairs, sb * 8 * TILE_ROWS, per_tile,
+                                                    a_flat, t0 * k + 256 * sb, k, isums, 0, c, lane, bits, vnni, qtype,
+                                                    tokens, 1)
                     for g in range(in_group):
                         dw = load16_f16(scales[first + g], TILE_ROWS * sb)
                         for t in range(tokens):
-                            store16(steps, TILE_ROWS * (g * tokens + t), dw * d[t0 + t, sb])
-                    for lane in range(8):
-                        w_at = first * tile_bytes + (8 * sb + lane) * lane_bytes
-                        a_at = t0 * k + 256 * sb + 4 * lane
-                        o_at = (sb * 8 + lane) * TILE_ROWS
-                        if in_group == group:
-                            superblock_tile_dot(flat_quants, w_at, tile_bytes, pairs, sb * 8 * TILE_ROWS, per_tile,
-                                                a_flat, a_at, k, steps, sums, TILE_ROWS * lane, biases, o_at, per_tile,
-                                                bits, vnni, qtype, tokens, group)
-                        else:  # the matrix's last tile, alone
-                            superblock_tile_dot(flat_quants, w_at, tile_bytes, pairs, sb * 8 * TILE_ROWS, per_tile,
-                                                a_flat, a_at, k, steps, sums, TILE_ROWS * lane, biases, o_at, per_tile,
-                                                bits, vnni, qtype, tokens, 1)
-                    for g in range(in_group if has_mins else 0):  # ggml: sumf -= dmin * sum(bsums * mins), dmin = x.dmin * y.d
-                        dmin = load16_f16(mins[first + g], TILE_ROWS * sb)
-                        for t in range(tokens):
-                            sum_mins = mins_dot(min_pairs, (g * n_super + sb) * 4 * TILE_ROWS, sum_pairs[t0 + t], 4 * sb,
-                                                bits)
                             at = TILE_ROWS * (g * tokens + t)
-                            store16(sumf, at, load16(sumf, at) - (dmin * d[t0 + t, sb]) * to_float(sum_mins))
+                            total = load16(isums, at)
+                            if not has_mins:  # what Q6_K's biased activations added
+                                total = total - load16(biases, (g * n_super + sb) * TILE_ROWS)
+                            store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
+                        if has_mins:
+                            dmin = load16_f16(mins[first + g], TILE_ROWS * sb)
+                            for t in range(tokens):
+                                sum_mins = mins_dot(min_pairs, (g * n_super + sb) * 4 * TILE_ROWS, sum_pairs[t0 + t],
+                                                    4 * sb, bits)
+                                at = TILE_ROWS * (g * tokens + t)
+                                store16(acc_mins, at, load16(acc_mins, at) + (dmin * d[t0 + t, sb]) * to_float(sum_mins))
                 for g in range(in_group):
-                    for t in range(tokens):  # ggml: sumf += sums[l], l = 0..7
-                        total = load16(sumf, TILE_ROWS * (g * tokens + t))
-                        for lane in range(8):
-                            total = total + load16(sums, ((g * tokens + t) * 8 + lane) * TILE_ROWS)
+                    for t in range(tokens):
+                        at = TILE_ROWS * (g * tokens + t)
+                        total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
                         _store_tile_row(out, t0 + t, (first + g) * TILE_ROWS, total, spill)
         return out
 
@@ -253,8 +257,8 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
 def superblock_tile_group(qtype: int, tier: Tier, tokens: int) -> int:
     """Neighbouring K-quant tiles per pass: Q4_K's 2 on 512-bit tiers with 8 activation rows a pass, each
     activation quad then broadcast once for 32 weight rows (on Zen 4 a broadcast costs about what a multiply
-    does; two tiles' 8 int32 sums and their quads fit 32 zmm); else 1. Q5_K's 5th bits and Q6_K's high bits
-    take registers more: two tiles at a time gave them -15% to +16% by row count (Q5_K) and 5-10% less (Q6_K)."""
+    does); else 1. Q5_K's 5th bits and Q6_K's high bits take registers more: two tiles at a time gave them
+    -15% to +16% by row count (Q5_K) and 5-10% less (Q6_K), measured with ggml's reference lanes."""
     return 2 if qtype == Q4_K and tier.vector_bits == 512 and tokens == 8 else 1
 
 

@@ -162,7 +162,7 @@ def ref_dequantize(tensor: TensorInfo) -> np.ndarray:
 
 
 def ref_native(tensor: TensorInfo, x: np.ndarray) -> np.ndarray:
-    """llama.cpp's CPU result for x @ W.T: ggml's generic vec_dot, every row against every row."""
+    """llama.cpp's CPU result for x @ W.T: ggml's generic vec_dot (32-value blocks) or x86 repack kernel (K-quants)."""
     t = tensor.type
     w = ref_decode(tensor)
     if t in BLOCK32:
@@ -178,23 +178,20 @@ def ref_native(tensor: TensorInfo, x: np.ndarray) -> np.ndarray:
             else:
                 sumf = sumf + (dw * dx) * isum[:, :, b]
         return sumf
+    # the K-quants as ggml's x86 repack kernel (ggml_gemm_q4_K_8x8_q8_K): per super-block one float step of its
+    # exact integer sum, the mins in an accumulator of their own
     q, d = ref_quantize_q8_k(x)
     n_tok, n_out, n_super = x.shape[0], tensor.shape[0], q.shape[1]
-    sums = np.zeros((8, n_tok, n_out), F32)
-    sumf = np.zeros((n_tok, n_out), F32)
+    acc = np.zeros((n_tok, n_out), F32)
+    acc_mins = np.zeros((n_tok, n_out), F32)
     for sb in range(n_super):
-        prod = np.einsum("nj,tj->tnj", w["sc"][:, sb] * w["q"][:, sb], q[:, sb])
-        lanes = prod.reshape(n_tok, n_out, 32, 8).sum(axis=2).astype(F32)  # value j -> lane j % 8
-        scale = w["d"][None, :, sb] * d[:, sb, None]
-        for lane in range(8):
-            sums[lane] = sums[lane] + scale * lanes[:, :, lane]
+        isum = np.einsum("nj,tj->tn", w["sc"][:, sb] * w["q"][:, sb], q[:, sb]).astype(F32)  # rounded as vcvtdq2ps does
+        acc = acc + (w["d"][None, :, sb] * d[:, sb, None]) * isum
         if "m" in w:
             bsum32 = q[:, sb].reshape(n_tok, 8, 32).sum(axis=2)
             sum_mins = (bsum32[:, None, :] * w["m"][None, :, sb]).sum(axis=2).astype(F32)
-            sumf = sumf - (w["dmin"][None, :, sb] * d[:, sb, None]) * sum_mins
-    for lane in range(8):
-        sumf = sumf + sums[lane]
-    return sumf
+            acc_mins = acc_mins + (w["dmin"][None, :, sb] * d[:, sb, None]) * sum_mins
+    return acc - acc_mins
 
 
 def activation_error_bound(tensor: TensorInfo, x: np.ndarray) -> np.ndarray:
