@@ -135,27 +135,37 @@ class WeightKernels:
     #              at every row count; "rows": the file's rows, memory-mapped (the portable tier)
     lanes_from: int  # "rows": from this many activation rows, the lanes kernel (each block decoded once for
     #                  all rows, quant_kernels.py); below, row by row
-    tile_tokens: int  # "tiles": activation rows per pass of the tile kernel from that many rows on (what the
-    #                   registers hold: 8 on 512-bit tiers; 2, the K-quants 4, on 256-bit ones); below, 2
-    #                   (padding 1 row to 8 would do 8 times the work)
+    tile_tokens: int  # "tiles": activation rows per pass of the tile kernel (what the registers hold: 8 on
+    #                   512-bit tiers, 2 on 256-bit ones; the K-quants more, _SUPERBLOCK_TILE_TOKENS); rows past
+    #                   the last multiple of it take 2 a pass (padding 1 row to 8 would do 8 times the work)
 
     def tokens_per_pass(self, n_rows: int) -> int:
         return self.tile_tokens if n_rows >= self.tile_tokens else 2
 
+    def split(self, n_rows: int) -> int:
+        """The rows of n_rows that take tile_tokens a pass; the rest take 2."""
+        return n_rows - n_rows % self.tile_tokens if self.tile_tokens else 0
+
 
 _LANES_FROM = 8  # the portable tier's lanes kernel beats row by row from here
-# Activation rows per pass of the tile kernels, by vector width: 32-value blocks, K-quants (their weight vectors
-# stay in registers across the pass's rows), measured on 2048 x 2048 matrices, 2 Zen 4 cores (benchmarks/quant_linear.py).
+# Activation rows per pass of the tile kernels, by vector width: 32-value blocks measured on 2048 x 2048 matrices,
+# 2 Zen 4 cores (benchmarks/quant_linear.py). The K-quant kernel keeps a call's weight vectors in registers and
+# its int32 sums in memory, so its rows per pass are free of registers: 16 ran 1.08-1.38x 4 (AVX2: Q4_K, Q6_K),
+# 1.09-1.19x 8 (AVX-512 Q6_K) and 1.02-1.11x 8 with two tiles a pass (AVX-512 Q4_K) from 16 rows on; Q5_K keeps
+# 8 on AVX-512, where 16 was 0.79-1.10x. One Zen 4 core, old and new interleaved.
 _TILE_TOKENS = {512: 8, 256: 2}
-_SUPERBLOCK_TILE_TOKENS = {512: 8, 256: 4}
+_Q4K, _Q5K, _Q6K = _SUPERBLOCK_TILE_TYPES
+_SUPERBLOCK_TILE_TOKENS = {(512, _Q4K): 16, (512, _Q5K): 8, (512, _Q6K): 16, (256, _Q4K): 16, (256, _Q5K): 16,
+                           (256, _Q6K): 16}
 
 
 def weight_kernels(qtype: int, tier: Tier) -> WeightKernels:
     qtype = int(qtype)
     if not tier.int8_dot or qtype not in TILE_TYPES:
         return WeightKernels("rows", _LANES_FROM, 0)
-    by_width = _SUPERBLOCK_TILE_TOKENS if qtype in _SUPERBLOCK_TILE_TYPES else _TILE_TOKENS
-    return WeightKernels("tiles", 0, by_width[tier.vector_bits])
+    if qtype in _SUPERBLOCK_TILE_TYPES:
+        return WeightKernels("tiles", 0, _SUPERBLOCK_TILE_TOKENS[tier.vector_bits, qtype])
+    return WeightKernels("tiles", 0, _TILE_TOKENS[tier.vector_bits])
 
 
 def describe() -> str:

@@ -178,12 +178,15 @@ class Linear:
         """Activations in Q8_K blocks against Q4_K/Q5_K/Q6_K weights."""
         kernels, plan = self._kernels(), self._plan
         n_tok = x.shape[0]
-        if self._tiles is not None:
-            tokens = plan.tokens_per_pass(n_tok)
-            kernel = kernels.tiles if tokens == plan.tile_tokens else kernels.tiles_x2
-            a = quantize_q8_k_quads(x, _round_up(n_tok, tokens), biased=self.type == GGMLQuantizationType.Q6_K)
-            t = self._tiles
-            return kernel(t.quants, t.scales, t.mins, t.sub_scales, a.q, a.d, a.sum32, out)
+        if self._tiles is not None:  # the rows up to a multiple of the pass's, then the rest 2 a pass
+            t, biased = self._tiles, self.type == GGMLQuantizationType.Q6_K
+            split = plan.split(n_tok)
+            for kernel, rows in ((kernels.tiles, slice(0, split)), (kernels.tiles_x2, slice(split, n_tok))):
+                n_rows = rows.stop - rows.start
+                if n_rows:
+                    a = quantize_q8_k_quads(x[rows], _round_up(n_rows, plan.tokens_per_pass(n_rows)), biased=biased)
+                    kernel(t.quants, t.scales, t.mins, t.sub_scales, a.q, a.d, a.sum32, out[rows])
+            return out
         if n_tok < plan.lanes_from:
             a = quantize_q8_k(x)
             return kernels.rows(self._w, a.q, a.d, a.sum32, out, 16)

@@ -258,7 +258,8 @@ def superblock_tile_group(qtype: int, tier: Tier, tokens: int) -> int:
     """Neighbouring K-quant tiles per pass: Q4_K's 2 on 512-bit tiers with 8 activation rows a pass, each
     activation quad then broadcast once for 32 weight rows (on Zen 4 a broadcast costs about what a multiply
     does); else 1. Q5_K's 5th bits and Q6_K's high bits take registers more: two tiles at a time gave them
-    -15% to +16% by row count (Q5_K) and 5-10% less (Q6_K), measured with ggml's reference lanes."""
+    -15% to +16% by row count (Q5_K) and 5-10% less (Q6_K), measured with ggml's reference lanes. Since the
+    super-block sums, Q4_K runs 16 rows a pass (cpu._SUPERBLOCK_TILE_TOKENS), where one tile was faster."""
     return 2 if qtype == Q4_K and tier.vector_bits == 512 and tokens == 8 else 1
 
 

@@ -46,7 +46,10 @@ def test_the_table_tiles_every_quantized_type_wherever_a_tier_has_int8_dots():
     assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx512-vnni"]).tokens_per_pass(64) == 8
     assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx512-vnni"]).tokens_per_pass(3) == 2
     assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx2"]).tokens_per_pass(64) == 2
-    assert cpu.weight_kernels(Q.Q4_K, cpu.TIERS["avx2"]).tokens_per_pass(64) == 4
+    assert cpu.weight_kernels(Q.Q4_K, cpu.TIERS["avx2"]).tokens_per_pass(64) == 16
+    assert cpu.weight_kernels(Q.Q5_K, cpu.TIERS["avx512-vnni"]).split(37) == 32  # 4 passes of 8, then 5 rows 2 a pass
+    assert cpu.weight_kernels(Q.Q6_K, cpu.TIERS["avx512-vnni"]).split(37) == 32  # 2 passes of 16
+    assert cpu.weight_kernels(Q.Q6_K, cpu.TIERS["avx2"]).split(15) == 0
     assert cpu.weight_kernels(Q.Q6_K, cpu.TIERS["avx2"]).tokens_per_pass(3) == 2
 
 

@@ -403,7 +403,7 @@ def test_every_tiers_kernels_agree_bitwise(qtype):
     for name, layer in layers.items():
         tiled = cpu.TIERS[name].int8_dot != "" and int(qtype) in cpu.TILE_TYPES
         assert (layer._tiles is not None) == tiled, name
-    for n_tokens in (1, 2, 3, 5, 8, 9, 50):
+    for n_tokens in (1, 2, 3, 5, 8, 9, 16, 19, 50):
         x = activations(n_tokens, 1024, seed=n_tokens)
         expected = portable(x)
         for name, layer in layers.items():
