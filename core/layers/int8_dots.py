@@ -307,40 +307,40 @@ def lanes_per_call(qtype: int, bits: int) -> int:
 
 
 @intrinsic(prefer_literal=True)
-def superblock_tile_sum(typingctx, quants, w_start, w_stride, pairs, p_start, p_stride, a, a_start, a_stride,
-                        isums, i_start, unit, first_lane, bits, vnni, qtype, tokens, group):
-    """Quads 2 c and 2 c + 1 (c = `unit`, run time) of lanes_per_call() lanes from `first_lane` (run time) of one super-block of `group` neighbouring
-    16-row K-quant tiles (superblock_tiles.py) against `tokens` activation rows, added to exact int32 sums:
+def superblock_tile_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, a_stride, isums, unit, first_lane,
+                        bits, vnni, qtype, tokens):
+    """Quads 2 c and 2 c + 1 (c = `unit`, run time) of lanes_per_call() lanes from `first_lane` (run time) of one
+    super-block of a 16-row K-quant tile (superblock_tiles.py) against `tokens` activation rows, added to exact
+    int32 sums:
 
-        isums[i_start + 16 (g * tokens + t) + r] += sum over lanes l, quads Q in (2 c, 2 c + 1) and bytes i of
-                                                   sc(r, Q, i) . (quad Q of lane l of weight row r)[i] . (a[t]'s)[i]
+        isums[16 t + r] += sum over those lanes l, quads Q in (2 c, 2 c + 1) and bytes i of
+                           sc(r, Q, i) . (quad Q of lane l of weight row r)[i] . (a[t]'s)[i]
 
-    Called for every c and lane, this gives a row's whole super-block sum, sub-block scales applied: the integer the
-    kernel's one float step per super-block takes (ggml's x86 repack order, tile_kernels.tiles_k). Each lane's
+    Called for every c and lane, this gives a row's whole super-block sum, sub-block scales applied: the integer
+    the kernel's one float step per super-block takes (ggml's x86 repack order, tile_kernels.tiles_k). Each lane's
     quads are multiplied by vpmaddubsw into int16 pairs, LANES_PER_WORD_SUM lanes of them added in int16 (they
     share the scale pair), then one vpmaddwd (vpdpwssd where the tier has VNNI) by the pair.
 
-    quants (uint8, 1-D): tile g's super-block at w_start + g * w_stride, its vector v of lane l 64 (8 v + l) further. pairs (int32,
-    1-D): at p_start + g * p_stride + 16 j + r, row r's int16 scale pair for bytes 0, 1 and 2, 3 of quads 2 j and
-    2 j + 1 (Q4_K, Q5_K; j < 4) or of quad j (Q6_K). a (int8, 1-D): row t's super-block in quad order at
+    quants (uint8, 1-D): the tile's super-block at w_start, its vector v of lane l 64 (8 v + l) further. pairs
+    (int32, 1-D): at p_start + 16 j + r, row r's int16 scale pair for bytes 0, 1 and 2, 3 of quads 2 j and 2 j + 1
+    (Q4_K, Q5_K; j < 4) or of quad j (Q6_K). a (int8, 1-D): row t's super-block in quad order at
     a_start + t * a_stride, quad Q of lane l at 32 Q + 4 l.
 
     vpmaddubsw multiplies unsigned by signed bytes. Q4_K's and Q5_K's values are unsigned and the activations
     signed. Q6_K's values less 32 are signed, so its activations come biased, a + 128
     (quantize_q8_k_quads(biased=True)), the unsigned operand; what the bias adds, 128 x sum of sc x (q - 32),
-    the kernel takes off (superblock_bias). Nothing saturates. bits, vnni, qtype, tokens, group: compile-time
+    the kernel takes off (superblock_bias). Nothing saturates. bits, vnni, qtype, tokens: compile-time
     constants as for tile_dot."""
-    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens, group)):
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
         return None
     width = bits.literal_value // 8
     kind = qtype.literal_value
-    n_tokens, n_tiles = tokens.literal_value, group.literal_value
-    sig = types.void(quants, types.intp, types.intp, pairs, types.intp, types.intp, a, types.intp, types.intp, isums,
-                     types.intp, types.intp, types.intp, bits, vnni, qtype, tokens, group)
+    n_tokens = tokens.literal_value
+    sig = types.void(quants, types.intp, pairs, types.intp, a, types.intp, types.intp, isums, types.intp, types.intp,
+                     bits, vnni, qtype, tokens)
 
     def codegen(context, builder, signature, args):
-        w_start_v, w_stride_v, p_start_v, p_stride_v, a_start_v, stride_v, i_start_v, unit_v, first_lane_v = (
-            args[i] for i in (1, 2, 4, 5, 7, 8, 10, 11, 12))
+        w_start_v, p_start_v, a_start_v, stride_v, unit_v, first_lane_v = (args[i] for i in (1, 3, 5, 6, 8, 9))
         per_call = lanes_per_call(kind, bits.literal_value)
         per_sum = min(LANES_PER_WORD_SUM[kind], per_call)
         w_start_v = builder.add(w_start_v, builder.mul(first_lane_v, ir.Constant(_I64, 64)))
@@ -349,16 +349,11 @@ def superblock_tile_sum(typingctx, quants, w_start, w_stride, pairs, p_start, p_
         def data(index):
             return context.make_array(signature.args[index])(context, builder, args[index]).data
 
-        def offset(start, stride, g):
-            return builder.add(start, builder.mul(stride, ir.Constant(_I64, g)))
-
-        tiles = [[_SuperblockLane(builder, width, kind, bool(vnni.literal_value), data(0),
-                                  builder.add(offset(w_start_v, w_stride_v, g), ir.Constant(_I64, 64 * lane)),
-                                  data(3), offset(p_start_v, p_stride_v, g), unit_v)
-                  for lane in range(per_call)] for g in range(n_tiles)]
-        first = tiles[0][0]
-        parts, load, at, ops = first.parts, first.load, first.at, first.ops
-        a_data, isum_data = data(6), data(9)
+        lanes = [_SuperblockLane(builder, width, kind, bool(vnni.literal_value), data(0),
+                                 builder.add(w_start_v, ir.Constant(_I64, 64 * lane)), data(2), p_start_v, unit_v)
+                 for lane in range(per_call)]
+        parts, load, at, ops = lanes[0].parts, lanes[0].load, lanes[0].at, lanes[0].ops
+        a_data, isum_data = data(4), data(7)
         a_unit = builder.add(a_start_v, builder.mul(unit_v, ir.Constant(_I64, 64)))  # quad 2 c at 32 (2 c)
 
         def activation_quad(t, h, lane):
@@ -367,31 +362,28 @@ def superblock_tile_sum(typingctx, quants, w_start, w_stride, pairs, p_start, p_
                                                 _I32.as_pointer()), align=1)
             return builder.bitcast(splat(builder, word, ops.dwords), ops.bytes)
 
-        pair = [[tiles[g][0].scale_pairs(h) for h in range(2 if kind == Q6_K else 1)] for g in range(n_tiles)]
+        pair = [lanes[0].scale_pairs(h) for h in range(2 if kind == Q6_K else 1)]
         zero_words = ir.Constant(ops.words, [0] * (width // 2))
-        lanes = range(per_call)  # their weights stay in registers across the activation rows
-        weights = {(g, lane, h): [tiles[g][lane].quad(h, p) for p in range(parts)]
-                   for g in range(n_tiles) for lane in lanes for h in range(2)}
+        # the lanes' weights stay in registers across the activation rows
+        weights = {(lane, h): [lanes[lane].quad(h, p) for p in range(parts)] for lane in range(per_call) for h in range(2)}
         for t in range(n_tokens):
-            a_quads = {(lane, h): activation_quad(t, h, lane) for lane in lanes for h in range(2)}
-            for g in range(n_tiles):
-                where = [at(i_start_v, 16 * (g * n_tokens + t) + (width // 4) * p) for p in range(parts)]
-                acc = [load(isum_data, where[p], ops.dwords, 4) for p in range(parts)]
-                for lane0 in range(0, per_call, per_sum):
-                    words = [[zero_words] * parts for _ in range(2)]  # Q6_K: a sum per quad; else one for both
-                    for lane in range(lane0, lane0 + per_sum):
-                        for h in range(2):
-                            into = h if kind == Q6_K else 0
-                            for p in range(parts):
-                                w, a_bytes = weights[g, lane, h][p], a_quads[lane, h]
-                                product = ops.maddubs(a_bytes, w) if kind == Q6_K else ops.maddubs(w, a_bytes)
-                                words[into][p] = builder.add(words[into][p], product)
-                    for h in range(len(pair[g])):
+            a_quads = {(lane, h): activation_quad(t, h, lane) for lane in range(per_call) for h in range(2)}
+            where = [ir.Constant(_I64, 16 * t + (width // 4) * p) for p in range(parts)]
+            acc = [load(isum_data, where[p], ops.dwords, 4) for p in range(parts)]
+            for lane0 in range(0, per_call, per_sum):
+                words = [[zero_words] * parts for _ in range(2)]  # Q6_K: a sum per quad; else one for both
+                for lane in range(lane0, lane0 + per_sum):
+                    for h in range(2):
+                        into = h if kind == Q6_K else 0
                         for p in range(parts):
-                            acc[p] = tiles[g][0].accumulate(acc[p], words[h][p], pair[g][h][p])
-                for p in range(parts):
-                    builder.store(acc[p], builder.bitcast(builder.gep(isum_data, [where[p]]), ops.dwords.as_pointer()),
-                                  align=4)
+                            w, a_bytes = weights[lane, h][p], a_quads[lane, h]
+                            product = ops.maddubs(a_bytes, w) if kind == Q6_K else ops.maddubs(w, a_bytes)
+                            words[into][p] = builder.add(words[into][p], product)
+                for h in range(len(pair)):
+                    for p in range(parts):
+                        acc[p] = lanes[0].accumulate(acc[p], words[h][p], pair[h][p])
+            for p in range(parts):
+                builder.store(acc[p], builder.bitcast(builder.gep(isum_data, [where[p]]), ops.dwords.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -12,10 +12,10 @@ activation rows per pass is set by the tier's registers:
 Integer sums are exact; the float steps are add_block32's, block after block, so every tier and every row
 count gives the bits of quant_kernels.py's portable kernels.
 
-`tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 8 activation rows a pass on 512-bit
-tiers, 4 on 256-bit ones, each super-block's exact integer sum per row and token built in int32 and given one
+`tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 16 activation rows a pass (Q5_K's 8 on
+512-bit tiers; cpu._SUPERBLOCK_TILE_TOKENS), each super-block's exact integer sum per row and token built in int32 and given one
 float step, as ggml's x86 repack kernel does. A tile's scale pairs and mins are unpacked once per call, not per
-pass; Q4_K takes two tiles a pass on 512-bit tiers (superblock_tile_group).
+pass.
 """
 
 from __future__ import annotations
@@ -159,7 +159,6 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     vnni = int(tier.has_vnni)
     lane_bytes = LANE_BYTES[qtype]
     has_mins = qtype != Q6_K
-    group = superblock_tile_group(qtype, tier, tokens)
     per_call = lanes_per_call(qtype, bits)
     helpers = HELPERS
 
@@ -167,10 +166,10 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     def matmul_tiles_k(quants, scales, mins, sub_scales, a, d, sum32, out):
         """out (T, N) = tiles of N rows times Q8_K activations a (Tp, K) int8 in quad order
         (activations.quantize_q8_k_quads, biased for Q6_K), Tp >= T a multiple of `tokens` (rows past T zero); d (Tp, K / 256),
-        sum32 (Tp, K / 32). `group` neighbouring tiles of 16 weight rows (the last group may have fewer) times
-        `tokens` activation rows at a time. Per row and token, as ggml's x86 repack kernel (ggml_gemm_q4_K_8x8_q8_K):
-        each super-block's exact integer sum, sub-block scales applied, takes one float step,
-        acc += (d_w * d_a) * sum, the mins another, accm += (dmin * d_a) * sum(mins * bsums), and out = acc - accm."""
+        sum32 (Tp, K / 32). A tile of 16 weight rows times `tokens` activation rows at a time. Per row and token,
+        as ggml's x86 repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact integer sum, sub-block
+        scales applied, takes one float step, acc += (d_w * d_a) * sum, the mins another,
+        acc_mins += (dmin * d_a) * sum(mins * bsums), and out = acc - acc_mins."""
         helpers  # in numba's cache key: see cache_key.py
         n_tok, n_out = out.shape
         k = a.shape[1]
@@ -183,84 +182,60 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         for t in range(a.shape[0] if has_mins else 0):
             for j in range(k // 64):
                 sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
-        for first_group in prange((n_tiles + group - 1) // group):
-            first = first_group * group
-            in_group = min(group, n_tiles - first)
-            # per tile and super-block, once per call: the int16 scale pairs of its quads (Q4_K, Q5_K: 4 of 8;
-            # Q6_K: 8), [tile][super-block][quad][row], and the mins of sub-block pairs [tile][super-block][pair][row]
-            pairs = np.empty(group * n_super * 8 * TILE_ROWS, np.int32)
-            min_pairs = np.empty(group * n_super * 4 * TILE_ROWS if has_mins else 0, np.int32)
-            biases = np.empty(0 if has_mins else group * n_super * TILE_ROWS, np.int32)  # Q6_K: per tile, super-block, row
+        for tile in prange(n_tiles):
+            # per super-block, once per call: the int16 scale pairs of its quads (Q4_K, Q5_K: 4 of 8; Q6_K: 8),
+            # [super-block][quad][row], and the mins of sub-block pairs [super-block][pair][row]
+            pairs = np.empty(n_super * 8 * TILE_ROWS, np.int32)
+            min_pairs = np.empty(n_super * 4 * TILE_ROWS if has_mins else 0, np.int32)
+            biases = np.empty(0 if has_mins else n_super * TILE_ROWS, np.int32)  # Q6_K: per super-block and row
             unpacked = np.empty(16 * TILE_ROWS, np.uint8)  # Q4_K, Q5_K: one super-block's 8 scales and 8 mins per row
-            for g in range(in_group):
-                tile_sub_scales = sub_scales[first + g]
-                for sb in range(n_super):
-                    at = (g * n_super + sb) * 8 * TILE_ROWS
-                    if has_mins:
-                        _unpack_k4_scales(tile_sub_scales, sb, unpacked)
-                        _scale_pairs(qtype, unpacked, 0, pairs[at:])
-                        for j in range(4):  # the mins of sub-blocks 2 j and 2 j + 1 as int16 pairs
-                            low = (8 + 2 * j) * TILE_ROWS
-                            store16(min_pairs, (g * n_super + sb) * 4 * TILE_ROWS + TILE_ROWS * j,
-                                    scale_pairs16(unpacked, low, low + TILE_ROWS, False))
-                    else:
-                        _scale_pairs(qtype, tile_sub_scales, sb, pairs[at:])
-                        store16(biases, (g * n_super + sb) * TILE_ROWS,
-                                superblock_bias(flat_quants, (first + g) * tile_bytes + 8 * sb * lane_bytes, pairs, at,
-                                                bits, vnni))
+            tile_sub_scales = sub_scales[tile]
+            for sb in range(n_super):
+                at = sb * 8 * TILE_ROWS
+                if has_mins:
+                    _unpack_k4_scales(tile_sub_scales, sb, unpacked)
+                    _scale_pairs(qtype, unpacked, 0, pairs[at:])
+                    for j in range(4):  # the mins of sub-blocks 2 j and 2 j + 1 as int16 pairs
+                        low = (8 + 2 * j) * TILE_ROWS
+                        store16(min_pairs, (sb * 4 + j) * TILE_ROWS, scale_pairs16(unpacked, low, low + TILE_ROWS, False))
+                else:
+                    _scale_pairs(qtype, tile_sub_scales, sb, pairs[at:])
+                    store16(biases, sb * TILE_ROWS,
+                            superblock_bias(flat_quants, tile * tile_bytes + 8 * sb * lane_bytes, pairs, at, bits, vnni))
             spill = np.empty(LANES, np.float32)
-            isums = np.empty(group * tokens * TILE_ROWS, np.int32)  # a super-block's integer sums, [tile][token][row]
-            acc = np.empty(group * tokens * TILE_ROWS, np.float32)
-            acc_mins = np.empty(group * tokens * TILE_ROWS, np.float32)
-            per_tile = n_super * 8 * TILE_ROWS  # the scale pairs of a tile
+            isums = np.empty(tokens * TILE_ROWS, np.int32)  # a super-block's integer sums, [token][row]
+            acc = np.empty(tokens * TILE_ROWS, np.float32)
+            acc_mins = np.empty(tokens * TILE_ROWS, np.float32)
             for t0 in range(0, n_tok, tokens):
                 acc[:] = 0
                 acc_mins[:] = 0
                 for sb in range(n_super):
                     isums[:] = 0
-                    w_at = first * tile_bytes + 8 * sb * lane_bytes
+                    w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     for c in range(4):  # in the order the tile's bytes lie
                         for lane in range(0, 8, per_call):
-                            if in_group == group:
-                                superblock_tile_sum(flat_quants, w_at, tile_bytes, pairs, sb * 8 * TILE_ROWS, per_tile,
-                                                    a_flat, t0 * k + 256 * sb, k, isums, 0, c, lane, bits, vnni, qtype,
-                                                    tokens, group)
-                            else:  # the matrix's last tile, alone
-                                superblock_tile_sum(flat_quants, w_at, tile_bytes, pairs, sb * 8 * TILE_ROWS, per_tile,
-                                                    a_flat, t0 * k + 256 * sb, k, isums, 0, c, lane, bits, vnni, qtype,
-                                                    tokens, 1)
-                    for g in range(in_group):
-                        dw = load16_f16(scales[first + g], TILE_ROWS * sb)
-                        for t in range(tokens):
-                            at = TILE_ROWS * (g * tokens + t)
-                            total = load16(isums, at)
-                            if not has_mins:  # what Q6_K's biased activations added
-                                total = total - load16(biases, (g * n_super + sb) * TILE_ROWS)
-                            store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
-                        if has_mins:
-                            dmin = load16_f16(mins[first + g], TILE_ROWS * sb)
-                            for t in range(tokens):
-                                sum_mins = mins_dot(min_pairs, (g * n_super + sb) * 4 * TILE_ROWS, sum_pairs[t0 + t],
-                                                    4 * sb, bits)
-                                at = TILE_ROWS * (g * tokens + t)
-                                store16(acc_mins, at, load16(acc_mins, at) + (dmin * d[t0 + t, sb]) * to_float(sum_mins))
-                for g in range(in_group):
+                            superblock_tile_sum(flat_quants, w_at, pairs, sb * 8 * TILE_ROWS, a_flat, t0 * k + 256 * sb,
+                                                k, isums, c, lane, bits, vnni, qtype, tokens)
+                    dw = load16_f16(scales[tile], TILE_ROWS * sb)
                     for t in range(tokens):
-                        at = TILE_ROWS * (g * tokens + t)
-                        total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
-                        _store_tile_row(out, t0 + t, (first + g) * TILE_ROWS, total, spill)
+                        at = TILE_ROWS * t
+                        total = load16(isums, at)
+                        if not has_mins:  # what Q6_K's biased activations added
+                            total = total - load16(biases, sb * TILE_ROWS)
+                        store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
+                    if has_mins:
+                        dmin = load16_f16(mins[tile], TILE_ROWS * sb)
+                        for t in range(tokens):
+                            sum_mins = mins_dot(min_pairs, sb * 4 * TILE_ROWS, sum_pairs[t0 + t], 4 * sb, bits)
+                            at = TILE_ROWS * t
+                            store16(acc_mins, at, load16(acc_mins, at) + (dmin * d[t0 + t, sb]) * to_float(sum_mins))
+                for t in range(tokens):
+                    at = TILE_ROWS * t
+                    total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
+                    _store_tile_row(out, t0 + t, tile * TILE_ROWS, total, spill)
         return out
 
     return matmul_tiles_k
-
-
-def superblock_tile_group(qtype: int, tier: Tier, tokens: int) -> int:
-    """Neighbouring K-quant tiles per pass: Q4_K's 2 on 512-bit tiers with 8 activation rows a pass, each
-    activation quad then broadcast once for 32 weight rows (on Zen 4 a broadcast costs about what a multiply
-    does); else 1. Q5_K's 5th bits and Q6_K's high bits take registers more: two tiles at a time gave them
-    -15% to +16% by row count (Q5_K) and 5-10% less (Q6_K), measured with ggml's reference lanes. Since the
-    super-block sums, Q4_K runs 16 rows a pass (cpu._SUPERBLOCK_TILE_TOKENS), where one tile was faster."""
-    return 2 if qtype == Q4_K and tier.vector_bits == 512 and tokens == 8 else 1
 
 
 @njit(inline="always")
