@@ -108,16 +108,19 @@ def models_list():
 @click.option("--resume", metavar="BATCH", default=None,
               help="Add to batch BATCH the requests of the file that have no finished or running job.")
 @click.option("--job-timeout", default=str(defaults.JOB_TIMEOUT_S), show_default=True,
-              help="Seconds a job may take once started (or 30m, 2h, 1d; -1 for no limit).")
+              help="Seconds a request may take once started (or 30m, 2h, 1d; -1 for no limit).")
+@click.option("--requests-per-job", type=click.IntRange(min=1), default=None,
+              help="Requests per RQ job: RQ's bookkeeping of a job is shared by its requests, each still counted "
+                   f"once; 1 makes a job of each request.  [default: {defaults.REQUESTS_PER_JOB}]")
 @priority_option
 @completion_window_option
 @embedding_line_options
 @constraint_options
 def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temperature, top_p, seed, skip_invalid,
-           dry_run, resume, job_timeout, priority, completion_window, task, truncate, json_schema, regex, choice,
-           grammar):
-    """Validate DATASET (JSONL), store its requests and queue them, one RQ job each, as workers drain the queue;
-    prints the batch id."""
+           dry_run, resume, job_timeout, requests_per_job, priority, completion_window, task, truncate, json_schema,
+           regex, choice, grammar):
+    """Validate DATASET (JSONL), store its requests and queue them, a group of them per RQ job, as workers drain
+    the queue; prints the batch id."""
     from miro.worker.fleet.batches import connect, redacted
     from miro.worker.fleet.submit import submit as submit_dataset
 
@@ -131,6 +134,7 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
         result = submit_dataset(conn, dataset, queue_name=queue_name, name=name, output=output, model=model,
                                 defaults=defaults, skip_invalid=skip_invalid, dry_run=dry_run, resume=resume,
                                 job_timeout=job_timeout, priority=priority, task=task,
+                                requests_per_job=requests_per_job,
                                 pooling_defaults=pooling_defaults(truncate), completion_window=completion_window,
                                 log=log_to_stderr, on_line_error=progress.on_line_error,
                                 on_progress=progress.on_progress)
@@ -139,7 +143,7 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
         return
     where = f"queue '{result.queue}' on {redacted(redis_url)}"
     if result.resumed:
-        log_to_stderr(f"Resumed {result.batch_id}: enqueued {result.enqueued:,} jobs; {result.already_finished:,} "
+        log_to_stderr(f"Resumed {result.batch_id}: enqueued {result.enqueued:,} requests; {result.already_finished:,} "
                       f"already finished, {result.in_flight:,} still queued or running"
                       + (f", {result.expired:,} had expired and were enqueued again" if result.expired else "")
                       + (f", {result.unfed:,} stored requests a cancel or expiry had left are fed again"
@@ -147,9 +151,9 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
                       + f" ({where}).")
     else:
         stored = result.stored - result.enqueued
-        log_to_stderr(f"Enqueued {result.enqueued:,} jobs on {where} in {result.enqueue_s:.2f} s"
+        log_to_stderr(f"Enqueued {result.enqueued:,} requests on {where} in {result.enqueue_s:.2f} s"
                       + (f"; the other {stored:,} requests are stored with the results and are queued as the "
-                         f"workers take jobs." if stored else "."))
+                         f"workers take them." if stored else "."))
     if result.invalid:
         log_to_stderr(f"Recorded {result.recorded_invalid:,} invalid lines as failed requests of the batch.")
     click.echo(result.batch_id)

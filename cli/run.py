@@ -328,13 +328,13 @@ class Interruption:
                 self.worker.request_warm_stop(self.grace_s)
         elif self.count == 2 and self.worker is not None:
             if self.worker.in_flight:
-                self.say(f"Stopping now: the {_requests(len(self.worker.in_flight))} in flight go back to the queue.")
+                self.say(f"Stopping now: the {_requests(self.worker.requests_in_flight)} in flight go back to the queue.")
             self.worker.request_warm_stop(0)
 
     def _notice(self) -> str:
         if self.worker is None:
             return "Interrupted: stopping before any request starts."
-        in_flight = len(self.worker.in_flight)
+        in_flight = self.worker.requests_in_flight
         if not in_flight:
             return "Interrupted: stopping; no request is in flight."
         return (f"Interrupted: finishing the {_requests(in_flight)} in flight for up to {self.grace_s:g} s; "

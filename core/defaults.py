@@ -87,6 +87,9 @@ GENERATE_MAX_TOKENS = 256
 # so Redis holds what is in flight: enough queued on a batch's queue for every seat of the workers serving it, twice
 # over, plus a margin; a feeder writes at most FEED_CHUNKS_PER_CALL chunks per call, so a worker's round stays short
 SPOOL_CHUNK = 1000  # requests per stored chunk file, and per job-writing Lua script
+# requests per RQ job the feeder writes (a group job, worker/fleet/job_writer.py): RQ's own bookkeeping of a job
+# (about 40 Redis commands from taking it to finishing it) is then shared by that many requests
+REQUESTS_PER_JOB = 32
 FEED_MARGIN = 1000
 FEED_SEATS_FACTOR = 2
 FEED_CHUNKS_PER_CALL = 4

@@ -92,3 +92,13 @@ def redis_url(redis_server):
     client.flushall()
     client.close()
     return redis_server
+
+
+@pytest.fixture
+def one_request_per_job(monkeypatch):
+    """Batches submitted in the test make a job of each request (`--requests-per-job 1`): for tests that follow one
+    request's RQ job (its status, its place on the queue, a worker's max_jobs); group jobs have tests of their own
+    (tests/worker/test_group_jobs.py)."""
+    from miro.core import defaults
+
+    monkeypatch.setattr(defaults, "REQUESTS_PER_JOB", 1)

@@ -22,6 +22,8 @@ from miro.worker.fleet import batches, durations, expiry, keys, results
 from miro.worker.fleet.routing import queue_for
 from miro.worker.fleet.rows import EXPIRED_ERROR
 
+pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
+
 
 @pytest.fixture(scope="module")
 def long_context_model(tmp_path_factory) -> str:

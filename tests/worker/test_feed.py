@@ -1,4 +1,5 @@
-"""Windowed feeding on a real redis-server: a batch's requests wait in storage and become RQ jobs a chunk at a time.
+"""Windowed feeding on a real redis-server: a batch's requests wait in storage and become RQ group jobs a chunk at a
+time.
 Two feeders never write one chunk twice, a cancel or expiry counts the unfed requests cancelled at once (an expired
 batch's come back as batch_expired rows), a resume feeds them again, and a BatchWorker tops the queue up itself, so
 a batch bigger than its window runs to the end with each request once."""
@@ -10,12 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 from rq import Queue
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from miro.core import defaults
 from miro.worker import BatchWorker
 from miro.worker.fleet import batches, control, expiry, feed, keys, results, spool
 from miro.worker.fleet.job_writer import JobWriter
+from miro.worker.fleet.payload import payloads_of
 from miro.worker.fleet.routing import queue_for
 from miro.worker.fleet.submit import submit
 
@@ -29,8 +32,10 @@ def dataset(tmp_path, n: int, max_tokens: int = 1):
 
 @pytest.fixture
 def small_window(monkeypatch):
-    """Windows of 10 jobs and chunks of 5, so a 23-request batch needs several feeds."""
+    """Windows of 10 requests in group jobs of 2 (a chunk of 5 makes 3 jobs), so a 23-request batch needs several
+    feeds."""
     monkeypatch.setattr(defaults, "FEED_MARGIN", 10)
+    monkeypatch.setattr(defaults, "REQUESTS_PER_JOB", 2)
     monkeypatch.setattr(defaults, "FEED_CHUNKS_PER_CALL", 1)
 
 
@@ -48,7 +53,12 @@ def test_submit_queues_a_window_and_stores_the_rest(tmp_path, redis_url, small_w
     conn, batch_id = new_batch(tmp_path, redis_url, 23)
     batch = batches.get_batch(conn, batch_id)
     assert (batch.chunks, batch.spooled, batch.fed, batch.fed_requests, batch.total) == (5, 23, 2, 10, 23)
-    assert queued_ids(conn, batch) == [batches.job_id(batch_id, f"r{i}") for i in range(10)]
+    assert queued_ids(conn, batch) == [batches.group_job_id(batch_id, c, p) for c in (0, 1) for p in (0, 1, 2)]
+    group = Job.fetch(batches.group_job_id(batch_id, 1, 2), connection=conn, serializer=JSONSerializer)
+    assert group.meta == {"batch_id": batch_id, "custom_ids": ["r9"]}
+    assert [p.custom_id for p in payloads_of(group.kwargs)] == ["r9"]
+    assert [p.line for p in payloads_of(Job.fetch(batches.group_job_id(batch_id, 0, 1), connection=conn,
+                                                  serializer=JSONSerializer).kwargs)] == [3, 4]
     assert [r.custom_id for r in spool.read_chunk(batch.output, batch_id, 4)] == ["r20", "r21", "r22"]
     assert conn.hlen(keys.batch_jobs(batch_id)) == 0  # Redis holds the queued jobs, not the dataset nor an index
 
@@ -63,7 +73,7 @@ def test_a_chunk_is_written_once_however_many_feeders_race(tmp_path, redis_url, 
         thread.join()
     batch = batches.get_batch(conn, batch_id)
     assert (batch.fed, batch.fed_requests) == (4, 20)  # one feeder held the lock and filled the window again
-    assert Queue(batch.queue, connection=conn).count == 10
+    assert Queue(batch.queue, connection=conn).count == 6
     # a feeder that read an old position (it stalled, another moved on) writes nothing
     writer = JobWriter.for_batch(conn, batch)
     assert writer.feed(1, spool.read_chunk(batch.output, batch_id, 1)) == -1
@@ -74,7 +84,7 @@ def test_cancel_counts_the_unfed_at_once_and_resume_feeds_them_again(tmp_path, r
     conn, batch_id = new_batch(tmp_path, redis_url, 23)
     cancelled = control.cancel(conn, batch_id)
     batch = batches.get_batch(conn, batch_id)
-    assert cancelled.status == "cancelled" and cancelled.removed == 10
+    assert cancelled.status == "cancelled" and cancelled.removed == 6  # jobs: the 10 requests fed
     assert (batch.cancelled, batch.unfed_cancelled, batch.feed_closed) == (23, 13, 1)
     assert feed.feed(conn, batch_id) == 0 and conn.zscore(keys.feeding(), batch_id) is None
 
@@ -82,7 +92,7 @@ def test_cancel_counts_the_unfed_at_once_and_resume_feeds_them_again(tmp_path, r
     batch = batches.get_batch(conn, batch_id)
     assert resumed.unfed == 13 and batch.status == "in_progress"
     assert (batch.cancelled, batch.unfed_cancelled, batch.feed_closed, batch.total) == (0, 0, 0, 23)
-    assert queued_ids(conn, batch)[:10] == [batches.job_id(batch_id, f"r{i}") for i in range(10)]
+    assert queued_ids(conn, batch) == [batches.job_id(batch_id, f"r{i}") for i in range(10)]  # one job each
     assert batch.fed == 2  # the window is full again; the rest waits in storage, in place
 
 

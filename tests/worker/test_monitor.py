@@ -26,6 +26,8 @@ from miro.worker import BatchWorker
 from miro.worker.fleet import batches, monitor, workers
 from miro.worker.fleet.workers import WorkerRecord
 
+pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
+
 TOTAL = 40
 HOLD_AFTER = 10
 

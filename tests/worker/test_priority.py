@@ -15,6 +15,8 @@ from miro.worker.fleet import batches, routing
 from miro.worker.fleet.payload import JobPayload
 from miro.worker.fleet.submit import submit
 
+pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
+
 
 def dataset(path, n=3):
     path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"p{i}", "max_tokens": 2}) + "\n" for i in range(n)))

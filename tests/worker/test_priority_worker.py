@@ -18,6 +18,8 @@ from miro.worker import BatchWorker
 from miro.worker.fleet import batches
 from miro.worker.fleet.routing import priority_queue, queue_for
 
+pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
+
 
 def submit(tmp_path, redis_url, tiny_model, name, priority, lines) -> str:
     dataset = tmp_path / f"{name}.jsonl"

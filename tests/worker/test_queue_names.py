@@ -16,6 +16,8 @@ from miro.worker.fleet import batches, routing
 from miro.worker.fleet.routing import queue_for
 from miro.worker.fleet.submit import submit
 
+pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
+
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, str]:

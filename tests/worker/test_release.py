@@ -2,6 +2,7 @@
 expiry, a later sweep), while status, results, retry and --resume go on working: a real redis-server, the tiny
 model through a BatchWorker."""
 
+import pytest
 import json
 
 import redis
@@ -15,6 +16,8 @@ from miro.worker import BatchWorker
 from miro.worker.fleet import batches, control, expiry, keys, release, results, scripts
 from miro.worker.fleet.routing import queue_for
 from miro.worker.fleet.submit import submit
+
+pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
 
 
 def write(tmp_path, lines, name="d.jsonl"):

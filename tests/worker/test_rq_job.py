@@ -11,6 +11,7 @@ import redis
 from click.testing import CliRunner
 from polling import wait_for
 from rq import Queue, SimpleWorker
+from rq.registry import FailedJobRegistry
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
@@ -59,20 +60,22 @@ def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_m
 
     conn = redis.Redis.from_url(redis_url)
     queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
-    assert queue.count == 5
+    assert queue.count == 1  # one group job holds the 5 valid requests
     make_worker(kind, queue, conn, tiny_model).work(burst=True)
     assert queue.count == 0
 
     record = batches.get_batch(conn, batch_id)
     assert (record.total, record.completed, record.failed) == (6, 4, 2)
     assert record.status == "completed"
-    finished_id = batches.job_id(batch_id, "s1")
+    finished_id = batches.group_job_id(batch_id, 0, 0)
     if kind != "batch":  # RQ's worker finishes the job after the count that ended the batch: a later sweep releases it
         assert release.release_stale(conn, now=time.time() + 60) == [batch_id]
     # a finished job's hash and result expire a second after it finished (job_writer.RESULT_TTL)
     assert wait_for(lambda: not conn.exists(Job.key_for(finished_id), f"rq:results:{finished_id}"), timeout_s=5)
+    # the request that failed has a failed job of its own, as if it had been queued alone: `miro retry` runs it
     failed = Job.fetch(batches.job_id(batch_id, "long"), connection=conn, serializer=JSONSerializer)
-    assert failed.get_status() == JobStatus.FAILED
+    assert failed.get_status() == JobStatus.FAILED and failed.kwargs["custom_id"] == "long"
+    assert failed.id in FailedJobRegistry(queue=queue) and failed.meta == {"batch_id": batch_id, "custom_id": "long"}
 
     merged_path = tmp_path / "merged.parquet"
     merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(merged_path), "--redis-url", redis_url])

@@ -19,11 +19,14 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcparse
 
 from miro.cli.main import cli
+from miro.core import defaults
 from miro.core.errors import MiroError
 from miro.worker.fleet import batches, feed, keys
 from miro.worker.fleet.dataset import parse_dataset
 from miro.worker.fleet.job_writer import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL, JobWriter
 from miro.worker.fleet.submit import submit
+
+pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
 
 BIN = Path(sys.executable).parent
 CHAT = "/v1/chat/completions"
@@ -83,7 +86,7 @@ def test_mixed_dataset_enqueues_one_job_per_line(tmp_path, redis_url, monkeypatc
     assert result.exit_code == 0, result.output
     batch_id = result.stdout.strip()
     assert result.stdout == batch_id + "\n" and BATCH_ID.fullmatch(batch_id)
-    assert "Enqueued 5 jobs" in result.stderr
+    assert "Enqueued 5 requests" in result.stderr
 
     conn = conn_for(redis_url)
     q = queue(conn)
@@ -142,18 +145,27 @@ def redis_encoded(value) -> bytes:
     return value if isinstance(value, bytes) else value.encode() if isinstance(value, str) else repr(value).encode()
 
 
-def test_stored_job_hashes_equal_rqs_own(tmp_path, redis_url):
-    """submit writes each job hash with one script per chunk: it must be exactly what RQ's Job.to_dict() gives."""
+def test_stored_job_hashes_equal_rqs_own(tmp_path, redis_url, monkeypatch):
+    """The feeder writes each chunk's group jobs with one script, and --resume its one-request jobs with another:
+    each hash must be exactly what RQ's Job.to_dict() gives for the same job."""
+    monkeypatch.setattr(defaults, "REQUESTS_PER_JOB", 3)
     data = write(tmp_path / "mixed.jsonl", *MIXED, {"id": "\u00e9t\u00e9 \U0001f600 " + "x" * 300, "prompt": "long id"})
     conn = conn_for(redis_url)
     result = submit(conn, data, chunk_size=4, job_timeout="30m", model="smollm2-135m")
     enqueuer = JobWriter(conn, "miro:smollm2-135m", result.batch_id, "smollm2-135m", "normal", 1800)
     parsed = parse_dataset(data)
     assert len(parsed.requests) == 6
+    for chunk, part, requests in [(0, 0, parsed.requests[:3]), (0, 1, parsed.requests[3:4]),
+                                  (1, 0, parsed.requests[4:])]:
+        stored = conn.hgetall(Job.key_for(batches.group_job_id(result.batch_id, chunk, part)))
+        expected = enqueuer.group_job(chunk, part, requests, utcparse(stored[b"enqueued_at"].decode())).to_dict()
+        assert stored == {k.encode(): redis_encoded(v) for k, v in expected.items()}
+    with conn.pipeline() as pipe:
+        enqueuer.write(pipe, parsed.requests)
+        pipe.execute()
     for request in parsed.requests:
-        key = Job.key_for(batches.job_id(result.batch_id, request.custom_id))
-        stored = conn.hgetall(key)
-        expected = enqueuer.job(request, utcparse(stored[b"enqueued_at"].decode())).to_dict()
+        stored = conn.hgetall(Job.key_for(batches.job_id(result.batch_id, request.custom_id)))
+        expected = enqueuer.job(enqueuer.payload_of(request), utcparse(stored[b"enqueued_at"].decode())).to_dict()
         assert stored == {k.encode(): redis_encoded(v) for k, v in expected.items()}
 
 
@@ -340,7 +352,7 @@ def test_resume_enqueues_only_requests_without_a_finished_or_running_job(tmp_pat
     result = run("submit", data, "--redis-url", redis_url, "--resume", batch_id)
     assert result.exit_code == 0, result.output
     assert result.stdout == batch_id + "\n"
-    assert "enqueued 3 jobs; 1 already finished, 3 still queued or running, 1 had expired" in result.stderr
+    assert "enqueued 3 requests; 1 already finished, 3 still queued or running, 1 had expired" in result.stderr
     q = queue(conn)
     assert q.job_ids == [jid["r4"], jid["r5"], jid["r1"], jid["r3"], jid["r6"]]
     assert job_of(conn, batch_id, "r0").get_status() == JobStatus.FINISHED
@@ -354,7 +366,7 @@ def test_resume_enqueues_only_requests_without_a_finished_or_running_job(tmp_pat
     assert conn.hget(keys.batch_jobs(batch_id), "r6").decode() == jid["r6"]
 
     again = run("submit", data, "--redis-url", redis_url, "--resume", batch_id)
-    assert again.exit_code == 0 and "enqueued 0 jobs" in again.stderr
+    assert again.exit_code == 0 and "enqueued 0 requests" in again.stderr
     assert q.count == 5 and batches.get_batch(conn, batch_id).total == 7
 
 
@@ -458,17 +470,17 @@ def test_redis_unreachable_is_one_sentence(tmp_path):
 def test_console_script_and_rq_info(tmp_path, redis_url):
     data = write(tmp_path / "d.jsonl", *MIXED)
     env = {**os.environ, "MIRO_REDIS_URL": redis_url}
-    done = subprocess.run([BIN / "miro-submit", data, "--queue", "infoq", "--model", "smollm2-135m"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([BIN / "miro-submit", data, "--queue", "infoq", "--model", "smollm2-135m",
+                           "--requests-per-job", "2"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert BATCH_ID.fullmatch(done.stdout.strip())
     info = subprocess.run([BIN / "rq", "info", "--url", redis_url, "--raw", "--only-queues"], capture_output=True,
                           text=True, timeout=60)
     assert info.returncode == 0, info.stderr
-    assert "queue infoq 5, 0 executing, 0 finished, 0 failed" in info.stdout.splitlines()
+    assert "queue infoq 3, 0 executing, 0 finished, 0 failed" in info.stdout.splitlines()  # 5 requests, 2 a job
     pretty = subprocess.run([BIN / "rq", "info", "--url", redis_url, "infoq"], capture_output=True, text=True,
                             timeout=60)
-    assert pretty.returncode == 0 and re.search(r"^infoq\s.* 5, 0 executing", pretty.stdout, re.M), pretty.stdout
+    assert pretty.returncode == 0 and re.search(r"^infoq\s.* 3, 0 executing", pretty.stdout, re.M), pretty.stdout
     unreachable = subprocess.run([BIN / "miro-submit", data, "--redis-url", _dead_url()], capture_output=True,
                                  text=True, timeout=120)
     assert unreachable.returncode == 1 and unreachable.stderr.startswith("Error: Cannot reach Redis at ")

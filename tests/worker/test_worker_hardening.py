@@ -24,6 +24,8 @@ from miro.worker.fleet import batches
 from miro.worker.fleet.results import read_parts
 from miro.worker.fleet.routing import queue_for
 
+pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
+
 SHORT_INTERVALS = ("--job-monitoring-interval", "1", "--heartbeat-slack", "2", "--maintenance-interval", "1")
 
 

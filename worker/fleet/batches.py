@@ -100,6 +100,7 @@ class BatchRecord:
     fed_requests: int = 0  # the requests in them
     feed_closed: int = 0  # 1 once a cancel or expiry stopped the feeding: what was not fed is counted cancelled
     unfed_cancelled: int = 0  # how many requests that was (a resume takes them back)
+    requests_per_job: int = 1  # the feeder's group jobs hold this many requests each (1: a job per request, as before)
     stamps: dict[str, float] = field(default_factory=dict)  # status -> when the batch last took it
 
     @staticmethod
@@ -198,6 +199,11 @@ def job_id(batch_id: str, custom_id: str) -> str:
     return f"{batch_id}-{hashlib.blake2b(custom_id.encode(), digest_size=12).hexdigest()}"
 
 
+def group_job_id(batch_id: str, chunk: int, part: int) -> str:
+    """The RQ job id of part `part` of stored chunk `chunk`, a group job of up to REQUESTS_PER_JOB requests."""
+    return f"{batch_id}-g{chunk}_{part}"
+
+
 def registry_job_ids(conn: redis.Redis, registry_key: str, batch_id: str) -> list[str]:
     """The ids of the batch's jobs in an RQ registry of its queue (a sorted set of every batch's job ids on it)."""
     return [job.decode() for job, _ in conn.zscan_iter(registry_key, match=f"{batch_id}-*", count=1000)]
@@ -275,10 +281,11 @@ def create_batch(conn: redis.Redis, *, name: str, model: str, input_file: str, o
                  queue: str, priority: str = defaults.PRIORITY, job_timeout: int | None = None,
                  task: str = "generate", endpoint: str = "",
                  completion_window: str | None = defaults.COMPLETION_WINDOW, batch_id: str | None = None,
-                 chunks: int = 0, spooled: int = 0) -> str:
+                 chunks: int = 0, spooled: int = 0, requests_per_job: int | None = None) -> str:
     """Write a new batch record with status `validating` and index it (and its deadline, unless
     `completion_window` is None); returns the batch id (`batch_id`, or a new one). `chunks` chunk files holding
-    `spooled` requests wait in storage to be fed (feed.py). A window that is no duration is a MiroError."""
+    `spooled` requests wait in storage to be fed (feed.py), `requests_per_job` to an RQ job (default
+    REQUESTS_PER_JOB). A window that is no duration is a MiroError."""
     window_s = None if completion_window is None else durations.completion_window(completion_window)
     batch_id = batch_id or new_batch_id()
     created = float(_now())
@@ -286,7 +293,7 @@ def create_batch(conn: redis.Redis, *, name: str, model: str, input_file: str, o
                          input_file=input_file, output=output, queue=queue, priority=priority, job_timeout=job_timeout,
                          task=task, endpoint=endpoint, completion_window=completion_window or "",
                          expires_at=None if window_s is None else created + window_s, chunks=chunks, spooled=spooled,
-                         stamps={"validating": created})
+                         requests_per_job=requests_per_job or defaults.REQUESTS_PER_JOB, stamps={"validating": created})
     pipe = conn.pipeline(transaction=True)
     pipe.hset(record.key(batch_id), mapping=record.to_hash())
     if total:
@@ -382,11 +389,14 @@ def failed_lines(conn: redis.Redis, batch_id: str) -> dict[str, dict]:
 
 
 def _count(conn, batch_id: str, counter: str, custom_ids: list[str], prompt_tokens: int = 0, cached_tokens: int = 0,
-           completion_tokens: int = 0) -> tuple[int, int]:
-    added, done = scripts.COUNT(conn, [keys.batch(batch_id), keys.batch_counted(batch_id), keys.ended_batches(),
-                                       keys.batch_deadlines(), keys.batch_releases()],
-                                [counter, prompt_tokens, cached_tokens, completion_tokens, _now(), batch_id,
-                                 *custom_ids])
+           completion_tokens: int = 0):
+    """scripts.COUNT on `conn`: (added, done) from a connection; on a pipeline, queued (its result comes at execute)."""
+    reply = scripts.COUNT(conn, [keys.batch(batch_id), keys.batch_counted(batch_id), keys.ended_batches(),
+                                 keys.batch_deadlines(), keys.batch_releases()],
+                          [counter, prompt_tokens, cached_tokens, completion_tokens, _now(), batch_id, *custom_ids])
+    if isinstance(conn, redis.client.Pipeline):
+        return reply
+    added, done = reply
     return int(added), int(done)
 
 
@@ -394,6 +404,12 @@ def count_finished(conn: redis.Redis, batch_id: str, custom_id: str, *, prompt_t
                    completion_tokens: int, cached_tokens: int = 0) -> int:
     """A request's rows are written: count it completed (and its tokens) once; returns completed+failed+cancelled."""
     return _count(conn, batch_id, "completed", [custom_id], prompt_tokens, cached_tokens, completion_tokens)[1]
+
+
+def queue_count_finished(pipe, batch_id: str, custom_id: str, *, prompt_tokens: int, completion_tokens: int,
+                         cached_tokens: int = 0) -> None:
+    """count_finished queued on a pipeline, so that many requests are counted in one round trip."""
+    _count(pipe, batch_id, "completed", [custom_id], prompt_tokens, cached_tokens, completion_tokens)
 
 
 def count_failed(conn: redis.Redis, batch_id: str, custom_id: str) -> int:

@@ -24,6 +24,7 @@ from rq.utils import current_timestamp
 from miro.core.errors import MiroError
 from miro.worker.fleet import batches, feed, keys, release, routing, rq_private, scripts
 from miro.worker.fleet.job_writer import ABANDONED_RETRIES
+from miro.worker.fleet.payload import custom_ids_of, is_group
 
 CHUNK = 1000
 SWEEP_EVERY_S = 5.0  # while cancel waits, how often it looks for jobs put back on the queue (it reads the queue)
@@ -59,7 +60,8 @@ def sweep(conn: redis.Redis, batch: batches.BatchRecord) -> int:
     while scripts.CANCEL_PENDING(conn, pending, [CHUNK, current_timestamp(), Job.redis_job_namespace_prefix]):
         pass
     # requests RQ failed itself after their workers died too often: nobody will run them now
-    given_up = [job.meta["custom_id"] for job in uncounted_failures(conn, queue) if job.meta["batch_id"] == batch_id]
+    given_up = [custom_id for job, custom_ids in uncounted_failures(conn, queue) if job.meta["batch_id"] == batch_id
+                for custom_id in custom_ids]
     batches.count_cancelled(conn, batch_id, given_up)  # and settle the batch once nothing is outstanding
     release.release_if_ended(conn, batch_id)  # settled: its jobs' keys go
     return removed
@@ -106,8 +108,8 @@ def _failed_jobs(conn: redis.Redis, batch: batches.BatchRecord) -> list[tuple[st
     failed = []
     for start in range(0, len(ids), CHUNK):
         jobs = Job.fetch_many(ids[start:start + CHUNK], connection=conn, serializer=JSONSerializer)
-        failed += [(job.meta["custom_id"], job.id) for job in jobs
-                   if job is not None and job.get_status(refresh=False) == JobStatus.FAILED]
+        failed += [(job.meta["custom_id"], job.id) for job in jobs  # a group's failed requests have jobs of their own
+                   if job is not None and not is_group(job.meta) and job.get_status(refresh=False) == JobStatus.FAILED]
     return failed
 
 
@@ -154,17 +156,20 @@ def _requeue(conn: redis.Redis, queue: Queue, registry: FailedJobRegistry, batch
     return scripts.watched(conn, [Job.key_for(jid) for _, jid in chunk], attempt, f"Batch {batch_id}")
 
 
-def uncounted_failures(conn: redis.Redis, queue: Queue) -> list[Job]:
-    """Jobs of the queue's failed registry that no batch counted: RQ's clean-up failed them itself after their
-    workers died too often. Every other failed request is counted (with its error row) before its job fails."""
+def uncounted_failures(conn: redis.Redis, queue: Queue) -> list[tuple[Job, list[str]]]:
+    """Jobs of the queue's failed registry with requests no batch counted, and those requests' custom ids: RQ's
+    clean-up failed them itself after their workers died too often. Every other failed request is counted (with its
+    error row) before its job fails."""
     ids = FailedJobRegistry(queue=queue).get_job_ids(cleanup=False)
-    failed = [job for job in Job.fetch_many(ids, connection=conn, serializer=queue.serializer)
-              if job is not None and "batch_id" in job.meta and "custom_id" in job.meta]
+    failed = [(job, custom_ids_of(job.meta)) for job in Job.fetch_many(ids, connection=conn, serializer=queue.serializer)
+              if job is not None and "batch_id" in job.meta and ("custom_id" in job.meta or is_group(job.meta))]
     with conn.pipeline(transaction=False) as pipe:
-        for job in failed:
-            pipe.sismember(keys.batch_counted(job.meta["batch_id"]), job.meta["custom_id"])
+        for job, custom_ids in failed:
+            pipe.smismember(keys.batch_counted(job.meta["batch_id"]), custom_ids)
         counted = pipe.execute()
-    return [job for job, seen in zip(failed, counted) if not seen]
+    uncounted = [(job, [c for c, seen in zip(custom_ids, flags) if not seen])
+                 for (job, custom_ids), flags in zip(failed, counted)]
+    return [(job, custom_ids) for job, custom_ids in uncounted if custom_ids]
 
 
 def requeue_abandoned(conn: redis.Redis, queue_name: str) -> None:

@@ -1,4 +1,5 @@
-"""The feeder: a batch's stored requests (spool.py) become RQ jobs a chunk at a time, as the fleet drains its queue.
+"""The feeder: a batch's stored requests (spool.py) become RQ group jobs (job_writer.py) a chunk at a time, as the
+fleet drains its queue.
 
 Redis holds what is in flight, not the dataset: a batch's queue is kept at about FEED_SEATS_FACTOR x the seats of
 the live workers serving it, plus FEED_MARGIN, and the rest waits in storage. Nobody owns the feeding, so it is no
@@ -43,14 +44,15 @@ def seats_by_queue(conn: redis.Redis) -> dict[str, int]:
     return seats
 
 
-def window(conn: redis.Redis, queue: str) -> int:
-    """How many jobs a batch's queue should hold."""
-    return defaults.FEED_MARGIN + defaults.FEED_SEATS_FACTOR * seats_by_queue(conn).get(queue, 0)
+def window(conn: redis.Redis, queue: str, requests_per_job: int = 1) -> int:
+    """How many jobs a batch's queue should hold, each of `requests_per_job` requests."""
+    requests = defaults.FEED_MARGIN + defaults.FEED_SEATS_FACTOR * seats_by_queue(conn).get(queue, 0)
+    return -(-requests // requests_per_job)
 
 
 def top_up(conn: redis.Redis, log: Callable[[str], None] | None = None) -> int:
     """Feed the batches in `miro:feeding` whose queue is short (the oldest FEED_BATCHES_PER_CALL first); returns
-    the jobs written. A batch whose stored requests cannot be read from here is said to `log` and left to the
+    the requests written. A batch whose stored requests cannot be read from here is said to `log` and left to the
     others that feed."""
     written = 0
     for batch_id in conn.zrange(keys.feeding(), 0, defaults.FEED_BATCHES_PER_CALL - 1):
@@ -63,7 +65,8 @@ def top_up(conn: redis.Redis, log: Callable[[str], None] | None = None) -> int:
 
 
 def feed(conn: redis.Redis, batch_id: str, max_chunks: int = defaults.FEED_CHUNKS_PER_CALL) -> int:
-    """Write the batch's next chunks until its queue holds a window (at most `max_chunks`); returns the jobs written.
+    """Write the batch's next chunks until its queue holds a window (at most `max_chunks`); returns the requests
+    written.
     A batch with nothing left to feed, or one that stopped, leaves `miro:feeding`."""
     try:
         batch = batches.get_batch(conn, batch_id)
@@ -74,7 +77,7 @@ def feed(conn: redis.Redis, batch_id: str, max_chunks: int = defaults.FEED_CHUNK
         conn.zrem(keys.feeding(), batch_id)
         return 0
     writer = JobWriter.for_batch(conn, batch)
-    target = window(conn, batch.queue)
+    target = window(conn, batch.queue, batch.requests_per_job)
     if conn.llen(writer.queue.key) >= target:  # the common case, without taking the lock
         return 0
     written = 0
@@ -90,10 +93,10 @@ def feed(conn: redis.Redis, batch_id: str, max_chunks: int = defaults.FEED_CHUNK
             except (OSError, pa.ArrowException) as e:
                 raise MiroError(f"Cannot read chunk {chunk} of batch {batch_id}'s stored requests at "
                                 f"{batch.output}: {e}") from None
-            jobs = writer.feed(chunk, requests)
-            if jobs < 0:  # closed, stopped or moved on meanwhile
+            fed = writer.feed(chunk, requests)
+            if fed < 0:  # closed, stopped or moved on meanwhile
                 break
-            written += jobs  # moved on by one: FEED_JOBS wrote the chunk only if it was the next
+            written += fed  # moved on by one: FEED_JOBS wrote the chunk only if it was the next
     return written
 
 

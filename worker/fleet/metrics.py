@@ -33,7 +33,7 @@ METRICS = [
     ("counter", "miro:request_success", "Requests finished and written.", "jobs_done"),
     ("counter", "miro:request_failure", "Requests that failed.", "jobs_failed"),
     ("counter", "miro:request_cancelled", "Requests dropped because their batch was cancelled.", "jobs_cancelled"),
-    ("gauge", "miro:num_requests_in_flight", "Jobs this worker has taken from the queue and not finished.",
+    ("gauge", "miro:num_requests_in_flight", "Requests this worker has taken from the queue and not counted yet.",
      "in_flight"),
     ("gauge", "miro:queue_depth", "Jobs waiting in the queues this worker serves.", "queued"),
 ]

@@ -82,3 +82,24 @@ class JobPayload:
 
     def pooling_params(self) -> PoolingParams:
         return PoolingParams(**(self.pooling or {}))
+
+
+def payloads_of(kwargs: dict[str, Any]) -> list[JobPayload]:
+    """A job's requests: its one payload, or each request of a group job (kwargs {"batch_id", "requests": [...]},
+    job_writer.group_kwargs); MiroError in one sentence if they are not miro's."""
+    if "requests" not in kwargs:
+        return [JobPayload.from_kwargs(kwargs)]
+    requests = kwargs["requests"]
+    if not isinstance(requests, list) or not requests:
+        raise MiroError("the job's payload has no requests: it was not enqueued by miro submit")
+    return [JobPayload.from_kwargs(request) for request in requests]
+
+
+def custom_ids_of(meta: dict[str, Any]) -> list[str]:
+    """The custom ids a job's meta names: a group job's `custom_ids`, or a one-request job's `custom_id`."""
+    return list(meta["custom_ids"]) if "custom_ids" in meta else [meta["custom_id"]]
+
+
+def is_group(meta: dict[str, Any]) -> bool:
+    """A job the feeder wrote for several requests (job_writer.JobWriter.feed)."""
+    return "custom_ids" in meta

@@ -10,6 +10,7 @@ requests: a request is the batch's if it is counted, has a job hash, or sits in 
 
 from __future__ import annotations
 
+import bisect
 from typing import Iterable
 
 from rq.job import Job, JobStatus
@@ -101,9 +102,10 @@ class Resumer:
         return [JobStatus(s.decode()) if s else None for s in reader.execute()]
 
     def _released_as(self, requests: list[Request], statuses: list[JobStatus | None]) -> list[JobStatus | None]:
-        """What the requests whose job hash is gone were: a finished job's expires a second after it finished
+        """What the requests with no job hash of their own were: a finished job's expires a second after it finished
         (job_writer.RESULT_TTL), an ended batch's cancelled ones went (release.py), so a request that was counted
-        is finished if the part files have a row of it, and was cancelled if not."""
+        is finished if the part files have a row of it, and was cancelled if not. One that was not counted still
+        runs if the group job the feeder wrote it in is queued or running (it takes that job's status)."""
         gone = [i for i, status in enumerate(statuses) if status is None]
         if not gone:
             return statuses
@@ -113,6 +115,11 @@ class Resumer:
         for i, custom_id, was_counted in zip(gone, custom_ids, counted):
             if was_counted:
                 out[i] = JobStatus.FINISHED if custom_id in self.with_rows() else JobStatus.CANCELED
+        groups = {i: group for i, was_counted in zip(gone, counted)
+                  if not was_counted and (group := self.stored.group_job(requests[i].custom_id)) is not None}
+        for i, status in zip(groups, self._statuses([Job.key_for(g) for g in groups.values()])):
+            if status in IN_FLIGHT:
+                out[i] = status
         return out
 
     def with_rows(self) -> set[str]:
@@ -149,26 +156,46 @@ class Resumer:
 
 
 class StoredIndex:
-    """Custom id -> the stored chunk that holds it, for a batch whose requests wait in storage (spool.py): read once,
-    when first asked, 12 bytes an id (seen_ids.SeenIds). A resume needs it to tell what the batch fed from what it
-    has not, and both from a line new to the file."""
+    """Custom id -> where the batch's storage holds it (stored chunk, place in it), for a batch whose requests wait
+    in storage (spool.py): read once, when first asked, 12 bytes an id (seen_ids.SeenIds keeps each id's ordinal in
+    the storage). A resume needs it to tell what the batch fed from what it has not, both from a line new to the
+    file, and which group job the feeder wrote a request in."""
 
     def __init__(self, batch: batches.BatchRecord):
         self.batch = batch
-        self._chunks = None
+        self._ordinals = None
+        self._starts: list[int] = []  # the ordinal of each chunk's first request
 
-    def chunk_of(self, custom_id: str) -> int | None:
+    def place_of(self, custom_id: str) -> tuple[int, int] | None:
+        """(chunk, index in it) of a stored request; None if the storage has no such request."""
         if not self.batch.chunks:
             return None
-        if self._chunks is None:
+        if self._ordinals is None:
             from miro.worker.fleet import spool
             from miro.worker.fleet.seen_ids import SeenIds
 
-            self._chunks = SeenIds(int(self.batch.spooled * 1.1))
+            self._ordinals, start = SeenIds(int(self.batch.spooled * 1.1)), 0
             for index in range(self.batch.chunks):
                 ids = [r.custom_id for r in spool.read_chunk(self.batch.output, self.batch.id, index)]
-                self._chunks.add(ids, [index] * len(ids))
-        return self._chunks.first_line(custom_id, 0, record=False)
+                self._starts.append(start)
+                self._ordinals.add(ids, list(range(start, start + len(ids))))
+                start += len(ids)
+        ordinal = self._ordinals.first_line(custom_id, 0, record=False)
+        if ordinal is None:
+            return None
+        chunk = bisect.bisect_right(self._starts, ordinal) - 1
+        return chunk, ordinal - self._starts[chunk]
+
+    def chunk_of(self, custom_id: str) -> int | None:
+        place = self.place_of(custom_id)
+        return None if place is None else place[0]
+
+    def group_job(self, custom_id: str) -> str | None:
+        """The id of the group job the feeder wrote the request in (job_writer.JobWriter.feed), if it fed it."""
+        place = self.place_of(custom_id) if self.batch.requests_per_job > 1 else None
+        if place is None or place[0] >= self.batch.fed:
+            return None
+        return batches.group_job_id(self.batch.id, place[0], place[1] // self.batch.requests_per_job)
 
     def fed(self, custom_id: str) -> bool:
         """A stored request that the batch has made into a job."""

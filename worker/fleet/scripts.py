@@ -214,7 +214,7 @@ return #taken
 """)
 
 # KEYS: cancel-pending list, canceled registry, batch hash, counted set; ARGV: how many, registry score, job key
-# prefix. Marks up to ARGV[1] pending jobs canceled and counts each request once; returns how many it took.
+# prefix. Marks up to ARGV[1] pending jobs canceled and counts each of their requests once; returns how many it took.
 CANCEL_PENDING = Lua("""
 local ids = redis.call('LPOP', KEYS[1], ARGV[1])
 if not ids then return 0 end
@@ -224,7 +224,12 @@ for _, id in ipairs(ids) do
   if redis.call('HGET', job, 'status') == 'queued' then
     redis.call('HSET', job, 'status', 'canceled')
     redis.call('ZADD', KEYS[2], ARGV[2], id)
-    counted = counted + redis.call('SADD', KEYS[4], cjson.decode(redis.call('HGET', job, 'meta'))['custom_id'])
+    local meta = cjson.decode(redis.call('HGET', job, 'meta'))
+    if meta['custom_ids'] then  -- a group job: each of its requests
+      for _, custom_id in ipairs(meta['custom_ids']) do counted = counted + redis.call('SADD', KEYS[4], custom_id) end
+    else
+      counted = counted + redis.call('SADD', KEYS[4], meta['custom_id'])
+    end
   end
 end
 redis.call('HINCRBY', KEYS[3], 'cancelled', counted)
@@ -257,18 +262,18 @@ _INDEX = "redis.call('HSET', KEYS[3], ARGV[p + 1], ARGV[p])"
 WRITE_JOBS = Lua(_WRITE_JOBS_LOOP.replace("@A", "1").replace("@K", "4").replace("@INDEX", _INDEX) + "return #ids")
 
 # KEYS: queue list, rq:queues set, batch jobs hash, batch hash, then one job hash key per job; ARGV: the chunk's index,
-# then the loop's. Writes the jobs of a stored chunk (not in the jobs hash: the chunk lists them) only if it is the
-# batch's next one (`fed`), the feeding was not closed and the batch runs (validating or in_progress), and moves `fed`
-# on in the same step, so two feeders never write one chunk twice and a cancel never races a feed. Returns the jobs
-# written, or -1.
+# how many requests its jobs hold, then the loop's. Writes the (group) jobs of a stored chunk (not in the jobs hash: the
+# chunk lists them) only if it is the batch's next one (`fed`), the feeding was not closed and the batch runs
+# (validating or in_progress), and moves `fed` on in the same step, so two feeders never write one chunk twice and a
+# cancel never races a feed. Returns the requests written, or -1.
 FEED_JOBS = Lua("""
 local b = redis.call('HMGET', KEYS[4], 'fed', 'feed_closed', 'status')
 if tonumber(b[1] or '0') ~= tonumber(ARGV[1]) or b[2] == '1' then return -1 end
 if b[3] ~= 'in_progress' and b[3] ~= 'validating' then return -1 end
-""" + _WRITE_JOBS_LOOP.replace("@A", "2").replace("@K", "5").replace("@INDEX", "") + """
+""" + _WRITE_JOBS_LOOP.replace("@A", "3").replace("@K", "5").replace("@INDEX", "") + """
 redis.call('HINCRBY', KEYS[4], 'fed', 1)
-redis.call('HINCRBY', KEYS[4], 'fed_requests', #ids)
-return #ids
+redis.call('HINCRBY', KEYS[4], 'fed_requests', ARGV[2])
+return tonumber(ARGV[2])
 """)
 
 # KEYS: batch hash, the feeding set; ARGV: batch id. A cancel or expiry stops the feeding: the stored requests not yet

@@ -54,7 +54,7 @@ class SubmitResult:
     valid: int
     invalid: list[LineError] = field(default_factory=list)
     task: str = "generate"  # what the batch does: "generate" or "embed"
-    enqueued: int = 0  # jobs written now (the first window of a new batch)
+    enqueued: int = 0  # requests queued now (the first window of a new batch; --resume: those queued again)
     stored: int = 0  # requests in the batch's storage, fed to the queue as the fleet drains it
     recorded_invalid: int = 0  # invalid lines newly recorded as failed requests (--skip-invalid)
     already_finished: int = 0  # --resume: requests whose job finished
@@ -144,7 +144,8 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
            priority: str | None = None, endpoint: str | None = None, task: str | None = None,
            pooling_defaults: dict | None = None, completion_window: str = defaults.COMPLETION_WINDOW,
            log: Callable[[str], None] | None = None, on_line_error: Callable[[LineError], None] | None = None,
-           on_progress: Callable[[DatasetScan], None] | None = None) -> SubmitResult:
+           on_progress: Callable[[DatasetScan], None] | None = None,
+           requests_per_job: int | None = None) -> SubmitResult:
     """Validate the dataset at `path`, store its valid requests and enqueue the first window; see the module
     docstring.
 
@@ -213,7 +214,8 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
             conn, batch_id=batch_id, name=name if name is not None else Path(path).name, model=model,
             input_file=os.path.abspath(path), output=output, total=scan.valid, queue=queue, priority=priority,
             job_timeout=timeout, task=scan.task, endpoint=endpoint or ",".join(e for e in read.endpoints if e),
-            completion_window=completion_window, chunks=chunks, spooled=scan.valid))
+            completion_window=completion_window, chunks=chunks, spooled=scan.valid,
+            requests_per_job=requests_per_job))
     except BaseException:
         spool.remove(output, batch_id)
         raise
@@ -311,7 +313,7 @@ def _resume(conn: redis.Redis, batch_id: str, queue_name: str | None, model: str
         while (fed := feed.feed(conn, batch_id)) > 0:
             result.enqueued += fed
     except redis.RedisError as e:
-        done = f"{result.enqueued:,} jobs" if result.enqueued else "no jobs"
+        done = f"{result.enqueued:,} requests" if result.enqueued else "no requests"
         raise MiroError(f"Redis failed after {done} of batch {batch_id} were enqueued ({str(e).rstrip('.')}); run "
                         f"the same command with --resume {batch_id} to enqueue the rest.") from None
     return result

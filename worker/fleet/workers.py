@@ -14,7 +14,7 @@ its last refresh; one that stops cleanly deletes it. Fields (all written as stri
   ``kv_usage`` (0-1), ``running``, ``waiting``, ``preemptions``, ``prefix_cache_hit_rate``, ``prefix_cache_queries``,
   ``prefix_cache_hits``, ``prompt_tokens_total``, ``generation_tokens_total``, ``prompt_tokens_per_s``,
   ``generation_tokens_per_s``, ``tokens_per_s`` (the two summed, written for other readers; rates over the last 10 s)
-- jobs: ``in_flight`` (taken from the queue, not finished), ``seats`` (how many it runs at once), ``queued`` (jobs waiting in the worker's queues),
+- jobs: ``in_flight`` (requests taken from the queue, not counted yet), ``seats`` (how many it runs at once), ``queued`` (jobs waiting in the worker's queues),
   ``jobs_done``, ``jobs_failed``, ``jobs_cancelled`` (since the worker started)
 """
 

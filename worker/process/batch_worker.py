@@ -3,10 +3,11 @@
     rq worker -w miro.worker.BatchWorker -S rq.serializers.JSONSerializer miro     (model from MIRO_MODEL)
 
 Like rq's SimpleWorker it never forks. Each turn of the loop it admits queued
-jobs while the engine has room (an embedding job holds one engine request per
-input: in_flight.py), runs one engine step, and hands finished jobs to the
-Parquet sink; a job is marked finished in RQ only after the
-sink has made its rows durable, so a crash can repeat a request, never lose it.
+jobs while the engine has room (a group job holds each of its requests, an
+embedding one engine request per input: in_flight.py), runs one engine step, and
+hands finished requests to the Parquet sink; a request is counted only after the
+sink has made its rows durable, and a job is marked finished in RQ only once all
+of its requests are counted, so a crash can repeat a request, never lose it.
 About once a second it also expires the batches whose completion window has ended
 (expiry.py), aborts the requests of batches being cancelled or expiring and
 of jobs past their timeout, and refreshes its `miro:worker:{name}` hash
@@ -29,7 +30,7 @@ import redis
 from rq.logutils import setup_loghandlers
 from rq.job import Job, JobStatus
 from rq.queue import Queue
-from rq.registry import CanceledJobRegistry
+from rq.registry import CanceledJobRegistry, FailedJobRegistry
 from rq.utils import now
 from rq.worker.base import BaseWorker, WorkerStatus
 
@@ -37,14 +38,14 @@ from miro.core import Engine, MiroError, defaults
 from miro.core.defaults import PRIORITIES
 from miro.core.registry import DEFAULT_MODEL
 
-from miro.worker.fleet import batches, expiry, feed, release, routing, rq_private, workers
+from miro.worker.fleet import batches, expiry, feed, keys, release, routing, rq_private, workers
 from miro.worker.fleet.control import uncounted_failures
-from miro.worker.fleet.payload import JobPayload
+from miro.worker.fleet.payload import JobPayload, is_group, payloads_of
 from miro.worker.fleet.sink import ParquetSink
 
 from . import taking
-from .in_flight import InFlight
-from .jobs import GAVE_UP, add_requests, count_finished, job_rows, record_failure, summary
+from .in_flight import InFlight, RequestRun
+from .jobs import GAVE_UP, add_requests, count_finished, job_rows, record_failure, record_group_failure, summary
 from .worker_support import HeartbeatThread, PerJobLinesAtDebug, engine_options_from_env, wait_for_redis, worker_record
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
@@ -71,9 +72,10 @@ class BatchWorker(BaseWorker):
         self.served_names = [self.model_name, *(n for n in served_model_names if n != self.model_name)]
         self.engine_options = engine_options if engine_options is not None else engine_options_from_env()
         self.engine: Engine | None = None
-        self.in_flight: dict[str, InFlight] = {}  # job id -> the job
-        self.by_request: dict[str, InFlight] = {}  # engine request id -> its job, while the request runs
-        self.finished: list[tuple[InFlight, dict]] = []  # rows buffered in the sink, jobs not yet finalized
+        self.in_flight: dict[str, InFlight] = {}  # job id -> the job, while any of its requests runs
+        self.by_request: dict[str, tuple[InFlight, RequestRun]] = {}  # engine request id -> its job and request
+        self.finished: list[tuple[InFlight, JobPayload, dict]] = []  # requests whose rows the sinks buffer: not counted
+        self.settled: list[InFlight] = []  # jobs whose every request is counted, to be finished in RQ
         self.sinks: dict[str, ParquetSink] = {}  # output location -> its sink
         self.outputs: dict[str, str] = {}  # batch id -> output location
         self._stopping = False
@@ -182,7 +184,10 @@ class BatchWorker(BaseWorker):
                                    self.redis_wait_s)
                     self._after_outage = True
         except SystemExit:
-            self._requeue_in_flight()
+            try:  # the requests done so far are counted, so the jobs put back run only the rest
+                self._flush(force=True)
+            finally:
+                self._requeue_in_flight()
             raise
         finally:
             self._flush(force=True)
@@ -192,20 +197,22 @@ class BatchWorker(BaseWorker):
         return bool(done)
 
     def _step(self) -> None:
-        """One engine step; each job whose last request finished gets its rows (written at the next flush)."""
+        """One engine step; each request whose last engine request finished gets its rows (written at the next
+        flush), and a job with no request left in the engine leaves in_flight."""
         step_started = time.perf_counter()
         outputs = self.engine.step()
         self.step_seconds += time.perf_counter() - step_started
         done = []
         for output in outputs:
-            flight = self.by_request.pop(output.request_id, None) if output.finished else None
-            if flight is not None and flight.take(output):  # the job's last request
-                done.append(flight)
-        for flight in done:  # rows made (no Redis: _start read the output location) before the job leaves in_flight
-            self._finish(flight)
+            entry = self.by_request.pop(output.request_id, None) if output.finished else None
+            if entry is not None and entry[1].take(output):  # the request's last engine request
+                done.append(entry)
+        for flight, run in done:  # rows made (no Redis: _start read the output location) before it leaves in_flight
+            self._finish(flight, run)
         with self.held_lock:  # the heartbeat thread reads in_flight
-            for flight in done:
-                del self.in_flight[flight.job.id]
+            for flight, _ in done:
+                if not flight.running:
+                    self.in_flight.pop(flight.job.id, None)
 
     def _tick(self) -> None:
         """The worker's periodic duties, between engine steps."""
@@ -234,13 +241,20 @@ class BatchWorker(BaseWorker):
         the jobs it failed: their error rows and counts, so their batches still complete."""
         super().run_maintenance_tasks()
         for queue in self.queues:
-            for job in uncounted_failures(self.connection, queue):
+            for job, custom_ids in uncounted_failures(self.connection, queue):
                 try:
                     sink = self._sink(job.meta["batch_id"])
                 except MiroError:  # its batch record is gone: nothing to count it in
                     continue
-                record_failure(self.connection, sink, job, JobPayload.from_kwargs(job.kwargs), GAVE_UP, worker=self.name,
-                               started=time.time())
+                uncounted = [p for p in payloads_of(job.kwargs) if p.custom_id in custom_ids]
+                if not is_group(job.meta):
+                    record_failure(self.connection, sink, job.id, uncounted[0], GAVE_UP, worker=self.name,
+                                   started=time.time())
+                    continue
+                for payload in uncounted:  # each gets a failed job of its own: the group's job then goes
+                    record_group_failure(self.connection, sink, job.id, payload, GAVE_UP, worker=self.name,
+                                         started=time.time())
+                FailedJobRegistry(queue=queue).remove(job, delete_job=True)
 
     def _with_room(self) -> list[Queue]:
         """The queues a job may be taken from now: those of a priority with fewer than max_num_seqs requests at
@@ -249,7 +263,7 @@ class BatchWorker(BaseWorker):
         preempted ones wait in the engine and finish later."""
         in_flight = Counter()
         for flight in self.in_flight.values():
-            in_flight[flight.payload.priority] += flight.seats
+            in_flight[flight.priority] += flight.seats
         room = []
         for queue in self.queues:
             rank = PRIORITIES.index(routing.queue_priority(queue.name))
@@ -284,30 +298,45 @@ class BatchWorker(BaseWorker):
             self._fail(job, queue, execution, f"function {job.func_name} is not on this worker's allow-list")
             return
         try:
-            payload = JobPayload.from_kwargs(job.kwargs)
-            status = self._status_of(payload.batch_id)
-            self._sink(payload.batch_id)  # its output read now: finishing it needs no Redis (a Redis outage then)
+            payloads = payloads_of(job.kwargs)
+            batch_id = payloads[0].batch_id
+            status = self._status_of(batch_id)
+            self._sink(batch_id)  # its output read now: finishing it needs no Redis (a Redis outage then)
         except MiroError as err:  # not miro's payload, or its batch record is gone: nowhere to write a row
             self._fail(job, queue, execution, str(err))
             return
+        flight = InFlight(job, queue, execution, batch_id, payloads[0].priority, is_group(job.meta), started)
+        if flight.group:  # a group run again (its worker died): the requests it counted are done
+            counted = self.connection.smismember(keys.batch_counted(batch_id), [p.custom_id for p in payloads])
+            payloads = [p for p, was_counted in zip(payloads, counted) if not was_counted]
+        flight.unsettled = {p.custom_id for p in payloads}
         if status in batches.STOPPING:
-            self._cancel([(job, queue, execution, payload)])
+            self._cancel([(flight, sorted(flight.unsettled))])
             return
-        wanted = routing.model_name(payload.model)
-        if wanted not in self.served_names:  # it reached a queue this worker was told to serve by --queue
-            message = (f"this request is for model '{wanted}', but worker {self.name} serves "
-                       f"{', '.join(repr(n) for n in self.served_names)}: start a worker for '{wanted}' and run "
-                       f"`miro retry {payload.batch_id}`")
-            self._fail_request(job, queue, execution, payload, message, started)
-            return
-        try:  # a generation for an embedding model, or the reverse, is refused here in the engine's sentence
-            prompt, request_ids = add_requests(self.engine, payload, job.id, routing.engine_priority(payload.priority))
-        except MiroError as err:
-            self._fail_request(job, queue, execution, payload, str(err), started, model=self.model_name)
-            return
-        flight = InFlight(job, queue, execution, payload, prompt, started, request_ids)
-        self.in_flight[job.id] = flight
-        self.by_request.update(dict.fromkeys(request_ids, flight))
+        wanted = routing.model_name(payloads[0].model) if payloads else self.model_name
+        for index, payload in enumerate(payloads):
+            if flight.ended:
+                break
+            if wanted not in self.served_names:  # it reached a queue this worker was told to serve by --queue
+                message = (f"this request is for model '{wanted}', but worker {self.name} serves "
+                           f"{', '.join(repr(n) for n in self.served_names)}: start a worker for '{wanted}' and run "
+                           f"`miro retry {batch_id}`")
+                self._fail_request(flight, payload, message, started)
+                continue
+            base = f"{job.id}/{index}" if flight.group else job.id
+            try:  # a generation for an embedding model, or the reverse, is refused here in the engine's sentence
+                prompt, request_ids = add_requests(self.engine, payload, base,
+                                                   routing.engine_priority(payload.priority))
+            except MiroError as err:
+                self._fail_request(flight, payload, str(err), started, model=self.model_name)
+                continue
+            run = RequestRun(payload, prompt, started, request_ids)
+            flight.running[payload.custom_id] = run
+            self.by_request.update(dict.fromkeys(request_ids, (flight, run)))
+        with self.held_lock:
+            if flight.running:
+                self.in_flight[job.id] = flight
+            self._settle(flight)
 
     def _sink(self, batch_id: str) -> ParquetSink:
         if batch_id not in self.outputs:  # read each batch's output location once, not once per request
@@ -317,30 +346,58 @@ class BatchWorker(BaseWorker):
             self.sinks[output] = ParquetSink(output, self.name, self.flush_rows, self.flush_seconds)
         return self.sinks[output]
 
-    def _finish(self, flight: InFlight) -> None:
-        rows = job_rows(flight.payload, flight.prompt, flight.finished_outputs(), self.engine, job_id=flight.job.id,
-                        worker=self.name, model=self.model_name, started=flight.started, finished=time.time())
-        sink = self._sink(flight.payload.batch_id)
+    def _finish(self, flight: InFlight, run: RequestRun) -> None:
+        """A request's rows go to its sink; it is counted, and its job settled, once they are written."""
+        rows = job_rows(run.payload, run.prompt, run.finished_outputs(), self.engine, job_id=flight.job.id,
+                        worker=self.name, model=self.model_name, started=run.started, finished=time.time())
+        sink = self._sink(flight.batch_id)
         for row in rows:
             sink.add(row)
-        self.finished.append((flight, summary(flight.payload, rows)))
+        del flight.running[run.payload.custom_id]
+        self.finished.append((flight, run.payload, summary(run.payload, rows)))
 
     def _flush(self, force: bool) -> int:
-        """Write due part files; then, and only then, count and finish their jobs in RQ."""
-        if not self.finished or not (force or any(s.due() for s in self.sinks.values())):
-            return 0
-        for sink in self.sinks.values():
-            sink.flush()
+        """Write due part files; then, and only then, count their requests, and finish in RQ the jobs whose every
+        request is counted. Returns how many jobs it finished."""
+        if self.finished and (force or any(s.due() for s in self.sinks.values())):
+            for sink in self.sinks.values():
+                sink.flush()
+            with self.held_lock:
+                with self.connection.pipeline(transaction=False) as pipe:  # all of them in one round trip
+                    for _, payload, result in self.finished:
+                        count_finished(pipe, payload, result)
+                    pipe.execute()  # if Redis fails, all are counted again next time: a request counts once
+                counted, self.finished = self.finished, []
+                for flight, payload, _ in counted:
+                    flight.unsettled.discard(payload.custom_id)
+                    self._settle(flight)
+        return self._finish_settled()  # and a batch those counts ended is released once RQ has finished its jobs
+
+    def _settle(self, flight: InFlight) -> None:
+        """A job whose every request is counted waits to be finished in RQ (the caller holds held_lock or the job is
+        not yet held)."""
+        if flight.settled and not flight.ended and flight not in self.settled:
+            self.in_flight.pop(flight.job.id, None)
+            self.settled.append(flight)
+
+    def _finish_settled(self) -> int:
+        """Finish in RQ the jobs whose every request is counted; returns how many."""
         finished = []
         with self.held_lock:
-            while self.finished:  # one by one: a job Redis failed on stays, to be counted and finished again
-                flight, result = self.finished[0]
-                count_finished(self.connection, flight.payload, result)  # counts a request once, however often
+            while self.settled:  # one by one: a job Redis failed on stays, to be finished again
+                flight = self.settled[0]
+                result = ({"requests": len(flight.job.meta.get("custom_ids", ())), "batch_id": flight.batch_id}
+                          if flight.group else {"custom_id": flight.job.meta.get("custom_id")})
                 rq_private.finalize_success(self, flight.job, flight.queue, flight.execution, result)
-                finished.append(self.finished.pop(0))
-        self._release_ended({flight.payload.batch_id for flight, _ in finished})
+                finished.append(self.settled.pop(0))
+        self._release_ended({flight.batch_id for flight in finished})
         self.jobs_done += len(finished)
         return len(finished)
+
+    @property
+    def requests_in_flight(self) -> int:
+        """Requests taken and not yet counted."""
+        return sum(len(flight.running) for flight in self.in_flight.values()) + len(self.finished)
 
     def _fail(self, job: Job, queue: Queue, execution, message: str) -> None:
         self.jobs_failed += 1
@@ -360,26 +417,40 @@ class BatchWorker(BaseWorker):
             return
         super().handle_exception(job, *exc_info)
 
-    def _fail_request(self, job: Job, queue: Queue, execution, payload: JobPayload, message: str, started: float, *,
+    def _fail_request(self, flight: InFlight, payload: JobPayload, message: str, started: float, *,
                       prompt: str | None = None, model: str | None = None) -> None:
-        """A request that cannot (or may no longer) run: its error row is written and counted, then its job fails."""
-        record_failure(self.connection, self._sink(payload.batch_id), job, payload, message, worker=self.name,
-                       started=started, prompt=prompt, model=model)
-        self._fail(job, queue, execution, message)
-        self._release_ended({payload.batch_id})
+        """A request that cannot (or may no longer) run: its error row is written and counted. A one-request job then
+        fails; a group's request gets a failed job of its own and the group goes on."""
+        sink = self._sink(flight.batch_id)
+        if flight.group:
+            record_group_failure(self.connection, sink, flight.job.id, payload, message, worker=self.name,
+                                 started=started, prompt=prompt, model=model)
+            flight.unsettled.discard(payload.custom_id)
+            with self.held_lock:
+                self._settle(flight)
+        else:
+            record_failure(self.connection, sink, flight.job.id, payload, message, worker=self.name, started=started,
+                           prompt=prompt, model=model)
+            flight.unsettled.discard(payload.custom_id)
+            flight.ended = True
+            with self.held_lock:
+                self.in_flight.pop(flight.job.id, None)
+            self._fail(flight.job, flight.queue, flight.execution, message)
+        self._release_ended({flight.batch_id})
 
     def _enforce_timeouts(self) -> None:
-        """RQ's job timeout, enforced here since there is no work-horse process to kill: a request past it
-        leaves the engine and fails with an error row, and the requests beside it go on."""
+        """RQ's job timeout, enforced per request here since there is no work-horse process to kill: a request past
+        it leaves the engine and fails with an error row, and the requests beside it go on."""
         now_s = time.time()
-        late = [f for f in self.in_flight.values()
-                if f.job.timeout is not None and f.job.timeout > 0 and now_s - f.started > f.job.timeout]
-        for flight in late:
-            with self.held_lock:
-                self._leave_engine(flight)
-            message = f"timed out after {flight.job.timeout} s"
-            self._fail_request(flight.job, flight.queue, flight.execution, flight.payload, message, flight.started,
-                               prompt=flight.prompt, model=self.model_name)
+        for flight in list(self.in_flight.values()):
+            timeout = flight.job.timeout
+            if timeout is None or timeout <= 0:
+                continue
+            for run in [r for r in flight.running.values() if now_s - r.started > timeout]:
+                with self.held_lock:
+                    self._leave_engine(flight, run)
+                self._fail_request(flight, run.payload, f"timed out after {timeout} s", run.started,
+                                   prompt=run.prompt, model=self.model_name)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         return int(self.job_monitoring_interval + self.heartbeat_slack_s)
@@ -390,25 +461,33 @@ class BatchWorker(BaseWorker):
         ttl = self.get_heartbeat_ttl(None)
         with self.held_lock, self.connection.pipeline() as pipe:
             self.heartbeat(max(ttl, self.worker_ttl), pipeline=pipe)
-            held = [*self.in_flight.values(), *(flight for flight, _ in self.finished)]
-            for flight in held:
+            held = {flight.job.id: flight for flight in [*self.in_flight.values(), *self.settled,
+                                                          *(flight for flight, _, _ in self.finished)]
+                    if not flight.ended}
+            for flight in held.values():
                 flight.execution.heartbeat(flight.queue.started_job_registry, ttl, pipe)
                 flight.job.heartbeat(now(), ttl, pipe, xx=True)
             pipe.execute()
 
-    def _leave_engine(self, flight: InFlight) -> None:
-        """Abort the job's engine requests; it is no longer in flight (the caller holds held_lock)."""
-        for request_id in flight.request_ids:
-            self.engine.abort(request_id)
-            self.by_request.pop(request_id, None)
-        del self.in_flight[flight.job.id]
+    def _leave_engine(self, flight: InFlight, run: RequestRun | None = None) -> None:
+        """Abort a request's engine requests (all of the job's, without `run`); a job with none left running is no
+        longer in flight (the caller holds held_lock)."""
+        for each in [run] if run is not None else list(flight.running.values()):
+            for request_id in each.request_ids:
+                self.engine.abort(request_id)
+                self.by_request.pop(request_id, None)
+            del flight.running[each.payload.custom_id]
+        if not flight.running:
+            self.in_flight.pop(flight.job.id, None)
 
     def _requeue_in_flight(self) -> None:
-        """Put unfinished jobs back at the front of their queues, in their order, for another worker."""
+        """Put unfinished jobs back at the front of their queues, in their order, for another worker (a group's
+        counted requests are skipped there)."""
         with self.held_lock, self.connection.pipeline() as pipe:
             flights = list(self.in_flight.values())
             for flight in flights:
                 self._leave_engine(flight)
+                flight.ended = True
             for flight in reversed(flights):
                 self.cleanup_execution(flight.job, pipe, flight.execution)
                 rq_private.enqueue_job(flight.queue, flight.job, pipe, at_front=True)
@@ -435,32 +514,38 @@ class BatchWorker(BaseWorker):
         """Read the status of every batch with requests in flight; abort those of batches being cancelled or
         expiring."""
         self.batch_status = batches.statuses(self.connection,
-                                             sorted({flight.payload.batch_id for flight in self.in_flight.values()}))
+                                             sorted({flight.batch_id for flight in self.in_flight.values()}))
         self.deadlines = {b: d for b, d in self.deadlines.items() if b in self.batch_status}  # read again when needed
-        doomed = [flight for flight in self.in_flight.values() if self.batch_status[flight.payload.batch_id]
+        doomed = [flight for flight in self.in_flight.values() if self.batch_status[flight.batch_id]
                   in batches.STOPPING]
-        for flight in doomed:
-            with self.held_lock:
+        if not doomed:
+            return
+        self._flush(force=True)  # the requests already done are counted completed, not cancelled
+        cancelled = []
+        with self.held_lock:
+            for flight in doomed:
+                cancelled.append((flight, sorted(flight.running)))
                 self._leave_engine(flight)
-        if doomed:
-            self._cancel([(f.job, f.queue, f.execution, f.payload) for f in doomed])
+        self._cancel(cancelled)
 
-    def _cancel(self, jobs: list[tuple[Job, Queue, object, dict]]) -> None:
-        """Mark jobs of cancelled (or expired) batches canceled in RQ and count their requests cancelled; no rows are
-        written (an expired batch's come back as batch_expired errors: results.collect)."""
+    def _cancel(self, flights: list[tuple[InFlight, list[str]]]) -> None:
+        """Mark jobs of cancelled (or expired) batches canceled in RQ and count the given requests of each cancelled;
+        no rows are written (an expired batch's come back as batch_expired errors: results.collect)."""
         with self.held_lock, self.connection.pipeline() as pipe:
-            for job, queue, execution, _ in jobs:
-                self.cleanup_execution(job, pipe, execution)
-                job.set_status(JobStatus.CANCELED, pipeline=pipe)
-                CanceledJobRegistry(queue=queue).add(job, pipeline=pipe)
+            for flight, _ in flights:
+                flight.ended = True
+                self.in_flight.pop(flight.job.id, None)
+                self.cleanup_execution(flight.job, pipe, flight.execution)
+                flight.job.set_status(JobStatus.CANCELED, pipeline=pipe)
+                CanceledJobRegistry(queue=flight.queue).add(flight.job, pipeline=pipe)
             pipe.execute()
         by_batch: dict[str, list[str]] = {}
-        for _, _, _, payload in jobs:
-            by_batch.setdefault(payload.batch_id, []).append(payload.custom_id)
+        for flight, custom_ids in flights:
+            by_batch.setdefault(flight.batch_id, []).extend(custom_ids)
         for batch_id, custom_ids in by_batch.items():
             batches.count_cancelled(self.connection, batch_id, custom_ids)
         self._release_ended(set(by_batch))
-        self.jobs_cancelled += len(jobs)
+        self.jobs_cancelled += len(flights)
 
     def _release_ended(self, batch_ids: set[str]) -> None:
         """The batches this worker's counts may just have ended: their finished and cancelled jobs' keys go, now that

@@ -4,7 +4,8 @@ function `generate`, named `miro.worker.jobs.generate` in every job, embeddings'
 this module as `jobs`; the rows themselves are fleet/rows.py's).
 
 `generate` serves RQ's own workers (`rq worker -w rq.SimpleWorker`, which keeps one process and so one
-resident model): it runs its one request, writes its rows durably, then moves the batch counters.
+resident model): it runs its request (or each request of a group job in turn), writes the rows durably, then moves
+the batch counters.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 from miro.core import defaults
 from miro.core.errors import RequestError
 from miro.core.outputs import EmbeddingRequestOutput, RequestOutput
-from miro.worker.fleet.payload import JobPayload
+from miro.worker.fleet.payload import JobPayload, is_group, payloads_of
 from miro.worker.fleet.routing import model_name
 from miro.worker.fleet.rows import embedding_rows, error_row, result_rows
 from miro.worker.fleet.sink import ParquetSink
@@ -45,8 +46,8 @@ def prompt_text(engine: Engine, payload: JobPayload) -> str:
 
 
 def add_requests(engine: Engine, payload: JobPayload, job_id: str, priority: int) -> tuple[str | None, list[str]]:
-    """Queue the job's engine requests: its prompt (request id `job_id`), or each input of an embedding (request
-    ids `{job_id}:{i}`). Returns the prompt text (None for an embedding) and the request ids; RequestError, in the
+    """Queue a request's engine requests: its prompt (request id `job_id`: the job's id, or `{job id}/{k}` for
+    the k-th request of a group job), or each input of an embedding (request ids `{job_id}:{i}`). Returns the prompt text (None for an embedding) and the request ids; RequestError, in the
     engine's sentence, if the engine refuses one (those already queued are aborted)."""
     refusal = engine.refusal(payload.task)  # before a chat template is rendered (an embedder has none)
     if refusal:
@@ -83,23 +84,43 @@ def summary(payload: JobPayload, rows: list[dict]) -> dict:
 
 
 def count_finished(conn, payload: JobPayload, result: dict) -> None:
+    """Count a request whose rows are written (`conn` may be a pipeline: many requests, one round trip)."""
     from miro.worker.fleet import batches
 
-    batches.count_finished(conn, payload.batch_id, payload.custom_id, prompt_tokens=result["prompt_tokens"],
-                           cached_tokens=result["cached_tokens"], completion_tokens=result["completion_tokens"])
+    batches.queue_count_finished(conn, payload.batch_id, payload.custom_id, prompt_tokens=result["prompt_tokens"],
+                                 cached_tokens=result["cached_tokens"], completion_tokens=result["completion_tokens"])
 
 
-def record_failure(conn, sink: ParquetSink, job, payload: JobPayload, error: str, *, worker: str, started: float,
-                   prompt: str | None = None, model: str | None = None) -> None:
-    """A request that cannot be served: its error row is written, it is counted failed, and its job will not be
-    retried (the retries are for dead workers; the request itself would fail again)."""
+def record_failure(conn, sink: ParquetSink, job_id: str, payload: JobPayload, error: str, *, worker: str,
+                   started: float, prompt: str | None = None, model: str | None = None) -> None:
+    """A request that cannot be served: its error row is written and it is counted failed. Its job must not be
+    retried (the retries are for dead workers; the request itself would fail again): the caller sees to that."""
     from miro.worker.fleet import batches
 
-    sink.add(error_row(payload, error, job_id=job.id, worker=worker, prompt=prompt, started=started,
+    sink.add(error_row(payload, error, job_id=job_id, worker=worker, prompt=prompt, started=started,
                        finished=time.time(), model=model))
     sink.flush()
     batches.count_failed(conn, payload.batch_id, payload.custom_id)
-    job.retries_left = 0
+
+
+def record_group_failure(conn, sink: ParquetSink, group_job_id: str, payload: JobPayload, error: str, *, worker: str,
+                         started: float, prompt: str | None = None, model: str | None = None) -> None:
+    """A request of a group job that cannot be served: first a FAILED job of its own, as RQ leaves a failed
+    one-request job, so that `miro retry` and `--resume` run it again on its own; then its error row and count
+    (record_failure). The group goes on with its other requests."""
+    from rq.job import Job
+
+    from miro.worker.fleet import batches
+    from miro.worker.fleet.job_writer import JobWriter
+
+    own = batches.job_id(payload.batch_id, payload.custom_id)
+    if not conn.exists(Job.key_for(own)):  # one already there: this failure was recorded, or a resume queued it
+        writer = JobWriter.for_batch(conn, batches.get_batch(conn, payload.batch_id))
+        with conn.pipeline() as pipe:
+            writer.record_failed(payload, error, pipe)
+            pipe.execute()
+    record_failure(conn, sink, group_job_id, payload, error, worker=worker, started=started, prompt=prompt,
+                   model=model)
 
 
 GAVE_UP = ("its worker stopped (killed, or its machine lost) each time it ran this request, and RQ gave up on it "
@@ -140,23 +161,50 @@ def job_rows(payload: JobPayload, prompt: str | None, outputs: list, engine: Eng
 
 
 def generate(**kwargs) -> dict:
-    """The RQ job: run the request, write its rows to the batch's output, count it; returns a small summary."""
+    """The RQ job: run its request (each request of a group job not yet counted), write the rows to the batch's
+    output, count them; returns a small summary."""
     from rq import get_current_job
 
-    from miro.worker.fleet import batches
+    from miro.worker.fleet import batches, keys
 
-    payload = JobPayload.from_kwargs(kwargs)
     job = get_current_job()
     conn = job.connection
-    batch = batches.get_batch(conn, payload.batch_id)
+    payloads = payloads_of(kwargs)
+    batch = batches.get_batch(conn, payloads[0].batch_id)
     worker = job.worker_name or f"{os.uname().nodename}.{os.getpid()}"
     sink = ParquetSink(batch.output, worker)
-    engine = engine_for(payload.model)
+    engine = engine_for(payloads[0].model)
+    if not is_group(job.meta):
+        return _generate_one(conn, sink, job, engine, payloads[0], worker)
+    counted = conn.smismember(keys.batch_counted(batch.id), [p.custom_id for p in payloads])
+    results = []
+    for payload in (p for p, was_counted in zip(payloads, counted) if not was_counted):
+        started = time.time()
+        try:
+            prompt, outputs = run_request(engine, payload)
+        except Exception as err:  # the request's own problem: its failed job, error row and count; the group goes on
+            record_group_failure(conn, sink, job.id, payload, str(err), worker=worker, started=started)
+            continue
+        rows = job_rows(payload, prompt, outputs, engine, job_id=job.id, worker=worker,
+                        model=model_name(payload.model), started=started, finished=time.time())
+        for row in rows:
+            sink.add(row)
+        results.append((payload, summary(payload, rows)))
+    sink.flush()  # durable before the requests are counted
+    with conn.pipeline(transaction=False) as pipe:
+        for payload, result in results:
+            count_finished(pipe, payload, result)
+        pipe.execute()
+    return {"requests": len(payloads), "completed": len(results)}
+
+
+def _generate_one(conn, sink: ParquetSink, job, engine: Engine, payload: JobPayload, worker: str) -> dict:
     started = time.time()
     try:
         prompt, outputs = run_request(engine, payload)
     except Exception as err:  # the request's own problem: record it as its failed row, then fail the job
-        record_failure(conn, sink, job, payload, str(err), worker=worker, started=started)
+        record_failure(conn, sink, job.id, payload, str(err), worker=worker, started=started)
+        job.retries_left = 0
         raise
     rows = job_rows(payload, prompt, outputs, engine, job_id=job.id, worker=worker, model=model_name(payload.model),
                     started=started, finished=time.time())

@@ -107,9 +107,9 @@ def worker_record(worker) -> WorkerRecord:
         queues=[q.name for q in worker.queues],
         state="stopping" if worker._stopping else "busy" if worker.in_flight else "idle",
         started_at=worker.started_at, updated_at=time.time(),
-        batches=sorted({f.payload.batch_id for f in worker.in_flight.values()}),
+        batches=sorted({f.batch_id for f in worker.in_flight.values()}),
         architecture=engine.config.architecture, weight_format=engine.weight_format,
         weight_memory=engine.weight_memory, cpu_tier=engine.cpu_tier, stats=engine.stats(),
-        in_flight=len(worker.in_flight), seats=engine.scheduler.max_num_seqs, queued=queued,
+        in_flight=worker.requests_in_flight, seats=engine.scheduler.max_num_seqs, queued=queued,
         jobs_done=worker.jobs_done, jobs_failed=worker.jobs_failed, jobs_cancelled=worker.jobs_cancelled,
     )
