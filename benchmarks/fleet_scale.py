@@ -1,7 +1,8 @@
 """A big batch of short requests through a real fleet, with failures (issue 25): what a user with a big batch gets.
 
     nice -n 19 python benchmarks/fleet_scale.py [--requests 20000] [--workers 4] [--no-failures] [--no-engine]
-                                                [--model smollm2-135m] [--embed] [--json out.json]
+                                                [--model smollm2-135m] [--embed] [--requests-per-job N]
+                                                [--json out.json]
 
 1. N simple lines {"id": "r{i}", "prompt": <one of a few dozen templates>, "max_tokens": 1 + i % 4, "temperature": 0};
    with --embed, {"id": "r{i}", "input": <the same sentence>} for the embedding model (default all-minilm-l6-v2).
@@ -211,7 +212,7 @@ def counters(conn: redis.Redis, batch_id: str) -> dict:
 
 
 def run_fleet(model: str, requests: list[dict], k: int, failures: bool, timeout_s: float,
-              keep_logs: Path | None = None) -> dict:
+              keep_logs: Path | None = None, requests_per_job: int | None = None) -> dict:
     from miro.core import defaults
 
     n = len(requests)
@@ -226,8 +227,9 @@ def run_fleet(model: str, requests: list[dict], k: int, failures: bool, timeout_
         peak = 0
         try:
             t0 = time.perf_counter()
+            per_job = ["--requests-per-job", str(requests_per_job)] if requests_per_job else []
             submit_s, submit_rss, batch_id = miro_wait4("submit", str(dataset), "--redis-url", fleet.url, "--model",
-                                                        model, "--output", str(workdir / "out"))
+                                                        model, "--output", str(workdir / "out"), *per_job)
             batch_id = batch_id.split()[-1]
             after_submit = conn.info("memory")["used_memory"]
             for _ in range(k):
@@ -373,6 +375,7 @@ def main() -> None:
     parser.add_argument("--embed", action="store_true", help="embedding lines instead of completions")
     parser.add_argument("--no-failures", action="store_true", help="no worker or Redis kill")
     parser.add_argument("--no-engine", action="store_true", help="skip the engine-alone run")
+    parser.add_argument("--requests-per-job", type=int, help="miro submit's --requests-per-job (default: its own)")
     parser.add_argument("--engine-wall", type=float, help="with --no-engine: the engine-alone wall to compare with")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the batch")
     parser.add_argument("--json", help="also write the figures here")
@@ -386,7 +389,8 @@ def main() -> None:
         return subprocess.run(["git", "-C", str(Path(__file__).resolve().parent.parent), *words], capture_output=True,
                               text=True).stdout.rstrip()
 
-    figures: dict = {"model": args.model, "cores": os.cpu_count(), "commit": git("rev-parse", "--short", "HEAD"),
+    figures: dict = {"model": args.model, "requests_per_job": args.requests_per_job or "default",
+                     "cores": os.cpu_count(), "commit": git("rev-parse", "--short", "HEAD"),
                      "changed_files": git("status", "--short", "--untracked-files=no").splitlines()}
     engine_tokens = None
     if not args.no_engine:
@@ -395,7 +399,7 @@ def main() -> None:
         engine_tokens = figures["engine"].pop("_tokens")
         print(f"engine alone: {figures['engine']}", file=sys.stderr, flush=True)
     figures["fleet"] = fleet = run_fleet(args.model, requests, args.workers, not args.no_failures, args.timeout,
-                                          Path(args.json + ".logs") if args.json else None)
+                                          Path(args.json + ".logs") if args.json else None, args.requests_per_job)
     fleet_tokens = fleet["check"].pop("_tokens")
     if engine_tokens is not None and args.embed:
         import numpy as np

@@ -2,9 +2,9 @@
 expiry, a later sweep), while status, results, retry and --resume go on working: a real redis-server, the tiny
 model through a BatchWorker."""
 
-import pytest
 import json
 
+import pytest
 import redis
 from click.testing import CliRunner
 from rq import Queue

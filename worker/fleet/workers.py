@@ -15,7 +15,7 @@ its last refresh; one that stops cleanly deletes it. Fields (all written as stri
   ``prefix_cache_hits``, ``prompt_tokens_total``, ``generation_tokens_total``, ``prompt_tokens_per_s``,
   ``generation_tokens_per_s``, ``tokens_per_s`` (the two summed, written for other readers; rates over the last 10 s)
 - jobs: ``in_flight`` (requests taken from the queue, not counted yet), ``seats`` (how many it runs at once), ``queued`` (jobs waiting in the worker's queues),
-  ``jobs_done``, ``jobs_failed``, ``jobs_cancelled`` (since the worker started)
+  ``jobs_done``, ``jobs_failed``, ``jobs_cancelled`` (requests counted so, since the worker started)
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class BatchWorker(BaseWorker):
         self.heartbeat_slack_s = heartbeat_slack_s
         self.redis_wait_s = redis_wait_s  # how long it waits for a Redis that went away before it ends
         self.metrics_port, self.metrics_host = metrics_port, metrics_host  # Prometheus endpoint, if any
-        self.jobs_done = self.jobs_failed = self.jobs_cancelled = 0
+        self.jobs_done = self.jobs_failed = self.jobs_cancelled = 0  # requests counted completed, failed, cancelled
         self.batch_status: dict[str, str] = {}  # batch id -> status, for the batches of the requests in flight
         self.deadlines: dict[str, float | None] = {}  # batch id -> its expires_at, for the same batches
         self.record: workers.WorkerRecord | None = None  # the last one written to its hash (metrics.py reads it)
@@ -368,6 +368,7 @@ class BatchWorker(BaseWorker):
                         count_finished(pipe, payload, result)
                     pipe.execute()  # if Redis fails, all are counted again next time: a request counts once
                 counted, self.finished = self.finished, []
+                self.jobs_done += len(counted)
                 for flight, payload, _ in counted:
                     flight.unsettled.discard(payload.custom_id)
                     self._settle(flight)
@@ -391,7 +392,6 @@ class BatchWorker(BaseWorker):
                 rq_private.finalize_success(self, flight.job, flight.queue, flight.execution, result)
                 finished.append(self.settled.pop(0))
         self._release_ended({flight.batch_id for flight in finished})
-        self.jobs_done += len(finished)
         return len(finished)
 
     @property
@@ -422,7 +422,9 @@ class BatchWorker(BaseWorker):
         """A request that cannot (or may no longer) run: its error row is written and counted. A one-request job then
         fails; a group's request gets a failed job of its own and the group goes on."""
         sink = self._sink(flight.batch_id)
-        if flight.group:
+        if flight.group:  # the job goes on, so RQ's handle_exception will not say it: said here
+            self.jobs_failed += 1
+            self.log.warning("Worker %s: request %s failed: %s", self.name, payload.custom_id, message)
             record_group_failure(self.connection, sink, flight.job.id, payload, message, worker=self.name,
                                  started=started, prompt=prompt, model=model)
             flight.unsettled.discard(payload.custom_id)
@@ -545,7 +547,7 @@ class BatchWorker(BaseWorker):
         for batch_id, custom_ids in by_batch.items():
             batches.count_cancelled(self.connection, batch_id, custom_ids)
         self._release_ended(set(by_batch))
-        self.jobs_cancelled += len(flights)
+        self.jobs_cancelled += sum(len(custom_ids) for _, custom_ids in flights)
 
     def _release_ended(self, batch_ids: set[str]) -> None:
         """The batches this worker's counts may just have ended: their finished and cancelled jobs' keys go, now that

@@ -17,7 +17,7 @@ from miro.core.outputs import EmbeddingRequestOutput, RequestOutput
 from miro.worker.fleet.payload import JobPayload
 
 
-@dataclass
+@dataclass(eq=False)  # one per job or request: compared by identity
 class RequestRun:
     payload: JobPayload
     prompt: str | None  # the prompt as the model sees it (chat messages rendered); None for an embedding
@@ -35,7 +35,7 @@ class RequestRun:
         return [self.outputs[request_id] for request_id in self.request_ids]
 
 
-@dataclass
+@dataclass(eq=False)  # one per job or request: compared by identity
 class InFlight:
     job: Job
     queue: Queue
