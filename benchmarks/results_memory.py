@@ -1,13 +1,14 @@
 """What `miro results` costs on a big batch (issue 25): wall time and peak RSS of merging N rows' part files into
 one Parquet (or OpenAI JSONL) file, on a local redis-server holding the batch's record.
 
-    python benchmarks/results_memory.py [--rows 1000000] [--part-rows 256] [--format parquet] [--extra]
+    python benchmarks/results_memory.py [--rows 1000000] [--part-rows 256] [--format parquet] [--extra] [--embed]
                                         [--code NAME=PYTHONPATH ...] [--json out.json]
 
 The part files are made as workers make them: `rows.SCHEMA` rows of short chat completions, 256 to a file,
 in roughly line order (lines shuffled within windows of 4,096, as workers taking requests side by side write
 them), 0.1% of requests run twice (a second row in a later part file), 1% failed. `--extra` gives each line
-two fields of its own (the `extra` column). Each `--code` runs `miro results` as its own process with that
+two fields of its own (the `extra` column). `--embed` makes it an embedding batch: each row a 384-dimension
+float32 vector (all-minilm-l6-v2's), no failures. Each `--code` runs `miro results` as its own process with that
 PYTHONPATH (a folder holding a `miro` package: a checkout of another commit), the default being whatever
 `miro` this interpreter imports; peak RSS is the child's own (os.wait4). Outputs of different codes are
 compared row for row.
@@ -37,6 +38,15 @@ WINDOW = 4096  # lines shuffled within windows of this many: the spread of one p
 T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
 
+def embedding_rows(batch_id: str, lines: np.ndarray, rng: np.random.Generator) -> list[dict]:
+    vectors = rng.standard_normal((len(lines), 384), dtype=np.float32)
+    return [dict(batch_id=batch_id, custom_id=f"req-{line:08d}", line=line, choice_index=0, input_index=0,
+                 kind="embedding", job_id=f"{batch_id}-g0_0", model="e", prompt=f"Sentence number {line}.",
+                 embedding=vector.tolist(), encoding_format="float", prompt_tokens=6, worker="w1", started_at=T0,
+                 finished_at=T0 + timedelta(milliseconds=line), latency_s=0.01)
+            for line, vector in zip(lines.tolist(), vectors)]
+
+
 def part_rows(batch_id: str, lines: np.ndarray, rng: np.random.Generator, extra: bool) -> list[dict]:
     rows = []
     for line in lines.tolist():
@@ -55,7 +65,7 @@ def part_rows(batch_id: str, lines: np.ndarray, rng: np.random.Generator, extra:
     return rows
 
 
-def write_parts(folder: Path, batch_id: str, n: int, per_part: int, extra: bool) -> int:
+def write_parts(folder: Path, batch_id: str, n: int, per_part: int, extra: bool, embed: bool = False) -> int:
     """The batch's part files; returns how many."""
     from miro.worker.fleet.rows import SCHEMA
 
@@ -68,7 +78,10 @@ def write_parts(folder: Path, batch_id: str, n: int, per_part: int, extra: bool)
     folder.mkdir(parents=True)
     count = 0
     for count, start in enumerate(range(0, len(order), per_part), 1):
-        table = pa.Table.from_pylist(part_rows(batch_id, order[start:start + per_part], rng, extra), SCHEMA)
+        lines_of_part = order[start:start + per_part]
+        rows = (embedding_rows(batch_id, lines_of_part, rng) if embed else
+                part_rows(batch_id, lines_of_part, rng, extra))
+        table = pa.Table.from_pylist(rows, SCHEMA)
         pq.write_table(table, folder / f"part-w1-bench-{count:06d}.parquet", compression="zstd")
     return count
 
@@ -104,6 +117,7 @@ def main() -> None:
     parser.add_argument("--part-rows", type=int, default=256)
     parser.add_argument("--format", choices=["parquet", "jsonl"], default="parquet")
     parser.add_argument("--extra", action="store_true", help="each line has fields of its own")
+    parser.add_argument("--embed", action="store_true", help="an embedding batch: a 384-dimension vector a row")
     parser.add_argument("--code", action="append", default=[], metavar="NAME=PYTHONPATH",
                         help="also run the `miro` found on this PYTHONPATH (repeatable)")
     parser.add_argument("--json", help="also write the figures here")
@@ -117,11 +131,14 @@ def main() -> None:
         try:
             conn = redis.Redis.from_url(url)
             batch_id = batches.create_batch(conn, name="bench", model="tiny", input_file="in.jsonl",
-                                            output=str(workdir / "out"), total=args.rows, queue="miro:tiny")
+                                            output=str(workdir / "out"), total=args.rows, queue="miro:tiny",
+                                            task="embed" if args.embed else "generate")
             conn.hset(keys.batch(batch_id), mapping={"status": "completed", "completed": args.rows})
             started = time.perf_counter()
-            parts = write_parts(workdir / "out" / batch_id, batch_id, args.rows, args.part_rows, args.extra)
+            parts = write_parts(workdir / "out" / batch_id, batch_id, args.rows, args.part_rows, args.extra,
+                                args.embed)
             figures = {"rows": args.rows, "part_files": parts, "format": args.format, "extra": args.extra,
+                       "embed": args.embed,
                        "parts_written_s": round(time.perf_counter() - started, 1), "runs": {}}
             outputs = {}
             for name, pythonpath in codes:

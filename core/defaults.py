@@ -58,6 +58,10 @@ LAST_TAKE_TTL_S = 86400  # how long a worker's record of the job it last took st
 # `miro results` and `miro run` merge and write a batch's results this many rows (of its part files) at a time
 # (worker/fleet/part_slices.py), so their memory is a slice's, not the batch's
 RESULTS_SLICE_ROWS = 50_000
+# an embedding batch's rows each carry a vector (1.5 KB at 384 dimensions, held several times over while a slice is
+# merged and written), so its slices are this many times smaller (benchmarks/results_memory.py --embed: 200,000
+# 384-dimension vectors merge at 462 MB peak RSS in slices of 10,000 rows, 1,165 MB in slices of 50,000)
+RESULTS_EMBED_SLICE_DIVISOR = 5
 
 # once a batch ends its finished and cancelled requests' RQ job keys go (worker/fleet/release.py): this many jobs per
 # Lua call, so Redis is never busy long; a batch its ender left half-released is finished by a sweep this much later

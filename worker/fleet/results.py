@@ -184,6 +184,8 @@ class BatchResults:
         self._parts = PartFiles(self.batch.output, batch_id)
         self._unread = unread_rows(conn, self.batch, self._parts.custom_ids)
         self._slice_rows = defaults.RESULTS_SLICE_ROWS
+        if self.batch.task == "embed":
+            self._slice_rows = max(1, self._slice_rows // defaults.RESULTS_EMBED_SLICE_DIVISOR)
         self._extra = ExtraColumns()
         if self._parts.has_extra:
             for merged in self._merged(self._SURVEYED):
