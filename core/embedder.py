@@ -12,6 +12,7 @@ Inputs are never chunked: a pass holds whole inputs, at least one, up to `batch_
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass
 
@@ -50,6 +51,10 @@ class Embedder:
         self.dim = model.config.dim
         self.default_pooling = model.config.pooling_type or "last"
         self.waiting: dict[str, EmbeddingRequest] = {}  # request id -> the request, until its pass
+        # the waiting requests, most urgent first ((priority, arrival): unique); an aborted one is skipped when it
+        # comes up. A heap, not a sort per pass: with a million inputs queued, sorting them each pass cost more than
+        # embedding them
+        self._order: list[tuple[int, int, EmbeddingRequest]] = []
         self._arrivals = itertools.count()
 
     # -- requests -------------------------------------------------------------------------------------
@@ -92,6 +97,16 @@ class Embedder:
 
     def add(self, request: EmbeddingRequest) -> None:
         self.waiting[request.request_id] = request
+        heapq.heappush(self._order, (request.priority, request.arrival, request))
+
+    def _most_urgent(self) -> EmbeddingRequest | None:
+        """The most urgent waiting request (left in the queue), or None."""
+        while self._order:
+            request = self._order[0][2]
+            if self.waiting.get(request.request_id) is request:
+                return request
+            heapq.heappop(self._order)  # aborted (or passed) meanwhile
+        return None
 
     def abort(self, request_id: str) -> EmbeddingRequest | None:
         return self.waiting.pop(request_id, None)
@@ -103,17 +118,17 @@ class Embedder:
         if not self.waiting:
             return []
         batch, tokens = [], 0
-        for request in sorted(self.waiting.values(), key=lambda r: (r.priority, r.arrival)):
+        while (request := self._most_urgent()) is not None:
             if batch and tokens + len(request.token_ids) > self.batch_tokens:
                 break
             if self.runner is not None and not self._fits_cache(batch + [request]):
                 break
+            heapq.heappop(self._order)
+            del self.waiting[request.request_id]
             batch.append(request)
             tokens += len(request.token_ids)
         if not batch:  # a decoder whose KV cache is full of generation: the pass waits for room
             return []
-        for request in batch:
-            del self.waiting[request.request_id]
         hidden = self._encode(batch) if self.runner is None else self._decode_prefill(batch)
         return [EmbeddingRequestOutput(r.request_id, r.prompt, r.token_ids, finish(pool(h, r.pooling_type), r.params))
                 for r, h in zip(batch, hidden)]

@@ -169,6 +169,17 @@ def test_an_aborted_embedding_comes_back_once_without_a_vector(minilm):
     assert not minilm.has_unfinished_requests()
 
 
+def test_passes_take_the_most_urgent_waiting_inputs_first_and_skip_aborted_ones(minilm, monkeypatch):
+    monkeypatch.setattr(minilm.embedder, "batch_tokens", 1)  # one input a pass: the passes show the order
+    for request_id, priority in [("n1", 0), ("low", 1), ("n2", 0), ("gone", -1), ("high", -1), ("n3", 0)]:
+        minilm.add_request(f"text {request_id}", PoolingParams(), request_id=request_id, priority=priority)
+    assert minilm.abort("gone")
+    order = []
+    while minilm.has_unfinished_requests():
+        order += [out.request_id for out in minilm.step()]
+    assert order == ["gone", "high", "n1", "n2", "n3", "low"]  # an abort answers at once, in the next step
+
+
 def test_an_encoder_holds_no_kv_cache(minilm):
     assert minilm.kv_cache_tokens == 0 and minilm.runner is None
 
