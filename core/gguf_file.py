@@ -165,6 +165,10 @@ class GGUFFile:
         alignment = self._alignment()
         data_start = -(-cur.pos // alignment) * alignment
         self._check_layout(headers, alignment, data_start)
+        # every metadata value is a Python object now: the pages they were read from can leave (6 MiB of Gemma 3's
+        # 262,144-token vocabulary)
+        if hasattr(buf, "madvise") and data_start >= mmap.PAGESIZE:
+            buf.madvise(mmap.MADV_DONTNEED, 0, data_start // mmap.PAGESIZE * mmap.PAGESIZE)
         for h in headers:
             data = np.frombuffer(buf, dtype=np.uint8, count=h.n_bytes, offset=data_start + h.offset)
             self.tensors[h.name] = TensorInfo(name=h.name, shape=tuple(reversed(h.ne)), type=h.type, data=data)
@@ -242,7 +246,8 @@ class GGUFFile:
 def release_pages(view: np.ndarray) -> None:
     """Drop the whole memory pages under `view`, a slice of a GGUF file's memory map, from this process's
     resident memory: the page cache keeps them, and a later read maps them back in. For tensors repacked at
-    load, whose file bytes nothing reads afterwards. An array that is no view of a memory map is left alone."""
+    load, whose file bytes nothing reads afterwards, and for an embedding's rows once a step has read them. An array
+    that is no view of a memory map is left alone."""
     root = view
     while isinstance(root.base, np.ndarray):
         root = root.base

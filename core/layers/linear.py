@@ -238,6 +238,9 @@ class Embedding:
         if self.fmt == "f32":
             return self._w[token_ids]
         rows = self._w[token_ids]
+        # a read fault maps the file's cached pages around the row too: kept, a run's lookups made most of the
+        # table resident (23 of 35 MiB on a 1.1B model); dropped, a step holds only what it reads
+        release_pages(self._w)
         return dequantize(TensorInfo(name=self.name, shape=(len(token_ids), self.dim), type=self.type, data=rows.reshape(-1)))
 
     def __repr__(self) -> str:
