@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import codecs
 import json
+from array import array
 from collections.abc import Iterable
 from datetime import datetime
 from functools import cached_property
@@ -133,7 +134,8 @@ def _sentencepiece(meta: dict, tokens: list[str], source: str) -> SentencePieceM
     if scores is None:
         raise ModelFileError(f"{source}: unsupported tokenizer (a SentencePiece vocabulary, model 'llama', "
                              f"without tokenizer.ggml.scores).")
-    return SentencePieceModel(tokens, list(scores),
+    # unboxed: a list of Gemma 3's 262,144 scores as Python floats took 8 MiB
+    return SentencePieceModel(tokens, array("d", scores),
                               add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
 
 
@@ -163,6 +165,7 @@ class Tokenizer:
         self._model = model
         self._tokens = tokens
         self._types = token_types
+        self._bytes: dict[int, bytes] = {}  # token_bytes' results so far
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.eog_ids = eog_ids
@@ -271,31 +274,29 @@ class Tokenizer:
             pieces = cut
         return pieces
 
-    @cached_property
-    def _bytes(self) -> list[bytes]:
-        out = []
-        for text, ttype in zip(self._tokens, self._types):
-            if ttype in (CONTROL, UNKNOWN, USER_DEFINED):
-                out.append(text.encode("utf-8"))
-            elif ttype == UNUSED:
-                out.append(b"")
-            elif ttype == BYTE and byte_token_value(text) is not None:
-                out.append(bytes([byte_token_value(text)]))
-            else:
-                out.append(self._model.token_bytes(text))
-        return out
-
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes token `token_id` stands for (control tokens: their text)."""
-        return self._bytes[token_id]
+        # made on first use and kept: a table of every token's bytes took 14 MiB for Gemma 3's 262,144 tokens
+        data = self._bytes.get(token_id)
+        if data is None:
+            text, ttype = self._tokens[token_id], self._types[token_id]
+            if ttype in (CONTROL, UNKNOWN, USER_DEFINED):
+                data = text.encode("utf-8")
+            elif ttype == UNUSED:
+                data = b""
+            elif ttype == BYTE and byte_token_value(text) is not None:
+                data = bytes([byte_token_value(text)])
+            else:
+                data = self._model.token_bytes(text)
+            self._bytes[token_id] = data
+        return data
 
     def decode_bytes(self, ids: Iterable[int], skip_special_tokens: bool = False) -> bytes:
         """The bytes of `ids` joined, before UTF-8 decoding."""
-        table = self._bytes
         skip = self.control_ids if skip_special_tokens else ()
         ids = list(ids)
-        data = b"".join(table[i] for i in ids if i not in skip)
-        if self._model.add_space_prefix and ids and table[ids[0]].startswith(b" "):
+        data = b"".join(self.token_bytes(i) for i in ids if i not in skip)
+        if self._model.add_space_prefix and ids and self.token_bytes(ids[0]).startswith(b" "):
             data = data[1:]  # the space encode put in front (llama.cpp's detokenize drops it too)
         return data
 

@@ -21,6 +21,7 @@ byte tokens, so this module runs llama.cpp's loop itself, in Python.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 from .errors import RequestError
 
@@ -40,7 +41,7 @@ def byte_token_value(text: str) -> int | None:
 class SentencePieceModel:
     """Splits one text fragment (no special tokens in it) into token ids, as llama.cpp's SPM tokenizer."""
 
-    def __init__(self, tokens: list[str], scores: list[float], *, add_space_prefix: bool):
+    def __init__(self, tokens: list[str], scores: Sequence[float], *, add_space_prefix: bool):
         self._ids: dict[str, int] = {}
         for token_id, text in enumerate(tokens):
             self._ids.setdefault(text, token_id)  # llama.cpp keeps the first id of a repeated text
