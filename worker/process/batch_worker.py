@@ -30,7 +30,7 @@ import redis
 from rq.logutils import setup_loghandlers
 from rq.job import Job, JobStatus
 from rq.queue import Queue
-from rq.registry import CanceledJobRegistry, FailedJobRegistry
+from rq.registry import CanceledJobRegistry
 from rq.utils import now
 from rq.worker.base import BaseWorker, WorkerStatus
 
@@ -38,14 +38,15 @@ from miro.core import Engine, MiroError, defaults
 from miro.core.defaults import PRIORITIES
 from miro.core.registry import DEFAULT_MODEL
 
-from miro.worker.fleet import batches, expiry, feed, keys, release, routing, rq_private, workers
+from miro.worker.fleet import batches, expiry, feed, release, routing, rq_private, workers
 from miro.worker.fleet.control import uncounted_failures
 from miro.worker.fleet.payload import JobPayload, is_group, payloads_of
 from miro.worker.fleet.sink import ParquetSink
 
 from . import taking
 from .in_flight import InFlight, RequestRun
-from .jobs import GAVE_UP, add_requests, count_finished, job_rows, record_failure, record_group_failure, summary
+from .jobs import (add_requests, count_finished, job_rows, not_counted, record_failure, record_given_up,
+                   record_group_failure, summary)
 from .worker_support import HeartbeatThread, PerJobLinesAtDebug, engine_options_from_env, wait_for_redis, worker_record
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
@@ -246,15 +247,7 @@ class BatchWorker(BaseWorker):
                     sink = self._sink(job.meta["batch_id"])
                 except MiroError:  # its batch record is gone: nothing to count it in
                     continue
-                uncounted = [p for p in payloads_of(job.kwargs) if p.custom_id in custom_ids]
-                if not is_group(job.meta):
-                    record_failure(self.connection, sink, job.id, uncounted[0], GAVE_UP, worker=self.name,
-                                   started=time.time())
-                    continue
-                for payload in uncounted:  # each gets a failed job of its own: the group's job then goes
-                    record_group_failure(self.connection, sink, job.id, payload, GAVE_UP, worker=self.name,
-                                         started=time.time())
-                FailedJobRegistry(queue=queue).remove(job, delete_job=True)
+                record_given_up(self.connection, sink, job, queue, custom_ids, worker=self.name)
 
     def _with_room(self) -> list[Queue]:
         """The queues a job may be taken from now: those of a priority with fewer than max_num_seqs requests at
@@ -305,10 +298,9 @@ class BatchWorker(BaseWorker):
         except MiroError as err:  # not miro's payload, or its batch record is gone: nowhere to write a row
             self._fail(job, queue, execution, str(err))
             return
-        flight = InFlight(job, queue, execution, batch_id, payloads[0].priority, is_group(job.meta), started)
-        if flight.group:  # a group run again (its worker died): the requests it counted are done
-            counted = self.connection.smismember(keys.batch_counted(batch_id), [p.custom_id for p in payloads])
-            payloads = [p for p, was_counted in zip(payloads, counted) if not was_counted]
+        flight = InFlight(job, queue, execution, batch_id, payloads[0].priority, is_group(job.meta))
+        if flight.group:
+            payloads = not_counted(self.connection, payloads)
         flight.unsettled = {p.custom_id for p in payloads}
         if status in batches.STOPPING:
             self._cancel([(flight, sorted(flight.unsettled))])

@@ -43,7 +43,6 @@ class InFlight:
     batch_id: str
     priority: str
     group: bool  # a group job: a request of it that fails gets a failed job of its own, and the group goes on
-    started: float
     running: dict[str, RequestRun] = field(default_factory=dict)  # custom id -> the request, while in the engine
     unsettled: set[str] = field(default_factory=set)  # custom ids not yet counted: running, or rows not yet written
     ended: bool = False  # failed, cancelled or put back on the queue: RQ hears no more of it from this worker

@@ -127,6 +127,30 @@ GAVE_UP = ("its worker stopped (killed, or its machine lost) each time it ran th
            "after its retries")
 
 
+def record_given_up(conn, sink: ParquetSink, job, queue, custom_ids: list[str], *, worker: str) -> None:
+    """The requests `custom_ids` of a job RQ failed itself, after its workers died too often, that no batch counted:
+    each gets its GAVE_UP error row and is counted failed. A group's each get a failed job of their own, and the
+    group's job goes."""
+    from rq.registry import FailedJobRegistry
+
+    uncounted = [p for p in payloads_of(job.kwargs) if p.custom_id in custom_ids]
+    if not is_group(job.meta):
+        record_failure(conn, sink, job.id, uncounted[0], GAVE_UP, worker=worker, started=time.time())
+        return
+    for payload in uncounted:
+        record_group_failure(conn, sink, job.id, payload, GAVE_UP, worker=worker, started=time.time())
+    FailedJobRegistry(queue=queue).remove(job, delete_job=True)
+
+
+def not_counted(conn, payloads: list[JobPayload]) -> list[JobPayload]:
+    """The requests of a group job its batch has not counted: run again after its worker died, a group skips the
+    ones that worker finished."""
+    from miro.worker.fleet import keys
+
+    counted = conn.smismember(keys.batch_counted(payloads[0].batch_id), [p.custom_id for p in payloads])
+    return [p for p, was_counted in zip(payloads, counted) if not was_counted]
+
+
 def run_request(engine: Engine, payload: JobPayload) -> tuple[str | None, list[RequestOutput | EmbeddingRequestOutput]]:
     """Run one request to completion on an otherwise idle engine (RequestError if it is refused): its prompt
     (None for an embedding) and its outputs (one, or one per input of an embedding, in input order)."""
@@ -165,7 +189,7 @@ def generate(**kwargs) -> dict:
     output, count them; returns a small summary."""
     from rq import get_current_job
 
-    from miro.worker.fleet import batches, keys
+    from miro.worker.fleet import batches
 
     job = get_current_job()
     conn = job.connection
@@ -176,9 +200,8 @@ def generate(**kwargs) -> dict:
     engine = engine_for(payloads[0].model)
     if not is_group(job.meta):
         return _generate_one(conn, sink, job, engine, payloads[0], worker)
-    counted = conn.smismember(keys.batch_counted(batch.id), [p.custom_id for p in payloads])
     results = []
-    for payload in (p for p, was_counted in zip(payloads, counted) if not was_counted):
+    for payload in not_counted(conn, payloads):
         started = time.time()
         try:
             prompt, outputs = run_request(engine, payload)
