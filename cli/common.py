@@ -128,7 +128,9 @@ def engine_options(command):
                           "construction, f32 ones take miro's invariant GEMM; --no-batch-invariant: OpenBLAS)."),
         click.option("--weights", type=click.Choice(defaults.WEIGHT_CHOICES), default=defaults.WEIGHTS, show_default=True,
                      help="f32: matrices dequantized once (fastest, 4-8x the file's size in memory); native: kept "
-                          "as stored in the memory-mapped file; auto: f32 if it fits --max-weight-memory."),
+                          "as stored in the memory-mapped file; bf16 / i16: that copy in bfloat16 (AVX512_BF16 "
+                          "CPUs) or 13-bit integers (x86), for encoders; auto: bf16 or i16 for an encoder, else "
+                          "f32 if it fits --max-weight-memory."),
         click.option("--max-weight-memory", default=None,
                      help=f"auto's budget for f32 weights (e.g. 8GiB; default: {defaults.WEIGHT_MEMORY_FRACTION:.0%} "
                           "of the machine's RAM)."),

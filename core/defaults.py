@@ -33,7 +33,7 @@ ADMISSION_LOOKAHEAD = 64
 # construction, f32 ones take the invariant GEMM (layers/gemm.py, faster than OpenBLAS on 2 cores)
 BATCH_INVARIANT = True
 
-WEIGHT_CHOICES = ("auto", "f32", "native", "bf16")
+WEIGHT_CHOICES = ("auto", "f32", "native", "bf16", "i16")
 WEIGHTS = "auto"
 WEIGHT_MEMORY_FRACTION = 0.5  # of the machine's RAM: auto's budget for a float32 copy of the weights
 

@@ -56,7 +56,7 @@ class Engine:
         config = config or EngineConfig()
         self.model = model
         self.config: ModelConfig = model.config
-        self.weight_format: str = model.weight_format  # "f32", "native" or "bf16"
+        self.weight_format: str = model.weight_format  # "f32", "native", "bf16" or "i16"
         self.weight_memory: int = model.weight_memory  # bytes the weights hold of their own
         self.mapped_bytes = 0  # size of the memory-mapped model file (from_model sets it)
         self.weight_choice = f"weights: {self.weight_format}"  # from_model: the format and why it was chosen
@@ -105,7 +105,8 @@ class Engine:
         weights: "native" keeps every matrix as stored in the file (batch-invariant by construction), "f32"
         dequantizes each once (4-8x the file's size in memory; packed for the invariant GEMM when
         batch_invariant, else laid out for OpenBLAS), "bf16" rounds that copy to bfloat16 (AVX512_BF16 CPUs),
-        "auto" takes bf16 for an encoder where the CPU has it, else native where its kernels are estimated
+        "i16" to 13-bit integers per block of 128 (x86), "auto" takes bf16 for an encoder where the CPU has it
+        and i16 where it has not, else native where its kernels are estimated
         faster for the file's types on this CPU tier (weight_format.NATIVE_SPEEDUP), else f32 when its copy fits
         max_weight_memory (bytes or "8GiB"; default: half the machine's RAM), else native. The choice and why is
         `engine.weight_choice`; it goes to `log` when native is asked for or taken for want of memory.
@@ -118,7 +119,8 @@ class Engine:
         tier = cpu.TIER.name
         choice = choose_weight_format(config.weights, f32_weight_bytes(gguf), config.max_weight_memory,
                                       native_speedup(matmul_tensors(gguf), tier), tier,
-                                      encoder=not model_config.causal, has_bf16=cpu.HAS_BF16_DOT)
+                                      encoder=not model_config.causal, has_bf16=cpu.HAS_BF16_DOT,
+                                      has_int16=cpu.HAS_INT16_DOT)
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()

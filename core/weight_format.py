@@ -1,13 +1,16 @@
 """Which weight format a model loads in: "native" (the file's blocks, memory-mapped or repacked), "f32" (a
-dequantized copy) or "bf16" (that copy in bfloat16, on CPUs with AVX512_BF16), for Engine.from_model's
-weights="auto" | "f32" | "native" | "bf16", and the sentence saying why.
+dequantized copy), "bf16" (that copy in bfloat16, on CPUs with AVX512_BF16) or "i16" (in 13-bit integers per
+block of 128, on x86), for Engine.from_model's weights="auto" | "f32" | "native" | "bf16" | "i16", and the
+sentence saying why.
 
 auto takes the format that is faster for the file's weight types on this CPU's tier, by the measured table
 NATIVE_SPEEDUP, and f32 only when its copy also fits the memory budget. The two give different numbers, each
 batch-invariant: native follows llama.cpp (activations quantized to 8 bits per block, integer dots), f32
 follows a float32 reference such as HF transformers (README, "Weights"). An encoder (an embedding model) takes
 bf16 where the CPU has it: twice float32's rate, and all-MiniLM-L6-v2's vectors stay within 0.9999 cosine of
-sentence-transformers' float32 ones, where its native Q8_0 weights fall to 0.998 (tests/core/test_embeddings.py)."""
+sentence-transformers' float32 ones, where its native Q8_0 weights fall to 0.998 (tests/core/test_embeddings.py).
+Without bfloat16 it takes i16 (x86 CPUs with AVX2): vpmaddwd does twice float32's products per instruction, and
+13 bits per block of 128 keep the vectors closer to float32's than bfloat16 does."""
 
 from __future__ import annotations
 
@@ -66,17 +69,18 @@ def native_speedup(tensors: list[TensorInfo], tier: str) -> float | None:
 
 @dataclass(frozen=True)
 class WeightChoice:
-    format: str  # "f32", "native" or "bf16"
+    format: str  # "f32", "native", "bf16" or "i16"
     why: str  # one sentence: "weights: native (auto: ...)"
     announce: bool  # worth a line on stderr: native asked for, or taken because a float32 copy would not fit
 
 
 def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None,
                          speedup: float | None = None, tier: str = "", encoder: bool = False,
-                         has_bf16: bool = False) -> WeightChoice:
-    """The format to load ("f32", "native" or "bf16") and a sentence saying why.
+                         has_bf16: bool = False, has_int16: bool = False) -> WeightChoice:
+    """The format to load ("f32", "native", "bf16" or "i16") and a sentence saying why.
 
-    auto: for an encoder, bf16 where the CPU has it (`has_bf16`); else native when its kernels are estimated
+    auto: for an encoder, bf16 where the CPU has it (`has_bf16`), else i16 where the int16 GEMM runs
+    (`has_int16`); else native when its kernels are estimated
     faster on this tier (`speedup`, from native_speedup; a tie goes to f32) or the float32 copy is over the
     budget; else f32. All are batch-invariant when asked: native and bf16 by construction, f32 through the
     invariant GEMM."""
@@ -85,12 +89,18 @@ def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | 
     if weights == "bf16" and not has_bf16:
         raise MiroError(f"weights 'bf16' need a CPU with AVX512_BF16, and this one runs the {tier} tier without it: "
                         f"use 'f32' or 'auto'.")
+    if weights == "i16" and not has_int16:
+        raise MiroError(f"weights 'i16' need an x86 CPU with AVX2, and this one runs the {tier} tier: "
+                        f"use 'f32' or 'auto'.")
     budget = default_max_weight_memory() if max_weight_memory is None else parse_size(max_weight_memory)
     if weights != "auto":
         return WeightChoice(weights, f"weights: {weights} (asked for)", weights == "native")
     if encoder and has_bf16 and f32_bytes // 2 <= budget:
         return WeightChoice("bf16", "weights: bf16 (auto: an encoder on a CPU with AVX512_BF16: its matrices in "
                                     "bfloat16, multiplied at twice float32's rate)", False)
+    if encoder and has_int16 and f32_bytes // 2 <= budget:
+        return WeightChoice("i16", "weights: i16 (auto: an encoder on a CPU without AVX512_BF16: its matrices in "
+                                   "13-bit integers per block of 128, multiplied by vpmaddwd)", False)
     if speedup is not None and speedup > 1.0:
         return WeightChoice("native", f"weights: native (auto: on the {tier} tier the file's kernels are estimated "
                                       f"{speedup:.1f}x as fast as a float32 copy, which they do without)", False)

@@ -101,6 +101,8 @@ def _chosen() -> Tier:
 TIER = _chosen()  # the tier this process runs: COMPILED unless MIRO_CPU_TIER asks for a lower one
 # Whether the bfloat16 GEMM (bf16_gemm.py: vdpbf16ps) runs here: AVX512_BF16 compiled for, on a 512-bit tier
 HAS_BF16_DOT = "avx512bf16" in compiled_features() and TIER.vector_bits == 512
+# Whether the int16 GEMM (int16_gemm.py: 256-bit vpmaddwd) runs here: every x86 tier has AVX2
+HAS_INT16_DOT = TIER.vector_bits >= 256
 
 
 def runnable() -> tuple[str, ...]:

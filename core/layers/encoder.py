@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from .cache_key import HELPERS
-from .simd import LANES, abs16, exp16, fma, hsum, keep_lanes, load16, store16, zeros16
+from .simd import LANES, abs16, exp16, fma, hmax, hsum, keep_lanes, load16, max16, store16, zeros16
 
 # Abramowitz and Stegun 7.1.26: erf(a) = 1 - t (A1 + t (A2 + ...)) e^(-a^2), t = 1 / (1 + P a), a >= 0,
 # within 1.5e-7 of erf everywhere: far below what float32 activations carry
@@ -81,7 +81,8 @@ def _build_attention():
         """out (T, n_heads * head_dim): softmax(q k^T * scale) v for each input and head, every query over all
         the keys of its own input. qkv (T, 3 * n_heads * head_dim): q, k, v side by side, as the fused layer
         gives. One work item per input and head: K transposed (so 16 keys' scores are one vector), then for
-        4 queries at a time their scores, softmax, and weighted sum of V, 16 columns at a time."""
+        4 queries at a time their scores (their maxima kept as vectors), softmax, and weighted sum of V read in
+        place, 16 columns at a time."""
         helpers
         n_inputs = len(bounds) - 1
         q_dim = n_heads * head_dim
@@ -91,11 +92,9 @@ def _build_attention():
             padded = -(-n // LANES) * LANES
             q_col, k_col, v_col = h * head_dim, q_dim + h * head_dim, 2 * q_dim + h * head_dim
             keys_t = np.zeros(head_dim * padded, np.float32)  # keys_t[c * padded + j] = k[j, c]
-            values = np.empty(n * head_dim, np.float32)  # values[j * head_dim + c] = v[j, c]
-            for j in range(n):
-                for c in range(head_dim):
+            for c in range(head_dim):
+                for j in range(n):
                     keys_t[c * padded + j] = qkv[begin + j, k_col + c]
-                    values[j * head_dim + c] = qkv[begin + j, v_col + c]
             scores = np.empty((QUERIES, padded), np.float32)
             acc = np.empty((QUERIES, head_dim), np.float32)
             rows = np.empty(QUERIES, np.int64)
@@ -103,6 +102,7 @@ def _build_attention():
                 for k in range(QUERIES):
                     rows[k] = begin + min(i0 + k, n - 1)  # past the input's end: its last query again, not stored
                 q0, q1, q2, q3 = qkv[rows[0]], qkv[rows[1]], qkv[rows[2]], qkv[rows[3]]
+                m0 = m1 = m2 = m3 = zeros16() - np.inf
                 for j0 in range(0, padded, LANES):
                     d0, d1, d2, d3 = zeros16(), zeros16(), zeros16(), zeros16()
                     for c in range(head_dim):
@@ -111,24 +111,28 @@ def _build_attention():
                         d1 = fma(q1[q_col + c], key, d1)
                         d2 = fma(q2[q_col + c], key, d2)
                         d3 = fma(q3[q_col + c], key, d3)
-                    store16(scores[0], j0, d0 * scale)
-                    store16(scores[1], j0, d1 * scale)
-                    store16(scores[2], j0, d2 * scale)
-                    store16(scores[3], j0, d3 * scale)
-                totals = np.zeros(QUERIES, np.float32)
-                for k in range(QUERIES):  # softmax: e^(score - max), the padding's lanes 0
-                    best = -np.inf
-                    for j in range(n):
-                        best = max(best, scores[k, j])
+                    d0 = keep_lanes(d0 * scale, 0, n - j0, -np.inf)  # the padding's scores -inf
+                    d1 = keep_lanes(d1 * scale, 0, n - j0, -np.inf)
+                    d2 = keep_lanes(d2 * scale, 0, n - j0, -np.inf)
+                    d3 = keep_lanes(d3 * scale, 0, n - j0, -np.inf)
+                    m0, m1, m2, m3 = max16(m0, d0), max16(m1, d1), max16(m2, d2), max16(m3, d3)
+                    store16(scores[0], j0, d0)
+                    store16(scores[1], j0, d1)
+                    store16(scores[2], j0, d2)
+                    store16(scores[3], j0, d3)
+                totals = np.empty(QUERIES, np.float32)
+                for k, best in enumerate((hmax(m0), hmax(m1), hmax(m2), hmax(m3))):  # softmax: e^(score - max)
+                    total = zeros16()
                     for j0 in range(0, padded, LANES):
-                        e = keep_lanes(exp16(load16(scores[k], j0) - best), 0, n - j0, 0.0)
+                        e = keep_lanes(exp16(load16(scores[k], j0) - best), 0, n - j0, 0.0)  # the padding's 0
                         store16(scores[k], j0, e)
-                        totals[k] += hsum(e)
+                        total = total + e
+                    totals[k] = hsum(total)
                 if head_dim % LANES == 0:
                     for c0 in range(0, head_dim, LANES):
                         w0, w1, w2, w3 = zeros16(), zeros16(), zeros16(), zeros16()
                         for j in range(n):
-                            value = load16(values, j * head_dim + c0)
+                            value = load16(qkv[begin + j], v_col + c0)
                             w0 = fma(scores[0, j], value, w0)
                             w1 = fma(scores[1, j], value, w1)
                             w2 = fma(scores[2, j], value, w2)
@@ -142,7 +146,7 @@ def _build_attention():
                     for k in range(QUERIES):
                         for j in range(n):
                             for c in range(head_dim):
-                                acc[k, c] += scores[k, j] * values[j * head_dim + c]
+                                acc[k, c] += scores[k, j] * qkv[begin + j, v_col + c]
                 for k in range(min(QUERIES, n - i0)):
                     inv = np.float32(1.0) / totals[k]
                     for c in range(head_dim):

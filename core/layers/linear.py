@@ -8,7 +8,9 @@ result is bitwise the same whatever else is in the batch.
 fmt="f32" dequantizes once at construction, keeps the (in, out) transpose C-contiguous and multiplies
 with numpy's BLAS (or, batch-invariant, with a numba GEMM): four times the file's bytes for 8-bit
 weights, eight for 4-bit ones. fmt="bf16" rounds that copy to bfloat16 and multiplies by vdpbf16ps
-(bf16_gemm.py, CPUs with AVX512_BF16): half its bytes, twice float32's rate, batch-invariant.
+(bf16_gemm.py, CPUs with AVX512_BF16): half its bytes, twice float32's rate, batch-invariant. fmt="i16" rounds
+it to 13-bit integers per block of 128 and multiplies by vpmaddwd (int16_gemm.py, every x86 tier): half its
+bytes, up to twice float32's rate where there is no bfloat16 dot, batch-invariant.
 
 `Embedding` is the token-embedding lookup over the same two formats: a dense float32 table, or the
 tensor as stored with only the rows a step needs dequantized.
@@ -26,6 +28,7 @@ from ..dequant import dequantize
 from ..gguf_file import TensorInfo, release_pages
 from . import cpu, float_kernels, quant_kernels
 from .bf16_gemm import matmul_bf16, pack_bf16
+from .int16_gemm import matmul_i16, pack_i16
 from .gemm import matmul_invariant, pack_panels
 from .activations import quantize_q8_32, quantize_q8_32_columns, quantize_q8_k, quantize_q8_k_columns, quantize_q8_k_quads
 from .quant_blocks import BLOCK32_TYPES, SUPERBLOCK_TYPES
@@ -35,7 +38,8 @@ from .tiles import repack_blocks
 
 NATIVE_TYPES = BLOCK32_TYPES + SUPERBLOCK_TYPES + float_kernels.FLOAT_TYPES
 
-WEIGHT_FORMATS = ("f32", "native", "bf16")
+WEIGHT_FORMATS = ("f32", "native", "bf16", "i16")
+BATCH_INVARIANT_FORMATS = ("native", "bf16", "i16")  # by construction; f32 when built with invariant=True
 
 # Rows per call of a K-quant lanes kernel: its sums (16 weight rows x rows, int32 and float) stay in L2 up to
 # here; at 512 rows they do not, and the portable kernel ran 4x slower (benchmarks/weight_speeds.py --rows 512).
@@ -97,6 +101,8 @@ class Linear:
             raise ValueError(f"fmt must be one of {', '.join(WEIGHT_FORMATS)}, not {fmt!r}")
         if fmt == "bf16" and not cpu.HAS_BF16_DOT:
             raise ValueError(f"{name}: fmt='bf16' needs a CPU with AVX512_BF16 (this one runs the {cpu.TIER.name} tier)")
+        if fmt == "i16" and not cpu.HAS_INT16_DOT:
+            raise ValueError(f"{name}: fmt='i16' needs an x86 CPU with AVX2 (this one runs the {cpu.TIER.name} tier)")
         if fmt == "native" and int(qtype) not in NATIVE_TYPES:
             raise ValueError(f"{name}: type {qtype.name} has no native kernel (use fmt='f32')")
         self.name = name
@@ -108,10 +114,13 @@ class Linear:
         raw = _join(parts)
         self.weight_bytes = 0 if np.shares_memory(raw, parts[0]) else raw.nbytes  # a copy only when fusing scattered parts
         self._tiles = None
-        self.batch_invariant = invariant or fmt in ("native", "bf16")
+        self.batch_invariant = invariant or fmt in BATCH_INVARIANT_FORMATS
         if fmt == "bf16":
             self._w = pack_bf16(dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T)
             self.weight_bytes = self._w.nbytes
+        elif fmt == "i16":
+            self._w = pack_i16(dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T)
+            self.weight_bytes = sum(part.nbytes for part in self._w)
         elif fmt == "f32":  # (in, out), the layout `x @ w` is fastest with, or packed for the invariant GEMM
             in_out = dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T
             self._w = pack_panels(in_out) if invariant else np.ascontiguousarray(in_out)
@@ -146,6 +155,8 @@ class Linear:
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self.fmt == "bf16":
             return matmul_bf16(x, self._w, np.empty((x.shape[0], self.out_features), np.float32))
+        if self.fmt == "i16":
+            return matmul_i16(x, self._w, np.empty((x.shape[0], self.out_features), np.float32))
         if self.fmt == "f32":
             if self.batch_invariant:
                 return matmul_invariant(x, self._w, np.empty((x.shape[0], self.out_features), np.float32), self.tier)
@@ -224,7 +235,7 @@ class Embedding:
 
     def __init__(self, tensor: TensorInfo, fmt: str = "native"):
         if fmt not in WEIGHT_FORMATS:
-            raise ValueError(f"fmt must be 'native' or 'f32', not {fmt!r}")
+            raise ValueError(f"fmt must be one of {', '.join(WEIGHT_FORMATS)}, not {fmt!r}")
         self.name, self.type, self.fmt = tensor.name, tensor.type, fmt
         self.vocab_size, self.dim = tensor.shape
         if fmt == "f32":

@@ -10,9 +10,11 @@ a loop that updates `acc = acc + x` keeps acc in a register, as a SIMD micro-ker
     f = to_float(v)              # int32x16 -> float32x16, exact below 2^24
     acc = fma(x, w, acc)         # acc + x * w rounded once (x a float32 scalar, splat)
     z = zeros16()                # float32x16 of zeros
+    n = int_zeros16()            # int32x16 of zeros
     acc = acc + (f * scale) * v2 # +, -, *, / lane by lane (/: float32 only); a scalar operand applies to every lane
     e = exp16(v)                 # e^v lane by lane (a polynomial, within 2 ulp; below -87.3: 2^-126)
     a = abs16(v)                 # |v| lane by lane
+    m = max16(v, u)              # the larger of v and u lane by lane
     y = exp1(x)                  # the same for one float32
     m = hmax(v); s = hsum(v)     # the largest lane; the sum of the lanes, always in the same tree order
     w = keep_lanes(v, a, b, f)   # lanes a..b-1 of v, the others set to the scalar f
@@ -161,6 +163,14 @@ def zeros16(typingctx):
     return float32x16(), codegen
 
 
+@intrinsic
+def int_zeros16(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+
+    return int32x16(), codegen
+
+
 def _f32x16(value: float) -> ir.Constant:
     return ir.Constant(ir.VectorType(ir.FloatType(), LANES), [value] * LANES)
 
@@ -207,6 +217,15 @@ def abs16(typingctx, value):
         return _call(builder, "llvm.fabs.v16f32", ir.VectorType(ir.FloatType(), LANES), [args[0]])
 
     return float32x16(float32x16), codegen
+
+
+@intrinsic
+def max16(typingctx, a, b):
+    """The larger of a and b lane by lane (llvm.maxnum)."""
+    def codegen(context, builder, sig, args):
+        return _call(builder, "llvm.maxnum.v16f32", ir.VectorType(ir.FloatType(), LANES), list(args))
+
+    return float32x16(float32x16, float32x16), codegen
 
 
 @intrinsic

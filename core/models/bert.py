@@ -23,7 +23,7 @@ from ..config import ModelConfig
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..layers import encoder
-from ..layers.linear import Linear
+from ..layers.linear import BATCH_INVARIANT_FORMATS, Linear
 from ..weights import TensorSpec, bias_name, check_tensors, matrix, norm, tensor_name
 from .common import Loader
 
@@ -107,7 +107,7 @@ class BertModel:
         self.embd_norm = layer_norm(T.TOKEN_EMBD_NORM)
         self.config = config
         self.weight_format = loader.weight_format
-        self.batch_invariant = loader.weight_format in ("native", "bf16") or loader.batch_invariant
+        self.batch_invariant = loader.weight_format in BATCH_INVARIANT_FORMATS or loader.batch_invariant
         self.weight_memory = loader.memory
         self.weight_fallbacks = list(loader.fallbacks.values())
         self.scale = np.float32(1.0 / np.sqrt(config.head_dim))

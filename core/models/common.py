@@ -17,7 +17,7 @@ from ..dequant import dequantize
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..layers import attention as attention_kernels
-from ..layers.linear import Embedding, Linear, has_native_kernel, owned_bytes
+from ..layers.linear import BATCH_INVARIANT_FORMATS, Embedding, Linear, has_native_kernel, owned_bytes
 from ..step_input import StepInput
 from ..weights import TensorSpec, matrix, norm, tensor_name
 
@@ -105,7 +105,7 @@ class Loader:
         return layer
 
     def embedding(self) -> Embedding:
-        fmt = "f32" if self.weight_format == "bf16" else self.weight_format  # a lookup: nothing to multiply
+        fmt = "f32" if self.weight_format in ("bf16", "i16") else self.weight_format  # a lookup: nothing to multiply
         layer = Embedding(self.gguf.tensors[tensor_name(T.TOKEN_EMBD)], fmt)
         self.memory += layer.weight_bytes
         return layer
@@ -126,7 +126,7 @@ class LoadedModel:
         """After the layers, so that `weight_memory` counts everything the loader built."""
         self.config = config
         self.weight_format = loader.weight_format
-        self.batch_invariant = loader.weight_format in ("native", "bf16") or loader.batch_invariant  # as every Linear is
+        self.batch_invariant = loader.weight_format in BATCH_INVARIANT_FORMATS or loader.batch_invariant  # as every Linear is
         self.token_embd: Embedding = loader.embedding()
         self.output_norm = loader.norm(T.OUTPUT_NORM)
         self.lm_head = loader.lm_head()

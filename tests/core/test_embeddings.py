@@ -41,7 +41,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def minilm() -> Engine:
-    """The defaults: bf16 weights where the CPU has AVX512_BF16, else f32."""
+    """The defaults: bf16 weights where the CPU has AVX512_BF16, else i16 on x86, else f32."""
     return Engine.from_model("all-minilm-l6-v2")
 
 
@@ -63,7 +63,16 @@ def test_every_text_is_within_1e_4_of_sentence_transformers(minilm, vectors):
     cos = cosines(vectors, REFERENCE["st_embeddings"])
     assert cos.min() >= 0.9999, (minilm.weight_format, cos.argmin(), cos.min())
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
-    assert minilm.weight_format == ("bf16" if cpu.HAS_BF16_DOT else "f32")
+    assert minilm.weight_format == ("bf16" if cpu.HAS_BF16_DOT else "i16" if cpu.HAS_INT16_DOT else "f32")
+
+
+@pytest.mark.skipif(not cpu.HAS_INT16_DOT, reason="the int16 GEMM needs an x86 CPU with AVX2")
+def test_i16_weights_stay_closer_to_sentence_transformers_than_bf16():
+    """13-bit integers per block of 128 (weights and activations): what auto takes on x86 without AVX512_BF16."""
+    engine = Engine.from_model("all-minilm-l6-v2", weights="i16")
+    assert engine.weight_format == "i16"
+    cos = cosines(engine.embed(TEXTS), REFERENCE["st_embeddings"])
+    assert cos.min() >= 0.99999, (cos.argmin(), cos.min())  # bf16: 0.99997
 
 
 def test_f32_weights_give_sentence_transformers_vectors_to_float32_rounding(minilm_f32):
@@ -106,7 +115,8 @@ def test_dimensions_cut_the_vector_then_normalise_it(minilm):
         minilm.embed(TEXTS[:1], PoolingParams(dimensions=385))
 
 
-@pytest.mark.parametrize("weights", ["auto", "f32"])
+@pytest.mark.parametrize("weights", ["auto", "f32", pytest.param("i16", marks=pytest.mark.skipif(
+    not cpu.HAS_INT16_DOT, reason="the int16 GEMM needs an x86 CPU with AVX2"))])
 def test_a_text_embeds_to_the_same_bits_alone_and_packed_with_others(weights):
     engine = Engine.from_model("all-minilm-l6-v2", weights=weights)
     packed = engine.embed(TEXTS[:24])
