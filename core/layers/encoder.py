@@ -24,9 +24,17 @@ _SQRT_HALF = np.float32(0.7071067811865476)
 QUERIES = 4  # query rows attention takes at a time
 
 
+def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
+    """out[t] = (x[t] - mean) / sqrt(var + eps) * weight + bias (out may be x). A width of whole vectors takes 16
+    columns at a time, its statistics in float32 as torch keeps them (16 running sums, then hsum's tree);
+    another width goes column by column with float64 statistics."""
+    if x.shape[1] % LANES == 0:
+        return _layernorm_vectors(x, weight, bias, np.float32(eps), out)
+    return _layernorm_columns(x, weight, bias, eps, out)
+
+
 @njit(cache=True, parallel=True)
-def layernorm(x, weight, bias, eps, out):
-    """out[t] = (x[t] - mean) / sqrt(var + eps) * weight + bias, statistics in float64 (out may be x)."""
+def _layernorm_columns(x, weight, bias, eps, out):
     n, d = x.shape
     for t in prange(n):
         total = 0.0
@@ -43,25 +51,49 @@ def layernorm(x, weight, bias, eps, out):
     return out
 
 
+@njit(inline="always")
+def gelu16(v):
+    """HF's "gelu" 0.5 v (1 + erf(v / sqrt 2)) of 16 lanes, not the tanh approximation: 0.5 v + 0.5 |v| erf(|v| /
+    sqrt 2), erf by A&S 7.1.26."""
+    a = abs16(v) * _SQRT_HALF
+    k = 1.0 / (a * _P + 1.0)
+    poly = k * (((((k * _A5 + _A4) * k + _A3) * k + _A2) * k) + _A1)
+    erf = 1.0 - poly * exp16(zeros16() - a * a)
+    return v * 0.5 + abs16(v) * 0.5 * erf
+
+
+@njit(cache=True, parallel=True)
+def _layernorm_vectors(x, weight, bias, eps, out):
+    n, d = x.shape
+    for t in prange(n):
+        row, normed = x[t], out[t]
+        total = zeros16()
+        for i in range(0, d, LANES):
+            total = total + load16(row, i)
+        mean = hsum(total) / np.float32(d)
+        spread = zeros16()
+        for i in range(0, d, LANES):
+            diff = load16(row, i) - mean
+            spread = spread + diff * diff
+        inv = np.float32(1.0) / np.sqrt(hsum(spread) / np.float32(d) + eps)
+        for i in range(0, d, LANES):
+            store16(normed, i, (load16(row, i) - mean) * inv * load16(weight, i) + load16(bias, i))
+    return out
+
+
 def _build_add_bias_gelu():
     helpers = HELPERS  # in numba's cache key: see cache_key.py
 
     @njit(cache=True, parallel=True)
     def add_bias_gelu(x, bias):
-        """x = gelu(x + bias) in place, HF's "gelu" 0.5 v (1 + erf(v / sqrt 2)), not the tanh approximation:
-        0.5 v + 0.5 |v| erf(|v| / sqrt 2), erf by A&S 7.1.26, 16 columns at a time."""
+        """x = gelu(x + bias) in place (gelu16), 16 columns at a time."""
         helpers
         n, d = x.shape
         body = d - d % LANES
         for t in prange(n):
             row = x[t]
             for i in range(0, body, LANES):
-                v = load16(row, i) + load16(bias, i)
-                a = abs16(v) * _SQRT_HALF
-                k = 1.0 / (a * _P + 1.0)
-                poly = k * (((((k * _A5 + _A4) * k + _A3) * k + _A2) * k) + _A1)
-                erf = 1.0 - poly * exp16(zeros16() - a * a)
-                store16(row, i, v * 0.5 + abs16(v) * 0.5 * erf)
+                store16(row, i, gelu16(load16(row, i) + load16(bias, i)))
             for i in range(body, d):
                 v = row[i] + bias[i]
                 row[i] = np.float32(0.5 * v * (1.0 + math.erf(v * 0.7071067811865476)))

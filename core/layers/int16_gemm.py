@@ -30,6 +30,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .cache_key import HELPERS
+from .encoder import gelu16
 from .simd import (LANES, abs16, float32x16, hmax, int32x16, int_zeros16, load16, max16, splat, store16, to_float,
                    zeros16)
 
@@ -136,23 +137,31 @@ def pack_i16(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return packed, np.ascontiguousarray(scales.reshape(n_halves, LANES, n_blocks).transpose(0, 2, 1))
 
 
-def matmul_i16(a: np.ndarray, w: tuple[np.ndarray, np.ndarray], out: np.ndarray) -> np.ndarray:
-    """out (T, N) = a (T, K) @ W with W packed by pack_i16."""
+_NO_BIAS, _NO_RESIDUAL = np.zeros(0, np.float32), np.zeros((0, 0), np.float32)
+
+
+def matmul_i16(a: np.ndarray, w: tuple[np.ndarray, np.ndarray], out: np.ndarray, bias: np.ndarray | None = None,
+               residual: np.ndarray | None = None, gelu: bool = False) -> np.ndarray:
+    """out (T, N) = a (T, K) @ W with W packed by pack_i16, then + bias (N,), then GELU (gelu=True), then
+    + residual (T, N) where given: done as each tile is stored, the same float32 operations as
+    `out += bias; encoder.add_bias_gelu(out, 0); out += residual` after, without their passes over memory."""
     words, scales = w
     n_rows = -(-a.shape[0] // ROWS) * ROWS
     a_words = np.empty((n_rows, words.shape[1]), np.uint32)
     a_scales = np.empty((n_rows, scales.shape[1]), np.float32)
     quantize_rows(a, a_words, a_scales)
-    return _matmul(a_words, a_scales, words.reshape(-1), scales.reshape(-1), out)
+    return _matmul(a_words, a_scales, words.reshape(-1), scales.reshape(-1), out,
+                   _NO_BIAS if bias is None else bias, _NO_RESIDUAL if residual is None else residual, gelu)
 
 
 def _build():
     helpers = HELPERS
 
     @njit(cache=True, parallel=True)
-    def matmul(a, a_scales, w, w_scales, out):
-        """out (T, N) = the rounded a (T6, K2 words) @ the half panels w (flat), T6 >= T a multiple of 6. Work
-        items are (block of rows, half panel), as in gemm.py's 256-bit GEMM."""
+    def matmul(a, a_scales, w, w_scales, out, bias, residual, gelu):
+        """out (T, N) = the rounded a (T6, K2 words) @ the half panels w (flat), T6 >= T a multiple of 6, + bias
+        (N,) unless empty, GELU'd when `gelu`, + residual (T, N) unless empty. Work items are (block of rows,
+        half panel), as in gemm.py's 256-bit GEMM."""
         helpers  # in numba's cache key: see cache_key.py
         n_rows, k2_dim = a.shape
         n_blocks = a_scales.shape[1]
@@ -174,8 +183,22 @@ def _build():
                 start = (h * k2_dim + b * PAIRS) * LANES
                 for m0 in range(r0, r1, ROWS):
                     _tile(a, a_scales, w, start, d_w, m0, b, sums[m0 - r0:m0 - r0 + ROWS])
+            if len(bias):
+                for m in range(r0, min(r1, n_rows)):
+                    for c in range(width):
+                        sums[m - r0, c] += bias[n0 + c]
+            if gelu:
+                for m in range(r0, min(r1, n_out)):
+                    store16(sums[m - r0], 0, gelu16(load16(sums[m - r0], 0)))
+            if len(residual):
+                for m in range(r0, min(r1, n_out)):
+                    for c in range(width):
+                        sums[m - r0, c] += residual[m, n0 + c]
             for m in range(r0, min(r1, n_out)):
-                out[m, n0:n0 + width] = sums[m - r0, :width]
+                if width == LANES:
+                    store16(out[m], n0, load16(sums[m - r0], 0))
+                else:
+                    out[m, n0:n0 + width] = sums[m - r0, :width]
         return out
 
     return matmul

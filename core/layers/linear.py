@@ -26,7 +26,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..dequant import dequantize
 from ..gguf_file import TensorInfo, release_pages
-from . import cpu, float_kernels, quant_kernels
+from . import cpu, encoder, float_kernels, quant_kernels
 from .bf16_gemm import matmul_bf16, pack_bf16
 from .int16_gemm import matmul_i16, pack_i16
 from .gemm import matmul_invariant, pack_panels
@@ -142,8 +142,11 @@ class Linear:
     def _kernels(self) -> quant_kernels.Kernels:
         return quant_kernels.kernels_for(int(self.type), self.tier)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """(T, in_features) float32 -> (T, out_features) float32.
+    def __call__(self, x: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+                 gelu: bool = False) -> np.ndarray:
+        """(T, in_features) float32 -> (T, out_features) float32, then + bias (out_features,), then the exact GELU
+        (gelu=True), then + residual (T, out_features), each where asked: the i16 kernel as it stores each tile,
+        the others after, with the same float32 operations.
 
         Each row's result is bitwise independent of the other rows when the layer is `batch_invariant`: native
         kernels always are; f32 weights built with invariant=True are packed for a numba GEMM, else laid out
@@ -153,10 +156,13 @@ class Linear:
         if x.ndim != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"{self.name}: expected x of shape (T, {self.in_features}), got {x.shape}")
         x = np.ascontiguousarray(x, dtype=np.float32)
+        if self.fmt == "i16":
+            return matmul_i16(x, self._w, np.empty((x.shape[0], self.out_features), np.float32), bias, residual, gelu)
+        return _epilogue(self._product(x), bias, residual, gelu)
+
+    def _product(self, x: np.ndarray) -> np.ndarray:
         if self.fmt == "bf16":
             return matmul_bf16(x, self._w, np.empty((x.shape[0], self.out_features), np.float32))
-        if self.fmt == "i16":
-            return matmul_i16(x, self._w, np.empty((x.shape[0], self.out_features), np.float32))
         if self.fmt == "f32":
             if self.batch_invariant:
                 return matmul_invariant(x, self._w, np.empty((x.shape[0], self.out_features), np.float32), self.tier)
@@ -225,8 +231,9 @@ class LinearStack:
         self.weight_bytes = sum(layer.weight_bytes for layer in layers)
         self.batch_invariant = all(layer.batch_invariant for layer in layers)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return np.concatenate([layer(x) for layer in self.layers], axis=1)
+    def __call__(self, x: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+                 gelu: bool = False) -> np.ndarray:
+        return _epilogue(np.concatenate([layer(x) for layer in self.layers], axis=1), bias, residual, gelu)
 
 
 class Embedding:
@@ -256,6 +263,17 @@ class Embedding:
 
     def __repr__(self) -> str:
         return f"Embedding({self.name}, {self.type.name}, {self.vocab_size}x{self.dim}, fmt={self.fmt})"
+
+
+def _epilogue(out: np.ndarray, bias: np.ndarray | None, residual: np.ndarray | None, gelu: bool) -> np.ndarray:
+    """out + bias, GELU'd, + residual, in place: what the i16 kernel does as it stores."""
+    if gelu:
+        encoder.add_bias_gelu(out, np.zeros(out.shape[1], np.float32) if bias is None else bias)
+    elif bias is not None:
+        out += bias
+    if residual is not None:
+        out += residual
+    return out
 
 
 def _round_up(n: int, multiple: int) -> int:

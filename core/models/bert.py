@@ -134,16 +134,11 @@ class BertModel:
         encoder.layernorm(x, *self.embd_norm, cfg.rms_eps, x)
         attn = np.empty((len(x), cfg.dim), dtype=np.float32)
         for layer in self.layers:
-            qkv = layer.wqkv(x)
-            qkv += layer.qkv_bias
+            qkv = layer.wqkv(x, layer.qkv_bias)
             encoder.bidirectional_attention(qkv, batch.bounds, cfg.n_heads, cfg.head_dim, self.scale, attn)
-            h = layer.wo(attn)
-            h += layer.wo_bias
-            h += x
+            h = layer.wo(attn, layer.wo_bias, residual=x)
             x = encoder.layernorm(h, *layer.attn_norm, cfg.rms_eps, h)
-            up = encoder.add_bias_gelu(layer.w_up(x), layer.up_bias)
-            h = layer.w_down(up)
-            h += layer.down_bias
-            h += x
+            up = layer.w_up(x, layer.up_bias, gelu=True)
+            h = layer.w_down(up, layer.down_bias, residual=x)
             x = encoder.layernorm(h, *layer.out_norm, cfg.rms_eps, h)
         return x

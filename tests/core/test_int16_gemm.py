@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from miro.core.errors import MiroError
-from miro.core.layers import cpu
+from miro.core.layers import cpu, encoder
 from miro.core.layers.int16_gemm import BLOCK, LIMIT, matmul_i16, pack_i16, quantize_rows
 from miro.core.weight_format import choose_weight_format
 
@@ -92,3 +92,28 @@ def test_auto_takes_i16_for_an_encoder_without_bf16_on_x86():
     assert auto(encoder=False, has_bf16=False, has_int16=True) == "f32"  # a decoder: native or f32 as before
     with pytest.raises(MiroError, match="weights 'i16' need an x86 CPU with AVX2, and this one runs the portable tier"):
         choose_weight_format("i16", 10 << 20, None, None, "portable", has_int16=False)
+
+
+@needs_int16
+def test_bias_and_residual_are_added_as_numpy_adds_them_after():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((13, 256), dtype=np.float32)
+    packed = pack_i16(rng.standard_normal((256, 40), dtype=np.float32))
+    bias = rng.standard_normal(40, dtype=np.float32)
+    residual = rng.standard_normal((13, 40), dtype=np.float32)
+    plain = matmul_i16(a, packed, np.empty((13, 40), np.float32))
+    expected = plain + bias
+    expected += residual
+    fused = matmul_i16(a, packed, np.empty((13, 40), np.float32), bias, residual)
+    assert np.array_equal(fused, expected)
+    assert np.array_equal(matmul_i16(a, packed, np.empty((13, 40), np.float32), bias), plain + bias)
+
+
+@needs_int16
+def test_the_fused_gelu_is_the_encoders_gelu_after_the_product():
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((20, 384), dtype=np.float32)
+    packed = pack_i16(rng.standard_normal((384, 64), dtype=np.float32) * np.float32(0.1))
+    bias = rng.standard_normal(64, dtype=np.float32)
+    expected = encoder.add_bias_gelu(matmul_i16(a, packed, np.empty((20, 64), np.float32)), bias)
+    assert np.array_equal(matmul_i16(a, packed, np.empty((20, 64), np.float32), bias, gelu=True), expected)
