@@ -14,14 +14,14 @@ import numpy as np
 from numba import njit, prange
 
 from .cache_key import HELPERS
-from .simd import LANES, abs16, exp16, fma, hmax, hsum, keep_lanes, load16, max16, store16, zeros16
+from .simd import LANES, abs16, exp16, fma, hmax, hsum, keep_lanes, lane0, load16, max16, splat16, store16, zeros16
 
 # Abramowitz and Stegun 7.1.26: erf(a) = 1 - t (A1 + t (A2 + ...)) e^(-a^2), t = 1 / (1 + P a), a >= 0,
 # within 1.5e-7 of erf everywhere: far below what float32 activations carry
 _P = np.float32(0.3275911)
 _A1, _A2, _A3, _A4, _A5 = (np.float32(c) for c in (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429))
 _SQRT_HALF = np.float32(0.7071067811865476)
-QUERIES = 4  # query rows attention takes at a time
+QUERIES = 6  # query rows attention takes at a time (_six_queries)
 
 
 def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
@@ -81,12 +81,18 @@ def _layernorm_vectors(x, weight, bias, eps, out):
     return out
 
 
+@njit(inline="always")
+def gelu1(value):
+    """gelu16 of one float32: the same bits as a lane of it."""
+    return lane0(gelu16(splat16(value)))
+
+
 def _build_add_bias_gelu():
     helpers = HELPERS  # in numba's cache key: see cache_key.py
 
     @njit(cache=True, parallel=True)
     def add_bias_gelu(x, bias):
-        """x = gelu(x + bias) in place (gelu16), 16 columns at a time."""
+        """x = gelu(x + bias) in place (gelu16), 16 columns at a time, the rest one by one (gelu1: the same bits)."""
         helpers
         n, d = x.shape
         body = d - d % LANES
@@ -95,8 +101,7 @@ def _build_add_bias_gelu():
             for i in range(0, body, LANES):
                 store16(row, i, gelu16(load16(row, i) + load16(bias, i)))
             for i in range(body, d):
-                v = row[i] + bias[i]
-                row[i] = np.float32(0.5 * v * (1.0 + math.erf(v * 0.7071067811865476)))
+                row[i] = gelu1(row[i] + bias[i])
         return x
 
     return add_bias_gelu
@@ -112,80 +117,83 @@ def _build_attention():
     def bidirectional_attention(qkv, bounds, n_heads, head_dim, scale, out):
         """out (T, n_heads * head_dim): softmax(q k^T * scale) v for each input and head, every query over all
         the keys of its own input. qkv (T, 3 * n_heads * head_dim): q, k, v side by side, as the fused layer
-        gives. One work item per input and head: K transposed (so 16 keys' scores are one vector), then for
-        4 queries at a time their scores (their maxima kept as vectors), softmax, and weighted sum of V read in
-        place, 16 columns at a time."""
+        gives. One work item per input, its heads in turn: K transposed (so 16 keys' scores are one vector),
+        then for 6 queries at a time their scores (their maxima kept as vectors), softmax, and weighted sum of V
+        read in place, 16 columns at a time."""
         helpers
-        n_inputs = len(bounds) - 1
         q_dim = n_heads * head_dim
-        for work in prange(n_inputs * n_heads):
-            s, h = work // n_heads, work % n_heads
+        for s in prange(len(bounds) - 1):
             begin, n = bounds[s], bounds[s + 1] - bounds[s]
             padded = -(-n // LANES) * LANES
-            q_col, k_col, v_col = h * head_dim, q_dim + h * head_dim, 2 * q_dim + h * head_dim
             keys_t = np.zeros(head_dim * padded, np.float32)  # keys_t[c * padded + j] = k[j, c]
-            for c in range(head_dim):
-                for j in range(n):
-                    keys_t[c * padded + j] = qkv[begin + j, k_col + c]
             scores = np.empty((QUERIES, padded), np.float32)
             acc = np.empty((QUERIES, head_dim), np.float32)
-            rows = np.empty(QUERIES, np.int64)
-            for i0 in range(0, n, QUERIES):  # 4 queries at a time: 4 independent chains of FMAs
-                for k in range(QUERIES):
-                    rows[k] = begin + min(i0 + k, n - 1)  # past the input's end: its last query again, not stored
-                q0, q1, q2, q3 = qkv[rows[0]], qkv[rows[1]], qkv[rows[2]], qkv[rows[3]]
-                m0 = m1 = m2 = m3 = zeros16() - np.inf
-                for j0 in range(0, padded, LANES):
-                    d0, d1, d2, d3 = zeros16(), zeros16(), zeros16(), zeros16()
-                    for c in range(head_dim):
-                        key = load16(keys_t, c * padded + j0)
-                        d0 = fma(q0[q_col + c], key, d0)
-                        d1 = fma(q1[q_col + c], key, d1)
-                        d2 = fma(q2[q_col + c], key, d2)
-                        d3 = fma(q3[q_col + c], key, d3)
-                    d0 = keep_lanes(d0 * scale, 0, n - j0, -np.inf)  # the padding's scores -inf
-                    d1 = keep_lanes(d1 * scale, 0, n - j0, -np.inf)
-                    d2 = keep_lanes(d2 * scale, 0, n - j0, -np.inf)
-                    d3 = keep_lanes(d3 * scale, 0, n - j0, -np.inf)
-                    m0, m1, m2, m3 = max16(m0, d0), max16(m1, d1), max16(m2, d2), max16(m3, d3)
-                    store16(scores[0], j0, d0)
-                    store16(scores[1], j0, d1)
-                    store16(scores[2], j0, d2)
-                    store16(scores[3], j0, d3)
-                totals = np.empty(QUERIES, np.float32)
-                for k, best in enumerate((hmax(m0), hmax(m1), hmax(m2), hmax(m3))):  # softmax: e^(score - max)
-                    total = zeros16()
-                    for j0 in range(0, padded, LANES):
-                        e = keep_lanes(exp16(load16(scores[k], j0) - best), 0, n - j0, 0.0)  # the padding's 0
-                        store16(scores[k], j0, e)
-                        total = total + e
-                    totals[k] = hsum(total)
-                if head_dim % LANES == 0:
-                    for c0 in range(0, head_dim, LANES):
-                        w0, w1, w2, w3 = zeros16(), zeros16(), zeros16(), zeros16()
-                        for j in range(n):
-                            value = load16(qkv[begin + j], v_col + c0)
-                            w0 = fma(scores[0, j], value, w0)
-                            w1 = fma(scores[1, j], value, w1)
-                            w2 = fma(scores[2, j], value, w2)
-                            w3 = fma(scores[3, j], value, w3)
-                        store16(acc[0], c0, w0)
-                        store16(acc[1], c0, w1)
-                        store16(acc[2], c0, w2)
-                        store16(acc[3], c0, w3)
-                else:
-                    acc[:] = 0.0
-                    for k in range(QUERIES):
-                        for j in range(n):
+            totals = np.empty(QUERIES, np.float32)
+            for h in range(n_heads):
+                q_col, k_col, v_col = h * head_dim, q_dim + h * head_dim, 2 * q_dim + h * head_dim
+                for c in range(head_dim):
+                    for j in range(n):
+                        keys_t[c * padded + j] = qkv[begin + j, k_col + c]
+                for i0 in range(0, n, QUERIES):
+                    _six_queries(qkv, begin, n, i0, q_col, v_col, head_dim, padded, scale, keys_t, scores, acc, totals)
+                    for k in range(min(QUERIES, n - i0)):
+                        inv = np.float32(1.0) / totals[k]
+                        row = out[begin + i0 + k]
+                        if head_dim % LANES == 0:
+                            for c0 in range(0, head_dim, LANES):
+                                store16(row, q_col + c0, load16(acc[k], c0) * inv)
+                        else:
                             for c in range(head_dim):
-                                acc[k, c] += scores[k, j] * qkv[begin + j, v_col + c]
-                for k in range(min(QUERIES, n - i0)):
-                    inv = np.float32(1.0) / totals[k]
-                    for c in range(head_dim):
-                        out[begin + i0 + k, q_col + c] = acc[k, c] * inv
+                                row[q_col + c] = acc[k, c] * inv
         return out
 
     return bidirectional_attention
+
+
+@njit(inline="always")
+def _six_queries(qkv, begin, n, i0, q_col, v_col, head_dim, padded, scale, keys_t, scores, acc, totals):
+    """For queries i0..i0 + 5 of the input at `begin` (past its end: its last query again): acc[k] = their
+    softmax-weighted sums of V before dividing by totals[k], the softmax's sums. Six queries share each key and
+    value load: 6 independent chains of FMAs."""
+    last = n - 1
+    q0, q1, q2 = qkv[begin + i0], qkv[begin + min(i0 + 1, last)], qkv[begin + min(i0 + 2, last)]
+    q3, q4, q5 = qkv[begin + min(i0 + 3, last)], qkv[begin + min(i0 + 4, last)], qkv[begin + min(i0 + 5, last)]
+    m0 = m1 = m2 = m3 = m4 = m5 = zeros16() - np.inf
+    for j0 in range(0, padded, LANES):
+        d0 = d1 = d2 = d3 = d4 = d5 = zeros16()
+        for c in range(head_dim):
+            key = load16(keys_t, c * padded + j0)
+            d0, d1, d2 = fma(q0[q_col + c], key, d0), fma(q1[q_col + c], key, d1), fma(q2[q_col + c], key, d2)
+            d3, d4, d5 = fma(q3[q_col + c], key, d3), fma(q4[q_col + c], key, d4), fma(q5[q_col + c], key, d5)
+        d0, d1 = keep_lanes(d0 * scale, 0, n - j0, -np.inf), keep_lanes(d1 * scale, 0, n - j0, -np.inf)
+        d2, d3 = keep_lanes(d2 * scale, 0, n - j0, -np.inf), keep_lanes(d3 * scale, 0, n - j0, -np.inf)
+        d4, d5 = keep_lanes(d4 * scale, 0, n - j0, -np.inf), keep_lanes(d5 * scale, 0, n - j0, -np.inf)
+        m0, m1, m2 = max16(m0, d0), max16(m1, d1), max16(m2, d2)  # the padding's scores are -inf
+        m3, m4, m5 = max16(m3, d3), max16(m4, d4), max16(m5, d5)
+        store16(scores[0], j0, d0), store16(scores[1], j0, d1), store16(scores[2], j0, d2)
+        store16(scores[3], j0, d3), store16(scores[4], j0, d4), store16(scores[5], j0, d5)
+    for k, best in enumerate((hmax(m0), hmax(m1), hmax(m2), hmax(m3), hmax(m4), hmax(m5))):
+        total = zeros16()  # softmax: e^(score - max)
+        for j0 in range(0, padded, LANES):
+            e = keep_lanes(exp16(load16(scores[k], j0) - best), 0, n - j0, 0.0)  # the padding's 0
+            store16(scores[k], j0, e)
+            total = total + e
+        totals[k] = hsum(total)
+    if head_dim % LANES == 0:
+        for c0 in range(0, head_dim, LANES):
+            w0 = w1 = w2 = w3 = w4 = w5 = zeros16()
+            for j in range(n):
+                value = load16(qkv[begin + j], v_col + c0)
+                w0, w1, w2 = fma(scores[0, j], value, w0), fma(scores[1, j], value, w1), fma(scores[2, j], value, w2)
+                w3, w4, w5 = fma(scores[3, j], value, w3), fma(scores[4, j], value, w4), fma(scores[5, j], value, w5)
+            store16(acc[0], c0, w0), store16(acc[1], c0, w1), store16(acc[2], c0, w2)
+            store16(acc[3], c0, w3), store16(acc[4], c0, w4), store16(acc[5], c0, w5)
+    else:
+        acc[:] = 0.0
+        for k in range(QUERIES):
+            for j in range(n):
+                for c in range(head_dim):
+                    acc[k, c] += scores[k, j] * qkv[begin + j, v_col + c]
 
 
 bidirectional_attention = _build_attention()

@@ -30,7 +30,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from .cache_key import HELPERS
-from .encoder import gelu16
+from .encoder import gelu1, gelu16
 from .simd import (LANES, abs16, float32x16, hmax, int32x16, int_zeros16, load16, max16, splat, store16, to_float,
                    zeros16)
 
@@ -183,22 +183,27 @@ def _build():
                 start = (h * k2_dim + b * PAIRS) * LANES
                 for m0 in range(r0, r1, ROWS):
                     _tile(a, a_scales, w, start, d_w, m0, b, sums[m0 - r0:m0 - r0 + ROWS])
-            if len(bias):
-                for m in range(r0, min(r1, n_rows)):
-                    for c in range(width):
-                        sums[m - r0, c] += bias[n0 + c]
-            if gelu:
+            if width == LANES:
                 for m in range(r0, min(r1, n_out)):
-                    store16(sums[m - r0], 0, gelu16(load16(sums[m - r0], 0)))
-            if len(residual):
-                for m in range(r0, min(r1, n_out)):
-                    for c in range(width):
-                        sums[m - r0, c] += residual[m, n0 + c]
-            for m in range(r0, min(r1, n_out)):
-                if width == LANES:
-                    store16(out[m], n0, load16(sums[m - r0], 0))
-                else:
-                    out[m, n0:n0 + width] = sums[m - r0, :width]
+                    value = load16(sums[m - r0], 0)
+                    if len(bias):
+                        value = value + load16(bias, n0)
+                    if gelu:
+                        value = gelu16(value)
+                    if len(residual):
+                        value = value + load16(residual[m], n0)
+                    store16(out[m], n0, value)
+                continue
+            for m in range(r0, min(r1, n_out)):  # the last half panel's columns, one by one
+                for c in range(width):
+                    value = sums[m - r0, c]
+                    if len(bias):
+                        value += bias[n0 + c]
+                    if gelu:
+                        value = gelu1(value)
+                    if len(residual):
+                        value += residual[m, n0 + c]
+                    out[m, n0 + c] = value
         return out
 
     return matmul

@@ -16,6 +16,7 @@ a loop that updates `acc = acc + x` keeps acc in a register, as a SIMD micro-ker
     a = abs16(v)                 # |v| lane by lane
     m = max16(v, u)              # the larger of v and u lane by lane
     y = exp1(x)                  # the same for one float32
+    v = splat16(x); x = lane0(v) # a float32 in every lane; lane 0 of a float32x16
     m = hmax(v); s = hsum(v)     # the largest lane; the sum of the lanes, always in the same tree order
     w = keep_lanes(v, a, b, f)   # lanes a..b-1 of v, the others set to the scalar f
     prefetch(array, i)           # ask for the cache line holding array[i] (a hint: it never faults)
@@ -229,7 +230,7 @@ def max16(typingctx, a, b):
 
 
 @intrinsic
-def _splat16(typingctx, value):
+def splat16(typingctx, value):
     def codegen(context, builder, sig, args):
         return splat(builder, args[0], ir.VectorType(ir.FloatType(), LANES))
 
@@ -237,7 +238,7 @@ def _splat16(typingctx, value):
 
 
 @intrinsic
-def _lane0(typingctx, value):
+def lane0(typingctx, value):
     def codegen(context, builder, sig, args):
         return builder.extract_element(args[0], ir.Constant(ir.IntType(32), 0))
 
@@ -247,7 +248,7 @@ def _lane0(typingctx, value):
 @njit(inline="always")
 def exp1(x):
     """exp16 of one float32: the same bits as a lane of exp16 would give."""
-    return _lane0(exp16(_splat16(x)))
+    return lane0(exp16(splat16(x)))
 
 
 def _halves_tree(builder, vector, combine):

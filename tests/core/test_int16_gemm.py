@@ -110,10 +110,14 @@ def test_bias_and_residual_are_added_as_numpy_adds_them_after():
 
 
 @needs_int16
-def test_the_fused_gelu_is_the_encoders_gelu_after_the_product():
+@pytest.mark.parametrize("n", [64, 40])  # 40: the last half panel's 8 columns one by one
+def test_the_fused_gelu_is_the_encoders_gelu_after_the_product(n):
     rng = np.random.default_rng(4)
     a = rng.standard_normal((20, 384), dtype=np.float32)
-    packed = pack_i16(rng.standard_normal((384, 64), dtype=np.float32) * np.float32(0.1))
-    bias = rng.standard_normal(64, dtype=np.float32)
-    expected = encoder.add_bias_gelu(matmul_i16(a, packed, np.empty((20, 64), np.float32)), bias)
-    assert np.array_equal(matmul_i16(a, packed, np.empty((20, 64), np.float32), bias, gelu=True), expected)
+    packed = pack_i16(rng.standard_normal((384, n), dtype=np.float32) * np.float32(0.1))
+    bias = rng.standard_normal(n, dtype=np.float32)
+    residual = rng.standard_normal((20, n), dtype=np.float32)
+    expected = encoder.add_bias_gelu(matmul_i16(a, packed, np.empty((20, n), np.float32)), bias)
+    assert np.array_equal(matmul_i16(a, packed, np.empty((20, n), np.float32), bias, gelu=True), expected)
+    expected += residual
+    assert np.array_equal(matmul_i16(a, packed, np.empty((20, n), np.float32), bias, residual, gelu=True), expected)
