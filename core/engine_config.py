@@ -12,7 +12,7 @@ from .errors import MiroError
 
 @dataclass(frozen=True)
 class EngineConfig:
-    # weights: how the matrices are held (weight_format.py): "auto", "f32" or "native"; auto's f32 budget
+    # weights: how the matrices are held (weight_format.py): "auto", "f32", "native", "bf16" or "i16"; auto's f32 budget
     weights: str = defaults.WEIGHTS
     max_weight_memory: str | int | None = None  # bytes or "8GiB"; None: a share of the machine's RAM
     # outputs bitwise independent of the batch (native weights always are; f32 then takes the invariant GEMM

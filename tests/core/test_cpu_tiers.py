@@ -97,7 +97,7 @@ def test_kernel_equality_tests_pass_when_numba_compiles_for_avx2():
     env.pop("MIRO_CPU_TIER")
     tests = ["tests/core/test_quant_linear.py::test_every_tiers_kernels_agree_bitwise",
              "tests/core/test_quant_linear.py::test_batch_invariance_bitwise",
-             "tests/core/test_gemm.py", "tests/core/test_attention.py"]
+             "tests/core/test_gemm.py", "tests/core/test_attention.py", "tests/core/test_int16_gemm.py"]
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
@@ -138,3 +138,35 @@ def test_greedy_tokens_are_the_same_on_the_avx2_tier(smollm2_path):
     assert emulated["tier"] == "avx2"
     assert emulated["native"] == here["native"]
     assert emulated["f32"] == here["f32"]
+
+
+_EMBED = """
+import hashlib, json
+from miro.core import Engine
+from miro.core.layers import cpu
+texts = ["A sentence to embed.", "Another, a little longer, with numbers 1, 2, 3.", "Pack me " * 60]
+result = {"tier": cpu.TIER.name}
+for weights in ("i16", "f32"):
+    vectors = Engine.from_model("all-minilm-l6-v2", weights=weights).embed(texts)
+    result[weights] = hashlib.sha256(vectors.tobytes()).hexdigest()
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("avx2" not in cpu.runnable(), reason="the AVX2 emulation needs a CPU that runs AVX2")
+def test_embeddings_are_the_same_bits_on_the_avx2_tier():
+    """all-MiniLM-L6-v2 with i16 weights (auto's choice on AVX2) and f32 ones: the same vectors, bit for bit,
+    compiled for this CPU and for an AVX2-only one."""
+    import json
+
+    def run(env):
+        done = subprocess.run([sys.executable, "-c", _EMBED], env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    here = run(dict(os.environ))
+    emulated = run({**os.environ, **cpu.emulation_env("avx2")})
+    assert emulated["tier"] == "avx2"
+    assert emulated["i16"] == here["i16"] and emulated["f32"] == here["f32"]

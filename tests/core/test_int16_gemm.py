@@ -121,3 +121,26 @@ def test_the_fused_gelu_is_the_encoders_gelu_after_the_product(n):
     assert np.array_equal(matmul_i16(a, packed, np.empty((20, n), np.float32), bias, gelu=True), expected)
     expected += residual
     assert np.array_equal(matmul_i16(a, packed, np.empty((20, n), np.float32), bias, residual, gelu=True), expected)
+
+
+@needs_int16
+def test_a_decoder_runs_with_i16_weights_and_stays_batch_invariant(tmp_path):
+    """weights='i16' is a format for any model (auto takes it for encoders only): a tiny llama generates with it,
+    a prompt's greedy tokens the same alone and beside others."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from gguf_factory import write_tiny_model
+
+    from miro.core import Engine, SamplingParams
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_model(path)
+    engine = Engine.from_model(path, weights="i16")
+    assert engine.weight_format == "i16" and engine.model.batch_invariant
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompts = [[1, 5, 9, 13], [2, 4, 6], [7, 7, 7, 7, 7]]
+    together = [out.outputs[0].token_ids for out in engine.generate(prompts, params, use_tqdm=False)]
+    alone = [engine.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    assert together == alone
