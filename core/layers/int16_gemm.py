@@ -3,7 +3,8 @@
     out (T, N) = a (T, K) @ W (K, N), each operand rounded to 13-bit integers per block of 128 values of k
 
 vpmaddwd multiplies 16 pairs of int16 by 16 pairs and adds each pair's two products into an int32 lane: per
-instruction twice the products of a float32 FMA, and Zen 2-4 issue two of them a cycle beside the adds. The
+instruction twice the products of a float32 FMA (with a vpaddd to accumulate them). On 2 Zen 5 cores under the
+AVX2 emulation it runs 1.6x the float32 GEMM (benchmarks/encoder_gemm.py --tier avx2). The
 weights are rounded once at load (`pack_i16`): per column and block of 128 k, a float32 scale
 d = max|w| / 4095 and integers q = rint(w / d) in -4095..4095. The activations are rounded the same way on each
 call, per row and block. Within a block a product of integers is at most 4095^2 and a lane sums 128 of them:
@@ -16,7 +17,7 @@ below 2^31, so the int32 sums are exact. Each block's sum then enters a float32 
 count and wherever the row sits: batch invariant.
 
 The tile is the float32 GEMM's 256-bit one (gemm.py): 6 rows x 16 columns, the int32 sums in 12 ymm, one step of
-a k-pair two weight loads and 6 broadcast words. Weights are packed in 16-column half panels, two k to a 32-bit
+a k-pair two weight loads and 6 broadcast words (8 rows spill AVX2's 16 registers: half the speed). Weights are packed in 16-column half panels, two k to a 32-bit
 word: half panel h's k-pair j, column c at w[(h * K2 + j) * 16 + c], the even k in the low half. Rows past the
 last full tile run zero-padded through the same tile.
 """
