@@ -44,6 +44,7 @@ from miro.worker.fleet.payload import JobPayload, is_group, payloads_of
 from miro.worker.fleet.sink import ParquetSink
 
 from . import taking
+from .batch_statuses import BatchStatuses
 from .in_flight import InFlight, RequestRun
 from .jobs import (add_requests, count_finished, job_rows, not_counted, record_failure, record_given_up,
                    record_group_failure, summary)
@@ -92,8 +93,7 @@ class BatchWorker(BaseWorker):
         self.redis_wait_s = redis_wait_s  # how long it waits for a Redis that went away before it ends
         self.metrics_port, self.metrics_host = metrics_port, metrics_host  # Prometheus endpoint, if any
         self.jobs_done = self.jobs_failed = self.jobs_cancelled = 0  # requests counted completed, failed, cancelled
-        self.batch_status: dict[str, str] = {}  # batch id -> status, for the batches of the requests in flight
-        self.deadlines: dict[str, float | None] = {}  # batch id -> its expires_at, for the same batches
+        self.batch_statuses = BatchStatuses(self.connection)  # the status of each batch with requests in flight
         self.record: workers.WorkerRecord | None = None  # the last one written to its hash (metrics.py reads it)
         self._last_refresh = 0.0
         self._last_feed = 0.0  # when it last fed because its queues ran dry
@@ -293,7 +293,7 @@ class BatchWorker(BaseWorker):
         try:
             payloads = payloads_of(job.kwargs)
             batch_id = payloads[0].batch_id
-            status = self._status_of(batch_id)
+            status = self.batch_statuses.status_of(batch_id)
             self._sink(batch_id)  # its output read now: finishing it needs no Redis (a Redis outage then)
         except MiroError as err:  # not miro's payload, or its batch record is gone: nowhere to write a row
             self._fail(job, queue, execution, str(err))
@@ -489,29 +489,11 @@ class BatchWorker(BaseWorker):
 
     # -- cancellation ---------------------------------------------------------------------------------
 
-    def _status_of(self, batch_id: str) -> str:
-        """The batch's status; a batch whose completion window has ended is expired first, so no job of it
-        starts after its window, even between two of the worker's expiry rounds."""
-        if batch_id not in self.batch_status:
-            self._read_batch(batch_id)
-        deadline = self.deadlines.get(batch_id)
-        if deadline is not None and time.time() >= deadline and self.batch_status[batch_id] not in batches.STOPPING:
-            expiry.expire(self.connection, batch_id)
-            self._read_batch(batch_id)
-        return self.batch_status[batch_id]
-
-    def _read_batch(self, batch_id: str) -> None:
-        record = batches.get_batch(self.connection, batch_id)
-        self.batch_status[batch_id], self.deadlines[batch_id] = record.status, record.expires_at
-
     def _cancel_cancelled_batches(self) -> None:
         """Read the status of every batch with requests in flight; abort those of batches being cancelled or
         expiring."""
-        self.batch_status = batches.statuses(self.connection,
-                                             sorted({flight.batch_id for flight in self.in_flight.values()}))
-        self.deadlines = {b: d for b, d in self.deadlines.items() if b in self.batch_status}  # read again when needed
-        doomed = [flight for flight in self.in_flight.values() if self.batch_status[flight.batch_id]
-                  in batches.STOPPING]
+        self.batch_statuses.refresh({flight.batch_id for flight in self.in_flight.values()})
+        doomed = [flight for flight in self.in_flight.values() if self.batch_statuses.stopping(flight.batch_id)]
         if not doomed:
             return
         self._flush(force=True)  # the requests already done are counted completed, not cancelled
