@@ -180,10 +180,7 @@ def _build_narrow():
         n_rows, k_dim = a.shape
         n_out, n_cols = out.shape
         n_halves = (n_cols + LANES - 1) // LANES
-        n_tiles = n_rows // NARROW_ROWS
-        n_blocks = max(1, min(n_tiles, (n_rows * k_dim * 4 + NARROW_ROW_BLOCK_BYTES - 1) // NARROW_ROW_BLOCK_BYTES))
-        block_rows = (n_tiles + n_blocks - 1) // n_blocks * NARROW_ROWS
-        n_blocks = (n_rows + block_rows - 1) // block_rows
+        block_rows, n_blocks = row_blocks(n_rows, k_dim * 4, NARROW_ROWS, NARROW_ROW_BLOCK_BYTES)
         for item in prange(n_blocks * n_halves):
             r0 = item // n_halves * block_rows
             r1 = min(n_rows, r0 + block_rows)
@@ -226,6 +223,16 @@ def _build_narrow():
         return out
 
     return matmul_half_panels, matmul_half_panels_few_rows
+
+
+@njit(inline="always")
+def row_blocks(n_rows, row_bytes, tile_rows, block_bytes):
+    """(rows per block, blocks): blocks of whole tiles of `tile_rows`, as even as can be, whose activations
+    (row_bytes a row) stay within block_bytes (a block of at least one tile)."""
+    n_tiles = n_rows // tile_rows
+    n_blocks = max(1, min(n_tiles, (n_rows * row_bytes + block_bytes - 1) // block_bytes))
+    block_rows = (n_tiles + n_blocks - 1) // n_blocks * tile_rows
+    return block_rows, (n_rows + block_rows - 1) // block_rows
 
 
 @njit(inline="always")

@@ -32,6 +32,7 @@ from numba.core.extending import intrinsic
 
 from .cache_key import HELPERS
 from .encoder import gelu1, gelu16
+from .gemm import row_blocks
 from .simd import (LANES, abs16, float32x16, hmax, int32x16, int_zeros16, load16, max16, splat, store16, to_float,
                    zeros16)
 
@@ -168,10 +169,7 @@ def _build():
         n_blocks = a_scales.shape[1]
         n_out, n_cols = out.shape
         n_halves = (n_cols + LANES - 1) // LANES
-        n_tiles = n_rows // ROWS
-        n_row_blocks = max(1, min(n_tiles, (n_rows * k2_dim * 4 + ROW_BLOCK_BYTES - 1) // ROW_BLOCK_BYTES))
-        block_rows = (n_tiles + n_row_blocks - 1) // n_row_blocks * ROWS
-        n_row_blocks = (n_rows + block_rows - 1) // block_rows
+        block_rows, n_row_blocks = row_blocks(n_rows, k2_dim * 4, ROWS, ROW_BLOCK_BYTES)
         for item in prange(n_row_blocks * n_halves):
             r0 = item // n_halves * block_rows
             r1 = min(n_rows, r0 + block_rows)
