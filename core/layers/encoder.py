@@ -51,17 +51,6 @@ def _layernorm_columns(x, weight, bias, eps, out):
     return out
 
 
-@njit(inline="always")
-def gelu16(v):
-    """HF's "gelu" 0.5 v (1 + erf(v / sqrt 2)) of 16 lanes, not the tanh approximation: 0.5 v + 0.5 |v| erf(|v| /
-    sqrt 2), erf by A&S 7.1.26."""
-    a = abs16(v) * _SQRT_HALF
-    k = 1.0 / (a * _P + 1.0)
-    poly = k * (((((k * _A5 + _A4) * k + _A3) * k + _A2) * k) + _A1)
-    erf = 1.0 - poly * exp16(zeros16() - a * a)
-    return v * 0.5 + abs16(v) * 0.5 * erf
-
-
 @njit(cache=True, parallel=True)
 def _layernorm_vectors(x, weight, bias, eps, out):
     n, d = x.shape
@@ -79,6 +68,17 @@ def _layernorm_vectors(x, weight, bias, eps, out):
         for i in range(0, d, LANES):
             store16(normed, i, (load16(row, i) - mean) * inv * load16(weight, i) + load16(bias, i))
     return out
+
+
+@njit(inline="always")
+def gelu16(v):
+    """HF's "gelu" 0.5 v (1 + erf(v / sqrt 2)) of 16 lanes, not the tanh approximation: 0.5 v + 0.5 |v| erf(|v| /
+    sqrt 2), erf by A&S 7.1.26."""
+    a = abs16(v) * _SQRT_HALF
+    k = 1.0 / (a * _P + 1.0)
+    poly = k * (((((k * _A5 + _A4) * k + _A3) * k + _A2) * k) + _A1)
+    erf = 1.0 - poly * exp16(zeros16() - a * a)
+    return v * 0.5 + abs16(v) * 0.5 * erf
 
 
 @njit(inline="always")
