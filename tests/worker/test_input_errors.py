@@ -284,7 +284,7 @@ def test_huge_values_do_not_end_up_in_messages(tmp_path):
         {"prompt": "x", "temperature": big},
         {"messages": [{"role": big, "content": "x"}]},
     )
-    assert len(result.errors) == 4
+    assert len(result.errors) == 5  # lines 2 and 3: a custom id over MAX_CUSTOM_ID
     assert_clean(result)
     assert all(len(e.message) < 300 for e in result.errors)
 
@@ -383,3 +383,42 @@ def test_a_constraint_that_cannot_compile_is_its_lines_error(tmp_path, line, mes
     enqueued."""
     error = only_error(tmp_path, line)
     assert error.message.startswith(message) and error.message.endswith(".") and "\n" not in error.message
+
+
+def test_a_line_with_no_end_over_the_limit_is_read_in_bounded_pieces(tmp_path):
+    """A 50 MB file that is one line with no newline: one error in one sentence, and the scan's memory is a piece's,
+    not the line's (tracemalloc's peak), so a bigger file costs no more."""
+    import tracemalloc
+
+    from miro.worker.fleet.dataset import scan_dataset
+
+    path = tmp_path / "one_line.jsonl"
+    with open(path, "wb") as f:
+        f.write(b'{"prompt": "')
+        for _ in range(50):
+            f.write(b"y" * (1 << 20))
+    tracemalloc.start()
+    try:
+        items = list(scan_dataset(path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    size = path.stat().st_size
+    assert [e.message for e in items] == [f"line 1: the line is {size:,} bytes, over the limit of 1,000,000 bytes."]
+    assert peak < 4 << 20
+
+
+def test_custom_id_over_the_limit_is_refused_without_keeping_it(tmp_path):
+    from miro.worker.fleet.inputs import MAX_CUSTOM_ID
+
+    long_id = "k" * (MAX_CUSTOM_ID + 1)
+    result = parse(tmp_path, {"id": "a" * MAX_CUSTOM_ID, "prompt": "at the limit"}, {"id": long_id, "prompt": "x"},
+                   {"custom_id": long_id, "method": "POST", "url": "/v1/chat/completions",
+                    "body": {"messages": [{"role": "user", "content": "x"}]}})
+    assert [r.custom_id for r in result.requests] == ["a" * MAX_CUSTOM_ID]
+    assert [(e.line, e.custom_id, e.message) for e in result.errors] == [
+        (2, None, f"line 2: field 'id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too long (at most "
+                  f"{MAX_CUSTOM_ID:,})."),
+        (3, None, f"line 3: field 'custom_id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too long (at most "
+                  f"{MAX_CUSTOM_ID:,})."),
+    ]

@@ -211,3 +211,22 @@ def test_estimated_lines(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
     assert estimated_lines(empty) == 0
+
+
+def test_estimated_lines_reads_a_bounded_block_of_a_line_with_no_end(tmp_path):
+    """A file of one 50 MB line with no newline: the estimate reads a block of SAMPLE_BYTES, never the line."""
+    import tracemalloc
+
+    from miro.worker.fleet.seen_ids import SAMPLE_BYTES
+
+    one_line = tmp_path / "one_line.jsonl"
+    with open(one_line, "wb") as f:
+        for _ in range(50):
+            f.write(b"x" * (1 << 20))
+    tracemalloc.start()
+    try:
+        assert estimated_lines(one_line) == 1
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < SAMPLE_BYTES + (1 << 20)

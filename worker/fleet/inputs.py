@@ -140,6 +140,10 @@ def _simple_embedding(line: SimpleLine, number: int) -> Request:
 
 
 MAX_FIELD_NAME = 128  # characters in the name of a line's own field (a column of the results)
+# characters in a custom id: each one is kept in Redis while its batch runs (job meta, the invalid lines) and in every
+# row of the results, so a line cannot make Redis hold megabytes for one id. OpenAI's Batch API documents no limit;
+# Anthropic's Message Batches take 1 to 64 characters.
+MAX_CUSTOM_ID = 512
 _MIRO_FIELDS = sorted(SimpleLine.model_fields)  # a line's own field this close to one of these is a typo
 _RESULT_COLUMNS = frozenset(SCHEMA.names)  # the results' own columns
 
@@ -247,11 +251,20 @@ def _constrain(sampling: dict, constraint: dict | None, structured_outputs: dict
 
 
 def _id_of(obj: dict) -> str | None:
+    """The line's custom id as given, if it is one miro keeps (not over MAX_CUSTOM_ID: such a line is named line-N)."""
     for key in ("custom_id", "id"):
         value = int_id_as_str(obj.get(key))
         if isinstance(value, str) and value:
-            return value
+            return value if len(value) <= MAX_CUSTOM_ID else None
     return None
+
+
+def _check_id_length(obj: dict) -> None:
+    for key in ("custom_id", "id"):
+        value = obj.get(key)
+        if isinstance(value, str) and len(value) > MAX_CUSTOM_ID:
+            raise LineProblem(f"field '{key}': a custom id of {len(value):,} characters is too long (at most "
+                              f"{MAX_CUSTOM_ID:,})")
 
 
 class _NonStandardNumber(ValueError):
@@ -277,6 +290,7 @@ def parse_line(number: int, text: str, defaults: dict, pooling_defaults: dict, t
     if not isinstance(obj, dict):
         raise LineProblem(f"expected a JSON object, got {_JSON_TYPES.get(type(obj), 'a number')}")
     try:
+        _check_id_length(obj)
         request = _openai(obj, number) if obj.keys() & {"url", "method", "body"} else _simple(obj, number, task)
         try:
             if request.kind == "embedding":

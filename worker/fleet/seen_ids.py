@@ -139,11 +139,21 @@ class SeenIds:
         return self._keys.nbytes + self._lines.nbytes
 
 
+SAMPLE_BYTES = 4 << 20  # what estimated_lines reads of a file at most
+
+
 def estimated_lines(path, sample_lines: int = 1000) -> int:
-    """About how many lines the file has: its size over the mean byte length of its first `sample_lines` lines
-    (read once, without a pass over the whole file), for `SeenIds(expected=...)`. 0 for an empty file."""
+    """About how many lines the file has: its size over the mean byte length of its first `sample_lines` lines, read
+    from its first SAMPLE_BYTES at most (one block, never a whole line: a file of one 400 MB line costs 4 MiB here,
+    and its line is refused by the scan, which reads it in bounded pieces), for `SeenIds(expected=...)`. 0 for an
+    empty file; 1 when the first block holds no line ending."""
     if (size := os.path.getsize(path)) == 0:
         return 0
     with open(path, "rb") as f:
-        sample = [len(line) for _, line in zip(range(sample_lines), f)]
-    return max(1, round(size * len(sample) / sum(sample)))
+        block = f.read(min(size, SAMPLE_BYTES))
+    ends, at, sampled = 0, -1, 0
+    while ends < sample_lines and (at := block.find(b"\n", at + 1)) != -1:
+        ends, sampled = ends + 1, at + 1
+    if ends < sample_lines and len(block) == size:  # the whole file, fewer lines than the sample: its lines
+        return ends + (not block.endswith(b"\n"))
+    return max(1, round(size * ends / sampled)) if ends else 1
