@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from .errors import RequestError
 
 # JSON is generated without free whitespace: a small model given the choice can loop on spaces and newlines
@@ -117,7 +119,46 @@ def _compiled(kind: str, key: str) -> str:
     is_error, messages = build.validate_grammar_with_warnings(grammar)
     if is_error:
         raise _Unusable(f"does not compile: {first_line(messages[0])}")
+    _check_first_token(grammar)
     return grammar
+
+
+def _check_first_token(grammar: str) -> None:
+    """A grammar that compiles may still exceed llguidance's limits at its first token (`start: "a"{60000}`: "Too
+    many items"): run it one token on a byte vocabulary, a mask and the first allowed byte consumed. (The engine
+    does not rely on this: a grammar that fails later fails its own request.)"""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+    if not matcher.is_error():
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.flatnonzero(np.unpackbits(bits, bitorder="little")[:_BYTE_VOCAB])
+        if len(allowed):
+            matcher.consume_token(int(allowed[0]))
+    if matcher.is_error():
+        raise _Unusable(f"cannot run: {first_line(matcher.get_error())}")
+
+
+_BYTE_VOCAB = 257  # the 256 bytes and an end-of-sequence token
+
+
+class _Bytes:
+    """A vocabulary of the 256 bytes and an end token, in the shape llguidance.TokenizerWrapper reads."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    special_token_ids = [256]
+    tokens = [bytes([b]) for b in range(256)] + [b"\xff<eos>"]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+@lru_cache(maxsize=1)
+def _byte_tokenizer():
+    import llguidance
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()), n_vocab=_BYTE_VOCAB, eos_token=256)
 
 
 def _check_string(value: Any) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .block_manager import BlockManager
-from .errors import RequestError
+from .errors import RequestError, request_fault
 from .models.bert import encoder_input
 from .outputs import EmbeddingRequestOutput
 from .pooling import PoolingParams, finish, pool
@@ -130,8 +130,17 @@ class Embedder:
         if not batch:  # a decoder whose KV cache is full of generation: the pass waits for room
             return []
         hidden = self._encode(batch) if self.runner is None else self._decode_prefill(batch)
-        return [EmbeddingRequestOutput(r.request_id, r.prompt, r.token_ids, finish(pool(h, r.pooling_type), r.params))
-                for r, h in zip(batch, hidden)]
+        return [self._pooled(r, h) for r, h in zip(batch, hidden)]
+
+    @staticmethod
+    def _pooled(request: EmbeddingRequest, hidden: np.ndarray) -> EmbeddingRequestOutput:
+        """One input's vector from its hidden states; a fault in its pooling is its error alone."""
+        try:
+            vector = finish(pool(hidden, request.pooling_type), request.params)
+        except Exception as exc:  # noqa: BLE001 - this request's fault, said in its output
+            return EmbeddingRequestOutput(request.request_id, request.prompt, request.token_ids,
+                                          error=request_fault("pooling its embedding", exc))
+        return EmbeddingRequestOutput(request.request_id, request.prompt, request.token_ids, vector)
 
     def _encode(self, batch: list[EmbeddingRequest]) -> list[np.ndarray]:
         packed = encoder_input([r.token_ids for r in batch])

@@ -27,8 +27,9 @@ from . import defaults, sampler
 from .block_manager import BlockManager
 from .embedder import Embedder, EmbeddingRequest
 from .config import ModelConfig
+from .constraint import first_line
 from .engine_config import EngineConfig
-from .errors import MiroError, RequestError
+from .errors import MiroError, RequestError, request_fault
 from .gguf_file import GGUFFile
 from .kv_cache import check_kv_cache_dtype
 from .layers import cpu
@@ -202,6 +203,7 @@ class Engine:
         if params.max_tokens is None:
             params = replace(params, max_tokens=self._room_for(len(ids), params.n))
         self._check_fits(len(ids), params.max_tokens, params.n)
+        self._check_token_ids(params)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.tokenizer.eog_ids)
         matcher = self.structured.new_matcher(params.structured_outputs) if params.structured_outputs else None
         seq = self._new_sequence(request_id, 0, ids, params, matcher, priority)
@@ -210,6 +212,13 @@ class Engine:
         )
         self.scheduler.add(seq)
         return request_id
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        """Token ids a request names (stop_token_ids) must be the model's: RequestError otherwise."""
+        outside = sorted(t for t in params.stop_token_ids if t >= self.config.vocab_size)
+        if outside:
+            raise RequestError(f"stop_token_ids has {outside[0]}, outside the model's vocabulary "
+                               f"(0..{self.config.vocab_size - 1}).")
 
     def refusal(self, task: str) -> str | None:
         """Why the model cannot do `task` ("generate" or "embed"), in one sentence naming it; None if it can."""
@@ -263,7 +272,8 @@ class Engine:
         # structured output: the masks of the constrained rows are computed while the forward pass runs
         pending_masks = self.structured.start_masks([s.seq for s in batch.seqs if s.wants_logits])
         out = self.runner.execute(batch)
-        masks = pending_masks.result() if pending_masks else None
+        faults: dict[int, Exception] = {}  # logits row -> what went wrong in its request's own processing
+        masks = self.structured.step_masks(pending_masks, out.seqs, faults)
 
         prompt_tokens = 0
         for scheduled in batch.seqs:
@@ -272,22 +282,67 @@ class Engine:
                 prompt_tokens += n  # prefill (or recomputation after preemption), not a decode token
             scheduled.seq.num_computed_tokens += n
         stop_ids = [self.requests[s.request_id].stop_ids for s in out.seqs]
-        tokens = sampler.sample(out.logits, out.seqs, stop_ids, masks)
+        tokens = sampler.sample(out.logits, out.seqs, stop_ids, masks, faults)
 
-        touched = {}
-        for seq, token, row in zip(out.seqs, tokens, out.logits):
+        # each request's own part of the step, on its own: a fault there ends that request with an error
+        # (request_fault), and the others go on with the tokens they would have had without it
+        touched: dict[str, Request] = {}
+        failed: dict[str, str] = {}  # request id -> its error
+        for i, (seq, token, row) in enumerate(zip(out.seqs, tokens, out.logits)):
             request = self.requests[seq.request_id]
-            if seq.index == 0 and not seq.output_token_ids and request.params.n > 1:
-                self._fork(request, seq, row)
-            self._append_token(seq, token, request)
+            if seq.request_id in failed:
+                continue
             touched[seq.request_id] = request
+            if i in faults:
+                failed[seq.request_id] = request_fault("masking and sampling its next token", faults[i])
+                continue
+            stage = "forking its n choices"
+            try:
+                if seq.index == 0 and not seq.output_token_ids and request.params.n > 1:
+                    self._fork(request, seq, row)
+                stage = "taking its token (grammar, stop ids and strings, detokenisation)"
+                self._append_token(seq, token, request)
+            except Exception as exc:  # noqa: BLE001 - this request's fault, said in its output
+                failed[seq.request_id] = request_fault(stage, exc)
         self._log_tokens(prompt_tokens, len(out.seqs), step_started)
 
         for request in touched.values():
+            if request.request_id in failed:
+                outputs.append(self._fail(request, failed[request.request_id]))
+                continue
             outputs.append(self._output(request))
             if all(s.is_finished for s in request.seqs):
                 del self.requests[request.request_id]
         return outputs
+
+    def _fail(self, request: Request, error: str) -> RequestOutput:
+        """End a request whose own processing failed: every choice finished ("error"), its blocks freed, and its
+        output finished with `error` (the choices so far kept)."""
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+                seq.finish_reason = "error"
+        self.requests.pop(request.request_id, None)
+        output = self._output(request)
+        output.error, output.finished = error, True
+        return output
+
+    def reset(self) -> list[str]:
+        """Drop every request, queued or running, and start the scheduler, the block tables and the prefix
+        cache afresh (the weights and the KV cache's memory stay): for a caller whose step() raised an error no
+        request accounts for. Returns the ids of the requests dropped; their outputs never come."""
+        dropped = [*self.requests, *self.embedding_requests]
+        self.requests.clear()
+        self._aborted = []
+        self.block_manager = BlockManager(self.block_manager.num_blocks, self.block_size,
+                                          self.engine_config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, self.scheduler.max_num_seqs,
+                                   self.scheduler.max_num_batched_tokens, self.engine_config.enable_chunked_prefill,
+                                   self.engine_config.admission_order)
+        if self.embedder is not None:
+            self.embedder = Embedder(self.model, self.tokenizer, self.max_model_len,
+                                     self.engine_config.embed_batch_tokens, self.runner, self.block_manager)
+        return dropped
 
     def _embed_step(self, step_started: float) -> list[EmbeddingRequestOutput]:
         """One embedding pass over the waiting inputs (embedder.py); every output is finished."""
@@ -308,10 +363,10 @@ class Engine:
             child = self._new_sequence(request.request_id, index, parent.prompt_token_ids, request.params, matcher,
                                        parent.priority)
             self.block_manager.fork(parent, child)
+            request.seqs.append(child)  # the request's from here: a fault below frees its blocks with the rest
+            self.scheduler.add_running(child)
             masks = self.structured.masks([matcher], [0]) if matcher is not None else None
             token = sampler.sample(logits_row[None], [child], [request.stop_ids], masks)[0]
-            request.seqs.append(child)
-            self.scheduler.add_running(child)
             self._append_token(child, token, request)
 
     def _append_token(self, seq: Sequence, token: int, request: Request) -> None:
@@ -319,7 +374,7 @@ class Engine:
         seq.output_token_ids.append(token)
         if seq.matcher is not None and not seq.matcher.consume_token(token):
             raise MiroError(f"structured output: the grammar refused a token its own mask allowed "
-                            f"({seq.matcher.get_error()}).")
+                            f"({first_line(seq.matcher.get_error())}).")
         if token in request.stop_ids:
             self._finish(seq, "stop", stop_reason=token)
             return

@@ -11,3 +11,18 @@ class ModelFileError(MiroError):
 
 class RequestError(MiroError):
     """A request the engine cannot serve (bad parameters, prompt too long)."""
+
+
+FAULT_MESSAGE_CHARS = 300  # what went wrong in a request's fault, as its error says it, is cut to this
+
+
+def request_fault(stage: str, exc: BaseException) -> str:
+    """A request's own fault in an engine step, as that request's error in one sentence: the stage, and what went
+    wrong (a MiroError's own sentence; otherwise the exception's type and the first line of its message)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    message = lines[0].rstrip(".") if lines else ""
+    what = message if isinstance(exc, MiroError) and message else (
+        f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+    if len(what) > FAULT_MESSAGE_CHARS:
+        what = what[:FAULT_MESSAGE_CHARS - 3] + "..."
+    return f"the engine failed on this request while {stage}: {what}."

@@ -82,10 +82,29 @@ def apply_token_masks(processed: np.ndarray, raw: np.ndarray, masks: TokenMasks)
 
 
 def sample(logits: np.ndarray, seqs: list[Sequence], stop_ids: list[set[int]],
-           masks: TokenMasks | None = None) -> list[int]:
+           masks: TokenMasks | None = None, faults: dict[int, Exception] | None = None) -> list[int | None]:
     """Next token for each sequence; `logits[i]` belongs to `seqs[i]`, `stop_ids[i]` are its stop tokens,
-    and `masks` holds the allowed tokens of the rows under a structured-output constraint."""
-    tokens = [0] * len(seqs)
+    and `masks` holds the allowed tokens of the rows under a structured-output constraint.
+
+    Every row is processed on its own (its penalties, banned stop ids, mask, draw and logprobs touch only its
+    row of the copy and its own generator), so a row's token is bitwise the same whatever the other rows are.
+    With `faults` (a dict), a row whose processing raises gets its exception there and None as its token, and
+    the other rows go on; without, the exception propagates. Rows already in `faults` are skipped."""
+    isolated = faults is not None
+    faults = {} if faults is None else faults
+    tokens: list[int | None] = [None] * len(seqs)
+
+    def guarded(i: int, work) -> None:
+        if i in faults:
+            return
+        if not isolated:
+            work()
+            return
+        try:
+            work()
+        except Exception as exc:  # noqa: BLE001 - the row's fault, reported with its request
+            faults[i] = exc
+
     processed = logits
     needs_processing = [
         i for i, s in enumerate(seqs)
@@ -95,18 +114,34 @@ def sample(logits: np.ndarray, seqs: list[Sequence], stop_ids: list[set[int]],
     if needs_processing or masks:
         processed = logits.copy()
         for i in needs_processing:
-            s = seqs[i]
-            apply_penalties(processed[i], s.params, s.prompt_token_ids, s.output_token_ids)
-            if len(s.output_token_ids) < s.params.min_tokens and stop_ids[i]:
-                processed[i, list(stop_ids[i])] = -np.inf
+            def penalise(i=i):
+                s = seqs[i]
+                apply_penalties(processed[i], s.params, s.prompt_token_ids, s.output_token_ids)
+                if len(s.output_token_ids) < s.params.min_tokens and stop_ids[i]:
+                    processed[i, list(stop_ids[i])] = -np.inf
+            guarded(i, penalise)
         if masks:
-            apply_token_masks(processed, logits, masks)
+            _mask(processed, logits, masks, guarded)
 
     for i, s in enumerate(seqs):
-        if s.params.greedy:  # row by row: processed[greedy] would copy the logits (64 x 49152: 12.6 MB, fresh pages)
-            tokens[i] = int(processed[i].argmax())
-        else:
-            tokens[i] = sample_row(processed[i], s.params, s.rng)
-        if s.params.logprobs is not None:
-            s.logprobs.append(token_logprobs(logits[i], tokens[i], s.params.logprobs))
+        def draw(i=i, s=s):
+            if s.params.greedy:  # row by row: processed[greedy] would copy the logits (64 x 49152: 12.6 MB)
+                token = int(processed[i].argmax())
+            else:
+                token = sample_row(processed[i], s.params, s.rng)
+            if s.params.logprobs is not None:
+                s.logprobs.append(token_logprobs(logits[i], token, s.params.logprobs))
+            tokens[i] = token
+        guarded(i, draw)
     return tokens
+
+
+def _mask(processed: np.ndarray, raw: np.ndarray, masks: TokenMasks, guarded) -> None:
+    """The constrained rows' masks, all at once; if that fails, row by row, so only the faulty row's fails (a
+    row's mask touches that row alone, so either way each row gets the same bits)."""
+    try:
+        apply_token_masks(processed, raw, masks)
+    except Exception:  # noqa: BLE001 - found again below, row by row
+        for j, row in enumerate(masks.rows):
+            guarded(row, lambda j=j, row=row: apply_token_masks(processed, raw,
+                                                               TokenMasks([row], masks.bits[j:j + 1])))

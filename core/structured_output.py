@@ -90,6 +90,31 @@ class StructuredOutputs:
         matchers = [seqs[i].matcher for i in rows]
         return self._thread.submit(self.masks, matchers, rows)
 
+    def step_masks(self, pending: Future | None, seqs: list[Sequence], faults: dict[int, Exception]) -> TokenMasks | None:
+        """The masks start_masks began (None if it began none). Should computing them fail, they are computed again
+        one matcher at a time, and a row whose own matcher fails, or is in error after its mask, gets its
+        exception in `faults` (the engine fails that request alone)."""
+        if pending is None:
+            return None
+        try:
+            masks = pending.result()
+        except Exception:  # noqa: BLE001 - one matcher's fault: found below, one at a time
+            rows, bits = [], []
+            for i, seq in enumerate(seqs):
+                if seq.matcher is None:
+                    continue
+                try:
+                    bits.append(self.masks([seq.matcher], [i]).bits[0])
+                    rows.append(i)
+                except Exception as exc:  # noqa: BLE001 - that row's request's fault
+                    faults[i] = exc
+            masks = TokenMasks(rows, np.stack(bits)) if rows else None
+        for i in masks.rows if masks is not None else ():
+            matcher = seqs[i].matcher
+            if i not in faults and matcher.is_error():
+                faults[i] = RequestError(f"structured output: the grammar failed ({first_line(matcher.get_error())})")
+        return masks
+
     def masks(self, matchers: list, rows: list[int]) -> TokenMasks:
         """The masks of `matchers`, one per logits row in `rows`."""
         self._llguidance()
