@@ -17,6 +17,7 @@ from gguf import Keys
 
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
+from .layers.rotary import RopeParams, yarn_attn_factor
 from .pooling import GGUF_POOLING_TYPES
 
 # The longest context a file may declare: 4M tokens, above the longest-context llama, qwen and gemma
@@ -45,6 +46,14 @@ class ModelConfig:
     rope_theta_local: float = 0.0  # RoPE base of the local (sliding-window) layers
     causal: bool = True  # False: an encoder (bert), every token attends to its whole input, no KV cache
     pooling_type: str | None = None  # "mean", "cls" or "last" where the file says how it embeds ({arch}.pooling_type)
+    # RoPE as the file scales it (rope.dimension_count, rope.scaling.*), read as llama.cpp reads them:
+    rope_dim: int = 0  # dimensions rotated; 0: head_dim (the rest pass through unrotated)
+    rope_scaling: str = "none"  # "none", "linear" or "yarn"
+    rope_factor: float = 1.0  # rope.scaling.factor (context multiple); 1: unscaled
+    rope_orig_context: int = 0  # rope.scaling.original_context_length (yarn's ramp), else context_length
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor
+    attention_scale: float = 0.0  # q.k scale; 0: 1 / sqrt(head_dim)
+    final_logit_softcap: float = 0.0  # logits = c * tanh(logits / c) where c > 0 (gemma)
 
     @property
     def q_dim(self) -> int:
@@ -53,6 +62,20 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    def rope(self, theta: float | None = None, scaled: bool = True) -> RopeParams:
+        """A layer's RoPE: the file's base and scaling, or (a sliding-window layer of gemma3) another base
+        and no frequency scaling, as llama.cpp's get_rope_freq_base/scale give them per layer."""
+        yarn = self.rope_scaling == "yarn"
+        freq_scale = 1.0 / self.rope_factor if scaled and self.rope_scaling != "none" else 1.0
+        return RopeParams(
+            theta=self.rope_theta if theta is None else theta,
+            n_rot=self.rope_dim or self.head_dim,
+            freq_scale=freq_scale,
+            yarn=yarn,
+            n_ctx_orig=self.rope_orig_context or self.context_length,
+            attn_factor=yarn_attn_factor(self.rope_factor, self.rope_attn_factor) if yarn else self.rope_attn_factor,
+        )
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile, norm_eps_key: str = Keys.Attention.LAYERNORM_RMS_EPS) -> "ModelConfig":
@@ -79,8 +102,9 @@ class ModelConfig:
                 f"the key length ({head_dim})."
             )
         rope_dim = _positive_int(gguf, key(Keys.Rope.DIMENSION_COUNT), default=head_dim)
-        if rope_dim != head_dim:
-            raise ModelFileError(f"{gguf.path}: partial RoPE ({rope_dim} of {head_dim} dims) is not supported.")
+        if rope_dim > head_dim or rope_dim % 2:
+            raise ModelFileError(f"{gguf.path}: {key(Keys.Rope.DIMENSION_COUNT)} is {rope_dim}; it must be even and "
+                                 f"at most the head size ({head_dim}).")
         context_length = _positive_int(gguf, key(Keys.LLM.CONTEXT_LENGTH))
         if context_length > MAX_CONTEXT_LENGTH:
             raise ModelFileError(
@@ -103,7 +127,37 @@ class ModelConfig:
             rope_theta=_positive_float(gguf, key(Keys.Rope.FREQ_BASE), default=10000.0),
             rms_eps=_positive_float(gguf, key(norm_eps_key)),
             pooling_type=read_pooling_type(gguf),
+            rope_dim=rope_dim,
+            **read_rope_scaling(gguf, arch, context_length),
         )
+
+
+ROPE_SCALING_TYPES = ("none", "linear", "yarn")
+ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # the factor's older key, which llama.cpp still reads  # llama.cpp's, less longrope (Phi-3's short and long factors)
+
+
+def read_rope_scaling(gguf: GGUFFile, arch: str, context_length: int) -> dict:
+    """rope.scaling.{type, factor, original_context_length, attn_factor} as llama.cpp's load_hparams reads them:
+    the type defaults to linear, the factor to 1 (or the old rope.scale_linear key), so a file with a factor and
+    no type is linear-scaled; "none" ignores the factor."""
+    scaling = gguf.get(Keys.Rope.SCALING_TYPE.format(arch=arch), "linear")
+    if scaling not in ROPE_SCALING_TYPES:
+        raise ModelFileError(
+            f"{gguf.path}: {Keys.Rope.SCALING_TYPE.format(arch=arch)} is {scaling!r}; miro applies RoPE scaling "
+            f"{', '.join(ROPE_SCALING_TYPES)} ({'Phi-3 longrope' if scaling == 'longrope' else 'not that one'}).")
+    factor_key = Keys.Rope.SCALING_FACTOR.format(arch=arch)
+    if factor_key not in gguf.metadata:
+        factor_key = ROPE_SCALE_LINEAR.format(arch=arch)
+    factor = gguf.get(factor_key, 0.0)
+    if type(factor) not in (int, float) or not math.isfinite(factor) or factor < 0:
+        raise ModelFileError(f"{gguf.path}: metadata key '{factor_key}' is {factor!r}, not a positive number.")
+    factor = float(factor) or 1.0  # llama.cpp: 0 (or absent) means unscaled
+    if scaling == "none" or (scaling == "linear" and factor == 1.0):
+        scaling, factor = "none", 1.0
+    orig_key = Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch)
+    orig = _positive_int(gguf, orig_key, default=context_length)
+    return dict(rope_scaling=scaling, rope_factor=factor, rope_orig_context=orig,
+                rope_attn_factor=_positive_float(gguf, Keys.Rope.SCALING_ATTN_FACTOR.format(arch=arch), default=1.0))
 
 
 def read_pooling_type(gguf: GGUFFile) -> str | None:

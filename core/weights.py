@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType as Q
 from .dequant import SUPPORTED_TYPES
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
+from .model_check import refuse_unknown_tensors
 
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 
@@ -35,6 +36,11 @@ def norm(size: int) -> TensorSpec:
     return TensorSpec((size,), float_only=True)
 
 
+def bias_spec(size: int, optional: bool = True) -> TensorSpec:
+    """A bias (or another vector such as rope_freqs): float, optional unless the architecture always has it."""
+    return TensorSpec((size,), optional=optional, float_only=True)
+
+
 def tensor_name(tensor: MODEL_TENSOR, block: int | None = None) -> str:
     """The GGUF name of a weight, e.g. MODEL_TENSOR.ATTN_Q, 3 -> 'blk.3.attn_q.weight'."""
     return TENSOR_NAMES[tensor].format(bid=block) + ".weight"
@@ -45,8 +51,11 @@ def bias_name(tensor: MODEL_TENSOR, block: int | None = None) -> str:
     return TENSOR_NAMES[tensor].format(bid=block) + ".bias"
 
 
-def check_tensors(gguf: GGUFFile, specs: dict[str, TensorSpec]) -> None:
-    """Every expected tensor is present, of a type miro dequantizes, with its expected shape."""
+def check_tensors(gguf: GGUFFile, specs: dict[str, TensorSpec], architecture: str | None = None) -> None:
+    """Every expected tensor is present, of a type miro dequantizes, with its expected shape; with
+    `architecture`, every tensor of the file is one of `specs` (model_check.refuse_unknown_tensors)."""
+    if architecture is not None:
+        refuse_unknown_tensors(gguf, specs, architecture)
     for name, spec in specs.items():
         info = gguf.tensors.get(name)
         if info is None:

@@ -14,6 +14,7 @@ from gguf import Keys
 from ..config import ModelConfig
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
+from ..model_check import check_metadata
 from ..kv_cache import KVCache
 from ..step_input import StepInput
 from .bert import BertModel
@@ -23,6 +24,7 @@ from .llama import LlamaModel, Qwen2Model, Qwen3Model
 
 class Model(Protocol):
     config: ModelConfig
+    metadata_keys: frozenset[str]  # the {arch}.* keys (gguf.Keys templates) it reads beyond ModelConfig's
     weight_format: str  # "f32" (matrices dequantized once) or "native" (kept as stored, llama.cpp's kernels)
     batch_invariant: bool  # every row's logits bitwise independent of the rest of the batch (fixed at load)
 
@@ -67,7 +69,9 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
         cls = model_class(architecture)
     except ModelFileError as err:
         raise ModelFileError(f"{gguf.path}: {err}") from None
-    return cls.read_config(gguf)
+    config = cls.read_config(gguf)
+    check_metadata(gguf, architecture, cls.metadata_keys)
+    return config
 
 
 def load_model(gguf: GGUFFile, config: ModelConfig | None = None, weight_format: str = "f32",

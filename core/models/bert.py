@@ -81,10 +81,13 @@ def bert_tensor_specs(config: ModelConfig, n_positions: int, n_token_types: int)
 class BertModel:
     """The encoder: `encode` gives every token's final hidden state; the engine pools them (core/pooling.py)."""
 
+    metadata_keys = frozenset({Keys.Attention.LAYERNORM_EPS, Keys.Attention.CAUSAL})  # see core/model_check.py
+
     def __init__(self, config: ModelConfig, loader: Loader):
         gguf = loader.gguf
         types = gguf.tensors.get(tensor_name(T.TOKEN_TYPES))
-        check_tensors(gguf, bert_tensor_specs(config, config.context_length, types.shape[0] if types else 1))
+        check_tensors(gguf, bert_tensor_specs(config, config.context_length, types.shape[0] if types else 1),
+                      config.architecture)
 
         def layer_norm(kind, block=None):
             return loader.norm(kind, block), loader.vector(bias_name(kind, block))

@@ -121,6 +121,7 @@ class LoadedModel:
     and load()."""
 
     config: ModelConfig
+    metadata_keys: frozenset[str] = frozenset()  # {arch}.* keys read beyond ModelConfig.from_gguf's (model_check)
 
     def _load_embedding_and_head(self, config: ModelConfig, loader: Loader) -> None:
         """After the layers, so that `weight_memory` counts everything the loader built."""
@@ -132,7 +133,8 @@ class LoadedModel:
         self.lm_head = loader.lm_head()
         self.weight_memory = loader.memory  # bytes the weights hold of their own
         self.weight_fallbacks = list(loader.fallbacks.values())  # types kept f32 in native mode, and why
-        self.scale = np.float32(1.0 / np.sqrt(config.head_dim))
+        self.scale = np.float32(config.attention_scale or 1.0 / np.sqrt(config.head_dim))
+        self.softcap = np.float32(config.final_logit_softcap)
 
     @staticmethod
     def read_config(gguf: GGUFFile) -> ModelConfig:
@@ -165,22 +167,24 @@ def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, conf
 FFN_BYTES = 8 << 20  # the most a step's feed-forward gate/up output takes at a time (see feed_forward)
 
 
-def feed_forward(normed: np.ndarray, w_gate_up: Linear, w_down: Linear, gate_kernel) -> np.ndarray:
+def feed_forward(normed: np.ndarray, w_gate_up: Linear, w_down: Linear, gate_kernel,
+                 gate_up_bias: np.ndarray | None = None, down_bias: np.ndarray | None = None) -> np.ndarray:
     """w_down(gate(w_gate_up(normed))), gate_kernel(gate_up, out) one of kernels.silu_mul / gelu_mul, in runs of
     rows whose gate/up output fits FFN_BYTES: a 512-token prefill's (T, 2 x ffn_dim) output was the step's
-    largest buffer (23 MB on a 1.1B model), and every row's result is its own whatever rows share its call."""
+    largest buffer (23 MB on a 1.1B model), and every row's result is its own whatever rows share its call.
+    The biases, where a file has them, are added to each layer's output."""
     n_rows = normed.shape[0]
     run = max(16, FFN_BYTES // (4 * w_gate_up.out_features))
     act = np.empty((min(n_rows, run), w_down.in_features), dtype=np.float32)
     if n_rows <= run:
-        gate_kernel(w_gate_up(normed), act)
-        return w_down(act)
+        gate_kernel(w_gate_up(normed, gate_up_bias), act)
+        return w_down(act, down_bias)
     out = np.empty((n_rows, w_down.out_features), dtype=np.float32)
     for first in range(0, n_rows, run):
         rows = slice(first, first + run)
         chunk = act[: len(normed[rows])]
-        gate_kernel(w_gate_up(normed[rows]), chunk)
-        out[rows] = w_down(chunk)
+        gate_kernel(w_gate_up(normed[rows], gate_up_bias), chunk)
+        out[rows] = w_down(chunk, down_bias)
     return out
 
 
@@ -191,8 +195,15 @@ def qk_norm(qkv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray, config: Mod
     kernels.head_rmsnorm(qkv, cfg.q_dim, cfg.n_kv_heads, cfg.head_dim, k_norm, cfg.rms_eps)
 
 
-def logits(x: np.ndarray, rows: np.ndarray, output_norm: np.ndarray, lm_head: Linear, eps: float) -> np.ndarray:
-    """The final RMSNorm and the head, on the rows whose next-token logits are wanted."""
+def logits(x: np.ndarray, rows: np.ndarray, output_norm: np.ndarray, lm_head: Linear, eps: float,
+           softcap: np.float32 = np.float32(0.0)) -> np.ndarray:
+    """The final RMSNorm and the head, on the rows whose next-token logits are wanted; softcap > 0 (gemma's
+    final_logit_softcapping): softcap * tanh(logits / softcap)."""
     last = x[rows]
     kernels.rmsnorm(last, output_norm, eps, last)
-    return lm_head(last)
+    out = lm_head(last)
+    if softcap > 0:
+        out *= np.float32(1.0) / softcap
+        np.tanh(out, out=out)
+        out *= softcap
+    return out

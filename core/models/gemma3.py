@@ -3,9 +3,13 @@
 What differs from llama: the embedding is scaled by sqrt(dim); each block normalises its attention and
 feed-forward outputs again before adding them (post_attention_norm, post_ffw_norm); q and k get a
 per-head RMSNorm before NEOX RoPE; the gate is GELU (tanh form), not SiLU. Five of every six layers are
-local: their queries see only the last `sliding_window` positions and their RoPE base is 10000, which
-llama.cpp hard-codes (the file's rope.freq_base is the global layers'). Norm weights are multiplied as
-stored: the converter already folded HF's (1 + w) into them. No logit softcapping.
+local: their queries see only the last `sliding_window` positions (attention.sliding_window_pattern may set
+another period, or a flag per layer) and their RoPE base is rope.freq_base_swa, 10000 where the file has none
+(the file's rope.freq_base is the global layers'); only the global layers take the file's RoPE scaling
+(Gemma 3 4B-27B: linear x8). Norm weights are multiplied as stored: the converter already folded HF's (1 + w)
+into them. Attention scales by 1/sqrt(head_dim), except the 62-layer 27B, which llama.cpp (as Gemma's
+reference code, query_pre_attn_scalar) scales by 1/sqrt(dim / n_heads). The logits are soft-capped where
+the file gives final_logit_softcapping.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import numpy as np
 from gguf import Keys
 
 from .. import kernels
-from ..config import ModelConfig, _positive_int
+from ..config import ModelConfig, _positive_float, _positive_int
+from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..layers.linear import Linear
@@ -28,12 +33,27 @@ from ..weights import TensorSpec, check_tensors
 from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,
                      ffn_specs, logits, norm_specs, qk_norm, qk_norm_specs)
 
-LOCAL_ROPE_THETA = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3
-GLOBAL_LAYER_EVERY = 6  # layers 5, 11, 17, ... are global; the others slide
+LOCAL_ROPE_THETA = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3 where the file has no freq_base_swa
+GLOBAL_LAYER_EVERY = 6  # layers 5, 11, 17, ... are global; the others slide (unless sliding_window_pattern says)
+GEMMA3_27B_LAYERS = 62  # llama.cpp tells the 27B by its layer count, for its attention scale
 
 
-def is_local(layer: int) -> bool:
-    return layer % GLOBAL_LAYER_EVERY < GLOBAL_LAYER_EVERY - 1
+def is_local(layer: int, every: int = GLOBAL_LAYER_EVERY) -> bool:
+    return layer % every < every - 1
+
+
+def local_layers(gguf: GGUFFile, arch: str, n_layers: int) -> tuple[bool, ...]:
+    """Which layers slide: attention.sliding_window_pattern as llama.cpp's load_swa_pattern reads it (a flag per
+    layer, or the period of the global layers), else every sixth layer is global."""
+    key = Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=arch)
+    pattern = gguf.get(key, GLOBAL_LAYER_EVERY)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers or any(type(p) is not bool for p in pattern):
+            raise ModelFileError(f"{gguf.path}: {key} must be {n_layers} true/false flags, one per layer.")
+        return tuple(pattern)
+    if type(pattern) is not int or pattern < 1:
+        raise ModelFileError(f"{gguf.path}: {key} is {pattern!r}, not a positive integer.")
+    return tuple(is_local(i, pattern) for i in range(n_layers))
 
 
 @dataclass
@@ -60,7 +80,7 @@ def gemma3_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
 
 class Gemma3Model(LoadedModel):
     def __init__(self, config: ModelConfig, loader: Loader):
-        check_tensors(loader.gguf, gemma3_tensor_specs(config))
+        check_tensors(loader.gguf, gemma3_tensor_specs(config), config.architecture)
         self.layers = [
             Gemma3Layer(
                 attn_norm=loader.norm(T.ATTN_NORM, i),
@@ -77,15 +97,29 @@ class Gemma3Model(LoadedModel):
             for i in range(config.n_layers)
         ]
         self._load_embedding_and_head(config, loader)
-        self.rope_global = RopeTable(config.head_dim, config.rope_theta)
-        self.rope_local = RopeTable(config.head_dim, config.rope_theta_local)
+        self.local = local_layers(loader.gguf, config.architecture, config.n_layers)
+        self.rope_global = RopeTable(config.rope())
+        self.rope_local = RopeTable(config.rope(theta=config.rope_theta_local, scaled=False))
         self.embed_scale = np.float32(math.sqrt(config.dim))
+
+    metadata_keys = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
+                               Keys.Rope.FREQ_BASE_SWA, Keys.LLM.FINAL_LOGIT_SOFTCAPPING})
 
     @staticmethod
     def read_config(gguf: GGUFFile) -> ModelConfig:
         config = ModelConfig.from_gguf(gguf)
-        window = _positive_int(gguf, Keys.Attention.SLIDING_WINDOW.format(arch=config.architecture))
-        return dataclasses.replace(config, rope_neox=True, sliding_window=window, rope_theta_local=LOCAL_ROPE_THETA)
+        arch = config.architecture
+        window = _positive_int(gguf, Keys.Attention.SLIDING_WINDOW.format(arch=arch))
+        local_layers(gguf, arch, config.n_layers)  # a bad pattern stops here, before any weight is read
+        theta_local = _positive_float(gguf, Keys.Rope.FREQ_BASE_SWA.format(arch=arch), default=LOCAL_ROPE_THETA)
+        softcap_key = Keys.LLM.FINAL_LOGIT_SOFTCAPPING.format(arch=arch)
+        softcap = gguf.get(softcap_key, 0.0)
+        if type(softcap) not in (int, float) or not math.isfinite(softcap) or softcap < 0:
+            raise ModelFileError(f"{gguf.path}: metadata key '{softcap_key}' is {softcap!r}, not a number >= 0.")
+        scale = 1.0 / math.sqrt(config.dim // config.n_heads if config.n_layers == GEMMA3_27B_LAYERS
+                                else config.head_dim)
+        return dataclasses.replace(config, rope_neox=True, sliding_window=window, rope_theta_local=theta_local,
+                                   attention_scale=scale, final_logit_softcap=float(softcap))
 
     def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
@@ -97,7 +131,7 @@ class Gemma3Model(LoadedModel):
         normed = np.empty_like(x)
         attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
         for i, layer in enumerate(self.layers):
-            rope, window = (rope_local, cfg.sliding_window) if is_local(i) else (rope_global, 0)
+            rope, window = (rope_local, cfg.sliding_window) if self.local[i] else (rope_global, 0)
             kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
             qkv = layer.wqkv(normed)
             qk_norm(qkv, layer.q_norm, layer.k_norm, cfg)
@@ -106,4 +140,4 @@ class Gemma3Model(LoadedModel):
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
             h = feed_forward(normed, layer.w_gate_up, layer.w_down, kernels.gelu_mul)
             x += kernels.rmsnorm(h, layer.post_ffn_norm, cfg.rms_eps, h)
-        return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps)
+        return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps, self.softcap)
