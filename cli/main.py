@@ -212,7 +212,9 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
               help="...or once the oldest waiting row is this old.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
               help="Serve Prometheus metrics on this port (http://HOST:PORT/metrics).")
-@click.option("--metrics-host", default="0.0.0.0", show_default=True, help="Address the metrics server binds.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="Address the metrics server binds (no authentication: 0.0.0.0 lets any machine that reaches this "
+                   "one read it).")
 @click.option("--wait-for-redis", type=click.FloatRange(min=0), default=defaults.WAIT_FOR_REDIS_S, show_default=True,
               help="Seconds to keep trying to reach Redis at start-up (fleets often start workers first), and "
                    "when it goes away while the worker runs (a restart): past them the worker ends.")

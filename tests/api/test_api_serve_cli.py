@@ -28,8 +28,8 @@ def test_redis_unreachable_at_start(tmp_path):
 
 def test_no_api_key_means_loopback_only(tmp_path, redis_url):
     line = one_sentence(serve("--redis-url", redis_url, "--host", "0.0.0.0", "--storage", str(tmp_path)))
-    assert line == ("Error: Refusing to listen on 0.0.0.0 without an API key: give --api-key (or MIRO_API_KEYS), "
-                    "or listen on 127.0.0.1.")
+    assert line == ("Error: Refusing to listen on 0.0.0.0 without an API key: give --api-key-file (or --api-key, "
+                    "MIRO_API_KEYS), or listen on 127.0.0.1.")
 
 
 def test_a_taken_port(tmp_path, redis_url):

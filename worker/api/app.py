@@ -1,6 +1,8 @@
-"""The app: one Redis connection and file store for every request, API keys checked on every route but the page,
-every error in OpenAI's shape (a Redis that went away is a 503, never a traceback), an `x-request-id` on every
-response, and the background duties (background.py) while it serves."""
+"""The app: one Redis connection and file store for every request, API keys checked on every route but the page
+(/openapi.json too; no /docs), with no key only loopback Host names and same-origin pages (hosts.py), each route's
+body limit (limits.py), every error in OpenAI's shape (a Redis that went away is a 503; a command Redis refused a
+500 or 409, never a traceback), an `x-request-id` on every response, and the background duties (background.py)
+while it serves."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from . import batch_routes, chart_routes, file_routes, fleet_routes, message_rou
 from .background import Background
 from .errors import ApiError
 from .file_store import FileStore
+from .hosts import KeylessGuard
+from .limits import BodyLimits
 from .state import ServerConfig, ServerState
 
 log = logging.getLogger("miro.serve")
@@ -47,9 +51,18 @@ def _add_error_handlers(app: FastAPI, redis_url: str) -> None:
         return _respond(request, err)
 
     async def redis_error(request: Request, err: redis.RedisError):
-        message = (f"Redis at {batches.redacted(redis_url)} cannot be reached ({str(err).rstrip('.') or type(err).__name__}); "
-                   "try again once it is back.")
-        return _respond(request, ApiError(503, message, type="server_error", code="redis_unavailable"))
+        why = str(err).rstrip(".") or type(err).__name__
+        if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):  # BusyLoadingError, AuthenticationError too
+            message = f"Redis at {batches.redacted(redis_url)} cannot be reached ({why}); try again once it is back."
+            return _respond(request, ApiError(503, message, type="server_error", code="redis_unavailable"))
+        why = why.rpartition(" of pipeline caused error: ")[2][:300]  # the error, not the command and its values
+        log.error("Redis refused a command on %s %s (request %s): %s", request.method, request.url.path,
+                  request_ids.of(request), why)
+        if why.startswith("WRONGTYPE"):  # a key holds something other than what miro keeps there
+            return _respond(request, ApiError(409, "What Redis holds for this request is not what miro keeps there "
+                                                   f"({why}).", code="conflict"))
+        return _respond(request, ApiError(500, f"Redis refused a command of this request ({why}).",
+                                          type="server_error", code="redis_error"))
 
     async def invalid_request(request: Request, err: RequestValidationError):
         first = err.errors()[0]
@@ -58,7 +71,7 @@ def _add_error_handlers(app: FastAPI, redis_url: str) -> None:
         return _respond(request, ApiError(400, message, param=param))
 
     async def http_error(request: Request, err: HTTPException):
-        code = "not_found" if err.status_code == 404 else None
+        code = {404: "not_found", 413: "request_too_large"}.get(err.status_code)
         return _respond(request, ApiError(err.status_code, str(err.detail), code=code))
 
     async def unexpected(request: Request, err: Exception):
@@ -85,11 +98,15 @@ def create_app(config: ServerConfig, conn: redis.Redis | None = None) -> FastAPI
         background.start()
         yield
         background.stop()
+        state.work.shutdown()
 
     app = FastAPI(title="miro", summary="The OpenAI Batch API on a miro fleet", docs_url=None, redoc_url=None,
-                  lifespan=lifespan)
+                  openapi_url=None, lifespan=lifespan)
     app.state.miro = state
-    app.add_middleware(request_ids.RequestIds)
+    app.add_middleware(BodyLimits, upload_bytes=config.max_upload_bytes)
+    if not config.api_keys:
+        app.add_middleware(KeylessGuard, allowed_hosts=config.allowed_hosts)
+    app.add_middleware(request_ids.RequestIds)  # the outermost: every answer, a refusal too, has its id
     _add_error_handlers(app, config.redis_url)
     secured = [Depends(_require_key)]
     app.include_router(file_routes.router, dependencies=secured)
@@ -98,4 +115,9 @@ def create_app(config: ServerConfig, conn: redis.Redis | None = None) -> FastAPI
     app.include_router(message_routes.router, dependencies=secured)
     app.include_router(chart_routes.router, dependencies=secured)
     app.include_router(page.router)
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=secured)
+    def openapi() -> dict:
+        return app.openapi()
+
     return app

@@ -7,15 +7,18 @@
 - delete the files past their expires_at, records and bytes (FileStore.sweep_expired);
 - delete the RQ job keys of batches that ended a while ago and are still waiting for it (release.release_stale, as
   every worker does too);
-- feed the batches whose requests wait in storage (feed.top_up, as every worker does too).
+- feed the batches whose requests wait in storage (feed.top_up, as every worker does too);
+- at start and every LEFTOVER_SWEEP_S, remove what a server killed mid-request left in storage (leftovers.py).
 
-A Redis that stops answering is said once in the log and tried again each round; nothing here ends the server.
+A Redis that stops answering is said once in the log and tried again each round; a command Redis refuses, or any
+other failure, is logged and tried again next round; nothing here ends the server.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import redis
 
@@ -23,7 +26,7 @@ from miro.core.defaults import SERVER_SWEEP_S
 from miro.core.errors import MiroError
 from miro.worker.fleet import batches, expiry, feed, keys, release
 
-from . import batch_records
+from . import batch_records, leftovers
 from .batch_shape import ENDED, with_result_files
 from .state import ServerState
 
@@ -59,6 +62,7 @@ class Background(threading.Thread):
         self.state, self.interval_s = state, interval_s
         self._stopped = threading.Event()
         self._redis_down = False
+        self._leftovers_due = 0.0  # monotonic time of the next leftovers sweep: the first round's
 
     def once(self) -> None:
         expiry.expire_due(self.state.conn)
@@ -66,13 +70,16 @@ class Background(threading.Thread):
         self.state.store.sweep_expired()
         release.release_stale(self.state.conn)
         feed.top_up(self.state.conn, log=log.warning)
+        if time.monotonic() >= self._leftovers_due:
+            self._leftovers_due = time.monotonic() + leftovers.LEFTOVER_SWEEP_S  # a failing sweep waits its turn too
+            leftovers.sweep(self.state.store)
 
     def run(self) -> None:
         while not self._stopped.wait(self.interval_s):
             try:
                 self.once()
                 self._redis_down = False
-            except redis.RedisError as err:
+            except (redis.ConnectionError, redis.TimeoutError) as err:
                 if not self._redis_down:
                     log.warning("background duties wait for Redis (%s)", str(err).rstrip(".") or type(err).__name__)
                 self._redis_down = True

@@ -70,11 +70,17 @@ def _failed_batch(state: ServerState, file: FileRecord) -> str:
 
 
 @router.post("/v1/batches")
-def create_batch(body: BatchCreate, request: Request) -> Batch:
+async def create_batch(body: BatchCreate, request: Request) -> Batch:
+    """Checked here; made on one of the server's creation threads (slow.py), which may take seconds for a big file
+    while the request threads serve everyone else."""
     state = request.app.state.miro
     _check(body)
     given = body.output_expires_after
     output_expires_after_s = file_expiry.seconds(given.anchor, given.seconds, "output_expires_after") if given else None
+    return await state.work.create(_create, state, body, output_expires_after_s)
+
+
+def _create(state: ServerState, body: BatchCreate, output_expires_after_s: int | None) -> Batch:
     file = state.store.get(body.input_file_id)
     if file.purpose != "batch":
         raise bad_request(f"File {file.id} has purpose '{file.purpose}', not 'batch'.", param="input_file_id")

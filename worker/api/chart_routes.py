@@ -112,7 +112,7 @@ def fleet_series(request: Request, window_s: float = Query(defaults.SERIES_WINDO
 @router.get("/v1/fleet/batches/{batch_id}")
 def batch_detail(request: Request, batch_id: str) -> BatchDetail:
     state = request.app.state.miro
-    if not state.conn.exists(batches.BatchRecord.key(batch_id)):
+    if not batches.BATCH_ID_RE.fullmatch(batch_id) or not state.conn.exists(batches.BatchRecord.key(batch_id)):
         raise not_found("batch", batch_id)
     now = time.time()
     record = batches.get_batch(state.conn, batch_id)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from anyio import to_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
@@ -23,17 +22,18 @@ def _object(record: FileRecord) -> FileObject:
 
 @router.post("/v1/files")
 async def create_file(request: Request) -> FileObject:
-    store = request.app.state.miro.store
-    received = await upload.receive(request, store)
+    state = request.app.state.miro
+    store = state.store
+    received = await upload.receive(request, store, state.work)
     purpose = received.fields.get("purpose")
     try:
         if purpose not in PURPOSES:
             raise bad_request(f"miro takes files of purpose 'batch', not {purpose!r}.", param="purpose")
         expires_after_s = file_expiry.from_form(received.fields)
     except ApiError:
-        await to_thread.run_sync(store.delete_bytes, received.file_id)
+        await state.work.storage(store.delete_bytes, received.file_id)
         raise
-    record = await to_thread.run_sync(store.add, received.file_id, received.size, received.filename or "upload.jsonl",
+    record = await state.work.storage(store.add, received.file_id, received.size, received.filename or "upload.jsonl",
                                       purpose, expires_after_s)
     return _object(record)
 

@@ -27,6 +27,7 @@ from pyarrow import fs as pafs
 from miro.core.errors import MiroError
 from miro.worker.fleet import keys, storage
 from miro.worker.fleet.sink import open_output
+from miro.worker.fleet.urls import redacted
 
 from .errors import not_found
 
@@ -78,10 +79,11 @@ class FileStore:
         self.conn, self.storage = conn, storage
         self.filesystem, base = open_output(storage)
         self.folder = f"{base.rstrip('/')}/files"
+        self.batch_folder = f"{base.rstrip('/')}/batches"  # batch_output, as a path on `filesystem`
         try:
             self.filesystem.create_dir(self.folder, recursive=True)
         except OSError as err:
-            raise MiroError(f"Cannot use the storage location '{storage}': {err}.") from None
+            raise MiroError(f"Cannot use the storage location '{redacted(storage)}': {err}.") from None
 
     @property
     def batch_output(self) -> str:

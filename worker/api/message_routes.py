@@ -46,9 +46,15 @@ def _request_of(message: str) -> str:
 
 
 @router.post("/v1/messages/batches")
-def create_message_batch(body: MessageBatchCreate, request: Request) -> MessageBatch:
+async def create_message_batch(body: MessageBatchCreate, request: Request) -> MessageBatch:
+    """Made on one of the server's creation threads (slow.py), as /v1/batches is."""
     state = request.app.state.miro
     lines = []
+    record = await state.work.create(_create, state, body)
+    return message_batch(record, _results_url(request, record.id))
+
+
+def _create(state: ServerState, body: MessageBatchCreate) -> batches.BatchRecord:
     for index, item in enumerate(body.requests):
         try:
             lines.append(chat_line(item))
@@ -68,7 +74,7 @@ def create_message_batch(body: MessageBatchCreate, request: Request) -> MessageB
             raise bad_request(str(err)) from None
     record = batches.get_batch(state.conn, submitted.batch_id)
     state.conn.zadd(keys.message_batches(), {record.id: record.created_at})
-    return message_batch(record, _results_url(request, record.id))
+    return record
 
 
 @router.get("/v1/messages/batches/{batch_id}")

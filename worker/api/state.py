@@ -1,12 +1,15 @@
-"""What the server holds for every request: its configuration, one Redis connection and the file store."""
+"""What the server holds for every request: its configuration, one Redis connection, the file store and the
+threads of the slow routes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
 from .file_store import FileStore
+from .limits import UPLOAD_BYTES
+from .slow import SlowWork
 
 
 @dataclass(frozen=True)
@@ -14,6 +17,8 @@ class ServerConfig:
     redis_url: str
     storage: str  # a folder or an object-store URL (s3://bucket/prefix) the whole fleet reaches
     api_keys: tuple[str, ...] = ()  # none: anyone who reaches the server (cli/serve.py binds loopback then)
+    allowed_hosts: tuple[str, ...] = ()  # with no key: Host names served besides loopback's (hosts.py)
+    max_upload_bytes: int = UPLOAD_BYTES  # an uploaded file (limits.py)
 
 
 @dataclass
@@ -21,3 +26,4 @@ class ServerState:
     config: ServerConfig
     conn: redis.Redis
     store: FileStore
+    work: SlowWork = field(default_factory=SlowWork)  # the slow routes' own threads (slow.py)

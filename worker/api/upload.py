@@ -1,22 +1,24 @@
 """A multipart/form-data upload (POST /v1/files: fields `purpose` and `file`) streamed into a FileWriter as it
 arrives: the body is read chunk by chunk and written out whenever a MiB has gathered, so an upload of any
-size takes about a MiB of memory. Writes run on a worker thread; the event loop never waits on storage."""
+size takes about a MiB of memory. Writes run on the server's storage threads (slow.py); the event loop never waits
+on storage, and the request threads are not used."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from anyio import to_thread
 from python_multipart import MultipartParser
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
-from .errors import bad_request
+from .errors import ApiError, bad_request
 from .file_store import FileStore, FileWriter
+from .limits import FORM_BYTES, shown
+from .slow import SlowWork
 
 FLUSH_BYTES = 1 << 20
-MAX_FIELD_BYTES = 4096  # a form field that is not the file (purpose)
+MAX_FIELD_BYTES = 4096  # a form field that is not the file (purpose); all of them and the part headers: FORM_BYTES
 
 
 @dataclass
@@ -40,6 +42,13 @@ class _Form:
         self._name: str | None = None
         self._in_file = False
         self._field = bytearray()
+        self._form_bytes = 0  # of part headers and fields, not the file
+
+    def _count(self, size: int) -> None:
+        self._form_bytes += size
+        if self._form_bytes > FORM_BYTES:
+            raise ApiError(413, f"The form's fields and part headers besides the file are over {shown(FORM_BYTES)}.",
+                           code="request_too_large")
 
     def callbacks(self) -> dict:
         return {"on_part_begin": self.on_part_begin, "on_header_field": self.on_header_field,
@@ -51,9 +60,11 @@ class _Form:
         self._disposition, self._in_file, self._field = b"", False, bytearray()
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._count(end - start)
         self._header += data[start:end]
 
     def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._count(end - start)
         self._value += data[start:end]
 
     def on_header_end(self) -> None:
@@ -75,16 +86,18 @@ class _Form:
         if self._in_file:
             self.pending += data[start:end]
         else:
+            self._count(end - start)
             self._field += data[start:end]
             if len(self._field) > MAX_FIELD_BYTES:
-                raise bad_request(f"The form field '{self._name}' is over {MAX_FIELD_BYTES} bytes.", param=self._name)
+                raise ApiError(413, f"The form field '{self._name[:100]}' is over {MAX_FIELD_BYTES} bytes.",
+                               param=self._name[:100], code="request_too_large")
 
     def on_part_end(self) -> None:
         if not self._in_file and self._name:
             self.upload.fields[self._name] = self._field.decode("utf-8", "replace")
 
 
-async def receive(request: Request, store: FileStore) -> Upload:
+async def receive(request: Request, store: FileStore, work: SlowWork) -> Upload:
     """Stream the request's multipart body into storage; the file is in place when this returns, and nothing
     of it remains if it raises."""
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
@@ -96,15 +109,15 @@ async def receive(request: Request, store: FileStore) -> Upload:
         async for chunk in request.stream():
             parser.write(chunk)
             if len(form.pending) >= FLUSH_BYTES:
-                await _flush(form)
+                await _flush(form, work)
         parser.finalize()
-        await _flush(form)
+        await _flush(form, work)
         if form.writer is None:
             raise bad_request("The upload has no file: give it in the form field 'file'.", param="file")
-        await to_thread.run_sync(form.writer.commit)
+        await work.storage(form.writer.commit)
     except BaseException as err:
         if form.writer is not None:
-            await to_thread.run_sync(form.writer.abort)
+            await work.storage(form.writer.abort)
         if isinstance(err, MultipartParseError):
             raise bad_request(f"The upload is not valid multipart/form-data ({str(err).rstrip('.')}).") from None
         if isinstance(err, ClientDisconnect):
@@ -114,7 +127,7 @@ async def receive(request: Request, store: FileStore) -> Upload:
     return form.upload
 
 
-async def _flush(form: _Form) -> None:
+async def _flush(form: _Form, work: SlowWork) -> None:
     if form.pending and form.writer is not None:
         data, form.pending = bytes(form.pending), bytearray()
-        await to_thread.run_sync(form.writer.write, data)
+        await work.storage(form.writer.write, data)

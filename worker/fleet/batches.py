@@ -37,13 +37,13 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
 from miro.core import defaults
 from miro.core.errors import MiroError
 from miro.worker.fleet import durations, hashes, keys, scripts
+from miro.worker.fleet.urls import redacted  # noqa: F401  (the callers' name for it)
 
 STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled", "expiring",
             "expired")
@@ -207,19 +207,6 @@ def group_job_id(batch_id: str, chunk: int, part: int) -> str:
 def registry_job_ids(conn: redis.Redis, registry_key: str, batch_id: str) -> list[str]:
     """The ids of the batch's jobs in an RQ registry of its queue (a sorted set of every batch's job ids on it)."""
     return [job.decode() for job, _ in conn.zscan_iter(registry_key, match=f"{batch_id}-*", count=1000)]
-
-
-def redacted(url: str) -> str:
-    """The Redis URL without its password, for messages."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        user = parts.username or ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
-    except ValueError:
-        return url
 
 
 def connect(url: str, timeout: float = 5.0, wait_s: float = 0.0, log=None) -> redis.Redis:

@@ -7,18 +7,24 @@ import re
 from miro.core.errors import MiroError
 
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_WINDOW_S = 366 * 86400  # the longest completion window (a deadline a year out is as good as none)
 
 
 def seconds(text: str) -> int | None:
-    """The duration in seconds; None if `text` is not a whole number with an optional unit s, m, h or d."""
-    match = re.fullmatch(r"(\d+)\s*([smhd]?)", str(text).strip().lower())
+    """The duration in seconds; None if `text` is not a whole number (of at most 12 digits) with an optional unit s,
+    m, h or d."""
+    match = re.fullmatch(r"(\d{1,12})\s*([smhd]?)", str(text).strip().lower())
     return int(match[1]) * UNITS[match[2]] if match else None
 
 
 def completion_window(text: str) -> int:
     """A batch's completion window in seconds; MiroError in one sentence if it is not a positive duration."""
     value = seconds(text)
+    shown = str(text) if len(str(text)) <= 40 else f"{str(text)[:20]}...{str(text)[-8:]}"
     if not value:
-        raise MiroError(f"The completion window '{text}' is not valid: give a duration such as 24h (OpenAI's), "
+        raise MiroError(f"The completion window '{shown}' is not valid: give a duration such as 24h (OpenAI's), "
                         "30m, 90s or 2d.")
+    if value > MAX_WINDOW_S:
+        raise MiroError(f"The completion window '{shown}' is longer than the {MAX_WINDOW_S // 86400} days miro "
+                        "allows.")
     return value

@@ -77,7 +77,7 @@ class FleetCollector(Collector):
         yield family
 
 
-def serve_metrics(worker, port: int, host: str = "0.0.0.0") -> None:
+def serve_metrics(worker, port: int, host: str = "127.0.0.1") -> None:
     """Serve the worker's metrics on http://host:port/metrics from a daemon thread."""
     registry = CollectorRegistry()
     registry.register(WorkerCollector(worker))

@@ -23,6 +23,7 @@ from pyarrow import fs as pafs
 from miro.core.errors import MiroError
 
 from .rows import SCHEMA
+from .urls import redacted
 
 
 
@@ -34,7 +35,7 @@ def open_output(uri: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
             return pafs.FileSystem.from_uri(uri)
         return pafs.LocalFileSystem(), os.path.abspath(uri)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as err:
-        raise MiroError(f"cannot open the output location '{uri}': {err}.") from None
+        raise MiroError(f"cannot open the output location '{redacted(uri)}': {err}.") from None
 
 
 @contextmanager

@@ -16,9 +16,12 @@ from typing import Iterator
 
 from pyarrow import fs as pafs
 
+from miro.core.errors import MiroError
+
 from .inputs import Request
 from .payload import ResponseEcho
 from .sink import atomic_output, open_output
+from .urls import redacted
 
 
 def _folder(output: str, batch_id: str) -> tuple[pafs.FileSystem, str]:
@@ -89,6 +92,14 @@ def requests_from(output: str, batch_id: str, first: int, chunks: int) -> Iterat
     """Every request of chunks first .. chunks - 1, one chunk in memory at a time."""
     for index in range(first, chunks):
         yield from read_chunk(output, batch_id, index)
+
+
+def check_output(output: str) -> None:
+    """MiroError in one sentence if `output` is a file, where the batches' folders must go."""
+    filesystem, base = open_output(output)
+    if filesystem.get_file_info(base).type == pafs.FileType.File:
+        raise MiroError(f"The output location '{redacted(output)}' is a file; give a folder (made if it is not "
+                        "there).")
 
 
 def remove(output: str, batch_id: str) -> None:

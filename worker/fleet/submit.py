@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -27,6 +28,7 @@ from miro.worker.fleet import batches, durations, feed, routing, spool, storage
 from miro.worker.fleet.dataset import DatasetScan, FirstLines, scan_dataset
 from miro.worker.fleet.inputs import LineError, Request
 from miro.worker.fleet.resume import Resumer, known_requests
+from miro.worker.fleet.urls import redacted
 
 CHUNK = defaults.SPOOL_CHUNK
 BIG_FILE_LINES = 200_000  # from about this many lines custom ids are remembered by hash (seen_ids.SeenIds)
@@ -187,14 +189,20 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     output = output_uri(output)
     writer = None if dry_run else spool.SpoolWriter(output, batch_id, chunk_size)
     try:
+        if writer is not None:
+            spool.check_output(output)
         for request in requests:
             if writer is not None:
                 writer.add(request)
         chunks = writer.close() if writer is not None else 0
         _refuse_unusable(read, skip_invalid)
-    except BaseException:
+    except BaseException as err:
         if writer is not None:
-            spool.remove(output, batch_id)  # a refused or interrupted submission leaves nothing behind
+            with suppress(OSError):
+                spool.remove(output, batch_id)  # a refused or interrupted submission leaves nothing behind
+        if isinstance(err, OSError):
+            raise MiroError(f"Cannot store the batch's requests under '{redacted(output)}': "
+                            f"{str(err.strerror or err).rstrip('.')}.") from None
         raise
     log(f"Validated {scan.lines:,} lines in {read.validate_s:.2f} s: {scan.valid:,} valid, {scan.invalid:,} invalid.")
     model = _redis(conn, lambda: routing.choose_model(conn, model, read.named, scan.task)) if conn else \

@@ -57,7 +57,7 @@ class BatchWorker(BaseWorker):
     def __init__(self, *args, model: str | None = None, engine_options: dict | None = None,
                  shutdown_grace_s: float | None = None, flush_rows: int = defaults.FLUSH_ROWS,
                  flush_seconds: float = defaults.FLUSH_SECONDS, heartbeat_slack_s: int = defaults.HEARTBEAT_SLACK_S,
-                 metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
+                 metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                  served_model_names: list[str] | None = None, redis_wait_s: float = defaults.WAIT_FOR_REDIS_S,
                  **kwargs):
         super().__init__(*args, **kwargs)
