@@ -102,9 +102,9 @@ class ModelConfig:
                 f"the key length ({head_dim})."
             )
         rope_dim = _positive_int(gguf, key(Keys.Rope.DIMENSION_COUNT), default=head_dim)
-        if rope_dim > head_dim or rope_dim % 2:
-            raise ModelFileError(f"{gguf.path}: {key(Keys.Rope.DIMENSION_COUNT)} is {rope_dim}; it must be even and "
-                                 f"at most the head size ({head_dim}).")
+        if rope_dim != head_dim:  # llama.cpp's llama, qwen2, qwen3 and gemma3 graphs assert it too
+            raise ModelFileError(f"{gguf.path}: {key(Keys.Rope.DIMENSION_COUNT)} is {rope_dim}, but {arch} rotates "
+                                 f"whole heads ({head_dim} dimensions); partial rotary is not supported for it.")
         context_length = _positive_int(gguf, key(Keys.LLM.CONTEXT_LENGTH))
         if context_length > MAX_CONTEXT_LENGTH:
             raise ModelFileError(

@@ -261,6 +261,9 @@ def write_tiny_model(path, *, arch="llama", tensor_type="F32", n_layers=None, di
         del w.kv_data[0][key]  # KeyError on a typo, on purpose
     for key, value in (metadata or {}).items():
         old = w.kv_data[0].get(key)
+        if isinstance(value, gguf.GGUFValue):  # a value with the type llama.cpp expects (UINT32, ...)
+            w.kv_data[0][key] = value
+            continue
         w.kv_data[0][key] = gguf.GGUFValue(value, old.type if old else gguf.GGUFValueType.get_type(value))
     for name, (raw, raw_dtype) in stored.items():
         w.add_tensor(name, raw, raw_dtype=raw_dtype)
