@@ -143,12 +143,16 @@ def cancel_batch(batch_id: str, request: Request) -> Batch:
 
 @router.get("/v1/batches/{batch_id}/results.parquet")
 def results_parquet(batch_id: str, request: Request) -> FileResponse:
-    """miro's merged results (one row per custom id and choice, in input order) of any batch on this Redis."""
+    """miro's merged results (one row per custom id and choice, in input order) of any batch on this Redis, written
+    to a temporary file a slice of lines at a time (results.BatchResults) and sent from there."""
     state = request.app.state.miro
     _record(state, batch_id)
-    table, _ = results.collect(state.conn, batch_id)
     handle, path = tempfile.mkstemp(suffix=".parquet")
     os.close(handle)
-    results.write_parquet(table, path)
+    try:
+        results.write_results(results.BatchResults(state.conn, batch_id), path)
+    except BaseException:
+        os.remove(path)
+        raise
     return FileResponse(path, media_type="application/vnd.apache.parquet", filename=f"{batch_id}.parquet",
                         background=BackgroundTask(os.remove, path))

@@ -19,7 +19,7 @@ from miro.worker.fleet.batches import BatchRecord
 
 from . import batch_records
 from .batch_records import ApiBatch
-from .file_store import FileStore
+from .file_store import FileStore, FileWriter
 from .shapes import Batch, BatchErrors, BatchUsage, InputTokensDetails, OutputTokensDetails, RequestCounts
 
 log = logging.getLogger("miro.serve")
@@ -115,15 +115,29 @@ def _written_by_another(conn: redis.Redis, record: BatchRecord, run_end: str, wa
 
 def _write_files(store: FileStore, conn: redis.Redis, batch_id: str,
                  expires_after_s: int | None) -> tuple[str | None, str | None]:
-    """(output file id, error file id); None for a file that would be empty, as OpenAI leaves it."""
-    table, _ = results.collect(conn, batch_id)
-    lines = list(results.openai_lines(table))
+    """(output file id, error file id); None for a file that would be empty, as OpenAI leaves it. Written a slice of
+    lines at a time (results.BatchResults): the server holds a slice, not the batch."""
+    writers: dict[bool, tuple[str, FileWriter]] = {}
+    try:
+        for table in results.BatchResults(conn, batch_id).slices():
+            encoded: dict[bool, list[bytes]] = {False: [], True: []}
+            for line in results.openai_lines(table):
+                encoded[bool(line["error"])].append(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+            for failed, lines in encoded.items():
+                if lines:
+                    if failed not in writers:
+                        writers[failed] = store.new_writer()
+                    writers[failed][1].write(b"".join(lines))
+    except BaseException:
+        for _, writer in writers.values():
+            writer.abort()
+        raise
 
     def file_of(failed: bool, name: str) -> str | None:
-        chosen = [line for line in lines if bool(line["error"]) == failed]
-        if not chosen:
+        if failed not in writers:
             return None
-        encoded = (json.dumps(line, ensure_ascii=False).encode() + b"\n" for line in chosen)
-        return store.write_lines(encoded, f"{batch_id}_{name}.jsonl", "batch_output", expires_after_s).id
+        file_id, writer = writers[failed]
+        writer.commit()
+        return store.add(file_id, writer.size, f"{batch_id}_{name}.jsonl", "batch_output", expires_after_s).id
 
     return file_of(False, "output"), file_of(True, "error")

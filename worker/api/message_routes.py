@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from typing import Iterator
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -18,7 +19,7 @@ from miro.worker.fleet.submit import InvalidDataset, submit
 
 from .errors import ApiError, bad_request, not_found
 from .message_shapes import (MessageBatch, MessageBatchCreate, MessageBatchDeleted, MessageBatchPage,
-                             RequestRefused, canceled_line, chat_line, message_batch, processing_status, result_line)
+                             RequestRefused, chat_line, message_batch, processing_status, result_line)
 from .state import ServerState
 
 router = APIRouter()
@@ -49,12 +50,12 @@ def _request_of(message: str) -> str:
 async def create_message_batch(body: MessageBatchCreate, request: Request) -> MessageBatch:
     """Made on one of the server's creation threads (slow.py), as /v1/batches is."""
     state = request.app.state.miro
-    lines = []
     record = await state.work.create(_create, state, body)
     return message_batch(record, _results_url(request, record.id))
 
 
 def _create(state: ServerState, body: MessageBatchCreate) -> batches.BatchRecord:
+    lines = []
     for index, item in enumerate(body.requests):
         try:
             lines.append(chat_line(item))
@@ -133,11 +134,16 @@ def message_batch_results(batch_id: str, request: Request) -> StreamingResponse:
     if processing_status(record.status) != "ended":
         raise bad_request(f"Message batch {batch_id} is still {processing_status(record.status)}; its results come "
                           "once it has ended.")
-    table, _ = results.collect(state.conn, batch_id)
-    by_request: dict[str, list[dict]] = {}
-    for row in table.to_pylist():
-        by_request.setdefault(row["custom_id"], []).append(row)
-    never_ran, _ = results.never_ran(state.conn, record, set(by_request))
-    lines = [*(result_line(rows) for rows in by_request.values()), *(canceled_line(cid) for cid in never_ran)]
-    return StreamingResponse((json.dumps(line, ensure_ascii=False) + "\n" for line in lines),
-                             media_type="application/x-jsonl")
+    merged = results.BatchResults(state.conn, batch_id, cancelled=True)  # read before the response starts
+    return StreamingResponse(_result_lines(merged), media_type="application/x-jsonl")
+
+
+def _result_lines(merged: results.BatchResults) -> Iterator[bytes]:
+    """The results file's lines a slice at a time (a request's rows are all in one slice): the requests that never
+    ran, an expired or cancelled batch's, each as its line's `expired` or `canceled` result."""
+    for table in merged.slices():
+        by_request: dict[str, list[dict]] = {}
+        for row in table.to_pylist():
+            by_request.setdefault(row["custom_id"], []).append(row)
+        yield b"".join(json.dumps(result_line(rows), ensure_ascii=False).encode() + b"\n"
+                       for rows in by_request.values())

@@ -149,6 +149,8 @@ def result_line(rows: list[dict]) -> dict:
     row = rows[0]
     if row["error_code"] == "batch_expired":
         return {"custom_id": row["custom_id"], "result": {"type": "expired"}}
+    if row["error_code"] == "batch_cancelled":  # a cancelled batch's request that never ran
+        return canceled_line(row["custom_id"])
     if row["error"]:
         error = {"type": "invalid_request_error", "message": row["error"]}
         return {"custom_id": row["custom_id"], "result": {"type": "errored", "error": {"type": "error", "error": error}}}

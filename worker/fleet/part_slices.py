@@ -105,17 +105,34 @@ def slice_bounds(lines: np.ndarray, slice_rows: int) -> list[tuple[int, int]]:
     return list(zip(starts, starts[1:] + [int(ordered[-1]) + 1]))
 
 
-def rows_of(parts: PartFiles, unread: pa.Table, slice_rows: int, columns: list[str] | None) -> Iterator[pa.Table]:
+class TableRows:
+    """Rows in memory (a pa.Table with a `line` column) as rows_of's `unread`."""
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+        self.lines = pc.drop_null(table["line"]).to_numpy()
+
+    def rows(self, first: int, past: int, columns: list[str] | None) -> pa.Table:
+        table = self.table if columns is None else self.table.select(columns)
+        return table.filter((pc.field("line") >= first) & (pc.field("line") < past))
+
+    def unlined(self, columns: list[str] | None) -> pa.Table:
+        table = self.table if columns is None else self.table.select(columns)
+        return table.filter(NO_LINE)
+
+
+def rows_of(parts: PartFiles, unread, slice_rows: int, columns: list[str] | None) -> Iterator[pa.Table]:
     """The batch's rows a slice of lines at a time, in line order (part files' and `unread`'s, only `columns`),
-    then those with no line; no empty slice."""
-    if columns is not None:
-        unread = unread.select(columns)
-    unread_lines = pc.drop_null(unread["line"]).to_numpy()
-    for first, past in slice_bounds(np.concatenate([parts.lines, unread_lines]), slice_rows):
+    then those with no line; no empty slice. `unread`: the rows no part file holds, a pa.Table or anything with
+    `lines` (a numpy array of their lines), `rows(first, past, columns)` and `unlined(columns)` (results.Unread,
+    which reads an expired batch's never-run requests from storage a slice at a time)."""
+    if isinstance(unread, pa.Table):
+        unread = TableRows(unread)
+    for first, past in slice_bounds(np.concatenate([parts.lines, unread.lines]), slice_rows):
         paths = [p.path for p in parts.parts if p.lines and p.lines[0] < past and p.lines[1] >= first]
         in_slice = (pc.field("line") >= first) & (pc.field("line") < past)
-        yield pa.concat_tables([parts.read(paths, columns, in_slice), unread.filter(in_slice)])
+        yield pa.concat_tables([parts.read(paths, columns, in_slice), unread.rows(first, past, columns)])
     unlined = pa.concat_tables([parts.read([p.path for p in parts.parts if p.unlined], columns, NO_LINE),
-                                unread.filter(NO_LINE)])
+                                unread.unlined(columns)])
     if unlined.num_rows:
         yield unlined

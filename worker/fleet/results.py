@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -29,8 +30,10 @@ from miro.core.errors import MiroError
 from . import batches, keys, spool, storage
 from .batches import BatchRecord
 from .extra_columns import ExtraColumns, inferred_array
-from .part_slices import PartFiles, part_paths, rows_of
+from .inputs import Request
+from .part_slices import PartFiles, TableRows, part_paths, rows_of
 from .rows import SCHEMA, TASK_COLUMNS, expired_rows, invalid_line_rows, openai_line
+from .seen_ids import hash_ids
 from .sink import atomic_output, open_output
 
 
@@ -92,42 +95,91 @@ def task_table(table: pa.Table, task: str) -> pa.Table:
 
 def collect(conn, batch_id: str) -> tuple[pa.Table, BatchRecord]:
     """The merged rows of a batch (part files plus invalid lines, and for an expired batch a batch_expired row per
-    request that never ran) and its record, as one table."""
+    request that never ran) and its record, as one table (for tests and small batches: the server and the CLI write
+    a slice at a time, BatchResults)."""
     batch = batches.get_batch(conn, batch_id)
     parts = read_parts(batch.output, batch_id)
-    unread = unread_rows(conn, batch, lambda: parts)
+    unread = Unread(conn, batch, PartFiles(batch.output, batch_id)).table()
     return spread_extra(task_table(merge(pa.concat_tables([parts, unread])), batch.task)), batch
 
 
-def unread_rows(conn, batch: BatchRecord, parts: Callable[[], pa.Table]) -> pa.Table:
-    """The batch's rows that no part file holds: its invalid lines, and for an expired batch a batch_expired row
-    per request that never ran (`parts`: its part files' rows, their custom_id column at least)."""
-    invalid = invalid_line_rows(batch.id, batches.failed_lines(conn, batch.id))
-    expired = _expired(conn, batch, parts()) if batch.status == "expired" else SCHEMA.empty_table()
-    return pa.concat_tables([invalid, expired])
+def _sorted_hashes(custom_ids: list[str]) -> np.ndarray:
+    return np.unique(hash_ids(custom_ids)) if custom_ids else np.asarray([], np.uint64)
 
 
-def _expired(conn, batch: BatchRecord, parts: pa.Table) -> pa.Table:
-    """The requests of an expired batch with no row: those its window cut off."""
-    cut, lines = never_ran(conn, batch, set(pc.unique(parts["custom_id"]).to_pylist()))
-    return expired_rows(batch.id, cut, lines)
+def _among(sorted_hashes: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    """Which of `hashes` are in `sorted_hashes` (sorted, unique)."""
+    if not sorted_hashes.size or not hashes.size:
+        return np.zeros(hashes.shape[0], dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_hashes, hashes), sorted_hashes.size - 1)
+    return sorted_hashes[at] == hashes
 
 
-def never_ran(conn, batch: BatchRecord, ran: set[str]) -> tuple[dict[str, str], dict[str, int]]:
-    """The batch's requests whose custom id is not in `ran` (those with a row): custom id -> job id, and custom id ->
-    line where known. They are its stored requests, each with its line, and what its jobs hash has beside them (a
-    batch from before requests were stored, a --resume of an edited file)."""
-    ran = set(ran)
-    cut, lines = {}, {}
-    for request in spool.requests_from(batch.output, batch.id, 0, batch.chunks):
-        if request.custom_id not in ran:
-            cut[request.custom_id] = batches.job_id(batch.id, request.custom_id)
-            lines[request.custom_id] = request.line
-        ran.add(request.custom_id)  # seen: the jobs hash need not give it again
-    for cid, jid in conn.hscan_iter(keys.batch_jobs(batch.id), count=1000):
-        if cid.decode() not in ran:
-            cut[cid.decode()] = jid.decode()
-    return cut, lines
+class Unread:
+    """The batch's rows that no part file holds, a slice of lines at a time (part_slices.rows_of's `unread`): its
+    invalid lines (a table: Redis holds them anyway), and for an expired batch a batch_expired row per request that
+    never ran (with `cancelled`, a cancelled batch's get batch_cancelled rows: Anthropic's results say `canceled`
+    for each). Those are read from the stored chunks (spool.py) as each slice needs them, so what is kept for the
+    whole batch is 8 bytes a request: the 64-bit hashes of the custom ids with a row (seen_ids.hash_ids; two ids
+    with one hash, about n^2 / 2^65, would leave one out) and of the stored ones, and the lines of those that never
+    ran. What the jobs hash holds beside the stored requests (a batch from before requests were stored, a --resume
+    of an edited file) and never ran has no line: those rows come last."""
+
+    def __init__(self, conn, batch: BatchRecord, parts: PartFiles, cancelled: bool = False):
+        self.batch = batch
+        self.invalid = TableRows(invalid_line_rows(batch.id, batches.failed_lines(conn, batch.id)))
+        self.code = "batch_expired" if batch.status == "expired" else \
+            "batch_cancelled" if cancelled and batch.status == "cancelled" else None
+        self._chunks: list[tuple[int, int] | None] = []  # each stored chunk's least and greatest never-run line
+        self._cached: tuple[int, list[Request]] | None = None  # the chunk last read
+        self._unlined: dict[str, str] = {}  # custom id -> job id of the never-run requests with no line
+        never = []
+        if self.code is not None:
+            self._ran = np.unique(np.concatenate(
+                [np.asarray([], np.uint64)] + [_sorted_hashes(parts.read([p.path], ["custom_id"])["custom_id"]
+                                                              .to_pylist()) for p in parts.parts]))
+            stored = []
+            for index in range(batch.chunks):
+                requests = spool.read_chunk(batch.output, batch.id, index)
+                hashes = hash_ids([r.custom_id for r in requests])
+                lines = np.asarray([r.line for r in requests], np.int64)[~_among(self._ran, hashes)]
+                self._chunks.append((int(lines.min()), int(lines.max())) if lines.size else None)
+                never.append(lines)
+                stored.append(hashes)
+            stored = np.unique(np.concatenate(stored)) if stored else np.asarray([], np.uint64)
+            for cid, jid in conn.hscan_iter(keys.batch_jobs(batch.id), count=1000):
+                h = hash_ids([cid.decode()])
+                if not _among(self._ran, h)[0] and not _among(stored, h)[0]:
+                    self._unlined[cid.decode()] = jid.decode()
+        self.lines = np.concatenate([self.invalid.lines.astype(np.int64), *never])
+
+    def _chunk(self, index: int) -> list[Request]:
+        if self._cached is None or self._cached[0] != index:
+            self._cached = index, spool.read_chunk(self.batch.output, self.batch.id, index)
+        return self._cached[1]
+
+    def rows(self, first: int, past: int, columns: list[str] | None) -> pa.Table:
+        """The rows of lines first .. past - 1."""
+        never = {}
+        for index, bounds in enumerate(self._chunks):
+            if bounds is None or bounds[1] < first or bounds[0] >= past:
+                continue
+            requests = [r for r in self._chunk(index) if first <= r.line < past]
+            ran = _among(self._ran, hash_ids([r.custom_id for r in requests]))
+            never.update((r.custom_id, r.line) for r, was in zip(requests, ran) if not was)
+        cut = expired_rows(self.batch.id, {cid: batches.job_id(self.batch.id, cid) for cid in never}, never,
+                           self.code or "batch_expired")
+        return pa.concat_tables([self.invalid.rows(first, past, columns),
+                                 cut if columns is None else cut.select(columns)])
+
+    def unlined(self, columns: list[str] | None) -> pa.Table:
+        cut = expired_rows(self.batch.id, self._unlined, None, self.code or "batch_expired")
+        return pa.concat_tables([self.invalid.unlined(columns), cut if columns is None else cut.select(columns)])
+
+    def table(self) -> pa.Table:
+        """Every row at once."""
+        everything = [self.rows(int(self.lines.min()), int(self.lines.max()) + 1, None)] if self.lines.size else []
+        return pa.concat_tables([*everything, self.unlined(None)])
 
 
 def cut_constraints(table: pa.Table) -> int:
@@ -179,10 +231,11 @@ class BatchResults:
     # what merge sorts on, and the lines' own fields: all that the survey of the fields reads
     _SURVEYED = ["custom_id", "line", "choice_index", "input_index", "error", "finished_at", "extra"]
 
-    def __init__(self, conn, batch_id: str):
+    def __init__(self, conn, batch_id: str, cancelled: bool = False):
+        """`cancelled`: a cancelled batch's requests that never ran get a batch_cancelled row each (Unread)."""
         self.batch = batches.get_batch(conn, batch_id)
         self._parts = PartFiles(self.batch.output, batch_id)
-        self._unread = unread_rows(conn, self.batch, self._parts.custom_ids)
+        self._unread = Unread(conn, self.batch, self._parts, cancelled)
         self._slice_rows = defaults.RESULTS_SLICE_ROWS
         if self.batch.task == "embed":
             self._slice_rows = max(1, self._slice_rows // defaults.RESULTS_EMBED_SLICE_DIVISOR)

@@ -155,15 +155,19 @@ def error_row(payload: JobPayload, error: str, *, job_id: str, worker: str, prom
 
 
 EXPIRED_ERROR = "This request could not be executed before the completion window expired."
+CANCELLED_ERROR = "This request was cancelled before it ran."
+NEVER_RAN_ERRORS = {"batch_expired": EXPIRED_ERROR, "batch_cancelled": CANCELLED_ERROR}
 
 
-def expired_rows(batch_id: str, job_ids: dict[str, str], lines: dict[str, int] | None = None) -> pa.Table:
-    """Requests an expired batch never ran (custom id -> job id), as failed rows with OpenAI's batch_expired code,
-    at their line if `lines` has it (a batch from before its requests were stored has none: the results list those
-    after the others)."""
+def expired_rows(batch_id: str, job_ids: dict[str, str], lines: dict[str, int] | None = None,
+                 code: str = "batch_expired") -> pa.Table:
+    """Requests an expired batch never ran (custom id -> job id), as failed rows with OpenAI's batch_expired code
+    (or `code` batch_cancelled: a cancelled batch's, for Anthropic's results), at their line if `lines` has it (a
+    batch from before its requests were stored has none: the results list those after the others)."""
     lines = lines or {}
+    error = NEVER_RAN_ERRORS[code]
     rows = [{"batch_id": batch_id, "custom_id": cid, "job_id": jid, "line": lines.get(cid), "choice_index": 0,
-             "error": EXPIRED_ERROR, "error_code": "batch_expired"} for cid, jid in job_ids.items()]
+             "error": error, "error_code": code} for cid, jid in job_ids.items()]
     return pa.Table.from_pylist(rows, SCHEMA) if rows else SCHEMA.empty_table()
 
 
