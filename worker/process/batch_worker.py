@@ -46,11 +46,16 @@ from miro.worker.fleet.sink import ParquetSink
 from . import taking
 from .batch_statuses import BatchStatuses
 from .in_flight import InFlight, RequestRun
-from .jobs import (add_requests, count_finished, job_rows, not_counted, record_failure, record_given_up,
-                   record_group_failure, summary)
-from .worker_support import HeartbeatThread, PerJobLinesAtDebug, engine_options_from_env, wait_for_redis, worker_record
+from .jobs import (add_requests, count_finished, job_rows, not_counted, output_error, record_failure,
+                   record_given_up, record_group_failure, summary)
+from .worker_support import (HeartbeatThread, OneLineErrors, PerJobLinesAtDebug, describe, engine_options_from_env,
+                             wait_for_redis, worker_record)
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
+REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)  # the worker waits for Redis; every other error it survives
+MAX_TAKE_FAILURES = 10  # a burst worker whose takes fail this many times in a row ends (something else is wrong)
+ENGINE_FAILED = ("the engine failed in a step this request was part of, not on this request alone ({}); the worker "
+                 "failed the requests it had in flight and started its engine afresh")
 
 
 class BatchWorker(BaseWorker):
@@ -103,6 +108,7 @@ class BatchWorker(BaseWorker):
         # this lock, so the heartbeat thread never beats a job the loop has just finished, failed or requeued.
         self.held_lock = threading.Lock()
         self._heartbeats: HeartbeatThread | None = None
+        self.errors = OneLineErrors(self.log, lambda: f"Worker {self.name}")  # what it survives, a line each
 
     # -- signals: only set flags; the loop acts on them between steps ---------------------------------
 
@@ -152,7 +158,7 @@ class BatchWorker(BaseWorker):
         self._heartbeats = HeartbeatThread(self)
         self._heartbeats.start()
         self.started_at = time.time()
-        done = 0
+        done = take_failures = 0
         try:
             while True:
                 try:
@@ -160,26 +166,30 @@ class BatchWorker(BaseWorker):
                         self._starting = self._starting or taking.lost_take(self)
                         self._after_outage = False
                     if self._starting is not None:  # Redis failed as it was being started: taken, not in flight
-                        self._begin(*self._starting)
-                        self._starting = None
-                    self._tick()
+                        self._begin_guarded(*self._starting)
+                    self.errors.guard("its periodic duties", self._tick)
                     if self.should_run_maintenance_tasks:
-                        self.run_maintenance_tasks()
+                        self.errors.guard("RQ's maintenance", self.run_maintenance_tasks)
                     if not self._stopping and (max_jobs is None or done + len(self.in_flight) < max_jobs):
-                        self._admit(block=not self.in_flight and not burst)
+                        survived = self.errors.count
+                        self.errors.guard("taking jobs", self._admit, block=not self.in_flight and not burst)
+                        # a job that could not be taken is off the queue: a burst worker tries the next ones
+                        take_failures = take_failures + 1 if self.errors.count > survived else 0
                     if self.in_flight and time.monotonic() > self._stop_deadline:
-                        self._flush(force=True)
+                        self.errors.guard("writing part files", self._flush, force=True)
                         self._requeue_in_flight()
                     if not self.in_flight:
-                        done += self._flush(force=True)
-                        if burst and not self._stopping and self._feed_now(every_s=0.0):
+                        done += self.errors.guard("writing part files", self._flush, force=True) or 0
+                        if burst and not self._stopping and (
+                                self.errors.guard("feeding batches", self._feed_now, every_s=0.0)
+                                or 0 < take_failures <= MAX_TAKE_FAILURES):
                             continue  # the queue ran dry, not the batches: a burst worker goes on
                         if burst or self._stopping or (max_jobs is not None and done >= max_jobs):
                             break
                         continue
                     self._step()
-                    done += self._flush(force=False)
-                except (redis.ConnectionError, redis.TimeoutError) as e:
+                    done += self.errors.guard("writing part files", self._flush, force=False) or 0
+                except REDIS_DOWN as e:
                     # the engine keeps its requests and the sinks their rows: counted and finished once it answers
                     wait_for_redis(self.connection, e, self.log, f"Worker {self.name}", lambda: self._stopping,
                                    self.redis_wait_s)
@@ -201,19 +211,60 @@ class BatchWorker(BaseWorker):
         """One engine step; each request whose last engine request finished gets its rows (written at the next
         flush), and a job with no request left in the engine leaves in_flight."""
         step_started = time.perf_counter()
-        outputs = self.engine.step()
-        self.step_seconds += time.perf_counter() - step_started
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - the engine's own error, no request's: see _engine_failed
+            self._engine_failed(exc)
+            return
+        finally:
+            self.step_seconds += time.perf_counter() - step_started
         done = []
         for output in outputs:
             entry = self.by_request.pop(output.request_id, None) if output.finished else None
             if entry is not None and entry[1].take(output):  # the request's last engine request
                 done.append(entry)
         for flight, run in done:  # rows made (no Redis: _start read the output location) before it leaves in_flight
-            self._finish(flight, run)
+            try:
+                self._finish(flight, run)
+            except REDIS_DOWN:
+                raise
+            except Exception as exc:  # noqa: BLE001 - this request's rows: it fails alone
+                self.errors.report(f"writing the rows of request {run.payload.custom_id}", exc)
+                flight.running.pop(run.payload.custom_id, None)
+                self.errors.guard("failing a request", self._fail_request, flight, run.payload,
+                                  f"its rows could not be written ({describe(exc)})", run.started, prompt=run.prompt,
+                                  model=self.model_name)
         with self.held_lock:  # the heartbeat thread reads in_flight
             for flight, _ in done:
                 if not flight.running:
                     self.in_flight.pop(flight.job.id, None)
+
+    def _engine_failed(self, exc: Exception) -> None:
+        """Engine.step() raised an error no request accounts for (a request's own faults end that request inside the
+        step): every request in flight fails once, with an error row saying so, and the engine starts afresh
+        (Engine.reset; rebuilt from the model file if that fails too). The worker goes on."""
+        what = describe(exc)
+        with self.held_lock:
+            runs = [(flight, run) for flight in self.in_flight.values() for run in flight.running.values()]
+        self.log.error("Worker %s: the engine failed in a step (%s): failing the %d requests in flight and starting "
+                       "the engine afresh", self.name, what, len(runs))
+        try:
+            self.engine.reset()
+        except Exception as again:  # noqa: BLE001 - then a new engine from the model file
+            self.log.error("Worker %s: resetting the engine failed too (%s): loading %s again", self.name,
+                           describe(again), self.model)
+            self.engine = Engine.from_model(self.model, **self.engine_options)
+        self.by_request.clear()
+        for flight, run in runs:
+            with self.held_lock:
+                flight.running.pop(run.payload.custom_id, None)
+                if not flight.running and not flight.group:
+                    self.in_flight.pop(flight.job.id, None)
+            self.errors.guard("failing a request", self._fail_request, flight, run.payload, ENGINE_FAILED.format(what),
+                              run.started, prompt=run.prompt, model=self.model_name)
+        with self.held_lock:
+            for flight in [f for f in self.in_flight.values() if not f.running]:
+                self.in_flight.pop(flight.job.id, None)
 
     def _tick(self) -> None:
         """The worker's periodic duties, between engine steps."""
@@ -247,7 +298,8 @@ class BatchWorker(BaseWorker):
                     sink = self._sink(job.meta["batch_id"])
                 except MiroError:  # its batch record is gone: nothing to count it in
                     continue
-                record_given_up(self.connection, sink, job, queue, custom_ids, worker=self.name)
+                self.errors.guard(f"failing job {job.id}, which RQ gave up on", record_given_up, self.connection,
+                                  sink, job, queue, custom_ids, worker=self.name)
 
     def _with_room(self) -> list[Queue]:
         """The queues a job may be taken from now: those of a priority with fewer than max_num_seqs requests at
@@ -276,14 +328,40 @@ class BatchWorker(BaseWorker):
                 return
             block = False
             self._starting = taken  # off the queue: if Redis fails before it is in flight, it is started again
-            self._begin(*taken)
+            self._begin_guarded(*taken)
+
+    def _begin_guarded(self, job: Job, queue: Queue) -> None:
+        """Start a taken job; an error in RQ's part of starting it (other than Redis going away: then it is started
+        again) fails that job alone, in one log line, and the worker goes on."""
+        try:
+            self._begin(job, queue)
+        except REDIS_DOWN:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the job's data, or RQ's part of starting it
+            self._starting = None
+            self.errors.report(f"starting job {job.id}", exc)
+            self.errors.guard(f"failing job {job.id}", self._fail, job, queue, None,
+                              f"the worker could not start this job ({describe(exc)})")
+        else:
             self._starting = None
 
     def _begin(self, job: Job, queue: Queue) -> None:
         execution = self.prepare_execution(job)
         self.prepare_job_execution(job, remove_from_intermediate_queue=True)  # and status started, atomically
         job.started_at = now()
-        self._start(job, queue, execution)
+        try:
+            self._start(job, queue, execution)
+        except REDIS_DOWN:
+            raise
+        except Exception as exc:  # noqa: BLE001 - what miro did not expect of this job: it fails, alone
+            self.errors.report(f"starting job {job.id}", exc)
+            with self.held_lock:
+                flight = self.in_flight.get(job.id)
+                if flight is not None:
+                    self._leave_engine(flight)
+                    self.in_flight.pop(job.id, None)
+                    flight.ended = True
+            self._fail(job, queue, execution, f"the worker could not start this job ({describe(exc)})")
 
     def _start(self, job: Job, queue: Queue, execution) -> None:
         started = time.time()
@@ -297,6 +375,11 @@ class BatchWorker(BaseWorker):
             self._sink(batch_id)  # its output read now: finishing it needs no Redis (a Redis outage then)
         except MiroError as err:  # not miro's payload, or its batch record is gone: nowhere to write a row
             self._fail(job, queue, execution, str(err))
+            return
+        except REDIS_DOWN:
+            raise
+        except Exception as err:  # noqa: BLE001 - Redis held a job miro did not write: it fails, alone
+            self._fail(job, queue, execution, f"this job's data is not a miro request ({describe(err)})")
             return
         flight = InFlight(job, queue, execution, batch_id, payloads[0].priority, is_group(job.meta))
         if flight.group:
@@ -322,6 +405,12 @@ class BatchWorker(BaseWorker):
             except MiroError as err:
                 self._fail_request(flight, payload, str(err), started, model=self.model_name)
                 continue
+            except REDIS_DOWN:
+                raise
+            except Exception as err:  # noqa: BLE001 - e.g. a chat template meeting messages it cannot render
+                self._fail_request(flight, payload, f"the engine could not take this request ({describe(err)})",
+                                   started, model=self.model_name)
+                continue
             run = RequestRun(payload, prompt, started, request_ids)
             flight.running[payload.custom_id] = run
             self.by_request.update(dict.fromkeys(request_ids, (flight, run)))
@@ -339,9 +428,20 @@ class BatchWorker(BaseWorker):
         return self.sinks[output]
 
     def _finish(self, flight: InFlight, run: RequestRun) -> None:
-        """A request's rows go to its sink; it is counted, and its job settled, once they are written."""
-        rows = job_rows(run.payload, run.prompt, run.finished_outputs(), self.engine, job_id=flight.job.id,
-                        worker=self.name, model=self.model_name, started=run.started, finished=time.time())
+        """A request's rows go to its sink; it is counted, and its job settled, once they are written. One the engine
+        ended with an error (its own fault in a step), or whose rows cannot be made, fails with an error row."""
+        outputs = run.finished_outputs()
+        error = output_error(run.payload, outputs)
+        if error is None:
+            try:
+                rows = job_rows(run.payload, run.prompt, outputs, self.engine, job_id=flight.job.id, worker=self.name,
+                                model=self.model_name, started=run.started, finished=time.time())
+            except Exception as exc:  # noqa: BLE001 - this request's output, not the worker's problem
+                error = f"its result could not be made into rows ({describe(exc)})"
+        if error is not None:
+            del flight.running[run.payload.custom_id]
+            self._fail_request(flight, run.payload, error, run.started, prompt=run.prompt, model=self.model_name)
+            return
         sink = self._sink(flight.batch_id)
         for row in rows:
             sink.add(row)

@@ -139,7 +139,32 @@ def record_given_up(conn, sink: ParquetSink, job, queue, custom_ids: list[str], 
         return
     for payload in uncounted:
         record_group_failure(conn, sink, job.id, payload, GAVE_UP, worker=worker, started=time.time())
+    forget_expired_executions(conn, job.id)
     FailedJobRegistry(queue=queue).remove(job, delete_job=True)
+
+
+def forget_expired_executions(conn, job_id: str) -> None:
+    """Drop from a job's execution registry the executions whose hash has expired (its dead workers' runs: the
+    registry keeps an entry 60 s past its hash), for RQ's Job.delete() reads every execution listed and raises
+    "Execution ... not found" on one that is gone."""
+    from rq.executions import Execution, ExecutionRegistry
+
+    registry = ExecutionRegistry(job_id=job_id, connection=conn)
+    for execution_id in registry.get_execution_ids():
+        execution = Execution(id=execution_id, job_id=job_id, connection=conn)
+        if not conn.exists(execution.key):
+            with conn.pipeline() as pipe:
+                registry.remove(execution, pipeline=pipe)
+                pipe.execute()
+
+
+def output_error(payload: JobPayload, outputs: list) -> str | None:
+    """The error of a request the engine ended with one (its own fault in a step; an embedding's first failed
+    input, named when it has several); None if none did."""
+    for index, output in enumerate(outputs):
+        if output.error:
+            return _of_input(payload, index, output.error) if payload.kind == "embedding" else output.error
+    return None
 
 
 def not_counted(conn, payloads: list[JobPayload]) -> list[JobPayload]:

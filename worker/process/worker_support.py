@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import redis
 from rq.worker.base import BaseWorker
@@ -50,6 +50,45 @@ def engine_options_from_env() -> dict:
     if invariant:
         options["batch_invariant"] = invariant.strip().lower() not in ("0", "false", "no", "off")
     return options
+
+
+ERROR_REPEAT_S = 60.0  # the same error from the same duty is logged again at most this often
+
+
+def describe(exc: BaseException, limit: int = 300) -> str:
+    """An exception in one line: its type and the first line of its message, cut to `limit` characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class OneLineErrors:
+    """What a worker survives: an error from a job, from RQ's maintenance or from Redis data it did not expect is
+    one log line (the same one at most every ERROR_REPEAT_S), and the worker goes on. Redis going away is not
+    survived here: the worker's loop waits for it (wait_for_redis)."""
+
+    def __init__(self, log, who: Callable[[], str]):
+        self.log, self.who = log, who
+        self._last: dict[tuple[str, str], float] = {}
+        self.count = 0  # errors survived, logged or not
+
+    def report(self, doing: str, exc: BaseException) -> None:
+        self.count += 1
+        key = (doing, describe(exc))
+        now = time.monotonic()
+        if now - self._last.get(key, -ERROR_REPEAT_S) >= ERROR_REPEAT_S:
+            self._last[key] = now
+            self.log.error("%s: error while %s, going on: %s", self.who(), doing, key[1])
+
+    def guard(self, doing: str, call: Callable, *args, **kwargs) -> Any:
+        """call(*args, **kwargs); an error other than Redis going away (re-raised) is reported, and None returned."""
+        try:
+            return call(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the worker survives what its jobs and RQ do
+            self.report(doing, exc)
+            return None
 
 
 class HeartbeatThread(threading.Thread):
