@@ -85,6 +85,35 @@ def models_list():
         click.echo(f"{row['name']:<16} {state:<11} {row['description']}  {row['path']}")
 
 
+@models.command("inspect", cls=MiroCommand)
+@click.argument("model")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+def models_inspect(model, as_json):
+    """What MODEL (a .gguf path or a pulled alias) holds and whether miro runs it, from its metadata alone:
+    architecture, parameters, tensor types, context and RoPE scaling, chat template, the weight format miro
+    would take, or the one sentence why miro refuses it. Exit code 1 when miro does not run it."""
+    import json
+
+    from miro.core.errors import MiroError
+    from miro.core.model_info import describe, inspect_model
+    from miro.core.registry import ALIASES, cached_path, is_pulled
+
+    if model in ALIASES:
+        if not is_pulled(model):
+            raise MiroError(f"model '{model}' is not pulled yet: `miro models pull {model}` first.")
+        model = str(cached_path(model))
+    elif not os.path.isfile(model):
+        raise MiroError(f"model '{model}' is neither a known alias ({', '.join(ALIASES)}) nor an existing .gguf file.")
+    info = inspect_model(model)
+    if as_json:
+        click.echo(json.dumps(info.as_dict(), indent=1))
+    else:
+        for line in describe(info):
+            click.echo(line)
+    if not info.runs:
+        sys.exit(1)
+
+
 @cli.command("submit", cls=MiroCommand)
 @click.argument("dataset", type=click.Path(dir_okay=True, path_type=str))
 @redis_url_option("Redis to enqueue on (env MIRO_REDIS_URL).")

@@ -15,6 +15,7 @@ from ..config import ModelConfig
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..model_check import check_metadata
+from ..weights import TensorSpec, check_tensors
 from ..kv_cache import KVCache
 from ..step_input import StepInput
 from .bert import BertModel
@@ -30,6 +31,11 @@ class Model(Protocol):
 
     @staticmethod
     def read_config(gguf: GGUFFile) -> ModelConfig: ...
+
+    @classmethod
+    def tensor_specs(cls, gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:
+        """Every tensor the architecture reads (optional ones marked), with the shape `config` implies."""
+        ...
 
     @classmethod
     def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32",
@@ -71,6 +77,15 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
         raise ModelFileError(f"{gguf.path}: {err}") from None
     config = cls.read_config(gguf)
     check_metadata(gguf, architecture, cls.metadata_keys)
+    return config
+
+
+def check_model_file(gguf: GGUFFile) -> ModelConfig:
+    """Everything miro checks of a file before reading a weight: its config, its keys and its tensors (names,
+    types, shapes); the one sentence why not as a ModelFileError."""
+    config = read_config(gguf)
+    cls = model_class(config.architecture)
+    check_tensors(gguf, cls.tensor_specs(gguf, config), config.architecture)
     return config
 
 

@@ -83,11 +83,14 @@ class BertModel:
 
     metadata_keys = frozenset({Keys.Attention.LAYERNORM_EPS, Keys.Attention.CAUSAL})  # see core/model_check.py
 
+    @staticmethod
+    def tensor_specs(gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:
+        types = gguf.tensors.get(tensor_name(T.TOKEN_TYPES))
+        return bert_tensor_specs(config, config.context_length, types.shape[0] if types else 1)
+
     def __init__(self, config: ModelConfig, loader: Loader):
         gguf = loader.gguf
-        types = gguf.tensors.get(tensor_name(T.TOKEN_TYPES))
-        check_tensors(gguf, bert_tensor_specs(config, config.context_length, types.shape[0] if types else 1),
-                      config.architecture)
+        check_tensors(gguf, self.tensor_specs(gguf, config), config.architecture)
 
         def layer_norm(kind, block=None):
             return loader.norm(kind, block), loader.vector(bias_name(kind, block))

@@ -79,8 +79,12 @@ def gemma3_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
 
 
 class Gemma3Model(LoadedModel):
+    @staticmethod
+    def tensor_specs(gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:
+        return gemma3_tensor_specs(config)
+
     def __init__(self, config: ModelConfig, loader: Loader):
-        check_tensors(loader.gguf, gemma3_tensor_specs(config), config.architecture)
+        check_tensors(loader.gguf, self.tensor_specs(loader.gguf, config), config.architecture)
         self.layers = [
             Gemma3Layer(
                 attn_norm=loader.norm(T.ATTN_NORM, i),

@@ -99,9 +99,12 @@ class LlamaModel(LoadedModel):
     rope_neox = False  # RoPE on halves (qwen2, qwen3) rather than adjacent pairs
     optional_extras = True  # llama: optional biases and rope_freqs.weight, as llama.cpp's llama graph reads them
 
+    @classmethod
+    def tensor_specs(cls, gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:
+        return llama_tensor_specs(config, cls.has_qkv_bias, cls.has_qk_norm, cls.optional_extras)
+
     def __init__(self, config: ModelConfig, loader: Loader):
-        check_tensors(loader.gguf, llama_tensor_specs(config, self.has_qkv_bias, self.has_qk_norm,
-                                                      self.optional_extras), config.architecture)
+        check_tensors(loader.gguf, self.tensor_specs(loader.gguf, config), config.architecture)
         self.layers = [
             LlamaLayer(
                 attn_norm=loader.norm(T.ATTN_NORM, i),
