@@ -370,3 +370,20 @@ def test_worker_metrics_listen_on_loopback_unless_told():
     assert option.default == "127.0.0.1"
     assert inspect.signature(serve_metrics).parameters["host"].default == "127.0.0.1"
     assert inspect.signature(BatchWorker.__init__).parameters["metrics_host"].default == "127.0.0.1"
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+    ("rediss://user:pw@h/0", "rediss://user:***@h/0"),
+    ("redis://user@h/0", "redis://user@h/0"),
+    ("redis://h/0?password=pw&db=1", "redis://h/0?password=***&db=1"),
+    ("unix:///run/redis.sock?password=pw", "unix:///run/redis.sock?password=***"),
+    ("s3://bucket/p?access_key=A&secret_key=S&region=x", "s3://bucket/p?access_key=***&secret_key=***&region=x"),
+    ("/shared/miro", "/shared/miro"),
+    ("redis://[::1:6379?password=pw", "redis://***"),
+])
+def test_one_helper_redacts_every_url(url, shown):
+    from miro.worker.fleet.urls import redacted
+
+    assert redacted(url) == shown
