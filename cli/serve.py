@@ -76,7 +76,7 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--allowed-host", "allowed_hosts", multiple=True,
               help="With no API key, a Host name served besides localhost, 127.0.0.1 and [::1] (repeatable).")
 @click.option("--max-upload-mib", type=click.IntRange(min=1),
-              help="The largest file POST /v1/files takes, in MiB  [default: 512, OpenAI's limit].")
+              help="The largest file POST /v1/files takes, in MiB (default 512, OpenAI's limit).")
 @click.option("--wait-for-redis", type=click.FloatRange(min=0), default=0, show_default=True,
               help="Seconds to keep trying to reach Redis at start-up (when it starts beside the server).")
 def serve_command(redis_url, host, port, storage, api_keys, api_key_file, allowed_hosts, max_upload_mib,
