@@ -62,6 +62,11 @@ RESULTS_SLICE_ROWS = 50_000
 # merged and written), so its slices are this many times smaller (benchmarks/results_memory.py --embed: 200,000
 # 384-dimension vectors merge at 462 MB peak RSS in slices of 10,000 rows, 1,165 MB in slices of 50,000)
 RESULTS_EMBED_SLICE_DIVISOR = 5
+# `miro serve` writes a batch's output and error files, results.parquet and Anthropic's results in slices this many
+# times smaller: a long-running server that does so for batch after batch keeps the memory it grew to
+# (benchmarks/serve_results_memory.py: 500,000 requests at +84 MiB over idle, against +566 MiB in slices of
+# 50,000 rows made Python dicts whole)
+RESULTS_SERVER_SLICE_DIVISOR = 5
 
 # once a batch ends its finished and cancelled requests' RQ job keys go (worker/fleet/release.py): this many jobs per
 # Lua call, so Redis is never busy long; a batch its ender left half-released is finished by a sweep this much later

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
-from miro.core.defaults import PRIORITIES
+from miro.core.defaults import PRIORITIES, RESULTS_SERVER_SLICE_DIVISOR
 from miro.core.errors import MiroError
 from miro.worker.fleet import batches, control, durations, results
 from miro.worker.fleet.submit import InvalidDataset, submit
@@ -150,7 +150,7 @@ def results_parquet(batch_id: str, request: Request) -> FileResponse:
     handle, path = tempfile.mkstemp(suffix=".parquet")
     os.close(handle)
     try:
-        results.write_results(results.BatchResults(state.conn, batch_id), path)
+        results.write_results(results.BatchResults(state.conn, batch_id, divisor=RESULTS_SERVER_SLICE_DIVISOR), path)
     except BaseException:
         os.remove(path)
         raise

@@ -14,6 +14,7 @@ import time
 
 import redis
 
+from miro.core import defaults
 from miro.worker.fleet import results
 from miro.worker.fleet.batches import BatchRecord
 
@@ -119,15 +120,22 @@ def _write_files(store: FileStore, conn: redis.Redis, batch_id: str,
     lines at a time (results.BatchResults): the server holds a slice, not the batch."""
     writers: dict[bool, tuple[str, FileWriter]] = {}
     try:
-        for table in results.BatchResults(conn, batch_id).slices():
-            encoded: dict[bool, list[bytes]] = {False: [], True: []}
-            for line in results.openai_lines(table):
-                encoded[bool(line["error"])].append(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+        encoded: dict[bool, list[bytes]] = {False: [], True: []}
+
+        def flush() -> None:
             for failed, lines in encoded.items():
                 if lines:
                     if failed not in writers:
                         writers[failed] = store.new_writer()
                     writers[failed][1].write(b"".join(lines))
+                    lines.clear()
+
+        for table in results.BatchResults(conn, batch_id, divisor=defaults.RESULTS_SERVER_SLICE_DIVISOR).slices():
+            for n, line in enumerate(results.openai_lines(table), 1):
+                encoded[bool(line["error"])].append(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+                if n % results.PYLIST_ROWS == 0:
+                    flush()
+            flush()
     except BaseException:
         for _, writer in writers.values():
             writer.abort()

@@ -13,6 +13,7 @@ from typing import Iterator
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from miro.core import defaults
 from miro.core.errors import MiroError
 from miro.worker.fleet import batches, control, keys, results
 from miro.worker.fleet.submit import InvalidDataset, submit
@@ -134,7 +135,8 @@ def message_batch_results(batch_id: str, request: Request) -> StreamingResponse:
     if processing_status(record.status) != "ended":
         raise bad_request(f"Message batch {batch_id} is still {processing_status(record.status)}; its results come "
                           "once it has ended.")
-    merged = results.BatchResults(state.conn, batch_id, cancelled=True)  # read before the response starts
+    merged = results.BatchResults(state.conn, batch_id, cancelled=True,
+                                    divisor=defaults.RESULTS_SERVER_SLICE_DIVISOR)  # read before the response starts
     return StreamingResponse(_result_lines(merged), media_type="application/x-jsonl")
 
 
@@ -142,8 +144,11 @@ def _result_lines(merged: results.BatchResults) -> Iterator[bytes]:
     """The results file's lines a slice at a time (a request's rows are all in one slice): the requests that never
     ran, an expired or cancelled batch's, each as its line's `expired` or `canceled` result."""
     for table in merged.slices():
-        by_request: dict[str, list[dict]] = {}
-        for row in table.to_pylist():
-            by_request.setdefault(row["custom_id"], []).append(row)
-        yield b"".join(json.dumps(result_line(rows), ensure_ascii=False).encode() + b"\n"
-                       for rows in by_request.values())
+        lines = []
+        for rows in results.request_rows(table):
+            lines.append(json.dumps(result_line(rows), ensure_ascii=False).encode() + b"\n")
+            if len(lines) == results.PYLIST_ROWS:
+                yield b"".join(lines)
+                lines = []
+        if lines:
+            yield b"".join(lines)

@@ -231,14 +231,16 @@ class BatchResults:
     # what merge sorts on, and the lines' own fields: all that the survey of the fields reads
     _SURVEYED = ["custom_id", "line", "choice_index", "input_index", "error", "finished_at", "extra"]
 
-    def __init__(self, conn, batch_id: str, cancelled: bool = False):
-        """`cancelled`: a cancelled batch's requests that never ran get a batch_cancelled row each (Unread)."""
+    def __init__(self, conn, batch_id: str, cancelled: bool = False, divisor: int = 1):
+        """`cancelled`: a cancelled batch's requests that never ran get a batch_cancelled row each (Unread).
+        `divisor`: slices this many times smaller than RESULTS_SLICE_ROWS (the server's)."""
         self.batch = batches.get_batch(conn, batch_id)
         self._parts = PartFiles(self.batch.output, batch_id)
         self._unread = Unread(conn, self.batch, self._parts, cancelled)
-        self._slice_rows = defaults.RESULTS_SLICE_ROWS
+        self._slice_rows = defaults.RESULTS_SLICE_ROWS // divisor
         if self.batch.task == "embed":
-            self._slice_rows = max(1, self._slice_rows // defaults.RESULTS_EMBED_SLICE_DIVISOR)
+            self._slice_rows = self._slice_rows // defaults.RESULTS_EMBED_SLICE_DIVISOR
+        self._slice_rows = max(1, self._slice_rows)
         self._extra = ExtraColumns()
         if self._parts.has_extra:
             for merged in self._merged(self._SURVEYED):
@@ -267,6 +269,7 @@ class BatchResults:
                 table = fixed_vectors(table, vector_size)
             wrote = True
             yield spread_extra(table, self._extra)
+            pa.default_memory_pool().release_unused()  # what the slice took goes back: a server runs on
         if not wrote:
             yield spread_extra(task_columns(SCHEMA.empty_table(), self.batch.task), self._extra)
         elif vector_size is not None and not saw_vector:
@@ -331,12 +334,27 @@ def _dictionary_columns(first: pa.Table) -> list[str]:
     return [leaves.column(i).path for i in range(len(leaves)) if leaves.column(i).path.split(".")[0] not in varied]
 
 
+PYLIST_ROWS = 1024  # rows of a table made Python dicts at a time (a dict of a row is some KB)
+
+
+def request_rows(table: pa.Table) -> Iterator[list[dict]]:
+    """The merged table's rows as dicts, a request's together (its choices, or inputs), in table order; a piece of
+    PYLIST_ROWS rows made dicts at a time (the merge keeps a request's rows adjacent: they share custom id and line),
+    so a slice of 50,000 rows is never all Python objects at once."""
+    pending: list[dict] = []
+    for start in range(0, table.num_rows, PYLIST_ROWS):
+        for row in table.slice(start, PYLIST_ROWS).to_pylist():
+            if pending and row["custom_id"] != pending[0]["custom_id"]:
+                yield pending
+                pending = []
+            pending.append(row)
+    if pending:
+        yield pending
+
+
 def openai_lines(table: pa.Table) -> Iterator[dict]:
     """The merged table as OpenAI Batch output lines, one per request (its choices together), in table order."""
-    by_request: dict[str, list[dict]] = {}
-    for row in table.to_pylist():
-        by_request.setdefault(row["custom_id"], []).append(row)
-    for rows in by_request.values():
+    for rows in request_rows(table):
         yield openai_line(rows)
 
 
