@@ -13,7 +13,7 @@ from rq.serializers import JSONSerializer
 from miro.cli.main import cli
 from miro.core import defaults
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, control, expiry, keys, release, results, scripts
+from miro.worker.fleet import batches, control, counted, expiry, keys, release, results, scripts
 from miro.worker.fleet.routing import queue_for
 from miro.worker.fleet.submit import submit
 
@@ -63,14 +63,18 @@ def test_a_completed_batch_keeps_only_its_failed_jobs_and_status_results_and_ret
     assert conn.zscore(keys.batch_releases(), batch_id) is None
     # what stays (record, counters, per-request index) goes by itself after BATCH_TTL_S
     ttls = [conn.ttl(key) for key in keys.batch_all(batch_id) if conn.exists(key)]
-    assert len(ttls) == 2 and all(defaults.BATCH_TTL_S - 60 < ttl <= defaults.BATCH_TTL_S for ttl in ttls)  # record, :counted
+    assert len(ttls) == 1 and defaults.BATCH_TTL_S - 60 < ttls[0] <= defaults.BATCH_TTL_S  # the record
+    # which requests were counted is in storage now, not in Redis (counted.py)
+    assert not conn.exists(keys.batch_counted(batch_id)) and conn.hget(keys.batch(batch_id), "counted_stored")
+    assert (tmp_path / "out" / batch_id / counted.FILE).read_text().count("\n") == 7
 
     status = CliRunner().invoke(cli, ["status", batch_id, "--redis-url", redis_url])
     assert status.exit_code == 0 and "7/7 done" in status.output, status.output
     table, _ = results.collect(conn, batch_id)
     assert sorted(table["custom_id"].to_pylist()) == sorted(line["id"] for line in lines)
 
-    assert control.retry(conn, batch_id).enqueued == 1
+    assert control.retry(conn, batch_id).enqueued == 1  # brings the counted set back first
+    assert conn.scard(keys.batch_counted(batch_id)) == 6 and not conn.hget(keys.batch(batch_id), "counted_stored")
     run_worker(conn, tiny_model)  # room for the long prompt now
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.completed, record.failed) == ("completed", 7, 0)

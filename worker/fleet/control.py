@@ -23,6 +23,7 @@ from rq.utils import current_timestamp
 
 from miro.core.errors import MiroError
 from miro.worker.fleet import batches, feed, keys, release, routing, rq_private, scripts
+from miro.worker.fleet import counted as counted_store
 from miro.worker.fleet.job_writer import ABANDONED_RETRIES
 from miro.worker.fleet.payload import custom_ids_of, is_group
 
@@ -125,6 +126,7 @@ def retry(conn: redis.Redis, batch_id: str) -> RetryResult:
     failed = _failed_jobs(conn, batch)
     if not failed:
         return result
+    counted_store.restore(conn, batch)  # an ended batch's counted set, from storage (counted.py)
     batches.set_status(conn, batch_id, "in_progress")
     registry = FailedJobRegistry(queue=_queue(conn, batch))  # where they failed, under the queue recorded then
     batch.queue = routing.upgrade_recorded_queue(conn, batch_id, batch.queue, batch.priority)
@@ -165,8 +167,9 @@ def uncounted_failures(conn: redis.Redis, queue: Queue) -> list[tuple[Job, list[
               if job is not None and "batch_id" in job.meta and ("custom_id" in job.meta or is_group(job.meta))]
     with conn.pipeline(transaction=False) as pipe:
         for job, custom_ids in failed:
-            pipe.smismember(keys.batch_counted(job.meta["batch_id"]), custom_ids)
-        counted = pipe.execute()
+            counted_store.queue_were_counted(pipe, job.meta["batch_id"], custom_ids)
+        replies = pipe.execute()
+    counted = [counted_store.from_replies(*replies[i:i + 2]) for i in range(0, len(replies), 2)]
     uncounted = [(job, [c for c, seen in zip(custom_ids, flags) if not seen])
                  for (job, custom_ids), flags in zip(failed, counted)]
     return [(job, custom_ids) for job, custom_ids in uncounted if custom_ids]

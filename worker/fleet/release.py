@@ -7,8 +7,10 @@ entries of its finished and cancelled requests go (scripts.RELEASE_JOBS, RELEASE
 What stays:
 
 - the batch record (`miro:batch:{id}`: status, counters, token sums): `miro status`, the API's batch objects;
-- `:counted`: which requests were counted, so a request that runs twice still counts once, and `--resume` knows
-  what to run again (a request counted but with no row in the part files is one that was cancelled: resume.py);
+- which requests were counted, so a request that runs twice still counts once, and `--resume` knows what to run
+  again (a request counted but with no row in the part files is one that was cancelled: resume.py): the release
+  moves the `:counted` set to storage beside the part files, `_counted.jsonl` (counted.py), so Redis keeps no byte
+  a request; `--resume` and `miro retry` bring it back;
   `miro:batch:{id}:jobs` (custom id -> job id) for the jobs --resume enqueued and batches from before requests were
   stored; the stored chunks list the rest (spool.py), which `miro results` and the Anthropic results read for the
   requests that never ran;
@@ -38,7 +40,9 @@ from rq.results import Result
 
 from miro.core import defaults
 
-from . import batches, keys, scripts
+from miro.core.errors import MiroError
+
+from . import batches, counted, keys, scripts
 
 _PREFIXES = (Job.redis_job_namespace_prefix, Result.get_key(""), FinishedJobRegistry.key_template.format(""),
              CanceledJobRegistry.key_template.format(""))
@@ -82,6 +86,10 @@ def release(conn: redis.Redis, batch_id: str, chunk: int = defaults.RELEASE_CHUN
         released += int(scripts.RELEASE_JOBS(conn, [], [*_PREFIXES, *jobs]))
         _forget_expired(conn, FinishedJobRegistry.key_template.format(queue), jobs)
     if began is not None:
+        try:
+            counted.store(conn, batches.get_batch(conn, batch_id))  # its counted set goes to storage (counted.py)
+        except MiroError:  # the record is gone
+            pass
         scripts.EXPIRE_ENDED(conn, keys.batch_all(batch_id), [defaults.BATCH_TTL_S, *sorted(batches.TERMINAL)])
         scripts.FORGET_RELEASE(conn, [keys.batch_releases()], [batch_id, repr(began)])
     return released

@@ -18,7 +18,7 @@ from rq.registry import CanceledJobRegistry, FailedJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from miro.worker.fleet import batches, keys, scripts
+from miro.worker.fleet import batches, counted, keys, scripts
 from miro.worker.fleet.inputs import Request
 from miro.worker.fleet.job_writer import JobWriter
 
@@ -47,6 +47,7 @@ class Resumer:
 
     def __init__(self, conn, batch: batches.BatchRecord, result):
         self.conn = conn
+        counted.restore(conn, batch)  # an ended batch's counted set, from storage (counted.py)
         self.stored = StoredIndex(batch)
         self.writer = JobWriter.for_batch(conn, batch)
         self.batch_id = batch.id

@@ -71,11 +71,14 @@ return 0
 # ids. A request counts once even if it ran twice (its worker died after writing its row). Once every request is
 # accounted for, an in_progress batch passes through finalizing to completed, a cancelling one becomes cancelled and an
 # expiring one expired, the batch id joins the ended set (`miro serve` writes its files), leaves the deadlines and
-# joins the releases, scored by now (release.py deletes its jobs' keys). Returns {requests newly counted,
-# completed+failed+cancelled}.
+# joins the releases, scored by now (release.py deletes its jobs' keys), and loses its counted_pinned mark. A batch
+# whose set went to storage (counted_stored, counted.py) counts nothing: it had counted every request. Returns
+# {requests newly counted, completed+failed+cancelled}.
 COUNT = Lua("""
 local added = 0
-for i = 7, #ARGV do added = added + redis.call('SADD', KEYS[2], ARGV[i]) end
+if not redis.call('HGET', KEYS[1], 'counted_stored') then  -- stored (counted.py): the batch counted every request
+  for i = 7, #ARGV do added = added + redis.call('SADD', KEYS[2], ARGV[i]) end
+end
 if added > 0 then
   redis.call('HINCRBY', KEYS[1], ARGV[1], added)
   redis.call('HINCRBY', KEYS[1], 'prompt_tokens', ARGV[2])
@@ -98,6 +101,7 @@ if done >= tonumber(b[4]) then
     settled = true
   end
   if settled then
+    redis.call('HDEL', KEYS[1], 'counted_pinned')  -- its counted set may move to storage again (counted.py)
     redis.call('SADD', KEYS[3], ARGV[6])
     redis.call('ZREM', KEYS[4], ARGV[6])
     redis.call('ZADD', KEYS[5], ARGV[5], ARGV[6])
@@ -219,13 +223,15 @@ CANCEL_PENDING = Lua("""
 local ids = redis.call('LPOP', KEYS[1], ARGV[1])
 if not ids then return 0 end
 local counted = 0
+local stored = redis.call('HGET', KEYS[3], 'counted_stored')  -- (counted.py) every request is counted
 for _, id in ipairs(ids) do
   local job = ARGV[3] .. id
   if redis.call('HGET', job, 'status') == 'queued' then
     redis.call('HSET', job, 'status', 'canceled')
     redis.call('ZADD', KEYS[2], ARGV[2], id)
     local meta = cjson.decode(redis.call('HGET', job, 'meta'))
-    if meta['custom_ids'] then  -- a group job: each of its requests
+    if stored then
+    elseif meta['custom_ids'] then  -- a group job: each of its requests
       for _, custom_id in ipairs(meta['custom_ids']) do counted = counted + redis.call('SADD', KEYS[4], custom_id) end
     else
       counted = counted + redis.call('SADD', KEYS[4], meta['custom_id'])
@@ -343,5 +349,27 @@ return 0
 
 FORGET_RELEASE = Lua("""
 if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1])) == tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 0
+""")
+
+# KEYS: batch hash, its counted set; ARGV: the set's size when it was written to storage, the ended statuses...
+# (counted.py) Deletes the set and marks the batch counted_stored, only if the batch has still ended, is not pinned or
+# stored already, and the set still has that size. Returns 1 if it did.
+STORE_COUNTED = Lua("""
+local b = redis.call('HMGET', KEYS[1], 'status', 'counted_pinned', 'counted_stored')
+if b[2] or b[3] then return 0 end
+local ended = false
+for i = 2, #ARGV do if b[1] == ARGV[i] then ended = true end end
+if not ended or redis.call('SCARD', KEYS[2]) ~= tonumber(ARGV[1]) then return 0 end
+redis.call('UNLINK', KEYS[2])
+redis.call('HSET', KEYS[1], 'counted_stored', 1)
+return 1
+""")
+
+# KEYS: batch hash. (counted.py) Pins the batch's counted set in Redis (a release no longer moves it to storage);
+# returns 1 if it is in storage now (the caller reads it back), 0 if not.
+PIN_COUNTED = Lua("""
+redis.call('HSET', KEYS[1], 'counted_pinned', 1)
+if redis.call('HGET', KEYS[1], 'counted_stored') then return 1 end
 return 0
 """)

@@ -169,10 +169,10 @@ def output_error(payload: JobPayload, outputs: list) -> str | None:
 
 def not_counted(conn, payloads: list[JobPayload]) -> list[JobPayload]:
     """The requests of a group job its batch has not counted: run again after its worker died, a group skips the
-    ones that worker finished."""
-    from miro.worker.fleet import keys
+    ones that worker finished (all of them once the batch has ended: counted.py)."""
+    from miro.worker.fleet.counted import were_counted
 
-    counted = conn.smismember(keys.batch_counted(payloads[0].batch_id), [p.custom_id for p in payloads])
+    counted = were_counted(conn, payloads[0].batch_id, [p.custom_id for p in payloads])
     return [p for p, was_counted in zip(payloads, counted) if not was_counted]
 
 
