@@ -1,7 +1,7 @@
 """What `miro serve` holds while it expires a big batch and serves its results (issue 37, finding 3): its resident
 memory when idle, and its peak (VmHWM) after each step, on a local redis-server.
 
-    python benchmarks/serve_results_memory.py [--requests 500000] [--ran 0.4] [--json out.json]
+    python benchmarks/serve_results_memory.py [--requests 500000] [--ran 0.4] [--long-line-mb 100] [--json out.json]
 
 The batch is made as `miro-submit` makes it (`submit()`: every request stored in chunks beside the part files, the
 record, the first window of jobs), of OpenAI chat lines `req-00000001`...; no worker runs it: the part files of the
@@ -11,6 +11,10 @@ the server's background loop expires it and writes its output and error files. T
 error file, `/v1/batches/{id}/results.parquet` and, the batch being listed as a Message Batch too, Anthropic's
 results, checking each has one line or row per request. A small batch goes through the same steps first (--warm-up),
 so that the idle figure the peak is compared with includes what the server loads once for any batch.
+
+With --long-line-mb N it first uploads a file of one N MB line with no newline and creates a batch of it (issue 37,
+finding 4): the batch fails, its error the line's size in one sentence, and the server's peak says what reading it
+cost.
 """
 
 from __future__ import annotations
@@ -139,6 +143,29 @@ class Bench:
         return figures
 
 
+def long_line(workdir: Path, base: str, pid: int, megabytes: int) -> dict:
+    """Upload a file of one line with no newline and create a batch of it: the server's peak before and after."""
+    from openai import OpenAI
+
+    path = workdir / "one_line.jsonl"
+    with open(path, "wb") as f:
+        f.write(b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": "')
+        for _ in range(megabytes):
+            f.write(b"y" * (1 << 20))
+    client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+    uploaded = client.files.create(file=open(path, "rb"), purpose="batch")
+    _, before = memory(pid)
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    _, after = memory(pid)
+    said = batch.errors.data[0].message if batch.errors and batch.errors.data else None
+    print(f"a {megabytes} MB line: batch {batch.status} ({said}); the server's peak {before} -> {after} MiB",
+          flush=True)
+    path.unlink()
+    return {"long_line_mb": megabytes, "long_line_status": batch.status, "long_line_error": said,
+            "long_line_peak_before_create_mib": before, "long_line_peak_after_create_mib": after}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=500_000)
@@ -146,6 +173,8 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=2_000,
                         help="requests of a first batch taken through the same steps, so that the idle figure "
                              "includes what the server loads once (pyarrow's readers and writers)")
+    parser.add_argument("--long-line-mb", type=int, default=0,
+                        help="first upload a file of one line of this many MB and create a batch of it")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
 
@@ -171,6 +200,8 @@ def main() -> None:
             bench = Bench(workdir, conn, base, storage, server.pid)
             time.sleep(2)
             figures["cold_idle_rss_mib"], _ = memory(server.pid)
+            if args.long_line_mb:
+                figures.update(long_line(workdir, base, server.pid, args.long_line_mb))
             if args.warm_up:
                 warm_id, _ = bench.batch(args.warm_up, args.ran)
                 bench.expire_and_serve(warm_id, args.warm_up)
