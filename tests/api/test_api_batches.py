@@ -75,6 +75,25 @@ def test_an_invalid_file_gives_a_failed_batch_naming_its_lines(serve, redis_url)
     assert "empty" in empty.errors.data[0].message
 
 
+def test_a_custom_id_over_the_limit_and_a_line_with_no_end_fail_the_batch_in_one_sentence_each(serve, redis_url):
+    """Issue 37: a custom id is at most MAX_CUSTOM_ID characters, and a line over the limit with no newline (20 MB
+    here) is refused by its size, never read whole."""
+    from miro.worker.fleet.inputs import MAX_CUSTOM_ID
+
+    client = serve(redis_url).client()
+    long_id = {**chat_line(1), "custom_id": "k" * (MAX_CUSTOM_ID + 1)}
+    batch = create(client, upload(client, [chat_line(0), long_id]))
+    assert batch.status == "failed"
+    assert [(e.line, e.code, e.message) for e in batch.errors.data] == [
+        (2, "invalid_request", f"line 2: field 'custom_id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too "
+                               f"long (at most {MAX_CUSTOM_ID:,}).")]
+    no_end = json.dumps(chat_line(0)).encode() + b"\n" + b'{"custom_id": "' + b"y" * (20 << 20)
+    batch = create(client, upload(client, no_end))
+    assert [(e.line, e.message) for e in batch.errors.data] == [
+        (2, f"line 2: the line is {len(no_end) - len(json.dumps(chat_line(0))) - 1:,} bytes, over the limit of "
+            "1,000,000 bytes.")]
+
+
 def test_refusals_at_creation_are_openai_errors(serve, redis_url):
     client = serve(redis_url).client()
     file_id = upload(client, [chat_line(0)])

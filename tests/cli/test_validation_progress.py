@@ -30,3 +30,19 @@ def test_invalid_lines_come_first_then_the_count_then_one_sentence(tmp_path, red
     assert said[-1].startswith("Error: 50 of 100 lines are invalid, so nothing was enqueued")
     assert redis.Redis.from_url(redis_url).zcard("miro:batches") == 0
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.jsonl"))  # nothing stored
+
+
+def test_submit_and_run_refuse_a_custom_id_over_the_limit_in_one_sentence(tmp_path):
+    """Issue 37: a custom id is at most MAX_CUSTOM_ID characters; `miro submit --dry-run` and `miro run` (which
+    validates the file before it starts any Redis or model) refuse a longer one by its line."""
+    from miro.worker.fleet.inputs import MAX_CUSTOM_ID
+
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"id": "k" * (MAX_CUSTOM_ID + 1), "prompt": "hi"}) + "\n"
+                    + json.dumps({"id": "ok", "prompt": "hi"}) + "\n")
+    sentence = (f"line 1: field 'id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too long (at most "
+                f"{MAX_CUSTOM_ID:,}).")
+    for command in (["submit", str(path), "--dry-run"], ["run", str(path), "-o", str(tmp_path / "r.parquet")]):
+        done = CliRunner().invoke(cli, command)
+        assert done.exit_code == 1 and sentence in done.stderr.splitlines(), done.output
+        assert "k" * 100 not in done.output
