@@ -54,6 +54,14 @@ class ModelConfig:
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor
     attention_scale: float = 0.0  # q.k scale; 0: 1 / sqrt(head_dim)
     final_logit_softcap: float = 0.0  # logits = c * tanh(logits / c) where c > 0 (gemma)
+    unrotated_layers: tuple[int, ...] = ()  # layers whose q and k get no RoPE (smollm3; granite without RoPE)
+    embedding_scale: float = 1.0  # the token embeddings are multiplied by it (granite)
+    residual_scale: float = 1.0  # each block's attention and feed-forward outputs too, before the residual add
+    logit_scale: float = 1.0  # the logits are divided by it (granite)
+    rope_yarn_beta_fast: float = 32.0  # YaRN's ramp (mistral3 may set them; llama.cpp's defaults otherwise)
+    rope_yarn_beta_slow: float = 1.0
+    rope_yarn_log_mul: float = 0.0  # mistral3's yarn_log_multiplier (HF mscale_all_dim): YaRN's magnitude
+    attn_temperature_scale: float = 0.0  # > 0: q at position p times 1 + s ln(floor(p / rope_orig_context) + 1)
 
     @property
     def q_dim(self) -> int:
@@ -74,7 +82,10 @@ class ModelConfig:
             freq_scale=freq_scale,
             yarn=yarn,
             n_ctx_orig=self.rope_orig_context or self.context_length,
-            attn_factor=yarn_attn_factor(self.rope_factor, self.rope_attn_factor) if yarn else self.rope_attn_factor,
+            attn_factor=(yarn_attn_factor(self.rope_factor, self.rope_attn_factor, self.rope_yarn_log_mul) if yarn
+                         else self.rope_attn_factor),
+            beta_fast=self.rope_yarn_beta_fast,
+            beta_slow=self.rope_yarn_beta_slow,
         )
 
     @classmethod

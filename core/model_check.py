@@ -40,6 +40,9 @@ DESCRIPTIVE = {Keys.Rope.SCALING_FINETUNED}
 # whole context whatever attention.scale and attention.sliding_window say.)
 IGNORED_BY_LLAMA_CPP = {
     "llama": {Keys.Attention.SLIDING_WINDOW, Keys.Attention.SCALE},
+    "smollm3": {Keys.Attention.SLIDING_WINDOW, Keys.Attention.SCALE},  # its loader sets no attention scale either
+    "mistral3": {Keys.Attention.SLIDING_WINDOW, Keys.Attention.SCALE},
+    "granite": {Keys.Attention.SLIDING_WINDOW},
 }
 # Keys that change nothing at these values (a converter may write the key with its neutral value).
 NEUTRAL_VALUES = {

@@ -1,6 +1,6 @@
 """Tiny, real GGUF files for unit tests, written with ``gguf.GGUFWriter``.
 
-``write_tiny_model`` writes a valid miniature llama, qwen2, qwen3 or gemma3 model
+``write_tiny_model`` writes a valid miniature llama, qwen2, qwen3, gemma3, smollm3, granite, olmo2 or mistral3 model
 (random weights, a small byte-level BPE vocab, ChatML template) and returns what it
 wrote, including the float32 dequantization of every tensor, so loader tests can
 compare against it; ``write_tiny_llama`` is its llama case (tests/fixtures/arch_llamacpp.*
@@ -99,7 +99,7 @@ def _stored_type(raw: np.ndarray, raw_dtype: QT | None) -> QT:
 
 # ---- tiny models per architecture ---------------------------------------------------------
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "smollm3", "granite", "olmo2", "mistral3")
 MT = gguf.MODEL_TENSOR
 
 # What differs per architecture, on top of the llama layout (all use RMSNorm, RoPE, GQA and
@@ -111,6 +111,11 @@ MT = gguf.MODEL_TENSOR
 #           post_attention_norm, ffn_norm, post_ffw_norm) plus attn_{q,k}_norm, GELU-tanh gate,
 #           attention.key_length/value_length, attention.sliding_window (5 of every 6 layers
 #           are local: layer i is local unless i % 6 == 5), rope.freq_base for the global layers.
+#   smollm3, granite, mistral3: llama's tensors (smollm3: 4 layers, so that layer 3 goes unrotated;
+#           granite: its four multipliers in _ARCH_KEYS).
+#   olmo2:  no attn_norm/ffn_norm; post_attention_norm and post_ffw_norm, attn_q_norm over the whole q
+#           (n_heads * head_dim) and attn_k_norm over the whole k; output.weight of its own; a
+#           ``sliding_window`` given writes attention.sliding_window (OLMo 3).
 # Defaults: (n_layers, n_heads, n_kv_heads, head_dim factor, tie_embeddings, rope_theta, rms_eps).
 # head_dim = factor * dim // n_heads (factor 2 where the architecture reads key_length).
 _ARCH_DEFAULTS = {
@@ -122,8 +127,23 @@ _ARCH_DEFAULTS = {
                   rope_theta=1000000.0, rms_eps=1e-6),
     "gemma3": dict(n_layers=7, n_heads=4, n_kv_heads=1, head_factor=2, tie_embeddings=True,
                    rope_theta=1000000.0, rms_eps=1e-6),
+    "smollm3": dict(n_layers=4, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=True,
+                    rope_theta=10000.0, rms_eps=1e-6),
+    "granite": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=True,
+                    rope_theta=10000.0, rms_eps=1e-5),
+    "olmo2": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False,
+                  rope_theta=10000.0, rms_eps=1e-6),
+    "mistral3": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False,
+                     rope_theta=10000.0, rms_eps=1e-5),
 }
 GEMMA3_SLIDING_WINDOW = 8
+# Keys an architecture's files always carry beyond the common ones (written as GGUFWriter types them).
+_ARCH_KEYS = {
+    # Granite 3.x has logit 8, residual 0.22, embedding 12, attention 1/64 or 1/128: trained weights balance
+    # those; these, each far from 1, keep a random file's blocks weighing on the logits.
+    "granite": lambda w: (w.add_logit_scale(2.0), w.add_residual_scale(0.5), w.add_embedding_scale(2.0),
+                          w.add_attention_scale(0.0625)),
+}
 
 
 def tensor_name(kind: gguf.MODEL_TENSOR, bid: int | None = None, suffix: str = "weight") -> str:
@@ -137,6 +157,11 @@ def _layer_shapes(arch: str, i: int, dim: int, n_heads: int, n_kv_heads: int, he
     """Tensor name -> logical (out, in) shape for one block, in file order."""
     q, kv = n_heads * head_dim, n_kv_heads * head_dim
     t = lambda kind, suffix="weight": tensor_name(kind, i, suffix)  # noqa: E731
+    if arch == "olmo2":
+        return {t(MT.ATTN_Q): (q, dim), t(MT.ATTN_K): (kv, dim), t(MT.ATTN_V): (kv, dim), t(MT.ATTN_OUT): (dim, q),
+                t(MT.ATTN_Q_NORM): (q,), t(MT.ATTN_K_NORM): (kv,), t(MT.ATTN_POST_NORM): (dim,),
+                t(MT.FFN_GATE): (ffn_dim, dim), t(MT.FFN_UP): (ffn_dim, dim), t(MT.FFN_DOWN): (dim, ffn_dim),
+                t(MT.FFN_POST_NORM): (dim,)}
     shapes = {t(MT.ATTN_NORM): (dim,), t(MT.ATTN_Q): (q, dim)}
     if arch == "qwen2":
         shapes[t(MT.ATTN_Q, "bias")] = (q,)
@@ -194,8 +219,8 @@ def write_tiny_model(path, *, arch="llama", tensor_type="F32", n_layers=None, di
     rms_eps = d["rms_eps"] if rms_eps is None else rms_eps
     if arch == "gemma3":
         sliding_window = GEMMA3_SLIDING_WINDOW if sliding_window is None else sliding_window
-    elif sliding_window is not None:
-        raise ValueError(f"sliding_window is a gemma3 setting, not {arch}'s")
+    elif sliding_window is not None and arch != "olmo2":
+        raise ValueError(f"sliding_window is a gemma3 or olmo2 setting, not {arch}'s")
     arch_name = arch if arch_name is None else arch_name
     big = tensor_type in K_QUANTS
     dim = dim if dim is not None else (256 if big else 64)
@@ -242,8 +267,10 @@ def write_tiny_model(path, *, arch="llama", tensor_type="F32", n_layers=None, di
     if arch in ("qwen3", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if arch == "gemma3":
+    if arch == "gemma3" or (arch == "olmo2" and sliding_window is not None):
         w.add_sliding_window(sliding_window)
+    if arch in _ARCH_KEYS:
+        _ARCH_KEYS[arch](w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 ROPE_CHUNK = 1024  # positions of the RoPE tables computed at a time
-YARN_BETA_FAST = 32.0  # llama.cpp's defaults; its llama, qwen2, qwen3 and gemma3 graphs read no other
+YARN_BETA_FAST = 32.0  # llama.cpp's defaults; of miro's architectures only mistral3 reads others from the file
 YARN_BETA_SLOW = 1.0
 
 
@@ -34,6 +34,8 @@ class RopeParams:
     yarn: bool = False  # llama.cpp's ext_factor 1: the YaRN ramp and magnitude
     n_ctx_orig: int = 0  # rope.scaling.original_context_length (yarn), else the context length
     attn_factor: float = 1.0  # cos and sin are multiplied by it (yarn: times 1 + 0.1 ln(1 / freq_scale))
+    beta_fast: float = YARN_BETA_FAST  # YaRN's ramp: pairs turning more than beta_fast times in n_ctx_orig
+    beta_slow: float = YARN_BETA_SLOW  # keep their angle, fewer than beta_slow times are scaled
 
     @property
     def mscale(self) -> float:
@@ -43,19 +45,22 @@ class RopeParams:
         return self.attn_factor * (1.0 + 0.1 * math.log(1.0 / self.freq_scale))
 
 
-def yarn_attn_factor(factor: float, file_attn_factor: float) -> float:
-    """llama.cpp's cparams.yarn_attn_factor for a YaRN file without a log multiplier: get_mscale(factor),
+def yarn_attn_factor(factor: float, file_attn_factor: float, log_mul: float = 0.0) -> float:
+    """llama.cpp's cparams.yarn_attn_factor: get_mscale(factor), or with a log multiplier (mistral3's
+    rope.scaling.yarn_log_multiplier, HF's mscale_all_dim) get_mscale(factor, 1) / get_mscale(factor, log_mul);
     cancelled by the 1 + 0.1 ln(factor) rope_yarn() applies again, times rope.scaling.attn_factor."""
-    get_mscale = 1.0 if factor <= 1.0 else 0.1 * math.log(factor) + 1.0
-    return get_mscale / (1.0 + 0.1 * math.log(factor)) * file_attn_factor
+    def get_mscale(mscale: float) -> float:
+        return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+    base = get_mscale(1.0) / get_mscale(log_mul) if log_mul != 0.0 else get_mscale(1.0)
+    return base / (1.0 + 0.1 * math.log(factor)) * file_attn_factor
 
 
 def yarn_corr_dims(params: RopeParams) -> tuple[float, float]:
     """The first and last pair index of YaRN's ramp (ggml_rope_yarn_corr_dims)."""
     def corr_dim(n_turns: float) -> float:
         return params.n_rot * math.log(params.n_ctx_orig / (n_turns * 2 * math.pi)) / (2 * math.log(params.theta))
-    start = math.floor(corr_dim(YARN_BETA_FAST))
-    end = math.ceil(corr_dim(YARN_BETA_SLOW))
+    start = math.floor(corr_dim(params.beta_fast))
+    end = math.ceil(corr_dim(params.beta_slow))
     return max(0.0, start), min(params.n_rot - 1.0, end)
 
 

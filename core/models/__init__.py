@@ -20,7 +20,8 @@ from ..kv_cache import KVCache
 from ..step_input import StepInput
 from .bert import BertModel
 from .gemma3 import Gemma3Model
-from .llama import LlamaModel, Qwen2Model, Qwen3Model
+from .llama import GraniteModel, LlamaModel, Mistral3Model, Qwen2Model, Qwen3Model, SmolLM3Model
+from .olmo2 import Olmo2Model
 
 
 class Model(Protocol):
@@ -58,7 +59,8 @@ class Model(Protocol):
 
 
 MODELS: dict[str, type[Model]] = {
-    "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "gemma3": Gemma3Model, "bert": BertModel}
+    "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "gemma3": Gemma3Model, "bert": BertModel,
+    "smollm3": SmolLM3Model, "granite": GraniteModel, "olmo2": Olmo2Model, "mistral3": Mistral3Model}
 
 
 def model_class(architecture: str) -> type[Model]:

@@ -147,10 +147,12 @@ class LoadedModel:
 
 
 def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, config: ModelConfig,
-              rope: tuple[np.ndarray, np.ndarray], scale: np.float32, out: np.ndarray, window: int = 0) -> np.ndarray:
+              rope: tuple[np.ndarray, np.ndarray], scale: np.float32, out: np.ndarray, window: int = 0,
+              q_scale: np.ndarray | None = None) -> np.ndarray:
     """Rotate q and k of the fused qkv rows (in place), write k and v into the cache, attend over it.
 
     out: (T, n_heads, head_dim), filled; returned as (T, q_dim). window > 0: a sliding-window layer.
+    q_scale: (T,) float32, each token's rotated q multiplied by it (mistral3's attention temperature).
     """
     cfg = config
     n_tokens = qkv.shape[0]
@@ -159,6 +161,8 @@ def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, conf
                               step.slots, cache.k[layer], cache.v[layer], cfg.rope_neox)
     # a contiguous copy: numba's code for strided views is several times slower
     q = np.ascontiguousarray(qkv[:, : cfg.q_dim]).reshape(n_tokens, cfg.n_heads, cfg.head_dim)
+    if q_scale is not None:
+        q *= q_scale[:, None, None]
     attention_kernels.paged_attention(q, cache.k[layer], cache.v[layer], step.block_tables, step.positions, step.attn_items,
                             scale, out, window)
     return out.reshape(n_tokens, cfg.q_dim)
@@ -196,12 +200,15 @@ def qk_norm(qkv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray, config: Mod
 
 
 def logits(x: np.ndarray, rows: np.ndarray, output_norm: np.ndarray, lm_head: Linear, eps: float,
-           softcap: np.float32 = np.float32(0.0)) -> np.ndarray:
+           softcap: np.float32 = np.float32(0.0), logit_scale: float = 1.0) -> np.ndarray:
     """The final RMSNorm and the head, on the rows whose next-token logits are wanted; softcap > 0 (gemma's
-    final_logit_softcapping): softcap * tanh(logits / softcap)."""
+    final_logit_softcapping): softcap * tanh(logits / softcap); logit_scale != 1 (granite): logits times
+    1 / logit_scale, as llama.cpp multiplies them."""
     last = x[rows]
     kernels.rmsnorm(last, output_norm, eps, last)
     out = lm_head(last)
+    if logit_scale != 1.0:
+        out *= np.float32(1.0) / np.float32(logit_scale)
     if softcap > 0:
         out *= np.float32(1.0) / softcap
         np.tanh(out, out=out)

@@ -42,11 +42,11 @@ def is_local(layer: int, every: int = GLOBAL_LAYER_EVERY) -> bool:
     return layer % every < every - 1
 
 
-def local_layers(gguf: GGUFFile, arch: str, n_layers: int) -> tuple[bool, ...]:
+def local_layers(gguf: GGUFFile, arch: str, n_layers: int, every: int = GLOBAL_LAYER_EVERY) -> tuple[bool, ...]:
     """Which layers slide: attention.sliding_window_pattern as llama.cpp's load_swa_pattern reads it (a flag per
-    layer, or the period of the global layers), else every sixth layer is global."""
+    layer, or the period of the global layers), else every `every`th layer is global (gemma3: sixth)."""
     key = Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=arch)
-    pattern = gguf.get(key, GLOBAL_LAYER_EVERY)
+    pattern = gguf.get(key, every)
     if isinstance(pattern, list):
         if len(pattern) != n_layers or any(type(p) is not bool for p in pattern):
             raise ModelFileError(f"{gguf.path}: {key} must be {n_layers} true/false flags, one per layer.")

@@ -1,4 +1,5 @@
-"""The llama family: llama, qwen2 and qwen3, one forward pass over one packed batch of tokens.
+"""The llama family: llama, qwen2, qwen3, smollm3, granite and mistral3, one forward pass over one packed batch
+of tokens.
 
 The forward pass is llama2.c's, over every token of a step at once (prefill chunks and decode tokens
 together): each linear layer is one GEMM over all of them; RMSNorm and the SiLU gate are numba kernels
@@ -14,6 +15,14 @@ A llama file may also carry what llama.cpp's llama graph reads when present: bia
 attention output and on the feed-forward's gate, up and down; and Llama 3's RoPE frequency factors
 (rope_freqs.weight). RoPE scaling (linear, YaRN) and partial rotary come from the config (layers/rotary.py).
 
+Three more are llama's graph with a few numbers changed, each read by its class's read_config into the config:
+smollm3 leaves every fourth layer unrotated (q and k of layers 3, 7, 11, ... get no RoPE: a table of no
+columns); granite multiplies the embeddings by embedding_scale, each block's attention and feed-forward
+outputs by residual_scale before adding them, scales attention by attention.scale, divides the logits by
+logit_scale, and rotates no layer where rope.scaling.finetuned is false; mistral3 reads YaRN's betas and log
+multiplier and, where the file has attention.temperature_scale (Ministral 3), multiplies each token's q by
+1 + scale ln(floor(position / rope.scaling.original_context_length) + 1) after RoPE.
+
 Every matrix is a `Linear` (core/layers/linear.py) in one weight format: "f32" dequantizes it once into a
 float32 copy; "native" keeps the file's blocks where they are (a view of the memory map) and multiplies by
 them directly, llama.cpp's way. Q/K/V are fused into one layer and gate/up into another, so each
@@ -24,16 +33,19 @@ output.weight means the head is tied to it (common.Loader.lm_head).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import Keys
 
 from .. import kernels
-from ..config import ModelConfig
+from ..config import ModelConfig, _positive_float
+from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..layers.linear import Linear
-from ..layers.rotary import RopeTable
+from ..layers.rotary import RopeParams, RopeTable
 from ..step_input import StepInput
 from ..weights import TensorSpec, bias_name, bias_spec, check_tensors, tensor_name
 from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,
@@ -57,9 +69,10 @@ class LlamaLayer:
 
 
 def llama_tensor_specs(config: ModelConfig, has_qkv_bias: bool = False, has_qk_norm: bool = False,
-                       optional_extras: bool = False) -> dict[str, TensorSpec]:
+                       optional_extras: bool = False, optional_qkv_bias: bool = False) -> dict[str, TensorSpec]:
     """Every tensor a file of the family must hold (or may, if optional), with the shape its config implies.
-    optional_extras: the llama graph's optional biases and RoPE frequency factors."""
+    optional_extras: the llama graph's optional biases and RoPE frequency factors; optional_qkv_bias: only
+    the biases on Q, K and V (smollm3)."""
     specs = embedding_and_head_specs(config)
     if optional_extras:
         specs[tensor_name(T.ROPE_FREQS)] = bias_spec((config.rope_dim or config.head_dim) // 2)
@@ -68,10 +81,11 @@ def llama_tensor_specs(config: ModelConfig, has_qkv_bias: bool = False, has_qk_n
         if has_qk_norm:
             specs |= qk_norm_specs(config, i)
         specs |= ffn_specs(config, i)
-        if has_qkv_bias or optional_extras:
-            specs |= {bias_name(T.ATTN_Q, i): bias_spec(config.q_dim, optional_extras),
-                      bias_name(T.ATTN_K, i): bias_spec(config.kv_dim, optional_extras),
-                      bias_name(T.ATTN_V, i): bias_spec(config.kv_dim, optional_extras)}
+        if has_qkv_bias or optional_extras or optional_qkv_bias:
+            optional = optional_extras or optional_qkv_bias
+            specs |= {bias_name(T.ATTN_Q, i): bias_spec(config.q_dim, optional),
+                      bias_name(T.ATTN_K, i): bias_spec(config.kv_dim, optional),
+                      bias_name(T.ATTN_V, i): bias_spec(config.kv_dim, optional)}
         if optional_extras:
             specs |= {bias_name(T.ATTN_OUT, i): bias_spec(config.dim), bias_name(T.FFN_GATE, i): bias_spec(config.ffn_dim),
                       bias_name(T.FFN_UP, i): bias_spec(config.ffn_dim), bias_name(T.FFN_DOWN, i): bias_spec(config.dim)}
@@ -98,10 +112,13 @@ class LlamaModel(LoadedModel):
     has_qk_norm = False  # a per-head RMSNorm of q and k (qwen3)
     rope_neox = False  # RoPE on halves (qwen2, qwen3) rather than adjacent pairs
     optional_extras = True  # llama: optional biases and rope_freqs.weight, as llama.cpp's llama graph reads them
+    optional_qkv_bias = False  # optional biases on Q, K and V only (smollm3)
+    no_rope_every = 0  # > 0: layers i with (i + 1) % no_rope_every == 0 get no RoPE (smollm3: 4)
 
     @classmethod
     def tensor_specs(cls, gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:
-        return llama_tensor_specs(config, cls.has_qkv_bias, cls.has_qk_norm, cls.optional_extras)
+        return llama_tensor_specs(config, cls.has_qkv_bias, cls.has_qk_norm, cls.optional_extras,
+                                  cls.optional_qkv_bias)
 
     def __init__(self, config: ModelConfig, loader: Loader):
         check_tensors(loader.gguf, self.tensor_specs(loader.gguf, config), config.architecture)
@@ -125,14 +142,20 @@ class LlamaModel(LoadedModel):
         self._load_embedding_and_head(config, loader)
         freqs = tensor_name(T.ROPE_FREQS)
         self.rope = RopeTable(config.rope(), loader.vector(freqs) if freqs in loader.gguf.tensors else None)
+        self.no_rope = RopeTable(RopeParams(theta=config.rope_theta, n_rot=0))  # no columns: nothing rotates
 
     @classmethod
     def read_config(cls, gguf: GGUFFile) -> ModelConfig:
-        return dataclasses.replace(ModelConfig.from_gguf(gguf), rope_neox=cls.rope_neox)
+        config = dataclasses.replace(ModelConfig.from_gguf(gguf), rope_neox=cls.rope_neox)
+        if cls.no_rope_every:
+            unrotated = tuple(i for i in range(config.n_layers) if (i + 1) % cls.no_rope_every == 0)
+            config = dataclasses.replace(config, unrotated_layers=unrotated)
+        return config
 
     def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
-        return logits(self._blocks(step, cache), step.logit_rows, self.output_norm, self.lm_head, self.config.rms_eps)
+        return logits(self._blocks(step, cache), step.logit_rows, self.output_norm, self.lm_head, self.config.rms_eps,
+                      logit_scale=self.config.logit_scale)
 
     def hidden_states(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """The same step's final-normed hidden state of every token (T, dim), where an embedding pools them."""
@@ -144,8 +167,12 @@ class LlamaModel(LoadedModel):
         """The transformer blocks over the step's tokens: the residual stream after the last one (T, dim)."""
         cfg = self.config
         n_tokens = len(step.token_ids)
-        rope = self.rope.upto(step.positions)
+        rope, no_rope = self.rope.upto(step.positions), self.no_rope.upto(step.positions)
+        q_scale = attention_temperature(step.positions, cfg) if cfg.attn_temperature_scale else None
+        residual = np.float32(cfg.residual_scale)
         x = self.token_embd(step.token_ids)
+        if cfg.embedding_scale != 1.0:
+            x *= np.float32(cfg.embedding_scale)
         normed = np.empty_like(x)
         attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
         for i, layer in enumerate(self.layers):
@@ -155,11 +182,38 @@ class LlamaModel(LoadedModel):
                 qkv += layer.qkv_bias
             if self.has_qk_norm:
                 qk_norm(qkv, layer.q_norm, layer.k_norm, cfg)
-            x += layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out), layer.wo_bias)
+            layer_rope = no_rope if i in cfg.unrotated_layers else rope
+            h = layer.wo(attention(qkv, i, step, cache, cfg, layer_rope, self.scale, attn_out, q_scale=q_scale),
+                         layer.wo_bias)
+            x += scaled(h, residual)
             kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
-            x += feed_forward(normed, layer.w_gate_up, layer.w_down, kernels.silu_mul, layer.gate_up_bias,
-                              layer.down_bias)
+            h = feed_forward(normed, layer.w_gate_up, layer.w_down, kernels.silu_mul, layer.gate_up_bias,
+                             layer.down_bias)
+            x += scaled(h, residual)
         return x
+
+
+def scaled(h: np.ndarray, scale: np.float32) -> np.ndarray:
+    """h times scale, in place (granite's residual_scale); h itself where the scale is 1."""
+    if scale != 1.0:
+        h *= scale
+    return h
+
+
+def attention_temperature(positions: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """Each token's q multiplier where the file sets attention.temperature_scale (mistral3: Llama 4's
+    temperature tuning), as llama.cpp computes it: 1 + scale ln(floor(position / original context) + 1)."""
+    floor = np.floor_divide(positions, config.rope_orig_context or config.context_length).astype(np.float64)
+    return (np.log(floor + 1.0) * config.attn_temperature_scale + 1.0).astype(np.float32)
+
+
+def _scale_key(gguf: GGUFFile, key: str, default: float) -> float:
+    """A granite/mistral3 multiplier: a finite number, `default` where absent; 0 means absent, as llama.cpp
+    treats it."""
+    value = gguf.get(key, default)
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise ModelFileError(f"{gguf.path}: metadata key '{key}' is {value!r}, not a number.")
+    return float(value) or default
 
 
 class Qwen2Model(LlamaModel):
@@ -168,3 +222,52 @@ class Qwen2Model(LlamaModel):
 
 class Qwen3Model(LlamaModel):
     has_qk_norm, rope_neox, optional_extras = True, True, False
+
+
+class SmolLM3Model(LlamaModel):
+    """SmolLM3: llama with no RoPE on every fourth layer (llama.cpp's n_no_rope_layer_step, fixed at 4: no key
+    sets it); llama.cpp's smollm3 tensors are llama's less rope_freqs and every bias but Q, K and V's."""
+    optional_extras, optional_qkv_bias, no_rope_every = False, True, 4
+
+
+class GraniteModel(LlamaModel):
+    """IBM Granite 3.x (dense): llama with its multipliers (llama.cpp's granite graph)."""
+
+    metadata_keys = frozenset({Keys.LLM.LOGIT_SCALE, Keys.LLM.RESIDUAL_SCALE, Keys.LLM.EMBEDDING_SCALE,
+                               Keys.Attention.SCALE, Keys.Rope.SCALING_FINETUNED})
+
+    @classmethod
+    def read_config(cls, gguf: GGUFFile) -> ModelConfig:
+        config = super().read_config(gguf)
+        arch = config.architecture
+        key = lambda template: template.format(arch=arch)  # noqa: E731
+        rotates = gguf.get(key(Keys.Rope.SCALING_FINETUNED), True)  # granite's switch for RoPE, llama.cpp reads
+        if type(rotates) is not bool:
+            raise ModelFileError(f"{gguf.path}: metadata key '{key(Keys.Rope.SCALING_FINETUNED)}' is {rotates!r}, "
+                                 f"not true or false.")
+        return dataclasses.replace(
+            config,
+            logit_scale=_positive_float(gguf, key(Keys.LLM.LOGIT_SCALE)),  # required, as llama.cpp requires it
+            residual_scale=_scale_key(gguf, key(Keys.LLM.RESIDUAL_SCALE), 1.0),
+            embedding_scale=_scale_key(gguf, key(Keys.LLM.EMBEDDING_SCALE), 1.0),
+            attention_scale=_scale_key(gguf, key(Keys.Attention.SCALE), 0.0),
+            unrotated_layers=() if rotates else tuple(range(config.n_layers)))
+
+
+class Mistral3Model(LlamaModel):
+    """Mistral Small 3.x's and Ministral 3's text model: llama's graph, plus YaRN's betas and log multiplier
+    and Llama 4's attention temperature where the file gives them (llama.cpp's mistral3 graph)."""
+
+    metadata_keys = frozenset({Keys.Rope.SCALING_YARN_BETA_FAST, Keys.Rope.SCALING_YARN_BETA_SLOW,
+                               Keys.Rope.SCALING_YARN_LOG_MUL, Keys.Attention.TEMPERATURE_SCALE})
+
+    @classmethod
+    def read_config(cls, gguf: GGUFFile) -> ModelConfig:
+        config = super().read_config(gguf)
+        key = lambda template: template.format(arch=config.architecture)  # noqa: E731
+        return dataclasses.replace(
+            config,
+            rope_yarn_beta_fast=_positive_float(gguf, key(Keys.Rope.SCALING_YARN_BETA_FAST), default=32.0),
+            rope_yarn_beta_slow=_positive_float(gguf, key(Keys.Rope.SCALING_YARN_BETA_SLOW), default=1.0),
+            rope_yarn_log_mul=_scale_key(gguf, key(Keys.Rope.SCALING_YARN_LOG_MUL), 0.0),
+            attn_temperature_scale=_scale_key(gguf, key(Keys.Attention.TEMPERATURE_SCALE), 0.0))

@@ -124,7 +124,8 @@ def test_every_fixture_architecture_is_registered():
 def test_an_unsupported_architecture_is_one_sentence_listing_the_supported_ones():
     with pytest.raises(ModelFileError) as err:
         model_class("mamba")
-    assert str(err.value) == "architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, gemma3, bert)."
+    assert str(err.value) == ("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, gemma3, bert, "
+                              "smollm3, granite, olmo2, mistral3).")
 
 
 # ---- the real Gemma 3 270M against llama.cpp --------------------------------------------------------
