@@ -435,7 +435,7 @@ def test_a_request_rq_gives_up_on_gets_an_error_row_and_its_batch_completes(tmp_
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.completed, record.failed) == ("completed", 2, 1)
     rows = {r["custom_id"]: r for r in read_parts(str(tmp_path / "out"), batch_id).to_pylist()}
-    assert rows[poison.meta["custom_id"]]["error"].startswith("its worker stopped")
+    assert rows[poison.meta["custom_id"]]["error"].startswith("quarantined: the worker running this request stopped")
 
     again = submit(tmp_path, redis_url, tiny_model, long_lines(2, max_tokens=3), name="again.jsonl")
     start_and_abandon(conn, queue, retries_left=2)  # retries left: queued again and run

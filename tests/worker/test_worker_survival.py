@@ -164,3 +164,35 @@ def test_a_job_whose_data_miro_did_not_write_fails_alone(tmp_path, redis_url, ti
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.completed) == ("completed", 3)
     assert Job.fetch(odd.id, connection=conn, serializer=JSONSerializer).get_status() == JobStatus.FAILED
+
+
+def test_a_group_run_again_after_its_worker_died_is_split_so_a_killer_is_quarantined_alone(tmp_path, redis_url,
+                                                                                          tiny_model):
+    """A group whose worker died (retries left) comes back from RQ's clean-up; the worker that takes it queues each
+    request not yet counted as a job of its own, with the group's retries left, and finishes the group. Those jobs
+    then run (or, one that kills its workers again, is quarantined alone: QUARANTINE_AFTER deaths in all)."""
+    from miro.worker.fleet.job_writer import ABANDONED_RETRIES, QUARANTINE_AFTER
+
+    assert ABANDONED_RETRIES == QUARANTINE_AFTER - 1
+    conn = redis.Redis.from_url(redis_url)
+    batch_id = new_batch(tmp_path, conn, tiny_model, short(3), per_job=3)
+    batches.count_finished(conn, batch_id, "r0", prompt_tokens=3, completion_tokens=2)  # the dead worker did r0
+    queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
+    group_id = batches.group_job_id(batch_id, 0, 0)
+    assert Job.fetch(group_id, connection=conn, serializer=JSONSerializer).retries_left == ABANDONED_RETRIES
+    dead = worker(conn, tiny_model)
+    dead.engine = Engine.from_model(tiny_model, kv_cache_memory="4MiB", max_num_seqs=4)
+    dead._admit(block=False)  # ... and dies holding the group: its heartbeat lapses
+    started = StartedJobRegistry(queue=queue)
+    for entry in conn.zrange(started.key, 0, -1):
+        conn.zadd(started.key, {entry: 1})
+
+    survivor = worker(conn, tiny_model)
+    survivor.run_maintenance_tasks()  # RQ queues the group again, one retry fewer
+    group = Job.fetch(group_id, connection=conn, serializer=JSONSerializer)
+    assert group.get_status() == JobStatus.QUEUED and group.retries_left == ABANDONED_RETRIES - 1
+    assert survivor.work(burst=True)  # it takes the group: split into a job per request, which it then runs
+    record = batches.get_batch(conn, batch_id)
+    assert (record.status, record.completed, record.failed) == ("completed", 3, 0)
+    assert {cid: r["job_id"] for cid, r in rows(tmp_path, batch_id).items()} == {
+        cid: batches.job_id(batch_id, cid) for cid in ("r1", "r2")}

@@ -30,7 +30,12 @@ JOB_FUNCTION = "miro.worker.jobs.generate"
 # job at once, which raises for a job that an earlier, dead worker had started (rq 3.0: its execution is gone).
 RESULT_TTL = 1
 FAILURE_TTL = 7 * 24 * 3600
-ABANDONED_RETRIES = 3  # runs again of a job whose worker died
+# A job whose worker died (killed, out of memory, its machine lost) while it ran this many times is quarantined:
+# RQ gives up on it and each of its requests gets an error row (process/jobs.py record_given_up, GAVE_UP). A group
+# run again after a death is split first, a job per request (jobs.split_suspect_group), so only the request that
+# kills workers is quarantined. (A job past its timeout fails at once: its requests time out in the worker.)
+QUARANTINE_AFTER = 3
+ABANDONED_RETRIES = QUARANTINE_AFTER - 1  # runs again of a job whose worker died
 
 _OWN_FIELDS = ("data", "meta", "description")
 

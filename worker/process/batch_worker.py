@@ -46,8 +46,8 @@ from miro.worker.fleet.sink import ParquetSink
 from . import taking
 from .batch_statuses import BatchStatuses
 from .in_flight import InFlight, RequestRun
-from .jobs import (add_requests, count_finished, job_rows, not_counted, output_error, record_failure,
-                   record_given_up, record_group_failure, summary)
+from .jobs import (add_requests, count_finished, is_suspect, job_rows, not_counted, output_error, record_failure,
+                   record_given_up, record_group_failure, split_suspect_group, summary)
 from .worker_support import (HeartbeatThread, OneLineErrors, PerJobLinesAtDebug, describe, engine_options_from_env,
                              wait_for_redis, worker_record)
 
@@ -384,6 +384,12 @@ class BatchWorker(BaseWorker):
         flight = InFlight(job, queue, execution, batch_id, payloads[0].priority, is_group(job.meta))
         if flight.group:
             payloads = not_counted(self.connection, payloads)
+            if payloads and is_suspect(job):  # run again after its worker died: its requests go one job each
+                queued = split_suspect_group(self.connection, job, queue, payloads)
+                self.log.warning("Worker %s: job %s ran on a worker that died; its %d requests not yet counted are "
+                                 "queued again one job each (%d new), so that one that kills workers is quarantined "
+                                 "alone", self.name, job.id, len(payloads), queued)
+                payloads = []
         flight.unsettled = {p.custom_id for p in payloads}
         if status in batches.STOPPING:
             self._cancel([(flight, sorted(flight.unsettled))])

@@ -123,8 +123,39 @@ def record_group_failure(conn, sink: ParquetSink, group_job_id: str, payload: Jo
                    model=model)
 
 
-GAVE_UP = ("its worker stopped (killed, or its machine lost) each time it ran this request, and RQ gave up on it "
-           "after its retries")
+GAVE_UP = ("quarantined: the worker running this request stopped (killed, out of memory, or its machine lost) each "
+           "of the times it ran, so it is not run again (`miro retry` runs it once more)")
+
+
+def is_suspect(job) -> bool:
+    """A job RQ queued again after the worker running it died: one of its requests may be what killed it."""
+    from miro.worker.fleet.job_writer import ABANDONED_RETRIES
+
+    return job.retries_left is not None and job.retries_left < ABANDONED_RETRIES
+
+
+def split_suspect_group(conn, job, queue, payloads: list[JobPayload]) -> int:
+    """A suspect group job's requests not yet counted, each queued as a one-request job of its own (with the group's
+    retries left, a job that exists already left alone), so that a request that kills workers is quarantined alone
+    and the rest of its group runs. Returns how many it queued; the caller finishes the group."""
+    from rq.job import Job
+    from rq.utils import now as rq_now
+
+    from miro.worker.fleet import batches, rq_private
+    from miro.worker.fleet.job_writer import JobWriter
+
+    writer = JobWriter.for_batch(conn, batches.get_batch(conn, payloads[0].batch_id))
+    queued = 0
+    with conn.pipeline() as pipe:
+        for payload in payloads:
+            own = writer.job(payload, rq_now())
+            if conn.exists(Job.key_for(own.id)):  # a resume or an earlier split queued it
+                continue
+            own.retries_left = job.retries_left
+            rq_private.enqueue_job(queue, own, pipe)
+            queued += 1
+        pipe.execute()
+    return queued
 
 
 def record_given_up(conn, sink: ParquetSink, job, queue, custom_ids: list[str], *, worker: str) -> None:
