@@ -212,3 +212,50 @@ def test_the_partial_file_carries_the_runs_counts_in_its_metadata(redis_url, tmp
     results.write_results(results.BatchResults(conn, batch_id), path, metadata={b"miro.partial": b"true"})
     assert pq.read_schema(path).metadata[b"miro.partial"] == b"true"
     assert pq.read_table(path).num_rows == 12
+
+
+def _stored_batch(conn, out, status: str, ids: list[str], chunk_size: int = 3) -> str:
+    """A batch whose requests are stored in chunks (spool.py), one a line from 1, as submit stores them."""
+    from miro.worker.fleet.inputs import Request
+    from miro.worker.fleet.spool import SpoolWriter
+
+    batch_id = new_batch(conn, out, total=len(ids))
+    writer = SpoolWriter(str(out), batch_id, chunk_size)
+    for line, cid in enumerate(ids, 1):
+        writer.add(Request(custom_id=cid, line=line, kind="chat", prompt=None, messages=[{"role": "user",
+                           "content": "x"}], sampling={}, model=None, form="simple", url=None))
+    conn.hset(keys.batch(batch_id), mapping={"chunks": writer.close(), "spooled": len(ids), "status": status})
+    return batch_id
+
+
+def test_an_expired_batchs_stored_requests_that_never_ran_come_at_their_lines_slice_by_slice(redis_url, tmp_path,
+                                                                                              monkeypatch):
+    """results.Unread reads the never-run requests from the stored chunks as each slice needs them: in every slicing
+    the files equal collect's, each at its line; a request whose row has another line (a resume of an edited file)
+    is not taken for one that never ran."""
+    conn = batches.connect(redis_url)
+    out = tmp_path / "out"
+    ids = [f"r{i}" for i in range(1, 11)]
+    batch_id = _stored_batch(conn, out, "expired", ids)
+    write_parts(out, batch_id, [[gen_row("r2", 2), gen_row("r9", 9)], [gen_row("r5", 5), gen_row("r7", 70)]])
+    table = assert_same_parquet(write_three_ways(conn, batch_id, tmp_path, monkeypatch, tiny=2))
+    assert [(r["custom_id"], r["line"], r["error_code"]) for r in table.to_pylist()] == [
+        (f"r{i}", i if i != 7 else 70, None if i in (2, 5, 7, 9) else "batch_expired")
+        for i in (1, 2, 3, 4, 5, 6, 8, 9, 10, 7)]
+    assert_same_lines(write_three_ways(conn, batch_id, tmp_path, monkeypatch, "jsonl", tiny=2))
+
+
+def test_a_cancelled_batchs_never_run_requests_only_when_asked(redis_url, tmp_path, monkeypatch):
+    """Anthropic's results give a cancelled batch's never-run requests (`canceled`): BatchResults(cancelled=True)
+    has a batch_cancelled row for each; OpenAI's files and miro results do not."""
+    conn = batches.connect(redis_url)
+    out = tmp_path / "out"
+    batch_id = _stored_batch(conn, out, "cancelled", ["a", "b", "c", "d"])
+    write_parts(out, batch_id, [[gen_row("b", 2)]])
+    monkeypatch.setattr(defaults, "RESULTS_SLICE_ROWS", 1)
+    plain = pa.concat_tables(results.BatchResults(conn, batch_id).slices())
+    assert plain["custom_id"].to_pylist() == ["b"]
+    asked = pa.concat_tables(results.BatchResults(conn, batch_id, cancelled=True).slices())
+    assert [(r["custom_id"], r["error_code"]) for r in asked.to_pylist()] == [
+        ("a", "batch_cancelled"), ("b", None), ("c", "batch_cancelled"), ("d", "batch_cancelled")]
+    assert [len(rows) for rows in results.request_rows(asked)] == [1, 1, 1, 1]
