@@ -29,7 +29,7 @@ def _name(kind: MT, bid: int = 0) -> str:
     return (base.format(bid=bid) if "{bid}" in base else base) + ".weight"
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "smollm3", "granite", "olmo2", "mistral3"])
 def test_every_tensor_kind_of_the_layout_is_read_or_refused_by_name(tmp_path, arch):
     base = write_tiny_model(tmp_path / "base.gguf", arch=arch)
     read = set(GGUFFile(base["path"]).tensors)
@@ -38,7 +38,7 @@ def test_every_tensor_kind_of_the_layout_is_read_or_refused_by_name(tmp_path, ar
         name = _name(kind)
         if name in read:
             continue
-        if arch == "llama" and kind == MT.ROPE_FREQS:  # read: frequency factors (test_model_reach.py)
+        if arch in ("llama", "mistral3") and kind == MT.ROPE_FREQS:  # read: frequency factors (test_model_reach.py)
             continue
         extra = {name: np.ones(_shape_for(kind, base), np.float32)}
         info = write_tiny_model(tmp_path / f"{kind.name}.gguf", arch=arch, tensor_overrides=extra)
@@ -47,7 +47,7 @@ def test_every_tensor_kind_of_the_layout_is_read_or_refused_by_name(tmp_path, ar
         message = str(err.value)
         assert f"tensor '{name}'" in message and "\n" not in message and "Traceback" not in message
         refused.append(kind.name)
-    assert refused, "a layout with nothing to refuse: the walk found no kinds"
+    assert refused or arch == "olmo2", "a layout with nothing to refuse: the walk found no kinds"  # olmo2 reads all
 
 
 def test_experts_are_refused_as_experts(tmp_path):
