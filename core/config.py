@@ -17,7 +17,7 @@ from gguf import Keys
 
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
-from .layers.rotary import RopeParams, yarn_attn_factor
+from .rope import RopeParams, yarn_attn_factor
 from .pooling import GGUF_POOLING_TYPES
 
 # The longest context a file may declare: 4M tokens, above the longest-context llama, qwen and gemma

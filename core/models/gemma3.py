@@ -27,7 +27,7 @@ from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..layers.linear import Linear
-from ..layers.rotary import RopeTable
+from ..rope import RopeTable
 from ..step_input import StepInput
 from ..weights import TensorSpec, check_tensors
 from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,

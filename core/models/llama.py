@@ -13,7 +13,7 @@ which need not be dim / n_heads: ModelConfig.from_gguf reads it).
 
 A llama file may also carry what llama.cpp's llama graph reads when present: biases on Q, K, V and the
 attention output and on the feed-forward's gate, up and down; and Llama 3's RoPE frequency factors
-(rope_freqs.weight). RoPE scaling (linear, YaRN) and partial rotary come from the config (layers/rotary.py).
+(rope_freqs.weight). RoPE scaling (linear, YaRN) and partial rotary come from the config (core/rope.py).
 
 Three more are llama's graph with a few numbers changed, each read by its class's read_config into the config:
 smollm3 leaves every fourth layer unrotated (q and k of layers 3, 7, 11, ... get no RoPE: a table of no
@@ -45,7 +45,7 @@ from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..layers.linear import Linear
-from ..layers.rotary import RopeParams, RopeTable
+from ..rope import RopeParams, RopeTable
 from ..step_input import StepInput
 from ..weights import TensorSpec, bias_name, bias_spec, check_tensors, tensor_name
 from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,

@@ -26,7 +26,7 @@ from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..layers.linear import Linear
-from ..layers.rotary import RopeParams, RopeTable
+from ..rope import RopeParams, RopeTable
 from ..step_input import StepInput
 from ..weights import TensorSpec, check_tensors, matrix, norm, tensor_name
 from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,

@@ -77,7 +77,7 @@ def test_a_table_of_no_columns_rotates_nothing():
     """smollm3's unrotated layers (and granite's without RoPE) pass a RoPE table of no columns to the attention
     kernel: q and k come out bit for bit as they went in, k stored as is."""
     from miro.core.layers.attention import rope_and_store_kv
-    from miro.core.layers.rotary import RopeParams, RopeTable
+    from miro.core.rope import RopeParams, RopeTable
 
     rng = np.random.default_rng(0)
     n_heads, n_kv, hd, block = 4, 2, 16, 16
