@@ -7,7 +7,10 @@ miro to llama.cpp's own spread.
 Run from the repository root with the environment that has llama-cpp-python, gguf and numpy (a few minutes
 on 2 cores):
 
-    /path/to/venv-with-llama-cpp/bin/python scripts/make_scaling_reference.py
+    /path/to/venv-with-llama-cpp/bin/python scripts/make_scaling_reference.py [F32 Q8_0]
+
+The committed references come from llama-cpp-python 0.3.36 built for the AVX2 tier (../shared/notes/cpu-tiers.md):
+the -DGGML_NATIVE=ON build crashed on every quantized file on this host (it enables AMX).
 
 Each of tests/scaling_variants.py's VARIANTS is tests/gguf_factory.py's ``write_tiny_model(**kwargs)`` with a fixed seed, so the file is
 byte-identical on every run (its sha256 is recorded and tests/core/test_model_reach.py checks it). Prompts

@@ -6,7 +6,8 @@ with Llama 3 frequency factors, linear and YaRN RoPE scaling, llama biases, Gemm
 27B attention scale and logit softcapping, and the keys llama.cpp's llama graph ignores; llama.cpp's
 last-position logits for prompts of 20, 300 and 2,500 tokens under flash attention on/off and f32/f16 KV.
 miro's logits must lie within 1.5x llama.cpp's own spread across those settings (plus a floor for the
-activation rounding of quantized matmuls, which every llama.cpp setting shares and miro's f32 weights do not).
+activation rounding of quantized matmuls, which every llama.cpp setting shares and miro's f32 weights do not:
+ACTIVATION_ROUNDING). Files are F32 (miro f32 against llama.cpp's float path) and Q8_0 (both weight formats).
 """
 
 import hashlib
@@ -24,6 +25,11 @@ REF = json.loads((FIXTURES / "scaling_llamacpp.json").read_text())
 LOGITS = np.load(FIXTURES / "scaling_llamacpp.npz")
 VARIANTS = {v["name"]: v for v in REF["variants"]}
 SPREAD_MULTIPLE = 1.5
+# llama.cpp rounds the activations of a quantized matmul to 8 bits in every one of its settings, so its spread
+# leaves that noise out: miro's native kernels round as it does, miro's f32 weights do not round at all. Where
+# llama.cpp's four settings agree exactly (qwen2-yarn4-Q8_0 at 2,500 tokens: spread 0), miro native lands on
+# the same bits and miro f32 0.021 away. (quantized file, weights) -> the allowance for that rounding.
+ACTIVATION_ROUNDING = {(True, "native"): 0.02, (True, "f32"): 0.03}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +53,7 @@ def cases():
 def test_last_logits_within_llamacpps_own_spread(files, name, weights):
     v = VARIANTS[name]
     engine = Engine.from_model(files[name], weights=weights, max_model_len=REF["context"])
-    floor = 0.0 if v["tensor_type"] == "F32" else 0.02
+    floor = ACTIVATION_ROUNDING.get((v["tensor_type"] != "F32", weights), 0.0)
     for i, prompt in enumerate(REF["prompts"]):
         ours = engine.logits(prompt)
         ref = LOGITS[f"{name}/{REF['reference_setting']}/p{i}"]
