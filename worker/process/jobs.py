@@ -216,11 +216,8 @@ def run_request(engine: Engine, payload: JobPayload) -> tuple[str | None, list[R
         done: dict[str, RequestOutput | EmbeddingRequestOutput] = {}
         while len(done) < len(request_ids):
             done.update((out.request_id, out) for out in engine.step() if out.finished and out.request_id in request_ids)
-    except BaseException:  # RQ's timeout (or a stop) interrupted it: the next job must find the engine empty
-        for request_id in [*engine.requests, *engine.embedding_requests]:
-            engine.abort(request_id)
-        while engine.has_unfinished_requests():
-            engine.step()
+    except BaseException:  # RQ's timeout, a stop, or an engine error: the next job must find the engine empty
+        engine.reset()
         raise
     outputs = [done[request_id] for request_id in request_ids]
     failed = next(((index, out.error) for index, out in enumerate(outputs) if out.error), None)
