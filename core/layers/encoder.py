@@ -197,3 +197,29 @@ def _six_queries(qkv, begin, n, i0, q_col, v_col, head_dim, padded, scale, keys_
 
 
 bidirectional_attention = _build_attention()
+
+
+def _build_rope_qk():
+    helpers = HELPERS
+
+    @njit(cache=True, parallel=True)
+    def rope_qk(qkv, positions, cos, sin, n_heads, head_dim):
+        """Rotate q and k of the fused qkv rows (T, 3 * n_heads * head_dim) in place by each token's position,
+        NEOX style as llama.cpp rotates nomic-bert: pair i of a head is (x[i], x[i + n_rot / 2]), n_rot / 2 =
+        cos.shape[1] (the dimensions past n_rot pass unrotated). v is left alone. A row's result is its own."""
+        helpers
+        half = cos.shape[1]
+        for t in prange(qkv.shape[0]):
+            row, c, s = qkv[t], cos[positions[t]], sin[positions[t]]
+            for h in range(2 * n_heads):  # q's heads, then k's
+                base = h * head_dim
+                for i in range(half):
+                    a, b = row[base + i], row[base + half + i]
+                    row[base + i] = a * c[i] - b * s[i]
+                    row[base + half + i] = a * s[i] + b * c[i]
+        return qkv
+
+    return rope_qk
+
+
+rope_qk = _build_rope_qk()
