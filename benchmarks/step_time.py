@@ -74,9 +74,9 @@ class PartTimer:
     def wrap_linear(self):
         timer, call = self, linear_module.Linear.__call__
 
-        def timed_call(layer, x):
+        def timed_call(layer, x, *args, **kwargs):
             t0 = time.perf_counter()
-            out = call(layer, x)
+            out = call(layer, x, *args, **kwargs)
             if timer.active:
                 timer.seconds["gemm"] += time.perf_counter() - t0
                 timer.gemm_flops += 2.0 * x.shape[0] * layer.in_features * layer.out_features
@@ -88,9 +88,9 @@ class PartTimer:
     def wrap_attention(self, config):
         timer, attend = self, attention_module.paged_attention
 
-        def timed_attention(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out, window=0):
+        def timed_attention(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out, *args, **kwargs):
             t0 = time.perf_counter()
-            result = attend(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out, window)
+            result = attend(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out, *args, **kwargs)
             if timer.active:
                 timer.seconds["attention"] += time.perf_counter() - t0
                 values, flops = _attention_work(positions, attn_items, config)

@@ -1,9 +1,14 @@
-"""miro native, miro f32 and llama.cpp's batched API on a TinyLlama-1.1B-shaped llama with random weights.
+"""miro native, miro f32 and llama.cpp's batched API on a TinyLlama-1.1B- or Llama-3.2-1B-shaped llama with
+random weights.
 
-    python benchmarks/tinyllama.py --llama-python VENV/bin/python [--quant Q4_0|Q4_K_M] [--seqs 8]
-                                   [--prompt-tokens 32] [--new-tokens 16] [--rounds 1] [--tier avx2]
+    python benchmarks/tinyllama.py --llama-python VENV/bin/python [--shape tinyllama|llama3.2-1b]
+                                   [--quant Q4_0|Q4_K_M] [--seqs 8] [--prompt-tokens 32] [--new-tokens 16]
+                                   [--rounds 1] [--tier avx2]
 
-The model: dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000, norms 1. --quant picks its weights:
+The model (--shape): tinyllama: dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000, separate head;
+llama3.2-1b: dim 2048, 16 layers, 32/8 heads, FFN 8192, vocab 128256, the head tied to the embedding, RoPE base
+500000 and Llama 3's frequency factors (rope_freqs.weight, factor 32 over 8192 positions). Norms 1. --quant
+picks its weights:
 - Q4_0 (default): every matrix random Q4_0 blocks (about 0.6 GB), written into a temp folder each run;
 - Q4_K_M: the same model written with random F16 matrices (uniform, the Q4_0 blocks' range and spread), then
   quantized by llama.cpp's own llama_model_quantize(LLAMA_FTYPE_MOSTLY_Q4_K_M) under --llama-python: its recipe
@@ -39,7 +44,13 @@ import numpy as np
 import tiers
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPE = dict(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632, vocab=32000)
+SHAPES = {
+    "tinyllama": dict(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632, vocab=32000),
+    "llama3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab=128256, tied=1,
+                        rope_theta=500000, rope_freqs=32),
+}
+SHAPE_NAME = "tinyllama"  # main() sets the one asked for (--shape)
+SHAPE = SHAPES[SHAPE_NAME]
 CONTEXT = 2048
 
 
@@ -48,10 +59,12 @@ CACHE = Path.home() / ".cache" / "miro" / "bench"  # llama.cpp's Q4_K_M files, o
 
 
 def layout() -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor's name and shape, in file order: matrices (rows, cols), norms (dim,)."""
+    """Every tensor's name and shape, in file order: matrices (rows, cols), vectors (norms, rope_freqs)."""
     s = SHAPE
     dim, kv_dim = s["dim"], s["dim"] // s["n_heads"] * s["n_kv_heads"]
     tensors = [("token_embd.weight", (s["vocab"], dim))]
+    if s.get("rope_freqs"):
+        tensors.append(("rope_freqs.weight", (s["dim"] // s["n_heads"] // 2,)))
     for i in range(s["n_layers"]):
         b = f"blk.{i}"
         tensors += [(f"{b}.attn_norm.weight", (dim,)), (f"{b}.attn_q.weight", (dim, dim)),
@@ -59,7 +72,23 @@ def layout() -> list[tuple[str, tuple[int, ...]]]:
                     (f"{b}.attn_output.weight", (dim, dim)), (f"{b}.ffn_norm.weight", (dim,)),
                     (f"{b}.ffn_gate.weight", (s["ffn_dim"], dim)), (f"{b}.ffn_up.weight", (s["ffn_dim"], dim)),
                     (f"{b}.ffn_down.weight", (dim, s["ffn_dim"]))]
-    return tensors + [("output_norm.weight", (dim,)), ("output.weight", (s["vocab"], dim))]
+    tensors.append(("output_norm.weight", (dim,)))
+    return tensors if s.get("tied") else tensors + [("output.weight", (s["vocab"], dim))]
+
+
+def llama3_rope_freqs(head_dim: int, theta: float, factor: float, low=1.0, high=4.0, original=8192) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's converter writes it for a Llama 3.x config (rope_type llama3)."""
+    factors = []
+    for freq in 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim):
+        wavelen = 2 * np.pi / freq
+        if wavelen < original / high:
+            factors.append(1.0)
+        elif wavelen > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            factors.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def random_q4_0(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -90,14 +119,14 @@ def add_metadata(w, file_type) -> None:
     tokens, types, merges = tiny_vocab()
     tokens += [f"<x{i}>" for i in range(s["vocab"] - len(tokens))]
     types += [int(gguf.TokenType.NORMAL)] * (s["vocab"] - len(types))
-    w.add_name("tinyllama-shaped-random")
+    w.add_name(f"{SHAPE_NAME}-shaped-random")
     w.add_block_count(s["n_layers"])
     w.add_context_length(CONTEXT)
     w.add_embedding_length(s["dim"])
     w.add_feed_forward_length(s["ffn_dim"])
     w.add_head_count(s["n_heads"])
     w.add_head_count_kv(s["n_kv_heads"])
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(float(s.get("rope_theta", 10000.0)))
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(s["vocab"])
     w.add_rope_dimension_count(s["dim"] // s["n_heads"])
@@ -136,7 +165,11 @@ def write_model(path: Path, weights: str = "Q4_0", seed: int = 0) -> None:
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for _, shape in tensors:
+    for name, shape in tensors:
+        if name == "rope_freqs.weight":
+            s = SHAPE
+            w.write_tensor_data(llama3_rope_freqs(s["dim"] // s["n_heads"], s["rope_theta"], s["rope_freqs"]))
+            continue
         w.write_tensor_data(np.ones(shape, np.float32) if len(shape) == 1 else RANDOM_MATRIX[weights](rng, *shape))
     w.close()
 
@@ -159,7 +192,7 @@ def q4_k_m_model(llama_python: str | None, threads: int, seed: int = 0) -> tuple
 
     Returns the path and how it came to be (for the report line).
     """
-    path = CACHE / f"tinyllama-{'-'.join(map(str, SHAPE.values()))}-seed{seed}-q4_k_m.gguf"
+    path = CACHE / f"{SHAPE_NAME}-{'-'.join(map(str, SHAPE.values()))}-seed{seed}-q4_k_m.gguf"
     if path.exists():
         return path, f"cached in {CACHE}"
     if not llama_python:
@@ -184,7 +217,7 @@ def model_file(quant: str, folder: Path, llama_python: str | None, threads: int)
     """The model for --quant (Q4_0 written into `folder`, Q4_K_M from the cache) and how it came to be."""
     if quant == "Q4_K_M":
         return q4_k_m_model(llama_python, threads)
-    path = folder / "tinyllama-q4_0.gguf"
+    path = folder / f"{SHAPE_NAME}-q4_0.gguf"
     t0 = time.perf_counter()
     write_model(path)
     return path, f"written in {time.perf_counter() - t0:.0f} s"
@@ -311,6 +344,7 @@ def print_ratios(runs: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="tinyllama")
     parser.add_argument("--seqs", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=16)
@@ -325,6 +359,8 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, metavar=("WEIGHTS", "PATH"), help=argparse.SUPPRESS)
     tiers.add_argument(parser)
     args = parser.parse_args()
+    global SHAPE, SHAPE_NAME
+    SHAPE, SHAPE_NAME = SHAPES[args.shape], args.shape
     seqs = prompts(args.seqs, args.prompt_tokens)
     if args.child:
         print(json.dumps(run_miro(args.child[1], args.child[0], seqs, args.new_tokens, args.threads)))
@@ -349,7 +385,8 @@ def main() -> None:
                     cmd = [args.llama_python, "-c", LLAMA_CPP_SCRIPT, str(path), json.dumps(seqs),
                            str(args.new_tokens), str(args.threads)]
                 else:
-                    cmd = [sys.executable, __file__, "--child", name, str(path), "--seqs", str(args.seqs),
+                    cmd = [sys.executable, __file__, "--child", name, str(path), "--shape", args.shape,
+                           "--seqs", str(args.seqs),
                            "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
                            "--threads", str(args.threads)]
                 results[name] = r = child_result(cmd)
