@@ -49,7 +49,8 @@ def test_workers_write_part_files_to_the_store_and_results_merge_them_from_there
     batch_id = run_batch(tmp_path, redis_url, tiny_model, s3.url("runs"))
     files = s3.files(f"runs/{batch_id}")
     assert "_requests/0000000.jsonl" in files  # the submitted requests are stored beside the part files
-    parts = [f for f in files if not f.startswith("_requests/")]
+    assert "_counted.jsonl" in files  # the ended batch's counted requests went there too (counted.py)
+    parts = [f for f in files if not f.startswith("_")]
     assert parts and all(p.startswith("part-") and p.endswith(".parquet") for p in parts)  # no temporary left
 
     cli_ok("results", batch_id, "-o", tmp_path / "merged.parquet", "--redis-url", redis_url)
