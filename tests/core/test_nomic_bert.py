@@ -154,6 +154,29 @@ def test_a_text_embeds_to_the_same_bits_alone_and_packed_with_others(paths):
         assert np.array_equal(engine.embed([TEXTS[i]])[0], packed[i])
 
 
+def test_miro_run_embeds_openai_and_simple_lines_with_it(paths, tmp_path):
+    """`miro run --model file.gguf`: each line's vectors are the engine's, llama.cpp's within the margin."""
+    from click.testing import CliRunner
+
+    from miro.cli.main import cli
+
+    key = "nomic-bert-F32"
+    lines = [{"custom_id": "o", "method": "POST", "url": "/v1/embeddings", "body": {"input": TEXTS[2]}},
+             {"id": "s", "input": [TEXTS[1], TEXTS[6]]}]
+    dataset = tmp_path / "lines.jsonl"
+    dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    result = CliRunner().invoke(cli, ["run", str(dataset), "-o", str(out), "--format", "jsonl", "--model",
+                                      str(paths[key]), "--weights", "f32"])
+    assert result.exit_code == 0, result.output
+    bodies = {row["custom_id"]: row["response"]["body"] for row in map(json.loads, out.read_text().splitlines())}
+    vectors = np.array([bodies["o"]["data"][0]["embedding"]] + [d["embedding"] for d in bodies["s"]["data"]])
+    expected = ARRAYS[f"{key}/base/pooled"][[2, 1, 6]]
+    assert cosines(vectors, expected).min() >= 1 - MARGIN * (1 - MODELS[key]["figures"]["llama_spread_pooled"][
+        "min_pairwise_cosine"])
+    assert bodies["s"]["usage"]["prompt_tokens"] == 16 + 482
+
+
 def test_a_file_without_token_types_embeds_its_tokens_alone(tmp_path):
     """llama.cpp reads token_types as optional: without it nothing is added to the token embeddings."""
     info = write_tiny_nomic_bert(tmp_path / "no-types.gguf", token_types=False)
