@@ -62,6 +62,11 @@ class ModelConfig:
     rope_yarn_beta_slow: float = 1.0
     rope_yarn_log_mul: float = 0.0  # mistral3's yarn_log_multiplier (HF mscale_all_dim): YaRN's magnitude
     attn_temperature_scale: float = 0.0  # > 0: q at position p times 1 + s ln(floor(p / rope_orig_context) + 1)
+    attn_logit_softcap: float = 0.0  # > 0: each attention score s becomes c * tanh(s / c) before the softmax (gemma2)
+    # The context the model is run with: the engine's max_model_len, set before loading (Engine.from_model); 0:
+    # context_length, as llama.cpp's n_ctx 0. Phi-3's longrope picks its long or short factors by it, as llama.cpp
+    # picks them by its context size (n_ctx_seq > original context: long), never by a prompt's length.
+    n_ctx: int = 0
 
     @property
     def q_dim(self) -> int:
@@ -89,9 +94,12 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_gguf(cls, gguf: GGUFFile, norm_eps_key: str = Keys.Attention.LAYERNORM_RMS_EPS) -> "ModelConfig":
+    def from_gguf(cls, gguf: GGUFFile, norm_eps_key: str = Keys.Attention.LAYERNORM_RMS_EPS,
+                  partial_rotary: bool = False, longrope: bool = False) -> "ModelConfig":
         """The hyper-parameters llama-like architectures share, under keys prefixed by the file's architecture
-        (whether miro runs that architecture is the model registry's question, core/models)."""
+        (whether miro runs that architecture is the model registry's question, core/models). partial_rotary: the
+        architecture rotates rope.dimension_count dimensions of each head, fewer than head_dim allowed (phi3);
+        longrope: rope.scaling.type "longrope" is read as llama.cpp reads it (phi3, read_rope_scaling)."""
         arch = gguf.require(Keys.General.ARCHITECTURE)
 
         def key(template: str) -> str:  # gguf.Keys templates read "{arch}.context_length" and so on
@@ -113,7 +121,10 @@ class ModelConfig:
                 f"the key length ({head_dim})."
             )
         rope_dim = _positive_int(gguf, key(Keys.Rope.DIMENSION_COUNT), default=head_dim)
-        if rope_dim != head_dim:  # llama.cpp's llama, qwen2, qwen3 and gemma3 graphs assert it too
+        if rope_dim > head_dim or rope_dim % 2:
+            raise ModelFileError(f"{gguf.path}: {key(Keys.Rope.DIMENSION_COUNT)} is {rope_dim}, not an even number "
+                                 f"of dimensions within a head of {head_dim}.")
+        if rope_dim != head_dim and not partial_rotary:  # llama.cpp's llama, qwen2, qwen3 and gemma3 graphs assert it too
             raise ModelFileError(f"{gguf.path}: {key(Keys.Rope.DIMENSION_COUNT)} is {rope_dim}, but {arch} rotates "
                                  f"whole heads ({head_dim} dimensions); partial rotary is not supported for it.")
         context_length = _positive_int(gguf, key(Keys.LLM.CONTEXT_LENGTH))
@@ -139,7 +150,7 @@ class ModelConfig:
             rms_eps=_positive_float(gguf, key(norm_eps_key)),
             pooling_type=read_pooling_type(gguf),
             rope_dim=rope_dim,
-            **read_rope_scaling(gguf, arch, context_length),
+            **read_rope_scaling(gguf, arch, context_length, longrope),
         )
 
 
@@ -147,11 +158,14 @@ ROPE_SCALING_TYPES = ("none", "linear", "yarn")
 ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # the factor's older key, which llama.cpp still reads  # llama.cpp's, less longrope (Phi-3's short and long factors)
 
 
-def read_rope_scaling(gguf: GGUFFile, arch: str, context_length: int) -> dict:
+def read_rope_scaling(gguf: GGUFFile, arch: str, context_length: int, longrope: bool = False) -> dict:
     """rope.scaling.{type, factor, original_context_length, attn_factor} as llama.cpp's load_hparams reads them:
     the type defaults to linear, the factor to 1 (or the old rope.scale_linear key), so a file with a factor and
-    no type is linear-scaled; "none" ignores the factor."""
+    no type is linear-scaled; "none" ignores the factor. longrope (phi3): the type "longrope" is accepted and,
+    as in llama.cpp (its ext_factor is 0 for it), scales like linear; its long/short factors are the model's."""
     scaling = gguf.get(Keys.Rope.SCALING_TYPE.format(arch=arch), "linear")
+    if longrope and scaling == "longrope":
+        scaling = "linear"
     if scaling not in ROPE_SCALING_TYPES:
         raise ModelFileError(
             f"{gguf.path}: {Keys.Rope.SCALING_TYPE.format(arch=arch)} is {scaling!r}; miro applies RoPE scaling "

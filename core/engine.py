@@ -117,6 +117,9 @@ class Engine:
         t0 = time.perf_counter()
         gguf = GGUFFile(path)
         model_config = read_config(gguf)  # an architecture miro does not run stops here
+        # the context it runs with, as __init__ computes max_model_len (Phi-3's longrope chooses its factors by it)
+        model_config = replace(model_config, n_ctx=min(config.max_model_len or model_config.context_length,
+                                                       model_config.context_length))
         tier = cpu.TIER.name
         choice = choose_weight_format(config.weights, f32_weight_bytes(gguf), config.max_weight_memory,
                                       native_speedup(matmul_tensors(gguf), tier), tier,

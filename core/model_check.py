@@ -86,6 +86,9 @@ def refuse_unknown_tensors(gguf_file: GGUFFile, specs: dict, architecture: str) 
         if name in specs:
             continue
         kind = tensor_kind(name, architecture)
+        if kind is None and _EXPERT_KINDS.search(getattr(tensor_kind_anywhere(name), "name", "")):
+            raise ModelFileError(f"{gguf_file.path}: tensor '{name}' is one of {TENSOR_FEATURES[0][1]} (and not "
+                                 f"part of llama.cpp's {architecture} layout).")  # PhiMoE's under phi3's name
         if kind is None:
             raise ModelFileError(
                 f"{gguf_file.path}: tensor '{name}' is not part of llama.cpp's {architecture} layout; miro "
@@ -108,6 +111,12 @@ def tensor_kind(name: str, architecture: str) -> gguf.MODEL_TENSOR | None:
         if gguf.TENSOR_NAMES[kind] == base:
             return kind
     return None
+
+
+def tensor_kind_anywhere(name: str) -> gguf.MODEL_TENSOR | None:
+    """The MODEL_TENSOR kind whose gguf-py name `name` has, whatever the architecture; None if none."""
+    base = re.sub(r"^blk\.\d+\.", "blk.{bid}.", re.sub(r"\.(weight|bias)$", "", name))
+    return next((kind for kind, kind_name in gguf.TENSOR_NAMES.items() if kind_name == base), None)
 
 
 def architecture_enum(architecture: str) -> gguf.MODEL_ARCH | None:

@@ -99,7 +99,7 @@ def _stored_type(raw: np.ndarray, raw_dtype: QT | None) -> QT:
 
 # ---- tiny models per architecture ---------------------------------------------------------
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "smollm3", "granite", "olmo2", "mistral3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "smollm3", "granite", "olmo2", "mistral3", "phi3", "gemma2")
 MT = gguf.MODEL_TENSOR
 
 # What differs per architecture, on top of the llama layout (all use RMSNorm, RoPE, GQA and
@@ -116,6 +116,12 @@ MT = gguf.MODEL_TENSOR
 #   olmo2:  no attn_norm/ffn_norm; post_attention_norm and post_ffw_norm, attn_q_norm over the whole q
 #           (n_heads * head_dim) and attn_k_norm over the whole k; output.weight of its own; a
 #           ``sliding_window`` given writes attention.sliding_window (OLMo 3).
+#   phi3:   fused attn_qkv (q | k | v rows) and ffn_up of 2 * ffn_dim rows (gate | up), no ffn_gate; output.weight
+#           of its own; attention.sliding_window 0 (Phi-4's converter value; llama.cpp ignores it). Longrope's
+#           rope_factors_{long,short} and a partial rope.dimension_count come as tensor_overrides / metadata.
+#   gemma2: gemma3's four norms without q/k norms, attention.key_length/value_length, attention.sliding_window
+#           (``sliding_window``, default 8: even layers slide), attn_logit_softcapping 50 and
+#           final_logit_softcapping 30 as its converter writes them; the head always tied.
 # Defaults: (n_layers, n_heads, n_kv_heads, head_dim factor, tie_embeddings, rope_theta, rms_eps).
 # head_dim = factor * dim // n_heads (factor 2 where the architecture reads key_length).
 _ARCH_DEFAULTS = {
@@ -135,6 +141,10 @@ _ARCH_DEFAULTS = {
                   rope_theta=10000.0, rms_eps=1e-6),
     "mistral3": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False,
                      rope_theta=10000.0, rms_eps=1e-5),
+    "phi3": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False,
+                 rope_theta=10000.0, rms_eps=1e-5),
+    "gemma2": dict(n_layers=4, n_heads=4, n_kv_heads=2, head_factor=2, tie_embeddings=True,
+                   rope_theta=10000.0, rms_eps=1e-6),
 }
 GEMMA3_SLIDING_WINDOW = 8
 # Keys an architecture's files always carry beyond the common ones (written as GGUFWriter types them).
@@ -143,6 +153,8 @@ _ARCH_KEYS = {
     # those; these, each far from 1, keep a random file's blocks weighing on the logits.
     "granite": lambda w: (w.add_logit_scale(2.0), w.add_residual_scale(0.5), w.add_embedding_scale(2.0),
                           w.add_attention_scale(0.0625)),
+    "phi3": lambda w: w.add_sliding_window(0),  # what the converter writes for Phi-4 (a Phi-3 mini: 2047)
+    "gemma2": lambda w: (w.add_attn_logit_softcapping(50.0), w.add_final_logit_softcapping(30.0)),
 }
 
 
@@ -162,6 +174,9 @@ def _layer_shapes(arch: str, i: int, dim: int, n_heads: int, n_kv_heads: int, he
                 t(MT.ATTN_Q_NORM): (q,), t(MT.ATTN_K_NORM): (kv,), t(MT.ATTN_POST_NORM): (dim,),
                 t(MT.FFN_GATE): (ffn_dim, dim), t(MT.FFN_UP): (ffn_dim, dim), t(MT.FFN_DOWN): (dim, ffn_dim),
                 t(MT.FFN_POST_NORM): (dim,)}
+    if arch == "phi3":
+        return {t(MT.ATTN_NORM): (dim,), t(MT.ATTN_QKV): (q + 2 * kv, dim), t(MT.ATTN_OUT): (dim, q),
+                t(MT.FFN_NORM): (dim,), t(MT.FFN_UP): (2 * ffn_dim, dim), t(MT.FFN_DOWN): (dim, ffn_dim)}
     shapes = {t(MT.ATTN_NORM): (dim,), t(MT.ATTN_Q): (q, dim)}
     if arch == "qwen2":
         shapes[t(MT.ATTN_Q, "bias")] = (q,)
@@ -176,13 +191,13 @@ def _layer_shapes(arch: str, i: int, dim: int, n_heads: int, n_kv_heads: int, he
     if arch == "qwen2":
         shapes[t(MT.ATTN_V, "bias")] = (kv,)
     shapes[t(MT.ATTN_OUT)] = (dim, q)
-    if arch == "gemma3":
+    if arch in ("gemma3", "gemma2"):
         shapes[t(MT.ATTN_POST_NORM)] = (dim,)
         shapes[t(MT.FFN_PRE_NORM)] = (dim,)  # the same name as FFN_NORM: blk.N.ffn_norm
     else:
         shapes[t(MT.FFN_NORM)] = (dim,)
     shapes.update({t(MT.FFN_GATE): (ffn_dim, dim), t(MT.FFN_UP): (ffn_dim, dim), t(MT.FFN_DOWN): (dim, ffn_dim)})
-    if arch == "gemma3":
+    if arch in ("gemma3", "gemma2"):
         shapes[t(MT.FFN_POST_NORM)] = (dim,)
     return shapes
 
@@ -217,10 +232,10 @@ def write_tiny_model(path, *, arch="llama", tensor_type="F32", n_layers=None, di
     tie_embeddings = d["tie_embeddings"] if tie_embeddings is None else tie_embeddings
     rope_theta = d["rope_theta"] if rope_theta is None else rope_theta
     rms_eps = d["rms_eps"] if rms_eps is None else rms_eps
-    if arch == "gemma3":
+    if arch in ("gemma3", "gemma2"):
         sliding_window = GEMMA3_SLIDING_WINDOW if sliding_window is None else sliding_window
     elif sliding_window is not None and arch != "olmo2":
-        raise ValueError(f"sliding_window is a gemma3 or olmo2 setting, not {arch}'s")
+        raise ValueError(f"sliding_window is a gemma3, gemma2 or olmo2 setting, not {arch}'s")
     arch_name = arch if arch_name is None else arch_name
     big = tensor_type in K_QUANTS
     dim = dim if dim is not None else (256 if big else 64)
@@ -253,7 +268,8 @@ def write_tiny_model(path, *, arch="llama", tensor_type="F32", n_layers=None, di
         del stored[name]  # KeyError on a typo, on purpose
 
     w = gguf.GGUFWriter(str(path), arch_name)
-    w.add_name(f"tiny-{arch}-test")
+    # not "phi3" in a phi3 file's name: llama.cpp's vocabulary then looks up Phi-3's "</s>", which this one lacks
+    w.add_name(f"tiny-{arch}-test" if arch != "phi3" else "tiny-phi-test")
     w.add_block_count(n_layers)
     w.add_context_length(context_length)
     w.add_embedding_length(dim)
@@ -264,10 +280,10 @@ def write_tiny_model(path, *, arch="llama", tensor_type="F32", n_layers=None, di
     w.add_layer_norm_rms_eps(rms_eps)
     w.add_vocab_size(vocab)
     w.add_rope_dimension_count(head_dim)
-    if arch in ("qwen3", "gemma3"):
+    if arch in ("qwen3", "gemma3", "gemma2"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if arch == "gemma3" or (arch == "olmo2" and sliding_window is not None):
+    if arch in ("gemma3", "gemma2") or (arch == "olmo2" and sliding_window is not None):
         w.add_sliding_window(sliding_window)
     if arch in _ARCH_KEYS:
         _ARCH_KEYS[arch](w)

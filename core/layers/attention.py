@@ -124,15 +124,17 @@ def _build_rope_and_store_kv():
     return rope_and_store_kv
 
 
-def _build_attend(score_queries: int):
-    """The attention kernel whose scores pass shares each key load among `score_queries` (2 or 4) queries."""
+def _build_attend(score_queries: int, capped: bool = False):
+    """The attention kernel whose scores pass shares each key load among `score_queries` (2 or 4) queries;
+    capped: the variant that soft-caps every score (gemma2), a constant of its own compiled code, so the
+    uncapped kernel's code and bits are what they were without it."""
     helpers = HELPERS
     assert score_queries in (2, 4)
 
-    @cached_variant(f"scores{score_queries}", parallel=True)
-    def attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, threads):
+    @cached_variant(f"scores{score_queries}" + ("_softcap" if capped else ""), parallel=True)
+    def attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, threads, cap):
         """paged_attention's kernel; threads: numba's thread count (read outside: it would keep this from the
-        cache)."""
+        cache); cap: the capped variant's softcap (scale then holds scale / cap)."""
         helpers  # in numba's cache key: see cache_key.py
         n_heads, head_dim = q.shape[1], q.shape[2]
         n_kv_heads, block_size = v_cache.shape[1], v_cache.shape[2]
@@ -167,14 +169,14 @@ def _build_attend(score_queries: int):
                 if rows <= QUERIES:  # one group of 4 queries (decode): widening as it loads beats a pass via scratch
                     _attend_block(queries, rows, score_queries, flat_k, start, flat_v, start, b, block_size,
                                   positions, t_begin, t_end, group, window, scale, scores, top, total,
-                                  correction, acc, ahead)
+                                  correction, acc, ahead, capped, cap)
                 else:  # many groups: widen the block once, into scratch, for all of them
                     if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
                         _prefetch_block(flat_k, flat_v, ahead, block_values)
                     kt, k0 = block_as_f32(flat_k, start, k_scratch)
                     vb, v0 = block_as_f32(flat_v, start, v_scratch)
                     _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, positions, t_begin,
-                                  t_end, group, window, scale, scores, top, total, correction, acc, -1)
+                                  t_end, group, window, scale, scores, top, total, correction, acc, -1, capped, cap)
             for qi in range(n_q):
                 inv = np.float32(1.0) / total[qi]
                 for d in range(head_dim):
@@ -186,14 +188,17 @@ def _build_attend(score_queries: int):
 
 @njit(inline="always")
 def _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, positions, t_begin, t_end, group,
-                  window, scale, scores, top, total, correction, acc, ahead):
+                  window, scale, scores, top, total, correction, acc, ahead, capped, cap):
     """One block of keys for every query of a work item: kt[k0 + d * block_size + j] is key j's d,
     vb[v0 + j * head_dim + d] value j's d, in float32 or float16 bits (load_kv16 widens them).
 
     ahead >= 0 (kt and vb are then the cache itself): the next block's K and V start there. The first group's
     passes prefetch them a line per step, in the shadow of this block's arithmetic: blocks lie in the pool in
     any order, which the hardware's prefetcher cannot guess, and for one group (decode) a burst of 64
-    prefetches at once stalls on the cache's miss buffers (measured 1.3x slower)."""
+    prefetches at once stalls on the cache's miss buffers (measured 1.3x slower).
+
+    capped (a constant of the kernel's variant): each score s, computed with scale / cap, becomes cap * tanh(s)
+    before the softmax sees it (its running max included), as ggml's flash attention soft-caps them."""
     head_dim = queries.shape[1]
     for lane0 in range(0, block_size, LANES):
         base = b * block_size + lane0  # the position of lane 0
@@ -205,6 +210,8 @@ def _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, p
                 _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
             else:
                 _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
+        if capped:
+            _softcap(scores, rows, cap)
         for t in range(t_begin, t_end):
             seen = positions[t] + 1 - base  # keys of the 16 at or before the query
             end = min(seen, LANES)
@@ -214,6 +221,13 @@ def _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, p
         for qi in range(0, rows, QUERIES):
             v_ahead = ahead + lane0 * head_dim if ahead >= 0 and qi == 0 else -1
             _accumulate_values4(scores, qi, correction, vb, v0 + lane0 * head_dim, acc, v_ahead)
+
+
+@njit(inline="always")
+def _softcap(scores, rows, cap):
+    """Every query's 16 scores s -> cap * tanh(s) (s already times scale / cap), in float32."""
+    for i in range(rows * LANES):
+        scores[i] = cap * np.tanh(scores[i])
 
 
 @njit(inline="always")
@@ -335,17 +349,17 @@ def _accumulate_values4(probs, qi, correction, vb, v0, acc, v_ahead):
 
 
 rope_and_store_kv = _build_rope_and_store_kv()
-_ATTEND = {SCORE_QUERIES: _build_attend(SCORE_QUERIES)}  # the other shape is built when asked for
+_ATTEND = {(SCORE_QUERIES, False): _build_attend(SCORE_QUERIES)}  # the other shapes are built when asked for
 
 
-def _attend_kernel(score_queries: int):
-    if score_queries not in _ATTEND:
-        _ATTEND[score_queries] = _build_attend(score_queries)
-    return _ATTEND[score_queries]
+def _attend_kernel(score_queries: int, capped: bool = False):
+    if (score_queries, capped) not in _ATTEND:
+        _ATTEND[score_queries, capped] = _build_attend(score_queries, capped)
+    return _ATTEND[score_queries, capped]
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, out, window=0,
-                    score_queries=None):
+                    score_queries=None, softcap=0.0):
     """Causal flash attention over the paged cache for a packed batch of query tokens.
 
     q: (T, n_heads, head_dim); out: same shape.
@@ -358,6 +372,12 @@ def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, 
       online softmax per query keeps memory O(tile), never the full score matrix.
     score_queries: queries per key load in the scores pass, 2 or 4 (None: the tier's, SCORE_QUERIES); the
       same bits either way.
+    softcap > 0 (gemma2's attn_logit_softcapping): each score is softcap * tanh(scale q.k / softcap), as ggml's
+      flash attention computes it (scale divided by softcap in float32, then tanh), by a kernel variant of its
+      own; 0 runs the uncapped kernel.
     """
-    attend = _attend_kernel(SCORE_QUERIES if score_queries is None else score_queries)
-    return attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, get_num_threads())
+    capped = softcap > 0
+    attend = _attend_kernel(SCORE_QUERIES if score_queries is None else score_queries, capped)
+    cap = np.float32(softcap if capped else 1.0)
+    return attend(q, k_cache, v_cache, block_tables, positions, items, np.float32(scale) / cap if capped else scale,
+                  out, window, get_num_threads(), cap)

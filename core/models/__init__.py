@@ -19,9 +19,12 @@ from ..weights import TensorSpec, check_tensors
 from ..kv_cache import KVCache
 from ..step_input import StepInput
 from .bert import BertModel
+from .gemma2 import Gemma2Model
 from .gemma3 import Gemma3Model
 from .llama import GraniteModel, LlamaModel, Mistral3Model, Qwen2Model, Qwen3Model, SmolLM3Model
+from .nomic_bert import NomicBertModel
 from .olmo2 import Olmo2Model
+from .phi3 import Phi3Model
 
 
 class Model(Protocol):
@@ -54,13 +57,16 @@ class Model(Protocol):
 
     def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Write the step's K/V into `cache`; return float32 logits (len(step.logit_rows), vocab).
-        (A decoder; an encoder, config.causal False, has `encode(EncoderInput)` instead: models/bert.py.)"""
+        (A decoder; an encoder, config.causal False, has `encode(EncoderInput)` instead: models/bert.py,
+        nomic_bert.py.)"""
         ...
 
 
 MODELS: dict[str, type[Model]] = {
     "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "gemma3": Gemma3Model, "bert": BertModel,
-    "smollm3": SmolLM3Model, "granite": GraniteModel, "olmo2": Olmo2Model, "mistral3": Mistral3Model}
+    "smollm3": SmolLM3Model, "granite": GraniteModel, "olmo2": Olmo2Model, "mistral3": Mistral3Model,
+    "phi3": Phi3Model, "gemma2": Gemma2Model,
+    "nomic-bert": NomicBertModel}
 
 
 def model_class(architecture: str) -> type[Model]:

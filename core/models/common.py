@@ -148,11 +148,12 @@ class LoadedModel:
 
 def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, config: ModelConfig,
               rope: tuple[np.ndarray, np.ndarray], scale: np.float32, out: np.ndarray, window: int = 0,
-              q_scale: np.ndarray | None = None) -> np.ndarray:
+              q_scale: np.ndarray | None = None, softcap: float = 0.0) -> np.ndarray:
     """Rotate q and k of the fused qkv rows (in place), write k and v into the cache, attend over it.
 
     out: (T, n_heads, head_dim), filled; returned as (T, q_dim). window > 0: a sliding-window layer.
     q_scale: (T,) float32, each token's rotated q multiplied by it (mistral3's attention temperature).
+    softcap > 0: each score soft-capped before the softmax (gemma2), by the attention kernel's capped variant.
     """
     cfg = config
     n_tokens = qkv.shape[0]
@@ -164,7 +165,7 @@ def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, conf
     if q_scale is not None:
         q *= q_scale[:, None, None]
     attention_kernels.paged_attention(q, cache.k[layer], cache.v[layer], step.block_tables, step.positions, step.attn_items,
-                            scale, out, window)
+                            scale, out, window, softcap=softcap)
     return out.reshape(n_tokens, cfg.q_dim)
 
 

@@ -253,3 +253,53 @@ def test_avx2_machine_code_gives_this_processes_bits(tmp_path):
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     assert np.array_equal(np.load(mine).view(np.uint32), np.load(theirs).view(np.uint32))
+
+
+@pytest.mark.parametrize("kv_dtype, window", [("float32", 0), ("float16", 24)])
+def test_softcapped_scores_match_reference(kv_dtype, window):
+    """gemma2's attention logit softcapping: every score is cap * tanh(scale q.k / cap) before the softmax (its
+    running max included), by the kernel's capped variant; the uncapped kernel is not that variant."""
+    rng = np.random.default_rng(11)
+    specs = mixed_specs(rng, 16)
+    q, k_cache, v_cache, step, tables = make_batch(rng, specs, 16, 6, 2, 64, kv_dtype=kv_dtype)
+    q *= 4.0  # scores of +-30 and more: the cap of 5 bites
+    scale, cap = np.float32(0.125), 5.0
+    out = np.full(q.shape, np.nan, dtype=np.float32)
+    paged_attention(q, k_cache, v_cache, step.block_tables, step.positions, step.attn_items, scale, out, window,
+                    softcap=cap)
+    ref = _capped_reference(q, k_cache, v_cache, specs, tables, float(scale), cap, window)
+    assert np.all(np.isfinite(out))
+    assert np.abs(out - ref).max() < TOL
+    plain = run_kernel(q, k_cache, v_cache, step, scale, window)
+    assert np.abs(plain - ref).max() > 100 * TOL, "the cap changed nothing: the test would not see it missing"
+
+
+def _capped_reference(q, k_cache, v_cache, specs, tables, scale, cap, window):
+    """reference() with each score replaced by cap * tanh(score / cap)."""
+    n_tokens, n_heads, head_dim = q.shape
+    n_kv_heads, block_size = v_cache.shape[1], v_cache.shape[2]
+    if k_cache.dtype == np.uint16:
+        k_cache, v_cache = (c.view(np.float16) for c in (k_cache, v_cache))
+    k_cache = k_cache.transpose(0, 1, 3, 2)
+    group = n_heads // n_kv_heads
+    out = np.empty((n_tokens, n_heads, head_dim), dtype=np.float64)
+    row = 0
+    for (start, n_new), table in zip(specs, tables):
+        ctx = start + n_new
+        pos = np.arange(ctx)
+        blocks = np.asarray(table)[pos // block_size]
+        kv_of_head = np.arange(n_heads) // group
+        k = k_cache[blocks, :, pos % block_size, :].astype(np.float64)[:, kv_of_head, :].transpose(1, 0, 2)
+        v = v_cache[blocks, :, pos % block_size, :].astype(np.float64)[:, kv_of_head, :].transpose(1, 0, 2)
+        qs = q[row:row + n_new].astype(np.float64).transpose(1, 0, 2)
+        scores = cap * np.tanh(qs @ k.transpose(0, 2, 1) * scale / cap)
+        q_pos = np.arange(start, ctx)
+        scores[:, pos[None, :] > q_pos[:, None]] = -np.inf
+        if window:
+            scores[:, pos[None, :] <= q_pos[:, None] - window] = -np.inf
+        scores -= scores.max(axis=-1, keepdims=True)
+        p = np.exp(scores)
+        p /= p.sum(axis=-1, keepdims=True)
+        out[row:row + n_new] = (p @ v).transpose(1, 0, 2)
+        row += n_new
+    return out
