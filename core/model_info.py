@@ -67,6 +67,9 @@ def inspect_model(path: str | Path) -> ModelInfo:
         scaling += f" (from {config.rope_orig_context:,})"
     if "rope_freqs.weight" in gguf.tensors:
         scaling += " + frequency factors"
+    if "rope_factors_long.weight" in gguf.tensors:  # phi3's longrope: chosen by the context miro runs with
+        original = config.rope_orig_context or config.context_length
+        scaling += f" + longrope factors (the long ones where max_model_len exceeds {original:,})"
     info.rope_scaling = scaling if config.causal else None
     choice = choose_weight_format("auto", f32_weight_bytes(gguf), None,
                                   native_speedup(matmul_tensors(gguf), cpu.TIER.name), cpu.TIER.name,

@@ -139,3 +139,11 @@ def test_what_llamacpp_reads_when_present_loads(tmp_path):
                                              "gemma2.attention.sliding_window_pattern": [True, False, False, True]})):
         info = write_tiny_model(tmp_path / "f.gguf", **kw)
         assert np.isfinite(Engine.from_model(info["path"], weights="f32").logits([5, 6, 7])).all()
+
+
+def test_models_inspect_names_the_longrope_choice(files):
+    from miro.core.model_info import inspect_model
+
+    info = inspect_model(files["phi3-longrope-short-F32"])
+    assert info.runs and info.rope_scaling == "none + longrope factors (the long ones where max_model_len exceeds 4,096)"
+    assert inspect_model(files["phi3-F32"]).rope_scaling == "none"
