@@ -422,3 +422,5 @@ def test_custom_id_over_the_limit_is_refused_without_keeping_it(tmp_path):
         (3, None, f"line 3: field 'custom_id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too long (at most "
                   f"{MAX_CUSTOM_ID:,})."),
     ]
+    digits = parse(tmp_path, '{"id": ' + "7" * (MAX_CUSTOM_ID + 1) + ', "prompt": "x"}')  # a number's digits count
+    assert [(e.custom_id, e.message.split(":")[1]) for e in digits.errors] == [(None, " field 'id'")]

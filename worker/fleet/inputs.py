@@ -261,7 +261,7 @@ def _id_of(obj: dict) -> str | None:
 
 def _check_id_length(obj: dict) -> None:
     for key in ("custom_id", "id"):
-        value = obj.get(key)
+        value = int_id_as_str(obj.get(key))  # an id given as a number is its digits
         if isinstance(value, str) and len(value) > MAX_CUSTOM_ID:
             raise LineProblem(f"field '{key}': a custom id of {len(value):,} characters is too long (at most "
                               f"{MAX_CUSTOM_ID:,})")
