@@ -4,10 +4,11 @@
 
 For each type, one size x size matrix (gguf-py's quantizer where it has one, else random valid K-quant
 blocks) times `--rows` activation rows, batch-invariant both ways as the engine runs them by default: the
-native kernel (`Linear(fmt="native")`, the CPU tier's kernel from cpu.weight_kernels) against the dequantized
-copy through the invariant float32 GEMM (`Linear(fmt="f32", invariant=True)`). Prints GFLOP/s of each, the
-median of the pairs' ratios, and the ratios as the dict `core/weight_format.py` keeps in NATIVE_SPEEDUP for this tier. Run it on an
-idle machine, on each tier (`--tier avx2` for the AVX2 tier's emulation), and copy the dict in.
+native kernel (`Linear(fmt="native")`, the CPU tier's kernel from its row's plan in core/layers/weight_types.py)
+against the dequantized copy through the invariant float32 GEMM (`Linear(fmt="f32", invariant=True)`). Prints
+GFLOP/s of each, the median of the pairs' ratios, and the ratios as a dict for this tier (weight_format's
+NATIVE_SPEEDUP). Run it on an idle machine, on each tier (`--tier avx2` for the AVX2 tier's emulation), and copy
+each figure into its type's row (`speedup`) in weight_types.py.
 """
 
 from __future__ import annotations

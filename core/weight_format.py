@@ -3,13 +3,14 @@ dequantized copy), "bf16" (that copy in bfloat16, on CPUs with AVX512_BF16) or "
 block of 128, on x86), for Engine.from_model's weights="auto" | "f32" | "native" | "bf16" | "i16", and the
 sentence saying why.
 
-auto takes the format that is faster for the file's weight types on this CPU's tier, by the measured table
-NATIVE_SPEEDUP, and f32 only when its copy also fits the memory budget. The two give different numbers, each
-batch-invariant: native follows llama.cpp (activations quantized to 8 bits per block, integer dots), f32
-follows a float32 reference such as HF transformers (README, "Weights"). An encoder (an embedding model) takes
-bf16 where the CPU has it: twice float32's rate, and all-MiniLM-L6-v2's vectors stay within 0.9999 cosine of
-sentence-transformers' float32 ones, where its native Q8_0 weights fall to 0.998 (tests/core/test_embeddings.py).
-Without bfloat16 it takes i16 (x86 CPUs with AVX2): vpmaddwd does twice float32's products per instruction, and
+auto takes the format that is faster for the file's weight types on this CPU's tier, by their measured
+speed-ups (each row's in the table of weight types, core/layers/weight_types.py), and f32 only when its copy
+also fits the memory budget. The two give different numbers, each batch-invariant: native follows llama.cpp
+(activations quantized to 8 bits per block, integer dots), f32 follows a float32 reference such as HF
+transformers (README, "Weights"). An encoder (an embedding model) takes bf16 where the CPU has it: twice
+float32's rate, and all-MiniLM-L6-v2's vectors stay within 0.9999 cosine of sentence-transformers' float32
+ones, where its native Q8_0 weights fall to 0.998 (tests/core/test_embeddings.py). Without bfloat16 it takes
+i16 (x86 CPUs with AVX2): vpmaddwd does twice float32's products per instruction, and
 13 bits per block of 128 keep the vectors closer to float32's than bfloat16 does."""
 
 from __future__ import annotations
@@ -23,18 +24,15 @@ from . import defaults
 from .errors import MiroError
 from .gguf_file import GGUFFile, TensorInfo
 from .kv_cache import parse_size
+from .layers.weight_types import WEIGHT_TYPES
 
-# Native kernels' throughput over the float32 copy's (the batch-invariant GEMM), per weight type, at 64 rows
-# of 2048 x 2048: `python benchmarks/weight_speeds.py [--tier avx2]`, 2 Zen 4 cores, the mean of two runs
-# (each the median of 15 pairs). Tiers not measured take the nearest measured one's (TABLE_OF); a type not in
-# the table counts as f32-speed (1.0).
-NATIVE_SPEEDUP = {
-    "avx512-vnni": {"Q4_0": 2.46, "Q4_1": 2.4, "Q5_0": 2.27, "Q5_1": 2.18, "Q8_0": 2.32, "Q4_K": 1.69,
-                    "Q5_K": 1.61, "Q6_K": 1.53, "F16": 0.4},
-    "avx2": {"Q4_0": 1.89, "Q4_1": 1.91, "Q5_0": 1.35, "Q5_1": 1.35, "Q8_0": 1.29, "Q4_K": 2.01, "Q5_K": 1.8,
-             "Q6_K": 1.53, "F16": 0.62},
-}
+# Native kernels' throughput over the float32 copy's (the batch-invariant GEMM), per measured tier and weight
+# type: each row's `speedup` in the table of weight types (core/layers/weight_types.py), measured by
+# `python benchmarks/weight_speeds.py [--tier avx2]`. Tiers not measured take the nearest measured one's
+# (TABLE_OF); a type without a figure counts as f32-speed (1.0).
 TABLE_OF = {"avx512-vnni": "avx512-vnni", "avx512": "avx2", "avx-vnni": "avx2", "avx2": "avx2"}  # portable: none
+NATIVE_SPEEDUP = {tier: {row.name: row.speedup[tier] for row in WEIGHT_TYPES.values() if tier in row.speedup}
+                  for tier in dict.fromkeys(TABLE_OF.values())}
 
 
 def default_max_weight_memory() -> int:
@@ -60,11 +58,16 @@ def matmul_tensors(gguf: GGUFFile) -> list[TensorInfo]:
 def native_speedup(tensors: list[TensorInfo], tier: str) -> float | None:
     """How much faster the native kernels are estimated to run these matrices than a float32 copy on `tier`:
     the time of each at its type's measured speed-up, weighted by its size; None where nothing is measured."""
-    table = NATIVE_SPEEDUP.get(TABLE_OF.get(tier, ""))
-    if not table:
+    measured = TABLE_OF.get(tier)
+    if measured is None:
         return None
-    sizes = [(int(np.prod(t.shape)), table.get(t.type.name, 1.0)) for t in tensors]
+    sizes = [(int(np.prod(t.shape)), _speedup(t.type, measured)) for t in tensors]
     return sum(n for n, _ in sizes) / sum(n / speedup for n, speedup in sizes)
+
+
+def _speedup(qtype, tier: str) -> float:
+    row = WEIGHT_TYPES.get(qtype)
+    return row.speedup.get(tier, 1.0) if row is not None else 1.0
 
 
 @dataclass(frozen=True)

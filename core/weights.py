@@ -11,14 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gguf import MODEL_TENSOR, TENSOR_NAMES
-from gguf import GGMLQuantizationType as Q
 
-from .dequant import SUPPORTED_TYPES
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
+from .layers.weight_types import FLOAT_TYPES, SUPPORTED_TYPES
 from .model_check import refuse_unknown_tensors
-
-FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The CPU the kernels are compiled for, named as a tier, and which kernel each weight type takes there.
+"""The CPU the kernels are compiled for, named as a tier.
 
 numba compiles for the host unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say otherwise, so the features are
 read from what numba will compile for, never from the host directly: under the AVX2 emulation
@@ -15,10 +15,9 @@ Tiers, best first (a tier can run the kernels of the tiers it lists in `runs`):
 Every kernel gives the same bits on every tier (integer sums are exact; the float steps are the same IEEE
 operations in the same order); the tier chooses only the loop shape and the instructions.
 
-`weight_kernels(qtype, tier)` is the table ggml keeps as `type_traits_cpu`: for a weight type, how its
-tensors are stored (the file's rows, or repacked into 16-row tiles) and which kernel takes how many
-activation rows. `Linear` asks it and nothing else reads the CPU. MIRO_CPU_TIER names a lower tier to run
-(to compare tiers, or to rule out a kernel).
+What each weight type takes on a tier (ggml's `type_traits_cpu`: the file's rows or 16-row tiles, which kernel
+for how many activation rows) is its row's `plan(tier)` in weight_types.py, the one table of weight types.
+MIRO_CPU_TIER names a lower tier to run (to compare tiers, or to rule out a kernel).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import platform
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
-from gguf import GGMLQuantizationType
 from numba.core import config
 
 from ..errors import MiroError
@@ -119,55 +117,6 @@ def get(name: str | None) -> Tier:
     if name not in COMPILED.runs:
         raise ValueError(f"this CPU cannot run the {name} tier; it runs {', '.join(COMPILED.runs)}")
     return TIERS[name]
-
-
-# ---------------------------------------------------------------- the per-type table
-
-_Q = GGMLQuantizationType
-# repacked into 16-row tiles where a tier has int8 dots (tiles.py; the K-quants superblock_tiles.py)
-TILE_TYPES = tuple(int(t) for t in (_Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K))
-_SUPERBLOCK_TILE_TYPES = (int(_Q.Q4_K), int(_Q.Q5_K), int(_Q.Q6_K))
-
-
-@dataclass(frozen=True)
-class WeightKernels:
-    """How a quantized weight type is stored and multiplied on one tier."""
-
-    layout: str  # "tiles": repacked at load into 16-row tiles (tiles.py, superblock_tiles.py), the tile kernel
-    #              at every row count; "rows": the file's rows, memory-mapped (the portable tier)
-    lanes_from: int  # "rows": from this many activation rows, the lanes kernel (each block decoded once for
-    #                  all rows, quant_kernels.py); below, row by row
-    tile_tokens: int  # "tiles": activation rows per pass of the tile kernel (what the registers hold: 8 on
-    #                   512-bit tiers, 2 on 256-bit ones; the K-quants more, _SUPERBLOCK_TILE_TOKENS); rows past
-    #                   the last multiple of it take 2 a pass (padding 1 row to 8 would do 8 times the work)
-
-    def tokens_per_pass(self, n_rows: int) -> int:
-        return self.tile_tokens if n_rows >= self.tile_tokens else 2
-
-    def split(self, n_rows: int) -> int:
-        """The rows of n_rows that take tile_tokens a pass; the rest take 2."""
-        return n_rows - n_rows % self.tile_tokens if self.tile_tokens else 0
-
-
-_LANES_FROM = 8  # the portable tier's lanes kernel beats row by row from here
-# Activation rows per pass of the tile kernels, by vector width: 32-value blocks measured on 2048 x 2048 matrices,
-# 2 Zen 4 cores (benchmarks/quant_linear.py). The K-quant kernel keeps a call's weight vectors in registers and
-# its int32 sums in memory, so its rows per pass are free of registers: 16 ran 1.08-1.38x 4 (AVX2: Q4_K, Q6_K),
-# 1.09-1.19x 8 (AVX-512 Q6_K) and 1.02-1.11x 8 with two tiles a pass (AVX-512 Q4_K) from 16 rows on; Q5_K keeps
-# 8 on AVX-512, where 16 was 0.79-1.10x. One Zen 4 core, old and new interleaved.
-_TILE_TOKENS = {512: 8, 256: 2}
-_Q4K, _Q5K, _Q6K = _SUPERBLOCK_TILE_TYPES
-_SUPERBLOCK_TILE_TOKENS = {(512, _Q4K): 16, (512, _Q5K): 8, (512, _Q6K): 16, (256, _Q4K): 16, (256, _Q5K): 16,
-                           (256, _Q6K): 16}
-
-
-def weight_kernels(qtype: int, tier: Tier) -> WeightKernels:
-    qtype = int(qtype)
-    if not tier.int8_dot or qtype not in TILE_TYPES:
-        return WeightKernels("rows", _LANES_FROM, 0)
-    if qtype in _SUPERBLOCK_TILE_TYPES:
-        return WeightKernels("tiles", 0, _SUPERBLOCK_TILE_TOKENS[tier.vector_bits, qtype])
-    return WeightKernels("tiles", 0, _TILE_TOKENS[tier.vector_bits])
 
 
 def describe() -> str:

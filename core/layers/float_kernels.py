@@ -20,7 +20,6 @@ F32 = int(GGMLQuantizationType.F32)
 F16 = int(GGMLQuantizationType.F16)
 BF16 = int(GGMLQuantizationType.BF16)
 
-FLOAT_TYPES = (F32, F16, BF16)
 TILE_ROWS = 16  # weight rows widened together; each activation row is read once per tile
 
 

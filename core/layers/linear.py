@@ -22,21 +22,15 @@ import itertools
 from collections.abc import Sequence
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 
-from ..dequant import dequantize
 from ..gguf_file import TensorInfo, release_pages
-from . import cpu, encoder, float_kernels, quant_kernels
+from . import cpu, encoder, quant_kernels
 from .bf16_gemm import matmul_bf16, pack_bf16
 from .int16_gemm import matmul_i16, pack_i16
 from .gemm import matmul_invariant, pack_panels
 from .activations import quantize_q8_32, quantize_q8_32_columns, quantize_q8_k, quantize_q8_k_columns, quantize_q8_k_quads
-from .quant_blocks import BLOCK32_TYPES, SUPERBLOCK_TYPES
-from .int8_dots import tile_signed_bytes
-from .superblock_tiles import repack_superblocks
-from .tiles import repack_blocks
-
-NATIVE_TYPES = BLOCK32_TYPES + SUPERBLOCK_TYPES + float_kernels.FLOAT_TYPES
+from .weight_types import NATIVE_TYPES, WEIGHT_TYPES, Kernels, dequantize
 
 WEIGHT_FORMATS = ("f32", "native", "bf16", "i16")
 BATCH_INVARIANT_FORMATS = ("native", "bf16", "i16")  # by construction; f32 when built with invariant=True
@@ -48,7 +42,8 @@ SUPERBLOCK_LANES_PER_CALL = 64
 
 def has_native_kernel(qtype: GGMLQuantizationType) -> bool:
     """Whether fmt="native" can multiply by tensors of this type (otherwise the layer must be fmt="f32")."""
-    return int(qtype) in NATIVE_TYPES
+    row = WEIGHT_TYPES.get(qtype)
+    return row is not None and row.native
 
 
 def owned_bytes(a: np.ndarray) -> int:
@@ -103,13 +98,14 @@ class Linear:
             raise ValueError(f"{name}: fmt='bf16' needs a CPU with AVX512_BF16 (this one runs the {cpu.TIER.name} tier)")
         if fmt == "i16" and not cpu.HAS_INT16_DOT:
             raise ValueError(f"{name}: fmt='i16' needs an x86 CPU with AVX2 (this one runs the {cpu.TIER.name} tier)")
-        if fmt == "native" and int(qtype) not in NATIVE_TYPES:
+        if fmt == "native" and not has_native_kernel(qtype):
             raise ValueError(f"{name}: type {qtype.name} has no native kernel (use fmt='f32')")
         self.name = name
         self.type = qtype
         self.fmt = fmt
         self.tier = cpu.get(tier)
-        self._plan = cpu.weight_kernels(int(qtype), self.tier)
+        self._weight_type = WEIGHT_TYPES.get(qtype)  # its row of the table (weight_types.py); None: not supported
+        self._plan = self._weight_type.plan(self.tier) if fmt == "native" else None
         self.out_features, self.in_features = shape
         raw = _join(parts)
         self.weight_bytes = 0 if np.shares_memory(raw, parts[0]) else raw.nbytes  # a copy only when fusing scattered parts
@@ -125,22 +121,21 @@ class Linear:
             in_out = dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T
             self._w = pack_panels(in_out) if invariant else np.ascontiguousarray(in_out)
             self.weight_bytes = self._w.nbytes
-        elif int(qtype) in float_kernels.FLOAT_TYPES:
+        elif self._weight_type.is_float:
             dtype = np.float32 if qtype == GGMLQuantizationType.F32 else np.uint16
             self._w = raw.view(dtype).reshape(shape)
         else:
-            block_values, block_bytes = GGML_QUANT_SIZES[qtype]
-            self._w = raw.reshape(self.out_features, self.in_features // block_values * block_bytes)
+            row = self._weight_type
+            self._w = raw.reshape(self.out_features, self.in_features // row.block_values * row.block_bytes)
             if self._plan.layout == "tiles":  # the same bytes in 16-row tiles; the file's pages leave memory
-                self._tiles = (repack_superblocks(int(qtype), self._w) if int(qtype) in SUPERBLOCK_TYPES else
-                               repack_blocks(int(qtype), self._w, tile_signed_bytes(int(qtype), self.tier.has_vnni)))
+                self._tiles = row.kernels.repack(int(qtype), self._w, self.tier)
                 self._w = None
                 self.weight_bytes = self._tiles.nbytes
                 for part in parts:
                     release_pages(part)
 
-    def _kernels(self) -> quant_kernels.Kernels:
-        return quant_kernels.kernels_for(int(self.type), self.tier)
+    def _kernels(self) -> Kernels:
+        return self._weight_type.kernels_on(self.tier)
 
     def __call__(self, x: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None,
                  gelu: bool = False) -> np.ndarray:
@@ -170,9 +165,10 @@ class Linear:
         out = np.empty((x.shape[0], self.out_features), np.float32)
         if x.shape[0] == 0:
             return out
-        if int(self.type) in float_kernels.FLOAT_TYPES:
-            return float_kernels.matmul_float(int(self.type), self._w, x, out)
-        if int(self.type) in BLOCK32_TYPES:
+        activations = self._weight_type.activations  # the form the type's kernels take them in
+        if activations == "f32":
+            return self._kernels().rows(int(self.type), self._w, x, out)
+        if activations == "q8_0":
             return self._matmul_block32(x, out)
         return self._matmul_superblocks(x, out)
 

@@ -22,8 +22,9 @@ shape, with no fastmath (so no fused multiply-adds), so a row's result is bitwis
 whichever shape runs, however many rows the call has and wherever the row sits.
 
 Weights stay as stored in the GGUF file, one row of blocks per output feature (uint8, (N, row_bytes)).
-Each kernel is compiled once per weight type (`kernels_for(qtype)`), the type and its block size
-constants inside it: with a run-time block size LLVM vectorises the wrong loop (3x slower).
+Each kernel is compiled once per weight type (weight_types.py: `WEIGHT_TYPES[qtype].kernels_on(tier)`), the
+type and its block size constants inside it: with a run-time block size LLVM vectorises the wrong loop (3x
+slower).
 """
 
 from __future__ import annotations
@@ -32,12 +33,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from . import cpu, tile_kernels
-from .cpu import Tier
 from .cache_key import HELPERS, cached_variant
 from .halfs import load_f16
-from .quant_blocks import (BLOCK32_TYPES, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0, add_block32,
-                           decode_block32, decode_superblock)
+from .quant_blocks import Q4_0, Q4_1, Q5_0, Q5_1, Q6_K, Q8_0, add_block32, decode_block32, decode_superblock
 
 LANE_MULTIPLE = 32  # the lanes kernels' activation count is padded to this: LLVM's int16 vector width
 TILE_ROWS = 16  # weight rows that share each block of transposed activations while it is in L1
@@ -69,7 +67,7 @@ def _dot16(w, a_t, k, step, t):
 # ---------------------------------------------------------------- 32-value blocks
 
 
-def _lanes_32(qtype: int):
+def lanes_32(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     helpers = HELPERS
 
@@ -156,7 +154,7 @@ def _dot_row_block32(qtype, row, off, a, k0, sixteen):
     return isum
 
 
-def _rows_32(qtype: int):
+def rows_32(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     helpers = HELPERS
     # the unsigned weights' offset: ggml's sum is sum(q * a) + offset * sum(a)
@@ -189,7 +187,7 @@ def _rows_32(qtype: int):
 # ---------------------------------------------------------------- K-quant super-blocks
 
 
-def _lanes_k(qtype: int):
+def lanes_k(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     helpers = HELPERS
 
@@ -246,7 +244,7 @@ def _lanes_k(qtype: int):
     return matmul_lanes_k
 
 
-def _rows_k(qtype: int):
+def rows_k(qtype: int):
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     helpers = HELPERS
 
@@ -288,33 +286,3 @@ def _rows_k(qtype: int):
         return out
 
     return matmul_rows_k
-
-
-# ---------------------------------------------------------------- per type
-
-
-class Kernels:
-    """The loop shapes compiled for one weight type on one CPU tier: lanes(...) for many activation rows,
-    rows(...) for few; tiles(...) for tiles on tiers with int8 dots (tiles_x2: 2 activation rows a pass), else
-    None. Which one a call takes is cpu.py's table."""
-
-    def __init__(self, qtype: int, tier: Tier):
-        block32 = qtype in BLOCK32_TYPES
-        self.lanes = _lanes_32(qtype) if block32 else _lanes_k(qtype)
-        self.rows = _rows_32(qtype) if block32 else _rows_k(qtype)
-        tiles_of = tile_kernels.tiles_32 if block32 else tile_kernels.tiles_k
-        tokens = cpu.weight_kernels(qtype, tier).tile_tokens
-        self.tiles_x2 = tiles_of(qtype, tier, 2)
-        self.tiles = tiles_of(qtype, tier, tokens) if tokens > 2 else self.tiles_x2
-
-
-_KERNELS: dict[tuple[int, str], Kernels] = {}
-
-
-def kernels_for(qtype: int, tier: Tier) -> Kernels:
-    """The kernels of one weight type on one tier, made on first use (numba compiles or loads them from its
-    cache on first call)."""
-    key = (int(qtype), tier.name)
-    if key not in _KERNELS:
-        _KERNELS[key] = Kernels(int(qtype), tier)
-    return _KERNELS[key]

@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as Q
 
 from miro.core.errors import MiroError
 from miro.core.layers import cpu
+from miro.core.layers.weight_types import WEIGHT_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,18 +40,27 @@ def test_an_avx512_vnni_cpu_runs_every_tier_and_an_avx2_one_only_its_own():
 
 
 def test_the_table_tiles_every_quantized_type_wherever_a_tier_has_int8_dots():
+    quantized = [row for row in WEIGHT_TYPES.values() if not row.is_float]
+    assert {row.name for row in quantized} == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
     for name, tier in cpu.TIERS.items():
-        for qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K):
-            plan = cpu.weight_kernels(qtype, tier)
-            assert plan.layout == ("tiles" if tier.int8_dot else "rows"), name
-    assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx512-vnni"]).tokens_per_pass(64) == 8
-    assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx512-vnni"]).tokens_per_pass(3) == 2
-    assert cpu.weight_kernels(Q.Q4_0, cpu.TIERS["avx2"]).tokens_per_pass(64) == 2
-    assert cpu.weight_kernels(Q.Q4_K, cpu.TIERS["avx2"]).tokens_per_pass(64) == 16
-    assert cpu.weight_kernels(Q.Q5_K, cpu.TIERS["avx512-vnni"]).split(37) == 32  # 4 passes of 8, then 5 rows 2 a pass
-    assert cpu.weight_kernels(Q.Q6_K, cpu.TIERS["avx512-vnni"]).split(37) == 32  # 2 passes of 16
-    assert cpu.weight_kernels(Q.Q6_K, cpu.TIERS["avx2"]).split(15) == 0
-    assert cpu.weight_kernels(Q.Q6_K, cpu.TIERS["avx2"]).tokens_per_pass(3) == 2
+        for row in quantized:
+            assert row.plan(tier).layout == ("tiles" if tier.int8_dot else "rows"), name
+        for row in WEIGHT_TYPES.values():
+            if row.is_float:
+                assert row.plan(tier).layout == "rows", name  # the file's rows, on every tier
+
+    def plan(qtype, tier):
+        return WEIGHT_TYPES[qtype].plan(cpu.TIERS[tier])
+
+    assert plan(Q.Q4_0, "avx512-vnni").tokens_per_pass(64) == 8
+    assert plan(Q.Q4_0, "avx512-vnni").tokens_per_pass(3) == 2
+    assert plan(Q.Q4_0, "avx2").tokens_per_pass(64) == 2
+    assert plan(Q.Q4_K, "avx2").tokens_per_pass(64) == 16
+    assert plan(Q.Q5_K, "avx512-vnni").split(37) == 32  # 4 passes of 8, then 5 rows 2 a pass
+    assert plan(Q.Q6_K, "avx512-vnni").split(37) == 32  # 2 passes of 16
+    assert plan(Q.Q6_K, "avx2").split(15) == 0
+    assert plan(Q.Q6_K, "avx2").tokens_per_pass(3) == 2
+    assert plan(Q.Q4_K, "portable").lanes_from == 8
 
 
 def test_a_tier_this_cpu_cannot_run_is_refused():

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from gguf import GGMLQuantizationType as Q
 
-from miro.core.layers import cpu, quant_kernels, tile_kernels
-from miro.core.layers.linear import NATIVE_TYPES
-from miro.core.layers.float_kernels import FLOAT_TYPES
+from miro.core.layers import cpu
+from miro.core.layers.weight_types import WEIGHT_TYPES
 
 
 def test_each_weight_types_kernels_have_their_own_qualnames():
     qualnames = {}
-    for qtype in sorted(set(NATIVE_TYPES) - set(FLOAT_TYPES)):
-        kernels = quant_kernels.kernels_for(qtype, cpu.TIER)
+    for qtype, row in WEIGHT_TYPES.items():
+        if row.is_float or not row.native:
+            continue
+        kernels = row.kernels_on(cpu.TIER)
         for kernel in (kernels.lanes, kernels.rows, kernels.tiles):
             if kernel is not None:
                 name = kernel.py_func.__qualname__
@@ -35,10 +36,12 @@ def test_every_tiers_factories_name_their_weight_type_and_tier():
     int8_tiers = [tier for tier in cpu.TIERS.values() if tier.int8_dot]
     names = set()
     expected = 0
-    for qtype in cpu.TILE_TYPES:
-        factory = tile_kernels.tiles_k if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else tile_kernels.tiles_32
+    for qtype, row in WEIGHT_TYPES.items():
+        if not row.native or row.kernels.tiles is None:
+            continue
+        factory = row.kernels.tiles
         for tier in int8_tiers:
-            for tokens in {2, cpu.weight_kernels(qtype, tier).tile_tokens}:
+            for tokens in {2, row.plan(tier).tile_tokens}:
                 names.add(factory(int(qtype), tier, tokens).py_func.__qualname__)
                 expected += 1
     assert len(names) == expected

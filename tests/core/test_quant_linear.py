@@ -17,12 +17,14 @@ from miro.core.gguf_file import GGUFFile, TensorInfo
 from miro.core.layers import Linear, cpu
 from miro.core.layers.activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_k,
                                          quantize_q8_k_columns, quantize_q8_k_quads)
+from miro.core.layers.weight_types import WEIGHT_TYPES
 
 F32 = np.float32
-BLOCK32 = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
-SUPERBLOCK = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# the types of each activation format, from the table of weight types (core/layers/weight_types.py)
+BLOCK32 = [t for t, row in WEIGHT_TYPES.items() if row.activations == "q8_0"]
+SUPERBLOCK = [t for t, row in WEIGHT_TYPES.items() if row.activations == "q8_k"]
 QUANT_TYPES = BLOCK32 + SUPERBLOCK
-FLOAT_TYPES = [Q.F32, Q.F16, Q.BF16]
+FLOAT_TYPES = [t for t, row in WEIGHT_TYPES.items() if row.activations == "f32"]
 
 
 # ---------------------------------------------------------------- test data
@@ -272,7 +274,7 @@ def _assert_tracks_reference(tensor: TensorInfo, x: np.ndarray, tier: str | None
     assert (err <= activation_error_bound(tensor, x)).all(), f"max error {err.max():.3g}"
 
 
-# on the portable tier row by row below cpu.weight_kernels(...).lanes_from, lanes from there; on tiers with
+# on the portable tier row by row below its row's plan(tier).lanes_from, lanes from there; on tiers with
 # int8 dots every type in tiles, 2 rows a pass below the tier's tile_tokens, that many from there
 @pytest.mark.parametrize("n_tokens", [1, 3, 5, 37])
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
@@ -357,7 +359,7 @@ def test_real_model_native_holds_the_files_bytes_once(smollm2):
     the same bytes repacked into tiles, the mapped pages released."""
     tensor = smollm2.tensors["blk.0.ffn_up.weight"]
     native, f32 = Linear(tensor), Linear(tensor, fmt="f32")
-    if cpu.weight_kernels(tensor.type, cpu.TIER).layout == "tiles":
+    if WEIGHT_TYPES[tensor.type].plan(cpu.TIER).layout == "tiles":
         assert native.weight_bytes == tensor.data.nbytes and native._w is None
     else:
         assert native.weight_bytes == 0
@@ -401,7 +403,7 @@ def test_every_tiers_kernels_agree_bitwise(qtype):
     portable = Linear(tensor, tier="portable")
     layers = {name: Linear(tensor, tier=name) for name in cpu.runnable()}
     for name, layer in layers.items():
-        tiled = cpu.TIERS[name].int8_dot != "" and int(qtype) in cpu.TILE_TYPES
+        tiled = cpu.TIERS[name].int8_dot != ""  # every quantized type is tiled where a tier has int8 dots
         assert (layer._tiles is not None) == tiled, name
     for n_tokens in (1, 2, 3, 5, 8, 9, 16, 19, 50):
         x = activations(n_tokens, 1024, seed=n_tokens)
