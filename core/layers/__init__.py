@@ -1,5 +1,6 @@
 """Linear layers over GGUF tensors kept as stored (memory-mapped blocks) or dequantized once."""
 
-from .linear import NATIVE_TYPES, Linear
+from .linear import Linear
+from .weight_types import NATIVE_TYPES
 
-__all__ = ["Linear", "NATIVE_TYPES"]
+__all__ = ["NATIVE_TYPES", "Linear"]

@@ -30,7 +30,7 @@ from .bf16_gemm import matmul_bf16, pack_bf16
 from .int16_gemm import matmul_i16, pack_i16
 from .gemm import matmul_invariant, pack_panels
 from .activations import quantize_q8_32, quantize_q8_32_columns, quantize_q8_k, quantize_q8_k_columns, quantize_q8_k_quads
-from .weight_types import NATIVE_TYPES, WEIGHT_TYPES, Kernels, dequantize
+from .weight_types import WEIGHT_TYPES, Kernels, dequantize
 
 WEIGHT_FORMATS = ("f32", "native", "bf16", "i16")
 BATCH_INVARIANT_FORMATS = ("native", "bf16", "i16")  # by construction; f32 when built with invariant=True

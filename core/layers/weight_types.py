@@ -201,7 +201,7 @@ class WeightType:
                              f"{tier.vector_bits}-bit vectors (weight_types.py: its row's tile_tokens)")
         return WeightKernels("tiles", 0, self.tile_tokens[tier.vector_bits])
 
-    def kernels_on(self, tier: Tier) -> "Kernels":
+    def kernels_on(self, tier: Tier) -> Kernels:
         """The kernels of this type on `tier`, made on first use (numba compiles or loads them from its cache
         on first call)."""
         key = (int(self.qtype), tier.name)

@@ -4,10 +4,14 @@ F32_FALLBACK, that it has none). A type added without a kernel for some tier fai
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
 from gguf import quants as gguf_quants
+from gguf_factory import SUPPORTED_TYPES as FACTORY_TYPES
 
 from miro.core.dequant import SUPPORTED_TYPES, dequantize
 from miro.core.gguf_file import TensorInfo
@@ -16,8 +20,6 @@ from miro.core.layers.linear import has_native_kernel
 from miro.core.layers.weight_types import (BLOCKS_32, F32_FALLBACK, FLOAT_TYPES, FLOATS, SUPERBLOCKS, WEIGHT_TYPES,
                                            Kernels)
 from miro.core.weights import FLOAT_TYPES as LOADER_FLOAT_TYPES
-
-from gguf_factory import SUPPORTED_TYPES as FACTORY_TYPES
 
 ROWS = list(WEIGHT_TYPES.values())
 # the activation format each kernel family takes
@@ -80,11 +82,18 @@ def test_the_lists_the_loaders_and_linear_ask_are_the_tables():
 
 
 def test_a_type_missing_from_the_table_has_no_native_layer():
-    from gguf import GGMLQuantizationType as Q
-
     raw = np.zeros(GGML_QUANT_SIZES[Q.Q2_K][1], np.uint8)
     tensor = TensorInfo("q2k", (1, 256), Q.Q2_K, raw)
     assert not has_native_kernel(Q.Q2_K)
     with pytest.raises(ValueError, match="has no native kernel"):
         Linear(tensor)
     assert dequantize(tensor).shape == (1, 256)  # gguf-py's dequantizer, as before the table
+
+
+def test_a_row_without_a_tile_shape_for_a_tiers_vectors_is_refused():
+    """What the walk above catches: a tiled type whose row lacks a tier's vector width."""
+    row = dataclasses.replace(WEIGHT_TYPES[Q.Q4_0], tile_tokens={512: 8})
+    assert row.plan(cpu.TIERS["avx512-vnni"]).tile_tokens == 8
+    with pytest.raises(ValueError, match="Q4_0 has no tile kernel shape for the avx2 tier's 256-bit vectors"):
+        row.plan(cpu.TIERS["avx2"])
+    assert row.plan(cpu.TIERS["portable"]).layout == "rows"
