@@ -102,3 +102,17 @@ def one_request_per_job(monkeypatch):
     from miro.core import defaults
 
     monkeypatch.setattr(defaults, "REQUESTS_PER_JOB", 1)
+
+
+REAL_MODEL_FIXTURES = {"smollm2_path", "gemma3_path", "minilm_path"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast tier's markers, set from what a test uses: `model` where it needs a real model file (pulled on
+    first use), `e2e` for whole processes (tests/e2e, tests/api: servers, workers, browsers). The fast tier is
+    `pytest -m "not slow and not e2e and not model"`: no download, no server process."""
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+        if {"e2e", "api"} & set(Path(str(item.fspath)).parts):
+            item.add_marker(pytest.mark.e2e)
