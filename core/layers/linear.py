@@ -122,7 +122,7 @@ class Linear:
             self._w = pack_panels(in_out) if invariant else np.ascontiguousarray(in_out)
             self.weight_bytes = self._w.nbytes
         elif self._weight_type.is_float:
-            dtype = np.float32 if qtype == GGMLQuantizationType.F32 else np.uint16
+            dtype = np.float32 if self._weight_type.block_bytes == 4 else np.uint16  # F32; F16, BF16 as bits
             self._w = raw.view(dtype).reshape(shape)
         else:
             row = self._weight_type
@@ -192,7 +192,7 @@ class Linear:
         kernels, plan = self._kernels(), self._plan
         n_tok = x.shape[0]
         if self._tiles is not None:  # the rows up to a multiple of the pass's, then the rest 2 a pass
-            t, biased = self._tiles, self.type == GGMLQuantizationType.Q6_K
+            t, biased = self._tiles, self._weight_type.biased_tile_activations
             split = plan.split(n_tok)
             for kernel, rows in ((kernels.tiles, slice(0, split)), (kernels.tiles_x2, slice(split, n_tok))):
                 n_rows = rows.stop - rows.start

@@ -13,7 +13,8 @@ A row (`WeightType`) holds:
   block decoded once for many activation rows; tiles: 16-row tiles on tiers with int8 dots) and the repacking
   into tiles (tiles.py, superblock_tiles.py: the memory layout when repacked). `F32_FALLBACK` (None) says the
   type has no native kernel: Linear(fmt="native") refuses it and the loader keeps its matrices as f32;
-- `tile_tokens`: activation rows per pass of its tile kernel, by the tier's vector width (empty: never tiled);
+- `tile_tokens`: activation rows per pass of its tile kernel, by the tier's vector width (empty: never tiled),
+  and `biased_tile_activations`: whether that kernel takes the activations' bytes as q + 128 (Q6_K);
 - `speedup`: the native kernels' measured throughput over the float32 copy's, per measured tier
   (weight_format's auto).
 
@@ -172,6 +173,8 @@ class WeightType:
     kernels: KernelFamily | None  # its kernel family; F32_FALLBACK (None): no native kernel
     tile_tokens: Mapping[int, int] = field(default_factory=dict)  # vector width -> activation rows per tile pass
     speedup: Mapping[str, float] = field(default_factory=dict)  # measured tier -> native / f32 throughput
+    biased_tile_activations: bool = False  # its tile kernel takes the activations' bytes as q + 128 (Q6_K, whose
+    #                                        signed values take the signed side of the int8 dots)
 
     def __post_init__(self):
         object.__setattr__(self, "tile_tokens", _frozen(self.tile_tokens))
@@ -259,7 +262,7 @@ _ROWS_OF_THE_TABLE = (
     WeightType(Q.Q5_K, 256, 176, partial(_gguf, Q.Q5_K), "q8_k", SUPERBLOCKS, {512: 8, 256: 16},
                speedup={"avx512-vnni": 1.61, "avx2": 1.8}),
     WeightType(Q.Q6_K, 256, 210, partial(_gguf, Q.Q6_K), "q8_k", SUPERBLOCKS, {512: 16, 256: 16},
-               speedup={"avx512-vnni": 1.53, "avx2": 1.53}),
+               speedup={"avx512-vnni": 1.53, "avx2": 1.53}, biased_tile_activations=True),
 )
 
 WEIGHT_TYPES: Mapping[Q, WeightType] = MappingProxyType({row.qtype: row for row in _ROWS_OF_THE_TABLE})
