@@ -13,7 +13,7 @@ Integer sums are exact; the float steps are add_block32's, block after block, so
 count gives the bits of quant_kernels.py's portable kernels.
 
 `tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 16 activation rows a pass (Q5_K's 8 on
-512-bit tiers; cpu._SUPERBLOCK_TILE_TOKENS), each super-block's exact integer sum per row and token built in int32 and given one
+512-bit tiers; the rows' tile_tokens in weight_types.py), each super-block's exact integer sum per row and token built in int32 and given one
 float step, as ggml's x86 repack kernel does. A tile's scale pairs and mins are unpacked once per call, not per
 pass.
 """
