@@ -39,7 +39,7 @@ against sentence-transformers and >= 0.999 against llama.cpp.
 --st-python (or $ST_PYTHON) is a Python with torch and sentence-transformers, --llama-python (or $LLAMA_PYTHON) one
 with llama-cpp-python; an anchor without its interpreter is one sentence, or drop it with --engines.
 --tier avx2 runs miro under the AVX2 tier's emulation (benchmarks/tiers.py): give it a llama.cpp built for AVX2
-(the README says how); torch is restricted to AVX2 as well
+(docs/benchmarks.md says how); torch is restricted to AVX2 as well
 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2 in its environment).
 
 The issue's target (24): miro's texts/s >= 2x the faster of sentence-transformers and llama.cpp, on both tiers.

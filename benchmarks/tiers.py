@@ -9,7 +9,7 @@ numba compiling for an AVX2-only CPU (NUMBA_CPU_NAME and NUMBA_CPU_FEATURES: the
 features), numpy's dispatch without AVX-512 and OpenBLAS's Haswell kernels, as on a VM that hides AVX-512.
 Compare it with llama.cpp built for the same tier (`--llama-python` of a venv built with
 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF
--DGGML_AVX_VNNI=OFF", as the README says).
+-DGGML_AVX_VNNI=OFF", as docs/benchmarks.md says).
 """
 
 from __future__ import annotations
