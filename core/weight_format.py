@@ -8,10 +8,10 @@ speed-ups (each row's in the table of weight types, core/layers/weight_types.py)
 also fits the memory budget. The two give different numbers, each batch-invariant: native follows llama.cpp
 (activations quantized to 8 bits per block, integer dots), f32 follows a float32 reference such as HF
 transformers (docs/engine.md, "Weights kept quantized" and "auto"). An encoder (an embedding model) takes bf16
-where the CPU has it: twice float32's rate, and all-MiniLM-L6-v2's vectors stay within 0.9999 cosine of sentence-
-transformers' float32 ones, where its native Q8_0 weights fall to 0.998 (tests/core/test_embeddings.py). Without
-bfloat16 it takes i16 (x86 CPUs with AVX2): vpmaddwd does twice float32's products per instruction, and 13 bits per
-block of 128 keep the vectors closer to float32's than bfloat16 does."""
+where the CPU has it: twice float32's rate, and all-MiniLM-L6-v2's vectors stay within 0.9999 cosine of
+sentence-transformers' float32 ones, where its native Q8_0 weights fall to 0.998 (tests/core/test_embeddings.py).
+Without bfloat16 it takes i16 (x86 CPUs with AVX2): vpmaddwd does twice float32's products per instruction, and 13
+bits per block of 128 keep the vectors closer to float32's than bfloat16 does."""
 
 from __future__ import annotations
 
