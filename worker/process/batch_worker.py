@@ -58,6 +58,9 @@ ENGINE_FAILED = ("the engine failed in a step this request was part of, not on t
                  "failed the requests it had in flight and started its engine afresh")
 
 
+PUBSUB_POLL_S = 1.0  # how often the command-channel thread wakes (RQ's default: 60 s)
+
+
 class BatchWorker(BaseWorker):
     def __init__(self, *args, model: str | None = None, engine_options: dict | None = None,
                  shutdown_grace_s: float | None = None, flush_rows: int = defaults.FLUSH_ROWS,
@@ -133,6 +136,15 @@ class BatchWorker(BaseWorker):
         self.request_warm_stop()
 
     # -- the loop -------------------------------------------------------------------------------------
+
+    def subscribe(self):
+        """RQ's subscription to this worker's command channel, its thread waking every PUBSUB_POLL_S: RQ's own
+        waits 60 s in redis-py's get_message, and its unsubscribe then held every worker's shutdown for up to
+        that long (three tests of 60 s each in tests/worker/test_embedding_worker.py)."""
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler)
 
     def work(self, burst: bool = False, logging_level: str | None = None, *args, max_jobs: int | None = None,
              **kwargs) -> bool:
