@@ -95,9 +95,9 @@ def main() -> None:
         print(f"{name:<17} load {r['load_s']:.2f} s   prefill {r['prefill_tok_s']:7.1f} tok/s   "
               f"decode (1 sequence) {r['decode_tok_s']:6.1f} tok/s")
     if len(results) == 2:
-        m, l = results["miro"], results["llama-cpp-python"]
-        print(f"miro / llama-cpp-python: prefill {m['prefill_tok_s'] / l['prefill_tok_s']:.2f}x, "
-              f"decode {m['decode_tok_s'] / l['decode_tok_s']:.2f}x")
+        m, lc = results["miro"], results["llama-cpp-python"]
+        print(f"miro / llama-cpp-python: prefill {m['prefill_tok_s'] / lc['prefill_tok_s']:.2f}x, "
+              f"decode {m['decode_tok_s'] / lc['decode_tok_s']:.2f}x")
 
 
 if __name__ == "__main__":

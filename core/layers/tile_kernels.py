@@ -27,7 +27,7 @@ import numpy as np
 from .cache_key import HELPERS, cached_variant
 from .cpu import Tier
 from .int8_dots import lanes_per_call, mins_dot, scale_pairs16, superblock_bias, superblock_tile_sum, tile_dot, tile_signed_bytes
-from .quant_blocks import BLOCK32_TYPES, HAS_MIN, Q4_K, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset, unpack_k4
+from .quant_blocks import BLOCK32_TYPES, HAS_MIN, Q6_K, SUPERBLOCK_TYPES, add_block32, quads_offset, unpack_k4
 from .simd import LANES, load16, load16_f16, store16, to_float, zeros16
 from .superblock_tiles import LANE_BYTES
 from .tiles import TILE_ROWS, quant_bytes

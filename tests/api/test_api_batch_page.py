@@ -19,7 +19,7 @@ def completion(custom_id: str, max_tokens: int, prompt: str = "Count:") -> dict:
             "body": {"model": "smollm2-135m", "prompt": prompt, "max_tokens": max_tokens}}
 
 
-def polyline(browser, svg_id: str) -> str | None:
+def polyline(browser, svg_id: str) -> str | None:  # noqa: F811  (a driver, not the fixture)
     return browser.execute_script(
         "const line = document.querySelector(arguments[0]); return line ? line.getAttribute('points') : null;",
         f"#{svg_id} polyline")

@@ -7,7 +7,7 @@ miro's module for it (a tiny file carrying it loads) or refused by name when a f
 import gguf
 import numpy as np
 import pytest
-from gguf_factory import tensor_name, write_tiny_model
+from gguf_factory import write_tiny_model
 
 from miro.core import Engine, ModelFileError
 from miro.core.gguf_file import GGUFFile

@@ -13,7 +13,7 @@ from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, control, counted, keys
+from miro.worker.fleet import batches, control, counted
 from miro.worker.process.jobs import GAVE_UP
 from miro.worker.fleet.routing import queue_for
 from miro.worker.fleet.submit import submit

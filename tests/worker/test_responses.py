@@ -107,7 +107,6 @@ def run_batch(tmp_path, redis_url, model, lines):
     BatchWorker([Queue(queue_for(model), connection=conn, serializer=JSONSerializer)], connection=conn,
                 serializer=JSONSerializer, model=model,
                 engine_options={"kv_cache_memory": "8MiB"}).work(burst=True, logging_level="WARNING")
-    out = {}
     for fmt in ("parquet", "jsonl"):
         merged = runner.invoke(cli, ["results", batch_id, "-o", str(tmp_path / f"{batch_id}.{fmt}"), "--format", fmt,
                                      "--redis-url", redis_url])
