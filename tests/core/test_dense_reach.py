@@ -11,37 +11,22 @@ for Q8_0, a floor for the activation rounding of quantized matmuls, which every 
 miro's f32 weights do not), as tests/core/test_model_reach.py holds the earlier layouts.
 """
 
-import hashlib
-import json
 
 import numpy as np
 import pytest
 from dense_variants import variant_kwargs
-from fixture_files import FIXTURES
 from gguf_factory import write_tiny_model
+from llamacpp_reach import Reference
 
 from miro.core import Engine
 
-REF = json.loads((FIXTURES / "dense_llamacpp.json").read_text())
-LOGITS = np.load(FIXTURES / "dense_llamacpp.npz")
-VARIANTS = {v["name"]: v for v in REF["variants"]}
-SPREAD_MULTIPLE = 1.5
-Q8_FLOOR = 0.02
-
-
-def allowed(v: dict, i: int) -> float:
-    return SPREAD_MULTIPLE * v["spread_vs_reference"][i] + (0.0 if v["tensor_type"] == "F32" else Q8_FLOOR)
+REFERENCE = Reference("dense_llamacpp")
+REF, LOGITS, VARIANTS = REFERENCE.meta, REFERENCE.logits, REFERENCE.variants
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("dense")
-    out = {}
-    for name, v in VARIANTS.items():
-        info = write_tiny_model(folder / f"{name}.gguf", **variant_kwargs(v["variant"], v["tensor_type"]))
-        assert hashlib.sha256(info["path"].read_bytes()).hexdigest() == v["sha256"], f"{name}: not the file llama.cpp ran"
-        out[name] = info["path"]
-    return out
+    return REFERENCE.write_files(tmp_path_factory.mktemp("dense"), variant_kwargs)
 
 
 def test_the_fixture_covers_every_architecture_in_both_types():
@@ -50,25 +35,10 @@ def test_the_fixture_covers_every_architecture_in_both_types():
     assert [len(p) for p in REF["prompts"]] == [20, 300, 2500]
 
 
-def cases():
-    for name, v in VARIANTS.items():
-        for weights in (("f32", "native") if v["tensor_type"] != "F32" else ("f32",)):
-            yield pytest.param(name, weights, id=f"{name}-{weights}")
-
-
-@pytest.mark.parametrize("name, weights", list(cases()))
+@pytest.mark.parametrize("name, weights", REFERENCE.cases())
 def test_last_logits_within_llamacpps_own_spread(files, name, weights):
-    v = VARIANTS[name]
     engine = Engine.from_model(files[name], weights=weights, max_model_len=REF["context"])
-    for i, prompt in enumerate(REF["prompts"]):
-        ours = engine.logits(prompt)
-        ref = LOGITS[f"{name}/{REF['reference_setting']}/p{i}"]
-        diff = float(np.abs(ours - ref).max())
-        print(f"{name} {weights} p{i} ({len(prompt)} tokens): {diff:.5f} (llama.cpp's spread "
-              f"{v['spread_vs_reference'][i]:.5f})")
-        assert diff <= allowed(v, i), (
-            f"{name} {weights}: prompt of {len(prompt)} tokens off by {diff:.4f}, more than {SPREAD_MULTIPLE}x "
-            f"llama.cpp's own spread ({v['spread_vs_reference'][i]:.4f})")
+    REFERENCE.check_last_logits(engine, name, weights)
 
 
 # ---- what each layout reads, and refuses -------------------------------------------------------------------

@@ -10,37 +10,22 @@ files. miro's logits must lie within 1.5x llama.cpp's own spread across those se
 activation-rounding allowance test_model_reach.py and test_dense_reach.py give (0.02 native, 0.03 f32 weights).
 """
 
-import hashlib
-import json
 
 import numpy as np
 import pytest
-from fixture_files import FIXTURES
 from gguf_factory import write_tiny_model
+from llamacpp_reach import Reference
 from phi_gemma2_variants import variant_kwargs
 
 from miro.core import Engine, ModelFileError
 
-REF = json.loads((FIXTURES / "phi_gemma2_llamacpp.json").read_text())
-LOGITS = np.load(FIXTURES / "phi_gemma2_llamacpp.npz")
-VARIANTS = {v["name"]: v for v in REF["variants"]}
-SPREAD_MULTIPLE = 1.5
-Q8_FLOOR = {"native": 0.02, "f32": 0.03}  # llama.cpp rounds activations to 8 bits for a Q8_0 matmul; miro's f32 not
-
-
-def allowed(v: dict, i: int, weights: str) -> float:
-    return SPREAD_MULTIPLE * v["spread_vs_reference"][i] + (0.0 if v["tensor_type"] == "F32" else Q8_FLOOR[weights])
+REFERENCE = Reference("phi_gemma2_llamacpp")
+REF, LOGITS, VARIANTS = REFERENCE.meta, REFERENCE.logits, REFERENCE.variants
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("phi_gemma2")
-    out = {}
-    for name, v in VARIANTS.items():
-        info = write_tiny_model(folder / f"{name}.gguf", **variant_kwargs(v["variant"], v["tensor_type"]))
-        assert hashlib.sha256(info["path"].read_bytes()).hexdigest() == v["sha256"], f"{name}: not the file llama.cpp ran"
-        out[name] = info["path"]
-    return out
+    return REFERENCE.write_files(tmp_path_factory.mktemp("phi_gemma2"), variant_kwargs)
 
 
 def test_the_fixture_covers_both_architectures_in_both_types():
@@ -50,25 +35,10 @@ def test_the_fixture_covers_both_architectures_in_both_types():
     assert [len(p) for p in REF["prompts"]] == [20, 300, 2500]
 
 
-def cases():
-    for name, v in VARIANTS.items():
-        for weights in (("f32", "native") if v["tensor_type"] != "F32" else ("f32",)):
-            yield pytest.param(name, weights, id=f"{name}-{weights}")
-
-
-@pytest.mark.parametrize("name, weights", list(cases()))
+@pytest.mark.parametrize("name, weights", REFERENCE.cases())
 def test_last_logits_within_llamacpps_own_spread(files, name, weights):
-    v = VARIANTS[name]
-    engine = Engine.from_model(files[name], weights=weights, max_model_len=v["context"])
-    for i, prompt in enumerate(REF["prompts"]):
-        ours = engine.logits(prompt)
-        ref = LOGITS[f"{name}/{REF['reference_setting']}/p{i}"]
-        diff = float(np.abs(ours - ref).max())
-        print(f"{name} {weights} p{i} ({len(prompt)} tokens): {diff:.5f} (llama.cpp's spread "
-              f"{v['spread_vs_reference'][i]:.5f})")
-        assert diff <= allowed(v, i, weights), (
-            f"{name} {weights}: prompt of {len(prompt)} tokens off by {diff:.4f}, more than {SPREAD_MULTIPLE}x "
-            f"llama.cpp's own spread ({v['spread_vs_reference'][i]:.4f})")
+    engine = Engine.from_model(files[name], weights=weights, max_model_len=VARIANTS[name]["context"])
+    REFERENCE.check_last_logits(engine, name, weights)
 
 
 def test_longrope_factors_follow_the_context_not_the_prompt(files):
