@@ -104,6 +104,19 @@ def one_request_per_job(monkeypatch):
     monkeypatch.setattr(defaults, "REQUESTS_PER_JOB", 1)
 
 
+@pytest.fixture
+def unchecked(monkeypatch):
+    """The checks that refuse a poisoned line before it runs (a stop id past the vocabulary, a grammar that
+    cannot take its first token) turned off, so the engine's step meets the line (issue 37's failure isolation)."""
+    from miro.core import Engine, constraint
+
+    monkeypatch.setattr(Engine, "_check_token_ids", lambda self, params: None)
+    monkeypatch.setattr(constraint, "_check_first_token", lambda grammar: None)
+    constraint._compiled.cache_clear()
+    yield
+    constraint._compiled.cache_clear()
+
+
 REAL_MODEL_FIXTURES = {"smollm2_path", "gemma3_path", "minilm_path"}
 
 

@@ -9,12 +9,10 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
-import pytest
 from click.testing import CliRunner
 
 from miro.cli import run as run_module
 from miro.cli.main import cli
-from miro.core import Engine, constraint
 
 ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 STOP_ID = {"id": "stop-id", "prompt": "hello", "min_tokens": 1, "stop_token_ids": [49152], "max_tokens": 4}
@@ -45,15 +43,6 @@ def test_a_run_with_the_poisoned_lines_writes_every_good_line_and_an_error_row_f
     assert "outside the model's vocabulary" in rows["stop-id"]["error"]
     assert "structured_outputs.grammar cannot run" in rows["grammar"]["error"]  # refused as the line was read
     assert "6 completed, 2 failed" in done.stderr, done.stderr  # the invalid line is counted failed too
-
-
-@pytest.fixture
-def unchecked(monkeypatch):
-    monkeypatch.setattr(Engine, "_check_token_ids", lambda self, params: None)
-    monkeypatch.setattr(constraint, "_check_first_token", lambda grammar: None)
-    constraint._compiled.cache_clear()
-    yield
-    constraint._compiled.cache_clear()
 
 
 def run(path, out, tiny_model, *extra):

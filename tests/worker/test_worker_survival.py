@@ -16,7 +16,7 @@ from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from miro.core import Engine, MiroError, constraint
+from miro.core import Engine, MiroError
 from miro.worker import BatchWorker
 from miro.worker.fleet import batches
 from miro.worker.fleet.routing import queue_for
@@ -46,16 +46,6 @@ def worker(conn, model, **options) -> BatchWorker:
 
 def rows(tmp_path, batch_id) -> dict[str, dict]:
     return {r["custom_id"]: r for r in pq.read_table(tmp_path / "out" / batch_id).to_pylist()}
-
-
-@pytest.fixture
-def unchecked(monkeypatch):
-    """The checks that refuse the poisoned lines before they run turned off, so the engine's step meets them."""
-    monkeypatch.setattr(Engine, "_check_token_ids", lambda self, params: None)
-    monkeypatch.setattr(constraint, "_check_first_token", lambda grammar: None)
-    constraint._compiled.cache_clear()
-    yield
-    constraint._compiled.cache_clear()
 
 
 def test_the_poisoned_lines_fail_alone_and_the_worker_and_the_innocent_batch_go_on(tmp_path, redis_url, tiny_model,
