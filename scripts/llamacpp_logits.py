@@ -5,8 +5,12 @@ the reference written for tests/llamacpp_reach.py.
 Each script writes its tiny random files with tests/gguf_factory.py (seeded, so the tests write the same bytes
 again) and calls `write_reference`: for each file and each setting (flash attention on/off x f32/f16 KV) the
 logits after the last token of each prompt, and per file the largest difference of any setting from the
-reference one (llama.cpp's own spread). Run under a Python with llama-cpp-python (built for the AVX2 tier here:
-the -DGGML_NATIVE=ON build crashed on quantized files on this host, it enables AMX).
+reference one (llama.cpp's own spread). Run under a Python with llama-cpp-python. The committed references
+come from 0.3.36 built for the AVX2 tier, as the -DGGML_NATIVE=ON build crashed on quantized files on the
+machine that wrote them (it enables AMX):
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
+                -DGGML_AVX512_VNNI=OFF -DGGML_AVX_VNNI=OFF" pip install llama-cpp-python==0.3.36
 """
 
 from __future__ import annotations

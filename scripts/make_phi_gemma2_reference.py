@@ -7,7 +7,7 @@ as scripts/make_dense_reference.py (scripts/llamacpp_logits.py), each variant un
 Run from the repository root with the environment that has llama-cpp-python, gguf and numpy, built for the AVX2
 tier (an AMX build crashed on Q8_0 on this host):
 
-    /work/venvs/llama-avx2/bin/python scripts/make_phi_gemma2_reference.py [F32 Q8_0]
+    /path/to/venv-with-llama-cpp/bin/python scripts/make_phi_gemma2_reference.py [F32 Q8_0]
 
 Outputs tests/fixtures/phi_gemma2_llamacpp.json and phi_gemma2_llamacpp.npz (``{variant}-{type}/{setting}/p{i}``).
 """

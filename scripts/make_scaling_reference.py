@@ -9,8 +9,8 @@ on 2 cores):
 
     /path/to/venv-with-llama-cpp/bin/python scripts/make_scaling_reference.py [F32 Q8_0]
 
-The committed references come from llama-cpp-python 0.3.36 built for the AVX2 tier (../shared/notes/cpu-tiers.md):
-the -DGGML_NATIVE=ON build crashed on every quantized file on this host (it enables AMX).
+The committed references come from llama-cpp-python 0.3.36 built for the AVX2 tier (the build flags are in
+scripts/llamacpp_logits.py): the -DGGML_NATIVE=ON build crashed on every quantized file on that host (AMX).
 
 Each of tests/scaling_variants.py's VARIANTS is tests/gguf_factory.py's ``write_tiny_model(**kwargs)`` with a fixed seed, so the file is
 byte-identical on every run (its sha256 is recorded and tests/core/test_model_reach.py checks it). Prompts
