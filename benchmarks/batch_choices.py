@@ -108,7 +108,7 @@ def compare_orders(base, requests, num_blocks: int) -> None:
         rates[order] = run_miro(engine, requests)
         stats = engine.stats()
         print(f"{order:<8} {rates[order]:7.1f} total tok/s ({rates[order] / rates['arrival']:.2f}x), "
-              f"{engine.prompt_tokens_total:,} prompt tokens computed, prefix cache hit rate "
+              f"{engine.rates.prompt_tokens_total:,} prompt tokens computed, prefix cache hit rate "
               f"{stats.prefix_cache_hit_rate:.3f}, preemptions {stats.preemptions}, "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
 

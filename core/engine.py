@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence as Seq
@@ -27,27 +26,26 @@ from . import defaults, sampler
 from .block_manager import BlockManager
 from .embedder import Embedder, EmbeddingRequest
 from .config import ModelConfig
-from .constraint import first_line
 from .engine_config import EngineConfig
-from .errors import MiroError, RequestError, request_fault
+from .errors import RequestError, request_fault
 from .gguf_file import GGUFFile
 from .kv_cache import check_kv_cache_dtype
 from .layers import cpu
 from .model_runner import ModelRunner
 from .models import Model, load_model, read_config
-from .outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
+from .output_processor import append_token, request_output
+from .outputs import EmbeddingRequestOutput, RequestOutput
 from .pooling import PoolingParams
 from .registry import DEFAULT_EMBEDDING_MODEL, resolve_model
-from .sampling import SamplingParams, find_stop
+from .sampling import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler, seats_for
 from .sequence import Request, Sequence
 from .progress_bar import ProgressBar
-from .stats import EngineStats, LoadTimes
+from .stats import EngineStats, LoadTimes, TokenRates
 from .structured_output import StructuredOutputs
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .weight_format import choose_weight_format, f32_weight_bytes, matmul_tensors, native_speedup
 
-STATS_WINDOW_S = 10.0
 
 
 class Engine:
@@ -91,10 +89,7 @@ class Engine:
         self.structured = StructuredOutputs(tokenizer, self.config.vocab_size)
         self.requests: dict[str, Request] = {}
         self._aborted: list[RequestOutput | EmbeddingRequestOutput] = []
-        self._token_log: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens, generated tokens)
-        self._first_step_at: float | None = None  # when the first step began: the rate window starts no earlier
-        self.prompt_tokens_total = 0  # prompt tokens computed (recomputation after preemption included)
-        self.generation_tokens_total = 0
+        self.rates = TokenRates()  # tokens computed: totals and rates over the last seconds
         self._ids = itertools.count()
         self.load_times: LoadTimes | None = None
 
@@ -255,7 +250,7 @@ class Engine:
             if not seq.is_finished:
                 self.scheduler.finish(seq)
                 seq.finish_reason = "abort"
-        self._aborted.append(self._output(request))
+        self._aborted.append(request_output(request))
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -307,13 +302,13 @@ class Engine:
                 self._append_token(seq, token, request)
             except Exception as exc:  # noqa: BLE001 - this request's fault, said in its output
                 failed[seq.request_id] = request_fault(stage, exc)
-        self._log_tokens(prompt_tokens, len(out.seqs), step_started)
+        self.rates.record(prompt_tokens, len(out.seqs), step_started)
 
         for request in touched.values():
             if request.request_id in failed:
                 outputs.append(self._fail(request, failed[request.request_id]))
                 continue
-            outputs.append(self._output(request))
+            outputs.append(request_output(request))
             if all(s.is_finished for s in request.seqs):
                 del self.requests[request.request_id]
         return outputs
@@ -326,7 +321,7 @@ class Engine:
                 self.scheduler.finish(seq)
                 seq.finish_reason = "error"
         self.requests.pop(request.request_id, None)
-        output = self._output(request)
+        output = request_output(request)
         output.error, output.finished = error, True
         return output
 
@@ -351,7 +346,7 @@ class Engine:
         """One embedding pass over the waiting inputs (embedder.py); every output is finished."""
         done = self.embedder.run_pass()
         if done:
-            self._log_tokens(sum(out.num_tokens for out in done), 0, step_started)
+            self.rates.record(sum(out.num_tokens for out in done), 0, step_started)
         return done
 
     @property
@@ -373,48 +368,8 @@ class Engine:
             self._append_token(child, token, request)
 
     def _append_token(self, seq: Sequence, token: int, request: Request) -> None:
-        params = seq.params
-        seq.output_token_ids.append(token)
-        if seq.matcher is not None and not seq.matcher.consume_token(token):
-            raise MiroError(f"structured output: the grammar refused a token its own mask allowed "
-                            f"({first_line(seq.matcher.get_error())}).")
-        if token in request.stop_ids:
-            self._finish(seq, "stop", stop_reason=token)
-            return
-        before = len(seq.text)
-        seq.text += seq.detokenizer.add(token)
-        if params.stop and len(seq.text) > before:
-            at = find_stop(seq.text, params.stop, before)
-            if at is not None:
-                seq.stop_reason = next(s for s in params.stop if seq.text.startswith(s, at))
-                seq.text = seq.text[:at]
-                self._finish(seq, "stop", flush=False)
-                return
-        if seq.matcher is not None and seq.matcher.is_stopped():  # the constraint is complete: nothing may follow
-            self._finish(seq, "stop")
-            return
-        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            self._finish(seq, "length")
-
-    def _finish(self, seq: Sequence, reason: str, stop_reason=None, flush: bool = True) -> None:
-        if flush:
-            seq.text += seq.detokenizer.flush()
-        seq.finish_reason = reason
-        if stop_reason is not None:
-            seq.stop_reason = stop_reason
-        self.scheduler.finish(seq)
-
-    def _output(self, request: Request) -> RequestOutput:
-        choices = [
-            CompletionOutput(s.index, s.text, list(s.output_token_ids), s.finish_reason, s.stop_reason,
-                             list(s.logprobs) if s.params.logprobs is not None else None)
-            for s in request.seqs
-        ]
-        return RequestOutput(
-            request.request_id, request.prompt, request.prompt_token_ids, choices,
-            finished=all(s.finish_reason is not None for s in request.seqs),
-            num_cached_tokens=request.seqs[0].num_cached_tokens,
-        )
+        if append_token(seq, token, request.stop_ids, self.max_model_len):
+            self.scheduler.finish(seq)
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -423,27 +378,11 @@ class Engine:
 
     # -- stats ----------------------------------------------------------------------------------------
 
-    def _log_tokens(self, prompt_tokens: int, generated: int, step_started: float) -> None:
-        self.prompt_tokens_total += prompt_tokens
-        self.generation_tokens_total += generated
-        self._token_log.append((time.monotonic(), prompt_tokens, generated))
-        if self._first_step_at is None:
-            self._first_step_at = step_started
-        self._trim_token_log()
-
-    def _trim_token_log(self) -> float:
-        """Drop steps that ended before the rate window; returns the window's length in seconds."""
-        now = time.monotonic()
-        while self._token_log and self._token_log[0][0] <= now - STATS_WINDOW_S:
-            self._token_log.popleft()
-        return now - max(now - STATS_WINDOW_S, self._first_step_at if self._first_step_at is not None else now)
-
     def stats(self) -> EngineStats:
         """KV cache and token figures; throughputs are over the last 10 s (or since the first step, if sooner),
         so they fall to 0 when the engine is idle."""
         bm = self.block_manager
-        span = self._trim_token_log()
-        log = self._token_log
+        prompt_per_s, generated_per_s = self.rates.per_second()
         return EngineStats(
             kv_blocks_used=bm.num_used_blocks,
             kv_blocks_total=bm.num_blocks,
@@ -454,10 +393,10 @@ class Engine:
             prefix_cache_hit_rate=bm.prefix_cache_hit_rate,
             prefix_cache_queries=bm.prefix_queries,
             prefix_cache_hits=bm.prefix_hits,
-            prompt_tokens_total=self.prompt_tokens_total,
-            generation_tokens_total=self.generation_tokens_total,
-            prompt_tokens_per_s=sum(p for _, p, _ in log) / span if span else 0.0,
-            generation_tokens_per_s=sum(g for _, _, g in log) / span if span else 0.0,
+            prompt_tokens_total=self.rates.prompt_tokens_total,
+            generation_tokens_total=self.rates.generation_tokens_total,
+            prompt_tokens_per_s=prompt_per_s,
+            generation_tokens_per_s=generated_per_s,
         )
 
     # -- convenience ----------------------------------------------------------------------------------

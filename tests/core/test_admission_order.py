@@ -62,7 +62,7 @@ def test_prefix_order_computes_fewer_prompt_tokens_and_changes_no_output(loaded)
     for order in ("arrival", "prefix"):
         engine = make_engine(loaded, num_kv_blocks=12, max_num_seqs=4, admission_order=order)
         outputs = engine.generate(prompts, GREEDY, use_tqdm=False)
-        runs[order] = ([o.token_ids for o in outputs], engine.prompt_tokens_total)
+        runs[order] = ([o.token_ids for o in outputs], engine.rates.prompt_tokens_total)
     alone = [make_engine(loaded).generate([p], GREEDY, use_tqdm=False)[0].token_ids for p in prompts]
     assert runs["arrival"][0] == alone and runs["prefix"][0] == alone
     print(f"prompt tokens computed: arrival {runs['arrival'][1]}, prefix {runs['prefix'][1]}")
