@@ -48,11 +48,10 @@ def bias_name(tensor: MODEL_TENSOR, block: int | None = None) -> str:
     return TENSOR_NAMES[tensor].format(bid=block) + ".bias"
 
 
-def check_tensors(gguf: GGUFFile, specs: dict[str, TensorSpec], architecture: str | None = None) -> None:
-    """Every expected tensor is present, of a type miro dequantizes, with its expected shape; with
-    `architecture`, every tensor of the file is one of `specs` (model_check.refuse_unknown_tensors)."""
-    if architecture is not None:
-        refuse_unknown_tensors(gguf, specs, architecture)
+def check_tensors(gguf: GGUFFile, specs: dict[str, TensorSpec], architecture: str) -> None:
+    """Every tensor of the file is one of `specs` (model_check.refuse_unknown_tensors), and every expected one is
+    present, of a type miro dequantizes, with its expected shape."""
+    refuse_unknown_tensors(gguf, specs, architecture)
     for name, spec in specs.items():
         info = gguf.tensors.get(name)
         if info is None:
