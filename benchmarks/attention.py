@@ -41,9 +41,9 @@ import time
 
 import numpy as np
 
-from miro.core.layers import cpu
+from miro.core.kernels import cpu
 from miro.core.layers.attention import SCORE_QUERIES, paged_attention
-from miro.core.step_input import build_step_input
+from miro.core.engine.step_input import build_step_input
 
 N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 

@@ -28,7 +28,7 @@ from throughput import load_sharegpt, run_miro
 
 def seats(args) -> None:
     from miro.core import Engine
-    from miro.core.registry import resolve_model
+    from miro.core.loading.registry import resolve_model
 
     path = str(resolve_model(args.model))
     base = Engine.from_model(path, max_model_len=2048)
@@ -78,7 +78,7 @@ def document_workload(tokenizer, n_documents: int, n_questions: int, output_len:
 
 def admission(args) -> None:
     from miro.core import Engine
-    from miro.core.registry import resolve_model
+    from miro.core.loading.registry import resolve_model
 
     base = Engine.from_model(str(resolve_model(args.model)), max_model_len=2048)
     requests = document_workload(base.tokenizer, args.documents, args.questions)

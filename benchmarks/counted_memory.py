@@ -27,8 +27,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
-    from miro.worker.fleet import batches, counted, keys, release
-    from miro.worker.fleet.submit import submit
+    from miro.worker.fleet.records import batches, keys
+    from miro.worker.fleet.lifecycle import counted, release
+    from miro.worker.fleet.intake.submit import submit
 
     figures: dict = {"requests": args.requests}
     with tempfile.TemporaryDirectory() as tmp:

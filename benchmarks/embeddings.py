@@ -131,7 +131,7 @@ def ensure_st_model(folder: Path) -> None:
 def run_miro(texts: list[str], setting: dict, threads: int) -> tuple[np.ndarray, int, float, str]:
     from miro.cli.common import limit_threads
     from miro.core import Engine
-    from miro.core.pooling import PoolingParams
+    from miro.core.layers.pooling import PoolingParams
 
     limit_threads(threads)
     engine = Engine.from_model(MODEL, **setting["options"])
@@ -447,7 +447,7 @@ def main() -> None:
     print(tiers.header(args, args.llama_python, with_llama="llama.cpp" in engines), flush=True)
     if args.tier == "avx2" and "sentence-transformers" in engines:
         print("sentence-transformers under --tier avx2: " + " ".join(f"{k}={v}" for k, v in TORCH_AVX2.items()))
-    from miro.core.registry import resolve_model
+    from miro.core.loading.registry import resolve_model
 
     gguf = resolve_model(MODEL, lambda message: print(message, flush=True))
     ensure_st_model(args.st_model)

@@ -30,10 +30,10 @@ def main() -> None:
     tiers.add_argument(parser)
     args = parser.parse_args()
     tiers.enter(args)
-    from miro.core.layers import cpu
-    from miro.core.layers.bf16_gemm import matmul_bf16, pack_bf16
-    from miro.core.layers.gemm import matmul_invariant, pack_panels
-    from miro.core.layers.int16_gemm import matmul_i16, pack_i16
+    from miro.core.kernels import cpu
+    from miro.core.kernels.bf16_gemm import matmul_bf16, pack_bf16
+    from miro.core.kernels.f32_gemm import matmul_invariant, pack_panels
+    from miro.core.kernels.int16_gemm import matmul_i16, pack_i16
 
     print(tiers.header(args, with_llama=False))
     rng = np.random.default_rng(0)

@@ -20,10 +20,11 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from miro.core import Engine, SamplingParams
-from miro.core.registry import resolve_model
+from miro.core.loading.registry import resolve_model
 from miro.worker import BatchWorker
-from miro.worker.fleet import control, keys
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.lifecycle import control
+from miro.worker.fleet.records import keys
+from miro.worker.fleet.intake.submit import submit
 
 
 def median_ms(call, repeats: int) -> float:

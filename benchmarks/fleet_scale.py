@@ -380,7 +380,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the batch")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
-    from miro.core.registry import DEFAULT_EMBEDDING_MODEL, resolve_model
+    from miro.core.loading.registry import DEFAULT_EMBEDDING_MODEL, resolve_model
 
     args.model = args.model or (DEFAULT_EMBEDDING_MODEL if args.embed else "smollm2-135m")
     model = str(resolve_model(args.model))

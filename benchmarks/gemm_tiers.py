@@ -48,8 +48,8 @@ def main() -> None:
     import numba
     from threadpoolctl import threadpool_limits
 
-    from miro.core.layers import cpu
-    from miro.core.layers.gemm import matmul_invariant, pack_panels
+    from miro.core.kernels import cpu
+    from miro.core.kernels.f32_gemm import matmul_invariant, pack_panels
 
     if args.threads:
         numba.set_num_threads(args.threads)

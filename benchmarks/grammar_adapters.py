@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from miro.core.gguf_file import GGUFFile
-from miro.core.tokenizer import Tokenizer
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.tokenizers.tokenizer import Tokenizer
 
 
 # ---------------------------------------------------------------- vocabulary

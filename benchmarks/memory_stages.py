@@ -25,7 +25,7 @@ import numpy; show("import numpy")
 import numba; show("import numba (+llvmlite)")
 import tokenizers; show("import tokenizers")
 from miro.core import Engine, SamplingParams
-from miro.core.engine import GGUFFile, read_config, Tokenizer, load_model, resolve_model, EngineConfig
+from miro.core.engine.engine import GGUFFile, read_config, Tokenizer, load_model, resolve_model, EngineConfig
 show("import miro.core (rest)")
 path = resolve_model(MODEL, lambda m: None)
 size = os.path.getsize(path) / 2**20

@@ -21,10 +21,10 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from miro.core import Engine
-from miro.core.registry import resolve_model
+from miro.core.loading.registry import resolve_model
 from miro.worker import BatchWorker
-from miro.worker.fleet.results import collect, write_parquet
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.output.results import collect, write_parquet
+from miro.worker.fleet.intake.submit import submit
 
 from throughput import load_sharegpt, run_miro, total_tokens
 

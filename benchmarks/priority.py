@@ -52,10 +52,10 @@ def run(args, low_priority: str, high_priority: str) -> Latency:
     from rq.serializers import JSONSerializer
 
     from miro.worker import BatchWorker
-    from miro.worker.fleet import batches
-    from miro.worker.fleet.embedded_redis import EmbeddedRedis
-    from miro.worker.fleet.routing import queue_for
-    from miro.worker.fleet.submit import submit
+    from miro.worker.fleet.records import batches
+    from miro.worker.fleet.records.embedded_redis import EmbeddedRedis
+    from miro.worker.fleet.intake.routing import queue_for
+    from miro.worker.fleet.intake.submit import submit
 
     with tempfile.TemporaryDirectory() as folder, EmbeddedRedis(Path(folder) / "redis") as conn:
         out = Path(folder) / "out"

@@ -10,7 +10,7 @@ Weights are random: gguf-py's quantizer for the types it has, random valid block
 float16 scales) for the K-quants.
 
 Both sides run in this process on the same activations x (T, in):
-- native: miro.core.layers.Linear(tensor) (8-bit activations, integer dots per block, numba);
+- native: miro.core.layers.linear.Linear(tensor) (8-bit activations, integer dots per block, numba);
 - f32: x @ W with W the dequantized (in, out) float32 matrix (numpy's BLAS), as today's engine does.
 Each side cycles through copies of its weights totalling over 2x the L3 cache, so every call
 reads its weights from DRAM, as a model step does. Prints GFLOP/s (2 * T * out * in per call,
@@ -52,9 +52,9 @@ import numpy as np  # noqa: E402
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 from gguf import quants as gguf_quants  # noqa: E402
 
-from miro.core.dequant import dequantize  # noqa: E402
-from miro.core.gguf_file import TensorInfo  # noqa: E402
-from miro.core.layers import Linear  # noqa: E402
+from miro.core.kernels.dequant import dequantize  # noqa: E402
+from miro.core.loading.gguf_file import TensorInfo  # noqa: E402
+from miro.core.layers.linear import Linear  # noqa: E402
 
 import tiers  # noqa: E402
 

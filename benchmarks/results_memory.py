@@ -67,7 +67,7 @@ def part_rows(batch_id: str, lines: np.ndarray, rng: np.random.Generator, extra:
 
 def write_parts(folder: Path, batch_id: str, n: int, per_part: int, extra: bool, embed: bool = False) -> int:
     """The batch's part files; returns how many."""
-    from miro.worker.fleet.rows import SCHEMA
+    from miro.worker.fleet.output.rows import SCHEMA
 
     rng = np.random.default_rng(0)
     lines = np.arange(1, n + 1, dtype=np.int64)
@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     codes = [("this", None)] + [tuple(c.split("=", 1)) for c in args.code]
-    from miro.worker.fleet import batches, keys
+    from miro.worker.fleet.records import batches, keys
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

@@ -110,7 +110,7 @@ def small_batch(conn: redis.Redis, url: str, model: str, workdir: Path, n: int) 
     from rq.serializers import JSONSerializer
 
     from miro.worker import BatchWorker
-    from miro.worker.fleet.routing import queue_for
+    from miro.worker.fleet.intake.routing import queue_for
 
     conn.flushall()
     dataset = workdir / "small.jsonl"
@@ -154,7 +154,7 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait()
-    import miro.worker.fleet.submit as submit_module
+    import miro.worker.fleet.intake.submit as submit_module
 
     figures["code"] = os.path.dirname(os.path.dirname(os.path.dirname(submit_module.__file__)))
     print(json.dumps(figures, indent=2))

@@ -1,7 +1,7 @@
-"""Memory and speed of miro's SeenIds (worker/fleet/seen_ids.py) on ids like req-0000001, one case a process.
+"""Memory and speed of miro's SeenIds (worker/fleet/intake/seen_ids.py) on ids like req-0000001, one case a process.
 
     python benchmarks/seen_ids.py [--ids 10000000] [--expected 10000000] [--chunk 1000] [--api add|first_line]
-                                  [--baseline miro.worker.fleet.submit] [--repeat-every 0]
+                                  [--baseline miro.worker.fleet.intake.submit] [--repeat-every 0]
 
 --api add feeds the ids to add() a chunk at a time; --api first_line makes the same chunks but feeds them one by
 one to first_line() (a caller streaming lines), so its time includes that Python loop. --expected 0 makes the
@@ -32,13 +32,13 @@ def main() -> None:
     parser.add_argument("--expected", type=int, default=10_000_000)
     parser.add_argument("--chunk", type=int, default=1000)
     parser.add_argument("--api", choices=["add", "first_line"], default="add")
-    parser.add_argument("--baseline", default="miro.worker.fleet.submit", help="module imported first ('' none)")
+    parser.add_argument("--baseline", default="miro.worker.fleet.intake.submit", help="module imported first ('' none)")
     parser.add_argument("--repeat-every", type=int, default=0)
     args = parser.parse_args()
     started = time.perf_counter()
     if args.baseline:
         importlib.import_module(args.baseline)
-    from miro.worker.fleet.seen_ids import SeenIds
+    from miro.worker.fleet.intake.seen_ids import SeenIds
     import_s, baseline = time.perf_counter() - started, peak_mb()
 
     def name(i: int) -> str:

@@ -49,7 +49,7 @@ def dataset(path: Path, n: int) -> None:
 
 def write_parts(folder: Path, batch_id: str, n: int, per_part: int = 256) -> int:
     """Rows of lines 1..n as workers write them; returns how many part files."""
-    from miro.worker.fleet.rows import SCHEMA
+    from miro.worker.fleet.output.rows import SCHEMA
 
     rng = np.random.default_rng(0)
     lines = np.arange(1, n + 1, dtype=np.int64)
@@ -88,8 +88,8 @@ class Bench:
 
     def batch(self, n: int, ran_share: float) -> tuple[str, dict]:
         """A batch of `n` requests, `ran_share` of them with rows, as described above; (its id, figures)."""
-        from miro.worker.fleet import keys
-        from miro.worker.fleet.submit import submit
+        from miro.worker.fleet.records import keys
+        from miro.worker.fleet.intake.submit import submit
 
         started = time.perf_counter()
         path = self.workdir / f"in-{n}.jsonl"
@@ -107,7 +107,7 @@ class Bench:
     def expire_and_serve(self, batch_id: str, n: int) -> dict:
         """Expire it; wait for its files; download them, results.parquet and Anthropic's results (the server's peak
         after each step)."""
-        from miro.worker.fleet import keys
+        from miro.worker.fleet.records import keys
 
         figures, base, workdir = {}, self.base, self.workdir
         started = time.perf_counter()

@@ -22,7 +22,7 @@ PROMPTS = json.loads((ROOT / "tests/fixtures/hf_reference.json").read_text())["p
 
 def bench_miro(model: str, decode_tokens: int) -> dict:
     from miro.core import Engine, SamplingParams
-    from miro.core.registry import resolve_model
+    from miro.core.loading.registry import resolve_model
 
     path = resolve_model(model)
     t0 = time.perf_counter()
@@ -79,7 +79,7 @@ def main() -> None:
         print(json.dumps(bench_llama_cpp(args.model, args.decode_tokens)))
         return
 
-    from miro.core.registry import resolve_model
+    from miro.core.loading.registry import resolve_model
 
     model_path = str(resolve_model(args.model))
     results = {"miro": bench_miro(args.model, args.decode_tokens)}

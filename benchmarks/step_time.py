@@ -27,11 +27,12 @@ from collections import defaultdict
 import numpy as np
 from numba import njit, prange
 
-from miro.core import Engine, SamplingParams, sampler
-from miro.core import engine as engine_module
+from miro.core import Engine, SamplingParams
+from miro.core.sampling import sampler
+from miro.core.engine import engine as engine_module
 from miro.core.layers import attention as attention_module
 from miro.core.layers import linear as linear_module
-from miro.core.registry import resolve_model
+from miro.core.loading.registry import resolve_model
 
 import tiers
 

@@ -27,8 +27,8 @@ from contextlib import contextmanager
 import jsonschema
 
 from miro.core import Engine, EngineConfig, SamplingParams
-from miro.core import sampler as sampler_module
-from miro.core.structured_output import StructuredOutputs
+from miro.core.sampling import sampler as sampler_module
+from miro.core.sampling.structured_output import StructuredOutputs
 
 LANGUAGES = ["English", "Chinese", "Spanish", "French", "German", "Korean", "Japanese", "other"]
 SUMMARY = {

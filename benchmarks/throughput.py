@@ -215,7 +215,7 @@ def main() -> None:
     tiers.enter(args)
     print(tiers.header(args, args.llama_python, with_llama="llama-cpp" not in args.skip), flush=True)
     from miro.core import Engine, EngineConfig
-    from miro.core.registry import resolve_model
+    from miro.core.loading.registry import resolve_model
 
     model_path = str(resolve_model(args.model))
     engine = Engine.from_model(model_path, max_model_len=2048)

@@ -4,7 +4,7 @@
     tiers.enter(args)          # --tier avx2 on an AVX-512 machine: the script runs again under the emulation
     print(tiers.header(args))  # the tier, what numba compiles for, OpenBLAS's kernels, llama.cpp's build
 
-`--tier avx2` re-executes the script with the environment of `miro.core.layers.cpu.emulation_env("avx2")`:
+`--tier avx2` re-executes the script with the environment of `miro.core.kernels.cpu.emulation_env("avx2")`:
 numba compiling for an AVX2-only CPU (NUMBA_CPU_NAME and NUMBA_CPU_FEATURES: the name alone keeps the host's
 features), numpy's dispatch without AVX-512 and OpenBLAS's Haswell kernels, as on a VM that hides AVX-512.
 Compare it with llama.cpp built for the same tier (`--llama-python` of a venv built with
@@ -28,7 +28,7 @@ def enter(args: argparse.Namespace) -> None:
     """Re-run this script under --tier's emulation unless this process already compiles for it."""
     if not args.tier:
         return
-    from miro.core.layers import cpu
+    from miro.core.kernels import cpu
 
     if cpu.TIER.name == args.tier:
         return
@@ -53,7 +53,7 @@ def llama_cpp_build(python: str | None) -> str:
 
 def header(args: argparse.Namespace | None = None, llama_python: str | None = None, with_llama: bool = True) -> str:
     """One line: the tier and what numba compiles for, OpenBLAS's core type, llama.cpp's interpreter and build."""
-    from miro.core.layers import cpu
+    from miro.core.kernels import cpu
 
     line = cpu.describe()
     line += f"; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}"

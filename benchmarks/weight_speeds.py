@@ -4,7 +4,7 @@
 
 For each type, one size x size matrix (gguf-py's quantizer where it has one, else random valid K-quant
 blocks) times `--rows` activation rows, batch-invariant both ways as the engine runs them by default: the
-native kernel (`Linear(fmt="native")`, the CPU tier's kernel from its row's plan in core/layers/weight_types.py)
+native kernel (`Linear(fmt="native")`, the CPU tier's kernel from its row's plan in core/kernels/weight_types.py)
 against the dequantized copy through the invariant float32 GEMM (`Linear(fmt="f32", invariant=True)`). Prints
 GFLOP/s of each, the median of the pairs' ratios, and the ratios as a dict for this tier (weight_format's
 NATIVE_SPEEDUP). Run it on an idle machine, on each tier (`--tier avx2` for the AVX2 tier's emulation), and copy
@@ -55,7 +55,7 @@ def main() -> None:
     tiers.enter(args)
     print(tiers.header(args, with_llama=False))
 
-    from miro.core.layers import cpu
+    from miro.core.kernels import cpu
     from miro.core.layers.linear import Linear
 
     x = activations(args.rows, args.size, seed=2)

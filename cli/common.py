@@ -9,7 +9,7 @@ import redis
 
 from miro.core import defaults
 from miro.core.errors import MiroError
-from miro.core.registry import DEFAULT_MODEL
+from miro.core.loading.registry import DEFAULT_MODEL
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -28,7 +28,7 @@ def _run_reporting_errors(invoke, ctx):
         click.echo(f"Error: {err}", err=True)
         sys.exit(1)
     except redis.RedisError as err:  # it answered when the command connected, then stopped (or refused a command)
-        from miro.worker.fleet.batches import redacted
+        from miro.worker.fleet.observe.urls import redacted
 
         url = ctx.params.get("redis_url")
         where = f" at {redacted(url)}" if url else ""
@@ -78,7 +78,7 @@ completion_window_option = click.option(
 
 def embedding_line_options(command):
     """--task and --truncate: how a dataset's lines are embedded (`miro run`, `miro submit`)."""
-    from miro.worker.fleet.inputs import TASKS
+    from miro.worker.fleet.intake.inputs import TASKS
 
     options = [
         click.option("--task", type=click.Choice(TASKS), default=None,
@@ -98,63 +98,53 @@ def pooling_defaults(truncate: bool) -> dict:
     return {"truncate_prompt_tokens": -1} if truncate else {}
 
 
+def config_options(config_class, only: tuple[str, ...] | None = None):
+    """A decorator adding one click option per field of a config dataclass (core/options.py: its flag, help, values
+    and MIRO_{NAME} environment variable), or only the fields named in `only`."""
+    from dataclasses import MISSING, fields
+
+    from miro.core.options import env_name
+
+    def decorate(command):
+        for f in reversed([f for f in fields(config_class) if only is None or f.name in only]):
+            meta = f.metadata
+            if meta["choices"]:
+                kind = click.Choice(meta["choices"])
+            elif meta["kind"] is int:
+                kind = click.IntRange(min=meta["min"], max=meta["max"])
+            elif meta["kind"] is float:
+                kind = click.FloatRange(min=meta["min"], max=meta["max"])
+            else:
+                kind = None if meta["kind"] is bool else str
+            flag = meta["flag"] or f"--{f.name.replace('_', '-')}"
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            many = meta["kind"] is tuple
+            command = click.option(
+                *flag.split(" "), f.name, type=kind, default=None if many else default, multiple=many,
+                envvar=env_name(f), show_default=default is not None and not many, show_envvar=True,
+                help=meta["help"])(command)
+        return command
+
+    return decorate
+
+
 def engine_options(command):
-    """The engine's cache and batching options, shared by every command that loads a model."""
-    options = [
-        click.option("--kv-cache-memory", default=defaults.KV_CACHE_MEMORY, show_default=True,
-                     help="KV cache size in bytes (e.g. 2GiB, 512MB)."),
-        click.option("--num-kv-blocks", type=click.IntRange(min=1), default=None,
-                     help="KV cache size in blocks (overrides --kv-cache-memory)."),
-        click.option("--block-size", type=click.IntRange(min=16), default=defaults.BLOCK_SIZE, show_default=True,
-                     help="Tokens per KV-cache block, a multiple of 16."),
-        click.option("--kv-cache-dtype", type=click.Choice(defaults.KV_CACHE_DTYPES), default=defaults.KV_CACHE_DTYPE,
-                     show_default=True,
-                     help="How K and V are stored: float16 halves the memory attention reads and doubles the "
-                          "tokens the cache holds; float32 keeps f32 weights' logits closest to float32 references."),
-        click.option("--max-num-seqs", type=click.IntRange(min=1), default=defaults.MAX_NUM_SEQS,
-                     help=f"Sequences decoded together (default: one per {defaults.TOKENS_PER_SEAT} tokens of KV "
-                          f"cache, {defaults.MAX_NUM_SEQS_RANGE[0]} to {defaults.MAX_NUM_SEQS_RANGE[1]})."),
-        click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=defaults.MAX_NUM_BATCHED_TOKENS,
-                     show_default=True),
-        click.option("--max-model-len", type=click.IntRange(min=1), default=None,
-                     help="Context length limit (default: the model's)."),
-        click.option("--no-prefix-caching", is_flag=True, help="Turn automatic prefix caching off."),
-        click.option("--admission-order", type=click.Choice(defaults.ADMISSION_ORDERS), default=defaults.ADMISSION_ORDER,
-                     show_default=True,
-                     help="Which waiting request of a priority starts next: the oldest, or the one with the longest "
-                          "prompt prefix already in the prefix cache."),
-        click.option("--batch-invariant/--no-batch-invariant", default=defaults.BATCH_INVARIANT, show_default=True,
-                     help="A request's output bitwise independent of what runs beside it (native weights are by "
-                          "construction, f32 ones take miro's invariant GEMM; --no-batch-invariant: OpenBLAS)."),
-        click.option("--weights", type=click.Choice(defaults.WEIGHT_CHOICES), default=defaults.WEIGHTS, show_default=True,
-                     help="f32: matrices dequantized once (fastest, 4-8x the file's size in memory); native: kept "
-                          "as stored in the memory-mapped file; bf16 / i16: that copy in bfloat16 (AVX512_BF16 "
-                          "CPUs) or 13-bit integers (x86), for encoders; auto: bf16 or i16 for an encoder, else "
-                          "f32 if it fits --max-weight-memory."),
-        click.option("--max-weight-memory", default=None,
-                     help=f"auto's budget for f32 weights (e.g. 8GiB; default: {defaults.WEIGHT_MEMORY_FRACTION:.0%} "
-                          "of the machine's RAM)."),
-        click.option("--threads", type=click.IntRange(min=1), default=None,
-                     help="CPU threads for BLAS and numba (default: all cores; with several workers on one "
-                          "machine, keep workers x threads <= cores)."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    """The engine's options (one per EngineConfig field, generated from it) and --threads, for every command that
+    loads a model."""
+    from miro.core.engine.engine_config import EngineConfig
+
+    threads = click.option("--threads", type=click.IntRange(min=1), default=None, envvar="MIRO_THREADS", show_envvar=True,
+                           help="CPU threads for BLAS and numba (default: all cores; with several workers on one "
+                                "machine, keep workers x threads <= cores).")
+    return config_options(EngineConfig)(threads(command))
 
 
-def engine_kwargs(kv_cache_memory, num_kv_blocks, block_size, kv_cache_dtype, max_num_seqs, max_num_batched_tokens,
-                  max_model_len, no_prefix_caching, admission_order, batch_invariant, weights, max_weight_memory,
-                  threads) -> dict:
-    """Engine.from_model's keyword arguments; --threads is applied to this process here and now."""
+def engine_kwargs(threads: int | None = None, **options) -> dict:
+    """Engine.from_model's keyword arguments from engine_options' values; --threads is applied to this process
+    here and now."""
     if threads is not None:
         limit_threads(threads)
-    return dict(kv_cache_memory=kv_cache_memory, num_kv_blocks=num_kv_blocks, block_size=block_size,
-                kv_cache_dtype=kv_cache_dtype,
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                max_model_len=max_model_len, enable_prefix_caching=not no_prefix_caching,
-                admission_order=admission_order,
-                batch_invariant=batch_invariant, weights=weights, max_weight_memory=max_weight_memory)
+    return options
 
 
 def limit_threads(threads: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import MiroCommand, log_to_stderr, redis_url_option
+from miro.cli.common import MiroCommand, log_to_stderr, redis_url_option
 
 
 @click.command("cancel", cls=MiroCommand)
@@ -14,8 +14,8 @@ from .common import MiroCommand, log_to_stderr, redis_url_option
 @redis_url_option()
 def cancel_command(batch_id, wait_s, redis_url):
     """Cancel BATCH: its queued jobs are removed, workers abort those in flight, rows already written stay."""
-    from miro.worker.fleet.batches import connect
-    from miro.worker.fleet.control import cancel
+    from miro.worker.fleet.records.connection import connect
+    from miro.worker.fleet.lifecycle.control import cancel
 
     result = cancel(connect(redis_url), batch_id, wait_s=wait_s)
     if result.already:
@@ -34,8 +34,8 @@ def cancel_command(batch_id, wait_s, redis_url):
 @redis_url_option()
 def retry_command(batch_id, redis_url):
     """Queue BATCH's failed requests again; a request's new row replaces its error row in the results."""
-    from miro.worker.fleet.batches import connect
-    from miro.worker.fleet.control import retry
+    from miro.worker.fleet.records.connection import connect
+    from miro.worker.fleet.lifecycle.control import retry
 
     result = retry(connect(redis_url), batch_id)
     invalid = (f" {result.invalid:,} failed requests are invalid lines, which cannot run: fix them and submit the "

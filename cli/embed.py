@@ -8,9 +8,9 @@ import numpy as np
 
 from miro.core.errors import MiroError
 
-from miro.core.registry import DEFAULT_EMBEDDING_MODEL
+from miro.core.loading.registry import DEFAULT_EMBEDDING_MODEL
 
-from .common import MiroCommand, engine_kwargs, engine_options, log_to_stderr
+from miro.cli.common import MiroCommand, engine_kwargs, engine_options, log_to_stderr
 
 
 @click.command("embed", cls=MiroCommand)
@@ -33,7 +33,7 @@ def embed_command(texts, model, out_path, dimensions, truncate, no_normalize, **
     go to a Parquet file instead, and a line on stderr says so.
     """
     from miro.core import Engine
-    from miro.core.pooling import PoolingParams
+    from miro.core.layers.pooling import PoolingParams
 
     params = PoolingParams(dimensions=dimensions, normalize=not no_normalize,
                            truncate_prompt_tokens=-1 if truncate else None)
@@ -60,7 +60,7 @@ def vector_json(vector: np.ndarray) -> str:
 def _write(out_path: str, texts: tuple[str, ...], outputs: list) -> None:
     import pyarrow as pa
 
-    from miro.worker.fleet.results import write_parquet
+    from miro.worker.fleet.output.results import write_parquet
 
     size = len(outputs[0].embedding)
     vectors = pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate([o.embedding for o in outputs])), size)

@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import asdict
 
 import click
 
 from miro.core import defaults
-from miro.core.registry import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
+from miro.core.loading.registry import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
 
-from .common import (MiroCommand, MiroGroup, completion_window_option, constraint_of, constraint_options,
-                     embedding_line_options, engine_kwargs, engine_options, log_to_stderr,
-                     model_option, pooling_defaults, priority_option, redis_url_option)
+from miro.cli.common import (
+    MiroCommand,
+    MiroGroup,
+    completion_window_option,
+    config_options,
+    constraint_of,
+    constraint_options,
+    embedding_line_options,
+    engine_kwargs,
+    engine_options,
+    log_to_stderr,
+    model_option,
+    pooling_defaults,
+    priority_option,
+    redis_url_option,
+)
+from miro.worker.process.worker_config import WorkerConfig
 
 
 @click.group(cls=MiroGroup)
@@ -69,7 +84,7 @@ def models():
 @click.argument("name", default=DEFAULT_MODEL)
 def models_pull(name):
     """Download model NAME (default: the default model) into the cache."""
-    from miro.core.registry import pull
+    from miro.core.loading.registry import pull
 
     path = pull(name, log=log_to_stderr)
     click.echo(str(path))
@@ -78,7 +93,7 @@ def models_pull(name):
 @models.command("list")
 def models_list():
     """List known model aliases and cached files."""
-    from miro.core.registry import list_models
+    from miro.core.loading.registry import list_models
 
     for row in list_models():
         state = "pulled" if row["pulled"] else "not pulled"
@@ -95,8 +110,8 @@ def models_inspect(model, as_json):
     import json
 
     from miro.core.errors import MiroError
-    from miro.core.model_info import describe, inspect_model
-    from miro.core.registry import ALIASES, cached_path, is_pulled
+    from miro.core.loading.model_info import describe, inspect_model
+    from miro.core.loading.registry import ALIASES, cached_path, is_pulled
 
     if model in ALIASES:
         if not is_pulled(model):
@@ -150,10 +165,11 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
            regex, choice, grammar):
     """Validate DATASET (JSONL), store its requests and queue them, a group of them per RQ job, as workers drain
     the queue; prints the batch id."""
-    from miro.worker.fleet.batches import connect, redacted
-    from miro.worker.fleet.submit import submit as submit_dataset
+    from miro.worker.fleet.observe.urls import redacted
+    from miro.worker.fleet.records.connection import connect
+    from miro.worker.fleet.intake.submit import submit as submit_dataset
 
-    from .validation_progress import ValidationProgress
+    from miro.cli.validation_progress import ValidationProgress
 
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
                                   ("seed", seed), ("structured_outputs", constraint_of(json_schema, regex, choice, grammar)))
@@ -204,8 +220,8 @@ def submit_main() -> None:
 @redis_url_option()
 def results(batch_id, out_path, fmt, errors_path, redis_url):
     """Merge BATCH's part files into one file: one row per custom id and choice, in input order, failed requests included."""
-    from miro.worker.fleet.batches import connect
-    from miro.worker.fleet.results import BatchResults, write_results
+    from miro.worker.fleet.records.connection import connect
+    from miro.worker.fleet.output.results import BatchResults, write_results
 
     merged = BatchResults(connect(redis_url), batch_id)  # written a slice of lines at a time
     batch = merged.batch
@@ -221,38 +237,19 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
 @click.option("--queue", "queues", multiple=True,
               help="Queue(s) to serve, in order.  [default: miro:NAME for the model's name and each served name]")
 @click.option("--name", default=None, help="Worker name (default: a random one).")
-@model_option
-@click.option("--served-model-name", "served_model_names", multiple=True,
-              help="Also run requests that ask for this model name (e.g. gpt-4o-mini); repeatable.")
+@config_options(WorkerConfig)
 @click.option("--burst", is_flag=True, help="Quit when the queues are empty and nothing is in flight.")
-@click.option("--shutdown-grace", type=float, default=defaults.SHUTDOWN_GRACE_S, show_default=True,
-              help="Seconds jobs in flight may take to finish after SIGTERM before the rest are requeued.")
 @click.option("--worker-ttl", type=click.IntRange(min=1), default=None,
               help="Seconds the worker's heartbeat lives (RQ's default 420); shorter finds dead workers sooner.")
 @click.option("--maintenance-interval", type=click.IntRange(min=1), default=None,
               help="Seconds between RQ maintenance runs that requeue abandoned jobs (RQ's default 600).")
 @click.option("--job-monitoring-interval", type=click.IntRange(min=1), default=None,
               help="Seconds between heartbeats of the jobs in flight (RQ's default 30).")
-@click.option("--heartbeat-slack", type=click.IntRange(min=1), default=defaults.HEARTBEAT_SLACK_S, show_default=True,
-              help="A job whose heartbeat is this many seconds late is abandoned and queued again.")
-@click.option("--flush-rows", type=click.IntRange(min=1), default=defaults.FLUSH_ROWS, show_default=True,
-              help="Write a Parquet part file once this many rows are waiting...")
-@click.option("--flush-seconds", type=float, default=defaults.FLUSH_SECONDS, show_default=True,
-              help="...or once the oldest waiting row is this old.")
-@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
-              help="Serve Prometheus metrics on this port (http://HOST:PORT/metrics).")
-@click.option("--metrics-host", default="127.0.0.1", show_default=True,
-              help="Address the metrics server binds (no authentication: 0.0.0.0 lets any machine that reaches this "
-                   "one read it).")
-@click.option("--wait-for-redis", type=click.FloatRange(min=0), default=defaults.WAIT_FOR_REDIS_S, show_default=True,
-              help="Seconds to keep trying to reach Redis at start-up (fleets often start workers first), and "
-                   "when it goes away while the worker runs (a restart): past them the worker ends.")
 @click.option("--logging-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               default="INFO", show_default=True, help="DEBUG adds RQ's line for every job taken and finished.")
 @engine_options
-def worker(redis_url, queues, name, model, served_model_names, burst, shutdown_grace, worker_ttl, maintenance_interval,
-           job_monitoring_interval, heartbeat_slack, flush_rows, flush_seconds, metrics_port, metrics_host,
-           wait_for_redis, logging_level, **engine):
+def worker(redis_url, queues, name, burst, worker_ttl, maintenance_interval, job_monitoring_interval, logging_level,
+           **options):
     """Run a BatchWorker: the model stays loaded and many jobs share each engine step."""
     from rq import Queue
     from rq.serializers import JSONSerializer
@@ -261,19 +258,18 @@ def worker(redis_url, queues, name, model, served_model_names, burst, shutdown_g
 
     from miro.core.errors import MiroError
     from miro.worker import BatchWorker
-    from miro.worker.fleet.batches import connect, redacted
-    from miro.worker.fleet.routing import queue_for
+    from miro.worker.fleet.observe.urls import redacted
+    from miro.worker.fleet.records.connection import connect
+    from miro.worker.fleet.intake.routing import queue_for
 
-    conn = connect(redis_url, wait_s=wait_for_redis, log=log_to_stderr)
-    queues = queues or [queue_for(n) for n in dict.fromkeys([model, *served_model_names])]
+    config = WorkerConfig.of({k: options.pop(k) for k in list(options) if k in WorkerConfig.names()})
+    conn = connect(redis_url, wait_s=config.redis_wait_s, log=log_to_stderr)
+    queues = queues or [queue_for(n) for n in dict.fromkeys([config.model, *config.served_model_names])]
     rq_queues = [Queue(q, connection=conn, serializer=JSONSerializer) for q in queues]
     rq_settings = {k: v for k, v in (("worker_ttl", worker_ttl), ("maintenance_interval", maintenance_interval),
                                      ("job_monitoring_interval", job_monitoring_interval)) if v is not None}
-    worker = BatchWorker(rq_queues, connection=conn, serializer=JSONSerializer, name=name, model=model,
-                         engine_options=engine_kwargs(**engine), shutdown_grace_s=shutdown_grace,
-                         flush_rows=flush_rows, flush_seconds=flush_seconds, heartbeat_slack_s=heartbeat_slack,
-                         metrics_port=metrics_port, metrics_host=metrics_host,
-                         served_model_names=list(served_model_names), redis_wait_s=wait_for_redis, **rq_settings)
+    worker = BatchWorker(rq_queues, connection=conn, serializer=JSONSerializer, name=name,
+                         engine_options=engine_kwargs(**options), **asdict(config), **rq_settings)
     try:
         worker.work(burst=burst, logging_level=logging_level.upper())
     except redis.RedisError as err:
@@ -281,32 +277,32 @@ def worker(redis_url, queues, name, model, served_model_names, burst, shutdown_g
                         f"are queued again once their heartbeat lapses (part files already written stay).") from None
 
 
-from .redis_server import redis_command  # noqa: E402
+from miro.cli.redis_server import redis_command  # noqa: E402
 cli.add_command(redis_command)
 
 
-from .control import cancel_command, retry_command  # noqa: E402
+from miro.cli.control import cancel_command, retry_command  # noqa: E402
 
 cli.add_command(cancel_command)
 cli.add_command(retry_command)
 
 
-from .monitor import status_command, watch_command  # noqa: E402
+from miro.cli.monitor import status_command, watch_command  # noqa: E402
 
 cli.add_command(status_command)
 cli.add_command(watch_command)
 
 
-from .run import run_command  # noqa: E402
+from miro.cli.run import run_command  # noqa: E402
 
 cli.add_command(run_command)
 
 
-from .serve import serve_command  # noqa: E402
+from miro.cli.serve import serve_command  # noqa: E402
 
 cli.add_command(serve_command)
 
 
-from .embed import embed_command  # noqa: E402
+from miro.cli.embed import embed_command  # noqa: E402
 
 cli.add_command(embed_command)

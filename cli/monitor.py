@@ -1,4 +1,4 @@
-"""`miro status` and `miro watch`: read-only views of batches and workers (figures from miro.worker.fleet.monitor)."""
+"""`miro status` and `miro watch`: read-only views of batches and workers (figures from miro.worker.fleet.observe.monitor)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from rich.table import Table
 from rich.text import Text
 
 
-from .common import MiroCommand, redis_url_option
+from miro.cli.common import MiroCommand, redis_url_option
 
 if TYPE_CHECKING:
-    from miro.worker.fleet.batches import BatchRecord
-    from miro.worker.fleet.monitor import BatchView, Snapshot
-    from miro.worker.fleet.workers import WorkerRecord
+    from miro.worker.fleet.records.batches import BatchRecord
+    from miro.worker.fleet.observe.monitor import BatchView, Snapshot
+    from miro.worker.fleet.records.workers import WorkerRecord
 
 STATUS_STYLE = {"completed": "green", "failed": "red", "cancelled": "dim", "cancelling": "magenta",
                 "in_progress": "cyan", "validating": "yellow", "finalizing": "cyan", "expiring": "magenta",
@@ -124,7 +124,7 @@ def when(stamp: float, now: float) -> str:
 
 
 def batch_details(b: BatchView, now: float) -> Table:
-    from miro.worker.fleet.batches import STATUSES
+    from miro.worker.fleet.records.batches import STATUSES
 
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -161,7 +161,7 @@ def batch_details(b: BatchView, now: float) -> Table:
 
 def render_status(snapshot, now: float | None = None) -> Group:
     """The human view of a status snapshot: one batch and its workers, or every batch and live worker."""
-    from miro.worker.fleet.monitor import BatchSnapshot
+    from miro.worker.fleet.observe.monitor import BatchSnapshot
 
     now = time.time() if now is None else now
     if isinstance(snapshot, BatchSnapshot):
@@ -177,8 +177,8 @@ def render_status(snapshot, now: float | None = None) -> Group:
 @redis_url_option()
 def status_command(batch_id, as_json, limit, redis_url):
     """Show BATCH (counters, times, speed, ETA, its workers), or every batch and live worker."""
-    from miro.worker.fleet import monitor
-    from miro.worker.fleet.batches import connect
+    from miro.worker.fleet.observe import monitor
+    from miro.worker.fleet.records.connection import connect
 
     conn = connect(redis_url)
     if batch_id:
@@ -262,7 +262,7 @@ def summary_line(snapshot: Snapshot, batch_id: str | None) -> str:
 
 def watch(conn, batch_id: str | None = None, interval: float = 1.0, console: Console | None = None) -> str:
     """Redraw the batch (or every active batch) until none is active; print and return a summary line."""
-    from miro.worker.fleet import monitor
+    from miro.worker.fleet.observe import monitor
 
     console = console or Console()
     windows: dict[str, monitor.RateWindow] = {}
@@ -296,7 +296,7 @@ def watch(conn, batch_id: str | None = None, interval: float = 1.0, console: Con
 @redis_url_option()
 def watch_command(batch_id, interval, redis_url):
     """Follow BATCH (or every active batch) live until it finishes: progress, tokens/s, ETA, workers' KV use."""
-    from miro.worker.fleet.batches import connect
+    from miro.worker.fleet.records.connection import connect
 
     conn = connect(redis_url)
     watch(conn, batch_id, interval)

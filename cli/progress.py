@@ -1,7 +1,7 @@
 """`miro run`'s progress for its batch on stderr: done / total, tokens/s and time left, fed from Redis.
 
 The speed and the time left are what the run's worker does now (its record's last-10 s token rate, see
-worker/fleet/monitor.py), not the batch's counters averaged since the start, which include loading the model and
+worker/fleet/observe/monitor.py), not the batch's counters averaged since the start, which include loading the model and
 move only when part files are written. On a terminal a bar is redrawn; piped (a log, nohup, CI) a plain line
 is printed whenever the count moves, and at least every PLAIN_EVERY_S. The count is of the requests that
 finished (a result or an error): those of a cancelled batch that never ran are said apart, not shown as done.
@@ -15,9 +15,10 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from miro.worker.fleet import batches, monitor, workers
+from miro.worker.fleet.records import batches, workers
+from miro.worker.fleet.observe import monitor
 
-from .monitor import PLAIN_EVERY_S, duration, rate
+from miro.cli.monitor import PLAIN_EVERY_S, duration, rate
 
 
 class BatchProgress:

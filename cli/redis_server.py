@@ -11,7 +11,7 @@ import click
 
 from miro.core.errors import MiroError
 
-from .common import MiroCommand, log_to_stderr
+from miro.cli.common import MiroCommand, log_to_stderr
 
 
 @click.command("redis", cls=MiroCommand)

@@ -27,13 +27,26 @@ import redis
 
 from miro.core import defaults
 from miro.core.errors import MiroError
-from miro.core.registry import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
-from miro.worker.fleet import batches, control, durations, routing
+from miro.core.loading.registry import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
+from miro.worker.fleet.observe.urls import redacted
+from miro.worker.fleet.records import batches, connection
+from miro.worker.fleet.lifecycle import control
+from miro.worker.fleet.intake import durations, routing
 
-from .common import (MiroCommand, completion_window_option, constraint_of, constraint_options,
-                     embedding_line_options, engine_kwargs, engine_options, log_to_stderr, pooling_defaults,
-                     priority_option, redis_url_option)
-from .run_state import RunState
+from miro.cli.common import (
+    MiroCommand,
+    completion_window_option,
+    constraint_of,
+    constraint_options,
+    embedding_line_options,
+    engine_kwargs,
+    engine_options,
+    log_to_stderr,
+    pooling_defaults,
+    priority_option,
+    redis_url_option,
+)
+from miro.cli.run_state import RunState
 
 @click.command("run", cls=MiroCommand)
 @click.argument("dataset", type=click.Path(dir_okay=False))
@@ -76,8 +89,8 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
 
     Ctrl-C writes what finished to OUTPUT's .partial.parquet file; the same command with --resume finishes it.
     """
-    from miro.core.registry import resolve_model
-    from miro.worker.fleet import storage
+    from miro.core.loading.registry import resolve_model
+    from miro.worker.fleet.output import storage
 
     constraint = constraint_of(json_schema, regex, choice, grammar)
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
@@ -97,7 +110,7 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     resolve_model(model, log_to_stderr)  # a wrong --model fails here (and the default one is pulled on first use)
     # next to a local output; in the current folder for one on an object store
     state = RunState(state_dir or f"{storage.name(out_path) if storage.is_uri(out_path) else out_path}.miro-run")
-    record = state.claim(resume, dataset, options, batches.redacted(redis_url) if redis_url else "embedded", out_path)
+    record = state.claim(resume, dataset, options, redacted(redis_url) if redis_url else "embedded", out_path)
     interruption = Interruption(shutdown_grace)
     try:
         with interruption, _redis(state, redis_url) as conn:
@@ -138,9 +151,9 @@ class LineOptions:
 
 def _validate(dataset: str, lines: LineOptions, skip_invalid: bool):
     """Every line checked before anything starts; the errors are printed as `miro submit` prints them."""
-    from miro.worker.fleet.submit import submit as submit_dataset
+    from miro.worker.fleet.intake.submit import submit as submit_dataset
 
-    from .validation_progress import ValidationProgress
+    from miro.cli.validation_progress import ValidationProgress
 
     with ValidationProgress(os.path.basename(dataset)) as progress:  # invalid lines are shown as they are found
         return submit_dataset(None, dataset, skip_invalid=skip_invalid, dry_run=True, **lines.submit_kwargs(),
@@ -152,9 +165,9 @@ def _redis(state: RunState, redis_url: str | None):
     """The run's Redis: the one at redis_url, or an embedded one on the state folder's data, stopped on the way
     out whatever happens."""
     if redis_url:
-        yield batches.connect(redis_url)
+        yield connection.connect(redis_url)
         return
-    from miro.worker.fleet.embedded_redis import EmbeddedRedis
+    from miro.worker.fleet.records.embedded_redis import EmbeddedRedis
 
     with EmbeddedRedis(state.redis_dir) as conn:
         yield conn
@@ -164,7 +177,7 @@ def _submit(conn, state: RunState, record: dict, dataset: str, lines: LineOption
             priority: str | None, completion_window: str) -> tuple[str, str]:
     """Enqueue the dataset as a new batch, or (resume) only its requests with no finished or running job (the
     batch keeps its priority and completion window); returns the batch id and its queue."""
-    from miro.worker.fleet.submit import submit as submit_dataset
+    from miro.worker.fleet.intake.submit import submit as submit_dataset
 
     options = record["options"]
     if not resume:
@@ -207,7 +220,7 @@ def _worker(conn, queue_name: str, model: str, shutdown_grace: float, flush_seco
 
 def _work(conn, batch_id: str, worker, interruption: Interruption) -> None:
     """Run the worker until the queue is empty, or until the user interrupts it."""
-    from .progress import BatchProgress
+    from miro.cli.progress import BatchProgress
 
     interruption.worker = worker
     if interruption.signal:  # it came while the worker was being made
@@ -247,8 +260,8 @@ class Pace:
 def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: dict,
                    interruption: Interruption, pace: Pace | None) -> bool:
     """OUTPUT if every request finished (then True), else the partial file; either way the line that says so."""
-    from miro.worker.fleet import storage
-    from miro.worker.fleet.results import BatchResults, write_results
+    from miro.worker.fleet.output import storage
+    from miro.worker.fleet.output.results import BatchResults, write_results
 
     merged = BatchResults(conn, batch_id)  # written a slice of lines at a time
     batch = merged.batch
@@ -286,7 +299,7 @@ def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: 
 
 def partial_path(out_path: str) -> str:
     """Where an interrupted run writes what finished: results.parquet -> results.partial.parquet."""
-    from miro.worker.fleet import storage
+    from miro.worker.fleet.output import storage
 
     return storage.with_suffix(out_path, ".parquet", ".partial.parquet")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from miro.core.errors import MiroError
 
-from .common import log_to_stderr
+from miro.cli.common import log_to_stderr
 
 
 class RunState:
@@ -56,7 +56,7 @@ class RunState:
                 raise MiroError(f"There is no interrupted run in {self.shown} to resume; leave --resume out to "
                                 "start one.")
             if record is None:
-                from miro.worker.fleet.submit import output_uri  # a local path made absolute, a URI as given
+                from miro.worker.fleet.intake.submit import output_uri  # a local path made absolute, a URI as given
 
                 record = {"dataset": os.path.abspath(dataset), "dataset_sha256": _sha256(dataset),
                           "output": output_uri(out_path), "redis": which_redis, "options": options,

@@ -14,7 +14,7 @@ import click
 from miro.core import defaults
 from miro.core.errors import MiroError
 
-from .common import MiroCommand, log_to_stderr, redis_url_option
+from miro.cli.common import MiroCommand, log_to_stderr, redis_url_option
 
 
 def _is_loopback(host: str) -> bool:
@@ -85,7 +85,8 @@ def serve_command(redis_url, host, port, storage, api_keys, api_key_file, allowe
     import uvicorn
 
     from miro.worker.api import ServerConfig, create_app, limits
-    from miro.worker.fleet.batches import connect, redacted
+    from miro.worker.fleet.observe.urls import redacted
+    from miro.worker.fleet.records.connection import connect
 
     keys = _api_keys(api_keys, api_key_file)
     if not keys and not _is_loopback(host):

@@ -13,7 +13,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-from .common import SHOWN_ERRORS
+from miro.cli.common import SHOWN_ERRORS
 
 PLAIN_EVERY_S = 10.0
 

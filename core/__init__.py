@@ -8,19 +8,21 @@ import os
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .engine_config import EngineConfig  # noqa: E402
-from .errors import MiroError, ModelFileError, RequestError  # noqa: E402
-from .outputs import CompletionOutput, RequestOutput  # noqa: E402
-from .sampling import SamplingParams  # noqa: E402
+from miro.core.engine.engine_config import EngineConfig  # noqa: E402
+from miro.core.errors import MiroError, ModelFileError, RequestError  # noqa: E402
+from miro.core.engine.outputs import CompletionOutput, RequestOutput  # noqa: E402
+from miro.core.layers.pooling import PoolingParams  # noqa: E402
+from miro.core.sampling.params import SamplingParams  # noqa: E402
 
-__all__ = ["Engine", "EngineConfig", "CompletionOutput", "RequestOutput", "SamplingParams", "MiroError", "ModelFileError", "RequestError"]
+__all__ = ["Engine", "EngineConfig", "CompletionOutput", "RequestOutput", "SamplingParams", "PoolingParams", "MiroError",
+           "ModelFileError", "RequestError"]
 
 
 def __getattr__(name: str):
     """`Engine` loads numba and the kernels: only when asked for, so that the commands that only talk to Redis
     (submit, status, watch, cancel, retry, results) start without them."""
     if name == "Engine":
-        from .engine import Engine
+        from miro.core.engine.engine import Engine
 
         return Engine
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

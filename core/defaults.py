@@ -18,7 +18,7 @@ MAX_NUM_SEQS = None
 MAX_NUM_SEQS_RANGE = (64, 128)
 TOKENS_PER_SEAT = 256
 MAX_NUM_BATCHED_TOKENS = 512  # tokens per step (prefill chunks and decode tokens together)
-# embeddings (core/embedder.py): whole inputs packed into one forward pass up to this many tokens (TEI's
+# embeddings (core/engine/embedder.py): whole inputs packed into one forward pass up to this many tokens (TEI's
 # max_batch_tokens, llama.cpp's n_ubatch), and the inputs an embedding engine holds at once
 EMBED_BATCH_TOKENS = 4096
 EMBED_MAX_NUM_SEQS = 256
@@ -40,9 +40,9 @@ WEIGHT_MEMORY_FRACTION = 0.5  # of the machine's RAM: auto's budget for a float3
 # submitting a batch
 OUTPUT = "./miro-results"  # where the workers write the part files
 JOB_TIMEOUT_S = 3600  # a request waits in the worker's continuous batch, so RQ's 180 s is short
-PRIORITIES = ("high", "normal", "low")  # a batch's priority, most urgent first (worker/fleet/routing.py: its queues)
+PRIORITIES = ("high", "normal", "low")  # a batch's priority, most urgent first (worker/fleet/intake/routing.py: its queues)
 PRIORITY = "normal"
-# a batch's completion window, as OpenAI's Batch API's: past it, what has not run expires (worker/fleet/expiry.py)
+# a batch's completion window, as OpenAI's Batch API's: past it, what has not run expires (worker/fleet/lifecycle/expiry.py)
 COMPLETION_WINDOW = "24h"
 
 # a worker
@@ -56,7 +56,7 @@ WAIT_FOR_REDIS_S = 30.0  # how long a worker tries to reach Redis at start-up (f
 LAST_TAKE_TTL_S = 86400  # how long a worker's record of the job it last took stays (worker/process/taking.py)
 
 # `miro results` and `miro run` merge and write a batch's results this many rows (of its part files) at a time
-# (worker/fleet/part_slices.py), so their memory is a slice's, not the batch's
+# (worker/fleet/output/part_slices.py), so their memory is a slice's, not the batch's
 RESULTS_SLICE_ROWS = 50_000
 # an embedding batch's rows each carry a vector (1.5 KB at 384 dimensions, held several times over while a slice is
 # merged and written), so its slices are this many times smaller (benchmarks/results_memory.py --embed: 200,000
@@ -68,7 +68,7 @@ RESULTS_EMBED_SLICE_DIVISOR = 5
 # 50,000 rows made Python dicts whole)
 RESULTS_SERVER_SLICE_DIVISOR = 5
 
-# once a batch ends its finished and cancelled requests' RQ job keys go (worker/fleet/release.py): this many jobs per
+# once a batch ends its finished and cancelled requests' RQ job keys go (worker/fleet/lifecycle/release.py): this many jobs per
 # Lua call, so Redis is never busy long; a batch its ender left half-released is finished by a sweep this much later
 RELEASE_CHUNK = 1000
 RELEASE_GRACE_S = 30.0
@@ -76,7 +76,7 @@ RELEASE_GRACE_S = 30.0
 # files 30 days by default: `miro status`, `results` and `--resume` work until then
 BATCH_TTL_S = 30 * 86400
 
-# the page's charts (worker/fleet/series.py): each worker appends a point per SERIES_STEP_S to short Redis streams,
+# the page's charts (worker/fleet/observe/series.py): each worker appends a point per SERIES_STEP_S to short Redis streams,
 # a day of them at most, gone a day after the last
 SERIES_STEP_S = 5
 SERIES_POINTS = 17280  # a day at 5 s
@@ -92,11 +92,11 @@ FILE_EXPIRY_RANGE_S = (3600, 2592000)  # expires_after.seconds, as OpenAI's: 1 h
 # `miro generate`
 GENERATE_MAX_TOKENS = 256
 
-# a batch's requests wait in storage (worker/fleet/spool.py) and are made into RQ jobs a chunk at a time (feed.py),
+# a batch's requests wait in storage (worker/fleet/intake/spool.py) and are made into RQ jobs a chunk at a time (feed.py),
 # so Redis holds what is in flight: enough queued on a batch's queue for every seat of the workers serving it, twice
 # over, plus a margin; a feeder writes at most FEED_CHUNKS_PER_CALL chunks per call, so a worker's round stays short
 SPOOL_CHUNK = 1000  # requests per stored chunk file, and per job-writing Lua script
-# requests per RQ job the feeder writes (a group job, worker/fleet/job_writer.py): RQ's own bookkeeping of a job
+# requests per RQ job the feeder writes (a group job, worker/fleet/intake/job_writer.py): RQ's own bookkeeping of a job
 # (about 40 Redis commands from taking it to finishing it) is then shared by that many requests
 REQUESTS_PER_JOB = 32
 FEED_MARGIN = 1000

@@ -583,13 +583,8 @@ class LLM:
     def _position(self, entry) -> dict[int, Logprob]:
         """One position's logprobs as vLLM gives them: {token id: Logprob}, the sampled token first, then the top
         `logprobs` tokens, ranked from 1."""
-        if isinstance(entry, dict):  # the engine's earlier form: {"token_id", "logprob", "top": [(id, logprob)]}
-            decode = self.engine.tokenizer.decode
-            chosen = (entry["token_id"], entry["logprob"], decode([entry["token_id"]]))
-            top = [(token, logprob, decode([token])) for token, logprob in entry["top"]]
-        else:  # TokenLogprobs: token_id, token, logprob, top_logprobs
-            chosen = (entry.token_id, entry.logprob, entry.token)
-            top = [(lp.token_id, lp.logprob, lp.token) for lp in entry.top_logprobs]
+        chosen = (entry.token_id, entry.logprob, entry.token)
+        top = [(lp.token_id, lp.logprob, lp.token) for lp in entry.top_logprobs]
         ranks = {token: rank for rank, (token, _, _) in enumerate(top, start=1)}
         position = {chosen[0]: Logprob(chosen[1], ranks.get(chosen[0]), chosen[2])}
         for token, logprob, text in top:

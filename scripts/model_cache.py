@@ -1,5 +1,5 @@
 """The fixture scripts' default model: an alias from the miro model cache ($MIRO_HOME/models, default
-~/.cache/miro/models), pulled if needed by core/registry.py alone, so the scripts run in reference
+~/.cache/miro/models), pulled if needed by core/loading/registry.py alone, so the scripts run in reference
 environments (torch, llama-cpp-python) that do not have miro's own dependencies."""
 
 from __future__ import annotations

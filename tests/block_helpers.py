@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from miro.core.block_manager import BlockManager
-from miro.core.sampling import SamplingParams
-from miro.core.sequence import Sequence
+from miro.core.engine.block_manager import BlockManager
+from miro.core.sampling.params import SamplingParams
+from miro.core.engine.sequence import Sequence
 
 
 def make_seq(tokens, request_id="r", index=0, outputs=()) -> Sequence:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import redis
 
-from miro.worker.fleet import batches
+from miro.worker.fleet.records import batches
 
 
 def cancelled_after_three(redis_url: str) -> str:

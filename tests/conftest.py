@@ -22,7 +22,7 @@ def smollm2_path() -> Path:
     override = os.environ.get("MIRO_TEST_GGUF")
     if override:
         return Path(override)
-    from miro.core.registry import resolve_model
+    from miro.core.loading.registry import resolve_model
 
     return resolve_model("smollm2-135m")
 
@@ -30,7 +30,7 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     """Path of the real embedding model all-MiniLM-L6-v2 (a BERT GGUF), pulled and converted if needed."""
-    from miro.core.registry import resolve_model
+    from miro.core.loading.registry import resolve_model
 
     return resolve_model("all-minilm-l6-v2")
 
@@ -38,7 +38,7 @@ def minilm_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     """Path of Gemma 3 270M (Q4_K_M, a SentencePiece vocabulary), pulled into the cache if needed."""
-    from miro.core.registry import resolve_model
+    from miro.core.loading.registry import resolve_model
 
     return resolve_model("gemma3-270m")
 
@@ -108,7 +108,8 @@ def one_request_per_job(monkeypatch):
 def unchecked(monkeypatch):
     """The checks that refuse a poisoned line before it runs (a stop id past the vocabulary, a grammar that
     cannot take its first token) turned off, so the engine's step meets the line (issue 37's failure isolation)."""
-    from miro.core import Engine, constraint
+    from miro.core import Engine
+    from miro.core.sampling import constraint
 
     monkeypatch.setattr(Engine, "_check_token_ids", lambda self, params: None)
     monkeypatch.setattr(constraint, "_check_first_token", lambda grammar: None)

@@ -1,10 +1,10 @@
-"""Writing JSONL datasets for the tests of miro.worker.fleet.inputs (test_inputs.py, test_input_errors.py)."""
+"""Writing JSONL datasets for the tests of miro.worker.fleet.intake.inputs (test_inputs.py, test_input_errors.py)."""
 
 import json
 from pathlib import Path
 
-from miro.worker.fleet.dataset import ParseResult, parse_dataset
-from miro.worker.fleet.inputs import LineError
+from miro.worker.fleet.intake.dataset import ParseResult, parse_dataset
+from miro.worker.fleet.intake.inputs import LineError
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -6,9 +6,9 @@ through the full causal attention at once, as in llama2.c.
 
 import numpy as np
 
-from miro.core.config import ModelConfig
-from miro.core.dequant import dequantize
-from miro.core.gguf_file import GGUFFile
+from miro.core.loading.model_config import ModelConfig
+from miro.core.kernels.dequant import dequantize
+from miro.core.loading.gguf_file import GGUFFile
 
 
 def _rmsnorm(x, w, eps):

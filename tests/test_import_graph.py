@@ -123,7 +123,7 @@ def test_the_graph_sees_deferred_and_type_checking_imports(tmp_path):
 
 def test_no_import_circles():
     modules = module_files()
-    assert "miro.core.engine" in modules and "miro.worker.process.batch_worker" in modules
+    assert "miro.core.engine.engine" in modules and "miro.worker.process.batch_worker" in modules
     graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
     assert import_circles(graph) == []
 
@@ -162,7 +162,7 @@ def test_the_layer_check_sees_a_library_module_importing_the_process(tmp_path):
     (tmp_path / "ok.py").write_text("from miro.core import defaults\nfrom . import keys\n")
     modules = {"miro.worker.fleet.lib": tmp_path / "lib.py", "miro.worker.fleet.sub.lib2": tmp_path / "lib2.py",
                "miro.worker.api.routes": tmp_path / "api.py", "miro.worker.fleet.ok": tmp_path / "ok.py",
-               "miro.worker.fleet.keys": tmp_path / "ok.py", "miro.worker.process.batch_worker": tmp_path / "ok.py"}
+               "miro.worker.fleet.records.keys": tmp_path / "ok.py", "miro.worker.process.batch_worker": tmp_path / "ok.py"}
     assert layer_violations(modules) == [
         "miro.worker.api.routes (miro.worker.api) imports miro.cli.main",
         "miro.worker.api.routes (miro.worker.api) imports miro.worker.process.batch_worker",
@@ -174,5 +174,5 @@ def test_the_layer_check_sees_a_library_module_importing_the_process(tmp_path):
 
 def test_each_layer_imports_only_what_it_may():
     modules = module_files()
-    assert {"miro.worker.fleet.submit", "miro.worker.process.batch_worker", "miro.worker.api.app"} <= set(modules)
+    assert {"miro.worker.fleet.intake.submit", "miro.worker.process.batch_worker", "miro.worker.api.app"} <= set(modules)
     assert layer_violations(modules) == []

@@ -15,11 +15,11 @@ every queued job carries, `miro.worker.jobs.generate` (submit's JOB_FUNCTION), f
 
 def __getattr__(name):
     if name == "BatchWorker":
-        from .process.batch_worker import BatchWorker
+        from miro.worker.process.batch_worker import BatchWorker
 
         return BatchWorker
     if name == "jobs":
-        from .process import jobs
+        from miro.worker.process import jobs
 
         return jobs
     raise AttributeError(f"module 'miro.worker' has no attribute {name!r}")

@@ -1,6 +1,4 @@
-"""Linear layers over GGUF tensors kept as stored (memory-mapped blocks) or dequantized once."""
+"""miro.core.layers: what a model's forward pass calls: `Linear` over any weight type (linear.py), attention over the
+paged KV cache, RoPE tables, the pointwise kernels (RMSNorm, gated activations), the encoder's kernels and pooling.
 
-from .linear import Linear
-from .weight_types import NATIVE_TYPES
-
-__all__ = ["NATIVE_TYPES", "Linear"]
+Nothing is imported here, so that a module needing only RoPE's or pooling's parameters loads no numba."""

@@ -24,10 +24,22 @@ import numpy as np
 from numba import get_num_threads, njit, prange, types
 from numba.core.extending import overload
 
-from . import cpu
-from .cache_key import HELPERS, cached_variant
-from .halfs import f32_to_f16_bits
-from .simd import LANES, exp16, fma, hmax, hsum, keep_lanes, load16, load16_f16, prefetch, store16, zeros16
+from miro.core.kernels import cpu
+from miro.core.kernels.cache_key import HELPERS, cached_variant
+from miro.core.kernels.halfs import f32_to_f16_bits
+from miro.core.kernels.simd import (
+    LANES,
+    exp16,
+    fma,
+    hmax,
+    hsum,
+    keep_lanes,
+    load16,
+    load16_f16,
+    prefetch,
+    store16,
+    zeros16,
+)
 
 
 QUERIES = 4  # queries that share each value load (and each key load on 512-bit tiers); rows are padded to it

@@ -13,8 +13,22 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .cache_key import HELPERS
-from .simd import LANES, abs16, exp16, fma, hmax, hsum, keep_lanes, lane0, load16, max16, splat16, store16, zeros16
+from miro.core.kernels.cache_key import HELPERS
+from miro.core.kernels.simd import (
+    LANES,
+    abs16,
+    exp16,
+    fma,
+    hmax,
+    hsum,
+    keep_lanes,
+    lane0,
+    load16,
+    max16,
+    splat16,
+    store16,
+    zeros16,
+)
 
 # Abramowitz and Stegun 7.1.26: erf(a) = 1 - t (A1 + t (A2 + ...)) e^(-a^2), t = 1 / (1 + P a), a >= 0,
 # within 1.5e-7 of erf everywhere: far below what float32 activations carry

@@ -24,13 +24,20 @@ from collections.abc import Sequence
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from ..gguf_file import TensorInfo, release_pages
-from . import cpu, encoder, quant_kernels
-from .bf16_gemm import matmul_bf16, pack_bf16
-from .int16_gemm import matmul_i16, pack_i16
-from .gemm import matmul_invariant, pack_panels
-from .activations import quantize_q8_32, quantize_q8_32_columns, quantize_q8_k, quantize_q8_k_columns, quantize_q8_k_quads
-from .weight_types import WEIGHT_TYPES, Kernels, dequantize
+from miro.core.loading.gguf_file import TensorInfo, release_pages
+from miro.core.kernels import cpu, quant_kernels
+from miro.core.layers import encoder
+from miro.core.kernels.bf16_gemm import matmul_bf16, pack_bf16
+from miro.core.kernels.int16_gemm import matmul_i16, pack_i16
+from miro.core.kernels.f32_gemm import matmul_invariant, pack_panels
+from miro.core.kernels.quantize_activations import (
+    quantize_q8_32,
+    quantize_q8_32_columns,
+    quantize_q8_k,
+    quantize_q8_k_columns,
+    quantize_q8_k_quads,
+)
+from miro.core.kernels.weight_types import WEIGHT_TYPES, Kernels, dequantize
 
 WEIGHT_FORMATS = ("f32", "native", "bf16", "i16")
 BATCH_INVARIANT_FORMATS = ("native", "bf16", "i16")  # by construction; f32 when built with invariant=True

@@ -11,20 +11,20 @@ from typing import Protocol
 import numpy as np
 from gguf import Keys
 
-from ..config import ModelConfig
-from ..errors import ModelFileError
-from ..gguf_file import GGUFFile
-from ..model_check import check_metadata
-from ..weights import TensorSpec, check_tensors
-from ..kv_cache import KVCache
-from ..step_input import StepInput
-from .bert import BertModel
-from .gemma2 import Gemma2Model
-from .gemma3 import Gemma3Model
-from .llama import GraniteModel, LlamaModel, Mistral3Model, Qwen2Model, Qwen3Model, SmolLM3Model
-from .nomic_bert import NomicBertModel
-from .olmo2 import Olmo2Model
-from .phi3 import Phi3Model
+from miro.core.loading.model_config import ModelConfig
+from miro.core.errors import ModelFileError
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.loading.model_check import check_metadata
+from miro.core.loading.weights import TensorSpec, check_tensors
+from miro.core.engine.kv_cache import KVCache
+from miro.core.engine.step_input import StepInput
+from miro.core.models.bert import BertModel
+from miro.core.models.gemma2 import Gemma2Model
+from miro.core.models.gemma3 import Gemma3Model
+from miro.core.models.llama import GraniteModel, LlamaModel, Mistral3Model, Qwen2Model, Qwen3Model, SmolLM3Model
+from miro.core.models.nomic_bert import NomicBertModel
+from miro.core.models.olmo2 import Olmo2Model
+from miro.core.models.phi3 import Phi3Model
 
 
 class Model(Protocol):

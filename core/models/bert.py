@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import MODEL_TENSOR, Keys
 
-from ..config import ModelConfig
-from ..errors import ModelFileError
-from ..gguf_file import GGUFFile
-from ..layers import encoder
-from ..layers.linear import BATCH_INVARIANT_FORMATS, Linear
-from ..weights import TensorSpec, bias_name, check_tensors, matrix, norm, tensor_name
-from .common import Loader
+from miro.core.loading.model_config import ModelConfig
+from miro.core.errors import ModelFileError
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.layers import encoder
+from miro.core.layers.linear import BATCH_INVARIANT_FORMATS, Linear
+from miro.core.loading.weights import TensorSpec, bias_name, check_tensors, matrix, norm, tensor_name
+from miro.core.models.common import Loader
 
 T = MODEL_TENSOR
 
@@ -79,9 +79,9 @@ def bert_tensor_specs(config: ModelConfig, n_positions: int, n_token_types: int)
 
 
 class BertModel:
-    """The encoder: `encode` gives every token's final hidden state; the engine pools them (core/pooling.py)."""
+    """The encoder: `encode` gives every token's final hidden state; the engine pools them (core/layers/pooling.py)."""
 
-    metadata_keys = frozenset({Keys.Attention.LAYERNORM_EPS, Keys.Attention.CAUSAL})  # see core/model_check.py
+    metadata_keys = frozenset({Keys.Attention.LAYERNORM_EPS, Keys.Attention.CAUSAL})  # see core/loading/model_check.py
 
     @staticmethod
     def tensor_specs(gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:

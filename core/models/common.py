@@ -11,15 +11,15 @@ from __future__ import annotations
 import numpy as np
 from gguf import MODEL_TENSOR
 
-from .. import kernels
-from ..config import ModelConfig
-from ..dequant import dequantize
-from ..gguf_file import GGUFFile
-from ..kv_cache import KVCache
-from ..layers import attention as attention_kernels
-from ..layers.linear import BATCH_INVARIANT_FORMATS, Embedding, Linear, has_native_kernel, owned_bytes
-from ..step_input import StepInput
-from ..weights import TensorSpec, matrix, norm, tensor_name
+from miro.core.layers import pointwise
+from miro.core.loading.model_config import ModelConfig
+from miro.core.kernels.dequant import dequantize
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.engine.kv_cache import KVCache
+from miro.core.layers import attention as attention_kernels
+from miro.core.layers.linear import BATCH_INVARIANT_FORMATS, Embedding, Linear, has_native_kernel, owned_bytes
+from miro.core.engine.step_input import StepInput
+from miro.core.loading.weights import TensorSpec, matrix, norm, tensor_name
 
 T = MODEL_TENSOR
 
@@ -174,7 +174,7 @@ FFN_BYTES = 8 << 20  # the most a step's feed-forward gate/up output takes at a 
 
 def feed_forward(normed: np.ndarray, w_gate_up: Linear, w_down: Linear, gate_kernel,
                  gate_up_bias: np.ndarray | None = None, down_bias: np.ndarray | None = None) -> np.ndarray:
-    """w_down(gate(w_gate_up(normed))), gate_kernel(gate_up, out) one of kernels.silu_mul / gelu_mul, in runs of
+    """w_down(gate(w_gate_up(normed))), gate_kernel(gate_up, out) one of pointwise.silu_mul / gelu_mul, in runs of
     rows whose gate/up output fits FFN_BYTES: a 512-token prefill's (T, 2 x ffn_dim) output was the step's
     largest buffer (23 MB on a 1.1B model), and every row's result is its own whatever rows share its call.
     The biases, where a file has them, are added to each layer's output."""
@@ -196,8 +196,8 @@ def feed_forward(normed: np.ndarray, w_gate_up: Linear, w_down: Linear, gate_ker
 def qk_norm(qkv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray, config: ModelConfig) -> None:
     """Per-head RMSNorm of the q and k columns of the fused qkv rows, in place."""
     cfg = config
-    kernels.head_rmsnorm(qkv, 0, cfg.n_heads, cfg.head_dim, q_norm, cfg.rms_eps)
-    kernels.head_rmsnorm(qkv, cfg.q_dim, cfg.n_kv_heads, cfg.head_dim, k_norm, cfg.rms_eps)
+    pointwise.head_rmsnorm(qkv, 0, cfg.n_heads, cfg.head_dim, q_norm, cfg.rms_eps)
+    pointwise.head_rmsnorm(qkv, cfg.q_dim, cfg.n_kv_heads, cfg.head_dim, k_norm, cfg.rms_eps)
 
 
 def logits(x: np.ndarray, rows: np.ndarray, output_norm: np.ndarray, lm_head: Linear, eps: float,
@@ -206,7 +206,7 @@ def logits(x: np.ndarray, rows: np.ndarray, output_norm: np.ndarray, lm_head: Li
     final_logit_softcapping): softcap * tanh(logits / softcap); logit_scale != 1 (granite): logits times
     1 / logit_scale, as llama.cpp multiplies them."""
     last = x[rows]
-    kernels.rmsnorm(last, output_norm, eps, last)
+    pointwise.rmsnorm(last, output_norm, eps, last)
     out = lm_head(last)
     if logit_scale != 1.0:
         out *= np.float32(1.0) / np.float32(logit_scale)

@@ -25,18 +25,28 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import Keys
 
-from .. import kernels
-from ..config import ModelConfig, _positive_float, _positive_int
-from ..errors import ModelFileError
-from ..gguf_file import GGUFFile
-from ..kv_cache import KVCache
-from ..layers.linear import Linear
-from ..rope import RopeTable
-from ..step_input import StepInput
-from ..weights import TensorSpec, check_tensors, tensor_name
-from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,
-                     ffn_specs, logits, norm_specs)
-from .gemma3 import local_layers
+from miro.core.layers import pointwise
+from miro.core.loading.model_config import ModelConfig, _positive_float, _positive_int
+from miro.core.errors import ModelFileError
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.engine.kv_cache import KVCache
+from miro.core.layers.linear import Linear
+from miro.core.layers.rope import RopeTable
+from miro.core.engine.step_input import StepInput
+from miro.core.loading.weights import TensorSpec, check_tensors, tensor_name
+from miro.core.models.common import (
+    T,
+    Loader,
+    LoadedModel,
+    attention,
+    attention_specs,
+    embedding_and_head_specs,
+    feed_forward,
+    ffn_specs,
+    logits,
+    norm_specs,
+)
+from miro.core.models.gemma3 import local_layers
 
 GLOBAL_LAYER_EVERY = 2  # llama.cpp's load_swa_pattern(ml, 2): odd layers are global, even ones slide
 DEFAULT_SLIDING_WINDOW = 4096  # llama.cpp's n_swa for gemma2 where the file has none
@@ -131,12 +141,12 @@ class Gemma2Model(LoadedModel):
         attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
         for i, layer in enumerate(self.layers):
             rope, window = (rope_local, cfg.sliding_window) if self.local[i] else (rope_global, 0)
-            kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
+            pointwise.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
             qkv = layer.wqkv(normed)
             h = layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out, window,
                                    softcap=cfg.attn_logit_softcap))
-            x += kernels.rmsnorm(h, layer.post_attn_norm, cfg.rms_eps, h)
-            kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
-            h = feed_forward(normed, layer.w_gate_up, layer.w_down, kernels.gelu_mul)
-            x += kernels.rmsnorm(h, layer.post_ffn_norm, cfg.rms_eps, h)
+            x += pointwise.rmsnorm(h, layer.post_attn_norm, cfg.rms_eps, h)
+            pointwise.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
+            h = feed_forward(normed, layer.w_gate_up, layer.w_down, pointwise.gelu_mul)
+            x += pointwise.rmsnorm(h, layer.post_ffn_norm, cfg.rms_eps, h)
         return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps, self.softcap)

@@ -21,17 +21,29 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import Keys
 
-from .. import kernels
-from ..config import ModelConfig, _positive_float, _positive_int
-from ..errors import ModelFileError
-from ..gguf_file import GGUFFile
-from ..kv_cache import KVCache
-from ..layers.linear import Linear
-from ..rope import RopeTable
-from ..step_input import StepInput
-from ..weights import TensorSpec, check_tensors
-from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,
-                     ffn_specs, logits, norm_specs, qk_norm, qk_norm_specs)
+from miro.core.layers import pointwise
+from miro.core.loading.model_config import ModelConfig, _positive_float, _positive_int
+from miro.core.errors import ModelFileError
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.engine.kv_cache import KVCache
+from miro.core.layers.linear import Linear
+from miro.core.layers.rope import RopeTable
+from miro.core.engine.step_input import StepInput
+from miro.core.loading.weights import TensorSpec, check_tensors
+from miro.core.models.common import (
+    T,
+    Loader,
+    LoadedModel,
+    attention,
+    attention_specs,
+    embedding_and_head_specs,
+    feed_forward,
+    ffn_specs,
+    logits,
+    norm_specs,
+    qk_norm,
+    qk_norm_specs,
+)
 
 LOCAL_ROPE_THETA = 10000.0  # llama.cpp's rope_freq_base_train_swa for gemma3 where the file has no freq_base_swa
 GLOBAL_LAYER_EVERY = 6  # layers 5, 11, 17, ... are global; the others slide (unless sliding_window_pattern says)
@@ -136,12 +148,12 @@ class Gemma3Model(LoadedModel):
         attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
         for i, layer in enumerate(self.layers):
             rope, window = (rope_local, cfg.sliding_window) if self.local[i] else (rope_global, 0)
-            kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
+            pointwise.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
             qkv = layer.wqkv(normed)
             qk_norm(qkv, layer.q_norm, layer.k_norm, cfg)
             h = layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out, window))
-            x += kernels.rmsnorm(h, layer.post_attn_norm, cfg.rms_eps, h)
-            kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
-            h = feed_forward(normed, layer.w_gate_up, layer.w_down, kernels.gelu_mul)
-            x += kernels.rmsnorm(h, layer.post_ffn_norm, cfg.rms_eps, h)
+            x += pointwise.rmsnorm(h, layer.post_attn_norm, cfg.rms_eps, h)
+            pointwise.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
+            h = feed_forward(normed, layer.w_gate_up, layer.w_down, pointwise.gelu_mul)
+            x += pointwise.rmsnorm(h, layer.post_ffn_norm, cfg.rms_eps, h)
         return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps, self.softcap)

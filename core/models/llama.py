@@ -3,7 +3,7 @@ of tokens.
 
 The forward pass is llama2.c's, over every token of a step at once (prefill chunks and decode tokens
 together): each linear layer is one GEMM over all of them; RMSNorm and the SiLU gate are numba kernels
-(core/kernels.py), RoPE with the KV-cache write and paged attention too (core/layers/attention.py,
+(core/layers/pointwise.py), RoPE with the KV-cache write and paged attention too (core/layers/attention.py,
 through common.attention).
 
 What sets the three apart is a flag each: llama rotates adjacent pairs (x[2i], x[2i + 1]); qwen2 and qwen3
@@ -13,7 +13,7 @@ which need not be dim / n_heads: ModelConfig.from_gguf reads it).
 
 A llama file may also carry what llama.cpp's llama graph reads when present: biases on Q, K, V and the
 attention output and on the feed-forward's gate, up and down; and Llama 3's RoPE frequency factors
-(rope_freqs.weight). RoPE scaling (linear, YaRN) and partial rotary come from the config (core/rope.py).
+(rope_freqs.weight). RoPE scaling (linear, YaRN) and partial rotary come from the config (core/layers/rope.py).
 
 Three more are llama's graph with a few numbers changed, each read by its class's read_config into the config:
 smollm3 leaves every fourth layer unrotated (q and k of layers 3, 7, 11, ... get no RoPE: a table of no
@@ -39,17 +39,29 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import Keys
 
-from .. import kernels
-from ..config import ModelConfig, _positive_float
-from ..errors import ModelFileError
-from ..gguf_file import GGUFFile
-from ..kv_cache import KVCache
-from ..layers.linear import Linear
-from ..rope import RopeParams, RopeTable
-from ..step_input import StepInput
-from ..weights import TensorSpec, bias_name, bias_spec, check_tensors, tensor_name
-from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,
-                     ffn_specs, logits, norm_specs, qk_norm, qk_norm_specs)
+from miro.core.layers import pointwise
+from miro.core.loading.model_config import ModelConfig, _positive_float
+from miro.core.errors import ModelFileError
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.engine.kv_cache import KVCache
+from miro.core.layers.linear import Linear
+from miro.core.layers.rope import RopeParams, RopeTable
+from miro.core.engine.step_input import StepInput
+from miro.core.loading.weights import TensorSpec, bias_name, bias_spec, check_tensors, tensor_name
+from miro.core.models.common import (
+    T,
+    Loader,
+    LoadedModel,
+    attention,
+    attention_specs,
+    embedding_and_head_specs,
+    feed_forward,
+    ffn_specs,
+    logits,
+    norm_specs,
+    qk_norm,
+    qk_norm_specs,
+)
 
 
 @dataclass
@@ -160,7 +172,7 @@ class LlamaModel(LoadedModel):
     def hidden_states(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """The same step's final-normed hidden state of every token (T, dim), where an embedding pools them."""
         x = self._blocks(step, cache)
-        kernels.rmsnorm(x, self.output_norm, self.config.rms_eps, x)
+        pointwise.rmsnorm(x, self.output_norm, self.config.rms_eps, x)
         return x
 
     def _blocks(self, step: StepInput, cache: KVCache) -> np.ndarray:
@@ -176,7 +188,7 @@ class LlamaModel(LoadedModel):
         normed = np.empty_like(x)
         attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
         for i, layer in enumerate(self.layers):
-            kernels.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
+            pointwise.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
             qkv = layer.wqkv(normed)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
@@ -186,8 +198,8 @@ class LlamaModel(LoadedModel):
             h = layer.wo(attention(qkv, i, step, cache, cfg, layer_rope, self.scale, attn_out, q_scale=q_scale),
                          layer.wo_bias)
             x += scaled(h, residual)
-            kernels.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
-            h = feed_forward(normed, layer.w_gate_up, layer.w_down, kernels.silu_mul, layer.gate_up_bias,
+            pointwise.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
+            h = feed_forward(normed, layer.w_gate_up, layer.w_down, pointwise.silu_mul, layer.gate_up_bias,
                              layer.down_bias)
             x += scaled(h, residual)
         return x

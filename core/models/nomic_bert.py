@@ -9,7 +9,7 @@ biases but the LayerNorms'. Per input:
 
 as llama.cpp's BERT graph builds it for LLM_ARCH_NOMIC_BERT (src/models/bert.cpp, nomic-bert.cpp): positions
 0..n-1 within each input, the rope type NEOX, n_rot rope.dimension_count (the whole head), the RoPE
-scaling keys read as for the decoders (core/rope.py). Attention is bidirectional, each input over its own
+scaling keys read as for the decoders (core/layers/rope.py). Attention is bidirectional, each input over its own
 tokens only (layers/encoder.py). llama.cpp loads ffn_up.bias and ffn_down.bias for this architecture but
 its graph never adds them, and nomic's converter writes none: miro refuses a file that has them, as it
 refuses nomic-bert-moe (the MoE layers of nomic-embed-text v2), which is another architecture.
@@ -23,16 +23,16 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import MODEL_TENSOR, Keys
 
-from .. import kernels
-from ..config import ModelConfig
-from ..errors import ModelFileError
-from ..gguf_file import GGUFFile
-from ..layers import encoder
-from ..layers.linear import BATCH_INVARIANT_FORMATS, Linear
-from ..rope import RopeTable
-from ..weights import TensorSpec, bias_name, check_tensors, matrix, norm, tensor_name
-from .bert import EncoderInput
-from .common import Loader, feed_forward
+from miro.core.layers import pointwise
+from miro.core.loading.model_config import ModelConfig
+from miro.core.errors import ModelFileError
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.layers import encoder
+from miro.core.layers.linear import BATCH_INVARIANT_FORMATS, Linear
+from miro.core.layers.rope import RopeTable
+from miro.core.loading.weights import TensorSpec, bias_name, check_tensors, matrix, norm, tensor_name
+from miro.core.models.bert import EncoderInput
+from miro.core.models.common import Loader, feed_forward
 
 T = MODEL_TENSOR
 
@@ -63,9 +63,9 @@ def nomic_bert_tensor_specs(config: ModelConfig, n_token_types: int) -> dict[str
 
 
 class NomicBertModel:
-    """The encoder: `encode` gives every token's final hidden state; the engine pools them (core/pooling.py)."""
+    """The encoder: `encode` gives every token's final hidden state; the engine pools them (core/layers/pooling.py)."""
 
-    metadata_keys = frozenset({Keys.Attention.LAYERNORM_EPS, Keys.Attention.CAUSAL})  # see core/model_check.py
+    metadata_keys = frozenset({Keys.Attention.LAYERNORM_EPS, Keys.Attention.CAUSAL})  # see core/loading/model_check.py
 
     @staticmethod
     def tensor_specs(gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:
@@ -130,7 +130,7 @@ class NomicBertModel:
             encoder.bidirectional_attention(qkv, batch.bounds, cfg.n_heads, cfg.head_dim, self.scale, attn)
             h = layer.wo(attn, residual=x)
             x = encoder.layernorm(h, *layer.attn_norm, cfg.rms_eps, h)
-            h = feed_forward(x, layer.w_gate_up, layer.w_down, kernels.silu_mul)
+            h = feed_forward(x, layer.w_gate_up, layer.w_down, pointwise.silu_mul)
             h += x
             x = encoder.layernorm(h, *layer.out_norm, cfg.rms_eps, h)
         return x

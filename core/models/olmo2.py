@@ -20,18 +20,28 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import Keys
 
-from .. import kernels
-from ..config import ModelConfig, _positive_int
-from ..errors import ModelFileError
-from ..gguf_file import GGUFFile
-from ..kv_cache import KVCache
-from ..layers.linear import Linear
-from ..rope import RopeParams, RopeTable
-from ..step_input import StepInput
-from ..weights import TensorSpec, check_tensors, matrix, norm, tensor_name
-from .common import (T, Loader, LoadedModel, attention, attention_specs, embedding_and_head_specs, feed_forward,
-                     ffn_specs, logits, norm_specs)
-from .gemma3 import local_layers
+from miro.core.layers import pointwise
+from miro.core.loading.model_config import ModelConfig, _positive_int
+from miro.core.errors import ModelFileError
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.engine.kv_cache import KVCache
+from miro.core.layers.linear import Linear
+from miro.core.layers.rope import RopeParams, RopeTable
+from miro.core.engine.step_input import StepInput
+from miro.core.loading.weights import TensorSpec, check_tensors, matrix, norm, tensor_name
+from miro.core.models.common import (
+    T,
+    Loader,
+    LoadedModel,
+    attention,
+    attention_specs,
+    embedding_and_head_specs,
+    feed_forward,
+    ffn_specs,
+    logits,
+    norm_specs,
+)
+from miro.core.models.gemma3 import local_layers
 
 GLOBAL_LAYER_EVERY = 4  # llama.cpp's load_swa_pattern(ml, 4) for olmo2: layers 3, 7, 11, ... are global
 
@@ -110,10 +120,10 @@ class Olmo2Model(LoadedModel):
         for i, layer in enumerate(self.layers):
             rope, window = (rope_local, cfg.sliding_window) if self.local[i] else (rope_global, 0)
             qkv = layer.wqkv(x)
-            kernels.head_rmsnorm(qkv, 0, 1, cfg.q_dim, layer.q_norm, cfg.rms_eps)  # q as one vector
-            kernels.head_rmsnorm(qkv, cfg.q_dim, 1, cfg.kv_dim, layer.k_norm, cfg.rms_eps)  # k as one vector
+            pointwise.head_rmsnorm(qkv, 0, 1, cfg.q_dim, layer.q_norm, cfg.rms_eps)  # q as one vector
+            pointwise.head_rmsnorm(qkv, cfg.q_dim, 1, cfg.kv_dim, layer.k_norm, cfg.rms_eps)  # k as one vector
             h = layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out, window))
-            x += kernels.rmsnorm(h, layer.post_attn_norm, cfg.rms_eps, h)
-            h = feed_forward(x, layer.w_gate_up, layer.w_down, kernels.silu_mul)
-            x += kernels.rmsnorm(h, layer.post_ffn_norm, cfg.rms_eps, h)
+            x += pointwise.rmsnorm(h, layer.post_attn_norm, cfg.rms_eps, h)
+            h = feed_forward(x, layer.w_gate_up, layer.w_down, pointwise.silu_mul)
+            x += pointwise.rmsnorm(h, layer.post_ffn_norm, cfg.rms_eps, h)
         return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps)

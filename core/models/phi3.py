@@ -23,13 +23,13 @@ import dataclasses
 
 from gguf import Keys
 
-from ..config import ModelConfig
-from ..errors import ModelFileError
-from ..gguf_file import GGUFFile
-from ..rope import RopeParams, RopeTable
-from ..weights import TensorSpec, bias_spec, check_tensors, matrix, tensor_name
-from .common import T, Loader, embedding_and_head_specs, norm_specs
-from .llama import LlamaLayer, LlamaModel
+from miro.core.loading.model_config import ModelConfig
+from miro.core.errors import ModelFileError
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.layers.rope import RopeParams, RopeTable
+from miro.core.loading.weights import TensorSpec, bias_spec, check_tensors, matrix, tensor_name
+from miro.core.models.common import T, Loader, embedding_and_head_specs, norm_specs
+from miro.core.models.llama import LlamaLayer, LlamaModel
 
 
 def phi3_tensor_specs(gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:

@@ -18,9 +18,9 @@ from rq.serializers import JSONSerializer
 from serve_process import chat_line, jsonl
 
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, keys
-from miro.worker.fleet.routing import queue_for
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.records import batches, keys
+from miro.worker.fleet.intake.routing import queue_for
+from miro.worker.fleet.intake.submit import submit
 
 
 def upload(client, lines: list[dict], **kwargs) -> FileObject:

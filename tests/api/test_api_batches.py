@@ -10,7 +10,7 @@ import pytest
 import redis
 from serve_process import chat_line, jsonl
 
-from miro.worker.fleet import batches
+from miro.worker.fleet.records import batches
 from miro.worker.api import batch_records
 
 
@@ -78,7 +78,7 @@ def test_an_invalid_file_gives_a_failed_batch_naming_its_lines(serve, redis_url)
 def test_a_custom_id_over_the_limit_and_a_line_with_no_end_fail_the_batch_in_one_sentence_each(serve, redis_url):
     """Issue 37: a custom id is at most MAX_CUSTOM_ID characters, and a line over the limit with no newline (20 MB
     here) is refused by its size, never read whole."""
-    from miro.worker.fleet.inputs import MAX_CUSTOM_ID
+    from miro.worker.fleet.intake.inputs import MAX_CUSTOM_ID
 
     client = serve(redis_url).client()
     long_id = {**chat_line(1), "custom_id": "k" * (MAX_CUSTOM_ID + 1)}

@@ -16,7 +16,7 @@ from openai.types import Batch, Completion, FileObject
 from polling import wait_for
 from serve_process import jsonl
 
-from miro.worker.fleet import batches
+from miro.worker.fleet.records import batches
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,9 @@ from polling import free_port, wait_for
 from serve_process import MIRO, Server, chat_line, environment, jsonl
 
 from miro.worker.api import leftovers
-from miro.worker.fleet import batches, spool
-from miro.worker.fleet.inputs import Request
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.intake import spool
+from miro.worker.fleet.records.payload import Request
 
 BOUNDARY = "miro-test-boundary"
 
@@ -308,7 +309,7 @@ def test_a_killed_upload_and_orphaned_requests_are_removed_after_the_grace(serve
     old_id, new_id = batches.new_batch_id(), batches.new_batch_id()
     for batch_id in (old_id, new_id):
         writer = spool.SpoolWriter(str(storage / "batches"), batch_id, 10)
-        writer.add(Request(custom_id="a", line=1, kind="chat", prompt=None, sampling={}, model="m", form="openai",
+        writer.add(Request(custom_id="a", line=1, kind="chat", prompt=None, sampling={}, requested_model="m", form="openai",
                            messages=[{"role": "user", "content": "hi"}], url="/v1/chat/completions"))
         writer.close()
     for path in (storage / "batches" / old_id).rglob("*"):
@@ -363,7 +364,7 @@ def test_openapi_follows_the_key_and_keys_come_from_a_file(serve, redis_url, tmp
 
 def test_worker_metrics_listen_on_loopback_unless_told():
     from miro.cli.main import worker
-    from miro.worker.fleet.metrics import serve_metrics
+    from miro.worker.fleet.observe.metrics import serve_metrics
     from miro.worker.process.batch_worker import BatchWorker
 
     option = next(p for p in worker.params if p.name == "metrics_host")
@@ -384,6 +385,6 @@ def test_worker_metrics_listen_on_loopback_unless_told():
     ("redis://[::1:6379?password=pw", "redis://***"),
 ])
 def test_one_helper_redacts_every_url(url, shown):
-    from miro.worker.fleet.urls import redacted
+    from miro.worker.fleet.observe.urls import redacted
 
     assert redacted(url) == shown

@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletion
 from polling import wait_for
 
 from miro.cli.main import cli
-from miro.worker.fleet import batches
+from miro.worker.fleet.records import batches
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ anthropic = pytest.importorskip("anthropic")
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse  # noqa: E402
 
 from miro.worker import BatchWorker  # noqa: E402
-from miro.worker.fleet import batches, keys  # noqa: E402
-from miro.worker.fleet.routing import queue_for  # noqa: E402
+from miro.worker.fleet.records import batches, keys  # noqa: E402
+from miro.worker.fleet.intake.routing import queue_for  # noqa: E402
 
 
 def client_of(server):

@@ -15,7 +15,7 @@ from openai.types import Completion
 from rq.serializers import JSONSerializer
 
 from miro.worker import BatchWorker
-from miro.worker.fleet.routing import queue_for
+from miro.worker.fleet.intake.routing import queue_for
 
 s3_endpoint, s3 = s3_server.s3_endpoint, s3_server.s3  # the fixtures, for this module's tests
 

@@ -20,7 +20,7 @@ def test_generate_chat_greedy(smollm2_path):
 
 def test_generate_verbose_names_the_weights_and_the_cpu_tier(tiny_model):
     """-v says on stderr what was loaded, the CPU tier the kernels run among it; stdout is the completion alone."""
-    from miro.core.layers import cpu
+    from miro.core.kernels import cpu
 
     args = ["generate", "--model", tiny_model, "--max-tokens", "3", "--num-kv-blocks", "8", "--weights", "native",
             "hi"]
@@ -108,13 +108,12 @@ def test_options_and_keyword_arguments_take_their_defaults_from_one_module():
     import inspect
 
     from miro.core import EngineConfig, defaults
-    from miro.worker import BatchWorker
-    from miro.worker.fleet.submit import submit
+    from miro.worker.fleet.intake.submit import submit
+    from miro.worker.process.worker_config import WorkerConfig
 
     def option(command: str, name: str):
         return next(p.default for p in cli.commands[command].params if p.name == name)
 
-    worker = inspect.signature(BatchWorker.__init__).parameters
     engine = EngineConfig()
     for command in ("worker", "run", "generate"):
         assert option(command, "kv_cache_memory") == engine.kv_cache_memory == defaults.KV_CACHE_MEMORY
@@ -122,8 +121,65 @@ def test_options_and_keyword_arguments_take_their_defaults_from_one_module():
         assert option(command, "weights") == engine.weights == defaults.WEIGHTS
         assert option(command, "kv_cache_dtype") == engine.kv_cache_dtype == defaults.KV_CACHE_DTYPE
         assert option(command, "block_size") == engine.block_size == defaults.BLOCK_SIZE
-    assert option("worker", "flush_rows") == worker["flush_rows"].default == defaults.FLUSH_ROWS
-    assert option("worker", "flush_seconds") == worker["flush_seconds"].default == option("run", "flush_seconds")
-    assert option("worker", "heartbeat_slack") == worker["heartbeat_slack_s"].default == defaults.HEARTBEAT_SLACK_S
+    assert option("worker", "flush_rows") == WorkerConfig().flush_rows == defaults.FLUSH_ROWS
+    assert option("worker", "flush_seconds") == WorkerConfig().flush_seconds == option("run", "flush_seconds")
+    assert option("worker", "heartbeat_slack_s") == WorkerConfig().heartbeat_slack_s == defaults.HEARTBEAT_SLACK_S
     assert option("submit", "output") == inspect.signature(submit).parameters["output"].default == defaults.OUTPUT
     assert int(option("submit", "job_timeout")) == inspect.signature(submit).parameters["job_timeout"].default
+
+
+def test_every_engine_option_is_a_flag_and_an_environment_variable_of_every_command_that_loads_a_model():
+    """The options come from EngineConfig's fields (cli/common.engine_options): none can be missing anywhere."""
+    from dataclasses import fields
+
+    from miro.core import EngineConfig
+
+    for command in ("worker", "run", "generate", "embed"):
+        params = {p.name: p for p in cli.commands[command].params}
+        for f in fields(EngineConfig):
+            assert f.name in params, (command, f.name)
+            assert params[f.name].envvar == f"MIRO_{f.name.upper()}"
+            assert params[f.name].default == f.default, (command, f.name)
+
+
+def test_engine_options_from_the_environment_are_parsed_and_a_bad_value_is_one_sentence():
+    import pytest
+
+    from miro.core import EngineConfig, MiroError
+
+    env = {"MIRO_KV_CACHE_MEMORY": "2GiB", "MIRO_MAX_NUM_SEQS": "8", "MIRO_BATCH_INVARIANT": "off",
+           "MIRO_ENABLE_CHUNKED_PREFILL": "false", "MIRO_EMBED_BATCH_TOKENS": "512", "MIRO_UNRELATED": "x"}
+    assert EngineConfig.from_env(env) == {"kv_cache_memory": "2GiB", "max_num_seqs": 8, "batch_invariant": False,
+                                          "enable_chunked_prefill": False, "embed_batch_tokens": 512}
+    EngineConfig.of(EngineConfig.from_env(env))  # every name is an option
+    for bad, says in [({"MIRO_MAX_NUM_SEQS": "many"}, "MIRO_MAX_NUM_SEQS='many': give a whole number."),
+                      ({"MIRO_BLOCK_SIZE": "8"}, "MIRO_BLOCK_SIZE='8': give a number of at least 16."),
+                      ({"MIRO_WEIGHTS": "int3"}, "MIRO_WEIGHTS='int3': give one of auto, f32, native, bf16, i16."),
+                      ({"MIRO_BATCH_INVARIANT": "maybe"}, "MIRO_BATCH_INVARIANT='maybe': give one of")]:
+        with pytest.raises(MiroError) as err:
+            EngineConfig.from_env(bad)
+        assert str(err.value).startswith(says)
+
+
+def test_worker_options_come_from_worker_config_and_its_environment():
+    """`miro worker`'s own options are WorkerConfig's fields; a worker started by `rq worker -w` reads the same
+    names from the environment, and a keyword given to BatchWorker wins over both."""
+    from dataclasses import fields
+
+    import pytest
+
+    from miro.core import MiroError
+    from miro.worker.process.worker_config import WorkerConfig
+
+    params = {p.name: p for p in cli.commands["worker"].params}
+    for f in fields(WorkerConfig):
+        assert params[f.name].envvar == f"MIRO_{f.name.upper()}"
+    env = {"MIRO_MODEL": "tiny", "MIRO_SERVED_MODEL_NAMES": "gpt-4o-mini, other", "MIRO_FLUSH_ROWS": "8",
+           "MIRO_SHUTDOWN_GRACE_S": "2.5"}
+    config = WorkerConfig.of({"flush_rows": 3, "metrics_port": None}, env)
+    assert (config.model, config.served_model_names, config.flush_rows, config.shutdown_grace_s) == (
+        "tiny", ("gpt-4o-mini", "other"), 3, 2.5)
+    with pytest.raises(MiroError, match="the worker has no option 'flush_every'"):
+        WorkerConfig.of({"flush_every": 3}, {})
+    with pytest.raises(MiroError, match=r"MIRO_METRICS_PORT='70000': give a number of at most 65535\."):
+        WorkerConfig.of({}, {"MIRO_METRICS_PORT": "70000"})

@@ -18,7 +18,7 @@ except SystemExit as e:
     code = e.code
 else:
     code = 0
-heavy = [m for m in ("numba", "miro.core.engine", "miro.core.kernels") if m in sys.modules]
+heavy = [m for m in ("numba", "miro.core.engine.engine", "miro.core.layers.pointwise") if m in sys.modules]
 print("IMPORTED", code, ",".join(heavy), file=sys.stderr)
 """
 

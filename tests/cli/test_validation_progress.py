@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from miro.cli import validation_progress
 from miro.cli.common import SHOWN_ERRORS
 from miro.cli.main import cli
-from miro.worker.fleet import dataset
+from miro.worker.fleet.intake import dataset
 
 
 def test_invalid_lines_come_first_then_the_count_then_one_sentence(tmp_path, redis_url, monkeypatch):
@@ -35,7 +35,7 @@ def test_invalid_lines_come_first_then_the_count_then_one_sentence(tmp_path, red
 def test_submit_and_run_refuse_a_custom_id_over_the_limit_in_one_sentence(tmp_path):
     """Issue 37: a custom id is at most MAX_CUSTOM_ID characters; `miro submit --dry-run` and `miro run` (which
     validates the file before it starts any Redis or model) refuse a longer one by its line."""
-    from miro.worker.fleet.inputs import MAX_CUSTOM_ID
+    from miro.worker.fleet.intake.inputs import MAX_CUSTOM_ID
 
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"id": "k" * (MAX_CUSTOM_ID + 1), "prompt": "hi"}) + "\n"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from miro.core import Engine, EngineConfig, MiroError, SamplingParams
-from miro.core.scheduler import seats_for
+from miro.core.engine.scheduler import seats_for
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 DOCUMENT = list(range(10, 74))  # 64 tokens: four full blocks every prompt that starts with it shares

@@ -142,7 +142,7 @@ def test_gemma3_fixture_is_consistent():
 
 
 def test_gemma3_fixture_is_for_the_registry_model():
-    from miro.core.registry import ALIASES
+    from miro.core.loading.registry import ALIASES
 
     source = ALIASES["gemma3-270m"]
     assert GEMMA3["model"] == source.filename

@@ -21,14 +21,14 @@ import pytest
 from fixture_files import FIXTURES
 from gguf_factory import write_tiny_model
 
-from miro.core.engine import Engine
-from miro.core.engine_config import EngineConfig
+from miro.core.engine.engine import Engine
+from miro.core.engine.engine_config import EngineConfig
 from miro.core.errors import ModelFileError
-from miro.core.gguf_file import GGUFFile
+from miro.core.loading.gguf_file import GGUFFile
 from miro.core.models import MODELS, load_model, model_class, read_config
-from miro.core.sampling import SamplingParams
-from miro.core.step_input import build_step_input
-from miro.core.tokenizer import Tokenizer
+from miro.core.sampling.params import SamplingParams
+from miro.core.engine.step_input import build_step_input
+from miro.core.tokenizers.tokenizer import Tokenizer
 
 ARCH = json.loads((FIXTURES / "arch_llamacpp.json").read_text())
 ARCH_LOGITS = np.load(FIXTURES / "arch_llamacpp.npz")

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from miro.core.layers import cpu
+from miro.core.kernels import cpu
 from miro.core.layers.attention import SCORE_QUERIES, paged_attention, score_queries_for
-from miro.core.step_input import ATTN_TILE, build_step_input
+from miro.core.engine.step_input import ATTN_TILE, build_step_input
 
 TOL = 1e-4
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from miro.core.errors import MiroError
-from miro.core.layers import cpu
-from miro.core.layers.bf16_gemm import matmul_bf16, pack_bf16, to_bf16_pairs
-from miro.core.weight_format import choose_weight_format
+from miro.core.kernels import cpu
+from miro.core.kernels.bf16_gemm import matmul_bf16, pack_bf16, to_bf16_pairs
+from miro.core.loading.weight_format import choose_weight_format
 
 needs_bf16 = pytest.mark.skipif(not cpu.HAS_BF16_DOT, reason="this CPU has no AVX512_BF16 (vdpbf16ps)")
 

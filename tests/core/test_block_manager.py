@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from block_helpers import make_seq, prefill, run_chunk
 
-import miro.core.block_manager as block_manager_module
-from miro.core.block_manager import BlockManager
+import miro.core.engine.block_manager as block_manager_module
+from miro.core.engine.block_manager import BlockManager
 
 # ---------------------------------------------------------------------------------------------------
 # Unit tests

@@ -25,9 +25,9 @@ from hypothesis.stateful import (
 
 from block_helpers import make_seq
 
-import miro.core.block_manager as block_manager_module
-from miro.core.block_manager import NO_HASH, BlockManager
-from miro.core.sequence import Sequence
+import miro.core.engine.block_manager as block_manager_module
+from miro.core.engine.block_manager import NO_HASH, BlockManager
+from miro.core.engine.sequence import Sequence
 
 MAX_LIVE = 8  # live sequences at once
 MAX_WAITING = 4  # preempted sequences waiting to be admitted again

@@ -1,4 +1,4 @@
-"""core/layers/cpu.py: the tier named from what numba compiles for, the per-type table, and the kernels of a
+"""core/kernels/cpu.py: the tier named from what numba compiles for, the per-type table, and the kernels of a
 lower tier run for real under its emulation (CI's machine may expose AVX-512, and users' machines may not)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from miro.core.errors import MiroError
-from miro.core.layers import cpu
-from miro.core.layers.weight_types import WEIGHT_TYPES
+from miro.core.kernels import cpu
+from miro.core.kernels.weight_types import WEIGHT_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,7 +93,7 @@ def _run_under(tier: str, code: str) -> str:
 @pytest.mark.skipif("avx2" not in cpu.runnable(), reason="the AVX2 emulation needs a CPU that runs AVX2")
 def test_the_tier_follows_what_numba_compiles_for():
     """NUMBA_CPU_NAME / NUMBA_CPU_FEATURES as the AVX2 emulation sets them: the tier is avx2, not the host's."""
-    out = _run_under("avx2", "from miro.core.layers import cpu; print(cpu.COMPILED.name, cpu.TIER.name, cpu.describe())")
+    out = _run_under("avx2", "from miro.core.kernels import cpu; print(cpu.COMPILED.name, cpu.TIER.name, cpu.describe())")
     assert out.split()[:2] == ["avx2", "avx2"]
     assert "NUMBA_CPU_*" in out
 
@@ -117,7 +117,7 @@ def test_kernel_equality_tests_pass_when_numba_compiles_for_avx2():
 _GREEDY = """
 import json, sys
 from miro.core import Engine, SamplingParams
-from miro.core.layers import cpu
+from miro.core.kernels import cpu
 prompts = ["The capital of France is", "def fibonacci(n):", "Write a haiku about the sea.", "1, 2, 3, 4,"]
 params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 result = {"tier": cpu.TIER.name}
@@ -153,7 +153,7 @@ def test_greedy_tokens_are_the_same_on_the_avx2_tier(smollm2_path):
 _EMBED = """
 import hashlib, json
 from miro.core import Engine
-from miro.core.layers import cpu
+from miro.core.kernels import cpu
 texts = ["A sentence to embed.", "Another, a little longer, with numbers 1, 2, 3.", "Pack me " * 60]
 result = {"tier": cpu.TIER.name}
 for weights in ("i16", "f32"):

@@ -47,7 +47,7 @@ def test_a_table_of_no_columns_rotates_nothing():
     """smollm3's unrotated layers (and granite's without RoPE) pass a RoPE table of no columns to the attention
     kernel: q and k come out bit for bit as they went in, k stored as is."""
     from miro.core.layers.attention import rope_and_store_kv
-    from miro.core.rope import RopeParams, RopeTable
+    from miro.core.layers.rope import RopeParams, RopeTable
 
     rng = np.random.default_rng(0)
     n_heads, n_kv, hd, block = 4, 2, 16, 16
@@ -66,7 +66,7 @@ def test_a_table_of_no_columns_rotates_nothing():
 
 
 def test_each_architecture_reads_its_own_config(tmp_path):
-    from miro.core.gguf_file import GGUFFile
+    from miro.core.loading.gguf_file import GGUFFile
     from miro.core.models import read_config
 
     def config(name, **kw):

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from miro.core import Engine
-from miro.core.convert import gguf_tensor_name, phantom_vocabulary
+from miro.core.loading.convert import gguf_tensor_name, phantom_vocabulary
 from miro.core.errors import ModelFileError, RequestError
-from miro.core.layers import cpu
-from miro.core.pooling import PoolingParams
+from miro.core.kernels import cpu
+from miro.core.layers.pooling import PoolingParams
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 sys.path.insert(0, str(Path(__file__).parents[1]))

@@ -95,7 +95,7 @@ def test_stats_and_blocks_freed(loaded):
 def test_token_rates_cover_the_window_and_fall_to_zero_when_idle(loaded, monkeypatch):
     import time
 
-    import miro.core.stats as stats_module
+    import miro.core.engine.stats as stats_module
 
     engine = make_engine(loaded, num_kv_blocks=64)
     engine.generate(CHAT_PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miro.core.layers import cpu
-from miro.core.layers.gemm import matmul_invariant, pack_panels
+from miro.core.kernels import cpu
+from miro.core.kernels.f32_gemm import matmul_invariant, pack_panels
 
 TIERS = [pytest.param(cpu.TIERS[name], id=name) for name in cpu.runnable()]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from miro.core.layers import halfs
+from miro.core.kernels import halfs
 
 pytestmark = pytest.mark.skipif(not halfs.HALF_IN_HARDWARE, reason="no float16 instructions to compare with")
 

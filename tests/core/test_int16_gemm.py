@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from miro.core.errors import MiroError
-from miro.core.layers import cpu, encoder
-from miro.core.layers.int16_gemm import BLOCK, LIMIT, matmul_i16, pack_i16, quantize_rows
-from miro.core.weight_format import choose_weight_format
+from miro.core.kernels import cpu
+from miro.core.layers import encoder
+from miro.core.kernels.int16_gemm import BLOCK, LIMIT, matmul_i16, pack_i16, quantize_rows
+from miro.core.loading.weight_format import choose_weight_format
 
 needs_int16 = pytest.mark.skipif(not cpu.HAS_INT16_DOT, reason="the int16 GEMM needs an x86 CPU with AVX2")
 

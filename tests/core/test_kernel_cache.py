@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from gguf import GGMLQuantizationType as Q
 
-from miro.core.layers import cpu
-from miro.core.layers.weight_types import WEIGHT_TYPES
+from miro.core.kernels import cpu
+from miro.core.kernels.weight_types import WEIGHT_TYPES
 
 
 def test_each_weight_types_kernels_have_their_own_qualnames():

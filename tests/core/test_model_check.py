@@ -1,5 +1,5 @@
 """Correct or refused: every tensor of a file and every {arch}.* key that changes the math is one miro
-implements, else the file is refused in one sentence naming the tensor or key (core/model_check.py).
+implements, else the file is refused in one sentence naming the tensor or key (core/loading/model_check.py).
 
 The tensors walk gguf-py's MODEL_TENSORS for each architecture miro runs: each kind there is either read by
 miro's module for it (a tiny file carrying it loads) or refused by name when a file carries it."""
@@ -10,8 +10,8 @@ import pytest
 from gguf_factory import write_tiny_model
 
 from miro.core import Engine, ModelFileError
-from miro.core.gguf_file import GGUFFile
-from miro.core.model_check import KEYS_READ, architecture_enum
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.loading.model_check import KEYS_READ, architecture_enum
 from miro.core.models import read_config
 
 MT = gguf.MODEL_TENSOR

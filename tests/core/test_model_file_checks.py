@@ -10,8 +10,8 @@ import pytest
 from gguf_factory import encode_weight, patched_copy, tiny_vocab, write_tiny_llama
 
 from miro.core import Engine, ModelFileError
-from miro.core.config import MAX_CONTEXT_LENGTH
-from miro.core.rope import ROPE_CHUNK
+from miro.core.loading.model_config import MAX_CONTEXT_LENGTH
+from miro.core.layers.rope import ROPE_CHUNK
 
 MIRO = Path(sys.executable).parent / "miro"
 FLIPPED_CONTEXT = 8192 | 1 << 28  # llama.context_length of the default model with bit 28 flipped

@@ -19,8 +19,8 @@ from reference_model import reference_logits
 
 from miro.cli.main import cli
 from miro.core import Engine, ModelFileError, SamplingParams
-from miro.core.dequant import dequantize
-from miro.core.gguf_file import GGUFFile
+from miro.core.kernels.dequant import dequantize
+from miro.core.loading.gguf_file import GGUFFile
 
 
 @pytest.fixture(scope="module")

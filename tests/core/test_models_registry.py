@@ -6,7 +6,7 @@ import pytest
 from gguf_factory import write_tiny_llama, write_unsupported_arch
 
 from miro.core import Engine, ModelFileError
-from miro.core.gguf_file import GGUFFile
+from miro.core.loading.gguf_file import GGUFFile
 from miro.core.models import MODELS, LlamaModel, load_model, model_class, read_config
 
 

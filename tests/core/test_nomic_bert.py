@@ -24,11 +24,12 @@ import pytest
 
 from miro.core import Engine
 from miro.core.errors import ModelFileError
-from miro.core.layers import cpu, encoder
-from miro.core.model_check import architecture_enum
+from miro.core.kernels import cpu
+from miro.core.layers import encoder
+from miro.core.loading.model_check import architecture_enum
 from miro.core.models import MODELS as SUPPORTED
 from miro.core.models.bert import encoder_input
-from miro.core.pooling import PoolingParams
+from miro.core.layers.pooling import PoolingParams
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 sys.path.insert(0, str(Path(__file__).parents[1]))

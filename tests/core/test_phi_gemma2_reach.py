@@ -76,7 +76,7 @@ def test_what_llamacpp_would_not_run_is_refused_in_one_sentence(tmp_path, kwargs
 
 
 def test_each_reads_its_own_config(tmp_path):
-    from miro.core.gguf_file import GGUFFile
+    from miro.core.loading.gguf_file import GGUFFile
     from miro.core.models import read_config
 
     def config(name, **kw):
@@ -112,7 +112,7 @@ def test_what_llamacpp_reads_when_present_loads(tmp_path):
 
 
 def test_models_inspect_names_the_longrope_choice(files):
-    from miro.core.model_info import inspect_model
+    from miro.core.loading.model_info import inspect_model
 
     info = inspect_model(files["phi3-longrope-short-F32"])
     assert info.runs and info.rope_scaling == "none + longrope factors (the long ones where max_model_len exceeds 4,096)"

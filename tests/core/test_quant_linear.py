@@ -1,4 +1,4 @@
-"""miro.core.layers.Linear with weights kept as GGUF blocks: llama.cpp's scheme, accuracy, batch invariance.
+"""miro.core.layers.linear.Linear with weights kept as GGUF blocks: llama.cpp's scheme, accuracy, batch invariance.
 
 The reference here is a plain numpy transcription of ggml's reference code: the activation
 quantizers (quantize_row_q8_0_ref / _q8_1_ref / _q8_K_ref) and the generic vec_dot functions
@@ -12,15 +12,21 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from gguf import quants as gguf_quants
 
-from miro.core.dequant import dequantize
-from miro.core.gguf_file import GGUFFile, TensorInfo
-from miro.core.layers import Linear, cpu
-from miro.core.layers.activations import (quantize_q8_32, quantize_q8_32_columns, quantize_q8_k,
-                                         quantize_q8_k_columns, quantize_q8_k_quads)
-from miro.core.layers.weight_types import WEIGHT_TYPES
+from miro.core.kernels.dequant import dequantize
+from miro.core.loading.gguf_file import GGUFFile, TensorInfo
+from miro.core.layers.linear import Linear
+from miro.core.kernels import cpu
+from miro.core.kernels.quantize_activations import (
+    quantize_q8_32,
+    quantize_q8_32_columns,
+    quantize_q8_k,
+    quantize_q8_k_columns,
+    quantize_q8_k_quads,
+)
+from miro.core.kernels.weight_types import WEIGHT_TYPES
 
 F32 = np.float32
-# the types of each activation format, from the table of weight types (core/layers/weight_types.py)
+# the types of each activation format, from the table of weight types (core/kernels/weight_types.py)
 BLOCK32 = [t for t, row in WEIGHT_TYPES.items() if row.activations == "q8_0"]
 SUPERBLOCK = [t for t, row in WEIGHT_TYPES.items() if row.activations == "q8_k"]
 QUANT_TYPES = BLOCK32 + SUPERBLOCK

@@ -38,7 +38,7 @@ def miro_logits(engine):
 
 
 def test_fixtures_are_for_this_model(smollm2_path):
-    from miro.core.registry import ALIASES, DEFAULT_MODEL
+    from miro.core.loading.registry import ALIASES, DEFAULT_MODEL
 
     assert HF["model_sha256"] == ALIASES[DEFAULT_MODEL].sha256
     assert len(HF["prompts"]) == 20 and HF_LOGITS.shape == (20, 49152)

@@ -9,8 +9,9 @@ two poisoned lines of issue 37 with the engine's and submit's checks bypassed, a
 import numpy as np
 import pytest
 
-from miro.core import Engine, RequestError, SamplingParams, constraint
-from miro.core.outputs import EmbeddingRequestOutput
+from miro.core import Engine, RequestError, SamplingParams
+from miro.core.sampling import constraint
+from miro.core.engine.outputs import EmbeddingRequestOutput
 
 POISON_GRAMMAR = 'start: "a"{60000}'  # compiles; llguidance refuses it at its first token ("Too many items")
 
@@ -219,7 +220,7 @@ def test_reset_drops_every_request_and_frees_the_cache(engine):
 
 
 def test_a_fault_in_one_embedding_s_pooling_fails_that_input_alone(minilm_path):
-    from miro.core.pooling import PoolingParams
+    from miro.core.layers.pooling import PoolingParams
 
     embedder = Engine.from_model(minilm_path)
     expected = embedder.embed(["one", "two", "three"])

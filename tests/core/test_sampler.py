@@ -7,7 +7,7 @@ import pytest
 from fixture_files import FIXTURES
 
 from miro.core import Engine, SamplingParams
-from miro.core.sampler import apply_penalties, sample_row
+from miro.core.sampling.sampler import apply_penalties, sample_row
 
 PROMPTS = [p["prompt_ids"] for p in json.loads((FIXTURES / "hf_reference.json").read_text())["prompts"]]
 
@@ -124,10 +124,11 @@ def test_logprobs_match_softmax_of_logits(engine):
     first = out.outputs[0].logprobs[0]
     logits = engine.logits(PROMPTS[8]).astype(np.float64)
     expected = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
-    assert first["token_id"] == out.token_ids[0]
-    assert first["logprob"] == pytest.approx(expected[out.token_ids[0]], abs=1e-5)
-    assert [t for t, _ in first["top"]] == np.argsort(-expected)[:5].tolist()
-    assert np.exp([lp for _, lp in first["top"]]).sum() <= 1.0
+    assert first.token_id == out.token_ids[0]
+    assert first.bytes == engine.tokenizer.token_bytes(first.token_id) and first.token == first.bytes.decode()
+    assert first.logprob == pytest.approx(expected[out.token_ids[0]], abs=1e-5)
+    assert [t.token_id for t in first.top_logprobs] == np.argsort(-expected)[:5].tolist()
+    assert np.exp([t.logprob for t in first.top_logprobs]).sum() <= 1.0
     assert len(out.outputs[0].logprobs) == len(out.token_ids)
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from miro.core import Engine, RequestError, SamplingParams
-from miro.core.sampler import apply_token_masks
-from miro.core.constraint import StructuredOutputsParams, parsed_json
-from miro.core.structured_output import TokenMasks
+from miro.core.sampling.sampler import apply_token_masks
+from miro.core.sampling.constraint import StructuredOutputsParams, parsed_json
+from miro.core.sampling.structured_output import TokenMasks
 
 PERSON = {
     "type": "object",
@@ -53,8 +53,12 @@ def stopped_texts(results) -> list[str]:
 
 
 def test_json_schema_outputs_validate(engine):
-    for text in stopped_texts(generate(engine, {"json": PERSON})):
+    results = generate(engine, {"json": PERSON})
+    for text in stopped_texts(results):
         jsonschema.validate(json.loads(text), PERSON)
+    for choice in (c for choices in results for c in choices):  # the engine's parsed output, as the rows carry it
+        assert choice.parsed == parsed_json(StructuredOutputsParams(json=PERSON), choice.text, choice.finish_reason)
+    assert any(c.parsed for choices in results for c in choices)
 
 
 def test_json_object_outputs_are_objects(engine):
@@ -88,6 +92,7 @@ def test_cut_by_max_tokens_says_length_and_parses_to_nothing(engine):
     out = generate(engine, {"json": PERSON}, n_prompts=1, max_tokens=3)[0][0]
     assert out.finish_reason == "length"
     assert parsed_json(StructuredOutputsParams(json=PERSON), out.text, out.finish_reason) is None
+    assert out.parsed is None
 
 
 def test_n_choices_each_follow_the_constraint(engine):

@@ -6,8 +6,8 @@ import gguf
 import pytest
 
 from miro.core.errors import ModelFileError, RequestError
-from miro.core.gguf_file import GGUFFile
-from miro.core.tokenizer import IncrementalDetokenizer, Tokenizer
+from miro.core.loading.gguf_file import GGUFFile
+from miro.core.tokenizers.tokenizer import IncrementalDetokenizer, Tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CORPUS = json.loads((FIXTURES / "tokenizer_corpus.json").read_text(encoding="utf-8"))

@@ -12,11 +12,11 @@ from gguf_factory import write_tiny_model
 
 from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
-from miro.core.kv_cache import KVCache
-from miro.core.layers import cpu
-from miro.core.gguf_file import TensorInfo
-from miro.core.step_input import build_step_input
-from miro.core.weight_format import NATIVE_SPEEDUP, TABLE_OF, choose_weight_format, native_speedup
+from miro.core.engine.kv_cache import KVCache
+from miro.core.kernels import cpu
+from miro.core.loading.gguf_file import TensorInfo
+from miro.core.engine.step_input import build_step_input
+from miro.core.loading.weight_format import NATIVE_SPEEDUP, TABLE_OF, choose_weight_format, native_speedup
 
 CHATS = [c["messages"] for c in json.loads((FIXTURES / "chat_prompts.json").read_text(encoding="utf-8"))]
 ARCH = json.loads((FIXTURES / "arch_llamacpp.json").read_text())
@@ -191,7 +191,7 @@ def test_auto_takes_the_faster_format_and_f32_only_within_the_budget():
 def test_the_feed_forward_in_chunks_of_rows_gives_the_bits_of_one_call(engines, fmt):
     """feed_forward takes runs of rows to bound a prefill's largest buffers; batch-invariant layers must give
     the same bits as one call over all the rows."""
-    from miro.core import kernels
+    from miro.core.layers import pointwise
     from miro.core.models.common import FFN_BYTES, feed_forward
 
     layer = engines[fmt].model.layers[0]
@@ -199,5 +199,5 @@ def test_the_feed_forward_in_chunks_of_rows_gives_the_bits_of_one_call(engines, 
     x = np.random.default_rng(0).standard_normal((2 * run + 37, layer.w_gate_up.in_features)).astype(np.float32)
     gate_up = layer.w_gate_up(x)
     act = np.empty((len(x), gate_up.shape[1] // 2), dtype=np.float32)
-    kernels.silu_mul(gate_up, act)
-    np.testing.assert_array_equal(feed_forward(x, layer.w_gate_up, layer.w_down, kernels.silu_mul), layer.w_down(act))
+    pointwise.silu_mul(gate_up, act)
+    np.testing.assert_array_equal(feed_forward(x, layer.w_gate_up, layer.w_down, pointwise.silu_mul), layer.w_down(act))

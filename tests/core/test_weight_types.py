@@ -1,4 +1,4 @@
-"""core/layers/weight_types.py, the one table of weight types, walked row by row: each row's block matches gguf's,
+"""core/kernels/weight_types.py, the one table of weight types, walked row by row: each row's block matches gguf's,
 its dequantizer gives gguf-py's bits, and it has a native kernel on every CPU tier cpu.py knows (or says, by
 F32_FALLBACK, that it has none). A type added without a kernel for some tier fails here."""
 
@@ -13,13 +13,22 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants as gguf_quants
 from gguf_factory import SUPPORTED_TYPES as FACTORY_TYPES
 
-from miro.core.dequant import SUPPORTED_TYPES, dequantize
-from miro.core.gguf_file import TensorInfo
-from miro.core.layers import NATIVE_TYPES, Linear, cpu
+from miro.core.kernels.dequant import SUPPORTED_TYPES, dequantize
+from miro.core.loading.gguf_file import TensorInfo
+from miro.core.kernels.weight_types import NATIVE_TYPES
+from miro.core.layers.linear import Linear
+from miro.core.kernels import cpu
 from miro.core.layers.linear import has_native_kernel
-from miro.core.layers.weight_types import (BLOCKS_32, F32_FALLBACK, FLOAT_TYPES, FLOATS, SUPERBLOCKS, WEIGHT_TYPES,
-                                           Kernels)
-from miro.core.weights import FLOAT_TYPES as LOADER_FLOAT_TYPES
+from miro.core.kernels.weight_types import (
+    BLOCKS_32,
+    F32_FALLBACK,
+    FLOAT_TYPES,
+    FLOATS,
+    SUPERBLOCKS,
+    WEIGHT_TYPES,
+    Kernels,
+)
+from miro.core.loading.weights import FLOAT_TYPES as LOADER_FLOAT_TYPES
 
 ROWS = list(WEIGHT_TYPES.values())
 # the activation format each kernel family takes

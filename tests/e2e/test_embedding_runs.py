@@ -17,8 +17,8 @@ from polling import kill_one_of_two_workers
 
 from miro.cli.main import cli
 from miro.core import Engine
-from miro.core.pooling import PoolingParams
-from miro.worker.fleet import batches
+from miro.core.layers.pooling import PoolingParams
+from miro.worker.fleet.records import batches
 
 MODEL = "all-minilm-l6-v2"
 MIRO = [sys.executable, "-c", "from miro.cli.main import cli; cli()"]

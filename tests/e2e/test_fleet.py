@@ -25,9 +25,9 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, keys, scripts, workers
-from miro.worker.fleet.routing import model_name, queue_for, worker_queues
-from miro.worker.fleet.results import read_parts
+from miro.worker.fleet.records import batches, keys, scripts, workers
+from miro.worker.fleet.intake.routing import model_name, queue_for, worker_queues
+from miro.worker.fleet.output.results import read_parts
 
 LIFECYCLE = ["validating", "in_progress", "finalizing", "completed"]
 

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from polling import wait_for
 
 from miro.cli.main import cli
-from miro.worker.fleet import batches
+from miro.worker.fleet.records import batches
 
 LINES = 200  # of 100 tokens each, two at a time: a few seconds of work for the tiny model, even on a fast machine
 ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
@@ -224,7 +224,7 @@ def test_resume_with_nothing_to_resume_is_one_sentence(tmp_path):
     ('{"id": "a", "prompt": 5}\n', "1 of 1 lines is invalid, so nothing was enqueued"),
 ])
 def test_a_missing_or_invalid_dataset_fails_before_anything_starts(tmp_path, monkeypatch, content, message):
-    from miro.worker.fleet.embedded_redis import EmbeddedRedis
+    from miro.worker.fleet.records.embedded_redis import EmbeddedRedis
 
     def no_redis(self):
         raise AssertionError("Redis was started")
@@ -262,7 +262,7 @@ def test_jsonl_output_in_input_order_and_the_runs_pace(tmp_path, tiny_model):
 
 
 def test_dry_run_validates_and_starts_nothing(tmp_path, monkeypatch):
-    from miro.worker.fleet.embedded_redis import EmbeddedRedis
+    from miro.worker.fleet.records.embedded_redis import EmbeddedRedis
 
     def no_redis(self):
         raise AssertionError("Redis was started")

@@ -1,12 +1,13 @@
-"""miro.worker.fleet.counted: an ended batch's counted set moves to storage, so Redis keeps nothing a request for its
+"""miro.worker.fleet.lifecycle.counted: an ended batch's counted set moves to storage, so Redis keeps nothing a request for its
 TTL, and comes back for what runs the batch again; exactly-once counting holds throughout (real redis-server)."""
 
 import json
 
 import redis
 
-from miro.worker.fleet import batches, control, counted, keys, release, scripts
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.records import batches, keys, scripts
+from miro.worker.fleet.lifecycle import control, counted, release
+from miro.worker.fleet.intake.submit import submit
 
 
 def _batch(tmp_path, conn, n: int = 5, **options) -> str:

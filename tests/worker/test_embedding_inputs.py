@@ -7,9 +7,9 @@ import json
 import pytest
 
 from miro.core.errors import MiroError
-from miro.worker.fleet.dataset import parse_dataset
-from miro.worker.fleet.payload import JobPayload
-from miro.worker.fleet.job_writer import payload
+from miro.worker.fleet.intake.dataset import parse_dataset
+from miro.worker.fleet.records.payload import JobPayload
+from miro.worker.fleet.intake.job_writer import payload
 from input_lines import CHAT, parse, write
 
 EMBEDDINGS = "/v1/embeddings"

@@ -18,10 +18,10 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.core import Engine
-from miro.core.pooling import PoolingParams
+from miro.core.layers.pooling import PoolingParams
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches
-from miro.worker.fleet.routing import queue_for
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.intake.routing import queue_for
 
 MODEL = "all-minilm-l6-v2"
 LONG = "the quick brown fox jumps over the lazy dog " * 60  # about 540 tokens: over MiniLM's 512

@@ -18,9 +18,12 @@ from rq.serializers import JSONSerializer
 from miro.cli.main import cli
 from miro.core.errors import MiroError
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, durations, expiry, keys, results
-from miro.worker.fleet.routing import queue_for
-from miro.worker.fleet.rows import EXPIRED_ERROR
+from miro.worker.fleet.records import batches, keys
+from miro.worker.fleet.intake import durations
+from miro.worker.fleet.lifecycle import expiry
+from miro.worker.fleet.output import results
+from miro.worker.fleet.intake.routing import queue_for
+from miro.worker.fleet.output.rows import EXPIRED_ERROR
 
 pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
 

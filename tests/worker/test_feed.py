@@ -16,11 +16,14 @@ from rq.serializers import JSONSerializer
 
 from miro.core import defaults
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, control, expiry, feed, keys, results, spool
-from miro.worker.fleet.job_writer import JobWriter
-from miro.worker.fleet.payload import payloads_of
-from miro.worker.fleet.routing import queue_for
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.records import batches, keys
+from miro.worker.fleet.lifecycle import control, expiry
+from miro.worker.fleet.intake import feed, spool
+from miro.worker.fleet.output import results
+from miro.worker.fleet.intake.job_writer import JobWriter
+from miro.worker.fleet.records.payload import payloads_of
+from miro.worker.fleet.intake.routing import queue_for
+from miro.worker.fleet.intake.submit import submit
 
 
 def dataset(tmp_path, n: int, max_tokens: int = 1):

@@ -13,10 +13,11 @@ from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, control, counted
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.lifecycle import control, counted
 from miro.worker.process.jobs import GAVE_UP
-from miro.worker.fleet.routing import queue_for
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.intake.routing import queue_for
+from miro.worker.fleet.intake.submit import submit
 
 
 def new_batch(tmp_path, conn, model, lines, per_job: int) -> str:

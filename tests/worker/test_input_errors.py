@@ -1,4 +1,4 @@
-"""miro.worker.fleet.inputs: what is wrong with a line or a file, in one clean sentence each, naming the line and field."""
+"""miro.worker.fleet.intake.inputs: what is wrong with a line or a file, in one clean sentence each, naming the line and field."""
 
 import json
 
@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from miro.core.errors import MiroError
-from miro.core.sampling import SamplingParams
-from miro.worker.fleet.dataset import ParseResult, parse_dataset
+from miro.core.sampling.params import SamplingParams
+from miro.worker.fleet.intake.dataset import ParseResult, parse_dataset
 from input_lines import CHAT, COMPLETIONS, only_error, openai, parse, write
 
 
@@ -390,7 +390,7 @@ def test_a_line_with_no_end_over_the_limit_is_read_in_bounded_pieces(tmp_path):
     not the line's (tracemalloc's peak), so a bigger file costs no more."""
     import tracemalloc
 
-    from miro.worker.fleet.dataset import scan_dataset
+    from miro.worker.fleet.intake.dataset import scan_dataset
 
     path = tmp_path / "one_line.jsonl"
     with open(path, "wb") as f:
@@ -409,7 +409,7 @@ def test_a_line_with_no_end_over_the_limit_is_read_in_bounded_pieces(tmp_path):
 
 
 def test_custom_id_over_the_limit_is_refused_without_keeping_it(tmp_path):
-    from miro.worker.fleet.inputs import MAX_CUSTOM_ID
+    from miro.worker.fleet.intake.inputs import MAX_CUSTOM_ID
 
     long_id = "k" * (MAX_CUSTOM_ID + 1)
     result = parse(tmp_path, {"id": "a" * MAX_CUSTOM_ID, "prompt": "at the limit"}, {"id": long_id, "prompt": "x"},

@@ -1,11 +1,11 @@
-"""miro.worker.fleet.inputs: valid lines of JSONL datasets for miro-submit, both line forms, normalised to Requests.
+"""miro.worker.fleet.intake.inputs: valid lines of JSONL datasets for miro-submit, both line forms, normalised to Requests.
 Errors are test_input_errors.py's."""
 
 import pytest
 
-from miro.core.sampling import SamplingParams
-from miro.worker.fleet.dataset import parse_dataset
-from miro.worker.fleet.inputs import Request
+from miro.core.sampling.params import SamplingParams
+from miro.worker.fleet.intake.dataset import parse_dataset
+from miro.worker.fleet.records.payload import Request
 from input_lines import CHAT, COMPLETIONS, openai, parse
 
 
@@ -17,7 +17,7 @@ def test_simple_prompt_line(tmp_path):
     assert result.ok and result.errors == [] and result.file_error is None
     assert result.requests == [
         Request(custom_id="q1", line=1, kind="completion", prompt="Say hi.", messages=None,
-                sampling={"max_tokens": None}, model=None, form="simple", url=None)
+                sampling={"max_tokens": None}, requested_model=None, form="simple", url=None)
     ]
 
 
@@ -87,7 +87,7 @@ def test_openai_chat_line(tmp_path):
         sampling={"max_tokens": 9, "temperature": 0.2, "top_p": 0.5, "n": 1, "seed": 42, "stop": ["x", "y"],
                   "presence_penalty": 0.1, "frequency_penalty": 0.2, "logprobs": 3, "top_k": 5, "min_p": 0.1,
                   "repetition_penalty": 1.2, "ignore_eos": False},
-        model="gpt-4o-mini", form="openai", url=CHAT,
+        requested_model="gpt-4o-mini", form="openai", url=CHAT,
     )
 
 
@@ -105,7 +105,7 @@ def test_openai_completion_line(tmp_path):
     (request,) = parse(tmp_path, line).requests
     assert request == Request(
         custom_id="c9", line=1, kind="completion", prompt="Once upon", messages=None,
-        sampling={"max_tokens": 20, "logprobs": 2}, model=None, form="openai", url=COMPLETIONS,
+        sampling={"max_tokens": 20, "logprobs": 2}, requested_model=None, form="openai", url=COMPLETIONS,
     )
 
 

@@ -16,9 +16,9 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches
-from miro.worker.fleet.results import read_parts
-from miro.worker.fleet.routing import model_name, queue_for
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.output.results import read_parts
+from miro.worker.fleet.intake.routing import model_name, queue_for
 
 
 @pytest.fixture(scope="module")

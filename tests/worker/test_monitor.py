@@ -1,5 +1,5 @@
 """`miro status` and `miro watch` on a real redis-server and real BatchWorkers on a tiny GGUF model; the figures
-they derive (worker/fleet/monitor.py) on records made in the test."""
+they derive (worker/fleet/observe/monitor.py) on records made in the test."""
 
 import dataclasses
 import io
@@ -20,11 +20,12 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.cli.monitor import render_status, render_watch, watch
-from miro.core.layers import cpu
-from miro.core.stats import EngineStats
+from miro.core.kernels import cpu
+from miro.core.engine.stats import EngineStats
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, monitor, workers
-from miro.worker.fleet.workers import WorkerRecord
+from miro.worker.fleet.records import batches, workers
+from miro.worker.fleet.observe import monitor
+from miro.worker.fleet.records.workers import WorkerRecord
 
 pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
 

@@ -12,8 +12,8 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches
-from miro.worker.fleet.routing import queue_for
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.intake.routing import queue_for
 
 s3_endpoint, s3 = s3_server.s3_endpoint, s3_server.s3  # the fixtures, for this module's tests
 

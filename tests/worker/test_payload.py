@@ -3,7 +3,7 @@
 import pytest
 
 from miro.core.errors import MiroError
-from miro.worker.fleet.payload import JobPayload
+from miro.worker.fleet.records.payload import JobPayload
 
 
 def test_round_trip_leaves_out_what_is_not_set():

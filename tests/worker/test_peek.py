@@ -1,4 +1,4 @@
-"""A batch's first errors and a few outputs for its page (worker/fleet/peek.py), from real part files and a real
+"""A batch's first errors and a few outputs for its page (worker/fleet/output/peek.py), from real part files and a real
 Redis: errors by line with their custom ids, invalid lines among them, each part file read once, and an error
 that a later run of the request replaced dropped."""
 
@@ -9,9 +9,9 @@ from datetime import datetime, timezone
 
 import redis
 
-from miro.worker.fleet import batches
-from miro.worker.fleet.peek import BatchPeek, PeekedRow
-from miro.worker.fleet.sink import ParquetSink
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.output.peek import BatchPeek, PeekedRow
+from miro.worker.fleet.output.sink import ParquetSink
 
 T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
 

@@ -11,9 +11,10 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, routing
-from miro.worker.fleet.payload import JobPayload
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.intake import routing
+from miro.worker.fleet.records.payload import JobPayload
+from miro.worker.fleet.intake.submit import submit
 
 pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
 

@@ -15,8 +15,8 @@ from rq.serializers import JSONSerializer
 
 from miro.cli.main import cli
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches
-from miro.worker.fleet.routing import priority_queue, queue_for
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.intake.routing import priority_queue, queue_for
 
 pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
 

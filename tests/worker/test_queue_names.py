@@ -12,9 +12,10 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, routing
-from miro.worker.fleet.routing import queue_for
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.intake import routing
+from miro.worker.fleet.intake.routing import queue_for
+from miro.worker.fleet.intake.submit import submit
 
 pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
 

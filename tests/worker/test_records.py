@@ -8,10 +8,10 @@ import time
 import pytest
 import redis
 
-from miro.core.stats import EngineStats
-from miro.worker.fleet import batches, keys, workers
-from miro.worker.fleet.batches import BatchRecord
-from miro.worker.fleet.workers import WorkerRecord
+from miro.core.engine.stats import EngineStats
+from miro.worker.fleet.records import batches, keys, workers
+from miro.worker.fleet.records.batches import BatchRecord
+from miro.worker.fleet.records.workers import WorkerRecord
 
 
 @pytest.mark.parametrize("decode", [False, True])

@@ -14,10 +14,10 @@ from polling import free_port, wait_for
 from rq.serializers import JSONSerializer
 
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, scripts
-from miro.worker.fleet.results import collect
-from miro.worker.fleet.routing import queue_for
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.records import batches, scripts
+from miro.worker.fleet.output.results import collect
+from miro.worker.fleet.intake.routing import queue_for
+from miro.worker.fleet.intake.submit import submit
 
 
 def start_redis(port: int, workdir) -> subprocess.Popen:

@@ -13,9 +13,11 @@ from rq.serializers import JSONSerializer
 from miro.cli.main import cli
 from miro.core import defaults
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, control, counted, expiry, keys, release, results, scripts
-from miro.worker.fleet.routing import queue_for
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.records import batches, keys, scripts
+from miro.worker.fleet.lifecycle import control, counted, expiry, release
+from miro.worker.fleet.output import results
+from miro.worker.fleet.intake.routing import queue_for
+from miro.worker.fleet.intake.submit import submit
 
 pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
 

@@ -20,8 +20,8 @@ from rq.serializers import JSONSerializer
 from input_lines import parse
 from miro.cli.main import cli
 from miro.worker import BatchWorker
-from miro.worker.fleet.payload import ResponseEcho
-from miro.worker.fleet.routing import queue_for
+from miro.worker.fleet.records.payload import ResponseEcho
+from miro.worker.fleet.intake.routing import queue_for
 
 URL = "/v1/responses"
 OK = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}

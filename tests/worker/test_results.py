@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pyarrow as pa
 import pytest
 
-from miro.worker.fleet.results import merge, read_parts, write_openai_jsonl
-from miro.worker.fleet.rows import SCHEMA, invalid_line_rows
-from miro.worker.fleet.sink import ParquetSink
+from miro.worker.fleet.output.results import merge, read_parts, write_openai_jsonl
+from miro.worker.fleet.output.rows import SCHEMA, invalid_line_rows
+from miro.worker.fleet.output.sink import ParquetSink
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 
@@ -115,8 +115,8 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
     """A request that asked for logprobs: each generated token with its text, bytes, logprob and top-2, in
     the Parquet column and as OpenAI's chat (`content`) and legacy completions (parallel lists) objects."""
     from miro.core import Engine, SamplingParams
-    from miro.worker.fleet.rows import result_rows
-    from miro.worker.fleet.payload import JobPayload
+    from miro.worker.fleet.output.rows import result_rows
+    from miro.worker.fleet.records.payload import JobPayload
 
     engine = Engine.from_model(tiny_model, num_kv_blocks=16)
     params = SamplingParams(max_tokens=4, logprobs=2, temperature=0, ignore_eos=True)
@@ -127,7 +127,7 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
     for kind, custom_id in (("chat", "c"), ("completion", "t")):
         payload = JobPayload(batch_id="batch_a", custom_id=custom_id, kind=kind, model="tiny",
                              sampling={"logprobs": 2}, prompt="hello")
-        for r in result_rows(payload, output, engine.tokenizer, job_id=f"job-{custom_id}", worker="w1", model="tiny",
+        for r in result_rows(payload, output, job_id=f"job-{custom_id}", worker="w1", model="tiny",
                              prompt="hello", started=0.0, finished=1.0):
             sink.add(r)
     sink.add(row("plain", job="job-plain"))  # no logprobs asked: null
@@ -138,8 +138,9 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
     entries = column["c"]
     assert [e["token_id"] for e in entries] == list(output.outputs[0].token_ids)
     for e, sampled in zip(entries, output.outputs[0].logprobs):
-        assert e["logprob"] == sampled["logprob"] <= 0 and e["bytes"] == engine.tokenizer.token_bytes(e["token_id"])
-        assert [t["token_id"] for t in e["top_logprobs"]] == [t for t, _ in sampled["top"]] and len(sampled["top"]) == 2
+        assert e["logprob"] == sampled.logprob <= 0 and e["bytes"] == engine.tokenizer.token_bytes(e["token_id"])
+        assert [t["token_id"] for t in e["top_logprobs"]] == [t.token_id for t in sampled.top_logprobs]
+        assert len(sampled.top_logprobs) == 2 and e["token"] == sampled.token
     write_openai_jsonl(merge(read_parts(str(tmp_path), "batch_a")), tmp_path / "out.jsonl", tmp_path / "errors.jsonl")
     lines = {json.loads(x)["custom_id"]: json.loads(x)["response"]["body"]["choices"][0] for x in open(tmp_path / "out.jsonl")}
     chat = lines["c"]["logprobs"]["content"]
@@ -155,7 +156,7 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
 
 
 def test_a_lines_own_fields_become_columns_of_the_results(tmp_path):
-    from miro.worker.fleet.results import spread_extra
+    from miro.worker.fleet.output.results import spread_extra
 
     sink = ParquetSink(str(tmp_path), "w1")
     sink.add({**row("q1", line=1), "extra": json.dumps({"category": "math", "score": 3})})

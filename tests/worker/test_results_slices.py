@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from miro.core import defaults
-from miro.worker.fleet import batches, keys, results
-from miro.worker.fleet.sink import ParquetSink
+from miro.worker.fleet.records import batches, connection, keys
+from miro.worker.fleet.output import results
+from miro.worker.fleet.output.sink import ParquetSink
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 CUT = json.dumps({"max_tokens": 4, "structured_outputs": {"json": {"type": "object"}}})
@@ -97,7 +98,7 @@ def generation_batch(conn, out) -> str:
 
 
 def test_tiny_slices_write_the_parquet_of_one_slice_and_of_the_whole_table(redis_url, tmp_path, monkeypatch):
-    conn = batches.connect(redis_url)
+    conn = connection.connect(redis_url)
     batch_id = generation_batch(conn, tmp_path / "out")
     monkeypatch.setattr(defaults, "RESULTS_SLICE_ROWS", 2)
     assert len(list(results.BatchResults(conn, batch_id).slices())) >= 5  # it did slice
@@ -115,7 +116,7 @@ def test_tiny_slices_write_the_parquet_of_one_slice_and_of_the_whole_table(redis
 
 
 def test_tiny_slices_write_the_openai_lines_of_one_slice_and_count_as_it_does(redis_url, tmp_path, monkeypatch):
-    conn = batches.connect(redis_url)
+    conn = connection.connect(redis_url)
     batch_id = generation_batch(conn, tmp_path / "out")
     paths = write_three_ways(conn, batch_id, tmp_path, monkeypatch, "jsonl")
     assert_same_lines(paths)
@@ -131,7 +132,7 @@ def test_tiny_slices_write_the_openai_lines_of_one_slice_and_count_as_it_does(re
 
 def test_an_embedding_batch_fixes_its_vector_size_across_slices(redis_url, tmp_path, monkeypatch):
     """The first part file has only a failure (no vector to take the size from); a request's inputs span parts."""
-    conn = batches.connect(redis_url)
+    conn = connection.connect(redis_url)
     out = tmp_path / "out"
     batch_id = new_batch(conn, out, task="embed")
     write_parts(out, batch_id, [
@@ -149,7 +150,7 @@ def test_an_embedding_batch_fixes_its_vector_size_across_slices(redis_url, tmp_p
 
 @pytest.mark.parametrize("sizes", [(4, 4, 2), (2, 4, 4)], ids=["last-differs", "first-differs"])
 def test_an_embedding_batch_of_two_vector_sizes_keeps_lists(redis_url, tmp_path, monkeypatch, sizes):
-    conn = batches.connect(redis_url)
+    conn = connection.connect(redis_url)
     out = tmp_path / "out"
     batch_id = new_batch(conn, out, task="embed")
     write_parts(out, batch_id, [[embed_row(f"e{i}", i, size=size)] for i, size in enumerate(sizes, 1)])
@@ -161,7 +162,7 @@ def test_an_embedding_batch_of_two_vector_sizes_keeps_lists(redis_url, tmp_path,
 
 
 def test_an_embedding_batch_that_all_failed_keeps_lists(redis_url, tmp_path, monkeypatch):
-    conn = batches.connect(redis_url)
+    conn = connection.connect(redis_url)
     out = tmp_path / "out"
     batch_id = new_batch(conn, out, task="embed")
     write_parts(out, batch_id, [[embed_row("e1", 1, error="x")], [embed_row("e2", 2, error="y")]])
@@ -171,7 +172,7 @@ def test_an_embedding_batch_that_all_failed_keeps_lists(redis_url, tmp_path, mon
 
 
 def test_an_expired_batchs_never_run_requests_come_last_in_every_slicing(redis_url, tmp_path, monkeypatch):
-    conn = batches.connect(redis_url)
+    conn = connection.connect(redis_url)
     out = tmp_path / "out"
     batch_id = new_batch(conn, out, total=5)
     write_parts(out, batch_id, [[gen_row("a", 1), gen_row("c", 3)], [gen_row("b", 2)]])
@@ -184,7 +185,7 @@ def test_an_expired_batchs_never_run_requests_come_last_in_every_slicing(redis_u
 
 
 def test_a_part_file_from_before_the_line_column_is_read_last(redis_url, tmp_path, monkeypatch):
-    conn = batches.connect(redis_url)
+    conn = connection.connect(redis_url)
     out = tmp_path / "out"
     batch_id = new_batch(conn, out)
     write_parts(out, batch_id, [[gen_row("b", 2), gen_row("a", 1)]])
@@ -197,7 +198,7 @@ def test_a_part_file_from_before_the_line_column_is_read_last(redis_url, tmp_pat
 
 
 def test_a_batch_with_no_rows_writes_an_empty_file_of_its_columns(redis_url, tmp_path, monkeypatch):
-    conn = batches.connect(redis_url)
+    conn = connection.connect(redis_url)
     batch_id = new_batch(conn, tmp_path / "out")
     conn.hset(keys.batch(batch_id), "status", "completed")
     table = assert_same_parquet(write_three_ways(conn, batch_id, tmp_path, monkeypatch))
@@ -205,7 +206,7 @@ def test_a_batch_with_no_rows_writes_an_empty_file_of_its_columns(redis_url, tmp
 
 
 def test_the_partial_file_carries_the_runs_counts_in_its_metadata(redis_url, tmp_path, monkeypatch):
-    conn = batches.connect(redis_url)
+    conn = connection.connect(redis_url)
     batch_id = generation_batch(conn, tmp_path / "out")
     monkeypatch.setattr(defaults, "RESULTS_SLICE_ROWS", 3)
     path = str(tmp_path / "r.partial.parquet")
@@ -216,14 +217,14 @@ def test_the_partial_file_carries_the_runs_counts_in_its_metadata(redis_url, tmp
 
 def _stored_batch(conn, out, status: str, ids: list[str], chunk_size: int = 3) -> str:
     """A batch whose requests are stored in chunks (spool.py), one a line from 1, as submit stores them."""
-    from miro.worker.fleet.inputs import Request
-    from miro.worker.fleet.spool import SpoolWriter
+    from miro.worker.fleet.records.payload import Request
+    from miro.worker.fleet.intake.spool import SpoolWriter
 
     batch_id = new_batch(conn, out, total=len(ids))
     writer = SpoolWriter(str(out), batch_id, chunk_size)
     for line, cid in enumerate(ids, 1):
         writer.add(Request(custom_id=cid, line=line, kind="chat", prompt=None, messages=[{"role": "user",
-                           "content": "x"}], sampling={}, model=None, form="simple", url=None))
+                           "content": "x"}], sampling={}, requested_model=None, form="simple", url=None))
     conn.hset(keys.batch(batch_id), mapping={"chunks": writer.close(), "spooled": len(ids), "status": status})
     return batch_id
 
@@ -233,7 +234,7 @@ def test_an_expired_batchs_stored_requests_that_never_ran_come_at_their_lines_sl
     """results.Unread reads the never-run requests from the stored chunks as each slice needs them: in every slicing
     the files equal collect's, each at its line; a request whose row has another line (a resume of an edited file)
     is not taken for one that never ran."""
-    conn = batches.connect(redis_url)
+    conn = connection.connect(redis_url)
     out = tmp_path / "out"
     ids = [f"r{i}" for i in range(1, 11)]
     batch_id = _stored_batch(conn, out, "expired", ids)
@@ -248,7 +249,7 @@ def test_an_expired_batchs_stored_requests_that_never_ran_come_at_their_lines_sl
 def test_a_cancelled_batchs_never_run_requests_only_when_asked(redis_url, tmp_path, monkeypatch):
     """Anthropic's results give a cancelled batch's never-run requests (`canceled`): BatchResults(cancelled=True)
     has a batch_cancelled row for each; OpenAI's files and miro results do not."""
-    conn = batches.connect(redis_url)
+    conn = connection.connect(redis_url)
     out = tmp_path / "out"
     batch_id = _stored_batch(conn, out, "cancelled", ["a", "b", "c", "d"])
     write_parts(out, batch_id, [[gen_row("b", 2)]])

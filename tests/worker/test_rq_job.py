@@ -18,10 +18,11 @@ from rq.serializers import JSONSerializer
 from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches, keys, release
-from miro.worker.fleet.payload import payloads_of
-from miro.worker.fleet.workers import list_workers
-from miro.worker.fleet.routing import queue_for
+from miro.worker.fleet.records import batches, keys
+from miro.worker.fleet.lifecycle import release
+from miro.worker.fleet.records.payload import payloads_of
+from miro.worker.fleet.records.workers import list_workers
+from miro.worker.fleet.intake.routing import queue_for
 from miro.worker.process import taking
 
 
@@ -386,7 +387,7 @@ def test_the_job_function_name_every_job_carries_finds_the_process_module():
     jobs queued before the function moved to miro.worker.process.jobs): RQ still imports it by that name."""
     from rq.utils import import_attribute
 
-    from miro.worker.fleet.job_writer import JOB_FUNCTION
+    from miro.worker.fleet.intake.job_writer import JOB_FUNCTION
     from miro.worker.process import jobs
     from miro.worker.process.batch_worker import ALLOWED_FUNCTIONS
 

@@ -1,11 +1,11 @@
-"""miro.worker.fleet.seen_ids: the hash table of custom ids miro-submit checks duplicates with, and estimated_lines."""
+"""miro.worker.fleet.intake.seen_ids: the hash table of custom ids miro-submit checks duplicates with, and estimated_lines."""
 
 import random
 
 import numpy as np
 import pytest
 
-from miro.worker.fleet.seen_ids import MIN_CAPACITY, WINDOW, SeenIds, _insert, estimated_lines, hash_ids
+from miro.worker.fleet.intake.seen_ids import MIN_CAPACITY, WINDOW, SeenIds, _insert, estimated_lines, hash_ids
 
 
 def test_duplicates_across_chunks_keep_the_first_line():
@@ -123,7 +123,7 @@ def test_hash_zero_is_taken_as_one(monkeypatch):
     seen._keys[1] = 1  # as if an id hashing to 0 or 1 had been added at line 5
     seen._lines[1], seen._count = 5, 1
     assert "x" not in seen
-    monkeypatch.setattr("miro.worker.fleet.seen_ids.hash_ids", lambda ids: np.zeros(len(ids), dtype=np.uint64))
+    monkeypatch.setattr("miro.worker.fleet.intake.seen_ids.hash_ids", lambda ids: np.zeros(len(ids), dtype=np.uint64))
     assert seen.add(["zero", "zero"], [6, 7]) == [(0, 5), (1, 5)] and len(seen) == 1
 
 
@@ -217,7 +217,7 @@ def test_estimated_lines_reads_a_bounded_block_of_a_line_with_no_end(tmp_path):
     """A file of one 50 MB line with no newline: the estimate reads a block of SAMPLE_BYTES, never the line."""
     import tracemalloc
 
-    from miro.worker.fleet.seen_ids import SAMPLE_BYTES
+    from miro.worker.fleet.intake.seen_ids import SAMPLE_BYTES
 
     one_line = tmp_path / "one_line.jsonl"
     with open(one_line, "wb") as f:

@@ -1,4 +1,4 @@
-"""The page's time series on a real Redis (worker/fleet/series.py): workers append a point per step as they
+"""The page's time series on a real Redis (worker/fleet/observe/series.py): workers append a point per step as they
 publish their hash, two workers leave one point per step of a batch they share, the streams are capped and
 expire, and readers turn counters into rates over a span and thin long series."""
 
@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import redis
 
-from miro.core.stats import EngineStats
-from miro.worker.fleet import keys, series, workers
-from miro.worker.fleet.batches import BatchRecord
-from miro.worker.fleet.series import BatchPoint, SeriesWriter
+from miro.core.engine.stats import EngineStats
+from miro.worker.fleet.records import keys, workers
+from miro.worker.fleet.observe import series
+from miro.worker.fleet.records.batches import BatchRecord
+from miro.worker.fleet.observe.series import BatchPoint, SeriesWriter
 
 T0 = 1_800_000_000.0  # a step boundary (a multiple of 5 s)
 

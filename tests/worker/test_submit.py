@@ -21,10 +21,11 @@ from rq.utils import utcparse
 from miro.cli.main import cli
 from miro.core import defaults
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, feed, keys
-from miro.worker.fleet.dataset import parse_dataset
-from miro.worker.fleet.job_writer import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL, JobWriter
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.records import batches, keys
+from miro.worker.fleet.intake import feed
+from miro.worker.fleet.intake.dataset import parse_dataset
+from miro.worker.fleet.intake.job_writer import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL, JobWriter
+from miro.worker.fleet.intake.submit import submit
 
 pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one request's RQ job
 

@@ -18,9 +18,9 @@ from rq.serializers import JSONSerializer
 
 from miro.core import Engine, MiroError
 from miro.worker import BatchWorker
-from miro.worker.fleet import batches
-from miro.worker.fleet.routing import queue_for
-from miro.worker.fleet.submit import submit
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.intake.routing import queue_for
+from miro.worker.fleet.intake.submit import submit
 from miro.worker.process.jobs import GAVE_UP
 
 POISON = [  # the two lines of issue 37's finding 1 (a tiny model's vocabulary has 272 tokens)
@@ -161,7 +161,7 @@ def test_a_group_run_again_after_its_worker_died_is_split_so_a_killer_is_quarant
     """A group whose worker died (retries left) comes back from RQ's clean-up; the worker that takes it queues each
     request not yet counted as a job of its own, with the group's retries left, and finishes the group. Those jobs
     then run (or, one that kills its workers again, is quarantined alone: QUARANTINE_AFTER deaths in all)."""
-    from miro.worker.fleet.job_writer import ABANDONED_RETRIES, QUARANTINE_AFTER
+    from miro.worker.fleet.intake.job_writer import ABANDONED_RETRIES, QUARANTINE_AFTER
 
     assert ABANDONED_RETRIES == QUARANTINE_AFTER - 1
     conn = redis.Redis.from_url(redis_url)

@@ -6,6 +6,6 @@ record onto OpenAI's Batch object; file_routes.py, batch_routes.py and fleet_rou
 page.html is the live page at /.
 """
 
-from .app import ServerConfig, create_app
+from miro.worker.api.app import ServerConfig, create_app
 
 __all__ = ["ServerConfig", "create_app"]

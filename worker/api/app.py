@@ -15,15 +15,16 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from miro.worker.fleet import batches
+from miro.worker.fleet.observe.urls import redacted
+from miro.worker.fleet.records import connection
 
-from . import batch_routes, chart_routes, file_routes, fleet_routes, message_routes, page, request_ids
-from .background import Background
-from .errors import ApiError
-from .file_store import FileStore
-from .hosts import KeylessGuard
-from .limits import BodyLimits
-from .state import ServerConfig, ServerState
+from miro.worker.api import batch_routes, chart_routes, file_routes, fleet_routes, message_routes, page, request_ids
+from miro.worker.api.background import Background
+from miro.worker.api.errors import ApiError
+from miro.worker.api.file_store import FileStore
+from miro.worker.api.hosts import KeylessGuard
+from miro.worker.api.limits import BodyLimits
+from miro.worker.api.state import ServerConfig, ServerState
 
 log = logging.getLogger("miro.serve")
 
@@ -53,7 +54,7 @@ def _add_error_handlers(app: FastAPI, redis_url: str) -> None:
     async def redis_error(request: Request, err: redis.RedisError):
         why = str(err).rstrip(".") or type(err).__name__
         if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):  # BusyLoadingError, AuthenticationError too
-            message = f"Redis at {batches.redacted(redis_url)} cannot be reached ({why}); try again once it is back."
+            message = f"Redis at {redacted(redis_url)} cannot be reached ({why}); try again once it is back."
             return _respond(request, ApiError(503, message, type="server_error", code="redis_unavailable"))
         why = why.rpartition(" of pipeline caused error: ")[2][:300]  # the error, not the command and its values
         log.error("Redis refused a command on %s %s (request %s): %s", request.method, request.url.path,
@@ -89,7 +90,7 @@ def _add_error_handlers(app: FastAPI, redis_url: str) -> None:
 def create_app(config: ServerConfig, conn: redis.Redis | None = None) -> FastAPI:
     """The app for `config`; connects to Redis (MiroError in one sentence if it does not answer) unless given
     `conn`, and opens the storage location (MiroError if it cannot)."""
-    conn = conn if conn is not None else batches.connect(config.redis_url)
+    conn = conn if conn is not None else connection.connect(config.redis_url)
     state = ServerState(config=config, conn=conn, store=FileStore(conn, config.storage))
 
     @asynccontextmanager

@@ -1,13 +1,11 @@
 """`miro serve`'s duties that no request waits for, every SERVER_SWEEP_S on a thread of their own:
 
-- expire the batches whose completion window has ended (expiry.expire_due, as every worker does too: a window
-  holds whether or not a server runs);
+- the fleet's duties, as every worker runs them too (lifecycle/housekeeping.py): expire the batches whose completion
+  window has ended, delete the RQ job keys of batches that ended a while ago, feed the batches whose requests wait in
+  storage;
 - write the output and error files of the batches whose run has just ended (the ids the settling count put in
   `miro:ended-batches`), so a batch reaches completed, cancelled or expired with its files without anyone asking;
 - delete the files past their expires_at, records and bytes (FileStore.sweep_expired);
-- delete the RQ job keys of batches that ended a while ago and are still waiting for it (release.release_stale, as
-  every worker does too);
-- feed the batches whose requests wait in storage (feed.top_up, as every worker does too);
 - at start and every LEFTOVER_SWEEP_S, remove what a server killed mid-request left in storage (leftovers.py).
 
 A Redis that stops answering is said once in the log and tried again each round; a command Redis refuses, or any
@@ -24,11 +22,12 @@ import redis
 
 from miro.core.defaults import SERVER_SWEEP_S
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, expiry, feed, keys, release
+from miro.worker.fleet.records import batches, keys
+from miro.worker.fleet.lifecycle import housekeeping
 
-from . import batch_records, leftovers
-from .batch_shape import ENDED, with_result_files
-from .state import ServerState
+from miro.worker.api import batch_records, leftovers
+from miro.worker.api.batch_shape import ENDED, with_result_files
+from miro.worker.api.state import ServerState
 
 log = logging.getLogger("miro.serve")
 
@@ -65,11 +64,9 @@ class Background(threading.Thread):
         self._leftovers_due = 0.0  # monotonic time of the next leftovers sweep: the first round's
 
     def once(self) -> None:
-        expiry.expire_due(self.state.conn)
+        housekeeping.run_duties(self.state.conn, log=log.warning)
         finalize_ended(self.state)
         self.state.store.sweep_expired()
-        release.release_stale(self.state.conn)
-        feed.top_up(self.state.conn, log=log.warning)
         if time.monotonic() >= self._leftovers_due:
             self._leftovers_due = time.monotonic() + leftovers.LEFTOVER_SWEEP_S  # a failing sweep waits its turn too
             leftovers.sweep(self.state.store)

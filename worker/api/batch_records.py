@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import redis
 
-from miro.worker.fleet import keys, scripts
-from miro.worker.fleet.batches import BatchRecord
+from miro.worker.fleet.records import keys, scripts
+from miro.worker.fleet.records.batches import BatchRecord
 
-from .shapes import BatchError
+from miro.worker.api.shapes import BatchError
 
 TASK_ENDPOINTS = {"generate": "/v1/chat/completions", "embed": "/v1/embeddings"}  # records that name no endpoint
 

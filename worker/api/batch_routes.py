@@ -13,16 +13,19 @@ from starlette.background import BackgroundTask
 
 from miro.core.defaults import PRIORITIES, RESULTS_SERVER_SLICE_DIVISOR
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, control, durations, results
-from miro.worker.fleet.submit import InvalidDataset, submit
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.lifecycle import control
+from miro.worker.fleet.intake import durations
+from miro.worker.fleet.output import results
+from miro.worker.fleet.intake.submit import InvalidDataset, submit
 
-from . import batch_records, file_expiry
-from .batch_records import ApiBatch
-from .batch_shape import WAIT_FOR_WRITER_S, batch_object, with_result_files
-from .errors import ApiError, bad_request, not_found
-from .file_store import FileRecord
-from .shapes import ENDPOINTS, Batch, BatchCreate, BatchError, Page
-from .state import ServerState
+from miro.worker.api import batch_records, file_expiry
+from miro.worker.api.batch_records import ApiBatch
+from miro.worker.api.batch_shape import WAIT_FOR_WRITER_S, batch_object, with_result_files
+from miro.worker.api.errors import ApiError, bad_request, not_found
+from miro.worker.api.file_store import FileRecord
+from miro.worker.api.shapes import ENDPOINTS, Batch, BatchCreate, BatchError, Page
+from miro.worker.api.state import ServerState
 
 router = APIRouter()
 MAX_ERRORS = 1000  # line errors kept on a failed batch (its record stays small whatever the file)

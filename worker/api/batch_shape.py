@@ -15,13 +15,20 @@ import time
 import redis
 
 from miro.core import defaults
-from miro.worker.fleet import results
-from miro.worker.fleet.batches import BatchRecord
+from miro.worker.fleet.output import results
+from miro.worker.fleet.records.batches import BatchRecord
 
-from . import batch_records
-from .batch_records import ApiBatch
-from .file_store import FileStore, FileWriter
-from .shapes import Batch, BatchErrors, BatchUsage, InputTokensDetails, OutputTokensDetails, RequestCounts
+from miro.worker.api import batch_records
+from miro.worker.api.batch_records import ApiBatch
+from miro.worker.api.file_store import FileStore, FileWriter
+from miro.worker.api.shapes import (
+    Batch,
+    BatchErrors,
+    BatchUsage,
+    InputTokensDetails,
+    OutputTokensDetails,
+    RequestCounts,
+)
 
 log = logging.getLogger("miro.serve")
 

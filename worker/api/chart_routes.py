@@ -1,8 +1,8 @@
 """Beyond OpenAI's API: what the page's charts and a batch's own page show. GET /v1/fleet/series (the fleet's
 tokens/s and requests/s over time, and each worker's KV use and tokens/s) and GET /v1/fleet/batches/{id} (one
 batch's counts, timeline, elapsed time, ETA, rates over time, first errors and a few outputs), both read from the
-time series the workers append to Redis (worker/fleet/series.py) and, for errors and outputs, the batch's part
-files (worker/fleet/peek.py)."""
+time series the workers append to Redis (worker/fleet/observe/series.py) and, for errors and outputs, the batch's part
+files (worker/fleet/output/peek.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel
 
 from miro.core import defaults
-from miro.worker.fleet import batches, monitor, series, workers
-from miro.worker.fleet.peek import PeekCache, PeekedRow
+from miro.worker.fleet.records import batches, workers
+from miro.worker.fleet.observe import monitor, series
+from miro.worker.fleet.output.peek import PeekCache, PeekedRow
 
-from . import batch_records
-from .batch_shape import with_result_files
-from .errors import not_found
+from miro.worker.api import batch_records
+from miro.worker.api.batch_shape import with_result_files
+from miro.worker.api.errors import not_found
 
 router = APIRouter()
 # one server process, one of each: each part file and each series point of a watched batch is read once

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from miro.core.defaults import FILE_EXPIRY_RANGE_S
 
-from .errors import bad_request
+from miro.worker.api.errors import bad_request
 
 
 def seconds(anchor: str | None, seconds_given: str | int | None, param: str) -> int | None:

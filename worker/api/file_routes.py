@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from . import file_expiry, upload
-from .errors import ApiError, bad_request
-from .file_store import FileRecord
-from .shapes import FileDeleted, FileObject, Page
+from miro.worker.api import file_expiry, upload
+from miro.worker.api.errors import ApiError, bad_request
+from miro.worker.api.file_store import FileRecord
+from miro.worker.api.shapes import FileDeleted, FileObject, Page
 
 router = APIRouter()
 

@@ -25,11 +25,12 @@ import redis
 from pyarrow import fs as pafs
 
 from miro.core.errors import MiroError
-from miro.worker.fleet import keys, storage
-from miro.worker.fleet.sink import open_output
-from miro.worker.fleet.urls import redacted
+from miro.worker.fleet.records import keys
+from miro.worker.fleet.output import storage
+from miro.worker.fleet.output.sink import open_output
+from miro.worker.fleet.observe.urls import redacted
 
-from .errors import not_found
+from miro.worker.api.errors import not_found
 
 READ_CHUNK = 1 << 20
 

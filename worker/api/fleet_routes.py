@@ -8,13 +8,14 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
 
-from miro.worker.fleet import monitor, workers
-from miro.worker.fleet.metrics import FleetCollector
-from miro.worker.fleet.workers import WorkerRecord
+from miro.worker.fleet.observe import monitor
+from miro.worker.fleet.records import workers
+from miro.worker.fleet.observe.metrics import FleetCollector
+from miro.worker.fleet.records.workers import WorkerRecord
 
-from . import batch_records
-from .batch_records import ApiBatch
-from .batch_shape import with_result_files
+from miro.worker.api import batch_records
+from miro.worker.api.batch_records import ApiBatch
+from miro.worker.api.batch_shape import with_result_files
 
 router = APIRouter()
 PAGE_BATCHES = 50  # the newest batches the page shows
@@ -26,7 +27,7 @@ class Worker(BaseModel):
     state: str | None = None
     model: str | None = None
     weight_format: str | None = None
-    cpu_tier: str | None = None  # the CPU tier its kernels run (core/layers/cpu.py), as its hash names it
+    cpu_tier: str | None = None  # the CPU tier its kernels run (core/kernels/cpu.py), as its hash names it
     queues: list[str] = []
     batches: list[str] = []
     kv_usage: float = 0.0

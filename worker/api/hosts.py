@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import ApiError
+from miro.worker.api.errors import ApiError
 
 DEFAULT_PORTS = {"http": "80", "https": "443"}
 

@@ -18,9 +18,9 @@ import time
 
 from pyarrow import fs as pafs
 
-from miro.worker.fleet import batches
+from miro.worker.fleet.records import batches
 
-from .file_store import FileStore
+from miro.worker.api.file_store import FileStore
 
 log = logging.getLogger("miro.serve")
 

@@ -16,7 +16,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import ApiError
+from miro.worker.api.errors import ApiError
 
 MIB = 1 << 20
 UPLOAD_BYTES = 512 * MIB  # an uploaded file (OpenAI's own limit for a file)

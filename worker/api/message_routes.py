@@ -15,13 +15,24 @@ from fastapi.responses import StreamingResponse
 
 from miro.core import defaults
 from miro.core.errors import MiroError
-from miro.worker.fleet import batches, control, keys, results
-from miro.worker.fleet.submit import InvalidDataset, submit
+from miro.worker.fleet.records import batches, keys
+from miro.worker.fleet.lifecycle import control
+from miro.worker.fleet.output import results
+from miro.worker.fleet.intake.submit import InvalidDataset, submit
 
-from .errors import ApiError, bad_request, not_found
-from .message_shapes import (MessageBatch, MessageBatchCreate, MessageBatchDeleted, MessageBatchPage,
-                             RequestRefused, chat_line, message_batch, processing_status, result_line)
-from .state import ServerState
+from miro.worker.api.errors import ApiError, bad_request, not_found
+from miro.worker.api.message_shapes import (
+    MessageBatch,
+    MessageBatchCreate,
+    MessageBatchDeleted,
+    MessageBatchPage,
+    RequestRefused,
+    chat_line,
+    message_batch,
+    processing_status,
+    result_line,
+)
+from miro.worker.api.state import ServerState
 
 router = APIRouter()
 NAME = "message batch"  # the name miro status shows for a Message Batch

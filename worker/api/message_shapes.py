@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from miro.worker.fleet.batches import BatchRecord
+from miro.worker.fleet.records.batches import BatchRecord
 
 IGNORED_PARAMS = frozenset({"metadata", "service_tier", "stream"})
 SUPPORTED_PARAMS = frozenset({"model", "max_tokens", "messages", "system", "temperature", "top_p", "top_k",

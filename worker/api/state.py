@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import redis
 
-from .file_store import FileStore
-from .limits import UPLOAD_BYTES
-from .slow import SlowWork
+from miro.worker.api.file_store import FileStore
+from miro.worker.api.limits import UPLOAD_BYTES
+from miro.worker.api.slow import SlowWork
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
-from .errors import ApiError, bad_request
-from .file_store import FileStore, FileWriter
-from .limits import FORM_BYTES, shown
-from .slow import SlowWork
+from miro.worker.api.errors import ApiError, bad_request
+from miro.worker.api.file_store import FileStore, FileWriter
+from miro.worker.api.limits import FORM_BYTES, shown
+from miro.worker.api.slow import SlowWork
 
 FLUSH_BYTES = 1 << 20
 MAX_FIELD_BYTES = 4096  # a form field that is not the file (purpose); all of them and the part headers: FORM_BYTES

@@ -11,7 +11,8 @@ import time
 
 import redis
 
-from miro.worker.fleet import batches, expiry
+from miro.worker.fleet.records import batches
+from miro.worker.fleet.lifecycle import expiry
 
 
 class BatchStatuses:

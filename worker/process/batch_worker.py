@@ -18,7 +18,6 @@ held job's heartbeat lapse: RQ would then queue it again and it would run twice.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -36,20 +35,40 @@ from rq.worker.base import BaseWorker, WorkerStatus
 
 from miro.core import Engine, MiroError, defaults
 from miro.core.defaults import PRIORITIES
-from miro.core.registry import DEFAULT_MODEL
 
-from miro.worker.fleet import batches, expiry, feed, release, routing, rq_private, workers
-from miro.worker.fleet.control import uncounted_failures
-from miro.worker.fleet.payload import JobPayload, is_group, payloads_of
-from miro.worker.fleet.sink import ParquetSink
+from miro.worker.fleet.records import batches, rq_private, workers
+from miro.worker.fleet.lifecycle import housekeeping, release
+from miro.worker.fleet.intake import feed, routing
+from miro.worker.fleet.lifecycle.control import uncounted_failures
+from miro.worker.fleet.records.payload import JobPayload, is_group, payloads_of
+from miro.worker.fleet.output.sink import ParquetSink
 
-from . import taking
-from .batch_statuses import BatchStatuses
-from .in_flight import InFlight, RequestRun
-from .jobs import (add_requests, count_finished, is_suspect, job_rows, not_counted, output_error, record_failure,
-                   record_given_up, record_group_failure, split_suspect_group, summary)
-from .worker_support import (HeartbeatThread, OneLineErrors, PerJobLinesAtDebug, describe, engine_options_from_env,
-                             wait_for_redis, worker_record)
+from miro.worker.process import taking
+from miro.worker.process.batch_statuses import BatchStatuses
+from miro.worker.process.in_flight import InFlight, RequestRun
+from miro.worker.process.worker_config import WorkerConfig
+from miro.worker.process.jobs import (
+    TokenCounts,
+    add_requests,
+    count_finished,
+    is_suspect,
+    job_rows,
+    not_counted,
+    output_error,
+    record_failure,
+    record_given_up,
+    record_group_failure,
+    split_suspect_group,
+)
+from miro.worker.process.worker_support import (
+    HeartbeatThread,
+    OneLineErrors,
+    PerJobLinesAtDebug,
+    describe,
+    engine_options_from_env,
+    wait_for_redis,
+    worker_record,
+)
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)  # the worker waits for Redis; every other error it survives
@@ -62,44 +81,40 @@ PUBSUB_POLL_S = 1.0  # how often the command-channel thread wakes (RQ's default:
 
 
 class BatchWorker(BaseWorker):
-    def __init__(self, *args, model: str | None = None, engine_options: dict | None = None,
-                 shutdown_grace_s: float | None = None, flush_rows: int = defaults.FLUSH_ROWS,
-                 flush_seconds: float = defaults.FLUSH_SECONDS, heartbeat_slack_s: int = defaults.HEARTBEAT_SLACK_S,
-                 metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
-                 served_model_names: list[str] | None = None, redis_wait_s: float = defaults.WAIT_FOR_REDIS_S,
-                 **kwargs):
+    def __init__(self, *args, engine_options: dict | None = None, **kwargs):
+        """RQ's Worker arguments, `engine_options` (Engine.from_model's keywords; None: the MIRO_* environment's)
+        and WorkerConfig's options by name (None or left out: the MIRO_* environment's, else the default)."""
+        config = WorkerConfig.of({name: kwargs.pop(name) for name in list(kwargs) if name in WorkerConfig.names()})
         super().__init__(*args, **kwargs)
+        self.config = config
         # every priority of each queue given, most urgent first: taking.take_next takes from the first with a job
         queues = [self.queue_class(name, connection=self.connection, job_class=self.job_class, serializer=self.serializer)
                   for name in routing.worker_queues([q.name for q in self.queues])]
         rq_private.set_queues(self, queues)
         # `rq info` and Worker.all() construct workers too: the model is loaded in work(), never here.
-        self.model = model or os.environ.get("MIRO_MODEL", DEFAULT_MODEL)
-        if served_model_names is None:
-            served_model_names = [n for n in os.environ.get("MIRO_SERVED_MODEL_NAMES", "").split(",") if n]
+        self.model = config.model
         # the names whose requests this worker runs: its model's own, then those it serves the model under
         self.model_name = routing.model_name(self.model)
-        self.served_names = [self.model_name, *(n for n in served_model_names if n != self.model_name)]
+        self.served_names = [self.model_name, *(n for n in config.served_model_names if n != self.model_name)]
         self.engine_options = engine_options if engine_options is not None else engine_options_from_env()
         self.engine: Engine | None = None
         self.in_flight: dict[str, InFlight] = {}  # job id -> the job, while any of its requests runs
         self.by_request: dict[str, tuple[InFlight, RequestRun]] = {}  # engine request id -> its job and request
-        self.finished: list[tuple[InFlight, JobPayload, dict]] = []  # requests whose rows the sinks buffer: not counted
+        self.finished: list[tuple[InFlight, JobPayload, TokenCounts]] = []  # requests whose rows the sinks buffer: not counted
         self.settled: list[InFlight] = []  # jobs whose every request is counted, to be finished in RQ
         self.sinks: dict[str, ParquetSink] = {}  # output location -> its sink
         self.outputs: dict[str, str] = {}  # batch id -> output location
         self._stopping = False
         # after SIGTERM, how long jobs in flight may take to finish before the rest are requeued
-        self.shutdown_grace_s = shutdown_grace_s if shutdown_grace_s is not None else float(
-            os.environ.get("MIRO_SHUTDOWN_GRACE_S", defaults.SHUTDOWN_GRACE_S))
+        self.shutdown_grace_s = config.shutdown_grace_s
         self._stop_deadline = float("inf")
         self.step_seconds = 0.0  # time inside Engine.step; the rest of the loop is the worker's own overhead
-        self.flush_rows, self.flush_seconds = flush_rows, flush_seconds  # how often part files are written
+        self.flush_rows, self.flush_seconds = config.flush_rows, config.flush_seconds  # how often part files are written
         # A job's started-registry entry lives job_monitoring_interval + this; once it lapses (the worker
         # died), RQ's maintenance on any live worker queues the job again. RQ itself adds 60 s.
-        self.heartbeat_slack_s = heartbeat_slack_s
-        self.redis_wait_s = redis_wait_s  # how long it waits for a Redis that went away before it ends
-        self.metrics_port, self.metrics_host = metrics_port, metrics_host  # Prometheus endpoint, if any
+        self.heartbeat_slack_s = config.heartbeat_slack_s
+        self.redis_wait_s = config.redis_wait_s  # how long it waits for a Redis that went away before it ends
+        self.metrics_port, self.metrics_host = config.metrics_port, config.metrics_host  # Prometheus endpoint, if any
         self.jobs_done = self.jobs_failed = self.jobs_cancelled = 0  # requests counted completed, failed, cancelled
         self.batch_statuses = BatchStatuses(self.connection)  # the status of each batch with requests in flight
         self.record: workers.WorkerRecord | None = None  # the last one written to its hash (metrics.py reads it)
@@ -149,7 +164,7 @@ class BatchWorker(BaseWorker):
     def work(self, burst: bool = False, logging_level: str | None = None, *args, max_jobs: int | None = None,
              **kwargs) -> bool:
         if self.metrics_port is not None:
-            from miro.worker.fleet.metrics import serve_metrics
+            from miro.worker.fleet.observe.metrics import serve_metrics
 
             serve_metrics(self, self.metrics_port, self.metrics_host)
         setup_loghandlers(logging_level or "INFO", name="rq.worker")  # bootstrap sets them too, after the load
@@ -281,9 +296,8 @@ class BatchWorker(BaseWorker):
     def _tick(self) -> None:
         """The worker's periodic duties, between engine steps."""
         if time.monotonic() - self._last_refresh >= workers.REFRESH_S:
-            expiry.expire_due(self.connection)
-            release.release_stale(self.connection)
-            self._feed_now(every_s=0.0)
+            self._last_feed = time.monotonic()
+            housekeeping.run_duties(self.connection, log=self._feed_log)
             self._cancel_cancelled_batches()
             self._enforce_timeouts()
             self._publish()
@@ -297,8 +311,10 @@ class BatchWorker(BaseWorker):
         if time.monotonic() - self._last_feed < every_s:
             return False
         self._last_feed = time.monotonic()
-        return feed.top_up(self.connection, log=lambda message: self.log.warning("Worker %s: %s", self.name,
-                                                                                 message)) > 0
+        return feed.top_up(self.connection, log=self._feed_log) > 0
+
+    def _feed_log(self, message: str) -> None:
+        self.log.warning("Worker %s: %s", self.name, message)
 
     def run_maintenance_tasks(self):
         """RQ's maintenance (abandoned jobs queued again, or failed when out of retries), then the batch side of
@@ -316,7 +332,7 @@ class BatchWorker(BaseWorker):
     def _with_room(self) -> list[Queue]:
         """The queues a job may be taken from now: those of a priority with fewer than max_num_seqs requests at
         least as urgent in flight. The engine seats such a job, preempting less urgent ones if it must
-        (core/scheduler.py), so a worker full of low-priority requests still takes high-priority ones; the
+        (core/engine/scheduler.py), so a worker full of low-priority requests still takes high-priority ones; the
         preempted ones wait in the engine and finish later."""
         in_flight = Counter()
         for flight in self.in_flight.values():
@@ -452,7 +468,7 @@ class BatchWorker(BaseWorker):
         error = output_error(run.payload, outputs)
         if error is None:
             try:
-                rows = job_rows(run.payload, run.prompt, outputs, self.engine, job_id=flight.job.id, worker=self.name,
+                rows = job_rows(run.payload, run.prompt, outputs, job_id=flight.job.id, worker=self.name,
                                 model=self.model_name, started=run.started, finished=time.time())
             except Exception as exc:  # noqa: BLE001 - this request's output, not the worker's problem
                 error = f"its result could not be made into rows ({describe(exc)})"
@@ -464,7 +480,7 @@ class BatchWorker(BaseWorker):
         for row in rows:
             sink.add(row)
         del flight.running[run.payload.custom_id]
-        self.finished.append((flight, run.payload, summary(run.payload, rows)))
+        self.finished.append((flight, run.payload, TokenCounts.of(run.payload, outputs)))
 
     def _flush(self, force: bool) -> int:
         """Write due part files; then, and only then, count their requests, and finish in RQ the jobs whose every
@@ -474,8 +490,8 @@ class BatchWorker(BaseWorker):
                 sink.flush()
             with self.held_lock:
                 with self.connection.pipeline(transaction=False) as pipe:  # all of them in one round trip
-                    for _, payload, result in self.finished:
-                        count_finished(pipe, payload, result)
+                    for _, payload, counts in self.finished:
+                        count_finished(pipe, payload, counts)
                     pipe.execute()  # if Redis fails, all are counted again next time: a request counts once
                 counted, self.finished = self.finished, []
                 self.jobs_done += len(counted)

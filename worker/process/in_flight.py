@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from rq.job import Job
 from rq.queue import Queue
 
-from miro.core.outputs import EmbeddingRequestOutput, RequestOutput
-from miro.worker.fleet.payload import JobPayload
+from miro.core.engine.outputs import EmbeddingRequestOutput, RequestOutput
+from miro.worker.fleet.records.payload import JobPayload
 
 
 @dataclass(eq=False)  # one per job or request: compared by identity

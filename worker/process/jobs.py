@@ -11,16 +11,17 @@ the batch counters.
 from __future__ import annotations
 
 import os
+from dataclasses import asdict, dataclass
 import time
 from typing import TYPE_CHECKING
 
 from miro.core import defaults
 from miro.core.errors import RequestError
-from miro.core.outputs import EmbeddingRequestOutput, RequestOutput
-from miro.worker.fleet.payload import JobPayload, is_group, payloads_of
-from miro.worker.fleet.routing import model_name
-from miro.worker.fleet.rows import embedding_rows, error_row, result_rows
-from miro.worker.fleet.sink import ParquetSink
+from miro.core.engine.outputs import EmbeddingRequestOutput, RequestOutput
+from miro.worker.fleet.records.payload import JobPayload, is_group, payloads_of
+from miro.worker.fleet.intake.routing import model_name
+from miro.worker.fleet.output.rows import embedding_rows, error_row, result_rows
+from miro.worker.fleet.output.sink import ParquetSink
 
 if TYPE_CHECKING:  # the engine (numba, the kernels) loads only where a request runs, not in submit or status
     from miro.core import Engine
@@ -72,30 +73,44 @@ def _of_input(payload: JobPayload, index: int, error: str) -> str:
     return f"input {index}: {error}" if len(payload.inputs) > 1 else error
 
 
-def summary(payload: JobPayload, rows: list[dict]) -> dict:
-    """The small result a finished job keeps in RQ: custom id, finish reason, token counts (cached_tokens: the
-    prompt tokens the prefix cache served)."""
+@dataclass(frozen=True)
+class TokenCounts:
+    """A finished request's tokens, read from the engine's outputs: what its batch's counters add."""
+
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens the prefix cache served
+    completion_tokens: int
+
+    @classmethod
+    def of(cls, payload: JobPayload, outputs: list) -> TokenCounts:
+        if payload.kind == "embedding":
+            return cls(sum(out.num_tokens for out in outputs), 0, 0)
+        [output] = outputs
+        return cls(len(output.prompt_token_ids), output.num_cached_tokens,
+                   sum(len(choice.token_ids) for choice in output.outputs))
+
+
+def summary(payload: JobPayload, outputs: list) -> dict:
+    """The small result a finished job keeps in RQ: custom id, finish reason, token counts."""
+    counts = asdict(TokenCounts.of(payload, outputs))
     if payload.kind == "embedding":
-        return {"custom_id": payload.custom_id, "finish_reason": None, "inputs": len(rows),
-                "prompt_tokens": sum(r["prompt_tokens"] for r in rows), "cached_tokens": 0, "completion_tokens": 0}
-    return {"custom_id": payload.custom_id, "finish_reason": rows[0]["finish_reason"],
-            "prompt_tokens": rows[0]["prompt_tokens"], "cached_tokens": rows[0].get("cached_tokens") or 0,
-            "completion_tokens": sum(r["completion_tokens"] for r in rows)}
+        return {"custom_id": payload.custom_id, "finish_reason": None, "inputs": len(outputs), **counts}
+    return {"custom_id": payload.custom_id, "finish_reason": outputs[0].finish_reason, **counts}
 
 
-def count_finished(conn, payload: JobPayload, result: dict) -> None:
+def count_finished(conn, payload: JobPayload, counts: TokenCounts) -> None:
     """Count a request whose rows are written (`conn` may be a pipeline: many requests, one round trip)."""
-    from miro.worker.fleet import batches
+    from miro.worker.fleet.records import batches
 
-    batches.queue_count_finished(conn, payload.batch_id, payload.custom_id, prompt_tokens=result["prompt_tokens"],
-                                 cached_tokens=result["cached_tokens"], completion_tokens=result["completion_tokens"])
+    batches.queue_count_finished(conn, payload.batch_id, payload.custom_id, prompt_tokens=counts.prompt_tokens,
+                                 cached_tokens=counts.cached_tokens, completion_tokens=counts.completion_tokens)
 
 
 def record_failure(conn, sink: ParquetSink, job_id: str, payload: JobPayload, error: str, *, worker: str,
                    started: float, prompt: str | None = None, model: str | None = None) -> None:
     """A request that cannot be served: its error row is written and it is counted failed. Its job must not be
     retried (the retries are for dead workers; the request itself would fail again): the caller sees to that."""
-    from miro.worker.fleet import batches
+    from miro.worker.fleet.records import batches
 
     sink.add(error_row(payload, error, job_id=job_id, worker=worker, prompt=prompt, started=started,
                        finished=time.time(), model=model))
@@ -110,8 +125,8 @@ def record_group_failure(conn, sink: ParquetSink, group_job_id: str, payload: Jo
     (record_failure). The group goes on with its other requests."""
     from rq.job import Job
 
-    from miro.worker.fleet import batches
-    from miro.worker.fleet.job_writer import JobWriter
+    from miro.worker.fleet.records import batches
+    from miro.worker.fleet.intake.job_writer import JobWriter
 
     own = batches.job_id(payload.batch_id, payload.custom_id)
     if not conn.exists(Job.key_for(own)):  # one already there: this failure was recorded, or a resume queued it
@@ -129,7 +144,7 @@ GAVE_UP = ("quarantined: the worker running this request stopped (killed, out of
 
 def is_suspect(job) -> bool:
     """A job RQ queued again after the worker running it died: one of its requests may be what killed it."""
-    from miro.worker.fleet.job_writer import ABANDONED_RETRIES
+    from miro.worker.fleet.intake.job_writer import ABANDONED_RETRIES
 
     return job.retries_left is not None and job.retries_left < ABANDONED_RETRIES
 
@@ -141,8 +156,8 @@ def split_suspect_group(conn, job, queue, payloads: list[JobPayload]) -> int:
     from rq.job import Job
     from rq.utils import now as rq_now
 
-    from miro.worker.fleet import batches, rq_private
-    from miro.worker.fleet.job_writer import JobWriter
+    from miro.worker.fleet.records import batches, rq_private
+    from miro.worker.fleet.intake.job_writer import JobWriter
 
     writer = JobWriter.for_batch(conn, batches.get_batch(conn, payloads[0].batch_id))
     queued = 0
@@ -201,7 +216,7 @@ def output_error(payload: JobPayload, outputs: list) -> str | None:
 def not_counted(conn, payloads: list[JobPayload]) -> list[JobPayload]:
     """The requests of a group job its batch has not counted: run again after its worker died, a group skips the
     ones that worker finished (all of them once the batch has ended: counted.py)."""
-    from miro.worker.fleet.counted import were_counted
+    from miro.worker.fleet.lifecycle.counted import were_counted
 
     counted = were_counted(conn, payloads[0].batch_id, [p.custom_id for p in payloads])
     return [p for p, was_counted in zip(payloads, counted) if not was_counted]
@@ -226,15 +241,15 @@ def run_request(engine: Engine, payload: JobPayload) -> tuple[str | None, list[R
     return prompt, outputs
 
 
-def job_rows(payload: JobPayload, prompt: str | None, outputs: list, engine: Engine, *, job_id: str, worker: str,
-             model: str, started: float, finished: float) -> list[dict]:
+def job_rows(payload: JobPayload, prompt: str | None, outputs: list, *, job_id: str, worker: str, model: str,
+             started: float, finished: float) -> list[dict]:
     """A finished job's rows: one per choice of a generation, one per input of an embedding."""
     if payload.kind == "embedding":
         return embedding_rows(payload, outputs, job_id=job_id, worker=worker, model=model, started=started,
                               finished=finished)
     [output] = outputs
-    return result_rows(payload, output, engine.tokenizer, job_id=job_id, worker=worker, model=model, prompt=prompt,
-                       started=started, finished=finished)
+    return result_rows(payload, output, job_id=job_id, worker=worker, model=model, prompt=prompt, started=started,
+                       finished=finished)
 
 
 def generate(**kwargs) -> dict:
@@ -242,7 +257,7 @@ def generate(**kwargs) -> dict:
     output, count them; returns a small summary."""
     from rq import get_current_job
 
-    from miro.worker.fleet import batches
+    from miro.worker.fleet.records import batches
 
     job = get_current_job()
     conn = job.connection
@@ -261,15 +276,15 @@ def generate(**kwargs) -> dict:
         except Exception as err:  # the request's own problem: its failed job, error row and count; the group goes on
             record_group_failure(conn, sink, job.id, payload, str(err), worker=worker, started=started)
             continue
-        rows = job_rows(payload, prompt, outputs, engine, job_id=job.id, worker=worker,
-                        model=model_name(payload.model), started=started, finished=time.time())
+        rows = job_rows(payload, prompt, outputs, job_id=job.id, worker=worker, model=model_name(payload.model),
+                        started=started, finished=time.time())
         for row in rows:
             sink.add(row)
-        results.append((payload, summary(payload, rows)))
+        results.append((payload, TokenCounts.of(payload, outputs)))
     sink.flush()  # durable before the requests are counted
     with conn.pipeline(transaction=False) as pipe:
-        for payload, result in results:
-            count_finished(pipe, payload, result)
+        for payload, counts in results:
+            count_finished(pipe, payload, counts)
         pipe.execute()
     return {"requests": len(payloads), "completed": len(results)}
 
@@ -282,11 +297,10 @@ def _generate_one(conn, sink: ParquetSink, job, engine: Engine, payload: JobPayl
         record_failure(conn, sink, job.id, payload, str(err), worker=worker, started=started)
         job.retries_left = 0
         raise
-    rows = job_rows(payload, prompt, outputs, engine, job_id=job.id, worker=worker, model=model_name(payload.model),
+    rows = job_rows(payload, prompt, outputs, job_id=job.id, worker=worker, model=model_name(payload.model),
                     started=started, finished=time.time())
     for row in rows:
         sink.add(row)
     sink.flush()  # durable before RQ hears the job finished
-    result = summary(payload, rows)
-    count_finished(conn, payload, result)
-    return result
+    count_finished(conn, payload, TokenCounts.of(payload, outputs))
+    return summary(payload, outputs)

@@ -15,7 +15,7 @@ from rq.queue import Queue
 from rq.utils import as_text
 
 from miro.core import defaults
-from miro.worker.fleet import keys, scripts
+from miro.worker.fleet.records import keys, scripts
 
 
 def take_next(worker, queues: list[Queue]) -> tuple[Job, Queue] | None:

@@ -14,8 +14,8 @@ from typing import Any, Callable
 import redis
 from rq.worker.base import BaseWorker
 
-from miro.core import defaults
-from miro.worker.fleet.workers import WorkerRecord
+from miro.core.engine.engine_config import EngineConfig
+from miro.worker.fleet.records.workers import WorkerRecord
 
 # RQ's own line for every job it dequeues and finishes: a worker running thousands of requests logs them at DEBUG
 PER_JOB_LOG_FORMATS = frozenset({
@@ -36,20 +36,9 @@ class PerJobLinesAtDebug(logging.Filter):
 
 
 def engine_options_from_env() -> dict:
-    """Engine settings for workers started by `rq worker -w`, which passes no options of its own."""
-    options = {"kv_cache_memory": os.environ.get("MIRO_KV_CACHE_MEMORY", defaults.KV_CACHE_MEMORY)}
-    for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks"):
-        value = os.environ.get(f"MIRO_{name.upper()}")
-        if value:
-            options[name] = int(value)
-    for name in ("weights", "max_weight_memory", "kv_cache_dtype", "admission_order"):  # as --weights and so on
-        value = os.environ.get(f"MIRO_{name.upper()}")
-        if value:
-            options[name] = value
-    invariant = os.environ.get("MIRO_BATCH_INVARIANT")  # "0" / "false": as --no-batch-invariant
-    if invariant:
-        options["batch_invariant"] = invariant.strip().lower() not in ("0", "false", "no", "off")
-    return options
+    """Engine settings for workers started by `rq worker -w`, which passes no options of its own: the MIRO_*
+    variables of EngineConfig's fields (the same names the `miro` commands read)."""
+    return EngineConfig.from_env()
 
 
 ERROR_REPEAT_S = 60.0  # the same error from the same duty is logged again at most this often
@@ -135,7 +124,7 @@ def wait_for_redis(conn: redis.Redis, error: Exception, log, who: str, stopping:
 
 
 def worker_record(worker) -> WorkerRecord:
-    """What a BatchWorker's `miro:worker:{name}` hash holds (see worker/fleet/workers.py)."""
+    """What a BatchWorker's `miro:worker:{name}` hash holds (see worker/fleet/records/workers.py)."""
     with worker.connection.pipeline(transaction=False) as pipe:
         for queue in worker.queues:
             pipe.llen(queue.key)

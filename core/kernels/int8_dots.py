@@ -1,0 +1,420 @@
+"""Integer dot products of int8 blocks for numba, as x86 intrinsics, one form per CPU tier (cpu.py).
+
+LLVM does not derive vpdpbusd (AVX512-VNNI, AVX-VNNI: 4 u8 x s8 products summed into each int32 lane)
+from plain loops, nor vpmaddubsw + vpmaddwd (AVX2, AVX-512BW: ggml's mul_sum_i8_pairs), and without
+them the int16 kernels reach about half of llama.cpp's speed, so they come through intrinsics. Integer
+sums are exact and none of these saturates on the values given to it, so every form gives the same
+sums, the same as the portable kernels'.
+
+- `tile_dot(..., bits, vnni, qtype, tokens)`: a 16-row tile's block (tiles.py) against several activation
+  rows, for the tile kernel (tile_kernels.py), on every tier with int8 dots.
+- `superblock_tile_sum(...)`: a quarter of a K-quant tile's super-block (superblock_tiles.py) against several
+  activation rows, added to exact int32 sums, for the K-quant tile kernel; `superblock_bias` what Q6_K's
+  biased activations add to them.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
+
+from miro.core.kernels.quant_blocks import HAS_FIFTH_BITS, Q4_K, Q5_K, Q6_K, Q8_0
+from miro.core.kernels.simd import LANES, int32x16, splat
+
+_I64 = ir.IntType(64)
+_V16 = ir.VectorType(ir.IntType(32), LANES)
+
+
+# ---------------------------------------------------------------- the tile kernel's dots, every int8 tier
+
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+
+
+class _VectorOps:
+    """The vector types and integer instructions of one register width (`width` bytes: 64 for AVX-512BW, 32 for
+    AVX2) that the codegens below emit."""
+
+    def __init__(self, builder, width: int):
+        self.builder, self.width = builder, width
+        self.bytes = ir.VectorType(_I8, width)
+        self.words = ir.VectorType(_I16, width // 2)
+        self.dwords = ir.VectorType(_I32, width // 4)
+        self.suffix = "512" if width == 64 else "256"
+
+    def call(self, name: str, result, operands):
+        function = cgutils.get_or_insert_function(
+            self.builder.module, ir.FunctionType(result, [op.type for op in operands]), name)
+        return self.builder.call(function, operands)
+
+    def maddubs(self, u, s):
+        """vpmaddubsw: unsigned bytes u times signed bytes s, adjacent products summed into int16."""
+        name = "llvm.x86.avx512.pmaddubs.w.512" if self.width == 64 else "llvm.x86.avx2.pmadd.ub.sw"
+        return self.call(name, self.words, [u, s])
+
+    def madd(self, words, other):
+        """vpmaddwd: int16 pairs times int16 pairs, each pair's two products summed into int32."""
+        name = "llvm.x86.avx512.pmaddw.d.512" if self.width == 64 else "llvm.x86.avx2.pmadd.wd"
+        return self.call(name, self.dwords, [words, other])
+
+    def splat_bytes(self, value: int):
+        return ir.Constant(self.bytes, [value] * self.width)
+
+
+def _as_vec16(builder, parts):
+    """One int32x16 from a register width's parts: itself on 512-bit tiers, two 8-lane halves joined on 256-bit ones."""
+    if len(parts) == 1:
+        return parts[0]
+    return builder.shuffle_vector(parts[0], parts[1], ir.Constant(_V16, list(range(LANES))))
+
+
+def tile_signed_bytes(qtype: int, vnni: bool) -> bool:
+    """Whether a Q8_0 tile keeps the file's signed bytes (vpmaddubsw tiers: |w| and the sign move to a, as ggml
+    does) rather than w + 128 (vpdpbusd tiers, whose unsigned operand is then the weights as they are)."""
+    return qtype == Q8_0 and not vnni
+
+
+@intrinsic(prefer_literal=True)
+def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype, tokens):
+    """One 32-value block of a 16-row tile (tiles.py) against `tokens` activation rows, as `tokens` int32x16
+    (one per activation row, lane r = weight row r): sum over quads q < 8 and bytes i < 4 of
+    w[r, q].byte[i] * a[t, 4 q + i], the tile's unsigned bytes as they are (the caller adds the offset of a
+    biased layout).
+
+    quants (uint8, 1-D): the block at w_start, [k][row][4 bytes] (Q4_0/Q4_1: 4 x 64 bytes of nibbles, low
+    nibbles quad k, high quad k + 4; Q5_0/Q5_1: the same and 64 bytes of 5th bits, bit q of byte i quad q's;
+    Q8_0: 8 x 64 bytes). a (int8, 1-D): activation row t's block at a_start + t * a_stride. Each activation
+    quad is broadcast to every row; the weight vectors are loaded once for all the rows.
+
+    bits, vnni, qtype, tokens: compile-time constants. bits 512: one vector per 16 rows; 256: two halves of
+    8 rows. vnni: vpdpbusd; else vpmaddubsw into int16 pairs (Q4: 8 quads summed in int16, at most
+    8 x 2 x 15 x 127 = 30,480; Q5: 4 quads, at most 4 x 2 x 31 x 127 = 31,496; Q8_0: |w| against a with w's
+    sign, at most 2 x 128 x 127 = 32,512 a quad) then vpmaddwd by ones into int32.
+    """
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
+        return None  # numba then retries with the constants as literals
+    width = bits.literal_value // 8  # bytes per vector
+    with_vnni = bool(vnni.literal_value)
+    nibbles = qtype.literal_value != Q8_0
+    fifth_bits = qtype.literal_value in HAS_FIFTH_BITS
+    quads_per_word_sum = 4 if fifth_bits else 8  # quads whose vpmaddubsw pairs an int16 sum holds
+    signed = tile_signed_bytes(qtype.literal_value, with_vnni)
+    n_tokens = tokens.literal_value
+    sig = types.UniTuple(int32x16, n_tokens)(quants, types.intp, a, types.intp, types.intp, bits, vnni, qtype, tokens)
+
+    def codegen(context, builder, signature, args):
+        quants_v, w_start_v, a_v, a_start_v, stride_v = args[:5]
+        parts = 64 // width
+        ops = _VectorOps(builder, width)
+        v_bytes, v_words, v_dwords, suffix = ops.bytes, ops.words, ops.dwords, ops.suffix
+        call, maddubs, splat_bytes = ops.call, ops.maddubs, ops.splat_bytes
+
+        def madd_ones(words):
+            return ops.madd(words, ir.Constant(v_words, [1] * (width // 2)))
+
+        block = builder.gep(context.make_array(signature.args[0])(context, builder, quants_v).data, [w_start_v])
+
+        def load(at):
+            pointer = builder.gep(block, [ir.Constant(_I64, at)])
+            return builder.load(builder.bitcast(pointer, v_bytes.as_pointer()), align=1)
+
+        if nibbles:  # quads[q][part]: 4 loads of packed nibbles give quads k (low) and k + 4 (high)
+            packed = [[load(64 * k + width * p) for p in range(parts)] for k in range(4)]
+            quads = ([[builder.and_(v, splat_bytes(15)) for v in row] for row in packed]
+                     + [[builder.lshr(v, splat_bytes(4)) for v in row] for row in packed])
+        else:
+            quads = [[load(64 * q + width * p) for p in range(parts)] for q in range(8)]
+        if fifth_bits:  # quad q's 5th bits are bit q of each byte of the last 64: moved to bit 4
+            high = [load(256 + width * p) for p in range(parts)]
+            for q in range(8):
+                for p in range(parts):
+                    if q < 4:
+                        bit = builder.shl(high[p], splat_bytes(4 - q))
+                    elif q > 4:
+                        bit = builder.lshr(high[p], splat_bytes(q - 4))
+                    else:
+                        bit = high[p]
+                    quads[q][p] = builder.or_(quads[q][p], builder.and_(bit, splat_bytes(16)))
+        if signed:
+            if width == 64:  # for the select that stands in for vpsignb, which AVX-512 lacks
+                negative = [[builder.icmp_signed("<", v, ir.Constant(v_bytes, [0] * width)) for v in row]
+                            for row in quads]
+            magnitudes = [[call(f"llvm.abs.v{width}i8", v_bytes, [v, ir.Constant(ir.IntType(1), 0)]) for v in row]
+                          for row in quads]
+
+        a_data = context.make_array(signature.args[2])(context, builder, a_v).data
+        results = []
+        for t in range(n_tokens):
+            row_start = builder.add(a_start_v, builder.mul(stride_v, ir.Constant(_I64, t)))
+            sums = [ir.Constant(v_dwords, [0] * (width // 4))] * parts
+            words = [ir.Constant(v_words, [0] * (width // 2))] * parts
+            for q in range(8):
+                at = builder.gep(a_data, [builder.add(row_start, ir.Constant(_I64, 4 * q))])
+                quad = builder.load(builder.bitcast(at, _I32.as_pointer()), align=1)
+                a_dwords = splat(builder, quad, v_dwords)
+                a_bytes = builder.bitcast(a_dwords, v_bytes)
+                for p in range(parts):
+                    if with_vnni:
+                        sums[p] = call(f"llvm.x86.avx512.vpdpbusd.{suffix}", v_dwords,
+                                       [sums[p], builder.bitcast(quads[q][p], v_dwords), a_dwords])
+                    elif nibbles:
+                        words[p] = builder.add(words[p], maddubs(quads[q][p], a_bytes))
+                        if (q + 1) % quads_per_word_sum == 0 and q < 7:  # before an int16 sum could overflow
+                            sums[p] = builder.add(sums[p], madd_ones(words[p]))
+                            words[p] = ir.Constant(v_words, [0] * (width // 2))
+                    else:
+                        if width == 32:  # vpsignb: a negated where w < 0 (zeroed where w == 0, as |w| is)
+                            signed_a = call("llvm.x86.avx2.psign.b", v_bytes, [a_bytes, quads[q][p]])
+                        else:  # AVX-512 has no vpsignb
+                            signed_a = builder.select(negative[q][p], builder.neg(a_bytes), a_bytes)
+                        sums[p] = builder.add(sums[p], madd_ones(maddubs(magnitudes[q][p], signed_a)))
+            if nibbles and not with_vnni:
+                sums = [builder.add(sums[p], madd_ones(words[p])) for p in range(parts)]
+            results.append(_as_vec16(builder, sums))
+        return context.make_tuple(builder, signature.return_type, results)
+
+    return sig, codegen
+
+
+# ---------------------------------------------------------------- the K-quant tile kernel's dots, every int8 tier
+
+
+@intrinsic(prefer_literal=True)
+def scale_pairs16(typingctx, array, low_at, high_at, signed):
+    """int32x16 whose lane r holds two int16: array[low_at + r] low, array[high_at + r] high (uint8 bytes,
+    taken as int8 if `signed`, a compile-time constant): the operand vpmaddwd multiplies a lane's pair by."""
+    if not isinstance(signed, types.BooleanLiteral):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        v_bytes, v_words = ir.VectorType(_I8, LANES), ir.VectorType(_I16, LANES)
+        extend = builder.sext if signature.args[3].literal_value else builder.zext
+        halves = [extend(builder.load(builder.bitcast(builder.gep(data, [at]), v_bytes.as_pointer()), align=1), v_words)
+                  for at in args[1:3]]
+        interleave = [i // 2 + LANES * (i % 2) for i in range(2 * LANES)]
+        pairs = builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(_I32, 2 * LANES), interleave))
+        return builder.bitcast(pairs, _V16)
+
+    return int32x16(array, types.intp, types.intp, signed), codegen
+
+
+@intrinsic(prefer_literal=True)
+def mins_dot(typingctx, min_pairs, m_start, sum_pairs, at, bits):
+    """int32x16: lane r = sum over j < 8 of min(r, j) * sum32[j], by vpmaddwd of int16 pairs (one 512-bit or two
+    256-bit ones per pair, by `bits`, a compile-time constant): min_pairs (int32, 1-D) at m_start + 16 j + r holds
+    row r's mins of sub-blocks 2 j, 2 j + 1; sum_pairs (int32, 1-D) at at + j the activations' sums of those two
+    sub-blocks' 32 values as one int16 pair (|sum| <= 32 x 127), low then high."""
+    if not isinstance(bits, types.IntegerLiteral):
+        return None
+    width = bits.literal_value // 8
+
+    def codegen(context, builder, signature, args):
+        pair_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        sum_data = context.make_array(signature.args[2])(context, builder, args[2]).data
+        ops = _VectorOps(builder, width)
+        v_words, v_dwords = ops.words, ops.dwords
+        parts = 64 // width
+        totals = [ir.Constant(v_dwords, [0] * (width // 4))] * parts
+        for j in range(4):
+            pair = builder.load(builder.gep(sum_data, [builder.add(args[3], ir.Constant(_I64, j))]))
+            activation = builder.bitcast(splat(builder, pair, v_dwords), v_words)
+            for p in range(parts):
+                at = builder.add(args[1], ir.Constant(_I64, LANES * j + (width // 4) * p))
+                mins = builder.load(builder.bitcast(builder.gep(pair_data, [at]), v_dwords.as_pointer()), align=4)
+                totals[p] = builder.add(totals[p], ops.madd(builder.bitcast(mins, v_words), activation))
+        return _as_vec16(builder, totals)
+
+    return int32x16(min_pairs, types.intp, sum_pairs, types.intp, bits), codegen
+
+
+class _SuperblockLane:
+    """The IR of one lane of a K-quant tile's super-block: quads 2 c and 2 c + 1 of it (c = `unit`, an IR value:
+    a run-time one or a constant), unpacked, and int16 products summed into int32 by scale pairs. quants: the
+    lane's bytes from w_start; pairs: the int16 scale pairs of unit c from p_start (Q6_K: quad 2 c's, then
+    2 c + 1's 16 further on), as superblock_tile_sum describes."""
+
+    def __init__(self, builder, width: int, kind: int, with_vnni: bool, quants, w_start, pairs, p_start, unit):
+        self.builder, self.width, self.kind, self.with_vnni = builder, width, kind, with_vnni
+        self.parts = 64 // width
+        self.ops = _VectorOps(builder, width)
+        self.quants, self.w_start, self.pairs, self.unit = quants, w_start, pairs, unit
+        self.p_start = builder.add(p_start, builder.mul(unit, ir.Constant(_I64, 32 if kind == Q6_K else 16)))
+
+    def load(self, base, at, vector_type, align):
+        return self.builder.load(self.builder.bitcast(self.builder.gep(base, [at]), vector_type.as_pointer()), align=align)
+
+    def at(self, start, offset):
+        return self.builder.add(start, ir.Constant(_I64, offset))
+
+    def weight_vector(self, v, p):
+        """Vector v (an IR value) of the lane, part p: the super-block's vectors lie [v][lane] (superblock_tiles.py)."""
+        at = self.builder.add(self.w_start, self.builder.mul(v, ir.Constant(_I64, 8 * 64)))
+        return self.load(self.quants, self.at(at, self.width * p), self.ops.bytes, 1)
+
+    def _bits_to_4(self, vector, low_bit, count: int):
+        """Bits low_bit.. low_bit + count - 1 (low_bit an IR value) of each byte, moved to bits 4.. : one uniform
+        int16 shift (x86 has no byte shifts; the bits that cross from the byte above are masked off)."""
+        builder, ops = self.builder, self.ops
+        shift = splat(builder, builder.trunc(low_bit, _I16), ops.words)
+        moved = builder.bitcast(builder.lshr(builder.bitcast(vector, ops.words), shift), ops.bytes)
+        return builder.shl(builder.and_(moved, ops.splat_bytes((1 << count) - 1)), ops.splat_bytes(4))
+
+    def quad(self, h, p):
+        """Quad 2 c + h (h = 0, 1) of the part p's rows: bytes, unsigned (Q4_K, Q5_K) or signed (Q6_K, its values
+        less 32). Both are in nibble vector c: quad 2 c in the low nibbles, 2 c + 1 in the high ones."""
+        builder, splat_bytes, c = self.builder, self.ops.splat_bytes, self.unit
+        packed = self.weight_vector(c, p)
+        value = builder.and_(packed, splat_bytes(15)) if h == 0 else builder.lshr(packed, splat_bytes(4))
+        quad = builder.add(builder.mul(c, ir.Constant(_I64, 2)), ir.Constant(_I64, h))
+        if self.kind == Q6_K:  # bits 2 (q % 4), + 1 of vector 4 + q // 4 move to bits 4, 5
+            high = self.weight_vector(builder.add(builder.lshr(quad, ir.Constant(_I64, 2)), ir.Constant(_I64, 4)), p)
+            shift = builder.mul(builder.and_(quad, ir.Constant(_I64, 3)), ir.Constant(_I64, 2))
+            return builder.sub(builder.or_(value, self._bits_to_4(high, shift, 2)), splat_bytes(32))
+        if self.kind == Q5_K:  # bit q of vector 4 moves to bit 4
+            value = builder.or_(value, self._bits_to_4(self.weight_vector(ir.Constant(_I64, 4), p), quad, 1))
+        return value
+
+    def accumulate(self, acc, words, scale_pair):
+        """acc + each int16 pair of words times scale_pair's, summed into int32 (vpdpwssd, or vpmaddwd + vpaddd)."""
+        ops = self.ops
+        if self.with_vnni:
+            return ops.call(f"llvm.x86.avx512.vpdpwssd.{ops.suffix}", ops.dwords,
+                            [acc, self.builder.bitcast(words, ops.dwords), self.builder.bitcast(scale_pair, ops.dwords)])
+        return self.builder.add(acc, ops.madd(words, scale_pair))
+
+    def scale_pairs(self, h):
+        """Unit c's scale pairs: Q4_K's and Q5_K's for both quads (h = 0), Q6_K's for quad 2 c + h."""
+        return [self.builder.bitcast(self.load(self.pairs, self.at(self.p_start, 16 * h + (self.width // 4) * p),
+                                               self.ops.dwords, 4), self.ops.words)
+                for p in range(self.parts)]
+
+    def zeros(self):
+        return [ir.Constant(self.ops.dwords, [0] * (self.width // 4)) for _ in range(self.parts)]
+
+
+# lanes whose int16 products (two quads' for Q4_K and Q5_K, one quad's for Q6_K) add up without overflow before
+# one vpmaddwd by their shared scale pair: per lane at most 2 x 2 x 15 x 127 = 7,620 (Q4_K), 2 x 2 x 31 x 127 =
+# 15,748 (Q5_K), 2 x 255 x 32 = 16,320 (Q6_K, biased activations); an int16 holds 32,767
+LANES_PER_WORD_SUM = {Q4_K: 4, Q5_K: 2, Q6_K: 2}
+
+
+def lanes_per_call(qtype: int, bits: int) -> int:
+    """superblock_tile_sum's lanes per call, their quads of one unit kept in registers across the activation rows:
+    as many as 32 zmm or 16 ymm hold beside the rest (measured on one Zen 4 core)."""
+    return 4 if bits == 512 and qtype != Q6_K else 2
+
+
+@intrinsic(prefer_literal=True)
+def superblock_tile_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, a_stride, isums, unit, first_lane,
+                        bits, vnni, qtype, tokens):
+    """Quads 2 c and 2 c + 1 (c = `unit`, run time) of lanes_per_call() lanes from `first_lane` (run time) of one
+    super-block of a 16-row K-quant tile (superblock_tiles.py) against `tokens` activation rows, added to exact
+    int32 sums:
+
+        isums[16 t + r] += sum over those lanes l, quads Q in (2 c, 2 c + 1) and bytes i of
+                           sc(r, Q, i) . (quad Q of lane l of weight row r)[i] . (a[t]'s)[i]
+
+    Called for every c and lane, this gives a row's whole super-block sum, sub-block scales applied: the integer
+    the kernel's one float step per super-block takes (ggml's x86 repack order, tile_kernels.tiles_k). Each lane's
+    quads are multiplied by vpmaddubsw into int16 pairs, LANES_PER_WORD_SUM lanes of them added in int16 (they
+    share the scale pair), then one vpmaddwd (vpdpwssd where the tier has VNNI) by the pair.
+
+    quants (uint8, 1-D): the tile's super-block at w_start, its vector v of lane l 64 (8 v + l) further. pairs
+    (int32, 1-D): at p_start + 16 j + r, row r's int16 scale pair for bytes 0, 1 and 2, 3 of quads 2 j and 2 j + 1
+    (Q4_K, Q5_K; j < 4) or of quad j (Q6_K). a (int8, 1-D): row t's super-block in quad order at
+    a_start + t * a_stride, quad Q of lane l at 32 Q + 4 l.
+
+    vpmaddubsw multiplies unsigned by signed bytes. Q4_K's and Q5_K's values are unsigned and the activations
+    signed. Q6_K's values less 32 are signed, so its activations come biased, a + 128
+    (quantize_q8_k_quads(biased=True)), the unsigned operand; what the bias adds, 128 x sum of sc x (q - 32),
+    the kernel takes off (superblock_bias). Nothing saturates. bits, vnni, qtype, tokens: compile-time
+    constants as for tile_dot."""
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
+        return None
+    width = bits.literal_value // 8
+    kind = qtype.literal_value
+    n_tokens = tokens.literal_value
+    sig = types.void(quants, types.intp, pairs, types.intp, a, types.intp, types.intp, isums, types.intp, types.intp,
+                     bits, vnni, qtype, tokens)
+
+    def codegen(context, builder, signature, args):
+        w_start_v, p_start_v, a_start_v, stride_v, unit_v, first_lane_v = (args[i] for i in (1, 3, 5, 6, 8, 9))
+        per_call = lanes_per_call(kind, bits.literal_value)
+        per_sum = min(LANES_PER_WORD_SUM[kind], per_call)
+        w_start_v = builder.add(w_start_v, builder.mul(first_lane_v, ir.Constant(_I64, 64)))
+        a_start_v = builder.add(a_start_v, builder.mul(first_lane_v, ir.Constant(_I64, 4)))
+
+        def data(index):
+            return context.make_array(signature.args[index])(context, builder, args[index]).data
+
+        lanes = [_SuperblockLane(builder, width, kind, bool(vnni.literal_value), data(0),
+                                 builder.add(w_start_v, ir.Constant(_I64, 64 * lane)), data(2), p_start_v, unit_v)
+                 for lane in range(per_call)]
+        parts, load, at, ops = lanes[0].parts, lanes[0].load, lanes[0].at, lanes[0].ops
+        a_data, isum_data = data(4), data(7)
+        a_unit = builder.add(a_start_v, builder.mul(unit_v, ir.Constant(_I64, 64)))  # quad 2 c at 32 (2 c)
+
+        def activation_quad(t, h, lane):
+            row_start = builder.add(a_unit, builder.mul(stride_v, ir.Constant(_I64, t)))
+            word = builder.load(builder.bitcast(builder.gep(a_data, [at(row_start, 32 * h + 4 * lane)]),
+                                                _I32.as_pointer()), align=1)
+            return builder.bitcast(splat(builder, word, ops.dwords), ops.bytes)
+
+        pair = [lanes[0].scale_pairs(h) for h in range(2 if kind == Q6_K else 1)]
+        zero_words = ir.Constant(ops.words, [0] * (width // 2))
+        # the lanes' weights stay in registers across the activation rows
+        weights = {(lane, h): [lanes[lane].quad(h, p) for p in range(parts)] for lane in range(per_call) for h in range(2)}
+        for t in range(n_tokens):
+            a_quads = {(lane, h): activation_quad(t, h, lane) for lane in range(per_call) for h in range(2)}
+            where = [ir.Constant(_I64, 16 * t + (width // 4) * p) for p in range(parts)]
+            acc = [load(isum_data, where[p], ops.dwords, 4) for p in range(parts)]
+            for lane0 in range(0, per_call, per_sum):
+                words = [[zero_words] * parts for _ in range(2)]  # Q6_K: a sum per quad; else one for both
+                for lane in range(lane0, lane0 + per_sum):
+                    for h in range(2):
+                        into = h if kind == Q6_K else 0
+                        for p in range(parts):
+                            w, a_bytes = weights[lane, h][p], a_quads[lane, h]
+                            product = ops.maddubs(a_bytes, w) if kind == Q6_K else ops.maddubs(w, a_bytes)
+                            words[into][p] = builder.add(words[into][p], product)
+                for h in range(len(pair)):
+                    for p in range(parts):
+                        acc[p] = lanes[0].accumulate(acc[p], words[h][p], pair[h][p])
+            for p in range(parts):
+                builder.store(acc[p], builder.bitcast(builder.gep(isum_data, [where[p]]), ops.dwords.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic(prefer_literal=True)
+def superblock_bias(typingctx, quants, w_start, pairs, p_start, bits, vnni):
+    """int32x16: for one super-block of a 16-row Q6_K tile, lane r = 128 x the sum over its values of sc x (q - 32),
+    what superblock_tile_sum's biased activations (a + 128) add to row r's sum: the same vpmaddubsw (128 against
+    q - 32, at most 2 x 128 x 32 an int16 pair) and scale pairs, so it is exact. quants from w_start: the
+    super-block's 8 lanes; pairs from p_start: its scale pairs. bits, vnni compile-time constants."""
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni)):
+        return None
+    width = bits.literal_value // 8
+
+    def codegen(context, builder, signature, args):
+        def data(index):
+            return context.make_array(signature.args[index])(context, builder, args[index]).data
+
+        acc = None
+        for lane in range(8):
+            for c in range(4):
+                part = _SuperblockLane(builder, width, Q6_K, bool(vnni.literal_value), data(0),
+                                       builder.add(args[1], ir.Constant(_I64, 64 * lane)), data(2),
+                                       args[3], ir.Constant(_I64, c))
+                acc = acc or part.zeros()
+                bias = part.ops.splat_bytes(128)
+                for h in range(2):
+                    pair = part.scale_pairs(h)
+                    for p in range(part.parts):
+                        acc[p] = part.accumulate(acc[p], part.ops.maddubs(bias, part.quad(h, p)), pair[p])
+        return _as_vec16(builder, acc)
+
+    return int32x16(quants, types.intp, pairs, types.intp, bits, vnni), codegen

@@ -1,0 +1,163 @@
+"""Q4_K, Q5_K and Q6_K weights repacked once at load into tiles of 16 rows, for the K-quant tile kernel.
+
+The kernel takes, per row and token, each super-block's exact integer sum (every value times its
+sub-block's scale) and one float step for it, as ggml's x86 repack kernel does (tile_kernels.tiles_k).
+How the values are grouped inside a super-block is then free; a tile groups them in "quads" of 4 values,
+one 64-byte vector giving a quad for 16 rows, so that vpmaddubsw turns it into int16 pairs (bytes 0, 1
+and 2, 3), each pair within one sub-block, and vpmaddwd by the pair's scales into exact int32. The quads
+come from ggml's reference dot's 8 lanes (value e in lane e % 8): quad Q < 8 of lane l holds, with Q = 2 c + h,
+
+    value(Q, l, i) = 64 c + 16 h + 32 (i // 2) + 8 (i % 2) + l,    i < 4:
+
+bytes 0, 1 in 32-value sub-block 2 c, bytes 2, 3 in 2 c + 1 (Q6_K's 16-value sub-blocks 4 c + h and
+4 c + 2 + h). Quads 2 c and 2 c + 1 share Q4_K's and Q5_K's scale pair (sc[2 c], sc[2 c + 1]), and so do a
+unit's quads across lanes, so the kernel adds the int16 products of several lanes before one vpmaddwd
+(int8_dots.LANES_PER_WORD_SUM). The activations come in the same order (activations.py,
+quantize_q8_k_quads: value(Q, l, i) at 32 Q + 4 l + i), so a quad of them is one 4-byte broadcast.
+
+A tile holds 16 rows; super-block sb of it is 8 x LANE_BYTES bytes at quants[tile, 8 sb LANE_BYTES:],
+vector v of lane l at 64 (8 v + l) in it (so the kernel's 4 lanes of one vector are 256 bytes in a row),
+each vector [row r][byte i]:
+
+    v = c < 4     nibbles: low nibbles quad 2 c, high nibbles quad 2 c + 1 (every type)
+    v = 4         Q5_K: 5th bits, bit Q of byte i quad Q's
+    v = 4 + k     Q6_K, k < 2: high bits, bits 2 q, 2 q + 1 of byte i quad 4 k + q's
+
+and per row r: scales[tile, 16 sb + r] its float16 d, mins[tile, 16 sb + r] its dmin (Q4_K, Q5_K);
+sub_scales[tile, (SUB * sb + i) * 16 + r] byte i of the row's sub-block scales as the file stores them:
+Q4_K's and Q5_K's 12 bytes packing 8 6-bit scales and 8 6-bit mins (SUB = 12; the kernel unpacks a
+super-block's for all 16 rows at once, tile_kernels._unpack_k4_scales), Q6_K's 16 int8 scales (SUB = 16).
+So a tile takes exactly the file's bytes. What Q6_K's biased activations add (int8_dots.superblock_tile_sum)
+is not stored: the kernel computes it per tile (int8_dots.superblock_bias), which costs it less than one
+more activation row's work. Rows past the matrix's end fill the last tile with zeros.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core.extending import intrinsic
+
+from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K
+from miro.core.kernels.tiles import TILE_ROWS, Tiles
+
+LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64}  # a tile's bytes of quants per super-block and lane
+
+
+def scale_bytes(qtype: int) -> int:
+    """Bytes of sub-block scales (and mins) per super-block and row: Q6_K's 16 int8, Q4_K's and Q5_K's 12 packed."""
+    return 16 if qtype == Q6_K else 12
+
+
+def repack_superblocks(qtype: int, w: np.ndarray):
+    """w (rows, n_super * block bytes) uint8, as the file stores it, to a Tiles (tiles.py)."""
+    qtype = int(qtype)
+    rows = w.shape[0]
+    n_super = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
+    n_tiles = -(-rows // TILE_ROWS)
+    has_mins = qtype != Q6_K
+    tiles = Tiles(np.zeros((n_tiles, n_super * 8 * LANE_BYTES[qtype]), np.uint8),
+                  np.zeros((n_tiles, n_super * TILE_ROWS), np.uint16),
+                  np.zeros((n_tiles, n_super * TILE_ROWS if has_mins else 0), np.uint16), False,
+                  np.zeros((n_tiles, n_super * scale_bytes(qtype) * TILE_ROWS), np.uint8))
+    _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, LANE_BYTES[qtype])
+    return tiles
+
+
+@njit(cache=True, parallel=True)
+def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes):
+    rows = w.shape[0]
+    n_tiles, n_scales = scales.shape
+    n_super = n_scales // TILE_ROWS
+    block_bytes = w.shape[1] // n_super
+    for tile in prange(n_tiles):
+        values = np.empty(256, np.int16)
+        for r in range(min(TILE_ROWS, rows - tile * TILE_ROWS)):
+            row = w[tile * TILE_ROWS + r]
+            for sb in range(n_super):
+                off = sb * block_bytes
+                at = sb * TILE_ROWS + r
+                if qtype == Q6_K:
+                    scales[tile, at] = np.uint16(row[off + 208]) | (np.uint16(row[off + 209]) << 8)
+                    for j in range(16):
+                        sub_scales[tile, (16 * sb + j) * TILE_ROWS + r] = row[off + 192 + j]
+                else:
+                    scales[tile, at] = np.uint16(row[off]) | (np.uint16(row[off + 1]) << 8)
+                    mins[tile, at] = np.uint16(row[off + 2]) | (np.uint16(row[off + 3]) << 8)
+                    for i in range(12):
+                        sub_scales[tile, (12 * sb + i) * TILE_ROWS + r] = row[off + 4 + i]
+                _raw_values(qtype, row, off, values)
+                for lane in range(8):  # vector v of lane l at 64 (8 v + l) in the super-block
+                    base = 8 * sb * lane_bytes + 64 * lane + 4 * r
+                    for i in range(4):
+                        high_bits = 0
+                        for c in range(4):
+                            low, high = values[quad_value(2 * c, lane, i)], values[quad_value(2 * c + 1, lane, i)]
+                            quants[tile, base + 512 * c + i] = (low & 15) | ((high & 15) << 4)
+                            high_bits |= ((low >> 4) << (2 * c)) | ((high >> 4) << (2 * c + 1))
+                        if qtype == Q5_K:  # bit Q: quad Q's 5th bit
+                            quants[tile, base + 512 * 4 + i] = high_bits
+                        if qtype == Q6_K:  # bits 2 q, 2 q + 1 of vector 4 + k: quad 4 k + q's 5th and 6th bits
+                            for k in range(2):
+                                packed = 0
+                                for q in range(4):
+                                    packed |= (values[quad_value(4 * k + q, lane, i)] >> 4) << (2 * q)
+                                quants[tile, base + 512 * (4 + k) + i] = packed
+
+
+@njit(inline="always")
+def quad_value(quad, lane, i):
+    """The value of a super-block at byte i of quad `quad` of ggml lane `lane` (the module's docstring)."""
+    return 64 * (quad // 2) + 16 * (quad % 2) + 32 * (i // 2) + 8 * (i % 2) + lane
+
+
+@njit(inline="always")
+def _raw_values(qtype, row, off, values):
+    """A super-block's 256 quants as stored, unsigned (4, 5 or 6 bits), into values (int16)."""
+    if qtype == Q6_K:
+        for half in range(2):
+            for quarter in range(4):
+                for j in range(32):
+                    low = (np.int32(row[off + 64 * half + 32 * (quarter % 2) + j]) >> (4 * (quarter // 2))) & 15
+                    high = (np.int32(row[off + 128 + 32 * half + j]) >> (2 * quarter)) & 3
+                    values[128 * half + 32 * quarter + j] = low | (high << 4)
+        return
+    qs = off + (16 if qtype == Q4_K else 48)
+    for s in range(8):
+        for j in range(32):
+            q = (np.int32(row[qs + 32 * (s // 2) + j]) >> (4 * (s % 2))) & 15
+            if qtype == Q5_K:
+                q |= ((np.int32(row[off + 16 + j]) >> s) & 1) << 4
+            values[32 * s + j] = q
+
+
+def _quad_order_masks() -> list[list[int]]:
+    """For each 64 values 64 c.. of a super-block, the two 32-byte quads 2 c, 2 c + 1 as shuffle masks."""
+    masks = []
+    for h in range(2):
+        masks.append([16 * h + 32 * (i // 2) + 8 * (i % 2) + lane for lane in range(8) for i in range(4)])
+    return masks
+
+
+@intrinsic
+def store_in_quad_order(typingctx, source, source_at, dest, dest_at):
+    """dest[dest_at + 32 Q + 4 l + i] = source[source_at + quad_value(Q, l, i)] for one super-block of int8: four
+    64-byte loads, eight constant shuffles (vpermb where the CPU has it), eight 32-byte stores."""
+    def codegen(context, builder, signature, args):
+        i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+        v64, v32 = ir.VectorType(i8, 64), ir.VectorType(i8, 32)
+        src = context.make_array(signature.args[0])(context, builder, args[0]).data
+        dst = context.make_array(signature.args[2])(context, builder, args[2]).data
+        masks = [ir.Constant(ir.VectorType(i32, 32), m) for m in _quad_order_masks()]
+        for c in range(4):
+            at = builder.add(args[1], ir.Constant(i64, 64 * c))
+            block = builder.load(builder.bitcast(builder.gep(src, [at]), v64.as_pointer()), align=1)
+            for h in range(2):
+                quad = builder.shuffle_vector(block, ir.Constant(v64, None), masks[h])
+                to = builder.add(args[3], ir.Constant(i64, 32 * (2 * c + h)))
+                builder.store(quad, builder.bitcast(builder.gep(dst, [to]), v32.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.void(source, types.intp, dest, types.intp), codegen

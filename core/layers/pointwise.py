@@ -1,0 +1,138 @@
+"""Per-row kernels of the forward pass: RMSNorm (per row or per head), SiLU and GELU gates.
+(RoPE + the KV-cache write and paged attention: layers/attention.py.)
+
+Every kernel computes each token's row from that row alone, in a fixed order,
+so a token's result never depends on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from miro.core.kernels.cache_key import HELPERS
+from miro.core.kernels.halfs import f32_to_f16_bits
+from miro.core.kernels.simd import LANES, exp1, exp16, load16, store16, zeros16
+
+
+@njit(inline="always")
+def _sum_of_squares(row, start, n):
+    """sum of row[start + i]^2 for i < n, each square in float32, summed in float64 in one order on every CPU
+    tier: 8 chains (value i to chain i % 8; LLVM may run them as one vector, never reassociated), added
+    pairwise, then the last few values. (ggml sums in double too, one by one.)"""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    body = n - n % 8
+    for i in range(start, start + body, 8):
+        a0 += row[i] * row[i]
+        a1 += row[i + 1] * row[i + 1]
+        a2 += row[i + 2] * row[i + 2]
+        a3 += row[i + 3] * row[i + 3]
+        a4 += row[i + 4] * row[i + 4]
+        a5 += row[i + 5] * row[i + 5]
+        a6 += row[i + 6] * row[i + 6]
+        a7 += row[i + 7] * row[i + 7]
+    total = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for i in range(start + body, start + n):
+        total += row[i] * row[i]
+    return total
+
+
+@njit(cache=True)
+def rmsnorm(x, weight, eps, out):
+    """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for each row t."""
+    n, d = x.shape
+    for t in range(n):
+        inv = np.float32(1.0 / math.sqrt(_sum_of_squares(x[t], 0, d) / d + eps))
+        for i in range(d):
+            out[t, i] = x[t, i] * inv * weight[i]
+    return out
+
+
+SILU_CHUNK = 256  # columns of a row per work item of silu_mul
+
+
+def _build_silu_mul():
+    helpers = HELPERS  # made here so that the kernel closes over HELPERS (see layers/cache_key.py)
+
+    @njit(cache=True, parallel=True)
+    def silu_mul(gate_up, out):
+        """out = silu(gate) * up, where gate_up holds [gate | up] column halves: silu(g) = g / (1 + e^-g),
+        16 columns at a time (the last few of a row one by one, through the same polynomial)."""
+        helpers
+        n, two_f = gate_up.shape
+        f = two_f // 2
+        chunks = -(-f // SILU_CHUNK)
+        flat_in = gate_up.reshape(gate_up.size)
+        flat_out = out.reshape(out.size)
+        for item in prange(n * chunks):
+            t = item // chunks
+            c0 = (item % chunks) * SILU_CHUNK
+            c1 = min(c0 + SILU_CHUNK, f)
+            gate, up, to = t * two_f, t * two_f + f, t * f  # where row t's gate, up and output start
+            c = c0
+            while c + LANES <= c1:
+                g = load16(flat_in, gate + c)
+                store16(flat_out, to + c, g / (exp16(zeros16() - g) + np.float32(1.0)) * load16(flat_in, up + c))
+                c += LANES
+            for i in range(c, c1):
+                g = flat_in[gate + i]
+                flat_out[to + i] = g / (exp1(-g) + np.float32(1.0)) * flat_in[up + i]
+        return out
+
+    return silu_mul
+
+
+silu_mul = _build_silu_mul()
+
+
+def _gelu_f16_table() -> np.ndarray:
+    """GELU (tanh form) of every float16, rounded to float16: the table ggml evaluates GELU through."""
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):  # inf and nan entries are never looked up (|x| >= 10 bypasses the table)
+        y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(
+            np.float32(math.sqrt(2.0 / math.pi)) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))
+    return y.astype(np.float16).astype(np.float32)
+
+
+_GELU_F16 = _gelu_f16_table()
+
+
+@njit(cache=True)
+def _gelu_mul(gate_up, table, out):
+    n, two_f = gate_up.shape
+    f = two_f // 2
+    for t in range(n):
+        for i in range(f):
+            g = gate_up[t, i]
+            if g <= np.float32(-10.0):
+                y = np.float32(0.0)
+            elif g >= np.float32(10.0):
+                y = g
+            else:
+                y = table[f32_to_f16_bits(g)]
+            out[t, i] = y * gate_up[t, f + i]
+    return out
+
+
+def gelu_mul(gate_up: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = gelu_tanh(gate) * up, where gate_up holds [gate | up] column halves.
+
+    As ggml computes it: the gate rounded to float16 and looked up in a float16 table of GELU
+    (|gate| >= 10: 0 or the gate itself), about 1e-3 relative from the exact function.
+    """
+    return _gelu_mul(gate_up, _GELU_F16, out)
+
+
+@njit(cache=True)
+def head_rmsnorm(qkv, first_col, n_heads, head_dim, weight, eps):
+    """RMSNorm over each of n_heads heads of head_dim columns from first_col of every row, in place
+    (qwen3's and gemma3's q/k norm): qkv[t, head] = qkv[t, head] / rms(qkv[t, head]) * weight."""
+    for t in range(qkv.shape[0]):
+        for h in range(n_heads):
+            c0 = first_col + h * head_dim
+            inv = np.float32(1.0 / math.sqrt(_sum_of_squares(qkv[t], c0, head_dim) / head_dim + eps))
+            for i in range(head_dim):
+                qkv[t, c0 + i] = qkv[t, c0 + i] * inv * weight[i]
+    return qkv
