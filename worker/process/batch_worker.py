@@ -8,18 +8,18 @@ embedding one engine request per input: in_flight.py), runs one engine step, and
 hands finished requests to the Parquet sink; a request is counted only after the
 sink has made its rows durable, and a job is marked finished in RQ only once all
 of its requests are counted, so a crash can repeat a request, never lose it.
-About once a second it also expires the batches whose completion window has ended
-(expiry.py), aborts the requests of batches being cancelled or expiring and
-of jobs past their timeout, and refreshes its `miro:worker:{name}` hash
-(workers.py). Heartbeats come from a thread of their own (HeartbeatThread), so
-that no engine step, however long, and no wait for a part-file flush lets a
-held job's heartbeat lapse: RQ would then queue it again and it would run twice.
+About once a second it also runs the fleet's duties (lifecycle/housekeeping.py:
+expiry, release, feed), aborts the requests of batches being cancelled or
+expiring (cancelling.py) and of jobs past their timeout (failing.py), and
+refreshes its `miro:worker:{name}` hash (presence.py). Heartbeats come from a
+thread of their own (HeartbeatThread), so that no engine step, however long, and
+no wait for a part-file flush lets a held job's heartbeat lapse: RQ would then
+queue it again and it would run twice.
 """
 
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 from collections import Counter
@@ -27,9 +27,8 @@ from collections import Counter
 import redis
 
 from rq.logutils import setup_loghandlers
-from rq.job import Job, JobStatus
+from rq.job import Job
 from rq.queue import Queue
-from rq.registry import CanceledJobRegistry
 from rq.utils import now
 from rq.worker.base import BaseWorker, WorkerStatus
 
@@ -37,7 +36,7 @@ from miro.core import Engine, MiroError, defaults
 from miro.core.defaults import PRIORITIES
 
 from miro.worker.fleet.records import batches, rq_private, workers
-from miro.worker.fleet.lifecycle import housekeeping, release
+from miro.worker.fleet.lifecycle import housekeeping
 from miro.worker.fleet.intake import feed, routing
 from miro.worker.fleet.lifecycle.control import uncounted_failures
 from miro.worker.fleet.records.payload import JobPayload, is_group, payloads_of
@@ -47,6 +46,9 @@ from miro.worker.process import taking
 from miro.worker.process.batch_statuses import BatchStatuses
 from miro.worker.process.in_flight import InFlight, RequestRun
 from miro.worker.process.worker_config import WorkerConfig
+from miro.worker.process.cancelling import Cancellation
+from miro.worker.process.failing import FailureHandling
+from miro.worker.process.presence import Presence
 from miro.worker.process.jobs import (
     TokenCounts,
     add_requests,
@@ -55,9 +57,7 @@ from miro.worker.process.jobs import (
     job_rows,
     not_counted,
     output_error,
-    record_failure,
     record_given_up,
-    record_group_failure,
     split_suspect_group,
 )
 from miro.worker.process.worker_support import (
@@ -67,20 +67,17 @@ from miro.worker.process.worker_support import (
     describe,
     engine_options_from_env,
     wait_for_redis,
-    worker_record,
 )
 
 ALLOWED_FUNCTIONS = frozenset({"miro.worker.jobs.generate"})
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError)  # the worker waits for Redis; every other error it survives
 MAX_TAKE_FAILURES = 10  # a burst worker whose takes fail this many times in a row ends (something else is wrong)
-ENGINE_FAILED = ("the engine failed in a step this request was part of, not on this request alone ({}); the worker "
-                 "failed the requests it had in flight and started its engine afresh")
 
 
 PUBSUB_POLL_S = 1.0  # how often the command-channel thread wakes (RQ's default: 60 s)
 
 
-class BatchWorker(BaseWorker):
+class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
     def __init__(self, *args, engine_options: dict | None = None, **kwargs):
         """RQ's Worker arguments, `engine_options` (Engine.from_model's keywords; None: the MIRO_* environment's)
         and WorkerConfig's options by name (None or left out: the MIRO_* environment's, else the default)."""
@@ -265,33 +262,6 @@ class BatchWorker(BaseWorker):
             for flight, _ in done:
                 if not flight.running:
                     self.in_flight.pop(flight.job.id, None)
-
-    def _engine_failed(self, exc: Exception) -> None:
-        """Engine.step() raised an error no request accounts for (a request's own faults end that request inside the
-        step): every request in flight fails once, with an error row saying so, and the engine starts afresh
-        (Engine.reset; rebuilt from the model file if that fails too). The worker goes on."""
-        what = describe(exc)
-        with self.held_lock:
-            runs = [(flight, run) for flight in self.in_flight.values() for run in flight.running.values()]
-        self.log.error("Worker %s: the engine failed in a step (%s): failing the %d requests in flight and starting "
-                       "the engine afresh", self.name, what, len(runs))
-        try:
-            self.engine.reset()
-        except Exception as again:  # noqa: BLE001 - then a new engine from the model file
-            self.log.error("Worker %s: resetting the engine failed too (%s): loading %s again", self.name,
-                           describe(again), self.model)
-            self.engine = Engine.from_model(self.model, **self.engine_options)
-        self.by_request.clear()
-        for flight, run in runs:
-            with self.held_lock:
-                flight.running.pop(run.payload.custom_id, None)
-                if not flight.running and not flight.group:
-                    self.in_flight.pop(flight.job.id, None)
-            self.errors.guard("failing a request", self._fail_request, flight, run.payload, ENGINE_FAILED.format(what),
-                              run.started, prompt=run.prompt, model=self.model_name)
-        with self.held_lock:
-            for flight in [f for f in self.in_flight.values() if not f.running]:
-                self.in_flight.pop(flight.job.id, None)
 
     def _tick(self) -> None:
         """The worker's periodic duties, between engine steps."""
@@ -524,158 +494,3 @@ class BatchWorker(BaseWorker):
     def requests_in_flight(self) -> int:
         """Requests taken and not yet counted."""
         return sum(len(flight.running) for flight in self.in_flight.values()) + len(self.finished)
-
-    def _fail(self, job: Job, queue: Queue, execution, message: str) -> None:
-        self.jobs_failed += 1
-        job.retries_left = 0  # the retries are for dead workers; the request itself would fail again
-        try:
-            raise MiroError(message) from None  # raised here only to hand RQ an exc_info; no chained context
-        except MiroError:
-            with self.held_lock:
-                rq_private.finalize_failure(self, job, queue, execution, sys.exc_info())
-
-    def handle_exception(self, job: Job, *exc_info):
-        """A request miro failed on purpose (refused by the engine, timed out, for another model) is one log
-        line, not a traceback: it is the request's problem, said in its error row, not the worker's."""
-        if isinstance(exc_info[1], MiroError):
-            self.log.warning("Worker %s: request %s failed: %s", self.name, job.meta.get("custom_id", job.id),
-                             exc_info[1])
-            return
-        super().handle_exception(job, *exc_info)
-
-    def _fail_request(self, flight: InFlight, payload: JobPayload, message: str, started: float, *,
-                      prompt: str | None = None, model: str | None = None) -> None:
-        """A request that cannot (or may no longer) run: its error row is written and counted. A one-request job then
-        fails; a group's request gets a failed job of its own and the group goes on."""
-        sink = self._sink(flight.batch_id)
-        if flight.group:  # the job goes on, so RQ's handle_exception will not say it: said here
-            self.jobs_failed += 1
-            self.log.warning("Worker %s: request %s failed: %s", self.name, payload.custom_id, message)
-            record_group_failure(self.connection, sink, flight.job.id, payload, message, worker=self.name,
-                                 started=started, prompt=prompt, model=model)
-            flight.unsettled.discard(payload.custom_id)
-            with self.held_lock:
-                self._settle(flight)
-        else:
-            record_failure(self.connection, sink, flight.job.id, payload, message, worker=self.name, started=started,
-                           prompt=prompt, model=model)
-            flight.unsettled.discard(payload.custom_id)
-            flight.ended = True
-            with self.held_lock:
-                self.in_flight.pop(flight.job.id, None)
-            self._fail(flight.job, flight.queue, flight.execution, message)
-        self._release_ended({flight.batch_id})
-
-    def _enforce_timeouts(self) -> None:
-        """RQ's job timeout, enforced per request here since there is no work-horse process to kill: a request past
-        it leaves the engine and fails with an error row, and the requests beside it go on."""
-        now_s = time.time()
-        for flight in list(self.in_flight.values()):
-            timeout = flight.job.timeout
-            if timeout is None or timeout <= 0:
-                continue
-            for run in [r for r in flight.running.values() if now_s - r.started > timeout]:
-                with self.held_lock:
-                    self._leave_engine(flight, run)
-                self._fail_request(flight, run.payload, f"timed out after {timeout} s", run.started,
-                                   prompt=run.prompt, model=self.model_name)
-
-    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
-        return int(self.job_monitoring_interval + self.heartbeat_slack_s)
-
-    def heartbeat_held_jobs(self) -> None:
-        """One pipeline: the worker's heartbeat and that of every job it holds, in flight or waiting for its
-        rows to be written (called by the HeartbeatThread)."""
-        ttl = self.get_heartbeat_ttl(None)
-        with self.held_lock, self.connection.pipeline() as pipe:
-            self.heartbeat(max(ttl, self.worker_ttl), pipeline=pipe)
-            held = {flight.job.id: flight for flight in [*self.in_flight.values(), *self.settled,
-                                                          *(flight for flight, _, _ in self.finished)]
-                    if not flight.ended}
-            for flight in held.values():
-                flight.execution.heartbeat(flight.queue.started_job_registry, ttl, pipe)
-                flight.job.heartbeat(now(), ttl, pipe, xx=True)
-            pipe.execute()
-
-    def _leave_engine(self, flight: InFlight, run: RequestRun | None = None) -> None:
-        """Abort a request's engine requests (all of the job's, without `run`); a job with none left running is no
-        longer in flight (the caller holds held_lock)."""
-        for each in [run] if run is not None else list(flight.running.values()):
-            for request_id in each.request_ids:
-                self.engine.abort(request_id)
-                self.by_request.pop(request_id, None)
-            del flight.running[each.payload.custom_id]
-        if not flight.running:
-            self.in_flight.pop(flight.job.id, None)
-
-    def _requeue_in_flight(self) -> None:
-        """Put unfinished jobs back at the front of their queues, in their order, for another worker (a group's
-        counted requests are skipped there)."""
-        with self.held_lock, self.connection.pipeline() as pipe:
-            flights = list(self.in_flight.values())
-            for flight in flights:
-                self._leave_engine(flight)
-                flight.ended = True
-            for flight in reversed(flights):
-                self.cleanup_execution(flight.job, pipe, flight.execution)
-                rq_private.enqueue_job(flight.queue, flight.job, pipe, at_front=True)
-            pipe.execute()
-
-    # -- cancellation ---------------------------------------------------------------------------------
-
-    def _cancel_cancelled_batches(self) -> None:
-        """Read the status of every batch with requests in flight; abort those of batches being cancelled or
-        expiring."""
-        self.batch_statuses.refresh({flight.batch_id for flight in self.in_flight.values()})
-        doomed = [flight for flight in self.in_flight.values() if self.batch_statuses.stopping(flight.batch_id)]
-        if not doomed:
-            return
-        self._flush(force=True)  # the requests already done are counted completed, not cancelled
-        cancelled = []
-        with self.held_lock:
-            for flight in doomed:
-                cancelled.append((flight, sorted(flight.running)))
-                self._leave_engine(flight)
-        self._cancel(cancelled)
-
-    def _cancel(self, flights: list[tuple[InFlight, list[str]]]) -> None:
-        """Mark jobs of cancelled (or expired) batches canceled in RQ and count the given requests of each cancelled;
-        no rows are written (an expired batch's come back as batch_expired errors: results.collect)."""
-        with self.held_lock, self.connection.pipeline() as pipe:
-            for flight, _ in flights:
-                flight.ended = True
-                self.in_flight.pop(flight.job.id, None)
-                self.cleanup_execution(flight.job, pipe, flight.execution)
-                flight.job.set_status(JobStatus.CANCELED, pipeline=pipe)
-                CanceledJobRegistry(queue=flight.queue).add(flight.job, pipeline=pipe)
-            pipe.execute()
-        by_batch: dict[str, list[str]] = {}
-        for flight, custom_ids in flights:
-            by_batch.setdefault(flight.batch_id, []).extend(custom_ids)
-        for batch_id, custom_ids in by_batch.items():
-            batches.count_cancelled(self.connection, batch_id, custom_ids)
-        self._release_ended(set(by_batch))
-        self.jobs_cancelled += sum(len(custom_ids) for _, custom_ids in flights)
-
-    def _release_ended(self, batch_ids: set[str]) -> None:
-        """The batches this worker's counts may just have ended: their finished and cancelled jobs' keys go, now that
-        RQ has heard of every job this worker counted (release.py)."""
-        for batch_id in sorted(batch_ids):
-            release.release_if_ended(self.connection, batch_id)
-
-    # -- the worker's record in Redis -----------------------------------------------------------------
-
-    def worker_record(self) -> workers.WorkerRecord:
-        return worker_record(self)
-
-    def _publish(self) -> None:
-        self.record = self.worker_record()
-        workers.publish(self.connection, self.record)
-
-    def _remove_record(self) -> None:
-        """The worker stops: its hash goes (metrics keep the final figures, for a last scrape)."""
-        try:
-            self.record = self.worker_record()
-            workers.remove(self.connection, self.name)
-        except redis.RedisError:
-            pass  # Redis is gone: the record expires by itself
