@@ -67,6 +67,11 @@ class ModelConfig:
     # context_length, as llama.cpp's n_ctx 0. Phi-3's longrope picks its long or short factors by it, as llama.cpp
     # picks them by its context size (n_ctx_seq > original context: long), never by a prompt's length.
     n_ctx: int = 0
+    # A mixture of experts (core/layers/moe.py; the architecture's read_config sets them): 0 experts is dense.
+    n_expert: int = 0  # {arch}.expert_count
+    n_expert_used: int = 0  # {arch}.expert_used_count: experts a token runs through
+    expert_ffn_dim: int = 0  # each expert's width (ffn_dim, or {arch}.expert_feed_forward_length where read)
+    shared_ffn_dim: int = 0  # an always-on shared expert's width; 0: none
 
     @property
     def q_dim(self) -> int:

@@ -21,7 +21,17 @@ from miro.core.engine.step_input import StepInput
 from miro.core.models.bert import BertModel
 from miro.core.models.gemma2 import Gemma2Model
 from miro.core.models.gemma3 import Gemma3Model
-from miro.core.models.llama import GraniteModel, LlamaModel, Mistral3Model, Qwen2Model, Qwen3Model, SmolLM3Model
+from miro.core.models.llama import (
+    GraniteModel,
+    GraniteMoeModel,
+    LlamaModel,
+    Mistral3Model,
+    OlmoeModel,
+    Qwen2Model,
+    Qwen3Model,
+    Qwen3MoeModel,
+    SmolLM3Model,
+)
 from miro.core.models.nomic_bert import NomicBertModel
 from miro.core.models.olmo2 import Olmo2Model
 from miro.core.models.phi3 import Phi3Model
@@ -66,6 +76,7 @@ MODELS: dict[str, type[Model]] = {
     "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "gemma3": Gemma3Model, "bert": BertModel,
     "smollm3": SmolLM3Model, "granite": GraniteModel, "olmo2": Olmo2Model, "mistral3": Mistral3Model,
     "phi3": Phi3Model, "gemma2": Gemma2Model,
+    "qwen3moe": Qwen3MoeModel, "olmoe": OlmoeModel, "granitemoe": GraniteMoeModel,
     "nomic-bert": NomicBertModel}
 
 

@@ -1,0 +1,219 @@
+"""A mixture-of-experts feed-forward layer: a router picks k of E experts per token, each chosen expert runs a
+gated feed-forward on that token, and their outputs are summed, weighted, as llama.cpp's build_moe_ffn does
+(scripts/moe_math.md says exactly what it computes per architecture).
+
+`Experts` holds one layer's experts: the router (E rows over the embedding) and the gate, up and down matrices
+of every expert, made from the file's 3-D tensors (E, rows, cols) as one `Linear` per expert over that expert's
+slab of bytes (a view of the memory map, never dequantized): on tiers with int8 dots the slab is repacked into
+the tile layout at load like every quantized matrix (the file's bytes, its mapped pages released), elsewhere the
+kernels read it where it lies. Experts run on the file's own types (the native kernels) whatever the model's
+weight format: a float32 copy of every expert would multiply a mixture's memory by 4 to 8.
+
+`run_experts(x, experts, routing, activation)` runs a step's rows through them:
+
+1. the router's logits (the float kernel, each row alone), then `route`: the gating function, the top k (ties:
+   the lower expert index first, as llama.cpp's std::sort leaves them for E <= 16) and the chosen weights,
+   renormalised where `Routing.normalize` says;
+2. the rows grouped by expert: each expert's rows go through its gate/up layer, `activation`, and its down
+   layer as one matrix product (the same kernels and plan per type and tier as `Linear`, weight_types.py);
+3. each result scaled by its weight and the k results of a row summed in top-k order (`combine`).
+
+Every step is per row, in an order set by the row alone (the native kernels are batch-invariant, the router
+runs through the float kernel, routing and combining in numba per row), so a row's output is bitwise the same
+whatever other rows share its experts. Workspace: the rows run in runs of at most MOE_RUN_BYTES of per-row
+expert outputs (k x dim floats a row); within a run, one expert's gathered rows, its gate/up output and its
+activation at a time. So a step's workspace is at most MOE_RUN_BYTES plus one expert's buffers for the rows of
+a run (rows x (dim + 3 x expert width) floats), whatever the number of experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from miro.core.layers.linear import Linear, LinearStack
+from miro.core.loading.gguf_file import TensorInfo
+from miro.core.kernels import cpu
+from miro.core.kernels.weight_types import WEIGHT_TYPES
+
+MOE_RUN_BYTES = 8 << 20  # the most the per-row expert outputs (rows x k x dim float32) of a run take at a time
+NORM_FLOOR = np.float32(6.103515625e-5)  # llama.cpp clamps the chosen weights' sum from below (f16's smallest normal)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How the router's logits become k experts and their weights (llama.cpp's gating_op and norm_w).
+
+    gating: "softmax": softmax over all E logits, the k largest probabilities chosen, each its probability
+    (llama, qwen3moe, olmoe, granitemoe); "softmax_topk": the k largest raw logits chosen, their weights a
+    softmax over those k alone (gpt-oss: LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT).
+    normalize: the k weights divided by their sum (floored at NORM_FLOOR): true for llama, qwen3moe and
+    granitemoe, false for olmoe and gpt-oss."""
+
+    n_used: int
+    gating: str = "softmax"
+    normalize: bool = True
+
+    def __post_init__(self):
+        if self.gating not in GATINGS:
+            raise ValueError(f"gating must be one of {', '.join(GATINGS)}, not {self.gating!r}")
+
+
+GATINGS = ("softmax", "softmax_topk")
+
+
+class Experts:
+    """One layer's router and experts; optional biases (gpt-oss) on the router and each expert's matrices.
+
+    router: a `Linear` over the (E, dim) router tensor, in the native float kernel (batch-invariant);
+    gate_up[e]: expert e's gate and up rows, their outputs side by side [gate | up] (one fused layer where the
+    type is tiled on this tier, so the activations are quantized once; else two layers over the mapped views);
+    down[e]: expert e's down matrix."""
+
+    def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo,
+                 router_bias: np.ndarray | None = None, gate_up_bias: np.ndarray | None = None,
+                 down_bias: np.ndarray | None = None, tier: str | None = None):
+        n_expert, width, dim = gate.shape
+        if up.shape != gate.shape or down.shape != (n_expert, dim, width) or router.shape != (n_expert, dim):
+            raise ValueError(f"{gate.name}: expert shapes do not agree (router {router.shape}, gate {gate.shape}, "
+                             f"up {up.shape}, down {down.shape})")
+        self.n_expert, self.width, self.dim = n_expert, width, dim
+        self.router = Linear(router, "native", tier=tier)
+        self.router_bias = router_bias  # (E,)
+        self.gate_up_bias = gate_up_bias  # (E, 2 x width): gate's then up's
+        self.down_bias = down_bias  # (E, dim)
+        tiled = WEIGHT_TYPES[gate.type].tiled_on(cpu.get(tier)) and gate.type == up.type
+        self.gate_up: list[Linear | LinearStack] = []
+        self.down: list[Linear] = []
+        for e in range(n_expert):
+            parts = [expert_slab(gate, e), expert_slab(up, e)]
+            self.gate_up.append(Linear.fused(parts, "native", tier=tier) if tiled
+                                else LinearStack([Linear(p, "native", tier=tier) for p in parts]))
+            self.down.append(Linear(expert_slab(down, e), "native", tier=tier))
+        self.weight_bytes = (self.router.weight_bytes + sum(layer.weight_bytes for layer in self.gate_up)
+                             + sum(layer.weight_bytes for layer in self.down))  # owned: the repacked tiles
+
+    def __repr__(self) -> str:
+        return (f"Experts({self.n_expert} x {self.dim}->{self.width}->{self.dim}, {self.down[0].type.name}, "
+                f"weight_bytes={self.weight_bytes:,})")
+
+
+def expert_slab(tensor: TensorInfo, e: int) -> TensorInfo:
+    """Expert e's 2-D matrix of a 3-D expert tensor: a view of its contiguous bytes in the memory map."""
+    n_expert = tensor.shape[0]
+    per_expert = tensor.data.nbytes // n_expert
+    return TensorInfo(f"{tensor.name}[{e}]", tensor.shape[1:], tensor.type,
+                      tensor.data[e * per_expert:(e + 1) * per_expert])
+
+
+def run_experts(x: np.ndarray, experts: Experts, routing: Routing, activation) -> np.ndarray:
+    """(T, dim) normed rows -> (T, dim): the weighted sum of each row's k chosen experts' outputs.
+
+    activation(gate_up, out): (n, 2 x width) [gate | up] -> (n, width), e.g. pointwise.silu_mul."""
+    n_rows, k = x.shape[0], routing.n_used
+    logits = experts.router(x)
+    if experts.router_bias is not None:
+        logits += experts.router_bias
+    chosen = np.empty((n_rows, k), np.int32)
+    weights = np.empty((n_rows, k), np.float32)
+    route(logits, routing.gating == "softmax_topk", routing.normalize, chosen, weights)
+    out = np.empty((n_rows, experts.dim), np.float32)
+    run = max(1, MOE_RUN_BYTES // (4 * k * experts.dim))
+    for first in range(0, n_rows, run):
+        rows = slice(first, first + run)
+        _run_chosen(x[rows], chosen[rows], weights[rows], experts, activation, out[rows])
+    return out
+
+
+def _run_chosen(x: np.ndarray, chosen: np.ndarray, weights: np.ndarray, experts: Experts, activation,
+                out: np.ndarray) -> None:
+    """One run of rows: each expert's rows as one product, the results combined per row into out."""
+    n_rows, k = chosen.shape
+    flat = chosen.reshape(-1)
+    order = np.argsort(flat, kind="stable")  # (row, j) slots grouped by expert
+    counts = np.bincount(flat, minlength=experts.n_expert)
+    results = np.empty((n_rows * k, experts.dim), np.float32)  # slot row * k + j: expert chosen[row, j]'s output
+    act = np.empty((n_rows, experts.width), np.float32)
+    start = 0
+    for e in np.flatnonzero(counts):
+        slots = order[start:start + counts[e]]
+        start += counts[e]
+        gate_up = experts.gate_up[e](x[slots // k])
+        if experts.gate_up_bias is not None:
+            gate_up += experts.gate_up_bias[e]
+        a = act[: len(slots)]
+        activation(gate_up, a)
+        y = experts.down[e](a)
+        if experts.down_bias is not None:
+            y += experts.down_bias[e]
+        results[slots] = y
+    combine(results.reshape(n_rows, k, experts.dim), weights, out)
+
+
+@njit(cache=True)
+def _softmax(values, out):
+    """ggml's soft_max over one row, in place into out: exp(v - max) in float32, summed in float64, times the
+    float32 of 1 / sum."""
+    m = values[0]
+    for v in values[1:]:
+        m = max(m, v)
+    total = 0.0
+    for i in range(len(values)):
+        out[i] = np.float32(np.exp(np.float32(values[i] - m)))
+        total += out[i]
+    scale = np.float32(1.0 / total)
+    for i in range(len(values)):
+        out[i] = out[i] * scale
+
+
+@njit(cache=True)
+def route(logits, softmax_topk, normalize, chosen, weights):
+    """Each row's k experts (chosen, (T, k) int32, in descending order of their score, ties the lower index
+    first) and their weights ((T, k) float32), from the router's logits (T, E), as llama.cpp computes them:
+    softmax over all E then the top k (softmax_topk False), or the top k of the raw logits and a softmax over
+    those k (True); normalize: the k weights divided by max(their sum, NORM_FLOOR)."""
+    n_rows, n_expert = logits.shape
+    k = chosen.shape[1]
+    probs = np.empty(n_expert, np.float32)
+    taken = np.empty(n_expert, np.bool_)
+    picked = np.empty(k, np.float32)
+    for t in range(n_rows):
+        if softmax_topk:
+            probs[:] = logits[t]
+        else:
+            _softmax(logits[t], probs)
+        taken[:] = False
+        for j in range(k):
+            best = -1
+            for e in range(n_expert):  # strictly greater: among equals the lowest index stays
+                if not taken[e] and (best < 0 or probs[e] > probs[best]):
+                    best = e
+            taken[best] = True
+            chosen[t, j] = best
+            picked[j] = probs[best]
+        if softmax_topk:
+            _softmax(picked.copy(), picked)
+        if normalize:
+            total = 0.0
+            for j in range(k):
+                total += picked[j]
+            total32 = max(np.float32(total), NORM_FLOOR)
+            for j in range(k):
+                picked[j] = picked[j] / total32
+        weights[t] = picked
+
+
+@njit(cache=True)
+def combine(results, weights, out):
+    """out[t] = ((results[t, 0] w0 + results[t, 1] w1) + ...) in top-k order, each product in float32, as
+    llama.cpp weighs each expert's output and adds the k views one after another."""
+    n_rows, k, dim = results.shape
+    for t in range(n_rows):
+        for i in range(dim):
+            out[t, i] = results[t, 0, i] * weights[t, 0]
+        for j in range(1, k):
+            w = weights[t, j]
+            for i in range(dim):
+                out[t, i] += results[t, j, i] * w
