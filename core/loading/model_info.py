@@ -17,6 +17,7 @@ from miro.core.errors import MiroError
 from miro.core.loading.gguf_file import GGUFFile
 from miro.core.kernels import cpu
 from miro.core.models import check_model_file
+from miro.core.models.mixture import active_parameters
 from miro.core.loading.weight_format import choose_weight_format, f32_weight_bytes, matmul_tensors, native_speedup
 
 
@@ -34,6 +35,10 @@ class ModelInfo:
     runs: bool = False
     weights: str | None = None  # the format `weights="auto"` takes on this CPU, and why
     refusal: str | None = None  # the one sentence why miro does not run it
+    experts: int = 0  # a mixture of experts: experts per layer (0: dense)
+    experts_active: int = 0  # experts each token runs through
+    shared_expert_width: int = 0  # an always-on shared expert's width (0: none)
+    active_parameters: int | None = None  # parameters a token runs through (a mixture: less the unused experts)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -61,6 +66,10 @@ def inspect_model(path: str | Path) -> ModelInfo:
         info.refusal = str(err)
         return info
     info.runs = True
+    if config.n_expert:
+        info.experts, info.experts_active = config.n_expert, config.n_expert_used
+        info.shared_expert_width = config.shared_ffn_dim
+        info.active_parameters = active_parameters(config, info.parameters)
     info.context_length = config.context_length
     scaling = "none" if config.rope_scaling == "none" else f"{config.rope_scaling} x{config.rope_factor:g}"
     if config.rope_scaling == "yarn":
@@ -87,6 +96,10 @@ def describe(info: ModelInfo) -> list[str]:
     if info.context_length is not None:
         lines.append(f"  context        {info.context_length:,} tokens"
                      + (f", RoPE scaling {info.rope_scaling}" if info.rope_scaling else ""))
+    if info.experts:
+        shared = f", plus a shared expert {info.shared_expert_width} wide" if info.shared_expert_width else ""
+        lines.append(f"  experts        {info.experts} a layer, {info.experts_active} active per token{shared}; "
+                     f"{info.active_parameters:,} parameters active")
     lines.append(f"  chat template  {'yes' if info.chat_template else 'no'}")
     lines.append(f"  miro runs it   {'yes, ' + info.weights if info.runs else 'no: ' + info.refusal}")
     return lines
