@@ -203,3 +203,45 @@ def constraint_of(json_schema: str | None, regex: str | None, choice: tuple[str,
             except ValueError as err:
                 raise MiroError(f"--json-schema {json_schema}: not valid JSON ({err}).") from None
     return {kind: value}
+
+
+def dataset_options(command):
+    """How a dataset's rows make requests (`miro run`, `miro submit`): its format, and which columns hold the
+    prompt, messages or embedding input, a template over columns, the custom id (intake/columns.py)."""
+    from miro.worker.fleet.intake.tables import FORMATS
+
+    options = [
+        click.option("--input-format", type=click.Choice(FORMATS), default=None,
+                     help="The dataset's format.  [default: by its extension: .parquet, .csv, .arrow, a saved "
+                          "Hugging Face dataset's folder; else jsonl]"),
+        click.option("--prompt-column", default=None, metavar="COLUMN",
+                     help="The column holding each row's prompt (a completion; a user message with --chat)."),
+        click.option("--messages-column", default=None, metavar="COLUMN",
+                     help="The column holding each row's chat messages (a list of {role, content})."),
+        click.option("--input-column", default=None, metavar="COLUMN",
+                     help="The column holding each row's embedding input (a text, or a list of texts)."),
+        click.option("--template", default=None,
+                     help='Each row\'s prompt made of its columns, e.g. "Summarise: {text}" (a user message with '
+                          "--chat).  [default: columns named prompt, messages or input]"),
+        click.option("--id-column", default=None, metavar="COLUMN",
+                     help="The column holding each row's custom id.  [default: a column named id or custom_id, "
+                          "else line-N for row N]"),
+        click.option("--chat", is_flag=True,
+                     help="Give the prompt column or the template to the model's chat template as a user message."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def input_columns(prompt_column: str | None, messages_column: str | None, input_column: str | None,
+                  template: str | None, id_column: str | None, chat: bool):
+    """dataset_options' column values as intake/columns.py's InputColumns (MiroError for two inputs at once)."""
+    from miro.worker.fleet.intake.columns import InputColumns
+
+    return InputColumns(prompt=prompt_column, messages=messages_column, input=input_column, template=template,
+                        id=id_column, chat=chat)
+
+
+def reuse_option(help_text: str):
+    return click.option("--reuse", "reuse_path", default=None, metavar="PREVIOUS.parquet", help=help_text)

@@ -18,14 +18,17 @@ from miro.cli.common import (
     config_options,
     constraint_of,
     constraint_options,
+    dataset_options,
     embedding_line_options,
     engine_kwargs,
     engine_options,
+    input_columns,
     log_to_stderr,
     model_option,
     pooling_defaults,
     priority_option,
     redis_url_option,
+    reuse_option,
 )
 from miro.worker.process.worker_config import WorkerConfig
 
@@ -156,15 +159,20 @@ def models_inspect(model, as_json):
 @click.option("--requests-per-job", type=click.IntRange(min=1), default=None,
               help="Requests per RQ job: RQ's bookkeeping of a job is shared by its requests, each still counted "
                    f"once; 1 makes a job of each request.  [default: {defaults.REQUESTS_PER_JOB}]")
+@reuse_option("An earlier result (Parquet) of a batch on the same --model: every row of it whose request is "
+              "deterministic and identical is taken instead of running it again; the engine settings compared are "
+              "those a worker started here with the MIRO_* environment would load.")
+@dataset_options
 @priority_option
 @completion_window_option
 @embedding_line_options
 @constraint_options
 def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temperature, top_p, seed, skip_invalid,
-           dry_run, resume, job_timeout, requests_per_job, priority, completion_window, task, truncate, json_schema,
+           dry_run, resume, job_timeout, requests_per_job, reuse_path, input_format, prompt_column, messages_column,
+           input_column, template, id_column, chat, priority, completion_window, task, truncate, json_schema,
            regex, choice, grammar):
-    """Validate DATASET (JSONL), store its requests and queue them, a group of them per RQ job, as workers drain
-    the queue; prints the batch id."""
+    """Validate DATASET (JSONL, Parquet, CSV or a saved Hugging Face dataset), store its requests and queue them, a
+    group of them per RQ job, as workers drain the queue; prints the batch id."""
     from miro.worker.fleet.observe.urls import redacted
     from miro.worker.fleet.records.connection import connect
     from miro.worker.fleet.intake.submit import submit as submit_dataset
@@ -174,6 +182,17 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
                                   ("seed", seed), ("structured_outputs", constraint_of(json_schema, regex, choice, grammar)))
                 if v is not None}
+    columns = input_columns(prompt_column, messages_column, input_column, template, id_column, chat)
+    reuse = None
+    if reuse_path is not None and not dry_run:
+        from miro.core.errors import MiroError
+        from miro.worker.fleet.intake.reuse import ReuseSource
+        from miro.worker.fleet.output.fingerprint import expected_stamp
+        from miro.worker.process.worker_support import engine_options_from_env
+
+        if model is None:
+            raise MiroError("--reuse needs --model: the rows are reused only for the same model file.")
+        reuse = ReuseSource.open(reuse_path, expected_stamp(model, engine_options_from_env()))
     conn = None if dry_run else connect(redis_url)
     with ValidationProgress(os.path.basename(dataset)) as progress:  # invalid lines are shown as they are found
         result = submit_dataset(conn, dataset, queue_name=queue_name, name=name, output=output, model=model,
@@ -182,7 +201,8 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
                                 requests_per_job=requests_per_job,
                                 pooling_defaults=pooling_defaults(truncate), completion_window=completion_window,
                                 log=log_to_stderr, on_line_error=progress.on_line_error,
-                                on_progress=progress.on_progress)
+                                on_progress=progress.on_progress, columns=columns, input_format=input_format,
+                                reuse=reuse)
     if dry_run:
         log_to_stderr(f"Dry run: {result.valid:,} valid lines, {len(result.invalid):,} invalid; nothing was enqueued.")
         return
@@ -196,6 +216,8 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
                       + f" ({where}).")
     else:
         stored = result.stored - result.enqueued
+        if reuse is not None:
+            log_to_stderr(f"Reused the earlier rows of {result.reused:,} of {result.valid:,} requests.")
         log_to_stderr(f"Enqueued {result.enqueued:,} requests on {where} in {result.enqueue_s:.2f} s"
                       + (f"; the other {stored:,} requests are stored with the results and are queued as the "
                          f"workers take them." if stored else "."))

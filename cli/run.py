@@ -19,8 +19,9 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import redis
@@ -38,18 +39,24 @@ from miro.cli.common import (
     completion_window_option,
     constraint_of,
     constraint_options,
+    dataset_options,
     embedding_line_options,
     engine_kwargs,
     engine_options,
+    input_columns,
     log_to_stderr,
     pooling_defaults,
     priority_option,
     redis_url_option,
+    reuse_option,
 )
 from miro.cli.run_state import RunState
 
+if TYPE_CHECKING:
+    from miro.worker.fleet.intake.columns import InputColumns
+
 @click.command("run", cls=MiroCommand)
-@click.argument("dataset", type=click.Path(dir_okay=False))
+@click.argument("dataset", type=click.Path(dir_okay=True))
 @click.option("--output", "-o", "out_path", default="results.parquet", show_default=True,
               type=click.Path(dir_okay=False),
               help="The merged results (Parquet), written once every request ran: a path, or a URL such as "
@@ -77,14 +84,19 @@ from miro.cli.run_state import RunState
 @click.option("--flush-seconds", type=click.FloatRange(min=0), default=defaults.FLUSH_SECONDS, show_default=True,
               help="Finished rows are saved to part files at least this often (the progress bar moves as they are); "
                    "a run killed outright loses at most this much work.")
+@reuse_option("An earlier result of this command: every row of it whose request is deterministic (temperature 0, "
+              "or a seed) and identical (same model file, options and miro output version) is taken instead of "
+              "running it again.")
+@dataset_options
 @priority_option
 @completion_window_option
 @embedding_line_options
 @constraint_options
 @engine_options
 def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temperature, top_p, seed, skip_invalid,
-                dry_run, resume, state_dir, shutdown_grace, flush_seconds, priority, completion_window, task, truncate,
-                json_schema, regex, choice, grammar, **engine):
+                dry_run, resume, state_dir, shutdown_grace, flush_seconds, reuse_path, input_format, prompt_column,
+                messages_column, input_column, template, id_column, chat, priority, completion_window, task,
+                truncate, json_schema, regex, choice, grammar, **engine):
     """The whole job on this machine: submit DATASET, run a worker until done, write the merged results.
 
     Ctrl-C writes what finished to OUTPUT's .partial.parquet file; the same command with --resume finishes it.
@@ -95,11 +107,13 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     constraint = constraint_of(json_schema, regex, choice, grammar)
     defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
                                   ("seed", seed), ("structured_outputs", constraint)) if v is not None}
-    lines = LineOptions(defaults, task, pooling_defaults(truncate))
+    columns = input_columns(prompt_column, messages_column, input_column, template, id_column, chat)
+    lines = LineOptions(defaults, task, pooling_defaults(truncate), columns, input_format)
     durations.completion_window(completion_window)  # refused before anything starts
     options = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
                "skip_invalid": skip_invalid, "name": name, "format": fmt, "structured_outputs": constraint,
-               "task": task, "truncate": truncate}
+               "task": task, "truncate": truncate, "reuse": reuse_path, "input_format": input_format,
+               **({"columns": asdict(columns)} if columns.given or columns.chat else {})}
     checked = _validate(dataset, lines, skip_invalid)
     model = options["model"] = model or routing.default_model(checked.task)
     if dry_run:
@@ -108,16 +122,18 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     if not storage.is_uri(out_path) and not Path(out_path).absolute().parent.is_dir():
         raise MiroError(f"The folder of the output {out_path} does not exist.")
     resolve_model(model, log_to_stderr)  # a wrong --model fails here (and the default one is pulled on first use)
+    reuse = _reuse_source(reuse_path, model, engine) if reuse_path and not resume else None
     # next to a local output; in the current folder for one on an object store
     state = RunState(state_dir or f"{storage.name(out_path) if storage.is_uri(out_path) else out_path}.miro-run")
     record = state.claim(resume, dataset, options, redacted(redis_url) if redis_url else "embedded", out_path)
     interruption = Interruption(shutdown_grace)
     try:
         with interruption, _redis(state, redis_url) as conn:
-            batch_id, queue_name = _submit(conn, state, record, dataset, lines, resume, priority, completion_window)
+            batch_id, queue_name = _submit(conn, state, record, dataset, lines, resume, priority, completion_window,
+                                           reuse)
             try:
                 pace = None
-                if not interruption.signal:
+                if not interruption.signal and batches.get_batch(conn, batch_id).status != "completed":
                     worker = _worker(conn, queue_name, model, shutdown_grace, flush_seconds, engine)
                     pace = Pace.start(conn, batch_id)
                     _work(conn, batch_id, worker, interruption)
@@ -144,9 +160,22 @@ class LineOptions:
     defaults: dict
     task: str | None
     pooling_defaults: dict
+    columns: InputColumns | None = None  # which columns of a table (or keys of a line) make the request
+    input_format: str | None = None  # --input-format; None: by the extension
 
     def submit_kwargs(self) -> dict:
-        return {"defaults": self.defaults, "task": self.task, "pooling_defaults": self.pooling_defaults}
+        return {"defaults": self.defaults, "task": self.task, "pooling_defaults": self.pooling_defaults,
+                "columns": self.columns, "input_format": self.input_format}
+
+
+def _reuse_source(path: str, model: str, engine: dict):
+    """--reuse: the earlier results and the stamp this run's rows will carry (the model file's sha256 and the
+    settings its engine will load with), from the model's header alone."""
+    from miro.worker.fleet.intake.reuse import ReuseSource
+    from miro.worker.fleet.output.fingerprint import expected_stamp
+
+    options = {k: v for k, v in engine.items() if k != "threads"}
+    return ReuseSource.open(path, expected_stamp(model, options))
 
 
 def _validate(dataset: str, lines: LineOptions, skip_invalid: bool):
@@ -174,7 +203,7 @@ def _redis(state: RunState, redis_url: str | None):
 
 
 def _submit(conn, state: RunState, record: dict, dataset: str, lines: LineOptions, resume: bool,
-            priority: str | None, completion_window: str) -> tuple[str, str]:
+            priority: str | None, completion_window: str, reuse=None) -> tuple[str, str]:
     """Enqueue the dataset as a new batch, or (resume) only its requests with no finished or running job (the
     batch keeps its priority and completion window); returns the batch id and its queue."""
     from miro.worker.fleet.intake.submit import submit as submit_dataset
@@ -184,8 +213,11 @@ def _submit(conn, state: RunState, record: dict, dataset: str, lines: LineOption
         submitted = submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"],
                                    name=options.get("name"), skip_invalid=options["skip_invalid"],
                                    queue_name=f"miro-run-{os.getpid()}", priority=priority,
-                                   completion_window=completion_window, **lines.submit_kwargs())
+                                   completion_window=completion_window, reuse=reuse, **lines.submit_kwargs())
         state.save({**record, "batch_id": submitted.batch_id})
+        if reuse is not None:
+            log_to_stderr(f"Reused {submitted.reused:,} of {submitted.valid:,} requests from "
+                          f"{record['options']['reuse']}; {submitted.valid - submitted.reused:,} to run.")
         return submitted.batch_id, submitted.queue
 
     batch_id = record["batch_id"]

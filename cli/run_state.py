@@ -156,8 +156,14 @@ def _as_flag(name: str, value) -> str:
 
 
 def _sha256(path: str) -> str:
+    """The dataset's sha256; a folder's (a saved Hugging Face dataset) over its files' names and bytes, in name
+    order."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    files = [Path(path)] if not os.path.isdir(path) else sorted(p for p in Path(path).rglob("*") if p.is_file())
+    for file in files:
+        if os.path.isdir(path):
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()

@@ -116,5 +116,18 @@ def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | 
                                   f"{_size(budget)} weight budget; the quantized tensors are used as stored)", True)
 
 
+def choose_for_file(gguf: GGUFFile, weights: str, max_weight_memory: str | int | None,
+                    encoder: bool) -> WeightChoice:
+    """choose_weight_format for a model file on this CPU's tier, as Engine.from_model calls it: what a rerun that
+    reuses earlier rows (worker/fleet/output/fingerprint.py) predicts the engine will load, before it loads anything
+    (tests/e2e/test_reuse_runs.py holds the two to the same choice)."""
+    from miro.core.kernels import cpu
+
+    tier = cpu.TIER.name
+    return choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory,
+                                native_speedup(matmul_tensors(gguf), tier), tier, encoder=encoder,
+                                has_bf16=cpu.HAS_BF16_DOT, has_int16=cpu.HAS_INT16_DOT)
+
+
 def _size(n_bytes: int) -> str:
     return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"

@@ -239,8 +239,10 @@ def test_empty_file_is_a_file_error(tmp_path, content):
 def test_missing_file_and_directory_raise_miro_error(tmp_path):
     with pytest.raises(MiroError, match=r"^Dataset file '.*nope\.jsonl' does not exist\.$"):
         parse_dataset(tmp_path / "nope.jsonl")
+    with pytest.raises(MiroError, match=r"^The folder '.*' is no dataset saved by Hugging Face datasets"):
+        parse_dataset(tmp_path)  # a folder is read as one (tables.py)
     with pytest.raises(MiroError, match=r"^Dataset path '.*' is a directory, not a JSONL file\.$"):
-        parse_dataset(tmp_path)
+        parse_dataset(tmp_path, input_format="jsonl")
 
 
 def test_bad_defaults_raise_miro_error(tmp_path):
@@ -348,9 +350,10 @@ def test_a_json_array_or_csv_file_is_one_sentence_about_the_file(tmp_path):
     assert parse_dataset(array).file_error == (
         f"Dataset file '{array}' holds a JSON array: miro reads JSON Lines, one request object per line, "
         'e.g. {"id": "q1", "prompt": "..."}.')
-    csv = tmp_path / "a.csv"
+    csv = tmp_path / "a.txt"  # a .csv file is read as CSV (tables.py)
     csv.write_text("id,prompt\nq1,hello\nq2,world\n")
-    assert "looks like CSV (its first line is 'id,prompt')" in parse_dataset(csv).file_error
+    assert "looks like CSV (its first line is 'id,prompt'): give it a .csv name or --input-format csv" in \
+        parse_dataset(csv).file_error
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text('{"id": "q1", "prompt": "a"}\nid,prompt\n')  # one good line: the per-line errors stand
     assert parse_dataset(mixed).file_error is None

@@ -40,6 +40,7 @@ from miro.worker.fleet.lifecycle import housekeeping
 from miro.worker.fleet.intake import feed, routing
 from miro.worker.fleet.lifecycle.control import uncounted_failures
 from miro.worker.fleet.records.payload import JobPayload, is_group, payloads_of
+from miro.worker.fleet.output.fingerprint import OutputStamp
 from miro.worker.fleet.output.sink import ParquetSink
 
 from miro.worker.process import taking
@@ -53,6 +54,7 @@ from miro.worker.process.jobs import (
     TokenCounts,
     add_requests,
     count_finished,
+    engine_stamp,
     is_suspect,
     job_rows,
     not_counted,
@@ -95,6 +97,7 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         self.served_names = [self.model_name, *(n for n in config.served_model_names if n != self.model_name)]
         self.engine_options = engine_options if engine_options is not None else engine_options_from_env()
         self.engine: Engine | None = None
+        self.stamp: OutputStamp | None = None  # the model file and engine settings its rows carry (fingerprint.py)
         self.in_flight: dict[str, InFlight] = {}  # job id -> the job, while any of its requests runs
         self.by_request: dict[str, tuple[InFlight, RequestRun]] = {}  # engine request id -> its job and request
         self.finished: list[tuple[InFlight, JobPayload, TokenCounts]] = []  # requests whose rows the sinks buffer: not counted
@@ -173,6 +176,7 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         self.log.info("Worker %s: loaded %s in %.1f s, %s; %s; KV cache %s tokens (%s)", self.name, self.model,
                       time.perf_counter() - started, self.engine.weight_choice, self.engine.cpu_description,
                       f"{self.engine.kv_cache_tokens:,}", self.engine.kv_cache_dtype)
+        self.stamp = engine_stamp(self.engine, self.model)  # each row's request_hash and model_sha256
         self.bootstrap(logging_level or "INFO")
         routing.register_served_names(self.connection, self.served_names[1:], self.model)
         moved = routing.migrate_legacy_queues(self.connection, [q.name for q in self.queues])
@@ -439,7 +443,7 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         if error is None:
             try:
                 rows = job_rows(run.payload, run.prompt, outputs, job_id=flight.job.id, worker=self.name,
-                                model=self.model_name, started=run.started, finished=time.time())
+                                model=self.model_name, started=run.started, finished=time.time(), stamp=self.stamp)
             except Exception as exc:  # noqa: BLE001 - this request's output, not the worker's problem
                 error = f"its result could not be made into rows ({describe(exc)})"
         if error is not None:

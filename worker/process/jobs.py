@@ -20,6 +20,8 @@ from miro.core.errors import RequestError
 from miro.core.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from miro.worker.fleet.records.payload import JobPayload, is_group, payloads_of
 from miro.worker.fleet.intake.routing import model_name
+from miro.worker.fleet.output import fingerprint
+from miro.worker.fleet.output.fingerprint import OutputStamp
 from miro.worker.fleet.output.rows import embedding_rows, error_row, result_rows
 from miro.worker.fleet.output.sink import ParquetSink
 
@@ -37,6 +39,16 @@ def engine_for(model: str) -> Engine:
         _engines[model] = Engine.from_model(model, max_num_seqs=1, kv_cache_memory=os.environ.get(
             "MIRO_KV_CACHE_MEMORY", defaults.KV_CACHE_MEMORY))
     return _engines[model]
+
+
+_stamps: dict[str, OutputStamp] = {}
+
+
+def engine_stamp(engine: Engine, model: str) -> OutputStamp:
+    """The model file and settings of a resident engine (fingerprint.py), computed once per model per process."""
+    if model not in _stamps:
+        _stamps[model] = fingerprint.engine_stamp(engine, model)
+    return _stamps[model]
 
 
 def prompt_text(engine: Engine, payload: JobPayload) -> str:
@@ -242,14 +254,15 @@ def run_request(engine: Engine, payload: JobPayload) -> tuple[str | None, list[R
 
 
 def job_rows(payload: JobPayload, prompt: str | None, outputs: list, *, job_id: str, worker: str, model: str,
-             started: float, finished: float) -> list[dict]:
-    """A finished job's rows: one per choice of a generation, one per input of an embedding."""
+             started: float, finished: float, stamp: OutputStamp | None = None) -> list[dict]:
+    """A finished job's rows: one per choice of a generation, one per input of an embedding; `stamp` the engine's
+    (fingerprint.py), which gives each row its request_hash and model_sha256."""
     if payload.kind == "embedding":
         return embedding_rows(payload, outputs, job_id=job_id, worker=worker, model=model, started=started,
-                              finished=finished)
+                              finished=finished, stamp=stamp)
     [output] = outputs
     return result_rows(payload, output, job_id=job_id, worker=worker, model=model, prompt=prompt, started=started,
-                       finished=finished)
+                       finished=finished, stamp=stamp)
 
 
 def generate(**kwargs) -> dict:
@@ -277,7 +290,7 @@ def generate(**kwargs) -> dict:
             record_group_failure(conn, sink, job.id, payload, str(err), worker=worker, started=started)
             continue
         rows = job_rows(payload, prompt, outputs, job_id=job.id, worker=worker, model=model_name(payload.model),
-                        started=started, finished=time.time())
+                        started=started, finished=time.time(), stamp=engine_stamp(engine, payload.model))
         for row in rows:
             sink.add(row)
         results.append((payload, TokenCounts.of(payload, outputs)))
@@ -298,7 +311,7 @@ def _generate_one(conn, sink: ParquetSink, job, engine: Engine, payload: JobPayl
         job.retries_left = 0
         raise
     rows = job_rows(payload, prompt, outputs, job_id=job.id, worker=worker, model=model_name(payload.model),
-                    started=started, finished=time.time())
+                    started=started, finished=time.time(), stamp=engine_stamp(engine, payload.model))
     for row in rows:
         sink.add(row)
     sink.flush()  # durable before RQ hears the job finished

@@ -15,6 +15,8 @@ from typing import BinaryIO, Callable, Iterator
 
 from miro.core.errors import MiroError
 
+from miro.worker.fleet.intake import tables
+from miro.worker.fleet.intake.columns import InputColumns
 from miro.worker.fleet.intake.inputs import (
     TASKS,
     LineError,
@@ -22,7 +24,9 @@ from miro.worker.fleet.intake.inputs import (
     Request,
     checked_defaults,
     checked_pooling_defaults,
+    json_object,
     parse_line,
+    parse_object,
     task_mismatch,
 )
 from miro.worker.fleet.intake.line_forms import short_text
@@ -90,10 +94,12 @@ class FirstLines:
 
 def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000,
                   endpoint: str | None = None, task: str | None = None,
-                  pooling_defaults: dict | None = None) -> ParseResult:
-    """Validate a JSONL dataset into memory: scan_dataset's items as lists (for files that fit in memory)."""
+                  pooling_defaults: dict | None = None, columns: InputColumns | None = None,
+                  input_format: str | None = None) -> ParseResult:
+    """Validate a dataset into memory: scan_dataset's items as lists (for files that fit in memory)."""
     scan, result = DatasetScan(), ParseResult()
-    for item in scan_dataset(path, defaults, max_line_bytes, endpoint, task, pooling_defaults, scan=scan):
+    for item in scan_dataset(path, defaults, max_line_bytes, endpoint, task, pooling_defaults, scan=scan,
+                             columns=columns, input_format=input_format):
         (result.errors if isinstance(item, LineError) else result.requests).append(item)
     result.file_error, result.task = scan.file_error, scan.task
     return result
@@ -105,7 +111,8 @@ PROGRESS_EVERY = 4096  # lines between two on_progress calls
 def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000,
                  endpoint: str | None = None, task: str | None = None, pooling_defaults: dict | None = None, *,
                  scan: DatasetScan | None = None, seen=None,
-                 on_progress: Callable[[DatasetScan], None] | None = None) -> Iterator[Request | LineError]:
+                 on_progress: Callable[[DatasetScan], None] | None = None, columns: InputColumns | None = None,
+                 input_format: str | None = None) -> Iterator[Request | LineError]:
     """Validate a JSONL dataset line by line: yields a Request or a LineError per request line, in file order,
     holding one line in memory at a time. Raises MiroError if the file cannot be read.
 
@@ -116,12 +123,25 @@ def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes:
     for embedding lines. `scan` is filled in as it goes; `seen` remembers custom ids (anything with
     `first_line(custom_id, line) -> earlier line or None`: seen_ids.SeenIds for big files, a dict by default);
     `on_progress(scan)` is called every PROGRESS_EVERY lines and at the end.
+
+    `input_format` (tables.FORMATS; None: by the extension) reads a Parquet, CSV or saved HF dataset a batch of rows
+    at a time instead, each row made a simple line's object by `columns` (columns.InputColumns; on a JSONL file
+    they map each line's keys the same way) and validated as that line would be; its errors say "row N".
     """
     path = Path(path)
     defaults = checked_defaults(defaults)
     pooling_defaults = checked_pooling_defaults(pooling_defaults)
     if task is not None and task not in TASKS:
         raise MiroError(f"The task '{task}' is not one of {', '.join(TASKS)}.")
+    fmt = tables.input_format(path, input_format)
+    if endpoint is not None and (fmt != "jsonl" or (columns is not None and columns.given)):
+        raise MiroError("An OpenAI batch's input file is JSON Lines of OpenAI Batch requests, not a table.")
+    if fmt != "jsonl":
+        yield from _scan_table(path, fmt, columns or InputColumns(), defaults, pooling_defaults, task,
+                               scan if scan is not None else DatasetScan(), seen if seen is not None else FirstLines(),
+                               on_progress)
+        return
+    mapping = columns if columns is not None and columns.given else None
     try:
         f = open(path, "rb")
     except FileNotFoundError:
@@ -134,7 +154,7 @@ def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes:
     scan = scan if scan is not None else DatasetScan()
     seen = seen if seen is not None else FirstLines()
     scan.task = task or scan.task
-    task_line: int | None = None  # the line that set the batch's task, when no task was given
+    checks = _Checks(scan, seen, task)
     saw_content = False
     first_content = b""
 
@@ -168,30 +188,21 @@ def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes:
                 yield invalid(number, None, f"line {number}: not valid UTF-8 ({bad}).")
                 continue
             try:
-                request = parse_line(number, text, defaults, pooling_defaults, task)
+                if mapping is None:
+                    request = parse_line(number, text, defaults, pooling_defaults, task)
+                else:
+                    request = parse_object(number, mapping.line_object(json_object(text)), defaults,
+                                           pooling_defaults, task)
             except LineProblem as problem:
-                yield invalid(number, problem.custom_id, f"line {number}: {problem}.")
+                message = str(problem) if mapping is None else mapping.described(str(problem))
+                yield invalid(number, problem.custom_id, f"line {number}: {message}.")
                 continue
             if endpoint is not None and request.url != endpoint:
                 given = f"url '{request.url}'" if request.url else "no url (a simple line)"
                 yield invalid(number, request.custom_id, f"line {number}: {given}, but the batch's endpoint is "
                                                          f"'{endpoint}'.", "url_mismatch")
                 continue
-            if task is None and task_line is None:
-                task_line = number
-                scan.task = request.task
-            if request.task != scan.task:
-                yield invalid(number, request.custom_id, task_mismatch(number, request, task, task_line),
-                              "task_mismatch")
-                continue
-            first = seen.first_line(request.custom_id, number)
-            if first is not None:
-                shown = short_text(request.custom_id)
-                yield invalid(number, request.custom_id, f"line {number}: duplicate custom id {shown!r} (first used "
-                                                         f"on line {first}).", "duplicate_custom_id")
-                continue
-            scan.valid += 1
-            yield request
+            yield checks.admitted(request, number)
         scan.bytes_read = scan.bytes_total
     if not saw_content:
         scan.file_error = f"Dataset file '{path}' is empty: it has no request lines."
@@ -202,11 +213,69 @@ def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes:
 
 
 
+class _Checks:
+    """What is checked of a valid request against the others: the batch's one task, and a custom id used once."""
+
+    def __init__(self, scan: DatasetScan, seen, task: str | None, unit: str = "line"):
+        self.scan, self.seen, self.task, self.unit = scan, seen, task, unit
+        self.task_line: int | None = None  # the line that set the batch's task, when no task was given
+
+    def admitted(self, request: Request, number: int) -> Request | LineError:
+        scan = self.scan
+        if self.task is None and self.task_line is None:
+            self.task_line = number
+            scan.task = request.task
+        if request.task != scan.task:
+            scan.invalid += 1
+            message = task_mismatch(number, request, self.task, self.task_line)
+            if self.unit != "line":
+                message = message.replace("line", self.unit)
+            return LineError(number, request.custom_id, message, "task_mismatch")
+        first = self.seen.first_line(request.custom_id, number)
+        if first is not None:
+            scan.invalid += 1
+            shown = short_text(request.custom_id)
+            return LineError(number, request.custom_id, f"{self.unit} {number}: duplicate custom id {shown!r} (first "
+                                                        f"used on {self.unit} {first}).", "duplicate_custom_id")
+        scan.valid += 1
+        return request
+
+
+def _scan_table(path: Path, fmt: str, columns: InputColumns, defaults: dict, pooling_defaults: dict,
+                task: str | None, scan: DatasetScan, seen,
+                on_progress: Callable[[DatasetScan], None] | None) -> Iterator[Request | LineError]:
+    """scan_dataset for a Parquet, CSV or Arrow dataset: each row a simple line's object (columns.py), validated
+    as that line; its problems say "row N"."""
+    columns.check(tables.table_columns(path, fmt))
+    scan.task = task or scan.task
+    checks = _Checks(scan, seen, task, unit="row")
+    progress = tables.Progress()
+    for number, row in tables.read_rows(path, fmt, progress):
+        scan.lines += 1
+        if on_progress is not None and number % PROGRESS_EVERY == 0:
+            scan.bytes_read, scan.bytes_total = progress.read, progress.total
+            on_progress(scan)
+        try:
+            request = parse_object(number, columns.line_object(row), defaults, pooling_defaults, task)
+        except LineProblem as problem:
+            scan.invalid += 1
+            yield LineError(number, problem.custom_id, f"row {number}: {columns.described(str(problem))}.")
+            continue
+        yield checks.admitted(request, number)
+    scan.bytes_read = scan.bytes_total = progress.total
+    if not scan.lines:
+        scan.file_error = f"Dataset file '{path}' has no rows."
+    if on_progress is not None:
+        on_progress(scan)
+
+
 def _wrong_format(path: Path, first_line: bytes) -> str | None:
     """When no line is a request, what the file looks like instead, so the user gets one sentence, not one per line."""
     wanted = 'miro reads JSON Lines, one request object per line, e.g. {"id": "q1", "prompt": "..."}'
     if first_line.startswith(b"["):
         return f"Dataset file '{path}' holds a JSON array: {wanted}."
     if not first_line.startswith(b"{") and b"," in first_line:
-        return f"Dataset file '{path}' looks like CSV (its first line is {short_text(first_line.decode('utf-8', 'replace'), 60)!r}): {wanted}."
+        first = short_text(first_line.decode('utf-8', 'replace'), 60)
+        return (f"Dataset file '{path}' looks like CSV (its first line is {first!r}): give it a .csv name or "
+                f"--input-format csv, or write JSON Lines ({wanted.removeprefix('miro reads ')}).")
     return None

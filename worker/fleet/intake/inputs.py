@@ -133,22 +133,30 @@ _MIRO_FIELDS = sorted(SimpleLine.model_fields)  # a line's own field this close 
 _RESULT_COLUMNS = frozenset(SCHEMA.names)  # the results' own columns
 
 
+def own_field_problem(name: str) -> str | None:
+    """Why a line's own field (or a table's kept column) of this name cannot be a column of the results, or None:
+    `model`, a name the results use, or one a letter or so from one of miro's fields (taken for a typo)."""
+    if name == "model":
+        return ("field 'model': a simple line cannot choose its model: give --model, or use OpenAI lines "
+                "(body.model)")
+    guess = difflib.get_close_matches(name, _MIRO_FIELDS, n=1, cutoff=0.8)
+    if guess:
+        return f"field '{short_text(name, 60)}': unknown field (did you mean '{guess[0]}'?)"
+    if name in _RESULT_COLUMNS:
+        return f"field '{short_text(name, 60)}': the results have a column of that name, rename it"
+    return None
+
+
 def _own_fields(extra: dict[str, Any]) -> dict[str, Any] | None:
     """A simple line's fields that are not miro's: carried to the results as columns, as Ray Data carries a
     dataset's other columns. A name one letter or so from one of miro's fields is taken for a typo and refused,
     and so is a name the results already use."""
     for name in extra:
-        if name == "model":
-            raise LineProblem("field 'model': a simple line cannot choose its model: give --model, or use OpenAI "
-                               "lines (body.model)")
         if len(name) > MAX_FIELD_NAME:
             raise LineProblem(f"field '{short_text(name, 60)}': a field name of {len(name):,} characters is too long "
                                f"for a column (at most {MAX_FIELD_NAME})")
-        guess = difflib.get_close_matches(name, _MIRO_FIELDS, n=1, cutoff=0.8)
-        if guess:
-            raise LineProblem(f"field '{short_text(name, 60)}': unknown field (did you mean '{guess[0]}'?)")
-        if name in _RESULT_COLUMNS:
-            raise LineProblem(f"field '{short_text(name, 60)}': the results have a column of that name, rename it")
+        if (problem := own_field_problem(name)) is not None:
+            raise LineProblem(problem)
     return dict(extra) or None
 
 
@@ -262,6 +270,11 @@ def _refuse_constant(name: str):
 
 
 def parse_line(number: int, text: str, defaults: dict, pooling_defaults: dict, task: str | None) -> Request:
+    return parse_object(number, json_object(text), defaults, pooling_defaults, task)
+
+
+def json_object(text: str) -> dict:
+    """A line's JSON object; LineProblem if the line is not one (invalid JSON, NaN, a duplicate key, an array)."""
     try:
         obj = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_refuse_constant)
     except _NonStandardNumber as e:
@@ -274,6 +287,12 @@ def parse_line(number: int, text: str, defaults: dict, pooling_defaults: dict, t
         raise LineProblem("not valid JSON (a number is too long or the nesting too deep)") from None
     if not isinstance(obj, dict):
         raise LineProblem(f"expected a JSON object, got {_JSON_TYPES.get(type(obj), 'a number')}")
+    return obj
+
+
+def parse_object(number: int, obj: dict, defaults: dict, pooling_defaults: dict, task: str | None) -> Request:
+    """A line's object (a JSONL line's, or a table row's as columns.py makes it) as a Request; LineProblem if it is
+    none."""
     try:
         _check_id_length(obj)
         request = _openai(obj, number) if obj.keys() & {"url", "method", "body"} else _simple(obj, number, task)

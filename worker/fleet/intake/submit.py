@@ -25,7 +25,9 @@ from miro.core import defaults
 from miro.core.defaults import PRIORITY as DEFAULT_PRIORITY
 from miro.core.errors import MiroError
 from miro.worker.fleet.records import batches, connection
-from miro.worker.fleet.intake import durations, feed, routing, spool
+from miro.worker.fleet.intake import durations, feed, routing, spool, tables
+from miro.worker.fleet.intake.columns import InputColumns
+from miro.worker.fleet.intake.reuse import Reuser, ReuseSource
 from miro.worker.fleet.output import storage
 from miro.worker.fleet.intake.dataset import DatasetScan, FirstLines, scan_dataset
 from miro.worker.fleet.intake.inputs import LineError
@@ -65,6 +67,7 @@ class SubmitResult:
     already_finished: int = 0  # --resume: requests whose job finished
     in_flight: int = 0  # --resume: requests whose job is queued, started, scheduled or deferred
     expired: int = 0  # --resume: requests whose job had expired from Redis and was enqueued again
+    reused: int = 0  # --reuse: requests whose earlier rows are this batch's (not stored, never run)
     unfed: int = 0  # --resume: stored requests a cancel or expiry had left unfed, fed again
     dry_run: bool = False
     resumed: bool = False
@@ -98,12 +101,15 @@ def _invalid_ids(errors: list[LineError], taken: set[str]) -> list[tuple[str, Li
     return out
 
 
-def _seen_ids(path: str | Path):
+def _seen_ids(path: str | Path, fmt: str = "jsonl"):
     """What remembers the file's custom ids: a dict for a small file, 12 bytes an id for a big one (pre-sized by
     the file's size, as growing its table costs twice the memory)."""
     from miro.worker.fleet.intake import seen_ids
 
-    expected = seen_ids.estimated_lines(path) if os.path.isfile(path) else 0
+    if fmt != "jsonl":
+        expected = tables.estimated_rows(path, fmt)
+    else:
+        expected = seen_ids.estimated_lines(path) if os.path.isfile(path) else 0
     return seen_ids.SeenIds(int(expected * 1.1)) if expected >= BIG_FILE_LINES else FirstLines()
 
 
@@ -150,7 +156,8 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
            pooling_defaults: dict | None = None, completion_window: str = defaults.COMPLETION_WINDOW,
            log: Callable[[str], None] | None = None, on_line_error: Callable[[LineError], None] | None = None,
            on_progress: Callable[[DatasetScan], None] | None = None,
-           requests_per_job: int | None = None) -> SubmitResult:
+           requests_per_job: int | None = None, columns: InputColumns | None = None,
+           input_format: str | None = None, reuse: ReuseSource | None = None) -> SubmitResult:
     """Validate the dataset at `path`, store its valid requests and enqueue the first window; see the module
     docstring.
 
@@ -162,7 +169,10 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     the first line's) is what the batch does, `defaults` and `pooling_defaults` the sampling and pooling options of
     lines without them. `completion_window` ("24h", "30m", ...) is how long the batch may run before what has not
     run expires (expiry.py); a resumed batch keeps its own, renewed from now if it has passed. `on_line_error` is
-    called with each invalid line as it is found, `on_progress` as the file is read. Raises InvalidDataset
+    called with each invalid line as it is found, `on_progress` as the file is read. `input_format` and `columns`:
+    a Parquet, CSV or saved HF dataset and which of its columns make a request (dataset.scan_dataset). `reuse`
+    (reuse.ReuseSource): the rows of an earlier result whose request is deterministic and identical are this
+    batch's rows instead of running again (reuse.py; not with `resume`). Raises InvalidDataset
     (nothing enqueued) when a line is invalid and not `skip_invalid`, MiroError for other problems a user can cause.
     """
     log = log or (lambda message: None)
@@ -176,11 +186,17 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
         raise MiroError(f"'{resume}' is not a batch id (they look like batch_ followed by 24 hex digits).")
     if not dry_run and conn is None:
         raise ValueError("submit needs a Redis connection unless dry_run")
+    if reuse is not None and (model is None or resume is not None):
+        raise MiroError("--reuse needs --model (the model its rows were made with is compared by its file's sha256), "
+                        "and does not go with --resume.")
+
+    fmt = tables.input_format(path, input_format)
 
     def read_file(progress=on_progress, line_errors=on_line_error) -> tuple[_Read, Iterator[Request]]:
-        read = _Read(DatasetScan(), seen=_seen_ids(path))
+        read = _Read(DatasetScan(), seen=_seen_ids(path, fmt))
         items = scan_dataset(path, defaults, endpoint=endpoint, task=task, pooling_defaults=pooling_defaults,
-                             scan=read.scan, seen=read.seen, on_progress=progress)
+                             scan=read.scan, seen=read.seen, on_progress=progress, columns=columns,
+                             input_format=fmt)
         return read, read.take(items, line_errors)
 
     if resume is not None and not dry_run:
@@ -191,23 +207,32 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     batch_id = None if dry_run else batches.new_batch_id()
     output = output_uri(output)
     writer = None if dry_run else spool.SpoolWriter(output, batch_id, chunk_size)
+    reuser = Reuser(reuse, output, batch_id, model) if reuse is not None and writer is not None else None
     try:
         if writer is not None:
             spool.check_output(output)
         for request in requests:
+            if reuser is not None and reuser.take(request):
+                continue  # its earlier rows are this batch's: it is not stored, and never runs
             if writer is not None:
                 writer.add(request)
         chunks = writer.close() if writer is not None else 0
+        if reuser is not None:
+            reuser.close()
         _refuse_unusable(read, skip_invalid)
     except BaseException as err:
         if writer is not None:
             with suppress(OSError):
                 spool.remove(output, batch_id)  # a refused or interrupted submission leaves nothing behind
+        if reuser is not None:
+            reuser.discard()
         if isinstance(err, OSError):
             raise MiroError(f"Cannot store the batch's requests under '{redacted(output)}': "
                             f"{str(err.strerror or err).rstrip('.')}.") from None
         raise
-    log(f"Validated {scan.lines:,} lines in {read.validate_s:.2f} s: {scan.valid:,} valid, {scan.invalid:,} invalid.")
+    reused = reuser.reused if reuser is not None else 0
+    log(f"Validated {scan.lines:,} lines in {read.validate_s:.2f} s: {scan.valid:,} valid, {scan.invalid:,} invalid"
+        + (f"; {reused:,} reuse earlier rows." if reuser is not None else "."))
     model = _redis(conn, lambda: routing.choose_model(conn, model, read.named, scan.task)) if conn else \
         routing.choose_model(None, model, read.named, scan.task)
     if conn is None and not routing.is_known(None, model):
@@ -217,7 +242,7 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     queue = routing.priority_queue(queue_name or routing.queue_for(model), priority)
     result = SubmitResult(batch_id=batch_id, queue=queue, priority=priority, lines=scan.lines, valid=scan.valid,
                           invalid=read.errors, task=scan.task, dry_run=dry_run, validate_s=read.validate_s,
-                          stored=scan.valid if writer is not None else 0)
+                          stored=scan.valid - reused if writer is not None else 0, reused=reused)
     if dry_run:
         return result
     try:
@@ -225,18 +250,24 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
             conn, batch_id=batch_id, name=name if name is not None else Path(path).name, model=model,
             input_file=os.path.abspath(path), output=output, total=scan.valid, queue=queue, priority=priority,
             job_timeout=timeout, task=scan.task, endpoint=endpoint or ",".join(e for e in read.endpoints if e),
-            completion_window=completion_window, chunks=chunks, spooled=scan.valid,
+            completion_window=completion_window, chunks=chunks, spooled=scan.valid - reused,
             requests_per_job=requests_per_job))
     except BaseException:
         spool.remove(output, batch_id)
+        if reuser is not None:
+            reuser.discard()
         raise
     started = time.perf_counter()
     try:
+        if reuser is not None:
+            reuser.count(conn)  # their rows are written: counted completed, as a worker counts what it wrote
         result.recorded_invalid = _record_invalid(conn, batch_id, read)
         while (fed := feed.feed(conn, batch_id)) > 0:  # the first window
             result.enqueued += fed
         result.enqueue_s = time.perf_counter() - started
         batches.set_status(conn, batch_id, "in_progress")
+        if reused:
+            batches.settle(conn, batch_id)  # every request reused (or invalid): nothing will count it complete
     except redis.RedisError as e:
         raise MiroError(f"Redis failed after batch {batch_id} was recorded ({str(e).rstrip('.')}); run the same "
                         f"command with --resume {batch_id} to go on.") from None

@@ -25,6 +25,7 @@ from miro.worker.fleet.output.response_object import RESPONSE_ECHO, response_obj
 
 if TYPE_CHECKING:
     from miro.core.engine.outputs import EmbeddingRequestOutput, RequestOutput
+    from miro.worker.fleet.output.fingerprint import OutputStamp
 
     from miro.worker.fleet.records.payload import JobPayload
 
@@ -68,6 +69,11 @@ SCHEMA = pa.schema([
     # the request's options, JSON: SamplingParams' (PoolingParams' for an embedding; a Responses request's also its
     # instructions, metadata and text format under "response")
     ("sampling", pa.string()),
+    # what decides a successful row's output (fingerprint.py): the hash of its request, model file and engine
+    # settings, and the model file's sha256; `--reuse` takes an earlier row of the same hash instead of running it
+    ("request_hash", pa.string()),
+    ("model_sha256", pa.string()),
+    ("reused_from", pa.string()),  # a reused row: the batch that ran it (null: this batch ran it)
     ("extra", pa.string()),  # a simple line's own fields, JSON; the merged results spread them into columns
 ])
 
@@ -84,9 +90,11 @@ def _utc(epoch: float) -> datetime:
 
 
 def _base_row(payload: JobPayload, job_id: str, worker: str, model: str | None, prompt: str | None, started: float,
-              finished: float) -> dict:
-    """`model` is the model that ran the request (None if none did); `requested_model` what the line asked for."""
-    return dict(batch_id=payload.batch_id, custom_id=payload.custom_id, line=payload.line, kind=payload.kind,
+              finished: float, stamp: OutputStamp | None = None) -> dict:
+    """`model` is the model that ran the request (None if none did); `requested_model` what the line asked for;
+    `stamp` the model file and engine settings that made a successful row (its request_hash, model_sha256)."""
+    return dict(request_hash=stamp.request_hash(payload) if stamp is not None else None,
+                model_sha256=stamp.model_sha256 if stamp is not None else None,batch_id=payload.batch_id, custom_id=payload.custom_id, line=payload.line, kind=payload.kind,
                 job_id=job_id, model=model, requested_model=payload.requested_model or payload.model, prompt=prompt,
                 worker=worker, started_at=_utc(started),
                 finished_at=_utc(finished), latency_s=finished - started,
@@ -106,10 +114,10 @@ def _options(payload: JobPayload) -> dict:
 
 
 def result_rows(payload: JobPayload, output: RequestOutput, *, job_id: str, worker: str, model: str, prompt: str,
-                started: float, finished: float) -> list[dict]:
+                started: float, finished: float, stamp: OutputStamp | None = None) -> list[dict]:
     """One row per choice of a finished request, every field read from the engine's typed output."""
     return [
-        {**_base_row(payload, job_id, worker, model, prompt, started, finished), "choice_index": choice.index,
+        {**_base_row(payload, job_id, worker, model, prompt, started, finished, stamp), "choice_index": choice.index,
          "output": choice.text, "parsed": choice.parsed, "finish_reason": choice.finish_reason,
          "prompt_tokens": len(output.prompt_token_ids), "cached_tokens": output.num_cached_tokens,
          "completion_tokens": len(choice.token_ids),
@@ -120,10 +128,11 @@ def result_rows(payload: JobPayload, output: RequestOutput, *, job_id: str, work
 
 
 def embedding_rows(payload: JobPayload, outputs: list[EmbeddingRequestOutput], *, job_id: str, worker: str,
-                   model: str, started: float, finished: float) -> list[dict]:
+                   model: str, started: float, finished: float, stamp: OutputStamp | None = None) -> list[dict]:
     """One row per input of a finished embedding request (outputs in input order)."""
     return [
-        {**_base_row(payload, job_id, worker, model, text if isinstance(text, str) else None, started, finished),
+        {**_base_row(payload, job_id, worker, model, text if isinstance(text, str) else None, started, finished,
+                     stamp),
          "choice_index": 0, "input_index": index, "embedding": output.embedding.tolist(),
          "encoding_format": payload.encoding_format or "float", "prompt_tokens": output.num_tokens, "error": None}
         for index, (text, output) in enumerate(zip(payload.inputs, outputs))

@@ -362,6 +362,12 @@ def count_cancelled(conn: redis.Redis, batch_id: str, custom_ids: list[str]) -> 
     return _count(conn, batch_id, "cancelled", custom_ids)[0]
 
 
+def settle(conn: redis.Redis, batch_id: str) -> None:
+    """Complete (or end) the batch if every request is accounted for, counting nothing: for a batch whose requests
+    were all counted before it went in progress (reused rows, invalid lines)."""
+    _count(conn, batch_id, "completed", [])
+
+
 def uncount(conn, batch_id: str, custom_id: str, counter: str):
     """Undo the counting of a request that is queued again (``counter``: failed or cancelled); ``conn`` may be a
     pipeline."""
