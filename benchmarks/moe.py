@@ -121,11 +121,9 @@ def write_f16(path: Path, seed: int = 0) -> None:
             w.write_tensor_data(np.ones(shape, np.float32))
         elif "ffn_gate_inp" in name:
             w.write_tensor_data((rng.standard_normal(shape, dtype=np.float32) * 0.5).astype(np.float32))
-        else:
-            for part in range(shape[0] if len(shape) == 3 else 1):  # an expert at a time
-                sub = shape[1:] if len(shape) == 3 else shape
-                values = rng.random(sub, dtype=np.float32) * (2 * HALF_RANGE) - HALF_RANGE
-                w.write_tensor_data(values.astype(np.float16).view(np.uint8))
+        else:  # at most 64 MiB of float16 (a layer's expert tensor) at a time
+            values = (rng.random(shape, dtype=np.float32) * (2 * HALF_RANGE) - HALF_RANGE).astype(np.float16)
+            w.write_tensor_data(values.view(np.uint8))
     w.close()
 
 

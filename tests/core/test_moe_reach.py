@@ -28,7 +28,20 @@ from miro.core.models.common import Loader
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from moe_files import write_moe_model  # noqa: E402
 
-REFERENCE = Reference("moe_llamacpp")
+# f32 weights on a quantized file round no activation, where every llama.cpp setting rounds each to 8 bits: an
+# exact float64 forward without that rounding (scripts/moe_numpy_reference.py --plain) is itself 0.040 / 0.031 from
+# llama.cpp on granitemoe-Q8_0 at 20 / 300 tokens (miro f32: 0.038 / 0.031), where llama.cpp's spread is 0.029 / 0,
+# so tests/llamacpp_reach.py's 0.03 for f32 gets this much more here.
+F32_EXTRA = 0.01
+
+
+class MoeReference(Reference):
+    def allowed(self, name: str, i: int, weights: str) -> float:
+        extra = F32_EXTRA if weights == "f32" and self.variants[name]["tensor_type"] != "F32" else 0.0
+        return super().allowed(name, i, weights) + extra
+
+
+REFERENCE = MoeReference("moe_llamacpp")
 OURS = {name: v for name, v in REFERENCE.variants.items() if v["arch"] != "gpt-oss"}
 
 
@@ -49,7 +62,17 @@ def test_the_fixture_covers_every_architecture_in_every_type():
     assert [len(p) for p in REFERENCE.prompts] == [20, 300, 2500]
 
 
-@pytest.mark.parametrize("name, weights", [case for case in REFERENCE.cases() if case.values[0] in OURS])
+def _cases():
+    """Every variant and weight format; F16 files in f32 weights (dense matrices a float32 copy, experts as
+    stored either way) in the slow tier, to keep the default one short."""
+    for case in REFERENCE.cases():
+        name, weights = case.values
+        if name in OURS:
+            slow = weights == "f32" and OURS[name]["tensor_type"] == "F16"
+            yield pytest.param(name, weights, id=case.id, marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("name, weights", list(_cases()))
 def test_last_logits_within_llamacpps_own_spread(files, name, weights):
     engine = Engine.from_model(files[name], weights=weights, max_model_len=REFERENCE.meta["context"])
     REFERENCE.check_last_logits(engine, name, weights)
