@@ -55,7 +55,8 @@ NEUTRAL_VALUES = {
 # What a refused tensor is, by its kind in gguf-py's MODEL_TENSOR (checked in order: first match wins).
 _EXPERT_KINDS = re.compile(r"_EXP(S)?$|_SHEXP$|^FFN_GATE_INP|^FFN_EXP_PROBS_B$")
 TENSOR_FEATURES = (
-    (_EXPERT_KINDS, "mixture-of-experts tensors; miro does not run experts yet"),
+    (_EXPERT_KINDS, "mixture-of-experts tensors, which miro runs only where the file names its experts "
+                    "(expert_count) in an architecture with experts"),
     (re.compile(r"^ROPE_FACTORS_(LONG|SHORT)$"), "Phi-3's longrope factors, which miro does not apply"),
     (re.compile(r"^ATTN_QKV$"), "a fused QKV matrix, which miro reads only as separate Q, K and V"),
 )
