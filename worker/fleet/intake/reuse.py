@@ -9,7 +9,7 @@ custom id, line, job id, model name and own fields (and `reused_from`, the batch
 part files of the new batch (`part-reused-*.parquet`), and `count` counts it completed once the batch record
 exists. Everything downstream (results, resume, status) sees rows, as if a worker had written them.
 
-Memory: the index of PREVIOUS holds 45 bytes a row (its 32-byte hash, where its request's rows start, how many);
+Memory: the index of PREVIOUS holds 46 bytes a request (its 32-byte hash, where its request's rows start, how many);
 rows are fetched a Parquet row group at a time when REUSED_PER_PART requests wait, and written as one part file.
 """
 
@@ -45,7 +45,7 @@ class PreviousResults:
 
     path: str
     file: pq.ParquetFile
-    hashes: np.ndarray  # sorted, dtype S32
+    hashes: np.ndarray  # sorted, dtype S33 (_key)
     starts: np.ndarray  # row of PREVIOUS where the hash's request's rows start
     counts: np.ndarray
     stopped: np.ndarray  # every row of it finished by itself (finish_reason "stop", or an embedding's null)
@@ -78,21 +78,21 @@ class PreviousResults:
                         counts[-1] += 1
                         stopped[-1] &= reason in ("stop", None)
                     else:
-                        hashes.append(bytes.fromhex(h))
+                        hashes.append(_key(h))
                         starts.append(row)
                         counts.append(1)
                         stopped.append(reason in ("stop", None))
                 previous = key if h is not None and error is None else None
                 row += 1
-        order = np.argsort(np.asarray(hashes, dtype="S32"), kind="stable") if hashes else np.zeros(0, np.int64)
+        order = np.argsort(np.asarray(hashes, dtype="S33"), kind="stable") if hashes else np.zeros(0, np.int64)
         sizes = [file.metadata.row_group(i).num_rows for i in range(file.metadata.num_row_groups)]
-        return cls(path, file, np.asarray(hashes, dtype="S32")[order], np.asarray(starts, np.int64)[order],
+        return cls(path, file, np.asarray(hashes, dtype="S33")[order], np.asarray(starts, np.int64)[order],
                    np.asarray(counts, np.int32)[order], np.asarray(stopped, bool)[order],
                    np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
 
     def find(self, request_hash: str) -> tuple[int, int, bool] | None:
         """(first row, rows, all stopped) of the earlier request with this hash, or None."""
-        key = bytes.fromhex(request_hash)
+        key = _key(request_hash)
         at = int(np.searchsorted(self.hashes, key))
         if at < len(self.hashes) and self.hashes[at] == key:
             return int(self.starts[at]), int(self.counts[at]), bool(self.stopped[at])
@@ -248,6 +248,12 @@ class Reuser:
             if n % 1000 == 0:
                 pipe.execute()
         pipe.execute()
+
+
+def _key(request_hash: str) -> bytes:
+    """A hash as index key: its 32 bytes and a 1, as numpy's bytes type drops trailing zero bytes (1 hash in 256
+    ends with one, and would then never match)."""
+    return bytes.fromhex(request_hash) + b"\x01"
 
 
 def _repeat(values: list, counts: list[int]) -> list:
