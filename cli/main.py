@@ -328,3 +328,8 @@ cli.add_command(serve_command)
 from miro.cli.embed import embed_command  # noqa: E402
 
 cli.add_command(embed_command)
+
+
+from miro.cli.warmup import warmup_command  # noqa: E402
+
+cli.add_command(warmup_command)

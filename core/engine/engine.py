@@ -25,6 +25,7 @@ import numpy as np
 from miro.core import defaults
 from miro.core.sampling import sampler
 from miro.core.engine.block_manager import BlockManager
+from miro.core.engine import compile_ahead
 from miro.core.engine.embedder import Embedder, EmbeddingRequest
 from miro.core.loading.model_config import ModelConfig
 from miro.core.engine.engine_config import EngineConfig
@@ -121,10 +122,18 @@ class Engine:
                                       native_speedup(matmul_tensors(gguf), tier), tier,
                                       encoder=not model_config.causal, has_bf16=cpu.HAS_BF16_DOT,
                                       has_int16=cpu.HAS_INT16_DOT)
+        # the kernels numba's cache lacks, compiled by other processes while this one loads
+        ahead = compile_ahead.start(compile_ahead.plan(gguf, model_config, choice.format,
+                                                       check_kv_cache_dtype(config.kv_cache_dtype)), log)
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()
-        model = load_model(gguf, model_config, choice.format, config.batch_invariant)
+        try:
+            model = load_model(gguf, model_config, choice.format, config.batch_invariant)
+        except BaseException:
+            ahead.stop()
+            raise
+        ahead.wait()
         t3 = time.perf_counter()
         if choice.announce:  # native asked for, or taken for want of memory
             log(choice.why)
@@ -133,6 +142,7 @@ class Engine:
         engine = cls(model, tokenizer, config, model_name=str(name_or_path))
         engine.mapped_bytes = Path(path).stat().st_size
         engine.weight_choice = choice.why
+        engine.compiled_ahead = ahead.units  # kernel families other processes compiled into the cache for this load
         engine.load_times = LoadTimes(parse_s=t1 - t0, tokenizer_s=t2 - t1, weights_s=t3 - t2)
         return engine
 

@@ -303,4 +303,6 @@ def _join(parts: list[np.ndarray]) -> np.ndarray:
         offset = _address(parts[0]) - _address(start)
         if 0 <= offset and offset + sum(p.nbytes for p in parts) <= start.nbytes:
             return start[offset:offset + sum(p.nbytes for p in parts)]
-    return np.concatenate([p.reshape(-1) for p in parts])
+    joined = np.concatenate([p.reshape(-1) for p in parts])
+    joined.flags.writeable = False  # read-only as the map's views are: one compiled variant of the kernels taking it
+    return joined
