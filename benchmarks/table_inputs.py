@@ -5,7 +5,8 @@
 
 Each round submits the JSONL file, then the Parquet file (`--prompt-column text`), each in its own process onto a
 redis-server of its own (`miro submit --output FOLDER`: every row validated, every request written to the batch's
-stored chunks, the first window of jobs queued), and reads the process's wall time and peak RSS. It prints the
+stored chunks, the first window of jobs queued), and reads the process's wall time, CPU time (user + system: less
+moved by other processes on a shared machine than wall time) and peak RSS. It prints the
 medians and their ratios (Parquet / JSONL), and checks that both submissions stored the same requests, byte for
 byte, in the same order (the own columns included): the stored chunks' sha256 over every request. The prompts
 are synthetic (a ShareGPT-like mix of short questions and long pasted passages from a fixed vocabulary, seeded),
@@ -69,8 +70,8 @@ def write_files(folder: Path, rows: int) -> tuple[Path, Path]:
     return jsonl, parquet
 
 
-def submit(dataset: Path, output: Path, *extra: str) -> tuple[float, float]:
-    """`miro submit` in its own process onto a fresh redis-server: (wall s, peak RSS MB)."""
+def submit(dataset: Path, output: Path, *extra: str) -> tuple[float, float, float]:
+    """`miro submit` in its own process onto a fresh redis-server: (wall s, peak RSS MB, CPU s)."""
     workdir = Path(tempfile.mkdtemp(dir=output.parent))
     proc, url = start_redis(workdir)
     try:
@@ -79,15 +80,16 @@ def submit(dataset: Path, output: Path, *extra: str) -> tuple[float, float]:
                   "started = time.perf_counter()\n"
                   "try:\n    cli(sys.argv[1:])\n"
                   "except SystemExit as e:\n    code = e.code\n"
-                  "print('BENCH', time.perf_counter() - started, "
-                  "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, code, file=sys.stderr)\n")
+                  "usage = resource.getrusage(resource.RUSAGE_SELF)\n"
+                  "print('BENCH', time.perf_counter() - started, usage.ru_maxrss / 1024, code, "
+                  "usage.ru_utime + usage.ru_stime, file=sys.stderr)\n")
         done = subprocess.run([sys.executable, "-c", script, "submit", str(dataset), "--redis-url", url, "--output",
                                str(output), "--max-tokens", "16", *extra], capture_output=True, text=True)
         line = next((x for x in done.stderr.splitlines() if x.startswith("BENCH")), None)
         if line is None or line.split()[3] not in ("0", "None"):
             raise SystemExit(f"submit failed: {done.stderr[-2000:]}")
-        _, wall, rss, _ = line.split()
-        return float(wall), float(rss)
+        _, wall, rss, _, cpu = line.split()
+        return float(wall), float(rss), float(cpu)
     finally:
         proc.terminate()
         proc.wait()
@@ -120,19 +122,21 @@ def main() -> None:
             for name, dataset, extra in (("jsonl", jsonl, ()), ("parquet", parquet, ("--prompt-column", "text"))):
                 output = folder / f"out-{name}-{round_}"
                 output.mkdir()
-                wall, rss = submit(dataset, output, *extra)
-                results[name].append((wall, rss))
+                wall, rss, cpu = submit(dataset, output, *extra)
+                results[name].append((wall, rss, cpu))
                 digests.setdefault(name, stored_digest(output))
-                print(f"round {round_ + 1} {name:8s} {wall:7.1f} s  peak RSS {rss:7.0f} MB", flush=True)
+                print(f"round {round_ + 1} {name:8s} {wall:7.1f} s wall, {cpu:7.1f} s CPU, peak RSS {rss:7.0f} MB",
+                      flush=True)
                 subprocess.run(["rm", "-rf", str(output)])
-        median = {name: (statistics.median(w for w, _ in runs), statistics.median(r for _, r in runs))
+        median = {name: [statistics.median(run[k] for run in runs) for k in range(3)]
                   for name, runs in results.items()}
         same = digests["jsonl"] == digests["parquet"]
-        print(f"median JSONL   {median['jsonl'][0]:.1f} s, {median['jsonl'][1]:.0f} MB")
-        print(f"median Parquet {median['parquet'][0]:.1f} s, {median['parquet'][1]:.0f} MB")
-        print(f"Parquet / JSONL: wall {median['parquet'][0] / median['jsonl'][0]:.3f}x, "
-              f"peak RSS {median['parquet'][1] / median['jsonl'][1]:.3f}x; stored requests identical "
-              f"(columns and order): {same}")
+        for name in ("jsonl", "parquet"):
+            wall, rss, cpu = median[name]
+            print(f"median {name:8s} {wall:.1f} s wall, {cpu:.1f} s CPU, {rss:.0f} MB")
+        ratio = [p / j for p, j in zip(median["parquet"], median["jsonl"])]
+        print(f"Parquet / JSONL: wall {ratio[0]:.3f}x, CPU {ratio[2]:.3f}x, peak RSS {ratio[1]:.3f}x; stored "
+              f"requests identical (columns and order): {same}")
         if args.json:
             Path(args.json).write_text(json.dumps({"rows": args.rows, "runs": results, "median": median,
                                                    "identical": same}, indent=1))

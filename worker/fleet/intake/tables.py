@@ -129,7 +129,8 @@ def _batches(path: Path, fmt: str, progress: Progress) -> Iterator[pa.RecordBatc
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        file = pq.ParquetFile(str(path))
+        # pages read as the batches need them, not a row group's column chunks whole up front
+        file = pq.ParquetFile(str(path), buffer_size=1 << 20, pre_buffer=False)
         rows = max(1, file.metadata.num_rows)
         progress.total, done = os.path.getsize(path), 0
         for batch in file.iter_batches(batch_size=BATCH_ROWS):
