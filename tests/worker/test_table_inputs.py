@@ -119,6 +119,16 @@ def test_bad_rows_name_their_row(tmp_path):
     assert [r.custom_id for r in result.requests] == ["a"]
 
 
+def test_a_row_over_the_size_limit_is_its_error(tmp_path):
+    path = parquet(tmp_path, {"prompt": ["short", "x" * 1_000_001, "fine"],
+                              "messages": pa.array([None, None, None], pa.list_(pa.struct([("role", pa.string()),
+                                                                                          ("content", pa.string())])))})
+    result = parse_dataset(path)
+    assert [e.message for e in result.errors] == ["row 2: the row holds 1,000,001 bytes, over the limit of "
+                                                  "1,000,000 bytes."]
+    assert [r.prompt for r in result.requests] == ["short", "fine"]
+
+
 def test_pandas_float_integers_and_csv_text(tmp_path):
     path = parquet(tmp_path, {"prompt": ["a", "b"], "max_tokens": [3.0, float("nan")], "seed": [1.0, 2.5]})
     result = parse_dataset(path)

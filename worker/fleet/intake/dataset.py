@@ -255,6 +255,11 @@ def _scan_table(path: Path, fmt: str, columns: InputColumns, defaults: dict, poo
         if on_progress is not None and number % PROGRESS_EVERY == 0:
             scan.bytes_read, scan.bytes_total = progress.read, progress.total
             on_progress(scan)
+        if isinstance(row, int):  # its size: over the limit, as an over-long line
+            scan.invalid += 1
+            yield LineError(number, None, f"row {number}: the row holds {row:,} bytes, over the limit of "
+                                          f"{tables.MAX_ROW_BYTES:,} bytes.")
+            continue
         try:
             request = parse_object(number, columns.line_object(row), defaults, pooling_defaults, task)
         except LineProblem as problem:

@@ -195,8 +195,31 @@ def _csv_values(row: dict[str, Any]) -> None:
 _CSV_JSON_FIELDS = frozenset(SimpleLine.model_fields) - {"id", "custom_id", "prompt", "input"}
 
 
-def read_rows(path: str | Path, fmt: str, progress: Progress) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(row number from 1, the row as a dict) in file order, a batch of BATCH_ROWS in memory at a time."""
+def _row_bytes(batch: pa.RecordBatch) -> list[int]:
+    """About how many bytes each row holds: its text and binary cells' lengths, and its nested cells' (messages,
+    lists) as JSON where the column is large enough for one of them to matter."""
+    import pyarrow.compute as pc
+
+    sizes = [0] * batch.num_rows
+    for column in batch.columns:
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
+                or pa.types.is_large_binary(kind):
+            lengths = pc.fill_null(pc.binary_length(column), 0).to_pylist()
+        elif pa.types.is_nested(kind) and column.nbytes > MAX_ROW_BYTES:
+            lengths = [len(json.dumps(value, default=str)) for value in column.to_pylist()]
+        else:
+            continue
+        sizes = [a + b for a, b in zip(sizes, lengths)]
+    return sizes
+
+
+MAX_ROW_BYTES = 1_000_000  # a row's cells at most, as a JSONL line's bytes (dataset.scan_dataset's max_line_bytes)
+
+
+def read_rows(path: str | Path, fmt: str, progress: Progress) -> Iterator[tuple[int, dict[str, Any] | int]]:
+    """(row number from 1, the row as a dict) in file order, a batch of BATCH_ROWS in memory at a time; a row whose
+    cells hold over MAX_ROW_BYTES comes as (number, its size) instead, as an over-long line is refused."""
     path = Path(path)
     _check_exists(path)
     number = 0
@@ -207,8 +230,12 @@ def read_rows(path: str | Path, fmt: str, progress: Progress) -> Iterator[tuple[
             if number == 0 and (binary := _binary_columns(batch.schema)):
                 raise MiroError(f"The dataset's column {binary[0]!r} holds bytes, which the results cannot keep as "
                                 "a column: drop it or store it as text.")
-            for row in _plain(batch).to_pylist():
+            sizes = _row_bytes(batch)
+            for row, size in zip(_plain(batch).to_pylist(), sizes):
                 number += 1
+                if size > MAX_ROW_BYTES:
+                    yield number, size
+                    continue
                 if fmt == "csv":
                     _csv_values(row)
                 else:
