@@ -142,3 +142,22 @@ def test_model_sha256_is_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
     model.write_bytes(b"GGUF" + b"\2" * 1000)
     os.utime(model, ns=(1, 2))  # another mtime: computed again
     assert fingerprint.model_sha256(model) == hashlib.sha256(model.read_bytes()).hexdigest()
+
+
+def test_miro_submit_reuse(tmp_path, redis_url, tiny_model):
+    from click.testing import CliRunner
+
+    from miro.cli.main import cli
+
+    dataset = write(tmp_path / "d.jsonl", [LINES[0], LINES[1]])
+    stamp = fingerprint.expected_stamp(tiny_model, {})  # what a worker of the MIRO_* defaults will load
+    previous = earlier_results(tmp_path / "old.parquet", dataset, stamp=stamp)
+    command = ["submit", str(dataset), "--redis-url", redis_url, "--output", str(tmp_path / "out"), "--reuse",
+               str(previous)]
+    refused = CliRunner().invoke(cli, command)
+    assert refused.exit_code == 1
+    assert refused.output.strip().splitlines()[-1] == ("Error: --reuse needs --model: the rows are reused only for "
+                                                       "the same model file.")
+    result = CliRunner().invoke(cli, [*command, "--model", tiny_model])
+    assert result.exit_code == 0, result.output
+    assert "Reused the earlier rows of 1 of 2 requests." in result.output  # the sampled line without a seed runs
