@@ -365,12 +365,12 @@ def test_openapi_follows_the_key_and_keys_come_from_a_file(serve, redis_url, tmp
 def test_worker_metrics_listen_on_loopback_unless_told():
     from miro.cli.main import worker
     from miro.worker.fleet.observe.metrics import serve_metrics
-    from miro.worker.process.batch_worker import BatchWorker
+    from miro.worker.process.worker_config import WorkerConfig
 
     option = next(p for p in worker.params if p.name == "metrics_host")
     assert option.default == "127.0.0.1"
     assert inspect.signature(serve_metrics).parameters["host"].default == "127.0.0.1"
-    assert inspect.signature(BatchWorker.__init__).parameters["metrics_host"].default == "127.0.0.1"
+    assert WorkerConfig().metrics_host == "127.0.0.1"
 
 
 @pytest.mark.parametrize("url, shown", [
