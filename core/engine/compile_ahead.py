@@ -55,9 +55,10 @@ class Unit:
     def dispatchers(self) -> list:
         """The numba dispatchers whose cache entries say whether this unit is compiled for this CPU."""
         if self.kind == "linear":
-            kernels = WEIGHT_TYPES[GGMLQuantizationType(self.args[0])].kernels_on(cpu.TIER)
-            return [k for k in (getattr(kernels, name, None) for name in ("tiles", "tiles_x2", "rows", "lanes"))
-                    if k is not None and hasattr(k, "_cache")]
+            row = WEIGHT_TYPES[GGMLQuantizationType(self.args[0])]
+            kernels = row.kernels_on(cpu.TIER)  # the loop shapes its layout on this tier calls
+            names = ("tiles", "tiles_x2") if row.plan(cpu.TIER).layout == "tiles" else ("rows", "lanes")
+            return [k for k in (getattr(kernels, name, None) for name in names) if k is not None and hasattr(k, "_cache")]
         if self.kind == "attention":
             from miro.core.layers import attention
 
