@@ -20,7 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quant_shape_to_byte_shape, quantize
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "Q4_K", "Q5_K", "Q6_K")
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 # Types gguf-py (0.19) cannot quantize: raw blocks built by hand instead. Each entry is
 # the byte offsets of the block's fp16 scale fields and the value written there
@@ -83,7 +83,7 @@ def encode_weight(w: np.ndarray, qtype: str, rng: np.random.Generator) -> np.nda
         return w.astype(np.float16)
     if qtype in _HAND_BUILT:
         return random_blocks(qtype, w.shape, rng)
-    return quantize(w, QT[qtype])  # BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+    return quantize(w, QT[qtype])  # BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4
 
 
 def to_float(raw: np.ndarray, qtype: QT) -> np.ndarray:

@@ -20,7 +20,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from miro.core.kernels.quant_blocks import HAS_FIFTH_BITS, Q4_K, Q5_K, Q6_K, Q8_0
+from miro.core.kernels.quant_blocks import HAS_FIFTH_BITS, KVALUES_MXFP4, MXFP4, MXFP4_BIAS, Q4_K, Q5_K, Q6_K, Q8_0
 from miro.core.kernels.simd import LANES, int32x16, splat
 
 _I64 = ir.IntType(64)
@@ -61,6 +61,12 @@ class _VectorOps:
     def splat_bytes(self, value: int):
         return ir.Constant(self.bytes, [value] * self.width)
 
+    def lookup(self, table: list[int], indices):
+        """vpshufb: each byte of `indices` (0..15) replaced by table[index], the 16-byte table in every 128-bit lane
+        (ggml's IQ4_NL and MXFP4 decoding)."""
+        name = "llvm.x86.avx512.pshuf.b.512" if self.width == 64 else "llvm.x86.avx2.pshuf.b"
+        return self.call(name, self.bytes, [ir.Constant(self.bytes, table * (self.width // 16)), indices])
+
 
 def _as_vec16(builder, parts):
     """One int32x16 from a register width's parts: itself on 512-bit tiers, two 8-lane halves joined on 256-bit ones."""
@@ -82,14 +88,15 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
     w[r, q].byte[i] * a[t, 4 q + i], the tile's unsigned bytes as they are (the caller adds the offset of a
     biased layout).
 
-    quants (uint8, 1-D): the block at w_start, [k][row][4 bytes] (Q4_0/Q4_1: 4 x 64 bytes of nibbles, low
-    nibbles quad k, high quad k + 4; Q5_0/Q5_1: the same and 64 bytes of 5th bits, bit q of byte i quad q's;
+    quants (uint8, 1-D): the block at w_start, [k][row][4 bytes] (Q4_0/Q4_1/MXFP4: 4 x 64 bytes of nibbles, low
+    nibbles quad k, high quad k + 4, MXFP4's codes looked up as KVALUES_MXFP4 + 12 by vpshufb; Q5_0/Q5_1: the same and 64 bytes of 5th bits, bit q of byte i quad q's;
     Q8_0: 8 x 64 bytes). a (int8, 1-D): activation row t's block at a_start + t * a_stride. Each activation
     quad is broadcast to every row; the weight vectors are loaded once for all the rows.
 
     bits, vnni, qtype, tokens: compile-time constants. bits 512: one vector per 16 rows; 256: two halves of
     8 rows. vnni: vpdpbusd; else vpmaddubsw into int16 pairs (Q4: 8 quads summed in int16, at most
-    8 x 2 x 15 x 127 = 30,480; Q5: 4 quads, at most 4 x 2 x 31 x 127 = 31,496; Q8_0: |w| against a with w's
+    8 x 2 x 15 x 127 = 30,480; Q5: 4 quads, at most 4 x 2 x 31 x 127 = 31,496; MXFP4: 4 quads, at most
+    4 x 2 x 24 x 127 = 24,384; Q8_0: |w| against a with w's
     sign, at most 2 x 128 x 127 = 32,512 a quad) then vpmaddwd by ones into int32.
     """
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
@@ -98,7 +105,8 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
     with_vnni = bool(vnni.literal_value)
     nibbles = qtype.literal_value != Q8_0
     fifth_bits = qtype.literal_value in HAS_FIFTH_BITS
-    quads_per_word_sum = 4 if fifth_bits else 8  # quads whose vpmaddubsw pairs an int16 sum holds
+    looked_up = qtype.literal_value == MXFP4
+    quads_per_word_sum = 4 if fifth_bits or looked_up else 8  # quads whose vpmaddubsw pairs an int16 sum holds
     signed = tile_signed_bytes(qtype.literal_value, with_vnni)
     n_tokens = tokens.literal_value
     sig = types.UniTuple(int32x16, n_tokens)(quants, types.intp, a, types.intp, types.intp, bits, vnni, qtype, tokens)
@@ -123,6 +131,9 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
             packed = [[load(64 * k + width * p) for p in range(parts)] for k in range(4)]
             quads = ([[builder.and_(v, splat_bytes(15)) for v in row] for row in packed]
                      + [[builder.lshr(v, splat_bytes(4)) for v in row] for row in packed])
+            if looked_up:  # MXFP4's codes to their values + 12: unsigned, so the offset -12 x sum(a) gives ggml's sum
+                table = [int(k) + MXFP4_BIAS for k in KVALUES_MXFP4]
+                quads = [[ops.lookup(table, v) for v in row] for row in quads]
         else:
             quads = [[load(64 * q + width * p) for p in range(parts)] for q in range(8)]
         if fifth_bits:  # quad q's 5th bits are bit q of each byte of the last 64: moved to bit 4

@@ -6,6 +6,8 @@ K-quant steps spelled out in its own loop, so all of them compute the same numbe
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit
@@ -17,11 +19,12 @@ Q4_1 = int(GGMLQuantizationType.Q4_1)
 Q5_0 = int(GGMLQuantizationType.Q5_0)
 Q5_1 = int(GGMLQuantizationType.Q5_1)
 Q8_0 = int(GGMLQuantizationType.Q8_0)
+MXFP4 = int(GGMLQuantizationType.MXFP4)
 Q4_K = int(GGMLQuantizationType.Q4_K)
 Q5_K = int(GGMLQuantizationType.Q5_K)
 Q6_K = int(GGMLQuantizationType.Q6_K)
 
-BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4)
 HAS_MIN = (Q4_1, Q5_1)  # the 32-value blocks that carry a float16 m beside d
 HAS_FIFTH_BITS = (Q5_0, Q5_1)  # and those whose values have a 5th bit, in qh
 SUPERBLOCK_TYPES = (Q4_K, Q5_K, Q6_K)
@@ -36,6 +39,18 @@ SUPERBLOCK_TYPES = (Q4_K, Q5_K, Q6_K)
 #   Q5_0, 22 bytes: f16 d | qh | nibbles            value = d * (q - 16)
 #   Q5_1, 24 bytes: f16 d | f16 m | qh | nibbles    value = d * q + m
 #   Q8_0, 34 bytes: f16 d | 32 int8                 value = d * q
+#   MXFP4, 17 bytes: u8 e | nibbles                 value = 2^(e - 128) * KVALUES_MXFP4[q]
+# MXFP4's e is an E8M0 exponent; its 4-bit codes are E2M1 values, doubled to integers (ggml's kvalues_mxfp4) and
+# the scale halved to match, so its integer dot is exact like the others' (ggml-common.h, ggml-impl.h).
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
+MXFP4_BIAS = 12  # the tile kernels look the codes up as KVALUES_MXFP4 + 12 (0..24), unsigned for the int8 dots
+
+
+@njit(inline="always")
+def e8m0_half(e):
+    """ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128) as float32, exact for every byte (2^-128 and 2^-127 are
+    denormals)."""
+    return np.float32(math.ldexp(1.0, np.int64(e) - 128))
 
 
 @njit(inline="always")
@@ -43,11 +58,18 @@ def decode_block32(qtype, row, off, u):
     """Write one block's 32 integers, centred on 0, into u (int16); return (d, m, offset).
 
     ggml's integer sum of the block against activations a is sum(u * a) + offset * sum(a): the
-    centring keeps the 4- and 5-bit sums within int16, the offset gives back ggml's sum exactly.
+    centring keeps the 4- and 5-bit sums within int16, the offset gives back ggml's sum exactly. MXFP4: its
+    table's values (|u| <= 12) and d = 2^(e - 128).
     """
-    d = load_f16(row, off)
     m = np.float32(0.0)
     offset = 0
+    if qtype == MXFP4:
+        for j in range(16):
+            byte = np.int32(row[off + 1 + j])
+            u[j] = KVALUES_MXFP4[byte & 15]
+            u[j + 16] = KVALUES_MXFP4[byte >> 4]
+        return e8m0_half(row[off]), m, offset
+    d = load_f16(row, off)
     if qtype == Q8_0:
         for j in range(32):
             u[j] = np.int8(row[off + 2 + j])
@@ -84,7 +106,7 @@ def add_block32(qtype, acc, isum, d, m, d_act, s_act):
         return acc + (isum * d) * d_act
     if qtype == Q4_1 or qtype == Q5_1:
         return acc + ((d * d_act) * isum + m * s_act)
-    return acc + (d * d_act) * isum  # Q5_0, Q8_0
+    return acc + (d * d_act) * isum  # Q5_0, Q8_0, MXFP4 (ggml: d = d_act * 2^(e - 128), the same product)
 
 
 @njit(inline="always")
@@ -94,9 +116,9 @@ def load_u32(row, at):
 
 
 def quads_offset(qtype: int) -> int:
-    """The offset of ggml's sum over a block's unsigned values as stored (Q8_0's + 128): sum(u * a) + offset *
-    sum(a)."""
-    return {Q4_0: -8, Q5_0: -16, Q8_0: -128}.get(qtype, 0)
+    """The offset of ggml's sum over a block's unsigned values as stored (Q8_0's + 128; MXFP4's looked up + 12):
+    sum(u * a) + offset * sum(a)."""
+    return {Q4_0: -8, Q5_0: -16, Q8_0: -128, MXFP4: -MXFP4_BIAS}.get(qtype, 0)
 
 
 # ---------------------------------------------------------------- K-quant super-blocks

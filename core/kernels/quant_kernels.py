@@ -36,6 +36,8 @@ from numba import njit, prange
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.halfs import load_f16
 from miro.core.kernels.quant_blocks import (
+    KVALUES_MXFP4,
+    MXFP4,
     Q4_0,
     Q4_1,
     Q5_0,
@@ -45,6 +47,7 @@ from miro.core.kernels.quant_blocks import (
     add_block32,
     decode_block32,
     decode_superblock,
+    e8m0_half,
 )
 
 LANE_MULTIPLE = 32  # the lanes kernels' activation count is padded to this: LLVM's int16 vector width
@@ -105,11 +108,12 @@ def lanes_32(qtype: int):
                     d, m, offset = decode_block32(qtype, w[n0 + r], b * block_bytes, u)
                     lo, hi = _weights16(u, 0, 1), _weights16(u, 16, 1)
                     # exact integer sums, in a loop of their own so that LLVM gives the int16 ones
-                    # 32 lanes per instruction (|u| <= 16, |a| <= 127: 32 4-bit or 16 5-bit values fit)
+                    # 32 lanes per instruction (|u| <= 16, |a| <= 127: 32 4-bit or 16 5-bit values fit, and
+                    # 16 of MXFP4's, |u| <= 12)
                     if qtype == Q8_0:
                         for t in range(n_lanes):
                             part_32[t] = _dot16(lo, a_t, k0, 1, t) + _dot16(hi, a_t, k0 + 16, 1, t)
-                    elif qtype == Q5_0 or qtype == Q5_1:
+                    elif qtype == Q5_0 or qtype == Q5_1 or qtype == MXFP4:
                         for t in range(n_lanes):
                             part_lo[t] = _dot16(lo, a_t, k0, 1, t)
                             part_hi[t] = _dot16(hi, a_t, k0 + 16, 1, t)
@@ -120,7 +124,7 @@ def lanes_32(qtype: int):
                     for t in range(n_lanes):
                         if qtype == Q8_0:
                             isum = part_32[t]
-                        elif qtype == Q5_0 or qtype == Q5_1:
+                        elif qtype == Q5_0 or qtype == Q5_1 or qtype == MXFP4:
                             isum = np.int32(part_lo[t]) + np.int32(part_hi[t])
                         else:
                             isum = np.int32(part_lo[t])
@@ -145,6 +149,12 @@ def _dot_row_block32(qtype, row, off, a, k0, sixteen):
     if qtype == Q8_0:
         for j in range(2 * sixteen):
             isum = np.int32(isum + np.int32(np.int8(row[off + 2 + j])) * np.int32(a[k0 + j]))
+        return isum
+    if qtype == MXFP4:
+        for j in range(sixteen):
+            byte = np.int32(row[off + 1 + j])
+            isum = np.int32(isum + np.int32(KVALUES_MXFP4[byte & 15]) * np.int32(a[k0 + j])
+                            + np.int32(KVALUES_MXFP4[byte >> 4]) * np.int32(a[k0 + 16 + j]))
         return isum
     if qtype == Q4_0 or qtype == Q4_1:
         nibbles = off + 2 if qtype == Q4_0 else off + 4
@@ -187,7 +197,8 @@ def rows_32(qtype: int):
                     off = b * block_bytes
                     isum = np.int32(_dot_row_block32(qtype, row, off, a[t], b * 32, sixteen) + offset * qsum[t, b])
                     m = load_f16(row, off + 2) if qtype == Q4_1 or qtype == Q5_1 else np.float32(0.0)
-                    sumf = add_block32(qtype, sumf, np.float32(isum), load_f16(row, off), m, d[t, b], s[t, b])
+                    d_w = e8m0_half(row[off]) if qtype == MXFP4 else load_f16(row, off)
+                    sumf = add_block32(qtype, sumf, np.float32(isum), d_w, m, d[t, b], s[t, b])
                 out[t, n] = sumf
         return out
 

@@ -6,6 +6,7 @@ a loop that updates `acc = acc + x` keeps acc in a register, as a SIMD micro-ker
 
     v = load16(array, i)         # array[i:i + 16] (int32/uint32 -> int32x16, float32 -> float32x16)
     h = load16_f16(array, i)     # array[i:i + 16] of float16 bits (uint16) -> float32x16
+    e = load16_e8m0(array, i)    # array[i:i + 16] of E8M0 bytes (in uint16) -> float32x16 of 2^(e - 128)
     store16(array, i, v)
     f = to_float(v)              # int32x16 -> float32x16, exact below 2^24
     acc = fma(x, w, acc)         # acc + x * w rounded once (x a float32 scalar, splat)
@@ -86,6 +87,24 @@ def load16_f16(typingctx, array, index):
     def codegen(context, builder, sig, args):
         halves = element_pointer(context, builder, sig.args[0], args[0], args[1], ir.VectorType(ir.IntType(16), LANES))
         return widen_halves(builder, builder.load(halves, align=2))
+
+    return float32x16(array, types.intp), codegen
+
+
+@intrinsic
+def load16_e8m0(typingctx, array, index):
+    """array[index:index + 16] (uint16 each holding an E8M0 byte e, MXFP4's scale) as float32x16 of 2^(e - 128),
+    ggml's GGML_E8M0_TO_FP32_HALF bit for bit: the float's bits are (e - 1) << 23, or 0x00200000 << e for the
+    denormals e < 2."""
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        v_i32 = ir.VectorType(i32, LANES)
+        halves = element_pointer(context, builder, sig.args[0], args[0], args[1], ir.VectorType(ir.IntType(16), LANES))
+        e = builder.zext(builder.load(halves, align=2), v_i32)
+        normal = builder.shl(builder.sub(e, ir.Constant(v_i32, [1] * LANES)), ir.Constant(v_i32, [23] * LANES))
+        denormal = builder.shl(ir.Constant(v_i32, [0x00200000] * LANES), e)
+        small = builder.icmp_unsigned("<", e, ir.Constant(v_i32, [2] * LANES))
+        return builder.bitcast(builder.select(small, denormal, normal), ir.VectorType(ir.FloatType(), LANES))
 
     return float32x16(array, types.intp), codegen
 

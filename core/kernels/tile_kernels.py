@@ -1,4 +1,4 @@
-"""The tile kernel: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights repacked into 16-row tiles (tiles.py) times 8-bit
+"""The tile kernel: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4 weights repacked into 16-row tiles (tiles.py) times 8-bit
 activations, any number of activation rows, on every CPU tier with int8 dot products (cpu.py).
 
 One decoded weight vector serves several activation rows, each activation quad broadcast to every weight
@@ -38,13 +38,14 @@ from miro.core.kernels.int8_dots import (
 from miro.core.kernels.quant_blocks import (
     BLOCK32_TYPES,
     HAS_MIN,
+    MXFP4,
     Q6_K,
     SUPERBLOCK_TYPES,
     add_block32,
     quads_offset,
     unpack_k4,
 )
-from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float, zeros16
+from miro.core.kernels.simd import LANES, load16, load16_e8m0, load16_f16, store16, to_float, zeros16
 from miro.core.kernels.superblock_tiles import LANE_BYTES
 from miro.core.kernels.tiles import TILE_ROWS, quant_bytes
 
@@ -64,14 +65,14 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
     return _tiles_x2(qtype, tier)
 
 
-def _constants(qtype: int, tier: Tier) -> tuple[bool, int, int, int]:
+def _constants(qtype: int, tier: Tier) -> tuple[bool, int, int, int, bool]:
     """What a tile kernel bakes in: Q4_1's or Q5_1's mins, the sums' offset, a block's quant bytes, vpdpbusd or
-    not."""
-    return qtype in HAS_MIN, tile_offset(qtype, tier), quant_bytes(qtype), int(tier.has_vnni)
+    not, and whether the scales are MXFP4's E8M0 bytes (else float16)."""
+    return qtype in HAS_MIN, tile_offset(qtype, tier), quant_bytes(qtype), int(tier.has_vnni), qtype == MXFP4
 
 
 def _tiles_x8(qtype: int, tier: Tier):
-    has_min, offset, block_quants, vnni = _constants(qtype, tier)
+    has_min, offset, block_quants, vnni, e8m0 = _constants(qtype, tier)
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}", parallel=True)
@@ -93,7 +94,7 @@ def _tiles_x8(qtype: int, tier: Tier):
                 for b in range(n_blocks):
                     i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k,
                                                               512, vnni, qtype, 8)
-                    dw = load16_f16(tile_scales, 16 * b)
+                    dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
                     c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
                     c1 = add_block32(qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b])
@@ -117,7 +118,7 @@ def _tiles_x8(qtype: int, tier: Tier):
 
 
 def _tiles_x2(qtype: int, tier: Tier):
-    has_min, offset, block_quants, vnni = _constants(qtype, tier)
+    has_min, offset, block_quants, vnni, e8m0 = _constants(qtype, tier)
     bits = 512 if tier.vector_bits == 512 else 256
     helpers = HELPERS
 
@@ -139,7 +140,7 @@ def _tiles_x2(qtype: int, tier: Tier):
                 c0 = c1 = zero
                 for b in range(n_blocks):
                     i0, i1 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 2)
-                    dw = load16_f16(tile_scales, 16 * b)
+                    dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
                     c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
                     c1 = add_block32(qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b])

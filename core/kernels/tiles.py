@@ -1,4 +1,4 @@
-"""Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights repacked once at load into tiles of 16 rows, for the tile kernel.
+"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4 weights repacked once at load into tiles of 16 rows, for the tile kernel.
 
 The file stores a matrix row by row, each row a run of 32-value blocks. The tile kernel
 (tile_kernels.py) wants the opposite: one 64-byte load giving the same 4 values of 16 rows, so
@@ -6,12 +6,13 @@ that one vpdpbusd (or vpmaddubsw on a 32-byte half) multiplies 16 (8) weight row
 activation row broadcast to every row. A tile holds 16 rows; its block b is
 
     quants[tile, b * QUANT_BYTES:]   [quad k][row r][4 bytes]: the row's bytes 4k..4k+3 of the block
-                                      (Q4_0/Q4_1: 4 x 64 bytes of nibbles, the low ones values 4k..,
-                                      the high ones 16 + 4k..; Q5_0/Q5_1: the same, then 64 bytes of
+                                      (Q4_0/Q4_1/MXFP4: 4 x 64 bytes of nibbles, the low ones values
+                                      4k.., the high ones 16 + 4k..; Q5_0/Q5_1: the same, then 64 bytes of
                                       5th bits, bit q of the row's byte i that of value 4q + i; Q8_0:
                                       8 x 64 bytes, each int8 + 128 for vpdpbusd, or the int8 as
                                       stored for vpmaddubsw: signed_bytes)
-    scales[tile, 16 b + r]            the row's float16 d,  mins[tile, 16 b + r] Q4_1's or Q5_1's float16 m
+    scales[tile, 16 b + r]            the row's float16 d (MXFP4: its E8M0 byte e), mins[tile, 16 b + r] Q4_1's
+                                      or Q5_1's float16 m
 
 The same bytes as the file (Q8_0's flipped top bit aside, Q5's 5th bits regrouped), in another order, on every tier: llama.cpp
 repacks Q4_0 for its AVX2/AVX512 kernels the same way (its "CPU_REPACK" buffers). Rows past the
@@ -26,7 +27,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from miro.core.kernels.quant_blocks import HAS_FIFTH_BITS, HAS_MIN, Q8_0, load_u32
+from miro.core.kernels.quant_blocks import HAS_FIFTH_BITS, HAS_MIN, MXFP4, Q8_0, load_u32
 
 TILE_ROWS = 16  # weight rows per tile: one 512-bit vector of int32 sums
 
@@ -45,7 +46,7 @@ class Tiles:
     """A (rows, K) matrix of 32-value blocks, repacked."""
 
     quants: np.ndarray  # (n_tiles, n_blocks * quant_bytes) uint8
-    scales: np.ndarray  # (n_tiles, n_blocks * 16) uint16, float16 bits
+    scales: np.ndarray  # (n_tiles, n_blocks * 16) uint16, float16 bits (MXFP4: the E8M0 byte)
     mins: np.ndarray  # the same for Q4_1 and Q5_1 (K-quants: dmin); (n_tiles, 0) for the others
     signed_bytes: bool  # Q8_0: the file's int8 (else int8 + 128)
     sub_scales: np.ndarray = field(default_factory=_none)  # K-quants only (superblock_tiles.py): sub-block scales (and mins)
@@ -80,7 +81,8 @@ def _repack(qtype, w, quants, scales, mins, flip):
     block_bytes = w.shape[1] // n_blocks
     has_min = qtype in HAS_MIN
     fifth_bits = qtype in HAS_FIFTH_BITS
-    qh = 4 if has_min else 2  # Q5's 5th bits, after d (and m)
+    e8m0 = qtype == MXFP4  # a one-byte scale
+    qh = 4 if has_min else 1 if e8m0 else 2  # Q5's 5th bits, after d (and m)
     values_at = (qh + 4) if fifth_bits else qh
     n_quads = 8 if qtype == Q8_0 else 4  # quads of the file's bytes; Q5 adds one of 5th bits
     quads_per_block = n_quads + (1 if fifth_bits else 0)
@@ -89,7 +91,10 @@ def _repack(qtype, w, quants, scales, mins, flip):
             row = w[tile * TILE_ROWS + r]
             for b in range(n_blocks):
                 off = b * block_bytes
-                scales[tile, b * TILE_ROWS + r] = np.uint16(row[off]) | (np.uint16(row[off + 1]) << 8)
+                if e8m0:
+                    scales[tile, b * TILE_ROWS + r] = np.uint16(row[off])
+                else:
+                    scales[tile, b * TILE_ROWS + r] = np.uint16(row[off]) | (np.uint16(row[off + 1]) << 8)
                 if has_min:
                     mins[tile, b * TILE_ROWS + r] = np.uint16(row[off + 2]) | (np.uint16(row[off + 3]) << 8)
                 for k in range(n_quads):  # quants is viewed as uint32: one quad of 4 bytes per element

@@ -257,6 +257,8 @@ _ROWS_OF_THE_TABLE = (
                speedup={"avx512-vnni": 2.27, "avx2": 1.35}),
     WeightType(Q.Q5_1, 32, 24, partial(_gguf, Q.Q5_1), "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS,
                speedup={"avx512-vnni": 2.18, "avx2": 1.35}),
+    # MXFP4 (gpt-oss's experts): 32 E2M1 values and an E8M0 exponent; Q8_0 activations as ggml's vec_dot_type
+    WeightType(Q.MXFP4, 32, 17, partial(_gguf, Q.MXFP4), "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS),
     WeightType(Q.Q4_K, 256, 144, partial(_gguf, Q.Q4_K), "q8_k", SUPERBLOCKS, {512: 16, 256: 16},
                speedup={"avx512-vnni": 1.69, "avx2": 2.01}),
     WeightType(Q.Q5_K, 256, 176, partial(_gguf, Q.Q5_K), "q8_k", SUPERBLOCKS, {512: 8, 256: 16},

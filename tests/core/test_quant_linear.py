@@ -112,6 +112,10 @@ def ref_decode(tensor: TensorInfo):
     t = tensor.type
     if t == Q.Q8_0:
         return dict(q=b[:, :, 2:].astype(np.uint8).view(np.int8).astype(np.int64), d=_halfs(b.astype(np.uint8), 0))
+    if t == Q.MXFP4:  # ggml-common.h kvalues_mxfp4 (E2M1 doubled), d = GGML_E8M0_TO_FP32_HALF(e) = 2^(e - 128)
+        kvalues = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)
+        qs = b[:, :, 1:17]
+        return dict(q=kvalues[np.concatenate([qs & 15, qs >> 4], axis=2)], d=np.ldexp(F32(1), b[:, :, 0] - 128).astype(F32))
     if t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):
         nib = {Q.Q4_0: 2, Q.Q4_1: 4, Q.Q5_0: 6, Q.Q5_1: 8}[t]
         qs = b[:, :, nib:nib + 16]
@@ -295,7 +299,12 @@ def test_native_on_random_blocks(qtype, tier):
     rng = np.random.default_rng(7)
     block_bytes = GGML_QUANT_SIZES[qtype][1]
     blocks = rng.integers(0, 256, (40 * 256 // 32, block_bytes), dtype=np.uint8)
-    blocks[:, 0:2] = _f16(rng.uniform(-2e-3, 2e-3, len(blocks)))
+    if qtype == Q.MXFP4:  # scales 2^-18 to 2^-1, and the denormals 2^-128, 2^-127 in a few blocks
+        blocks[:, 0] = rng.integers(110, 128, len(blocks))
+        blocks[::37, 0] = 0
+        blocks[1::37, 0] = 1
+    else:
+        blocks[:, 0:2] = _f16(rng.uniform(-2e-3, 2e-3, len(blocks)))
     if qtype in (Q.Q4_1, Q.Q5_1):
         blocks[:, 2:4] = _f16(rng.uniform(-2e-2, 2e-2, len(blocks)))
     tensor = TensorInfo("random_blocks", (40, 256), qtype, blocks.reshape(-1))
