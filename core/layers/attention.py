@@ -136,17 +136,20 @@ def _build_rope_and_store_kv():
     return rope_and_store_kv
 
 
-def _build_attend(score_queries: int, capped: bool = False):
+def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = False):
     """The attention kernel whose scores pass shares each key load among `score_queries` (2 or 4) queries;
-    capped: the variant that soft-caps every score (gemma2), a constant of its own compiled code, so the
-    uncapped kernel's code and bits are what they were without it."""
+    capped: the variant that soft-caps every score (gemma2); with_sinks: the variant whose softmax takes each
+    query head's sink logit into its denominator (gpt-oss). Each is a constant of its own compiled code, so the
+    plain kernel's code and bits are what they were without them."""
     helpers = HELPERS
     assert score_queries in (2, 4)
 
-    @cached_variant(f"scores{score_queries}" + ("_softcap" if capped else ""), parallel=True)
-    def attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, threads, cap):
+    @cached_variant(f"scores{score_queries}" + ("_softcap" if capped else "") + ("_sinks" if with_sinks else ""),
+                    parallel=True)
+    def attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, threads, cap, sinks):
         """paged_attention's kernel; threads: numba's thread count (read outside: it would keep this from the
-        cache); cap: the capped variant's softcap (scale then holds scale / cap)."""
+        cache); cap: the capped variant's softcap (scale then holds scale / cap); sinks: (n_heads,) float32, the
+        sinks variant's logits (else unread)."""
         helpers  # in numba's cache key: see cache_key.py
         n_heads, head_dim = q.shape[1], q.shape[2]
         n_kv_heads, block_size = v_cache.shape[1], v_cache.shape[2]
@@ -190,6 +193,8 @@ def _build_attend(score_queries: int, capped: bool = False):
                     _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, positions, t_begin,
                                   t_end, group, window, scale, scores, top, total, correction, acc, -1, capped, cap)
             for qi in range(n_q):
+                if with_sinks:
+                    _add_sink(sinks[kvh * group + qi % group], qi, top, total, acc, head_dim)
                 inv = np.float32(1.0) / total[qi]
                 for d in range(head_dim):
                     out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
@@ -233,6 +238,21 @@ def _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, p
         for qi in range(0, rows, QUERIES):
             v_ahead = ahead + lane0 * head_dim if ahead >= 0 and qi == 0 else -1
             _accumulate_values4(scores, qi, correction, vb, v0 + lane0 * head_dim, acc, v_ahead)
+
+
+@njit(inline="always")
+def _add_sink(sink, qi, top, total, acc, head_dim):
+    """Query qi's sink logit as one more score without a value, after all its keys, as ggml's flash attention
+    adds it (ggml_compute_forward_flash_attn_ext, "sinks"): a sink above the running max rescales the values'
+    sum by e^(max - sink) and adds 1 to the total, else the total gains e^(sink - max)."""
+    m = top[qi]
+    if sink > m:
+        ms = np.exp(m - sink)
+        for d in range(head_dim):
+            acc[qi * head_dim + d] *= ms
+        total[qi] = total[qi] * ms + np.float32(1.0)
+    else:
+        total[qi] += np.exp(sink - m)
 
 
 @njit(inline="always")
@@ -361,17 +381,19 @@ def _accumulate_values4(probs, qi, correction, vb, v0, acc, v_ahead):
 
 
 rope_and_store_kv = _build_rope_and_store_kv()
-_ATTEND = {(SCORE_QUERIES, False): _build_attend(SCORE_QUERIES)}  # the other shapes are built when asked for
+_ATTEND = {(SCORE_QUERIES, False, False): _build_attend(SCORE_QUERIES)}  # the other shapes are built when asked for
+_NO_SINKS = np.zeros(0, np.float32)
 
 
-def _attend_kernel(score_queries: int, capped: bool = False):
-    if (score_queries, capped) not in _ATTEND:
-        _ATTEND[score_queries, capped] = _build_attend(score_queries, capped)
-    return _ATTEND[score_queries, capped]
+def _attend_kernel(score_queries: int, capped: bool = False, with_sinks: bool = False):
+    key = (score_queries, capped, with_sinks)
+    if key not in _ATTEND:
+        _ATTEND[key] = _build_attend(*key)
+    return _ATTEND[key]
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, out, window=0,
-                    score_queries=None, softcap=0.0):
+                    score_queries=None, softcap=0.0, sinks=None):
     """Causal flash attention over the paged cache for a packed batch of query tokens.
 
     q: (T, n_heads, head_dim); out: same shape.
@@ -387,9 +409,16 @@ def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, 
     softcap > 0 (gemma2's attn_logit_softcapping): each score is softcap * tanh(scale q.k / softcap), as ggml's
       flash attention computes it (scale divided by softcap in float32, then tanh), by a kernel variant of its
       own; 0 runs the uncapped kernel.
+    sinks: (n_heads,) float32 or None (gpt-oss's attn_sinks): each query head's learned logit joins its softmax's
+      denominator as a score with no value (not scaled), as llama.cpp's attention with sinks computes it, by a
+      kernel variant of its own; None runs the kernel without them.
     """
     capped = softcap > 0
-    attend = _attend_kernel(SCORE_QUERIES if score_queries is None else score_queries, capped)
+    with_sinks = sinks is not None
+    if with_sinks and sinks.shape != (q.shape[1],):
+        raise ValueError(f"sinks must hold one logit per query head ({q.shape[1]}), not shape {sinks.shape}")
+    attend = _attend_kernel(SCORE_QUERIES if score_queries is None else score_queries, capped, with_sinks)
     cap = np.float32(softcap if capped else 1.0)
+    sink_logits = np.ascontiguousarray(sinks, dtype=np.float32) if with_sinks else _NO_SINKS
     return attend(q, k_cache, v_cache, block_tables, positions, items, np.float32(scale) / cap if capped else scale,
-                  out, window, get_num_threads(), cap)
+                  out, window, get_num_threads(), cap, sink_logits)

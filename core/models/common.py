@@ -148,12 +148,14 @@ class LoadedModel:
 
 def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, config: ModelConfig,
               rope: tuple[np.ndarray, np.ndarray], scale: np.float32, out: np.ndarray, window: int = 0,
-              q_scale: np.ndarray | None = None, softcap: float = 0.0) -> np.ndarray:
+              q_scale: np.ndarray | None = None, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """Rotate q and k of the fused qkv rows (in place), write k and v into the cache, attend over it.
 
     out: (T, n_heads, head_dim), filled; returned as (T, q_dim). window > 0: a sliding-window layer.
     q_scale: (T,) float32, each token's rotated q multiplied by it (mistral3's attention temperature).
     softcap > 0: each score soft-capped before the softmax (gemma2), by the attention kernel's capped variant.
+    sinks: (n_heads,) float32, each query head's sink logit in its softmax's denominator (gpt-oss), by the
+    kernel's sinks variant.
     """
     cfg = config
     n_tokens = qkv.shape[0]
@@ -165,7 +167,7 @@ def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, conf
     if q_scale is not None:
         q *= q_scale[:, None, None]
     attention_kernels.paged_attention(q, cache.k[layer], cache.v[layer], step.block_tables, step.positions, step.attn_items,
-                            scale, out, window, softcap=softcap)
+                            scale, out, window, softcap=softcap, sinks=sinks)
     return out.reshape(n_tokens, cfg.q_dim)
 
 

@@ -59,16 +59,17 @@ def make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim, spare_bloc
     return q, k_cache, v_cache, step, tables
 
 
-def run_kernel(q, k_cache, v_cache, step, scale, window=0, score_queries=None):
+def run_kernel(q, k_cache, v_cache, step, scale, window=0, score_queries=None, sinks=None):
     out = np.full(q.shape, np.nan, dtype=np.float32)
     paged_attention(q, k_cache, v_cache, step.block_tables, step.positions, step.attn_items, scale, out, window,
-                    score_queries=score_queries)
+                    score_queries=score_queries, sinks=sinks)
     return out
 
 
-def reference(q, k_cache, v_cache, specs, tables, scale, window=0):
+def reference(q, k_cache, v_cache, specs, tables, scale, window=0, sinks=None):
     """Plain causal softmax attention in float64, per sequence, over K/V gathered from its blocks
-    (window > 0: a query at position p sees only keys p - window < k <= p, masked here)."""
+    (window > 0: a query at position p sees only keys p - window < k <= p, masked here; sinks: one logit per
+    query head, in each softmax's max and denominator, with no value)."""
     n_tokens, n_heads, head_dim = q.shape
     n_kv_heads, block_size = v_cache.shape[1], v_cache.shape[2]
     if k_cache.dtype == np.uint16:
@@ -92,9 +93,10 @@ def reference(q, k_cache, v_cache, specs, tables, scale, window=0):
         scores[:, pos[None, :] > q_pos[:, None]] = -np.inf
         if window:
             scores[:, pos[None, :] <= q_pos[:, None] - window] = -np.inf
-        scores -= scores.max(axis=-1, keepdims=True)
-        p = np.exp(scores)
-        p /= p.sum(axis=-1, keepdims=True)
+        sink = np.full((n_heads, 1, 1), -np.inf) if sinks is None else sinks.astype(np.float64)[:, None, None]
+        top = np.maximum(scores.max(axis=-1, keepdims=True), sink)
+        p = np.exp(scores - top)
+        p /= p.sum(axis=-1, keepdims=True) + np.exp(sink - top)
         out[row:row + n_new] = (p @ v).transpose(1, 0, 2)
         row += n_new
     return out
@@ -303,3 +305,28 @@ def _capped_reference(q, k_cache, v_cache, specs, tables, scale, cap, window):
         out[row:row + n_new] = (p @ v).transpose(1, 0, 2)
         row += n_new
     return out
+
+
+@pytest.mark.parametrize("kv_dtype, window, n_heads, n_kv_heads", [("float32", 0, 6, 2), ("float16", 24, 8, 2),
+                                                                    ("float16", 0, 4, 4)])
+def test_sinks_join_each_softmaxs_denominator(kv_dtype, window, n_heads, n_kv_heads):
+    """gpt-oss's attention sinks: each query head's logit joins its softmax (the max and the denominator) as a
+    score with no value, by the kernel's sinks variant; sinks from below every score to above them all, so both of
+    ggml's branches (a sink over the running max rescales the sum) run. Both scores shapes give the same bits."""
+    rng = np.random.default_rng(41)
+    specs = mixed_specs(rng, 16)
+    q, k_cache, v_cache, step, tables = make_batch(rng, specs, 16, n_heads, n_kv_heads, 64, kv_dtype=kv_dtype)
+    scale = np.float32(0.125)
+    sinks = np.linspace(-2.0, 6.0, n_heads).astype(np.float32)
+    out = run_kernel(q, k_cache, v_cache, step, scale, window, sinks=sinks)
+    ref = reference(q, k_cache, v_cache, specs, tables, scale, window, sinks)
+    assert np.all(np.isfinite(out))
+    assert np.abs(out - ref).max() < TOL
+    plain = run_kernel(q, k_cache, v_cache, step, scale, window)
+    assert np.abs(plain - ref).max() > 100 * TOL, "the sinks changed nothing: the test would not see them missing"
+    np.testing.assert_array_equal(plain, run_kernel(q, k_cache, v_cache, step, scale, window, sinks=None))
+    two = run_kernel(q, k_cache, v_cache, step, scale, window, score_queries=2, sinks=sinks)
+    four = run_kernel(q, k_cache, v_cache, step, scale, window, score_queries=4, sinks=sinks)
+    assert np.array_equal(two.view(np.uint32), four.view(np.uint32))
+    with pytest.raises(ValueError, match="one logit per query head"):
+        run_kernel(q, k_cache, v_cache, step, scale, window, sinks=sinks[:-1])
