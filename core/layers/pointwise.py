@@ -1,4 +1,4 @@
-"""Per-row kernels of the forward pass: RMSNorm (per row or per head), SiLU and GELU gates.
+"""Per-row kernels of the forward pass: RMSNorm (per row or per head), SiLU, GELU and gpt-oss's SwiGLU gates.
 (RoPE + the KV-cache write and paged attention: layers/attention.py.)
 
 Every kernel computes each token's row from that row alone, in a fixed order,
@@ -123,6 +123,28 @@ def gelu_mul(gate_up: np.ndarray, out: np.ndarray) -> np.ndarray:
     (|gate| >= 10: 0 or the gate itself), about 1e-3 relative from the exact function.
     """
     return _gelu_mul(gate_up, _GELU_F16, out)
+
+
+SWIGLU_OAI_ALPHA = np.float32(1.702)  # llama.cpp's build_moe_ffn constants for LLM_FFN_SWIGLU_OAI_MOE (gpt-oss)
+SWIGLU_OAI_LIMIT = np.float32(7.0)
+
+
+@njit(cache=True)
+def _swiglu_oai(gate_up, alpha, limit, out):
+    n, two_f = gate_up.shape
+    f = two_f // 2
+    for t in range(n):
+        for i in range(f):
+            x = min(gate_up[t, i], limit)
+            y = min(max(gate_up[t, f + i], -limit), limit)
+            out[t, i] = x / (np.float32(1.0) + np.exp(alpha * (-x))) * (y + np.float32(1.0))
+    return out
+
+
+def swiglu_oai(gate_up: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """gpt-oss's gate: out = g / (1 + e^(-1.702 g)) * (u + 1), the gate g clamped from above at 7 and the up u to
+    [-7, 7], where gate_up holds [gate | up] column halves: ggml_compute_forward_swiglu_oai_f32's float32 steps."""
+    return _swiglu_oai(gate_up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, out)
 
 
 @njit(cache=True)

@@ -43,6 +43,8 @@ IGNORED_BY_LLAMA_CPP = {
     "smollm3": {Keys.Attention.SLIDING_WINDOW, Keys.Attention.SCALE},  # its loader sets no attention scale either
     "mistral3": {Keys.Attention.SLIDING_WINDOW, Keys.Attention.SCALE},
     "granite": {Keys.Attention.SLIDING_WINDOW},
+    # gpt-oss's converter writes YaRN's betas; llama.cpp's gpt-oss loader reads neither (its defaults, 32 and 1)
+    "gpt-oss": {Keys.Rope.SCALING_YARN_BETA_FAST, Keys.Rope.SCALING_YARN_BETA_SLOW},
 }
 # Keys that change nothing at these values (a converter may write the key with its neutral value).
 NEUTRAL_VALUES = {

@@ -21,6 +21,7 @@ from miro.core.engine.step_input import StepInput
 from miro.core.models.bert import BertModel
 from miro.core.models.gemma2 import Gemma2Model
 from miro.core.models.gemma3 import Gemma3Model
+from miro.core.models.gpt_oss import GptOssModel
 from miro.core.models.llama import (
     GraniteModel,
     GraniteMoeModel,
@@ -77,7 +78,7 @@ MODELS: dict[str, type[Model]] = {
     "smollm3": SmolLM3Model, "granite": GraniteModel, "olmo2": Olmo2Model, "mistral3": Mistral3Model,
     "phi3": Phi3Model, "gemma2": Gemma2Model,
     "qwen3moe": Qwen3MoeModel, "olmoe": OlmoeModel, "granitemoe": GraniteMoeModel,
-    "nomic-bert": NomicBertModel}
+    "nomic-bert": NomicBertModel, "gpt-oss": GptOssModel}
 
 
 def model_class(architecture: str) -> type[Model]:
