@@ -11,7 +11,8 @@ A row (`WeightType`) holds:
   Q8_K blocks; activations.quantize_q8_k*);
 - `kernels`: its kernel family, the factory of each loop shape (rows: a weight row at a time; lanes: each
   block decoded once for many activation rows; tiles: 16-row tiles on tiers with int8 dots) and the repacking
-  into tiles (tiles.py, superblock_tiles.py: the memory layout when repacked). `F32_FALLBACK` (None) says the
+  into tiles (tiles.py, superblock_tiles.py: the memory layout when repacked); grouped: a mixture's chosen
+  experts, each over its rows, in one call over a 3-D expert tensor's tiles (grouped_experts.py). `F32_FALLBACK` (None) says the
   type has no native kernel: Linear(fmt="native") refuses it and the loader keeps its matrices as f32;
 - `tile_tokens`: activation rows per pass of its tile kernel, by the tier's vector width (empty: never tiled),
   and `biased_tile_activations`: whether that kernel takes the activations' bytes as q + 128 (Q6_K);
@@ -39,7 +40,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from miro.core.loading.gguf_file import TensorInfo
-from miro.core.kernels import float_kernels, quant_kernels, tile_kernels
+from miro.core.kernels import float_kernels, grouped_experts, quant_kernels, tile_kernels
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.int8_dots import tile_signed_bytes
 from miro.core.kernels.superblock_tiles import repack_superblocks
@@ -119,17 +120,19 @@ class KernelFamily:
     lanes: Callable | None  # qtype -> kernel: each block decoded once for many activation rows (rows layout)
     tiles: Callable | None  # (qtype, tier, tokens) -> kernel over 16-row tiles, on tiers with int8 dots
     repack: Callable | None  # (qtype, w, tier) -> Tiles: the file's rows repacked for `tiles`
+    grouped: Callable | None = None  # (qtype, tier, tokens) -> kernel over a 3-D expert tensor's tiles: every
+    #                                  chosen expert times its rows in one call (grouped_experts.py)
 
 
 # float32 activations: each weight row widened once per call (float_kernels.py), on every tier
 FLOATS = KernelFamily("floats", _float_kernel, None, None, None)
 # 32-value blocks against Q8_0 activations: quant_kernels.py's rows and lanes, tile_kernels.tiles_32 over tiles.py
 BLOCKS_32 = KernelFamily("blocks32", quant_kernels.rows_32, quant_kernels.lanes_32, tile_kernels.tiles_32,
-                         _repack_blocks32)
+                         _repack_blocks32, grouped_experts.grouped_32)
 # K-quant super-blocks against Q8_K activations: quant_kernels.py's rows and lanes, tile_kernels.tiles_k over
 # superblock_tiles.py
 SUPERBLOCKS = KernelFamily("superblocks", quant_kernels.rows_k, quant_kernels.lanes_k, tile_kernels.tiles_k,
-                           _repack_superblocks)
+                           _repack_superblocks, grouped_experts.grouped_k)
 
 
 # ---------------------------------------------------------------- the rows
@@ -195,6 +198,10 @@ class WeightType:
     def tiled_on(self, tier: Tier) -> bool:
         return bool(tier.int8_dot) and self.native and self.kernels.tiles is not None
 
+    def grouped_on(self, tier: Tier) -> bool:
+        """Whether a mixture's experts of this type run through the grouped kernel on `tier` (tiled there)."""
+        return self.tiled_on(tier) and self.kernels.grouped is not None
+
     def plan(self, tier: Tier) -> WeightKernels:
         """How this type's tensors are stored on `tier` and which kernel takes how many activation rows."""
         if not self.tiled_on(tier):
@@ -227,6 +234,9 @@ class Kernels:
             tokens = weight_type.plan(tier).tile_tokens
             self.tiles_x2 = family.tiles(qtype, tier, 2)
             self.tiles = family.tiles(qtype, tier, tokens) if tokens > 2 else self.tiles_x2
+        self.grouped = None
+        if weight_type.grouped_on(tier):
+            self.grouped = family.grouped(qtype, tier, weight_type.plan(tier).tile_tokens)
 
 
 _KERNELS: dict[tuple[int, str], Kernels] = {}

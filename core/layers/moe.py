@@ -34,8 +34,10 @@ import numpy as np
 from numba import njit
 
 from miro.core.layers.linear import Linear, LinearStack
-from miro.core.loading.gguf_file import TensorInfo
+from miro.core.loading.gguf_file import TensorInfo, release_pages
 from miro.core.kernels import cpu
+from miro.core.kernels.quantize_activations import quantize_q8_32, quantize_q8_k_quads
+from miro.core.kernels.tiles import TILE_ROWS
 from miro.core.kernels.weight_types import WEIGHT_TYPES
 
 MOE_RUN_BYTES = 8 << 20  # the most the per-row expert outputs (rows x k x dim float32) of a run take at a time
@@ -84,9 +86,14 @@ class Experts:
         self.router_bias = router_bias  # (E,)
         self.gate_up_bias = gate_up_bias  # (E, 2 x width): gate's then up's
         self.down_bias = down_bias  # (E, dim)
-        tiled = WEIGHT_TYPES[gate.type].tiled_on(cpu.get(tier)) and gate.type == up.type
+        self.grouped: GroupedExperts | None = None
         self.gate_up: list[Linear | LinearStack] = []
         self.down: list[Linear] = []
+        if GroupedExperts.takes(gate, up, down, cpu.get(tier)):
+            self.grouped = GroupedExperts(gate, up, down, cpu.get(tier))
+            self.weight_bytes = self.router.weight_bytes + self.grouped.weight_bytes
+            return
+        tiled = WEIGHT_TYPES[gate.type].tiled_on(cpu.get(tier)) and gate.type == up.type
         for e in range(n_expert):
             parts = [expert_slab(gate, e), expert_slab(up, e)]
             self.gate_up.append(Linear.fused(parts, "native", tier=tier) if tiled
@@ -96,8 +103,67 @@ class Experts:
                              + sum(layer.weight_bytes for layer in self.down))  # owned: the repacked tiles
 
     def __repr__(self) -> str:
-        return (f"Experts({self.n_expert} x {self.dim}->{self.width}->{self.dim}, {self.down[0].type.name}, "
+        kind = self.grouped.down.type.name + ", grouped" if self.grouped else self.down[0].type.name
+        return (f"Experts({self.n_expert} x {self.dim}->{self.width}->{self.dim}, {kind}, "
                 f"weight_bytes={self.weight_bytes:,})")
+
+
+class ExpertTiles:
+    """A 3-D expert tensor (E, rows, cols) as one (E x rows, cols) matrix repacked into 16-row tiles, expert e's
+    from tile e x tiles_per_expert; the file's pages it came from released."""
+
+    def __init__(self, tensor: TensorInfo, tier: cpu.Tier):
+        n_expert, rows, cols = tensor.shape
+        row = WEIGHT_TYPES[tensor.type]
+        self.type, self.rows, self.cols = tensor.type, rows, cols
+        self.tiles_per_expert = rows // TILE_ROWS
+        matrix = tensor.data.reshape(n_expert * rows, cols // row.block_values * row.block_bytes)
+        self.tiles = row.kernels.repack(int(tensor.type), matrix, tier)
+        release_pages(tensor.data)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        t = self.tiles
+        return (t.quants, t.scales, t.mins) + ((t.sub_scales,) if WEIGHT_TYPES[self.type].activations == "q8_k" else ())
+
+
+class GroupedExperts:
+    """Every expert's gate, up and down as tiles (ExpertTiles), multiplied by the grouped kernels of their types
+    (weight_types.py's `grouped`, grouped_experts.py): a step's chosen experts in one call per stage."""
+
+    def __init__(self, gate: TensorInfo, up: TensorInfo, down: TensorInfo, tier: cpu.Tier):
+        self.tier = tier
+        self.gate, self.up, self.down = (ExpertTiles(t, tier) for t in (gate, up, down))
+        self.weight_bytes = sum(m.tiles.nbytes for m in (self.gate, self.up, self.down))
+
+    @staticmethod
+    def takes(gate: TensorInfo, up: TensorInfo, down: TensorInfo, tier: cpu.Tier) -> bool:
+        """Whether the grouped kernels run these experts on this tier: gate and up of one type, each type with a
+        grouped kernel here, every expert a whole number of tiles."""
+        kinds = [WEIGHT_TYPES.get(t.type) for t in (gate, up, down)]
+        return (gate.type == up.type and all(w is not None and w.grouped_on(tier) for w in kinds)
+                and gate.shape[1] % TILE_ROWS == 0 and down.shape[1] % TILE_ROWS == 0)
+
+    def product(self, first: ExpertTiles, second: ExpertTiles, x: np.ndarray, source: np.ndarray | None,
+                starts: np.ndarray, active: np.ndarray) -> np.ndarray:
+        """(slots, first's and second's outputs side by side; second is first: its alone) for the slots' rows
+        x[source] (x as it is where source is None), slot s in expert e's run when starts[e] <= s < starts[e + 1]:
+        the activations quantized once, their rows gathered, one call."""
+        row = WEIGHT_TYPES[first.type]
+        parts = 1 if second is first else 2
+        n_slots = len(source) if source is not None else x.shape[0]
+        out = np.empty((n_slots, parts * first.rows), np.float32)
+        if n_slots == 0:
+            return out
+        if row.activations == "q8_k":
+            a = quantize_q8_k_quads(x)
+            fields = (a.q, a.d, a.sum32)
+        else:
+            a = quantize_q8_32(x)
+            fields = (a.q, a.d, a.s, a.qsum)
+        if source is not None:
+            fields = tuple(f[source] for f in fields)
+        kernel = row.kernels_on(self.tier).grouped
+        return kernel(*first.arrays(), *second.arrays(), parts, first.tiles_per_expert, *fields, starts, active, out)
 
 
 def expert_slab(tensor: TensorInfo, e: int) -> TensorInfo:
@@ -123,8 +189,33 @@ def run_experts(x: np.ndarray, experts: Experts, routing: Routing, activation) -
     run = max(1, MOE_RUN_BYTES // (4 * k * experts.dim))
     for first in range(0, n_rows, run):
         rows = slice(first, first + run)
-        _run_chosen(x[rows], chosen[rows], weights[rows], experts, activation, out[rows])
+        run = _run_grouped if experts.grouped is not None else _run_chosen
+        run(x[rows], chosen[rows], weights[rows], experts, activation, out[rows])
     return out
+
+
+def _run_grouped(x: np.ndarray, chosen: np.ndarray, weights: np.ndarray, experts: Experts, activation,
+                 out: np.ndarray) -> None:
+    """One run of rows through the grouped kernels: one call for every chosen expert's gate and up, one for
+    their down, the slots (row, j) sorted by expert; the results combined per row into out."""
+    n_rows, k = chosen.shape
+    flat = chosen.reshape(-1)
+    order = np.argsort(flat, kind="stable")  # (row, j) slots grouped by expert, each expert's in row order
+    starts = np.zeros(experts.n_expert + 1, np.int32)
+    np.cumsum(np.bincount(flat, minlength=experts.n_expert), out=starts[1:])
+    active = np.flatnonzero(np.diff(starts)).astype(np.int32)
+    grouped = experts.grouped
+    gate_up = grouped.product(grouped.gate, grouped.up, x, order // k, starts, active)
+    if experts.gate_up_bias is not None:
+        gate_up += experts.gate_up_bias[flat[order]]
+    act = np.empty((len(order), experts.width), np.float32)
+    activation(gate_up, act)
+    y = grouped.product(grouped.down, grouped.down, act, None, starts, active)
+    if experts.down_bias is not None:
+        y += experts.down_bias[flat[order]]
+    results = np.empty((n_rows * k, experts.dim), np.float32)  # slot row * k + j: expert chosen[row, j]'s output
+    results[order] = y
+    combine(results.reshape(n_rows, k, experts.dim), weights, out)
 
 
 def _run_chosen(x: np.ndarray, chosen: np.ndarray, weights: np.ndarray, experts: Experts, activation,

@@ -1,0 +1,252 @@
+"""Grouped expert products: every chosen expert of a mixture-of-experts step multiplied by its rows in ONE call.
+
+A step's (row, expert) slots are sorted by expert, so each expert's rows lie in one run of a gathered matrix of
+activations (quantized once for the step: quantizing is per row, so gathering the quantized rows is quantizing the
+gathered ones). An expert tensor (E, rows, cols) is its experts' matrices back to back, one (E x rows, cols) matrix
+repacked into 16-row tiles as a dense layer's (tiles.py, superblock_tiles.py), expert e's tiles from
+e x tiles_per_expert. The kernel's work items are (active expert, tile) pairs, one prange over all of them: each
+multiplies one tile by its expert's run of rows, with the dense tile kernels' integer dots and float steps
+(tile_kernels.py, whose per-tile loop this repeats over a run of rows) in passes of `tokens`, 2, then 1 rows. A
+row's bits are the same in any pass and whatever the run around it, so a row's output is independent of the batch
+and equal to the dense tile kernel's for the same matrix.
+
+A call takes one or two tile sets (`parts`): gate and up, their outputs side by side [gate | up] per row (one
+call for both, so the activations are quantized once and the work is balanced over both), or down alone.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType
+from numba import prange
+
+from miro.core.kernels.cache_key import HELPERS, cached_variant
+from miro.core.kernels.cpu import Tier
+from miro.core.kernels.int8_dots import lanes_per_call, mins_dot, superblock_tile_sum, tile_dot
+from miro.core.kernels.quant_blocks import BLOCK32_TYPES, Q6_K, SUPERBLOCK_TYPES, add_block32
+from miro.core.kernels.simd import LANES, load16, load16_e8m0, load16_f16, store16, to_float, zeros16
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
+from miro.core.kernels.tile_kernels import _constants, _q6_k_scale_pairs, _store_tile_row
+from miro.core.kernels.tiles import TILE_ROWS
+
+
+# ---------------------------------------------------------------- 32-value blocks (Q4_0 ... Q8_0, MXFP4)
+
+
+def grouped_32(qtype: int, tier: Tier, tokens: int):
+    """The grouped kernel of a 32-value block type on a tier with int8 dots, `tokens` rows a pass (the type's
+    tile_tokens): kernel(quants0, scales0, mins0, quants1, scales1, mins1, parts, tiles_per_expert, a, d, s, qsum,
+    starts, active, out). Tile sets as tiles.Tiles' arrays; a, d, s, qsum the gathered rows' Q8_0 blocks
+    (quantize_activations.quantize_q8_32); rows starts[e]:starts[e + 1] are expert e's; active the experts with
+    rows; out (rows, parts x tiles_per_expert x 16)."""
+    if qtype not in BLOCK32_TYPES or not tier.int8_dot:
+        return None
+    has_min, offset, block_quants, vnni, e8m0 = _constants(qtype, tier)
+    bits = 512 if tier.vector_bits == 512 else 256
+    helpers = HELPERS
+
+    @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
+    def grouped_tiles_32(quants0, scales0, mins0, quants1, scales1, mins1, parts, tiles_per_expert, a, d, s, qsum,
+                         starts, active, out):
+        helpers  # in numba's cache key: see cache_key.py
+        k = a.shape[1]
+        n_blocks = k // 32
+        a_flat = a.reshape(a.size)
+        per_expert = parts * tiles_per_expert
+        all_spill = np.empty((numba.config.NUMBA_NUM_THREADS, LANES), np.float32)
+        for item in prange(active.shape[0] * per_expert):
+            spill = all_spill[numba.get_thread_id()]
+            e = active[item // per_expert]
+            j = item % per_expert
+            part, tile = j // tiles_per_expert, e * tiles_per_expert + j % tiles_per_expert
+            if part == 0:
+                tile_quants, tile_scales, tile_mins = quants0[tile], scales0[tile], mins0[tile]
+            else:
+                tile_quants, tile_scales, tile_mins = quants1[tile], scales1[tile], mins1[tile]
+            n0 = j * TILE_ROWS
+            first, end = starts[e], starts[e + 1]
+            n_eights = first + ((end - first) // 8) * 8 if tokens == 8 else first
+            n_twos = end - (end - n_eights) % 2
+            zero = zeros16()
+            for t in range(first, n_eights, 8):
+                c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
+                for b in range(n_blocks):
+                    i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k,
+                                                              bits, vnni, qtype, 8)
+                    dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
+                    mw = load16_f16(tile_mins, 16 * b) if has_min else zero
+                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
+                    c1 = add_block32(qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b])
+                    c2 = add_block32(qtype, c2, to_float(i2 + offset * qsum[t + 2, b]), dw, mw, d[t + 2, b], s[t + 2, b])
+                    c3 = add_block32(qtype, c3, to_float(i3 + offset * qsum[t + 3, b]), dw, mw, d[t + 3, b], s[t + 3, b])
+                    c4 = add_block32(qtype, c4, to_float(i4 + offset * qsum[t + 4, b]), dw, mw, d[t + 4, b], s[t + 4, b])
+                    c5 = add_block32(qtype, c5, to_float(i5 + offset * qsum[t + 5, b]), dw, mw, d[t + 5, b], s[t + 5, b])
+                    c6 = add_block32(qtype, c6, to_float(i6 + offset * qsum[t + 6, b]), dw, mw, d[t + 6, b], s[t + 6, b])
+                    c7 = add_block32(qtype, c7, to_float(i7 + offset * qsum[t + 7, b]), dw, mw, d[t + 7, b], s[t + 7, b])
+                _store_tile_row(out, t, n0, c0, spill)
+                _store_tile_row(out, t + 1, n0, c1, spill)
+                _store_tile_row(out, t + 2, n0, c2, spill)
+                _store_tile_row(out, t + 3, n0, c3, spill)
+                _store_tile_row(out, t + 4, n0, c4, spill)
+                _store_tile_row(out, t + 5, n0, c5, spill)
+                _store_tile_row(out, t + 6, n0, c6, spill)
+                _store_tile_row(out, t + 7, n0, c7, spill)
+            for t in range(n_eights, n_twos, 2):
+                c0 = c1 = zero
+                for b in range(n_blocks):
+                    i0, i1 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 2)
+                    dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
+                    mw = load16_f16(tile_mins, 16 * b) if has_min else zero
+                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
+                    c1 = add_block32(qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b])
+                _store_tile_row(out, t, n0, c0, spill)
+                _store_tile_row(out, t + 1, n0, c1, spill)
+            if n_twos < end:  # the run's last row alone
+                t = n_twos
+                c0 = zero
+                for b in range(n_blocks):
+                    (i0,) = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 1)
+                    dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
+                    mw = load16_f16(tile_mins, 16 * b) if has_min else zero
+                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
+                _store_tile_row(out, t, n0, c0, spill)
+        return out
+
+    return grouped_tiles_32
+
+
+# ---------------------------------------------------------------- K-quant super-blocks (Q4_K, Q5_K, Q6_K)
+
+
+def grouped_k(qtype: int, tier: Tier, tokens: int):
+    """The grouped kernel of a K-quant on a tier with int8 dots, `tokens` rows a pass (the type's tile_tokens):
+    kernel(quants0, scales0, mins0, sub_scales0, quants1, scales1, mins1, sub_scales1, parts, tiles_per_expert,
+    a, d, sum32, starts, active, out). a, d, sum32: the gathered rows' Q8_K blocks in quad order
+    (quantize_activations.quantize_q8_k_quads); the rest as grouped_32's."""
+    if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot:
+        return None
+    bits = 512 if tier.vector_bits == 512 else 256
+    vnni = int(tier.has_vnni)
+    lane_bytes = LANE_BYTES[qtype]
+    has_mins = qtype != Q6_K
+    per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
+    per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
+    helpers = HELPERS
+
+    @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
+    def grouped_tiles_k(quants0, scales0, mins0, sub_scales0, quants1, scales1, mins1, sub_scales1, parts,
+                        tiles_per_expert, a, d, sum32, starts, active, out):
+        helpers  # in numba's cache key: see cache_key.py
+        n_tok = a.shape[0]
+        k = a.shape[1]
+        n_super = k // 256
+        tile_bytes = quants0.shape[1]
+        flat_quants0 = quants0.reshape(quants0.size)
+        flat_quants1 = quants1.reshape(quants1.size)
+        a_flat = a.reshape(a.size)
+        pairs_per_super = 4 if has_mins else 8
+        # the int16 pairs of each row's sub-block sums, as tile_kernels.tiles_k makes them
+        sum_pairs = np.empty((n_tok, n_super * pairs_per_super), np.int32)
+        for t in prange(n_tok):
+            if has_mins:
+                for j in range(k // 64):
+                    sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
+            else:
+                for j in range(n_super * 8):
+                    at = t * k + 32 * j
+                    low = np.int32(0)
+                    high = np.int32(0)
+                    for lane in range(8):
+                        low += np.int32(a_flat[at + 4 * lane]) + np.int32(a_flat[at + 4 * lane + 1])
+                        high += np.int32(a_flat[at + 4 * lane + 2]) + np.int32(a_flat[at + 4 * lane + 3])
+                    sum_pairs[t, j] = (low & 0xFFFF) | (high << 16)
+        n_threads = numba.config.NUMBA_NUM_THREADS
+        all_pairs = np.empty((n_threads, n_super * 8 * TILE_ROWS), np.int32)
+        all_min_pairs = np.empty((n_threads, n_super * 4 * TILE_ROWS if has_mins else 0), np.int32)
+        all_sums = np.empty((n_threads, 3, tokens * TILE_ROWS), np.int32)
+        all_spill = np.empty((n_threads, LANES), np.float32)
+        per_expert = parts * tiles_per_expert
+        for item in prange(active.shape[0] * per_expert):
+            thread = numba.get_thread_id()
+            e = active[item // per_expert]
+            j = item % per_expert
+            part, tile = j // tiles_per_expert, e * tiles_per_expert + j % tiles_per_expert
+            if part == 0:
+                flat_quants, tile_scales, tile_mins, tile_sub_scales = (flat_quants0, scales0[tile], mins0[tile],
+                                                                        sub_scales0[tile])
+            else:
+                flat_quants, tile_scales, tile_mins, tile_sub_scales = (flat_quants1, scales1[tile], mins1[tile],
+                                                                        sub_scales1[tile])
+            pairs, min_pairs, spill = all_pairs[thread], all_min_pairs[thread], all_spill[thread]
+            for sb in range(n_super):
+                if has_mins:
+                    k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, sb * 8 * TILE_ROWS, min_pairs,
+                                  sb * 4 * TILE_ROWS)
+                else:
+                    _q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS:])
+            isums = all_sums[thread, 0]
+            acc = all_sums[thread, 1].view(np.float32)
+            acc_mins = all_sums[thread, 2].view(np.float32)
+            t0, end = starts[e], starts[e + 1]
+            while t0 < end:
+                # this pass's rows: an expert's run is a few rows in a decode step, so 8 and 4 between `tokens`
+                # and 2 (a row's bits are the same in any pass)
+                left = end - t0
+                n = (tokens if left >= tokens else 8 if left >= 8 and tokens > 8 else 4 if left >= 4 and tokens > 4
+                     else 2 if left >= 2 else 1)
+                acc[:] = 0
+                acc_mins[:] = 0
+                for sb in range(n_super):
+                    isums[:] = 0
+                    w_at = tile * tile_bytes + 8 * sb * lane_bytes
+                    p_at = sb * 8 * TILE_ROWS
+                    a_at = t0 * k + 256 * sb
+                    if n == 1:
+                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni,
+                                            qtype, 1)
+                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, 0, bits, vnni,
+                                            qtype, 1)
+                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, 0, bits, vnni,
+                                            qtype, 1)
+                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni,
+                                            qtype, 1)
+                    for c in range(4 if n > 1 else 0):
+                        if n == tokens:
+                            for lane in range(0, 8, per_call):
+                                superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, c, lane,
+                                                    bits, vnni, qtype, tokens)
+                        elif n == 8:
+                            for lane in range(0, 8, per_call_8):
+                                superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, c, lane,
+                                                    bits, vnni, qtype, 8)
+                        elif n == 4:
+                            for lane in range(0, 8, per_call_4):
+                                superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, c, lane,
+                                                    bits, vnni, qtype, 4)
+                        else:
+                            for lane in range(0, 8, per_call_2):
+                                superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, c, lane,
+                                                    bits, vnni, qtype, 2)
+                    dw = load16_f16(tile_scales, TILE_ROWS * sb)
+                    for t in range(n):
+                        at = TILE_ROWS * t
+                        total = load16(isums, at)
+                        if not has_mins:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
+                            total = total - 32 * mins_dot(pairs, p_at, sum_pairs[t0 + t], 8 * sb, bits, 8)
+                        store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
+                    if has_mins:
+                        dmin = load16_f16(tile_mins, TILE_ROWS * sb)
+                        for t in range(n):
+                            sum_mins = mins_dot(min_pairs, sb * 4 * TILE_ROWS, sum_pairs[t0 + t], pairs_per_super * sb,
+                                                bits, 4)
+                            at = TILE_ROWS * t
+                            store16(acc_mins, at, load16(acc_mins, at) + (dmin * d[t0 + t, sb]) * to_float(sum_mins))
+                for t in range(n):
+                    at = TILE_ROWS * t
+                    total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
+                    _store_tile_row(out, t0 + t, j * TILE_ROWS, total, spill)
+                t0 += n
+        return out
+
+    return grouped_tiles_k
