@@ -189,8 +189,8 @@ def run_experts(x: np.ndarray, experts: Experts, routing: Routing, activation) -
     run = max(1, MOE_RUN_BYTES // (4 * k * experts.dim))
     for first in range(0, n_rows, run):
         rows = slice(first, first + run)
-        run = _run_grouped if experts.grouped is not None else _run_chosen
-        run(x[rows], chosen[rows], weights[rows], experts, activation, out[rows])
+        run_rows = _run_grouped if experts.grouped is not None else _run_chosen
+        run_rows(x[rows], chosen[rows], weights[rows], experts, activation, out[rows])
     return out
 
 
