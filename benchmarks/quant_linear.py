@@ -2,7 +2,7 @@
 
     python benchmarks/quant_linear.py [--types Q4_0,Q4_1,Q8_0,Q4_K,Q6_K] [--tokens 1,8,64,512]
                                       [--shapes tinyllama,smollm2] [--repeats 5] [--threads N] [--tier avx2]
-                                      [--llama-python VENV/bin/python]
+                                      [--llama-python VENV/bin/python] [--rounds N] [--stat median|min] [--hot]
 
 Shapes (out x in): TinyLlama-1.1B's 2048x2048 (q, o), 5632x2048 (gate, up), 2048x5632 (down);
 SmolLM2-135M's 576x576, 192x576, 1536x576, 576x1536 and its 49152x576 output head.
@@ -29,6 +29,10 @@ process) through the ggml C API its llama-cpp-python wheel ships (llama_cpp._ggm
 inherits this script's OMP_WAIT_POLICY=PASSIVE, as numba's OpenMP pool runs; with llama.cpp's default (threads
 spinning at its barriers) 2 threads on a machine busy with other work fell to a few GFLOP/s here.
 With --tier avx2 give it a llama.cpp built for AVX2 (the header names the interpreter and its build).
+--rounds N measures N times, llama.cpp then native in turn, and prints the median of the rounds' figures (each
+round's figure the median, or with --stat min the least, of --repeats calls: on a machine shared with other work
+the least is the call no other process interrupted). --hot keeps one copy of each weight, so that it stays in the
+caches: the kernels' own speed, apart from the memory's (the few-row shapes are bound by it otherwise).
 Nothing is asserted. The machine's load average is printed: ratios are what count on a busy machine.
 On a machine shared with other work, OpenBLAS's threads suffer most (its 2-thread sgemm can fall
 to a few GFLOP/s while it waits for a core); --threads 1 gives the steadiest ratios.
@@ -85,15 +89,15 @@ def copies_for(nbytes: int) -> int:
     return max(1, min(64, -(-CACHE_BYTES // nbytes)))
 
 
-def median_seconds(calls, repeats: int) -> float:
-    """Median time of one call, cycling through `calls` (one per copy of the weights)."""
+def median_seconds(calls, repeats: int, stat: str = "median") -> float:
+    """Median (or least, stat="min") time of one call, cycling through `calls` (one per copy of the weights)."""
     calls[0]()  # warm-up (and numba's first-call compile or cache load)
     times = []
     for i in range(max(repeats, len(calls))):
         t0 = time.perf_counter()
         calls[i % len(calls)]()
         times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return float(np.min(times) if stat == "min" else np.median(times))
 
 
 LLAMA_CPP_SCRIPT = r'''
@@ -104,6 +108,7 @@ from llama_cpp._ggml import libggml as g
 
 qtype, rows, cols, copies, threads, repeats = map(int, sys.argv[1:7])
 tokens = json.loads(sys.argv[7])
+least = sys.argv[8] == "min"  # the least of the repeats, else their median
 P, F32 = ctypes.c_void_p, 0  # GGML_TYPE_F32
 
 
@@ -178,7 +183,7 @@ def place_weights(dev, data):
 
 
 def seconds_per_matmul(backend, ws, n_tok):
-    """Median over `repeats` of one graph of mul_mat(w, x) for every copy w, divided by the copies."""
+    """Median (least) over `repeats` of one graph of mul_mat(w, x) for every copy w, divided by the copies."""
     ctx = context(len(ws) + 1, with_graph=True)
     x = new_tensor_2d(ctx, F32, cols, n_tok)
     graph = new_graph(ctx)
@@ -195,7 +200,7 @@ def seconds_per_matmul(backend, ws, n_tok):
         times.append(time.perf_counter() - t0)
     buffer_free(buf)
     free(ctx)
-    return float(np.median(times)) / len(ws)
+    return float(np.min(times) if least else np.median(times)) / len(ws)
 
 
 dev = reg_dev_get(cpu_reg(), 0)
@@ -207,11 +212,11 @@ print(json.dumps(dict(buffer=buffer, seconds={n: seconds_per_matmul(backend, ws,
 
 
 def llama_cpp_seconds(python: str, tensor: TensorInfo, copies: int, tokens: list[int], threads: int,
-                      repeats: int) -> tuple[str, dict[int, float]]:
+                      repeats: int, stat: str = "median") -> tuple[str, dict[int, float]]:
     """llama.cpp's buffer type for this weight and its seconds per mul_mat at each T (LLAMA_CPP_SCRIPT, in `python`)."""
     rows, cols = tensor.shape
     cmd = [python, "-c", LLAMA_CPP_SCRIPT, *map(str, (int(tensor.type), rows, cols, copies, threads, repeats)),
-           json.dumps(tokens)]
+           json.dumps(tokens), stat]
     done = subprocess.run(cmd, input=tensor.data.tobytes(), capture_output=True)  # OMP_WAIT_POLICY as for numba
     if done.returncode != 0:
         raise SystemExit(f"llama.cpp's mul_mat failed:\n{done.stderr.decode()[-3000:]}")
@@ -227,6 +232,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="numba and BLAS threads (default: all cores)")
     parser.add_argument("--llama-python", help="a Python with llama-cpp-python: adds llama.cpp's (ggml's) GFLOP/s")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds, llama.cpp then native in turn; medians")
+    parser.add_argument("--stat", choices=("median", "min"), default="median", help="each round's figure")
+    parser.add_argument("--hot", action="store_true", help="one copy of each weight: it stays in the caches")
     tiers.add_argument(parser)
     args = parser.parse_args()
     tiers.enter(args)
@@ -242,7 +250,8 @@ def main() -> None:
     tokens = [int(t) for t in args.tokens.split(",")]
     shapes = [shape for name in args.shapes.split(",") for shape in SHAPES[name]]
     rng = np.random.default_rng(0)
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; median of {args.repeats} calls")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {args.stat} of {args.repeats} calls, "
+          f"median of {args.rounds} rounds; weights {'in cache (--hot)' if args.hot else 'from memory'}")
     print(f"{'shape':>11} {'type':>5} {'T':>4} {'native GF/s':>12} {'f32 GF/s':>9} {'native/f32':>10}"
           f" {'native MB':>10} {'f32 MB':>7}" + (f" {'llama GF/s':>10} {'native/llama':>12}  llama weights"
                                                   if args.llama_python else ""))
@@ -251,22 +260,29 @@ def main() -> None:
             if in_f % GGML_QUANT_SIZES[qtype][0]:
                 continue  # a K-quant row is whole 256-value blocks (GGUF files store such tensors otherwise)
             tensor = random_tensor(qtype, out_f, in_f, rng)
-            native = [Linear(TensorInfo(tensor.name, tensor.shape, qtype, tensor.data.copy()))
-                      for _ in range(copies_for(tensor.data.nbytes))]
+            copies = 1 if args.hot else copies_for(tensor.data.nbytes)
+            native = [Linear(TensorInfo(tensor.name, tensor.shape, qtype, tensor.data.copy())) for _ in range(copies)]
             w_in_out = np.ascontiguousarray(dequantize(tensor).T)
-            f32 = [w_in_out] + [w_in_out.copy() for _ in range(copies_for(w_in_out.nbytes) - 1)]
-            if args.llama_python:
-                buffer, t_llama = llama_cpp_seconds(args.llama_python, tensor, len(native), tokens,
-                                                    args.threads or os.cpu_count(), args.repeats)
+            f32 = [w_in_out] + [w_in_out.copy() for _ in range((1 if args.hot else copies_for(w_in_out.nbytes)) - 1)]
+            xs = {n_tok: rng.standard_normal((n_tok, in_f)).astype(np.float32) for n_tok in tokens}
+            rounds = {n_tok: [] for n_tok in tokens}  # (native, f32, llama.cpp) seconds per round
+            for _ in range(args.rounds):
+                t_llama = {}
+                if args.llama_python:
+                    buffer, t_llama = llama_cpp_seconds(args.llama_python, tensor, len(native), tokens,
+                                                        args.threads or os.cpu_count(), args.repeats, args.stat)
+                for n_tok, x in xs.items():
+                    rounds[n_tok].append((
+                        median_seconds([lambda layer=layer, x=x: layer(x) for layer in native], args.repeats, args.stat),
+                        median_seconds([lambda w=w, x=x: x @ w for w in f32], args.repeats, args.stat),
+                        t_llama.get(n_tok, np.nan)))
             for n_tok in tokens:
-                x = rng.standard_normal((n_tok, in_f)).astype(np.float32)
-                t_native = median_seconds([lambda layer=layer: layer(x) for layer in native], args.repeats)
-                t_f32 = median_seconds([lambda w=w: x @ w for w in f32], args.repeats)
+                t_native, t_f32, t_llama = np.median(np.array(rounds[n_tok]), axis=0)
                 flop = 2 * n_tok * out_f * in_f
                 print(f"{out_f:>5}x{in_f:<5} {qtype.name:>5} {n_tok:>4} {flop / t_native / 1e9:>12.1f}"
                       f" {flop / t_f32 / 1e9:>9.1f} {t_f32 / t_native:>10.2f}"
                       f" {tensor.data.nbytes / 2**20:>10.1f} {w_in_out.nbytes / 2**20:>7.1f}"
-                      + (f" {flop / t_llama[n_tok] / 1e9:>10.1f} {t_llama[n_tok] / t_native:>12.2f}  {buffer}"
+                      + (f" {flop / t_llama / 1e9:>10.1f} {t_llama / t_native:>12.2f}  {buffer}"
                          if args.llama_python else ""), flush=True)
     print(f"load average {os.getloadavg()[0]:.2f}")
 

@@ -57,7 +57,7 @@ class Unit:
         if self.kind == "linear":
             row = WEIGHT_TYPES[GGMLQuantizationType(self.args[0])]
             kernels = row.kernels_on(cpu.TIER)  # the loop shapes its layout on this tier calls
-            names = ("tiles", "tiles_x2") if row.plan(cpu.TIER).layout == "tiles" else ("rows", "lanes")
+            names = ("tiles",) if row.plan(cpu.TIER).layout == "tiles" else ("rows", "lanes")
             return [k for k in (getattr(kernels, name, None) for name in names) if k is not None and hasattr(k, "_cache")]
         if self.kind == "attention":
             from miro.core.layers import attention

@@ -9,8 +9,8 @@ sums, the same as the portable kernels'.
 - `tile_dot(..., bits, vnni, qtype, tokens)`: a 16-row tile's block (tiles.py) against several activation
   rows, for the tile kernel (tile_kernels.py), on every tier with int8 dots.
 - `superblock_tile_sum(...)`: a quarter of a K-quant tile's super-block (superblock_tiles.py) against several
-  activation rows, added to exact int32 sums, for the K-quant tile kernel; `superblock_bias` what Q6_K's
-  biased activations add to them.
+  activation rows, added to exact int32 sums, for the K-quant tile kernel; `mins_dot` the sums of the scales or
+  mins against the activations' sub-block sums that its minimums (and Q6_K's offset of 32) take off.
 """
 
 from __future__ import annotations
@@ -212,12 +212,13 @@ def scale_pairs16(typingctx, array, low_at, high_at, signed):
 
 
 @intrinsic(prefer_literal=True)
-def mins_dot(typingctx, min_pairs, m_start, sum_pairs, at, bits):
-    """int32x16: lane r = sum over j < 8 of min(r, j) * sum32[j], by vpmaddwd of int16 pairs (one 512-bit or two
-    256-bit ones per pair, by `bits`, a compile-time constant): min_pairs (int32, 1-D) at m_start + 16 j + r holds
-    row r's mins of sub-blocks 2 j, 2 j + 1; sum_pairs (int32, 1-D) at at + j the activations' sums of those two
-    sub-blocks' 32 values as one int16 pair (|sum| <= 32 x 127), low then high."""
-    if not isinstance(bits, types.IntegerLiteral):
+def mins_dot(typingctx, min_pairs, m_start, sum_pairs, at, bits, n_pairs):
+    """int32x16: lane r = sum over j < n_pairs of the int16 pair min_pairs[m_start + 16 j + r] times the int16 pair
+    sum_pairs[at + j], by vpmaddwd (one 512-bit or two 256-bit ones per pair, by `bits`; bits and n_pairs
+    compile-time constants). Q4_K, Q5_K (4 pairs): row r's mins of sub-blocks 2 j, 2 j + 1 against the activations'
+    sums of those two sub-blocks' 32 values (|sum| <= 32 x 127), low then high. Q6_K (8 pairs): row r's scale pairs
+    of quad j against the activations' sums of the two 16-value sub-blocks they scale (tile_kernels.tiles_k)."""
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, n_pairs)):
         return None
     width = bits.literal_value // 8
 
@@ -228,7 +229,7 @@ def mins_dot(typingctx, min_pairs, m_start, sum_pairs, at, bits):
         v_words, v_dwords = ops.words, ops.dwords
         parts = 64 // width
         totals = [ir.Constant(v_dwords, [0] * (width // 4))] * parts
-        for j in range(4):
+        for j in range(n_pairs.literal_value):
             pair = builder.load(builder.gep(sum_data, [builder.add(args[3], ir.Constant(_I64, j))]))
             activation = builder.bitcast(splat(builder, pair, v_dwords), v_words)
             for p in range(parts):
@@ -237,7 +238,7 @@ def mins_dot(typingctx, min_pairs, m_start, sum_pairs, at, bits):
                 totals[p] = builder.add(totals[p], ops.madd(builder.bitcast(mins, v_words), activation))
         return _as_vec16(builder, totals)
 
-    return int32x16(min_pairs, types.intp, sum_pairs, types.intp, bits), codegen
+    return int32x16(min_pairs, types.intp, sum_pairs, types.intp, bits, n_pairs), codegen
 
 
 class _SuperblockLane:
@@ -273,8 +274,8 @@ class _SuperblockLane:
         return builder.shl(builder.and_(moved, ops.splat_bytes((1 << count) - 1)), ops.splat_bytes(4))
 
     def quad(self, h, p):
-        """Quad 2 c + h (h = 0, 1) of the part p's rows: bytes, unsigned (Q4_K, Q5_K) or signed (Q6_K, its values
-        less 32). Both are in nibble vector c: quad 2 c in the low nibbles, 2 c + 1 in the high ones."""
+        """Quad 2 c + h (h = 0, 1) of the part p's rows: unsigned bytes (Q4_K, Q5_K: 0..31; Q6_K: 0..63, its values
+        before the offset of 32). All are in nibble vector c: quad 2 c in the low nibbles, 2 c + 1 in the high ones."""
         builder, splat_bytes, c = self.builder, self.ops.splat_bytes, self.unit
         packed = self.weight_vector(c, p)
         value = builder.and_(packed, splat_bytes(15)) if h == 0 else builder.lshr(packed, splat_bytes(4))
@@ -282,7 +283,7 @@ class _SuperblockLane:
         if self.kind == Q6_K:  # bits 2 (q % 4), + 1 of vector 4 + q // 4 move to bits 4, 5
             high = self.weight_vector(builder.add(builder.lshr(quad, ir.Constant(_I64, 2)), ir.Constant(_I64, 4)), p)
             shift = builder.mul(builder.and_(quad, ir.Constant(_I64, 3)), ir.Constant(_I64, 2))
-            return builder.sub(builder.or_(value, self._bits_to_4(high, shift, 2)), splat_bytes(32))
+            return builder.or_(value, self._bits_to_4(high, shift, 2))
         if self.kind == Q5_K:  # bit q of vector 4 moves to bit 4
             value = builder.or_(value, self._bits_to_4(self.weight_vector(ir.Constant(_I64, 4), p), quad, 1))
         return value
@@ -307,13 +308,16 @@ class _SuperblockLane:
 
 # lanes whose int16 products (two quads' for Q4_K and Q5_K, one quad's for Q6_K) add up without overflow before
 # one vpmaddwd by their shared scale pair: per lane at most 2 x 2 x 15 x 127 = 7,620 (Q4_K), 2 x 2 x 31 x 127 =
-# 15,748 (Q5_K), 2 x 255 x 32 = 16,320 (Q6_K, biased activations); an int16 holds 32,767
+# 15,748 (Q5_K), 2 x 63 x 127 = 16,002 (Q6_K, its unsigned values); an int16 holds 32,767
 LANES_PER_WORD_SUM = {Q4_K: 4, Q5_K: 2, Q6_K: 2}
 
 
-def lanes_per_call(qtype: int, bits: int) -> int:
+def lanes_per_call(qtype: int, bits: int, tokens: int) -> int:
     """superblock_tile_sum's lanes per call, their quads of one unit kept in registers across the activation rows:
-    as many as 32 zmm or 16 ymm hold beside the rest (measured on one Zen 4 core)."""
+    as many as 32 zmm or 16 ymm hold beside the rest (measured on one Zen 4 core). One activation row reuses no
+    weight register: all 8 lanes in one call, the int32 sums loaded and stored once per unit, not 2 or 4 times."""
+    if tokens == 1:
+        return 8
     return 4 if bits == 512 and qtype != Q6_K else 2
 
 
@@ -337,11 +341,9 @@ def superblock_tile_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, 
     (Q4_K, Q5_K; j < 4) or of quad j (Q6_K). a (int8, 1-D): row t's super-block in quad order at
     a_start + t * a_stride, quad Q of lane l at 32 Q + 4 l.
 
-    vpmaddubsw multiplies unsigned by signed bytes. Q4_K's and Q5_K's values are unsigned and the activations
-    signed. Q6_K's values less 32 are signed, so its activations come biased, a + 128
-    (quantize_q8_k_quads(biased=True)), the unsigned operand; what the bias adds, 128 x sum of sc x (q - 32),
-    the kernel takes off (superblock_bias). Nothing saturates. bits, vnni, qtype, tokens: compile-time
-    constants as for tile_dot."""
+    vpmaddubsw multiplies unsigned by signed bytes: the weights' values, unsigned (Q6_K's before its offset of 32,
+    which the kernel takes off per token: tile_kernels.tiles_k), by the signed activations. Nothing saturates.
+    bits, vnni, qtype, tokens: compile-time constants as for tile_dot."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
         return None
     width = bits.literal_value // 8
@@ -352,7 +354,7 @@ def superblock_tile_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, 
 
     def codegen(context, builder, signature, args):
         w_start_v, p_start_v, a_start_v, stride_v, unit_v, first_lane_v = (args[i] for i in (1, 3, 5, 6, 8, 9))
-        per_call = lanes_per_call(kind, bits.literal_value)
+        per_call = lanes_per_call(kind, bits.literal_value, n_tokens)
         per_sum = min(LANES_PER_WORD_SUM[kind], per_call)
         w_start_v = builder.add(w_start_v, builder.mul(first_lane_v, ir.Constant(_I64, 64)))
         a_start_v = builder.add(a_start_v, builder.mul(first_lane_v, ir.Constant(_I64, 4)))
@@ -388,8 +390,7 @@ def superblock_tile_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, 
                         into = h if kind == Q6_K else 0
                         for p in range(parts):
                             w, a_bytes = weights[lane, h][p], a_quads[lane, h]
-                            product = ops.maddubs(a_bytes, w) if kind == Q6_K else ops.maddubs(w, a_bytes)
-                            words[into][p] = builder.add(words[into][p], product)
+                            words[into][p] = builder.add(words[into][p], ops.maddubs(w, a_bytes))
                 for h in range(len(pair)):
                     for p in range(parts):
                         acc[p] = lanes[0].accumulate(acc[p], words[h][p], pair[h][p])
@@ -398,34 +399,3 @@ def superblock_tile_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, 
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-@intrinsic(prefer_literal=True)
-def superblock_bias(typingctx, quants, w_start, pairs, p_start, bits, vnni):
-    """int32x16: for one super-block of a 16-row Q6_K tile, lane r = 128 x the sum over its values of sc x (q - 32),
-    what superblock_tile_sum's biased activations (a + 128) add to row r's sum: the same vpmaddubsw (128 against
-    q - 32, at most 2 x 128 x 32 an int16 pair) and scale pairs, so it is exact. quants from w_start: the
-    super-block's 8 lanes; pairs from p_start: its scale pairs. bits, vnni compile-time constants."""
-    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni)):
-        return None
-    width = bits.literal_value // 8
-
-    def codegen(context, builder, signature, args):
-        def data(index):
-            return context.make_array(signature.args[index])(context, builder, args[index]).data
-
-        acc = None
-        for lane in range(8):
-            for c in range(4):
-                part = _SuperblockLane(builder, width, Q6_K, bool(vnni.literal_value), data(0),
-                                       builder.add(args[1], ir.Constant(_I64, 64 * lane)), data(2),
-                                       args[3], ir.Constant(_I64, c))
-                acc = acc or part.zeros()
-                bias = part.ops.splat_bytes(128)
-                for h in range(2):
-                    pair = part.scale_pairs(h)
-                    for p in range(part.parts):
-                        acc[p] = part.accumulate(acc[p], part.ops.maddubs(bias, part.quad(h, p)), pair[p])
-        return _as_vec16(builder, acc)
-
-    return int32x16(quants, types.intp, pairs, types.intp, bits, vnni), codegen

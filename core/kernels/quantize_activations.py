@@ -20,6 +20,7 @@ fields as (blocks, lanes). Lanes past T are zero.
 from __future__ import annotations
 
 import math
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,7 +155,6 @@ def _build_kernels():
     """The cached quantizers, made here so that they close over HELPERS (see cache_key.py)."""
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True, fastmath=_NO_NANS)
     def rows_q8_32(x, q, d, s, qsum, qk):
         helpers  # in numba's cache key
         for t in prange(x.shape[0]):
@@ -166,7 +166,6 @@ def _build_kernels():
         for t in prange(x.shape[0]):
             _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], qk, np.empty(QK_K, np.float32))
 
-    @njit(cache=True, parallel=True, fastmath=_NO_NANS)
     def rows_q8_k_quads(x, q, d, sum32, qk):
         """Each row quantized into a scratch, then stored in quad order (see quantize_q8_k_quads)."""
         helpers  # in numba's cache key
@@ -207,10 +206,28 @@ def _build_kernels():
                 _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r], qk, rounded)
             _store_columns(rows_q, q, t0)
 
-    return rows_q8_32, rows_q8_k, rows_q8_k_quads, lanes_q8_32, lanes_q8_k
+    return (_both(rows_q8_32), rows_q8_k, _both(rows_q8_k_quads), lanes_q8_32, lanes_q8_k)
 
 
-_rows_q8_32, _rows_q8_k, _rows_q8_k_quads, _lanes_q8_32, _lanes_q8_k = _build_kernels()
+def _both(function):
+    """(parallel, serial) compilations of one row quantizer: one row alone is quantized on the calling thread, which
+    saves waking the thread pool (about 4 us, a tenth of a 2048 x 2048 product at one row); the same code per row."""
+    serial = types.FunctionType(function.__code__, function.__globals__, function.__name__ + "_serial",
+                                function.__defaults__, function.__closure__)
+    serial.__qualname__ = function.__qualname__ + "_serial"  # its own entry in numba's cache
+    return (njit(cache=True, parallel=True, fastmath=_NO_NANS)(function),
+            njit(cache=True, fastmath=_NO_NANS)(serial))
+
+
+_rows_q8_32_both, _rows_q8_k, _rows_q8_k_quads_both, _lanes_q8_32, _lanes_q8_k = _build_kernels()
+
+
+def _rows_q8_32(x, *args):
+    _rows_q8_32_both[x.shape[0] == 1](x, *args)
+
+
+def _rows_q8_k_quads(x, *args):
+    _rows_q8_k_quads_both[x.shape[0] == 1](x, *args)
 
 
 # ---------------------------------------------------------------- the quantizers
@@ -241,18 +258,17 @@ def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
     return out
 
 
-def quantize_q8_k_quads(x: np.ndarray, n_rows: int, biased: bool = False) -> Q8KBlocks:
+def quantize_q8_k_quads(x: np.ndarray, n_rows: int | None = None) -> Q8KBlocks:
     """x (T, K) to Q8_K blocks for the K-quant tile kernel: q (n_rows, K) int8 with each 256 values in
     quad order, value quad_value(Q, l, i) at 32 Q + 4 l + i (superblock_tiles.py: 4 values of ggml lane l side
-    by side); d, sum32 as quantize_q8_k's. Rows past T are zero. biased: q's bytes hold q + 128 (as uint8; for Q6_K's kernel)."""
+    by side); d, sum32 as quantize_q8_k's. n_rows >= T rows in all, those past T zero."""
     t, k = x.shape
+    n_rows = t if n_rows is None else n_rows
     out = Q8KBlocks(q=np.empty((n_rows, k), np.int8), d=np.empty((n_rows, k // QK_K), np.float32),
                     sum32=np.empty((n_rows, k // QK), np.int32))
     for part in (out.q, out.d, out.sum32):
         part[t:] = 0
     _rows_q8_k_quads(_float32(x), out.q[:t], out.d[:t], out.sum32[:t], QK)
-    if biased:
-        out.q.view(np.uint8)[:t] ^= 0x80
     return out
 
 

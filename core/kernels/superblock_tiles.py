@@ -27,9 +27,9 @@ and per row r: scales[tile, 16 sb + r] its float16 d, mins[tile, 16 sb + r] its 
 sub_scales[tile, (SUB * sb + i) * 16 + r] byte i of the row's sub-block scales as the file stores them:
 Q4_K's and Q5_K's 12 bytes packing 8 6-bit scales and 8 6-bit mins (SUB = 12; the kernel unpacks a
 super-block's for all 16 rows at once, tile_kernels._unpack_k4_scales), Q6_K's 16 int8 scales (SUB = 16).
-So a tile takes exactly the file's bytes. What Q6_K's biased activations add (int8_dots.superblock_tile_sum)
-is not stored: the kernel computes it per tile (int8_dots.superblock_bias), which costs it less than one
-more activation row's work. Rows past the matrix's end fill the last tile with zeros.
+So a tile takes exactly the file's bytes. Q6_K's values go into the dots unsigned (0..63); what their offset
+of 32 takes off, 32 x the sum of sc x (the activations' 16-value sums), the kernel computes per token from
+those sums (tile_kernels.tiles_k). Rows past the matrix's end fill the last tile with zeros.
 """
 
 from __future__ import annotations
@@ -161,3 +161,48 @@ def store_in_quad_order(typingctx, source, source_at, dest, dest_at):
         return context.get_dummy_value()
 
     return types.void(source, types.intp, dest, types.intp), codegen
+
+
+@intrinsic
+def k4_tile_pairs(typingctx, packed, packed_at, pairs, pairs_at, min_pairs, min_at):
+    """One super-block's Q4_K/Q5_K scales and mins for the 16 rows of a tile, unpacked as ggml's get_scale_min_k4
+    (quant_blocks.unpack_k4) and paired for vpmaddwd, in vectors of 16 rows: from packed[packed_at + 16 i + r]
+    (packed byte i < 12 of row r), pairs[pairs_at + 16 j + r] = row r's 6-bit scales of sub-blocks 2 j (low int16)
+    and 2 j + 1 (high), min_pairs[min_at + 16 j + r] the same of its mins (j < 4). (A scalar loop over the rows and
+    bytes cost more than the dots of one activation row.)"""
+    def codegen(context, builder, signature, args):
+        i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        v16, w16, d16 = ir.VectorType(i8, 16), ir.VectorType(i16, 16), ir.VectorType(i32, 16)
+        interleave = ir.Constant(ir.VectorType(i32, 32), [i // 2 + 16 * (i % 2) for i in range(32)])
+
+        def data(index):
+            return context.make_array(signature.args[index])(context, builder, args[index]).data
+
+        src, pair_data, min_data = data(0), data(2), data(4)
+
+        def const(value):
+            return ir.Constant(v16, [value] * 16)
+
+        def load(i):
+            at = builder.add(args[1], ir.Constant(i64, 16 * i))
+            return builder.load(builder.bitcast(builder.gep(src, [at]), v16.as_pointer()), align=1)
+
+        def store_pair(base, at, j, low, high):
+            words = builder.shuffle_vector(builder.zext(low, w16), builder.zext(high, w16), interleave)
+            where = builder.gep(base, [builder.add(at, ir.Constant(i64, 16 * j))])
+            builder.store(builder.bitcast(words, d16), builder.bitcast(where, d16.as_pointer()), align=4)
+
+        packed_bytes = [load(i) for i in range(12)]
+        scales, mins = [None] * 8, [None] * 8
+        for q in range(4):  # quant_blocks.unpack_k4 on bytes q, q + 4, q + 8 of every row at once
+            low, high, top = packed_bytes[q], packed_bytes[q + 4], packed_bytes[q + 8]
+            scales[q] = builder.and_(low, const(63))
+            mins[q] = builder.and_(high, const(63))
+            scales[q + 4] = builder.or_(builder.and_(top, const(15)), builder.shl(builder.lshr(low, const(6)), const(4)))
+            mins[q + 4] = builder.or_(builder.lshr(top, const(4)), builder.shl(builder.lshr(high, const(6)), const(4)))
+        for j in range(4):
+            store_pair(pair_data, args[3], j, scales[2 * j], scales[2 * j + 1])
+            store_pair(min_data, args[5], j, mins[2 * j], mins[2 * j + 1])
+        return context.get_dummy_value()
+
+    return types.void(packed, types.intp, pairs, types.intp, min_pairs, types.intp), codegen

@@ -14,8 +14,8 @@ A row (`WeightType`) holds:
   into tiles (tiles.py, superblock_tiles.py: the memory layout when repacked); grouped: a mixture's chosen
   experts, each over its rows, in one call over a 3-D expert tensor's tiles (grouped_experts.py). `F32_FALLBACK` (None) says the
   type has no native kernel: Linear(fmt="native") refuses it and the loader keeps its matrices as f32;
-- `tile_tokens`: activation rows per pass of its tile kernel, by the tier's vector width (empty: never tiled),
-  and `biased_tile_activations`: whether that kernel takes the activations' bytes as q + 128 (Q6_K);
+- `tile_tokens`: activation rows per pass of its tile kernel, by the tier's vector width (empty: never tiled);
+  the rows past the last full pass take 2 a pass and the last one alone, in the same call (tile_kernels.py);
 - `speedup`: the native kernels' measured throughput over the float32 copy's, per measured tier
   (weight_format's auto).
 
@@ -147,14 +147,13 @@ class WeightKernels:
     lanes_from: int  # "rows": from this many activation rows, the lanes kernel (each block decoded once for
     #                  all rows, quant_kernels.py); below, row by row
     tile_tokens: int  # "tiles": activation rows per pass of the tile kernel (WeightType.tile_tokens); rows past
-    #                   the last multiple of it take 2 a pass (padding 1 row to 8 would do 8 times the work)
+    #                   the last multiple of it take 2 a pass, then 1 (padding 1 row to 8 would do 8 times the work)
 
-    def tokens_per_pass(self, n_rows: int) -> int:
-        return self.tile_tokens if n_rows >= self.tile_tokens else 2
-
-    def split(self, n_rows: int) -> int:
-        """The rows of n_rows that take tile_tokens a pass; the rest take 2."""
-        return n_rows - n_rows % self.tile_tokens if self.tile_tokens else 0
+    def passes(self, n_rows: int) -> list[int]:
+        """The activation rows of each pass of the tile kernel over n_rows, in order (as tile_kernels.py runs them)."""
+        full = n_rows // self.tile_tokens if self.tile_tokens else 0
+        rest = n_rows - full * self.tile_tokens
+        return [self.tile_tokens] * full + [2] * (rest // 2) + [1] * (rest % 2)
 
 
 _ROWS = WeightKernels("rows", LANES_FROM, 0)
@@ -176,8 +175,6 @@ class WeightType:
     kernels: KernelFamily | None  # its kernel family; F32_FALLBACK (None): no native kernel
     tile_tokens: Mapping[int, int] = field(default_factory=dict)  # vector width -> activation rows per tile pass
     speedup: Mapping[str, float] = field(default_factory=dict)  # measured tier -> native / f32 throughput
-    biased_tile_activations: bool = False  # its tile kernel takes the activations' bytes as q + 128 (Q6_K, whose
-    #                                        signed values take the signed side of the int8 dots)
 
     def __post_init__(self):
         object.__setattr__(self, "tile_tokens", _frozen(self.tile_tokens))
@@ -222,19 +219,16 @@ class WeightType:
 
 class Kernels:
     """The loop shapes compiled for one weight type on one CPU tier: rows(...) for few activation rows (the float
-    types' one kernel), lanes(...) for many; tiles(...) on tiers with int8 dots (tiles_x2: 2 activation rows a
-    pass), else None. Which one a call takes is the row's plan(tier)."""
+    types' one kernel), lanes(...) for many; tiles(...) on tiers with int8 dots (any number of activation rows:
+    plan(tier).passes), else None. Which one a call takes is the row's plan(tier)."""
 
     def __init__(self, weight_type: WeightType, tier: Tier):
         family, qtype = weight_type.kernels, int(weight_type.qtype)
         self.rows = family.rows(qtype)
         self.lanes = family.lanes(qtype) if family.lanes is not None else None
-        self.tiles = self.tiles_x2 = None
+        self.tiles = self.grouped = None
         if weight_type.tiled_on(tier):
-            tokens = weight_type.plan(tier).tile_tokens
-            self.tiles_x2 = family.tiles(qtype, tier, 2)
-            self.tiles = family.tiles(qtype, tier, tokens) if tokens > 2 else self.tiles_x2
-        self.grouped = None
+            self.tiles = family.tiles(qtype, tier, weight_type.plan(tier).tile_tokens)
         if weight_type.grouped_on(tier):
             self.grouped = family.grouped(qtype, tier, weight_type.plan(tier).tile_tokens)
 
@@ -274,7 +268,7 @@ _ROWS_OF_THE_TABLE = (
     WeightType(Q.Q5_K, 256, 176, partial(_gguf, Q.Q5_K), "q8_k", SUPERBLOCKS, {512: 8, 256: 16},
                speedup={"avx512-vnni": 1.61, "avx2": 1.8}),
     WeightType(Q.Q6_K, 256, 210, partial(_gguf, Q.Q6_K), "q8_k", SUPERBLOCKS, {512: 16, 256: 16},
-               speedup={"avx512-vnni": 1.53, "avx2": 1.53}, biased_tile_activations=True),
+               speedup={"avx512-vnni": 1.53, "avx2": 1.53}),
 )
 
 WEIGHT_TYPES: Mapping[Q, WeightType] = MappingProxyType({row.qtype: row for row in _ROWS_OF_THE_TABLE})

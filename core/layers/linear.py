@@ -183,11 +183,9 @@ class Linear:
         """Activations in 32-value blocks (Q8_0, with Q8_1's sums) against Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights."""
         kernels, plan = self._kernels(), self._plan
         n_tok = x.shape[0]
-        if self._tiles is not None:  # repacked at load: the tile kernel for every row count
-            tokens = plan.tokens_per_pass(n_tok)
-            kernel = kernels.tiles if tokens == plan.tile_tokens else kernels.tiles_x2
-            a = quantize_q8_32(x, _round_up(n_tok, tokens))
-            return kernel(self._tiles.quants, self._tiles.scales, self._tiles.mins, a.q, a.d, a.s, a.qsum, out)
+        if self._tiles is not None:  # repacked at load: the tile kernel for every row count (plan.passes)
+            a = quantize_q8_32(x)
+            return kernels.tiles(self._tiles.quants, self._tiles.scales, self._tiles.mins, a.q, a.d, a.s, a.qsum, out)
         if n_tok < plan.lanes_from:
             a = quantize_q8_32(x)
             return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)
@@ -198,15 +196,9 @@ class Linear:
         """Activations in Q8_K blocks against Q4_K/Q5_K/Q6_K weights."""
         kernels, plan = self._kernels(), self._plan
         n_tok = x.shape[0]
-        if self._tiles is not None:  # the rows up to a multiple of the pass's, then the rest 2 a pass
-            t, biased = self._tiles, self._weight_type.biased_tile_activations
-            split = plan.split(n_tok)
-            for kernel, rows in ((kernels.tiles, slice(0, split)), (kernels.tiles_x2, slice(split, n_tok))):
-                n_rows = rows.stop - rows.start
-                if n_rows:
-                    a = quantize_q8_k_quads(x[rows], _round_up(n_rows, plan.tokens_per_pass(n_rows)), biased=biased)
-                    kernel(t.quants, t.scales, t.mins, t.sub_scales, a.q, a.d, a.sum32, out[rows])
-            return out
+        if self._tiles is not None:  # repacked at load: the tile kernel for every row count (plan.passes)
+            t, a = self._tiles, quantize_q8_k_quads(x)
+            return kernels.tiles(t.quants, t.scales, t.mins, t.sub_scales, a.q, a.d, a.sum32, out)
         if n_tok < plan.lanes_from:
             a = quantize_q8_k(x)
             return kernels.rows(self._w, a.q, a.d, a.sum32, out, 16)

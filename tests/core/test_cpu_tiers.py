@@ -52,14 +52,15 @@ def test_the_table_tiles_every_quantized_type_wherever_a_tier_has_int8_dots():
     def plan(qtype, tier):
         return WEIGHT_TYPES[qtype].plan(cpu.TIERS[tier])
 
-    assert plan(Q.Q4_0, "avx512-vnni").tokens_per_pass(64) == 8
-    assert plan(Q.Q4_0, "avx512-vnni").tokens_per_pass(3) == 2
-    assert plan(Q.Q4_0, "avx2").tokens_per_pass(64) == 2
-    assert plan(Q.Q4_K, "avx2").tokens_per_pass(64) == 16
-    assert plan(Q.Q5_K, "avx512-vnni").split(37) == 32  # 4 passes of 8, then 5 rows 2 a pass
-    assert plan(Q.Q6_K, "avx512-vnni").split(37) == 32  # 2 passes of 16
-    assert plan(Q.Q6_K, "avx2").split(15) == 0
-    assert plan(Q.Q6_K, "avx2").tokens_per_pass(3) == 2
+    assert plan(Q.Q4_0, "avx512-vnni").passes(64) == [8] * 8
+    assert plan(Q.Q4_0, "avx512-vnni").passes(3) == [2, 1]  # no row padded
+    assert plan(Q.Q4_0, "avx512-vnni").passes(1) == [1]
+    assert plan(Q.Q4_0, "avx2").passes(5) == [2, 2, 1]
+    assert plan(Q.Q4_K, "avx2").passes(64) == [16] * 4
+    assert plan(Q.Q5_K, "avx512-vnni").passes(37) == [8] * 4 + [2, 2, 1]
+    assert plan(Q.Q6_K, "avx512-vnni").passes(37) == [16, 16, 2, 2, 1]
+    assert plan(Q.Q6_K, "avx2").passes(15) == [2] * 7 + [1]
+    assert sum(plan(Q.Q6_K, "avx2").passes(0)) == 0
     assert plan(Q.Q4_K, "portable").lanes_from == 8
 
 
