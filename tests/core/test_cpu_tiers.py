@@ -41,7 +41,7 @@ def test_an_avx512_vnni_cpu_runs_every_tier_and_an_avx2_one_only_its_own():
 
 def test_the_table_tiles_every_quantized_type_wherever_a_tier_has_int8_dots():
     quantized = [row for row in WEIGHT_TYPES.values() if not row.is_float]
-    assert {row.name for row in quantized} == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
+    assert {row.name for row in quantized} == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K"}
     for name, tier in cpu.TIERS.items():
         for row in quantized:
             assert row.plan(tier).layout == ("tiles" if tier.int8_dot else "rows"), name
