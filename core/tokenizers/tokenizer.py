@@ -47,6 +47,13 @@ _LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k's split as llama.cpp runs it (LLAMA_VOCAB_PRE_TYPE_GPT4O): its std::regex has no \p{Lu}/\p{Ll}, so an
+# upper-case letter is "a letter not in a-z" and a lower-case one "a letter not in A-Z" (any non-ASCII letter is
+# both, and combining marks are not letters); contractions in any case stay on the word; digits in threes
+_GPT4O_UPPER, _GPT4O_LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
+_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_UPPER}*{_GPT4O_LOWER}+{_CONTRACTIONS}?"
+          rf"|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_UPPER}+{_GPT4O_LOWER}*{_CONTRACTIONS}?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # tokenizer.ggml.pre -> (llama.cpp's regexes, applied one after another; ignore_merges)
 _PRE_TOKENIZERS: dict[str, tuple[list[str], bool]] = {
@@ -58,6 +65,7 @@ _PRE_TOKENIZERS: dict[str, tuple[list[str], bool]] = {
     "llama-bpe": ([_LLAMA3], True),
     "llama3": ([_LLAMA3], True),
     "qwen2": ([_QWEN2], False),
+    "gpt-4o": ([_GPT4O], False),
 }
 
 # token texts llama.cpp treats as end of generation (besides the eos/eot/eom ids); "</s>" too, even
