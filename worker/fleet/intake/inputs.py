@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -133,6 +134,7 @@ _MIRO_FIELDS = sorted(SimpleLine.model_fields)  # a line's own field this close 
 _RESULT_COLUMNS = frozenset(SCHEMA.names)  # the results' own columns
 
 
+@functools.lru_cache(maxsize=4096)  # a dataset's lines share their fields: difflib once per name, not per line
 def own_field_problem(name: str) -> str | None:
     """Why a line's own field (or a table's kept column) of this name cannot be a column of the results, or None:
     `model`, a name the results use, or one a letter or so from one of miro's fields (taken for a typo)."""

@@ -362,6 +362,14 @@ def count_cancelled(conn: redis.Redis, batch_id: str, custom_ids: list[str]) -> 
     return _count(conn, batch_id, "cancelled", custom_ids)[0]
 
 
+def count_completed(conn: redis.Redis, batch_id: str, custom_ids: list[str], *, prompt_tokens: int,
+                    completion_tokens: int, cached_tokens: int = 0) -> int:
+    """Requests whose rows are written, counted completed in one COUNT with their summed tokens (which are added
+    only if at least one of them is newly counted: for requests no one can have counted yet, such as the rows a
+    batch reuses at submit); returns how many were newly counted."""
+    return _count(conn, batch_id, "completed", custom_ids, prompt_tokens, cached_tokens, completion_tokens)[0]
+
+
 def settle(conn: redis.Redis, batch_id: str) -> None:
     """Complete (or end) the batch if every request is accounted for, counting nothing: for a batch whose requests
     were all counted before it went in progress (reused rows, invalid lines)."""
