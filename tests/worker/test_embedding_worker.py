@@ -13,8 +13,9 @@ import pytest
 import redis
 from click.testing import CliRunner
 from openai.types import CreateEmbeddingResponse
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq.serializers import JSONSerializer
+from rq_simple_worker import QuickExitSimpleWorker
 
 from miro.cli.main import cli
 from miro.core import Engine
@@ -48,7 +49,7 @@ class Batch:
         self.id = submitted.stdout.strip()
         queue = Queue(queue_for(model), connection=self.conn, serializer=JSONSerializer)
         if worker == "simple":  # RQ's own worker, running miro.worker.jobs.generate
-            SimpleWorker([queue], connection=self.conn, serializer=JSONSerializer).work(burst=True)
+            QuickExitSimpleWorker([queue], connection=self.conn, serializer=JSONSerializer).work(burst=True)
         else:
             BatchWorker([queue], connection=self.conn, serializer=JSONSerializer, model=model, flush_rows=2,
                         engine_options={"kv_cache_memory": "4MiB"}).work(burst=True, logging_level="WARNING")

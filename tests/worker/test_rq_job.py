@@ -10,10 +10,11 @@ import pytest
 import redis
 from click.testing import CliRunner
 from polling import wait_for
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
+from rq_simple_worker import QuickExitSimpleWorker
 
 from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
@@ -33,7 +34,7 @@ def write_dataset(path, lines):
 
 def make_worker(kind, queue, conn, tiny_model):
     if kind == "simple":
-        return SimpleWorker([queue], connection=conn, serializer=JSONSerializer)
+        return QuickExitSimpleWorker([queue], connection=conn, serializer=JSONSerializer)
     return BatchWorker([queue], connection=conn, serializer=JSONSerializer, model=tiny_model,
                        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 3})
 
