@@ -44,6 +44,7 @@ def tiny_q8(tmp_path_factory):
     return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-q8.gguf", tensor_type="Q8_0")["path"])
 
 
+@pytest.mark.slow  # two cold compiles of every kernel (warmup's processes, then its rehearsal): the fast tier's longest test
 def test_warmup_fills_an_empty_cache_and_the_next_process_compiles_nothing(tmp_path, tiny_q8):
     cache = tmp_path / "numba"
     cache.mkdir()
