@@ -40,13 +40,14 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def minilm() -> Engine:
-    """The defaults: bf16 weights where the CPU has AVX512_BF16, else i16 on x86, else f32."""
+def minilm(minilm_path) -> Engine:
+    """The defaults: bf16 weights where the CPU has AVX512_BF16, else i16 on x86, else f32. (Every test of the real
+    model takes minilm_path, directly or through these fixtures: it pulls the file, and marks the test `model`.)"""
     return Engine.from_model("all-minilm-l6-v2")
 
 
 @pytest.fixture(scope="module")
-def minilm_f32() -> Engine:
+def minilm_f32(minilm_path) -> Engine:
     return Engine.from_model("all-minilm-l6-v2", weights="f32")
 
 
@@ -67,7 +68,7 @@ def test_every_text_is_within_1e_4_of_sentence_transformers(minilm, vectors):
 
 
 @pytest.mark.skipif(not cpu.HAS_INT16_DOT, reason="the int16 GEMM needs an x86 CPU with AVX2")
-def test_i16_weights_stay_closer_to_sentence_transformers_than_bf16():
+def test_i16_weights_stay_closer_to_sentence_transformers_than_bf16(minilm_path):
     """13-bit integers per block of 128 (weights and activations): what auto takes on x86 without AVX512_BF16."""
     engine = Engine.from_model("all-minilm-l6-v2", weights="i16")
     assert engine.weight_format == "i16"
@@ -117,7 +118,7 @@ def test_dimensions_cut_the_vector_then_normalise_it(minilm):
 
 @pytest.mark.parametrize("weights", ["auto", "f32", pytest.param("i16", marks=pytest.mark.skipif(
     not cpu.HAS_INT16_DOT, reason="the int16 GEMM needs an x86 CPU with AVX2"))])
-def test_a_text_embeds_to_the_same_bits_alone_and_packed_with_others(weights):
+def test_a_text_embeds_to_the_same_bits_alone_and_packed_with_others(minilm_path, weights):
     engine = Engine.from_model("all-minilm-l6-v2", weights=weights)
     packed = engine.embed(TEXTS[:24])
     for i in (0, 9, 20):
