@@ -69,11 +69,16 @@ _PRE_TOKENIZERS: dict[str, tuple[list[str], bool]] = {
 }
 
 # token texts llama.cpp treats as end of generation (besides the eos/eot/eom ids); "</s>" too, even
-# Gemma's HTML "</s>" (so, as in llama.cpp, it is a control token there: only parsed with special=True)
+# Gemma's HTML "</s>" (so, as in llama.cpp, it is a control token there: only parsed with special=True);
+# "<|return|>" and "<|call|>" are o200k_harmony's (gpt-oss), "<|flush|>" and "<|calls|>" solar-open's
 _EOG_TEXTS = frozenset({
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
     "<EOT>", "<|end_of_text|>", "<end_of_utterance>", "</s>",
+    "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
 })
+# harmony's message markers (gpt-oss): llama.cpp makes them user-defined in any vocabulary that has them, so
+# they are parsed in any text and printed even when special tokens are skipped
+_ALWAYS_SHOWN_TEXTS = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
 
 # used when a file has no tokenizer.chat_template but its vocabulary has ChatML's tokens
 CHATML_TEMPLATE = (
@@ -225,12 +230,7 @@ class Tokenizer:
                 raise ModelFileError(f"{source}: tokenizer.ggml.add_{name}_token is true but the file has no "
                                      f"{name.upper()} token.")
         types = list(meta.get("tokenizer.ggml.token_type") or [1] * n)
-        eog_ids = {i for i, text in enumerate(tokens) if text in _EOG_TEXTS}
-        for i in eog_ids:  # llama.cpp forces end-of-generation tokens to control
-            types[i] = CONTROL
-        eog_ids |= {i for i in (_token_id(meta, name, n) for name in ("eos", "eot", "eom")) if i is not None}
-        if eos_id is not None:
-            eog_ids.add(eos_id)
+        eog_ids = _end_of_generation(tokens, types, meta, eos_id)
         return cls(model, tokens, types, bos_id=bos_id, eos_id=eos_id, eog_ids=eog_ids,
                    chat_template=meta.get("tokenizer.chat_template"), add_bos=bool(add_bos), add_eos=bool(add_eos))
 
@@ -343,6 +343,33 @@ def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sor
 
 def _raise_exception(message: str):
     raise jinja2.TemplateError(message)
+
+
+def _end_of_generation(tokens: list[str], types: list[int], meta: dict, eos_id: int | None) -> set[int]:
+    """The ids that end generation, as llama.cpp's `llama_vocab::impl::load` picks them; sets `types` as it does.
+
+    All by token text, whatever the architecture: end-of-generation texts become control tokens and harmony's
+    markers user-defined; the EOS (`eos_id`) and the file's eos/eot/eom ids join. Then, if the set holds
+    "<|end|>", "<|call|>" or "<|calls|>", and "<|return|>" or "<|flush|>" (gpt-oss's o200k_harmony,
+    solar-open), "<|end|>" ends a message, not the generation: it leaves the set and becomes user-defined.
+    """
+    n = len(tokens)
+    eog_ids = {i for i, text in enumerate(tokens) if text in _EOG_TEXTS}
+    for i in eog_ids:
+        types[i] = CONTROL
+    for i, text in enumerate(tokens):
+        if text in _ALWAYS_SHOWN_TEXTS:
+            types[i] = USER_DEFINED
+    eog_ids |= {i for i in (_token_id(meta, name, n) for name in ("eos", "eot", "eom")) if i is not None}
+    if eos_id is not None:
+        eog_ids.add(eos_id)
+    texts = {tokens[i] for i in eog_ids}
+    has_call = bool(texts & {"<|call|>", "<|calls|>"})
+    if "<|end|>" in texts and has_call and ("<|return|>" in texts or "<|flush|>" in texts):
+        for i in [i for i in eog_ids if tokens[i] == "<|end|>"]:
+            eog_ids.discard(i)
+            types[i] = USER_DEFINED
+    return eog_ids
 
 
 def _token_id(meta: dict, name: str, n_tokens: int, default: int | None = None) -> int | None:
