@@ -13,6 +13,12 @@ this script only, the functions the forward pass and the engine call:
 - the sampler: `sampler.sample`;
 - the rest (packing the step, norms, RoPE and the KV write, the scheduler, Python): the step's wall time
   less the parts above.
+With native (quantized) weights, each GEMM of the step (its layers grouped by name: attn_q+k+v, attn_output,
+ffn_gate+up, ffn_down, output) is also set against the int8 roofline: its 2 x T x in x out operations at this
+machine's int8 dot peak (int8_peak.py: vpdpbusd on VNNI tiers, vpmaddubsw + vpmaddwd elsewhere, measured here on
+every core), or its weights' bytes at the read bandwidth, whichever is longer. The int8 peak is what the native
+kernels' integer dots could reach; their float steps per block, the unpacking of 4- and 6-bit values and the
+activations' quantization come on top, so no kernel meets it.
 All figures come from this one process, in turn; the machine's load average is printed beside them. A ratio
 under 1 beats the floor: the GEMM floor is OpenBLAS's best here, not the machine's.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import time
 from collections import defaultdict
 
@@ -34,6 +41,7 @@ from miro.core.layers import attention as attention_module
 from miro.core.layers import linear as linear_module
 from miro.core.loading.registry import resolve_model
 
+import int8_peak
 import tiers
 
 from throughput import gemm_peak_gflops
@@ -70,6 +78,8 @@ class PartTimer:
         self.gemm_weight_bytes = 0.0
         self.kv_bytes = 0.0
         self.attention_flops = 0.0
+        self.by_gemm = defaultdict(lambda: [0.0, 0.0, 0.0, 0])  # group -> [seconds, flops, weight bytes, calls]
+        self.native_gemms = set()  # the groups whose layers multiply native (integer-dot) weights
         self.active = False
 
     def wrap_linear(self):
@@ -79,9 +89,17 @@ class PartTimer:
             t0 = time.perf_counter()
             out = call(layer, x, *args, **kwargs)
             if timer.active:
-                timer.seconds["gemm"] += time.perf_counter() - t0
-                timer.gemm_flops += 2.0 * x.shape[0] * layer.in_features * layer.out_features
-                timer.gemm_weight_bytes += layer.weight_bytes or layer.in_features * layer.out_features
+                seconds = time.perf_counter() - t0
+                flops = 2.0 * x.shape[0] * layer.in_features * layer.out_features
+                weight_bytes = layer.weight_bytes or layer.in_features * layer.out_features
+                timer.seconds["gemm"] += seconds
+                timer.gemm_flops += flops
+                timer.gemm_weight_bytes += weight_bytes
+                group = gemm_group(layer.name)
+                for i, value in enumerate((seconds, flops, weight_bytes, 1)):
+                    timer.by_gemm[group][i] += value
+                if layer.fmt == "native" and layer.type.name not in ("F32", "F16", "BF16"):
+                    timer.native_gemms.add(group)
             return out
 
         linear_module.Linear.__call__ = timed_call
@@ -114,6 +132,12 @@ class PartTimer:
         engine_module.sampler.sample = timed_sample
 
 
+def gemm_group(name: str) -> str:
+    """A layer's name without its block number and tensor suffixes: blk.3.ffn_gate.weight+blk.3.ffn_up.weight ->
+    ffn_gate+ffn_up."""
+    return "+".join(re.sub(r"^blk\.\d+\.", "", part).removesuffix(".weight") for part in name.split("+"))
+
+
 def _attention_work(positions: np.ndarray, items: np.ndarray, config) -> tuple[int, float]:
     """(K or V values a step's attention must read at least once, its FLOPs). items: rows of (seq, kv_head,
     t_begin, t_end); each sequence and KV head reads every key up to its furthest query position, and each query
@@ -132,6 +156,7 @@ def measure(engine: Engine, timer: PartTimer, steps: int) -> tuple:
     """Time `steps` engine steps: (wall seconds, part seconds, GEMM FLOPs, GEMM weight bytes, K/V bytes,
     attention FLOPs)."""
     timer.seconds.clear()
+    timer.by_gemm.clear()
     timer.gemm_flops = timer.gemm_weight_bytes = timer.kv_bytes = timer.attention_flops = 0.0
     timer.active = True
     t0 = time.perf_counter()
@@ -139,11 +164,13 @@ def measure(engine: Engine, timer: PartTimer, steps: int) -> tuple:
         engine.step()
     wall = time.perf_counter() - t0
     timer.active = False
-    return wall, dict(timer.seconds), timer.gemm_flops, timer.gemm_weight_bytes, timer.kv_bytes, timer.attention_flops
+    return (wall, dict(timer.seconds), timer.gemm_flops, timer.gemm_weight_bytes, timer.kv_bytes, timer.attention_flops,
+            {group: list(values) for group, values in timer.by_gemm.items()})
 
 
-def table(title: str, steps: int, measured, peak_gflops: float, bandwidth_gbs: float) -> None:
-    wall, parts, flops, weight_bytes, kv_bytes, attention_flops = measured
+def table(title: str, steps: int, measured, peak_gflops: float, bandwidth_gbs: float,
+          int8: tuple[str, float] | None = None, native_gemms: frozenset = frozenset()) -> None:
+    wall, parts, flops, weight_bytes, kv_bytes, attention_flops, by_gemm = measured
     gemm_floor = max(flops / (peak_gflops * 1e9), weight_bytes / (bandwidth_gbs * 1e9))
     attention_floor = max(kv_bytes / (bandwidth_gbs * 1e9), attention_flops / (peak_gflops * 1e9))
     rest = wall - sum(parts.values())
@@ -161,6 +188,29 @@ def table(title: str, steps: int, measured, peak_gflops: float, bandwidth_gbs: f
         ratio = f"{seconds / floor:8.2f}" if floor else f"{'':>8}"
         floor_ms = f"{floor / steps * 1e3:8.1f}" if floor else f"{'':>8}"
         print(f"  {name:<10} {seconds / steps * 1e3:8.1f} {floor_ms} {ratio}   {why}")
+    if int8 and native_gemms:
+        int8_table(steps, by_gemm, int8, bandwidth_gbs, native_gemms)
+
+
+def int8_table(steps: int, by_gemm: dict, int8: tuple[str, float], bandwidth_gbs: float, native_gemms) -> None:
+    """Each native GEMM group of the step against the int8 roofline: its operations at the int8 peak, or its weights'
+    bytes at the read bandwidth, whichever is longer."""
+    form, gops = int8
+    print(f"  GEMMs against the int8 roofline ({form} peak {gops:.0f} GOP/s on every core, read {bandwidth_gbs:.1f} GB/s):")
+    print(f"    {'gemm':<28} {'ms/step':>8} {'int8 floor':>10} {'x floor':>8} {'GOP/s':>7} {'weights MB':>10}  bound by")
+    total = [0.0, 0.0]
+    for group, (seconds, flops, weight_bytes, _) in sorted(by_gemm.items(), key=lambda item: -item[1][0]):
+        if group not in native_gemms:
+            continue
+        compute, memory = flops / (gops * 1e9), weight_bytes / (bandwidth_gbs * 1e9)
+        floor = max(compute, memory)
+        total[0] += seconds
+        total[1] += floor
+        print(f"    {group:<28} {seconds / steps * 1e3:8.2f} {floor / steps * 1e3:10.2f} {seconds / floor:8.2f}"
+              f" {flops / seconds / 1e9:7.0f} {weight_bytes / steps / 1e6:10.1f}  {'int8 dots' if compute >= memory else 'memory'}")
+    if total[1]:
+        print(f"    {'all native GEMMs':<28} {total[0] / steps * 1e3:8.2f} {total[1] / steps * 1e3:10.2f}"
+              f" {total[0] / total[1]:8.2f}")
 
 
 def main() -> None:
@@ -187,7 +237,10 @@ def main() -> None:
           f"batch-invariant {engine.model.batch_invariant}; "
           f"load average {os.getloadavg()[0]:.2f}")
     peak, bandwidth = gemm_peak_gflops(), memory_bandwidth_gbs()
-    print(f"sgemm peak {peak:.0f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s")
+    int8_peaks = int8_peak.peaks() if engine.weight_format == "native" else {}
+    int8 = next(iter(int8_peaks.items()), None)  # the tier's own form first: vpdpbusd where it has VNNI
+    print(f"sgemm peak {peak:.0f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s"
+          + "".join(f", int8 {form} peak {gops:.0f} GOP/s" for form, gops in int8_peaks.items()))
     rng = np.random.default_rng(0)
     vocab = engine.config.vocab_size
 
@@ -198,7 +251,8 @@ def main() -> None:
     while any(seq.is_prefilling for seq in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     engine.step()  # every kernel compiled for these shapes
-    table("B=64 decode (contexts of 256+ tokens)", args.steps, measure(engine, timer, args.steps), peak, bandwidth)
+    table("B=64 decode (contexts of 256+ tokens)", args.steps, measure(engine, timer, args.steps), peak, bandwidth,
+          int8, frozenset(timer.native_gemms))
     for i in range(64):
         engine.abort(f"d{i}")
 
@@ -209,7 +263,8 @@ def main() -> None:
         engine.step()
     for i in range(args.steps):
         engine.add_request(rng.integers(100, vocab - 1, 512).tolist(), prefill, request_id=f"p{i}")
-    table("512-token prefill", args.steps, measure(engine, timer, args.steps), peak, bandwidth)
+    table("512-token prefill", args.steps, measure(engine, timer, args.steps), peak, bandwidth, int8,
+          frozenset(timer.native_gemms))
 
 
 if __name__ == "__main__":

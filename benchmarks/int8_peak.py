@@ -1,0 +1,171 @@
+"""This machine's int8 dot-product peak, measured: the ceiling the native kernels' integer dots run against.
+
+    python benchmarks/int8_peak.py [--seconds 0.2] [--rounds 5] [--tier avx2]
+
+A micro-kernel per instruction form (a loop in LLVM IR, run by numba on every core, one prange iteration per
+thread), its operands in registers: 12 independent int32 accumulators of one vector of the tier's width (512 or
+256 bits) each, per loop trip
+- vpdpbusd (AVX512-VNNI; AVX-VNNI on 256-bit tiers): acc += 4 u8 x s8 products per int32 lane, one instruction;
+- vpmaddubsw + vpmaddwd + vpaddd (AVX2, AVX-512BW without VNNI: ggml's mul_sum_i8_pairs, the kernels' form there):
+  u8 x s8 pairs into int16, pairs of those into int32 by ones, added; the activation operand changes every trip
+  (one vpaddd per operand vector) so that LLVM cannot hoist the loop-invariant products out of the loop.
+The figure is GOP/s: 2 operations (a multiply and
+an add) per int8 product, the best of --rounds runs of --seconds each (the least disturbed on a shared machine).
+`peaks()` gives the figures to step_time.py's roofline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core.extending import intrinsic
+
+from miro.core.kernels import cpu
+from miro.core.kernels.int8_dots import _VectorOps
+
+ACCUMULATORS = 12  # independent dependency chains: more than a dot's latency times its issue rate
+WEIGHTS, ACTIVATIONS = 4, 3  # operand vectors: 12 distinct (weight, activation) pairs, one per accumulator
+
+
+@intrinsic(prefer_literal=True)
+def _dot_loop(typingctx, seeds, trips, out, bits, vnni):
+    """`trips` trips of ACCUMULATORS independent int8 dots, whole in LLVM IR (a loop whose accumulators are
+    phi values in registers of the tier's width): accumulator i += the dot of weights w[i % 4] and activations
+    x[i // 4], by vpdpbusd (vnni) or vpmaddubsw + vpmaddwd + vpaddd; without VNNI the activations change every
+    trip (+ a step), so that LLVM cannot hoist the loop-invariant products. The operands come from seeds (int32,
+    1-D: 4 weight vectors, 3 activation vectors, the step, the start, 16 int32 each); out[0:16] gets the sum of the
+    accumulators (so that the loop is not dead). bits, vnni: compile-time constants."""
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni)):
+        return None
+    width = bits.literal_value // 8
+    with_vnni = bool(vnni.literal_value)
+
+    def codegen(context, builder, signature, args):
+        ops = _VectorOps(builder, width)
+        i64 = ir.IntType(64)
+        seed_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        out_data = context.make_array(signature.args[2])(context, builder, args[2]).data
+
+        def seed(k):  # the first `lanes` int32 of seed vector k
+            where = builder.gep(seed_data, [ir.Constant(i64, 16 * k)])
+            return builder.load(builder.bitcast(where, ops.dwords.as_pointer()), align=4)
+
+        w = [seed(k) for k in range(WEIGHTS)]
+        x0 = [seed(WEIGHTS + k) for k in range(ACTIVATIONS)]
+        step, start = seed(WEIGHTS + ACTIVATIONS), seed(WEIGHTS + ACTIVATIONS + 1)
+        ones = ir.Constant(ops.words, [1] * (width // 2))
+        entry = builder.block
+        body = builder.append_basic_block("dots")
+        done = builder.append_basic_block("done")
+        builder.cbranch(builder.icmp_signed(">", args[1], ir.Constant(i64, 0)), body, done)
+        builder.position_at_end(body)
+        count = builder.phi(i64)
+        count.add_incoming(ir.Constant(i64, 0), entry)
+        accs = [builder.phi(ops.dwords) for _ in range(ACCUMULATORS)]
+        xs = [builder.phi(ops.dwords) for _ in range(ACTIVATIONS)]
+        for acc in accs:
+            acc.add_incoming(start, entry)
+        for x, first in zip(xs, x0):
+            x.add_incoming(first, entry)
+        new_xs = xs if with_vnni else [builder.add(x, step) for x in xs]
+        new_accs = []
+        for i, acc in enumerate(accs):
+            wi, xi = w[i % WEIGHTS], new_xs[i // WEIGHTS]
+            if with_vnni:
+                new_accs.append(ops.call(f"llvm.x86.avx512.vpdpbusd.{ops.suffix}", ops.dwords, [acc, wi, xi]))
+            else:
+                words = ops.maddubs(builder.bitcast(wi, ops.bytes), builder.bitcast(xi, ops.bytes))
+                new_accs.append(builder.add(acc, ops.madd(words, ones)))
+        next_count = builder.add(count, ir.Constant(i64, 1))
+        for phi, value in zip(accs + xs + [count], new_accs + new_xs + [next_count]):
+            phi.add_incoming(value, builder.block)
+        summed = new_accs[0]  # used after the last trip only; LLVM sinks it out of the loop
+        for value in new_accs[1:]:
+            summed = builder.add(summed, value)
+        builder.cbranch(builder.icmp_signed("<", next_count, args[1]), body, done)
+        builder.position_at_end(done)
+        total = builder.phi(ops.dwords)
+        total.add_incoming(start, entry)
+        total.add_incoming(summed, body)
+        builder.store(total, builder.bitcast(out_data, ops.dwords.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(seeds, types.intp, out, bits, vnni), codegen
+
+
+def _make_loop(bits: int, vnni: int):
+    @njit(parallel=True)
+    def loop(seeds, trips, out):
+        """Each row of seeds one thread's operands; out: its accumulators' sum."""
+        for thread in prange(seeds.shape[0]):
+            _dot_loop(seeds[thread], trips, out[thread], bits, vnni)
+
+    return loop
+
+
+def peak_gops(vnni: bool, seconds: float = 0.2, rounds: int = 5, threads: int | None = None) -> float:
+    """The best GOP/s (2 per int8 product) of `rounds` runs of the micro-kernel on `threads` threads (default: numba's)."""
+    tier = cpu.TIER
+    if not tier.int8_dot or (vnni and not tier.has_vnni):
+        raise ValueError(f"the {tier.name} tier has no {'vpdpbusd' if vnni else 'vpmaddubsw'}")
+    bits = 512 if tier.vector_bits == 512 else 256
+    loop = _make_loop(bits, int(vnni))
+    n_threads = threads or numba.get_num_threads()
+    seeds = np.random.default_rng(0).integers(0, 64, (n_threads, 144), dtype=np.int32)
+    out = np.empty((n_threads, 16), np.int32)
+    loop(seeds, 10, out)  # compile
+    trips = 1000
+    while True:  # trips for about `seconds` a run
+        t0 = time.perf_counter()
+        loop(seeds, trips, out)
+        elapsed = time.perf_counter() - t0
+        if elapsed > seconds / 4:
+            break
+        trips *= 4
+    trips = max(1, int(trips * seconds / elapsed))
+    best = min(_timed(lambda: loop(seeds, trips, out)) for _ in range(rounds))
+    bytes_per_vector = 64 if cpu.TIER.vector_bits == 512 else 32
+    products = n_threads * trips * ACCUMULATORS * bytes_per_vector  # an int8 product per byte of a vector
+    return 2 * products / best / 1e9
+
+
+def _timed(call) -> float:
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
+
+
+def peaks(seconds: float = 0.2, rounds: int = 5) -> dict[str, float]:
+    """GOP/s by instruction form this tier has: "vpdpbusd" (VNNI tiers) and "vpmaddubsw" (every int8 tier)."""
+    found = {}
+    if cpu.TIER.has_vnni:
+        found["vpdpbusd"] = peak_gops(True, seconds, rounds)
+    if cpu.TIER.int8_dot:
+        found["vpmaddubsw"] = peak_gops(False, seconds, rounds)
+    return found
+
+
+def main() -> None:
+    import tiers
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=0.2)
+    parser.add_argument("--rounds", type=int, default=5)
+    tiers.add_argument(parser)
+    args = parser.parse_args()
+    tiers.enter(args)
+    print(tiers.header(args, with_llama=False))
+    for threads in sorted({1, numba.get_num_threads()}):
+        for form, vnni in (("vpdpbusd", True), ("vpmaddubsw", False)):
+            if vnni and not cpu.TIER.has_vnni:
+                continue
+            print(f"{form:>10} {threads} thread(s): {peak_gops(vnni, args.seconds, args.rounds, threads):8.0f} GOP/s")
+
+
+if __name__ == "__main__":
+    main()
