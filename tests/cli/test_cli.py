@@ -105,10 +105,9 @@ def test_threads_option_caps_blas_and_numba_pools(smollm2_path):
 def test_options_and_keyword_arguments_take_their_defaults_from_one_module():
     """core/defaults.py is the one home of a default: the commands' options and the classes' keyword
     arguments show the same values."""
-    import inspect
 
     from miro.core import EngineConfig, defaults
-    from miro.worker.fleet.intake.submit import submit
+    from miro.worker.fleet.intake.submit import SubmitOptions
     from miro.worker.process.worker_config import WorkerConfig
 
     def option(command: str, name: str):
@@ -124,8 +123,9 @@ def test_options_and_keyword_arguments_take_their_defaults_from_one_module():
     assert option("worker", "flush_rows") == WorkerConfig().flush_rows == defaults.FLUSH_ROWS
     assert option("worker", "flush_seconds") == WorkerConfig().flush_seconds == option("run", "flush_seconds")
     assert option("worker", "heartbeat_slack_s") == WorkerConfig().heartbeat_slack_s == defaults.HEARTBEAT_SLACK_S
-    assert option("submit", "output") == inspect.signature(submit).parameters["output"].default == defaults.OUTPUT
-    assert int(option("submit", "job_timeout")) == inspect.signature(submit).parameters["job_timeout"].default
+    assert option("submit", "output") == SubmitOptions().output == defaults.OUTPUT
+    assert int(option("submit", "job_timeout")) == SubmitOptions().job_timeout == defaults.JOB_TIMEOUT_S
+    assert option("submit", "completion_window") == SubmitOptions().completion_window == defaults.COMPLETION_WINDOW
 
 
 def test_every_engine_option_is_a_flag_and_an_environment_variable_of_every_command_that_loads_a_model():
@@ -183,3 +183,14 @@ def test_worker_options_come_from_worker_config_and_its_environment():
         WorkerConfig.of({"flush_every": 3}, {})
     with pytest.raises(MiroError, match=r"MIRO_METRICS_PORT='70000': give a number of at most 65535\."):
         WorkerConfig.of({}, {"MIRO_METRICS_PORT": "70000"})
+
+
+def test_submit_options_are_one_record_and_an_unknown_one_is_refused():
+    import pytest
+
+    from miro.core import MiroError
+    from miro.worker.fleet.intake.submit import SubmitOptions, submit
+
+    assert SubmitOptions.of({"model": "m", "skip_invalid": True}) == SubmitOptions(model="m", skip_invalid=True)
+    with pytest.raises(MiroError, match="submit has no option 'skip_invalids'"):
+        submit(None, "unused.jsonl", dry_run=True, skip_invalids=True)

@@ -15,7 +15,7 @@ import os
 import re
 import time
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -36,6 +36,7 @@ from miro.worker.fleet.intake.resume import Resumer, known_requests
 from miro.worker.fleet.observe.urls import redacted
 
 CHUNK = defaults.SPOOL_CHUNK
+JOB_TIMEOUT_S, COMPLETION_WINDOW = defaults.JOB_TIMEOUT_S, defaults.COMPLETION_WINDOW  # SubmitOptions' (a field is named defaults)
 BIG_FILE_LINES = 200_000  # from about this many lines custom ids are remembered by hash (seen_ids.SeenIds)
 
 
@@ -148,18 +149,46 @@ class _Read:
         self.validate_s = time.perf_counter() - started
 
 
-def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None = None, name: str | None = None,
-           output: str = defaults.OUTPUT, model: str | None = None, defaults: dict | None = None,
-           skip_invalid: bool = False, dry_run: bool = False, resume: str | None = None,
-           job_timeout: int | str | None = defaults.JOB_TIMEOUT_S, chunk_size: int = CHUNK,
-           priority: str | None = None, endpoint: str | None = None, task: str | None = None,
-           pooling_defaults: dict | None = None, completion_window: str = defaults.COMPLETION_WINDOW,
+@dataclass(frozen=True)
+class SubmitOptions:
+    """Every option of a submission in one record (EngineConfig and WorkerConfig are the engine's and the
+    worker's): what `miro submit`, `miro run` and `miro serve`'s batches give submit(), by name. See submit()."""
+
+    queue_name: str | None = None
+    name: str | None = None
+    output: str = defaults.OUTPUT
+    model: str | None = None
+    defaults: dict | None = None  # SamplingParams options of lines without them
+    skip_invalid: bool = False
+    dry_run: bool = False
+    resume: str | None = None
+    job_timeout: int | str | None = JOB_TIMEOUT_S
+    chunk_size: int = CHUNK
+    priority: str | None = None
+    endpoint: str | None = None
+    task: str | None = None
+    pooling_defaults: dict | None = None
+    completion_window: str = COMPLETION_WINDOW
+    requests_per_job: int | None = None
+    columns: InputColumns | None = None
+    input_format: str | None = None
+    reuse: ReuseSource | None = None
+
+    @classmethod
+    def of(cls, options: dict) -> SubmitOptions:
+        """The options named in `options`, the rest their defaults; an unknown name is refused in one sentence."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise MiroError(f"submit has no option {unknown[0]!r} (it takes {', '.join(sorted(names))}).")
+        return cls(**options)
+
+
+def submit(conn: redis.Redis | None, path: str | Path, options: SubmitOptions | None = None, *,
            log: Callable[[str], None] | None = None, on_line_error: Callable[[LineError], None] | None = None,
-           on_progress: Callable[[DatasetScan], None] | None = None,
-           requests_per_job: int | None = None, columns: InputColumns | None = None,
-           input_format: str | None = None, reuse: ReuseSource | None = None) -> SubmitResult:
+           on_progress: Callable[[DatasetScan], None] | None = None, **named) -> SubmitResult:
     """Validate the dataset at `path`, store its valid requests and enqueue the first window; see the module
-    docstring.
+    docstring. The options are a SubmitOptions, or its fields by name.
 
     `conn` may be None for a dry run (which touches no Redis key and stores nothing). `priority` (high, normal or
     low; None is normal) picks the queue (routing.priority_queue) and is recorded in the batch record and in every
@@ -175,6 +204,10 @@ def submit(conn: redis.Redis | None, path: str | Path, *, queue_name: str | None
     batch's rows instead of running again (reuse.py; not with `resume`). Raises InvalidDataset
     (nothing enqueued) when a line is invalid and not `skip_invalid`, MiroError for other problems a user can cause.
     """
+    options = options if options is not None else SubmitOptions.of(named)
+    (queue_name, name, output, model, defaults, skip_invalid, dry_run, resume, job_timeout, chunk_size, priority,
+     endpoint, task, pooling_defaults, completion_window, requests_per_job, columns, input_format, reuse) = (
+        getattr(options, f.name) for f in fields(SubmitOptions))
     log = log or (lambda message: None)
     timeout = _job_timeout(job_timeout)
     durations.completion_window(completion_window)  # a window that is no duration is refused before anything
