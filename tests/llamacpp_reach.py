@@ -23,6 +23,10 @@ from gguf_factory import write_tiny_model
 
 SPREAD_MULTIPLE = 1.5
 ACTIVATION_ROUNDING = {"native": 0.02, "f32": 0.03}  # weights -> allowance on a quantized file
+# KV-cache blocks of a reach test's engine (num_kv_blocks): 8,192 tokens, the three prompts (2,820 tokens) twice
+# over, so each stays in the prefix cache as before; the default 1 GiB is some 262,144 blocks of a tiny file's KV,
+# about 0.25 CPU s to build per engine and a heap every garbage collection then walks
+KV_BLOCKS = 512
 
 
 class Reference:

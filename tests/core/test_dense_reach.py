@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from dense_variants import variant_kwargs
 from gguf_factory import write_tiny_model
-from llamacpp_reach import Reference
+from llamacpp_reach import KV_BLOCKS, Reference
 
 from miro.core import Engine
 
@@ -37,7 +37,7 @@ def test_the_fixture_covers_every_architecture_in_both_types():
 
 @pytest.mark.parametrize("name, weights", REFERENCE.cases())
 def test_last_logits_within_llamacpps_own_spread(files, name, weights):
-    engine = Engine.from_model(files[name], weights=weights, max_model_len=REF["context"])
+    engine = Engine.from_model(files[name], weights=weights, max_model_len=REF["context"], num_kv_blocks=KV_BLOCKS)
     REFERENCE.check_last_logits(engine, name, weights)
 
 

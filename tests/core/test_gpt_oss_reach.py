@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fixture_files import FIXTURES
-from llamacpp_reach import ACTIVATION_ROUNDING, SPREAD_MULTIPLE, Reference
+from llamacpp_reach import ACTIVATION_ROUNDING, KV_BLOCKS, SPREAD_MULTIPLE, Reference
 
 from miro.core import Engine, ModelFileError
 from miro.core.layers import pointwise
@@ -60,7 +60,8 @@ def engines(files):
 
     def get(name, weights):
         if (name, weights) not in made:
-            made[name, weights] = Engine.from_model(files[name], weights=weights, max_model_len=REFERENCE.meta["context"])
+            made[name, weights] = Engine.from_model(files[name], weights=weights, max_model_len=REFERENCE.meta["context"],
+                                                    num_kv_blocks=KV_BLOCKS)
         return made[name, weights]
 
     return get

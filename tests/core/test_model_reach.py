@@ -11,7 +11,7 @@ weight formats).
 """
 
 import pytest
-from llamacpp_reach import Reference
+from llamacpp_reach import KV_BLOCKS, Reference
 from scaling_variants import variant_kwargs
 
 from miro.core import Engine
@@ -26,5 +26,5 @@ def files(tmp_path_factory):
 
 @pytest.mark.parametrize("name, weights", REF.cases())
 def test_last_logits_within_llamacpps_own_spread(files, name, weights):
-    engine = Engine.from_model(files[name], weights=weights, max_model_len=REF.meta["context"])
+    engine = Engine.from_model(files[name], weights=weights, max_model_len=REF.meta["context"], num_kv_blocks=KV_BLOCKS)
     REF.check_last_logits(engine, name, weights)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llamacpp_reach import Reference
+from llamacpp_reach import KV_BLOCKS, Reference
 
 from miro.core import Engine, ModelFileError
 from miro.core.layers import pointwise
@@ -74,7 +74,8 @@ def _cases():
 
 @pytest.mark.parametrize("name, weights", list(_cases()))
 def test_last_logits_within_llamacpps_own_spread(files, name, weights):
-    engine = Engine.from_model(files[name], weights=weights, max_model_len=REFERENCE.meta["context"])
+    engine = Engine.from_model(files[name], weights=weights, max_model_len=REFERENCE.meta["context"],
+                               num_kv_blocks=KV_BLOCKS)
     REFERENCE.check_last_logits(engine, name, weights)
 
 

@@ -14,7 +14,7 @@ activation-rounding allowance test_model_reach.py and test_dense_reach.py give (
 import numpy as np
 import pytest
 from gguf_factory import write_tiny_model
-from llamacpp_reach import Reference
+from llamacpp_reach import KV_BLOCKS, Reference
 from phi_gemma2_variants import variant_kwargs
 
 from miro.core import Engine, ModelFileError
@@ -45,7 +45,8 @@ def cases() -> list:
 
 @pytest.mark.parametrize("name, weights", cases())
 def test_last_logits_within_llamacpps_own_spread(files, name, weights):
-    engine = Engine.from_model(files[name], weights=weights, max_model_len=VARIANTS[name]["context"])
+    engine = Engine.from_model(files[name], weights=weights, max_model_len=VARIANTS[name]["context"],
+                               num_kv_blocks=KV_BLOCKS)
     REFERENCE.check_last_logits(engine, name, weights)
 
 
@@ -53,9 +54,10 @@ def test_longrope_factors_follow_the_context_not_the_prompt(files):
     """The long factors where max_model_len exceeds the original context (4,096), the short ones otherwise, as
     llama.cpp's get_rope_factors picks them by n_ctx; the same 20-token prompt gets different logits."""
     path = files["phi3-longrope-short-F32"]
-    short = Engine.from_model(path, weights="f32", max_model_len=4096)
-    long = Engine.from_model(path, weights="f32", max_model_len=4097)
-    default = Engine.from_model(path, weights="f32")  # the file's context, 16,384: long, as llama.cpp's n_ctx 0
+    short = Engine.from_model(path, weights="f32", max_model_len=4096, num_kv_blocks=KV_BLOCKS)
+    long = Engine.from_model(path, weights="f32", max_model_len=4097, num_kv_blocks=KV_BLOCKS)
+    # the file's context, 16,384: long, as llama.cpp's n_ctx 0
+    default = Engine.from_model(path, weights="f32", num_kv_blocks=KV_BLOCKS)
     assert (short.model.long_factors, long.model.long_factors, default.model.long_factors) == (False, True, True)
     prompt = REF["prompts"][1]
     assert np.abs(short.logits(prompt) - long.logits(prompt)).max() > 0.05
