@@ -95,6 +95,23 @@ def redis_url(redis_server):
 
 
 @pytest.fixture
+def rq_command_poll(monkeypatch):
+    """RQ's own workers (SimpleWorker, BaseWorker) wake on their command channel every second, as BatchWorker does
+    (PUBSUB_POLL_S), not every 60 s: redis-py 8's PubSubWorkerThread.stop() waits out the poll in progress, so
+    RQ's teardown held a test for up to 60 s. Only the interval redis-py is handed changes; RQ's code runs as is."""
+    from redis.client import PubSub
+
+    from miro.worker.process.batch_worker import PUBSUB_POLL_S
+
+    run_in_thread = PubSub.run_in_thread
+
+    def polling_often(self, sleep_time=0.0, *args, **kwargs):
+        return run_in_thread(self, min(sleep_time, PUBSUB_POLL_S), *args, **kwargs)
+
+    monkeypatch.setattr(PubSub, "run_in_thread", polling_often)
+
+
+@pytest.fixture
 def one_request_per_job(monkeypatch):
     """Batches submitted in the test make a job of each request (`--requests-per-job 1`): for tests that follow one
     request's RQ job (its status, its place on the queue, a worker's max_jobs); group jobs have tests of their own

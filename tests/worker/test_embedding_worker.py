@@ -13,9 +13,8 @@ import pytest
 import redis
 from click.testing import CliRunner
 from openai.types import CreateEmbeddingResponse
-from rq import Queue
+from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
-from rq_simple_worker import QuickExitSimpleWorker
 
 from miro.cli.main import cli
 from miro.core import Engine
@@ -49,7 +48,7 @@ class Batch:
         self.id = submitted.stdout.strip()
         queue = Queue(queue_for(model), connection=self.conn, serializer=JSONSerializer)
         if worker == "simple":  # RQ's own worker, running miro.worker.jobs.generate
-            QuickExitSimpleWorker([queue], connection=self.conn, serializer=JSONSerializer).work(burst=True)
+            SimpleWorker([queue], connection=self.conn, serializer=JSONSerializer).work(burst=True)
         else:
             BatchWorker([queue], connection=self.conn, serializer=JSONSerializer, model=model, flush_rows=2,
                         engine_options={"kv_cache_memory": "4MiB"}).work(burst=True, logging_level="WARNING")
@@ -172,7 +171,7 @@ def test_a_generation_line_on_the_embedding_model_and_an_embedding_line_on_a_cha
     assert row["error"].startswith(f"model '{tiny_model}' cannot embed: it generates text")
 
 
-def test_rqs_own_worker_runs_an_embedding_job(tmp_path, redis_url, minilm_path, engine):
+def test_rqs_own_worker_runs_an_embedding_job(tmp_path, redis_url, minilm_path, engine, rq_command_poll):
     batch = Batch(tmp_path, redis_url, [{"id": "s", "input": ["one", "two"], "dimensions": 16},
                                         {"id": "bad", "input": LONG}], MODEL, worker="simple")
     assert (batch.record.completed, batch.record.failed) == (1, 1)

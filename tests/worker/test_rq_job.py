@@ -10,11 +10,10 @@ import pytest
 import redis
 from click.testing import CliRunner
 from polling import wait_for
-from rq import Queue
+from rq import Queue, SimpleWorker
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
-from rq_simple_worker import QuickExitSimpleWorker
 
 from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
@@ -34,13 +33,14 @@ def write_dataset(path, lines):
 
 def make_worker(kind, queue, conn, tiny_model):
     if kind == "simple":
-        return QuickExitSimpleWorker([queue], connection=conn, serializer=JSONSerializer)
+        return SimpleWorker([queue], connection=conn, serializer=JSONSerializer)
     return BatchWorker([queue], connection=conn, serializer=JSONSerializer, model=tiny_model,
                        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 3})
 
 
 @pytest.mark.parametrize("kind", ["simple", "batch"])
-def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_model, monkeypatch, kind):
+def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_model, monkeypatch, kind,
+                                                     rq_command_poll):
     monkeypatch.setenv("MIRO_KV_CACHE_MEMORY", "4MiB")
     lines = [
         {"id": "s1", "prompt": "hello world", "max_tokens": 5, "temperature": 0, "ignore_eos": True},

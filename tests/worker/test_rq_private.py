@@ -45,7 +45,7 @@ def test_a_workers_queue_order_is_still_kept_in_ordered_queues(redis_url):
     assert worker.queues == worker._ordered_queues == [second, first]
 
 
-def test_rqs_bootstrap_installs_no_signal_handlers(redis_url):
+def test_rqs_bootstrap_installs_no_signal_handlers(redis_url, rq_command_poll):
     """BatchWorker.work installs its own after bootstrap() (none at all in `miro run`, whose Interruption
     handles the signals): RQ's bootstrap must not put RQ's back."""
     import signal
