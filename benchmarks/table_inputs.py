@@ -6,9 +6,11 @@
 Each round submits the JSONL file, then the Parquet file (`--prompt-column text`), each in its own process onto a
 redis-server of its own (`miro submit --output FOLDER`: every row validated, every request written to the batch's
 stored chunks, the first window of jobs queued), and reads the process's wall time, CPU time (user + system: less
-moved by other processes on a shared machine than wall time) and peak RSS. It prints the
-medians and their ratios (Parquet / JSONL), and checks that both submissions stored the same requests, byte for
-byte, in the same order (the own columns included): the stored chunks' sha256 over every request. The prompts
+moved by other processes on a shared machine than wall time) and peak RSS: the process's own (VmHWM, Linux), not
+getrusage's ru_maxrss, which in a child started after this script made its rows carries this script's high-water
+mark (kept across fork and exec: about 1 KB a row, the rows' Python strings, read as submit's until 2026-12-05). It prints
+the medians and their ratios (Parquet / JSONL), and checks that both submissions stored the same requests, byte
+for byte, in the same order (the own columns included): the stored chunks' sha256 over every request. The prompts
 are synthetic (a ShareGPT-like mix of short questions and long pasted passages from a fixed vocabulary, seeded),
 so nothing is downloaded.
 """
@@ -81,7 +83,8 @@ def submit(dataset: Path, output: Path, *extra: str) -> tuple[float, float, floa
                   "try:\n    cli(sys.argv[1:])\n"
                   "except SystemExit as e:\n    code = e.code\n"
                   "usage = resource.getrusage(resource.RUSAGE_SELF)\n"
-                  "print('BENCH', time.perf_counter() - started, usage.ru_maxrss / 1024, code, "
+                  "peak = [int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM:')]\n"
+                  "print('BENCH', time.perf_counter() - started, peak[0] / 1024, code, "
                   "usage.ru_utime + usage.ru_stime, file=sys.stderr)\n")
         done = subprocess.run([sys.executable, "-c", script, "submit", str(dataset), "--redis-url", url, "--output",
                                str(output), "--max-tokens", "16", *extra], capture_output=True, text=True)

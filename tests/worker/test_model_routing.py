@@ -100,6 +100,14 @@ def test_lines_naming_two_models_are_refused(tmp_path, redis_url):
     assert "The lines name 2 models ('smollm2-135m' (line 1), 'gemma3-270m' (line 2))" in result.stderr
 
 
+def test_lines_naming_many_models_are_refused_naming_the_first_few(tmp_path, redis_url):
+    """Only the first models named are remembered (a file could name one per line): the rest make it "more than"."""
+    result = submit(tmp_path, redis_url, [openai_line(f"c{i}", f"model-{i}") for i in range(1, 9)])
+    assert result.exit_code == 1
+    assert ("The lines name more than 5 models ('model-1' (line 1), 'model-2' (line 2), 'model-3' (line 3), "
+            "'model-4' (line 4), 'model-5' (line 5), ...), and a batch runs on one") in result.stderr
+
+
 def test_two_models_two_workers_each_request_runs_on_its_own_model(tmp_path, redis_url, two_models):
     conn = redis.Redis.from_url(redis_url)
     batch_ids = {}

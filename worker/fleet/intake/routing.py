@@ -137,11 +137,11 @@ def _unknown(model: str, where: str, remedy: str) -> MiroError:
 
 
 def choose_model(conn: redis.Redis | None, model_option: str | None, named: dict[str, int],
-                 task: str = "generate") -> str:
+                 task: str = "generate", more: bool = False) -> str:
     """The batch's model: --model if given (the lines' own `model` fields then only say what they asked for),
     otherwise the one model the lines name (OpenAI bodies' `model`), otherwise the default model of its task.
 
-    `named` maps each model the lines name to the first line naming it. `conn` is None for a dry run without
+    `named` maps each model the lines name to the first line naming it; `more`: the lines name others too. `conn` is None for a dry run without
     Redis, which cannot know what the fleet serves: names it cannot place are accepted then.
     """
     if model_option is not None:
@@ -150,10 +150,11 @@ def choose_model(conn: redis.Redis | None, model_option: str | None, named: dict
         return model_option
     if not named:
         return default_model(task)
-    if len(named) > 1:
+    if len(named) > 1 or more:
         listed = ", ".join(f"'{m}' (line {line})" for m, line in sorted(named.items(), key=lambda kv: kv[1]))
-        raise MiroError(f"The lines name {len(named)} models ({listed}), and a batch runs on one: split the file "
-                        f"by model, or pass --model to run every line on one model.")
+        count = f"more than {len(named)}" if more else str(len(named))
+        raise MiroError(f"The lines name {count} models ({listed}{', ...' if more else ''}), and a batch runs on "
+                        f"one: split the file by model, or pass --model to run every line on one model.")
     [(model, line)] = named.items()
     if not is_known(conn, model) and conn is not None:
         raise _unknown(model, f"Line {line}: ", "pass --model to choose the model that runs these lines (their "

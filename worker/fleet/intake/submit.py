@@ -2,7 +2,8 @@
 enqueue the first window of RQ jobs.
 
 Each valid line goes into the batch's stored requests (spool.py) as it is read, so the submitter holds one line and
-one chunk at a time; custom ids are remembered in 12 bytes each (seen_ids.py) for big files. Invalid lines are
+one chunk at a time; custom ids are remembered in 12 bytes a slot (seen_ids.py, about 18 bytes a line) for big
+files, the one thing kept per line. Invalid lines are
 reported as they are found (`on_line_error`). Only when the whole file is read and no line is invalid (or
 `skip_invalid`) is the batch record written and the first window fed (feed.py); a refused file leaves nothing
 behind. The feeder turns the rest into jobs as the fleet drains the queue. `resume` (resume.py) runs again what an
@@ -38,6 +39,7 @@ from miro.worker.fleet.observe.urls import redacted
 CHUNK = defaults.SPOOL_CHUNK
 JOB_TIMEOUT_S, COMPLETION_WINDOW = defaults.JOB_TIMEOUT_S, defaults.COMPLETION_WINDOW  # SubmitOptions' (a field is named defaults)
 BIG_FILE_LINES = 200_000  # from about this many lines custom ids are remembered by hash (seen_ids.SeenIds)
+NAMED_MODELS_KEPT = 5  # models the lines name that are remembered: a batch runs on one, so more is a refusal anyway
 
 
 class InvalidDataset(MiroError):
@@ -121,15 +123,22 @@ class _Read:
     scan: DatasetScan
     seen: object  # the valid requests' custom ids (dataset.FirstLines or seen_ids.SeenIds)
     errors: list[LineError] = field(default_factory=list)
-    named: dict[str, int] = field(default_factory=dict)  # model a line names -> the first line naming it
-    endpoints: dict[str, None] = field(default_factory=dict)  # in order of first use
-    clashing: set[str] = field(default_factory=set)  # valid custom ids of the form line-N (an invalid line's name)
+    # model a line names -> the first line naming it: the first NAMED_MODELS_KEPT (a line per model could name a
+    # million), `more_models` when others were named too
+    named: dict[str, int] = field(default_factory=dict)
+    more_models: bool = False
+    endpoints: dict[str, None] = field(default_factory=dict)  # in order of first use (a few known urls)
     validate_s: float = 0.0
 
     def taken_ids(self) -> set[str]:
-        """The valid custom ids an invalid line's name could clash with (_invalid_ids)."""
-        named = {error.custom_id for error in self.errors if error.custom_id}
-        return self.clashing | {cid for cid in named if cid in self.seen}
+        """The valid custom ids an invalid line's name could clash with (_invalid_ids): of the names it could take
+        (its own custom id, line-N, line-N-invalid), those `seen` holds. Looked up there rather than gathered while
+        reading, which cost a set entry per line of a file without ids (their ids are line-N)."""
+        names = set()
+        for error in self.errors:
+            names.update((error.custom_id, f"line-{error.line}", f"line-{error.line}-invalid") if error.custom_id
+                         else (f"line-{error.line}", f"line-{error.line}-invalid"))
+        return {cid for cid in names if cid in self.seen}
 
     def take(self, items: Iterator[Request | LineError], on_line_error) -> Iterator[Request]:
         """The valid requests of `items`, noting the rest."""
@@ -140,11 +149,12 @@ class _Read:
                 if on_line_error is not None:
                     on_line_error(item)
                 continue
-            if item.requested_model is not None:
-                self.named.setdefault(item.requested_model, item.line)
+            if item.requested_model is not None and item.requested_model not in self.named:
+                if len(self.named) < NAMED_MODELS_KEPT:
+                    self.named[item.requested_model] = item.line
+                else:
+                    self.more_models = True
             self.endpoints.setdefault(endpoint_of(item))
-            if item.custom_id.startswith("line-"):
-                self.clashing.add(item.custom_id)
             yield item
         self.validate_s = time.perf_counter() - started
 
@@ -266,8 +276,8 @@ def submit(conn: redis.Redis | None, path: str | Path, options: SubmitOptions | 
     reused = reuser.reused if reuser is not None else 0
     log(f"Validated {scan.lines:,} lines in {read.validate_s:.2f} s: {scan.valid:,} valid, {scan.invalid:,} invalid"
         + (f"; {reused:,} reuse earlier rows." if reuser is not None else "."))
-    model = _redis(conn, lambda: routing.choose_model(conn, model, read.named, scan.task)) if conn else \
-        routing.choose_model(None, model, read.named, scan.task)
+    model = _redis(conn, lambda: routing.choose_model(conn, model, read.named, scan.task, read.more_models)) \
+        if conn else routing.choose_model(None, model, read.named, scan.task, read.more_models)
     if conn is None and not routing.is_known(None, model):
         log(f"Note: model '{model}' is no alias and no .gguf file here; whether a worker serves it is known "
             f"only to Redis, which a dry run does not ask.")
