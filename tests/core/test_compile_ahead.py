@@ -57,6 +57,7 @@ def test_warmup_fills_an_empty_cache_and_the_next_process_compiles_nothing(tmp_p
     assert loaded == {"compiled": [], "ahead": 0}
 
 
+@pytest.mark.slow  # a cold compile of every kernel of the model by design: a fifth of the fast tier's CPU time
 def test_units_cover_the_forward_pass_kernels(tmp_path, tiny_q8):
     """The units alone (no rehearsal) leave a load and a generation nothing to compile but what no unit covers."""
     cache = tmp_path / "numba"
