@@ -22,7 +22,7 @@ def warmup_command(models, **engine):
     for them."""
     from numba.core import config
 
-    from miro.core.engine.compile_ahead import warm_up
+    from miro.core.engine.warmup import warm_up
     from miro.core.kernels import cpu
 
     options = engine_kwargs(**engine)

@@ -125,7 +125,7 @@ def test_an_unsupported_architecture_is_one_sentence_listing_the_supported_ones(
     with pytest.raises(ModelFileError) as err:
         model_class("mamba")
     assert str(err.value) == ("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, gemma3, bert, "
-                              "smollm3, granite, olmo2, mistral3, phi3, gemma2, nomic-bert).")
+                              "smollm3, granite, olmo2, mistral3, phi3, gemma2, qwen3moe, olmoe, granitemoe, nomic-bert, gpt-oss).")
 
 
 # ---- the real Gemma 3 270M against llama.cpp --------------------------------------------------------

@@ -29,7 +29,7 @@ def test_every_input_form_of_a_line_is_a_list_of_inputs(tmp_path, given, inputs)
     result = parse(tmp_path, embeddings(input=given, model="all-minilm-l6-v2"), {"id": "s", "input": given})
     assert result.errors == [] and result.task == "embed"
     openai_request, simple_request = result.requests
-    assert (openai_request.kind, openai_request.inputs, openai_request.model) == ("embedding", inputs,
+    assert (openai_request.kind, openai_request.inputs, openai_request.requested_model) == ("embedding", inputs,
                                                                                   "all-minilm-l6-v2")
     assert (simple_request.kind, simple_request.inputs, simple_request.form) == ("embedding", inputs, "simple")
     assert openai_request.sampling == {} and openai_request.encoding_format == "float"

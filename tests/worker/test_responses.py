@@ -37,7 +37,7 @@ def test_a_responses_line_is_a_chat_request_with_its_echo(tmp_path):
                  top_p=0.9, seed=4, metadata={"team": "a"}, text={"format": SCHEMA_FORMAT, "verbosity": "low"},
                  store=False, user="u1")
     (request,) = parse(tmp_path, given).requests
-    assert (request.kind, request.task, request.url, request.model) == ("response", "generate", URL, "gpt-4o-mini")
+    assert (request.kind, request.task, request.url, request.requested_model) == ("response", "generate", URL, "gpt-4o-mini")
     assert request.messages == [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "hi"}]
     assert request.sampling == {"max_tokens": 7, "temperature": 0.3, "top_p": 0.9, "seed": 4,
                                 "structured_outputs": {"json": OK}}
