@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as Q
 from miro.core.engine import compile_ahead
 from miro.core.loading.gguf_file import GGUFFile
 from miro.core.loading.model_config import ModelConfig
-from tests.gguf_factory import write_tiny_llama
+from gguf_factory import write_tiny_llama
 
 # a process that loads MODEL and generates from a short and a long prompt, printing what it compiled
 _LOAD_AND_GENERATE = """
