@@ -54,8 +54,9 @@ WEIGHT_BYTES = 64 * 2**20
 def _vpdpbusd(typingctx, acc, a, b):
     def codegen(context, builder, sig, args):
         vector = ir.VectorType(ir.IntType(32), 16)
-        function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector] * 3),
-                                                  "llvm.x86.avx512.vpdpbusd.512")
+        function = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vector, [vector] * 3), "llvm.x86.avx512.vpdpbusd.512"
+        )
         return builder.call(function, args)
 
     return int32x16(int32x16, int32x16, int32x16), codegen
@@ -88,8 +89,20 @@ def vnni_peak(seed, iterations, threads, sink):
             c9 = _vpdpbusd(c9, a, b)
             c10 = _vpdpbusd(c10, a, b)
             c11 = _vpdpbusd(c11, a, b)
-        sink[t] = (_lane0(c0) + _lane0(c1) + _lane0(c2) + _lane0(c3) + _lane0(c4) + _lane0(c5) + _lane0(c6)
-                   + _lane0(c7) + _lane0(c8) + _lane0(c9) + _lane0(c10) + _lane0(c11))
+        sink[t] = (
+            _lane0(c0)
+            + _lane0(c1)
+            + _lane0(c2)
+            + _lane0(c3)
+            + _lane0(c4)
+            + _lane0(c5)
+            + _lane0(c6)
+            + _lane0(c7)
+            + _lane0(c8)
+            + _lane0(c9)
+            + _lane0(c10)
+            + _lane0(c11)
+        )
 
 
 @njit(parallel=True)
@@ -185,12 +198,16 @@ def main() -> None:
         raise SystemExit(f"AMX is not usable here: {reason}")
     numba.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
-    print(f"threads {args.threads}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
-          f"{args.rounds} rounds, median of {args.repeats} calls each")
+    print(
+        f"threads {args.threads}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
+        f"{args.rounds} rounds, median of {args.repeats} calls each"
+    )
     vnni_top, amx_top = peaks(args.threads, args.rounds)
     print(f"peaks: vpdpbusd {vnni_top:.0f} GOP/s, tdpbusd {amx_top:.0f} GOP/s ({amx_top / vnni_top:.1f}x)")
-    print(f"{'K x N':>12} {'M':>4} {'amx GOP/s':>10} {'amx q8':>8} {'vnni GOP/s':>11} {'amx/vnni':>9} {'q8/vnni':>8} "
-          f"{'amx/peak':>9} {'vnni/peak':>10}")
+    print(
+        f"{'K x N':>12} {'M':>4} {'amx GOP/s':>10} {'amx q8':>8} {'vnni GOP/s':>11} {'amx/vnni':>9} {'q8/vnni':>8} "
+        f"{'amx/peak':>9} {'vnni/peak':>10}"
+    )
     rng = np.random.default_rng(0)
     for shape in args.shapes.split(","):
         for k, n in SHAPES[shape]:
@@ -215,9 +232,12 @@ def main() -> None:
                     vnni_times.append(median_call(vnni_calls, args.repeats))
                 ops = 2 * m * k * n / 1e9
                 amx_rate, q8_rate, vnni_rate = (ops / np.median(t) for t in (amx_times, q8_times, vnni_times))
-                print(f"{k:>5} x {n:<5} {m:>4} {amx_rate:>10.1f} {q8_rate:>8.1f} {vnni_rate:>11.1f} "
-                      f"{amx_rate / vnni_rate:>8.2f}x {q8_rate / vnni_rate:>7.2f}x "
-                      f"{amx_rate / amx_top:>9.3f} {vnni_rate / vnni_top:>10.3f}", flush=True)
+                print(
+                    f"{k:>5} x {n:<5} {m:>4} {amx_rate:>10.1f} {q8_rate:>8.1f} {vnni_rate:>11.1f} "
+                    f"{amx_rate / vnni_rate:>8.2f}x {q8_rate / vnni_rate:>7.2f}x "
+                    f"{amx_rate / amx_top:>9.3f} {vnni_rate / vnni_top:>10.3f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def make_case(rng, n_seqs, n_new, start):
     blocks_per_seq = -(-ctx // BLOCK_SIZE)
     num_blocks = n_seqs * blocks_per_seq
     perm = rng.permutation(num_blocks)
-    tables = [[int(b) for b in perm[i * blocks_per_seq:(i + 1) * blocks_per_seq]] for i in range(n_seqs)]
+    tables = [[int(b) for b in perm[i * blocks_per_seq : (i + 1) * blocks_per_seq]] for i in range(n_seqs)]
     shape = (num_blocks, N_KV_HEADS, BLOCK_SIZE, HEAD_DIM)
     k_cache = rng.standard_normal(shape).astype(np.float32)  # (block, head, position, d), as numpy and torch read it
     v_cache = rng.standard_normal(shape).astype(np.float32)
@@ -91,7 +91,7 @@ def numpy_attention(q, k_cache, v_cache, tables, n_new, start, scale):
         blocks = np.asarray(table)[pos // BLOCK_SIZE]
         k = k_cache[blocks, :, offsets, :].transpose(1, 0, 2)  # (n_kv, ctx, hd)
         v = v_cache[blocks, :, offsets, :].transpose(1, 0, 2)
-        qs = q[s * n_new:(s + 1) * n_new].reshape(n_new, N_KV_HEADS, group, HEAD_DIM)
+        qs = q[s * n_new : (s + 1) * n_new].reshape(n_new, N_KV_HEADS, group, HEAD_DIM)
         qs = qs.transpose(1, 0, 2, 3).reshape(N_KV_HEADS, n_new * group, HEAD_DIM)
         scores = (qs @ k.transpose(0, 2, 1)) * scale  # (n_kv, n_new * group, ctx)
         scores = scores.reshape(N_KV_HEADS, n_new, group, ctx)
@@ -101,8 +101,8 @@ def numpy_attention(q, k_cache, v_cache, tables, n_new, start, scale):
         p = np.exp(scores)
         p /= p.sum(axis=-1, keepdims=True)
         o = p.reshape(N_KV_HEADS, n_new * group, ctx) @ v  # (n_kv, n_new * group, hd)
-        out[s * n_new:(s + 1) * n_new] = o.reshape(N_KV_HEADS, n_new, group, HEAD_DIM).transpose(1, 0, 2, 3).reshape(
-            n_new, N_HEADS, HEAD_DIM
+        out[s * n_new : (s + 1) * n_new] = (
+            o.reshape(N_KV_HEADS, n_new, group, HEAD_DIM).transpose(1, 0, 2, 3).reshape(n_new, N_HEADS, HEAD_DIM)
         )
     return out
 
@@ -160,12 +160,18 @@ def main() -> None:
         f"cpu tier {cpu.TIER.name}, {SCORE_QUERIES} queries per key load (other shape: {other}); "
         f"n_heads {N_HEADS}, n_kv_heads {N_KV_HEADS}, head_dim {HEAD_DIM}, block_size {BLOCK_SIZE}; "
         f"numba threads {numba.get_num_threads()}"
-        + (f", torch {torch.__version__} threads {torch.get_num_threads()}" if torch is not None else ", torch: not importable")
+        + (
+            f", torch {torch.__version__} threads {torch.get_num_threads()}"
+            if torch is not None
+            else ", torch: not importable"
+        )
         + f"; median of {args.repeats} runs; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     )
-    header = (f"{'shape':<22} {'numba ms':>9} {'f16 ms':>9} {f'f16 sq{other}':>9} {'numpy ms':>9} {'torch ms':>9} "
-              f"{'numba/numpy':>12} {'numba/torch':>12} {'f16/f32':>8} {f'sq{other}/sq{SCORE_QUERIES}':>8} "
-              f"{'max|diff|':>10}")
+    header = (
+        f"{'shape':<22} {'numba ms':>9} {'f16 ms':>9} {f'f16 sq{other}':>9} {'numpy ms':>9} {'torch ms':>9} "
+        f"{'numba/numpy':>12} {'numba/torch':>12} {'f16/f32':>8} {f'sq{other}/sq{SCORE_QUERIES}':>8} "
+        f"{'max|diff|':>10}"
+    )
     print(header)
     print("-" * len(header))
     for name, n_seqs, n_new, start in SHAPES:
@@ -175,8 +181,9 @@ def main() -> None:
 
         def run_numba(dtype="float32", score_queries=None, into=out):
             kt, v = caches[dtype]
-            paged_attention(q, kt, v, step.block_tables, step.positions, step.attn_items, scale, into,
-                            score_queries=score_queries)
+            paged_attention(
+                q, kt, v, step.block_tables, step.positions, step.attn_items, scale, into, score_queries=score_queries
+            )
 
         def run_numpy():
             return numpy_attention(q, k_cache, v_cache, tables, n_new, start, scale)
@@ -195,7 +202,9 @@ def main() -> None:
 
             def run_torch():
                 with torch.inference_mode():
-                    return F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, scale=float(scale), enable_gqa=True)
+                    return F.scaled_dot_product_attention(
+                        tq, tk, tv, is_causal=causal, scale=float(scale), enable_gqa=True
+                    )
 
             t_torch = median_ms(run_torch, args.repeats)
             t_out = run_torch().numpy().transpose(0, 2, 1, 3).reshape(q.shape)

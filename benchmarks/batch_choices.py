@@ -33,18 +33,24 @@ def seats(args) -> None:
     path = str(resolve_model(args.model))
     base = Engine.from_model(path, max_model_len=2048)
     requests = load_sharegpt(base.tokenizer, args.num_prompts)
-    print(f"{len(requests)} prompts: {sum(len(p) for p, _ in requests)} prompt tokens, "
-          f"{sum(n for _, n in requests)} output tokens; KV cache {base.block_manager.num_blocks} blocks of "
-          f"{base.block_size}; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"{len(requests)} prompts: {sum(len(p) for p, _ in requests)} prompt tokens, "
+        f"{sum(n for _, n in requests)} output tokens; KV cache {base.block_manager.num_blocks} blocks of "
+        f"{base.block_size}; load average {os.getloadavg()[0]:.2f}"
+    )
     rates = {}
     for n in args.seats:
-        engine = type(base)(base.model, base.tokenizer, max_model_len=2048, max_num_seqs=n,
-                            num_kv_blocks=base.block_manager.num_blocks)
+        engine = type(base)(
+            base.model, base.tokenizer, max_model_len=2048, max_num_seqs=n, num_kv_blocks=base.block_manager.num_blocks
+        )
         run_miro(engine, requests[:4])
         rates[n] = run_miro(engine, requests)
         stats = engine.stats()
-        print(f"max_num_seqs {n:>4}: {rates[n]:7.1f} total tok/s ({rates[n] / rates[args.seats[0]]:.2f}x), "
-              f"preemptions {stats.preemptions}", flush=True)
+        print(
+            f"max_num_seqs {n:>4}: {rates[n]:7.1f} total tok/s ({rates[n] / rates[args.seats[0]]:.2f}x), "
+            f"preemptions {stats.preemptions}",
+            flush=True,
+        )
 
 
 def document_workload(tokenizer, n_documents: int, n_questions: int, output_len: int = 32):
@@ -84,13 +90,17 @@ def admission(args) -> None:
     requests = document_workload(base.tokenizer, args.documents, args.questions)
     prompt_blocks = max(len(p) for p, _ in requests) // base.block_size + 1
     num_blocks = 3 * prompt_blocks + 16 * 4  # about three documents, and each running request's own blocks
-    print(f"{len(requests)} requests ({args.documents} documents x {args.questions} questions): "
-          f"{sum(len(p) for p, _ in requests)} prompt tokens, {sum(n for _, n in requests)} output tokens; "
-          f"KV cache {num_blocks} blocks of {base.block_size}; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"{len(requests)} requests ({args.documents} documents x {args.questions} questions): "
+        f"{sum(len(p) for p, _ in requests)} prompt tokens, {sum(n for _, n in requests)} output tokens; "
+        f"KV cache {num_blocks} blocks of {base.block_size}; load average {os.getloadavg()[0]:.2f}"
+    )
     compare_orders(base, requests, num_blocks)
     sharegpt = load_sharegpt(base.tokenizer, args.num_prompts)
-    print(f"\n{len(sharegpt)} ShareGPT prompts: {sum(len(p) for p, _ in sharegpt)} prompt tokens, "
-          f"{sum(n for _, n in sharegpt)} output tokens; KV cache {base.block_manager.num_blocks} blocks")
+    print(
+        f"\n{len(sharegpt)} ShareGPT prompts: {sum(len(p) for p, _ in sharegpt)} prompt tokens, "
+        f"{sum(n for _, n in sharegpt)} output tokens; KV cache {base.block_manager.num_blocks} blocks"
+    )
     compare_orders(base, sharegpt, base.block_manager.num_blocks)
 
 
@@ -99,18 +109,27 @@ def compare_orders(base, requests, num_blocks: int) -> None:
 
     rates = {}
     for order in ("arrival", "prefix"):
-        engine = Engine(base.model, base.tokenizer, EngineConfig(max_model_len=2048, num_kv_blocks=num_blocks,
-                                                                 admission_order=order))
+        engine = Engine(
+            base.model,
+            base.tokenizer,
+            EngineConfig(max_model_len=2048, num_kv_blocks=num_blocks, admission_order=order),
+        )
         run_miro(engine, requests[:2])
-        engine = Engine(base.model, base.tokenizer, EngineConfig(max_model_len=2048, num_kv_blocks=num_blocks,
-                                                                 admission_order=order))
+        engine = Engine(
+            base.model,
+            base.tokenizer,
+            EngineConfig(max_model_len=2048, num_kv_blocks=num_blocks, admission_order=order),
+        )
         t0 = time.perf_counter()
         rates[order] = run_miro(engine, requests)
         stats = engine.stats()
-        print(f"{order:<8} {rates[order]:7.1f} total tok/s ({rates[order] / rates['arrival']:.2f}x), "
-              f"{engine.rates.prompt_tokens_total:,} prompt tokens computed, prefix cache hit rate "
-              f"{stats.prefix_cache_hit_rate:.3f}, preemptions {stats.preemptions}, "
-              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        print(
+            f"{order:<8} {rates[order]:7.1f} total tok/s ({rates[order] / rates['arrival']:.2f}x), "
+            f"{engine.rates.prompt_tokens_total:,} prompt tokens computed, prefix cache hit rate "
+            f"{stats.prefix_cache_hit_rate:.3f}, preemptions {stats.preemptions}, "
+            f"{time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
 
 
 def main() -> None:

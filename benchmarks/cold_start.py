@@ -109,16 +109,16 @@ def _child(notes_path: str, argv: list[str]) -> None:
 
 def _package_dirs(tree: Path) -> dict[str, str]:
     setup = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]
-    return {package: setup["package-dir"][package] for package in setup["packages"]
-            if package in setup["package-dir"]}
+    return {package: setup["package-dir"][package] for package in setup["packages"] if package in setup["package-dir"]}
 
 
 def lay_out(rev: str, into: Path) -> Path:
     """The tree at `rev` (or the working tree's files) as an importable folder: into/site/miro/... ."""
     source = into / "source"
     if rev == "worktree":
-        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True,
-                                capture_output=True, text=True).stdout.split("\n")
+        listed = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True, capture_output=True, text=True
+        ).stdout.split("\n")
         for name in filter(None, listed):
             if (REPO / name).is_file():
                 (source / name).parent.mkdir(parents=True, exist_ok=True)
@@ -143,8 +143,17 @@ def run_once(site: Path, cache: Path, dataset: str, work: Path) -> dict:
     output = work / "results.parquet"
     env = {**os.environ, "PYTHONPATH": str(site), "NUMBA_CACHE_DIR": str(cache)}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", str(notes_path), "--", "run", dataset,
-               "-o", str(output)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        str(notes_path),
+        "--",
+        "run",
+        dataset,
+        "-o",
+        str(output),
+    ]
     t0 = time.time()
     env["COLD_START_T0"] = repr(t0)
     done = subprocess.run(command, env=env, cwd=work, capture_output=True, text=True)
@@ -172,38 +181,52 @@ def main() -> None:
     runs: list[dict] = []
     try:
         sites = {name: lay_out(rev, root / name) for name, rev in trees.items()}
-        print(f"{cpu.describe()}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}; "
-              f"trees: {', '.join(f'{n}={r}' for n, r in trees.items())}; dataset {args.dataset}", flush=True)
+        print(
+            f"{cpu.describe()}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}; "
+            f"trees: {', '.join(f'{n}={r}' for n, r in trees.items())}; dataset {args.dataset}",
+            flush=True,
+        )
         for round_ in range(args.rounds):
             for name, site in sites.items():
                 work = root / f"{name}-work"
                 work.mkdir(exist_ok=True)
                 cache = root / f"{name}-numba-{round_}"
                 for state in ("cold", "warm"):
-                    figures = {"tree": name, "state": state, "round": round_,
-                               **run_once(site, cache, args.dataset, work)}
+                    figures = {
+                        "tree": name,
+                        "state": state,
+                        "round": round_,
+                        **run_once(site, cache, args.dataset, work),
+                    }
                     runs.append(figures)
-                    print(f"round {round_} {name:6} {state}: first token {figures.get('first_token_s', -1):6.1f} s, "
-                          f"end {figures['end_s']:6.1f} s (imported {figures.get('imported_s', -1):.1f}, "
-                          f"loaded {figures.get('loaded_s', -1):.1f}; {figures['compiles']} compilations, "
-                          f"{figures['compile_s']:.1f} s; CPU {figures.get('first_token_cpu_s', -1):.1f} s to the "
-                          f"first token (+{figures.get('first_token_children_cpu_s', -1):.1f} s in child processes), "
-                          f"{figures['end_cpu_s']:.1f} s in all)", flush=True)
+                    print(
+                        f"round {round_} {name:6} {state}: first token {figures.get('first_token_s', -1):6.1f} s, "
+                        f"end {figures['end_s']:6.1f} s (imported {figures.get('imported_s', -1):.1f}, "
+                        f"loaded {figures.get('loaded_s', -1):.1f}; {figures['compiles']} compilations, "
+                        f"{figures['compile_s']:.1f} s; CPU {figures.get('first_token_cpu_s', -1):.1f} s to the "
+                        f"first token (+{figures.get('first_token_children_cpu_s', -1):.1f} s in child processes), "
+                        f"{figures['end_cpu_s']:.1f} s in all)",
+                        flush=True,
+                    )
                 shutil.rmtree(cache, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print("\nmedians over", args.rounds, "rounds (wall seconds from the command):")
-    print(f"{'tree':8} {'state':6} {'first token':>12} {'end':>8} {'compilations':>13} {'compiling':>10} "
-          f"{'CPU to 1st':>11} {'CPU in all':>11}")
+    print(
+        f"{'tree':8} {'state':6} {'first token':>12} {'end':>8} {'compilations':>13} {'compiling':>10} "
+        f"{'CPU to 1st':>11} {'CPU in all':>11}"
+    )
     for name in trees:
         for state in ("cold", "warm"):
             these = [r for r in runs if r["tree"] == name and r["state"] == state]
-            print(f"{name:8} {state:6} {statistics.median(r['first_token_s'] for r in these):12.1f} "
-                  f"{statistics.median(r['end_s'] for r in these):8.1f} "
-                  f"{statistics.median(r['compiles'] for r in these):13.0f} "
-                  f"{statistics.median(r['compile_s'] for r in these):10.1f} "
-                  f"{statistics.median(r['first_token_cpu_s'] for r in these):11.1f} "
-                  f"{statistics.median(r['end_cpu_s'] for r in these):11.1f}")
+            print(
+                f"{name:8} {state:6} {statistics.median(r['first_token_s'] for r in these):12.1f} "
+                f"{statistics.median(r['end_s'] for r in these):8.1f} "
+                f"{statistics.median(r['compiles'] for r in these):13.0f} "
+                f"{statistics.median(r['compile_s'] for r in these):10.1f} "
+                f"{statistics.median(r['first_token_cpu_s'] for r in these):11.1f} "
+                f"{statistics.median(r['end_cpu_s'] for r in these):11.1f}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=1))
 

@@ -46,8 +46,9 @@ def main() -> None:
             for start in range(0, args.requests, 1000):
                 with conn.pipeline(transaction=False) as pipe:
                     for i in range(start, min(start + 1000, args.requests)):
-                        batches.queue_count_finished(pipe, batch_id, f"request-{i:09d}", prompt_tokens=1,
-                                                     completion_tokens=1)
+                        batches.queue_count_finished(
+                            pipe, batch_id, f"request-{i:09d}", prompt_tokens=1, completion_tokens=1
+                        )
                     pipe.execute()
             assert batches.get_batch(conn, batch_id).status == "completed"
             figures["redis_counted_mb"] = round(conn.info("memory")["used_memory"] / 1e6, 1)

@@ -81,12 +81,14 @@ TORCH_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_
 
 # -- the texts (parent) ---------------------------------------------------------------------------------
 
+
 def sharegpt_texts(n: int) -> list[str]:
     """The first n of every first turn's and answer's paragraphs, shuffled with random.Random(SEED)."""
     from sharegpt import first_turns
 
-    texts = [p.strip() for turn in first_turns() for message in turn
-             for p in re.split(r"\n\s*\n", message) if p.strip()]
+    texts = [
+        p.strip() for turn in first_turns() for message in turn for p in re.split(r"\n\s*\n", message) if p.strip()
+    ]
     random.Random(SEED).shuffle(texts)
     if len(texts) < n:
         raise SystemExit(f"--num-texts {n}: ShareGPT's first turns hold only {len(texts):,} paragraphs")
@@ -106,10 +108,12 @@ def token_ids(texts: list[str], st_model: Path) -> list[list[int]]:
 def describe_texts(lengths: np.ndarray) -> str:
     p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
     kept = np.minimum(lengths, MAX_TOKENS)
-    return (f"{len(lengths):,} texts (ShareGPT first-turn paragraphs, seed {SEED}): tokens per text mean "
-            f"{lengths.mean():.1f}, p50 {p50:.0f}, p90 {p90:.0f}, p99 {p99:.0f}, max {lengths.max()}; "
-            f"{(lengths > MAX_TOKENS).sum()} cut to {MAX_TOKENS}: {kept.sum():,} tokens embedded "
-            f"(mean {kept.mean():.1f})")
+    return (
+        f"{len(lengths):,} texts (ShareGPT first-turn paragraphs, seed {SEED}): tokens per text mean "
+        f"{lengths.mean():.1f}, p50 {p50:.0f}, p90 {p90:.0f}, p99 {p99:.0f}, max {lengths.max()}; "
+        f"{(lengths > MAX_TOKENS).sum()} cut to {MAX_TOKENS}: {kept.sum():,} tokens embedded "
+        f"(mean {kept.mean():.1f})"
+    )
 
 
 def ensure_st_model(folder: Path) -> None:
@@ -127,6 +131,7 @@ def ensure_st_model(folder: Path) -> None:
 
 
 # -- miro (child) ---------------------------------------------------------------------------------------
+
 
 def run_miro(texts: list[str], setting: dict, threads: int) -> tuple[np.ndarray, int, float, str]:
     from miro.cli.common import limit_threads
@@ -149,6 +154,7 @@ def run_miro(texts: list[str], setting: dict, threads: int) -> tuple[np.ndarray,
 
 
 # -- sentence-transformers (child, under --st-python) ---------------------------------------------------
+
 
 def st_load(folder: str, threads: int):
     import torch
@@ -185,12 +191,15 @@ def run_st(texts: list[str], setting: dict, threads: int) -> tuple[np.ndarray, i
     vecs = st_encode(model, texts, size)
     wall = time.perf_counter() - t0
     ids = model.tokenizer(texts, truncation=True, max_length=model.max_seq_length)["input_ids"]
-    how = (f"batch size {size}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-           f"{torch.backends.cpu.get_cpu_capability()}")
+    how = (
+        f"batch size {size}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{torch.backends.cpu.get_cpu_capability()}"
+    )
     return vecs, sum(map(len, ids)), wall, how
 
 
 # -- llama.cpp (child, under --llama-python) ------------------------------------------------------------
+
 
 def cut(ids: list[int]) -> list[int]:
     """At most MAX_TOKENS ids: the first ones, then the last ([SEP]), as sentence-transformers and miro cut."""
@@ -238,8 +247,17 @@ def llama_load(path: str, ubatch: int, threads: int, warmup: list[list[int]]):
     for flash in (True, False):
         llm = None
         try:
-            llm = Llama(model_path=path, embedding=True, n_ctx=ubatch, n_batch=ubatch, n_ubatch=ubatch,
-                        n_threads=threads, n_threads_batch=threads, flash_attn=flash, verbose=False)
+            llm = Llama(
+                model_path=path,
+                embedding=True,
+                n_ctx=ubatch,
+                n_batch=ubatch,
+                n_ubatch=ubatch,
+                n_threads=threads,
+                n_threads_batch=threads,
+                flash_attn=flash,
+                verbose=False,
+            )
             llama_embed(llm, warmup, ubatch, len(warmup))
             return llm, flash
         except (ValueError, RuntimeError) as err:
@@ -274,8 +292,10 @@ def run_llama(texts: list[str], setting: dict, threads: int) -> tuple[np.ndarray
     vecs, tokens = llama_embed(llm, texts, setting["ubatch"], setting["seqs"])
     wall = time.perf_counter() - t0
     llm.close()
-    how = (f"n_ubatch {setting['ubatch']}, up to {setting['seqs']} sequences per decode, flash attention "
-           f"{'on' if flash else 'off'}; llama-cpp-python {llama_cpp.__version__}")
+    how = (
+        f"n_ubatch {setting['ubatch']}, up to {setting['seqs']} sequences per decode, flash attention "
+        f"{'on' if flash else 'off'}; llama-cpp-python {llama_cpp.__version__}"
+    )
     return vecs, tokens, wall, how
 
 
@@ -298,6 +318,7 @@ def child(args: argparse.Namespace) -> None:
 
 # -- the parent -----------------------------------------------------------------------------------------
 
+
 def child_result(cmd: list[str], env: dict) -> dict:
     """Run one engine in its own process; its JSON line plus that process's own peak RSS (wait4's rusage)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -317,17 +338,38 @@ class Children:
 
     def __init__(self, args: argparse.Namespace, texts_path: Path, folder: Path):
         self.args, self.texts_path, self.folder = args, texts_path, folder
-        base = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                "OMP_NUM_THREADS": str(args.threads)}
-        self.env = {"miro": base, "llama.cpp": base,
-                    "sentence-transformers": {**base, **(TORCH_AVX2 if args.tier == "avx2" else {})}}
+        base = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": str(args.threads),
+        }
+        self.env = {
+            "miro": base,
+            "llama.cpp": base,
+            "sentence-transformers": {**base, **(TORCH_AVX2 if args.tier == "avx2" else {})},
+        }
         self.python = {"miro": sys.executable, "sentence-transformers": args.st_python, "llama.cpp": args.llama_python}
 
     def run(self, name: str, kind: str, setting: dict, mode: str = "run") -> dict:
         out = self.folder / (re.sub(r"[^\w.-]+", "_", name) + ".npy")
-        cmd = [self.python[kind], __file__, "--child", kind if mode == "run" else f"{kind}:{mode}",
-               "--texts", str(self.texts_path), "--out", str(out), "--setting", json.dumps(setting),
-               "--threads", str(self.args.threads), "--sweep-texts", str(self.args.sweep_texts)]
+        cmd = [
+            self.python[kind],
+            __file__,
+            "--child",
+            kind if mode == "run" else f"{kind}:{mode}",
+            "--texts",
+            str(self.texts_path),
+            "--out",
+            str(out),
+            "--setting",
+            json.dumps(setting),
+            "--threads",
+            str(self.args.threads),
+            "--sweep-texts",
+            str(self.args.sweep_texts),
+        ]
         result = child_result(cmd, self.env[kind])
         result["embeddings"] = str(out)
         return result
@@ -353,8 +395,11 @@ def sweep(children: Children, kind: str, setting: dict, unit: str) -> dict:
     result = children.run(kind, kind, setting, "sweep")
     rates = ", ".join(f"{label}: {rate:.1f}" for label, rate in result["rates"].items())
     kept = ", ".join(f"{k} {v}" for k, v in result["best"].items() if k not in setting)
-    print(f"{kind} {unit} on {min(children.args.sweep_texts, children.args.num_texts)} texts (texts/s): "
-          f"{rates}; kept {kept}", flush=True)
+    print(
+        f"{kind} {unit} on {min(children.args.sweep_texts, children.args.num_texts)} texts (texts/s): "
+        f"{rates}; kept {kept}",
+        flush=True,
+    )
     return result["best"]
 
 
@@ -369,13 +414,17 @@ def print_round(results: dict, round_: int, rounds: int) -> None:
     print(f"{'engine':<{width}}{'texts/s':>10}{'tokens/s':>12}{'wall s':>9}{'peak RSS MiB':>14}  miro / faster anchor")
     for name, r in results.items():
         ratio = ratio_to_anchor(results, name) if name.startswith("miro") else None
-        print(f"{name:<{width}}{r['texts'] / r['wall_s']:>10.1f}{r['tokens'] / r['wall_s']:>12,.0f}"
-              f"{r['wall_s']:>9.1f}{r['peak_rss'] / 2**20:>14,.0f}  {f'{ratio:.2f}x' if ratio else ''}")
+        print(
+            f"{name:<{width}}{r['texts'] / r['wall_s']:>10.1f}{r['tokens'] / r['wall_s']:>12,.0f}"
+            f"{r['wall_s']:>9.1f}{r['peak_rss'] / 2**20:>14,.0f}  {f'{ratio:.2f}x' if ratio else ''}"
+        )
     for name, r in results.items():
         print(f"  {name}: {r['how']}")
     if len({r["tokens"] for r in results.values()}) > 1:
-        print("  NOTE: the engines embedded different token counts: "
-              + ", ".join(f"{n} {r['tokens']:,}" for n, r in results.items()))
+        print(
+            "  NOTE: the engines embedded different token counts: "
+            + ", ".join(f"{n} {r['tokens']:,}" for n, r in results.items())
+        )
     sys.stdout.flush()
 
 
@@ -384,8 +433,10 @@ def print_ratios(runs: list[dict]) -> None:
     for name in runs[0]:
         ratios = [ratio_to_anchor(r, name) for r in runs] if name.startswith("miro") else []
         if ratios and None not in ratios:
-            print(f"{name} / faster anchor texts/s, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
-                  f"median {statistics.median(ratios):.2f}x (target >= 2x)")
+            print(
+                f"{name} / faster anchor texts/s, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
+                f"median {statistics.median(ratios):.2f}x (target >= 2x)"
+            )
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -403,8 +454,10 @@ def print_agreement(results: dict) -> None:
     for left, right in pairs:
         c = cosines(vecs[left], vecs[right])
         target = f" (target >= {targets[right]})" if left.startswith("miro") else ""
-        print(f"agreement on the first {len(c)} texts: {left} vs {right}: min cosine {c.min():.7f} "
-              f"(text {c.argmin()}){target}")
+        print(
+            f"agreement on the first {len(c)} texts: {left} vs {right}: min cosine {c.min():.7f} "
+            f"(text {c.argmin()}){target}"
+        )
 
 
 def parse_args() -> argparse.Namespace:
@@ -413,16 +466,32 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=1, help="run the engines in turn this many times")
     parser.add_argument("--threads", type=int, default=2, help="every engine's threads (torch's, llama.cpp's, miro's)")
     parser.add_argument("--engines", default="miro,sentence-transformers,llama.cpp")
-    parser.add_argument("--miro-options", action="append", default=[], metavar="KEY=VALUE,...",
-                        help="a miro variant with these Engine.from_model keywords (repeatable)")
-    parser.add_argument("--sweep-texts", type=int, default=500,
-                        help="texts the anchors' batch settings are timed on before the runs")
-    parser.add_argument("--st-python", default=os.environ.get("ST_PYTHON"),
-                        help="a Python with torch and sentence-transformers (default: $ST_PYTHON)")
-    parser.add_argument("--st-model", type=Path, default=ST_MODEL,
-                        help="sentence-transformers' all-MiniLM-L6-v2 folder (made from the wheel if missing)")
-    parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON"),
-                        help="a Python with llama-cpp-python, built for the tier measured (default: $LLAMA_PYTHON)")
+    parser.add_argument(
+        "--miro-options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE,...",
+        help="a miro variant with these Engine.from_model keywords (repeatable)",
+    )
+    parser.add_argument(
+        "--sweep-texts", type=int, default=500, help="texts the anchors' batch settings are timed on before the runs"
+    )
+    parser.add_argument(
+        "--st-python",
+        default=os.environ.get("ST_PYTHON"),
+        help="a Python with torch and sentence-transformers (default: $ST_PYTHON)",
+    )
+    parser.add_argument(
+        "--st-model",
+        type=Path,
+        default=ST_MODEL,
+        help="sentence-transformers' all-MiniLM-L6-v2 folder (made from the wheel if missing)",
+    )
+    parser.add_argument(
+        "--llama-python",
+        default=os.environ.get("LLAMA_PYTHON"),
+        help="a Python with llama-cpp-python, built for the tier measured (default: $LLAMA_PYTHON)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--texts", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -430,8 +499,10 @@ def parse_args() -> argparse.Namespace:
     tiers.add_argument(parser)
     args = parser.parse_args()
     engines = args.engines.split(",")
-    for engine, python, flag in (("sentence-transformers", args.st_python, "--st-python"),
-                                 ("llama.cpp", args.llama_python, "--llama-python")):
+    for engine, python, flag in (
+        ("sentence-transformers", args.st_python, "--st-python"),
+        ("llama.cpp", args.llama_python, "--llama-python"),
+    ):
         if engine in engines and not python and not args.child:
             parser.error(f"{engine} needs {flag} (or drop it from --engines)")
     return args
@@ -462,8 +533,11 @@ def main() -> None:
         ids_path = Path(tmp) / "ids.json"  # llama.cpp's input: the same tokens as the others, cut the same way
         ids_path.write_text(json.dumps([cut(x) for x in ids]))
         children = Children(args, texts_path, Path(tmp))
-        settings = [(name, "miro", dict(options=options)) for name, options in miro_variants(args.miro_options)
-                    if "miro" in engines]
+        settings = [
+            (name, "miro", dict(options=options))
+            for name, options in miro_variants(args.miro_options)
+            if "miro" in engines
+        ]
         if "sentence-transformers" in engines:
             best = sweep(children, "sentence-transformers", dict(folder=str(args.st_model)), "batch sizes")
             settings.append(("sentence-transformers", "sentence-transformers", best))

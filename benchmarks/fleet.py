@@ -39,8 +39,13 @@ def median_ms(call, repeats: int) -> float:
 def worker_duties(conn, model: str, batch_size: int) -> None:
     """One refresh of the worker's hash (stats, queue depth, cancel check) against one decode step at
     `batch_size` sequences."""
-    worker = BatchWorker([Queue("bench", connection=conn, serializer=JSONSerializer)], connection=conn,
-                         serializer=JSONSerializer, model=model, name="bench")
+    worker = BatchWorker(
+        [Queue("bench", connection=conn, serializer=JSONSerializer)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=model,
+        name="bench",
+    )
     worker.engine = engine = Engine.from_model(model)
     worker.started_at = time.time()
     params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
@@ -52,8 +57,10 @@ def worker_duties(conn, model: str, batch_size: int) -> None:
     refresh_ms = median_ms(lambda: (worker._cancel_cancelled_batches(), worker._publish()), 200)
     hash_bytes = conn.memory_usage(keys.worker("bench"))
     print(f"worker refresh (stats hash + queue depth + cancel check): {refresh_ms:.2f} ms, once a second")
-    print(f"decode step at B={batch_size}: {step_ms:.1f} ms -> the refresh costs {refresh_ms / step_ms:.1%} of one "
-          f"step, {refresh_ms / 10:.2f}% of the worker's time")
+    print(
+        f"decode step at B={batch_size}: {step_ms:.1f} ms -> the refresh costs {refresh_ms / step_ms:.1%} of one "
+        f"step, {refresh_ms / 10:.2f}% of the worker's time"
+    )
     print(f"worker hash in Redis: {hash_bytes} bytes ({len(conn.hgetall(keys.worker('bench')))} fields)")
 
 
@@ -66,8 +73,7 @@ def cancel_on_a_long_queue(conn, model: str, jobs: int, tmp: Path) -> None:
     submitted = {}
     for name in ("a", "b"):
         t0 = time.perf_counter()
-        submitted[name] = submit(conn, tmp / f"{name}.jsonl", output=str(tmp / "out"), model=model,
-                                 queue_name="shared")
+        submitted[name] = submit(conn, tmp / f"{name}.jsonl", output=str(tmp / "out"), model=model, queue_name="shared")
         print(f"submit {jobs:,} jobs ({name}): {time.perf_counter() - t0:.2f} s (validation included)")
     conn.config_set("slowlog-log-slower-than", 10_000)  # microseconds: every command over 10 ms
     conn.slowlog_reset()
@@ -76,11 +82,15 @@ def cancel_on_a_long_queue(conn, model: str, jobs: int, tmp: Path) -> None:
     cancel_s = time.perf_counter() - t0
     longest_ms = max((entry["duration"] / 1000 for entry in conn.slowlog_get(1000)), default=0.0)
     queue = Queue("shared", connection=conn, serializer=JSONSerializer)
-    print(f"cancel a batch of {jobs:,} queued jobs on a queue of {2 * jobs:,}: {cancel_s:.2f} s "
-          f"({result.removed:,} removed, status {result.status}); {queue.count:,} jobs of the other batch stay, "
-          f"in order: {queue.get_job_ids(0, 1)[0].startswith(submitted['b'].batch_id)}")
-    print(f"cancel / submit of the same batch: {cancel_s / submitted['a'].enqueue_s:.2f}x of its enqueue time; "
-          f"the longest Redis command of the cancel (Redis serves nobody else meanwhile): {longest_ms:.0f} ms")
+    print(
+        f"cancel a batch of {jobs:,} queued jobs on a queue of {2 * jobs:,}: {cancel_s:.2f} s "
+        f"({result.removed:,} removed, status {result.status}); {queue.count:,} jobs of the other batch stay, "
+        f"in order: {queue.get_job_ids(0, 1)[0].startswith(submitted['b'].batch_id)}"
+    )
+    print(
+        f"cancel / submit of the same batch: {cancel_s / submitted['a'].enqueue_s:.2f}x of its enqueue time; "
+        f"the longest Redis command of the cancel (Redis serves nobody else meanwhile): {longest_ms:.0f} ms"
+    )
 
 
 def main() -> None:

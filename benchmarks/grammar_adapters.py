@@ -19,13 +19,14 @@ from miro.core.tokenizers.tokenizer import Tokenizer
 
 # ---------------------------------------------------------------- vocabulary
 
+
 @dataclass
 class Vocab:
     tok: Tokenizer
     size: int
     token_bytes: list[bytes]
-    special: list[int]          # control and user-defined tokens, end-of-generation ones included
-    eog: list[int]              # end-of-generation ids; eos first
+    special: list[int]  # control and user-defined tokens, end-of-generation ones included
+    eog: list[int]  # end-of-generation ids; eos first
     eos: int
     bos: int | None
     by_bytes: dict[bytes, int] = field(default_factory=dict)  # normal tokens only
@@ -38,8 +39,9 @@ class Vocab:
         special = sorted(tok.special_ids)
         eog = [tok.eos_id, *sorted(tok.eog_ids - {tok.eos_id})]
         by_bytes = {b: i for i, b in enumerate(token_bytes) if i not in tok.special_ids and b}
-        return cls(tok, tok.vocab_size, token_bytes, special, eog, tok.eos_id, tok.bos_id,
-                   by_bytes, max(map(len, by_bytes)))
+        return cls(
+            tok, tok.vocab_size, token_bytes, special, eog, tok.eos_id, tok.bos_id, by_bytes, max(map(len, by_bytes))
+        )
 
     def candidates(self, rest: bytes) -> list[int]:
         """Normal tokens whose bytes start `rest`, longest first."""
@@ -54,12 +56,13 @@ def words_to_bool(words: np.ndarray, size: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- constraints
 
+
 @dataclass
 class Constraint:
     name: str
-    kind: str        # json_schema | regex | choice | grammar
-    spec: object     # the schema dict, regex, list of choices, or {dialect: grammar text}
-    target: str      # a valid output, none of whose proper prefixes is complete
+    kind: str  # json_schema | regex | choice | grammar
+    spec: object  # the schema dict, regex, list of choices, or {dialect: grammar text}
+    target: str  # a valid output, none of whose proper prefixes is complete
 
     def check(self, text: str) -> str:
         """'ok' when `text` satisfies the constraint by an independent checker, else why not."""
@@ -83,13 +86,14 @@ class Constraint:
 
 # ---------------------------------------------------------------- engine adapters
 
+
 class Refused(Exception):
     """The engine would not compile the constraint."""
 
 
 class Engine:
     name = ""
-    package = ""            # what to import, for "not installed"
+    package = ""  # what to import, for "not installed"
     dialects = ""
     mask_form = ""
 
@@ -123,10 +127,14 @@ class LLGuidance(Engine):
         self.tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(Source()), n_vocab=vocab.size, eos_token=vocab.eog)
 
     def native_forms(self, state, size):
-        return {"bitmask bytes (compute_bitmask)": lambda: words_to_bool(
-                    np.frombuffer(state.compute_bitmask(), dtype=np.int32), size),
-                "u8 per token, 0/200 (compute_logit_bias)": lambda: np.frombuffer(
-                    state.compute_logit_bias(), dtype=np.uint8)[:size] != 0}
+        return {
+            "bitmask bytes (compute_bitmask)": lambda: words_to_bool(
+                np.frombuffer(state.compute_bitmask(), dtype=np.int32), size
+            ),
+            "u8 per token, 0/200 (compute_logit_bias)": lambda: (
+                np.frombuffer(state.compute_logit_bias(), dtype=np.uint8)[:size] != 0
+            ),
+        }
 
     def grammar(self, c: Constraint) -> str:
         llg = self.llg
@@ -187,8 +195,12 @@ class XGrammar(Engine):
 
     def native_forms(self, state, size):
         bitmask = self.xgr.allocate_token_bitmask(1, size)  # a torch.int32 tensor
-        return {"torch int32 bitmask -> .numpy()": lambda: (
-            state.fill_next_token_bitmask(bitmask), words_to_bool(bitmask.numpy(), size))[1]}
+        return {
+            "torch int32 bitmask -> .numpy()": lambda: (
+                state.fill_next_token_bitmask(bitmask),
+                words_to_bool(bitmask.numpy(), size),
+            )[1]
+        }
 
     def fill(self, state, words):
         state.fill_next_token_bitmask(words)
@@ -234,6 +246,7 @@ class OutlinesCore(Engine):
             allowed = np.zeros(size, dtype=bool)
             allowed[np.array(state.get_tokens(), dtype=np.int64)] = True
             return allowed
+
         return {"list of allowed ids (get_tokens)": from_list}
 
     def fill(self, state, words):

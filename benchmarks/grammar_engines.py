@@ -67,6 +67,7 @@ MODEL = Path("~/.cache/miro/models/SmolLM2-135M-Instruct.Q4_1.gguf").expanduser(
 
 # ---------------------------------------------------------------- walking a constraint
 
+
 @dataclass
 class Walk:
     ok: bool = True
@@ -76,10 +77,10 @@ class Walk:
     bool_us: list[float] = field(default_factory=list)
     apply_us: list[float] = field(default_factory=list)
     lead_byte: list[bool] = field(default_factory=list)  # lead-byte token allowed where a multi-byte char starts
-    special_leaks: int = 0     # steps where a non-EOG special token was allowed
-    early_eog: int = 0         # steps before the end where an EOG token was allowed
+    special_leaks: int = 0  # steps where a non-EOG special token was allowed
+    early_eog: int = 0  # steps before the end where an EOG token was allowed
     eog_at_end: list[int] = field(default_factory=list)
-    others_at_end: int = 0     # non-EOG tokens allowed at the end
+    others_at_end: int = 0  # non-EOG tokens allowed at the end
 
 
 def walk(engine: Engine, compiled, vocab: Vocab, target: bytes, ids: list[int] | None = None) -> Walk:
@@ -137,6 +138,7 @@ def walk(engine: Engine, compiled, vocab: Vocab, target: bytes, ids: list[int] |
 
 # ---------------------------------------------------------------- measures
 
+
 def timed(fn, *args):
     t0 = time.perf_counter()
     out = fn(*args)
@@ -154,11 +156,15 @@ def load_engines(vocab: Vocab) -> tuple[list[Engine], dict[str, str]]:
             setup[engine.name] = "not installed"
             continue
         version = importlib.metadata.version(engine.name)
-        requires = [r.split(";")[0].split(">")[0].split("=")[0].split("<")[0].strip()
-                    for r in importlib.metadata.requires(engine.name) or [] if "extra ==" not in r]
+        requires = [
+            r.split(";")[0].split(">")[0].split("=")[0].split("<")[0].strip()
+            for r in importlib.metadata.requires(engine.name) or []
+            if "extra ==" not in r
+        ]
         _, seconds = timed(engine.setup, vocab)
-        setup[engine.name] = (f"{version:8} {import_s * 1000:8.0f} ms {seconds * 1000:8.1f} ms   "
-                              f"{', '.join(requires) or '-'}")
+        setup[engine.name] = (
+            f"{version:8} {import_s * 1000:8.0f} ms {seconds * 1000:8.1f} ms   {', '.join(requires) or '-'}"
+        )
         ready.append(engine)
     return ready, setup
 
@@ -181,14 +187,20 @@ def run_constraints(engines: list[Engine], vocab: Vocab, runs: int) -> dict:
                 continue
             walks = [walk(engine, compiled, vocab, target) for _ in range(runs)]
             canonical = walk(engine, compiled, vocab, target, ids=vocab.tok.encode(c.target))
-            results[engine.name, c.name] = {"compile_ms": seconds * 1000, "first_us": walks[0].mask_us[0],
-                                            "walks": walks, "canonical": canonical}
+            results[engine.name, c.name] = {
+                "compile_ms": seconds * 1000,
+                "first_us": walks[0].mask_us[0],
+                "walks": walks,
+                "canonical": canonical,
+            }
     return results
 
 
 def print_setup(setup: dict[str, str], vocab: Vocab) -> None:
-    print(f"\n1. Setup: tokenizer / vocabulary from miro's Tokenizer ({vocab.size} tokens, "
-          f"{len(vocab.special)} special, EOG {vocab.eog})")
+    print(
+        f"\n1. Setup: tokenizer / vocabulary from miro's Tokenizer ({vocab.size} tokens, "
+        f"{len(vocab.special)} special, EOG {vocab.eog})"
+    )
     print(f"   {'engine':14} {'version':8} {'import':>11} {'setup':>11}   requires")
     for name, text in setup.items():
         print(f"   {name:14} {text}")
@@ -225,12 +237,16 @@ def print_masks(engines: list[Engine], results: dict) -> None:
             warm = [x for w in r["walks"][1:] for x in w.mask_us] or r["walks"][0].mask_us
             steps = len(r["walks"][0].mask_us)
             fail = "" if r["walks"][0].ok else f"  walk failed: {r['walks'][0].why}"
-            print(f"   {c.name:17} {e.name:14} {np.median(warm):8.1f} {pct(warm, 99):8.1f} {max(warm):8.1f} "
-                  f"{np.median(r['walks'][0].mask_us):9.1f} {steps:6}{fail}")
+            print(
+                f"   {c.name:17} {e.name:14} {np.median(warm):8.1f} {pct(warm, 99):8.1f} {max(warm):8.1f} "
+                f"{np.median(r['walks'][0].mask_us):9.1f} {steps:6}{fail}"
+            )
             for w in r["walks"]:
                 convert += w.bool_us
                 apply += w.apply_us
-    print(f"   bitmask words -> numpy bool[49152] (np.unpackbits, little bit order): median {np.median(convert):.1f} us")
+    print(
+        f"   bitmask words -> numpy bool[49152] (np.unpackbits, little bit order): median {np.median(convert):.1f} us"
+    )
     print(f"   logits[~allowed] = -inf on a float32 row: median {np.median(apply):.1f} us")
     print("   what each engine hands back:")
     for e in engines:
@@ -250,8 +266,10 @@ def print_native_forms(engines: list[Engine], vocab: Vocab) -> None:
     """Mask forms to a numpy bool array, in a wide state (inside a JSON string) and a narrow one (after a key)."""
     c = CONSTRAINTS[0]
     prefixes = {"in string": '{"name": "', "after key": '{"name"'}
-    print("\n3b. Mask form -> numpy bool[49152], median us (flat schema; in a string: nearly all tokens "
-          "allowed; after a key: a few)")
+    print(
+        "\n3b. Mask form -> numpy bool[49152], median us (flat schema; in a string: nearly all tokens "
+        "allowed; after a key: a few)"
+    )
     print(f"   {'engine':14} {'form':46}" + "".join(f"{p:>11}" for p in prefixes))
     masks, counts = {}, {}
     for e in engines:
@@ -266,8 +284,12 @@ def print_native_forms(engines: list[Engine], vocab: Vocab) -> None:
         def fill_words(state, e=e, words=words):
             e.fill(state, words)
             return words_to_bool(words, vocab.size)
-        rows = {"int32 words into numpy + unpackbits": {label: median_us(lambda st=st: fill_words(st))
-                                                         for label, st in states.items()}}
+
+        rows = {
+            "int32 words into numpy + unpackbits": {
+                label: median_us(lambda st=st: fill_words(st)) for label, st in states.items()
+            }
+        }
         for label, st in states.items():
             masks[label] = fill_words(st).copy()
             counts.setdefault(e.name, []).append(f"{label} {int(masks[label].sum())}")
@@ -279,9 +301,11 @@ def print_native_forms(engines: list[Engine], vocab: Vocab) -> None:
     if not masks:
         return
     logits = np.random.default_rng(0).standard_normal(vocab.size, dtype=np.float32)
-    applies = {"logits[~allowed] = -inf": lambda row, a: row.__setitem__(~a, -np.inf),
-               "np.copyto(logits, -inf, where=~allowed)": lambda row, a: np.copyto(row, -np.inf, where=~a),
-               "np.where(allowed, logits, -inf)": lambda row, a: np.where(a, row, -np.inf)}
+    applies = {
+        "logits[~allowed] = -inf": lambda row, a: row.__setitem__(~a, -np.inf),
+        "np.copyto(logits, -inf, where=~allowed)": lambda row, a: np.copyto(row, -np.inf, where=~a),
+        "np.where(allowed, logits, -inf)": lambda row, a: np.where(a, row, -np.inf),
+    }
     for name, fn in applies.items():
         row = logits.copy()
         cells = [median_us(lambda a=masks[p]: fn(row, a)) for p in prefixes]
@@ -294,10 +318,14 @@ def yn(flag: bool) -> str:
 
 
 def print_correctness(engines: list[Engine], results: dict, vocab: Vocab, leaks: dict[str, str]) -> None:
-    print("\n4. Correctness (per walk): tok.encode ids accepted | lead-byte tokens allowed | special tokens "
-          "never allowed | EOG only at end (ids allowed at end, other tokens then) | final text checks")
-    print(f"   {'constraint':17} {'engine':14} {'encode ids':>10} {'lead byte':>9} {'no special':>10} "
-          f"{'EOG end':>8} {'at end':>12} {'text':>6}")
+    print(
+        "\n4. Correctness (per walk): tok.encode ids accepted | lead-byte tokens allowed | special tokens "
+        "never allowed | EOG only at end (ids allowed at end, other tokens then) | final text checks"
+    )
+    print(
+        f"   {'constraint':17} {'engine':14} {'encode ids':>10} {'lead byte':>9} {'no special':>10} "
+        f"{'EOG end':>8} {'at end':>12} {'text':>6}"
+    )
     notes = []
     for c in CONSTRAINTS:
         for e in engines:
@@ -309,8 +337,10 @@ def print_correctness(engines: list[Engine], results: dict, vocab: Vocab, leaks:
             specials = all(x.special_leaks == 0 for x in (*r["walks"], canon))
             eog_ok = w.ok and w.early_eog == 0 and bool(w.eog_at_end)
             verdict = c.check(w.text.decode("utf-8", "replace")) if w.ok else w.why
-            print(f"   {c.name:17} {e.name:14} {yn(canon.ok):>10} {lead:>9} {yn(specials):>10} {yn(eog_ok):>8} "
-                  f"{str(w.eog_at_end) + '+' + str(w.others_at_end):>12} {yn(verdict.startswith('ok')):>6}")
+            print(
+                f"   {c.name:17} {e.name:14} {yn(canon.ok):>10} {lead:>9} {yn(specials):>10} {yn(eog_ok):>8} "
+                f"{str(w.eog_at_end) + '+' + str(w.others_at_end):>12} {yn(verdict.startswith('ok')):>6}"
+            )
             if not canon.ok:
                 notes.append(f"{e.name} / {c.name}: tok.encode ids: {canon.why}")
             if not verdict.startswith("ok"):
@@ -335,8 +365,9 @@ def special_leak_control(engines: list[Engine], vocab: Vocab) -> dict[str, str]:
         words = np.zeros((1, (vocab.size + 31) // 32), dtype=np.int32)
         naive.fill(state, words)
         allowed = words_to_bool(words, vocab.size)
-        out[engine.name] = ("yes (unmarked, it is just text)" if allowed[im_start] else "no") + \
-            f"; marked: {'no' if _marked_blocks(engine, vocab, string_schema, im_start) else 'YES'}"
+        out[engine.name] = (
+            "yes (unmarked, it is just text)" if allowed[im_start] else "no"
+        ) + f"; marked: {'no' if _marked_blocks(engine, vocab, string_schema, im_start) else 'YES'}"
     return out
 
 
@@ -349,6 +380,7 @@ def _marked_blocks(engine: Engine, vocab: Vocab, c: Constraint, token: int) -> b
 
 
 # ---------------------------------------------------------------- JSON Schema coverage
+
 
 def accepts(engine: Engine, compiled, vocab: Vocab, instance) -> bool:
     return walk(engine, compiled, vocab, json.dumps(instance).encode()).ok
@@ -376,8 +408,7 @@ def run_coverage(engines: list[Engine], vocab: Vocab) -> dict:
 
 
 def print_coverage(engines: list[Engine], coverage: dict) -> None:
-    print("\n5. JSON Schema coverage: valid accepted and invalid refused = ok; loose = invalid accepted "
-          "(compile ms)")
+    print("\n5. JSON Schema coverage: valid accepted and invalid refused = ok; loose = invalid accepted (compile ms)")
     print(f"   {'feature':29}" + "".join(f"{e.name:>36}" for e in engines))
     for feature, *_ in COVERAGE:
         print(f"   {feature:29}" + "".join(f"{coverage[e.name, feature]:>36}" for e in engines))
@@ -391,15 +422,22 @@ def verdict(engines: list[Engine], results: dict, coverage: dict) -> str:
         rows = [results[e.name, c.name] for c in CONSTRAINTS]
         done = [r for r in rows if "refused" not in r]
         warm = [x for r in done for w in r["walks"][1:] for x in w.mask_us]
-        clean = all(r["walks"][0].ok and r["canonical"].ok and r["walks"][0].special_leaks == 0
-                    and r["walks"][0].early_eog == 0 for r in done)
+        clean = all(
+            r["walks"][0].ok and r["canonical"].ok and r["walks"][0].special_leaks == 0 and r["walks"][0].early_eog == 0
+            for r in done
+        )
         cov = sum(coverage[e.name, f].startswith("ok") for f, *_ in COVERAGE)
         score[e.name] = (len(done), clean, cov, -float(np.median(warm)) if warm else float("-inf"))
     ranked = sorted(score, key=lambda n: score[n], reverse=True)
-    parts = [f"{n}: {score[n][0]}/{len(CONSTRAINTS)} constraints, correctness {'clean' if score[n][1] else 'ISSUES'}, "
-             f"coverage {score[n][2]}/{len(COVERAGE)} ok, warm mask median {-score[n][3]:.0f} us" for n in ranked]
-    return (f"Verdict: {ranked[0]} (ranked by constraints taken, correctness, schema coverage, then mask speed): "
-            + "; ".join(parts))
+    parts = [
+        f"{n}: {score[n][0]}/{len(CONSTRAINTS)} constraints, correctness {'clean' if score[n][1] else 'ISSUES'}, "
+        f"coverage {score[n][2]}/{len(COVERAGE)} ok, warm mask median {-score[n][3]:.0f} us"
+        for n in ranked
+    ]
+    return (
+        f"Verdict: {ranked[0]} (ranked by constraints taken, correctness, schema coverage, then mask speed): "
+        + "; ".join(parts)
+    )
 
 
 def main() -> None:
@@ -408,8 +446,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="walks per constraint (first cold, the rest warm)")
     args = ap.parse_args()
     vocab, seconds = timed(Vocab.load, args.model)
-    print(f"{args.model.name}: miro Tokenizer loaded in {seconds * 1000:.0f} ms; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"{args.model.name}: miro Tokenizer loaded in {seconds * 1000:.0f} ms; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     engines, setup = load_engines(vocab)
     print_setup(setup, vocab)
     results = run_constraints(engines, vocab, max(args.runs, 1))

@@ -72,8 +72,16 @@ def run_miro(path: str, docs: list[list[int]], new_tokens: int, threads: int) ->
     timer.active = False
     parts = dict(timer.seconds)
     parts["rest"] = run_s - sum(parts.values())
-    return dict(load_s=load_s, run_s=run_s, prompt_tokens=sum(map(len, docs)), generated=generated, steps=steps,
-                parts=parts, weights=engine.weight_format, max_batched=engine.scheduler.max_num_batched_tokens)
+    return dict(
+        load_s=load_s,
+        run_s=run_s,
+        prompt_tokens=sum(map(len, docs)),
+        generated=generated,
+        steps=steps,
+        parts=parts,
+        weights=engine.weight_format,
+        max_batched=engine.scheduler.max_num_batched_tokens,
+    )
 
 
 def main() -> None:
@@ -101,9 +109,12 @@ def main() -> None:
         return
     tiers.enter(args)  # the child processes inherit the emulation's environment
     print(tiers.header(args, args.llama_python, with_llama="llama.cpp" in args.engines.split(",")), flush=True)
-    print(f"{os.path.basename(path)}: {args.docs} documents of {shortest}-{longest} tokens "
-          f"({sum(map(len, docs)):,} in all), {args.new_tokens} new tokens each, {args.threads} threads; "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"{os.path.basename(path)}: {args.docs} documents of {shortest}-{longest} tokens "
+        f"({sum(map(len, docs)):,} in all), {args.new_tokens} new tokens each, {args.threads} threads; "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     ratios = []
     for _ in range(args.rounds):
         rates = {}
@@ -112,27 +123,55 @@ def main() -> None:
                 if not args.llama_python:
                     print("  llama.cpp: skipped (no --llama-python)")
                     continue
-                cmd = [args.llama_python, "-c", LLAMA_CPP_SCRIPT, path, json.dumps(docs), str(args.new_tokens),
-                       str(args.threads)]
+                cmd = [
+                    args.llama_python,
+                    "-c",
+                    LLAMA_CPP_SCRIPT,
+                    path,
+                    json.dumps(docs),
+                    str(args.new_tokens),
+                    str(args.threads),
+                ]
             else:
-                cmd = [sys.executable, __file__, "--child", "1", "--model", path, "--docs", str(args.docs),
-                       "--prompt-tokens", args.prompt_tokens, "--new-tokens", str(args.new_tokens),
-                       "--threads", str(args.threads)]
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    "1",
+                    "--model",
+                    path,
+                    "--docs",
+                    str(args.docs),
+                    "--prompt-tokens",
+                    args.prompt_tokens,
+                    "--new-tokens",
+                    str(args.new_tokens),
+                    "--threads",
+                    str(args.threads),
+                ]
             r = child_result(cmd)
             prompt_tokens = sum(map(len, docs))
             rates[name] = prompt_tokens / r["run_s"]
-            line = (f"{name:>10}: {rates[name]:7.1f} prompt tok/s ({prompt_tokens:,} prompt tokens + "
-                    f"{len(docs) * args.new_tokens} new in {r['run_s']:.1f} s), peak RSS {r['peak_rss'] / 2**20:,.0f} MiB")
+            line = (
+                f"{name:>10}: {rates[name]:7.1f} prompt tok/s ({prompt_tokens:,} prompt tokens + "
+                f"{len(docs) * args.new_tokens} new in {r['run_s']:.1f} s), peak RSS {r['peak_rss'] / 2**20:,.0f} MiB"
+            )
             if "parts" in r:
-                parts = ", ".join(f"{k} {v / r['run_s']:.0%}" for k, v in sorted(r["parts"].items(), key=lambda kv: -kv[1]))
-                line += (f"\n{'':>12}weights {r['weights']}, {r['steps']} steps of up to {r['max_batched']} tokens; "
-                         f"time: {parts}")
+                parts = ", ".join(
+                    f"{k} {v / r['run_s']:.0%}" for k, v in sorted(r["parts"].items(), key=lambda kv: -kv[1])
+                )
+                line += (
+                    f"\n{'':>12}weights {r['weights']}, {r['steps']} steps of up to {r['max_batched']} tokens; "
+                    f"time: {parts}"
+                )
             print(line, flush=True)
         if len(rates) == 2:
             ratios.append(rates["miro"] / rates["llama.cpp"])
     if ratios:
-        print(f"miro / llama.cpp prompt tok/s, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
-              f"median {float(np.median(ratios)):.2f}x; load average {os.getloadavg()[0]:.2f}")
+        print(
+            f"miro / llama.cpp prompt tok/s, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
+            f"median {float(np.median(ratios)):.2f}x; load average {os.getloadavg()[0]:.2f}"
+        )
 
 
 if __name__ == "__main__":

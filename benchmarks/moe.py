@@ -40,8 +40,17 @@ import numpy as np
 import tiers
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPE = dict(n_layers=16, dim=1024, n_heads=16, n_kv_heads=4, head_dim=128, n_expert=64, n_expert_used=8,
-             expert_ffn_dim=512, vocab=32000)
+SHAPE = dict(
+    n_layers=16,
+    dim=1024,
+    n_heads=16,
+    n_kv_heads=4,
+    head_dim=128,
+    n_expert=64,
+    n_expert_used=8,
+    expert_ffn_dim=512,
+    vocab=32000,
+)
 CONTEXT = 4096
 CACHE = Path.home() / ".cache" / "miro" / "bench"
 HALF_RANGE = 0.032  # random F16 values uniform in +-HALF_RANGE (benchmarks/tinyllama.py's spread)
@@ -57,12 +66,20 @@ def layout() -> list[tuple[str, tuple[int, ...]]]:
     tensors = [("token_embd.weight", (s["vocab"], d))]
     for i in range(s["n_layers"]):
         b = f"blk.{i}"
-        tensors += [(f"{b}.attn_norm.weight", (d,)), (f"{b}.attn_q.weight", (q, d)), (f"{b}.attn_k.weight", (kv, d)),
-                    (f"{b}.attn_v.weight", (kv, d)), (f"{b}.attn_output.weight", (d, q)),
-                    (f"{b}.attn_q_norm.weight", (hd,)), (f"{b}.attn_k_norm.weight", (hd,)),
-                    (f"{b}.ffn_norm.weight", (d,)), (f"{b}.ffn_gate_inp.weight", (e, d)),
-                    (f"{b}.ffn_gate_exps.weight", (e, f, d)), (f"{b}.ffn_up_exps.weight", (e, f, d)),
-                    (f"{b}.ffn_down_exps.weight", (e, d, f))]
+        tensors += [
+            (f"{b}.attn_norm.weight", (d,)),
+            (f"{b}.attn_q.weight", (q, d)),
+            (f"{b}.attn_k.weight", (kv, d)),
+            (f"{b}.attn_v.weight", (kv, d)),
+            (f"{b}.attn_output.weight", (d, q)),
+            (f"{b}.attn_q_norm.weight", (hd,)),
+            (f"{b}.attn_k_norm.weight", (hd,)),
+            (f"{b}.ffn_norm.weight", (d,)),
+            (f"{b}.ffn_gate_inp.weight", (e, d)),
+            (f"{b}.ffn_gate_exps.weight", (e, f, d)),
+            (f"{b}.ffn_up_exps.weight", (e, f, d)),
+            (f"{b}.ffn_down_exps.weight", (e, d, f)),
+        ]
     return tensors + [("output_norm.weight", (d,)), ("output.weight", (s["vocab"], d))]
 
 
@@ -141,8 +158,9 @@ def q4_k_m_model(llama_python: str | None, threads: int) -> tuple[Path, str]:
     t0 = time.perf_counter()
     try:
         write_f16(f16)
-        done = subprocess.run([llama_python, "-c", QUANTIZE_SCRIPT, str(f16), str(partial), str(threads)],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [llama_python, "-c", QUANTIZE_SCRIPT, str(f16), str(partial), str(threads)], capture_output=True, text=True
+        )
     finally:
         f16.unlink(missing_ok=True)
     if done.returncode != 0:
@@ -169,6 +187,7 @@ def kv_bytes(requests, held: int) -> int:
 
 # -- one engine per process ---------------------------------------------------------------------------------
 
+
 def run_miro(path: str, requests, threads: int) -> dict:
     from miro.cli.common import limit_threads
     from miro.core import Engine, SamplingParams
@@ -178,8 +197,7 @@ def run_miro(path: str, requests, threads: int) -> dict:
     engine = Engine.from_model(path, max_model_len=CONTEXT)
     load_s = time.perf_counter() - t0
     warm = [([3 + (t + 1) % 256 for t in p], 3) for p, _ in requests]  # compile or load the kernels untimed
-    engine.generate([p for p, _ in warm], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True),
-                    use_tqdm=False)
+    engine.generate([p for p, _ in warm], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), use_tqdm=False)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for _, n in requests]
     t0 = time.perf_counter()
     outs = engine.generate([p for p, _ in requests], params, use_tqdm=False)
@@ -231,8 +249,11 @@ def main() -> None:
     if args.child:
         engine, kind, path = args.child
         requests = workload(kind, args.prompts)
-        result = (run_miro(path, requests, args.threads) if engine == "miro"
-                  else run_llama_cpp(path, requests, PARALLEL if kind == "batch" else 1))
+        result = (
+            run_miro(path, requests, args.threads)
+            if engine == "miro"
+            else run_llama_cpp(path, requests, PARALLEL if kind == "batch" else 1)
+        )
         print(json.dumps(result))
         return
     tiers.enter(args)
@@ -243,26 +264,45 @@ def main() -> None:
     for kind in args.workloads.split(","):
         requests = workload(kind, args.prompts)
         kv = kv_bytes(requests, PARALLEL if kind == "batch" else 1)
-        print(f"\n{kind}: {len(requests)} prompts of {min(len(p) for p, _ in requests)}-"
-              f"{max(len(p) for p, _ in requests)} tokens, {requests[0][1]} new each; file + KV "
-              f"{(size + kv) / 2**20:,.0f} MiB", flush=True)
+        print(
+            f"\n{kind}: {len(requests)} prompts of {min(len(p) for p, _ in requests)}-"
+            f"{max(len(p) for p, _ in requests)} tokens, {requests[0][1]} new each; file + KV "
+            f"{(size + kv) / 2**20:,.0f} MiB",
+            flush=True,
+        )
         ratios, rss = [], {}
         for _ in range(args.rounds):
             rates = {}
             for engine in ("miro", "llama.cpp"):
                 python = sys.executable if engine == "miro" else args.llama_python
-                cmd = [python, __file__, "--child", engine, kind, str(path), "--prompts", str(args.prompts),
-                       "--threads", str(args.threads)]
+                cmd = [
+                    python,
+                    __file__,
+                    "--child",
+                    engine,
+                    kind,
+                    str(path),
+                    "--prompts",
+                    str(args.prompts),
+                    "--threads",
+                    str(args.threads),
+                ]
                 r = child_result(cmd)
                 rates[engine] = r["tokens"] / r["run_s"]
                 rss[engine] = max(rss.get(engine, 0), r["peak_rss"])
-                print(f"  {engine:>9}: {rates[engine]:7.1f} tok/s ({r['tokens']} tokens in {r['run_s']:.1f} s), "
-                      f"load {r['load_s']:.1f} s, peak RSS {r['peak_rss'] / 2**20:,.0f} MiB", flush=True)
+                print(
+                    f"  {engine:>9}: {rates[engine]:7.1f} tok/s ({r['tokens']} tokens in {r['run_s']:.1f} s), "
+                    f"load {r['load_s']:.1f} s, peak RSS {r['peak_rss'] / 2**20:,.0f} MiB",
+                    flush=True,
+                )
             ratios.append(rates["miro"] / rates["llama.cpp"])
         ratios.sort()
-        print(f"  miro / llama.cpp, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
-              f"median {ratios[len(ratios) // 2]:.2f}x; peak RSS miro {rss['miro'] / 2**20:,.0f} MiB, llama.cpp "
-              f"{rss['llama.cpp'] / 2**20:,.0f} MiB, file + KV {(size + kv) / 2**20:,.0f} MiB", flush=True)
+        print(
+            f"  miro / llama.cpp, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
+            f"median {ratios[len(ratios) // 2]:.2f}x; peak RSS miro {rss['miro'] / 2**20:,.0f} MiB, llama.cpp "
+            f"{rss['llama.cpp'] / 2**20:,.0f} MiB, file + KV {(size + kv) / 2**20:,.0f} MiB",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

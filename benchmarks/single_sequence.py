@@ -40,8 +40,9 @@ def bench_miro(model: str, decode_tokens: int) -> dict:
         engine.generate([p["prompt_ids"]], SamplingParams(max_tokens=decode_tokens, temperature=0, ignore_eos=True))
         decode_s += time.perf_counter() - t0
     decode_s -= prefill_s  # generate() prefilled again
-    return dict(load_s=load_s, prefill_tok_s=prefill_tokens / prefill_s,
-                decode_tok_s=decode_tokens * len(PROMPTS) / decode_s)
+    return dict(
+        load_s=load_s, prefill_tok_s=prefill_tokens / prefill_s, decode_tok_s=decode_tokens * len(PROMPTS) / decode_s
+    )
 
 
 def bench_llama_cpp(model_path: str, decode_tokens: int) -> dict:
@@ -63,8 +64,9 @@ def bench_llama_cpp(model_path: str, decode_tokens: int) -> dict:
             token = llm.sample(temp=0.0)
             llm.eval([token])
         decode_s += time.perf_counter() - t0
-    return dict(load_s=load_s, prefill_tok_s=prefill_tokens / prefill_s,
-                decode_tok_s=decode_tokens * len(PROMPTS) / decode_s)
+    return dict(
+        load_s=load_s, prefill_tok_s=prefill_tokens / prefill_s, decode_tok_s=decode_tokens * len(PROMPTS) / decode_s
+    )
 
 
 def main() -> None:
@@ -87,17 +89,29 @@ def main() -> None:
         results["llama-cpp-python"] = bench_llama_cpp(model_path, args.decode_tokens)
     except ImportError:
         if args.llama_python:
-            cmd = [args.llama_python, __file__, "--only-llama-cpp", "--model", model_path,
-                   "--decode-tokens", str(args.decode_tokens)]
-            results["llama-cpp-python"] = json.loads(subprocess.run(cmd, check=True, capture_output=True,
-                                                                    text=True).stdout)
+            cmd = [
+                args.llama_python,
+                __file__,
+                "--only-llama-cpp",
+                "--model",
+                model_path,
+                "--decode-tokens",
+                str(args.decode_tokens),
+            ]
+            results["llama-cpp-python"] = json.loads(
+                subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            )
     for name, r in results.items():
-        print(f"{name:<17} load {r['load_s']:.2f} s   prefill {r['prefill_tok_s']:7.1f} tok/s   "
-              f"decode (1 sequence) {r['decode_tok_s']:6.1f} tok/s")
+        print(
+            f"{name:<17} load {r['load_s']:.2f} s   prefill {r['prefill_tok_s']:7.1f} tok/s   "
+            f"decode (1 sequence) {r['decode_tok_s']:6.1f} tok/s"
+        )
     if len(results) == 2:
         m, lc = results["miro"], results["llama-cpp-python"]
-        print(f"miro / llama-cpp-python: prefill {m['prefill_tok_s'] / lc['prefill_tok_s']:.2f}x, "
-              f"decode {m['decode_tok_s'] / lc['decode_tok_s']:.2f}x")
+        print(
+            f"miro / llama-cpp-python: prefill {m['prefill_tok_s'] / lc['prefill_tok_s']:.2f}x, "
+            f"decode {m['decode_tok_s'] / lc['decode_tok_s']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -164,26 +164,50 @@ def measure(engine: Engine, timer: PartTimer, steps: int) -> tuple:
         engine.step()
     wall = time.perf_counter() - t0
     timer.active = False
-    return (wall, dict(timer.seconds), timer.gemm_flops, timer.gemm_weight_bytes, timer.kv_bytes, timer.attention_flops,
-            {group: list(values) for group, values in timer.by_gemm.items()})
+    return (
+        wall,
+        dict(timer.seconds),
+        timer.gemm_flops,
+        timer.gemm_weight_bytes,
+        timer.kv_bytes,
+        timer.attention_flops,
+        {group: list(values) for group, values in timer.by_gemm.items()},
+    )
 
 
-def table(title: str, steps: int, measured, peak_gflops: float, bandwidth_gbs: float,
-          int8: tuple[str, float] | None = None, native_gemms: frozenset = frozenset()) -> None:
+def table(
+    title: str,
+    steps: int,
+    measured,
+    peak_gflops: float,
+    bandwidth_gbs: float,
+    int8: tuple[str, float] | None = None,
+    native_gemms: frozenset = frozenset(),
+) -> None:
     wall, parts, flops, weight_bytes, kv_bytes, attention_flops, by_gemm = measured
     gemm_floor = max(flops / (peak_gflops * 1e9), weight_bytes / (bandwidth_gbs * 1e9))
     attention_floor = max(kv_bytes / (bandwidth_gbs * 1e9), attention_flops / (peak_gflops * 1e9))
     rest = wall - sum(parts.values())
     print(f"\n{title}: {wall / steps * 1e3:.1f} ms per step ({steps} steps)")
     print(f"  {'part':<10} {'ms/step':>8} {'floor':>8} {'x floor':>8}   floor from")
-    rows = [("gemm", parts.get("gemm", 0.0), gemm_floor,
-             f"{flops / steps / 1e9:.1f} GFLOP at {peak_gflops:.0f} GFLOP/s, or {weight_bytes / steps / 1e6:.0f} MB "
-             f"of weights at {bandwidth_gbs:.1f} GB/s"),
-            ("attention", parts.get("attention", 0.0), attention_floor,
-             f"{kv_bytes / steps / 1e6:.1f} MB of K/V at {bandwidth_gbs:.1f} GB/s, or "
-             f"{attention_flops / steps / 1e9:.1f} GFLOP at {peak_gflops:.0f} GFLOP/s"),
-            ("sampler", parts.get("sampler", 0.0), None, ""),
-            ("rest", rest, None, "packing, norms, RoPE + KV write, scheduler, Python")]
+    rows = [
+        (
+            "gemm",
+            parts.get("gemm", 0.0),
+            gemm_floor,
+            f"{flops / steps / 1e9:.1f} GFLOP at {peak_gflops:.0f} GFLOP/s, or {weight_bytes / steps / 1e6:.0f} MB "
+            f"of weights at {bandwidth_gbs:.1f} GB/s",
+        ),
+        (
+            "attention",
+            parts.get("attention", 0.0),
+            attention_floor,
+            f"{kv_bytes / steps / 1e6:.1f} MB of K/V at {bandwidth_gbs:.1f} GB/s, or "
+            f"{attention_flops / steps / 1e9:.1f} GFLOP at {peak_gflops:.0f} GFLOP/s",
+        ),
+        ("sampler", parts.get("sampler", 0.0), None, ""),
+        ("rest", rest, None, "packing, norms, RoPE + KV write, scheduler, Python"),
+    ]
     for name, seconds, floor, why in rows:
         ratio = f"{seconds / floor:8.2f}" if floor else f"{'':>8}"
         floor_ms = f"{floor / steps * 1e3:8.1f}" if floor else f"{'':>8}"
@@ -196,8 +220,12 @@ def int8_table(steps: int, by_gemm: dict, int8: tuple[str, float], bandwidth_gbs
     """Each native GEMM group of the step against the int8 roofline: its operations at the int8 peak, or its weights'
     bytes at the read bandwidth, whichever is longer."""
     form, gops = int8
-    print(f"  GEMMs against the int8 roofline ({form} peak {gops:.0f} GOP/s on every core, read {bandwidth_gbs:.1f} GB/s):")
-    print(f"    {'gemm':<28} {'ms/step':>8} {'int8 floor':>10} {'x floor':>8} {'GOP/s':>7} {'weights MB':>10}  bound by")
+    print(
+        f"  GEMMs against the int8 roofline ({form} peak {gops:.0f} GOP/s on every core, read {bandwidth_gbs:.1f} GB/s):"
+    )
+    print(
+        f"    {'gemm':<28} {'ms/step':>8} {'int8 floor':>10} {'x floor':>8} {'GOP/s':>7} {'weights MB':>10}  bound by"
+    )
     total = [0.0, 0.0]
     for group, (seconds, flops, weight_bytes, _) in sorted(by_gemm.items(), key=lambda item: -item[1][0]):
         if group not in native_gemms:
@@ -206,11 +234,15 @@ def int8_table(steps: int, by_gemm: dict, int8: tuple[str, float], bandwidth_gbs
         floor = max(compute, memory)
         total[0] += seconds
         total[1] += floor
-        print(f"    {group:<28} {seconds / steps * 1e3:8.2f} {floor / steps * 1e3:10.2f} {seconds / floor:8.2f}"
-              f" {flops / seconds / 1e9:7.0f} {weight_bytes / steps / 1e6:10.1f}  {'int8 dots' if compute >= memory else 'memory'}")
+        print(
+            f"    {group:<28} {seconds / steps * 1e3:8.2f} {floor / steps * 1e3:10.2f} {seconds / floor:8.2f}"
+            f" {flops / seconds / 1e9:7.0f} {weight_bytes / steps / 1e6:10.1f}  {'int8 dots' if compute >= memory else 'memory'}"
+        )
     if total[1]:
-        print(f"    {'all native GEMMs':<28} {total[0] / steps * 1e3:8.2f} {total[1] / steps * 1e3:10.2f}"
-              f" {total[0] / total[1]:8.2f}")
+        print(
+            f"    {'all native GEMMs':<28} {total[0] / steps * 1e3:8.2f} {total[1] / steps * 1e3:10.2f}"
+            f" {total[0] / total[1]:8.2f}"
+        )
 
 
 def main() -> None:
@@ -229,18 +261,28 @@ def main() -> None:
     timer = PartTimer()
     timer.wrap_linear()
     timer.wrap_sampler()
-    engine = Engine.from_model(model_path, weights=args.weights, batch_invariant=args.batch_invariant,
-                               kv_cache_dtype=args.kv_cache_dtype,
-                               max_num_seqs=64, max_num_batched_tokens=512, enable_prefix_caching=False)
+    engine = Engine.from_model(
+        model_path,
+        weights=args.weights,
+        batch_invariant=args.batch_invariant,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_num_seqs=64,
+        max_num_batched_tokens=512,
+        enable_prefix_caching=False,
+    )
     timer.wrap_attention(engine.config)
-    print(f"{args.model}: weights {engine.weight_format}, KV cache {engine.kv_cache_dtype}, "
-          f"batch-invariant {engine.model.batch_invariant}; "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"{args.model}: weights {engine.weight_format}, KV cache {engine.kv_cache_dtype}, "
+        f"batch-invariant {engine.model.batch_invariant}; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     peak, bandwidth = gemm_peak_gflops(), memory_bandwidth_gbs()
     int8_peaks = int8_peak.peaks() if engine.weight_format == "native" else {}
     int8 = next(iter(int8_peaks.items()), None)  # the tier's own form first: vpdpbusd where it has VNNI
-    print(f"sgemm peak {peak:.0f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s"
-          + "".join(f", int8 {form} peak {gops:.0f} GOP/s" for form, gops in int8_peaks.items()))
+    print(
+        f"sgemm peak {peak:.0f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s"
+        + "".join(f", int8 {form} peak {gops:.0f} GOP/s" for form, gops in int8_peaks.items())
+    )
     rng = np.random.default_rng(0)
     vocab = engine.config.vocab_size
 
@@ -251,8 +293,15 @@ def main() -> None:
     while any(seq.is_prefilling for seq in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     engine.step()  # every kernel compiled for these shapes
-    table("B=64 decode (contexts of 256+ tokens)", args.steps, measure(engine, timer, args.steps), peak, bandwidth,
-          int8, frozenset(timer.native_gemms))
+    table(
+        "B=64 decode (contexts of 256+ tokens)",
+        args.steps,
+        measure(engine, timer, args.steps),
+        peak,
+        bandwidth,
+        int8,
+        frozenset(timer.native_gemms),
+    )
     for i in range(64):
         engine.abort(f"d{i}")
 
@@ -263,8 +312,15 @@ def main() -> None:
         engine.step()
     for i in range(args.steps):
         engine.add_request(rng.integers(100, vocab - 1, 512).tolist(), prefill, request_id=f"p{i}")
-    table("512-token prefill", args.steps, measure(engine, timer, args.steps), peak, bandwidth, int8,
-          frozenset(timer.native_gemms))
+    table(
+        "512-token prefill",
+        args.steps,
+        measure(engine, timer, args.steps),
+        peak,
+        bandwidth,
+        int8,
+        frozenset(timer.native_gemms),
+    )
 
 
 if __name__ == "__main__":

@@ -46,11 +46,19 @@ SUMMARY = {
 ENTITIES = {
     "type": "object",
     "properties": {
-        "entities": {"type": "array", "maxItems": 5, "items": {
-            "type": "object",
-            "properties": {"name": {"type": "string", "maxLength": 40},
-                           "kind": {"enum": ["person", "organization", "place", "product", "technology", "other"]}},
-            "required": ["name", "kind"], "additionalProperties": False}},
+        "entities": {
+            "type": "array",
+            "maxItems": 5,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 40},
+                    "kind": {"enum": ["person", "organization", "place", "product", "technology", "other"]},
+                },
+                "required": ["name", "kind"],
+                "additionalProperties": False,
+            },
+        },
         "count": {"type": "integer", "minimum": 0},
     },
     "required": ["entities", "count"],
@@ -60,9 +68,15 @@ REVIEW = {
     "type": "object",
     "properties": {
         "category": {"enum": ["programming", "writing", "business", "science", "personal", "other"]},
-        "scores": {"type": "object", "properties": {"clarity": {"type": "number", "minimum": 0, "maximum": 10},
-                                                     "politeness": {"type": "number", "minimum": 0, "maximum": 10}},
-                   "required": ["clarity", "politeness"], "additionalProperties": False},
+        "scores": {
+            "type": "object",
+            "properties": {
+                "clarity": {"type": "number", "minimum": 0, "maximum": 10},
+                "politeness": {"type": "number", "minimum": 0, "maximum": 10},
+            },
+            "required": ["clarity", "politeness"],
+            "additionalProperties": False,
+        },
         "keywords": {"type": "array", "items": {"type": "string", "maxLength": 25}, "maxItems": 3},
     },
     "required": ["category", "scores", "keywords"],
@@ -70,13 +84,22 @@ REVIEW = {
 }
 INTENTS = ["question", "code request", "writing request", "conversation", "other"]
 TASKS = [
-    ("Summarise the message below as JSON with a title, its language, its topics, whether it is a question "
-     "and its difficulty from 1 to 5.", {"json": SUMMARY}),
-    ("List the named entities (people, organizations, places, products, technologies) in the message below as "
-     "JSON, with their count.", {"json": ENTITIES}),
+    (
+        "Summarise the message below as JSON with a title, its language, its topics, whether it is a question "
+        "and its difficulty from 1 to 5.",
+        {"json": SUMMARY},
+    ),
+    (
+        "List the named entities (people, organizations, places, products, technologies) in the message below as "
+        "JSON, with their count.",
+        {"json": ENTITIES},
+    ),
     (f"Classify the intent of the message below as one of: {', '.join(INTENTS)}.", {"choice": INTENTS}),
-    ("Rate the message below as JSON: its category, its clarity and politeness from 0 to 10, and up to three "
-     "keywords.", {"json": REVIEW}),
+    (
+        "Rate the message below as JSON: its category, its clarity and politeness from 0 to 10, and up to three "
+        "keywords.",
+        {"json": REVIEW},
+    ),
 ]
 
 
@@ -184,15 +207,19 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2, help="Unconstrained and constrained runs, in turn, this often.")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="Unconstrained and constrained runs, in turn, this often."
+    )
     parser.add_argument("--model", default="smollm2-135m")
     args = parser.parse_args()
 
     loaded = Engine.from_model(args.model, num_kv_blocks=1)
     model, tokenizer = loaded.model, loaded.tokenizer
     prompts = build_prompts(tokenizer, args.num_prompts)
-    print(f"{len(prompts)} ShareGPT prompts in {len(TASKS)} tasks, max_tokens {args.max_tokens}, greedy, "
-          f"max_num_seqs {args.max_num_seqs}, weights {model.weight_format}")
+    print(
+        f"{len(prompts)} ShareGPT prompts in {len(TASKS)} tasks, max_tokens {args.max_tokens}, greedy, "
+        f"max_num_seqs {args.max_num_seqs}, weights {model.weight_format}"
+    )
     run(model, tokenizer, prompts[:8], None, 8, args.max_num_seqs)  # warm-up: numba's compiled kernels load here
     mask_log: list[tuple[int, float]] = []
     apply_log: list[tuple[int, float]] = []
@@ -201,10 +228,13 @@ def main() -> None:
     lengths = None
     for round_ in range(args.rounds):
         for constrained in (True, False):
-            with timed(StructuredOutputs, "masks", mask_log, lambda a: len(a[2])), \
-                    timed(sampler_module, "apply_token_masks", apply_log, lambda a: len(a[2].rows)):
-                outputs, total, gen, steps = run(model, tokenizer, prompts, None if constrained else lengths,
-                                                 args.max_tokens, args.max_num_seqs)
+            with (
+                timed(StructuredOutputs, "masks", mask_log, lambda a: len(a[2])),
+                timed(sampler_module, "apply_token_masks", apply_log, lambda a: len(a[2].rows)),
+            ):
+                outputs, total, gen, steps = run(
+                    model, tokenizer, prompts, None if constrained else lengths, args.max_tokens, args.max_num_seqs
+                )
             rates[constrained].append((total, gen))
             decode_ms[constrained].append(steps.decode_step_ms(args.max_num_seqs))
             label = "constrained  " if constrained else "unconstrained"
@@ -212,20 +242,26 @@ def main() -> None:
             if constrained:
                 lengths = [len(o.outputs[0].token_ids) for o in outputs]
                 stopped, valid, cut = validity(outputs, prompts)
-                print(f"    {stopped} stopped, {valid} of them valid ({valid / max(stopped, 1):.1%}), "
-                      f"{cut} cut by max_tokens")
+                print(
+                    f"    {stopped} stopped, {valid} of them valid ({valid / max(stopped, 1):.1%}), "
+                    f"{cut} cut by max_tokens"
+                )
     free, bound = (statistics.median(r[0] for r in rates[c]) for c in (False, True))
-    print(f"total tok/s, median: unconstrained {free:.1f}, constrained {bound:.1f}: constrained is "
-          f"{free / bound:.2f}x slower")
+    print(
+        f"total tok/s, median: unconstrained {free:.1f}, constrained {bound:.1f}: constrained is "
+        f"{free / bound:.2f}x slower"
+    )
     full_masks = [t for n, t in mask_log if n == args.max_num_seqs]
     full_apply = [t for n, t in apply_log if n == args.max_num_seqs]
     steps_free = [ms for ms in decode_ms[False] if ms]
     steps_bound = [ms for ms in decode_ms[True] if ms]
     if full_masks and steps_free and steps_bound:
-        print(f"B={args.max_num_seqs} decode step, median: unconstrained {statistics.median(steps_free):.1f} ms, "
-              f"constrained {statistics.median(steps_bound):.1f} ms; llguidance computes the "
-              f"{args.max_num_seqs} masks in {statistics.median(full_masks) * 1e3:.2f} ms (helper thread), "
-              f"the sampler applies them in {statistics.median(full_apply) * 1e3:.2f} ms")
+        print(
+            f"B={args.max_num_seqs} decode step, median: unconstrained {statistics.median(steps_free):.1f} ms, "
+            f"constrained {statistics.median(steps_bound):.1f} ms; llguidance computes the "
+            f"{args.max_num_seqs} masks in {statistics.median(full_masks) * 1e3:.2f} ms (helper thread), "
+            f"the sampler applies them in {statistics.median(full_apply) * 1e3:.2f} ms"
+        )
     else:
         print(f"no decode step ran {args.max_num_seqs} sequences: give more prompts")
 

@@ -35,11 +35,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from scale import start_redis  # noqa: E402
 
-WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one had by "
-         "word but not what all were we when your can said there use an each which she do how their if will up "
-         "other about out many then them these so some her would make like him into time has look two more write "
-         "go see number no way could people my than first water been call who oil its now find long down day did "
-         "get come made may part code function error python table query model data train loss learning").split()
+WORDS = (
+    "the of and to in is you that it he was for on are as with his they at be this have from or one had by "
+    "word but not what all were we when your can said there use an each which she do how their if will up "
+    "other about out many then them these so some her would make like him into time has look two more write "
+    "go see number no way could people my than first water been call who oil its now find long down day did "
+    "get come made may part code function error python table query model data train loss learning"
+).split()
 CATEGORIES = ["coding", "writing", "math", "chat", "translation", "summary"]
 
 
@@ -53,9 +55,13 @@ def make_columns(rows: int, seed: int = 0) -> dict:
     for length in lengths:
         words = vocabulary[rng.integers(0, len(vocabulary), length)]
         text.append(" ".join(words).capitalize() + "?")
-    return {"id": [f"s{i}" for i in range(rows)], "text": text,
-            "category": [CATEGORIES[i] for i in rng.integers(0, len(CATEGORIES), rows)],
-            "turns": rng.integers(1, 9, rows).tolist(), "score": np.round(rng.random(rows), 4).tolist()}
+    return {
+        "id": [f"s{i}" for i in range(rows)],
+        "text": text,
+        "category": [CATEGORIES[i] for i in rng.integers(0, len(CATEGORIES), rows)],
+        "turns": rng.integers(1, 9, rows).tolist(),
+        "score": np.round(rng.random(rows), 4).tolist(),
+    }
 
 
 def write_files(folder: Path, rows: int) -> tuple[Path, Path]:
@@ -77,17 +83,35 @@ def submit(dataset: Path, output: Path, *extra: str) -> tuple[float, float, floa
     workdir = Path(tempfile.mkdtemp(dir=output.parent))
     proc, url = start_redis(workdir)
     try:
-        script = ("import resource, sys, time\n"
-                  "from miro.cli.main import cli\n"
-                  "started = time.perf_counter()\n"
-                  "try:\n    cli(sys.argv[1:])\n"
-                  "except SystemExit as e:\n    code = e.code\n"
-                  "usage = resource.getrusage(resource.RUSAGE_SELF)\n"
-                  "peak = [int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM:')]\n"
-                  "print('BENCH', time.perf_counter() - started, peak[0] / 1024, code, "
-                  "usage.ru_utime + usage.ru_stime, file=sys.stderr)\n")
-        done = subprocess.run([sys.executable, "-c", script, "submit", str(dataset), "--redis-url", url, "--output",
-                               str(output), "--max-tokens", "16", *extra], capture_output=True, text=True)
+        script = (
+            "import resource, sys, time\n"
+            "from miro.cli.main import cli\n"
+            "started = time.perf_counter()\n"
+            "try:\n    cli(sys.argv[1:])\n"
+            "except SystemExit as e:\n    code = e.code\n"
+            "usage = resource.getrusage(resource.RUSAGE_SELF)\n"
+            "peak = [int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM:')]\n"
+            "print('BENCH', time.perf_counter() - started, peak[0] / 1024, code, "
+            "usage.ru_utime + usage.ru_stime, file=sys.stderr)\n"
+        )
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                script,
+                "submit",
+                str(dataset),
+                "--redis-url",
+                url,
+                "--output",
+                str(output),
+                "--max-tokens",
+                "16",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+        )
         line = next((x for x in done.stderr.splitlines() if x.startswith("BENCH")), None)
         if line is None or line.split()[3] not in ("0", "None"):
             raise SystemExit(f"submit failed: {done.stderr[-2000:]}")
@@ -117,8 +141,10 @@ def main() -> None:
         folder = Path(tmp)
         started = time.perf_counter()
         jsonl, parquet = write_files(folder, args.rows)
-        print(f"{args.rows:,} rows: JSONL {jsonl.stat().st_size / 2**20:,.0f} MiB, Parquet "
-              f"{parquet.stat().st_size / 2**20:,.0f} MiB (written in {time.perf_counter() - started:.0f} s)")
+        print(
+            f"{args.rows:,} rows: JSONL {jsonl.stat().st_size / 2**20:,.0f} MiB, Parquet "
+            f"{parquet.stat().st_size / 2**20:,.0f} MiB (written in {time.perf_counter() - started:.0f} s)"
+        )
         results = {"jsonl": [], "parquet": []}
         digests = {}
         for round_ in range(args.rounds):
@@ -128,21 +154,25 @@ def main() -> None:
                 wall, rss, cpu = submit(dataset, output, *extra)
                 results[name].append((wall, rss, cpu))
                 digests.setdefault(name, stored_digest(output))
-                print(f"round {round_ + 1} {name:8s} {wall:7.1f} s wall, {cpu:7.1f} s CPU, peak RSS {rss:7.0f} MB",
-                      flush=True)
+                print(
+                    f"round {round_ + 1} {name:8s} {wall:7.1f} s wall, {cpu:7.1f} s CPU, peak RSS {rss:7.0f} MB",
+                    flush=True,
+                )
                 subprocess.run(["rm", "-rf", str(output)])
-        median = {name: [statistics.median(run[k] for run in runs) for k in range(3)]
-                  for name, runs in results.items()}
+        median = {name: [statistics.median(run[k] for run in runs) for k in range(3)] for name, runs in results.items()}
         same = digests["jsonl"] == digests["parquet"]
         for name in ("jsonl", "parquet"):
             wall, rss, cpu = median[name]
             print(f"median {name:8s} {wall:.1f} s wall, {cpu:.1f} s CPU, {rss:.0f} MB")
         ratio = [p / j for p, j in zip(median["parquet"], median["jsonl"])]
-        print(f"Parquet / JSONL: wall {ratio[0]:.3f}x, CPU {ratio[2]:.3f}x, peak RSS {ratio[1]:.3f}x; stored "
-              f"requests identical (columns and order): {same}")
+        print(
+            f"Parquet / JSONL: wall {ratio[0]:.3f}x, CPU {ratio[2]:.3f}x, peak RSS {ratio[1]:.3f}x; stored "
+            f"requests identical (columns and order): {same}"
+        )
         if args.json:
-            Path(args.json).write_text(json.dumps({"rows": args.rows, "runs": results, "median": median,
-                                                   "identical": same}, indent=1))
+            Path(args.json).write_text(
+                json.dumps({"rows": args.rows, "runs": results, "median": median, "identical": same}, indent=1)
+            )
 
 
 if __name__ == "__main__":

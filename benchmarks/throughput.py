@@ -78,7 +78,7 @@ def run_miro(engine, requests) -> float:
 def run_static(engine, requests, batch_size: int) -> float:
     t0 = time.perf_counter()
     for i in range(0, len(requests), batch_size):
-        run_miro(engine, requests[i:i + batch_size])
+        run_miro(engine, requests[i : i + batch_size])
     return total_tokens(requests) / (time.perf_counter() - t0)
 
 
@@ -128,10 +128,16 @@ def run_llama_cpp_batched(model_path: str, requests, parallel: int) -> float:
         for seq, slot in slots.items():
             if len(items) >= 512:
                 break
-            feed = slot["prompt"][:512 - len(items)] if slot["prompt"] else [slot["token"]]
+            feed = slot["prompt"][: 512 - len(items)] if slot["prompt"] else [slot["token"]]
             for k, tok in enumerate(feed):
-                items.append((tok, slot["pos"] + k, seq, k == len(feed) - 1 and len(feed) == len(slot["prompt"])
-                              or not slot["prompt"]))
+                items.append(
+                    (
+                        tok,
+                        slot["pos"] + k,
+                        seq,
+                        k == len(feed) - 1 and len(feed) == len(slot["prompt"]) or not slot["prompt"],
+                    )
+                )
             slot["fed"] = len(feed)
         for i, (tok, pos, seq, want) in enumerate(items):
             batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
@@ -143,7 +149,7 @@ def run_llama_cpp_batched(model_path: str, requests, parallel: int) -> float:
             if pos != slot["pos"] + slot["fed"] - 1:
                 continue  # not this sequence's last item in the batch
             slot["pos"] += slot["fed"]
-            slot["prompt"] = slot["prompt"][slot["fed"]:]
+            slot["prompt"] = slot["prompt"][slot["fed"] :]
             if want:
                 slot["token"] = l.llama_sampler_sample(sampler, ctx, i)
                 slot["left"] -= 1
@@ -163,8 +169,12 @@ def llama_cpp_anchor(args, model_path: str, mode: str, requests) -> float:
     """One llama.cpp anchor ("generate", or the parallel count of the batched API) in its own process (the
     interpreter of --llama-python, or this one), so its threads never share a process with numba's."""
     python = args.llama_python or sys.executable
-    out = subprocess.run([python, __file__, "--only-llama-cpp", f"{model_path}::{mode}"],
-                         input=json.dumps(requests), capture_output=True, text=True)
+    out = subprocess.run(
+        [python, __file__, "--only-llama-cpp", f"{model_path}::{mode}"],
+        input=json.dumps(requests),
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         raise SystemExit(f"llama.cpp ({mode}) failed; pass --llama-python or --skip llama-cpp:\n{out.stderr[-2000:]}")
     return float(out.stdout.strip().splitlines()[-1])
@@ -183,8 +193,9 @@ def gemm_peak_gflops() -> float:
 def model_flops(config, requests) -> float:
     """Linear-layer and attention FLOPs of the whole workload (2 per multiply-add)."""
     c = config
-    per_token = 2 * (c.n_layers * (c.dim * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.dim + 3 * c.dim * c.ffn_dim)
-                     + c.dim * c.vocab_size)
+    per_token = 2 * (
+        c.n_layers * (c.dim * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.dim + 3 * c.dim * c.ffn_dim) + c.dim * c.vocab_size
+    )
     linear = per_token * total_tokens(requests)
     attention = 0
     for p, n in requests:  # token at position i attends to i+1 keys: QK and PV
@@ -199,7 +210,12 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--llama-prompts", type=int, default=32)
     parser.add_argument("--llama-python", help="python of a venv with llama-cpp-python, if not importable here")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["static", "no-chunking", "native", "float32-kv", "invariant", "llama-cpp"])
+    parser.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=["static", "no-chunking", "native", "float32-kv", "invariant", "llama-cpp"],
+    )
     parser.add_argument("--only-llama-cpp", help=argparse.SUPPRESS)
     tiers.add_argument(parser)
     args = parser.parse_args()
@@ -207,8 +223,11 @@ def main() -> None:
     if args.only_llama_cpp:
         model_path, mode = args.only_llama_cpp.split("::")
         requests = json.loads(sys.stdin.read())
-        rate = run_llama_cpp(model_path, requests) if mode == "generate" else \
-            run_llama_cpp_batched(model_path, requests, int(mode))
+        rate = (
+            run_llama_cpp(model_path, requests)
+            if mode == "generate"
+            else run_llama_cpp_batched(model_path, requests, int(mode))
+        )
         print(json.dumps(rate))
         return
 
@@ -220,8 +239,10 @@ def main() -> None:
     model_path = str(resolve_model(args.model))
     engine = Engine.from_model(model_path, max_model_len=2048)
     requests = load_sharegpt(engine.tokenizer, args.num_prompts)
-    print(f"{len(requests)} prompts: {sum(len(p) for p, _ in requests)} prompt tokens, "
-          f"{sum(n for _, n in requests)} output tokens; KV cache {engine.block_manager.num_blocks} blocks")
+    print(
+        f"{len(requests)} prompts: {sum(len(p) for p, _ in requests)} prompt tokens, "
+        f"{sum(n for _, n in requests)} output tokens; KV cache {engine.block_manager.num_blocks} blocks"
+    )
     run_miro(engine, requests[:4])  # compile kernels, warm up
 
     results = {}
@@ -229,31 +250,45 @@ def main() -> None:
     results["miro"] = run_miro(engine, requests)
     miro_s = time.perf_counter() - t0
     stats = engine.stats()
-    print(f"miro: {results['miro']:.1f} tok/s, preemptions {stats.preemptions}, "
-          f"prefix cache hit rate {stats.prefix_cache_hit_rate:.3f}")
+    print(
+        f"miro: {results['miro']:.1f} tok/s, preemptions {stats.preemptions}, "
+        f"prefix cache hit rate {stats.prefix_cache_hit_rate:.3f}"
+    )
     if "static" not in args.skip:
         results["static"] = run_static(engine, requests, engine.scheduler.max_num_seqs)
     if "no-chunking" not in args.skip:
-        unchunked = Engine(engine.model, engine.tokenizer, EngineConfig(
-            max_model_len=2048, enable_chunked_prefill=False, num_kv_blocks=engine.block_manager.num_blocks))
+        unchunked = Engine(
+            engine.model,
+            engine.tokenizer,
+            EngineConfig(
+                max_model_len=2048, enable_chunked_prefill=False, num_kv_blocks=engine.block_manager.num_blocks
+            ),
+        )
         results["no-chunking"] = run_miro(unchunked, requests)
         del unchunked
     if "native" not in args.skip:  # weights kept as the file's blocks: batch-invariant by construction
-        native = Engine.from_model(model_path, weights="native", max_model_len=2048,
-                                   num_kv_blocks=engine.block_manager.num_blocks)
+        native = Engine.from_model(
+            model_path, weights="native", max_model_len=2048, num_kv_blocks=engine.block_manager.num_blocks
+        )
         run_miro(native, requests[:4])
         results["native"] = run_miro(native, requests)
         del native
     if "float32-kv" not in args.skip:
-        float32_kv = Engine.from_model(model_path, kv_cache_dtype="float32", max_model_len=2048,
-                                       num_kv_blocks=engine.block_manager.num_blocks)
+        float32_kv = Engine.from_model(
+            model_path, kv_cache_dtype="float32", max_model_len=2048, num_kv_blocks=engine.block_manager.num_blocks
+        )
         run_miro(float32_kv, requests[:4])
         results["float32-kv"] = run_miro(float32_kv, requests)
         del float32_kv
     if "invariant" not in args.skip:  # the other side of the batch-invariance switch, f32 weights
         invariant = not engine.engine_config.batch_invariant
-        flipped = Engine.from_model(model_path, weights="f32", batch_invariant=invariant, max_model_len=2048,
-                                    num_kv_blocks=engine.block_manager.num_blocks)
+        flipped = Engine.from_model(
+            model_path,
+            weights="f32",
+            batch_invariant=invariant,
+            max_model_len=2048,
+            num_kv_blocks=engine.block_manager.num_blocks,
+        )
         run_miro(flipped, requests[:4])
         results["invariant" if invariant else "openblas"] = run_miro(flipped, requests)
         del flipped
@@ -269,8 +304,10 @@ def main() -> None:
         print(f"{name:<12} {tok_s:8.1f} total tok/s   miro / {name} = {results['miro'] / tok_s:.2f}x")
     achieved = model_flops(engine.config, requests) / miro_s / 1e9
     peak = gemm_peak_gflops()
-    print(f"\nmiro achieved {achieved:.0f} GFLOP/s; numpy float32 GEMM (512x576 @ 576x3072) peak here "
-          f"{peak:.0f} GFLOP/s: {achieved / peak:.0%} of it")
+    print(
+        f"\nmiro achieved {achieved:.0f} GFLOP/s; numpy float32 GEMM (512x576 @ 576x3072) peak here "
+        f"{peak:.0f} GFLOP/s: {achieved / peak:.0%} of it"
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,17 @@ import tiers
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {
     "tinyllama": dict(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, ffn_dim=5632, vocab=32000),
-    "llama3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab=128256, tied=1,
-                        rope_theta=500000, rope_freqs=32),
+    "llama3.2-1b": dict(
+        dim=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim=8192,
+        vocab=128256,
+        tied=1,
+        rope_theta=500000,
+        rope_freqs=32,
+    ),
 }
 SHAPE_NAME = "tinyllama"  # main() sets the one asked for (--shape)
 SHAPE = SHAPES[SHAPE_NAME]
@@ -67,11 +76,17 @@ def layout() -> list[tuple[str, tuple[int, ...]]]:
         tensors.append(("rope_freqs.weight", (s["dim"] // s["n_heads"] // 2,)))
     for i in range(s["n_layers"]):
         b = f"blk.{i}"
-        tensors += [(f"{b}.attn_norm.weight", (dim,)), (f"{b}.attn_q.weight", (dim, dim)),
-                    (f"{b}.attn_k.weight", (kv_dim, dim)), (f"{b}.attn_v.weight", (kv_dim, dim)),
-                    (f"{b}.attn_output.weight", (dim, dim)), (f"{b}.ffn_norm.weight", (dim,)),
-                    (f"{b}.ffn_gate.weight", (s["ffn_dim"], dim)), (f"{b}.ffn_up.weight", (s["ffn_dim"], dim)),
-                    (f"{b}.ffn_down.weight", (dim, s["ffn_dim"]))]
+        tensors += [
+            (f"{b}.attn_norm.weight", (dim,)),
+            (f"{b}.attn_q.weight", (dim, dim)),
+            (f"{b}.attn_k.weight", (kv_dim, dim)),
+            (f"{b}.attn_v.weight", (kv_dim, dim)),
+            (f"{b}.attn_output.weight", (dim, dim)),
+            (f"{b}.ffn_norm.weight", (dim,)),
+            (f"{b}.ffn_gate.weight", (s["ffn_dim"], dim)),
+            (f"{b}.ffn_up.weight", (s["ffn_dim"], dim)),
+            (f"{b}.ffn_down.weight", (dim, s["ffn_dim"])),
+        ]
     tensors.append(("output_norm.weight", (dim,)))
     return tensors if s.get("tied") else tensors + [("output.weight", (s["vocab"], dim))]
 
@@ -174,7 +189,7 @@ def write_model(path: Path, weights: str = "Q4_0", seed: int = 0) -> None:
     w.close()
 
 
-QUANTIZE_SCRIPT = r'''
+QUANTIZE_SCRIPT = r"""
 import ctypes, sys
 import llama_cpp as l
 
@@ -184,7 +199,7 @@ params = l.llama_model_quantize_default_params()
 params.ftype = l.LLAMA_FTYPE_MOSTLY_Q4_K_M
 params.nthread = threads
 sys.exit(l.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)))
-'''
+"""
 
 
 def q4_k_m_model(llama_python: str | None, threads: int, seed: int = 0) -> tuple[Path, str]:
@@ -202,8 +217,9 @@ def q4_k_m_model(llama_python: str | None, threads: int, seed: int = 0) -> tuple
     t0 = time.perf_counter()
     try:
         write_model(f16, "F16", seed)
-        done = subprocess.run([llama_python, "-c", QUANTIZE_SCRIPT, str(f16), str(partial), str(threads)],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [llama_python, "-c", QUANTIZE_SCRIPT, str(f16), str(partial), str(threads)], capture_output=True, text=True
+        )
     finally:
         f16.unlink(missing_ok=True)  # 2.2 GB: kept only while the quantizer reads it
     if done.returncode != 0:
@@ -244,6 +260,7 @@ def kv_cache_bytes(n_seqs: int, n_tokens: int) -> int:
 
 # -- one engine per process ---------------------------------------------------------------------------
 
+
 def run_miro(path: str, weights: str, seqs: list[list[int]], new_tokens: int, threads: int) -> dict:
     sys.path.insert(0, str(ROOT.parent))
     from miro.cli.common import limit_threads
@@ -254,8 +271,9 @@ def run_miro(path: str, weights: str, seqs: list[list[int]], new_tokens: int, th
     # a KV cache of the blocks this run needs, as llama.cpp's context is sized to it (n_ctx below)
     block_size = 16
     blocks = len(seqs) * -(-(max(map(len, seqs)) + new_tokens) // block_size)
-    engine = Engine.from_model(path, weights=weights, block_size=block_size, num_kv_blocks=blocks,
-                               max_num_seqs=len(seqs))
+    engine = Engine.from_model(
+        path, weights=weights, block_size=block_size, num_kv_blocks=blocks, max_num_seqs=len(seqs)
+    )
     load_s = time.perf_counter() - t0
     # numba's kernels compile (or load from cache) outside the timing: a run of the same shape on other
     # prompts (so the prefix cache holds nothing the timed run can use)
@@ -268,7 +286,7 @@ def run_miro(path: str, weights: str, seqs: list[list[int]], new_tokens: int, th
     return dict(load_s=load_s, run_s=run_s, tokens=sum(map(len, seqs)) + generated, weight_memory=engine.weight_memory)
 
 
-LLAMA_CPP_SCRIPT = r'''
+LLAMA_CPP_SCRIPT = r"""
 import json, sys, time, ctypes
 import numpy as np
 import llama_cpp as l
@@ -315,7 +333,7 @@ for step in range(new_tokens - 1):
     generated += len(seqs)
 run_s = time.perf_counter() - t0
 print(json.dumps(dict(load_s=load_s, run_s=run_s, tokens=sum(lengths) + generated)))
-'''
+"""
 
 
 def child_result(cmd: list[str]) -> dict:
@@ -335,11 +353,17 @@ def child_result(cmd: list[str]) -> dict:
 
 def print_ratios(runs: list[dict]) -> None:
     """native / llama.cpp tokens/s, round by round (each round runs both in turn), and their median."""
-    ratios = sorted(r["native"]["tokens"] / r["native"]["run_s"] / (r["llama.cpp"]["tokens"] / r["llama.cpp"]["run_s"])
-                    for r in runs if "native" in r and "llama.cpp" in r)
+    ratios = sorted(
+        r["native"]["tokens"] / r["native"]["run_s"] / (r["llama.cpp"]["tokens"] / r["llama.cpp"]["run_s"])
+        for r in runs
+        if "native" in r and "llama.cpp" in r
+    )
     if ratios:
-        print(f"native / llama.cpp tok/s, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
-              f"median {ratios[len(ratios) // 2]:.2f}x", flush=True)
+        print(
+            f"native / llama.cpp tok/s, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
+            f"median {ratios[len(ratios) // 2]:.2f}x",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -350,12 +374,23 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--engines", default="native,llama.cpp,f32")
-    parser.add_argument("--quant", choices=("Q4_0", "Q4_K_M"), default="Q4_0",
-                        help="Q4_0: random blocks; Q4_K_M: llama.cpp's quantizer on random F16 weights (cached)")
-    parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON"),
-                        help="A Python with llama-cpp-python installed (without it, llama.cpp is skipped).")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run the engines in turn this many times; prints native / llama.cpp round by round")
+    parser.add_argument(
+        "--quant",
+        choices=("Q4_0", "Q4_K_M"),
+        default="Q4_0",
+        help="Q4_0: random blocks; Q4_K_M: llama.cpp's quantizer on random F16 weights (cached)",
+    )
+    parser.add_argument(
+        "--llama-python",
+        default=os.environ.get("LLAMA_PYTHON"),
+        help="A Python with llama-cpp-python installed (without it, llama.cpp is skipped).",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the engines in turn this many times; prints native / llama.cpp round by round",
+    )
     parser.add_argument("--child", nargs=2, metavar=("WEIGHTS", "PATH"), help=argparse.SUPPRESS)
     tiers.add_argument(parser)
     args = parser.parse_args()
@@ -372,8 +407,11 @@ def main() -> None:
         path, origin = model_file(args.quant, Path(tmp), args.llama_python, args.threads)
         size = path.stat().st_size
         print(f"{path.name}: {size / 2**20:,.0f} MiB ({origin}); tensor types: {type_mix(path)}", flush=True)
-        print(f"{args.seqs} sequences x ({args.prompt_tokens} prompt + {args.new_tokens} new) tokens, "
-              f"{args.threads} threads", flush=True)
+        print(
+            f"{args.seqs} sequences x ({args.prompt_tokens} prompt + {args.new_tokens} new) tokens, "
+            f"{args.threads} threads",
+            flush=True,
+        )
         runs = []
         for round_ in range(args.rounds):  # the engines in turn, one at a time, so that drift hits each alike
             results = {}
@@ -382,23 +420,51 @@ def main() -> None:
                     print("  llama.cpp: skipped (no --llama-python)", flush=True)
                     continue
                 if name == "llama.cpp":
-                    cmd = [args.llama_python, "-c", LLAMA_CPP_SCRIPT, str(path), json.dumps(seqs),
-                           str(args.new_tokens), str(args.threads)]
+                    cmd = [
+                        args.llama_python,
+                        "-c",
+                        LLAMA_CPP_SCRIPT,
+                        str(path),
+                        json.dumps(seqs),
+                        str(args.new_tokens),
+                        str(args.threads),
+                    ]
                 else:
-                    cmd = [sys.executable, __file__, "--child", name, str(path), "--shape", args.shape,
-                           "--seqs", str(args.seqs),
-                           "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
-                           "--threads", str(args.threads)]
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        name,
+                        str(path),
+                        "--shape",
+                        args.shape,
+                        "--seqs",
+                        str(args.seqs),
+                        "--prompt-tokens",
+                        str(args.prompt_tokens),
+                        "--new-tokens",
+                        str(args.new_tokens),
+                        "--threads",
+                        str(args.threads),
+                    ]
                 results[name] = r = child_result(cmd)
-                print(f"{name:>10}: load {r['load_s']:6.2f} s  peak RSS {r['peak_rss'] / 2**20:>8,.0f} MiB  "
-                      f"{r['tokens'] / r['run_s']:7.1f} tok/s ({r['tokens']} tokens in {r['run_s']:.1f} s)", flush=True)
+                print(
+                    f"{name:>10}: load {r['load_s']:6.2f} s  peak RSS {r['peak_rss'] / 2**20:>8,.0f} MiB  "
+                    f"{r['tokens'] / r['run_s']:7.1f} tok/s ({r['tokens']} tokens in {r['run_s']:.1f} s)",
+                    flush=True,
+                )
             runs.append(results)
         print_ratios(runs)
         if "native" in results:
             kv = kv_cache_bytes(args.seqs, args.prompt_tokens + args.new_tokens)
-            print(f"targets for native: peak RSS <= {(size * 1.3 + kv) / 2**20:,.0f} MiB (file x 1.3 + KV), load <= 1 s"
-                  + (f", tok/s >= llama.cpp's {results['llama.cpp']['tokens'] / results['llama.cpp']['run_s']:.1f}"
-                     if "llama.cpp" in results else ""))
+            print(
+                f"targets for native: peak RSS <= {(size * 1.3 + kv) / 2**20:,.0f} MiB (file x 1.3 + KV), load <= 1 s"
+                + (
+                    f", tok/s >= llama.cpp's {results['llama.cpp']['tokens'] / results['llama.cpp']['run_s']:.1f}"
+                    if "llama.cpp" in results
+                    else ""
+                )
+            )
 
 
 if __name__ == "__main__":

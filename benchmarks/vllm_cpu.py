@@ -66,7 +66,7 @@ def default_model_path() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-CONVERT = r'''
+CONVERT = r"""
 import sys
 from pathlib import Path
 import torch
@@ -83,7 +83,7 @@ try:
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
 except Exception as err:  # vLLM then runs without a tokenizer (token ids in, token ids out)
     print(f"tokenizer not converted: {err!r}", file=sys.stderr)
-'''
+"""
 
 
 def hf_copy(gguf: Path, vllm_python: str, env: dict) -> tuple[Path, str]:
@@ -97,8 +97,9 @@ def hf_copy(gguf: Path, vllm_python: str, env: dict) -> tuple[Path, str]:
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     t0 = time.perf_counter()
-    done = subprocess.run([vllm_python, "-c", CONVERT, str(gguf), str(partial)], capture_output=True, text=True,
-                          env=env)
+    done = subprocess.run(
+        [vllm_python, "-c", CONVERT, str(gguf), str(partial)], capture_output=True, text=True, env=env
+    )
     if done.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
         raise SystemExit(f"converting {gguf} with transformers failed:\n{done.stderr[-3000:]}")
@@ -118,8 +119,13 @@ def miro_prepare(path: str, prompts: int, max_tokens: int) -> dict:
     c = engine.config
     itemsize = 2 if engine.kv_cache_dtype == "float16" else 4
     kv_bytes = engine.kv_cache_tokens * 2 * c.n_layers * c.n_kv_heads * c.head_dim * itemsize
-    return dict(requests=requests[:prompts], warm=requests[prompts:], kv_bytes=kv_bytes,
-                weights=engine.weight_choice, kv_dtype=engine.kv_cache_dtype)
+    return dict(
+        requests=requests[:prompts],
+        warm=requests[prompts:],
+        kv_bytes=kv_bytes,
+        weights=engine.weight_choice,
+        kv_dtype=engine.kv_cache_dtype,
+    )
 
 
 def miro_worker(job: dict) -> dict:
@@ -140,7 +146,7 @@ def miro_worker(job: dict) -> dict:
     return dict(load_s=load_s, run_s=run_s, generated=[o.outputs[0].token_ids for o in outs])
 
 
-VLLM_WORKER = r'''
+VLLM_WORKER = r"""
 import json, sys, time
 t0 = time.perf_counter()
 job = json.loads(open(sys.argv[1]).read())
@@ -164,7 +170,7 @@ run([(p, job["warm_tokens"]) for p, _ in job["warm"]])
 outs, run_s = run(job["requests"])
 print("RESULT " + json.dumps(dict(load_s=load_s, run_s=run_s, generated=[list(o.outputs[0].token_ids) for o in outs],
                                   versions=f"vLLM {vllm.__version__}, torch {torch.__version__}")), flush=True)
-'''
+"""
 
 
 def tree_rss(root: int) -> int:
@@ -208,7 +214,7 @@ def run_child(cmd: list[str], env: dict | None = None, log: Path | None = None) 
             err.seek(0)
         if proc.returncode != 0 or not lines:
             raise SystemExit(f"{' '.join(cmd[:2])} ... failed ({proc.returncode}):\n{err.read()[-4000:]}")
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     result["peak_rss"] = peak
     result["load_avg"] = os.getloadavg()[0]  # the machine's load over the last minute, at the end of the run
     return result
@@ -221,8 +227,14 @@ def vllm_env(vllm_python: str, kv_bytes: int) -> dict:
     contiguous = len(cores) > 1 and cores == list(range(cores[0], cores[-1] + 1))
     env["VLLM_CPU_OMP_THREADS_BIND"] = f"{cores[0]}-{cores[-1]}" if contiguous else ",".join(map(str, cores))
     env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_bytes / 2**30)))
-    preload = [p for p in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
-                           str(Path(vllm_python).parent.parent / "lib" / "libiomp5.so")) if Path(p).exists()]
+    preload = [
+        p
+        for p in (
+            "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+            str(Path(vllm_python).parent.parent / "lib" / "libiomp5.so"),
+        )
+        if Path(p).exists()
+    ]
     if preload:
         env["LD_PRELOAD"] = ":".join(preload + [p for p in env.get("LD_PRELOAD", "").split(":") if p])
     return env
@@ -240,8 +252,12 @@ def main() -> None:
     parser.add_argument("--model", help="a .gguf path (default: miro's default model, pulled on first use)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=48)
-    parser.add_argument("--max-tokens", type=int, default=256, help="each request's output length at most "
-                        "(its reference answer's token count, itself at most 256)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=256,
+        help="each request's output length at most (its reference answer's token count, itself at most 256)",
+    )
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="vLLM's dtype")
     parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", DEFAULT_VLLM_PYTHON))
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -249,8 +265,11 @@ def main() -> None:
 
     if args.child:  # a miro process: "prepare" or "miro", the job's JSON in the file given by --model
         job = json.loads(Path(args.model).read_text())
-        result = miro_prepare(job["model"], job["prompts"], job["max_tokens"]) if args.child == "prepare" \
+        result = (
+            miro_prepare(job["model"], job["prompts"], job["max_tokens"])
+            if args.child == "prepare"
             else miro_worker(job)
+        )
         print("RESULT " + json.dumps(result), flush=True)
         return
 
@@ -268,19 +287,31 @@ def main() -> None:
         requests, warm = prep["requests"], prep["warm"]
         env = vllm_env(args.vllm_python, prep["kv_bytes"])
         hf, origin = hf_copy(model, args.vllm_python, env)
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                   "?")
-        print(f"{cpu}, {len(os.sched_getaffinity(0))} cores; {model.name} ({model.stat().st_size / 2**20:,.0f} MiB); "
-              f"HF copy {origin}")
-        print(f"{len(requests)} ShareGPT prompts: {sum(len(p) for p, _ in requests)} prompt tokens, "
-              f"{sum(n for _, n in requests)} output tokens (greedy, EOS ignored); miro: {prep['weights']}, "
-              f"KV cache {prep['kv_bytes'] / 2**30:.2f} GiB {prep['kv_dtype']}; vLLM: dtype {args.dtype}, "
-              f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']}, "
-              f"VLLM_CPU_OMP_THREADS_BIND={env['VLLM_CPU_OMP_THREADS_BIND']}, LD_PRELOAD={env.get('LD_PRELOAD', '')}",
-              flush=True)
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?"
+        )
+        print(
+            f"{cpu}, {len(os.sched_getaffinity(0))} cores; {model.name} ({model.stat().st_size / 2**20:,.0f} MiB); "
+            f"HF copy {origin}"
+        )
+        print(
+            f"{len(requests)} ShareGPT prompts: {sum(len(p) for p, _ in requests)} prompt tokens, "
+            f"{sum(n for _, n in requests)} output tokens (greedy, EOS ignored); miro: {prep['weights']}, "
+            f"KV cache {prep['kv_bytes'] / 2**30:.2f} GiB {prep['kv_dtype']}; vLLM: dtype {args.dtype}, "
+            f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']}, "
+            f"VLLM_CPU_OMP_THREADS_BIND={env['VLLM_CPU_OMP_THREADS_BIND']}, LD_PRELOAD={env.get('LD_PRELOAD', '')}",
+            flush=True,
+        )
         tokens = total_tokens(requests)
-        vllm_job = dict(hf=str(hf), dtype=args.dtype, max_model_len=MAX_MODEL_LEN, requests=requests, warm=warm,
-                        warm_tokens=WARM_TOKENS, tokenizer=(hf / "tokenizer_config.json").exists())
+        vllm_job = dict(
+            hf=str(hf),
+            dtype=args.dtype,
+            max_model_len=MAX_MODEL_LEN,
+            requests=requests,
+            warm=warm,
+            warm_tokens=WARM_TOKENS,
+            tokenizer=(hf / "tokenizer_config.json").exists(),
+        )
         rounds = []
         for r in range(1, args.rounds + 1):  # the engines in turn, so that the machine's drift hits both alike
             results = {"miro": miro_child("miro", dict(model=str(model), requests=requests, warm=warm))}
@@ -289,8 +320,11 @@ def main() -> None:
             for name, res in results.items():
                 assert [len(g) for g in res["generated"]] == [n for _, n in requests], f"{name}: output lengths"
                 res["tok_s"] = tokens / res["run_s"]
-                print(f"round {r} {name:>4}: {res['tok_s']:7.1f} tok/s ({res['run_s']:.1f} s), load "
-                      f"{res['load_s']:.1f} s, peak RSS (tree) {res['peak_rss'] / 2**20:,.0f} MiB, load average {res['load_avg']:.2f}", flush=True)
+                print(
+                    f"round {r} {name:>4}: {res['tok_s']:7.1f} tok/s ({res['run_s']:.1f} s), load "
+                    f"{res['load_s']:.1f} s, peak RSS (tree) {res['peak_rss'] / 2**20:,.0f} MiB, load average {res['load_avg']:.2f}",
+                    flush=True,
+                )
             rounds.append(results)
 
     label = f"vLLM {args.dtype}"
@@ -299,15 +333,19 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for r, res in enumerate(rounds, start=1):
         m, v = res["miro"], res["vllm"]
-        print(f"| {r} | {m['tok_s']:.1f} | {v['tok_s']:.1f} | {m['tok_s'] / v['tok_s']:.2f}x | "
-              f"{m['load_s']:.1f} / {v['load_s']:.1f} s | {m['peak_rss'] / 2**20:,.0f} / "
-              f"{v['peak_rss'] / 2**20:,.0f} MiB |")
+        print(
+            f"| {r} | {m['tok_s']:.1f} | {v['tok_s']:.1f} | {m['tok_s'] / v['tok_s']:.2f}x | "
+            f"{m['load_s']:.1f} / {v['load_s']:.1f} s | {m['peak_rss'] / 2**20:,.0f} / "
+            f"{v['peak_rss'] / 2**20:,.0f} MiB |"
+        )
     ratios = sorted(res["miro"]["tok_s"] / res["vllm"]["tok_s"] for res in rounds)
-    median = ratios[len(ratios) // 2] if len(ratios) % 2 else sum(ratios[len(ratios) // 2 - 1:][:2]) / 2
+    median = ratios[len(ratios) // 2] if len(ratios) % 2 else sum(ratios[len(ratios) // 2 - 1 :][:2]) / 2
     print(f"\nmedian miro / {label}: {median:.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}x over {len(ratios)} rounds)")
     same = agreement(rounds[0]["miro"]["generated"], rounds[0]["vllm"]["generated"])
-    print(f"first {AGREE_TOKENS} greedy tokens equal on {same}/{len(requests)} prompts (round 1); "
-          f"vLLM's last log: {VLLM_LOG}")
+    print(
+        f"first {AGREE_TOKENS} greedy tokens equal on {same}/{len(requests)} prompts (round 1); "
+        f"vLLM's last log: {VLLM_LOG}"
+    )
 
 
 if __name__ == "__main__":

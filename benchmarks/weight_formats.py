@@ -28,8 +28,9 @@ def main() -> None:
     rng = np.random.default_rng(0)
 
     def new_prompts() -> list[list[int]]:
-        return [[int(t) for t in rng.integers(100, 40000, size=int(rng.integers(20, 200)))]
-                for _ in range(args.prompts)]
+        return [
+            [int(t) for t in rng.integers(100, 40000, size=int(rng.integers(20, 200)))] for _ in range(args.prompts)
+        ]
 
     prompts = new_prompts()
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
@@ -48,8 +49,10 @@ def main() -> None:
             elapsed = time.perf_counter() - started
             tokens = sum(len(p) for p in prompts) + sum(len(o.outputs[0].token_ids) for o in outs)
             rates[fmt] = tokens / elapsed
-        print(f"round {round_ + 1}: f32 {rates['f32']:.1f} tok/s, native {rates['native']:.1f} tok/s, "
-              f"native/f32 {rates['native'] / rates['f32']:.2f}")
+        print(
+            f"round {round_ + 1}: f32 {rates['f32']:.1f} tok/s, native {rates['native']:.1f} tok/s, "
+            f"native/f32 {rates['native'] / rates['f32']:.2f}"
+        )
 
 
 if __name__ == "__main__":

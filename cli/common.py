@@ -15,8 +15,9 @@ DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
 def redis_url_option(help_text: str = "Redis URL (env MIRO_REDIS_URL).", default: str | None = DEFAULT_REDIS_URL):
-    return click.option("--redis-url", envvar="MIRO_REDIS_URL", default=default, show_default=default is not None,
-                        help=help_text)
+    return click.option(
+        "--redis-url", envvar="MIRO_REDIS_URL", default=default, show_default=default is not None, help=help_text
+    )
 
 
 def _run_reporting_errors(invoke, ctx):
@@ -65,15 +66,21 @@ model_option = click.option(
 )
 
 priority_option = click.option(
-    "--priority", type=click.Choice(defaults.PRIORITIES), default=None,
+    "--priority",
+    type=click.Choice(defaults.PRIORITIES),
+    default=None,
     help="Workers take the jobs of high batches before normal ones, and those before low ones; a high request "
-         f"preempts lower ones running in a worker's engine.  [default: {defaults.PRIORITY}; a resumed batch "
-         "keeps its own]")
+    f"preempts lower ones running in a worker's engine.  [default: {defaults.PRIORITY}; a resumed batch "
+    "keeps its own]",
+)
 
 completion_window_option = click.option(
-    "--completion-window", default=defaults.COMPLETION_WINDOW, show_default=True,
+    "--completion-window",
+    default=defaults.COMPLETION_WINDOW,
+    show_default=True,
     help="How long the batch may take (24h as OpenAI's, or 30m, 2h, 90s, 2d): past it, requests not yet run "
-         "expire (batch_expired errors) and the batch becomes expired; what finished is kept.")
+    "expire (batch_expired errors) and the batch becomes expired; what finished is kept.",
+)
 
 
 def embedding_line_options(command):
@@ -81,12 +88,19 @@ def embedding_line_options(command):
     from miro.worker.fleet.intake.inputs import TASKS
 
     options = [
-        click.option("--task", type=click.Choice(TASKS), default=None,
-                     help="embed: a simple line's 'prompt' is embedded, not completed (lines with 'input' and "
-                          "/v1/embeddings lines always embed).  [default: what the first line does]"),
-        click.option("--truncate", is_flag=True,
-                     help="Cut embedding inputs longer than the model's context to fit, in lines without "
-                          "truncate_prompt_tokens; without it such an input is its line's error."),
+        click.option(
+            "--task",
+            type=click.Choice(TASKS),
+            default=None,
+            help="embed: a simple line's 'prompt' is embedded, not completed (lines with 'input' and "
+            "/v1/embeddings lines always embed).  [default: what the first line does]",
+        ),
+        click.option(
+            "--truncate",
+            is_flag=True,
+            help="Cut embedding inputs longer than the model's context to fit, in lines without "
+            "truncate_prompt_tokens; without it such an input is its line's error.",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -120,9 +134,16 @@ def config_options(config_class, only: tuple[str, ...] | None = None):
             default = f.default_factory() if f.default_factory is not MISSING else f.default
             many = meta["kind"] is tuple
             command = click.option(
-                *flag.split(" "), f.name, type=kind, default=None if many else default, multiple=many,
-                envvar=env_name(f), show_default=default is not None and not many, show_envvar=True,
-                help=meta["help"])(command)
+                *flag.split(" "),
+                f.name,
+                type=kind,
+                default=None if many else default,
+                multiple=many,
+                envvar=env_name(f),
+                show_default=default is not None and not many,
+                show_envvar=True,
+                help=meta["help"],
+            )(command)
         return command
 
     return decorate
@@ -133,9 +154,15 @@ def engine_options(command):
     loads a model."""
     from miro.core.engine.engine_config import EngineConfig
 
-    threads = click.option("--threads", type=click.IntRange(min=1), default=None, envvar="MIRO_THREADS", show_envvar=True,
-                           help="CPU threads for BLAS and numba (default: all cores; with several workers on one "
-                                "machine, keep workers x threads <= cores).")
+    threads = click.option(
+        "--threads",
+        type=click.IntRange(min=1),
+        default=None,
+        envvar="MIRO_THREADS",
+        show_envvar=True,
+        help="CPU threads for BLAS and numba (default: all cores; with several workers on one "
+        "machine, keep workers x threads <= cores).",
+    )
     return config_options(EngineConfig)(threads(command))
 
 
@@ -167,30 +194,44 @@ def limit_threads(threads: int) -> None:
 def constraint_options(command):
     """--json-schema, --regex, --choice and --grammar: the structured output a command's requests follow."""
     options = [
-        click.option("--json-schema", "json_schema", type=click.Path(dir_okay=False), default=None,
-                     help="The output is JSON following the JSON schema in this file."),
+        click.option(
+            "--json-schema",
+            "json_schema",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="The output is JSON following the JSON schema in this file.",
+        ),
         click.option("--regex", default=None, help="The output matches this regular expression."),
         click.option("--choice", multiple=True, help="The output is exactly one of these strings (repeatable)."),
-        click.option("--grammar", type=click.Path(dir_okay=False), default=None,
-                     help="The output follows the Lark grammar in this file."),
+        click.option(
+            "--grammar",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="The output follows the Lark grammar in this file.",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
     return command
 
 
-def constraint_of(json_schema: str | None, regex: str | None, choice: tuple[str, ...], grammar: str | None) -> dict | None:
+def constraint_of(
+    json_schema: str | None, regex: str | None, choice: tuple[str, ...], grammar: str | None
+) -> dict | None:
     """The constraint options as SamplingParams' structured_outputs (None without one); MiroError in one
     sentence for two at once or a file that cannot be read."""
     import json
 
-    given = {name: value for name, value in (("json", json_schema), ("regex", regex), ("choice", list(choice)),
-                                             ("grammar", grammar)) if value}
+    given = {
+        name: value
+        for name, value in (("json", json_schema), ("regex", regex), ("choice", list(choice)), ("grammar", grammar))
+        if value
+    }
     if len(given) > 1:
         raise MiroError("give one of --json-schema, --regex, --choice and --grammar, not several.")
     if not given:
         return None
-    (kind, value), = given.items()
+    ((kind, value),) = given.items()
     if kind in ("json", "grammar"):
         option = "--json-schema" if kind == "json" else "--grammar"
         try:
@@ -211,36 +252,69 @@ def dataset_options(command):
     from miro.worker.fleet.intake.tables import FORMATS
 
     options = [
-        click.option("--input-format", type=click.Choice(FORMATS), default=None,
-                     help="The dataset's format.  [default: by its extension: .parquet, .csv, .arrow, a saved "
-                          "Hugging Face dataset's folder; else jsonl]"),
-        click.option("--prompt-column", default=None, metavar="COLUMN",
-                     help="The column holding each row's prompt (a completion; a user message with --chat)."),
-        click.option("--messages-column", default=None, metavar="COLUMN",
-                     help="The column holding each row's chat messages (a list of {role, content})."),
-        click.option("--input-column", default=None, metavar="COLUMN",
-                     help="The column holding each row's embedding input (a text, or a list of texts)."),
-        click.option("--template", default=None,
-                     help='Each row\'s prompt made of its columns, e.g. "Summarise: {text}" (a user message with '
-                          "--chat).  [default: columns named prompt, messages or input]"),
-        click.option("--id-column", default=None, metavar="COLUMN",
-                     help="The column holding each row's custom id.  [default: a column named id or custom_id, "
-                          "else line-N for row N]"),
-        click.option("--chat", is_flag=True,
-                     help="Give the prompt column or the template to the model's chat template as a user message."),
+        click.option(
+            "--input-format",
+            type=click.Choice(FORMATS),
+            default=None,
+            help="The dataset's format.  [default: by its extension: .parquet, .csv, .arrow, a saved "
+            "Hugging Face dataset's folder; else jsonl]",
+        ),
+        click.option(
+            "--prompt-column",
+            default=None,
+            metavar="COLUMN",
+            help="The column holding each row's prompt (a completion; a user message with --chat).",
+        ),
+        click.option(
+            "--messages-column",
+            default=None,
+            metavar="COLUMN",
+            help="The column holding each row's chat messages (a list of {role, content}).",
+        ),
+        click.option(
+            "--input-column",
+            default=None,
+            metavar="COLUMN",
+            help="The column holding each row's embedding input (a text, or a list of texts).",
+        ),
+        click.option(
+            "--template",
+            default=None,
+            help='Each row\'s prompt made of its columns, e.g. "Summarise: {text}" (a user message with '
+            "--chat).  [default: columns named prompt, messages or input]",
+        ),
+        click.option(
+            "--id-column",
+            default=None,
+            metavar="COLUMN",
+            help="The column holding each row's custom id.  [default: a column named id or custom_id, "
+            "else line-N for row N]",
+        ),
+        click.option(
+            "--chat",
+            is_flag=True,
+            help="Give the prompt column or the template to the model's chat template as a user message.",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
     return command
 
 
-def input_columns(prompt_column: str | None, messages_column: str | None, input_column: str | None,
-                  template: str | None, id_column: str | None, chat: bool):
+def input_columns(
+    prompt_column: str | None,
+    messages_column: str | None,
+    input_column: str | None,
+    template: str | None,
+    id_column: str | None,
+    chat: bool,
+):
     """dataset_options' column values as intake/columns.py's InputColumns (MiroError for two inputs at once)."""
     from miro.worker.fleet.intake.columns import InputColumns
 
-    return InputColumns(prompt=prompt_column, messages=messages_column, input=input_column, template=template,
-                        id=id_column, chat=chat)
+    return InputColumns(
+        prompt=prompt_column, messages=messages_column, input=input_column, template=template, id=id_column, chat=chat
+    )
 
 
 def reuse_option(help_text: str):

@@ -15,15 +15,31 @@ from miro.cli.common import MiroCommand, engine_kwargs, engine_options, log_to_s
 
 @click.command("embed", cls=MiroCommand)
 @click.argument("texts", nargs=-1, required=True)
-@click.option("--model", "-m", default=DEFAULT_EMBEDDING_MODEL, show_default=True,
-              help="An embedding model: alias or path to a .gguf file.")
-@click.option("--output", "-o", "out_path", default=None, type=click.Path(dir_okay=False),
-              help="Write the vectors to this Parquet file (or URL, s3://...) instead of printing them: columns "
-                   "input_index, prompt, embedding (fixed_size_list<float32>), prompt_tokens.")
-@click.option("--dimensions", type=click.IntRange(min=1), default=None,
-              help="Keep the first N values of each vector, then normalise (OpenAI's dimensions).")
-@click.option("--truncate", is_flag=True, help="Cut a text longer than the model's context to fit (otherwise it "
-                                               "is an error).")
+@click.option(
+    "--model",
+    "-m",
+    default=DEFAULT_EMBEDDING_MODEL,
+    show_default=True,
+    help="An embedding model: alias or path to a .gguf file.",
+)
+@click.option(
+    "--output",
+    "-o",
+    "out_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Write the vectors to this Parquet file (or URL, s3://...) instead of printing them: columns "
+    "input_index, prompt, embedding (fixed_size_list<float32>), prompt_tokens.",
+)
+@click.option(
+    "--dimensions",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Keep the first N values of each vector, then normalise (OpenAI's dimensions).",
+)
+@click.option(
+    "--truncate", is_flag=True, help="Cut a text longer than the model's context to fit (otherwise it is an error)."
+)
 @click.option("--no-normalize", is_flag=True, help="Leave the vectors as pooled, not L2-normalised.")
 @engine_options
 def embed_command(texts, model, out_path, dimensions, truncate, no_normalize, **engine):
@@ -35,8 +51,9 @@ def embed_command(texts, model, out_path, dimensions, truncate, no_normalize, **
     from miro.core import Engine
     from miro.core.layers.pooling import PoolingParams
 
-    params = PoolingParams(dimensions=dimensions, normalize=not no_normalize,
-                           truncate_prompt_tokens=-1 if truncate else None)
+    params = PoolingParams(
+        dimensions=dimensions, normalize=not no_normalize, truncate_prompt_tokens=-1 if truncate else None
+    )
     loaded = Engine.from_model(model, log=log_to_stderr, **engine_kwargs(**engine))
     outputs = loaded.encode(list(texts), params)
     errors = [(index, out.error) for index, out in enumerate(outputs) if out.error]
@@ -64,8 +81,13 @@ def _write(out_path: str, texts: tuple[str, ...], outputs: list) -> None:
 
     size = len(outputs[0].embedding)
     vectors = pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate([o.embedding for o in outputs])), size)
-    table = pa.table({"input_index": pa.array(range(len(texts)), pa.int32()), "prompt": pa.array(texts, pa.string()),
-                      "embedding": vectors,
-                      "prompt_tokens": pa.array([o.num_tokens for o in outputs], pa.int32())})
+    table = pa.table(
+        {
+            "input_index": pa.array(range(len(texts)), pa.int32()),
+            "prompt": pa.array(texts, pa.string()),
+            "embedding": vectors,
+            "prompt_tokens": pa.array([o.num_tokens for o in outputs], pa.int32()),
+        }
+    )
     write_parquet(table, out_path)
     log_to_stderr(f"Wrote {len(texts):,} embeddings of {size} dimensions to {out_path}.")

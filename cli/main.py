@@ -51,24 +51,53 @@ def cli():
 @click.option("--seed", default=None, type=int)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past the end-of-sequence token.")
-@click.option("--verbose", "-v", is_flag=True,
-              help="First say on stderr what was loaded: the model, its weight format, the CPU tier, the KV cache.")
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="First say on stderr what was loaded: the model, its weight format, the CPU tier, the KV cache.",
+)
 @constraint_options
 @engine_options
-def generate(prompt, model, chat, system, max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, verbose,
-             json_schema, regex, choice, grammar, **engine):
+def generate(
+    prompt,
+    model,
+    chat,
+    system,
+    max_tokens,
+    temperature,
+    top_p,
+    top_k,
+    seed,
+    stop,
+    ignore_eos,
+    verbose,
+    json_schema,
+    regex,
+    choice,
+    grammar,
+    **engine,
+):
     """Generate a completion for PROMPT and print it as it is produced."""
     from miro.core import Engine, SamplingParams
 
     params = SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=list(stop),
-        ignore_eos=ignore_eos, structured_outputs=constraint_of(json_schema, regex, choice, grammar),
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        stop=list(stop),
+        ignore_eos=ignore_eos,
+        structured_outputs=constraint_of(json_schema, regex, choice, grammar),
     )
     engine = Engine.from_model(model, log=log_to_stderr, **engine_kwargs(**engine))
     if verbose:
-        log_to_stderr(f"Loaded {model} ({engine.config.architecture}), {engine.weight_choice}; "
-                      f"{engine.cpu_description}; KV cache {engine.kv_cache_tokens:,} "
-                      f"tokens ({engine.kv_cache_dtype})")
+        log_to_stderr(
+            f"Loaded {model} ({engine.config.architecture}), {engine.weight_choice}; "
+            f"{engine.cpu_description}; KV cache {engine.kv_cache_tokens:,} "
+            f"tokens ({engine.kv_cache_dtype})"
+        )
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -135,42 +164,99 @@ def models_inspect(model, as_json):
 @cli.command("submit", cls=MiroCommand)
 @click.argument("dataset", type=click.Path(dir_okay=True, path_type=str))
 @redis_url_option("Redis to enqueue on (env MIRO_REDIS_URL).")
-@click.option("--queue", "queue_name", default=None,
-              help="RQ queue to enqueue on.  [default: miro:MODEL, the queue workers of that model serve]")
+@click.option(
+    "--queue",
+    "queue_name",
+    default=None,
+    help="RQ queue to enqueue on.  [default: miro:MODEL, the queue workers of that model serve]",
+)
 @click.option("--name", default=None, help="A name for the batch (default: the dataset's file name).")
-@click.option("--output", default=defaults.OUTPUT, show_default=True,
-              help="Folder or URI (s3://, gs://, ...) the workers write the Parquet part files under.")
-@click.option("--model", "-m", default=None,
-              help="Model alias, .gguf path or name a worker serves (--served-model-name) that runs every line, "
-                   f"whatever model the lines name.  [default: the model the lines name, else {DEFAULT_MODEL} "
-                   f"({DEFAULT_EMBEDDING_MODEL} for embeddings)]")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-              help="Default max_tokens for lines without one.")
+@click.option(
+    "--output",
+    default=defaults.OUTPUT,
+    show_default=True,
+    help="Folder or URI (s3://, gs://, ...) the workers write the Parquet part files under.",
+)
+@click.option(
+    "--model",
+    "-m",
+    default=None,
+    help="Model alias, .gguf path or name a worker serves (--served-model-name) that runs every line, "
+    f"whatever model the lines name.  [default: the model the lines name, else {DEFAULT_MODEL} "
+    f"({DEFAULT_EMBEDDING_MODEL} for embeddings)]",
+)
+@click.option(
+    "--max-tokens", type=click.IntRange(min=1), default=None, help="Default max_tokens for lines without one."
+)
 @click.option("--temperature", type=float, default=None, help="Default temperature for lines without one.")
 @click.option("--top-p", type=float, default=None, help="Default top_p for lines without one.")
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Default seed for lines without one.")
-@click.option("--skip-invalid", is_flag=True,
-              help="Enqueue the valid lines; record each invalid one as a failed request.")
+@click.option(
+    "--skip-invalid", is_flag=True, help="Enqueue the valid lines; record each invalid one as a failed request."
+)
 @click.option("--dry-run", is_flag=True, help="Validate and report; touch nothing in Redis.")
-@click.option("--resume", metavar="BATCH", default=None,
-              help="Add to batch BATCH the requests of the file that have no finished or running job.")
-@click.option("--job-timeout", default=str(defaults.JOB_TIMEOUT_S), show_default=True,
-              help="Seconds a request may take once started (or 30m, 2h, 1d; -1 for no limit).")
-@click.option("--requests-per-job", type=click.IntRange(min=1), default=None,
-              help="Requests per RQ job: RQ's bookkeeping of a job is shared by its requests, each still counted "
-                   f"once; 1 makes a job of each request.  [default: {defaults.REQUESTS_PER_JOB}]")
-@reuse_option("An earlier result (Parquet) of a batch on the same --model: every row of it whose request is "
-              "deterministic and identical is taken instead of running it again; the engine settings compared are "
-              "those a worker started here with the MIRO_* environment would load.")
+@click.option(
+    "--resume",
+    metavar="BATCH",
+    default=None,
+    help="Add to batch BATCH the requests of the file that have no finished or running job.",
+)
+@click.option(
+    "--job-timeout",
+    default=str(defaults.JOB_TIMEOUT_S),
+    show_default=True,
+    help="Seconds a request may take once started (or 30m, 2h, 1d; -1 for no limit).",
+)
+@click.option(
+    "--requests-per-job",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Requests per RQ job: RQ's bookkeeping of a job is shared by its requests, each still counted "
+    f"once; 1 makes a job of each request.  [default: {defaults.REQUESTS_PER_JOB}]",
+)
+@reuse_option(
+    "An earlier result (Parquet) of a batch on the same --model: every row of it whose request is "
+    "deterministic and identical is taken instead of running it again; the engine settings compared are "
+    "those a worker started here with the MIRO_* environment would load."
+)
 @dataset_options
 @priority_option
 @completion_window_option
 @embedding_line_options
 @constraint_options
-def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temperature, top_p, seed, skip_invalid,
-           dry_run, resume, job_timeout, requests_per_job, reuse_path, input_format, prompt_column, messages_column,
-           input_column, template, id_column, chat, priority, completion_window, task, truncate, json_schema,
-           regex, choice, grammar):
+def submit(
+    dataset,
+    redis_url,
+    queue_name,
+    name,
+    output,
+    model,
+    max_tokens,
+    temperature,
+    top_p,
+    seed,
+    skip_invalid,
+    dry_run,
+    resume,
+    job_timeout,
+    requests_per_job,
+    reuse_path,
+    input_format,
+    prompt_column,
+    messages_column,
+    input_column,
+    template,
+    id_column,
+    chat,
+    priority,
+    completion_window,
+    task,
+    truncate,
+    json_schema,
+    regex,
+    choice,
+    grammar,
+):
     """Validate DATASET (JSONL, Parquet, CSV or a saved Hugging Face dataset), store its requests and queue them, a
     group of them per RQ job, as workers drain the queue; prints the batch id."""
     from miro.worker.fleet.observe.urls import redacted
@@ -179,9 +265,17 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
 
     from miro.cli.validation_progress import ValidationProgress
 
-    defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
-                                  ("seed", seed), ("structured_outputs", constraint_of(json_schema, regex, choice, grammar)))
-                if v is not None}
+    defaults = {
+        k: v
+        for k, v in (
+            ("max_tokens", max_tokens),
+            ("temperature", temperature),
+            ("top_p", top_p),
+            ("seed", seed),
+            ("structured_outputs", constraint_of(json_schema, regex, choice, grammar)),
+        )
+        if v is not None
+    }
     columns = input_columns(prompt_column, messages_column, input_column, template, id_column, chat)
     reuse = None
     if reuse_path is not None and not dry_run:
@@ -195,32 +289,54 @@ def submit(dataset, redis_url, queue_name, name, output, model, max_tokens, temp
         reuse = ReuseSource.open(reuse_path, expected_stamp(model, engine_options_from_env()))
     conn = None if dry_run else connect(redis_url)
     with ValidationProgress(os.path.basename(dataset)) as progress:  # invalid lines are shown as they are found
-        result = submit_dataset(conn, dataset, queue_name=queue_name, name=name, output=output, model=model,
-                                defaults=defaults, skip_invalid=skip_invalid, dry_run=dry_run, resume=resume,
-                                job_timeout=job_timeout, priority=priority, task=task,
-                                requests_per_job=requests_per_job,
-                                pooling_defaults=pooling_defaults(truncate), completion_window=completion_window,
-                                log=log_to_stderr, on_line_error=progress.on_line_error,
-                                on_progress=progress.on_progress, columns=columns, input_format=input_format,
-                                reuse=reuse)
+        result = submit_dataset(
+            conn,
+            dataset,
+            queue_name=queue_name,
+            name=name,
+            output=output,
+            model=model,
+            defaults=defaults,
+            skip_invalid=skip_invalid,
+            dry_run=dry_run,
+            resume=resume,
+            job_timeout=job_timeout,
+            priority=priority,
+            task=task,
+            requests_per_job=requests_per_job,
+            pooling_defaults=pooling_defaults(truncate),
+            completion_window=completion_window,
+            log=log_to_stderr,
+            on_line_error=progress.on_line_error,
+            on_progress=progress.on_progress,
+            columns=columns,
+            input_format=input_format,
+            reuse=reuse,
+        )
     if dry_run:
         log_to_stderr(f"Dry run: {result.valid:,} valid lines, {len(result.invalid):,} invalid; nothing was enqueued.")
         return
     where = f"queue '{result.queue}' on {redacted(redis_url)}"
     if result.resumed:
-        log_to_stderr(f"Resumed {result.batch_id}: enqueued {result.enqueued:,} requests; {result.already_finished:,} "
-                      f"already finished, {result.in_flight:,} still queued or running"
-                      + (f", {result.expired:,} had expired and were enqueued again" if result.expired else "")
-                      + (f", {result.unfed:,} stored requests a cancel or expiry had left are fed again"
-                         if result.unfed else "")
-                      + f" ({where}).")
+        log_to_stderr(
+            f"Resumed {result.batch_id}: enqueued {result.enqueued:,} requests; {result.already_finished:,} "
+            f"already finished, {result.in_flight:,} still queued or running"
+            + (f", {result.expired:,} had expired and were enqueued again" if result.expired else "")
+            + (f", {result.unfed:,} stored requests a cancel or expiry had left are fed again" if result.unfed else "")
+            + f" ({where})."
+        )
     else:
         stored = result.stored - result.enqueued
         if reuse is not None:
             log_to_stderr(f"Reused the earlier rows of {result.reused:,} of {result.valid:,} requests.")
-        log_to_stderr(f"Enqueued {result.enqueued:,} requests on {where} in {result.enqueue_s:.2f} s"
-                      + (f"; the other {stored:,} requests are stored with the results and are queued as the "
-                         f"workers take them." if stored else "."))
+        log_to_stderr(
+            f"Enqueued {result.enqueued:,} requests on {where} in {result.enqueue_s:.2f} s"
+            + (
+                f"; the other {stored:,} requests are stored with the results and are queued as the workers take them."
+                if stored
+                else "."
+            )
+        )
     if result.invalid:
         log_to_stderr(f"Recorded {result.recorded_invalid:,} invalid lines as failed requests of the batch.")
     click.echo(result.batch_id)
@@ -233,12 +349,29 @@ def submit_main() -> None:
 
 @cli.command("results", cls=MiroCommand)
 @click.argument("batch_id")
-@click.option("--output", "-o", "out_path", required=True, type=click.Path(dir_okay=False),
-              help="Where to write the merged results: a path, or a URL such as s3://bucket/key.")
-@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
-              help="parquet: one row per request and choice (or embedding input); jsonl: OpenAI Batch output lines.")
-@click.option("--errors", "errors_path", type=click.Path(dir_okay=False), default=None,
-              help="With --format jsonl: where failed requests go [default: OUTPUT with .errors.jsonl].")
+@click.option(
+    "--output",
+    "-o",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Where to write the merged results: a path, or a URL such as s3://bucket/key.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "jsonl"]),
+    default="parquet",
+    show_default=True,
+    help="parquet: one row per request and choice (or embedding input); jsonl: OpenAI Batch output lines.",
+)
+@click.option(
+    "--errors",
+    "errors_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --format jsonl: where failed requests go [default: OUTPUT with .errors.jsonl].",
+)
 @redis_url_option()
 def results(batch_id, out_path, fmt, errors_path, redis_url):
     """Merge BATCH's part files into one file: one row per custom id and choice, in input order, failed requests included."""
@@ -248,30 +381,54 @@ def results(batch_id, out_path, fmt, errors_path, redis_url):
     merged = BatchResults(connect(redis_url), batch_id)  # written a slice of lines at a time
     batch = merged.batch
     written = write_results(merged, out_path, fmt, errors_path)
-    log_to_stderr(f"{written.sentence()}: {batch_id} is {batch.status}, {batch.completed:,} completed and "
-                  f"{batch.failed:,} failed of {batch.total:,}.")
+    log_to_stderr(
+        f"{written.sentence()}: {batch_id} is {batch.status}, {batch.completed:,} completed and "
+        f"{batch.failed:,} failed of {batch.total:,}."
+    )
     if written.note:
         log_to_stderr(written.note)
 
 
 @cli.command("worker", cls=MiroCommand)
 @redis_url_option()
-@click.option("--queue", "queues", multiple=True,
-              help="Queue(s) to serve, in order.  [default: miro:NAME for the model's name and each served name]")
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    help="Queue(s) to serve, in order.  [default: miro:NAME for the model's name and each served name]",
+)
 @click.option("--name", default=None, help="Worker name (default: a random one).")
 @config_options(WorkerConfig)
 @click.option("--burst", is_flag=True, help="Quit when the queues are empty and nothing is in flight.")
-@click.option("--worker-ttl", type=click.IntRange(min=1), default=None,
-              help="Seconds the worker's heartbeat lives (RQ's default 420); shorter finds dead workers sooner.")
-@click.option("--maintenance-interval", type=click.IntRange(min=1), default=None,
-              help="Seconds between RQ maintenance runs that requeue abandoned jobs (RQ's default 600).")
-@click.option("--job-monitoring-interval", type=click.IntRange(min=1), default=None,
-              help="Seconds between heartbeats of the jobs in flight (RQ's default 30).")
-@click.option("--logging-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-              default="INFO", show_default=True, help="DEBUG adds RQ's line for every job taken and finished.")
+@click.option(
+    "--worker-ttl",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Seconds the worker's heartbeat lives (RQ's default 420); shorter finds dead workers sooner.",
+)
+@click.option(
+    "--maintenance-interval",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Seconds between RQ maintenance runs that requeue abandoned jobs (RQ's default 600).",
+)
+@click.option(
+    "--job-monitoring-interval",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Seconds between heartbeats of the jobs in flight (RQ's default 30).",
+)
+@click.option(
+    "--logging-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="DEBUG adds RQ's line for every job taken and finished.",
+)
 @engine_options
-def worker(redis_url, queues, name, burst, worker_ttl, maintenance_interval, job_monitoring_interval, logging_level,
-           **options):
+def worker(
+    redis_url, queues, name, burst, worker_ttl, maintenance_interval, job_monitoring_interval, logging_level, **options
+):
     """Run a BatchWorker: the model stays loaded and many jobs share each engine step."""
     from rq import Queue
     from rq.serializers import JSONSerializer
@@ -288,18 +445,35 @@ def worker(redis_url, queues, name, burst, worker_ttl, maintenance_interval, job
     conn = connect(redis_url, wait_s=config.redis_wait_s, log=log_to_stderr)
     queues = queues or [queue_for(n) for n in dict.fromkeys([config.model, *config.served_model_names])]
     rq_queues = [Queue(q, connection=conn, serializer=JSONSerializer) for q in queues]
-    rq_settings = {k: v for k, v in (("worker_ttl", worker_ttl), ("maintenance_interval", maintenance_interval),
-                                     ("job_monitoring_interval", job_monitoring_interval)) if v is not None}
-    worker = BatchWorker(rq_queues, connection=conn, serializer=JSONSerializer, name=name,
-                         engine_options=engine_kwargs(**options), **asdict(config), **rq_settings)
+    rq_settings = {
+        k: v
+        for k, v in (
+            ("worker_ttl", worker_ttl),
+            ("maintenance_interval", maintenance_interval),
+            ("job_monitoring_interval", job_monitoring_interval),
+        )
+        if v is not None
+    }
+    worker = BatchWorker(
+        rq_queues,
+        connection=conn,
+        serializer=JSONSerializer,
+        name=name,
+        engine_options=engine_kwargs(**options),
+        **asdict(config),
+        **rq_settings,
+    )
     try:
         worker.work(burst=burst, logging_level=logging_level.upper())
     except redis.RedisError as err:
-        raise MiroError(f"Lost Redis at {redacted(redis_url)} ({str(err).rstrip('.')}); the jobs this worker held "
-                        f"are queued again once their heartbeat lapses (part files already written stay).") from None
+        raise MiroError(
+            f"Lost Redis at {redacted(redis_url)} ({str(err).rstrip('.')}); the jobs this worker held "
+            f"are queued again once their heartbeat lapses (part files already written stay)."
+        ) from None
 
 
 from miro.cli.redis_server import redis_command  # noqa: E402
+
 cli.add_command(redis_command)
 
 

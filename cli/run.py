@@ -55,48 +55,115 @@ from miro.cli.run_state import RunState
 if TYPE_CHECKING:
     from miro.worker.fleet.intake.columns import InputColumns
 
+
 @click.command("run", cls=MiroCommand)
 @click.argument("dataset", type=click.Path(dir_okay=True))
-@click.option("--output", "-o", "out_path", default="results.parquet", show_default=True,
-              type=click.Path(dir_okay=False),
-              help="The merged results (Parquet), written once every request ran: a path, or a URL such as "
-                   "s3://bucket/key.")
+@click.option(
+    "--output",
+    "-o",
+    "out_path",
+    default="results.parquet",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="The merged results (Parquet), written once every request ran: a path, or a URL such as s3://bucket/key.",
+)
 @redis_url_option("Use this Redis instead of an embedded one (env MIRO_REDIS_URL).", default=None)
-@click.option("--model", "-m", default=None,
-              help=f"Model alias or path to a .gguf file.  [default: {DEFAULT_MODEL}; {DEFAULT_EMBEDDING_MODEL} for "
-                   "an embedding dataset]")
-@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
-              help="parquet: one row per request and choice (or embedding input); jsonl: OpenAI Batch output "
-                   "lines, failed requests in OUTPUT with .errors.jsonl.")
+@click.option(
+    "--model",
+    "-m",
+    default=None,
+    help=f"Model alias or path to a .gguf file.  [default: {DEFAULT_MODEL}; {DEFAULT_EMBEDDING_MODEL} for "
+    "an embedding dataset]",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "jsonl"]),
+    default="parquet",
+    show_default=True,
+    help="parquet: one row per request and choice (or embedding input); jsonl: OpenAI Batch output "
+    "lines, failed requests in OUTPUT with .errors.jsonl.",
+)
 @click.option("--name", default=None, help="A name for the batch (shown by miro status).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-              help="Default max_tokens for lines without one.  [default: to a natural stop within the context]")
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Default max_tokens for lines without one.  [default: to a natural stop within the context]",
+)
 @click.option("--temperature", type=float, default=None, help="Default temperature for lines without one.")
 @click.option("--top-p", type=float, default=None, help="Default top_p for lines without one.")
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Default seed for lines without one.")
 @click.option("--skip-invalid", is_flag=True, help="Run the valid lines; invalid ones become failed rows.")
 @click.option("--dry-run", is_flag=True, help="Validate the dataset and report; start nothing, load no model.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted run: only the requests it did not finish run.")
-@click.option("--state-dir", default=None, type=click.Path(file_okay=False),
-              help="Where the run keeps what it needs to be resumed.  [default: OUTPUT.miro-run]")
-@click.option("--shutdown-grace", type=click.FloatRange(min=0), default=defaults.RUN_SHUTDOWN_GRACE_S, show_default=True,
-              help="Seconds the requests in flight may take to finish after Ctrl-C before they are put back.")
-@click.option("--flush-seconds", type=click.FloatRange(min=0), default=defaults.FLUSH_SECONDS, show_default=True,
-              help="Finished rows are saved to part files at least this often (the progress bar moves as they are); "
-                   "a run killed outright loses at most this much work.")
-@reuse_option("An earlier result of this command: every row of it whose request is deterministic (temperature 0, "
-              "or a seed) and identical (same model file, options and miro output version) is taken instead of "
-              "running it again.")
+@click.option(
+    "--state-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where the run keeps what it needs to be resumed.  [default: OUTPUT.miro-run]",
+)
+@click.option(
+    "--shutdown-grace",
+    type=click.FloatRange(min=0),
+    default=defaults.RUN_SHUTDOWN_GRACE_S,
+    show_default=True,
+    help="Seconds the requests in flight may take to finish after Ctrl-C before they are put back.",
+)
+@click.option(
+    "--flush-seconds",
+    type=click.FloatRange(min=0),
+    default=defaults.FLUSH_SECONDS,
+    show_default=True,
+    help="Finished rows are saved to part files at least this often (the progress bar moves as they are); "
+    "a run killed outright loses at most this much work.",
+)
+@reuse_option(
+    "An earlier result of this command: every row of it whose request is deterministic (temperature 0, "
+    "or a seed) and identical (same model file, options and miro output version) is taken instead of "
+    "running it again."
+)
 @dataset_options
 @priority_option
 @completion_window_option
 @embedding_line_options
 @constraint_options
 @engine_options
-def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temperature, top_p, seed, skip_invalid,
-                dry_run, resume, state_dir, shutdown_grace, flush_seconds, reuse_path, input_format, prompt_column,
-                messages_column, input_column, template, id_column, chat, priority, completion_window, task,
-                truncate, json_schema, regex, choice, grammar, **engine):
+def run_command(
+    dataset,
+    out_path,
+    redis_url,
+    model,
+    fmt,
+    name,
+    max_tokens,
+    temperature,
+    top_p,
+    seed,
+    skip_invalid,
+    dry_run,
+    resume,
+    state_dir,
+    shutdown_grace,
+    flush_seconds,
+    reuse_path,
+    input_format,
+    prompt_column,
+    messages_column,
+    input_column,
+    template,
+    id_column,
+    chat,
+    priority,
+    completion_window,
+    task,
+    truncate,
+    json_schema,
+    regex,
+    choice,
+    grammar,
+    **engine,
+):
     """The whole job on this machine: submit DATASET, run a worker until done, write the merged results.
 
     Ctrl-C writes what finished to OUTPUT's .partial.parquet file; the same command with --resume finishes it.
@@ -105,15 +172,36 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     from miro.worker.fleet.output import storage
 
     constraint = constraint_of(json_schema, regex, choice, grammar)
-    defaults = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p),
-                                  ("seed", seed), ("structured_outputs", constraint)) if v is not None}
+    defaults = {
+        k: v
+        for k, v in (
+            ("max_tokens", max_tokens),
+            ("temperature", temperature),
+            ("top_p", top_p),
+            ("seed", seed),
+            ("structured_outputs", constraint),
+        )
+        if v is not None
+    }
     columns = input_columns(prompt_column, messages_column, input_column, template, id_column, chat)
     lines = LineOptions(defaults, task, pooling_defaults(truncate), columns, input_format)
     durations.completion_window(completion_window)  # refused before anything starts
-    options = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
-               "skip_invalid": skip_invalid, "name": name, "format": fmt, "structured_outputs": constraint,
-               "task": task, "truncate": truncate, "reuse": reuse_path, "input_format": input_format,
-               **({"columns": asdict(columns)} if columns.given or columns.chat else {})}
+    options = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+        "skip_invalid": skip_invalid,
+        "name": name,
+        "format": fmt,
+        "structured_outputs": constraint,
+        "task": task,
+        "truncate": truncate,
+        "reuse": reuse_path,
+        "input_format": input_format,
+        **({"columns": asdict(columns)} if columns.given or columns.chat else {}),
+    }
     checked = _validate(dataset, lines, skip_invalid)
     model = options["model"] = model or routing.default_model(checked.task)
     if dry_run:
@@ -129,8 +217,9 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
     interruption = Interruption(shutdown_grace)
     try:
         with interruption, _redis(state, redis_url) as conn:
-            batch_id, queue_name = _submit(conn, state, record, dataset, lines, resume, priority, completion_window,
-                                           reuse)
+            batch_id, queue_name = _submit(
+                conn, state, record, dataset, lines, resume, priority, completion_window, reuse
+            )
             try:
                 pace = None
                 if not interruption.signal and batches.get_batch(conn, batch_id).status != "completed":
@@ -139,8 +228,10 @@ def run_command(dataset, out_path, redis_url, model, fmt, name, max_tokens, temp
                     _work(conn, batch_id, worker, interruption)
                 finished = _write_results(conn, batch_id, out_path, state, record, interruption, pace)
             except (MiroError, redis.RedisError) as err:
-                raise MiroError(f"{str(err).rstrip('.')}; what finished is kept in {state.shown}, so run the same "
-                                "command with --resume to go on.") from None
+                raise MiroError(
+                    f"{str(err).rstrip('.')}; what finished is kept in {state.shown}, so run the same "
+                    "command with --resume to go on."
+                ) from None
         if finished:
             state.remove()
     except BaseException:
@@ -164,8 +255,13 @@ class LineOptions:
     input_format: str | None = None  # --input-format; None: by the extension
 
     def submit_kwargs(self) -> dict:
-        return {"defaults": self.defaults, "task": self.task, "pooling_defaults": self.pooling_defaults,
-                "columns": self.columns, "input_format": self.input_format}
+        return {
+            "defaults": self.defaults,
+            "task": self.task,
+            "pooling_defaults": self.pooling_defaults,
+            "columns": self.columns,
+            "input_format": self.input_format,
+        }
 
 
 def _reuse_source(path: str, model: str, engine: dict):
@@ -185,8 +281,15 @@ def _validate(dataset: str, lines: LineOptions, skip_invalid: bool):
     from miro.cli.validation_progress import ValidationProgress
 
     with ValidationProgress(os.path.basename(dataset)) as progress:  # invalid lines are shown as they are found
-        return submit_dataset(None, dataset, skip_invalid=skip_invalid, dry_run=True, **lines.submit_kwargs(),
-                              on_line_error=progress.on_line_error, on_progress=progress.on_progress)
+        return submit_dataset(
+            None,
+            dataset,
+            skip_invalid=skip_invalid,
+            dry_run=True,
+            **lines.submit_kwargs(),
+            on_line_error=progress.on_line_error,
+            on_progress=progress.on_progress,
+        )
 
 
 @contextmanager
@@ -202,36 +305,64 @@ def _redis(state: RunState, redis_url: str | None):
         yield conn
 
 
-def _submit(conn, state: RunState, record: dict, dataset: str, lines: LineOptions, resume: bool,
-            priority: str | None, completion_window: str, reuse=None) -> tuple[str, str]:
+def _submit(
+    conn,
+    state: RunState,
+    record: dict,
+    dataset: str,
+    lines: LineOptions,
+    resume: bool,
+    priority: str | None,
+    completion_window: str,
+    reuse=None,
+) -> tuple[str, str]:
     """Enqueue the dataset as a new batch, or (resume) only its requests with no finished or running job (the
     batch keeps its priority and completion window); returns the batch id and its queue."""
     from miro.worker.fleet.intake.submit import submit as submit_dataset
 
     options = record["options"]
     if not resume:
-        submitted = submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"],
-                                   name=options.get("name"), skip_invalid=options["skip_invalid"],
-                                   queue_name=f"miro-run-{os.getpid()}", priority=priority,
-                                   completion_window=completion_window, reuse=reuse, **lines.submit_kwargs())
+        submitted = submit_dataset(
+            conn,
+            dataset,
+            output=str(state.parts_dir),
+            model=options["model"],
+            name=options.get("name"),
+            skip_invalid=options["skip_invalid"],
+            queue_name=f"miro-run-{os.getpid()}",
+            priority=priority,
+            completion_window=completion_window,
+            reuse=reuse,
+            **lines.submit_kwargs(),
+        )
         state.save({**record, "batch_id": submitted.batch_id})
         if reuse is not None:
-            log_to_stderr(f"Reused {submitted.reused:,} of {submitted.valid:,} requests from "
-                          f"{record['options']['reuse']}; {submitted.valid - submitted.reused:,} to run.")
+            log_to_stderr(
+                f"Reused {submitted.reused:,} of {submitted.valid:,} requests from "
+                f"{record['options']['reuse']}; {submitted.valid - submitted.reused:,} to run."
+            )
         return submitted.batch_id, submitted.queue
 
     batch_id = record["batch_id"]
     try:
         batch = batches.get_batch(conn, batch_id)
     except MiroError:
-        raise MiroError(f"The Redis of the interrupted run no longer holds its batch {batch_id}; delete "
-                        f"{state.shown} to start over.") from None
+        raise MiroError(
+            f"The Redis of the interrupted run no longer holds its batch {batch_id}; delete "
+            f"{state.shown} to start over."
+        ) from None
     control.requeue_abandoned(conn, batch.queue)  # a run killed outright left them taken
-    submit_dataset(conn, dataset, output=str(state.parts_dir), model=options["model"],
-                   skip_invalid=options["skip_invalid"], resume=batch_id, **lines.submit_kwargs())
+    submit_dataset(
+        conn,
+        dataset,
+        output=str(state.parts_dir),
+        model=options["model"],
+        skip_invalid=options["skip_invalid"],
+        resume=batch_id,
+        **lines.submit_kwargs(),
+    )
     batch = batches.get_batch(conn, batch_id)
-    log_to_stderr(f"Resuming {batch_id} from {state.shown}: {batch.done:,} of {batch.total:,} requests "
-                  "already done.")
+    log_to_stderr(f"Resuming {batch_id} from {state.shown}: {batch.done:,} of {batch.total:,} requests already done.")
     return batch_id, batch.queue
 
 
@@ -243,9 +374,15 @@ def _worker(conn, queue_name: str, model: str, shutdown_grace: float, flush_seco
     from miro.worker import BatchWorker
 
     queue = Queue(queue_name, connection=conn, serializer=JSONSerializer)
-    worker = BatchWorker([queue], connection=conn, serializer=JSONSerializer, model=model,
-                         engine_options=engine_kwargs(**engine), shutdown_grace_s=shutdown_grace,
-                         flush_seconds=flush_seconds)
+    worker = BatchWorker(
+        [queue],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=model,
+        engine_options=engine_kwargs(**engine),
+        shutdown_grace_s=shutdown_grace,
+        flush_seconds=flush_seconds,
+    )
     worker.handle_signals = False
     return worker
 
@@ -283,14 +420,19 @@ class Pace:
         prompt = batch.prompt_tokens - self.at_start.prompt_tokens
         completion = batch.completion_tokens - self.at_start.completion_tokens
         if batch.task == "embed":
-            return (f"Embedded {requests:,} requests in {elapsed:,.1f} s: {requests / elapsed:,.2f} requests/s, "
-                    f"{prompt / elapsed:,.1f} tokens/s.")
-        return (f"Ran {requests:,} requests in {elapsed:,.1f} s: {requests / elapsed:,.2f} requests/s, "
-                f"{(prompt + completion) / elapsed:,.1f} total tokens/s, {completion / elapsed:,.1f} generated tokens/s.")
+            return (
+                f"Embedded {requests:,} requests in {elapsed:,.1f} s: {requests / elapsed:,.2f} requests/s, "
+                f"{prompt / elapsed:,.1f} tokens/s."
+            )
+        return (
+            f"Ran {requests:,} requests in {elapsed:,.1f} s: {requests / elapsed:,.2f} requests/s, "
+            f"{(prompt + completion) / elapsed:,.1f} total tokens/s, {completion / elapsed:,.1f} generated tokens/s."
+        )
 
 
-def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: dict,
-                   interruption: Interruption, pace: Pace | None) -> bool:
+def _write_results(
+    conn, batch_id: str, out_path: str, state: RunState, record: dict, interruption: Interruption, pace: Pace | None
+) -> bool:
     """OUTPUT if every request finished (then True), else the partial file; either way the line that says so."""
     from miro.worker.fleet.output import storage
     from miro.worker.fleet.output.results import BatchResults, write_results
@@ -303,14 +445,19 @@ def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: 
     if batch.status == "expired":  # what finished, and a batch_expired row for each request the window cut off
         written = write_results(merged, out_path, record["options"].get("format", "parquet"))
         storage.remove(partial)
-        log_to_stderr(f"Batch {batch_id} expired: its completion window ({batch.completion_window}) ended with "
-                      f"{batch.expired:,} of {batch.total:,} requests not run. {written.sentence()}, those as "
-                      "batch_expired errors; run the same command with --resume to run them in a new window.")
+        log_to_stderr(
+            f"Batch {batch_id} expired: its completion window ({batch.completion_window}) ended with "
+            f"{batch.expired:,} of {batch.total:,} requests not run. {written.sentence()}, those as "
+            "batch_expired errors; run the same command with --resume to run them in a new window."
+        )
         return False
     if batch.status == "completed":
         written = write_results(merged, out_path, record["options"].get("format", "parquet"))
-        tokens = (f"{batch.prompt_tokens:,} tokens embedded" if batch.task == "embed" else
-                  f"{batch.prompt_tokens:,} prompt and {batch.completion_tokens:,} completion tokens")
+        tokens = (
+            f"{batch.prompt_tokens:,} tokens embedded"
+            if batch.task == "embed"
+            else f"{batch.prompt_tokens:,} prompt and {batch.completion_tokens:,} completion tokens"
+        )
         log_to_stderr(f"{written.sentence()}: {batch.completed:,} completed, {batch.failed:,} failed, {tokens}.")
         if written.note:
             log_to_stderr(written.note)
@@ -318,14 +465,22 @@ def _write_results(conn, batch_id: str, out_path: str, state: RunState, record: 
         return True
     # the partial file holds the finished requests; --resume runs the rest, cancelled ones included
     finished, total = batch.finished, batch.total
-    counts = {"partial": "true", "batch_id": batch_id, "total": total, "done": finished, "completed": batch.completed,
-              "failed": batch.failed}
+    counts = {
+        "partial": "true",
+        "batch_id": batch_id,
+        "total": total,
+        "done": finished,
+        "completed": batch.completed,
+        "failed": batch.failed,
+    }
     metadata = {f"miro.{k}".encode(): str(v).encode() for k, v in counts.items()}
     write_results(merged, partial, "parquet", metadata=metadata)
     state.save({**record, "batch_id": batch_id, "done": finished, "total": total})
     stopped = "Interrupted" if interruption.signal else "Stopped"
-    log_to_stderr(f"{stopped} after {finished:,} of {total:,} requests: wrote them to {partial}; run the same command "
-                  f"with --resume to finish the other {total - finished:,}.")
+    log_to_stderr(
+        f"{stopped} after {finished:,} of {total:,} requests: wrote them to {partial}; run the same command "
+        f"with --resume to finish the other {total - finished:,}."
+    )
     return False
 
 
@@ -373,7 +528,9 @@ class Interruption:
                 self.worker.request_warm_stop(self.grace_s)
         elif self.count == 2 and self.worker is not None:
             if self.worker.in_flight:
-                self.say(f"Stopping now: the {_requests(self.worker.requests_in_flight)} in flight go back to the queue.")
+                self.say(
+                    f"Stopping now: the {_requests(self.worker.requests_in_flight)} in flight go back to the queue."
+                )
             self.worker.request_warm_stop(0)
 
     def _notice(self) -> str:
@@ -382,8 +539,10 @@ class Interruption:
         in_flight = self.worker.requests_in_flight
         if not in_flight:
             return "Interrupted: stopping; no request is in flight."
-        return (f"Interrupted: finishing the {_requests(in_flight)} in flight for up to {self.grace_s:g} s; "
-                "press Ctrl-C again to stop now.")
+        return (
+            f"Interrupted: finishing the {_requests(in_flight)} in flight for up to {self.grace_s:g} s; "
+            "press Ctrl-C again to stop now."
+        )
 
 
 def _requests(n: int) -> str:

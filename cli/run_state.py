@@ -53,20 +53,28 @@ class RunState:
                 self.remove(keep_lock=True)
                 record = None
             if record is None and resume:
-                raise MiroError(f"There is no interrupted run in {self.shown} to resume; leave --resume out to "
-                                "start one.")
+                raise MiroError(
+                    f"There is no interrupted run in {self.shown} to resume; leave --resume out to start one."
+                )
             if record is None:
                 from miro.worker.fleet.intake.submit import output_uri  # a local path made absolute, a URI as given
 
-                record = {"dataset": os.path.abspath(dataset), "dataset_sha256": _sha256(dataset),
-                          "output": output_uri(out_path), "redis": which_redis, "options": options,
-                          "batch_id": None}
+                record = {
+                    "dataset": os.path.abspath(dataset),
+                    "dataset_sha256": _sha256(dataset),
+                    "output": output_uri(out_path),
+                    "redis": which_redis,
+                    "options": options,
+                    "batch_id": None,
+                }
                 self.save(record)
                 return record
             if not resume:
                 done = f" ({record['done']:,} of {record['total']:,} done)" if "done" in record else ""
-                raise MiroError(f"{self.shown} holds an interrupted run of {os.path.basename(record['dataset'])}"
-                                f"{done}; add --resume to finish it, or delete that folder to start over.")
+                raise MiroError(
+                    f"{self.shown} holds an interrupted run of {os.path.basename(record['dataset'])}"
+                    f"{done}; add --resume to finish it, or delete that folder to start over."
+                )
             return self._resumed(record, dataset, options, which_redis)
         except BaseException:
             self.release()
@@ -76,21 +84,30 @@ class RunState:
         """The interrupted run's record, once the resumed run is checked to be the same run."""
         start_over = f"or delete {self.shown} to start over"
         if os.path.abspath(dataset) != record["dataset"]:
-            raise MiroError(f"The interrupted run in {self.shown} is of {record['dataset']}, not {dataset}; resume "
-                            f"it with that file, {start_over}.")
+            raise MiroError(
+                f"The interrupted run in {self.shown} is of {record['dataset']}, not {dataset}; resume "
+                f"it with that file, {start_over}."
+            )
         if which_redis != record["redis"]:
-            used = ("an embedded Redis; resume it without --redis-url (or MIRO_REDIS_URL)" if record["redis"] ==
-                    "embedded" else f"the Redis at {record['redis']}; resume it with that --redis-url")
+            used = (
+                "an embedded Redis; resume it without --redis-url (or MIRO_REDIS_URL)"
+                if record["redis"] == "embedded"
+                else f"the Redis at {record['redis']}; resume it with that --redis-url"
+            )
             raise MiroError(f"The interrupted run in {self.shown} used {used}, {start_over}.")
         changed = [name for name in record["options"] if record["options"][name] != options.get(name)]
         if changed:
             flags = ", ".join(_as_flag(name, record["options"][name]) for name in changed)
-            raise MiroError(f"The interrupted run in {self.shown} was started with {flags}; resume it with the same "
-                            f"options, {start_over}.")
+            raise MiroError(
+                f"The interrupted run in {self.shown} was started with {flags}; resume it with the same "
+                f"options, {start_over}."
+            )
         sha256 = _sha256(dataset)
         if sha256 != record["dataset_sha256"]:
-            log_to_stderr(f"Note: {dataset} changed since the interrupted run; requests that finished keep their "
-                          "results, and only those with none (new custom ids included) run now.")
+            log_to_stderr(
+                f"Note: {dataset} changed since the interrupted run; requests that finished keep their "
+                "results, and only those with none (new custom ids included) run now."
+            )
             record = {**record, "dataset_sha256": sha256}
             self.save(record)
         return record
@@ -147,7 +164,7 @@ def _as_flag(name: str, value) -> str:
     if name == "structured_outputs":  # {"choice": [...]} was given as --choice, {"json": ...} as --json-schema
         if value is None:
             return "no --json-schema, --regex, --choice or --grammar"
-        (kind, given), = value.items()
+        ((kind, given),) = value.items()
         return f"--{'json-schema' if kind == 'json' else kind} {json.dumps(given)}"
     flag = "--" + name.replace("_", "-")
     if isinstance(value, bool):

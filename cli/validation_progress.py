@@ -34,8 +34,7 @@ class ValidationProgress:
         return self
 
     def _say(self, message: str) -> None:
-        (self._bar.console if self._bar else self.console).print(message, markup=False, highlight=False,
-                                                                  soft_wrap=True)
+        (self._bar.console if self._bar else self.console).print(message, markup=False, highlight=False, soft_wrap=True)
 
     def on_line_error(self, error) -> None:
         self.errors += 1
@@ -52,8 +51,14 @@ class ValidationProgress:
                 self._printed_at = now
             return
         if self._bar is None:
-            self._bar = Progress(TextColumn(f"validating {self.name}"), BarColumn(), DownloadColumn(),
-                                 TextColumn("{task.fields[status]}"), console=self.console, transient=True)
+            self._bar = Progress(
+                TextColumn(f"validating {self.name}"),
+                BarColumn(),
+                DownloadColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=self.console,
+                transient=True,
+            )
             self._task = self._bar.add_task("validate", total=scan.bytes_total or None, status=status)
             self._bar.start()
         self._bar.update(self._task, completed=scan.bytes_read, status=status)

@@ -10,8 +10,13 @@ from miro.cli.common import MiroCommand, engine_kwargs, engine_options, log_to_s
 
 
 @click.command("warmup", cls=MiroCommand)
-@click.option("--model", "-m", "models", multiple=True,
-              help=f"Model alias or .gguf path (repeatable).  [default: {DEFAULT_MODEL}]")
+@click.option(
+    "--model",
+    "-m",
+    "models",
+    multiple=True,
+    help=f"Model alias or .gguf path (repeatable).  [default: {DEFAULT_MODEL}]",
+)
 @engine_options
 def warmup_command(models, **engine):
     """Compile every kernel a run of MODEL calls on this CPU into numba's on-disk cache, so that the next `miro
@@ -30,5 +35,7 @@ def warmup_command(models, **engine):
     for model in models or (DEFAULT_MODEL,):
         done = warm_up(model, log=log_to_stderr, **options)
         first_use = f", {len(done.first_use)} more on first use" if done.first_use else ""
-        log_to_stderr(f"Warmed {model} for the {cpu.TIER.name} tier in {done.seconds:.1f} s: {done.ahead} kernel "
-                      f"families compiled ahead{first_use} (numba's cache: {where}).")
+        log_to_stderr(
+            f"Warmed {model} for the {cpu.TIER.name} tier in {done.seconds:.1f} s: {done.ahead} kernel "
+            f"families compiled ahead{first_use} (numba's cache: {where})."
+        )

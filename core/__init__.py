@@ -14,8 +14,17 @@ from miro.core.engine.outputs import CompletionOutput, RequestOutput  # noqa: E4
 from miro.core.layers.pooling import PoolingParams  # noqa: E402
 from miro.core.sampling.params import SamplingParams  # noqa: E402
 
-__all__ = ["Engine", "EngineConfig", "CompletionOutput", "RequestOutput", "SamplingParams", "PoolingParams", "MiroError",
-           "ModelFileError", "RequestError"]
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "CompletionOutput",
+    "RequestOutput",
+    "SamplingParams",
+    "PoolingParams",
+    "MiroError",
+    "ModelFileError",
+    "RequestError",
+]
 
 
 def __getattr__(name: str):

@@ -40,7 +40,11 @@ WEIGHT_MEMORY_FRACTION = 0.5  # of the machine's RAM: auto's budget for a float3
 # submitting a batch
 OUTPUT = "./miro-results"  # where the workers write the part files
 JOB_TIMEOUT_S = 3600  # a request waits in the worker's continuous batch, so RQ's 180 s is short
-PRIORITIES = ("high", "normal", "low")  # a batch's priority, most urgent first (worker/fleet/intake/routing.py: its queues)
+PRIORITIES = (
+    "high",
+    "normal",
+    "low",
+)  # a batch's priority, most urgent first (worker/fleet/intake/routing.py: its queues)
 PRIORITY = "normal"
 # a batch's completion window, as OpenAI's Batch API's: past it, what has not run expires (worker/fleet/lifecycle/expiry.py)
 COMPLETION_WINDOW = "24h"

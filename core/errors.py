@@ -21,8 +21,11 @@ def request_fault(stage: str, exc: BaseException) -> str:
     wrong (a MiroError's own sentence; otherwise the exception's type and the first line of its message)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     message = lines[0].rstrip(".") if lines else ""
-    what = message if isinstance(exc, MiroError) and message else (
-        f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+    what = (
+        message
+        if isinstance(exc, MiroError) and message
+        else (f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+    )
     if len(what) > FAULT_MESSAGE_CHARS:
-        what = what[:FAULT_MESSAGE_CHARS - 3] + "..."
+        what = what[: FAULT_MESSAGE_CHARS - 3] + "..."
     return f"the engine failed on this request while {stage}: {what}."

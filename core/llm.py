@@ -34,6 +34,7 @@ def _refuse(message: str):
 
 # -- inputs ------------------------------------------------------------------------------------------------
 
+
 class TextPrompt(TypedDict, total=False):
     """vLLM's TextPrompt: {"prompt": "..."}."""
 
@@ -74,11 +75,15 @@ class StructuredOutputsParams:
     def __post_init__(self):
         given = [name for name in _CONSTRAINTS if getattr(self, name) not in (None, False)]
         if len(given) != 1:
-            _refuse(f"structured outputs take exactly one of {', '.join(_CONSTRAINTS)}, got "
-                    f"{', '.join(given) if given else 'none'}.")
+            _refuse(
+                f"structured outputs take exactly one of {', '.join(_CONSTRAINTS)}, got "
+                f"{', '.join(given) if given else 'none'}."
+            )
         if self.backend not in _BACKENDS:
-            _refuse(f"miro's structured outputs run on llguidance (vLLM's 'guidance' backend): backend "
-                    f"{self.backend!r} is not available.")
+            _refuse(
+                f"miro's structured outputs run on llguidance (vLLM's 'guidance' backend): backend "
+                f"{self.backend!r} is not available."
+            )
         if self.disable_additional_properties:
             _refuse("disable_additional_properties is not supported: say additionalProperties: false in the schema.")
         if self.whitespace_pattern is not None:
@@ -87,8 +92,9 @@ class StructuredOutputsParams:
             _refuse("structural_tag is not supported by miro's structured outputs.")
 
     @classmethod
-    def from_optional(cls, json=None, regex=None, choice=None, grammar=None, json_object=None,
-                      **options) -> StructuredOutputsParams | None:
+    def from_optional(
+        cls, json=None, regex=None, choice=None, grammar=None, json_object=None, **options
+    ) -> StructuredOutputsParams | None:
         """None when no constraint is given (vLLM's GuidedDecodingParams.from_optional)."""
         if all(value is None for value in (json, regex, choice, grammar, json_object)):
             return None
@@ -127,6 +133,7 @@ def _lark(grammar: str) -> str:
 
 
 # -- sampling parameters ---------------------------------------------------------------------------------
+
 
 @dataclass
 class SamplingParams(_EngineSamplingParams):
@@ -203,6 +210,7 @@ _UNSUPPORTED_FIELDS = (  # name, the values that ask for nothing, why another ca
 
 # -- outputs ---------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Logprob:
     """One token's log-probability at a position (vLLM's Logprob). rank: its place among the most likely (1 is
@@ -233,10 +241,20 @@ class CompletionOutput:
 class RequestOutput:
     """A generate or chat request's result (vLLM's RequestOutput)."""
 
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int] | None,
-                 prompt_logprobs: None, outputs: list[CompletionOutput], finished: bool, metrics: Any = None,
-                 lora_request: None = None, encoder_prompt: str | None = None,
-                 encoder_prompt_token_ids: list[int] | None = None, num_cached_tokens: int | None = None):
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int] | None,
+        prompt_logprobs: None,
+        outputs: list[CompletionOutput],
+        finished: bool,
+        metrics: Any = None,
+        lora_request: None = None,
+        encoder_prompt: str | None = None,
+        encoder_prompt_token_ids: list[int] | None = None,
+        num_cached_tokens: int | None = None,
+    ):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
@@ -250,9 +268,11 @@ class RequestOutput:
         self.num_cached_tokens = num_cached_tokens
 
     def __repr__(self) -> str:
-        return (f"RequestOutput(request_id={self.request_id}, prompt={self.prompt!r}, "
-                f"prompt_token_ids={self.prompt_token_ids}, prompt_logprobs={self.prompt_logprobs}, "
-                f"outputs={self.outputs}, finished={self.finished}, num_cached_tokens={self.num_cached_tokens})")
+        return (
+            f"RequestOutput(request_id={self.request_id}, prompt={self.prompt!r}, "
+            f"prompt_token_ids={self.prompt_token_ids}, prompt_logprobs={self.prompt_logprobs}, "
+            f"outputs={self.outputs}, finished={self.finished}, num_cached_tokens={self.num_cached_tokens})"
+        )
 
 
 @dataclass
@@ -272,8 +292,9 @@ class EmbeddingOutput:
 class PoolingRequestOutput:
     """A pooling request's result (vLLM's PoolingRequestOutput)."""
 
-    def __init__(self, request_id: str, outputs: Any, prompt_token_ids: list[int], num_cached_tokens: int,
-                 finished: bool):
+    def __init__(
+        self, request_id: str, outputs: Any, prompt_token_ids: list[int], num_cached_tokens: int, finished: bool
+    ):
         self.request_id = request_id
         self.outputs = outputs
         self.prompt_token_ids = prompt_token_ids
@@ -281,9 +302,11 @@ class PoolingRequestOutput:
         self.finished = finished
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(request_id={self.request_id!r}, outputs={self.outputs!r}, "
-                f"prompt_token_ids={self.prompt_token_ids}, num_cached_tokens={self.num_cached_tokens}, "
-                f"finished={self.finished})")
+        return (
+            f"{type(self).__name__}(request_id={self.request_id!r}, outputs={self.outputs!r}, "
+            f"prompt_token_ids={self.prompt_token_ids}, num_cached_tokens={self.num_cached_tokens}, "
+            f"finished={self.finished})"
+        )
 
 
 class EmbeddingRequestOutput(PoolingRequestOutput):
@@ -291,6 +314,7 @@ class EmbeddingRequestOutput(PoolingRequestOutput):
 
 
 # -- the tokenizer ---------------------------------------------------------------------------------------
+
 
 class LLMTokenizer:
     """The model's tokenizer (read from its GGUF file) with the calls vLLM scripts make of get_tokenizer()'s
@@ -321,12 +345,12 @@ class LLMTokenizer:
     def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
         return self._tokenizer.decode([int(t) for t in token_ids], skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, conversation: list[dict], tokenize: bool = True,
-                            add_generation_prompt: bool = False, **kwargs) -> str | list[int]:
+    def apply_chat_template(
+        self, conversation: list[dict], tokenize: bool = True, add_generation_prompt: bool = False, **kwargs
+    ) -> str | list[int]:
         """The conversation rendered with the model's template: its text, or with tokenize=True (Hugging Face's
         default) its token ids."""
-        text = self._tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
-                                                   **kwargs)
+        text = self._tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt, **kwargs)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
@@ -340,7 +364,7 @@ _KV_CACHE_DTYPES = {"auto": None, "float16": "float16", "half": "float16", "floa
 _TASKS = {"auto": None, "generate": "generate", "embed": "embed", "embedding": "embed", "pooling": "embed"}
 _SPECIFIC = {  # vLLM's options that name something miro does otherwise, with where to look
     "gpu_memory_utilization": "miro runs on CPUs: size the KV cache with kv_cache_memory_bytes (or "
-                              "kv_cache_memory='2GiB')",
+    "kv_cache_memory='2GiB')",
     "swap_space": "a preempted sequence is recomputed, not swapped",
     "cpu_offload_gb": "the weights already live in CPU memory",
     "pipeline_parallel_size": "miro runs a model on one machine's CPUs; more machines are more workers",
@@ -364,19 +388,34 @@ _NO_EFFECT = {  # accepted, whatever their value: miro has nothing they would ch
 class LLM:
     """vLLM's offline LLM over one miro Engine (`self.engine`)."""
 
-    def __init__(self, model: str, *, tokenizer: str | None = None, tokenizer_mode: str = "auto",
-                 skip_tokenizer_init: bool = False, trust_remote_code: bool = False,
-                 tensor_parallel_size: int = 1, dtype: Any = "auto", quantization: str | None = None,
-                 seed: int | None = None, max_model_len: int | None = None, max_num_seqs: int | None = None,
-                 task: str = "auto", runner: str = "auto", **options):
+    def __init__(
+        self,
+        model: str,
+        *,
+        tokenizer: str | None = None,
+        tokenizer_mode: str = "auto",
+        skip_tokenizer_init: bool = False,
+        trust_remote_code: bool = False,
+        tensor_parallel_size: int = 1,
+        dtype: Any = "auto",
+        quantization: str | None = None,
+        seed: int | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        task: str = "auto",
+        runner: str = "auto",
+        **options,
+    ):
         from miro.core import Engine
 
         config: dict[str, Any] = {}
         self._check_loading(model, tokenizer, tokenizer_mode, skip_tokenizer_init, tensor_parallel_size, quantization)
         weights = _DTYPES.get(str(dtype).removeprefix("torch."), "refused")
         if weights == "refused":
-            _refuse(f"dtype {dtype!r} is not available in miro: it runs 'auto' (the file's own weight types or a "
-                    f"float32 copy, whichever is faster), 'float32' or 'bfloat16' (on CPUs with AVX512_BF16).")
+            _refuse(
+                f"dtype {dtype!r} is not available in miro: it runs 'auto' (the file's own weight types or a "
+                f"float32 copy, whichever is faster), 'float32' or 'bfloat16' (on CPUs with AVX512_BF16)."
+            )
         if weights is not None:
             if options.get("weights", weights) != weights:
                 _refuse(f"dtype={dtype!r} and weights={options['weights']!r} ask for different weight formats.")
@@ -388,8 +427,9 @@ class LLM:
         config.update(self._engine_options(options))
         config = {name: value for name, value in config.items() if value is not None}
         try:
-            self.engine = Engine.from_model(model, log=lambda message: print(message, file=sys.stderr),
-                                            config=EngineConfig.of(config))
+            self.engine = Engine.from_model(
+                model, log=lambda message: print(message, file=sys.stderr), config=EngineConfig.of(config)
+            )
         except MiroError as err:
             raise LLMError(str(err)) from None
         if wanted_task is not None:
@@ -403,21 +443,25 @@ class LLM:
         self._seeds = random.Random(seed) if seed is not None else None
 
     @staticmethod
-    def _check_loading(model, tokenizer, tokenizer_mode, skip_tokenizer_init, tensor_parallel_size,
-                       quantization) -> None:
+    def _check_loading(
+        model, tokenizer, tokenizer_mode, skip_tokenizer_init, tensor_parallel_size, quantization
+    ) -> None:
         if tokenizer is not None and str(tokenizer) != str(model):
-            _refuse("miro reads the tokenizer from the GGUF file itself: tokenizer must be left out (or be the "
-                    "model).")
+            _refuse("miro reads the tokenizer from the GGUF file itself: tokenizer must be left out (or be the model).")
         if tokenizer_mode not in ("auto", "hf"):
             _refuse(f"tokenizer_mode {tokenizer_mode!r} is not available: miro's tokenizer is the GGUF file's.")
         if skip_tokenizer_init:
             _refuse("skip_tokenizer_init is not supported: miro's prompts and outputs go through the tokenizer.")
         if tensor_parallel_size != 1:
-            _refuse(f"tensor_parallel_size must be 1 (got {tensor_parallel_size}): miro runs a model on one "
-                    f"machine's CPUs, and more machines are more workers (`miro worker`).")
+            _refuse(
+                f"tensor_parallel_size must be 1 (got {tensor_parallel_size}): miro runs a model on one "
+                f"machine's CPUs, and more machines are more workers (`miro worker`)."
+            )
         if quantization not in (None, "gguf"):
-            _refuse(f"quantization {quantization!r} is not available: miro runs a GGUF file's own weight types, "
-                    f"so quantize the file (quantization may be left out or be 'gguf').")
+            _refuse(
+                f"quantization {quantization!r} is not available: miro runs a GGUF file's own weight types, "
+                f"so quantize the file (quantization may be left out or be 'gguf')."
+            )
 
     @staticmethod
     def _task(task: str, runner: str, convert: str) -> str | None:
@@ -426,8 +470,10 @@ class LLM:
             _refuse(f"convert={convert!r} is not available: miro runs a model as its file describes it.")
         asked = {_TASKS.get(task, "refused"), _TASKS.get(runner, "refused")} - {None}
         if "refused" in asked:
-            _refuse(f"task/runner ({task!r}, {runner!r}) is not available: miro generates or embeds "
-                    f"(task 'generate' or 'embed', runner 'generate' or 'pooling').")
+            _refuse(
+                f"task/runner ({task!r}, {runner!r}) is not available: miro generates or embeds "
+                f"(task 'generate' or 'embed', runner 'generate' or 'pooling')."
+            )
         if len(asked) > 1:
             _refuse(f"task {task!r} and runner {runner!r} ask for different things.")
         return asked.pop() if asked else None
@@ -443,8 +489,10 @@ class LLM:
                 config[_RENAMED[name]] = value
             elif name == "kv_cache_dtype":
                 if value not in _KV_CACHE_DTYPES:
-                    _refuse(f"kv_cache_dtype {value!r} is not available: miro stores K and V as float16 ('auto') "
-                            f"or float32.")
+                    _refuse(
+                        f"kv_cache_dtype {value!r} is not available: miro stores K and V as float16 ('auto') "
+                        f"or float32."
+                    )
                 config[name] = _KV_CACHE_DTYPES[value]
             elif name in _ENGINE_OPTIONS:
                 config[name] = value
@@ -452,9 +500,24 @@ class LLM:
                 if value is not None and not (name in ("swap_space", "cpu_offload_gb") and value == 0):
                     _refuse(f"{name} is not an option of miro's LLM: {_SPECIFIC[name]}.")
             else:
-                accepted = sorted({"model", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "dtype",
-                                   "quantization", "seed", "task", "runner", "convert", "tensor_parallel_size",
-                                   *_NO_EFFECT, *_RENAMED, *_ENGINE_OPTIONS})
+                accepted = sorted(
+                    {
+                        "model",
+                        "tokenizer",
+                        "tokenizer_mode",
+                        "skip_tokenizer_init",
+                        "dtype",
+                        "quantization",
+                        "seed",
+                        "task",
+                        "runner",
+                        "convert",
+                        "tensor_parallel_size",
+                        *_NO_EFFECT,
+                        *_RENAMED,
+                        *_ENGINE_OPTIONS,
+                    }
+                )
                 _refuse(f"miro's LLM has no option {name!r} (it takes {', '.join(accepted)}).")
         return config
 
@@ -466,8 +529,15 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         return SamplingParams()
 
-    def generate(self, prompts, sampling_params=None, *, use_tqdm: bool = True, lora_request=None,
-                 priority: list[int] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts,
+        sampling_params=None,
+        *,
+        use_tqdm: bool = True,
+        lora_request=None,
+        priority: list[int] | None = None,
+    ) -> list[RequestOutput]:
         """Generate a completion of each prompt: a str, a TextPrompt or TokensPrompt dict, a list of token ids,
         or a list of those; sampling_params one for all or one per prompt. Outputs in prompt order."""
         self._check_task("generate")
@@ -477,21 +547,36 @@ class LLM:
             _refuse("priority is not supported by LLM.generate (Engine.add_request takes one).")
         return self._generate(_parse_prompts(prompts), sampling_params, use_tqdm)
 
-    def chat(self, messages, sampling_params=None, *, use_tqdm: bool = True, lora_request=None,
-             chat_template: str | None = None, chat_template_content_format: str = "auto",
-             add_generation_prompt: bool = True, continue_final_message: bool = False, tools=None,
-             chat_template_kwargs: dict | None = None, mm_processor_kwargs=None) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages,
+        sampling_params=None,
+        *,
+        use_tqdm: bool = True,
+        lora_request=None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools=None,
+        chat_template_kwargs: dict | None = None,
+        mm_processor_kwargs=None,
+    ) -> list[RequestOutput]:
         """Generate the next message of one conversation (a list of {"role", "content"} messages) or of each of a
         list of them, rendered with the model's chat template."""
         self._check_task("generate")
-        for name, value, why in (("lora_request", lora_request, "miro has no LoRA adapters"),
-                                 ("chat_template", chat_template, _SPECIFIC["chat_template"]),
-                                 ("mm_processor_kwargs", mm_processor_kwargs, "miro's models take text only")):
+        for name, value, why in (
+            ("lora_request", lora_request, "miro has no LoRA adapters"),
+            ("chat_template", chat_template, _SPECIFIC["chat_template"]),
+            ("mm_processor_kwargs", mm_processor_kwargs, "miro's models take text only"),
+        ):
             if value is not None:
                 _refuse(f"{name} is not supported: {why}.")
         if chat_template_content_format not in ("auto", "string", "openai"):
-            _refuse(f"chat_template_content_format must be 'auto', 'string' or 'openai', got "
-                    f"{chat_template_content_format!r}.")
+            _refuse(
+                f"chat_template_content_format must be 'auto', 'string' or 'openai', got "
+                f"{chat_template_content_format!r}."
+            )
         if continue_final_message and add_generation_prompt:
             _refuse("continue_final_message and add_generation_prompt cannot both be true.")
         extra = dict(chat_template_kwargs or {})
@@ -506,7 +591,8 @@ class LLM:
             conversation = [_message(m, flatten=chat_template_content_format != "openai") for m in conversation]
             try:
                 text = self.engine.tokenizer.apply_chat_template(
-                    conversation, add_generation_prompt=add_generation_prompt, **extra)
+                    conversation, add_generation_prompt=add_generation_prompt, **extra
+                )
             except MiroError as err:
                 raise LLMError(str(err)) from None
             if continue_final_message:
@@ -514,22 +600,34 @@ class LLM:
             prompts.append((text, text))
         return self._generate(prompts, sampling_params, use_tqdm)
 
-    def embed(self, prompts, *, truncate_prompt_tokens: int | None = None, use_tqdm: bool = True,
-              pooling_params=None, lora_request=None) -> list[EmbeddingRequestOutput]:
+    def embed(
+        self,
+        prompts,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+        pooling_params=None,
+        lora_request=None,
+    ) -> list[EmbeddingRequestOutput]:
         """Embed each prompt with an embedding model: `.outputs.embedding` is its vector (L2-normalised, as
         vLLM's embed models give it), in prompt order."""
         self._check_task("embed")
-        for name, value, why in (("truncate_prompt_tokens", truncate_prompt_tokens,
-                                  "a prompt longer than the context is refused, not cut"),
-                                 ("pooling_params", pooling_params, "the model's own pooling is used"),
-                                 ("lora_request", lora_request, "miro has no LoRA adapters")):
+        for name, value, why in (
+            ("truncate_prompt_tokens", truncate_prompt_tokens, "a prompt longer than the context is refused, not cut"),
+            ("pooling_params", pooling_params, "the model's own pooling is used"),
+            ("lora_request", lora_request, "miro has no LoRA adapters"),
+        ):
             if value is not None:
                 _refuse(f"LLM.embed's {name} is not supported: {why}.")
         items = _parse_prompts(prompts)
         outputs = self.engine.encode([engine_prompt for engine_prompt, _ in items], use_tqdm=use_tqdm)
         _raise_refused(outputs)
-        return [EmbeddingRequestOutput(out.request_id, EmbeddingOutput(out.embedding.tolist()),
-                                       list(out.prompt_token_ids), 0, True) for out in outputs]
+        return [
+            EmbeddingRequestOutput(
+                out.request_id, EmbeddingOutput(out.embedding.tolist()), list(out.prompt_token_ids), 0, True
+            )
+            for out in outputs
+        ]
 
     # -- the work -----------------------------------------------------------------------------------------
 
@@ -543,8 +641,10 @@ class LLM:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, (list, tuple)):
             if len(sampling_params) != count:
-                _refuse(f"there are {count} prompts and {len(sampling_params)} sampling_params: give one for all "
-                        f"or one per prompt.")
+                _refuse(
+                    f"there are {count} prompts and {len(sampling_params)} sampling_params: give one for all "
+                    f"or one per prompt."
+                )
             params = list(sampling_params)
         else:
             params = [sampling_params] * count
@@ -552,7 +652,7 @@ class LLM:
             if not isinstance(p, _EngineSamplingParams):
                 _refuse(f"sampling_params must be SamplingParams, got {type(p).__name__}.")
         if self._seeds is not None:  # a seed each, drawn in prompt order
-            params = [replace(p, seed=self._seeds.randrange(2 ** 31)) if p.seed is None else p for p in params]
+            params = [replace(p, seed=self._seeds.randrange(2**31)) if p.seed is None else p for p in params]
         return params
 
     def _generate(self, items: list[tuple], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
@@ -563,22 +663,33 @@ class LLM:
 
     def _request_output(self, out, prompt: str | None, params) -> RequestOutput:
         choices = [self._completion(choice, params) for choice in out.outputs]
-        return RequestOutput(out.request_id, prompt, list(out.prompt_token_ids), None, choices, out.finished,
-                             num_cached_tokens=out.num_cached_tokens)
+        return RequestOutput(
+            out.request_id,
+            prompt,
+            list(out.prompt_token_ids),
+            None,
+            choices,
+            out.finished,
+            num_cached_tokens=out.num_cached_tokens,
+        )
 
     def _completion(self, choice, params) -> CompletionOutput:
         text, stop_reason = choice.text, choice.stop_reason
         if isinstance(stop_reason, int) and stop_reason not in params.stop_token_ids:
             stop_reason = None  # the model's end-of-sequence token: vLLM says None
-        if (getattr(params, "include_stop_str_in_output", False) and choice.finish_reason == "stop"
-                and isinstance(stop_reason, str)):
+        if (
+            getattr(params, "include_stop_str_in_output", False)
+            and choice.finish_reason == "stop"
+            and isinstance(stop_reason, str)
+        ):
             text += stop_reason
         logprobs = cumulative = None
         if choice.logprobs is not None:
             logprobs = [self._position(entry) for entry in choice.logprobs]
             cumulative = float(sum(position[token].logprob for token, position in zip(choice.token_ids, logprobs)))
-        return CompletionOutput(choice.index, text, list(choice.token_ids), cumulative, logprobs,
-                                choice.finish_reason, stop_reason)
+        return CompletionOutput(
+            choice.index, text, list(choice.token_ids), cumulative, logprobs, choice.finish_reason, stop_reason
+        )
 
     def _position(self, entry) -> dict[int, Logprob]:
         """One position's logprobs as vLLM gives them: {token id: Logprob}, the sampled token first, then the top
@@ -594,8 +705,9 @@ class LLM:
 
 def _parse_prompts(prompts) -> list[tuple]:
     """(what the engine takes, the prompt text outputs show) for each prompt."""
-    if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
-                                            and isinstance(prompts[0], int)):
+    if isinstance(prompts, (str, dict)) or (
+        isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)
+    ):
         prompts = [prompts]
     items = []
     for prompt in prompts:
@@ -604,8 +716,10 @@ def _parse_prompts(prompts) -> list[tuple]:
         elif isinstance(prompt, dict):
             unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
             if unknown:
-                _refuse(f"a prompt dict's {unknown[0]!r} is not supported: miro takes 'prompt' (TextPrompt) or "
-                        f"'prompt_token_ids' (TokensPrompt).")
+                _refuse(
+                    f"a prompt dict's {unknown[0]!r} is not supported: miro takes 'prompt' (TextPrompt) or "
+                    f"'prompt_token_ids' (TokensPrompt)."
+                )
             if "prompt_token_ids" in prompt:
                 items.append((list(prompt["prompt_token_ids"]), prompt.get("prompt")))
             elif "prompt" in prompt:
@@ -615,8 +729,10 @@ def _parse_prompts(prompts) -> list[tuple]:
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             items.append((list(prompt), None))
         else:
-            _refuse(f"a prompt must be a str, a TextPrompt or TokensPrompt dict or a list of token ids, got "
-                    f"{type(prompt).__name__}.")
+            _refuse(
+                f"a prompt must be a str, a TextPrompt or TokensPrompt dict or a list of token ids, got "
+                f"{type(prompt).__name__}."
+            )
     return items
 
 
@@ -637,8 +753,10 @@ def _message(message: dict, flatten: bool) -> dict:
         return message
     kinds = sorted({part.get("type") for part in content if isinstance(part, dict)} - {"text"})
     if kinds or not all(isinstance(part, dict) for part in content):
-        _refuse(f"a message's content part of type {kinds[0] if kinds else 'unknown'!r} is not supported: "
-                f"miro's models take text only.")
+        _refuse(
+            f"a message's content part of type {kinds[0] if kinds else 'unknown'!r} is not supported: "
+            f"miro's models take text only."
+        )
     return {**message, "content": "\n".join(part.get("text", "") for part in content)} if flatten else message
 
 
@@ -652,6 +770,19 @@ def _cut_after_final(text: str, conversation: list[dict]) -> str:
     return text[: at + len(final)]
 
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams", "RequestOutput",
-           "CompletionOutput", "Logprob", "EmbeddingRequestOutput", "EmbeddingOutput", "PoolingRequestOutput",
-           "TextPrompt", "TokensPrompt", "LLMTokenizer", "LLMError"]
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "GuidedDecodingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "Logprob",
+    "EmbeddingRequestOutput",
+    "EmbeddingOutput",
+    "PoolingRequestOutput",
+    "TextPrompt",
+    "TokensPrompt",
+    "LLMTokenizer",
+    "LLMError",
+]

@@ -11,8 +11,16 @@ from typing import Mapping
 from miro.core.errors import MiroError
 
 
-def option(default, help: str, *, kind: type = str, choices: tuple[str, ...] | None = None, min: float | None = None,
-           max: float | None = None, flag: str | None = None):
+def option(
+    default,
+    help: str,
+    *,
+    kind: type = str,
+    choices: tuple[str, ...] | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    flag: str | None = None,
+):
     """A config field: its default and how it is given from outside. `kind` is str, int, float, bool or tuple (a
     repeatable option; in the environment, values separated by commas); `flag` the CLI's when not `--{name}`."""
     metadata = {"help": help, "kind": kind, "choices": choices, "min": min, "max": max, "flag": flag}

@@ -11,9 +11,21 @@ from pkgutil import extend_path
 # installed: look for them on all of sys.path, not only here.
 __path__ = extend_path(__path__, __name__)
 
-_FROM_LLM = ("LLM", "SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams", "RequestOutput",
-             "CompletionOutput", "Logprob", "EmbeddingRequestOutput", "EmbeddingOutput", "PoolingRequestOutput",
-             "TextPrompt", "TokensPrompt", "LLMError")
+_FROM_LLM = (
+    "LLM",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "GuidedDecodingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "Logprob",
+    "EmbeddingRequestOutput",
+    "EmbeddingOutput",
+    "PoolingRequestOutput",
+    "TextPrompt",
+    "TokensPrompt",
+    "LLMError",
+)
 _FROM_CORE = ("Engine", "EngineConfig", "MiroError", "ModelFileError", "RequestError")
 
 __all__ = [*_FROM_LLM, *_FROM_CORE]

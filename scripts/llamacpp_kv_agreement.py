@@ -38,12 +38,16 @@ def top1_ids(path: str, prompts: list[list[int]], **settings) -> np.ndarray:
 
 def main() -> None:
     prompts = [p["prompt_ids"] for p in json.loads((FIXTURES / "hf_reference.json").read_text())["prompts"]]
-    recorded = np.array([p["top1_id"] for p in json.loads((FIXTURES / "llamacpp_reference.json").read_text())["prompts"]])
+    recorded = np.array(
+        [p["top1_id"] for p in json.loads((FIXTURES / "llamacpp_reference.json").read_text())["prompts"]]
+    )
     path = str(cached_model("smollm2-135m"))
     runs = {name: top1_ids(path, prompts, **settings) for name, settings in SETTINGS.items()}
     for name, tops in runs.items():
-        print(f"{name:<24} top-1 equal to the record: {int((tops == recorded).sum())}/{len(prompts)}, "
-              f"to the f32 KV run: {int((tops == runs['f32 KV']).sum())}/{len(prompts)}")
+        print(
+            f"{name:<24} top-1 equal to the record: {int((tops == recorded).sum())}/{len(prompts)}, "
+            f"to the f32 KV run: {int((tops == runs['f32 KV']).sum())}/{len(prompts)}"
+        )
 
 
 if __name__ == "__main__":

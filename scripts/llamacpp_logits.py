@@ -34,8 +34,10 @@ PROMPT_LENGTHS = (20, 300, 2500)
 _rng = np.random.default_rng(38)
 PROMPTS = [[int(t) for t in _rng.integers(3, 272, size=n)] for n in PROMPT_LENGTHS]  # no control tokens
 SETTINGS = {  # name -> (flash attention, KV cache type)
-    "fa0-f32": (False, llama_cpp.GGML_TYPE_F32), "fa1-f32": (True, llama_cpp.GGML_TYPE_F32),
-    "fa0-f16": (False, llama_cpp.GGML_TYPE_F16), "fa1-f16": (True, llama_cpp.GGML_TYPE_F16),
+    "fa0-f32": (False, llama_cpp.GGML_TYPE_F32),
+    "fa1-f32": (True, llama_cpp.GGML_TYPE_F32),
+    "fa0-f16": (False, llama_cpp.GGML_TYPE_F16),
+    "fa1-f16": (True, llama_cpp.GGML_TYPE_F16),
 }
 REFERENCE_SETTING = "fa0-f32"
 TYPES = ("F32", "Q8_0")  # F32: miro's f32 path against llama.cpp's float one; Q8_0: both weight formats
@@ -48,8 +50,19 @@ def selected_types() -> tuple[str, ...]:
 
 def last_logits(path: Path, flash: bool, kv_type: int, n_ctx: int, **llama_options) -> list[np.ndarray]:
     """llama.cpp's logits after the last token of each prompt, under one setting."""
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=2, logits_all=True,
-                          flash_attn=flash, type_k=kv_type, type_v=kv_type, verbose=False, **llama_options)
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=2,
+        logits_all=True,
+        flash_attn=flash,
+        type_k=kv_type,
+        type_v=kv_type,
+        verbose=False,
+        **llama_options,
+    )
     out = []
     for prompt in PROMPTS:
         llm.reset()
@@ -61,9 +74,15 @@ def last_logits(path: Path, flash: bool, kv_type: int, n_ctx: int, **llama_optio
     return out
 
 
-def write_reference(out_json: Path, generator: str, variants: dict, variant_kwargs: Callable[[str, str], dict],
-                    context: int | None = None, context_of: Callable[[str], int] | None = None,
-                    **llama_options) -> None:
+def write_reference(
+    out_json: Path,
+    generator: str,
+    variants: dict,
+    variant_kwargs: Callable[[str, str], dict],
+    context: int | None = None,
+    context_of: Callable[[str], int] | None = None,
+    **llama_options,
+) -> None:
     """Every variant in every selected type through llama.cpp's settings, into out_json and its .npz: one context
     for all (`context`, recorded once) or one per variant (`context_of`, recorded with each)."""
     arrays, entries = {}, []
@@ -78,21 +97,38 @@ def write_reference(out_json: Path, generator: str, variants: dict, variant_kwar
                 for i, row in enumerate(rows):
                     arrays[f"{name}/{s}/p{i}"] = row
             ref = by_setting[REFERENCE_SETTING]
-            spread = [max(float(np.abs(by_setting[s][i] - ref[i]).max()) for s in SETTINGS) for i in range(len(PROMPTS))]
+            spread = [
+                max(float(np.abs(by_setting[s][i] - ref[i]).max()) for s in SETTINGS) for i in range(len(PROMPTS))
+            ]
             entry = {"name": name, "variant": variant, "tensor_type": tensor_type}
             if context is None:
                 entry["context"] = n_ctx
-            entries.append(entry | {"sha256": hashlib.sha256(data).hexdigest(), "file_size": len(data),
-                                    "spread_vs_reference": [round(x, 6) for x in spread],
-                                    "logit_std": [round(float(ref[i].std()), 4) for i in range(len(PROMPTS))]})
+            entries.append(
+                entry
+                | {
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "file_size": len(data),
+                    "spread_vs_reference": [round(x, 6) for x in spread],
+                    "logit_std": [round(float(ref[i].std()), 4) for i in range(len(PROMPTS))],
+                }
+            )
             print(name, "spread", [f"{x:.4f}" for x in spread], flush=True)
-    meta = {"generator": generator, "llama_cpp_python": llama_cpp.__version__, "gguf": importlib.metadata.version("gguf")}
+    meta = {
+        "generator": generator,
+        "llama_cpp_python": llama_cpp.__version__,
+        "gguf": importlib.metadata.version("gguf"),
+    }
     if context is not None:
         meta["context"] = context
-    meta |= {"prompts": PROMPTS,
-             "settings": {s: {"flash_attn": f, "kv": "f32" if t == llama_cpp.GGML_TYPE_F32 else "f16"}
-                          for s, (f, t) in SETTINGS.items()},
-             "reference_setting": REFERENCE_SETTING, "variants": entries}
+    meta |= {
+        "prompts": PROMPTS,
+        "settings": {
+            s: {"flash_attn": f, "kv": "f32" if t == llama_cpp.GGML_TYPE_F32 else "f16"}
+            for s, (f, t) in SETTINGS.items()
+        },
+        "reference_setting": REFERENCE_SETTING,
+        "variants": entries,
+    }
     out_json.write_text(json.dumps(meta, indent=1) + "\n")
     np.savez_compressed(out_json.with_suffix(".npz"), **arrays)
     print("wrote", out_json)

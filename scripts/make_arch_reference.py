@@ -63,9 +63,18 @@ TYPES = ("Q8_0", "Q4_0", "Q4_K")
 SEED = 1
 CONTEXT_LENGTH = 256
 N_NEW = 16
-SETTINGS = {"n_ctx": 256, "n_batch": 512, "n_ubatch": 512, "n_threads": 2, "logits_all": True,
-            "flash_attn": False, "type_k": "f32", "type_v": "f32", "swa_full": "llama.cpp default (true)",
-            "seed": "unused (greedy)"}
+SETTINGS = {
+    "n_ctx": 256,
+    "n_batch": 512,
+    "n_ubatch": 512,
+    "n_threads": 2,
+    "logits_all": True,
+    "flash_attn": False,
+    "type_k": "f32",
+    "type_v": "f32",
+    "swa_full": "llama.cpp default (true)",
+    "seed": "unused (greedy)",
+}
 _rng = np.random.default_rng(20250)
 # Token ids 3..271 (0-2 are the control tokens); lengths 3, 11, 24 and 40.
 PROMPTS = [[int(t) for t in _rng.integers(3, 272, size=n)] for n in (3, 11, 24, 40)]
@@ -76,34 +85,44 @@ CONVENTIONS = {
         "attention": "causal softmax(q k^T * scale) v, GQA: query head h uses kv head h // (n_heads / n_kv_heads)",
         "tied_output": "output.weight absent -> logits = final_norm(x) @ token_embd^T",
         "numerics": "quantized matmuls quantize the activations first (Q8_0 blocks of 32 with an f16 scale for "
-                    "Q8_0/Q4_0 weights, Q8_K blocks of 256 for Q4_K); norms, rope, softmax in f32; "
-                    "KV cache f32 here (type_k/type_v), llama.cpp's default would be f16",
+        "Q8_0/Q4_0 weights, Q8_K blocks of 256 for Q4_K); norms, rope, softmax in f32; "
+        "KV cache f32 here (type_k/type_v), llama.cpp's default would be f16",
     },
-    "llama": {"rope": "NORM: rotate adjacent pairs (x[2i], x[2i+1]) by pos * theta^(-2i/head_dim)",
-              "ffn": "down(silu(gate(x)) * up(x))", "scale": "1/sqrt(head_dim)"},
-    "qwen2": {"rope": "NEOX: rotate (x[i], x[i + head_dim/2]) by pos * theta^(-2i/head_dim)",
-              "bias": "q, k, v = x W^T + b (attn_q/k/v.bias, F32); no output bias",
-              "ffn": "down(silu(gate(x)) * up(x))", "scale": "1/sqrt(head_dim)"},
-    "qwen3": {"rope": "NEOX", "qk_norm": "RMSNorm over each head's head_dim of q and k (attn_q_norm/attn_k_norm, "
-                                         "eps = rms_eps), after the projection, before RoPE",
-              "head_dim": "attention.key_length (here 2 * dim / n_heads), q proj (n_heads*head_dim, dim)",
-              "ffn": "down(silu(gate(x)) * up(x))", "scale": "1/sqrt(head_dim)"},
+    "llama": {
+        "rope": "NORM: rotate adjacent pairs (x[2i], x[2i+1]) by pos * theta^(-2i/head_dim)",
+        "ffn": "down(silu(gate(x)) * up(x))",
+        "scale": "1/sqrt(head_dim)",
+    },
+    "qwen2": {
+        "rope": "NEOX: rotate (x[i], x[i + head_dim/2]) by pos * theta^(-2i/head_dim)",
+        "bias": "q, k, v = x W^T + b (attn_q/k/v.bias, F32); no output bias",
+        "ffn": "down(silu(gate(x)) * up(x))",
+        "scale": "1/sqrt(head_dim)",
+    },
+    "qwen3": {
+        "rope": "NEOX",
+        "qk_norm": "RMSNorm over each head's head_dim of q and k (attn_q_norm/attn_k_norm, "
+        "eps = rms_eps), after the projection, before RoPE",
+        "head_dim": "attention.key_length (here 2 * dim / n_heads), q proj (n_heads*head_dim, dim)",
+        "ffn": "down(silu(gate(x)) * up(x))",
+        "scale": "1/sqrt(head_dim)",
+    },
     "gemma3": {
         "embedding": "token_embd row * sqrt(dim) (f32 sqrtf(n_embd)), before layer 0",
         "rope": "NEOX",
         "layer": "h += post_attention_norm(attn(attn_norm(h))); h += post_ffw_norm(ffn(ffn_norm(h)))",
         "qk_norm": "per-head RMSNorm of q and k (attn_q_norm/attn_k_norm) before RoPE",
         "norm_weights": "multiplied as stored: HF's (1 + w) was folded in by the converter (convert_hf_to_gguf adds "
-                        "1 to every *norm.weight), so the GGUF stores 1 + w_hf",
+        "1 to every *norm.weight), so the GGUF stores 1 + w_hf",
         "ffn": "down(gelu_tanh(gate(x)) * up(x)); ggml evaluates this GELU through an fp16 table "
-               "(input rounded to f16, output f16), |diff| vs exact tanh GELU ~1e-3 relative",
+        "(input rounded to f16, output f16), |diff| vs exact tanh GELU ~1e-3 relative",
         "scale": "q * 1/sqrt(head_dim) (hparams.f_attention_scale; 1/sqrt(dim/n_heads) only for the 62-layer "
-                 "27B); no query_pre_attn_scalar key is read",
+        "27B); no query_pre_attn_scalar key is read",
         "sliding_window": "layer i is local (sliding) iff i % 6 < 5 (global: 5, 11, 17, ...); a local layer's query "
-                          "at position p sees keys at positions p - n_swa < k <= p (n_swa = attention.sliding_window "
-                          "keys including itself)",
+        "at position p sees keys at positions p - n_swa < k <= p (n_swa = attention.sliding_window "
+        "keys including itself)",
         "rope_theta": "global layers rope.freq_base; local layers 10000 (hard-coded in llama.cpp's gemma3 "
-                      "loader: rope_freq_base_train_swa = 10000; the converter writes no rope.freq_base_swa)",
+        "loader: rope_freq_base_train_swa = 10000; the converter writes no rope.freq_base_swa)",
         "softcapping": "none (the sliding-window graph does not apply final_logit_softcapping)",
     },
 }
@@ -115,6 +134,7 @@ def sha256(path: Path) -> str:
 
 # ---- an exact float64 forward pass of the conventions above ---------------------------------
 
+
 def _rms(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
@@ -124,7 +144,7 @@ def _rope(x, positions, theta, neox):
     angles = positions[:, None] * theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)[None, :]
     cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
     if neox:
-        a, b = x[..., : d // 2], x[..., d // 2:]
+        a, b = x[..., : d // 2], x[..., d // 2 :]
         return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
     out = np.empty_like(x)
     a, b = x[..., 0::2], x[..., 1::2]
@@ -144,8 +164,10 @@ def reference_logits(info: dict, token_ids: list[int]) -> np.ndarray:
     if arch == "gemma3":
         x = x * math.sqrt(info["dim"])
     for i in range(info["n_layers"]):
+
         def w(kind, suffix="weight"):
             return t[tensor_name(kind, i, suffix)]
+
         h = _rms(x, w(MT.ATTN_NORM), eps)
         q, k, v = h @ w(MT.ATTN_Q).T, h @ w(MT.ATTN_K).T, h @ w(MT.ATTN_V).T
         if arch == "qwen2":
@@ -168,7 +190,7 @@ def reference_logits(info: dict, token_ids: list[int]) -> np.ndarray:
         h = _rms(x, w(MT.FFN_NORM), eps)
         g, u = h @ w(MT.FFN_GATE).T, h @ w(MT.FFN_UP).T
         if arch == "gemma3":
-            act = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+            act = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
         else:
             act = g / (1 + np.exp(-g))
         y = (act * u) @ w(MT.FFN_DOWN).T
@@ -181,11 +203,20 @@ def reference_logits(info: dict, token_ids: list[int]) -> np.ndarray:
 
 # ---- llama.cpp ------------------------------------------------------------------------------
 
+
 def run_model(path: Path, info: dict) -> tuple[list[dict], dict[str, np.ndarray]]:
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=SETTINGS["n_ctx"], n_batch=SETTINGS["n_batch"],
-                          n_ubatch=SETTINGS["n_ubatch"], n_threads=SETTINGS["n_threads"], logits_all=True,
-                          flash_attn=False, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
-                          verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=SETTINGS["n_ctx"],
+        n_batch=SETTINGS["n_batch"],
+        n_ubatch=SETTINGS["n_ubatch"],
+        n_threads=SETTINGS["n_threads"],
+        logits_all=True,
+        flash_attn=False,
+        type_k=llama_cpp.GGML_TYPE_F32,
+        type_v=llama_cpp.GGML_TYPE_F32,
+        verbose=False,
+    )
     assert llm.n_vocab() == info["vocab_size"]
     runs, arrays = [], {}
     for i, prompt in enumerate(PROMPTS):
@@ -200,7 +231,7 @@ def run_model(path: Path, info: dict) -> tuple[list[dict], dict[str, np.ndarray]
         n_rows = len(prompt) + N_NEW - 1
         logits = np.array(llm.scores[:n_rows], dtype=np.float32, copy=True)
         assert np.isfinite(logits).all()
-        steps = logits[len(prompt) - 1:]
+        steps = logits[len(prompt) - 1 :]
         assert [int(r.argmax()) for r in steps] == greedy, "llama.cpp's greedy token is not the argmax"
         top2 = np.sort(steps, axis=1)[:, -2:]
         exact = reference_logits(info, prompt + greedy[:-1])
@@ -208,21 +239,33 @@ def run_model(path: Path, info: dict) -> tuple[list[dict], dict[str, np.ndarray]
         margins = top2[:, 1] - top2[:, 0]
         row_noise = np.abs(exact - logits).max(axis=1)
         noise = float(row_noise.max())
-        step_noise = row_noise[len(prompt) - 1:]
+        step_noise = row_noise[len(prompt) - 1 :]
         stable = next((k for k, m in enumerate(margins) if m <= 2 * step_noise[k]), N_NEW)
-        runs.append({"prompt_index": i, "n_prompt": len(prompt), "n_rows": n_rows, "greedy_ids": greedy,
-                     "greedy_margins": [round(float(m), 6) for m in margins],
-                     "max_abs_diff_vs_exact_float64": round(noise, 6),
-                     "exact_float64_greedy_agrees": [int(r.argmax()) for r in exact[len(prompt) - 1:]] == greedy,
-                     "greedy_stable_prefix": stable})
+        runs.append(
+            {
+                "prompt_index": i,
+                "n_prompt": len(prompt),
+                "n_rows": n_rows,
+                "greedy_ids": greedy,
+                "greedy_margins": [round(float(m), 6) for m in margins],
+                "max_abs_diff_vs_exact_float64": round(noise, 6),
+                "exact_float64_greedy_agrees": [int(r.argmax()) for r in exact[len(prompt) - 1 :]] == greedy,
+                "greedy_stable_prefix": stable,
+            }
+        )
     llm.close()
     return runs, arrays
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", nargs="?", type=Path, default=ROOT / "tests" / "fixtures" / "arch_llamacpp.json",
-                        help="the JSON to write; the logits go next to it with the suffix .npz")
+    parser.add_argument(
+        "out",
+        nargs="?",
+        type=Path,
+        default=ROOT / "tests" / "fixtures" / "arch_llamacpp.json",
+        help="the JSON to write; the logits go next to it with the suffix .npz",
+    )
     args = parser.parse_args()
     out_json, out_npz = args.out.with_suffix(".json"), args.out.with_suffix(".npz")
 
@@ -237,31 +280,57 @@ def main() -> None:
                 info["key"] = key
                 runs, model_arrays = run_model(path, info)
                 arrays.update(model_arrays)
-                config = {k: info[k] for k in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
-                                               "context_length", "tie_embeddings", "rope_theta", "rms_eps",
-                                               "sliding_window", "vocab_size")}
+                config = {
+                    k: info[k]
+                    for k in (
+                        "n_layers",
+                        "dim",
+                        "n_heads",
+                        "n_kv_heads",
+                        "head_dim",
+                        "ffn_dim",
+                        "context_length",
+                        "tie_embeddings",
+                        "rope_theta",
+                        "rms_eps",
+                        "sliding_window",
+                        "vocab_size",
+                    )
+                }
                 if arch == "gemma3":
                     config["local_layers"] = [i for i in range(info["n_layers"]) if i % 6 < 5]
                     config["rope_theta_local"] = 10000.0
-                models.append({"key": key, "arch": arch, "tensor_type": ttype, "factory_kwargs": kwargs,
-                               "sha256": sha256(path), "file_size": path.stat().st_size, "config": config,
-                               "tensor_types": info["tensor_types"], "runs": runs})
+                models.append(
+                    {
+                        "key": key,
+                        "arch": arch,
+                        "tensor_type": ttype,
+                        "factory_kwargs": kwargs,
+                        "sha256": sha256(path),
+                        "file_size": path.stat().st_size,
+                        "config": config,
+                        "tensor_types": info["tensor_types"],
+                        "runs": runs,
+                    }
+                )
                 worst = max(r["max_abs_diff_vs_exact_float64"] for r in runs)
-                print(f"{key:12s} {models[-1]['sha256'][:12]} greedy p3 {runs[3]['greedy_ids'][:6]} "
-                      f"max|llama.cpp - exact| {worst:.4f}")
+                print(
+                    f"{key:12s} {models[-1]['sha256'][:12]} greedy p3 {runs[3]['greedy_ids'][:6]} "
+                    f"max|llama.cpp - exact| {worst:.4f}"
+                )
 
     fixture = {
         "description": "llama.cpp (llama-cpp-python) logits and greedy tokens for tiny random GGUFs written by "
-                       "tests/gguf_factory.py write_tiny_model; see scripts/make_arch_reference.py",
+        "tests/gguf_factory.py write_tiny_model; see scripts/make_arch_reference.py",
         "llama_cpp_python_version": llama_cpp.__version__,
         "gguf_version": importlib.metadata.version("gguf"),
         "numpy_version": np.__version__,
         "settings": SETTINGS,
         "n_new_tokens": N_NEW,
         "greedy": "llama.cpp's greedy sampler (Llama.sample(temp=0)) after the prompt batch, then one token per "
-                  "decode step; EOS does not stop it",
+        "decode step; EOS does not stop it",
         "logits": f"{out_npz.name}: '<model key>/p<prompt index>' float32 (n_prompt + {N_NEW - 1}, n_vocab); row j "
-                  "follows token j of prompt + greedy_ids[:-1]",
+        "follows token j of prompt + greedy_ids[:-1]",
         "prompts": PROMPTS,
         "skipped": {},
         "skipped_note": "none: every architecture exists in Q8_0, Q4_0 and Q4_K (K-quant models use dim 256, ffn 512)",

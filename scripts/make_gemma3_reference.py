@@ -49,8 +49,15 @@ MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 CORPUS_INDICES = [2, 3, 4, 5, 6, 15, 16, 18, 32, 33, 34, 36, 38, 40, 45, 49, 53, 107, 190, 193]
 N_NEW = 32
 TOP_K = 5
-SETTINGS = {"n_ctx": 512, "n_batch": 512, "n_threads": 2, "logits_all": False, "flash_attn": False,
-            "type_k": "f32", "type_v": "f32"}
+SETTINGS = {
+    "n_ctx": 512,
+    "n_batch": 512,
+    "n_threads": 2,
+    "logits_all": False,
+    "flash_attn": False,
+    "type_k": "f32",
+    "type_v": "f32",
+}
 # llama.cpp's own ways of running the same model, each as reasonable as SETTINGS: how far llama.cpp moves
 # from its own reference under them is the yardstick for miro's distance from it.
 OTHER_SETTINGS = {
@@ -92,10 +99,18 @@ def top(logits: np.ndarray, k: int) -> np.ndarray:
 
 def open_model(model: Path, settings: dict) -> llama_cpp.Llama:
     kv_type = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
-    return llama_cpp.Llama(model_path=str(model), n_ctx=settings["n_ctx"], n_batch=settings["n_batch"],
-                           n_ubatch=settings.get("n_ubatch", settings["n_batch"]), n_threads=settings["n_threads"],
-                           logits_all=False, flash_attn=settings["flash_attn"], type_k=kv_type[settings["type_k"]],
-                           type_v=kv_type[settings["type_v"]], verbose=False)
+    return llama_cpp.Llama(
+        model_path=str(model),
+        n_ctx=settings["n_ctx"],
+        n_batch=settings["n_batch"],
+        n_ubatch=settings.get("n_ubatch", settings["n_batch"]),
+        n_threads=settings["n_threads"],
+        logits_all=False,
+        flash_attn=settings["flash_attn"],
+        type_k=kv_type[settings["type_k"]],
+        type_v=kv_type[settings["type_v"]],
+        verbose=False,
+    )
 
 
 def reference(llm: llama_cpp.Llama, prompt: dict, eog: list[int]) -> dict:
@@ -118,15 +133,26 @@ def reference(llm: llama_cpp.Llama, prompt: dict, eog: list[int]) -> dict:
             cur = last_logits(llm)
     first_eog = next((k for k, t in enumerate(greedy) if t in eog), None)
     text = llm.detokenize(greedy, special=True).decode("utf-8", errors="replace")
-    return {**prompt, "ids": ids, "top5_ids": [int(t) for t in best],
-            "top5_logits": [float(logits[t]) for t in best], "top5_all_logits": logits,
-            "greedy_ids": greedy, "greedy_text": text, "greedy_margins": margins, "first_eog_index": first_eog}
+    return {
+        **prompt,
+        "ids": ids,
+        "top5_ids": [int(t) for t in best],
+        "top5_logits": [float(logits[t]) for t in best],
+        "top5_all_logits": logits,
+        "greedy_ids": greedy,
+        "greedy_text": text,
+        "greedy_margins": margins,
+        "first_eog_index": first_eog,
+    }
 
 
 def agreement(base: list[dict], other: list[dict]) -> dict:
     """How closely a run under other settings follows the base run, in the measures the tests use."""
-    diffs = [abs(float(o["top5_all_logits"][t]) - float(b["top5_all_logits"][t]))
-             for b, o in zip(base, other) for t in b["top5_ids"]]
+    diffs = [
+        abs(float(o["top5_all_logits"][t]) - float(b["top5_all_logits"][t]))
+        for b, o in zip(base, other)
+        for t in b["top5_ids"]
+    ]
     return {
         "top1_equal": sum(b["top5_ids"][0] == o["top5_ids"][0] for b, o in zip(base, other)),
         "greedy_equal": sum(b["greedy_ids"] == o["greedy_ids"] for b, o in zip(base, other)),
@@ -148,8 +174,10 @@ def main() -> None:
     for p in prompts():
         records.append(reference(llm, p, eog))
         r = records[-1]
-        print(f"{len(r['ids']):3d} tokens  top1 {r['top5_ids'][0]:6d}  min margin {min(r['greedy_margins']):.4f}  "
-              f"{r['greedy_text'][:50]!r}")
+        print(
+            f"{len(r['ids']):3d} tokens  top1 {r['top5_ids'][0]:6d}  min margin {min(r['greedy_margins']):.4f}  "
+            f"{r['greedy_text'][:50]!r}"
+        )
     self_agreement = {}
     for name, change in OTHER_SETTINGS.items():
         other = open_model(model, SETTINGS | change)
@@ -159,7 +187,7 @@ def main() -> None:
 
     fixture = {
         "description": "gemma3-270m (Q4_K_M, base model) reference from llama.cpp via llama-cpp-python (CPU); "
-                       "see scripts/make_gemma3_reference.py",
+        "see scripts/make_gemma3_reference.py",
         "model": model.name,
         "model_sha256": sha256(model),
         "llama_cpp_python_version": llama_cpp.__version__,
@@ -171,7 +199,7 @@ def main() -> None:
         "top_k": TOP_K,
         "n_new_tokens": N_NEW,
         "greedy": "llama.cpp's greedy sampler (Llama.sample(temp=0)) after the prompt batch, one token per decode "
-                  "step; end-of-generation tokens do not stop it",
+        "step; end-of-generation tokens do not stop it",
         "llama_cpp_self_agreement": self_agreement,
         "prompts": [{k: v for k, v in r.items() if k != "top5_all_logits"} for r in records],
     }

@@ -89,7 +89,7 @@ GPT4O_TEXTS = [
     "https://example.com/a/b/ ./run.sh ../../up C:\\dir\\file //comment\n",
     ".\r\n\r\n x;\n\n\n y ?/ \"/\n'/",
     # one non-letter, non-digit character (not CR or LF) starts a word
-    "_foo $HOME @user #tag .Hello ,World -minus +plus \u00a0word \u200bword \U0001F600word \u0301word",
+    "_foo $HOME @user #tag .Hello ,World -minus +plus \u00a0word \u200bword \U0001f600word \u0301word",
     "\nword \rword \r\nword \tword  word   word",
     # whitespace runs before words, at the end, non-ASCII spaces
     "a \u3000b x\u00a0\u00a0y \t \tz   \n  x x   \n y\u2003\u2003z \u205f\u205fw",
@@ -97,8 +97,11 @@ GPT4O_TEXTS = [
 ]
 
 # GPT-2's byte-level alphabet: the printable stand-in character of each byte
-_PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
-              *range(ord("\u00ae"), ord("\u00ff") + 1)]
+_PRINTABLE = [
+    *range(ord("!"), ord("~") + 1),
+    *range(ord("\u00a1"), ord("\u00ac") + 1),
+    *range(ord("\u00ae"), ord("\u00ff") + 1),
+]
 
 
 def byte_chars() -> list[str]:
@@ -133,7 +136,7 @@ def learn_merges(texts: list[str], n_merges: int) -> list[tuple[str, str]]:
             i = 0
             while i < len(seq) - 1:
                 if seq[i] == left and seq[i + 1] == right:
-                    seq[i:i + 2] = [joined]
+                    seq[i : i + 2] = [joined]
                 i += 1
     return merges
 
@@ -146,8 +149,13 @@ def vocabulary(texts: list[str]) -> dict:
             tokens.append(left + right)
     types = [int(gguf.TokenType.NORMAL)] * len(tokens) + [int(gguf.TokenType.CONTROL)] * len(CONTROL)
     tokens += CONTROL
-    return {"tokens": tokens, "types": types, "merges": [f"{a} {b}" for a, b in merges],
-            "bos_id": tokens.index(BOS), "eos_id": tokens.index(EOS)}
+    return {
+        "tokens": tokens,
+        "types": types,
+        "merges": [f"{a} {b}" for a, b in merges],
+        "bos_id": tokens.index(BOS),
+        "eos_id": tokens.index(EOS),
+    }
 
 
 def write_bpe_gguf(path: Path, spec: dict) -> None:
@@ -199,11 +207,16 @@ def main() -> None:
         cases = []
         for text in texts:
             ids_special = tokenize(llm, text, special=True)
-            cases.append({"text": text, "ids": tokenize(llm, text, special=False), "ids_special": ids_special,
-                          "ids_bos": tokenize(llm, text, special=True, add_bos=True),
-                          "detok": detokenize(llm, ids_special)})
-    fixture = {"llama_cpp_python_version": llama_cpp.__version__, "corpus_size": len(corpus),
-               **spec, "cases": cases}
+            cases.append(
+                {
+                    "text": text,
+                    "ids": tokenize(llm, text, special=False),
+                    "ids_special": ids_special,
+                    "ids_bos": tokenize(llm, text, special=True, add_bos=True),
+                    "detok": detokenize(llm, ids_special),
+                }
+            )
+    fixture = {"llama_cpp_python_version": llama_cpp.__version__, "corpus_size": len(corpus), **spec, "cases": cases}
     OUT.write_text(json.dumps(fixture, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {len(cases)} texts, {len(spec['tokens'])} tokens and {len(spec['merges'])} merges to {OUT}")
 

@@ -55,9 +55,24 @@ OUT = ROOT / "tests" / "fixtures" / "tokenizer_harmony_llamacpp.json"
 MERGES = 3000  # a cap: the texts run out of pairs before it
 
 # gpt-oss's special tokens in its order (ids 199998..200013), every one control in its GGUF
-GPT_OSS = ["<|startoftext|>", "<|endoftext|>", "<|reserved_200000|>", "<|reserved_200001|>", "<|return|>",
-           "<|constrain|>", "<|reserved_200004|>", "<|channel|>", "<|start|>", "<|end|>", "<|message|>",
-           "<|reserved_200009|>", "<|reserved_200010|>", "<|reserved_200011|>", "<|call|>", "<|reserved_200013|>"]
+GPT_OSS = [
+    "<|startoftext|>",
+    "<|endoftext|>",
+    "<|reserved_200000|>",
+    "<|reserved_200001|>",
+    "<|return|>",
+    "<|constrain|>",
+    "<|reserved_200004|>",
+    "<|channel|>",
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|reserved_200009|>",
+    "<|reserved_200010|>",
+    "<|reserved_200011|>",
+    "<|call|>",
+    "<|reserved_200013|>",
+]
 CONTROL, NORMAL = int(gguf.TokenType.CONTROL), int(gguf.TokenType.NORMAL)
 
 # name -> (special tokens, their type in the file, BOS, EOS)
@@ -66,10 +81,27 @@ VARIANTS = {
     "eos-end": (GPT_OSS, CONTROL, "<|startoftext|>", "<|end|>"),
     "no-call": ([t for t in GPT_OSS if t != "<|call|>"], CONTROL, "<|startoftext|>", "<|return|>"),
     "no-return": ([t for t in GPT_OSS if t != "<|return|>"], CONTROL, "<|startoftext|>", "<|endoftext|>"),
-    "solar-open": (["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|end|>", "<|calls|>", "<|flush|>",
-                    "<|start|>", "<|message|>"], CONTROL, "<|im_start|>", "<|endoftext|>"),
-    "calls-return": (["<|endoftext|>", "<|end|>", "<|calls|>", "<|return|>", "<|channel|>"], CONTROL,
-                     "<|endoftext|>", "<|endoftext|>"),
+    "solar-open": (
+        [
+            "<|endoftext|>",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|end|>",
+            "<|calls|>",
+            "<|flush|>",
+            "<|start|>",
+            "<|message|>",
+        ],
+        CONTROL,
+        "<|im_start|>",
+        "<|endoftext|>",
+    ),
+    "calls-return": (
+        ["<|endoftext|>", "<|end|>", "<|calls|>", "<|return|>", "<|channel|>"],
+        CONTROL,
+        "<|endoftext|>",
+        "<|endoftext|>",
+    ),
     "typed-normal": (GPT_OSS, NORMAL, "<|startoftext|>", "<|return|>"),
 }
 SPECIAL_TEXTS = sorted({t for tokens, *_ in VARIANTS.values() for t in tokens} | {"<|im_start|>", "<|im_end|>"})
@@ -87,8 +119,8 @@ HARMONY_TEXTS = [
     "<|start|>assistant<|channel|>final<|message|>hi<|end|>",
     # a tool call and its result
     "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-    "<|message|>{\"location\": \"Paris\"}<|call|>",
-    "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{\"temp\": 21}<|end|>",
+    '<|message|>{"location": "Paris"}<|call|>',
+    '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{"temp": 21}<|end|>',
     # the other special tokens, and markers glued to words, doubled, cut short
     "<|startoftext|>plain text<|endoftext|> and <|reserved_200000|> then <|reserved_200013|>",
     "x<|end|>y<|start|>z<|channel|><|message|><|constrain|><|return|><|call|>w",
@@ -105,8 +137,13 @@ def vocabulary(specials: list[str], special_type: int, bos: str, eos: str, merge
         tokens.append(left + right)
     types = [NORMAL] * len(tokens) + [special_type] * len(specials)
     tokens += specials
-    return {"tokens": tokens, "types": types, "merges": [f"{a} {b}" for a, b in merges],
-            "bos_id": tokens.index(bos), "eos_id": tokens.index(eos)}
+    return {
+        "tokens": tokens,
+        "types": types,
+        "merges": [f"{a} {b}" for a, b in merges],
+        "bos_id": tokens.index(bos),
+        "eos_id": tokens.index(eos),
+    }
 
 
 def usable_merges(texts: list[str]) -> list[tuple[str, str]]:
@@ -142,9 +179,15 @@ def record(path: Path, spec: dict, n_normal: int) -> dict:
     cases = []
     for text in HARMONY_TEXTS:
         ids_special = list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
-        cases.append({"text": text, "ids": list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)),
-                      "ids_special": ids_special, "detok": detokenize(llm, ids_special, False),
-                      "detok_special": detokenize(llm, ids_special, True)})
+        cases.append(
+            {
+                "text": text,
+                "ids": list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)),
+                "ids_special": ids_special,
+                "detok": detokenize(llm, ids_special, False),
+                "detok_special": detokenize(llm, ids_special, True),
+            }
+        )
     return {"eog": eog, "attrs": attrs, "cases": cases}
 
 
@@ -157,10 +200,19 @@ def main() -> None:
             path = Path(tmp) / f"{name}.gguf"
             write_bpe_gguf(path, spec)
             n_normal = len(spec["tokens"]) - len(specials)
-            variants[name] = {"specials": specials, "special_type": special_type, "first_special": n_normal,
-                              "bos_id": spec["bos_id"], "eos_id": spec["eos_id"], **record(path, spec, n_normal)}
-    fixture = {"llama_cpp_python_version": llama_cpp.__version__, "merges": [f"{a} {b}" for a, b in merges],
-               "variants": variants}
+            variants[name] = {
+                "specials": specials,
+                "special_type": special_type,
+                "first_special": n_normal,
+                "bos_id": spec["bos_id"],
+                "eos_id": spec["eos_id"],
+                **record(path, spec, n_normal),
+            }
+    fixture = {
+        "llama_cpp_python_version": llama_cpp.__version__,
+        "merges": [f"{a} {b}" for a, b in merges],
+        "variants": variants,
+    }
     OUT.write_text(json.dumps(fixture, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {len(variants)} variants x {len(HARMONY_TEXTS)} texts, {len(merges)} merges to {OUT}")
     for name, v in variants.items():

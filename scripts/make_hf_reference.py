@@ -173,7 +173,7 @@ def main() -> None:
             raw = raw[0].clone()
             raw[eos_ids] = -float("inf")
             assert torch.equal(raw, proc[0]), i
-        greedy = out.sequences[0, len(ids):].tolist()
+        greedy = out.sequences[0, len(ids) :].tolist()
         assert len(greedy) == N_NEW
         assert not set(greedy) & set(eos_ids)
         # First generated token must be the argmax of the plain forward pass (EOS masked).
@@ -182,23 +182,25 @@ def main() -> None:
         assert greedy[0] == int(np.argmax(masked)), (i, greedy[0], int(np.argmax(masked)))
         all_logits[i] = logits
         top = np.argsort(-logits, kind="stable")[:TOP_K]
-        records.append({
-            "index": i,
-            "messages": messages,
-            "prompt_text": text,
-            "prompt_ids": ids,
-            "n_prompt_tokens": len(ids),
-            "top1_id": int(top[0]),
-            "top20_ids": [int(t) for t in top],
-            "top20_logits": [float(logits[t]) for t in top],
-            "greedy_ids": greedy,
-            "greedy_text": tok.decode(greedy, skip_special_tokens=False),
-        })
+        records.append(
+            {
+                "index": i,
+                "messages": messages,
+                "prompt_text": text,
+                "prompt_ids": ids,
+                "n_prompt_tokens": len(ids),
+                "top1_id": int(top[0]),
+                "top20_ids": [int(t) for t in top],
+                "top20_logits": [float(logits[t]) for t in top],
+                "greedy_ids": greedy,
+                "greedy_text": tok.decode(greedy, skip_special_tokens=False),
+            }
+        )
         print(f"{i:2d} n={len(ids):3d} top1={int(top[0]):5d} {records[-1]['greedy_text'][:60]!r}")
 
     result = {
         "description": "SmolLM2-135M-Instruct Q4_1 reference from HF transformers (float32 dequantized); "
-                       "see scripts/make_hf_reference.py",
+        "see scripts/make_hf_reference.py",
         "model": name,  # the file name only: no machine path in a committed fixture
         "model_sha256": sha256(model_path),
         "versions": {
@@ -211,9 +213,13 @@ def main() -> None:
         "config": config_info,
         "hf_reverses_llamacpp_qk_permutation": True,
         "tokenize": "apply_chat_template(add_generation_prompt=True, tokenize=False) then "
-                    "tokenizer(text, add_special_tokens=False); no BOS",
-        "greedy": {"max_new_tokens": N_NEW, "min_new_tokens": N_NEW, "eos_masked_ids": eos_ids,
-                   "processors": "MinNewTokens only (EOS -> -inf)"},
+        "tokenizer(text, add_special_tokens=False); no BOS",
+        "greedy": {
+            "max_new_tokens": N_NEW,
+            "min_new_tokens": N_NEW,
+            "eos_masked_ids": eos_ids,
+            "processors": "MinNewTokens only (EOS -> -inf)",
+        },
         "top_k": TOP_K,
         "prompts": records,
     }

@@ -79,8 +79,7 @@ def main() -> None:
     model_path = os.path.abspath(args.model)
     hf = json.loads(Path(args.hf).read_text())
     eos_ids = hf["greedy"]["eos_masked_ids"]
-    llm = Llama(model_path=model_path, n_ctx=2048, logits_all=False, n_threads=args.threads,
-                verbose=False)
+    llm = Llama(model_path=model_path, n_ctx=2048, logits_all=False, n_threads=args.threads, verbose=False)
     assert llm.n_vocab() == hf["config"]["vocab_size"], llm.n_vocab()
     assert llm.token_eos() in eos_ids, llm.token_eos()
 
@@ -107,25 +106,28 @@ def main() -> None:
             cur = last_logits(llm)
         greedy_text = llm.detokenize(greedy, special=True).decode("utf-8", errors="replace")
 
-        records.append({
-            "index": i,
-            "n_prompt_tokens": len(hf_ids),
-            "tokenize_ids": tok_ids,
-            "tokenize_matches_hf": tok_ids == hf_ids,
-            "top1_id": int(top[0]),
-            "top20_ids": [int(t) for t in top],
-            "top20_logits": [float(logits[t]) for t in top],
-            "logits_at_hf_top20": [float(logits[t]) for t in p["top20_ids"]],
-            "greedy_ids": greedy,
-            "greedy_text": greedy_text,
-        })
-        print(f"{i:2d} tok_match={tok_ids == hf_ids} top1={int(top[0]):5d} hf={p['top1_id']:5d} "
-              f"{greedy_text[:60]!r}")
+        records.append(
+            {
+                "index": i,
+                "n_prompt_tokens": len(hf_ids),
+                "tokenize_ids": tok_ids,
+                "tokenize_matches_hf": tok_ids == hf_ids,
+                "top1_id": int(top[0]),
+                "top20_ids": [int(t) for t in top],
+                "top20_logits": [float(logits[t]) for t in top],
+                "logits_at_hf_top20": [float(logits[t]) for t in p["top20_ids"]],
+                "greedy_ids": greedy,
+                "greedy_text": greedy_text,
+            }
+        )
+        print(f"{i:2d} tok_match={tok_ids == hf_ids} top1={int(top[0]):5d} hf={p['top1_id']:5d} {greedy_text[:60]!r}")
 
     # Comparison with HF.
     top1_agree = sum(r["top1_id"] == p["top1_id"] for r, p in zip(records, hf["prompts"]))
-    diffs = [float(np.max(np.abs(np.array(r["logits_at_hf_top20"]) - np.array(p["top20_logits"]))))
-             for r, p in zip(records, hf["prompts"])]
+    diffs = [
+        float(np.max(np.abs(np.array(r["logits_at_hf_top20"]) - np.array(p["top20_logits"]))))
+        for r, p in zip(records, hf["prompts"])
+    ]
     greedy_agree = [r["greedy_ids"] == p["greedy_ids"] for r, p in zip(records, hf["prompts"])]
     common_prefix = []
     for r, p in zip(records, hf["prompts"]):
@@ -147,7 +149,7 @@ def main() -> None:
 
     result = {
         "description": "SmolLM2-135M-Instruct Q4_1 reference from llama.cpp via llama-cpp-python (CPU); "
-                       "see scripts/make_llamacpp_reference.py",
+        "see scripts/make_llamacpp_reference.py",
         "model": os.path.basename(model_path),  # the file name only: no machine path in a committed fixture
         "model_sha256": sha256(model_path),
         "versions": {
@@ -158,8 +160,11 @@ def main() -> None:
         },
         "llama_params": {"n_ctx": 2048, "logits_all": False, "n_threads": args.threads},
         "prompt_ids_source": "hf_reference.json prompt_ids",
-        "greedy": {"max_new_tokens": N_NEW, "eos_masked_ids": eos_ids,
-                   "method": "llm.eval one token at a time, EOS -> -inf, numpy argmax"},
+        "greedy": {
+            "max_new_tokens": N_NEW,
+            "eos_masked_ids": eos_ids,
+            "method": "llm.eval one token at a time, EOS -> -inf, numpy argmax",
+        },
         "top_k": TOP_K,
         "comparison_with_hf": comparison,
         "prompts": records,

@@ -44,27 +44,46 @@ def main(types: tuple[str, ...]) -> None:
                 name = f"{variant}-{tensor_type}"
                 info = write_moe_model(Path(tmp) / f"{name}.gguf", variant, tensor_type)
                 data = info["path"].read_bytes()
-                by_setting = {s: last_logits(info["path"], *SETTINGS[s], CONTEXT, yarn_beta_fast=-1.0,
-                                             yarn_beta_slow=-1.0) for s in SETTINGS}
+                by_setting = {
+                    s: last_logits(info["path"], *SETTINGS[s], CONTEXT, yarn_beta_fast=-1.0, yarn_beta_slow=-1.0)
+                    for s in SETTINGS
+                }
                 for s, rows in by_setting.items():
                     for i, row in enumerate(rows):
                         arrays[f"{name}/{s}/p{i}"] = row
                 ref = by_setting[REFERENCE_SETTING]
-                spread = [max(float(np.abs(by_setting[s][i] - ref[i]).max()) for s in SETTINGS)
-                          for i in range(len(PROMPTS))]
+                spread = [
+                    max(float(np.abs(by_setting[s][i] - ref[i]).max()) for s in SETTINGS) for i in range(len(PROMPTS))
+                ]
                 expert_types = sorted({t for n, t in info["tensor_types"].items() if "_exps.weight" in n})
-                entries.append({"name": name, "variant": variant, "arch": info["arch"], "tensor_type": tensor_type,
-                                "expert_tensor_type": "/".join(expert_types),
-                                "sha256": hashlib.sha256(data).hexdigest(), "file_size": len(data),
-                                "spread_vs_reference": [round(x, 6) for x in spread],
-                                "logit_std": [round(float(ref[i].std()), 4) for i in range(len(PROMPTS))]})
+                entries.append(
+                    {
+                        "name": name,
+                        "variant": variant,
+                        "arch": info["arch"],
+                        "tensor_type": tensor_type,
+                        "expert_tensor_type": "/".join(expert_types),
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                        "file_size": len(data),
+                        "spread_vs_reference": [round(x, 6) for x in spread],
+                        "logit_std": [round(float(ref[i].std()), 4) for i in range(len(PROMPTS))],
+                    }
+                )
                 print(name, "spread", [f"{x:.5f}" for x in spread], flush=True)
-    meta = {"generator": "scripts/make_moe_reference.py", "writer": "scripts/moe_files.py write_moe_model",
-            "llama_cpp_python": llama_cpp.__version__, "gguf": importlib.metadata.version("gguf"),
-            "context": CONTEXT, "prompts": PROMPTS,
-            "settings": {s: {"flash_attn": f, "kv": "f32" if t == llama_cpp.GGML_TYPE_F32 else "f16"}
-                         for s, (f, t) in SETTINGS.items()},
-            "reference_setting": REFERENCE_SETTING, "variants": entries}
+    meta = {
+        "generator": "scripts/make_moe_reference.py",
+        "writer": "scripts/moe_files.py write_moe_model",
+        "llama_cpp_python": llama_cpp.__version__,
+        "gguf": importlib.metadata.version("gguf"),
+        "context": CONTEXT,
+        "prompts": PROMPTS,
+        "settings": {
+            s: {"flash_attn": f, "kv": "f32" if t == llama_cpp.GGML_TYPE_F32 else "f16"}
+            for s, (f, t) in SETTINGS.items()
+        },
+        "reference_setting": REFERENCE_SETTING,
+        "variants": entries,
+    }
     OUT.write_text(json.dumps(meta, indent=1) + "\n")
     np.savez_compressed(OUT.with_suffix(".npz"), **arrays)
     print("wrote", OUT)

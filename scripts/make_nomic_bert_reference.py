@@ -57,23 +57,33 @@ MODELS = {
     "nomic-bert-F16": {"tensor_type": "F16"},
     "nomic-bert-Q8_0": {"tensor_type": "Q8_0"},
     "nomic-bert-F32-linear2": {"tensor_type": "F32", "rope_scaling": {"type": "linear", "factor": 2.0}},
-    "nomic-bert-F32-yarn4": {"tensor_type": "F32", "rope_scaling": {"type": "yarn", "factor": 4.0,
-                                                                    "original_context_length": 128}},
+    "nomic-bert-F32-yarn4": {
+        "tensor_type": "F32",
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_context_length": 128},
+    },
 }
 CONTEXT_LENGTH = 512
 THREADS = 2
-BASE = {"n_ctx": 512, "n_batch": 512, "n_ubatch": 512, "n_threads": THREADS, "flash_attn": False,
-        "batch": "one text per decode"}
+BASE = {
+    "n_ctx": 512,
+    "n_batch": 512,
+    "n_ubatch": 512,
+    "n_threads": THREADS,
+    "flash_attn": False,
+    "batch": "one text per decode",
+}
 SETTINGS = {  # name -> what differs from BASE
     "base": {},
     "flash_attn": {"flash_attn": True},
     "short_texts_one_batch": {"batch": "the texts but the longest as sequences of one decode"},
 }
-_LONG = ("Rotary position embeddings rotate each pair of query and key dimensions by an angle that grows "
-         "with the token's position, so the score between two tokens depends on how far apart they are. "
-         "Nomic embed text uses them in place of the learned position table of the original model, with a "
-         "gated feed forward layer and no biases. For search, a query and a document are prefixed with "
-         "their task, and the model pools the last hidden states by their mean. ")
+_LONG = (
+    "Rotary position embeddings rotate each pair of query and key dimensions by an angle that grows "
+    "with the token's position, so the score between two tokens depends on how far apart they are. "
+    "Nomic embed text uses them in place of the learned position table of the original model, with a "
+    "gated feed forward layer and no biases. For search, a query and a document are prefixed with "
+    "their task, and the model pools the last hidden states by their mean. "
+)
 TEXTS = [
     "a",
     "The model is testing embeddings, and 42!",
@@ -100,6 +110,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # ---- an exact float64 forward pass of llama.cpp's nomic-bert graph ---------------------------
 
+
 def _layernorm(x, w, b, eps):
     mean = x.mean(-1, keepdims=True)
     return (x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps) * w + b
@@ -124,7 +135,7 @@ def _rope_neox(x, theta, scaling):
             angles = interpolated * (1 - ramp) + angles * ramp
             mscale = 1 + 0.1 * math.log(scaling["factor"])
     cos, sin = mscale * np.cos(angles)[:, None, :], mscale * np.sin(angles)[:, None, :]
-    a, b = x[..., : d // 2], x[..., d // 2:]
+    a, b = x[..., : d // 2], x[..., d // 2 :]
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
 
@@ -137,7 +148,7 @@ def exact_tokens(info: dict, ids: list[int], rope: bool = True) -> np.ndarray:
     for i in range(info["n_layers"]):
         w = lambda name, s="weight": t[f"blk.{i}.{name}.{s}"]  # noqa: E731
         qkv = x @ w("attn_qkv").T
-        q, k, v = (qkv[:, j * d:(j + 1) * d].reshape(n, nh, hd) for j in range(3))
+        q, k, v = (qkv[:, j * d : (j + 1) * d].reshape(n, nh, hd) for j in range(3))
         if rope:
             q, k = (_rope_neox(y, info["rope_theta"], info["rope_scaling"]) for y in (q, k))
         s = np.einsum("thd,shd->hts", q, k) / math.sqrt(hd)
@@ -152,14 +163,24 @@ def exact_tokens(info: dict, ids: list[int], rope: bool = True) -> np.ndarray:
 
 # ---- llama.cpp (--llama-python) -------------------------------------------------------------
 
+
 def stage_llama(gguf_path: Path, out: Path) -> None:
     import llama_cpp
     from llama_cpp import Llama
 
     def load(s: dict, pooling: int) -> Llama:
-        return Llama(model_path=str(gguf_path), embedding=True, n_ctx=s["n_ctx"], n_batch=s["n_batch"],
-                     n_ubatch=s["n_ubatch"], n_threads=s["n_threads"], n_threads_batch=s["n_threads"],
-                     flash_attn=s["flash_attn"], pooling_type=pooling, verbose=False)
+        return Llama(
+            model_path=str(gguf_path),
+            embedding=True,
+            n_ctx=s["n_ctx"],
+            n_batch=s["n_batch"],
+            n_ubatch=s["n_ubatch"],
+            n_threads=s["n_threads"],
+            n_threads_batch=s["n_threads"],
+            flash_attn=s["flash_attn"],
+            pooling_type=pooling,
+            verbose=False,
+        )
 
     def decode(llm: Llama, inputs: list[list[int]], per_token: bool) -> list[np.ndarray]:
         llm._batch.reset()
@@ -168,12 +189,15 @@ def stage_llama(gguf_path: Path, out: Path) -> None:
         llm._ctx.decode(llm._batch)
         n = llm.n_embd()
         if per_token:
-            rows = [np.array(llama_cpp.llama_get_embeddings_ith(llm._ctx.ctx, i)[:n], np.float32)
-                    for i in range(sum(len(ids) for ids in inputs))]
+            rows = [
+                np.array(llama_cpp.llama_get_embeddings_ith(llm._ctx.ctx, i)[:n], np.float32)
+                for i in range(sum(len(ids) for ids in inputs))
+            ]
             bounds = np.cumsum([0] + [len(ids) for ids in inputs])
-            return [np.stack(rows[bounds[s]:bounds[s + 1]]) for s in range(len(inputs))]
-        return [np.array(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, s)[:n], np.float32)
-                for s in range(len(inputs))]
+            return [np.stack(rows[bounds[s] : bounds[s + 1]]) for s in range(len(inputs))]
+        return [
+            np.array(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, s)[:n], np.float32) for s in range(len(inputs))
+        ]
 
     first = load(BASE, llama_cpp.LLAMA_POOLING_TYPE_MEAN)
     assert first.pooling_type() == llama_cpp.LLAMA_POOLING_TYPE_MEAN, first.pooling_type()  # the file's
@@ -184,8 +208,10 @@ def stage_llama(gguf_path: Path, out: Path) -> None:
     results = {}
     for name, over in SETTINGS.items():
         s = {**BASE, **over}
-        for pooling, per_token in ((llama_cpp.LLAMA_POOLING_TYPE_MEAN, False),
-                                   (llama_cpp.LLAMA_POOLING_TYPE_NONE, True)):
+        for pooling, per_token in (
+            (llama_cpp.LLAMA_POOLING_TYPE_MEAN, False),
+            (llama_cpp.LLAMA_POOLING_TYPE_NONE, True),
+        ):
             llm = load(s, pooling)
             if s["batch"] == BASE["batch"]:
                 rows = [decode(llm, [x], per_token)[0] for x in ids]
@@ -197,7 +223,8 @@ def stage_llama(gguf_path: Path, out: Path) -> None:
                 rows[longest] = decode(llm, [ids[longest]], per_token)[0]
             llm.close()
             results[f"{name}/{'tokens' if per_token else 'pooled'}"] = (
-                np.concatenate(rows) if per_token else np.stack(rows))
+                np.concatenate(rows) if per_token else np.stack(rows)
+            )
     offsets = np.cumsum([0] + [len(x) for x in ids]).astype(np.int32)
     results["ids"] = np.array([t for x in ids for t in x], np.int32)
     results["offsets"] = offsets
@@ -207,29 +234,36 @@ def stage_llama(gguf_path: Path, out: Path) -> None:
 
 # ---- main (project venv) --------------------------------------------------------------------
 
+
 def figures(results: dict[str, np.ndarray], exact: dict[str, np.ndarray]) -> dict:
     rnd = lambda x: round(float(x), 8)  # noqa: E731
     names = list(SETTINGS)
 
     def spread(kind: str) -> dict:
         pairs = [(a, b) for a in names for b in names if a < b]
-        return {"min_pairwise_cosine": rnd(min(cosines(results[f"{a}/{kind}"], results[f"{b}/{kind}"]).min()
-                                               for a, b in pairs)),
-                "max_pairwise_abs_diff": rnd(max(np.abs(results[f"{a}/{kind}"] - results[f"{b}/{kind}"]).max()
-                                                 for a, b in pairs))}
+        return {
+            "min_pairwise_cosine": rnd(
+                min(cosines(results[f"{a}/{kind}"], results[f"{b}/{kind}"]).min() for a, b in pairs)
+            ),
+            "max_pairwise_abs_diff": rnd(
+                max(np.abs(results[f"{a}/{kind}"] - results[f"{b}/{kind}"]).max() for a, b in pairs)
+            ),
+        }
 
     return {
         "llama_spread_pooled": spread("pooled"),
         "llama_spread_tokens": spread("tokens"),
-        "min_cosine_vs_exact_float64": {n: rnd(cosines(results[f"{n}/pooled"], exact["pooled"]).min())
-                                        for n in names},
-        "max_abs_diff_vs_exact_float64": {n: rnd(np.abs(results[f"{n}/pooled"] - exact["pooled"]).max())
-                                          for n in names},
-        "min_token_cosine_vs_exact_float64": {n: rnd(cosines(results[f"{n}/tokens"], exact["tokens"]).min())
-                                              for n in names},
+        "min_cosine_vs_exact_float64": {n: rnd(cosines(results[f"{n}/pooled"], exact["pooled"]).min()) for n in names},
+        "max_abs_diff_vs_exact_float64": {
+            n: rnd(np.abs(results[f"{n}/pooled"] - exact["pooled"]).max()) for n in names
+        },
+        "min_token_cosine_vs_exact_float64": {
+            n: rnd(cosines(results[f"{n}/tokens"], exact["tokens"]).min()) for n in names
+        },
         "exact_without_rope_vs_base": {
             "min_cosine_pooled": rnd(cosines(exact["no_rope"], results["base/pooled"]).min()),
-            "max_abs_diff_pooled": rnd(np.abs(exact["no_rope"] - results["base/pooled"]).max())},
+            "max_abs_diff_pooled": rnd(np.abs(exact["no_rope"] - results["base/pooled"]).max()),
+        },
         "pooled_norms_base": [rnd(x) for x in np.linalg.norm(results["base/pooled"].astype(np.float64), axis=1)],
     }
 
@@ -242,25 +276,55 @@ def run_model(key: str, tmp: Path, llama_python: str) -> tuple[dict, dict[str, n
     info = write_tiny_nomic_bert(path, **factory_kwargs(key))
     out = tmp / f"{key}.npz"
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
-    subprocess.run([llama_python, str(Path(__file__).resolve()), "--stage", "llama", "--gguf", str(path),
-                    "--out", str(out)], check=True, env=env)
+    subprocess.run(
+        [llama_python, str(Path(__file__).resolve()), "--stage", "llama", "--gguf", str(path), "--out", str(out)],
+        check=True,
+        env=env,
+    )
     results = dict(np.load(out))
     versions = json.loads(Path(str(out) + ".json").read_text())
     ids, offsets = results.pop("ids"), results.pop("offsets")
-    inputs = [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(TEXTS))]
+    inputs = [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(TEXTS))]
     tokens = [exact_tokens(info, x) for x in inputs]
-    exact = {"tokens": np.concatenate(tokens), "pooled": np.stack([t.mean(0) for t in tokens]),
-             "no_rope": np.stack([exact_tokens(info, x, rope=False).mean(0) for x in inputs])}
-    arrays = {f"{key}/ids": ids, f"{key}/offsets": offsets, f"{key}/exact/pooled": exact["pooled"],
-              f"{key}/exact_no_rope/pooled": exact["no_rope"]}
+    exact = {
+        "tokens": np.concatenate(tokens),
+        "pooled": np.stack([t.mean(0) for t in tokens]),
+        "no_rope": np.stack([exact_tokens(info, x, rope=False).mean(0) for x in inputs]),
+    }
+    arrays = {
+        f"{key}/ids": ids,
+        f"{key}/offsets": offsets,
+        f"{key}/exact/pooled": exact["pooled"],
+        f"{key}/exact_no_rope/pooled": exact["no_rope"],
+    }
     if "rope_scaling" not in MODELS[key]:  # per-token states of the three types only, to keep the file small
         arrays[f"{key}/base/tokens"] = results["base/tokens"]
     arrays.update({f"{key}/{name}": a for name, a in results.items() if name.endswith("/pooled")})
-    config = {k: info[k] for k in ("n_layers", "dim", "n_heads", "head_dim", "ffn_dim", "context_length",
-                                   "rope_theta", "rope_scaling", "norm_eps", "vocab_size")}
-    model = {"key": key, "factory_kwargs": factory_kwargs(key), "sha256": sha256(path),
-             "file_size": path.stat().st_size, "config": config, "n_tokens": [len(x) for x in inputs],
-             "figures": figures(results, exact), "llama_cpp_python": versions["llama_cpp_python"]}
+    config = {
+        k: info[k]
+        for k in (
+            "n_layers",
+            "dim",
+            "n_heads",
+            "head_dim",
+            "ffn_dim",
+            "context_length",
+            "rope_theta",
+            "rope_scaling",
+            "norm_eps",
+            "vocab_size",
+        )
+    }
+    model = {
+        "key": key,
+        "factory_kwargs": factory_kwargs(key),
+        "sha256": sha256(path),
+        "file_size": path.stat().st_size,
+        "config": config,
+        "n_tokens": [len(x) for x in inputs],
+        "figures": figures(results, exact),
+        "llama_cpp_python": versions["llama_cpp_python"],
+    }
     return model, arrays
 
 
@@ -272,29 +336,31 @@ def main_stage(args) -> None:
             models.append(model)
             arrays.update(model_arrays)
             fig = model["figures"]
-            print(f"{model['key']:16s} {model['sha256'][:12]} tokens {model['n_tokens']} spread "
-                  f"{fig['llama_spread_pooled']} vs exact {fig['min_cosine_vs_exact_float64']} "
-                  f"no rope {fig['exact_without_rope_vs_base']}")
+            print(
+                f"{model['key']:16s} {model['sha256'][:12]} tokens {model['n_tokens']} spread "
+                f"{fig['llama_spread_pooled']} vs exact {fig['min_cosine_vs_exact_float64']} "
+                f"no rope {fig['exact_without_rope_vs_base']}"
+            )
     fixture = {
         "description": "llama.cpp (llama-cpp-python) embeddings of tiny random nomic-bert GGUFs written by "
-                       "tests/nomic_bert_factory.py write_tiny_nomic_bert; see scripts/make_nomic_bert_reference.py",
+        "tests/nomic_bert_factory.py write_tiny_nomic_bert; see scripts/make_nomic_bert_reference.py",
         "llama_cpp_python_version": models[0]["llama_cpp_python"],
         "gguf_version": importlib.metadata.version("gguf"),
         "numpy_version": np.__version__,
         "regenerate": ".venv/bin/python scripts/make_nomic_bert_reference.py --llama-python "
-                      "<venv with llama-cpp-python>/bin/python",
+        "<venv with llama-cpp-python>/bin/python",
         "pooling": "pooled: MEAN (the file's pooling_type 1), llama_get_embeddings_seq, unnormalized; tokens: "
-                   "pooling NONE, llama_get_embeddings_ith of every token (its final hidden state)",
+        "pooling NONE, llama_get_embeddings_ith of every token (its final hidden state)",
         "llama_cpp_calls": "Llama(path, embedding=True, n_ctx, n_batch, n_ubatch, n_threads, n_threads_batch, "
-                           "flash_attn, pooling_type); tokenize(text, add_bos=True, special=False); "
-                           "batch.add_sequence(ids, seq_id, True); decode(batch)",
+        "flash_attn, pooling_type); tokenize(text, add_bos=True, special=False); "
+        "batch.add_sequence(ids, seq_id, True); decode(batch)",
         "base_settings": BASE,
         "settings": SETTINGS,
         "texts": TEXTS,
         "arrays": f"{OUT.with_suffix('.npz').name}: '<key>/ids', '<key>/offsets' (ragged llama.cpp token ids); "
-                  "'<key>/<setting>/pooled' float32 (n_texts, dim), '<key>/base/tokens' float32 "
-                  "(total tokens, dim); '<key>/exact/pooled' float64 reference; "
-                  "'<key>/exact_no_rope/pooled' the float64 pass without RoPE",
+        "'<key>/<setting>/pooled' float32 (n_texts, dim), '<key>/base/tokens' float32 "
+        "(total tokens, dim); '<key>/exact/pooled' float64 reference; "
+        "'<key>/exact_no_rope/pooled' the float64 pass without RoPE",
         "models": models,
     }
     OUT.write_text(json.dumps(fixture, indent=1) + "\n")

@@ -23,5 +23,10 @@ from llamacpp_logits import write_reference  # noqa: E402
 from phi_gemma2_variants import VARIANTS, variant_context, variant_kwargs  # noqa: E402
 
 if __name__ == "__main__":
-    write_reference(ROOT / "tests" / "fixtures" / "phi_gemma2_llamacpp.json", "scripts/make_phi_gemma2_reference.py",
-                    VARIANTS, variant_kwargs, context_of=variant_context)
+    write_reference(
+        ROOT / "tests" / "fixtures" / "phi_gemma2_llamacpp.json",
+        "scripts/make_phi_gemma2_reference.py",
+        VARIANTS,
+        variant_kwargs,
+        context_of=variant_context,
+    )

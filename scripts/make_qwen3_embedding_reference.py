@@ -55,8 +55,15 @@ SEED = 7
 CONTEXT_LENGTH = 512
 POOLING_KEY, POOLING_LAST = "qwen3.pooling_type", 3
 THREADS = 2
-BASE = {"n_ctx": 512, "n_batch": 512, "n_ubatch": 512, "n_threads": THREADS, "flash_attn": False,
-        "type_kv": "f16 (llama.cpp's default)", "batch": "one sequence per decode"}
+BASE = {
+    "n_ctx": 512,
+    "n_batch": 512,
+    "n_ubatch": 512,
+    "n_threads": THREADS,
+    "flash_attn": False,
+    "type_kv": "f16 (llama.cpp's default)",
+    "batch": "one sequence per decode",
+}
 VARIANTS = {  # name -> what differs from BASE
     "kv_f32": {"type_kv": "f32"},
     "flash_attn": {"flash_attn": True},
@@ -81,9 +88,15 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # ---- the file (project venv) ----------------------------------------------------------------
 
+
 def factory_kwargs(tensor_type: str) -> dict:
-    return {"arch": "qwen3", "tensor_type": tensor_type, "seed": SEED, "context_length": CONTEXT_LENGTH,
-            "metadata": {POOLING_KEY: POOLING_LAST}}
+    return {
+        "arch": "qwen3",
+        "tensor_type": tensor_type,
+        "seed": SEED,
+        "context_length": CONTEXT_LENGTH,
+        "metadata": {POOLING_KEY: POOLING_LAST},
+    }
 
 
 def as_uint32(path: Path, key: str) -> int:
@@ -108,12 +121,20 @@ def write_model(path: Path, tensor_type: str) -> tuple[dict, dict]:
     info = write_tiny_model(path, **factory_kwargs(tensor_type))
     factory_sha = sha256(path)
     offset = as_uint32(path, POOLING_KEY)
-    patch = {"key": POOLING_KEY, "type_id_offset": offset, "from": "INT32 (5)", "to": "UINT32 (4)",
-             "factory_sha256": factory_sha, "sha256": sha256(path), "file_size": path.stat().st_size}
+    patch = {
+        "key": POOLING_KEY,
+        "type_id_offset": offset,
+        "from": "INT32 (5)",
+        "to": "UINT32 (4)",
+        "factory_sha256": factory_sha,
+        "sha256": sha256(path),
+        "file_size": path.stat().st_size,
+    }
     return info, patch
 
 
 # ---- an exact float64 forward pass (qwen3 conventions of scripts/make_arch_reference.py) -----
+
 
 def _rms(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
@@ -123,7 +144,7 @@ def _rope_neox(x, theta):
     n, d = x.shape[0], x.shape[-1]
     angles = np.arange(n, dtype=np.float64)[:, None] * theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)[None]
     cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
-    a, b = x[..., : d // 2], x[..., d // 2:]
+    a, b = x[..., : d // 2], x[..., d // 2 :]
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
 
@@ -136,10 +157,15 @@ def exact_hidden(info: dict, ids: list[int]) -> np.ndarray:
     for i in range(info["n_layers"]):
         w = lambda name: t[f"blk.{i}.{name}.weight"]  # noqa: E731
         h = _rms(x, w("attn_norm"), eps)
-        q, k, v = (h @ w("attn_q").T).reshape(n, nh, hd), (h @ w("attn_k").T).reshape(n, nkv, hd), \
-            (h @ w("attn_v").T).reshape(n, nkv, hd)
-        q, k = _rope_neox(_rms(q, w("attn_q_norm"), eps), info["rope_theta"]), \
-            _rope_neox(_rms(k, w("attn_k_norm"), eps), info["rope_theta"])
+        q, k, v = (
+            (h @ w("attn_q").T).reshape(n, nh, hd),
+            (h @ w("attn_k").T).reshape(n, nkv, hd),
+            (h @ w("attn_v").T).reshape(n, nkv, hd),
+        )
+        q, k = (
+            _rope_neox(_rms(q, w("attn_q_norm"), eps), info["rope_theta"]),
+            _rope_neox(_rms(k, w("attn_k_norm"), eps), info["rope_theta"]),
+        )
         k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
         s = np.where(causal[None], -np.inf, np.einsum("thd,shd->hts", q, k) / math.sqrt(hd))
         p = np.exp(s - s.max(-1, keepdims=True))
@@ -152,15 +178,26 @@ def exact_hidden(info: dict, ids: list[int]) -> np.ndarray:
 
 # ---- llama.cpp (--llama-python) -------------------------------------------------------------
 
+
 def stage_llama(gguf_path: Path, out: Path) -> None:
     import llama_cpp
     from llama_cpp import Llama
 
     def load(s: dict) -> Llama:
         kv = llama_cpp.GGML_TYPE_F32 if s["type_kv"] == "f32" else None
-        return Llama(model_path=str(gguf_path), embedding=True, n_ctx=s["n_ctx"], n_batch=s["n_batch"],
-                     n_ubatch=s["n_ubatch"], n_threads=s["n_threads"], n_threads_batch=s["n_threads"],
-                     flash_attn=s["flash_attn"], type_k=kv, type_v=kv, verbose=False)
+        return Llama(
+            model_path=str(gguf_path),
+            embedding=True,
+            n_ctx=s["n_ctx"],
+            n_batch=s["n_batch"],
+            n_ubatch=s["n_ubatch"],
+            n_threads=s["n_threads"],
+            n_threads_batch=s["n_threads"],
+            flash_attn=s["flash_attn"],
+            type_k=kv,
+            type_v=kv,
+            verbose=False,
+        )
 
     def decode(llm: Llama, prompts: list[list[int]]) -> np.ndarray:
         llm._batch.reset()
@@ -188,6 +225,7 @@ def stage_llama(gguf_path: Path, out: Path) -> None:
 
 # ---- main (project venv) --------------------------------------------------------------------
 
+
 def spread(results: dict[str, np.ndarray], exact: np.ndarray) -> dict:
     rnd = lambda x: round(float(x), 7)  # noqa: E731
     names = list(results)
@@ -208,21 +246,47 @@ def run_model(tensor_type: str, tmp: Path, llama_python: str) -> tuple[dict, dic
     info, patch = write_model(path, tensor_type)
     out = tmp / f"{key}.npz"
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
-    subprocess.run([llama_python, str(Path(__file__).resolve()), "--stage", "llama", "--gguf", str(path),
-                    "--out", str(out)], check=True, env=env)
+    subprocess.run(
+        [llama_python, str(Path(__file__).resolve()), "--stage", "llama", "--gguf", str(path), "--out", str(out)],
+        check=True,
+        env=env,
+    )
     results = dict(np.load(out))
     versions = json.loads(Path(str(out) + ".json").read_text())
     exact = np.stack([exact_hidden(info, p) for p in PROMPTS])
     raw = results["base"]
-    arrays = {f"{key}/raw": raw, f"{key}/normalized": (raw / np.linalg.norm(raw, axis=1, keepdims=True)).astype(
-        np.float32), f"{key}/exact": exact}
+    arrays = {
+        f"{key}/raw": raw,
+        f"{key}/normalized": (raw / np.linalg.norm(raw, axis=1, keepdims=True)).astype(np.float32),
+        f"{key}/exact": exact,
+    }
     arrays.update({f"{key}/variant/{n}": a for n, a in results.items() if n != "base"})
     kwargs = factory_kwargs(tensor_type)
-    config = {k: info[k] for k in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
-                                   "context_length", "tie_embeddings", "rope_theta", "rms_eps", "vocab_size")}
-    model = {"key": key, "factory_kwargs": kwargs, "uint32_patch": patch, "config": config,
-             "tensor_types": sorted(set(info["tensor_types"].values())), "figures": spread(results, exact),
-             "llama_cpp_python": versions["llama_cpp_python"]}
+    config = {
+        k: info[k]
+        for k in (
+            "n_layers",
+            "dim",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "ffn_dim",
+            "context_length",
+            "tie_embeddings",
+            "rope_theta",
+            "rms_eps",
+            "vocab_size",
+        )
+    }
+    model = {
+        "key": key,
+        "factory_kwargs": kwargs,
+        "uint32_patch": patch,
+        "config": config,
+        "tensor_types": sorted(set(info["tensor_types"].values())),
+        "figures": spread(results, exact),
+        "llama_cpp_python": versions["llama_cpp_python"],
+    }
     return model, arrays
 
 
@@ -234,30 +298,32 @@ def main_stage(args) -> None:
             models.append(model)
             arrays.update(model_arrays)
             fig = model["figures"]
-            print(f"{model['key']:10s} {model['uint32_patch']['sha256'][:12]} spread (min pairwise cosine) "
-                  f"{fig['min_pairwise_cosine_all_settings']}, vs exact {fig['min_cosine_vs_exact_float64']}")
+            print(
+                f"{model['key']:10s} {model['uint32_patch']['sha256'][:12]} spread (min pairwise cosine) "
+                f"{fig['min_pairwise_cosine_all_settings']}, vs exact {fig['min_cosine_vs_exact_float64']}"
+            )
     fixture = {
         "description": "llama.cpp (llama-cpp-python) last-token-pooled embeddings of tiny random qwen3 GGUFs "
-                       "written by tests/gguf_factory.py write_tiny_model; "
-                       "see scripts/make_qwen3_embedding_reference.py",
+        "written by tests/gguf_factory.py write_tiny_model; "
+        "see scripts/make_qwen3_embedding_reference.py",
         "llama_cpp_python_version": models[0]["llama_cpp_python"],
         "gguf_version": importlib.metadata.version("gguf"),
         "numpy_version": np.__version__,
         "regenerate": ".venv/bin/python scripts/make_qwen3_embedding_reference.py --llama-python "
-                      "<venv with llama-cpp-python>/bin/python",
+        "<venv with llama-cpp-python>/bin/python",
         "file": "write_tiny_model(path, **factory_kwargs), then uint32_patch: the 4 bytes at type_id_offset "
-                "(the type id of qwen3.pooling_type) set to 4 (UINT32); llama.cpp refuses the INT32 key",
+        "(the type id of qwen3.pooling_type) set to 4 (UINT32); llama.cpp refuses the INT32 key",
         "pooling": "LAST (3): the embedding is output_norm(h) of each sequence's last token, as "
-                   "llama_get_embeddings_seq returns it (unnormalized); causal attention",
+        "llama_get_embeddings_seq returns it (unnormalized); causal attention",
         "llama_cpp_calls": "Llama(path, embedding=True, n_ctx, n_batch, n_ubatch, n_threads, n_threads_batch, "
-                           "flash_attn, type_k=type_v); batch.add_sequence(ids, seq_id, logits_all=True); "
-                           "kv_cache_clear(); decode(batch); llama_get_embeddings_seq(ctx, seq_id)",
+        "flash_attn, type_k=type_v); batch.add_sequence(ids, seq_id, logits_all=True); "
+        "kv_cache_clear(); decode(batch); llama_get_embeddings_seq(ctx, seq_id)",
         "base_settings": BASE,
         "variants": VARIANTS,
         "prompts": PROMPTS,
         "arrays": f"{OUT.with_suffix('.npz').name}: '<key>/raw' float32 (n_prompts, dim) base settings, unnormalized; "
-                  "'<key>/normalized' the same / L2 norm; '<key>/exact' float64 reference; "
-                  "'<key>/variant/<name>' float32 raw under each variant",
+        "'<key>/normalized' the same / L2 norm; '<key>/exact' float64 reference; "
+        "'<key>/variant/<name>' float32 raw under each variant",
         "models": models,
     }
     OUT.write_text(json.dumps(fixture, indent=1) + "\n")

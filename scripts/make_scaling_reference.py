@@ -35,5 +35,10 @@ from llamacpp_logits import write_reference  # noqa: E402
 from scaling_variants import CONTEXT, VARIANTS, variant_kwargs  # noqa: E402
 
 if __name__ == "__main__":
-    write_reference(ROOT / "tests" / "fixtures" / "scaling_llamacpp.json", "scripts/make_scaling_reference.py",
-                    VARIANTS, variant_kwargs, context=CONTEXT)
+    write_reference(
+        ROOT / "tests" / "fixtures" / "scaling_llamacpp.json",
+        "scripts/make_scaling_reference.py",
+        VARIANTS,
+        variant_kwargs,
+        context=CONTEXT,
+    )

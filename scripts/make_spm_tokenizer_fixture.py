@@ -50,20 +50,46 @@ ALIAS = "gemma3-270m"
 GEMMA_TEXTS = [
     "<start_of_turn>user\nWrite a poem about the sea.<end_of_turn>\n<start_of_turn>model\n",
     "<bos><start_of_turn>user\nHi!<end_of_turn>\n",
-    "<bos>", "<eos>", "<pad>", "<unk>", "<mask>", "<unused0>", "<unused6241>", "[multimodal]",
+    "<bos>",
+    "<eos>",
+    "<pad>",
+    "<unk>",
+    "<mask>",
+    "<unused0>",
+    "<unused6241>",
+    "[multimodal]",
     "<start_of_image><end_of_image>",
-    "<bos>text<bos>", "text <end_of_turn> more", "<start_of_turn><end_of_turn>", "<start_of_turn", "end_of_turn>",
-    "<START_OF_TURN>", "<<start_of_turn>>", "<bos> leading space after a control token",
+    "<bos>text<bos>",
+    "text <end_of_turn> more",
+    "<start_of_turn><end_of_turn>",
+    "<start_of_turn",
+    "end_of_turn>",
+    "<START_OF_TURN>",
+    "<<start_of_turn>>",
+    "<bos> leading space after a control token",
     "<table><tr><td>1</td><td>2</td></tr></table>",
     "<b>bold</b> <i>italic</i> <code>x = 1</code> <s>old</s>",
     "<h1>Title</h1>\n<ul><li>one</li><li>two</li></ul>",
     '<div class="box"><span>y</span></div><a href="#">link</a><img src="a.png">',
-    " " * 31, " " * 32, " " * 45, "\t" * 31, "\t" * 40, "\n" * 31, "\n" * 40,
-    "a \t b\n\n\tc   d\t\t e", "  \n  \n\t\t\n ", "x" + " " * 7 + "y" + "\t" * 3 + "z",
-    "<0x41>", "<0xFF><0x00>", "<0x0A> is a newline byte token", "<0x>", "<0x4>",
-    "\u2581 the visible space \u2581\u2581 in text", "\u2581\u2581\u2581",
+    " " * 31,
+    " " * 32,
+    " " * 45,
+    "\t" * 31,
+    "\t" * 40,
+    "\n" * 31,
+    "\n" * 40,
+    "a \t b\n\n\tc   d\t\t e",
+    "  \n  \n\t\t\n ",
+    "x" + " " * 7 + "y" + "\t" * 3 + "z",
+    "<0x41>",
+    "<0xFF><0x00>",
+    "<0x0A> is a newline byte token",
+    "<0x>",
+    "<0x4>",
+    "\u2581 the visible space \u2581\u2581 in text",
+    "\u2581\u2581\u2581",
     "\x00\x01\x02\x1b[31mred\x1b[0m\x7f",
-    "\U0001F9EC\U0001FAE0\U0001FAAF \U0001D54F\U0001D550 \U00020000\U0002A6D6 \uE000\uF8FF",
+    "\U0001f9ec\U0001fae0\U0001faaf \U0001d54f\U0001d550 \U00020000\U0002a6d6 \ue000\uf8ff",
     "\u0915\u094d\u0937 \u0e01\u0e32 \u1780\u17d2\u179a \u10d0\u10d1 \u0531\u0532",
 ]
 
@@ -78,22 +104,80 @@ TINY_CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_
 TINY_USER = ["\n", "<b>"]
 TINY_PIECES = [
     # (text, score)
-    ("\u2581", -1.0), ("e", -2.0), ("t", -3.0), ("h", -4.0), ("l", -5.0), ("o", -6.0), ("a", -7.0), ("b", -8.0),
-    ("c", -9.0), ("x", -10.0), ("y", -11.0), ("z", -12.0), ("<", -13.0), (">", -14.0), ("0", -15.0),
-    ("4", -16.0), ("1", -17.0), ("s", -18.0), ("w", -19.0), ("r", -20.0), ("d", -21.0), ("\u00e9", -22.0),
+    ("\u2581", -1.0),
+    ("e", -2.0),
+    ("t", -3.0),
+    ("h", -4.0),
+    ("l", -5.0),
+    ("o", -6.0),
+    ("a", -7.0),
+    ("b", -8.0),
+    ("c", -9.0),
+    ("x", -10.0),
+    ("y", -11.0),
+    ("z", -12.0),
+    ("<", -13.0),
+    (">", -14.0),
+    ("0", -15.0),
+    ("4", -16.0),
+    ("1", -17.0),
+    ("s", -18.0),
+    ("w", -19.0),
+    ("r", -20.0),
+    ("d", -21.0),
+    ("\u00e9", -22.0),
     ("\u2581\u2581", -25.0),
-    ("he", -30.0), ("ll", -31.0), ("llo", -32.0), ("hello", -33.0), ("\u2581hello", -34.0),
-    ("\u2581w", -35.0), ("or", -36.0), ("\u2581wor", -37.0), ("ld", -38.0), ("\u2581world", -39.0),
-    ("\u2581t", -40.0), ("\u2581the", -41.0), ("\u2581th", -42.0),
-    ("ab", -45.0), ("bc", -45.0),  # a tie: "abc" -> "ab" "c" (the leftmost pair merges first)
-    ("xy", -46.0), ("yz", -46.0), ("xyz", -47.0),  # "xyz" from "xy" + "z"
-    ("<0", -50.0), ("<0x", -51.0), ("41", -52.0), ("41>", -53.0),  # "<0x" + "41>" forms the byte token <0x41>
-    ("<b", -55.0), ("<bo", -56.0), ("s>", -57.0),  # "<bo" + "s>" forms the control token <bos>
+    ("he", -30.0),
+    ("ll", -31.0),
+    ("llo", -32.0),
+    ("hello", -33.0),
+    ("\u2581hello", -34.0),
+    ("\u2581w", -35.0),
+    ("or", -36.0),
+    ("\u2581wor", -37.0),
+    ("ld", -38.0),
+    ("\u2581world", -39.0),
+    ("\u2581t", -40.0),
+    ("\u2581the", -41.0),
+    ("\u2581th", -42.0),
+    ("ab", -45.0),
+    ("bc", -45.0),  # a tie: "abc" -> "ab" "c" (the leftmost pair merges first)
+    ("xy", -46.0),
+    ("yz", -46.0),
+    ("xyz", -47.0),  # "xyz" from "xy" + "z"
+    ("<0", -50.0),
+    ("<0x", -51.0),
+    ("41", -52.0),
+    ("41>", -53.0),  # "<0x" + "41>" forms the byte token <0x41>
+    ("<b", -55.0),
+    ("<bo", -56.0),
+    ("s>", -57.0),  # "<bo" + "s>" forms the control token <bos>
 ]
 TINY_TEXTS = [
-    "hello world", "hello  world", " hello", "hello\nworld", "the then", "abc", "abcbc", "xyz", "xyzxyz",
-    "<0x41>", "<0x41><0x41>", "<bos>", "a<bos>b", "<b>hello</b>", "<start_of_turn>hello<end_of_turn>",
-    "<start_of_turn> hello", "\u4e2d\u6587", "caf\u00e9", "\U0001F600 x", "   ", "\n\n", "", "q", "\u2581hello",
+    "hello world",
+    "hello  world",
+    " hello",
+    "hello\nworld",
+    "the then",
+    "abc",
+    "abcbc",
+    "xyz",
+    "xyzxyz",
+    "<0x41>",
+    "<0x41><0x41>",
+    "<bos>",
+    "a<bos>b",
+    "<b>hello</b>",
+    "<start_of_turn>hello<end_of_turn>",
+    "<start_of_turn> hello",
+    "\u4e2d\u6587",
+    "caf\u00e9",
+    "\U0001f600 x",
+    "   ",
+    "\n\n",
+    "",
+    "q",
+    "\u2581hello",
 ]
 TINY_VARIANTS = [  # (name, add_space_prefix, add_bos, add_eos)
     ("space_prefix_bos", True, True, False),
@@ -102,11 +186,14 @@ TINY_VARIANTS = [  # (name, add_space_prefix, add_bos, add_eos)
 
 
 def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
-    control, user, normal, byte = (int(gguf.TokenType.CONTROL), int(gguf.TokenType.USER_DEFINED),
-                                   int(gguf.TokenType.NORMAL), int(gguf.TokenType.BYTE))
+    control, user, normal, byte = (
+        int(gguf.TokenType.CONTROL),
+        int(gguf.TokenType.USER_DEFINED),
+        int(gguf.TokenType.NORMAL),
+        int(gguf.TokenType.BYTE),
+    )
     tokens = TINY_CONTROL + TINY_USER + [f"<0x{b:02X}>" for b in range(256)] + [t for t, _ in TINY_PIECES]
-    scores = ([-1000.0] * len(TINY_CONTROL) + [-1000.0] * len(TINY_USER) + [0.0] * 256
-              + [s for _, s in TINY_PIECES])
+    scores = [-1000.0] * len(TINY_CONTROL) + [-1000.0] * len(TINY_USER) + [0.0] * 256 + [s for _, s in TINY_PIECES]
     kinds = [control] * len(TINY_CONTROL) + [user] * len(TINY_USER) + [byte] * 256 + [normal] * len(TINY_PIECES)
     return tokens, scores, kinds
 
@@ -168,9 +255,15 @@ def cases(llm: llama_cpp.Llama, texts: list[str]) -> list[dict]:
     out = []
     for text in texts:
         ids_special = tokenize(llm, text, special=True)
-        out.append({"text": text, "ids": tokenize(llm, text, special=False), "ids_special": ids_special,
-                    "ids_bos": tokenize(llm, text, special=True, add_bos=True),
-                    "detok": detokenize(llm, ids_special)})
+        out.append(
+            {
+                "text": text,
+                "ids": tokenize(llm, text, special=False),
+                "ids_special": ids_special,
+                "ids_bos": tokenize(llm, text, special=True, add_bos=True),
+                "detok": detokenize(llm, ids_special),
+            }
+        )
     return out
 
 
@@ -187,8 +280,15 @@ def main() -> None:
     tiny_texts = TINY_TEXTS + corpus[::8]
     with tempfile.TemporaryDirectory() as tmp:
         for name, add_space_prefix, add_bos, add_eos in TINY_VARIANTS:
-            spec = {"name": name, "tokens": tokens, "scores": scores, "types": kinds,
-                    "add_space_prefix": add_space_prefix, "add_bos": add_bos, "add_eos": add_eos}
+            spec = {
+                "name": name,
+                "tokens": tokens,
+                "scores": scores,
+                "types": kinds,
+                "add_space_prefix": add_space_prefix,
+                "add_bos": add_bos,
+                "add_eos": add_eos,
+            }
             path = Path(tmp) / f"{name}.gguf"
             write_spm_gguf(path, spec)
             tiny.append({**spec, "cases": cases(load(path), tiny_texts)})

@@ -24,7 +24,7 @@ PROSE = [
     "The quick brown fox jumps over the lazy dog.",
     "It was the best of times, it was the worst of times, it was the age of wisdom.",
     "Offline batch inference trades latency for throughput: many prompts share one forward pass.",
-    "She said, \"I don't know what you mean,\" and walked away.",
+    'She said, "I don\'t know what you mean," and walked away.',
     "Mr. O'Neil's dog isn't here; it's at Mrs. D'Angelo's house.",
     "it's I'LL we've they're you'd she'd HE'S I'm WE'VE THEY'RE YOU'D I'M",
     "Don't, won't, can't, shouldn't've, y'all'd've",
@@ -49,7 +49,7 @@ PROSE = [
     "'",
     "'s",
     "''",
-    "\"\"",
+    '""',
     "x y z",
     "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore.",
 ]
@@ -57,8 +57,8 @@ PROSE = [
 CODE = [
     "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
     "import numpy as np\n\nx = np.zeros((3, 4), dtype=np.float32)\nprint(x.shape)\n",
-    "class Foo(Bar):\n    \"\"\"Docstring.\"\"\"\n\n    def __init__(self, *args, **kwargs):\n        super().__init__(*args, **kwargs)\n",
-    "if x >= 10 and y != 3:\n\tprint(f\"{x=} {y!r}\")\nelif not z:\n\tpass\n",
+    'class Foo(Bar):\n    """Docstring."""\n\n    def __init__(self, *args, **kwargs):\n        super().__init__(*args, **kwargs)\n',
+    'if x >= 10 and y != 3:\n\tprint(f"{x=} {y!r}")\nelif not z:\n\tpass\n',
     "lambda x: x ** 2 // 3 % 7 @ m",
     "result = [i * i for i in range(10) if i % 2 == 0]",
     "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    raise ValueError('bad') from e",
@@ -67,18 +67,18 @@ CODE = [
     "let obj = { key: 'value', nested: { arr: [1, 2, 3] } };",
     "async function main() { await fetch('https://example.com/api?x=1&y=2'); }",
     "x === y ? a : b; x !== null && x?.y ?? z;",
-    "#include <stdio.h>\n\nint main(void) {\n    printf(\"Hello, %s!\\n\", \"world\");\n    return 0;\n}\n",
+    '#include <stdio.h>\n\nint main(void) {\n    printf("Hello, %s!\\n", "world");\n    return 0;\n}\n',
     "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }",
     "static inline uint32_t rotl(uint32_t x, int k) { return (x << k) | (x >> (32 - k)); }",
     "struct node { struct node *next; void *data; };",
-    "#!/usr/bin/env bash\nset -euo pipefail\nfor f in *.txt; do\n  echo \"$f\"\ndone\n",
+    '#!/usr/bin/env bash\nset -euo pipefail\nfor f in *.txt; do\n  echo "$f"\ndone\n',
     "ls -la | grep -v '^d' | awk '{print $9}' > files.txt 2>&1",
-    "export PATH=\"$HOME/.local/bin:$PATH\" && cd ~/src && make -j$(nproc)",
+    'export PATH="$HOME/.local/bin:$PATH" && cd ~/src && make -j$(nproc)',
     "curl -sSL https://example.org/install.sh | sh -s -- --yes",
     "SELECT id, name FROM users WHERE age > 21 ORDER BY name DESC LIMIT 10;",
     "<div class=\"container\"><p id='x'>Text &amp; more</p></div>",
     "body { margin: 0; padding: 0 1em; color: #ff00ff; }",
-    "fn main() { let v: Vec<i32> = vec![1, 2, 3]; println!(\"{:?}\", v); }",
+    'fn main() { let v: Vec<i32> = vec![1, 2, 3]; println!("{:?}", v); }',
     "    indented with four spaces",
     "\tindented with a tab",
     "\t\t\tthree tabs\tand\ttabs\t",
@@ -97,7 +97,7 @@ JSON_TEXTS = [
     '[1, 2.5, -3e10, true, false, null, "s"]',
     '{\n  "nested": {\n    "list": [\n      {"a": 1},\n      {"b": [2, 3]}\n    ]\n  }\n}',
     '{"unicode": "\\u00e9\\u4e2d", "escaped": "line\\nbreak\\ttab"}',
-    '{"emoji": "\\ud83d\\ude00", "raw": "\U0001F600", "cjk": "\u4e2d\u6587"}',
+    '{"emoji": "\\ud83d\\ude00", "raw": "\U0001f600", "cjk": "\u4e2d\u6587"}',
     '{"empty": {}, "arr": [], "str": ""}',
 ]
 
@@ -119,21 +119,21 @@ CJK = [
 ]
 
 EMOJI = [
-    "\U0001F600",
-    "\U0001F917 hugging face",
-    "I \u2764\ufe0f Python \U0001F40D",
-    "\U0001F468\u200d\U0001F469\u200d\U0001F467\u200d\U0001F466",
-    "\U0001F469\u200d\U0001F4BB coding",
-    "\U0001F3F3\ufe0f\u200d\U0001F308",
-    "\U0001F1FA\U0001F1F8\U0001F1EF\U0001F1F5\U0001F1EB\U0001F1F7",
-    "\U0001F44D\U0001F3FD thumbs up, medium skin tone",
-    "\U0001F44B\U0001F3FB\U0001F44B\U0001F3FC\U0001F44B\U0001F3FD\U0001F44B\U0001F3FE\U0001F44B\U0001F3FF",
-    "\U0001F600\U0001F601\U0001F602\U0001F923\U0001F603",
+    "\U0001f600",
+    "\U0001f917 hugging face",
+    "I \u2764\ufe0f Python \U0001f40d",
+    "\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466",
+    "\U0001f469\u200d\U0001f4bb coding",
+    "\U0001f3f3\ufe0f\u200d\U0001f308",
+    "\U0001f1fa\U0001f1f8\U0001f1ef\U0001f1f5\U0001f1eb\U0001f1f7",
+    "\U0001f44d\U0001f3fd thumbs up, medium skin tone",
+    "\U0001f44b\U0001f3fb\U0001f44b\U0001f3fc\U0001f44b\U0001f3fd\U0001f44b\U0001f3fe\U0001f44b\U0001f3ff",
+    "\U0001f600\U0001f601\U0001f602\U0001f923\U0001f603",
     "\u2603\ufe0f \u2600 \u2601 \u2602",
     "#\ufe0f\u20e3 1\ufe0f\u20e3 *\ufe0f\u20e3",
-    "\U0001F9D1\u200d\U0001F91d\u200d\U0001F9D1",
-    "end with emoji \U0001F680",
-    "\U0001F525\U0001F525\U0001F525",
+    "\U0001f9d1\u200d\U0001f91d\u200d\U0001f9d1",
+    "end with emoji \U0001f680",
+    "\U0001f525\U0001f525\U0001f525",
 ]
 
 ACCENTS = [
@@ -268,7 +268,7 @@ SPECIAL_STRINGS = [
     "<|im_start|x>",
     "<||im_start||>",
     "<|IM_START|>",
-    "<|im_start|>\U0001F600<|im_end|>",
+    "<|im_start|>\U0001f600<|im_end|>",
     "<repo_name>miro<file_sep>core/tokenizers/tokenizer.py",
     "<filename>a.py\n<gh_stars>10",
     "<jupyter_start><jupyter_code>print(1)<jupyter_output>1<empty_output>",
@@ -296,7 +296,7 @@ def combinations(pool: list[str], n: int, rng: random.Random) -> list[str]:
 
 def edge_strings(rng: random.Random) -> list[str]:
     """Runs and random mixes of characters around the pre-tokenizer's boundaries."""
-    chars = " \t\n\r'sSlLtT0123456789aZ\u00e9\u4e2d\u3042\U0001F600.,!?-_/\\\"\u00a0\u3000\u200d"
+    chars = " \t\n\r'sSlLtT0123456789aZ\u00e9\u4e2d\u3042\U0001f600.,!?-_/\\\"\u00a0\u3000\u200d"
     out = [" " * n for n in (3, 5, 8, 16)] + ["\n" * n for n in (4, 7)]
     out += ["9" * n for n in (11, 33)] + ["ab" * 20, "'" * 6, "!?" * 10]
     for _ in range(40):
@@ -306,8 +306,20 @@ def edge_strings(rng: random.Random) -> list[str]:
 
 def build() -> list[str]:
     rng = random.Random(1234)
-    handwritten = (PROSE + CODE + JSON_TEXTS + CJK + EMOJI + ACCENTS + WHITESPACE + DIGITS + PUNCT + URLS
-                   + MARKDOWN + SPECIAL_STRINGS)
+    handwritten = (
+        PROSE
+        + CODE
+        + JSON_TEXTS
+        + CJK
+        + EMOJI
+        + ACCENTS
+        + WHITESPACE
+        + DIGITS
+        + PUNCT
+        + URLS
+        + MARKDOWN
+        + SPECIAL_STRINGS
+    )
     texts = handwritten + edge_strings(rng) + combinations(handwritten, 80, rng)
     seen: set[str] = set()
     return [t for t in texts if not (t in seen or seen.add(t))]

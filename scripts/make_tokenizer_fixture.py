@@ -58,10 +58,10 @@ def with_pre_tokenizer(model: Path, pre: str, out: Path) -> None:
     value = pre.encode("utf-8")
     new_field = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", gguf.GGUFValueType.STRING, len(value)) + value
     raw = model.read_bytes()
-    header = raw[:field.offset] + new_field + raw[field_end:header_end]
+    header = raw[: field.offset] + new_field + raw[field_end:header_end]
     alignment = int(reader.fields["general.alignment"].contents()) if "general.alignment" in reader.fields else 32
     header += b"\0" * (-len(header) % alignment)
-    out.write_bytes(header + raw[reader.data_offset:])
+    out.write_bytes(header + raw[reader.data_offset :])
 
 
 def load(model: Path) -> llama_cpp.Llama:
@@ -84,8 +84,9 @@ def main() -> None:
     for text in texts:
         ids_special = tokenize(llm, text, special=True)
         detok = llm.detokenize(ids_special, special=False).decode("utf-8", errors="replace")
-        cases.append({"text": text, "ids": tokenize(llm, text, special=False),
-                      "ids_special": ids_special, "detok": detok})
+        cases.append(
+            {"text": text, "ids": tokenize(llm, text, special=False), "ids_special": ids_special, "detok": detok}
+        )
 
     variants = {}
     with tempfile.TemporaryDirectory() as tmp:

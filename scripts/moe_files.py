@@ -40,34 +40,106 @@ U32 = gguf.GGUFValueType.UINT32
 # granitemoe size their experts by it); expert_ffn_dim is expert_feed_forward_length (qwen3moe, gpt-oss).
 VARIANTS = {
     # Mixtral 8x7B's layout at toy size: llama with 8 experts, 2 used; softmax, top-2, renormalised.
-    "mixtral": dict(arch="llama", n_layers=2, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=128, n_expert=8,
-                    n_expert_used=2, rope_theta=1e6, rms_eps=1e-5, tie=False),
+    "mixtral": dict(
+        arch="llama",
+        n_layers=2,
+        dim=64,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=128,
+        n_expert=8,
+        n_expert_used=2,
+        rope_theta=1e6,
+        rms_eps=1e-5,
+        tie=False,
+    ),
     # Qwen3-30B-A3B's: head_dim from key_length (not dim / n_heads), per-head q/k RMSNorm, NEOX RoPE, expert width
     # from expert_feed_forward_length (feed_forward_length is there but unused), softmax, top-k, renormalised.
-    "qwen3moe": dict(arch="qwen3moe", n_layers=2, dim=64, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=192,
-                     expert_ffn_dim=64, n_expert=16, n_expert_used=4, rope_theta=1e6, rms_eps=1e-6, tie=False),
+    "qwen3moe": dict(
+        arch="qwen3moe",
+        n_layers=2,
+        dim=64,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=32,
+        ffn_dim=192,
+        expert_ffn_dim=64,
+        n_expert=16,
+        n_expert_used=4,
+        rope_theta=1e6,
+        rms_eps=1e-6,
+        tie=False,
+    ),
     # OLMoE-1B-7B's: q/k RMSNorm over the whole q and k vectors (so n_kv_heads == n_heads), NEOX RoPE, softmax,
     # top-k, NOT renormalised; output head of its own.
-    "olmoe": dict(arch="olmoe", n_layers=2, dim=64, n_heads=4, n_kv_heads=4, ffn_dim=64, n_expert=16,
-                  n_expert_used=4, rope_theta=10000.0, rms_eps=1e-5, tie=False),
+    "olmoe": dict(
+        arch="olmoe",
+        n_layers=2,
+        dim=64,
+        n_heads=4,
+        n_kv_heads=4,
+        ffn_dim=64,
+        n_expert=16,
+        n_expert_used=4,
+        rope_theta=10000.0,
+        rms_eps=1e-5,
+        tie=False,
+    ),
     # Granite 3.x MoE's: granite's four multipliers, llama's graph with softmax top-k renormalised experts.
-    "granitemoe": dict(arch="granitemoe", n_layers=2, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=64, n_expert=8,
-                       n_expert_used=2, rope_theta=10000.0, rms_eps=1e-6, tie=True),
+    "granitemoe": dict(
+        arch="granitemoe",
+        n_layers=2,
+        dim=64,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=64,
+        n_expert=8,
+        n_expert_used=2,
+        rope_theta=10000.0,
+        rms_eps=1e-6,
+        tie=True,
+    ),
     # Granite MoE Shared: the same plus an always-on SwiGLU shared expert of expert_shared_feed_forward_length.
-    "granitemoe-shared": dict(arch="granitemoe", n_layers=2, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=64,
-                              shared_ffn_dim=96, n_expert=8, n_expert_used=2, rope_theta=10000.0, rms_eps=1e-6,
-                              tie=True),
+    "granitemoe-shared": dict(
+        arch="granitemoe",
+        n_layers=2,
+        dim=64,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=64,
+        shared_ffn_dim=96,
+        n_expert=8,
+        n_expert_used=2,
+        rope_theta=10000.0,
+        rms_eps=1e-6,
+        tie=True,
+    ),
     # gpt-oss-20b's: dim 96 != n_heads x head_dim (128), q/k/v/o biases, per-head attention sinks, even layers slide
     # over 128 positions, YaRN factor 32 over 4,096 (theta 150,000), router with bias, softmax over the chosen k,
     # MXFP4 experts with biases, SwiGLU-OAI (alpha 1.702, clamp 7), post_attention_norm before the experts.
-    "gpt-oss": dict(arch="gpt-oss", n_layers=4, dim=96, n_heads=4, n_kv_heads=2, head_dim=32, ffn_dim=64,
-                    expert_ffn_dim=64, n_expert=16, n_expert_used=4, rope_theta=150000.0, rms_eps=1e-5, tie=False,
-                    sliding_window=128, yarn=(32.0, 4096), context_length=131072),
+    "gpt-oss": dict(
+        arch="gpt-oss",
+        n_layers=4,
+        dim=96,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=32,
+        ffn_dim=64,
+        expert_ffn_dim=64,
+        n_expert=16,
+        n_expert_used=4,
+        rope_theta=150000.0,
+        rms_eps=1e-5,
+        tie=False,
+        sliding_window=128,
+        yarn=(32.0, 4096),
+        context_length=131072,
+    ),
 }
 GRANITE_SCALES = dict(logit=2.0, residual=0.5, embedding=2.0, attention=0.0625)  # as gguf_factory's granite
 SEED = 41
 WEIGHT_SCALE = 0.08
-EMBED_SCALE = 0.5   # token_embd: a residual stream of about 0.5 rms, for the blocks to act on
+EMBED_SCALE = 0.5  # token_embd: a residual stream of about 0.5 rms, for the blocks to act on
 ROUTER_SCALE = 0.5  # router logits of a few units: top-k far from ties, so no setting flips an expert
 
 
@@ -237,8 +309,19 @@ def write_moe_model(path, variant: str, tensor_type: str = "F32") -> dict:
 
     tensors, types = {}, {}
     for name, (raw, raw_dtype) in stored.items():
-        qt = raw_dtype if raw_dtype is not None else {np.dtype(np.float32): QT.F32, np.dtype(np.float16): QT.F16}[raw.dtype]
+        qt = (
+            raw_dtype
+            if raw_dtype is not None
+            else {np.dtype(np.float32): QT.F32, np.dtype(np.float16): QT.F16}[raw.dtype]
+        )
         tensors[name] = np.array(dequantize(raw, qt), dtype=np.float32)
         types[name] = qt.name
-    return dict(path=Path(path), variant=variant, tensor_type=tensor_type, vocab_size=vocab, **v,
-                tensors=tensors, tensor_types=types)
+    return dict(
+        path=Path(path),
+        variant=variant,
+        tensor_type=tensor_type,
+        vocab_size=vocab,
+        **v,
+        tensors=tensors,
+        tensor_types=types,
+    )

@@ -92,7 +92,7 @@ def rope_cache(n_pos, n_rot, base, yarn=None):
 
 
 def rope(x, cos, sin, neox):  # x (T, H, n_rot)
-    a, b = (x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]) if neox else (x[..., 0::2], x[..., 1::2])
+    a, b = (x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]) if neox else (x[..., 0::2], x[..., 1::2])
     c, s = cos[:, None, :], sin[:, None, :]
     ra, rb = a * c - b * s, a * s + b * c
     if neox:
@@ -216,10 +216,19 @@ def main(argv: list[str]) -> None:
             if names and v["name"] not in names:
                 continue
             info = write_moe_model(Path(tmp) / "f.gguf", v["variant"], v["tensor_type"])
-            diffs = [float(np.abs(forward(info, p, rounding) - logits[f"{v['name']}/{meta['reference_setting']}/p{i}"]).max())
-                     for i, p in enumerate(meta["prompts"][:n_prompts])]
-            print(f"{v['name']:24s} numpy{'' if rounding else ' (plain f64)'} vs llama.cpp:",
-                  " ".join(f"{d:.5f}" for d in diffs), "| llama.cpp spread:", v["spread_vs_reference"], flush=True)
+            diffs = [
+                float(
+                    np.abs(forward(info, p, rounding) - logits[f"{v['name']}/{meta['reference_setting']}/p{i}"]).max()
+                )
+                for i, p in enumerate(meta["prompts"][:n_prompts])
+            ]
+            print(
+                f"{v['name']:24s} numpy{'' if rounding else ' (plain f64)'} vs llama.cpp:",
+                " ".join(f"{d:.5f}" for d in diffs),
+                "| llama.cpp spread:",
+                v["spread_vs_reference"],
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

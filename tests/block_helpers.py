@@ -10,8 +10,9 @@ from miro.core.engine.sequence import Sequence
 
 
 def make_seq(tokens, request_id="r", index=0, outputs=()) -> Sequence:
-    seq = Sequence(request_id, index, list(tokens), SamplingParams(max_tokens=64),
-                   rng=np.random.default_rng(0), detokenizer=None)
+    seq = Sequence(
+        request_id, index, list(tokens), SamplingParams(max_tokens=64), rng=np.random.default_rng(0), detokenizer=None
+    )
     seq.output_token_ids = list(outputs)
     return seq
 

@@ -10,8 +10,9 @@ from miro.worker.fleet.records import batches
 
 def cancelled_after_three(redis_url: str) -> str:
     conn = redis.Redis.from_url(redis_url)
-    batch_id = batches.create_batch(conn, name="cut.jsonl", model="m", input_file="cut.jsonl", output="o", total=10,
-                                    queue="miro:m")
+    batch_id = batches.create_batch(
+        conn, name="cut.jsonl", model="m", input_file="cut.jsonl", output="o", total=10, queue="miro:m"
+    )
     batches.set_status(conn, batch_id, "in_progress")
     for i in range(2):
         batches.count_finished(conn, batch_id, f"r{i}", prompt_tokens=3, completion_tokens=4)

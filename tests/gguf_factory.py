@@ -8,6 +8,7 @@ holds llama.cpp's logits for the files scripts/make_arch_reference.py writes wit
 The ``write_*`` helpers below it produce files that are broken in one known way;
 ``patched_copy`` copies a real file and overwrites header fields in place.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -26,16 +27,15 @@ K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 # the byte offsets of the block's fp16 scale fields and the value written there
 # (random bytes elsewhere), chosen so dequantized values stay within about +-1.
 _HAND_BUILT = {
-    "Q4_K": {0: 2.0**-12, 2: 2.0**-9},   # d, dmin | scales[12] | qs[128]  (144 B)
-    "Q5_K": {0: 2.0**-13, 2: 2.0**-9},   # d, dmin | scales[12] | qh[32] | qs[128]  (176 B)
-    "Q6_K": {208: 2.0**-15},             # ql[128] | qh[64] | scales[16] int8 | d  (210 B)
+    "Q4_K": {0: 2.0**-12, 2: 2.0**-9},  # d, dmin | scales[12] | qs[128]  (144 B)
+    "Q5_K": {0: 2.0**-13, 2: 2.0**-9},  # d, dmin | scales[12] | qh[32] | qs[128]  (176 B)
+    "Q6_K": {208: 2.0**-15},  # ql[128] | qh[64] | scales[16] int8 | d  (210 B)
     "Q2_K": {80: 2.0**-8, 82: 2.0**-8},  # scales[16] | qs[64] | d, dmin  (84 B)
-    "IQ2_XXS": {0: 2.0**-8},             # d | qs[64]  (66 B)
+    "IQ2_XXS": {0: 2.0**-8},  # d | qs[64]  (66 B)
 }
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MERGES = ["Ġ t", "h e", "l l", "Ġ w", "o r", "he ll", "hell o", "Ġw or", "Ġwor l", "Ġworl d",
-          "Ġt he", "i n", "Ġ a"]
+MERGES = ["Ġ t", "h e", "l l", "Ġ w", "o r", "he ll", "hell o", "Ġw or", "Ġwor l", "Ġworl d", "Ġt he", "i n", "Ġ a"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
@@ -60,7 +60,9 @@ def bytes_to_unicode() -> dict[int, str]:
 def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     """(tokens, token_types, merges): 3 control tokens, 256 byte symbols, one token per merge."""
     tokens = SPECIAL_TOKENS + list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in MERGES]
-    types = [int(gguf.TokenType.CONTROL)] * len(SPECIAL_TOKENS) + [int(gguf.TokenType.NORMAL)] * (len(tokens) - len(SPECIAL_TOKENS))
+    types = [int(gguf.TokenType.CONTROL)] * len(SPECIAL_TOKENS) + [int(gguf.TokenType.NORMAL)] * (
+        len(tokens) - len(SPECIAL_TOKENS)
+    )
     assert len(set(tokens)) == len(tokens)
     return tokens, types, list(MERGES)
 
@@ -71,7 +73,7 @@ def random_blocks(qtype: str, shape: tuple[int, int], rng: np.random.Generator) 
     block_bytes = gguf.GGML_QUANT_SIZES[QT[qtype]][1]
     raw = rng.integers(0, 256, size=(int(np.prod(byte_shape)) // block_bytes, block_bytes), dtype=np.uint8)
     for offset, value in _HAND_BUILT[qtype].items():
-        raw[:, offset:offset + 2] = np.array([value], dtype=np.float16).view(np.uint8)
+        raw[:, offset : offset + 2] = np.array([value], dtype=np.float16).view(np.uint8)
     return raw.reshape(byte_shape)
 
 
@@ -125,34 +127,48 @@ MT = gguf.MODEL_TENSOR
 # Defaults: (n_layers, n_heads, n_kv_heads, head_dim factor, tie_embeddings, rope_theta, rms_eps).
 # head_dim = factor * dim // n_heads (factor 2 where the architecture reads key_length).
 _ARCH_DEFAULTS = {
-    "llama": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=True,
-                  rope_theta=10000.0, rms_eps=1e-5),
-    "qwen2": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False,
-                  rope_theta=1000000.0, rms_eps=1e-6),
-    "qwen3": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=2, tie_embeddings=True,
-                  rope_theta=1000000.0, rms_eps=1e-6),
-    "gemma3": dict(n_layers=7, n_heads=4, n_kv_heads=1, head_factor=2, tie_embeddings=True,
-                   rope_theta=1000000.0, rms_eps=1e-6),
-    "smollm3": dict(n_layers=4, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=True,
-                    rope_theta=10000.0, rms_eps=1e-6),
-    "granite": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=True,
-                    rope_theta=10000.0, rms_eps=1e-5),
-    "olmo2": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False,
-                  rope_theta=10000.0, rms_eps=1e-6),
-    "mistral3": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False,
-                     rope_theta=10000.0, rms_eps=1e-5),
-    "phi3": dict(n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False,
-                 rope_theta=10000.0, rms_eps=1e-5),
-    "gemma2": dict(n_layers=4, n_heads=4, n_kv_heads=2, head_factor=2, tie_embeddings=True,
-                   rope_theta=10000.0, rms_eps=1e-6),
+    "llama": dict(
+        n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=True, rope_theta=10000.0, rms_eps=1e-5
+    ),
+    "qwen2": dict(
+        n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False, rope_theta=1000000.0, rms_eps=1e-6
+    ),
+    "qwen3": dict(
+        n_layers=2, n_heads=4, n_kv_heads=2, head_factor=2, tie_embeddings=True, rope_theta=1000000.0, rms_eps=1e-6
+    ),
+    "gemma3": dict(
+        n_layers=7, n_heads=4, n_kv_heads=1, head_factor=2, tie_embeddings=True, rope_theta=1000000.0, rms_eps=1e-6
+    ),
+    "smollm3": dict(
+        n_layers=4, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=True, rope_theta=10000.0, rms_eps=1e-6
+    ),
+    "granite": dict(
+        n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=True, rope_theta=10000.0, rms_eps=1e-5
+    ),
+    "olmo2": dict(
+        n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False, rope_theta=10000.0, rms_eps=1e-6
+    ),
+    "mistral3": dict(
+        n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False, rope_theta=10000.0, rms_eps=1e-5
+    ),
+    "phi3": dict(
+        n_layers=2, n_heads=4, n_kv_heads=2, head_factor=1, tie_embeddings=False, rope_theta=10000.0, rms_eps=1e-5
+    ),
+    "gemma2": dict(
+        n_layers=4, n_heads=4, n_kv_heads=2, head_factor=2, tie_embeddings=True, rope_theta=10000.0, rms_eps=1e-6
+    ),
 }
 GEMMA3_SLIDING_WINDOW = 8
 # Keys an architecture's files always carry beyond the common ones (written as GGUFWriter types them).
 _ARCH_KEYS = {
     # Granite 3.x has logit 8, residual 0.22, embedding 12, attention 1/64 or 1/128: trained weights balance
     # those; these, each far from 1, keep a random file's blocks weighing on the logits.
-    "granite": lambda w: (w.add_logit_scale(2.0), w.add_residual_scale(0.5), w.add_embedding_scale(2.0),
-                          w.add_attention_scale(0.0625)),
+    "granite": lambda w: (
+        w.add_logit_scale(2.0),
+        w.add_residual_scale(0.5),
+        w.add_embedding_scale(2.0),
+        w.add_attention_scale(0.0625),
+    ),
     "phi3": lambda w: w.add_sliding_window(0),  # what the converter writes for Phi-4 (a Phi-3 mini: 2047)
     "gemma2": lambda w: (w.add_attn_logit_softcapping(50.0), w.add_final_logit_softcapping(30.0)),
 }
@@ -164,19 +180,35 @@ def tensor_name(kind: gguf.MODEL_TENSOR, bid: int | None = None, suffix: str = "
     return f"{base.format(bid=bid) if bid is not None else base}.{suffix}"
 
 
-def _layer_shapes(arch: str, i: int, dim: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                  ffn_dim: int) -> dict[str, tuple[int, ...]]:
+def _layer_shapes(
+    arch: str, i: int, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, ffn_dim: int
+) -> dict[str, tuple[int, ...]]:
     """Tensor name -> logical (out, in) shape for one block, in file order."""
     q, kv = n_heads * head_dim, n_kv_heads * head_dim
     t = lambda kind, suffix="weight": tensor_name(kind, i, suffix)  # noqa: E731
     if arch == "olmo2":
-        return {t(MT.ATTN_Q): (q, dim), t(MT.ATTN_K): (kv, dim), t(MT.ATTN_V): (kv, dim), t(MT.ATTN_OUT): (dim, q),
-                t(MT.ATTN_Q_NORM): (q,), t(MT.ATTN_K_NORM): (kv,), t(MT.ATTN_POST_NORM): (dim,),
-                t(MT.FFN_GATE): (ffn_dim, dim), t(MT.FFN_UP): (ffn_dim, dim), t(MT.FFN_DOWN): (dim, ffn_dim),
-                t(MT.FFN_POST_NORM): (dim,)}
+        return {
+            t(MT.ATTN_Q): (q, dim),
+            t(MT.ATTN_K): (kv, dim),
+            t(MT.ATTN_V): (kv, dim),
+            t(MT.ATTN_OUT): (dim, q),
+            t(MT.ATTN_Q_NORM): (q,),
+            t(MT.ATTN_K_NORM): (kv,),
+            t(MT.ATTN_POST_NORM): (dim,),
+            t(MT.FFN_GATE): (ffn_dim, dim),
+            t(MT.FFN_UP): (ffn_dim, dim),
+            t(MT.FFN_DOWN): (dim, ffn_dim),
+            t(MT.FFN_POST_NORM): (dim,),
+        }
     if arch == "phi3":
-        return {t(MT.ATTN_NORM): (dim,), t(MT.ATTN_QKV): (q + 2 * kv, dim), t(MT.ATTN_OUT): (dim, q),
-                t(MT.FFN_NORM): (dim,), t(MT.FFN_UP): (2 * ffn_dim, dim), t(MT.FFN_DOWN): (dim, ffn_dim)}
+        return {
+            t(MT.ATTN_NORM): (dim,),
+            t(MT.ATTN_QKV): (q + 2 * kv, dim),
+            t(MT.ATTN_OUT): (dim, q),
+            t(MT.FFN_NORM): (dim,),
+            t(MT.FFN_UP): (2 * ffn_dim, dim),
+            t(MT.FFN_DOWN): (dim, ffn_dim),
+        }
     shapes = {t(MT.ATTN_NORM): (dim,), t(MT.ATTN_Q): (q, dim)}
     if arch == "qwen2":
         shapes[t(MT.ATTN_Q, "bias")] = (q,)
@@ -202,10 +234,30 @@ def _layer_shapes(arch: str, i: int, dim: int, n_heads: int, n_kv_heads: int, he
     return shapes
 
 
-def write_tiny_model(path, *, arch="llama", tensor_type="F32", n_layers=None, dim=None, n_heads=None,
-                     n_kv_heads=None, head_dim=None, ffn_dim=None, context_length=128, tie_embeddings=None,
-                     seed=0, rope_theta=None, rms_eps=None, sliding_window=None, weight_scale=0.05, arch_name=None,
-                     drop_keys=(), tensor_overrides=None, metadata=None, drop_tensors=()) -> dict:
+def write_tiny_model(
+    path,
+    *,
+    arch="llama",
+    tensor_type="F32",
+    n_layers=None,
+    dim=None,
+    n_heads=None,
+    n_kv_heads=None,
+    head_dim=None,
+    ffn_dim=None,
+    context_length=128,
+    tie_embeddings=None,
+    seed=0,
+    rope_theta=None,
+    rms_eps=None,
+    sliding_window=None,
+    weight_scale=0.05,
+    arch_name=None,
+    drop_keys=(),
+    tensor_overrides=None,
+    metadata=None,
+    drop_tensors=(),
+) -> dict:
     """Write a tiny random GGUF of one of ``ARCHITECTURES``; weight matrices use ``tensor_type``,
     norm weights and biases stay F32.
 
@@ -321,17 +373,54 @@ def write_tiny_model(path, *, arch="llama", tensor_type="F32", n_layers=None, di
             tensors[name] = to_float(raw, _stored_type(raw, raw_dtype))
         except NotImplementedError:  # an override of a type gguf-py cannot dequantize
             tensors[name] = None
-    return dict(path=Path(path), arch=arch_name, layout=arch, tensor_type=tensor_type, n_layers=n_layers, dim=dim,
-                n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, ffn_dim=ffn_dim,
-                context_length=context_length, tie_embeddings=tie_embeddings, rope_theta=rope_theta,
-                rms_eps=rms_eps, sliding_window=sliding_window, vocab_size=vocab, tokens=tokens,
-                token_types=token_types, merges=merges, bos_token_id=1, eos_token_id=2, chat_template=CHAT_TEMPLATE,
-                tensor_types={n: _stored_type(r, t).name for n, (r, t) in stored.items()}, tensors=tensors)
+    return dict(
+        path=Path(path),
+        arch=arch_name,
+        layout=arch,
+        tensor_type=tensor_type,
+        n_layers=n_layers,
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        ffn_dim=ffn_dim,
+        context_length=context_length,
+        tie_embeddings=tie_embeddings,
+        rope_theta=rope_theta,
+        rms_eps=rms_eps,
+        sliding_window=sliding_window,
+        vocab_size=vocab,
+        tokens=tokens,
+        token_types=token_types,
+        merges=merges,
+        bos_token_id=1,
+        eos_token_id=2,
+        chat_template=CHAT_TEMPLATE,
+        tensor_types={n: _stored_type(r, t).name for n, (r, t) in stored.items()},
+        tensors=tensors,
+    )
 
 
-def write_tiny_llama(path, *, tensor_type="F32", n_layers=2, dim=None, n_heads=4, n_kv_heads=2, ffn_dim=None,
-                     context_length=128, tie_embeddings=True, seed=0, rope_theta=10000.0, rms_eps=1e-5,
-                     arch="llama", drop_keys=(), tensor_overrides=None, metadata=None, drop_tensors=()) -> dict:
+def write_tiny_llama(
+    path,
+    *,
+    tensor_type="F32",
+    n_layers=2,
+    dim=None,
+    n_heads=4,
+    n_kv_heads=2,
+    ffn_dim=None,
+    context_length=128,
+    tie_embeddings=True,
+    seed=0,
+    rope_theta=10000.0,
+    rms_eps=1e-5,
+    arch="llama",
+    drop_keys=(),
+    tensor_overrides=None,
+    metadata=None,
+    drop_tensors=(),
+) -> dict:
     """Write a tiny llama GGUF (``write_tiny_model(arch="llama")``); ``arch`` here is only the
     general.architecture written (and its key prefix): the layout stays llama's.
 
@@ -343,14 +432,30 @@ def write_tiny_llama(path, *, tensor_type="F32", n_layers=2, dim=None, n_heads=4
     tensors out. Returns the config plus ``tensors``: name -> float32 array (out, in)
     dequantized from exactly the bytes written.
     """
-    return write_tiny_model(path, arch="llama", arch_name=arch, tensor_type=tensor_type, n_layers=n_layers, dim=dim,
-                            n_heads=n_heads, n_kv_heads=n_kv_heads, ffn_dim=ffn_dim, context_length=context_length,
-                            tie_embeddings=tie_embeddings, seed=seed, rope_theta=rope_theta, rms_eps=rms_eps,
-                            drop_keys=drop_keys, tensor_overrides=tensor_overrides, metadata=metadata,
-                            drop_tensors=drop_tensors)
+    return write_tiny_model(
+        path,
+        arch="llama",
+        arch_name=arch,
+        tensor_type=tensor_type,
+        n_layers=n_layers,
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        ffn_dim=ffn_dim,
+        context_length=context_length,
+        tie_embeddings=tie_embeddings,
+        seed=seed,
+        rope_theta=rope_theta,
+        rms_eps=rms_eps,
+        drop_keys=drop_keys,
+        tensor_overrides=tensor_overrides,
+        metadata=metadata,
+        drop_tensors=drop_tensors,
+    )
 
 
 # ---- broken files -------------------------------------------------------------------------
+
 
 def write_not_gguf(path) -> None:
     """A plain text file."""
@@ -385,8 +490,14 @@ def write_unsupported_arch(path) -> None:
 def write_unsupported_tensor_type(path) -> None:
     """A tiny llama whose blk.0.attn_q.weight is stored as Q2_K (everything else F32)."""
     rng = np.random.default_rng(1)
-    write_tiny_llama(path, dim=256, ffn_dim=512, n_heads=4, n_kv_heads=2,
-                     tensor_overrides={"blk.0.attn_q.weight": (random_blocks("Q2_K", (256, 256), rng), "Q2_K")})
+    write_tiny_llama(
+        path,
+        dim=256,
+        ffn_dim=512,
+        n_heads=4,
+        n_kv_heads=2,
+        tensor_overrides={"blk.0.attn_q.weight": (random_blocks("Q2_K", (256, 256), rng), "Q2_K")},
+    )
 
 
 def write_missing_key(path) -> None:
@@ -400,11 +511,15 @@ def write_shape_mismatch(path) -> None:
     write_tiny_llama(path, tensor_overrides={"blk.0.attn_q.weight": bad})
 
 
-
 # ---- byte-patched copies of a real file ---------------------------------------------------
 
-_SCALAR_FORMATS = {gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i", gguf.GGUFValueType.UINT64: "<Q",
-                   gguf.GGUFValueType.INT64: "<q", gguf.GGUFValueType.FLOAT32: "<f"}
+_SCALAR_FORMATS = {
+    gguf.GGUFValueType.UINT32: "<I",
+    gguf.GGUFValueType.INT32: "<i",
+    gguf.GGUFValueType.UINT64: "<Q",
+    gguf.GGUFValueType.INT64: "<q",
+    gguf.GGUFValueType.FLOAT32: "<f",
+}
 
 
 @lru_cache(maxsize=4)

@@ -51,8 +51,11 @@ class Reference:
 
     def cases(self) -> list:
         """(variant, weights) pairs: f32 on every file, native too on a quantized one."""
-        return [pytest.param(name, weights, id=f"{name}-{weights}") for name, v in self.variants.items()
-                for weights in (("f32", "native") if v["tensor_type"] != "F32" else ("f32",))]
+        return [
+            pytest.param(name, weights, id=f"{name}-{weights}")
+            for name, v in self.variants.items()
+            for weights in (("f32", "native") if v["tensor_type"] != "F32" else ("f32",))
+        ]
 
     def allowed(self, name: str, i: int, weights: str) -> float:
         v = self.variants[name]
@@ -63,9 +66,12 @@ class Reference:
         """engine's logits after each prompt against llama.cpp's reference setting, within `allowed`."""
         v = self.variants[name]
         for i, prompt in enumerate(self.prompts):
-            diff = float(np.abs(engine.logits(prompt) - self.logits[f"{name}/{self.meta['reference_setting']}/p{i}"]).max())
+            diff = float(
+                np.abs(engine.logits(prompt) - self.logits[f"{name}/{self.meta['reference_setting']}/p{i}"]).max()
+            )
             spread = v["spread_vs_reference"][i]
             print(f"{name} {weights} p{i} ({len(prompt)} tokens): {diff:.5f} (llama.cpp's spread {spread:.5f})")
             assert diff <= self.allowed(name, i, weights), (
                 f"{name} {weights}: prompt of {len(prompt)} tokens off by {diff:.4f}, more than {SPREAD_MULTIPLE}x "
-                f"llama.cpp's own spread ({spread:.4f}) and the activation rounding allowed")
+                f"llama.cpp's own spread ({spread:.4f}) and the activation rounding allowed"
+            )

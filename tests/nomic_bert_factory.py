@@ -27,8 +27,30 @@ MT = gguf.MODEL_TENSOR
 ARCH = "nomic-bert"
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(5)
-WORDS = ["the", "and", "of", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "by", "model",
-         "text", "search", "query", "document", "embedding", "rotary", "position"]
+WORDS = [
+    "the",
+    "and",
+    "of",
+    "to",
+    "in",
+    "is",
+    "it",
+    "that",
+    "for",
+    "on",
+    "with",
+    "as",
+    "was",
+    "by",
+    "model",
+    "text",
+    "search",
+    "query",
+    "document",
+    "embedding",
+    "rotary",
+    "position",
+]
 PIECES = ["ing", "ed", "er", "es", "ly", "tion", "th", "he", "an", "re"]  # continuations
 
 
@@ -44,18 +66,39 @@ def tiny_wordpiece_vocab() -> tuple[list[str], list[int]]:
 def layer_shapes(i: int, dim: int, ffn_dim: int) -> dict[str, tuple[int, ...]]:
     """Block i's tensors, (out, in), in llama.cpp's converter's order."""
     t = lambda kind, suffix="weight": tensor_name(kind, i, suffix)  # noqa: E731
-    return {t(MT.ATTN_QKV): (3 * dim, dim), t(MT.ATTN_OUT): (dim, dim),
-            t(MT.ATTN_OUT_NORM): (dim,), t(MT.ATTN_OUT_NORM, "bias"): (dim,),
-            t(MT.FFN_UP): (ffn_dim, dim), t(MT.FFN_GATE): (ffn_dim, dim), t(MT.FFN_DOWN): (dim, ffn_dim),
-            t(MT.LAYER_OUT_NORM): (dim,), t(MT.LAYER_OUT_NORM, "bias"): (dim,)}
+    return {
+        t(MT.ATTN_QKV): (3 * dim, dim),
+        t(MT.ATTN_OUT): (dim, dim),
+        t(MT.ATTN_OUT_NORM): (dim,),
+        t(MT.ATTN_OUT_NORM, "bias"): (dim,),
+        t(MT.FFN_UP): (ffn_dim, dim),
+        t(MT.FFN_GATE): (ffn_dim, dim),
+        t(MT.FFN_DOWN): (dim, ffn_dim),
+        t(MT.LAYER_OUT_NORM): (dim,),
+        t(MT.LAYER_OUT_NORM, "bias"): (dim,),
+    }
 
 
-def write_tiny_nomic_bert(path, *, tensor_type: str = "F32", n_layers: int = 2, dim: int = 64, n_heads: int = 4,
-                          ffn_dim: int = 128, context_length: int = 512, rope_theta: float = 1000.0,
-                          norm_eps: float = 1e-12, seed: int = 0, weight_scale: float = 0.25,
-                          arch_name: str = ARCH, token_types: bool = True, rope_scaling: dict | None = None,
-                          tensor_overrides: dict | None = None, metadata: dict | None = None,
-                          drop_tensors=()) -> dict:
+def write_tiny_nomic_bert(
+    path,
+    *,
+    tensor_type: str = "F32",
+    n_layers: int = 2,
+    dim: int = 64,
+    n_heads: int = 4,
+    ffn_dim: int = 128,
+    context_length: int = 512,
+    rope_theta: float = 1000.0,
+    norm_eps: float = 1e-12,
+    seed: int = 0,
+    weight_scale: float = 0.25,
+    arch_name: str = ARCH,
+    token_types: bool = True,
+    rope_scaling: dict | None = None,
+    tensor_overrides: dict | None = None,
+    metadata: dict | None = None,
+    drop_tensors=(),
+) -> dict:
     """Write the file; matrices (token_embd too) in ``tensor_type`` (F32, F16, BF16, Q8_0, ...), norms F32.
 
     Matrices are ``weight_scale`` * N(0, 1) (0.25: q.k over a LayerNormed input is several units, so
@@ -110,9 +153,15 @@ def write_tiny_nomic_bert(path, *, tensor_type: str = "F32", n_layers: int = 2, 
         w.add_rope_scaling_factor(rope_scaling["factor"])
         if "original_context_length" in rope_scaling:
             w.add_rope_scaling_orig_ctx_len(rope_scaling["original_context_length"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if tensor_type == "F32" else gguf.LlamaFileType.MOSTLY_F16
-                    if tensor_type == "F16" else gguf.LlamaFileType.MOSTLY_Q8_0 if tensor_type == "Q8_0"
-                    else gguf.LlamaFileType.GUESSED)
+    w.add_file_type(
+        gguf.LlamaFileType.ALL_F32
+        if tensor_type == "F32"
+        else gguf.LlamaFileType.MOSTLY_F16
+        if tensor_type == "F16"
+        else gguf.LlamaFileType.MOSTLY_Q8_0
+        if tensor_type == "Q8_0"
+        else gguf.LlamaFileType.GUESSED
+    )
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_token_type_count(2)
     w.add_tokenizer_model("bert")
@@ -138,10 +187,29 @@ def write_tiny_nomic_bert(path, *, tensor_type: str = "F32", n_layers: int = 2, 
     w.write_tensors_to_file()
     w.close()
 
-    tensors = {name: to_float(raw, raw_dtype if raw_dtype is not None else
-                              {np.dtype(np.float32): QT.F32, np.dtype(np.float16): QT.F16}[raw.dtype])
-               for name, (raw, raw_dtype) in stored.items()}
-    return dict(path=Path(path), arch=arch_name, tensor_type=tensor_type, n_layers=n_layers, dim=dim,
-                n_heads=n_heads, head_dim=dim // n_heads, ffn_dim=ffn_dim, context_length=context_length,
-                rope_theta=rope_theta, rope_scaling=rope_scaling, norm_eps=norm_eps, vocab_size=len(tokens),
-                tokens=tokens, tensors=tensors)
+    tensors = {
+        name: to_float(
+            raw,
+            raw_dtype
+            if raw_dtype is not None
+            else {np.dtype(np.float32): QT.F32, np.dtype(np.float16): QT.F16}[raw.dtype],
+        )
+        for name, (raw, raw_dtype) in stored.items()
+    }
+    return dict(
+        path=Path(path),
+        arch=arch_name,
+        tensor_type=tensor_type,
+        n_layers=n_layers,
+        dim=dim,
+        n_heads=n_heads,
+        head_dim=dim // n_heads,
+        ffn_dim=ffn_dim,
+        context_length=context_length,
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        norm_eps=norm_eps,
+        vocab_size=len(tokens),
+        tokens=tokens,
+        tensors=tensors,
+    )

@@ -28,12 +28,16 @@ def f32(value: float) -> gguf.GGUFValue:
 PHI_LONG = dict(dim=128, n_heads=4, n_kv_heads=2, context_length=16384)  # head_dim 32, 24 rotated: 12 factors
 _rng = np.random.default_rng(3)
 LONGROPE = {
-    "metadata": {"phi3.rope.dimension_count": gguf.GGUFValue(24, U32),
-                 "phi3.rope.scaling.original_context_length": gguf.GGUFValue(4096, U32),
-                 # the converter's sqrt(1 + ln(context / original) / ln(original))
-                 "phi3.rope.scaling.attn_factor": f32(math.sqrt(1 + math.log(16384 / 4096) / math.log(4096)))},
-    "tensor_overrides": {"rope_factors_short.weight": (1.0 + 0.1 * _rng.random(12)).astype(np.float32),
-                         "rope_factors_long.weight": np.geomspace(1.0, 16.0, 12).astype(np.float32)},
+    "metadata": {
+        "phi3.rope.dimension_count": gguf.GGUFValue(24, U32),
+        "phi3.rope.scaling.original_context_length": gguf.GGUFValue(4096, U32),
+        # the converter's sqrt(1 + ln(context / original) / ln(original))
+        "phi3.rope.scaling.attn_factor": f32(math.sqrt(1 + math.log(16384 / 4096) / math.log(4096))),
+    },
+    "tensor_overrides": {
+        "rope_factors_short.weight": (1.0 + 0.1 * _rng.random(12)).astype(np.float32),
+        "rope_factors_long.weight": np.geomspace(1.0, 16.0, 12).astype(np.float32),
+    },
 }
 GEMMA2_CAPS = {"gemma2.attn_logit_softcapping": f32(1.0), "gemma2.final_logit_softcapping": f32(2.0)}
 

@@ -32,8 +32,9 @@ def wait_for(predicate, timeout_s: float = 60.0, every_s: float = 0.1):
     return None
 
 
-def kill_one_of_two_workers(command: list[str], env: dict, progress, finished, kill_after: int = 4,
-                            total: int | None = None) -> None:
+def kill_one_of_two_workers(
+    command: list[str], env: dict, progress, finished, kill_after: int = 4, total: int | None = None
+) -> None:
     """Start two workers running `command`; SIGKILL one once `progress()` (requests counted) reaches
     `kill_after` (and, given the batch's `total`, check that it was still short of it then); return when
     `finished()` holds, both workers stopped. The caller checks what was counted."""

@@ -42,14 +42,21 @@ class S3Server:
 
     def files(self, prefix: str) -> list[str]:
         """Keys of the files under a prefix of the bucket, relative to it, sorted."""
-        infos = self.filesystem().get_file_info(pafs.FileSelector(f"{self.bucket}/{prefix}", recursive=True,
-                                                                  allow_not_found=True))
-        return sorted(i.path[len(f"{self.bucket}/{prefix}/"):] for i in infos if i.type == pafs.FileType.File)
+        infos = self.filesystem().get_file_info(
+            pafs.FileSelector(f"{self.bucket}/{prefix}", recursive=True, allow_not_found=True)
+        )
+        return sorted(i.path[len(f"{self.bucket}/{prefix}/") :] for i in infos if i.type == pafs.FileType.File)
 
 
 def s3_filesystem(endpoint: str) -> pafs.S3FileSystem:
-    return pafs.S3FileSystem(access_key=ACCESS_KEY, secret_key=SECRET_KEY, endpoint_override=endpoint,
-                             scheme="http", allow_bucket_creation=True, region="us-east-1")
+    return pafs.S3FileSystem(
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+        endpoint_override=endpoint,
+        scheme="http",
+        allow_bucket_creation=True,
+        region="us-east-1",
+    )
 
 
 def weed_binary() -> str | None:
@@ -74,14 +81,34 @@ def start_weed(binary: str, folder: Path) -> tuple[subprocess.Popen, str]:
     """`weed mini` with every component on free loopback ports (those it does not need turned off); returns the
     process and the S3 endpoint once it answers."""
     config = folder / "s3.json"
-    config.write_text(json.dumps({"identities": [{
-        "name": "miro", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "miro",
+                        "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
     ports = {name: _port_pair() for name in ("master", "volume", "filer", "s3", "admin")}
-    command = [binary, "mini", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-               *(f"-{name}.port={port}" for name, port in ports.items()),
-               "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
-               f"-s3.config={config}", "-master.volumeSizeLimitMB=64"]
+    command = [
+        binary,
+        "mini",
+        f"-dir={folder / 'data'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        *(f"-{name}.port={port}" for name, port in ports.items()),
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-webdav=false",
+        "-admin.ui=false",
+        f"-s3.config={config}",
+        "-master.volumeSizeLimitMB=64",
+    ]
     (folder / "data").mkdir()
     log = (folder / "weed.log").open("wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -94,8 +121,9 @@ def start_weed(binary: str, folder: Path) -> tuple[subprocess.Popen, str]:
         except OSError:
             time.sleep(0.2)
     stop(process)
-    raise RuntimeError(f"SeaweedFS did not start within {START_TIMEOUT_S:.0f} s; its log:\n"
-                       f"{(folder / 'weed.log').read_text()[-3000:]}")
+    raise RuntimeError(
+        f"SeaweedFS did not start within {START_TIMEOUT_S:.0f} s; its log:\n{(folder / 'weed.log').read_text()[-3000:]}"
+    )
 
 
 def stop(process: subprocess.Popen) -> None:

@@ -33,15 +33,25 @@ def llama_biases(n_layers: int, dim: int, q_dim: int, kv_dim: int, ffn_dim: int,
     rng = np.random.default_rng(seed)
     out = {}
     for i in range(n_layers):
-        for kind, size in ((MT.ATTN_Q, q_dim), (MT.ATTN_K, kv_dim), (MT.ATTN_V, kv_dim), (MT.ATTN_OUT, dim),
-                           (MT.FFN_GATE, ffn_dim), (MT.FFN_UP, ffn_dim), (MT.FFN_DOWN, dim)):
+        for kind, size in (
+            (MT.ATTN_Q, q_dim),
+            (MT.ATTN_K, kv_dim),
+            (MT.ATTN_V, kv_dim),
+            (MT.ATTN_OUT, dim),
+            (MT.FFN_GATE, ffn_dim),
+            (MT.FFN_UP, ffn_dim),
+            (MT.FFN_DOWN, dim),
+        ):
             out[tensor_name(kind, i, "bias")] = (0.3 * rng.standard_normal(size)).astype(np.float32)
     return out
 
 
 def yarn(arch: str, factor: float = 4.0, original: int = 1024) -> dict:
-    return {f"{arch}.rope.scaling.type": "yarn", f"{arch}.rope.scaling.factor": factor,
-            f"{arch}.rope.scaling.original_context_length": gguf.GGUFValue(original, gguf.GGUFValueType.UINT32)}
+    return {
+        f"{arch}.rope.scaling.type": "yarn",
+        f"{arch}.rope.scaling.factor": factor,
+        f"{arch}.rope.scaling.original_context_length": gguf.GGUFValue(original, gguf.GGUFValueType.UINT32),
+    }
 
 
 def linear(arch: str, factor: float) -> dict:
@@ -51,8 +61,12 @@ def linear(arch: str, factor: float) -> dict:
 BASE = dict(context_length=CONTEXT, seed=7, weight_scale=0.08)
 LLAMA_WIDE = dict(dim=128, n_heads=4, n_kv_heads=2)  # head_dim 32: 16 frequency factors
 VARIANTS = {
-    "llama-rope-freqs": dict(arch="llama", **LLAMA_WIDE, rope_theta=500000.0,
-                             tensor_overrides={"rope_freqs.weight": llama3_rope_freqs(32, 500000.0)}),
+    "llama-rope-freqs": dict(
+        arch="llama",
+        **LLAMA_WIDE,
+        rope_theta=500000.0,
+        tensor_overrides={"rope_freqs.weight": llama3_rope_freqs(32, 500000.0)},
+    ),
     "llama-linear4": dict(arch="llama", **LLAMA_WIDE, metadata=linear("llama", 4.0)),
     "llama-yarn4": dict(arch="llama", **LLAMA_WIDE, metadata=yarn("llama")),
     "qwen2-yarn4": dict(arch="qwen2", metadata=yarn("qwen2")),
@@ -61,8 +75,14 @@ VARIANTS = {
     "gemma3-linear8": dict(arch="gemma3", metadata=linear("gemma3", 8.0)),
     "gemma3-27b-layout": dict(arch="gemma3", n_layers=62, metadata=linear("gemma3", 8.0)),
     "gemma3-softcap": dict(arch="gemma3", metadata={"gemma3.final_logit_softcapping": 3.0}),
-    "llama-ignored-keys": dict(arch="llama", **LLAMA_WIDE, metadata={"llama.attention.scale": 0.5,
-                                                                      "llama.attention.sliding_window": gguf.GGUFValue(8, gguf.GGUFValueType.UINT32)}),
+    "llama-ignored-keys": dict(
+        arch="llama",
+        **LLAMA_WIDE,
+        metadata={
+            "llama.attention.scale": 0.5,
+            "llama.attention.sliding_window": gguf.GGUFValue(8, gguf.GGUFValueType.UINT32),
+        },
+    ),
 }
 
 

@@ -1,4 +1,5 @@
 """The test GGUF factory writes what it claims: real files that gguf-py reads back, and broken ones."""
+
 import gguf
 import numpy as np
 import pytest

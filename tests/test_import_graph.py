@@ -113,8 +113,9 @@ def test_the_circle_finder_finds_a_circle():
 
 def test_the_graph_sees_deferred_and_type_checking_imports(tmp_path):
     (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "one.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                            "    from .two import Thing\n")
+    (tmp_path / "pkg" / "one.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .two import Thing\n"
+    )
     (tmp_path / "pkg" / "two.py").write_text("def f():\n    from . import one\n")
     modules = {"miro.pkg.one": tmp_path / "pkg" / "one.py", "miro.pkg.two": tmp_path / "pkg" / "two.py"}
     graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
@@ -126,7 +127,6 @@ def test_no_import_circles():
     assert "miro.core.engine.engine" in modules and "miro.worker.process.batch_worker" in modules
     graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
     assert import_circles(graph) == []
-
 
 
 # what each layer may import, by the names its imports spell (so the test sees `from miro.worker import X` too,
@@ -160,9 +160,14 @@ def test_the_layer_check_sees_a_library_module_importing_the_process(tmp_path):
     (tmp_path / "lib2.py").write_text("from miro.worker.process.jobs import generate\nfrom ...api import app\n")
     (tmp_path / "api.py").write_text("from miro.worker.process import batch_worker\nimport miro.cli.main\n")
     (tmp_path / "ok.py").write_text("from miro.core import defaults\nfrom . import keys\n")
-    modules = {"miro.worker.fleet.lib": tmp_path / "lib.py", "miro.worker.fleet.sub.lib2": tmp_path / "lib2.py",
-               "miro.worker.api.routes": tmp_path / "api.py", "miro.worker.fleet.ok": tmp_path / "ok.py",
-               "miro.worker.fleet.records.keys": tmp_path / "ok.py", "miro.worker.process.batch_worker": tmp_path / "ok.py"}
+    modules = {
+        "miro.worker.fleet.lib": tmp_path / "lib.py",
+        "miro.worker.fleet.sub.lib2": tmp_path / "lib2.py",
+        "miro.worker.api.routes": tmp_path / "api.py",
+        "miro.worker.fleet.ok": tmp_path / "ok.py",
+        "miro.worker.fleet.records.keys": tmp_path / "ok.py",
+        "miro.worker.process.batch_worker": tmp_path / "ok.py",
+    }
     assert layer_violations(modules) == [
         "miro.worker.api.routes (miro.worker.api) imports miro.cli.main",
         "miro.worker.api.routes (miro.worker.api) imports miro.worker.process.batch_worker",
@@ -174,5 +179,7 @@ def test_the_layer_check_sees_a_library_module_importing_the_process(tmp_path):
 
 def test_each_layer_imports_only_what_it_may():
     modules = module_files()
-    assert {"miro.worker.fleet.intake.submit", "miro.worker.process.batch_worker", "miro.worker.api.app"} <= set(modules)
+    assert {"miro.worker.fleet.intake.submit", "miro.worker.process.batch_worker", "miro.worker.api.app"} <= set(
+        modules
+    )
     assert layer_violations(modules) == []

@@ -16,7 +16,14 @@ import miro
 from miro import LLM, SamplingParams, StructuredOutputsParams
 from miro.core import MiroError
 from miro.core import SamplingParams as EngineSamplingParams
-from miro.core.llm import CompletionOutput, EmbeddingRequestOutput, GuidedDecodingParams, LLMError, Logprob, RequestOutput
+from miro.core.llm import (
+    CompletionOutput,
+    EmbeddingRequestOutput,
+    GuidedDecodingParams,
+    LLMError,
+    Logprob,
+    RequestOutput,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "vllm"
 
@@ -39,8 +46,10 @@ def refused(call, *args, **kwargs) -> str:
 
 
 def test_the_miro_package_exports_vllms_names_lazily():
-    probe = ("import sys; import miro; from miro import LLM, SamplingParams, StructuredOutputsParams; "
-             "import miro.core; print(LLM.__module__, 'numba' in sys.modules)")
+    probe = (
+        "import sys; import miro; from miro import LLM, SamplingParams, StructuredOutputsParams; "
+        "import miro.core; print(LLM.__module__, 'numba' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd="/")
     assert done.stdout.split() == ["miro.core.llm", "False"], done.stderr
     assert miro.SamplingParams is SamplingParams and issubclass(SamplingParams, EngineSamplingParams)
@@ -52,20 +61,23 @@ def test_the_miro_package_exports_vllms_names_lazily():
 # -- refusals, before any model is loaded ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("options, words", [
-    ({"no_such_option": 1}, "has no option 'no_such_option'"),
-    ({"dtype": "float16"}, "dtype 'float16' is not available"),
-    ({"dtype": "half"}, "dtype 'half' is not available"),
-    ({"tensor_parallel_size": 2}, "tensor_parallel_size must be 1"),
-    ({"quantization": "awq"}, "quantization 'awq' is not available"),
-    ({"gpu_memory_utilization": 0.9}, "gpu_memory_utilization is not an option"),
-    ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype 'fp8' is not available"),
-    ({"tokenizer": "other/tokenizer"}, "tokenizer must be left out"),
-    ({"task": "classify"}, "is not available"),
-    ({"revision": "main"}, "revision is not an option"),
-    ({"dtype": "float32", "weights": "native"}, "ask for different weight formats"),
-    ({"seed": -1}, "seed must be a non-negative integer"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"no_such_option": 1}, "has no option 'no_such_option'"),
+        ({"dtype": "float16"}, "dtype 'float16' is not available"),
+        ({"dtype": "half"}, "dtype 'half' is not available"),
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size must be 1"),
+        ({"quantization": "awq"}, "quantization 'awq' is not available"),
+        ({"gpu_memory_utilization": 0.9}, "gpu_memory_utilization is not an option"),
+        ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype 'fp8' is not available"),
+        ({"tokenizer": "other/tokenizer"}, "tokenizer must be left out"),
+        ({"task": "classify"}, "is not available"),
+        ({"revision": "main"}, "revision is not an option"),
+        ({"dtype": "float32", "weights": "native"}, "ask for different weight formats"),
+        ({"seed": -1}, "seed must be a non-negative integer"),
+    ],
+)
 def test_llm_refuses_what_miro_cannot_honour(tmp_path, options, words):
     message = refused(LLM, str(tmp_path / "never-loaded.gguf"), **options)
     assert words in message
@@ -75,50 +87,79 @@ def test_llm_refuses_a_model_it_cannot_find_in_one_sentence(tmp_path):
     assert "neither a known alias" in refused(LLM, str(tmp_path / "missing.gguf"))
 
 
-@pytest.mark.parametrize("fields, words", [
-    ({"logit_bias": {1: 2.0}}, "logit_bias is not supported"),
-    ({"prompt_logprobs": 1}, "prompt_logprobs is not supported"),
-    ({"best_of": 3}, "best_of is not supported"),
-    ({"allowed_token_ids": [1, 2]}, "allowed_token_ids is not supported"),
-    ({"bad_words": ["x"]}, "bad_words is not supported"),
-    ({"truncate_prompt_tokens": 8}, "truncate_prompt_tokens is not supported"),
-    ({"detokenize": False}, "detokenize is not supported"),
-    ({"logits_processors": [print]}, "logits_processors is not supported"),
-    ({"temperature": -1.0}, "temperature must be >= 0"),
-    ({"structured_outputs": StructuredOutputsParams(regex="a"), "guided_decoding": StructuredOutputsParams(regex="b")},
-     "not both"),
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"logit_bias": {1: 2.0}}, "logit_bias is not supported"),
+        ({"prompt_logprobs": 1}, "prompt_logprobs is not supported"),
+        ({"best_of": 3}, "best_of is not supported"),
+        ({"allowed_token_ids": [1, 2]}, "allowed_token_ids is not supported"),
+        ({"bad_words": ["x"]}, "bad_words is not supported"),
+        ({"truncate_prompt_tokens": 8}, "truncate_prompt_tokens is not supported"),
+        ({"detokenize": False}, "detokenize is not supported"),
+        ({"logits_processors": [print]}, "logits_processors is not supported"),
+        ({"temperature": -1.0}, "temperature must be >= 0"),
+        (
+            {
+                "structured_outputs": StructuredOutputsParams(regex="a"),
+                "guided_decoding": StructuredOutputsParams(regex="b"),
+            },
+            "not both",
+        ),
+    ],
+)
 def test_sampling_params_refuse_what_miro_cannot_honour(fields, words):
     assert words in refused(SamplingParams, **fields)
 
 
-@pytest.mark.parametrize("fields, words", [
-    ({}, "exactly one of"),
-    ({"json": {"type": "object"}, "regex": "a"}, "exactly one of"),
-    ({"regex": "a", "backend": "xgrammar"}, "backend 'xgrammar' is not available"),
-    ({"regex": "a", "whitespace_pattern": " "}, "whitespace_pattern is not supported"),
-    ({"grammar": "root ::= (((("}, "could not be converted"),
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({}, "exactly one of"),
+        ({"json": {"type": "object"}, "regex": "a"}, "exactly one of"),
+        ({"regex": "a", "backend": "xgrammar"}, "backend 'xgrammar' is not available"),
+        ({"regex": "a", "whitespace_pattern": " "}, "whitespace_pattern is not supported"),
+        ({"grammar": "root ::= (((("}, "could not be converted"),
+    ],
+)
 def test_structured_outputs_params_refuse_what_miro_cannot_honour(fields, words):
     def make():
         params = StructuredOutputsParams(**fields)
         return SamplingParams(structured_outputs=params)
+
     assert words in refused(make)
 
 
 def test_sampling_params_take_vllms_common_fields():
-    params = SamplingParams(n=2, temperature=0.7, top_p=0.9, top_k=-1, min_p=0.05, max_tokens=20, min_tokens=1,
-                            stop="\n\n", stop_token_ids=[2], seed=3, logprobs=2, presence_penalty=0.5,
-                            frequency_penalty=0.1, repetition_penalty=1.1, ignore_eos=False,
-                            skip_special_tokens=True, include_stop_str_in_output=True, best_of=2,
-                            spaces_between_special_tokens=False)
+    params = SamplingParams(
+        n=2,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=-1,
+        min_p=0.05,
+        max_tokens=20,
+        min_tokens=1,
+        stop="\n\n",
+        stop_token_ids=[2],
+        seed=3,
+        logprobs=2,
+        presence_penalty=0.5,
+        frequency_penalty=0.1,
+        repetition_penalty=1.1,
+        ignore_eos=False,
+        skip_special_tokens=True,
+        include_stop_str_in_output=True,
+        best_of=2,
+        spaces_between_special_tokens=False,
+    )
     assert params.stop == ["\n\n"] and params.n == 2 and params.top_k == -1
     assert SamplingParams(stop=None, stop_token_ids=None).stop == []
     # the older name, a GBNF grammar (as vLLM's examples write it) made Lark, and stop strings beside a constraint
     guided = SamplingParams(guided_decoding=GuidedDecodingParams(grammar='root ::= "a" | "b"'), stop=["x"])
     assert guided.structured_outputs.grammar.lstrip().startswith("%llguidance") and guided.guided_decoding is None
-    assert SamplingParams(structured_outputs=StructuredOutputsParams(choice=["yes", "no"])).structured_outputs.choice \
-        == ["yes", "no"]
+    assert SamplingParams(
+        structured_outputs=StructuredOutputsParams(choice=["yes", "no"])
+    ).structured_outputs.choice == ["yes", "no"]
     assert StructuredOutputsParams.from_optional() is None
     with pytest.raises(MiroError, match="cannot be combined"):  # miro's own SamplingParams keep their refusal
         EngineSamplingParams(structured_outputs={"regex": "a+"}, stop=["x"])
@@ -128,23 +169,30 @@ def test_sampling_params_take_vllms_common_fields():
 
 
 def run_example(name: str, *args: str, cwd: Path) -> str:
-    done = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
 
 def quoted(line: str, label: str):
     assert line.startswith(label), line
-    return ast.literal_eval(line[len(label):].strip())
+    return ast.literal_eval(line[len(label) :].strip())
 
 
 def test_vllm_basic_example(smollm2_path, tmp_path):
-    lines = [line for line in run_example("basic.py", cwd=tmp_path).splitlines() if line.startswith(("Prompt", "Output"))]
+    lines = [
+        line for line in run_example("basic.py", cwd=tmp_path).splitlines() if line.startswith(("Prompt", "Output"))
+    ]
     prompts = [quoted(line, "Prompt:") for line in lines[0::2]]
     outputs = [quoted(line, "Output:") for line in lines[1::2]]
-    assert prompts == ["Hello, my name is", "The president of the United States is", "The capital of France is",
-                       "The future of AI is"]
+    assert prompts == [
+        "Hello, my name is",
+        "The president of the United States is",
+        "The capital of France is",
+        "The future of AI is",
+    ]
     assert len(outputs) == 4 and all(isinstance(text, str) and text for text in outputs)
 
 
@@ -199,8 +247,9 @@ def test_llm_generate_gives_the_engines_greedy_text(llm, smollm2_path):
 
 
 def test_generate_output_shapes(llm):
-    outputs = llm.generate(["Hello, my name is", "The sky is"], SamplingParams(max_tokens=5, logprobs=2, seed=1),
-                           use_tqdm=False)
+    outputs = llm.generate(
+        ["Hello, my name is", "The sky is"], SamplingParams(max_tokens=5, logprobs=2, seed=1), use_tqdm=False
+    )
     assert len(outputs) == 2
     for out, prompt in zip(outputs, ["Hello, my name is", "The sky is"]):
         assert isinstance(out, RequestOutput) and isinstance(out.request_id, str) and out.finished
@@ -213,7 +262,8 @@ def test_generate_output_shapes(llm):
             assert token in position and all(isinstance(lp, Logprob) for lp in position.values())
             assert {lp.rank for lp in position.values() if lp.rank is not None} <= {1, 2}
         assert choice.cumulative_logprob == pytest.approx(
-            sum(position[token].logprob for token, position in zip(choice.token_ids, choice.logprobs)))
+            sum(position[token].logprob for token, position in zip(choice.token_ids, choice.logprobs))
+        )
     assert outputs[0].request_id != outputs[1].request_id
 
 
@@ -233,26 +283,38 @@ def test_generate_takes_vllms_prompt_forms(llm):
 def test_generate_n_stop_strings_and_seeds(llm):
     [out] = llm.generate("Count: 1, 2, 3,", SamplingParams(n=3, max_tokens=6, seed=5), use_tqdm=False)
     assert [c.index for c in out.outputs] == [0, 1, 2]
-    [plain, kept] = llm.generate(["Count: 1, 2, 3,"] * 2, [SamplingParams(temperature=0, max_tokens=20, stop=[","]),
-                                                          SamplingParams(temperature=0, max_tokens=20, stop=[","],
-                                                                         include_stop_str_in_output=True)],
-                                 use_tqdm=False)
+    [plain, kept] = llm.generate(
+        ["Count: 1, 2, 3,"] * 2,
+        [
+            SamplingParams(temperature=0, max_tokens=20, stop=[","]),
+            SamplingParams(temperature=0, max_tokens=20, stop=[","], include_stop_str_in_output=True),
+        ],
+        use_tqdm=False,
+    )
     assert plain.outputs[0].stop_reason == "," and plain.outputs[0].finish_reason == "stop"
     assert kept.outputs[0].text == plain.outputs[0].text + ","
 
 
 def test_llm_seed_makes_unseeded_requests_repeat(smollm2_path):
     params = SamplingParams(temperature=1.0, max_tokens=8)
-    runs = [[o.outputs[0].text for o in LLM(str(smollm2_path), seed=11).generate(["Once upon a time"] * 3, params,
-                                                                                  use_tqdm=False)]
-            for _ in range(2)]
+    runs = [
+        [
+            o.outputs[0].text
+            for o in LLM(str(smollm2_path), seed=11).generate(["Once upon a time"] * 3, params, use_tqdm=False)
+        ]
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1]
 
 
 def test_structured_outputs_with_a_stop_string(llm):
     # at most 8 letters a side: the constraint is complete, its "\n" the stop string, well within max_tokens
-    params = SamplingParams(structured_outputs=StructuredOutputsParams(regex=r"[a-z]{1,8}@[a-z]{1,8}\.com\n"),
-                            stop=["\n"], temperature=0, max_tokens=40)
+    params = SamplingParams(
+        structured_outputs=StructuredOutputsParams(regex=r"[a-z]{1,8}@[a-z]{1,8}\.com\n"),
+        stop=["\n"],
+        temperature=0,
+        max_tokens=40,
+    )
     [out] = llm.generate("Alan Turing's email address is", params, use_tqdm=False)
     choice = out.outputs[0]
     assert re.fullmatch(r"[a-z]+@[a-z]+\.com", choice.text), choice.text
@@ -262,8 +324,9 @@ def test_structured_outputs_with_a_stop_string(llm):
 def test_chat(llm):
     conversation = [{"role": "user", "content": "What is the capital of France?"}]
     [one] = llm.chat(conversation, GREEDY, use_tqdm=False)
-    assert one.prompt == llm.get_tokenizer().apply_chat_template(conversation, tokenize=False,
-                                                                 add_generation_prompt=True)
+    assert one.prompt == llm.get_tokenizer().apply_chat_template(
+        conversation, tokenize=False, add_generation_prompt=True
+    )
     [direct] = llm.generate(one.prompt, GREEDY, use_tqdm=False)
     assert one.outputs[0].text == direct.outputs[0].text
     parts = [{"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]}]
@@ -274,7 +337,8 @@ def test_chat(llm):
     assert cont.prompt.endswith("<|im_start|>assistant\nThe capital of France")
     assert "chat_template is not supported" in refused(llm.chat, conversation, chat_template="{{ messages }}")
     assert "'image_url' is not supported" in refused(
-        llm.chat, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+        llm.chat, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    )
 
 
 def test_tokenizer(llm):

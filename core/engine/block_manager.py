@@ -80,7 +80,7 @@ class BlockManager:
         """(tokens, key) of each full block of `token_ids`, each key chained with the one before it."""
         key = NO_HASH
         for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
-            chunk = tuple(token_ids[start:start + self.block_size])
+            chunk = tuple(token_ids[start : start + self.block_size])
             key = block_hash(key, chunk)
             yield chunk, key
 
@@ -186,7 +186,7 @@ class BlockManager:
         for i in range(num_tokens // self.block_size):
             block = self.blocks[seq.block_table[i]]
             if block.hash == NO_HASH:
-                chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+                chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
                 block.hash, block.token_ids, block.parent_id = block_hash(key, chunk), chunk, parent_id
                 self.cached.setdefault(block.hash, block.block_id)
             key, parent_id = block.hash, block.block_id

@@ -58,7 +58,9 @@ class Unit:
             row = WEIGHT_TYPES[GGMLQuantizationType(self.args[0])]
             kernels = row.kernels_on(cpu.TIER)  # the loop shapes its layout on this tier calls
             names = ("tiles",) if row.plan(cpu.TIER).layout == "tiles" else ("rows", "lanes")
-            return [k for k in (getattr(kernels, name, None) for name in names) if k is not None and hasattr(k, "_cache")]
+            return [
+                k for k in (getattr(kernels, name, None) for name in names) if k is not None and hasattr(k, "_cache")
+            ]
         if self.kind == "attention":
             from miro.core.layers import attention
 
@@ -78,8 +80,11 @@ def plan(gguf, config, weight_format: str, kv_cache_dtype: str) -> list[Unit]:
     units = [Unit("attention", (kv_cache_dtype, config.attn_logit_softcap > 0)), Unit("pointwise")]
     if weight_format == "native":
         types = {t.type for t in matmul_tensors(gguf)}
-        units += [Unit("linear", (int(t), "native")) for t in sorted(types)
-                  if WEIGHT_TYPES.get(t) is not None and WEIGHT_TYPES[t].native]
+        units += [
+            Unit("linear", (int(t), "native"))
+            for t in sorted(types)
+            if WEIGHT_TYPES.get(t) is not None and WEIGHT_TYPES[t].native
+        ]
     return units
 
 
@@ -146,13 +151,26 @@ def start(units: list[Unit], log: Callable[[str], None] = lambda m: None) -> Ahe
     n = worker_count(len(units))
     todo = cold(units) if n else []
     shares = deal(todo, worker_count(len(todo))) if todo else []
-    processes = [subprocess.Popen([sys.executable, "-m", "miro.core.engine.compile_ahead",
-                                   json.dumps([[u.kind, list(u.args)] for u in share])],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True) for share in shares]
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "miro.core.engine.compile_ahead",
+                json.dumps([[u.kind, list(u.args)] for u in share]),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for share in shares
+    ]
     if processes:
-        log(f"compiling {len(todo)} kernel families ahead in {len(processes)} processes (numba's cache lacks them "
-            f"for this CPU; `miro warmup` fills it before a run)")
+        log(
+            f"compiling {len(todo)} kernel families ahead in {len(processes)} processes (numba's cache lacks them "
+            f"for this CPU; `miro warmup` fills it before a run)"
+        )
     return Ahead(processes, len(todo), log)
 
 
@@ -226,15 +244,21 @@ def _attention(kv_cache_dtype: str, softcap: bool) -> None:
     from miro.core.models.common import attention
 
     n_heads, n_kv_heads, head_dim, block_size, n_tokens = 2, 1, 16, 16, 2
-    config = SimpleNamespace(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, q_dim=n_heads * head_dim,
-                             rope_neox=False)
+    config = SimpleNamespace(
+        n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, q_dim=n_heads * head_dim, rope_neox=False
+    )
     storage = KV_STORAGE[kv_cache_dtype]
-    cache = SimpleNamespace(k=np.zeros((1, 2, n_kv_heads, head_dim, block_size), storage),
-                            v=np.zeros((1, 2, n_kv_heads, block_size, head_dim), storage))
+    cache = SimpleNamespace(
+        k=np.zeros((1, 2, n_kv_heads, head_dim, block_size), storage),
+        v=np.zeros((1, 2, n_kv_heads, block_size, head_dim), storage),
+    )
     # the dtypes of step_input.build_step_input's arrays
-    step = SimpleNamespace(positions=np.arange(n_tokens, dtype=np.int32), slots=np.arange(n_tokens, dtype=np.int64),
-                           block_tables=np.zeros((1, 2), np.int32),
-                           attn_items=np.array([[0, 0, 0, n_tokens]], np.int32))
+    step = SimpleNamespace(
+        positions=np.arange(n_tokens, dtype=np.int32),
+        slots=np.arange(n_tokens, dtype=np.int64),
+        block_tables=np.zeros((1, 2), np.int32),
+        attn_items=np.array([[0, 0, 0, n_tokens]], np.int32),
+    )
     qkv = np.zeros((n_tokens, (n_heads + 2 * n_kv_heads) * head_dim), np.float32)
     rope = (np.ones((n_tokens, head_dim // 2), np.float32), np.zeros((n_tokens, head_dim // 2), np.float32))
     out = np.empty((n_tokens, n_heads, head_dim), np.float32)

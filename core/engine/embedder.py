@@ -39,8 +39,15 @@ class EmbeddingRequest:
 
 
 class Embedder:
-    def __init__(self, model, tokenizer, max_model_len: int, batch_tokens: int, runner=None,
-                 block_manager: BlockManager | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        max_model_len: int,
+        batch_tokens: int,
+        runner=None,
+        block_manager: BlockManager | None = None,
+    ):
         """runner and block_manager: the engine's, for a decoder (its KV cache); None for an encoder."""
         self.model = model
         self.tokenizer = tokenizer
@@ -65,8 +72,15 @@ class Embedder:
         ids = self._token_ids(prompt, params.truncate_prompt_tokens)
         if params.dimensions is not None and params.dimensions > self.dim:
             raise RequestError(f"dimensions is {params.dimensions}, but the model's embeddings have {self.dim}.")
-        return EmbeddingRequest(request_id, prompt if isinstance(prompt, str) else None, ids, params,
-                                params.pooling_type or self.default_pooling, priority, next(self._arrivals))
+        return EmbeddingRequest(
+            request_id,
+            prompt if isinstance(prompt, str) else None,
+            ids,
+            params,
+            params.pooling_type or self.default_pooling,
+            priority,
+            next(self._arrivals),
+        )
 
     def _token_ids(self, prompt, truncate: int | None) -> list[int]:
         tokenizer = self.tokenizer
@@ -87,11 +101,15 @@ class Embedder:
         n = len(head) + len(body) + len(tail)
         if n > limit:
             if truncate is None:
-                raise RequestError(f"the input has {n:,} tokens, more than the model's context of "
-                                   f"{self.max_model_len:,}: shorten it, or set truncate_prompt_tokens (--truncate) to cut it.")
+                raise RequestError(
+                    f"the input has {n:,} tokens, more than the model's context of "
+                    f"{self.max_model_len:,}: shorten it, or set truncate_prompt_tokens (--truncate) to cut it."
+                )
             if limit <= len(head) + len(tail):
-                raise RequestError(f"truncate_prompt_tokens is {truncate}: too few for the model's "
-                                   f"{len(head) + len(tail)} special tokens and any text.")
+                raise RequestError(
+                    f"truncate_prompt_tokens is {truncate}: too few for the model's "
+                    f"{len(head) + len(tail)} special tokens and any text."
+                )
             body = body[: limit - len(head) - len(tail)]  # the first tokens stay, as sentence-transformers keeps them
         return head + body + tail
 
@@ -138,14 +156,15 @@ class Embedder:
         try:
             vector = finish(pool(hidden, request.pooling_type), request.params)
         except Exception as exc:  # noqa: BLE001 - this request's fault, said in its output
-            return EmbeddingRequestOutput(request.request_id, request.prompt, request.token_ids,
-                                          error=request_fault("pooling its embedding", exc))
+            return EmbeddingRequestOutput(
+                request.request_id, request.prompt, request.token_ids, error=request_fault("pooling its embedding", exc)
+            )
         return EmbeddingRequestOutput(request.request_id, request.prompt, request.token_ids, vector)
 
     def _encode(self, batch: list[EmbeddingRequest]) -> list[np.ndarray]:
         packed = encoder_input([r.token_ids for r in batch])
         states = self.model.encode(packed)
-        return [states[packed.bounds[k]:packed.bounds[k + 1]] for k in range(len(batch))]
+        return [states[packed.bounds[k] : packed.bounds[k + 1]] for k in range(len(batch))]
 
     def _fits_cache(self, batch: list[EmbeddingRequest]) -> bool:
         bm = self.block_manager
@@ -160,11 +179,10 @@ class Embedder:
             for seq in seqs:
                 bm.grow(seq, seq.num_tokens)
             chunks = [(seq.prompt_token_ids, 0, seq.block_table) for seq in seqs]
-            step = build_step_input(chunks, self.runner.block_size, self.model.config.n_kv_heads,
-                                    [False] * len(chunks))
+            step = build_step_input(chunks, self.runner.block_size, self.model.config.n_kv_heads, [False] * len(chunks))
             states = self.model.hidden_states(step, self.runner.cache)
         finally:
             for seq in seqs:
                 bm.release(seq)
         bounds = np.cumsum([0] + [len(r.token_ids) for r in batch])
-        return [states[bounds[k]:bounds[k + 1]] for k in range(len(batch))]
+        return [states[bounds[k] : bounds[k + 1]] for k in range(len(batch))]

@@ -49,7 +49,6 @@ from miro.core.tokenizers.tokenizer import IncrementalDetokenizer, Tokenizer
 from miro.core.loading.weight_format import choose_weight_format, f32_weight_bytes, matmul_tensors, native_speedup
 
 
-
 class Engine:
     def __init__(self, model: Model, tokenizer: Tokenizer, config: EngineConfig | None = None, *, model_name: str = ""):
         """An engine over a loaded model; config: every option (EngineConfig's defaults when None). The weights'
@@ -71,23 +70,33 @@ class Engine:
         # what the model does: "generate" (a decoder), or "embed" (an encoder, or a decoder with a pooling type)
         self.supported_tasks: tuple[str, ...] = ("embed",) if self.config.pooling_type else ("generate",)
         # an encoder has no KV cache: its runner and block manager hold nothing
-        self.runner = (ModelRunner(model, block_size, config.num_kv_blocks, config.kv_cache_memory, self.kv_cache_dtype)
-                       if self.config.causal else None)
+        self.runner = (
+            ModelRunner(model, block_size, config.num_kv_blocks, config.kv_cache_memory, self.kv_cache_dtype)
+            if self.config.causal
+            else None
+        )
         self.max_model_len = min(config.max_model_len or self.config.context_length, self.config.context_length)
-        self.block_manager = BlockManager(self.runner.num_kv_blocks if self.runner else 0, block_size,
-                                          config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            self.runner.num_kv_blocks if self.runner else 0, block_size, config.enable_prefix_caching
+        )
         max_num_batched_tokens = config.max_num_batched_tokens
         if not config.enable_chunked_prefill:  # every prompt must fit in one step
             max_num_batched_tokens = max(max_num_batched_tokens, self.max_model_len)
         if "embed" in self.supported_tasks:
             max_num_seqs = config.max_num_seqs or defaults.EMBED_MAX_NUM_SEQS
-            self.embedder = Embedder(model, tokenizer, self.max_model_len, config.embed_batch_tokens, self.runner,
-                                     self.block_manager)
+            self.embedder = Embedder(
+                model, tokenizer, self.max_model_len, config.embed_batch_tokens, self.runner, self.block_manager
+            )
         else:
             max_num_seqs = config.max_num_seqs or seats_for(self.block_manager.num_blocks * block_size)
             self.embedder = None
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
-                                   config.enable_chunked_prefill, config.admission_order)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs,
+            max_num_batched_tokens,
+            config.enable_chunked_prefill,
+            config.admission_order,
+        )
         self.structured = StructuredOutputs(tokenizer, self.config.vocab_size)
         self.requests: dict[str, Request] = {}
         self._aborted: list[RequestOutput | EmbeddingRequestOutput] = []
@@ -96,8 +105,13 @@ class Engine:
         self.load_times: LoadTimes | None = None
 
     @classmethod
-    def from_model(cls, name_or_path: str | Path, log: Callable[[str], None] = lambda m: None,
-                   config: EngineConfig | None = None, **options) -> "Engine":
+    def from_model(
+        cls,
+        name_or_path: str | Path,
+        log: Callable[[str], None] = lambda m: None,
+        config: EngineConfig | None = None,
+        **options,
+    ) -> "Engine":
         """Load an alias (pulled on first use) or a .gguf path; config, or the options as EngineConfig's keywords.
 
         weights: "native" keeps every matrix as stored in the file (batch-invariant by construction), "f32"
@@ -115,16 +129,24 @@ class Engine:
         gguf = GGUFFile(path)
         model_config = read_config(gguf)  # an architecture miro does not run stops here
         # the context it runs with, as __init__ computes max_model_len (Phi-3's longrope chooses its factors by it)
-        model_config = replace(model_config, n_ctx=min(config.max_model_len or model_config.context_length,
-                                                       model_config.context_length))
+        model_config = replace(
+            model_config, n_ctx=min(config.max_model_len or model_config.context_length, model_config.context_length)
+        )
         tier = cpu.TIER.name
-        choice = choose_weight_format(config.weights, f32_weight_bytes(gguf), config.max_weight_memory,
-                                      native_speedup(matmul_tensors(gguf), tier), tier,
-                                      encoder=not model_config.causal, has_bf16=cpu.HAS_BF16_DOT,
-                                      has_int16=cpu.HAS_INT16_DOT)
+        choice = choose_weight_format(
+            config.weights,
+            f32_weight_bytes(gguf),
+            config.max_weight_memory,
+            native_speedup(matmul_tensors(gguf), tier),
+            tier,
+            encoder=not model_config.causal,
+            has_bf16=cpu.HAS_BF16_DOT,
+            has_int16=cpu.HAS_INT16_DOT,
+        )
         # the kernels numba's cache lacks, compiled by other processes while this one loads
-        ahead = compile_ahead.start(compile_ahead.plan(gguf, model_config, choice.format,
-                                                       check_kv_cache_dtype(config.kv_cache_dtype)), log)
+        ahead = compile_ahead.start(
+            compile_ahead.plan(gguf, model_config, choice.format, check_kv_cache_dtype(config.kv_cache_dtype)), log
+        )
         t1 = time.perf_counter()
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, source=str(path))
         t2 = time.perf_counter()
@@ -187,8 +209,11 @@ class Engine:
             )
 
     def add_request(
-        self, prompt: str | Seq[int], params: SamplingParams | PoolingParams | None = None,
-        request_id: str | None = None, priority: int = 0,
+        self,
+        prompt: str | Seq[int],
+        params: SamplingParams | PoolingParams | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
     ) -> str:
         """Queue a request (text, or token ids); returns its id. A request that cannot be served raises RequestError.
 
@@ -226,8 +251,9 @@ class Engine:
         """Token ids a request names (stop_token_ids) must be the model's: RequestError otherwise."""
         outside = sorted(t for t in params.stop_token_ids if t >= self.config.vocab_size)
         if outside:
-            raise RequestError(f"stop_token_ids has {outside[0]}, outside the model's vocabulary "
-                               f"(0..{self.config.vocab_size - 1}).")
+            raise RequestError(
+                f"stop_token_ids has {outside[0]}, outside the model's vocabulary (0..{self.config.vocab_size - 1})."
+            )
 
     def refusal(self, task: str) -> str | None:
         """Why the model cannot do `task` ("generate" or "embed"), in one sentence naming it; None if it can."""
@@ -235,13 +261,15 @@ class Engine:
             return None
         name = f"model '{self.model_name}'" if self.model_name else "the model"
         if task == "embed":
-            return (f"{name} cannot embed: it generates text, and its file names no pooling type "
-                    f"({self.config.architecture}.pooling_type); embed with an embedding model such as {DEFAULT_EMBEDDING_MODEL}.")
-        return (f"{name} is an embedding model: it embeds text (/v1/embeddings, PoolingParams) and cannot "
-                f"generate it.")
+            return (
+                f"{name} cannot embed: it generates text, and its file names no pooling type "
+                f"({self.config.architecture}.pooling_type); embed with an embedding model such as {DEFAULT_EMBEDDING_MODEL}."
+            )
+        return f"{name} is an embedding model: it embeds text (/v1/embeddings, PoolingParams) and cannot generate it."
 
-    def _new_sequence(self, request_id: str, index: int, ids: list[int], params: SamplingParams,
-                      matcher=None, priority: int = 0) -> Sequence:
+    def _new_sequence(
+        self, request_id: str, index: int, ids: list[int], params: SamplingParams, matcher=None, priority: int = 0
+    ) -> Sequence:
         # choice i of a seeded request has its own fixed stream, independent of the batch
         rng = np.random.default_rng(None if params.seed is None else [params.seed, index])
         detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens)
@@ -251,8 +279,9 @@ class Engine:
         """Stop a request; its output (finish_reason "abort") comes with the next step(). False if unknown."""
         embedding = self.embedder.abort(str(request_id)) if self.embedder is not None else None
         if embedding is not None:
-            self._aborted.append(EmbeddingRequestOutput(embedding.request_id, embedding.prompt, embedding.token_ids,
-                                                        error="aborted"))
+            self._aborted.append(
+                EmbeddingRequestOutput(embedding.request_id, embedding.prompt, embedding.token_ids, error="aborted")
+            )
             return True
         request = self.requests.pop(str(request_id), None)
         if request is None:
@@ -343,14 +372,25 @@ class Engine:
         dropped = [*self.requests, *self.embedding_requests]
         self.requests.clear()
         self._aborted = []
-        self.block_manager = BlockManager(self.block_manager.num_blocks, self.block_size,
-                                          self.engine_config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, self.scheduler.max_num_seqs,
-                                   self.scheduler.max_num_batched_tokens, self.engine_config.enable_chunked_prefill,
-                                   self.engine_config.admission_order)
+        self.block_manager = BlockManager(
+            self.block_manager.num_blocks, self.block_size, self.engine_config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            self.scheduler.max_num_seqs,
+            self.scheduler.max_num_batched_tokens,
+            self.engine_config.enable_chunked_prefill,
+            self.engine_config.admission_order,
+        )
         if self.embedder is not None:
-            self.embedder = Embedder(self.model, self.tokenizer, self.max_model_len,
-                                     self.engine_config.embed_batch_tokens, self.runner, self.block_manager)
+            self.embedder = Embedder(
+                self.model,
+                self.tokenizer,
+                self.max_model_len,
+                self.engine_config.embed_batch_tokens,
+                self.runner,
+                self.block_manager,
+            )
         return dropped
 
     def _embed_step(self, step_started: float) -> list[EmbeddingRequestOutput]:
@@ -369,8 +409,9 @@ class Engine:
         """n > 1: the other choices share the parent's prompt blocks (copy-on-write) and sample from its logits."""
         for index in range(1, request.params.n):
             matcher = parent.matcher.deep_copy() if parent.matcher is not None else None  # before the parent moves
-            child = self._new_sequence(request.request_id, index, parent.prompt_token_ids, request.params, matcher,
-                                       parent.priority)
+            child = self._new_sequence(
+                request.request_id, index, parent.prompt_token_ids, request.params, matcher, parent.priority
+            )
             self.block_manager.fork(parent, child)
             request.seqs.append(child)  # the request's from here: a fault below frees its blocks with the rest
             self.scheduler.add_running(child)
@@ -473,9 +514,11 @@ class Engine:
                 self.add_request(prompt, p, request_id)
             except RequestError as err:
                 text = prompt if isinstance(prompt, str) else None
-                results[request_id] = (RequestOutput(request_id, text, [], error=str(err), finished=True)
-                                       if label == "generate" else
-                                       EmbeddingRequestOutput(request_id, text, [], error=str(err)))
+                results[request_id] = (
+                    RequestOutput(request_id, text, [], error=str(err), finished=True)
+                    if label == "generate"
+                    else EmbeddingRequestOutput(request_id, text, [], error=str(err))
+                )
         progress = ProgressBar(len(prompts), enabled=use_tqdm, label=label)
         progress.advance(len(results))
         pending = set(order) - results.keys()  # a set: with 200,000 prompts a list's `in` took minutes
@@ -489,8 +532,9 @@ class Engine:
         progress.close()
         return [results[r] for r in order]
 
-    def embed(self, inputs: str | Seq[str | Seq[int]], params: PoolingParams | None = None,
-              use_tqdm: bool = False) -> np.ndarray:
+    def embed(
+        self, inputs: str | Seq[str | Seq[int]], params: PoolingParams | None = None, use_tqdm: bool = False
+    ) -> np.ndarray:
         """Embed every input (texts, or lists of token ids), batched: an (n, dimensions) float32 array in input
         order, L2-normalised unless params say not. An input the model cannot embed raises RequestError
         naming it."""
@@ -500,8 +544,9 @@ class Engine:
                 raise RequestError(f"input {k}: {out.error}")
         return np.stack([out.embedding for out in outputs]) if outputs else np.zeros((0, self.config.dim), np.float32)
 
-    def encode(self, inputs: str | Seq[str | Seq[int]], params: PoolingParams | None = None,
-               use_tqdm: bool = False) -> list[EmbeddingRequestOutput]:
+    def encode(
+        self, inputs: str | Seq[str | Seq[int]], params: PoolingParams | None = None, use_tqdm: bool = False
+    ) -> list[EmbeddingRequestOutput]:
         """Embed every input, batched; outputs in input order, a refused input's with `error` set."""
         if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
             inputs = [inputs]

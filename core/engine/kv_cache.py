@@ -10,8 +10,22 @@ from miro.core import defaults
 from miro.core.loading.model_config import ModelConfig
 from miro.core.errors import MiroError
 
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1024**2,
-          "g": 1e9, "gb": 1e9, "gib": 1024**3, "t": 1e12, "tb": 1e12, "tib": 1024**4}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1e3,
+    "kb": 1e3,
+    "kib": 1024,
+    "m": 1e6,
+    "mb": 1e6,
+    "mib": 1024**2,
+    "g": 1e9,
+    "gb": 1e9,
+    "gib": 1024**3,
+    "t": 1e12,
+    "tb": 1e12,
+    "tib": 1024**4,
+}
 
 
 def parse_size(text: str | int) -> int:
@@ -30,8 +44,9 @@ KV_STORAGE = {"float32": np.float32, "float16": np.uint16}
 
 def check_kv_cache_dtype(kv_cache_dtype: str) -> str:
     if kv_cache_dtype not in KV_STORAGE:
-        raise MiroError(f"the KV cache dtype must be one of {', '.join(defaults.KV_CACHE_DTYPES)}, "
-                        f"not {kv_cache_dtype!r}.")
+        raise MiroError(
+            f"the KV cache dtype must be one of {', '.join(defaults.KV_CACHE_DTYPES)}, not {kv_cache_dtype!r}."
+        )
     return kv_cache_dtype
 
 
@@ -40,8 +55,9 @@ def check_kv_layout(config: ModelConfig, block_size: int) -> None:
     if block_size % 16:
         raise MiroError(f"the KV cache's block size must be a multiple of 16 tokens, not {block_size}.")
     if config.head_dim % 16:
-        raise MiroError(f"miro's attention needs a head dimension that is a multiple of 16; this model's is "
-                        f"{config.head_dim}.")
+        raise MiroError(
+            f"miro's attention needs a head dimension that is a multiple of 16; this model's is {config.head_dim}."
+        )
 
 
 class KVCache:
@@ -49,8 +65,13 @@ class KVCache:
     k (n_layers, num_blocks, n_kv_heads, head_dim, block_size), v (n_layers, num_blocks, n_kv_heads,
     block_size, head_dim), as float32 or float16 ("float16" halves the bytes attention reads)."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = defaults.BLOCK_SIZE,
-                 dtype: str = defaults.KV_CACHE_DTYPE):
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int = defaults.BLOCK_SIZE,
+        dtype: str = defaults.KV_CACHE_DTYPE,
+    ):
         check_kv_layout(config, block_size)
         heads = (config.n_layers, num_blocks, config.n_kv_heads)
         self.num_blocks = num_blocks

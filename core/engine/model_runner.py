@@ -30,15 +30,22 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: Model, block_size: int, num_kv_blocks: int | None, kv_cache_memory: str | int,
-                 kv_cache_dtype: str = defaults.KV_CACHE_DTYPE):
+    def __init__(
+        self,
+        model: Model,
+        block_size: int,
+        num_kv_blocks: int | None,
+        kv_cache_memory: str | int,
+        kv_cache_dtype: str = defaults.KV_CACHE_DTYPE,
+    ):
         """A KV cache of num_kv_blocks blocks, or of as many as fit in kv_cache_memory ("1GiB", bytes),
         storing float32 or float16."""
         self.model = model
         self.block_size = block_size
         if num_kv_blocks is None:
-            num_kv_blocks = parse_size(kv_cache_memory) // KVCache.bytes_per_block(model.config, block_size,
-                                                                                  kv_cache_dtype)
+            num_kv_blocks = parse_size(kv_cache_memory) // KVCache.bytes_per_block(
+                model.config, block_size, kv_cache_dtype
+            )
         if num_kv_blocks < 1:
             raise RequestError(f"the KV cache must hold at least one block of {block_size} tokens.")
         self.cache = KVCache(model.config, num_kv_blocks, block_size, kv_cache_dtype)

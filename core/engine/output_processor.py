@@ -20,8 +20,10 @@ def append_token(seq: Sequence, token: int, stop_ids: set[int], max_model_len: i
     params = seq.params
     seq.output_token_ids.append(token)
     if seq.matcher is not None and not seq.matcher.consume_token(token):
-        raise MiroError(f"structured output: the grammar refused a token its own mask allowed "
-                        f"({first_line(seq.matcher.get_error())}).")
+        raise MiroError(
+            f"structured output: the grammar refused a token its own mask allowed "
+            f"({first_line(seq.matcher.get_error())})."
+        )
     if token in stop_ids:
         return _finish(seq, "stop", stop_reason=token)
     before = len(seq.text)
@@ -52,13 +54,22 @@ def request_output(request: Request, tokenizer) -> RequestOutput:
     """The request's snapshot: each choice's text, tokens, finish and logprobs so far (spelled with `tokenizer`), and
     a finished JSON-constrained choice's parsed output."""
     choices = [
-        CompletionOutput(s.index, s.text, list(s.output_token_ids), s.finish_reason, s.stop_reason,
-                         _spelled_logprobs(s, tokenizer) if s.params.logprobs is not None else None,
-                         parsed_json(s.params.structured_outputs, s.text, s.finish_reason))
+        CompletionOutput(
+            s.index,
+            s.text,
+            list(s.output_token_ids),
+            s.finish_reason,
+            s.stop_reason,
+            _spelled_logprobs(s, tokenizer) if s.params.logprobs is not None else None,
+            parsed_json(s.params.structured_outputs, s.text, s.finish_reason),
+        )
         for s in request.seqs
     ]
     return RequestOutput(
-        request.request_id, request.prompt, request.prompt_token_ids, choices,
+        request.request_id,
+        request.prompt,
+        request.prompt_token_ids,
+        choices,
         finished=all(s.finish_reason is not None for s in request.seqs),
         num_cached_tokens=request.seqs[0].num_cached_tokens,
     )
@@ -67,9 +78,13 @@ def request_output(request: Request, tokenizer) -> RequestOutput:
 def _spelled_logprobs(seq: Sequence, tokenizer) -> list[TokenLogprobs]:
     """The sequence's logprobs as TokenLogprobs, each token spelled once (a snapshot per step reads them all)."""
     spelled = seq.spelled_logprobs
-    for entry in seq.logprobs[len(spelled):]:
-        spelled.append(TokenLogprobs(**_spell(tokenizer, entry["token_id"], entry["logprob"]),
-                                     top_logprobs=[Logprob(**_spell(tokenizer, t, lp)) for t, lp in entry["top"]]))
+    for entry in seq.logprobs[len(spelled) :]:
+        spelled.append(
+            TokenLogprobs(
+                **_spell(tokenizer, entry["token_id"], entry["logprob"]),
+                top_logprobs=[Logprob(**_spell(tokenizer, t, lp)) for t, lp in entry["top"]],
+            )
+        )
     return list(spelled)
 
 

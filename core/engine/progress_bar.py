@@ -15,9 +15,14 @@ class ProgressBar:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[speed]}"), TimeRemainingColumn(),
-                                 console=Console(stderr=True))
+            self._bar = Progress(
+                TextColumn(label),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[speed]}"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+            )
             self._task = self._bar.add_task(label, total=total, speed="")
             self._bar.start()
 

@@ -47,7 +47,7 @@ class ScheduledSequence:
 
     @property
     def token_ids(self) -> list[int]:
-        return self.seq.token_ids[self.start:self.start + self.num_new_tokens]
+        return self.seq.token_ids[self.start : self.start + self.num_new_tokens]
 
 
 @dataclass
@@ -67,12 +67,19 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True, admission_order: str = defaults.ADMISSION_ORDER):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool = True,
+        admission_order: str = defaults.ADMISSION_ORDER,
+    ):
         self.block_manager = block_manager
         if admission_order not in defaults.ADMISSION_ORDERS:
-            raise MiroError(f"the admission order must be one of {', '.join(defaults.ADMISSION_ORDERS)}, "
-                            f"not {admission_order!r}.")
+            raise MiroError(
+                f"the admission order must be one of {', '.join(defaults.ADMISSION_ORDERS)}, not {admission_order!r}."
+            )
         self.admission_order = admission_order  # "prefix" or "arrival", within a priority
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -154,7 +161,7 @@ class Scheduler:
             return head
         bm = self.block_manager
         best, most = head, bm.cached_prompt_blocks(head)
-        for seq in self.waiting[1:defaults.ADMISSION_LOOKAHEAD]:
+        for seq in self.waiting[1 : defaults.ADMISSION_LOOKAHEAD]:
             if seq.priority != head.priority:
                 break
             cached = bm.cached_prompt_blocks(seq)

@@ -40,11 +40,18 @@ def warm_up(name_or_path: str, log: Callable[[str], None] = lambda m: None, **op
         else:
             vocab = engine.config.vocab_size
             short, long = [1, 2], [1 + i % (vocab - 1) for i in range(40)]  # a decode row; past every tile pass
-            engine.generate([short, long, short, long], [
-                SamplingParams(max_tokens=2, temperature=0), SamplingParams(max_tokens=2, temperature=0),
-                SamplingParams(max_tokens=2, temperature=0.8, top_p=0.9, seed=1),
-                SamplingParams(max_tokens=2, temperature=0, structured_outputs=StructuredOutputsParams(
-                    choice=["yes", "no"]))], use_tqdm=False)
+            engine.generate(
+                [short, long, short, long],
+                [
+                    SamplingParams(max_tokens=2, temperature=0),
+                    SamplingParams(max_tokens=2, temperature=0),
+                    SamplingParams(max_tokens=2, temperature=0.8, top_p=0.9, seed=1),
+                    SamplingParams(
+                        max_tokens=2, temperature=0, structured_outputs=StructuredOutputsParams(choice=["yes", "no"])
+                    ),
+                ],
+                use_tqdm=False,
+            )
     finally:
         counter.close()
     return WarmUp(ahead, tuple(counter.names), time.perf_counter() - started)

@@ -62,8 +62,12 @@ def _permission() -> bool:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    if libc.syscall(ctypes.c_long(SYS_ARCH_PRCTL), ctypes.c_long(ARCH_REQ_XCOMP_PERM),
-                    ctypes.c_ulong(XFEATURE_XTILEDATA)) != 0:
+    if (
+        libc.syscall(
+            ctypes.c_long(SYS_ARCH_PRCTL), ctypes.c_long(ARCH_REQ_XCOMP_PERM), ctypes.c_ulong(XFEATURE_XTILEDATA)
+        )
+        != 0
+    ):
         return False
     granted = ctypes.c_ulong(0)
     if libc.syscall(ctypes.c_long(SYS_ARCH_PRCTL), ctypes.c_long(ARCH_GET_XCOMP_PERM), ctypes.byref(granted)) != 0:
@@ -153,7 +157,7 @@ def gemm(a: np.ndarray, packed: np.ndarray, n: int | None = None, out: np.ndarra
     if out is None:
         out = np.empty((a.shape[0], col_tiles * TILE_COLS), np.int32)
     _gemm_tiles(a, packed, out, _CONFIG, get_num_threads())
-    return out[:m, :(col_tiles * TILE_COLS if n is None else n)]
+    return out[:m, : (col_tiles * TILE_COLS if n is None else n)]
 
 
 _CONFIG = config_bytes()
@@ -179,8 +183,12 @@ def _asm(builder, text: str, constraints: str, args=()):
 @intrinsic
 def tile_load_config(typingctx, config):
     def codegen(context, builder, sig, args):
-        _asm(builder, "ldtilecfg ($0)", "r,~{memory}", [_byte_address(context, builder, sig.args[0], args[0],
-                                                                       ir.Constant(ir.IntType(64), 0))])
+        _asm(
+            builder,
+            "ldtilecfg ($0)",
+            "r,~{memory}",
+            [_byte_address(context, builder, sig.args[0], args[0], ir.Constant(ir.IntType(64), 0))],
+        )
         return context.get_dummy_value()
 
     return types.void(config), codegen
@@ -243,7 +251,9 @@ def _tile_product(mnemonic: str, operands: str):
 
         return types.void(c, a, b), codegen
 
-    product.__doc__ = f"tmm c (16 x 16 int32) += tmm a ({operands[0]}int8 rows) times tmm b ({operands[1]}int8, VNNI layout)."
+    product.__doc__ = (
+        f"tmm c (16 x 16 int32) += tmm a ({operands[0]}int8 rows) times tmm b ({operands[1]}int8, VNNI layout)."
+    )
     return product
 
 
@@ -317,7 +327,7 @@ def config_bytes_blocks32() -> np.ndarray:
     config = config_bytes()
     colsb = config[16:32].view(np.uint16)
     colsb[4:6] = BLOCK
-    config[48 + 6:48 + 8] = BLOCK // 4
+    config[48 + 6 : 48 + 8] = BLOCK // 4
     return config
 
 
@@ -418,7 +428,8 @@ def _gemm_blocks32(a, d_a, packed, d_w, out, config, threads):
                     rt, ct = q // 2, q % 2
                     if rt < m_here and ct < n_tiles:
                         for r in range(TILE_ROWS):
-                            out[(i + rt) * TILE_ROWS + r, (j0 + ct) * TILE_COLS:(j0 + ct + 1) * TILE_COLS] = \
-                                acc[(q * TILE_ROWS + r) * TILE_COLS:(q * TILE_ROWS + r + 1) * TILE_COLS]
+                            out[(i + rt) * TILE_ROWS + r, (j0 + ct) * TILE_COLS : (j0 + ct + 1) * TILE_COLS] = acc[
+                                (q * TILE_ROWS + r) * TILE_COLS : (q * TILE_ROWS + r + 1) * TILE_COLS
+                            ]
         tile_release()
     return out

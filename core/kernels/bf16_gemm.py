@@ -49,12 +49,14 @@ _BF16_PAIRS = ir.VectorType(_BFloat(), 2 * LANES)
 @intrinsic
 def dot_bf16(typingctx, acc, pair, weights):
     """acc + (the two bfloat16 of `pair`, in every lane) . (the 16 bfloat16 pairs of `weights`): vdpbf16ps."""
+
     def codegen(context, builder, sig, args):
         vi = ir.VectorType(ir.IntType(32), LANES)
         vf = ir.VectorType(ir.FloatType(), LANES)
         broadcast = builder.bitcast(splat(builder, args[1], vi), _BF16_PAIRS)
-        dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, _BF16_PAIRS, _BF16_PAIRS]),
-                                             "llvm.x86.avx512bf16.dpbf16ps.512")
+        dot = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vf, [vf, _BF16_PAIRS, _BF16_PAIRS]), "llvm.x86.avx512bf16.dpbf16ps.512"
+        )
         return builder.call(dot, [args[0], broadcast, builder.bitcast(args[2], _BF16_PAIRS)])
 
     return float32x16(float32x16, types.uint32, int32x16), codegen
@@ -81,8 +83,9 @@ def to_bf16_pairs(a, out):
 def pack_bf16(w: np.ndarray) -> np.ndarray:
     """(K, N) float32 -> the panels of k-pairs as uint32 (ceil(N / 32), ceil(K / 2), 32), zero-padded."""
     k_dim, n_cols = w.shape
-    pairs = to_bf16_pairs(np.ascontiguousarray(w.T, dtype=np.float32),
-                          np.empty((n_cols, -(-k_dim // 2)), np.uint32))  # (N, K2)
+    pairs = to_bf16_pairs(
+        np.ascontiguousarray(w.T, dtype=np.float32), np.empty((n_cols, -(-k_dim // 2)), np.uint32)
+    )  # (N, K2)
     n_panels = -(-n_cols // PANEL)
     padded = np.zeros((n_panels * PANEL, pairs.shape[1]), np.uint32)
     padded[:n_cols] = pairs
@@ -115,7 +118,7 @@ def _build():
                 for m0 in range(0, n_rows, ROWS):
                     _tile(a, w, p * k2_dim * PANEL, m0, j0, j1, sums)
             for m in range(n_out):
-                out[m, n0:n0 + width] = sums[m, :width]
+                out[m, n0 : n0 + width] = sums[m, :width]
         return out
 
     return matmul

@@ -29,6 +29,7 @@ def cached_variant(variant: str, **options):
     fails with "In 'NRT_adapt_ndarray_to_python', 'descr' is NULL". Distinct qualnames also give each
     variant its own cache index.
     """
+
     def decorate(function):
         function.__qualname__ = f"{function.__qualname__}_{variant}"
         function.__name__ = f"{function.__name__}_{variant}"

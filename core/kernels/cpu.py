@@ -49,8 +49,13 @@ _BASE_256 = frozenset({"avx2", "fma", "f16c"})
 _BASE_512 = _BASE_256 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 
 TIERS: dict[str, Tier] = {
-    "avx512-vnni": Tier("avx512-vnni", 512, "vpdpbusd", _BASE_512 | {"avx512vnni"},
-                        ("avx512-vnni", "avx512", "avx-vnni", "avx2", "portable")),
+    "avx512-vnni": Tier(
+        "avx512-vnni",
+        512,
+        "vpdpbusd",
+        _BASE_512 | {"avx512vnni"},
+        ("avx512-vnni", "avx512", "avx-vnni", "avx2", "portable"),
+    ),
     "avx512": Tier("avx512", 512, "vpmaddubsw", _BASE_512, ("avx512", "avx2", "portable")),
     "avx-vnni": Tier("avx-vnni", 256, "vpdpbusd", _BASE_256 | {"avxvnni"}, ("avx-vnni", "avx2", "portable")),
     "avx2": Tier("avx2", 256, "vpmaddubsw", _BASE_256, ("avx2", "portable")),
@@ -81,8 +86,9 @@ COMPILED = tier_of(compiled_features())  # the best tier this process's machine 
 
 # Whether LLVM turns float16 <-> float32 into instructions here (F16C on x86; aarch64 always). Without them it
 # calls compiler-rt's __extendhfsf2, which numba's JIT cannot resolve: halfs.py then converts with integer ops.
-HALF_IN_HARDWARE = (platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
-                    or "f16c" in compiled_features())
+HALF_IN_HARDWARE = (
+    platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686") or "f16c" in compiled_features()
+)
 
 
 def _chosen() -> Tier:
@@ -133,10 +139,12 @@ def describe() -> str:
 # AVX-512 reports to LLVM): numba's target (NUMBA_CPU_NAME alone keeps the host's
 # features), numpy's dispatch and OpenBLAS's kernels. Set in a child process's environment, before it
 # imports numpy: for the benchmarks and the test that runs the kernels under it.
-AVX2_FEATURES = ("+64bit,+adx,+aes,+avx,+avx2,+bmi,+bmi2,+clflushopt,+clwb,+clzero,+cmov,+crc32,+cx16,+cx8,+f16c,"
-                 "+fma,+fsgsbase,+fxsr,+invpcid,+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+prfchw,+rdpid,+rdrnd,+rdseed,"
-                 "+sahf,+sha,+shstk,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+sse4a,+ssse3,+vaes,+vpclmulqdq,+xsave,+xsavec,"
-                 "+xsaveopt,+xsaves,-avx512f,-avx512vl,-avx512bw,-avx512dq,-avx512vnni,-avxvnni")
+AVX2_FEATURES = (
+    "+64bit,+adx,+aes,+avx,+avx2,+bmi,+bmi2,+clflushopt,+clwb,+clzero,+cmov,+crc32,+cx16,+cx8,+f16c,"
+    "+fma,+fsgsbase,+fxsr,+invpcid,+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+prfchw,+rdpid,+rdrnd,+rdseed,"
+    "+sahf,+sha,+shstk,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+sse4a,+ssse3,+vaes,+vpclmulqdq,+xsave,+xsavec,"
+    "+xsaveopt,+xsaves,-avx512f,-avx512vl,-avx512bw,-avx512dq,-avx512vnni,-avxvnni"
+)
 EMULATIONS: dict[str, dict[str, str]] = {
     "avx2": {
         "NUMBA_CPU_NAME": "znver4" if llvm.get_host_cpu_name() == "znver4" else "haswell",

@@ -93,7 +93,7 @@ def _build():
                 for m0 in range(0, n_rows, ROWS):
                     _tile(a, w, p * panel_step, stride, m0, k0, k1, sums)
             for m in range(n_out):
-                out[m, n0:n0 + width] = sums[m, :width]
+                out[m, n0 : n0 + width] = sums[m, :width]
         return out
 
     @njit(cache=True, parallel=True)
@@ -114,16 +114,38 @@ def _build():
                 c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zeros16()
                 for k in range(k_dim):
                     x = a[m, k]
-                    c0, c1 = fma(x, load16(w, starts[0] + k * stride), c0), fma(x, load16(w, starts[0] + k * stride + LANES), c1)
-                    c2, c3 = fma(x, load16(w, starts[1] + k * stride), c2), fma(x, load16(w, starts[1] + k * stride + LANES), c3)
-                    c4, c5 = fma(x, load16(w, starts[2] + k * stride), c4), fma(x, load16(w, starts[2] + k * stride + LANES), c5)
-                    c6, c7 = fma(x, load16(w, starts[3] + k * stride), c6), fma(x, load16(w, starts[3] + k * stride + LANES), c7)
-                store16(sums[0], 0, c0), store16(sums[0], LANES, c1), store16(sums[1], 0, c2), store16(sums[1], LANES, c3)
-                store16(sums[2], 0, c4), store16(sums[2], LANES, c5), store16(sums[3], 0, c6), store16(sums[3], LANES, c7)
+                    c0, c1 = (
+                        fma(x, load16(w, starts[0] + k * stride), c0),
+                        fma(x, load16(w, starts[0] + k * stride + LANES), c1),
+                    )
+                    c2, c3 = (
+                        fma(x, load16(w, starts[1] + k * stride), c2),
+                        fma(x, load16(w, starts[1] + k * stride + LANES), c3),
+                    )
+                    c4, c5 = (
+                        fma(x, load16(w, starts[2] + k * stride), c4),
+                        fma(x, load16(w, starts[2] + k * stride + LANES), c5),
+                    )
+                    c6, c7 = (
+                        fma(x, load16(w, starts[3] + k * stride), c6),
+                        fma(x, load16(w, starts[3] + k * stride + LANES), c7),
+                    )
+                (
+                    store16(sums[0], 0, c0),
+                    store16(sums[0], LANES, c1),
+                    store16(sums[1], 0, c2),
+                    store16(sums[1], LANES, c3),
+                )
+                (
+                    store16(sums[2], 0, c4),
+                    store16(sums[2], LANES, c5),
+                    store16(sums[3], 0, c6),
+                    store16(sums[3], LANES, c7),
+                )
                 for j in range(min(STRIP, n_panels - p0)):
                     n0 = (p0 + j) * PANEL
                     width = min(PANEL, n_cols - n0)
-                    out[m, n0:n0 + width] = sums[j, :width]
+                    out[m, n0 : n0 + width] = sums[j, :width]
         return out
 
     return matmul_panels, matmul_panels_few_rows
@@ -135,10 +157,24 @@ def tile_sums(sums, m0, fresh):
     if fresh:
         zero = zeros16()
         return (zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero)
-    return (load16(sums[m0], 0), load16(sums[m0], LANES), load16(sums[m0 + 1], 0), load16(sums[m0 + 1], LANES),
-            load16(sums[m0 + 2], 0), load16(sums[m0 + 2], LANES), load16(sums[m0 + 3], 0), load16(sums[m0 + 3], LANES),
-            load16(sums[m0 + 4], 0), load16(sums[m0 + 4], LANES), load16(sums[m0 + 5], 0), load16(sums[m0 + 5], LANES),
-            load16(sums[m0 + 6], 0), load16(sums[m0 + 6], LANES), load16(sums[m0 + 7], 0), load16(sums[m0 + 7], LANES))
+    return (
+        load16(sums[m0], 0),
+        load16(sums[m0], LANES),
+        load16(sums[m0 + 1], 0),
+        load16(sums[m0 + 1], LANES),
+        load16(sums[m0 + 2], 0),
+        load16(sums[m0 + 2], LANES),
+        load16(sums[m0 + 3], 0),
+        load16(sums[m0 + 3], LANES),
+        load16(sums[m0 + 4], 0),
+        load16(sums[m0 + 4], LANES),
+        load16(sums[m0 + 5], 0),
+        load16(sums[m0 + 5], LANES),
+        load16(sums[m0 + 6], 0),
+        load16(sums[m0 + 6], LANES),
+        load16(sums[m0 + 7], 0),
+        load16(sums[m0 + 7], LANES),
+    )
 
 
 @njit(inline="always")
@@ -192,9 +228,9 @@ def _build_narrow():
             for k0 in range(0, k_dim, NARROW_K_BLOCK):
                 k1 = min(k_dim, k0 + NARROW_K_BLOCK)
                 for m0 in range(r0, r1, NARROW_ROWS):
-                    _tile_narrow(a, w, start, stride, m0, k0, k1, sums[m0 - r0:m0 - r0 + NARROW_ROWS])
+                    _tile_narrow(a, w, start, stride, m0, k0, k1, sums[m0 - r0 : m0 - r0 + NARROW_ROWS])
             for m in range(r0, min(r1, n_out)):
-                out[m, n0:n0 + width] = sums[m - r0, :width]
+                out[m, n0 : n0 + width] = sums[m - r0, :width]
         return out
 
     @njit(cache=True, parallel=True)
@@ -215,11 +251,16 @@ def _build_narrow():
                     x = a[m, k]
                     c0, c1 = fma(x, load16(w, s0 + k * stride), c0), fma(x, load16(w, s0 + k * stride + LANES), c1)
                     c2, c3 = fma(x, load16(w, s1 + k * stride), c2), fma(x, load16(w, s1 + k * stride + LANES), c3)
-                store16(sums[0], 0, c0), store16(sums[0], LANES, c1), store16(sums[1], 0, c2), store16(sums[1], LANES, c3)
+                (
+                    store16(sums[0], 0, c0),
+                    store16(sums[0], LANES, c1),
+                    store16(sums[1], 0, c2),
+                    store16(sums[1], LANES, c3),
+                )
                 for j in range(min(NARROW_STRIP, n_panels - p0)):
                     n0 = (p0 + j) * PANEL
                     width = min(PANEL, n_cols - n0)
-                    out[m, n0:n0 + width] = sums[j, :width]
+                    out[m, n0 : n0 + width] = sums[j, :width]
         return out
 
     return matmul_half_panels, matmul_half_panels_few_rows

@@ -47,8 +47,9 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
-    def grouped_tiles_32(quants0, scales0, mins0, quants1, scales1, mins1, parts, tiles_per_expert, a, d, s, qsum,
-                         starts, active, out):
+    def grouped_tiles_32(
+        quants0, scales0, mins0, quants1, scales1, mins1, parts, tiles_per_expert, a, d, s, qsum, starts, active, out
+    ):
         helpers  # in numba's cache key: see cache_key.py
         k = a.shape[1]
         n_blocks = k // 32
@@ -72,18 +73,33 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
             for t in range(first, n_eights, 8):
                 c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
                 for b in range(n_blocks):
-                    i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k,
-                                                              bits, vnni, qtype, 8)
+                    i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(
+                        tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 8
+                    )
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
                     c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
-                    c1 = add_block32(qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b])
-                    c2 = add_block32(qtype, c2, to_float(i2 + offset * qsum[t + 2, b]), dw, mw, d[t + 2, b], s[t + 2, b])
-                    c3 = add_block32(qtype, c3, to_float(i3 + offset * qsum[t + 3, b]), dw, mw, d[t + 3, b], s[t + 3, b])
-                    c4 = add_block32(qtype, c4, to_float(i4 + offset * qsum[t + 4, b]), dw, mw, d[t + 4, b], s[t + 4, b])
-                    c5 = add_block32(qtype, c5, to_float(i5 + offset * qsum[t + 5, b]), dw, mw, d[t + 5, b], s[t + 5, b])
-                    c6 = add_block32(qtype, c6, to_float(i6 + offset * qsum[t + 6, b]), dw, mw, d[t + 6, b], s[t + 6, b])
-                    c7 = add_block32(qtype, c7, to_float(i7 + offset * qsum[t + 7, b]), dw, mw, d[t + 7, b], s[t + 7, b])
+                    c1 = add_block32(
+                        qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b]
+                    )
+                    c2 = add_block32(
+                        qtype, c2, to_float(i2 + offset * qsum[t + 2, b]), dw, mw, d[t + 2, b], s[t + 2, b]
+                    )
+                    c3 = add_block32(
+                        qtype, c3, to_float(i3 + offset * qsum[t + 3, b]), dw, mw, d[t + 3, b], s[t + 3, b]
+                    )
+                    c4 = add_block32(
+                        qtype, c4, to_float(i4 + offset * qsum[t + 4, b]), dw, mw, d[t + 4, b], s[t + 4, b]
+                    )
+                    c5 = add_block32(
+                        qtype, c5, to_float(i5 + offset * qsum[t + 5, b]), dw, mw, d[t + 5, b], s[t + 5, b]
+                    )
+                    c6 = add_block32(
+                        qtype, c6, to_float(i6 + offset * qsum[t + 6, b]), dw, mw, d[t + 6, b], s[t + 6, b]
+                    )
+                    c7 = add_block32(
+                        qtype, c7, to_float(i7 + offset * qsum[t + 7, b]), dw, mw, d[t + 7, b], s[t + 7, b]
+                    )
                 _store_tile_row(out, t, n0, c0, spill)
                 _store_tile_row(out, t + 1, n0, c1, spill)
                 _store_tile_row(out, t + 2, n0, c2, spill)
@@ -99,7 +115,9 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
                     c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
-                    c1 = add_block32(qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b])
+                    c1 = add_block32(
+                        qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b]
+                    )
                 _store_tile_row(out, t, n0, c0, spill)
                 _store_tile_row(out, t + 1, n0, c1, spill)
             if n_twos < end:  # the run's last row alone
@@ -135,8 +153,24 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
-    def grouped_tiles_k(quants0, scales0, mins0, sub_scales0, quants1, scales1, mins1, sub_scales1, parts,
-                        tiles_per_expert, a, d, sum32, starts, active, out):
+    def grouped_tiles_k(
+        quants0,
+        scales0,
+        mins0,
+        sub_scales0,
+        quants1,
+        scales1,
+        mins1,
+        sub_scales1,
+        parts,
+        tiles_per_expert,
+        a,
+        d,
+        sum32,
+        starts,
+        active,
+        out,
+    ):
         helpers  # in numba's cache key: see cache_key.py
         n_tok = a.shape[0]
         k = a.shape[1]
@@ -173,18 +207,27 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
             j = item % per_expert
             part, tile = j // tiles_per_expert, e * tiles_per_expert + j % tiles_per_expert
             if part == 0:
-                flat_quants, tile_scales, tile_mins, tile_sub_scales = (flat_quants0, scales0[tile], mins0[tile],
-                                                                        sub_scales0[tile])
+                flat_quants, tile_scales, tile_mins, tile_sub_scales = (
+                    flat_quants0,
+                    scales0[tile],
+                    mins0[tile],
+                    sub_scales0[tile],
+                )
             else:
-                flat_quants, tile_scales, tile_mins, tile_sub_scales = (flat_quants1, scales1[tile], mins1[tile],
-                                                                        sub_scales1[tile])
+                flat_quants, tile_scales, tile_mins, tile_sub_scales = (
+                    flat_quants1,
+                    scales1[tile],
+                    mins1[tile],
+                    sub_scales1[tile],
+                )
             pairs, min_pairs, spill = all_pairs[thread], all_min_pairs[thread], all_spill[thread]
             for sb in range(n_super):
                 if has_mins:
-                    k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, sb * 8 * TILE_ROWS, min_pairs,
-                                  sb * 4 * TILE_ROWS)
+                    k4_tile_pairs(
+                        tile_sub_scales, 12 * TILE_ROWS * sb, pairs, sb * 8 * TILE_ROWS, min_pairs, sb * 4 * TILE_ROWS
+                    )
                 else:
-                    _q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS:])
+                    _q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS :])
             isums = all_sums[thread, 0]
             acc = all_sums[thread, 1].view(np.float32)
             acc_mins = all_sums[thread, 2].view(np.float32)
@@ -193,8 +236,17 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                 # this pass's rows: an expert's run is a few rows in a decode step, so 8 and 4 between `tokens`
                 # and 2 (a row's bits are the same in any pass)
                 left = end - t0
-                n = (tokens if left >= tokens else 8 if left >= 8 and tokens > 8 else 4 if left >= 4 and tokens > 4
-                     else 2 if left >= 2 else 1)
+                n = (
+                    tokens
+                    if left >= tokens
+                    else 8
+                    if left >= 8 and tokens > 8
+                    else 4
+                    if left >= 4 and tokens > 4
+                    else 2
+                    if left >= 2
+                    else 1
+                )
                 acc[:] = 0
                 acc_mins[:] = 0
                 for sb in range(n_super):
@@ -203,31 +255,91 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
                     if n == 1:
-                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni,
-                                            qtype, 1)
-                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, 0, bits, vnni,
-                                            qtype, 1)
-                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, 0, bits, vnni,
-                                            qtype, 1)
-                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni,
-                                            qtype, 1)
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
+                        )
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, 0, bits, vnni, qtype, 1
+                        )
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, 0, bits, vnni, qtype, 1
+                        )
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
+                        )
                     for c in range(4 if n > 1 else 0):
                         if n == tokens:
                             for lane in range(0, 8, per_call):
-                                superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, c, lane,
-                                                    bits, vnni, qtype, tokens)
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    tokens,
+                                )
                         elif n == 8:
                             for lane in range(0, 8, per_call_8):
-                                superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, c, lane,
-                                                    bits, vnni, qtype, 8)
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    8,
+                                )
                         elif n == 4:
                             for lane in range(0, 8, per_call_4):
-                                superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, c, lane,
-                                                    bits, vnni, qtype, 4)
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    4,
+                                )
                         else:
                             for lane in range(0, 8, per_call_2):
-                                superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, c, lane,
-                                                    bits, vnni, qtype, 2)
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    2,
+                                )
                     dw = load16_f16(tile_scales, TILE_ROWS * sb)
                     for t in range(n):
                         at = TILE_ROWS * t
@@ -238,8 +350,9 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     if has_mins:
                         dmin = load16_f16(tile_mins, TILE_ROWS * sb)
                         for t in range(n):
-                            sum_mins = mins_dot(min_pairs, sb * 4 * TILE_ROWS, sum_pairs[t0 + t], pairs_per_super * sb,
-                                                bits, 4)
+                            sum_mins = mins_dot(
+                                min_pairs, sb * 4 * TILE_ROWS, sum_pairs[t0 + t], pairs_per_super * sb, bits, 4
+                            )
                             at = TILE_ROWS * t
                             store16(acc_mins, at, load16(acc_mins, at) + (dmin * d[t0 + t, sb]) * to_float(sum_mins))
                 for t in range(n):

@@ -42,7 +42,9 @@ def widen_halves(builder, bits, hardware: bool = HALF_IN_HARDWARE):
     shifted = builder.shl(magnitude, c(13))
     normal = builder.add(shifted, c((127 - 15) << 23))  # the exponent rebiased
     special = builder.add(shifted, c((255 - 31) << 23))  # inf and NaN keep an all-ones exponent
-    tiny = builder.bitcast(builder.fmul(builder.sitofp(magnitude, f32), _constant(bits.type, 2.0**-24, ir.FloatType())), i32)
+    tiny = builder.bitcast(
+        builder.fmul(builder.sitofp(magnitude, f32), _constant(bits.type, 2.0**-24, ir.FloatType())), i32
+    )
     value = builder.select(builder.icmp_unsigned(">=", magnitude, c(0x7C00)), special, normal)
     value = builder.select(builder.icmp_unsigned("<", magnitude, c(0x0400)), tiny, value)  # zero and subnormals
     return builder.bitcast(builder.or_(value, sign), f32)
@@ -62,6 +64,7 @@ def f16_bits_to_f32(typingctx, bits):
 @intrinsic
 def widen_f16_hardware(typingctx, bits):
     """f16_bits_to_f32 by fpext, to test the integer form against (only where HALF_IN_HARDWARE)."""
+
     def codegen(context, builder, signature, args):
         return widen_halves(builder, args[0], hardware=True)
 
@@ -71,6 +74,7 @@ def widen_f16_hardware(typingctx, bits):
 @intrinsic
 def _f16_bits_to_f32_integer(typingctx, bits):
     """f16_bits_to_f32 by integer operations, wherever this runs (to test them against the hardware's)."""
+
     def codegen(context, builder, signature, args):
         return widen_halves(builder, args[0], hardware=False)
 

@@ -62,17 +62,20 @@ _V16_WORDS = ir.VectorType(ir.IntType(16), 16)
 def madd_pairs(typingctx, acc, pair, weights):
     """acc + (the two int16 of `pair` against each column's two int16 in `weights`, products summed): two
     256-bit vpmaddwd and a vpaddd per half."""
+
     def codegen(context, builder, sig, args):
         acc_v, pair_v, weights_v = args
         broadcast = builder.bitcast(splat(builder, pair_v, _V8), _V16_WORDS)
-        madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8, [_V16_WORDS, _V16_WORDS]),
-                                              "llvm.x86.avx2.pmadd.wd")
+        madd = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V8, [_V16_WORDS, _V16_WORDS]), "llvm.x86.avx2.pmadd.wd"
+        )
         halves = []
         for lanes in (range(8), range(8, 16)):
             half = builder.shuffle_vector(weights_v, weights_v, ir.Constant(_V8, list(lanes)))
             halves.append(builder.call(madd, [builder.bitcast(half, _V16_WORDS), broadcast]))
-        products = builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(ir.IntType(32), LANES),
-                                                                             list(range(LANES))))
+        products = builder.shuffle_vector(
+            halves[0], halves[1], ir.Constant(ir.VectorType(ir.IntType(32), LANES), list(range(LANES)))
+        )
         return builder.add(acc_v, products)
 
     return int32x16(int32x16, types.uint32, int32x16), codegen
@@ -82,6 +85,7 @@ def madd_pairs(typingctx, acc, pair, weights):
 def store_pairs(typingctx, words, index, value):
     """words[index:index + 8] = value's 16 lanes rounded to the nearest integer (ties to even, as np.rint),
     as int16, two to a word (lane 2i low): vroundps, vcvttps2dq and a pack."""
+
     def codegen(context, builder, sig, args):
         words_v, index_v, value_v = args
         vf = ir.VectorType(ir.FloatType(), LANES)
@@ -154,8 +158,14 @@ def pack_i16(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 _NO_BIAS, _NO_RESIDUAL = np.zeros(0, np.float32), np.zeros((0, 0), np.float32)
 
 
-def matmul_i16(a: np.ndarray, w: tuple[np.ndarray, np.ndarray], out: np.ndarray, bias: np.ndarray | None = None,
-               residual: np.ndarray | None = None, gelu: bool = False) -> np.ndarray:
+def matmul_i16(
+    a: np.ndarray,
+    w: tuple[np.ndarray, np.ndarray],
+    out: np.ndarray,
+    bias: np.ndarray | None = None,
+    residual: np.ndarray | None = None,
+    gelu: bool = False,
+) -> np.ndarray:
     """out (T, N) = a (T, K) @ W with W packed by pack_i16, then + bias (N,), then GELU (gelu=True), then
     + residual (T, N) where given: done as each tile is stored, the same float32 operations as
     `out += bias; encoder.add_bias_gelu(out, 0); out += residual` after, without their passes over memory."""
@@ -164,8 +174,16 @@ def matmul_i16(a: np.ndarray, w: tuple[np.ndarray, np.ndarray], out: np.ndarray,
     a_words = np.empty((n_rows, words.shape[1]), np.uint32)
     a_scales = np.empty((n_rows, scales.shape[1]), np.float32)
     quantize_rows(a, a_words, a_scales)
-    return _matmul(a_words, a_scales, words.reshape(-1), scales.reshape(-1), out,
-                   _NO_BIAS if bias is None else bias, _NO_RESIDUAL if residual is None else residual, gelu)
+    return _matmul(
+        a_words,
+        a_scales,
+        words.reshape(-1),
+        scales.reshape(-1),
+        out,
+        _NO_BIAS if bias is None else bias,
+        _NO_RESIDUAL if residual is None else residual,
+        gelu,
+    )
 
 
 def _build():
@@ -193,7 +211,7 @@ def _build():
                 d_w = load16(w_scales, (h * n_blocks + b) * LANES)
                 start = (h * k2_dim + b * PAIRS) * LANES
                 for m0 in range(r0, r1, ROWS):
-                    _tile(a, a_scales, w, start, d_w, m0, b, sums[m0 - r0:m0 - r0 + ROWS])
+                    _tile(a, a_scales, w, start, d_w, m0, b, sums[m0 - r0 : m0 - r0 + ROWS])
             if width == LANES:
                 for m in range(r0, min(r1, n_out)):
                     value = load16(sums[m - r0], 0)
@@ -228,10 +246,16 @@ def _tile(a, a_scales, w, start, d_w, m0, b, sums):
     j0 = b * PAIRS
     for j in range(PAIRS):
         w0 = load16(w, start + j * LANES)
-        c0, c1, c2 = madd_pairs(c0, a[m0, j0 + j], w0), madd_pairs(c1, a[m0 + 1, j0 + j], w0), \
-            madd_pairs(c2, a[m0 + 2, j0 + j], w0)
-        c3, c4, c5 = madd_pairs(c3, a[m0 + 3, j0 + j], w0), madd_pairs(c4, a[m0 + 4, j0 + j], w0), \
-            madd_pairs(c5, a[m0 + 5, j0 + j], w0)
+        c0, c1, c2 = (
+            madd_pairs(c0, a[m0, j0 + j], w0),
+            madd_pairs(c1, a[m0 + 1, j0 + j], w0),
+            madd_pairs(c2, a[m0 + 2, j0 + j], w0),
+        )
+        c3, c4, c5 = (
+            madd_pairs(c3, a[m0 + 3, j0 + j], w0),
+            madd_pairs(c4, a[m0 + 4, j0 + j], w0),
+            madd_pairs(c5, a[m0 + 5, j0 + j], w0),
+        )
     _park(sums, 0, c0, d_w * a_scales[m0, b], b)
     _park(sums, 1, c1, d_w * a_scales[m0 + 1, b], b)
     _park(sums, 2, c2, d_w * a_scales[m0 + 2, b], b)

@@ -45,7 +45,8 @@ class _VectorOps:
 
     def call(self, name: str, result, operands):
         function = cgutils.get_or_insert_function(
-            self.builder.module, ir.FunctionType(result, [op.type for op in operands]), name)
+            self.builder.module, ir.FunctionType(result, [op.type for op in operands]), name
+        )
         return self.builder.call(function, operands)
 
     def maddubs(self, u, s):
@@ -129,8 +130,9 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
 
         if nibbles:  # quads[q][part]: 4 loads of packed nibbles give quads k (low) and k + 4 (high)
             packed = [[load(64 * k + width * p) for p in range(parts)] for k in range(4)]
-            quads = ([[builder.and_(v, splat_bytes(15)) for v in row] for row in packed]
-                     + [[builder.lshr(v, splat_bytes(4)) for v in row] for row in packed])
+            quads = [[builder.and_(v, splat_bytes(15)) for v in row] for row in packed] + [
+                [builder.lshr(v, splat_bytes(4)) for v in row] for row in packed
+            ]
             if looked_up:  # MXFP4's codes to their values + 12: unsigned, so the offset -12 x sum(a) gives ggml's sum
                 table = [int(k) + MXFP4_BIAS for k in KVALUES_MXFP4]
                 quads = [[ops.lookup(table, v) for v in row] for row in quads]
@@ -149,10 +151,13 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
                     quads[q][p] = builder.or_(quads[q][p], builder.and_(bit, splat_bytes(16)))
         if signed:
             if width == 64:  # for the select that stands in for vpsignb, which AVX-512 lacks
-                negative = [[builder.icmp_signed("<", v, ir.Constant(v_bytes, [0] * width)) for v in row]
-                            for row in quads]
-            magnitudes = [[call(f"llvm.abs.v{width}i8", v_bytes, [v, ir.Constant(ir.IntType(1), 0)]) for v in row]
-                          for row in quads]
+                negative = [
+                    [builder.icmp_signed("<", v, ir.Constant(v_bytes, [0] * width)) for v in row] for row in quads
+                ]
+            magnitudes = [
+                [call(f"llvm.abs.v{width}i8", v_bytes, [v, ir.Constant(ir.IntType(1), 0)]) for v in row]
+                for row in quads
+            ]
 
         a_data = context.make_array(signature.args[2])(context, builder, a_v).data
         results = []
@@ -167,8 +172,11 @@ def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype
                 a_bytes = builder.bitcast(a_dwords, v_bytes)
                 for p in range(parts):
                     if with_vnni:
-                        sums[p] = call(f"llvm.x86.avx512.vpdpbusd.{suffix}", v_dwords,
-                                       [sums[p], builder.bitcast(quads[q][p], v_dwords), a_dwords])
+                        sums[p] = call(
+                            f"llvm.x86.avx512.vpdpbusd.{suffix}",
+                            v_dwords,
+                            [sums[p], builder.bitcast(quads[q][p], v_dwords), a_dwords],
+                        )
                     elif nibbles:
                         words[p] = builder.add(words[p], maddubs(quads[q][p], a_bytes))
                         if (q + 1) % quads_per_word_sum == 0 and q < 7:  # before an int16 sum could overflow
@@ -202,8 +210,10 @@ def scale_pairs16(typingctx, array, low_at, high_at, signed):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         v_bytes, v_words = ir.VectorType(_I8, LANES), ir.VectorType(_I16, LANES)
         extend = builder.sext if signature.args[3].literal_value else builder.zext
-        halves = [extend(builder.load(builder.bitcast(builder.gep(data, [at]), v_bytes.as_pointer()), align=1), v_words)
-                  for at in args[1:3]]
+        halves = [
+            extend(builder.load(builder.bitcast(builder.gep(data, [at]), v_bytes.as_pointer()), align=1), v_words)
+            for at in args[1:3]
+        ]
         interleave = [i // 2 + LANES * (i % 2) for i in range(2 * LANES)]
         pairs = builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(_I32, 2 * LANES), interleave))
         return builder.bitcast(pairs, _V16)
@@ -255,7 +265,9 @@ class _SuperblockLane:
         self.p_start = builder.add(p_start, builder.mul(unit, ir.Constant(_I64, 32 if kind == Q6_K else 16)))
 
     def load(self, base, at, vector_type, align):
-        return self.builder.load(self.builder.bitcast(self.builder.gep(base, [at]), vector_type.as_pointer()), align=align)
+        return self.builder.load(
+            self.builder.bitcast(self.builder.gep(base, [at]), vector_type.as_pointer()), align=align
+        )
 
     def at(self, start, offset):
         return self.builder.add(start, ir.Constant(_I64, offset))
@@ -292,15 +304,22 @@ class _SuperblockLane:
         """acc + each int16 pair of words times scale_pair's, summed into int32 (vpdpwssd, or vpmaddwd + vpaddd)."""
         ops = self.ops
         if self.with_vnni:
-            return ops.call(f"llvm.x86.avx512.vpdpwssd.{ops.suffix}", ops.dwords,
-                            [acc, self.builder.bitcast(words, ops.dwords), self.builder.bitcast(scale_pair, ops.dwords)])
+            return ops.call(
+                f"llvm.x86.avx512.vpdpwssd.{ops.suffix}",
+                ops.dwords,
+                [acc, self.builder.bitcast(words, ops.dwords), self.builder.bitcast(scale_pair, ops.dwords)],
+            )
         return self.builder.add(acc, ops.madd(words, scale_pair))
 
     def scale_pairs(self, h):
         """Unit c's scale pairs: Q4_K's and Q5_K's for both quads (h = 0), Q6_K's for quad 2 c + h."""
-        return [self.builder.bitcast(self.load(self.pairs, self.at(self.p_start, 16 * h + (self.width // 4) * p),
-                                               self.ops.dwords, 4), self.ops.words)
-                for p in range(self.parts)]
+        return [
+            self.builder.bitcast(
+                self.load(self.pairs, self.at(self.p_start, 16 * h + (self.width // 4) * p), self.ops.dwords, 4),
+                self.ops.words,
+            )
+            for p in range(self.parts)
+        ]
 
     def zeros(self):
         return [ir.Constant(self.ops.dwords, [0] * (self.width // 4)) for _ in range(self.parts)]
@@ -322,8 +341,9 @@ def lanes_per_call(qtype: int, bits: int, tokens: int) -> int:
 
 
 @intrinsic(prefer_literal=True)
-def superblock_tile_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, a_stride, isums, unit, first_lane,
-                        bits, vnni, qtype, tokens):
+def superblock_tile_sum(
+    typingctx, quants, w_start, pairs, p_start, a, a_start, a_stride, isums, unit, first_lane, bits, vnni, qtype, tokens
+):
     """Quads 2 c and 2 c + 1 (c = `unit`, run time) of lanes_per_call() lanes from `first_lane` (run time) of one
     super-block of a 16-row K-quant tile (superblock_tiles.py) against `tokens` activation rows, added to exact
     int32 sums:
@@ -349,8 +369,22 @@ def superblock_tile_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, 
     width = bits.literal_value // 8
     kind = qtype.literal_value
     n_tokens = tokens.literal_value
-    sig = types.void(quants, types.intp, pairs, types.intp, a, types.intp, types.intp, isums, types.intp, types.intp,
-                     bits, vnni, qtype, tokens)
+    sig = types.void(
+        quants,
+        types.intp,
+        pairs,
+        types.intp,
+        a,
+        types.intp,
+        types.intp,
+        isums,
+        types.intp,
+        types.intp,
+        bits,
+        vnni,
+        qtype,
+        tokens,
+    )
 
     def codegen(context, builder, signature, args):
         w_start_v, p_start_v, a_start_v, stride_v, unit_v, first_lane_v = (args[i] for i in (1, 3, 5, 6, 8, 9))
@@ -362,23 +396,37 @@ def superblock_tile_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, 
         def data(index):
             return context.make_array(signature.args[index])(context, builder, args[index]).data
 
-        lanes = [_SuperblockLane(builder, width, kind, bool(vnni.literal_value), data(0),
-                                 builder.add(w_start_v, ir.Constant(_I64, 64 * lane)), data(2), p_start_v, unit_v)
-                 for lane in range(per_call)]
+        lanes = [
+            _SuperblockLane(
+                builder,
+                width,
+                kind,
+                bool(vnni.literal_value),
+                data(0),
+                builder.add(w_start_v, ir.Constant(_I64, 64 * lane)),
+                data(2),
+                p_start_v,
+                unit_v,
+            )
+            for lane in range(per_call)
+        ]
         parts, load, at, ops = lanes[0].parts, lanes[0].load, lanes[0].at, lanes[0].ops
         a_data, isum_data = data(4), data(7)
         a_unit = builder.add(a_start_v, builder.mul(unit_v, ir.Constant(_I64, 64)))  # quad 2 c at 32 (2 c)
 
         def activation_quad(t, h, lane):
             row_start = builder.add(a_unit, builder.mul(stride_v, ir.Constant(_I64, t)))
-            word = builder.load(builder.bitcast(builder.gep(a_data, [at(row_start, 32 * h + 4 * lane)]),
-                                                _I32.as_pointer()), align=1)
+            word = builder.load(
+                builder.bitcast(builder.gep(a_data, [at(row_start, 32 * h + 4 * lane)]), _I32.as_pointer()), align=1
+            )
             return builder.bitcast(splat(builder, word, ops.dwords), ops.bytes)
 
         pair = [lanes[0].scale_pairs(h) for h in range(2 if kind == Q6_K else 1)]
         zero_words = ir.Constant(ops.words, [0] * (width // 2))
         # the lanes' weights stay in registers across the activation rows
-        weights = {(lane, h): [lanes[lane].quad(h, p) for p in range(parts)] for lane in range(per_call) for h in range(2)}
+        weights = {
+            (lane, h): [lanes[lane].quad(h, p) for p in range(parts)] for lane in range(per_call) for h in range(2)
+        }
         for t in range(n_tokens):
             a_quads = {(lane, h): activation_quad(t, h, lane) for lane in range(per_call) for h in range(2)}
             where = [ir.Constant(_I64, 16 * t + (width // 4) * p) for p in range(parts)]
@@ -395,7 +443,9 @@ def superblock_tile_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, 
                     for p in range(parts):
                         acc[p] = lanes[0].accumulate(acc[p], words[h][p], pair[h][p])
             for p in range(parts):
-                builder.store(acc[p], builder.bitcast(builder.gep(isum_data, [where[p]]), ops.dwords.as_pointer()), align=4)
+                builder.store(
+                    acc[p], builder.bitcast(builder.gep(isum_data, [where[p]]), ops.dwords.as_pointer()), align=4
+                )
         return context.get_dummy_value()
 
     return sig, codegen

@@ -82,8 +82,12 @@ def decode_block32(qtype, row, off, u):
         centre = 16
         qh = off + 2 if qtype == Q5_0 else off + 4
         nibbles = qh + 4
-        high_bits = (np.uint32(row[qh]) | (np.uint32(row[qh + 1]) << 8)
-                     | (np.uint32(row[qh + 2]) << 16) | (np.uint32(row[qh + 3]) << 24))
+        high_bits = (
+            np.uint32(row[qh])
+            | (np.uint32(row[qh + 1]) << 8)
+            | (np.uint32(row[qh + 2]) << 16)
+            | (np.uint32(row[qh + 3]) << 24)
+        )
     if qtype == Q4_1 or qtype == Q5_1:
         m = load_f16(row, off + 2)
         offset = centre
@@ -111,8 +115,12 @@ def add_block32(qtype, acc, isum, d, m, d_act, s_act):
 
 @njit(inline="always")
 def load_u32(row, at):
-    return (np.uint32(row[at]) | (np.uint32(row[at + 1]) << 8)
-            | (np.uint32(row[at + 2]) << 16) | (np.uint32(row[at + 3]) << 24))
+    return (
+        np.uint32(row[at])
+        | (np.uint32(row[at + 1]) << 8)
+        | (np.uint32(row[at + 2]) << 16)
+        | (np.uint32(row[at + 3]) << 24)
+    )
 
 
 def quads_offset(qtype: int) -> int:
@@ -169,7 +177,9 @@ def decode_superblock(qtype, row, off, u, mins, sixteen):
                     e = e0 + 32 * quarter + i0
                     sc = np.int32(np.int8(row[off + 192 + e // 16]))
                     for i in range(sixteen):
-                        q = ((np.int32(row[low_bits + i0 + i]) >> shift) & 15) | (((np.int32(row[qh + i0 + i]) >> (2 * quarter)) & 3) << 4)
+                        q = ((np.int32(row[low_bits + i0 + i]) >> shift) & 15) | (
+                            ((np.int32(row[qh + i0 + i]) >> (2 * quarter)) & 3) << 4
+                        )
                         u[e + i] = sc * (q - 32)
         for j in range(8):
             mins[j] = 0

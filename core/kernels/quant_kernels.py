@@ -61,20 +61,47 @@ TILE_ROWS = 16  # weight rows that share each block of transposed activations wh
 def _weights16(u, j, step):
     """u[j], u[j + step], ..., u[j + 15*step] as a tuple: values, not memory, so LLVM keeps them
     in registers across the lane loop (it cannot know that the loop's stores leave u alone)."""
-    return (u[j], u[j + step], u[j + 2 * step], u[j + 3 * step], u[j + 4 * step], u[j + 5 * step],
-            u[j + 6 * step], u[j + 7 * step], u[j + 8 * step], u[j + 9 * step], u[j + 10 * step],
-            u[j + 11 * step], u[j + 12 * step], u[j + 13 * step], u[j + 14 * step], u[j + 15 * step])
+    return (
+        u[j],
+        u[j + step],
+        u[j + 2 * step],
+        u[j + 3 * step],
+        u[j + 4 * step],
+        u[j + 5 * step],
+        u[j + 6 * step],
+        u[j + 7 * step],
+        u[j + 8 * step],
+        u[j + 9 * step],
+        u[j + 10 * step],
+        u[j + 11 * step],
+        u[j + 12 * step],
+        u[j + 13 * step],
+        u[j + 14 * step],
+        u[j + 15 * step],
+    )
 
 
 @njit(inline="always")
 def _dot16(w, a_t, k, step, t):
     """sum over i < 16 of w[i] * a_t[k + i*step, t]; the caller's cast sets the integer width."""
-    return (w[0] * a_t[k, t] + w[1] * a_t[k + step, t] + w[2] * a_t[k + 2 * step, t]
-            + w[3] * a_t[k + 3 * step, t] + w[4] * a_t[k + 4 * step, t] + w[5] * a_t[k + 5 * step, t]
-            + w[6] * a_t[k + 6 * step, t] + w[7] * a_t[k + 7 * step, t] + w[8] * a_t[k + 8 * step, t]
-            + w[9] * a_t[k + 9 * step, t] + w[10] * a_t[k + 10 * step, t] + w[11] * a_t[k + 11 * step, t]
-            + w[12] * a_t[k + 12 * step, t] + w[13] * a_t[k + 13 * step, t] + w[14] * a_t[k + 14 * step, t]
-            + w[15] * a_t[k + 15 * step, t])
+    return (
+        w[0] * a_t[k, t]
+        + w[1] * a_t[k + step, t]
+        + w[2] * a_t[k + 2 * step, t]
+        + w[3] * a_t[k + 3 * step, t]
+        + w[4] * a_t[k + 4 * step, t]
+        + w[5] * a_t[k + 5 * step, t]
+        + w[6] * a_t[k + 6 * step, t]
+        + w[7] * a_t[k + 7 * step, t]
+        + w[8] * a_t[k + 8 * step, t]
+        + w[9] * a_t[k + 9 * step, t]
+        + w[10] * a_t[k + 10 * step, t]
+        + w[11] * a_t[k + 11 * step, t]
+        + w[12] * a_t[k + 12 * step, t]
+        + w[13] * a_t[k + 13 * step, t]
+        + w[14] * a_t[k + 14 * step, t]
+        + w[15] * a_t[k + 15 * step, t]
+    )
 
 
 # ---------------------------------------------------------------- 32-value blocks
@@ -153,19 +180,27 @@ def _dot_row_block32(qtype, row, off, a, k0, sixteen):
     if qtype == MXFP4:
         for j in range(sixteen):
             byte = np.int32(row[off + 1 + j])
-            isum = np.int32(isum + np.int32(KVALUES_MXFP4[byte & 15]) * np.int32(a[k0 + j])
-                            + np.int32(KVALUES_MXFP4[byte >> 4]) * np.int32(a[k0 + 16 + j]))
+            isum = np.int32(
+                isum
+                + np.int32(KVALUES_MXFP4[byte & 15]) * np.int32(a[k0 + j])
+                + np.int32(KVALUES_MXFP4[byte >> 4]) * np.int32(a[k0 + 16 + j])
+            )
         return isum
     if qtype == Q4_0 or qtype == Q4_1:
         nibbles = off + 2 if qtype == Q4_0 else off + 4
         for j in range(sixteen):
             byte = np.int32(row[nibbles + j])
-            isum = np.int32(isum + np.int32((byte & 15) * np.int32(a[k0 + j]))
-                            + np.int32((byte >> 4) * np.int32(a[k0 + 16 + j])))
+            isum = np.int32(
+                isum + np.int32((byte & 15) * np.int32(a[k0 + j])) + np.int32((byte >> 4) * np.int32(a[k0 + 16 + j]))
+            )
         return isum
     qh = off + 2 if qtype == Q5_0 else off + 4
-    high_bits = (np.uint32(row[qh]) | (np.uint32(row[qh + 1]) << 8)
-                 | (np.uint32(row[qh + 2]) << 16) | (np.uint32(row[qh + 3]) << 24))
+    high_bits = (
+        np.uint32(row[qh])
+        | (np.uint32(row[qh + 1]) << 8)
+        | (np.uint32(row[qh + 2]) << 16)
+        | (np.uint32(row[qh + 3]) << 24)
+    )
     for j in range(sixteen):
         byte = np.int32(row[qh + 4 + j])
         lo = (byte & 15) | np.int32(((high_bits >> j) & 1) << 4)
@@ -250,12 +285,28 @@ def lanes_k(qtype: int):
                 if qtype != Q6_K:
                     g = sb * 8
                     for r in range(rows):
-                        m0, m1, m2, m3, m4, m5, m6, m7 = mins[r, 0], mins[r, 1], mins[r, 2], mins[r, 3], mins[r, 4], mins[r, 5], mins[r, 6], mins[r, 7]
+                        m0, m1, m2, m3, m4, m5, m6, m7 = (
+                            mins[r, 0],
+                            mins[r, 1],
+                            mins[r, 2],
+                            mins[r, 3],
+                            mins[r, 4],
+                            mins[r, 5],
+                            mins[r, 6],
+                            mins[r, 7],
+                        )
                         acc_mins_r, dmin_r = acc_mins[r], dmin[r]
                         for t in range(n_lanes):
-                            sum_mins = (m0 * sum32_t[g, t] + m1 * sum32_t[g + 1, t] + m2 * sum32_t[g + 2, t]
-                                        + m3 * sum32_t[g + 3, t] + m4 * sum32_t[g + 4, t] + m5 * sum32_t[g + 5, t]
-                                        + m6 * sum32_t[g + 6, t] + m7 * sum32_t[g + 7, t])
+                            sum_mins = (
+                                m0 * sum32_t[g, t]
+                                + m1 * sum32_t[g + 1, t]
+                                + m2 * sum32_t[g + 2, t]
+                                + m3 * sum32_t[g + 3, t]
+                                + m4 * sum32_t[g + 4, t]
+                                + m5 * sum32_t[g + 5, t]
+                                + m6 * sum32_t[g + 6, t]
+                                + m7 * sum32_t[g + 7, t]
+                            )
                             acc_mins_r[t] += (dmin_r * d_t[sb, t]) * np.float32(np.int32(sum_mins))
             for r in range(rows):
                 for t in range(out.shape[0]):

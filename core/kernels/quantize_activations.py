@@ -190,8 +190,9 @@ def _build_kernels():
             b0, b1 = k0 // qk, k1 // qk
             rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k1 - k0), np.int8)
             for r in range(rows_q.shape[0]):
-                _quantize_row_q8_32(x[t0 + r, k0:k1], rows_q[r], d[b0:b1, t0 + r], s[b0:b1, t0 + r],
-                                    qsum[b0:b1, t0 + r], qk)
+                _quantize_row_q8_32(
+                    x[t0 + r, k0:k1], rows_q[r], d[b0:b1, t0 + r], s[b0:b1, t0 + r], qsum[b0:b1, t0 + r], qk
+                )
             _store_columns(rows_q, q, t0, k0)
 
     @njit(cache=True, parallel=True, fastmath=_NO_NANS)
@@ -212,11 +213,15 @@ def _build_kernels():
 def _both(function):
     """(parallel, serial) compilations of one row quantizer: one row alone is quantized on the calling thread, which
     saves waking the thread pool (about 4 us, a tenth of a 2048 x 2048 product at one row); the same code per row."""
-    serial = types.FunctionType(function.__code__, function.__globals__, function.__name__ + "_serial",
-                                function.__defaults__, function.__closure__)
+    serial = types.FunctionType(
+        function.__code__,
+        function.__globals__,
+        function.__name__ + "_serial",
+        function.__defaults__,
+        function.__closure__,
+    )
     serial.__qualname__ = function.__qualname__ + "_serial"  # its own entry in numba's cache
-    return (njit(cache=True, parallel=True, fastmath=_NO_NANS)(function),
-            njit(cache=True, fastmath=_NO_NANS)(serial))
+    return (njit(cache=True, parallel=True, fastmath=_NO_NANS)(function), njit(cache=True, fastmath=_NO_NANS)(serial))
 
 
 _rows_q8_32_both, _rows_q8_k, _rows_q8_k_quads_both, _lanes_q8_32, _lanes_q8_k = _build_kernels()
@@ -243,8 +248,12 @@ def quantize_q8_32(x: np.ndarray, n_rows: int | None = None) -> Q8Blocks:
     t, k = x.shape
     n_rows = t if n_rows is None else n_rows
     new = np.empty if n_rows == t else np.zeros
-    out = Q8Blocks(q=new((n_rows, k), np.int8), d=new((n_rows, k // QK), np.float32),
-                   s=new((n_rows, k // QK), np.float32), qsum=new((n_rows, k // QK), np.int32))
+    out = Q8Blocks(
+        q=new((n_rows, k), np.int8),
+        d=new((n_rows, k // QK), np.float32),
+        s=new((n_rows, k // QK), np.float32),
+        qsum=new((n_rows, k // QK), np.int32),
+    )
     _rows_q8_32(_float32(x), out.q[:t], out.d[:t], out.s[:t], out.qsum[:t], QK)
     return out
 
@@ -252,8 +261,11 @@ def quantize_q8_32(x: np.ndarray, n_rows: int | None = None) -> Q8Blocks:
 def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
     """Quantize each row of x (T, K), K a multiple of 256, to Q8_K blocks."""
     n_rows, k = x.shape
-    out = Q8KBlocks(q=np.empty((n_rows, k), np.int8), d=np.empty((n_rows, k // QK_K), np.float32),
-                    sum32=np.empty((n_rows, k // QK), np.int32))
+    out = Q8KBlocks(
+        q=np.empty((n_rows, k), np.int8),
+        d=np.empty((n_rows, k // QK_K), np.float32),
+        sum32=np.empty((n_rows, k // QK), np.int32),
+    )
     _rows_q8_k(_float32(x), out.q, out.d, out.sum32, QK)
     return out
 
@@ -264,8 +276,11 @@ def quantize_q8_k_quads(x: np.ndarray, n_rows: int | None = None) -> Q8KBlocks:
     by side); d, sum32 as quantize_q8_k's. n_rows >= T rows in all, those past T zero."""
     t, k = x.shape
     n_rows = t if n_rows is None else n_rows
-    out = Q8KBlocks(q=np.empty((n_rows, k), np.int8), d=np.empty((n_rows, k // QK_K), np.float32),
-                    sum32=np.empty((n_rows, k // QK), np.int32))
+    out = Q8KBlocks(
+        q=np.empty((n_rows, k), np.int8),
+        d=np.empty((n_rows, k // QK_K), np.float32),
+        sum32=np.empty((n_rows, k // QK), np.int32),
+    )
     for part in (out.q, out.d, out.sum32):
         part[t:] = 0
     _rows_q8_k_quads(_float32(x), out.q[:t], out.d[:t], out.sum32[:t], QK)
@@ -274,8 +289,12 @@ def quantize_q8_k_quads(x: np.ndarray, n_rows: int | None = None) -> Q8KBlocks:
 
 def _q8_32_lanes(x: np.ndarray, n_lanes: int, q: np.ndarray) -> Q8Blocks:
     blocks = x.shape[1] // QK
-    out = Q8Blocks(q=q, d=np.zeros((blocks, n_lanes), np.float32), s=np.zeros((blocks, n_lanes), np.float32),
-                   qsum=np.zeros((blocks, n_lanes), np.int32))
+    out = Q8Blocks(
+        q=q,
+        d=np.zeros((blocks, n_lanes), np.float32),
+        s=np.zeros((blocks, n_lanes), np.float32),
+        qsum=np.zeros((blocks, n_lanes), np.int32),
+    )
     _lanes_q8_32(_float32(x), out.q, out.d, out.s, out.qsum, QK)
     return out
 

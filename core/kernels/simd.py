@@ -84,6 +84,7 @@ def load16(typingctx, array, index):
 @intrinsic
 def load16_f16(typingctx, array, index):
     """array[index:index + 16] (uint16 holding float16 bits) as float32x16: one vcvtph2ps, exact."""
+
     def codegen(context, builder, sig, args):
         halves = element_pointer(context, builder, sig.args[0], args[0], args[1], ir.VectorType(ir.IntType(16), LANES))
         return widen_halves(builder, builder.load(halves, align=2))
@@ -96,6 +97,7 @@ def load16_e8m0(typingctx, array, index):
     """array[index:index + 16] (uint16 each holding an E8M0 byte e, MXFP4's scale) as float32x16 of 2^(e - 128),
     ggml's GGML_E8M0_TO_FP32_HALF bit for bit: the float's bits are (e - 1) << 23, or 0x00200000 << e for the
     denormals e < 2."""
+
     def codegen(context, builder, sig, args):
         i32 = ir.IntType(32)
         v_i32 = ir.VectorType(i32, LANES)
@@ -137,7 +139,9 @@ def _lanewise(name: str):
         def codegen(context, builder, sig, args):
             vector_type = context.get_value_type(vec)
             x, y = (
-                value if isinstance(ty, Vec16) else splat(builder, context.cast(builder, value, ty, vec.element), vector_type)
+                value
+                if isinstance(ty, Vec16)
+                else splat(builder, context.cast(builder, value, ty, vec.element), vector_type)
                 for value, ty in zip(args, sig.args)
             )
             if vec.element == types.float32:
@@ -158,18 +162,24 @@ def _register(python_operator, name: str):
             return lambda a, b: lanewise(a, b)
 
 
-for _operator, _name in ((operator.add, "add"), (operator.sub, "sub"), (operator.mul, "mul"),
-                         (operator.truediv, "div")):
+for _operator, _name in (
+    (operator.add, "add"),
+    (operator.sub, "sub"),
+    (operator.mul, "mul"),
+    (operator.truediv, "div"),
+):
     _register(_operator, _name)
 
 
 @intrinsic
 def fma(typingctx, x, w, acc):
     """acc + x * w with one rounding (llvm.fma, vfmadd231ps): x a float32 scalar in every lane."""
+
     def codegen(context, builder, sig, args):
         vector_type = ir.VectorType(ir.FloatType(), LANES)
         fused = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vector_type, [vector_type] * 3), "llvm.fma.v16f32")
+            builder.module, ir.FunctionType(vector_type, [vector_type] * 3), "llvm.fma.v16f32"
+        )
         return builder.call(fused, [splat(builder, args[0], vector_type), args[1], args[2]])
 
     return float32x16(types.float32, float32x16, float32x16), codegen
@@ -197,7 +207,9 @@ def _f32x16(value: float) -> ir.Constant:
 
 def _call(builder, name: str, vector_type, args):
     """A call to the LLVM intrinsic `name` whose arguments and result are all of vector_type."""
-    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector_type, [vector_type] * len(args)), name)
+    function = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vector_type, [vector_type] * len(args)), name
+    )
     return builder.call(function, args)
 
 
@@ -210,6 +222,7 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
 @intrinsic
 def exp16(typingctx, value):
     """e^value lane by lane, within 2 ulp of the exact value; -inf and anything below -87.3 give 2^-126, not 0."""
+
     def codegen(context, builder, sig, args):
         vf = ir.VectorType(ir.FloatType(), LANES)
         vi = ir.VectorType(ir.IntType(32), LANES)
@@ -233,6 +246,7 @@ def exp16(typingctx, value):
 @intrinsic
 def abs16(typingctx, value):
     """|value| lane by lane (llvm.fabs: the sign bit cleared)."""
+
     def codegen(context, builder, sig, args):
         return _call(builder, "llvm.fabs.v16f32", ir.VectorType(ir.FloatType(), LANES), [args[0]])
 
@@ -242,6 +256,7 @@ def abs16(typingctx, value):
 @intrinsic
 def max16(typingctx, a, b):
     """The larger of a and b lane by lane (llvm.maxnum)."""
+
     def codegen(context, builder, sig, args):
         return _call(builder, "llvm.maxnum.v16f32", ir.VectorType(ir.FloatType(), LANES), list(args))
 
@@ -275,9 +290,12 @@ def _halves_tree(builder, vector, combine):
     width = LANES
     while width > 1:
         width //= 2
-        low = builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width))))
-        high = builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(ir.IntType(32), width),
-                                                                  list(range(width, 2 * width))))
+        low = builder.shuffle_vector(
+            vector, vector, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width)))
+        )
+        high = builder.shuffle_vector(
+            vector, vector, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width, 2 * width)))
+        )
         vector = combine(low, high, width)
     return builder.extract_element(vector, ir.Constant(ir.IntType(32), 0))
 
@@ -285,6 +303,7 @@ def _halves_tree(builder, vector, combine):
 @intrinsic
 def hsum(typingctx, value):
     """The sum of the 16 lanes: lanes i and i + 8 first, then i and i + 4, and so on."""
+
     def codegen(context, builder, sig, args):
         return _halves_tree(builder, args[0], lambda a, b, width: builder.fadd(a, b))
 
@@ -294,9 +313,11 @@ def hsum(typingctx, value):
 @intrinsic
 def hmax(typingctx, value):
     """The largest of the 16 lanes."""
+
     def codegen(context, builder, sig, args):
         def larger(a, b, width):
             return _call(builder, f"llvm.maxnum.v{width}f32", ir.VectorType(ir.FloatType(), width), [a, b])
+
         return _halves_tree(builder, args[0], larger)
 
     return types.float32(float32x16), codegen
@@ -305,6 +326,7 @@ def hmax(typingctx, value):
 @intrinsic
 def keep_lanes(typingctx, value, begin, end, fill):
     """value's lanes begin..end-1; every other lane set to fill (a float32 scalar)."""
+
     def codegen(context, builder, sig, args):
         vi = ir.VectorType(ir.IntType(32), LANES)
         vf = ir.VectorType(ir.FloatType(), LANES)
@@ -321,12 +343,14 @@ def keep_lanes(typingctx, value, begin, end, fill):
 @intrinsic
 def prefetch(typingctx, array, index):
     """Fetch the cache line of &array[index] into every cache level (llvm.prefetch: prefetcht0)."""
+
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         address = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
         i32 = ir.IntType(32)
         hint = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32]), "llvm.prefetch.p0")
+            builder.module, ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32]), "llvm.prefetch.p0"
+        )
         builder.call(hint, [address, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
         return context.get_dummy_value()
 

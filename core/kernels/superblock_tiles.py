@@ -58,10 +58,13 @@ def repack_superblocks(qtype: int, w: np.ndarray):
     n_super = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     n_tiles = -(-rows // TILE_ROWS)
     has_mins = qtype != Q6_K
-    tiles = Tiles(np.zeros((n_tiles, n_super * 8 * LANE_BYTES[qtype]), np.uint8),
-                  np.zeros((n_tiles, n_super * TILE_ROWS), np.uint16),
-                  np.zeros((n_tiles, n_super * TILE_ROWS if has_mins else 0), np.uint16), False,
-                  np.zeros((n_tiles, n_super * scale_bytes(qtype) * TILE_ROWS), np.uint8))
+    tiles = Tiles(
+        np.zeros((n_tiles, n_super * 8 * LANE_BYTES[qtype]), np.uint8),
+        np.zeros((n_tiles, n_super * TILE_ROWS), np.uint16),
+        np.zeros((n_tiles, n_super * TILE_ROWS if has_mins else 0), np.uint16),
+        False,
+        np.zeros((n_tiles, n_super * scale_bytes(qtype) * TILE_ROWS), np.uint8),
+    )
     _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, LANE_BYTES[qtype])
     return tiles
 
@@ -145,6 +148,7 @@ def _quad_order_masks() -> list[list[int]]:
 def store_in_quad_order(typingctx, source, source_at, dest, dest_at):
     """dest[dest_at + 32 Q + 4 l + i] = source[source_at + quad_value(Q, l, i)] for one super-block of int8: four
     64-byte loads, eight constant shuffles (vpermb where the CPU has it), eight 32-byte stores."""
+
     def codegen(context, builder, signature, args):
         i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
         v64, v32 = ir.VectorType(i8, 64), ir.VectorType(i8, 32)
@@ -170,6 +174,7 @@ def k4_tile_pairs(typingctx, packed, packed_at, pairs, pairs_at, min_pairs, min_
     (packed byte i < 12 of row r), pairs[pairs_at + 16 j + r] = row r's 6-bit scales of sub-blocks 2 j (low int16)
     and 2 j + 1 (high), min_pairs[min_at + 16 j + r] the same of its mins (j < 4). (A scalar loop over the rows and
     bytes cost more than the dots of one activation row.)"""
+
     def codegen(context, builder, signature, args):
         i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
         v16, w16, d16 = ir.VectorType(i8, 16), ir.VectorType(i16, 16), ir.VectorType(i32, 16)
@@ -198,7 +203,9 @@ def k4_tile_pairs(typingctx, packed, packed_at, pairs, pairs_at, min_pairs, min_
             low, high, top = packed_bytes[q], packed_bytes[q + 4], packed_bytes[q + 8]
             scales[q] = builder.and_(low, const(63))
             mins[q] = builder.and_(high, const(63))
-            scales[q + 4] = builder.or_(builder.and_(top, const(15)), builder.shl(builder.lshr(low, const(6)), const(4)))
+            scales[q + 4] = builder.or_(
+                builder.and_(top, const(15)), builder.shl(builder.lshr(low, const(6)), const(4))
+            )
             mins[q + 4] = builder.or_(builder.lshr(top, const(4)), builder.shl(builder.lshr(high, const(6)), const(4)))
         for j in range(4):
             store_pair(pair_data, args[3], j, scales[2 * j], scales[2 * j + 1])

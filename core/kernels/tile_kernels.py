@@ -85,18 +85,33 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
             for t in range(0, n_eights, 8):
                 c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
                 for b in range(n_blocks):
-                    i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k,
-                                                              bits, vnni, qtype, 8)
+                    i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(
+                        tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 8
+                    )
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
                     c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
-                    c1 = add_block32(qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b])
-                    c2 = add_block32(qtype, c2, to_float(i2 + offset * qsum[t + 2, b]), dw, mw, d[t + 2, b], s[t + 2, b])
-                    c3 = add_block32(qtype, c3, to_float(i3 + offset * qsum[t + 3, b]), dw, mw, d[t + 3, b], s[t + 3, b])
-                    c4 = add_block32(qtype, c4, to_float(i4 + offset * qsum[t + 4, b]), dw, mw, d[t + 4, b], s[t + 4, b])
-                    c5 = add_block32(qtype, c5, to_float(i5 + offset * qsum[t + 5, b]), dw, mw, d[t + 5, b], s[t + 5, b])
-                    c6 = add_block32(qtype, c6, to_float(i6 + offset * qsum[t + 6, b]), dw, mw, d[t + 6, b], s[t + 6, b])
-                    c7 = add_block32(qtype, c7, to_float(i7 + offset * qsum[t + 7, b]), dw, mw, d[t + 7, b], s[t + 7, b])
+                    c1 = add_block32(
+                        qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b]
+                    )
+                    c2 = add_block32(
+                        qtype, c2, to_float(i2 + offset * qsum[t + 2, b]), dw, mw, d[t + 2, b], s[t + 2, b]
+                    )
+                    c3 = add_block32(
+                        qtype, c3, to_float(i3 + offset * qsum[t + 3, b]), dw, mw, d[t + 3, b], s[t + 3, b]
+                    )
+                    c4 = add_block32(
+                        qtype, c4, to_float(i4 + offset * qsum[t + 4, b]), dw, mw, d[t + 4, b], s[t + 4, b]
+                    )
+                    c5 = add_block32(
+                        qtype, c5, to_float(i5 + offset * qsum[t + 5, b]), dw, mw, d[t + 5, b], s[t + 5, b]
+                    )
+                    c6 = add_block32(
+                        qtype, c6, to_float(i6 + offset * qsum[t + 6, b]), dw, mw, d[t + 6, b], s[t + 6, b]
+                    )
+                    c7 = add_block32(
+                        qtype, c7, to_float(i7 + offset * qsum[t + 7, b]), dw, mw, d[t + 7, b], s[t + 7, b]
+                    )
                 _store_tile_row(out, t, n0, c0, spill)
                 _store_tile_row(out, t + 1, n0, c1, spill)
                 _store_tile_row(out, t + 2, n0, c2, spill)
@@ -112,7 +127,9 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
                     c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
-                    c1 = add_block32(qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b])
+                    c1 = add_block32(
+                        qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b]
+                    )
                 _store_tile_row(out, t, n0, c0, spill)
                 _store_tile_row(out, t + 1, n0, c1, spill)
             if n_twos < n_tok:  # the last row alone
@@ -212,10 +229,11 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
             tile_sub_scales = sub_scales[tile]
             for sb in range(n_super):
                 if has_mins:
-                    k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, sb * 8 * TILE_ROWS, min_pairs,
-                                  sb * 4 * TILE_ROWS)
+                    k4_tile_pairs(
+                        tile_sub_scales, 12 * TILE_ROWS * sb, pairs, sb * 8 * TILE_ROWS, min_pairs, sb * 4 * TILE_ROWS
+                    )
                 else:
-                    _q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS:])
+                    _q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS :])
             isums = all_sums[thread, 0]  # a super-block's integer sums, [token][row]
             acc = all_sums[thread, 1].view(np.float32)
             acc_mins = all_sums[thread, 2].view(np.float32)
@@ -230,23 +248,55 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
                     if n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate
-                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni,
-                                            qtype, 1)
-                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, 0, bits, vnni,
-                                            qtype, 1)
-                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, 0, bits, vnni,
-                                            qtype, 1)
-                        superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni,
-                                            qtype, 1)
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
+                        )
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, 0, bits, vnni, qtype, 1
+                        )
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, 0, bits, vnni, qtype, 1
+                        )
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
+                        )
                     for c in range(4 if n > 1 else 0):  # in the order the tile's bytes lie
                         if n == tokens:
                             for lane in range(0, 8, per_call):
-                                superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, c, lane, bits,
-                                                    vnni, qtype, tokens)
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    tokens,
+                                )
                         else:
                             for lane in range(0, 8, per_call_2):
-                                superblock_tile_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, c, lane, bits,
-                                                    vnni, qtype, 2)
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    2,
+                                )
                     dw = load16_f16(scales[tile], TILE_ROWS * sb)
                     for t in range(n):
                         at = TILE_ROWS * t
@@ -257,8 +307,9 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     if has_mins:
                         dmin = load16_f16(mins[tile], TILE_ROWS * sb)
                         for t in range(n):
-                            sum_mins = mins_dot(min_pairs, sb * 4 * TILE_ROWS, sum_pairs[t0 + t], pairs_per_super * sb,
-                                                bits, 4)
+                            sum_mins = mins_dot(
+                                min_pairs, sb * 4 * TILE_ROWS, sum_pairs[t0 + t], pairs_per_super * sb, bits, 4
+                            )
                             at = TILE_ROWS * t
                             store16(acc_mins, at, load16(acc_mins, at) + (dmin * d[t0 + t, sb]) * to_float(sum_mins))
                 for t in range(n):

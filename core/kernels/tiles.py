@@ -49,7 +49,9 @@ class Tiles:
     scales: np.ndarray  # (n_tiles, n_blocks * 16) uint16, float16 bits (MXFP4: the E8M0 byte)
     mins: np.ndarray  # the same for Q4_1 and Q5_1 (K-quants: dmin); (n_tiles, 0) for the others
     signed_bytes: bool  # Q8_0: the file's int8 (else int8 + 128)
-    sub_scales: np.ndarray = field(default_factory=_none)  # K-quants only (superblock_tiles.py): sub-block scales (and mins)
+    sub_scales: np.ndarray = field(
+        default_factory=_none
+    )  # K-quants only (superblock_tiles.py): sub-block scales (and mins)
 
     @property
     def nbytes(self) -> int:
@@ -65,9 +67,12 @@ def repack_blocks(qtype: int, w: np.ndarray, signed_bytes: bool) -> Tiles:
     rows = w.shape[0]
     n_blocks = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     n_tiles = -(-rows // TILE_ROWS)
-    tiles = Tiles(np.zeros((n_tiles, n_blocks * quant_bytes(qtype)), np.uint8),
-                  np.zeros((n_tiles, n_blocks * TILE_ROWS), np.uint16),
-                  np.zeros((n_tiles, n_blocks * TILE_ROWS if qtype in HAS_MIN else 0), np.uint16), signed_bytes)
+    tiles = Tiles(
+        np.zeros((n_tiles, n_blocks * quant_bytes(qtype)), np.uint8),
+        np.zeros((n_tiles, n_blocks * TILE_ROWS), np.uint16),
+        np.zeros((n_tiles, n_blocks * TILE_ROWS if qtype in HAS_MIN else 0), np.uint16),
+        signed_bytes,
+    )
     flip = 0x80808080 if qtype == Q8_0 and not signed_bytes else 0
     _repack(qtype, w, tiles.quants.view(np.uint32), tiles.scales, tiles.mins, np.uint32(flip))
     return tiles
@@ -98,9 +103,13 @@ def _repack(qtype, w, quants, scales, mins, flip):
                 if has_min:
                     mins[tile, b * TILE_ROWS + r] = np.uint16(row[off + 2]) | (np.uint16(row[off + 3]) << 8)
                 for k in range(n_quads):  # quants is viewed as uint32: one quad of 4 bytes per element
-                    quants[tile, (b * quads_per_block + k) * TILE_ROWS + r] = load_u32(row, off + values_at + 4 * k) ^ flip
+                    quants[tile, (b * quads_per_block + k) * TILE_ROWS + r] = (
+                        load_u32(row, off + values_at + 4 * k) ^ flip
+                    )
                 if fifth_bits:
-                    quants[tile, (b * quads_per_block + n_quads) * TILE_ROWS + r] = _fifth_bits_by_quad(load_u32(row, off + qh))
+                    quants[tile, (b * quads_per_block + n_quads) * TILE_ROWS + r] = _fifth_bits_by_quad(
+                        load_u32(row, off + qh)
+                    )
 
 
 @njit(inline="always")

@@ -59,7 +59,7 @@ def _blocks(raw: np.ndarray, block_bytes: int) -> np.ndarray:
 
 def _scale(blocks: np.ndarray, start: int) -> np.ndarray:
     """The float16 field at byte `start` of each block, as a float32 column."""
-    return blocks[:, start:start + 2].copy().view(np.float16).astype(np.float32)
+    return blocks[:, start : start + 2].copy().view(np.float16).astype(np.float32)
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -127,12 +127,24 @@ class KernelFamily:
 # float32 activations: each weight row widened once per call (float_kernels.py), on every tier
 FLOATS = KernelFamily("floats", _float_kernel, None, None, None)
 # 32-value blocks against Q8_0 activations: quant_kernels.py's rows and lanes, tile_kernels.tiles_32 over tiles.py
-BLOCKS_32 = KernelFamily("blocks32", quant_kernels.rows_32, quant_kernels.lanes_32, tile_kernels.tiles_32,
-                         _repack_blocks32, grouped_experts.grouped_32)
+BLOCKS_32 = KernelFamily(
+    "blocks32",
+    quant_kernels.rows_32,
+    quant_kernels.lanes_32,
+    tile_kernels.tiles_32,
+    _repack_blocks32,
+    grouped_experts.grouped_32,
+)
 # K-quant super-blocks against Q8_K activations: quant_kernels.py's rows and lanes, tile_kernels.tiles_k over
 # superblock_tiles.py
-SUPERBLOCKS = KernelFamily("superblocks", quant_kernels.rows_k, quant_kernels.lanes_k, tile_kernels.tiles_k,
-                           _repack_superblocks, grouped_experts.grouped_k)
+SUPERBLOCKS = KernelFamily(
+    "superblocks",
+    quant_kernels.rows_k,
+    quant_kernels.lanes_k,
+    tile_kernels.tiles_k,
+    _repack_superblocks,
+    grouped_experts.grouped_k,
+)
 
 
 # ---------------------------------------------------------------- the rows
@@ -204,8 +216,10 @@ class WeightType:
         if not self.tiled_on(tier):
             return _ROWS
         if tier.vector_bits not in self.tile_tokens:
-            raise ValueError(f"{self.name} has no tile kernel shape for the {tier.name} tier's "
-                             f"{tier.vector_bits}-bit vectors (weight_types.py: its row's tile_tokens)")
+            raise ValueError(
+                f"{self.name} has no tile kernel shape for the {tier.name} tier's "
+                f"{tier.vector_bits}-bit vectors (weight_types.py: its row's tile_tokens)"
+            )
         return WeightKernels("tiles", 0, self.tile_tokens[tier.vector_bits])
 
     def kernels_on(self, tier: Tier) -> Kernels:
@@ -251,24 +265,67 @@ _ROWS_OF_THE_TABLE = (
     WeightType(Q.F32, 1, 4, _f32, "f32", FLOATS),
     WeightType(Q.F16, 1, 2, _f16, "f32", FLOATS, speedup={"avx512-vnni": 0.4, "avx2": 0.62}),
     WeightType(Q.BF16, 1, 2, partial(_gguf, Q.BF16), "f32", FLOATS),
-    WeightType(Q.Q8_0, 32, 34, _q8_0, "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS,
-               speedup={"avx512-vnni": 2.32, "avx2": 1.29}),
-    WeightType(Q.Q4_0, 32, 18, _q4_0, "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS,
-               speedup={"avx512-vnni": 2.46, "avx2": 1.89}),
-    WeightType(Q.Q4_1, 32, 20, _q4_1, "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS,
-               speedup={"avx512-vnni": 2.4, "avx2": 1.91}),
-    WeightType(Q.Q5_0, 32, 22, partial(_gguf, Q.Q5_0), "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS,
-               speedup={"avx512-vnni": 2.27, "avx2": 1.35}),
-    WeightType(Q.Q5_1, 32, 24, partial(_gguf, Q.Q5_1), "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS,
-               speedup={"avx512-vnni": 2.18, "avx2": 1.35}),
+    WeightType(
+        Q.Q8_0, 32, 34, _q8_0, "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS, speedup={"avx512-vnni": 2.32, "avx2": 1.29}
+    ),
+    WeightType(
+        Q.Q4_0, 32, 18, _q4_0, "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS, speedup={"avx512-vnni": 2.46, "avx2": 1.89}
+    ),
+    WeightType(
+        Q.Q4_1, 32, 20, _q4_1, "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS, speedup={"avx512-vnni": 2.4, "avx2": 1.91}
+    ),
+    WeightType(
+        Q.Q5_0,
+        32,
+        22,
+        partial(_gguf, Q.Q5_0),
+        "q8_0",
+        BLOCKS_32,
+        _BLOCK32_TILE_TOKENS,
+        speedup={"avx512-vnni": 2.27, "avx2": 1.35},
+    ),
+    WeightType(
+        Q.Q5_1,
+        32,
+        24,
+        partial(_gguf, Q.Q5_1),
+        "q8_0",
+        BLOCKS_32,
+        _BLOCK32_TILE_TOKENS,
+        speedup={"avx512-vnni": 2.18, "avx2": 1.35},
+    ),
     # MXFP4 (gpt-oss's experts): 32 E2M1 values and an E8M0 exponent; Q8_0 activations as ggml's vec_dot_type
     WeightType(Q.MXFP4, 32, 17, partial(_gguf, Q.MXFP4), "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS),
-    WeightType(Q.Q4_K, 256, 144, partial(_gguf, Q.Q4_K), "q8_k", SUPERBLOCKS, {512: 16, 256: 16},
-               speedup={"avx512-vnni": 1.69, "avx2": 2.01}),
-    WeightType(Q.Q5_K, 256, 176, partial(_gguf, Q.Q5_K), "q8_k", SUPERBLOCKS, {512: 8, 256: 16},
-               speedup={"avx512-vnni": 1.61, "avx2": 1.8}),
-    WeightType(Q.Q6_K, 256, 210, partial(_gguf, Q.Q6_K), "q8_k", SUPERBLOCKS, {512: 16, 256: 16},
-               speedup={"avx512-vnni": 1.53, "avx2": 1.53}),
+    WeightType(
+        Q.Q4_K,
+        256,
+        144,
+        partial(_gguf, Q.Q4_K),
+        "q8_k",
+        SUPERBLOCKS,
+        {512: 16, 256: 16},
+        speedup={"avx512-vnni": 1.69, "avx2": 2.01},
+    ),
+    WeightType(
+        Q.Q5_K,
+        256,
+        176,
+        partial(_gguf, Q.Q5_K),
+        "q8_k",
+        SUPERBLOCKS,
+        {512: 8, 256: 16},
+        speedup={"avx512-vnni": 1.61, "avx2": 1.8},
+    ),
+    WeightType(
+        Q.Q6_K,
+        256,
+        210,
+        partial(_gguf, Q.Q6_K),
+        "q8_k",
+        SUPERBLOCKS,
+        {512: 16, 256: 16},
+        speedup={"avx512-vnni": 1.53, "avx2": 1.53},
+    ),
 )
 
 WEIGHT_TYPES: Mapping[Q, WeightType] = MappingProxyType({row.qtype: row for row in _ROWS_OF_THE_TABLE})

@@ -84,10 +84,12 @@ def block_as_f32(flat_cache, start, scratch):
 @overload(block_as_f32)
 def _block_as_f32(flat_cache, start, scratch):
     if flat_cache.dtype == types.uint16:
+
         def widen(flat_cache, start, scratch):
             for i in range(0, scratch.size, LANES):
                 store16(scratch, i, load16_f16(flat_cache, start + i))
             return scratch, 0
+
         return widen
     return lambda flat_cache, start, scratch: (flat_cache, start)
 
@@ -109,8 +111,7 @@ def _build_rope_and_store_kv():
     helpers = HELPERS
 
     @njit(cache=True)
-    def rope_and_store_kv(qkv, positions, cos, sin, n_heads, n_kv_heads, head_dim, slots, k_cache, v_cache,
-                          neox=False):
+    def rope_and_store_kv(qkv, positions, cos, sin, n_heads, n_kv_heads, head_dim, slots, k_cache, v_cache, neox=False):
         """Rotate Q (in place in qkv) and K by each token's position; write K and V into the paged cache.
 
         qkv: (T, (n_heads + 2 * n_kv_heads) * head_dim); slots[t] = block * block_size + offset.
@@ -122,13 +123,13 @@ def _build_rope_and_store_kv():
         for t in range(qkv.shape[0]):
             pos = positions[t]
             for h in range(n_heads):
-                _rotate(qkv[t, h * head_dim:(h + 1) * head_dim], cos[pos], sin[pos], neox)
+                _rotate(qkv[t, h * head_dim : (h + 1) * head_dim], cos[pos], sin[pos], neox)
             block = slots[t] // block_size
             offset = slots[t] % block_size
             for h in range(n_kv_heads):
-                k = qkv[t, q_end + h * head_dim:q_end + (h + 1) * head_dim]
+                k = qkv[t, q_end + h * head_dim : q_end + (h + 1) * head_dim]
                 _rotate(k, cos[pos], sin[pos], neox)
-                v = qkv[t, k_end + h * head_dim:k_end + (h + 1) * head_dim]
+                v = qkv[t, k_end + h * head_dim : k_end + (h + 1) * head_dim]
                 for d in range(head_dim):
                     k_cache[block, h, d, offset] = as_cache_value(k_cache, k[d])
                     v_cache[block, h, offset, d] = as_cache_value(v_cache, v[d])
@@ -144,8 +145,9 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
     helpers = HELPERS
     assert score_queries in (2, 4)
 
-    @cached_variant(f"scores{score_queries}" + ("_softcap" if capped else "") + ("_sinks" if with_sinks else ""),
-                    parallel=True)
+    @cached_variant(
+        f"scores{score_queries}" + ("_softcap" if capped else "") + ("_sinks" if with_sinks else ""), parallel=True
+    )
     def attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, threads, cap, sinks):
         """paged_attention's kernel; threads: numba's thread count (read outside: it would keep this from the
         cache); cap: the capped variant's softcap (scale then holds scale / cap); sinks: (n_heads,) float32, the
@@ -182,16 +184,61 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
                 start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
                 ahead = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else -1
                 if rows <= QUERIES:  # one group of 4 queries (decode): widening as it loads beats a pass via scratch
-                    _attend_block(queries, rows, score_queries, flat_k, start, flat_v, start, b, block_size,
-                                  positions, t_begin, t_end, group, window, scale, scores, top, total,
-                                  correction, acc, ahead, capped, cap)
+                    _attend_block(
+                        queries,
+                        rows,
+                        score_queries,
+                        flat_k,
+                        start,
+                        flat_v,
+                        start,
+                        b,
+                        block_size,
+                        positions,
+                        t_begin,
+                        t_end,
+                        group,
+                        window,
+                        scale,
+                        scores,
+                        top,
+                        total,
+                        correction,
+                        acc,
+                        ahead,
+                        capped,
+                        cap,
+                    )
                 else:  # many groups: widen the block once, into scratch, for all of them
                     if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
                         _prefetch_block(flat_k, flat_v, ahead, block_values)
                     kt, k0 = block_as_f32(flat_k, start, k_scratch)
                     vb, v0 = block_as_f32(flat_v, start, v_scratch)
-                    _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, positions, t_begin,
-                                  t_end, group, window, scale, scores, top, total, correction, acc, -1, capped, cap)
+                    _attend_block(
+                        queries,
+                        rows,
+                        score_queries,
+                        kt,
+                        k0,
+                        vb,
+                        v0,
+                        b,
+                        block_size,
+                        positions,
+                        t_begin,
+                        t_end,
+                        group,
+                        window,
+                        scale,
+                        scores,
+                        top,
+                        total,
+                        correction,
+                        acc,
+                        -1,
+                        capped,
+                        cap,
+                    )
             for qi in range(n_q):
                 if with_sinks:
                     _add_sink(sinks[kvh * group + qi % group], qi, top, total, acc, head_dim)
@@ -204,8 +251,31 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
 
 
 @njit(inline="always")
-def _attend_block(queries, rows, score_queries, kt, k0, vb, v0, b, block_size, positions, t_begin, t_end, group,
-                  window, scale, scores, top, total, correction, acc, ahead, capped, cap):
+def _attend_block(
+    queries,
+    rows,
+    score_queries,
+    kt,
+    k0,
+    vb,
+    v0,
+    b,
+    block_size,
+    positions,
+    t_begin,
+    t_end,
+    group,
+    window,
+    scale,
+    scores,
+    top,
+    total,
+    correction,
+    acc,
+    ahead,
+    capped,
+    cap,
+):
     """One block of keys for every query of a work item: kt[k0 + d * block_size + j] is key j's d,
     vb[v0 + j * head_dim + d] value j's d, in float32 or float16 bits (load_kv16 widens them).
 
@@ -392,8 +462,20 @@ def _attend_kernel(score_queries: int, capped: bool = False, with_sinks: bool = 
     return _ATTEND[key]
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, out, window=0,
-                    score_queries=None, softcap=0.0, sinks=None):
+def paged_attention(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    positions,
+    items,
+    scale,
+    out,
+    window=0,
+    score_queries=None,
+    softcap=0.0,
+    sinks=None,
+):
     """Causal flash attention over the paged cache for a packed batch of query tokens.
 
     q: (T, n_heads, head_dim); out: same shape.
@@ -420,5 +502,17 @@ def paged_attention(q, k_cache, v_cache, block_tables, positions, items, scale, 
     attend = _attend_kernel(SCORE_QUERIES if score_queries is None else score_queries, capped, with_sinks)
     cap = np.float32(softcap if capped else 1.0)
     sink_logits = np.ascontiguousarray(sinks, dtype=np.float32) if with_sinks else _NO_SINKS
-    return attend(q, k_cache, v_cache, block_tables, positions, items, np.float32(scale) / cap if capped else scale,
-                  out, window, get_num_threads(), cap, sink_logits)
+    return attend(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        positions,
+        items,
+        np.float32(scale) / cap if capped else scale,
+        out,
+        window,
+        get_num_threads(),
+        cap,
+        sink_logits,
+    )

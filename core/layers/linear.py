@@ -71,8 +71,9 @@ class Linear:
         self._init(tensor.name, tensor.type, tensor.shape, [tensor.data], fmt, invariant, tier)
 
     @classmethod
-    def fused(cls, tensors: Sequence[TensorInfo], fmt: str = "native", invariant: bool = False,
-              tier: str | None = None) -> "Linear":
+    def fused(
+        cls, tensors: Sequence[TensorInfo], fmt: str = "native", invariant: bool = False, tier: str | None = None
+    ) -> "Linear":
         """One layer over several tensors with the same type and in_features (Q, K, V; gate, up):
         their outputs side by side. Tensors stored back to back in one buffer stay a single view.
 
@@ -86,23 +87,36 @@ class Linear:
             if fmt == "native":  # neighbours of one type stay one layer: one activation quantization, one call
                 groups = [list(group) for _, group in itertools.groupby(tensors, key=lambda t: t.type)]
                 return LinearStack([cls.fused(group, fmt, tier=tier) for group in groups])
-            f32 = [TensorInfo(t.name, t.shape, GGMLQuantizationType.F32, dequantize(t).view(np.uint8).reshape(-1))
-                   for t in tensors]
+            f32 = [
+                TensorInfo(t.name, t.shape, GGMLQuantizationType.F32, dequantize(t).view(np.uint8).reshape(-1))
+                for t in tensors
+            ]
             return cls.fused(f32, fmt, invariant, tier)
         shape = (sum(t.shape[0] for t in tensors), *first.shape[1:])
         layer = cls.__new__(cls)
-        layer._init("+".join(t.name for t in tensors), first.type, shape, [t.data for t in tensors], fmt, invariant,
-                    tier)
+        layer._init(
+            "+".join(t.name for t in tensors), first.type, shape, [t.data for t in tensors], fmt, invariant, tier
+        )
         return layer
 
-    def _init(self, name: str, qtype: GGMLQuantizationType, shape: tuple[int, ...], parts: list[np.ndarray], fmt: str,
-              invariant: bool, tier: str | None):
+    def _init(
+        self,
+        name: str,
+        qtype: GGMLQuantizationType,
+        shape: tuple[int, ...],
+        parts: list[np.ndarray],
+        fmt: str,
+        invariant: bool,
+        tier: str | None,
+    ):
         if len(shape) != 2:
             raise ValueError(f"{name}: a linear layer needs a 2-D tensor, this one has shape {shape}")
         if fmt not in WEIGHT_FORMATS:
             raise ValueError(f"fmt must be one of {', '.join(WEIGHT_FORMATS)}, not {fmt!r}")
         if fmt == "bf16" and not cpu.HAS_BF16_DOT:
-            raise ValueError(f"{name}: fmt='bf16' needs a CPU with AVX512_BF16 (this one runs the {cpu.TIER.name} tier)")
+            raise ValueError(
+                f"{name}: fmt='bf16' needs a CPU with AVX512_BF16 (this one runs the {cpu.TIER.name} tier)"
+            )
         if fmt == "i16" and not cpu.HAS_INT16_DOT:
             raise ValueError(f"{name}: fmt='i16' needs an x86 CPU with AVX2 (this one runs the {cpu.TIER.name} tier)")
         if fmt == "native" and not has_native_kernel(qtype):
@@ -115,7 +129,9 @@ class Linear:
         self._plan = self._weight_type.plan(self.tier) if fmt == "native" else None
         self.out_features, self.in_features = shape
         raw = _join(parts)
-        self.weight_bytes = 0 if np.shares_memory(raw, parts[0]) else raw.nbytes  # a copy only when fusing scattered parts
+        self.weight_bytes = (
+            0 if np.shares_memory(raw, parts[0]) else raw.nbytes
+        )  # a copy only when fusing scattered parts
         self._tiles = None
         self.batch_invariant = invariant or fmt in BATCH_INVARIANT_FORMATS
         if fmt == "bf16":
@@ -144,8 +160,9 @@ class Linear:
     def _kernels(self) -> Kernels:
         return self._weight_type.kernels_on(self.tier)
 
-    def __call__(self, x: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None,
-                 gelu: bool = False) -> np.ndarray:
+    def __call__(
+        self, x: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None, gelu: bool = False
+    ) -> np.ndarray:
         """(T, in_features) float32 -> (T, out_features) float32, then + bias (out_features,), then the exact GELU
         (gelu=True), then + residual (T, out_features), each where asked: the i16 kernel as it stores each tile,
         the others after, with the same float32 operations.
@@ -204,14 +221,18 @@ class Linear:
             return kernels.rows(self._w, a.q, a.d, a.sum32, out, 16)
         if n_tok > SUPERBLOCK_LANES_PER_CALL:  # the lanes kernels' sums must stay in L2: a chunk of rows per call
             for t0 in range(0, n_tok, SUPERBLOCK_LANES_PER_CALL):
-                self._matmul_superblocks(x[t0:t0 + SUPERBLOCK_LANES_PER_CALL], out[t0:t0 + SUPERBLOCK_LANES_PER_CALL])
+                self._matmul_superblocks(
+                    x[t0 : t0 + SUPERBLOCK_LANES_PER_CALL], out[t0 : t0 + SUPERBLOCK_LANES_PER_CALL]
+                )
             return out
         a = quantize_q8_k_columns(x, _round_up(n_tok, quant_kernels.LANE_MULTIPLE))
         return kernels.lanes(self._w, a.q, a.d, a.sum32, out, 16)
 
     def __repr__(self) -> str:
-        return (f"Linear({self.name}, {self.type.name}, {self.out_features}x{self.in_features}, fmt={self.fmt}, "
-                f"weight_bytes={self.weight_bytes:,})")
+        return (
+            f"Linear({self.name}, {self.type.name}, {self.out_features}x{self.in_features}, fmt={self.fmt}, "
+            f"weight_bytes={self.weight_bytes:,})"
+        )
 
 
 class LinearStack:
@@ -226,8 +247,9 @@ class LinearStack:
         self.weight_bytes = sum(layer.weight_bytes for layer in layers)
         self.batch_invariant = all(layer.batch_invariant for layer in layers)
 
-    def __call__(self, x: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None,
-                 gelu: bool = False) -> np.ndarray:
+    def __call__(
+        self, x: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None, gelu: bool = False
+    ) -> np.ndarray:
         return _epilogue(np.concatenate([layer(x) for layer in self.layers], axis=1), bias, residual, gelu)
 
 
@@ -254,7 +276,9 @@ class Embedding:
         # a read fault maps the file's cached pages around the row too: kept, a run's lookups made most of the
         # table resident (23 of 35 MiB on a 1.1B model); dropped, a step holds only what it reads
         release_pages(self._w)
-        return dequantize(TensorInfo(name=self.name, shape=(len(token_ids), self.dim), type=self.type, data=rows.reshape(-1)))
+        return dequantize(
+            TensorInfo(name=self.name, shape=(len(token_ids), self.dim), type=self.type, data=rows.reshape(-1))
+        )
 
     def __repr__(self) -> str:
         return f"Embedding({self.name}, {self.type.name}, {self.vocab_size}x{self.dim}, fmt={self.fmt})"
@@ -294,7 +318,7 @@ def _join(parts: list[np.ndarray]) -> np.ndarray:
         start = np.frombuffer(buffer, dtype=np.uint8)
         offset = _address(parts[0]) - _address(start)
         if 0 <= offset and offset + sum(p.nbytes for p in parts) <= start.nbytes:
-            return start[offset:offset + sum(p.nbytes for p in parts)]
+            return start[offset : offset + sum(p.nbytes for p in parts)]
     joined = np.concatenate([p.reshape(-1) for p in parts])
     joined.flags.writeable = False  # read-only as the map's views are: one compiled variant of the kernels taking it
     return joined

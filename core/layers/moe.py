@@ -74,13 +74,23 @@ class Experts:
     type is tiled on this tier, so the activations are quantized once; else two layers over the mapped views);
     down[e]: expert e's down matrix."""
 
-    def __init__(self, router: TensorInfo, gate: TensorInfo, up: TensorInfo, down: TensorInfo,
-                 router_bias: np.ndarray | None = None, gate_up_bias: np.ndarray | None = None,
-                 down_bias: np.ndarray | None = None, tier: str | None = None):
+    def __init__(
+        self,
+        router: TensorInfo,
+        gate: TensorInfo,
+        up: TensorInfo,
+        down: TensorInfo,
+        router_bias: np.ndarray | None = None,
+        gate_up_bias: np.ndarray | None = None,
+        down_bias: np.ndarray | None = None,
+        tier: str | None = None,
+    ):
         n_expert, width, dim = gate.shape
         if up.shape != gate.shape or down.shape != (n_expert, dim, width) or router.shape != (n_expert, dim):
-            raise ValueError(f"{gate.name}: expert shapes do not agree (router {router.shape}, gate {gate.shape}, "
-                             f"up {up.shape}, down {down.shape})")
+            raise ValueError(
+                f"{gate.name}: expert shapes do not agree (router {router.shape}, gate {gate.shape}, "
+                f"up {up.shape}, down {down.shape})"
+            )
         self.n_expert, self.width, self.dim = n_expert, width, dim
         self.router = Linear(router, "native", tier=tier)
         self.router_bias = router_bias  # (E,)
@@ -96,16 +106,24 @@ class Experts:
         tiled = WEIGHT_TYPES[gate.type].tiled_on(cpu.get(tier)) and gate.type == up.type
         for e in range(n_expert):
             parts = [expert_slab(gate, e), expert_slab(up, e)]
-            self.gate_up.append(Linear.fused(parts, "native", tier=tier) if tiled
-                                else LinearStack([Linear(p, "native", tier=tier) for p in parts]))
+            self.gate_up.append(
+                Linear.fused(parts, "native", tier=tier)
+                if tiled
+                else LinearStack([Linear(p, "native", tier=tier) for p in parts])
+            )
             self.down.append(Linear(expert_slab(down, e), "native", tier=tier))
-        self.weight_bytes = (self.router.weight_bytes + sum(layer.weight_bytes for layer in self.gate_up)
-                             + sum(layer.weight_bytes for layer in self.down))  # owned: the repacked tiles
+        self.weight_bytes = (
+            self.router.weight_bytes
+            + sum(layer.weight_bytes for layer in self.gate_up)
+            + sum(layer.weight_bytes for layer in self.down)
+        )  # owned: the repacked tiles
 
     def __repr__(self) -> str:
         kind = self.grouped.down.type.name + ", grouped" if self.grouped else self.down[0].type.name
-        return (f"Experts({self.n_expert} x {self.dim}->{self.width}->{self.dim}, {kind}, "
-                f"weight_bytes={self.weight_bytes:,})")
+        return (
+            f"Experts({self.n_expert} x {self.dim}->{self.width}->{self.dim}, {kind}, "
+            f"weight_bytes={self.weight_bytes:,})"
+        )
 
 
 class ExpertTiles:
@@ -140,11 +158,22 @@ class GroupedExperts:
         """Whether the grouped kernels run these experts on this tier: gate and up of one type, each type with a
         grouped kernel here, every expert a whole number of tiles."""
         kinds = [WEIGHT_TYPES.get(t.type) for t in (gate, up, down)]
-        return (gate.type == up.type and all(w is not None and w.grouped_on(tier) for w in kinds)
-                and gate.shape[1] % TILE_ROWS == 0 and down.shape[1] % TILE_ROWS == 0)
+        return (
+            gate.type == up.type
+            and all(w is not None and w.grouped_on(tier) for w in kinds)
+            and gate.shape[1] % TILE_ROWS == 0
+            and down.shape[1] % TILE_ROWS == 0
+        )
 
-    def product(self, first: ExpertTiles, second: ExpertTiles, x: np.ndarray, source: np.ndarray | None,
-                starts: np.ndarray, active: np.ndarray) -> np.ndarray:
+    def product(
+        self,
+        first: ExpertTiles,
+        second: ExpertTiles,
+        x: np.ndarray,
+        source: np.ndarray | None,
+        starts: np.ndarray,
+        active: np.ndarray,
+    ) -> np.ndarray:
         """(slots, first's and second's outputs side by side; second is first: its alone) for the slots' rows
         x[source] (x as it is where source is None), slot s in expert e's run when starts[e] <= s < starts[e + 1]:
         the activations quantized once, their rows gathered, one call."""
@@ -170,8 +199,9 @@ def expert_slab(tensor: TensorInfo, e: int) -> TensorInfo:
     """Expert e's 2-D matrix of a 3-D expert tensor: a view of its contiguous bytes in the memory map."""
     n_expert = tensor.shape[0]
     per_expert = tensor.data.nbytes // n_expert
-    return TensorInfo(f"{tensor.name}[{e}]", tensor.shape[1:], tensor.type,
-                      tensor.data[e * per_expert:(e + 1) * per_expert])
+    return TensorInfo(
+        f"{tensor.name}[{e}]", tensor.shape[1:], tensor.type, tensor.data[e * per_expert : (e + 1) * per_expert]
+    )
 
 
 def run_experts(x: np.ndarray, experts: Experts, routing: Routing, activation) -> np.ndarray:
@@ -194,8 +224,9 @@ def run_experts(x: np.ndarray, experts: Experts, routing: Routing, activation) -
     return out
 
 
-def _run_grouped(x: np.ndarray, chosen: np.ndarray, weights: np.ndarray, experts: Experts, activation,
-                 out: np.ndarray) -> None:
+def _run_grouped(
+    x: np.ndarray, chosen: np.ndarray, weights: np.ndarray, experts: Experts, activation, out: np.ndarray
+) -> None:
     """One run of rows through the grouped kernels: one call for every chosen expert's gate and up, one for
     their down, the slots (row, j) sorted by expert; the results combined per row into out."""
     n_rows, k = chosen.shape
@@ -218,8 +249,9 @@ def _run_grouped(x: np.ndarray, chosen: np.ndarray, weights: np.ndarray, experts
     combine(results.reshape(n_rows, k, experts.dim), weights, out)
 
 
-def _run_chosen(x: np.ndarray, chosen: np.ndarray, weights: np.ndarray, experts: Experts, activation,
-                out: np.ndarray) -> None:
+def _run_chosen(
+    x: np.ndarray, chosen: np.ndarray, weights: np.ndarray, experts: Experts, activation, out: np.ndarray
+) -> None:
     """One run of rows: each expert's rows as one product, the results combined per row into out."""
     n_rows, k = chosen.shape
     flat = chosen.reshape(-1)
@@ -229,7 +261,7 @@ def _run_chosen(x: np.ndarray, chosen: np.ndarray, weights: np.ndarray, experts:
     act = np.empty((n_rows, experts.width), np.float32)
     start = 0
     for e in np.flatnonzero(counts):
-        slots = order[start:start + counts[e]]
+        slots = order[start : start + counts[e]]
         start += counts[e]
         gate_up = experts.gate_up[e](x[slots // k])
         if experts.gate_up_bias is not None:

@@ -91,8 +91,14 @@ def _gelu_f16_table() -> np.ndarray:
     """GELU (tanh form) of every float16, rounded to float16: the table ggml evaluates GELU through."""
     x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
     with np.errstate(all="ignore"):  # inf and nan entries are never looked up (|x| >= 10 bypasses the table)
-        y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(
-            np.float32(math.sqrt(2.0 / math.pi)) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))
+        y = (
+            np.float32(0.5)
+            * x
+            * (
+                np.float32(1.0)
+                + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * x * (np.float32(1.0) + np.float32(0.044715) * x * x))
+            )
+        )
     return y.astype(np.float16).astype(np.float32)
 
 

@@ -38,10 +38,13 @@ class PoolingParams:
         if self.dimensions is not None and (type(self.dimensions) is not int or self.dimensions < 1):
             raise RequestError(f"dimensions must be a positive integer, got {self.dimensions!r}.")
         if self.truncate_prompt_tokens is not None and (
-                type(self.truncate_prompt_tokens) is not int
-                or (self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1)):
-            raise RequestError("truncate_prompt_tokens must be a positive integer or -1 (the model's context), "
-                               f"got {self.truncate_prompt_tokens!r}.")
+            type(self.truncate_prompt_tokens) is not int
+            or (self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1)
+        ):
+            raise RequestError(
+                "truncate_prompt_tokens must be a positive integer or -1 (the model's context), "
+                f"got {self.truncate_prompt_tokens!r}."
+            )
 
 
 def pool(hidden: np.ndarray, kind: str) -> np.ndarray:

@@ -49,23 +49,28 @@ def yarn_attn_factor(factor: float, file_attn_factor: float, log_mul: float = 0.
     """llama.cpp's cparams.yarn_attn_factor: get_mscale(factor), or with a log multiplier (mistral3's
     rope.scaling.yarn_log_multiplier, HF's mscale_all_dim) get_mscale(factor, 1) / get_mscale(factor, log_mul);
     cancelled by the 1 + 0.1 ln(factor) rope_yarn() applies again, times rope.scaling.attn_factor."""
+
     def get_mscale(mscale: float) -> float:
         return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
     base = get_mscale(1.0) / get_mscale(log_mul) if log_mul != 0.0 else get_mscale(1.0)
     return base / (1.0 + 0.1 * math.log(factor)) * file_attn_factor
 
 
 def yarn_corr_dims(params: RopeParams) -> tuple[float, float]:
     """The first and last pair index of YaRN's ramp (ggml_rope_yarn_corr_dims)."""
+
     def corr_dim(n_turns: float) -> float:
         return params.n_rot * math.log(params.n_ctx_orig / (n_turns * 2 * math.pi)) / (2 * math.log(params.theta))
+
     start = math.floor(corr_dim(params.beta_fast))
     end = math.ceil(corr_dim(params.beta_slow))
     return max(0.0, start), min(params.n_rot - 1.0, end)
 
 
-def rope_tables(params: RopeParams, freq_factors: np.ndarray | None, start: int, stop: int
-                ) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(
+    params: RopeParams, freq_factors: np.ndarray | None, start: int, stop: int
+) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin for positions start..stop-1, (stop - start, n_rot // 2) float32, computed in float32
     as HF transformers does for the unscaled case."""
     n_rot = params.n_rot
@@ -88,8 +93,9 @@ def rope_tables(params: RopeParams, freq_factors: np.ndarray | None, start: int,
     return cos, sin
 
 
-def extend_rope_tables(cos: np.ndarray, sin: np.ndarray, n_positions: int, params: RopeParams,
-                       freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def extend_rope_tables(
+    cos: np.ndarray, sin: np.ndarray, n_positions: int, params: RopeParams, freq_factors: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin rows covering positions 0..n_positions-1, extended by whole chunks when needed.
 
     A chunk's values never depend on when it was added, so outputs do not depend on what ran before.

@@ -27,13 +27,20 @@ PHANTOM_SPACE = "\u2581"
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 _POOLING = {"pooling_mode_mean_tokens": 1, "pooling_mode_cls_token": 2}
 _BLOCK_TENSORS = {  # HF name inside encoder.layer.N -> llama.cpp's name inside blk.N
-    "attention.self.query": "attn_q", "attention.self.key": "attn_k", "attention.self.value": "attn_v",
-    "attention.output.dense": "attn_output", "attention.output.LayerNorm": "attn_output_norm",
-    "intermediate.dense": "ffn_up", "output.dense": "ffn_down", "output.LayerNorm": "layer_output_norm",
+    "attention.self.query": "attn_q",
+    "attention.self.key": "attn_k",
+    "attention.self.value": "attn_v",
+    "attention.output.dense": "attn_output",
+    "attention.output.LayerNorm": "attn_output_norm",
+    "intermediate.dense": "ffn_up",
+    "output.dense": "ffn_down",
+    "output.LayerNorm": "layer_output_norm",
 }
 _EMBEDDING_TENSORS = {
-    "embeddings.word_embeddings": "token_embd", "embeddings.token_type_embeddings": "token_types",
-    "embeddings.position_embeddings": "position_embd", "embeddings.LayerNorm": "token_embd_norm",
+    "embeddings.word_embeddings": "token_embd",
+    "embeddings.token_type_embeddings": "token_types",
+    "embeddings.position_embeddings": "position_embd",
+    "embeddings.LayerNorm": "token_embd_norm",
 }
 _UNUSED = ("embeddings.position_ids", "pooler.")  # the pooler is BERT's classifier head, not the embedding
 
@@ -63,15 +70,19 @@ class _Source:
 def read_safetensors(data: bytes) -> dict[str, np.ndarray]:
     """Every tensor of a safetensors file, as float32 arrays (F32, F16 and BF16; other types are skipped)."""
     (header_len,) = struct.unpack_from("<Q", data, 0)
-    header = json.loads(data[8:8 + header_len])
+    header = json.loads(data[8 : 8 + header_len])
     base = 8 + header_len
     tensors = {}
     for name, info in header.items():
         if name == "__metadata__" or info["dtype"] not in _SAFETENSORS_DTYPES:
             continue
         begin, end = info["data_offsets"]
-        raw = np.frombuffer(data, _SAFETENSORS_DTYPES[info["dtype"]], (end - begin) // np.dtype(
-            _SAFETENSORS_DTYPES[info["dtype"]]).itemsize, base + begin)
+        raw = np.frombuffer(
+            data,
+            _SAFETENSORS_DTYPES[info["dtype"]],
+            (end - begin) // np.dtype(_SAFETENSORS_DTYPES[info["dtype"]]).itemsize,
+            base + begin,
+        )
         if info["dtype"] == "BF16":
             raw = (raw.astype(np.uint32) << 16).view(np.float32)
         tensors[name] = raw.astype(np.float32).reshape(info["shape"])
@@ -157,4 +168,3 @@ def convert_sentence_transformers(source_path: str | Path, out_path: str | Path,
     writer.write_tensors_to_file()
     writer.close()
     return Path(out_path)
-

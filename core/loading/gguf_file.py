@@ -95,7 +95,7 @@ class _Cursor:
         end = self.pos + length
         if end > len(self.buf):
             raise ModelFileError(f"{self.path}: the file is truncated (its header ends early).")
-        raw = bytes(self.buf[self.pos:end])
+        raw = bytes(self.buf[self.pos : end])
         self.pos = end
         return raw.decode("utf-8", errors="replace")
 
@@ -221,11 +221,15 @@ class GGUFFile:
                 if previous is None:
                     problem = f"the first tensor, '{h.name}', starts at data offset {h.offset:,} instead of 0"
                 elif h.offset < previous.end:
-                    problem = (f"{previous.describe()} overlaps the next tensor, '{h.name}', "
-                               f"which starts {h.offset - previous.offset:,} bytes after it")
+                    problem = (
+                        f"{previous.describe()} overlaps the next tensor, '{h.name}', "
+                        f"which starts {h.offset - previous.offset:,} bytes after it"
+                    )
                 else:
-                    problem = (f"{previous.describe()} is followed by {h.offset - previous.end:,} unused bytes "
-                               f"before the next tensor, '{h.name}'")
+                    problem = (
+                        f"{previous.describe()} is followed by {h.offset - previous.end:,} unused bytes "
+                        f"before the next tensor, '{h.name}'"
+                    )
                 raise ModelFileError(f"{self.path}: {problem}; a tensor's type or shape in the header is wrong.")
             if data_start + h.end > len(self._map):
                 raise ModelFileError(

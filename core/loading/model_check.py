@@ -26,12 +26,24 @@ from miro.core.loading.gguf_file import GGUFFile
 
 # Keys every llama-like architecture's config reads (config.ModelConfig.from_gguf and read_rope_scaling).
 KEYS_READ = {
-    Keys.LLM.VOCAB_SIZE, Keys.LLM.CONTEXT_LENGTH, Keys.LLM.EMBEDDING_LENGTH, Keys.LLM.BLOCK_COUNT,
-    Keys.LLM.FEED_FORWARD_LENGTH, Keys.LLM.POOLING_TYPE,
-    Keys.Attention.HEAD_COUNT, Keys.Attention.HEAD_COUNT_KV, Keys.Attention.KEY_LENGTH, Keys.Attention.VALUE_LENGTH,
+    Keys.LLM.VOCAB_SIZE,
+    Keys.LLM.CONTEXT_LENGTH,
+    Keys.LLM.EMBEDDING_LENGTH,
+    Keys.LLM.BLOCK_COUNT,
+    Keys.LLM.FEED_FORWARD_LENGTH,
+    Keys.LLM.POOLING_TYPE,
+    Keys.Attention.HEAD_COUNT,
+    Keys.Attention.HEAD_COUNT_KV,
+    Keys.Attention.KEY_LENGTH,
+    Keys.Attention.VALUE_LENGTH,
     Keys.Attention.LAYERNORM_RMS_EPS,
-    Keys.Rope.DIMENSION_COUNT, Keys.Rope.FREQ_BASE, Keys.Rope.SCALING_TYPE, Keys.Rope.SCALING_FACTOR,
-    "{arch}.rope.scale_linear", Keys.Rope.SCALING_ATTN_FACTOR, Keys.Rope.SCALING_ORIG_CTX_LEN,
+    Keys.Rope.DIMENSION_COUNT,
+    Keys.Rope.FREQ_BASE,
+    Keys.Rope.SCALING_TYPE,
+    Keys.Rope.SCALING_FACTOR,
+    "{arch}.rope.scale_linear",
+    Keys.Rope.SCALING_ATTN_FACTOR,
+    Keys.Rope.SCALING_ORIG_CTX_LEN,
 }
 # Keys that state a fact and change no arithmetic, in llama.cpp or in HF transformers.
 DESCRIPTIVE = {Keys.Rope.SCALING_FINETUNED}
@@ -48,17 +60,27 @@ IGNORED_BY_LLAMA_CPP = {
 }
 # Keys that change nothing at these values (a converter may write the key with its neutral value).
 NEUTRAL_VALUES = {
-    Keys.LLM.EXPERT_COUNT: (0,), Keys.LLM.EXPERT_USED_COUNT: (0,), Keys.LLM.EXPERT_SHARED_COUNT: (0,),
-    Keys.LLM.ATTN_LOGIT_SOFTCAPPING: (0, 0.0), Keys.LLM.FINAL_LOGIT_SOFTCAPPING: (0, 0.0),
-    Keys.LLM.LOGIT_SCALE: (1, 1.0), Keys.LLM.RESIDUAL_SCALE: (1, 1.0), Keys.LLM.EMBEDDING_SCALE: (1, 1.0),
-    Keys.Attention.CAUSAL: (True,), Keys.Attention.CLAMP_KQV: (0, 0.0), Keys.Attention.MAX_ALIBI_BIAS: (0, 0.0),
+    Keys.LLM.EXPERT_COUNT: (0,),
+    Keys.LLM.EXPERT_USED_COUNT: (0,),
+    Keys.LLM.EXPERT_SHARED_COUNT: (0,),
+    Keys.LLM.ATTN_LOGIT_SOFTCAPPING: (0, 0.0),
+    Keys.LLM.FINAL_LOGIT_SOFTCAPPING: (0, 0.0),
+    Keys.LLM.LOGIT_SCALE: (1, 1.0),
+    Keys.LLM.RESIDUAL_SCALE: (1, 1.0),
+    Keys.LLM.EMBEDDING_SCALE: (1, 1.0),
+    Keys.Attention.CAUSAL: (True,),
+    Keys.Attention.CLAMP_KQV: (0, 0.0),
+    Keys.Attention.MAX_ALIBI_BIAS: (0, 0.0),
     Keys.LLM.USE_PARALLEL_RESIDUAL: (False,),
 }
 # What a refused tensor is, by its kind in gguf-py's MODEL_TENSOR (checked in order: first match wins).
 _EXPERT_KINDS = re.compile(r"_EXP(S)?$|_SHEXP$|^FFN_GATE_INP|^FFN_EXP_PROBS_B$")
 TENSOR_FEATURES = (
-    (_EXPERT_KINDS, "mixture-of-experts tensors, which miro runs only where the file names its experts "
-                    "(expert_count) in an architecture with experts"),
+    (
+        _EXPERT_KINDS,
+        "mixture-of-experts tensors, which miro runs only where the file names its experts "
+        "(expert_count) in an architecture with experts",
+    ),
     (re.compile(r"^ROPE_FACTORS_(LONG|SHORT)$"), "Phi-3's longrope factors, which miro does not apply"),
     (re.compile(r"^ATTN_QKV$"), "a fused QKV matrix, which miro reads only as separate Q, K and V"),
 )
@@ -68,8 +90,10 @@ def check_metadata(gguf_file: GGUFFile, architecture: str, arch_keys: set[str] =
     """Every `{architecture}.*` key is read by miro, ignored by llama.cpp's graph too, or neutral; else one
     sentence naming the file, the key and its value. `arch_keys`: the keys the architecture's module reads
     on top of KEYS_READ (gguf.Keys templates)."""
-    known = {k.format(arch=architecture) for k in KEYS_READ | DESCRIPTIVE | set(arch_keys)
-             | IGNORED_BY_LLAMA_CPP.get(architecture, set())}
+    known = {
+        k.format(arch=architecture)
+        for k in KEYS_READ | DESCRIPTIVE | set(arch_keys) | IGNORED_BY_LLAMA_CPP.get(architecture, set())
+    }
     neutral = {k.format(arch=architecture): values for k, values in NEUTRAL_VALUES.items()}
     prefix = architecture + "."
     for key, value in gguf_file.metadata.items():
@@ -80,7 +104,8 @@ def check_metadata(gguf_file: GGUFFile, architecture: str, arch_keys: set[str] =
         shown = value if not isinstance(value, (list, str)) or len(str(value)) < 60 else f"{str(value)[:57]}..."
         raise ModelFileError(
             f"{gguf_file.path}: metadata key '{key}' = {shown!r} changes how the model computes, and miro does "
-            f"not implement it for {architecture}; miro refuses the file rather than run it approximately.")
+            f"not implement it for {architecture}; miro refuses the file rather than run it approximately."
+        )
 
 
 def refuse_unknown_tensors(gguf_file: GGUFFile, specs: dict, architecture: str) -> None:
@@ -90,18 +115,22 @@ def refuse_unknown_tensors(gguf_file: GGUFFile, specs: dict, architecture: str) 
             continue
         kind = tensor_kind(name, architecture)
         if kind is None and _EXPERT_KINDS.search(getattr(tensor_kind_anywhere(name), "name", "")):
-            raise ModelFileError(f"{gguf_file.path}: tensor '{name}' is one of {TENSOR_FEATURES[0][1]} (and not "
-                                 f"part of llama.cpp's {architecture} layout).")  # PhiMoE's under phi3's name
+            raise ModelFileError(
+                f"{gguf_file.path}: tensor '{name}' is one of {TENSOR_FEATURES[0][1]} (and not "
+                f"part of llama.cpp's {architecture} layout)."
+            )  # PhiMoE's under phi3's name
         if kind is None:
             raise ModelFileError(
                 f"{gguf_file.path}: tensor '{name}' is not part of llama.cpp's {architecture} layout; miro "
-                f"refuses a file with tensors it does not know.")
+                f"refuses a file with tensors it does not know."
+            )
         for pattern, what in TENSOR_FEATURES:
             if pattern.search(kind.name):
                 raise ModelFileError(f"{gguf_file.path}: tensor '{name}' is one of {what}.")
         raise ModelFileError(
             f"{gguf_file.path}: tensor '{name}' ({kind.name}) is part of llama.cpp's {architecture} layout, but "
-            f"miro does not implement it; miro refuses the file rather than run it without it.")
+            f"miro does not implement it; miro refuses the file rather than run it without it."
+        )
 
 
 def tensor_kind(name: str, architecture: str) -> gguf.MODEL_TENSOR | None:

@@ -92,15 +92,23 @@ class ModelConfig:
             freq_scale=freq_scale,
             yarn=yarn,
             n_ctx_orig=self.rope_orig_context or self.context_length,
-            attn_factor=(yarn_attn_factor(self.rope_factor, self.rope_attn_factor, self.rope_yarn_log_mul) if yarn
-                         else self.rope_attn_factor),
+            attn_factor=(
+                yarn_attn_factor(self.rope_factor, self.rope_attn_factor, self.rope_yarn_log_mul)
+                if yarn
+                else self.rope_attn_factor
+            ),
             beta_fast=self.rope_yarn_beta_fast,
             beta_slow=self.rope_yarn_beta_slow,
         )
 
     @classmethod
-    def from_gguf(cls, gguf: GGUFFile, norm_eps_key: str = Keys.Attention.LAYERNORM_RMS_EPS,
-                  partial_rotary: bool = False, longrope: bool = False) -> "ModelConfig":
+    def from_gguf(
+        cls,
+        gguf: GGUFFile,
+        norm_eps_key: str = Keys.Attention.LAYERNORM_RMS_EPS,
+        partial_rotary: bool = False,
+        longrope: bool = False,
+    ) -> "ModelConfig":
         """The hyper-parameters llama-like architectures share, under keys prefixed by the file's architecture
         (whether miro runs that architecture is the model registry's question, core/models). partial_rotary: the
         architecture rotates rope.dimension_count dimensions of each head, fewer than head_dim allowed (phi3);
@@ -127,11 +135,17 @@ class ModelConfig:
             )
         rope_dim = _positive_int(gguf, key(Keys.Rope.DIMENSION_COUNT), default=head_dim)
         if rope_dim > head_dim or rope_dim % 2:
-            raise ModelFileError(f"{gguf.path}: {key(Keys.Rope.DIMENSION_COUNT)} is {rope_dim}, not an even number "
-                                 f"of dimensions within a head of {head_dim}.")
-        if rope_dim != head_dim and not partial_rotary:  # llama.cpp's llama, qwen2, qwen3 and gemma3 graphs assert it too
-            raise ModelFileError(f"{gguf.path}: {key(Keys.Rope.DIMENSION_COUNT)} is {rope_dim}, but {arch} rotates "
-                                 f"whole heads ({head_dim} dimensions); partial rotary is not supported for it.")
+            raise ModelFileError(
+                f"{gguf.path}: {key(Keys.Rope.DIMENSION_COUNT)} is {rope_dim}, not an even number "
+                f"of dimensions within a head of {head_dim}."
+            )
+        if (
+            rope_dim != head_dim and not partial_rotary
+        ):  # llama.cpp's llama, qwen2, qwen3 and gemma3 graphs assert it too
+            raise ModelFileError(
+                f"{gguf.path}: {key(Keys.Rope.DIMENSION_COUNT)} is {rope_dim}, but {arch} rotates "
+                f"whole heads ({head_dim} dimensions); partial rotary is not supported for it."
+            )
         context_length = _positive_int(gguf, key(Keys.LLM.CONTEXT_LENGTH))
         if context_length > MAX_CONTEXT_LENGTH:
             raise ModelFileError(
@@ -174,7 +188,8 @@ def read_rope_scaling(gguf: GGUFFile, arch: str, context_length: int, longrope: 
     if scaling not in ROPE_SCALING_TYPES:
         raise ModelFileError(
             f"{gguf.path}: {Keys.Rope.SCALING_TYPE.format(arch=arch)} is {scaling!r}; miro applies RoPE scaling "
-            f"{', '.join(ROPE_SCALING_TYPES)} ({'Phi-3 longrope' if scaling == 'longrope' else 'not that one'}).")
+            f"{', '.join(ROPE_SCALING_TYPES)} ({'Phi-3 longrope' if scaling == 'longrope' else 'not that one'})."
+        )
     factor_key = Keys.Rope.SCALING_FACTOR.format(arch=arch)
     if factor_key not in gguf.metadata:
         factor_key = ROPE_SCALE_LINEAR.format(arch=arch)
@@ -186,8 +201,12 @@ def read_rope_scaling(gguf: GGUFFile, arch: str, context_length: int, longrope: 
         scaling, factor = "none", 1.0
     orig_key = Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch)
     orig = _positive_int(gguf, orig_key, default=context_length)
-    return dict(rope_scaling=scaling, rope_factor=factor, rope_orig_context=orig,
-                rope_attn_factor=_positive_float(gguf, Keys.Rope.SCALING_ATTN_FACTOR.format(arch=arch), default=1.0))
+    return dict(
+        rope_scaling=scaling,
+        rope_factor=factor,
+        rope_orig_context=orig,
+        rope_attn_factor=_positive_float(gguf, Keys.Rope.SCALING_ATTN_FACTOR.format(arch=arch), default=1.0),
+    )
 
 
 def read_pooling_type(gguf: GGUFFile) -> str | None:

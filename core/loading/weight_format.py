@@ -31,8 +31,10 @@ from miro.core.kernels.weight_types import WEIGHT_TYPES
 # `python benchmarks/weight_speeds.py [--tier avx2]`. Tiers not measured take the nearest measured one's
 # (TABLE_OF); a type without a figure counts as f32-speed (1.0).
 TABLE_OF = {"avx512-vnni": "avx512-vnni", "avx512": "avx2", "avx-vnni": "avx2", "avx2": "avx2"}  # portable: none
-NATIVE_SPEEDUP = {tier: {row.name: row.speedup[tier] for row in WEIGHT_TYPES.values() if tier in row.speedup}
-                  for tier in dict.fromkeys(TABLE_OF.values())}
+NATIVE_SPEEDUP = {
+    tier: {row.name: row.speedup[tier] for row in WEIGHT_TYPES.values() if tier in row.speedup}
+    for tier in dict.fromkeys(TABLE_OF.values())
+}
 
 
 def default_max_weight_memory() -> int:
@@ -77,9 +79,16 @@ class WeightChoice:
     announce: bool  # worth a line on stderr: native asked for, or taken because a float32 copy would not fit
 
 
-def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | int | None,
-                         speedup: float | None = None, tier: str = "", encoder: bool = False,
-                         has_bf16: bool = False, has_int16: bool = False) -> WeightChoice:
+def choose_weight_format(
+    weights: str,
+    f32_bytes: int,
+    max_weight_memory: str | int | None,
+    speedup: float | None = None,
+    tier: str = "",
+    encoder: bool = False,
+    has_bf16: bool = False,
+    has_int16: bool = False,
+) -> WeightChoice:
     """The format to load ("f32", "native", "bf16" or "i16") and a sentence saying why.
 
     auto: for an encoder, bf16 where the CPU has it (`has_bf16`), else i16 where the int16 GEMM runs
@@ -90,43 +99,75 @@ def choose_weight_format(weights: str, f32_bytes: int, max_weight_memory: str | 
     if weights not in defaults.WEIGHT_CHOICES:
         raise MiroError(f"weights must be one of {', '.join(defaults.WEIGHT_CHOICES)}, not {weights!r}.")
     if weights == "bf16" and not has_bf16:
-        raise MiroError(f"weights 'bf16' need a CPU with AVX512_BF16, and this one runs the {tier} tier without it: "
-                        f"use 'f32' or 'auto'.")
+        raise MiroError(
+            f"weights 'bf16' need a CPU with AVX512_BF16, and this one runs the {tier} tier without it: "
+            f"use 'f32' or 'auto'."
+        )
     if weights == "i16" and not has_int16:
-        raise MiroError(f"weights 'i16' need an x86 CPU with AVX2, and this one runs the {tier} tier: "
-                        f"use 'f32' or 'auto'.")
+        raise MiroError(
+            f"weights 'i16' need an x86 CPU with AVX2, and this one runs the {tier} tier: use 'f32' or 'auto'."
+        )
     budget = default_max_weight_memory() if max_weight_memory is None else parse_size(max_weight_memory)
     if weights != "auto":
         return WeightChoice(weights, f"weights: {weights} (asked for)", weights == "native")
     if encoder and has_bf16 and f32_bytes // 2 <= budget:
-        return WeightChoice("bf16", "weights: bf16 (auto: an encoder on a CPU with AVX512_BF16: its matrices in "
-                                    "bfloat16, multiplied at twice float32's rate)", False)
+        return WeightChoice(
+            "bf16",
+            "weights: bf16 (auto: an encoder on a CPU with AVX512_BF16: its matrices in "
+            "bfloat16, multiplied at twice float32's rate)",
+            False,
+        )
     if encoder and has_int16 and f32_bytes // 2 <= budget:
-        return WeightChoice("i16", "weights: i16 (auto: an encoder on a CPU without AVX512_BF16: its matrices in "
-                                   "13-bit integers per block of 128, multiplied by vpmaddwd)", False)
+        return WeightChoice(
+            "i16",
+            "weights: i16 (auto: an encoder on a CPU without AVX512_BF16: its matrices in "
+            "13-bit integers per block of 128, multiplied by vpmaddwd)",
+            False,
+        )
     if speedup is not None and speedup > 1.0:
-        return WeightChoice("native", f"weights: native (auto: on the {tier} tier the file's kernels are estimated "
-                                      f"{speedup:.1f}x as fast as a float32 copy, which they do without)", False)
+        return WeightChoice(
+            "native",
+            f"weights: native (auto: on the {tier} tier the file's kernels are estimated "
+            f"{speedup:.1f}x as fast as a float32 copy, which they do without)",
+            False,
+        )
     if f32_bytes <= budget:
-        measured = (f", and the file's kernels are estimated {speedup:.2f}x its speed on the {tier} tier"
-                    if speedup is not None else "")
-        return WeightChoice("f32", f"weights: f32 (auto: a float32 copy takes {_size(f32_bytes)}, within the "
-                                   f"{_size(budget)} weight budget{measured})", False)
-    return WeightChoice("native", f"weights: native (auto: a float32 copy would take {_size(f32_bytes)}, over the "
-                                  f"{_size(budget)} weight budget; the quantized tensors are used as stored)", True)
+        measured = (
+            f", and the file's kernels are estimated {speedup:.2f}x its speed on the {tier} tier"
+            if speedup is not None
+            else ""
+        )
+        return WeightChoice(
+            "f32",
+            f"weights: f32 (auto: a float32 copy takes {_size(f32_bytes)}, within the "
+            f"{_size(budget)} weight budget{measured})",
+            False,
+        )
+    return WeightChoice(
+        "native",
+        f"weights: native (auto: a float32 copy would take {_size(f32_bytes)}, over the "
+        f"{_size(budget)} weight budget; the quantized tensors are used as stored)",
+        True,
+    )
 
 
-def choose_for_file(gguf: GGUFFile, weights: str, max_weight_memory: str | int | None,
-                    encoder: bool) -> WeightChoice:
+def choose_for_file(gguf: GGUFFile, weights: str, max_weight_memory: str | int | None, encoder: bool) -> WeightChoice:
     """choose_weight_format for a model file on this CPU's tier, as Engine.from_model calls it: what a rerun that
     reuses earlier rows (worker/fleet/output/fingerprint.py) predicts the engine will load, before it loads anything
     (tests/e2e/test_reuse_runs.py holds the two to the same choice)."""
     from miro.core.kernels import cpu
 
     tier = cpu.TIER.name
-    return choose_weight_format(weights, f32_weight_bytes(gguf), max_weight_memory,
-                                native_speedup(matmul_tensors(gguf), tier), tier, encoder=encoder,
-                                has_bf16=cpu.HAS_BF16_DOT, has_int16=cpu.HAS_INT16_DOT)
+    return choose_weight_format(
+        weights,
+        f32_weight_bytes(gguf),
+        max_weight_memory,
+        native_speedup(matmul_tensors(gguf), tier),
+        tier,
+        encoder=encoder,
+        has_bf16=cpu.HAS_BF16_DOT,
+        has_int16=cpu.HAS_INT16_DOT,
+    )
 
 
 def _size(n_bytes: int) -> str:

@@ -53,8 +53,9 @@ class Model(Protocol):
         ...
 
     @classmethod
-    def load(cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32",
-             batch_invariant: bool = False) -> "Model": ...
+    def load(
+        cls, gguf: GGUFFile, config: ModelConfig, weight_format: str = "f32", batch_invariant: bool = False
+    ) -> "Model": ...
 
     @property
     def weight_memory(self) -> int:
@@ -74,11 +75,23 @@ class Model(Protocol):
 
 
 MODELS: dict[str, type[Model]] = {
-    "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "gemma3": Gemma3Model, "bert": BertModel,
-    "smollm3": SmolLM3Model, "granite": GraniteModel, "olmo2": Olmo2Model, "mistral3": Mistral3Model,
-    "phi3": Phi3Model, "gemma2": Gemma2Model,
-    "qwen3moe": Qwen3MoeModel, "olmoe": OlmoeModel, "granitemoe": GraniteMoeModel,
-    "nomic-bert": NomicBertModel, "gpt-oss": GptOssModel}
+    "llama": LlamaModel,
+    "qwen2": Qwen2Model,
+    "qwen3": Qwen3Model,
+    "gemma3": Gemma3Model,
+    "bert": BertModel,
+    "smollm3": SmolLM3Model,
+    "granite": GraniteModel,
+    "olmo2": Olmo2Model,
+    "mistral3": Mistral3Model,
+    "phi3": Phi3Model,
+    "gemma2": Gemma2Model,
+    "qwen3moe": Qwen3MoeModel,
+    "olmoe": OlmoeModel,
+    "granitemoe": GraniteMoeModel,
+    "nomic-bert": NomicBertModel,
+    "gpt-oss": GptOssModel,
+}
 
 
 def model_class(architecture: str) -> type[Model]:
@@ -109,8 +122,9 @@ def check_model_file(gguf: GGUFFile) -> ModelConfig:
     return config
 
 
-def load_model(gguf: GGUFFile, config: ModelConfig | None = None, weight_format: str = "f32",
-               batch_invariant: bool = False) -> Model:
+def load_model(
+    gguf: GGUFFile, config: ModelConfig | None = None, weight_format: str = "f32", batch_invariant: bool = False
+) -> Model:
     """The model a GGUF file holds, its tensors checked against the architecture's list, then loaded with
     its matrices in `weight_format` ("f32" or "native"); f32 matrices packed for the batch-invariant GEMM
     when `batch_invariant`, else laid out for OpenBLAS."""

@@ -64,12 +64,22 @@ class BertLayer:
 
 def bert_tensor_specs(config: ModelConfig, n_positions: int, n_token_types: int) -> dict[str, TensorSpec]:
     d, f = config.dim, config.ffn_dim
-    specs = {tensor_name(T.TOKEN_EMBD): matrix(config.vocab_size, d),
-             tensor_name(T.POS_EMBD): matrix(n_positions, d), tensor_name(T.TOKEN_TYPES): matrix(n_token_types, d),
-             tensor_name(T.TOKEN_EMBD_NORM): norm(d), bias_name(T.TOKEN_EMBD_NORM): norm(d)}
+    specs = {
+        tensor_name(T.TOKEN_EMBD): matrix(config.vocab_size, d),
+        tensor_name(T.POS_EMBD): matrix(n_positions, d),
+        tensor_name(T.TOKEN_TYPES): matrix(n_token_types, d),
+        tensor_name(T.TOKEN_EMBD_NORM): norm(d),
+        bias_name(T.TOKEN_EMBD_NORM): norm(d),
+    }
     for i in range(config.n_layers):
-        for kind, rows, cols in ((T.ATTN_Q, d, d), (T.ATTN_K, d, d), (T.ATTN_V, d, d), (T.ATTN_OUT, d, d),
-                                 (T.FFN_UP, f, d), (T.FFN_DOWN, d, f)):
+        for kind, rows, cols in (
+            (T.ATTN_Q, d, d),
+            (T.ATTN_K, d, d),
+            (T.ATTN_V, d, d),
+            (T.ATTN_OUT, d, d),
+            (T.FFN_UP, f, d),
+            (T.FFN_DOWN, d, f),
+        ):
             specs[tensor_name(kind, i)] = matrix(rows, cols)
             specs[bias_name(kind, i)] = norm(rows)
         for kind in (T.ATTN_OUT_NORM, T.LAYER_OUT_NORM):
@@ -99,10 +109,13 @@ class BertModel:
             BertLayer(
                 wqkv=loader.linear(T.ATTN_Q, T.ATTN_K, T.ATTN_V, block=i),
                 qkv_bias=np.concatenate([loader.vector(bias_name(k, i)) for k in (T.ATTN_Q, T.ATTN_K, T.ATTN_V)]),
-                wo=loader.linear(T.ATTN_OUT, block=i), wo_bias=loader.vector(bias_name(T.ATTN_OUT, i)),
+                wo=loader.linear(T.ATTN_OUT, block=i),
+                wo_bias=loader.vector(bias_name(T.ATTN_OUT, i)),
                 attn_norm=layer_norm(T.ATTN_OUT_NORM, i),
-                w_up=loader.linear(T.FFN_UP, block=i), up_bias=loader.vector(bias_name(T.FFN_UP, i)),
-                w_down=loader.linear(T.FFN_DOWN, block=i), down_bias=loader.vector(bias_name(T.FFN_DOWN, i)),
+                w_up=loader.linear(T.FFN_UP, block=i),
+                up_bias=loader.vector(bias_name(T.FFN_UP, i)),
+                w_down=loader.linear(T.FFN_DOWN, block=i),
+                down_bias=loader.vector(bias_name(T.FFN_DOWN, i)),
                 out_norm=layer_norm(T.LAYER_OUT_NORM, i),
             )
             for i in range(config.n_layers)

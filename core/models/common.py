@@ -99,7 +99,8 @@ class Loader:
         if fmt == "native" and not has_native_kernel(parts[0].type):
             fmt = "f32"
             self.fallbacks[parts[0].type.name] = (
-                f"{parts[0].type.name} has no native kernel: its matrices are kept as f32")
+                f"{parts[0].type.name} has no native kernel: its matrices are kept as f32"
+            )
         layer = Linear.fused(parts, fmt, invariant=self.batch_invariant)
         self.memory += layer.weight_bytes
         return layer
@@ -127,7 +128,9 @@ class LoadedModel:
         """After the layers, so that `weight_memory` counts everything the loader built."""
         self.config = config
         self.weight_format = loader.weight_format
-        self.batch_invariant = loader.weight_format in BATCH_INVARIANT_FORMATS or loader.batch_invariant  # as every Linear is
+        self.batch_invariant = (
+            loader.weight_format in BATCH_INVARIANT_FORMATS or loader.batch_invariant
+        )  # as every Linear is
         self.token_embd: Embedding = loader.embedding()
         self.output_norm = loader.norm(T.OUTPUT_NORM)
         self.lm_head = loader.lm_head()
@@ -146,9 +149,20 @@ class LoadedModel:
         return cls(config, Loader(gguf, weight_format, batch_invariant))
 
 
-def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, config: ModelConfig,
-              rope: tuple[np.ndarray, np.ndarray], scale: np.float32, out: np.ndarray, window: int = 0,
-              q_scale: np.ndarray | None = None, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+def attention(
+    qkv: np.ndarray,
+    layer: int,
+    step: StepInput,
+    cache: KVCache,
+    config: ModelConfig,
+    rope: tuple[np.ndarray, np.ndarray],
+    scale: np.float32,
+    out: np.ndarray,
+    window: int = 0,
+    q_scale: np.ndarray | None = None,
+    softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
+) -> np.ndarray:
     """Rotate q and k of the fused qkv rows (in place), write k and v into the cache, attend over it.
 
     out: (T, n_heads, head_dim), filled; returned as (T, q_dim). window > 0: a sliding-window layer.
@@ -160,22 +174,50 @@ def attention(qkv: np.ndarray, layer: int, step: StepInput, cache: KVCache, conf
     cfg = config
     n_tokens = qkv.shape[0]
     cos, sin = rope
-    attention_kernels.rope_and_store_kv(qkv, step.positions, cos, sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                              step.slots, cache.k[layer], cache.v[layer], cfg.rope_neox)
+    attention_kernels.rope_and_store_kv(
+        qkv,
+        step.positions,
+        cos,
+        sin,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        step.slots,
+        cache.k[layer],
+        cache.v[layer],
+        cfg.rope_neox,
+    )
     # a contiguous copy: numba's code for strided views is several times slower
     q = np.ascontiguousarray(qkv[:, : cfg.q_dim]).reshape(n_tokens, cfg.n_heads, cfg.head_dim)
     if q_scale is not None:
         q *= q_scale[:, None, None]
-    attention_kernels.paged_attention(q, cache.k[layer], cache.v[layer], step.block_tables, step.positions, step.attn_items,
-                            scale, out, window, softcap=softcap, sinks=sinks)
+    attention_kernels.paged_attention(
+        q,
+        cache.k[layer],
+        cache.v[layer],
+        step.block_tables,
+        step.positions,
+        step.attn_items,
+        scale,
+        out,
+        window,
+        softcap=softcap,
+        sinks=sinks,
+    )
     return out.reshape(n_tokens, cfg.q_dim)
 
 
 FFN_BYTES = 8 << 20  # the most a step's feed-forward gate/up output takes at a time (see feed_forward)
 
 
-def feed_forward(normed: np.ndarray, w_gate_up: Linear, w_down: Linear, gate_kernel,
-                 gate_up_bias: np.ndarray | None = None, down_bias: np.ndarray | None = None) -> np.ndarray:
+def feed_forward(
+    normed: np.ndarray,
+    w_gate_up: Linear,
+    w_down: Linear,
+    gate_kernel,
+    gate_up_bias: np.ndarray | None = None,
+    down_bias: np.ndarray | None = None,
+) -> np.ndarray:
     """w_down(gate(w_gate_up(normed))), gate_kernel(gate_up, out) one of pointwise.silu_mul / gelu_mul, in runs of
     rows whose gate/up output fits FFN_BYTES: a 512-token prefill's (T, 2 x ffn_dim) output was the step's
     largest buffer (23 MB on a 1.1B model), and every row's result is its own whatever rows share its call.
@@ -202,8 +244,15 @@ def qk_norm(qkv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray, config: Mod
     pointwise.head_rmsnorm(qkv, cfg.q_dim, cfg.n_kv_heads, cfg.head_dim, k_norm, cfg.rms_eps)
 
 
-def logits(x: np.ndarray, rows: np.ndarray, output_norm: np.ndarray, lm_head: Linear, eps: float,
-           softcap: np.float32 = np.float32(0.0), logit_scale: float = 1.0) -> np.ndarray:
+def logits(
+    x: np.ndarray,
+    rows: np.ndarray,
+    output_norm: np.ndarray,
+    lm_head: Linear,
+    eps: float,
+    softcap: np.float32 = np.float32(0.0),
+    logit_scale: float = 1.0,
+) -> np.ndarray:
     """The final RMSNorm and the head, on the rows whose next-token logits are wanted; softcap > 0 (gemma's
     final_logit_softcapping): softcap * tanh(logits / softcap); logit_scale != 1 (granite): logits times
     1 / logit_scale, as llama.cpp multiplies them."""

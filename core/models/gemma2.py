@@ -80,15 +80,22 @@ def _softcap_key(gguf: GGUFFile, key: str, default: float) -> float:
     """A softcap: a positive number (llama.cpp divides by it), `default` where absent."""
     value = gguf.get(key, default)
     if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
-        raise ModelFileError(f"{gguf.path}: metadata key '{key}' is {value!r}, not a positive number (llama.cpp's "
-                             f"gemma2 divides by it).")
+        raise ModelFileError(
+            f"{gguf.path}: metadata key '{key}' is {value!r}, not a positive number (llama.cpp's gemma2 divides by it)."
+        )
     return float(value)
 
 
 class Gemma2Model(LoadedModel):
-    metadata_keys = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
-                               Keys.Rope.FREQ_BASE_SWA, Keys.LLM.ATTN_LOGIT_SOFTCAPPING,
-                               Keys.LLM.FINAL_LOGIT_SOFTCAPPING})
+    metadata_keys = frozenset(
+        {
+            Keys.Attention.SLIDING_WINDOW,
+            Keys.Attention.SLIDING_WINDOW_PATTERN,
+            Keys.Rope.FREQ_BASE_SWA,
+            Keys.LLM.ATTN_LOGIT_SOFTCAPPING,
+            Keys.LLM.FINAL_LOGIT_SOFTCAPPING,
+        }
+    )
 
     @staticmethod
     def tensor_specs(gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:
@@ -122,13 +129,18 @@ class Gemma2Model(LoadedModel):
         key = lambda template: template.format(arch=arch)  # noqa: E731
         window = _positive_int(gguf, key(Keys.Attention.SLIDING_WINDOW), default=DEFAULT_SLIDING_WINDOW)
         local_layers(gguf, arch, config.n_layers, GLOBAL_LAYER_EVERY)  # a bad pattern stops here
-        scale = 1.0 / math.sqrt(config.dim // config.n_heads if config.n_layers == GEMMA2_27B_LAYERS
-                                else config.head_dim)
+        scale = 1.0 / math.sqrt(
+            config.dim // config.n_heads if config.n_layers == GEMMA2_27B_LAYERS else config.head_dim
+        )
         return dataclasses.replace(
-            config, rope_neox=True, sliding_window=window, attention_scale=scale,
+            config,
+            rope_neox=True,
+            sliding_window=window,
+            attention_scale=scale,
             rope_theta_local=_positive_float(gguf, key(Keys.Rope.FREQ_BASE_SWA), default=config.rope_theta),
             attn_logit_softcap=_softcap_key(gguf, key(Keys.LLM.ATTN_LOGIT_SOFTCAPPING), DEFAULT_ATTN_SOFTCAP),
-            final_logit_softcap=_softcap_key(gguf, key(Keys.LLM.FINAL_LOGIT_SOFTCAPPING), DEFAULT_FINAL_SOFTCAP))
+            final_logit_softcap=_softcap_key(gguf, key(Keys.LLM.FINAL_LOGIT_SOFTCAPPING), DEFAULT_FINAL_SOFTCAP),
+        )
 
     def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
@@ -143,8 +155,9 @@ class Gemma2Model(LoadedModel):
             rope, window = (rope_local, cfg.sliding_window) if self.local[i] else (rope_global, 0)
             pointwise.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
             qkv = layer.wqkv(normed)
-            h = layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out, window,
-                                   softcap=cfg.attn_logit_softcap))
+            h = layer.wo(
+                attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out, window, softcap=cfg.attn_logit_softcap)
+            )
             x += pointwise.rmsnorm(h, layer.post_attn_norm, cfg.rms_eps, h)
             pointwise.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
             h = feed_forward(normed, layer.w_gate_up, layer.w_down, pointwise.gelu_mul)

@@ -118,8 +118,14 @@ class Gemma3Model(LoadedModel):
         self.rope_local = RopeTable(config.rope(theta=config.rope_theta_local, scaled=False))
         self.embed_scale = np.float32(math.sqrt(config.dim))
 
-    metadata_keys = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
-                               Keys.Rope.FREQ_BASE_SWA, Keys.LLM.FINAL_LOGIT_SOFTCAPPING})
+    metadata_keys = frozenset(
+        {
+            Keys.Attention.SLIDING_WINDOW,
+            Keys.Attention.SLIDING_WINDOW_PATTERN,
+            Keys.Rope.FREQ_BASE_SWA,
+            Keys.LLM.FINAL_LOGIT_SOFTCAPPING,
+        }
+    )
 
     @staticmethod
     def read_config(gguf: GGUFFile) -> ModelConfig:
@@ -132,10 +138,17 @@ class Gemma3Model(LoadedModel):
         softcap = gguf.get(softcap_key, 0.0)
         if type(softcap) not in (int, float) or not math.isfinite(softcap) or softcap < 0:
             raise ModelFileError(f"{gguf.path}: metadata key '{softcap_key}' is {softcap!r}, not a number >= 0.")
-        scale = 1.0 / math.sqrt(config.dim // config.n_heads if config.n_layers == GEMMA3_27B_LAYERS
-                                else config.head_dim)
-        return dataclasses.replace(config, rope_neox=True, sliding_window=window, rope_theta_local=theta_local,
-                                   attention_scale=scale, final_logit_softcap=float(softcap))
+        scale = 1.0 / math.sqrt(
+            config.dim // config.n_heads if config.n_layers == GEMMA3_27B_LAYERS else config.head_dim
+        )
+        return dataclasses.replace(
+            config,
+            rope_neox=True,
+            sliding_window=window,
+            rope_theta_local=theta_local,
+            attention_scale=scale,
+            final_logit_softcap=float(softcap),
+        )
 
     def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""

@@ -57,23 +57,34 @@ def gpt_oss_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
     specs[tensor_name(T.OUTPUT)] = matrix(config.vocab_size, config.dim)  # required: llama.cpp's gpt-oss never ties
     d, f, n = config.dim, config.expert_ffn_dim, config.n_expert
     for i in range(config.n_layers):
-        specs |= {tensor_name(T.ATTN_NORM, i): norm(d), tensor_name(T.ATTN_POST_NORM, i): norm(d),
-                  tensor_name(T.ATTN_SINKS, i): norm(config.n_heads)}
+        specs |= {
+            tensor_name(T.ATTN_NORM, i): norm(d),
+            tensor_name(T.ATTN_POST_NORM, i): norm(d),
+            tensor_name(T.ATTN_SINKS, i): norm(config.n_heads),
+        }
         specs |= attention_specs(config, i) | expert_specs(config, i)
-        specs |= {bias_name(T.ATTN_Q, i): bias_spec(config.q_dim), bias_name(T.ATTN_K, i): bias_spec(config.kv_dim),
-                  bias_name(T.ATTN_V, i): bias_spec(config.kv_dim),
-                  bias_name(T.ATTN_OUT, i): bias_spec(d, optional=False),
-                  bias_name(T.FFN_GATE_INP, i): bias_spec(n, optional=False),
-                  bias_name(T.FFN_GATE_EXP, i): TensorSpec((n, f), float_only=True),
-                  bias_name(T.FFN_UP_EXP, i): TensorSpec((n, f), float_only=True),
-                  bias_name(T.FFN_DOWN_EXP, i): TensorSpec((n, d), float_only=True)}
+        specs |= {
+            bias_name(T.ATTN_Q, i): bias_spec(config.q_dim),
+            bias_name(T.ATTN_K, i): bias_spec(config.kv_dim),
+            bias_name(T.ATTN_V, i): bias_spec(config.kv_dim),
+            bias_name(T.ATTN_OUT, i): bias_spec(d, optional=False),
+            bias_name(T.FFN_GATE_INP, i): bias_spec(n, optional=False),
+            bias_name(T.FFN_GATE_EXP, i): TensorSpec((n, f), float_only=True),
+            bias_name(T.FFN_UP_EXP, i): TensorSpec((n, f), float_only=True),
+            bias_name(T.FFN_DOWN_EXP, i): TensorSpec((n, d), float_only=True),
+        }
     return specs
 
 
 class GptOssModel(LoadedModel):
-    metadata_keys = EXPERT_KEYS | frozenset({
-        Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
-        Keys.Rope.FREQ_BASE_SWA})
+    metadata_keys = EXPERT_KEYS | frozenset(
+        {
+            Keys.LLM.EXPERT_FEED_FORWARD_LENGTH,
+            Keys.Attention.SLIDING_WINDOW,
+            Keys.Attention.SLIDING_WINDOW_PATTERN,
+            Keys.Rope.FREQ_BASE_SWA,
+        }
+    )
 
     @staticmethod
     def tensor_specs(gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:
@@ -109,8 +120,11 @@ class GptOssModel(LoadedModel):
         local_layers(gguf, arch, config.n_layers, GLOBAL_LAYER_EVERY)  # a bad pattern stops here
         config = read_expert_config(gguf, config, Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)
         return dataclasses.replace(
-            config, rope_neox=True, sliding_window=window,
-            rope_theta_local=_positive_float(gguf, key(Keys.Rope.FREQ_BASE_SWA), default=config.rope_theta))
+            config,
+            rope_neox=True,
+            sliding_window=window,
+            rope_theta_local=_positive_float(gguf, key(Keys.Rope.FREQ_BASE_SWA), default=config.rope_theta),
+        )
 
     def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
@@ -126,8 +140,10 @@ class GptOssModel(LoadedModel):
             qkv = layer.wqkv(normed)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            x += layer.wo(attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out, window, sinks=layer.sinks),
-                          layer.wo_bias)
+            x += layer.wo(
+                attention(qkv, i, step, cache, cfg, rope, self.scale, attn_out, window, sinks=layer.sinks),
+                layer.wo_bias,
+            )
             pointwise.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
             x += run_experts(normed, layer.experts, self.routing, pointwise.swiglu_oai)
         return logits(x, step.logit_rows, self.output_norm, self.lm_head, cfg.rms_eps)

@@ -90,9 +90,14 @@ class LlamaLayer:
     shared_down: Linear | None = None
 
 
-def llama_tensor_specs(config: ModelConfig, has_qkv_bias: bool = False, has_qk_norm: bool = False,
-                       optional_extras: bool = False, optional_qkv_bias: bool = False,
-                       qk_norm_whole: bool = False) -> dict[str, TensorSpec]:
+def llama_tensor_specs(
+    config: ModelConfig,
+    has_qkv_bias: bool = False,
+    has_qk_norm: bool = False,
+    optional_extras: bool = False,
+    optional_qkv_bias: bool = False,
+    qk_norm_whole: bool = False,
+) -> dict[str, TensorSpec]:
     """Every tensor a file of the family must hold (or may, if optional), with the shape its config implies.
     optional_extras: the llama graph's optional biases and RoPE frequency factors; optional_qkv_bias: only
     the biases on Q, K and V (smollm3); qk_norm_whole: the q/k norms span the whole q and k vectors (olmoe).
@@ -103,19 +108,30 @@ def llama_tensor_specs(config: ModelConfig, has_qkv_bias: bool = False, has_qk_n
     for i in range(config.n_layers):
         specs |= norm_specs(config, i, T.ATTN_NORM, T.FFN_NORM) | attention_specs(config, i)
         if has_qk_norm:
-            specs |= (qk_norm_specs(config, i) if not qk_norm_whole else
-                      {tensor_name(T.ATTN_Q_NORM, i): norm(config.q_dim), tensor_name(T.ATTN_K_NORM, i): norm(config.kv_dim)})
+            specs |= (
+                qk_norm_specs(config, i)
+                if not qk_norm_whole
+                else {
+                    tensor_name(T.ATTN_Q_NORM, i): norm(config.q_dim),
+                    tensor_name(T.ATTN_K_NORM, i): norm(config.kv_dim),
+                }
+            )
         specs |= expert_specs(config, i) if config.n_expert else ffn_specs(config, i)
         if has_qkv_bias or optional_extras or optional_qkv_bias:
             optional = optional_extras or optional_qkv_bias
-            specs |= {bias_name(T.ATTN_Q, i): bias_spec(config.q_dim, optional),
-                      bias_name(T.ATTN_K, i): bias_spec(config.kv_dim, optional),
-                      bias_name(T.ATTN_V, i): bias_spec(config.kv_dim, optional)}
+            specs |= {
+                bias_name(T.ATTN_Q, i): bias_spec(config.q_dim, optional),
+                bias_name(T.ATTN_K, i): bias_spec(config.kv_dim, optional),
+                bias_name(T.ATTN_V, i): bias_spec(config.kv_dim, optional),
+            }
         if optional_extras:
             specs[bias_name(T.ATTN_OUT, i)] = bias_spec(config.dim)
         if optional_extras and not config.n_expert:
-            specs |= {bias_name(T.FFN_GATE, i): bias_spec(config.ffn_dim),
-                      bias_name(T.FFN_UP, i): bias_spec(config.ffn_dim), bias_name(T.FFN_DOWN, i): bias_spec(config.dim)}
+            specs |= {
+                bias_name(T.FFN_GATE, i): bias_spec(config.ffn_dim),
+                bias_name(T.FFN_UP, i): bias_spec(config.ffn_dim),
+                bias_name(T.FFN_DOWN, i): bias_spec(config.dim),
+            }
     return specs
 
 
@@ -125,10 +141,12 @@ def load_biases(loader: Loader, i: int, *kinds) -> np.ndarray | None:
     names = [bias_name(kind, i) for kind in kinds]
     if not any(name in loader.gguf.tensors for name in names):
         return None
+
     def part(name, kind):
         if name in loader.gguf.tensors:
             return loader.vector(name)
         return np.zeros(loader.gguf.tensors[tensor_name(kind, i)].shape[0], np.float32)  # as many as the rows
+
     return np.concatenate([part(name, kind) for name, kind in zip(names, kinds)])
 
 
@@ -153,8 +171,9 @@ class LlamaModel(LoadedModel):
 
     @classmethod
     def tensor_specs(cls, gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:
-        return llama_tensor_specs(config, cls.has_qkv_bias, cls.has_qk_norm, cls.optional_extras,
-                                  cls.optional_qkv_bias, cls.qk_norm_whole)
+        return llama_tensor_specs(
+            config, cls.has_qkv_bias, cls.has_qk_norm, cls.optional_extras, cls.optional_qkv_bias, cls.qk_norm_whole
+        )
 
     def __init__(self, config: ModelConfig, loader: Loader):
         check_tensors(loader.gguf, self.tensor_specs(loader.gguf, config), config.architecture)
@@ -168,15 +187,22 @@ class LlamaModel(LoadedModel):
                 wo=loader.linear(T.ATTN_OUT, block=i),
                 wo_bias=load_biases(loader, i, T.ATTN_OUT),
                 ffn_norm=loader.norm(T.FFN_NORM, i),
-                **(self._load_experts(config, loader, i) if config.n_expert else dict(
-                    w_gate_up=loader.linear(T.FFN_GATE, T.FFN_UP, block=i),
-                    gate_up_bias=load_biases(loader, i, T.FFN_GATE, T.FFN_UP),
-                    w_down=loader.linear(T.FFN_DOWN, block=i),
-                    down_bias=load_biases(loader, i, T.FFN_DOWN))),
+                **(
+                    self._load_experts(config, loader, i)
+                    if config.n_expert
+                    else dict(
+                        w_gate_up=loader.linear(T.FFN_GATE, T.FFN_UP, block=i),
+                        gate_up_bias=load_biases(loader, i, T.FFN_GATE, T.FFN_UP),
+                        w_down=loader.linear(T.FFN_DOWN, block=i),
+                        down_bias=load_biases(loader, i, T.FFN_DOWN),
+                    )
+                ),
             )
             for i in range(config.n_layers)
         ]
-        self.routing = Routing(config.n_expert_used, self.expert_gating, self.expert_normalize) if config.n_expert else None
+        self.routing = (
+            Routing(config.n_expert_used, self.expert_gating, self.expert_normalize) if config.n_expert else None
+        )
         self._load_embedding_and_head(config, loader)
         freqs = tensor_name(T.ROPE_FREQS)
         self.rope = RopeTable(config.rope(), loader.vector(freqs) if freqs in loader.gguf.tensors else None)
@@ -186,17 +212,23 @@ class LlamaModel(LoadedModel):
     def _load_experts(config: ModelConfig, loader: Loader, i: int) -> dict:
         """Block i's feed-forward fields for a mixture of experts: its experts, and its shared expert if any."""
         shared = config.shared_ffn_dim > 0
-        return dict(w_gate_up=None, gate_up_bias=None, w_down=None, down_bias=None,
-                    experts=load_experts(loader, i),
-                    shared_gate_up=loader.linear(T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP, block=i) if shared else None,
-                    shared_down=loader.linear(T.FFN_DOWN_SHEXP, block=i) if shared else None)
+        return dict(
+            w_gate_up=None,
+            gate_up_bias=None,
+            w_down=None,
+            down_bias=None,
+            experts=load_experts(loader, i),
+            shared_gate_up=loader.linear(T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP, block=i) if shared else None,
+            shared_down=loader.linear(T.FFN_DOWN_SHEXP, block=i) if shared else None,
+        )
 
     @classmethod
     def read_config(cls, gguf: GGUFFile) -> ModelConfig:
         config = dataclasses.replace(ModelConfig.from_gguf(gguf), rope_neox=cls.rope_neox)
         if cls.has_experts:
-            config = read_expert_config(gguf, config, cls.expert_width_key, cls.expert_width_fallback,
-                                        cls.shared_expert_key)
+            config = read_expert_config(
+                gguf, config, cls.expert_width_key, cls.expert_width_fallback, cls.shared_expert_key
+            )
         if cls.no_rope_every:
             unrotated = tuple(i for i in range(config.n_layers) if (i + 1) % cls.no_rope_every == 0)
             config = dataclasses.replace(config, unrotated_layers=unrotated)
@@ -204,8 +236,14 @@ class LlamaModel(LoadedModel):
 
     def forward(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """Run one step: write the new tokens' K/V into `cache`; return logits (R, vocab) for step.logit_rows."""
-        return logits(self._blocks(step, cache), step.logit_rows, self.output_norm, self.lm_head, self.config.rms_eps,
-                      logit_scale=self.config.logit_scale)
+        return logits(
+            self._blocks(step, cache),
+            step.logit_rows,
+            self.output_norm,
+            self.lm_head,
+            self.config.rms_eps,
+            logit_scale=self.config.logit_scale,
+        )
 
     def hidden_states(self, step: StepInput, cache: KVCache) -> np.ndarray:
         """The same step's final-normed hidden state of every token (T, dim), where an embedding pools them."""
@@ -236,8 +274,9 @@ class LlamaModel(LoadedModel):
             elif self.has_qk_norm:
                 qk_norm(qkv, layer.q_norm, layer.k_norm, cfg)
             layer_rope = no_rope if i in cfg.unrotated_layers else rope
-            h = layer.wo(attention(qkv, i, step, cache, cfg, layer_rope, self.scale, attn_out, q_scale=q_scale),
-                         layer.wo_bias)
+            h = layer.wo(
+                attention(qkv, i, step, cache, cfg, layer_rope, self.scale, attn_out, q_scale=q_scale), layer.wo_bias
+            )
             x += scaled(h, residual)
             pointwise.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
             if layer.experts is not None:
@@ -245,8 +284,9 @@ class LlamaModel(LoadedModel):
                 if layer.shared_gate_up is not None:  # granitemoe: added before the residual scale
                     h += feed_forward(normed, layer.shared_gate_up, layer.shared_down, pointwise.silu_mul)
             else:
-                h = feed_forward(normed, layer.w_gate_up, layer.w_down, pointwise.silu_mul, layer.gate_up_bias,
-                                 layer.down_bias)
+                h = feed_forward(
+                    normed, layer.w_gate_up, layer.w_down, pointwise.silu_mul, layer.gate_up_bias, layer.down_bias
+                )
             x += scaled(h, residual)
         return x
 
@@ -287,6 +327,7 @@ class Qwen3Model(LlamaModel):
 class Qwen3MoeModel(Qwen3Model):
     """Qwen3-MoE (llama.cpp's qwen3moe): qwen3's attention, experts of expert_feed_forward_length (else
     feed_forward_length / expert_used_count), softmax over all experts, the top k renormalised."""
+
     has_experts, expert_width_key, expert_width_fallback = True, Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, True
     metadata_keys = EXPERT_KEYS | {Keys.LLM.EXPERT_FEED_FORWARD_LENGTH}
 
@@ -294,6 +335,7 @@ class Qwen3MoeModel(Qwen3Model):
 class OlmoeModel(LlamaModel):
     """OLMoE (llama.cpp's olmoe): llama's pre-norm blocks, q and k each RMS-normed over the whole vector, NEOX
     RoPE, an untied head, softmax over all experts and the top k NOT renormalised."""
+
     has_qk_norm, qk_norm_whole, rope_neox, optional_extras = True, True, True, False
     expert_normalize = False
 
@@ -307,14 +349,17 @@ class OlmoeModel(LlamaModel):
     def read_config(cls, gguf: GGUFFile) -> ModelConfig:
         config = super().read_config(gguf)
         if config.q_dim != config.dim or config.kv_dim != config.dim:  # olmoe's q/k norms are n_embd wide
-            raise ModelFileError(f"{gguf.path}: olmoe needs n_heads x head_dim and n_kv_heads x head_dim equal to "
-                                 f"embedding_length ({config.dim}), as llama.cpp's olmoe graph does.")
+            raise ModelFileError(
+                f"{gguf.path}: olmoe needs n_heads x head_dim and n_kv_heads x head_dim equal to "
+                f"embedding_length ({config.dim}), as llama.cpp's olmoe graph does."
+            )
         return config
 
 
 class SmolLM3Model(LlamaModel):
     """SmolLM3: llama with no RoPE on every fourth layer (llama.cpp's n_no_rope_layer_step, fixed at 4: no key
     sets it); llama.cpp's smollm3 tensors are llama's less rope_freqs and every bias but Q, K and V's."""
+
     optional_extras, optional_qkv_bias, no_rope_every = False, True, 4
     has_experts, metadata_keys = False, frozenset()
 
@@ -322,8 +367,15 @@ class SmolLM3Model(LlamaModel):
 class GraniteModel(LlamaModel):
     """IBM Granite 3.x (dense): llama with its multipliers (llama.cpp's granite graph)."""
 
-    metadata_keys = frozenset({Keys.LLM.LOGIT_SCALE, Keys.LLM.RESIDUAL_SCALE, Keys.LLM.EMBEDDING_SCALE,
-                               Keys.Attention.SCALE, Keys.Rope.SCALING_FINETUNED})
+    metadata_keys = frozenset(
+        {
+            Keys.LLM.LOGIT_SCALE,
+            Keys.LLM.RESIDUAL_SCALE,
+            Keys.LLM.EMBEDDING_SCALE,
+            Keys.Attention.SCALE,
+            Keys.Rope.SCALING_FINETUNED,
+        }
+    )
     has_experts = False
 
     @classmethod
@@ -333,15 +385,17 @@ class GraniteModel(LlamaModel):
         key = lambda template: template.format(arch=arch)  # noqa: E731
         rotates = gguf.get(key(Keys.Rope.SCALING_FINETUNED), True)  # granite's switch for RoPE, llama.cpp reads
         if type(rotates) is not bool:
-            raise ModelFileError(f"{gguf.path}: metadata key '{key(Keys.Rope.SCALING_FINETUNED)}' is {rotates!r}, "
-                                 f"not true or false.")
+            raise ModelFileError(
+                f"{gguf.path}: metadata key '{key(Keys.Rope.SCALING_FINETUNED)}' is {rotates!r}, not true or false."
+            )
         return dataclasses.replace(
             config,
             logit_scale=_positive_float(gguf, key(Keys.LLM.LOGIT_SCALE)),  # required, as llama.cpp requires it
             residual_scale=_scale_key(gguf, key(Keys.LLM.RESIDUAL_SCALE), 1.0),
             embedding_scale=_scale_key(gguf, key(Keys.LLM.EMBEDDING_SCALE), 1.0),
             attention_scale=_scale_key(gguf, key(Keys.Attention.SCALE), 0.0),
-            unrotated_layers=() if rotates else tuple(range(config.n_layers)))
+            unrotated_layers=() if rotates else tuple(range(config.n_layers)),
+        )
 
 
 class GraniteMoeModel(GraniteModel):
@@ -361,8 +415,14 @@ class Mistral3Model(LlamaModel):
     """Mistral Small 3.x's and Ministral 3's text model: llama's graph, plus YaRN's betas and log multiplier
     and Llama 4's attention temperature where the file gives them (llama.cpp's mistral3 graph)."""
 
-    metadata_keys = frozenset({Keys.Rope.SCALING_YARN_BETA_FAST, Keys.Rope.SCALING_YARN_BETA_SLOW,
-                               Keys.Rope.SCALING_YARN_LOG_MUL, Keys.Attention.TEMPERATURE_SCALE})
+    metadata_keys = frozenset(
+        {
+            Keys.Rope.SCALING_YARN_BETA_FAST,
+            Keys.Rope.SCALING_YARN_BETA_SLOW,
+            Keys.Rope.SCALING_YARN_LOG_MUL,
+            Keys.Attention.TEMPERATURE_SCALE,
+        }
+    )
     has_experts = False
 
     @classmethod
@@ -374,4 +434,5 @@ class Mistral3Model(LlamaModel):
             rope_yarn_beta_fast=_positive_float(gguf, key(Keys.Rope.SCALING_YARN_BETA_FAST), default=32.0),
             rope_yarn_beta_slow=_positive_float(gguf, key(Keys.Rope.SCALING_YARN_BETA_SLOW), default=1.0),
             rope_yarn_log_mul=_scale_key(gguf, key(Keys.Rope.SCALING_YARN_LOG_MUL), 0.0),
-            attn_temperature_scale=_scale_key(gguf, key(Keys.Attention.TEMPERATURE_SCALE), 0.0))
+            attn_temperature_scale=_scale_key(gguf, key(Keys.Attention.TEMPERATURE_SCALE), 0.0),
+        )

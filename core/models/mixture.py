@@ -26,8 +26,13 @@ MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
 EXPERT_KEYS = frozenset({Keys.LLM.EXPERT_COUNT, Keys.LLM.EXPERT_USED_COUNT})
 
 
-def read_expert_config(gguf: GGUFFile, config: ModelConfig, width_key: str | None = None,
-                       width_fallback_per_used: bool = False, shared_key: str | None = None) -> ModelConfig:
+def read_expert_config(
+    gguf: GGUFFile,
+    config: ModelConfig,
+    width_key: str | None = None,
+    width_fallback_per_used: bool = False,
+    shared_key: str | None = None,
+) -> ModelConfig:
     """config with the file's experts (none where expert_count is absent or 0: a dense file).
 
     width_key: the key the experts' width is read from (else feed_forward_length); width_fallback_per_used:
@@ -39,28 +44,33 @@ def read_expert_config(gguf: GGUFFile, config: ModelConfig, width_key: str | Non
     if n_expert == 0:
         return config
     if n_expert > MAX_EXPERTS:
-        raise ModelFileError(f"{gguf.path}: {key(Keys.LLM.EXPERT_COUNT)} is {n_expert:,}, more than the "
-                             f"{MAX_EXPERTS} experts llama.cpp loads.")
+        raise ModelFileError(
+            f"{gguf.path}: {key(Keys.LLM.EXPERT_COUNT)} is {n_expert:,}, more than the "
+            f"{MAX_EXPERTS} experts llama.cpp loads."
+        )
     n_used = _count(gguf, key(Keys.LLM.EXPERT_USED_COUNT), None)
     if not 0 < n_used <= n_expert:
-        raise ModelFileError(f"{gguf.path}: {key(Keys.LLM.EXPERT_USED_COUNT)} is {n_used}, not between 1 and the "
-                             f"{n_expert} experts.")
+        raise ModelFileError(
+            f"{gguf.path}: {key(Keys.LLM.EXPERT_USED_COUNT)} is {n_used}, not between 1 and the {n_expert} experts."
+        )
     width = _count(gguf, key(width_key), 0) if width_key else config.ffn_dim
     if width == 0 and width_fallback_per_used:
         width = config.ffn_dim // n_used
     if width == 0:
         raise ModelFileError(f"{gguf.path}: metadata key '{key(width_key)}' is missing: the experts' width.")
     shared = _count(gguf, key(shared_key), 0) if shared_key else 0
-    return dataclasses.replace(config, n_expert=n_expert, n_expert_used=n_used, expert_ffn_dim=width,
-                               shared_ffn_dim=shared)
+    return dataclasses.replace(
+        config, n_expert=n_expert, n_expert_used=n_used, expert_ffn_dim=width, shared_ffn_dim=shared
+    )
 
 
 def _count(gguf: GGUFFile, key: str, default: int | None) -> int:
     value = gguf.get(key, default) if default is not None else gguf.require(key)
     if type(value) is not int or value < 0:
         shown = "a per-layer array" if isinstance(value, list) else repr(value)
-        raise ModelFileError(f"{gguf.path}: metadata key '{key}' is {shown}; miro reads one whole number for every "
-                             f"layer.")
+        raise ModelFileError(
+            f"{gguf.path}: metadata key '{key}' is {shown}; miro reads one whole number for every layer."
+        )
     return value
 
 
@@ -76,8 +86,11 @@ def expert_specs(config: ModelConfig, i: int) -> dict[str, TensorSpec]:
     }
     if config.shared_ffn_dim:
         s = config.shared_ffn_dim
-        specs |= {tensor_name(T.FFN_GATE_SHEXP, i): matrix(s, d), tensor_name(T.FFN_UP_SHEXP, i): matrix(s, d),
-                  tensor_name(T.FFN_DOWN_SHEXP, i): matrix(d, s)}
+        specs |= {
+            tensor_name(T.FFN_GATE_SHEXP, i): matrix(s, d),
+            tensor_name(T.FFN_UP_SHEXP, i): matrix(s, d),
+            tensor_name(T.FFN_DOWN_SHEXP, i): matrix(d, s),
+        }
     return specs
 
 
@@ -92,9 +105,15 @@ def load_experts(loader: Loader, i: int, biases: bool = False) -> Experts:
 
     gate_b, up_b = bias(T.FFN_GATE_EXP), bias(T.FFN_UP_EXP)
     gate_up_b = np.concatenate([gate_b, up_b], axis=1) if gate_b is not None and up_b is not None else None
-    experts = Experts(tensors[tensor_name(T.FFN_GATE_INP, i)], tensors[tensor_name(T.FFN_GATE_EXP, i)],
-                      tensors[tensor_name(T.FFN_UP_EXP, i)], tensors[tensor_name(T.FFN_DOWN_EXP, i)],
-                      router_bias=bias(T.FFN_GATE_INP), gate_up_bias=gate_up_b, down_bias=bias(T.FFN_DOWN_EXP))
+    experts = Experts(
+        tensors[tensor_name(T.FFN_GATE_INP, i)],
+        tensors[tensor_name(T.FFN_GATE_EXP, i)],
+        tensors[tensor_name(T.FFN_UP_EXP, i)],
+        tensors[tensor_name(T.FFN_DOWN_EXP, i)],
+        router_bias=bias(T.FFN_GATE_INP),
+        gate_up_bias=gate_up_b,
+        down_bias=bias(T.FFN_DOWN_EXP),
+    )
     loader.memory += experts.weight_bytes
     return experts
 

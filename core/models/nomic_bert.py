@@ -49,12 +49,20 @@ class NomicBertLayer:
 
 def nomic_bert_tensor_specs(config: ModelConfig, n_token_types: int) -> dict[str, TensorSpec]:
     d, f = config.dim, config.ffn_dim
-    specs = {tensor_name(T.TOKEN_EMBD): matrix(config.vocab_size, d),
-             tensor_name(T.TOKEN_TYPES): matrix(n_token_types, d, optional=True),
-             tensor_name(T.TOKEN_EMBD_NORM): norm(d), bias_name(T.TOKEN_EMBD_NORM): norm(d)}
+    specs = {
+        tensor_name(T.TOKEN_EMBD): matrix(config.vocab_size, d),
+        tensor_name(T.TOKEN_TYPES): matrix(n_token_types, d, optional=True),
+        tensor_name(T.TOKEN_EMBD_NORM): norm(d),
+        bias_name(T.TOKEN_EMBD_NORM): norm(d),
+    }
     for i in range(config.n_layers):
-        for kind, rows, cols in ((T.ATTN_QKV, 3 * d, d), (T.ATTN_OUT, d, d), (T.FFN_UP, f, d), (T.FFN_GATE, f, d),
-                                 (T.FFN_DOWN, d, f)):
+        for kind, rows, cols in (
+            (T.ATTN_QKV, 3 * d, d),
+            (T.ATTN_OUT, d, d),
+            (T.FFN_UP, f, d),
+            (T.FFN_GATE, f, d),
+            (T.FFN_DOWN, d, f),
+        ):
             specs[tensor_name(kind, i)] = matrix(rows, cols)
         for kind in (T.ATTN_OUT_NORM, T.LAYER_OUT_NORM):
             specs[tensor_name(kind, i)] = norm(d)
@@ -81,9 +89,11 @@ class NomicBertModel:
 
         self.layers = [
             NomicBertLayer(
-                wqkv=loader.linear(T.ATTN_QKV, block=i), wo=loader.linear(T.ATTN_OUT, block=i),
+                wqkv=loader.linear(T.ATTN_QKV, block=i),
+                wo=loader.linear(T.ATTN_OUT, block=i),
                 attn_norm=layer_norm(T.ATTN_OUT_NORM, i),
-                w_gate_up=loader.linear(T.FFN_GATE, T.FFN_UP, block=i), w_down=loader.linear(T.FFN_DOWN, block=i),
+                w_gate_up=loader.linear(T.FFN_GATE, T.FFN_UP, block=i),
+                w_down=loader.linear(T.FFN_DOWN, block=i),
                 out_norm=layer_norm(T.LAYER_OUT_NORM, i),
             )
             for i in range(config.n_layers)

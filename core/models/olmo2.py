@@ -69,8 +69,9 @@ def olmo2_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
 
 
 class Olmo2Model(LoadedModel):
-    metadata_keys = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
-                               Keys.Rope.FREQ_BASE_SWA})
+    metadata_keys = frozenset(
+        {Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN, Keys.Rope.FREQ_BASE_SWA}
+    )
 
     @staticmethod
     def tensor_specs(gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSpec]:
@@ -92,8 +93,11 @@ class Olmo2Model(LoadedModel):
             for i in range(config.n_layers)
         ]
         self._load_embedding_and_head(config, loader)
-        self.local = (local_layers(loader.gguf, config.architecture, config.n_layers, GLOBAL_LAYER_EVERY)
-                      if config.sliding_window else (False,) * config.n_layers)
+        self.local = (
+            local_layers(loader.gguf, config.architecture, config.n_layers, GLOBAL_LAYER_EVERY)
+            if config.sliding_window
+            else (False,) * config.n_layers
+        )
         self.rope_global = RopeTable(config.rope())
         self.rope_local = RopeTable(RopeParams(theta=config.rope_theta, n_rot=config.head_dim))
 
@@ -102,8 +106,10 @@ class Olmo2Model(LoadedModel):
         config = ModelConfig.from_gguf(gguf)
         arch = config.architecture
         if config.q_dim != config.dim:  # llama.cpp's olmo2 tensors are n_embd wide: heads tile the embedding
-            raise ModelFileError(f"{gguf.path}: {arch} needs n_heads x head_dim ({config.q_dim}) equal to "
-                                 f"embedding_length ({config.dim}), as llama.cpp's olmo2 graph does.")
+            raise ModelFileError(
+                f"{gguf.path}: {arch} needs n_heads x head_dim ({config.q_dim}) equal to "
+                f"embedding_length ({config.dim}), as llama.cpp's olmo2 graph does."
+            )
         window_key = Keys.Attention.SLIDING_WINDOW.format(arch=arch)
         window = _positive_int(gguf, window_key) if gguf.get(window_key, 0) != 0 else 0  # 0: no window
         if window:

@@ -45,10 +45,16 @@ def phi3_tensor_specs(gguf: GGUFFile, config: ModelConfig) -> dict[str, TensorSp
         if fused:
             specs[tensor_name(T.ATTN_QKV, i)] = matrix(q + 2 * kv, d)
         else:
-            specs |= {tensor_name(T.ATTN_Q, i): matrix(q, d), tensor_name(T.ATTN_K, i): matrix(kv, d),
-                      tensor_name(T.ATTN_V, i): matrix(kv, d)}
-        specs |= {tensor_name(T.ATTN_OUT, i): matrix(d, q), tensor_name(T.FFN_UP, i): matrix(2 * f, d),
-                  tensor_name(T.FFN_DOWN, i): matrix(d, f)}
+            specs |= {
+                tensor_name(T.ATTN_Q, i): matrix(q, d),
+                tensor_name(T.ATTN_K, i): matrix(kv, d),
+                tensor_name(T.ATTN_V, i): matrix(kv, d),
+            }
+        specs |= {
+            tensor_name(T.ATTN_OUT, i): matrix(d, q),
+            tensor_name(T.FFN_UP, i): matrix(2 * f, d),
+            tensor_name(T.FFN_DOWN, i): matrix(d, f),
+        }
     return specs
 
 
@@ -72,8 +78,10 @@ class Phi3Model(LlamaModel):
     def read_config(cls, gguf: GGUFFile) -> ModelConfig:
         config = ModelConfig.from_gguf(gguf, partial_rotary=True, longrope=True)
         if config.q_dim != config.dim:  # llama.cpp's phi3 tensors are n_embd wide: heads tile the embedding
-            raise ModelFileError(f"{gguf.path}: phi3 needs n_heads x head_dim ({config.q_dim}) equal to "
-                                 f"embedding_length ({config.dim}), as llama.cpp's phi3 graph does.")
+            raise ModelFileError(
+                f"{gguf.path}: phi3 needs n_heads x head_dim ({config.q_dim}) equal to "
+                f"embedding_length ({config.dim}), as llama.cpp's phi3 graph does."
+            )
         return dataclasses.replace(config, rope_neox=True)
 
     def __init__(self, config: ModelConfig, loader: Loader):
@@ -83,14 +91,19 @@ class Phi3Model(LlamaModel):
         self.layers = [
             LlamaLayer(
                 attn_norm=loader.norm(T.ATTN_NORM, i),
-                wqkv=loader.linear(T.ATTN_QKV, block=i) if fused else loader.linear(T.ATTN_Q, T.ATTN_K, T.ATTN_V,
-                                                                                    block=i),
-                qkv_bias=None, q_norm=None, k_norm=None,
-                wo=loader.linear(T.ATTN_OUT, block=i), wo_bias=None,
+                wqkv=loader.linear(T.ATTN_QKV, block=i)
+                if fused
+                else loader.linear(T.ATTN_Q, T.ATTN_K, T.ATTN_V, block=i),
+                qkv_bias=None,
+                q_norm=None,
+                k_norm=None,
+                wo=loader.linear(T.ATTN_OUT, block=i),
+                wo_bias=None,
                 ffn_norm=loader.norm(T.FFN_NORM, i),
                 w_gate_up=loader.linear(T.FFN_UP, block=i),  # 2 x ffn_dim rows: gate, then up (ggml_swiglu's halves)
                 gate_up_bias=None,
-                w_down=loader.linear(T.FFN_DOWN, block=i), down_bias=None,
+                w_down=loader.linear(T.FFN_DOWN, block=i),
+                down_bias=None,
             )
             for i in range(config.n_layers)
         ]

@@ -37,13 +37,16 @@ class StructuredOutputsParams:
         if isinstance(value, cls):
             return value
         if not isinstance(value, dict):
-            raise RequestError("structured_outputs must be an object such as {\"json\": {...}}, {\"regex\": \"...\"}, "
-                               "{\"choice\": [...]} or {\"grammar\": \"...\"}.")
+            raise RequestError(
+                'structured_outputs must be an object such as {"json": {...}}, {"regex": "..."}, '
+                '{"choice": [...]} or {"grammar": "..."}.'
+            )
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - names)
         if unknown:
-            raise RequestError(f"structured_outputs has no field {unknown[0]!r} (it takes one of "
-                               f"{', '.join(sorted(names))}).")
+            raise RequestError(
+                f"structured_outputs has no field {unknown[0]!r} (it takes one of {', '.join(sorted(names))})."
+            )
         return cls(**value)
 
     @property
@@ -51,8 +54,10 @@ class StructuredOutputsParams:
         """The name of the one field that is set."""
         set_fields = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
         if len(set_fields) != 1:
-            raise RequestError("structured_outputs takes exactly one of json, regex, choice, grammar and json_object, "
-                               f"got {', '.join(set_fields) if set_fields else 'none'}.")
+            raise RequestError(
+                "structured_outputs takes exactly one of json, regex, choice, grammar and json_object, "
+                f"got {', '.join(set_fields) if set_fields else 'none'}."
+            )
         return set_fields[0]
 
     @property
@@ -169,7 +174,7 @@ def _check_string(value: Any) -> None:
 def first_line(message: str, limit: int = 200) -> str:
     """llguidance's message as one line: its first line, and the regex parser's "error: ..." line if it has one."""
     lines = [part.strip() for part in message.splitlines() if part.strip()] or ["unknown error"]
-    cause = next((part[len("error:"):].strip() for part in lines[1:] if part.startswith("error:")), None)
+    cause = next((part[len("error:") :].strip() for part in lines[1:] if part.startswith("error:")), None)
     line = (lines[0].rstrip(":") + (f": {cause}" if cause else "")).rstrip(".")
     return line if len(line) <= limit else line[: limit - 3] + "..."
 

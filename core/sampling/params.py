@@ -49,9 +49,12 @@ class SamplingParams:
         if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
             bad(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}.")
         if self.max_tokens is not None and (
-                not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT):
-            bad(f"max_tokens must be from 1 to {MAX_TOKENS_LIMIT:,} (longer than any supported context), "
-                f"got {self.max_tokens!r}.")
+            not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT
+        ):
+            bad(
+                f"max_tokens must be from 1 to {MAX_TOKENS_LIMIT:,} (longer than any supported context), "
+                f"got {self.max_tokens!r}."
+            )
         if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
             bad(f"min_tokens must be between 0 and max_tokens ({self.max_tokens}), got {self.min_tokens!r}.")
         if self.temperature < 0:
@@ -76,8 +79,10 @@ class SamplingParams:
             bad("stop strings must not be empty.")
         if self.structured_outputs is not None:
             if self.stop:
-                bad("stop strings cannot be combined with structured_outputs: they could cut the output short of "
-                    "what the constraint asks.")
+                bad(
+                    "stop strings cannot be combined with structured_outputs: they could cut the output short of "
+                    "what the constraint asks."
+                )
             self.structured_outputs.validate()
 
     @property

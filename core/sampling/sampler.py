@@ -33,8 +33,11 @@ def apply_penalties(row: np.ndarray, params: SamplingParams, prompt_ids: list[in
 def _top_p_mask(probs: np.ndarray, top_p: float) -> None:
     """Zero every token outside the smallest set of most likely tokens whose mass reaches top_p."""
     target = top_p * probs.sum()
-    candidates = np.argpartition(-probs, TOP_P_CANDIDATES)[:TOP_P_CANDIDATES] if len(probs) > TOP_P_CANDIDATES \
+    candidates = (
+        np.argpartition(-probs, TOP_P_CANDIDATES)[:TOP_P_CANDIDATES]
+        if len(probs) > TOP_P_CANDIDATES
         else np.arange(len(probs))
+    )
     if probs[candidates].sum() < target:
         candidates = np.arange(len(probs))
     order = candidates[np.argsort(-probs[candidates], kind="stable")]
@@ -66,8 +69,7 @@ def token_logprobs(raw_row: np.ndarray, token: int, top_n: int) -> dict:
     logprobs = x - x.max()
     logprobs -= np.log(np.exp(logprobs).sum())
     top = np.argsort(-logprobs, kind="stable")[:top_n] if top_n else np.array([], dtype=np.int64)
-    return {"token_id": token, "logprob": float(logprobs[token]),
-            "top": [(int(t), float(logprobs[t])) for t in top]}
+    return {"token_id": token, "logprob": float(logprobs[token]), "top": [(int(t), float(logprobs[t])) for t in top]}
 
 
 def apply_token_masks(processed: np.ndarray, raw: np.ndarray, masks: TokenMasks) -> None:
@@ -81,8 +83,13 @@ def apply_token_masks(processed: np.ndarray, raw: np.ndarray, masks: TokenMasks)
         processed[rows[j]] = np.where(allowed, raw[rows[j]], -np.inf)
 
 
-def sample(logits: np.ndarray, seqs: list[Sequence], stop_ids: list[set[int]],
-           masks: TokenMasks | None = None, faults: dict[int, Exception] | None = None) -> list[int | None]:
+def sample(
+    logits: np.ndarray,
+    seqs: list[Sequence],
+    stop_ids: list[set[int]],
+    masks: TokenMasks | None = None,
+    faults: dict[int, Exception] | None = None,
+) -> list[int | None]:
     """Next token for each sequence; `logits[i]` belongs to `seqs[i]`, `stop_ids[i]` are its stop tokens,
     and `masks` holds the allowed tokens of the rows under a structured-output constraint.
 
@@ -107,23 +114,29 @@ def sample(logits: np.ndarray, seqs: list[Sequence], stop_ids: list[set[int]],
 
     processed = logits
     needs_processing = [
-        i for i, s in enumerate(seqs)
-        if s.params.repetition_penalty != 1.0 or s.params.presence_penalty or s.params.frequency_penalty
+        i
+        for i, s in enumerate(seqs)
+        if s.params.repetition_penalty != 1.0
+        or s.params.presence_penalty
+        or s.params.frequency_penalty
         or len(s.output_token_ids) < s.params.min_tokens
     ]
     if needs_processing or masks:
         processed = logits.copy()
         for i in needs_processing:
+
             def penalise(i=i):
                 s = seqs[i]
                 apply_penalties(processed[i], s.params, s.prompt_token_ids, s.output_token_ids)
                 if len(s.output_token_ids) < s.params.min_tokens and stop_ids[i]:
                     processed[i, list(stop_ids[i])] = -np.inf
+
             guarded(i, penalise)
         if masks:
             _mask(processed, logits, masks, guarded)
 
     for i, s in enumerate(seqs):
+
         def draw(i=i, s=s):
             if s.params.greedy:  # row by row: processed[greedy] would copy the logits (64 x 49152: 12.6 MB)
                 token = int(processed[i].argmax())
@@ -132,6 +145,7 @@ def sample(logits: np.ndarray, seqs: list[Sequence], stop_ids: list[set[int]],
             if s.params.logprobs is not None:
                 s.logprobs.append(token_logprobs(logits[i], token, s.params.logprobs))
             tokens[i] = token
+
         guarded(i, draw)
     return tokens
 
@@ -143,5 +157,6 @@ def _mask(processed: np.ndarray, raw: np.ndarray, masks: TokenMasks, guarded) ->
         apply_token_masks(processed, raw, masks)
     except Exception:  # noqa: BLE001 - found again below, row by row
         for j, row in enumerate(masks.rows):
-            guarded(row, lambda j=j, row=row: apply_token_masks(processed, raw,
-                                                               TokenMasks([row], masks.bits[j:j + 1])))
+            guarded(
+                row, lambda j=j, row=row: apply_token_masks(processed, raw, TokenMasks([row], masks.bits[j : j + 1]))
+            )

@@ -60,7 +60,9 @@ class StructuredOutputs:
 
             self._ll_tokenizer = llguidance.LLTokenizer(
                 llguidance.TokenizerWrapper(_Vocabulary(self.tokenizer, self.vocab_size)),
-                n_vocab=self.vocab_size, eos_token=sorted(self.tokenizer.eog_ids))
+                n_vocab=self.vocab_size,
+                eos_token=sorted(self.tokenizer.eog_ids),
+            )
             self._executor = llguidance.LLExecutor(1)
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="miro-masks")
         return self._ll_tokenizer
@@ -74,8 +76,9 @@ class StructuredOutputs:
         if fresh is None:
             fresh = llguidance.LLMatcher(self._llguidance(), grammar, log_level=0)
             if fresh.is_error():
-                raise RequestError(f"structured_outputs cannot run on this model's vocabulary: "
-                                   f"{first_line(fresh.get_error())}.")
+                raise RequestError(
+                    f"structured_outputs cannot run on this model's vocabulary: {first_line(fresh.get_error())}."
+                )
             if len(self._fresh) >= MAX_CACHED_GRAMMARS:
                 self._fresh.pop(next(iter(self._fresh)))
             self._fresh[grammar] = fresh
@@ -90,7 +93,9 @@ class StructuredOutputs:
         matchers = [seqs[i].matcher for i in rows]
         return self._thread.submit(self.masks, matchers, rows)
 
-    def step_masks(self, pending: Future | None, seqs: list[Sequence], faults: dict[int, Exception]) -> TokenMasks | None:
+    def step_masks(
+        self, pending: Future | None, seqs: list[Sequence], faults: dict[int, Exception]
+    ) -> TokenMasks | None:
         """The masks start_masks began (None if it began none). Should computing them fail, they are computed again
         one matcher at a time, and a row whose own matcher fails, or is in error after its mask, gets its
         exception in `faults` (the engine fails that request alone)."""
@@ -119,8 +124,9 @@ class StructuredOutputs:
         """The masks of `matchers`, one per logits row in `rows`."""
         self._llguidance()
         bits = np.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
-        self._executor.unsafe_compute_mask_ptr([(m, j) for j, m in enumerate(matchers)], bits.ctypes.data,
-                                               bits.shape[1] * 4, len(rows))
+        self._executor.unsafe_compute_mask_ptr(
+            [(m, j) for j, m in enumerate(matchers)], bits.ctypes.data, bits.shape[1] * 4, len(rows)
+        )
         return TokenMasks(rows, bits)
 
 
@@ -134,8 +140,10 @@ class _Vocabulary:
         self.bos_token_id = tokenizer.bos_id
         special = tokenizer.special_ids | tokenizer.eog_ids
         self.special_token_ids = sorted(special)
-        self.tokens = [b"\xff" + tokenizer.id_to_token(i).encode("utf-8") if i in special
-                       else tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
+        self.tokens = [
+            b"\xff" + tokenizer.id_to_token(i).encode("utf-8") if i in special else tokenizer.token_bytes(i)
+            for i in range(tokenizer.vocab_size)
+        ]
         self.tokens += [b""] * (vocab_size - len(self.tokens))
 
     def __call__(self, text: bytes) -> list[int]:

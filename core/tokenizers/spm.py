@@ -48,8 +48,9 @@ class SentencePieceModel:
         self._scores = scores
         self.add_space_prefix = add_space_prefix
         # llama.cpp's byte_to_token: "<0xNN>", else the byte itself as a one-character token
-        self._byte_ids = [self._ids.get(f"<0x{b:02X}>", self._ids.get(chr(b)) if b < 0x80 else None)
-                          for b in range(256)]
+        self._byte_ids = [
+            self._ids.get(f"<0x{b:02X}>", self._ids.get(chr(b)) if b < 0x80 else None) for b in range(256)
+        ]
 
     def encode(self, text: str, after_special: bool) -> list[int]:
         """Ids of `text`; `after_special` says it opens the text or follows a special token."""

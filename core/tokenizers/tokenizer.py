@@ -43,17 +43,23 @@ UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 2, 3, 4, 5, 6
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # o200k's split as llama.cpp runs it (LLAMA_VOCAB_PRE_TYPE_GPT4O): its std::regex has no \p{Lu}/\p{Ll}, so an
 # upper-case letter is "a letter not in a-z" and a lower-case one "a letter not in A-Z" (any non-ASCII letter is
 # both, and combining marks are not letters); contractions in any case stay on the word; digits in threes
 _GPT4O_UPPER, _GPT4O_LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
-_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_UPPER}*{_GPT4O_LOWER}+{_CONTRACTIONS}?"
-          rf"|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_UPPER}+{_GPT4O_LOWER}*{_CONTRACTIONS}?"
-          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_UPPER}*{_GPT4O_LOWER}+{_CONTRACTIONS}?"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_UPPER}+{_GPT4O_LOWER}*{_CONTRACTIONS}?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # tokenizer.ggml.pre -> (llama.cpp's regexes, applied one after another; ignore_merges)
 _PRE_TOKENIZERS: dict[str, tuple[list[str], bool]] = {
@@ -71,11 +77,24 @@ _PRE_TOKENIZERS: dict[str, tuple[list[str], bool]] = {
 # token texts llama.cpp treats as end of generation (besides the eos/eot/eom ids); "</s>" too, even
 # Gemma's HTML "</s>" (so, as in llama.cpp, it is a control token there: only parsed with special=True);
 # "<|return|>" and "<|call|>" are o200k_harmony's (gpt-oss), "<|flush|>" and "<|calls|>" solar-open's
-_EOG_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-    "<EOT>", "<|end_of_text|>", "<end_of_utterance>", "</s>",
-    "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-})
+_EOG_TEXTS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|eom_id|>",
+        "<EOT>",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+        "</s>",
+        "<|return|>",
+        "<|call|>",
+        "<|flush|>",
+        "<|calls|>",
+    }
+)
 # harmony's message markers (gpt-oss): llama.cpp makes them user-defined in any vocabulary that has them, so
 # they are parsed in any text and printed even when special tokens are skipped
 _ALWAYS_SHOWN_TEXTS = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
@@ -130,7 +149,8 @@ class _ByteLevelBPE:
         self._hf = HFTokenizer(bpe)
         self._hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
 
     def encode(self, text: str, after_special: bool) -> list[int]:
         # one encode() per fragment, not encode_batch(): no thread pool, so forked workers are safe
@@ -145,11 +165,14 @@ class _ByteLevelBPE:
 def _sentencepiece(meta: dict, tokens: list[str], source: str) -> SentencePieceModel:
     scores = meta.get("tokenizer.ggml.scores")
     if scores is None:
-        raise ModelFileError(f"{source}: unsupported tokenizer (a SentencePiece vocabulary, model 'llama', "
-                             f"without tokenizer.ggml.scores).")
+        raise ModelFileError(
+            f"{source}: unsupported tokenizer (a SentencePiece vocabulary, model 'llama', "
+            f"without tokenizer.ggml.scores)."
+        )
     # unboxed: a list of Gemma 3's 262,144 scores as Python floats took 8 MiB
-    return SentencePieceModel(tokens, array("d", scores),
-                              add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+    return SentencePieceModel(
+        tokens, array("d", scores), add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    )
 
 
 class _SplitTokens:
@@ -172,9 +195,19 @@ class _SplitTokens:
 class Tokenizer:
     """A GGUF file's tokenizer giving llama.cpp's ids; see the module docstring."""
 
-    def __init__(self, model: _ByteLevelBPE | SentencePieceModel, tokens: list[str], token_types: list[int], *,
-                 bos_id: int | None, eos_id: int | None, eog_ids: set[int], chat_template: str | None,
-                 add_bos: bool = False, add_eos: bool = False):
+    def __init__(
+        self,
+        model: _ByteLevelBPE | SentencePieceModel,
+        tokens: list[str],
+        token_types: list[int],
+        *,
+        bos_id: int | None,
+        eos_id: int | None,
+        eog_ids: set[int],
+        chat_template: str | None,
+        add_bos: bool = False,
+        add_eos: bool = False,
+    ):
         self._model = model
         self._tokens = tokens
         self._types = token_types
@@ -199,9 +232,11 @@ class Tokenizer:
         kind = meta.get("tokenizer.ggml.model")
         pre = meta.get("tokenizer.ggml.pre") or "default"
         if kind not in ("llama", "bert") and (kind != "gpt2" or pre not in _PRE_TOKENIZERS):
-            raise ModelFileError(f"{source}: unsupported tokenizer (model '{kind}', pre-tokenizer '{pre}'); "
-                                 f"supported: 'llama' (SentencePiece), 'bert' (WordPiece) and 'gpt2' with "
-                                 f"pre-tokenizer {', '.join(sorted(_PRE_TOKENIZERS))}.")
+            raise ModelFileError(
+                f"{source}: unsupported tokenizer (model '{kind}', pre-tokenizer '{pre}'); "
+                f"supported: 'llama' (SentencePiece), 'bert' (WordPiece) and 'gpt2' with "
+                f"pre-tokenizer {', '.join(sorted(_PRE_TOKENIZERS))}."
+            )
         try:
             tokens = list(meta["tokenizer.ggml.tokens"])
         except KeyError as exc:
@@ -212,12 +247,15 @@ class Tokenizer:
             bos_id, eos_id = _token_id(meta, "bos", n, default=1), _token_id(meta, "eos", n, default=2)
             add_bos = meta.get("tokenizer.ggml.add_bos_token", True)
         elif kind == "bert":  # llama.cpp's WPM: [CLS] (its bos) first, [SEP] last
-            model = WordPiece(tokens, list(meta.get("tokenizer.ggml.token_type") or [1] * n),
-                              _token_id(meta, "unknown", n), source)
+            model = WordPiece(
+                tokens, list(meta.get("tokenizer.ggml.token_type") or [1] * n), _token_id(meta, "unknown", n), source
+            )
             bos_id, eos_id = _token_id(meta, "bos", n), _token_id(meta, "seperator", n)
             if bos_id is None or eos_id is None:
-                raise ModelFileError(f"{source}: a WordPiece vocabulary needs tokenizer.ggml.bos_token_id ([CLS]) "
-                                     f"and tokenizer.ggml.seperator_token_id ([SEP]).")
+                raise ModelFileError(
+                    f"{source}: a WordPiece vocabulary needs tokenizer.ggml.bos_token_id ([CLS]) "
+                    f"and tokenizer.ggml.seperator_token_id ([SEP])."
+                )
             add_bos = True
             meta = {**meta, "tokenizer.ggml.add_eos_token": meta.get("tokenizer.ggml.add_sep_token", True)}
         else:
@@ -227,12 +265,22 @@ class Tokenizer:
         add_eos = meta.get("tokenizer.ggml.add_eos_token", False)
         for flag, name, token_id in ((add_bos, "bos", bos_id), (add_eos, "eos", eos_id)):
             if flag and token_id is None:
-                raise ModelFileError(f"{source}: tokenizer.ggml.add_{name}_token is true but the file has no "
-                                     f"{name.upper()} token.")
+                raise ModelFileError(
+                    f"{source}: tokenizer.ggml.add_{name}_token is true but the file has no {name.upper()} token."
+                )
         types = list(meta.get("tokenizer.ggml.token_type") or [1] * n)
         eog_ids = _end_of_generation(tokens, types, meta, eos_id)
-        return cls(model, tokens, types, bos_id=bos_id, eos_id=eos_id, eog_ids=eog_ids,
-                   chat_template=meta.get("tokenizer.chat_template"), add_bos=bool(add_bos), add_eos=bool(add_eos))
+        return cls(
+            model,
+            tokens,
+            types,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            eog_ids=eog_ids,
+            chat_template=meta.get("tokenizer.chat_template"),
+            add_bos=bool(add_bos),
+            add_eos=bool(add_eos),
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -317,8 +365,9 @@ class Tokenizer:
 
     @cached_property
     def _template(self) -> jinja2.Template:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         env.filters["tojson"] = _tojson
@@ -329,9 +378,13 @@ class Tokenizer:
         if self.chat_template is None:
             raise RequestError("The model has no chat template (it takes plain prompts only, not chat messages).")
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self._text_of(self.bos_id),
-                                         eos_token=self._text_of(self.eos_id), **extra)
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._text_of(self.bos_id),
+                eos_token=self._text_of(self.eos_id),
+                **extra,
+            )
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
             raise MiroError(f"The chat template could not be rendered: {str(exc).rstrip('.')}.") from None
 

@@ -29,10 +29,12 @@ class WordPiece:
             vocab.setdefault(piece, token_id)
         if unk_id is None:
             raise ModelFileError(f"{source}: a WordPiece vocabulary needs tokenizer.ggml.unknown_token_id.")
-        self._hf = HFTokenizer(models.WordPiece(vocab, unk_token=tokens[unk_id],
-                                                max_input_chars_per_word=MAX_CHARS_PER_WORD))
-        self._hf.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                                         strip_accents=None, lowercase=True)
+        self._hf = HFTokenizer(
+            models.WordPiece(vocab, unk_token=tokens[unk_id], max_input_chars_per_word=MAX_CHARS_PER_WORD)
+        )
+        self._hf.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
+        )
         self._hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
 
     def encode(self, text: str, after_special: bool) -> list[int]:

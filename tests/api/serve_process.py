@@ -20,13 +20,21 @@ def environment() -> dict[str, str]:
     """This process's environment as it is now (a test may have set credentials), one thread per pool."""
     return {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 
+
 MIRO = [sys.executable, "-c", "from miro.cli.main import cli; cli()"]
 
 
 def chat_line(i: int, max_tokens: int = 4, content: str | None = None) -> dict:
-    return {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "smollm2-135m", "max_tokens": max_tokens,
-                     "messages": [{"role": "user", "content": content or f"Say {i}."}]}}
+    return {
+        "custom_id": f"r{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "smollm2-135m",
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": content or f"Say {i}."}],
+        },
+    }
 
 
 def jsonl(lines: list[dict]) -> bytes:
@@ -40,9 +48,12 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.storage = storage
-        self.process = subprocess.Popen([*MIRO, "serve", "--redis-url", redis_url, "--port", str(self.port),
-                                         "--storage", str(storage), *extra], env=environment(), stderr=subprocess.PIPE,
-                                        text=True)
+        self.process = subprocess.Popen(
+            [*MIRO, "serve", "--redis-url", redis_url, "--port", str(self.port), "--storage", str(storage), *extra],
+            env=environment(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         if not wait_for(self._answers, timeout_s=60, every_s=0.1):
             self.stop()
             pytest.fail(f"miro serve did not start: {self.process.stderr.read()}")
@@ -62,8 +73,9 @@ class Server:
         return OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
 
     def get(self, path: str, api_key: str | None = None) -> tuple[int, bytes]:
-        request = urllib.request.Request(self.url + path,
-                                         headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        request = urllib.request.Request(
+            self.url + path, headers={"Authorization": f"Bearer {api_key}"} if api_key else {}
+        )
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 return response.status, response.read()

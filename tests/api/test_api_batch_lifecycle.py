@@ -36,8 +36,9 @@ def test_batches_made_by_miro_submit_are_listed_and_retrieved_as_sdk_batches(ser
     server = serve(redis_url)
     client = server.client()
     conn = redis.Redis.from_url(redis_url)
-    made_by_api = client.batches.create(input_file_id=upload(client, [chat_line(0)]).id,
-                                        endpoint="/v1/chat/completions", completion_window="24h").id
+    made_by_api = client.batches.create(
+        input_file_id=upload(client, [chat_line(0)]).id, endpoint="/v1/chat/completions", completion_window="24h"
+    ).id
     dataset = tmp_path / "simple.jsonl"
     dataset.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Say {i}."}) + "\n" for i in range(3)))
     made_by_cli = submit(conn, dataset, output=str(tmp_path / "out"), completion_window="2h").batch_id
@@ -54,8 +55,13 @@ def test_batches_made_by_miro_submit_are_listed_and_retrieved_as_sdk_batches(ser
     assert cli_batch.metadata == {"name": "simple.jsonl"} and cli_batch.model == "smollm2-135m"
     assert (cli_batch.request_counts.total, cli_batch.request_counts.completed) == (3, 1)
     usage = cli_batch.usage
-    assert (usage.input_tokens, usage.input_tokens_details.cached_tokens, usage.output_tokens,
-            usage.output_tokens_details.reasoning_tokens, usage.total_tokens) == (7, 4, 5, 0, 12)
+    assert (
+        usage.input_tokens,
+        usage.input_tokens_details.cached_tokens,
+        usage.output_tokens,
+        usage.output_tokens_details.reasoning_tokens,
+        usage.total_tokens,
+    ) == (7, 4, 5, 0, 12)
     assert [b.id for b in client.batches.list(limit=1)] == [made_by_cli, made_by_api]  # pages of one
 
     cancelled = client.batches.cancel(made_by_cli)  # a CLI batch is cancelled as any: its queued jobs go
@@ -64,8 +70,9 @@ def test_batches_made_by_miro_submit_are_listed_and_retrieved_as_sdk_batches(ser
     assert ended and ended.cancelled_at is not None and ended.output_file_id is None  # no row was written
 
 
-def test_a_miro_submit_batch_that_completes_gets_its_result_files_with_no_request(serve, redis_url, tmp_path,
-                                                                                 tiny_model):
+def test_a_miro_submit_batch_that_completes_gets_its_result_files_with_no_request(
+    serve, redis_url, tmp_path, tiny_model
+):
     client = serve(redis_url).client()
     conn = redis.Redis.from_url(redis_url)
     dataset = tmp_path / "chat.jsonl"
@@ -73,17 +80,26 @@ def test_a_miro_submit_batch_that_completes_gets_its_result_files_with_no_reques
     lines[2]["body"]["messages"][0]["content"] = "hello " * 200  # over the tiny model's context: it fails
     dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
     batch_id = submit(conn, dataset, output=str(tmp_path / "out"), model=tiny_model).batch_id
-    BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
-                engine_options={"kv_cache_memory": "4MiB"}).work(burst=True)
+    BatchWorker(
+        [queue_for(tiny_model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        engine_options={"kv_cache_memory": "4MiB"},
+    ).work(burst=True)
     assert wait_for(lambda: conn.hget(keys.api_batch(batch_id), "files_for"), timeout_s=10, every_s=0.1)
     done = Batch.model_validate(raw(client, f"/batches/{batch_id}"))
     assert (done.status, done.endpoint, done.request_counts.completed, done.request_counts.failed) == (
-        "completed", "/v1/chat/completions", 2, 1)
+        "completed",
+        "/v1/chat/completions",
+        2,
+        1,
+    )
     assert done.usage.output_tokens > 0 and done.completed_at is not None
     output = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
     assert [line["custom_id"] for line in output] == ["r0", "r1"]
     assert all(ChatCompletion.model_validate(line["response"]["body"]).choices for line in output)
-    failed, = [json.loads(line) for line in client.files.content(done.error_file_id).text.splitlines()]
+    (failed,) = [json.loads(line) for line in client.files.content(done.error_file_id).text.splitlines()]
     assert failed["custom_id"] == "r2" and failed["error"]["code"] == "request_failed"
 
 
@@ -91,9 +107,12 @@ def test_a_batch_past_its_window_is_expired_by_the_server_with_batch_expired_err
     client = serve(redis_url).client()
     conn = redis.Redis.from_url(redis_url)
     lines = [chat_line(i) for i in range(4)]
-    batch = client.batches.create(input_file_id=upload(client, lines).id, endpoint="/v1/chat/completions",
-                                  completion_window="2s",
-                                  output_expires_after={"anchor": "created_at", "seconds": 7200})
+    batch = client.batches.create(
+        input_file_id=upload(client, lines).id,
+        endpoint="/v1/chat/completions",
+        completion_window="2s",
+        output_expires_after={"anchor": "created_at", "seconds": 7200},
+    )
     assert batch.status == "in_progress" and batch.expires_at == batch.created_at + 2
     # no worker runs: the server's background loop expires it, and writes its files, with nobody asking
     assert wait_for(lambda: batches.get_batch(conn, batch.id).status == "expired", timeout_s=10, every_s=0.1)
@@ -122,17 +141,28 @@ def test_files_expire_and_their_bytes_are_deleted(serve, redis_url):
     hour = upload(client, [chat_line(0)], expires_after={"anchor": "created_at", "seconds": 3600})
     assert FileObject.model_validate(raw(client, f"/files/{hour.id}")).expires_at == hour.created_at + 3600
     for policy, param, sentence in (
-            ({"anchor": "created_at", "seconds": 60}, "expires_after.seconds",
-             "expires_after.seconds must be a whole number of seconds from 3,600 (1 hour) to 2,592,000 (30 days), "
-             "not '60'."),
-            ({"anchor": "last_active_at", "seconds": 3600}, "expires_after.anchor",
-             "expires_after.anchor must be 'created_at', not 'last_active_at'.")):
+        (
+            {"anchor": "created_at", "seconds": 60},
+            "expires_after.seconds",
+            "expires_after.seconds must be a whole number of seconds from 3,600 (1 hour) to 2,592,000 (30 days), "
+            "not '60'.",
+        ),
+        (
+            {"anchor": "last_active_at", "seconds": 3600},
+            "expires_after.anchor",
+            "expires_after.anchor must be 'created_at', not 'last_active_at'.",
+        ),
+    ):
         with pytest.raises(openai.BadRequestError) as err:
             upload(client, [chat_line(0)], expires_after=policy)
         assert (err.value.body["param"], err.value.body["message"]) == (param, sentence)
     with pytest.raises(openai.BadRequestError) as err:
-        client.batches.create(input_file_id=kept.id, endpoint="/v1/chat/completions", completion_window="24h",
-                              output_expires_after={"anchor": "created_at", "seconds": 2592001})
+        client.batches.create(
+            input_file_id=kept.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            output_expires_after={"anchor": "created_at", "seconds": 2592001},
+        )
     assert err.value.body["param"] == "output_expires_after.seconds"
     assert sorted(p.name for p in (server.storage / "files").iterdir()) == sorted([kept.id, hour.id])  # refused: gone
 

@@ -15,14 +15,19 @@ from test_api_page import ARTIFACTS, browser  # noqa: F401  (the fixture)
 
 
 def completion(custom_id: str, max_tokens: int, prompt: str = "Count:") -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
-            "body": {"model": "smollm2-135m", "prompt": prompt, "max_tokens": max_tokens}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": "smollm2-135m", "prompt": prompt, "max_tokens": max_tokens},
+    }
 
 
 def polyline(browser, svg_id: str) -> str | None:  # noqa: F811  (a driver, not the fixture)
     return browser.execute_script(
         "const line = document.querySelector(arguments[0]); return line ? line.getAttribute('points') : null;",
-        f"#{svg_id} polyline")
+        f"#{svg_id} polyline",
+    )
 
 
 @pytest.mark.slow
@@ -35,8 +40,10 @@ def test_a_batch_page_charts_its_run_and_shows_its_errors_and_outputs(fleet, bro
     uploaded = client.files.create(file=("charted.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
     browser.get(f"{fleet.server.url}/batches/{batch.id}")
-    assert wait_for(lambda: browser.execute_script("return document.getElementById('batch-id').textContent")
-                    == batch.id, timeout_s=10)
+    assert wait_for(
+        lambda: browser.execute_script("return document.getElementById('batch-id').textContent") == batch.id,
+        timeout_s=10,
+    )
 
     # the tokens/s chart gains points while the batch runs (a worker appends one every 5 s): it moved, no reload
     seen: list[str] = []
@@ -55,22 +62,32 @@ def test_a_batch_page_charts_its_run_and_shows_its_errors_and_outputs(fleet, bro
     browser.save_screenshot(str(screenshot))
     print(f"screenshot of a batch's page mid-batch: {screenshot}")
 
-    assert wait_for(lambda: browser.execute_script("return document.getElementById('status').textContent")
-                    == "completed", timeout_s=240)
+    assert wait_for(
+        lambda: browser.execute_script("return document.getElementById('status').textContent") == "completed",
+        timeout_s=240,
+    )
     text = lambda element_id: browser.execute_script(  # noqa: E731
-        "return document.getElementById(arguments[0]).textContent", element_id)
+        "return document.getElementById(arguments[0]).textContent", element_id
+    )
     assert wait_for(lambda: "401 / 401 ran: 400 completed, 1 failed" in text("counts"), timeout_s=10), text("counts")
-    error_row = browser.execute_script("return document.querySelector('#errors tr[data-custom-id=\"too-long\"]')"
-                                       "?.textContent")
+    error_row = browser.execute_script(
+        "return document.querySelector('#errors tr[data-custom-id=\"too-long\"]')?.textContent"
+    )
     assert error_row and "context length" in error_row
     assert browser.execute_script("return document.querySelectorAll('#outputs tr[data-custom-id]').length") == 5
-    timeline = [row.split("+")[0] for row in browser.execute_script(
-        "return [...document.querySelectorAll('#timeline tr')].map(tr => tr.cells[0].textContent + '+')")]
+    timeline = [
+        row.split("+")[0]
+        for row in browser.execute_script(
+            "return [...document.querySelectorAll('#timeline tr')].map(tr => tr.cells[0].textContent + '+')"
+        )
+    ]
     assert timeline[0] == "created" and "in_progress" in timeline and "completed" in timeline
 
     # the output file is written just after the batch completes (miro serve's background loop)
-    detail = wait_for(lambda: (d := json.loads(fleet.server.get(f"/v1/fleet/batches/{batch.id}")[1]))
-                      ["output_file_id"] and d, timeout_s=30)
+    detail = wait_for(
+        lambda: (d := json.loads(fleet.server.get(f"/v1/fleet/batches/{batch.id}")[1]))["output_file_id"] and d,
+        timeout_s=30,
+    )
     assert detail, "the batch's output file was never written"
     assert [(e["line"], e["custom_id"]) for e in detail["errors"]] == [(1, "too-long")]
     assert len(detail["series"]) >= 3 and max(p["tokens_per_s"] for p in detail["series"]) > 0

@@ -28,13 +28,16 @@ def test_a_batch_is_miros_own_with_openais_shape(serve, redis_url):
     file_id = upload(client, [chat_line(i) for i in range(3)])
     batch = create(client, file_id, metadata={"project": "x"})
     assert batch.id.startswith("batch_") and batch.status == "in_progress" and batch.input_file_id == file_id
-    assert (batch.endpoint, batch.completion_window, batch.metadata) == ("/v1/chat/completions", "24h", {"project": "x"})
+    assert (batch.endpoint, batch.completion_window, batch.metadata) == (
+        "/v1/chat/completions",
+        "24h",
+        {"project": "x"},
+    )
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (3, 0, 0)
     assert batch.created_at <= batch.in_progress_at and batch.expires_at == batch.created_at + 24 * 3600
     assert batch.errors is None and batch.output_file_id is None and batch.model == "smollm2-135m"
     record = batches.get_batch(redis.Redis.from_url(redis_url), batch.id)  # miro status, cancel, ... see it
-    assert (record.status, record.total, record.name, record.priority) == ("in_progress", 3, "d.jsonl",
-                                                                                     "normal")
+    assert (record.status, record.total, record.name, record.priority) == ("in_progress", 3, "d.jsonl", "normal")
     assert client.batches.retrieve(batch.id) == batch
 
 
@@ -52,20 +55,35 @@ def test_metadata_priority_is_the_batchs_priority(serve, redis_url):
 def test_an_invalid_file_gives_a_failed_batch_naming_its_lines(serve, redis_url):
     client = serve(redis_url).client()
     good = json.dumps(chat_line(0))
-    data = "\n".join([
-        good,
-        '{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {',  # not JSON
-        json.dumps(chat_line(0)),  # custom id r0 again
-        json.dumps({"custom_id": "r3", "method": "POST", "url": "/v1/completions",  # another endpoint
-                    "body": {"model": "smollm2-135m", "prompt": "Say 3.", "max_tokens": 4}}),
-        json.dumps({"id": "q4", "prompt": "hello"}),  # a simple line: not the Batch API's
-    ]).encode() + b"\n"
+    data = (
+        "\n".join(
+            [
+                good,
+                '{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {',  # not JSON
+                json.dumps(chat_line(0)),  # custom id r0 again
+                json.dumps(
+                    {
+                        "custom_id": "r3",
+                        "method": "POST",
+                        "url": "/v1/completions",  # another endpoint
+                        "body": {"model": "smollm2-135m", "prompt": "Say 3.", "max_tokens": 4},
+                    }
+                ),
+                json.dumps({"id": "q4", "prompt": "hello"}),  # a simple line: not the Batch API's
+            ]
+        ).encode()
+        + b"\n"
+    )
     batch = create(client, upload(client, data))
     assert batch.status == "failed" and batch.failed_at is not None and batch.in_progress_at is None
     assert batch.request_counts.total == 0 and batch.model is None
     errors = batch.errors.data
-    assert [(e.line, e.code) for e in errors] == [(2, "invalid_request"), (3, "duplicate_custom_id"),
-                                                  (4, "url_mismatch"), (5, "url_mismatch")]
+    assert [(e.line, e.code) for e in errors] == [
+        (2, "invalid_request"),
+        (3, "duplicate_custom_id"),
+        (4, "url_mismatch"),
+        (5, "url_mismatch"),
+    ]
     assert all(e.message.startswith(f"line {e.line}: ") for e in errors)
     assert client.batches.retrieve(batch.id).errors == batch.errors
     assert batches.get_batch(redis.Redis.from_url(redis_url), batch.id).status == "failed"
@@ -85,13 +103,22 @@ def test_a_custom_id_over_the_limit_and_a_line_with_no_end_fail_the_batch_in_one
     batch = create(client, upload(client, [chat_line(0), long_id]))
     assert batch.status == "failed"
     assert [(e.line, e.code, e.message) for e in batch.errors.data] == [
-        (2, "invalid_request", f"line 2: field 'custom_id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too "
-                               f"long (at most {MAX_CUSTOM_ID:,}).")]
+        (
+            2,
+            "invalid_request",
+            f"line 2: field 'custom_id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too "
+            f"long (at most {MAX_CUSTOM_ID:,}).",
+        )
+    ]
     no_end = json.dumps(chat_line(0)).encode() + b"\n" + b'{"custom_id": "' + b"y" * (20 << 20)
     batch = create(client, upload(client, no_end))
     assert [(e.line, e.message) for e in batch.errors.data] == [
-        (2, f"line 2: the line is {len(no_end) - len(json.dumps(chat_line(0))) - 1:,} bytes, over the limit of "
-            "1,000,000 bytes.")]
+        (
+            2,
+            f"line 2: the line is {len(no_end) - len(json.dumps(chat_line(0))) - 1:,} bytes, over the limit of "
+            "1,000,000 bytes.",
+        )
+    ]
 
 
 def test_refusals_at_creation_are_openai_errors(serve, redis_url):
@@ -102,13 +129,16 @@ def test_refusals_at_creation_are_openai_errors(serve, redis_url):
     with pytest.raises(openai.BadRequestError) as err:
         create(client, file_id, endpoint="/v1/moderations")
     assert err.value.body["param"] == "endpoint"
-    assert err.value.body["message"] == ("miro runs batches for the endpoints /v1/chat/completions, /v1/completions, "
-                                         "/v1/responses and /v1/embeddings, not '/v1/moderations'.")
+    assert err.value.body["message"] == (
+        "miro runs batches for the endpoints /v1/chat/completions, /v1/completions, "
+        "/v1/responses and /v1/embeddings, not '/v1/moderations'."
+    )
     with pytest.raises(openai.BadRequestError) as err:
         client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="soon")
     assert err.value.body["param"] == "completion_window"
-    assert err.value.body["message"] == ("The completion window 'soon' is not valid: give a duration such as 24h "
-                                         "(OpenAI's), 30m, 90s or 2d.")
+    assert err.value.body["message"] == (
+        "The completion window 'soon' is not valid: give a duration such as 24h (OpenAI's), 30m, 90s or 2d."
+    )
     with pytest.raises(openai.BadRequestError) as err:
         create(client, file_id, metadata={f"k{i}": "v" for i in range(17)})
     assert err.value.body["param"] == "metadata" and "at most 16" in err.value.body["message"]
@@ -153,8 +183,13 @@ def test_a_redis_that_goes_away_is_a_503_in_openais_shape(serve, own_redis):
     file_id = upload(client, [chat_line(0)])
     redis_process.kill()
     redis_process.wait()
-    for call in (client.files.list, lambda: client.files.retrieve(file_id), client.batches.list,
-                 lambda: create(client, file_id), lambda: client.get("/workers", cast_to=object)):
+    for call in (
+        client.files.list,
+        lambda: client.files.retrieve(file_id),
+        client.batches.list,
+        lambda: create(client, file_id),
+        lambda: client.get("/workers", cast_to=object),
+    ):
         with pytest.raises(openai.InternalServerError) as err:
             call()
         assert err.value.status_code == 503

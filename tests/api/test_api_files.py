@@ -38,9 +38,13 @@ def test_a_file_goes_up_comes_back_and_goes_away(serve, redis_url):
     assert (deleted.id, deleted.deleted) == (uploaded.id, True)
     with pytest.raises(openai.NotFoundError) as err:
         client.files.retrieve(uploaded.id)
-    assert err.value.body == {"message": f"No file with id '{uploaded.id}' on this server.",
-                              "type": "invalid_request_error", "param": None, "code": "not_found",
-                              "request_id": err.value.request_id}
+    assert err.value.body == {
+        "message": f"No file with id '{uploaded.id}' on this server.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "not_found",
+        "request_id": err.value.request_id,
+    }
     with pytest.raises(openai.NotFoundError):
         client.files.content(uploaded.id)
     assert [f.id for f in client.files.list()] == [second.id]
@@ -61,8 +65,12 @@ def test_a_wrong_purpose_or_a_missing_file_is_refused_and_nothing_is_kept(serve,
     with pytest.raises(openai.BadRequestError) as err:
         client.post("/files", body={"purpose": "batch"}, cast_to=object)
     assert "multipart/form-data" in err.value.body["message"]
-    broken = urllib.request.Request(server.url + "/v1/files", method="POST", data=b"--b\r\nno headers end",
-                                    headers={"Content-Type": "multipart/form-data; boundary=zz"})
+    broken = urllib.request.Request(
+        server.url + "/v1/files",
+        method="POST",
+        data=b"--b\r\nno headers end",
+        headers={"Content-Type": "multipart/form-data; boundary=zz"},
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(broken, timeout=30)
     assert refused.value.code == 400
@@ -143,8 +151,13 @@ def test_api_keys_are_checked_and_a_refusal_has_openais_shape(serve, redis_url):
     with pytest.raises(openai.AuthenticationError) as err:
         server.client("wrong").files.list()
     assert err.value.status_code == 401
-    assert err.value.body == {"message": "Incorrect API key provided.", "type": "invalid_request_error",
-                              "param": None, "code": "invalid_api_key", "request_id": err.value.request_id}
+    assert err.value.body == {
+        "message": "Incorrect API key provided.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_api_key",
+        "request_id": err.value.request_id,
+    }
     for path in ("/v1/files", "/v1/batches", "/v1/workers", "/v1/fleet", "/metrics"):
         status, body = server.get(path)
         assert status == 401, path

@@ -26,8 +26,11 @@ LINES = 1000
 
 
 def run_to_end(client, batch_id: str, timeout_s: float = 240):
-    ended = wait_for(lambda: (b := client.batches.retrieve(batch_id)).status in ("completed", "failed", "cancelled")
-                     and b, timeout_s=timeout_s, every_s=0.5)
+    ended = wait_for(
+        lambda: (b := client.batches.retrieve(batch_id)).status in ("completed", "failed", "cancelled") and b,
+        timeout_s=timeout_s,
+        every_s=0.5,
+    )
     assert ended, f"batch {batch_id} did not end: {client.batches.retrieve(batch_id)}"
     return ended
 
@@ -41,12 +44,17 @@ def test_a_thousand_line_chat_batch_end_to_end(fleet):
     lines = [chat_line(i, max_tokens=4) for i in range(LINES)]
     uploaded = client.files.create(file=("thousand.jsonl", jsonl(lines)), purpose="batch")
     started = time.monotonic()
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h", metadata={"run": "e2e"})
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"run": "e2e"}
+    )
     batch = run_to_end(client, batch.id)
     print(f"{LINES} chat requests in {time.monotonic() - started:.1f} s")
     assert batch.status == "completed" and batch.completed_at >= batch.in_progress_at
-    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (LINES, LINES, 0)
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (
+        LINES,
+        LINES,
+        0,
+    )
     assert batch.error_file_id is None and batch.output_file_id
 
     output = client.files.retrieve(batch.output_file_id)
@@ -70,8 +78,15 @@ def test_a_thousand_line_chat_batch_end_to_end(fleet):
 
 def test_cancelling_mid_batch(fleet):
     client = fleet.server.client()
-    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
-              "body": {"model": "smollm2-135m", "prompt": f"Count to {i}:", "max_tokens": 24}} for i in range(400)]
+    lines = [
+        {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "smollm2-135m", "prompt": f"Count to {i}:", "max_tokens": 24},
+        }
+        for i in range(400)
+    ]
     uploaded = client.files.create(file=("long.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
     assert wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed > 0, timeout_s=120)
@@ -91,7 +106,7 @@ def test_cancelling_mid_batch(fleet):
 def test_workers_and_metrics(fleet):
     client = fleet.server.client()
     assert wait_for(lambda: client.get("/workers", cast_to=object)["data"], timeout_s=120)
-    worker, = client.get("/workers", cast_to=object)["data"]
+    (worker,) = client.get("/workers", cast_to=object)["data"]
     assert (worker["name"], worker["model"]) == ("api-worker", "smollm2-135m")
     assert worker["weight_format"] in ("f32", "native") and worker["kv_blocks_total"] > 0
     assert 0 <= worker["kv_usage"] <= 1 and worker["tokens_per_s"] >= 0

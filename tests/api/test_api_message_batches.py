@@ -27,8 +27,10 @@ def client_of(server):
 
 
 def request(custom_id: str, text: str = "Say hi.", **params) -> dict:
-    return {"custom_id": custom_id, "params": {"model": "smollm2-135m", "max_tokens": 3,
-                                               "messages": [{"role": "user", "content": text}], **params}}
+    return {
+        "custom_id": custom_id,
+        "params": {"model": "smollm2-135m", "max_tokens": 3, "messages": [{"role": "user", "content": text}], **params},
+    }
 
 
 def raw_batch(client, batch_id: str) -> MessageBatch:
@@ -45,10 +47,17 @@ def test_a_message_batch_runs_and_its_results_are_anthropics(serve, redis_url, t
     client = client_of(server)
     requests = [
         request("plain"),
-        request("blocks", system=[{"type": "text", "text": "Be brief."}],
-                messages=[{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text",
-                                                                                           "text": "there"}]}],
-                temperature=0.0, top_k=5, stop_sequences=["\n\n"], metadata={"user_id": "u1"}),
+        request(
+            "blocks",
+            system=[{"type": "text", "text": "Be brief."}],
+            messages=[
+                {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]}
+            ],
+            temperature=0.0,
+            top_k=5,
+            stop_sequences=["\n\n"],
+            metadata={"user_id": "u1"},
+        ),
         request("long", text="hello " * 200),  # over the tiny model's context: errored
     ]
     created = client.messages.batches.create(requests=requests)
@@ -57,9 +66,14 @@ def test_a_message_batch_runs_and_its_results_are_anthropics(serve, redis_url, t
     assert shown.request_counts.processing == 3 and shown.expires_at > shown.created_at
     assert batches.get_batch(redis.Redis.from_url(redis_url), created.id).total == 3  # miro's own batch
 
-    BatchWorker([queue_for("smollm2-135m")], connection=redis.Redis.from_url(redis_url), serializer=JSONSerializer,
-                model=tiny_model, served_model_names=["smollm2-135m"],
-                engine_options={"kv_cache_memory": "4MiB"}).work(burst=True)
+    BatchWorker(
+        [queue_for("smollm2-135m")],
+        connection=redis.Redis.from_url(redis_url),
+        serializer=JSONSerializer,
+        model=tiny_model,
+        served_model_names=["smollm2-135m"],
+        engine_options={"kv_cache_memory": "4MiB"},
+    ).work(burst=True)
     ended = raw_batch(client, created.id)
     counts = ended.request_counts
     assert ended.processing_status == "ended" and ended.ended_at is not None and ended.results_url
@@ -85,7 +99,9 @@ def test_a_message_batch_runs_and_its_results_are_anthropics(serve, redis_url, t
     assert wait_for(lambda: raw_batch(client, second.id).processing_status == "ended", timeout_s=10)
     assert raw_batch(client, second.id).request_counts.canceled == 2
     assert sorted((r.custom_id, r.result.type) for r in client.messages.batches.results(second.id)) == [
-        ("a", "canceled"), ("b", "canceled")]
+        ("a", "canceled"),
+        ("b", "canceled"),
+    ]
     deleted = client.messages.batches.delete(second.id)
     assert (deleted.id, deleted.type) == (second.id, "message_batch_deleted")
     with pytest.raises(anthropic.NotFoundError):
@@ -104,7 +120,9 @@ def test_an_expired_message_batchs_requests_are_expired(serve, redis_url):
     assert wait_for(lambda: raw_batch(client, created.id).processing_status == "ended", timeout_s=10, every_s=0.1)
     assert raw_batch(client, created.id).request_counts.expired == 2
     assert sorted((r.custom_id, r.result.type) for r in client.messages.batches.results(created.id)) == [
-        ("x", "expired"), ("y", "expired")]
+        ("x", "expired"),
+        ("y", "expired"),
+    ]
 
 
 def test_refusals_are_anthropics_errors(serve, redis_url):
@@ -112,14 +130,16 @@ def test_refusals_are_anthropics_errors(serve, redis_url):
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.batches.create(requests=[request("t", tools=[{"name": "f", "input_schema": {}}])])
     assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "invalid_request_error"
-    assert err.value.body["error"]["message"] == ("requests[0]: params.tools is not supported by miro, and ignoring "
-                                                  "it would change the answer: remove it.")
+    assert err.value.body["error"]["message"] == (
+        "requests[0]: params.tools is not supported by miro, and ignoring it would change the answer: remove it."
+    )
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.batches.create(requests=[request("same"), request("same")])
     assert err.value.body["error"]["message"].startswith("requests[1]: ")
     with pytest.raises(anthropic.BadRequestError) as err:
-        client.messages.batches.create(requests=[request("img", messages=[
-            {"role": "user", "content": [{"type": "image", "source": {}}]}])])
+        client.messages.batches.create(
+            requests=[request("img", messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}])]
+        )
     assert "holds a image block; miro takes text blocks only" in err.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError) as err:
         client.messages.batches.retrieve("batch_0123")

@@ -24,8 +24,15 @@ def test_a_batch_with_its_files_in_an_object_store(serve, redis_url, s3, tiny_mo
     storage = s3.url("miro")
     server = serve(redis_url, storage=storage)
     client = server.client()
-    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
-              "body": {"model": "smollm2-135m", "prompt": f"hello {i}", "max_tokens": 3}} for i in range(6)]
+    lines = [
+        {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "smollm2-135m", "prompt": f"hello {i}", "max_tokens": 3},
+        }
+        for i in range(6)
+    ]
     lines[4]["body"]["prompt"] = "hello " * 200  # over the tiny model's context: that request fails
     uploaded = client.files.create(file=("lines.jsonl", jsonl(lines)), purpose="batch")
     assert s3.files("miro") == [f"files/{uploaded.id}"]
@@ -34,9 +41,15 @@ def test_a_batch_with_its_files_in_an_object_store(serve, redis_url, s3, tiny_mo
     assert batch.status == "in_progress" and batch.request_counts.total == 6
 
     conn = redis.Redis.from_url(redis_url)
-    BatchWorker([queue_for("smollm2-135m")], connection=conn, serializer=JSONSerializer, model=tiny_model,
-                served_model_names=["smollm2-135m"], engine_options={"kv_cache_memory": "4MiB"},
-                flush_rows=2).work(burst=True)
+    BatchWorker(
+        [queue_for("smollm2-135m")],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        served_model_names=["smollm2-135m"],
+        engine_options={"kv_cache_memory": "4MiB"},
+        flush_rows=2,
+    ).work(burst=True)
     batch = client.batches.retrieve(batch.id)
     counts = batch.request_counts
     assert batch.status == "completed" and (counts.completed, counts.failed) == (5, 1)
@@ -47,7 +60,7 @@ def test_a_batch_with_its_files_in_an_object_store(serve, redis_url, s3, tiny_mo
     assert [line["custom_id"] for line in got] == ["c0", "c1", "c2", "c3", "c5"]
     for line in got:
         assert Completion.model_validate(line["response"]["body"]).usage.completion_tokens <= 3
-    failed, = [json.loads(line) for line in client.files.content(batch.error_file_id).text.splitlines()]
+    (failed,) = [json.loads(line) for line in client.files.content(batch.error_file_id).text.splitlines()]
     assert failed["custom_id"] == "c4" and failed["response"] is None and failed["error"]["code"] == "request_failed"
     status, body = server.get(f"/v1/batches/{batch.id}/results.parquet")
     assert status == 200 and pq.read_table(io.BytesIO(body)).num_rows == 6

@@ -22,15 +22,26 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 @pytest.fixture
 def browser(tmp_path):
     if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.skip("Debian's chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
+        pytest.skip(
+            "Debian's chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,800", f"--user-data-dir={tmp_path / 'chromium'}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,800",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     yield driver
@@ -40,8 +51,15 @@ def browser(tmp_path):
 @pytest.mark.slow
 def test_the_live_page_follows_a_batch(fleet, browser):
     client = fleet.server.client()
-    lines = [{"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions",
-              "body": {"model": "smollm2-135m", "prompt": f"The number {i} is", "max_tokens": 8}} for i in range(300)]
+    lines = [
+        {
+            "custom_id": f"p{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "smollm2-135m", "prompt": f"The number {i} is", "max_tokens": 8},
+        }
+        for i in range(300)
+    ]
     uploaded = client.files.create(file=("page.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
     browser.get(fleet.server.url + "/")
@@ -55,13 +73,19 @@ def test_the_live_page_follows_a_batch(fleet, browser):
         read = browser.execute_script(
             "const row = document.querySelector(arguments[0]); if (!row) return null;"
             "const cells = row.querySelectorAll('td');"
-            "return [cells[2].textContent, cells[4].textContent, row.querySelector('.fill').style.width];", row)
+            "return [cells[2].textContent, cells[4].textContent, row.querySelector('.fill').style.width];",
+            row,
+        )
         return tuple(read) if read else None
 
     def links() -> list[tuple[str, str]]:
-        return [tuple(pair) for pair in browser.execute_script(
-            "return [...document.querySelectorAll(arguments[0] + ' td:last-child a')].map(a => [a.textContent, a.href]);",
-            row)]
+        return [
+            tuple(pair)
+            for pair in browser.execute_script(
+                "return [...document.querySelectorAll(arguments[0] + ' td:last-child a')].map(a => [a.textContent, a.href]);",
+                row,
+            )
+        ]
 
     seen = []
     screenshot = ARTIFACTS / "live-page.png"
@@ -94,16 +118,29 @@ def test_the_live_page_follows_a_batch(fleet, browser):
 def test_with_api_keys_the_page_asks_for_one_and_uses_it(serve, redis_url, browser):
     server = serve(redis_url, "--api-key", "page-key")
     client = server.client("page-key")
-    uploaded = client.files.create(file=("keyed.jsonl", jsonl([{"custom_id": "k0", "method": "POST",
-                                                                 "url": "/v1/completions",
-                                                                 "body": {"prompt": "hi", "max_tokens": 2}}])),
-                                   purpose="batch")
+    uploaded = client.files.create(
+        file=(
+            "keyed.jsonl",
+            jsonl(
+                [
+                    {
+                        "custom_id": "k0",
+                        "method": "POST",
+                        "url": "/v1/completions",
+                        "body": {"prompt": "hi", "max_tokens": 2},
+                    }
+                ]
+            ),
+        ),
+        purpose="batch",
+    )
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h")
     browser.get(server.url + "/")
     visible = "return getComputedStyle(document.getElementById('key-form')).display !== 'none'"
     assert wait_for(lambda: browser.execute_script(visible), timeout_s=10), "the page never asked for a key"
-    browser.execute_script("document.getElementById('key').value = 'page-key';"
-                           "document.getElementById('key-save').click();")
+    browser.execute_script(
+        "document.getElementById('key').value = 'page-key';document.getElementById('key-save').click();"
+    )
     row = f"return document.querySelector('tr[data-batch=\"{batch.id}\"]')?.textContent"
     shown = wait_for(lambda: browser.execute_script(row), timeout_s=10)
     assert shown and "keyed.jsonl" in shown and "0 / 1" in shown
@@ -119,7 +156,9 @@ def test_a_cancelled_batch_shows_what_ran_not_all_done(serve, redis_url, browser
     assert (shown["done"], shown["finished"], shown["cancelled"], shown["total"]) == (10, 3, 7, 10)
 
     browser.get(server.url + "/")
-    read = ("const row = document.querySelector(arguments[0]); if (!row) return null;"
-            "return [row.querySelectorAll('td')[4].textContent, row.querySelector('.fill').style.width];")
+    read = (
+        "const row = document.querySelector(arguments[0]); if (!row) return null;"
+        "return [row.querySelectorAll('td')[4].textContent, row.querySelector('.fill').style.width];"
+    )
     cells = wait_for(lambda: browser.execute_script(read, f'tr[data-batch="{batch_id}"]'), timeout_s=10)
     assert cells == ["3 / 10, 7 cancelled", "30%"], cells

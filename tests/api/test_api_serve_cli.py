@@ -28,8 +28,10 @@ def test_redis_unreachable_at_start(tmp_path):
 
 def test_no_api_key_means_loopback_only(tmp_path, redis_url):
     line = one_sentence(serve("--redis-url", redis_url, "--host", "0.0.0.0", "--storage", str(tmp_path)))
-    assert line == ("Error: Refusing to listen on 0.0.0.0 without an API key: give --api-key-file (or --api-key, "
-                    "MIRO_API_KEYS), or listen on 127.0.0.1.")
+    assert line == (
+        "Error: Refusing to listen on 0.0.0.0 without an API key: give --api-key-file (or --api-key, "
+        "MIRO_API_KEYS), or listen on 127.0.0.1."
+    )
 
 
 def test_a_taken_port(tmp_path, redis_url):
@@ -41,8 +43,10 @@ def test_a_taken_port(tmp_path, redis_url):
     assert line == f"Error: Cannot listen on 127.0.0.1:{port}: Address already in use."
 
 
-@pytest.mark.parametrize("args, says", [(["--port", "http"], "Invalid value for '--port'"),
-                                        (["--no-such-flag"], "No such option '--no-such-flag'")])
+@pytest.mark.parametrize(
+    "args, says",
+    [(["--port", "http"], "Invalid value for '--port'"), (["--no-such-flag"], "No such option '--no-such-flag'")],
+)
 def test_a_bad_flag(args, says):
     assert says in one_sentence(serve(*args))
 

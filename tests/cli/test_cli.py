@@ -11,8 +11,20 @@ def test_generate_chat_greedy(smollm2_path):
     # f32 pinned: its float32 numerics are HF's, whose greedy answer this is (native's 8-bit activations, auto's
     # choice on tiers where they are faster, answer "L'Étoile, la Marseillaise," here)
     result = CliRunner().invoke(
-        cli, ["generate", "--model", str(smollm2_path), "--chat", "--max-tokens", "12", "--num-kv-blocks", "64",
-              "--weights", "f32", "What is the capital of France?"]
+        cli,
+        [
+            "generate",
+            "--model",
+            str(smollm2_path),
+            "--chat",
+            "--max-tokens",
+            "12",
+            "--num-kv-blocks",
+            "64",
+            "--weights",
+            "f32",
+            "What is the capital of France?",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "Paris" in result.output
@@ -22,12 +34,15 @@ def test_generate_verbose_names_the_weights_and_the_cpu_tier(tiny_model):
     """-v says on stderr what was loaded, the CPU tier the kernels run among it; stdout is the completion alone."""
     from miro.core.kernels import cpu
 
-    args = ["generate", "--model", tiny_model, "--max-tokens", "3", "--num-kv-blocks", "8", "--weights", "native",
-            "hi"]
+    args = ["generate", "--model", tiny_model, "--max-tokens", "3", "--num-kv-blocks", "8", "--weights", "native", "hi"]
     result = CliRunner().invoke(cli, [*args[:-1], "-v", "hi"])
     assert result.exit_code == 0, result.output
-    assert re.search(r"^Loaded .*tiny\.gguf \(llama\), weights: native \(asked for\); cpu tier (\S+).*; "
-                     r"KV cache 128 tokens \(float16\)$", result.stderr, re.M)
+    assert re.search(
+        r"^Loaded .*tiny\.gguf \(llama\), weights: native \(asked for\); cpu tier (\S+).*; "
+        r"KV cache 128 tokens \(float16\)$",
+        result.stderr,
+        re.M,
+    )
     assert f"cpu tier {cpu.TIER.name}" in result.stderr and cpu.TIER.name in cpu.TIERS
     assert "cpu tier" not in result.stdout
     quiet = CliRunner().invoke(cli, args)
@@ -42,8 +57,17 @@ def test_generate_bad_sampling_option_is_one_sentence(smollm2_path):
 
 def test_generate_prompt_too_long_is_one_sentence(smollm2_path):
     result = CliRunner().invoke(
-        cli, ["generate", "--model", str(smollm2_path), "--max-model-len", "16", "--num-kv-blocks", "8",
-              "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"]
+        cli,
+        [
+            "generate",
+            "--model",
+            str(smollm2_path),
+            "--max-model-len",
+            "16",
+            "--num-kv-blocks",
+            "8",
+            "one two three four five six seven eight nine ten eleven twelve thirteen fourteen",
+        ],
     )
     assert result.exit_code == 1 and result.output.startswith("Error: the prompt has ")
     assert "Traceback" not in result.output
@@ -54,9 +78,24 @@ def test_kv_cache_options(smollm2_path):
     of 16 is one sentence."""
     answers = {}
     for dtype in ("float16", "float32"):
-        result = CliRunner().invoke(cli, ["generate", "--model", str(smollm2_path), "--chat", "--max-tokens", "12",
-                                          "--kv-cache-dtype", dtype, "--num-kv-blocks", "64", "--weights", "f32",
-                                          "What is the capital of France?"])  # HF's float32 numerics: Paris
+        result = CliRunner().invoke(
+            cli,
+            [
+                "generate",
+                "--model",
+                str(smollm2_path),
+                "--chat",
+                "--max-tokens",
+                "12",
+                "--kv-cache-dtype",
+                dtype,
+                "--num-kv-blocks",
+                "64",
+                "--weights",
+                "f32",
+                "What is the capital of France?",
+            ],
+        )  # HF's float32 numerics: Paris
         assert result.exit_code == 0, result.output
         answers[dtype] = result.output
     assert "Paris" in answers["float32"] and answers["float16"] == answers["float32"]
@@ -147,15 +186,28 @@ def test_engine_options_from_the_environment_are_parsed_and_a_bad_value_is_one_s
 
     from miro.core import EngineConfig, MiroError
 
-    env = {"MIRO_KV_CACHE_MEMORY": "2GiB", "MIRO_MAX_NUM_SEQS": "8", "MIRO_BATCH_INVARIANT": "off",
-           "MIRO_ENABLE_CHUNKED_PREFILL": "false", "MIRO_EMBED_BATCH_TOKENS": "512", "MIRO_UNRELATED": "x"}
-    assert EngineConfig.from_env(env) == {"kv_cache_memory": "2GiB", "max_num_seqs": 8, "batch_invariant": False,
-                                          "enable_chunked_prefill": False, "embed_batch_tokens": 512}
+    env = {
+        "MIRO_KV_CACHE_MEMORY": "2GiB",
+        "MIRO_MAX_NUM_SEQS": "8",
+        "MIRO_BATCH_INVARIANT": "off",
+        "MIRO_ENABLE_CHUNKED_PREFILL": "false",
+        "MIRO_EMBED_BATCH_TOKENS": "512",
+        "MIRO_UNRELATED": "x",
+    }
+    assert EngineConfig.from_env(env) == {
+        "kv_cache_memory": "2GiB",
+        "max_num_seqs": 8,
+        "batch_invariant": False,
+        "enable_chunked_prefill": False,
+        "embed_batch_tokens": 512,
+    }
     EngineConfig.of(EngineConfig.from_env(env))  # every name is an option
-    for bad, says in [({"MIRO_MAX_NUM_SEQS": "many"}, "MIRO_MAX_NUM_SEQS='many': give a whole number."),
-                      ({"MIRO_BLOCK_SIZE": "8"}, "MIRO_BLOCK_SIZE='8': give a number of at least 16."),
-                      ({"MIRO_WEIGHTS": "int3"}, "MIRO_WEIGHTS='int3': give one of auto, f32, native, bf16, i16."),
-                      ({"MIRO_BATCH_INVARIANT": "maybe"}, "MIRO_BATCH_INVARIANT='maybe': give one of")]:
+    for bad, says in [
+        ({"MIRO_MAX_NUM_SEQS": "many"}, "MIRO_MAX_NUM_SEQS='many': give a whole number."),
+        ({"MIRO_BLOCK_SIZE": "8"}, "MIRO_BLOCK_SIZE='8': give a number of at least 16."),
+        ({"MIRO_WEIGHTS": "int3"}, "MIRO_WEIGHTS='int3': give one of auto, f32, native, bf16, i16."),
+        ({"MIRO_BATCH_INVARIANT": "maybe"}, "MIRO_BATCH_INVARIANT='maybe': give one of"),
+    ]:
         with pytest.raises(MiroError) as err:
             EngineConfig.from_env(bad)
         assert str(err.value).startswith(says)
@@ -174,11 +226,19 @@ def test_worker_options_come_from_worker_config_and_its_environment():
     params = {p.name: p for p in cli.commands["worker"].params}
     for f in fields(WorkerConfig):
         assert params[f.name].envvar == f"MIRO_{f.name.upper()}"
-    env = {"MIRO_MODEL": "tiny", "MIRO_SERVED_MODEL_NAMES": "gpt-4o-mini, other", "MIRO_FLUSH_ROWS": "8",
-           "MIRO_SHUTDOWN_GRACE_S": "2.5"}
+    env = {
+        "MIRO_MODEL": "tiny",
+        "MIRO_SERVED_MODEL_NAMES": "gpt-4o-mini, other",
+        "MIRO_FLUSH_ROWS": "8",
+        "MIRO_SHUTDOWN_GRACE_S": "2.5",
+    }
     config = WorkerConfig.of({"flush_rows": 3, "metrics_port": None}, env)
     assert (config.model, config.served_model_names, config.flush_rows, config.shutdown_grace_s) == (
-        "tiny", ("gpt-4o-mini", "other"), 3, 2.5)
+        "tiny",
+        ("gpt-4o-mini", "other"),
+        3,
+        2.5,
+    )
     with pytest.raises(MiroError, match="the worker has no option 'flush_every'"):
         WorkerConfig.of({"flush_every": 3}, {})
     with pytest.raises(MiroError, match=r"MIRO_METRICS_PORT='70000': give a number of at most 65535\."):

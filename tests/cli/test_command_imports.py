@@ -47,8 +47,16 @@ def test_submit_dry_run_and_watch_with_nothing_active(tmp_path, redis_url):
     assert (code, heavy) == (0, [])
 
 
-@pytest.mark.parametrize("command", [["status"], ["status", "{batch}", "--json"], ["results", "{batch}", "-o", "{out}"],
-                                     ["cancel", "{batch}"], ["retry", "{batch}"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["status", "{batch}", "--json"],
+        ["results", "{batch}", "-o", "{out}"],
+        ["cancel", "{batch}"],
+        ["retry", "{batch}"],
+    ],
+)
 def test_redis_only_commands_load_no_engine(batch, command, tmp_path, redis_url):
     args = [a.format(batch=batch, out=tmp_path / "r.parquet") for a in command]
     code, heavy, _ = run(*args, "--redis-url", redis_url)

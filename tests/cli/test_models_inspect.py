@@ -13,8 +13,9 @@ MIRO = Path(sys.executable).parent / "miro"
 
 
 def inspect(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(MIRO), "models", "inspect", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [str(MIRO), "models", "inspect", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_default_model_runs_and_says_how(smollm2_path):
@@ -36,8 +37,9 @@ def test_scaling_is_shown(tmp_path):
 
 
 def test_a_refused_file_is_its_one_sentence_and_exit_1(tmp_path):
-    path = write_tiny_model(tmp_path / "moe.gguf",
-                            tensor_overrides={"blk.0.ffn_up_exps.weight": np.ones((4, 4), np.float32)})["path"]
+    path = write_tiny_model(
+        tmp_path / "moe.gguf", tensor_overrides={"blk.0.ffn_up_exps.weight": np.ones((4, 4), np.float32)}
+    )["path"]
     done = inspect(path)
     assert done.returncode == 1
     assert "miro runs it   no: " in done.stdout and "mixture-of-experts" in done.stdout

@@ -18,8 +18,7 @@ def test_invalid_lines_come_first_then_the_count_then_one_sentence(tmp_path, red
     lines = [json.dumps({"id": f"r{i}", "prompt": "hi"}) if i % 2 else '{"id": "broken"' for i in range(100)]
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    done = CliRunner().invoke(cli, ["submit", str(path), "--redis-url", redis_url, "--output",
-                                    str(tmp_path / "out")])
+    done = CliRunner().invoke(cli, ["submit", str(path), "--redis-url", redis_url, "--output", str(tmp_path / "out")])
     assert done.exit_code == 1
     said = done.stderr.splitlines()
     errors = [line for line in said if ": not valid JSON" in line]
@@ -38,10 +37,15 @@ def test_submit_and_run_refuse_a_custom_id_over_the_limit_in_one_sentence(tmp_pa
     from miro.worker.fleet.intake.inputs import MAX_CUSTOM_ID
 
     path = tmp_path / "d.jsonl"
-    path.write_text(json.dumps({"id": "k" * (MAX_CUSTOM_ID + 1), "prompt": "hi"}) + "\n"
-                    + json.dumps({"id": "ok", "prompt": "hi"}) + "\n")
-    sentence = (f"line 1: field 'id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too long (at most "
-                f"{MAX_CUSTOM_ID:,}).")
+    path.write_text(
+        json.dumps({"id": "k" * (MAX_CUSTOM_ID + 1), "prompt": "hi"})
+        + "\n"
+        + json.dumps({"id": "ok", "prompt": "hi"})
+        + "\n"
+    )
+    sentence = (
+        f"line 1: field 'id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too long (at most {MAX_CUSTOM_ID:,})."
+    )
     for command in (["submit", str(path), "--dry-run"], ["run", str(path), "-o", str(tmp_path / "r.parquet")]):
         done = CliRunner().invoke(cli, command)
         assert done.exit_code == 1 and sentence in done.stderr.splitlines(), done.output

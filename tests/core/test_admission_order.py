@@ -50,7 +50,9 @@ def test_prefix_order_takes_the_one_whose_prefix_is_cached(loaded):
 
 
 def test_priority_comes_before_the_prefix(loaded):
-    assert admitted_after_the_document_is_cached(loaded, "prefix", priorities=(0, 1)) == "unrelated"  # the document one less urgent
+    assert (
+        admitted_after_the_document_is_cached(loaded, "prefix", priorities=(0, 1)) == "unrelated"
+    )  # the document one less urgent
 
 
 def test_prefix_order_computes_fewer_prompt_tokens_and_changes_no_output(loaded):

@@ -13,8 +13,9 @@ import pytest
 
 from miro.core.kernels import amx, cpu
 
-needs_amx = pytest.mark.skipif(amx.unusable_reason() is not None,
-                               reason=f"AMX is not usable here: {amx.unusable_reason()}")
+needs_amx = pytest.mark.skipif(
+    amx.unusable_reason() is not None, reason=f"AMX is not usable here: {amx.unusable_reason()}"
+)
 
 
 def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -28,7 +29,7 @@ def test_b_is_packed_in_contiguous_vnni_tiles_with_zeros_past_its_edges():
     assert packed.shape == (3, 2, 16, 64) and packed.flags.c_contiguous
     for j, c, r, n, q in [(0, 0, 0, 0, 0), (1, 1, 2, 5, 3), (2, 0, 15, 4, 2), (0, 1, 8, 15, 3)]:
         assert packed[j, c, r, 4 * n + q] == b[64 * c + 4 * r + q, 16 * j + n]
-    assert not packed[2, :, :, 4 * 5:].any()  # columns 37..47
+    assert not packed[2, :, :, 4 * 5 :].any()  # columns 37..47
     assert not packed[:, 1, 9:].any()  # K 100..127
 
 
@@ -45,8 +46,19 @@ def test_permission_is_granted_where_amx_runs():
 
 
 @needs_amx
-@pytest.mark.parametrize("m,k,n", [(1, 64, 16), (1, 576, 576), (5, 100, 33), (16, 64, 32), (17, 192, 48),
-                                   (33, 576, 1536), (64, 1536, 80), (100, 320, 208)])
+@pytest.mark.parametrize(
+    "m,k,n",
+    [
+        (1, 64, 16),
+        (1, 576, 576),
+        (5, 100, 33),
+        (16, 64, 32),
+        (17, 192, 48),
+        (33, 576, 1536),
+        (64, 1536, 80),
+        (100, 320, 208),
+    ],
+)
 def test_the_tile_product_is_numpys_exactly(m, k, n):
     rng = np.random.default_rng(m * 1_000_003 + k * 101 + n)
     a = rng.integers(0, 256, (m, k), dtype=np.uint8)
@@ -94,7 +106,7 @@ def blocks32_reference(a, d_a, w, d_w):
     """ggml's Q8_0 float steps in numpy float32: acc + (d_w * d_a) * isum, block after block."""
     acc = np.zeros((a.shape[0], w.shape[0]), np.float32)
     for b in range(a.shape[1] // 32):
-        isum = a[:, 32 * b:32 * b + 32].astype(np.int32) @ w[:, 32 * b:32 * b + 32].astype(np.int32).T
+        isum = a[:, 32 * b : 32 * b + 32].astype(np.int32) @ w[:, 32 * b : 32 * b + 32].astype(np.int32).T
         acc = acc + (d_w[None, :, b] * d_a[:, b, None]) * isum.astype(np.float32)
     return acc
 

@@ -32,7 +32,8 @@ MT = gguf.MODEL_TENSOR
 
 def test_arch_fixture_covers_every_architecture_and_type():
     assert sorted((m["arch"], m["tensor_type"]) for m in ARCH["models"]) == sorted(
-        (a, t) for a in ARCHITECTURES for t in TYPES)
+        (a, t) for a in ARCHITECTURES for t in TYPES
+    )
     assert ARCH["skipped"] == {}
     lengths = [len(p) for p in ARCH["prompts"]]
     assert min(lengths) == 3 and max(lengths) == 40
@@ -59,8 +60,7 @@ def test_factory_writes_the_file_llamacpp_ran(tmp_path, key):
     assert len(data) == model["file_size"]
     assert hashlib.sha256(data).hexdigest() == model["sha256"]
     assert info["tensor_types"] == model["tensor_types"]
-    assert {k: info[k] for k in model["config"] if k in info} == {
-        k: v for k, v in model["config"].items() if k in info}
+    assert {k: info[k] for k in model["config"] if k in info} == {k: v for k, v in model["config"].items() if k in info}
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -100,7 +100,7 @@ def test_llamacpp_logits_are_finite_and_greedy_is_their_argmax(key):
         assert logits.shape == (len(prompt) + ARCH["n_new_tokens"] - 1, model["config"]["vocab_size"])
         assert np.isfinite(logits).all() and logits.std() > 0.1
         assert len(run["greedy_ids"]) == ARCH["n_new_tokens"]
-        steps = logits[len(prompt) - 1:]  # row n_prompt - 1 + k predicts greedy_ids[k]
+        steps = logits[len(prompt) - 1 :]  # row n_prompt - 1 + k predicts greedy_ids[k]
         assert steps.argmax(axis=1).tolist() == run["greedy_ids"]
         top2 = np.sort(steps, axis=1)[:, -2:]
         np.testing.assert_allclose(top2[:, 1] - top2[:, 0], run["greedy_margins"], atol=1e-5)

@@ -70,8 +70,9 @@ def engines(tmp_path_factory):
             assert hashlib.sha256(paths[key].read_bytes()).hexdigest() == model["sha256"]
         if (key, weight_format) not in cache:
             # the reference kept its KV cache in float32 (scripts/make_arch_reference.py)
-            cache[key, weight_format] = engine_for(paths[key], weight_format, num_kv_blocks=64, block_size=16,
-                                                   kv_cache_dtype="float32")
+            cache[key, weight_format] = engine_for(
+                paths[key], weight_format, num_kv_blocks=64, block_size=16, kv_cache_dtype="float32"
+            )
         return cache[key, weight_format]
 
     return get
@@ -124,11 +125,14 @@ def test_every_fixture_architecture_is_registered():
 def test_an_unsupported_architecture_is_one_sentence_listing_the_supported_ones():
     with pytest.raises(ModelFileError) as err:
         model_class("mamba")
-    assert str(err.value) == ("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, gemma3, bert, "
-                              "smollm3, granite, olmo2, mistral3, phi3, gemma2, qwen3moe, olmoe, granitemoe, nomic-bert, gpt-oss).")
+    assert str(err.value) == (
+        "architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, gemma3, bert, "
+        "smollm3, granite, olmo2, mistral3, phi3, gemma2, qwen3moe, olmoe, granitemoe, nomic-bert, gpt-oss)."
+    )
 
 
 # ---- the real Gemma 3 270M against llama.cpp --------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def gemma3_greedy(gemma3_path):
@@ -174,6 +178,7 @@ def test_gemma3_logits_are_as_close_to_llamacpps_as_its_own_other_settings(gemma
     """The last position's logits at llama.cpp's top-5 ids: measured 0.218 apart on average in native mode
     (llama.cpp's own other settings: 0.181-0.231). A wrong convention is whole logits away."""
     engine = engine_for(gemma3_path, "native", kv_cache_memory="512MiB")
-    diffs = [abs(all_position_logits(engine, p["ids"])[-1, p["top5_ids"]] - p["top5_logits"])
-             for p in GEMMA3["prompts"]]
+    diffs = [
+        abs(all_position_logits(engine, p["ids"])[-1, p["top5_ids"]] - p["top5_logits"]) for p in GEMMA3["prompts"]
+    ]
     assert np.mean(diffs) <= 1.25 * max(a["top5_mean_abs_diff"] for a in LLAMACPP_SELF)

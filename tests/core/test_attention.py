@@ -29,8 +29,9 @@ from miro.core.engine.step_input import ATTN_TILE, build_step_input
 TOL = 1e-4
 
 
-def make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim, spare_blocks=5, q_strided=False,
-               kv_dtype="float32"):
+def make_batch(
+    rng, specs, block_size, n_heads, n_kv_heads, head_dim, spare_blocks=5, q_strided=False, kv_dtype="float32"
+):
     """Random cache, block tables and queries for sequences given as (start_position, n_new_tokens).
 
     Returns (q, k_cache, v_cache, step, tables); step comes from build_step_input.
@@ -40,7 +41,7 @@ def make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim, spare_bloc
     perm = rng.permutation(num_blocks)
     tables, used = [], 0
     for n in n_blocks_per_seq:
-        tables.append([int(b) for b in perm[used:used + n]])
+        tables.append([int(b) for b in perm[used : used + n]])
         used += n
     k_cache = rng.standard_normal((num_blocks, n_kv_heads, head_dim, block_size)).astype(np.float32)
     v_cache = rng.standard_normal((num_blocks, n_kv_heads, block_size, head_dim)).astype(np.float32)
@@ -61,8 +62,19 @@ def make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim, spare_bloc
 
 def run_kernel(q, k_cache, v_cache, step, scale, window=0, score_queries=None, sinks=None):
     out = np.full(q.shape, np.nan, dtype=np.float32)
-    paged_attention(q, k_cache, v_cache, step.block_tables, step.positions, step.attn_items, scale, out, window,
-                    score_queries=score_queries, sinks=sinks)
+    paged_attention(
+        q,
+        k_cache,
+        v_cache,
+        step.block_tables,
+        step.positions,
+        step.attn_items,
+        scale,
+        out,
+        window,
+        score_queries=score_queries,
+        sinks=sinks,
+    )
     return out
 
 
@@ -87,7 +99,7 @@ def reference(q, k_cache, v_cache, specs, tables, scale, window=0, sinks=None):
         kv_of_head = np.arange(n_heads) // group
         k = k[:, kv_of_head, :].transpose(1, 0, 2)  # (n_heads, ctx, head_dim)
         v = v[:, kv_of_head, :].transpose(1, 0, 2)
-        qs = q[row:row + n_new].astype(np.float64).transpose(1, 0, 2)  # (n_heads, n_new, head_dim)
+        qs = q[row : row + n_new].astype(np.float64).transpose(1, 0, 2)  # (n_heads, n_new, head_dim)
         scores = qs @ k.transpose(0, 2, 1) * float(scale)  # (n_heads, n_new, ctx)
         q_pos = np.arange(start, ctx)
         scores[:, pos[None, :] > q_pos[:, None]] = -np.inf
@@ -97,7 +109,7 @@ def reference(q, k_cache, v_cache, specs, tables, scale, window=0, sinks=None):
         top = np.maximum(scores.max(axis=-1, keepdims=True), sink)
         p = np.exp(scores - top)
         p /= p.sum(axis=-1, keepdims=True) + np.exp(sink - top)
-        out[row:row + n_new] = (p @ v).transpose(1, 0, 2)
+        out[row : row + n_new] = (p @ v).transpose(1, 0, 2)
         row += n_new
     return out
 
@@ -158,15 +170,17 @@ def test_large_scores_stay_finite():
     assert np.abs(out - ref).max() < TOL
 
 
-@pytest.mark.parametrize("n_heads,n_kv_heads,block_size,kv_dtype", [(9, 3, 16, "float32"), (16, 2, 32, "float32"),
-                                                                    (9, 3, 16, "float16")])
+@pytest.mark.parametrize(
+    "n_heads,n_kv_heads,block_size,kv_dtype", [(9, 3, 16, "float32"), (16, 2, 32, "float32"), (9, 3, 16, "float16")]
+)
 def test_batch_invariance(n_heads, n_kv_heads, block_size, kv_dtype):
     """A sequence's output is bitwise the same computed alone or at any place in a larger packed batch."""
     rng = np.random.default_rng(42 + n_heads)
     head_dim = 64
     specs = mixed_specs(rng, block_size)
-    q, k_cache, v_cache, step, tables = make_batch(rng, specs, block_size, n_heads, n_kv_heads, head_dim,
-                                                   kv_dtype=kv_dtype)
+    q, k_cache, v_cache, step, tables = make_batch(
+        rng, specs, block_size, n_heads, n_kv_heads, head_dim, kv_dtype=kv_dtype
+    )
     scale = np.float32(1.0 / np.sqrt(head_dim))
     batch_out = run_kernel(q, k_cache, v_cache, step, scale)
     # Also the whole batch in reverse sequence order, so each sequence sits at other rows/items.
@@ -174,16 +188,16 @@ def test_batch_invariance(n_heads, n_kv_heads, block_size, kv_dtype):
     rows = np.cumsum([0] + [n for _, n in specs])
     rev_chunks = [([0] * specs[i][1], specs[i][0], tables[i]) for i in rev]
     rev_step = build_step_input(rev_chunks, block_size, n_kv_heads, [True] * len(specs))
-    rev_q = np.concatenate([q[rows[i]:rows[i + 1]] for i in rev])
+    rev_q = np.concatenate([q[rows[i] : rows[i + 1]] for i in rev])
     rev_out = run_kernel(rev_q, k_cache, v_cache, rev_step, scale)
     rev_rows = np.cumsum([0] + [specs[i][1] for i in rev])
     for s, (start, n_new) in enumerate(specs):
         alone_step = build_step_input([([0] * n_new, start, tables[s])], block_size, n_kv_heads, [True])
-        alone_q = np.ascontiguousarray(q[rows[s]:rows[s + 1]])
+        alone_q = np.ascontiguousarray(q[rows[s] : rows[s + 1]])
         alone = run_kernel(alone_q, k_cache, v_cache, alone_step, scale)
-        in_batch = batch_out[rows[s]:rows[s + 1]]
+        in_batch = batch_out[rows[s] : rows[s + 1]]
         j = rev.index(s)
-        in_rev = rev_out[rev_rows[j]:rev_rows[j + 1]]
+        in_rev = rev_out[rev_rows[j] : rev_rows[j + 1]]
         assert np.array_equal(alone.view(np.uint32), in_batch.view(np.uint32)), f"sequence {s} {(start, n_new)}"
         assert np.array_equal(alone.view(np.uint32), in_rev.view(np.uint32)), f"sequence {s} {(start, n_new)}"
 
@@ -206,8 +220,9 @@ def test_sliding_window_matches_masked_reference(block_size, window):
     long_rows = np.concatenate([np.arange(start, start + n) >= window for start, n in specs])
     assert np.abs(full - ref)[long_rows].max(axis=(1, 2)).min() > 1e-3
     # a window longer than every context is no window
-    np.testing.assert_array_equal(run_kernel(q, k_cache, v_cache, step, scale, 100_000),
-                                  run_kernel(q, k_cache, v_cache, step, scale))
+    np.testing.assert_array_equal(
+        run_kernel(q, k_cache, v_cache, step, scale, 100_000), run_kernel(q, k_cache, v_cache, step, scale)
+    )
 
 
 def test_scores_shape_follows_the_tier():
@@ -216,8 +231,10 @@ def test_scores_shape_follows_the_tier():
     assert SCORE_QUERIES == score_queries_for(cpu.TIER)
 
 
-@pytest.mark.parametrize("n_heads,n_kv_heads,block_size,kv_dtype,window", [
-    (9, 3, 16, "float16", 0), (16, 2, 32, "float32", 0), (6, 2, 16, "float32", 13), (2, 2, 48, "float16", 0)])
+@pytest.mark.parametrize(
+    "n_heads,n_kv_heads,block_size,kv_dtype,window",
+    [(9, 3, 16, "float16", 0), (16, 2, 32, "float32", 0), (6, 2, 16, "float32", 13), (2, 2, 48, "float16", 0)],
+)
 def test_scores_shapes_give_the_same_bits(n_heads, n_kv_heads, block_size, kv_dtype, window):
     """The 256-bit tiers' shape (2 queries per key load) and the 512-bit tiers' (4): each query's arithmetic is
     the same, only its neighbours in the registers differ."""
@@ -251,8 +268,14 @@ def test_avx2_machine_code_gives_this_processes_bits(tmp_path):
     root = Path(__file__).resolve().parents[2]
     mine, theirs = tmp_path / "mine.npy", tmp_path / "avx2.npy"
     for path, extra in ((mine, {}), (theirs, cpu.emulation_env("avx2"))):
-        done = subprocess.run([sys.executable, "-c", _CASE, str(path)], env={**os.environ, **extra}, cwd=root,
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-c", _CASE, str(path)],
+            env={**os.environ, **extra},
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     assert np.array_equal(np.load(mine).view(np.uint32), np.load(theirs).view(np.uint32))
 
@@ -267,8 +290,9 @@ def test_softcapped_scores_match_reference(kv_dtype, window):
     q *= 4.0  # scores of +-30 and more: the cap of 5 bites
     scale, cap = np.float32(0.125), 5.0
     out = np.full(q.shape, np.nan, dtype=np.float32)
-    paged_attention(q, k_cache, v_cache, step.block_tables, step.positions, step.attn_items, scale, out, window,
-                    softcap=cap)
+    paged_attention(
+        q, k_cache, v_cache, step.block_tables, step.positions, step.attn_items, scale, out, window, softcap=cap
+    )
     ref = _capped_reference(q, k_cache, v_cache, specs, tables, float(scale), cap, window)
     assert np.all(np.isfinite(out))
     assert np.abs(out - ref).max() < TOL
@@ -293,7 +317,7 @@ def _capped_reference(q, k_cache, v_cache, specs, tables, scale, cap, window):
         kv_of_head = np.arange(n_heads) // group
         k = k_cache[blocks, :, pos % block_size, :].astype(np.float64)[:, kv_of_head, :].transpose(1, 0, 2)
         v = v_cache[blocks, :, pos % block_size, :].astype(np.float64)[:, kv_of_head, :].transpose(1, 0, 2)
-        qs = q[row:row + n_new].astype(np.float64).transpose(1, 0, 2)
+        qs = q[row : row + n_new].astype(np.float64).transpose(1, 0, 2)
         scores = cap * np.tanh(qs @ k.transpose(0, 2, 1) * scale / cap)
         q_pos = np.arange(start, ctx)
         scores[:, pos[None, :] > q_pos[:, None]] = -np.inf
@@ -302,13 +326,14 @@ def _capped_reference(q, k_cache, v_cache, specs, tables, scale, cap, window):
         scores -= scores.max(axis=-1, keepdims=True)
         p = np.exp(scores)
         p /= p.sum(axis=-1, keepdims=True)
-        out[row:row + n_new] = (p @ v).transpose(1, 0, 2)
+        out[row : row + n_new] = (p @ v).transpose(1, 0, 2)
         row += n_new
     return out
 
 
-@pytest.mark.parametrize("kv_dtype, window, n_heads, n_kv_heads", [("float32", 0, 6, 2), ("float16", 24, 8, 2),
-                                                                    ("float16", 0, 4, 4)])
+@pytest.mark.parametrize(
+    "kv_dtype, window, n_heads, n_kv_heads", [("float32", 0, 6, 2), ("float16", 24, 8, 2), ("float16", 0, 4, 4)]
+)
 def test_sinks_join_each_softmaxs_denominator(kv_dtype, window, n_heads, n_kv_heads):
     """gpt-oss's attention sinks: each query head's logit joins its softmax (the max and the denominator) as a
     score with no value, by the kernel's sinks variant; sinks from below every score to above them all, so both of

@@ -51,8 +51,12 @@ def test_a_row_gets_the_same_bits_whatever_else_is_in_the_call():
 
 
 def test_auto_takes_bf16_for_an_encoder_only_where_the_cpu_has_it():
-    assert choose_weight_format("auto", 10 << 20, None, None, "avx512-vnni", encoder=True, has_bf16=True).format == "bf16"
+    assert (
+        choose_weight_format("auto", 10 << 20, None, None, "avx512-vnni", encoder=True, has_bf16=True).format == "bf16"
+    )
     assert choose_weight_format("auto", 10 << 20, None, None, "avx2", encoder=True, has_bf16=False).format == "f32"
-    assert choose_weight_format("auto", 10 << 20, None, None, "avx512-vnni", encoder=False, has_bf16=True).format == "f32"
+    assert (
+        choose_weight_format("auto", 10 << 20, None, None, "avx512-vnni", encoder=False, has_bf16=True).format == "f32"
+    )
     with pytest.raises(MiroError, match="weights 'bf16' need a CPU with AVX512_BF16, and this one runs the avx2 tier"):
         choose_weight_format("bf16", 10 << 20, None, None, "avx2", has_bf16=False)

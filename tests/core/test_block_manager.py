@@ -76,7 +76,9 @@ def test_released_blocks_stay_cached_until_their_memory_is_needed():
         fillers.append(s)
     assert bm.num_free_blocks == 0
     for block_id in full:
-        assert bm.blocks[block_id].token_ids != tuple(prompt[:4]) and bm.blocks[block_id].token_ids != tuple(prompt[4:8])
+        assert bm.blocks[block_id].token_ids != tuple(prompt[:4]) and bm.blocks[block_id].token_ids != tuple(
+            prompt[4:8]
+        )
     for key, block_id in bm.cached.items():
         assert bm.blocks[block_id].hash == key
         assert bm.blocks[block_id].token_ids in {(100 + k,) * 4 for k in range(4)}
@@ -94,7 +96,7 @@ def test_lru_evicts_least_recently_freed_first():
     prefill(bm, a)
     prefill(bm, b)
     a_first, a_second = a.block_table
-    b_block, = b.block_table
+    (b_block,) = b.block_table
     bm.release(a)  # freed: a's 2nd block, then a's 1st
     bm.release(b)  # then b's block
     c = make_seq([9, 9], "c")  # takes the never-used block (freed at start), not a cached one
@@ -112,10 +114,13 @@ def test_lru_evicts_least_recently_freed_first():
     assert e.block_table == [a_first] and e.num_computed_tokens == 2
 
 
-@pytest.mark.parametrize("weak_hash", [
-    pytest.param(lambda parent, tokens: 0, id="constant"),
-    pytest.param(lambda parent, tokens: hash(tokens), id="ignores-parent"),
-])
+@pytest.mark.parametrize(
+    "weak_hash",
+    [
+        pytest.param(lambda parent, tokens: 0, id="constant"),
+        pytest.param(lambda parent, tokens: hash(tokens), id="ignores-parent"),
+    ],
+)
 def test_hash_collisions_never_mix_sequences(monkeypatch, weak_hash):
     monkeypatch.setattr(block_manager_module, "block_hash", weak_hash)
     bm = BlockManager(32, 4)
@@ -132,11 +137,11 @@ def test_hash_collisions_never_mix_sequences(monkeypatch, weak_hash):
     c = make_seq([7, 7, 7, 7, 2, 2, 2, 2, 3, 3, 3, 3, 0], "c")
     bm.admit(c)
     assert set(c.block_table) <= set(b.block_table)
-    assert c.block_table == b.block_table[:len(c.block_table)]
+    assert c.block_table == b.block_table[: len(c.block_table)]
     # a prompt equal to a's except in its last full block gets a's first blocks only
     d = make_seq([1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 9, 0], "d")
     bm.admit(d)
-    assert d.block_table == a.block_table[:len(d.block_table)] and len(d.block_table) <= 2
+    assert d.block_table == a.block_table[: len(d.block_table)] and len(d.block_table) <= 2
     for seq in (a, b, c, d):
         bm.release(seq)
     assert bm.num_free_blocks == 32

@@ -47,8 +47,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.history: list[list[int]] = [[0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]]
         self.next_id = 0
 
-    @initialize(num_blocks=st.integers(8, 24), block_size=st.sampled_from([2, 4, 16]),
-                caching=st.sampled_from([True, True, True, False]))
+    @initialize(
+        num_blocks=st.integers(8, 24),
+        block_size=st.sampled_from([2, 4, 16]),
+        caching=st.sampled_from([True, True, True, False]),
+    )
     def setup(self, num_blocks, block_size, caching):
         self.bs = block_size
         self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
@@ -77,8 +80,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         free_before = bm.num_free_blocks
         old_table = list(seq.block_table)
         was_cached = set(bm.cached.values())
-        last_shared_partial = (bool(old_table) and seq.num_computed_tokens % bs != 0
-                               and bm.blocks[old_table[-1]].ref_count > 1)
+        last_shared_partial = (
+            bool(old_table) and seq.num_computed_tokens % bs != 0 and bm.blocks[old_table[-1]].ref_count > 1
+        )
         copies = bm.grow(seq, n)
         table = seq.block_table
         assert free_before - bm.num_free_blocks == need, "blocks_to_grow must be exactly what grow takes"
@@ -86,9 +90,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
         if last_shared_partial:
             assert len(copies) == 1, f"a shared partial last block must be copied once, got {copies}"
-            (src, dst), = copies
+            ((src, dst),) = copies
             assert src == old_table[-1]
-            assert table[:len(old_table) - 1] == old_table[:-1]
+            assert table[: len(old_table) - 1] == old_table[:-1]
             assert table[len(old_table) - 1] == dst
             # src is still read by someone else; dst belongs to the writer alone
             assert bm.blocks[src].ref_count >= 1
@@ -100,15 +104,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
             for other, start, m in self.scheduled:
                 written = {other.block_table[p // bs] for p in range(start, start + m)}
                 assert src not in written or all(
-                    self.content[src][p % bs] == tuple(other.token_ids[:p + 1])
-                    for p in range(start, start + m) if other.block_table[p // bs] == src), (
-                    f"copy-on-write copies block {src} before this step's forward pass fills it")
+                    self.content[src][p % bs] == tuple(other.token_ids[: p + 1])
+                    for p in range(start, start + m)
+                    if other.block_table[p // bs] == src
+                ), f"copy-on-write copies block {src} before this step's forward pass fills it"
             self.step_copies.append((src, dst))
             event("copy-on-write")
         else:
             assert copies == [], f"unexpected copy-on-write {copies}"
-            assert table[:len(old_table)] == old_table
-        for block_id in table[len(old_table):]:  # fresh from the free list
+            assert table[: len(old_table)] == old_table
+        for block_id in table[len(old_table) :]:  # fresh from the free list
             assert bm.blocks[block_id].ref_count == 1 and self._holders(block_id) == [seq]
             assert bm.blocks[block_id].hash == NO_HASH
             self.content[block_id] = [None] * bs
@@ -125,7 +130,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for seq, start, n in self.scheduled:
             tokens = seq.token_ids
             for p in range(start, start + n):
-                self.content[seq.block_table[p // self.bs]][p % self.bs] = tuple(tokens[:p + 1])
+                self.content[seq.block_table[p // self.bs]][p % self.bs] = tuple(tokens[: p + 1])
         for seq, start, n in self.scheduled:
             assert seq.num_computed_tokens == start
             seq.num_computed_tokens += n
@@ -152,8 +157,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
             # (what the hit blocks hold is checked once this step's writes are done: they may be in flight)
             block = bm.blocks[block_id]
             assert block.hash != NO_HASH
-            assert block.token_ids == tuple(tokens[i * bs:(i + 1) * bs]), (
-                f"prefix hit {i} is block {block_id} keyed for other tokens")
+            assert block.token_ids == tuple(tokens[i * bs : (i + 1) * bs]), (
+                f"prefix hit {i} is block {block_id} keyed for other tokens"
+            )
             assert block.parent_id == (hits[i - 1] if i else -1), "prefix hit's parent chain differs"
         assert len(set(hits)) == len(hits)
         assert seq.num_computed_tokens == min(len(hits) * bs, len(tokens) - 1)
@@ -162,20 +168,21 @@ class BlockManagerMachine(RuleBasedStateMachine):
             event("prefix hit")
             if seq.num_computed_tokens == len(tokens) - 1:
                 event("whole prompt cached")
-            if any(h in other.block_table[start // bs:] for other, start, _ in self.scheduled for h in hits):
+            if any(h in other.block_table[start // bs :] for other, start, _ in self.scheduled for h in hits):
                 event("prefix hit on a block filled in the same step")
 
         n = min(seq.num_uncomputed, budget)
         assert bm.blocks_to_grow(seq, n) <= bm.num_free_blocks, (
             f"admission_cost({n_upper}) = {cost} fit in {free_before} free blocks, but after admit the first "
-            f"chunk of {n} needs {bm.blocks_to_grow(seq, n)} with {bm.num_free_blocks} free")
+            f"chunk of {n} needs {bm.blocks_to_grow(seq, n)} with {bm.num_free_blocks} free"
+        )
         self._schedule(seq, n)
         assert free_before - bm.num_free_blocks <= cost, "admission took more blocks than admission_cost said"
         return n
 
     def _new_prompt(self, stem: int, cut: int, suffix: list[int]) -> list[int]:
         """Usually a prefix of an earlier prompt plus a few tokens from a 3-letter alphabet."""
-        prompt = (self.history[stem % len(self.history)][:cut] + suffix)[:MAX_TOKENS - 8]
+        prompt = (self.history[stem % len(self.history)][:cut] + suffix)[: MAX_TOKENS - 8]
         if not prompt:
             prompt = [suffix[0] if suffix else 0]
         self.history.append(prompt)
@@ -219,8 +226,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     # -- rules --------------------------------------------------------------------------------------
 
-    PROMPTS = dict(stem=st.integers(0, 1 << 16), cut=st.integers(0, 40),
-                   suffix=st.lists(st.integers(0, 2), max_size=10))
+    PROMPTS = dict(
+        stem=st.integers(0, 1 << 16), cut=st.integers(0, 40), suffix=st.lists(st.integers(0, 2), max_size=10)
+    )
 
     @precondition(lambda self: len(self.live) < MAX_LIVE)
     @rule(**PROMPTS, budget=st.integers(1, 48))
@@ -246,12 +254,19 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self._run_op(("run", i, n), n)
         self._finish_step()
 
-    @rule(ops=st.lists(st.one_of(
-        st.tuples(st.just("admit"), *PROMPTS.values()),
-        st.tuples(st.just("twin"), *PROMPTS.values()),
-        st.tuples(st.just("readmit"), st.integers(0, 1 << 16)),
-        st.tuples(st.just("run"), st.integers(0, 1 << 16), st.integers(1, 20)),
-    ), min_size=2, max_size=5), budget=st.integers(2, 64))
+    @rule(
+        ops=st.lists(
+            st.one_of(
+                st.tuples(st.just("admit"), *PROMPTS.values()),
+                st.tuples(st.just("twin"), *PROMPTS.values()),
+                st.tuples(st.just("readmit"), st.integers(0, 1 << 16)),
+                st.tuples(st.just("run"), st.integers(0, 1 << 16), st.integers(1, 20)),
+            ),
+            min_size=2,
+            max_size=5,
+        ),
+        budget=st.integers(2, 64),
+    )
     def batched_step(self, ops, budget):
         """Several sequences in one step, within a token budget; runs first, admissions after, as scheduled."""
         self._begin_step()
@@ -326,7 +341,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 assert prefix == ()
             else:
                 assert self.content[block.parent_id][-1] == prefix, (
-                    f"cached block {block_id} names parent {block.parent_id}, which now holds other tokens")
+                    f"cached block {block_id} names parent {block.parent_id}, which now holds other tokens"
+                )
 
     @invariant()
     def every_live_sequence_sees_its_own_kv(self):
@@ -334,7 +350,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             tokens = seq.token_ids
             for p in range(seq.num_computed_tokens):
                 held = self.content[seq.block_table[p // self.bs]][p % self.bs]
-                assert held == tuple(tokens[:p + 1]), f"position {p} of {seq.request_id} holds other K/V"
+                assert held == tuple(tokens[: p + 1]), f"position {p} of {seq.request_id} holds other K/V"
 
     def teardown(self):
         if not hasattr(self, "bm"):
@@ -346,21 +362,24 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert set(self.bm.free) == set(range(self.bm.num_blocks))
 
 
-STATE_MACHINE_SETTINGS = settings(max_examples=150, stateful_step_count=40, deadline=None,
-                                  suppress_health_check=[HealthCheck.too_slow])
+STATE_MACHINE_SETTINGS = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def test_block_manager_state_machine():
     run_state_machine_as_test(BlockManagerMachine, settings=STATE_MACHINE_SETTINGS)
 
 
-@pytest.mark.parametrize("weak_hash", [
-    pytest.param(lambda parent, tokens: 0, id="constant"),
-    pytest.param(lambda parent, tokens: hash(tokens), id="ignores-parent"),
-    pytest.param(lambda parent, tokens: sum(tokens) % 3, id="token-sum-mod-3"),
-])
+@pytest.mark.parametrize(
+    "weak_hash",
+    [
+        pytest.param(lambda parent, tokens: 0, id="constant"),
+        pytest.param(lambda parent, tokens: hash(tokens), id="ignores-parent"),
+        pytest.param(lambda parent, tokens: sum(tokens) % 3, id="token-sum-mod-3"),
+    ],
+)
 def test_block_manager_state_machine_with_colliding_hashes(monkeypatch, weak_hash):
     """With a hash that collides all the time, sharing may get rarer but must never mix sequences."""
     monkeypatch.setattr(block_manager_module, "block_hash", weak_hash)
-    run_state_machine_as_test(BlockManagerMachine, settings=settings(
-        STATE_MACHINE_SETTINGS, max_examples=60))
+    run_state_machine_as_test(BlockManagerMachine, settings=settings(STATE_MACHINE_SETTINGS, max_examples=60))

@@ -33,8 +33,13 @@ print(json.dumps({"compiled": counter.names, "ahead": engine.compiled_ahead}))
 
 
 def _run(args: list[str], cache, **env) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "NUMBA_CACHE_DIR": str(cache), **env})
+    done = subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "NUMBA_CACHE_DIR": str(cache), **env},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -48,8 +53,9 @@ def tiny_q8(tmp_path_factory):
 def test_warmup_fills_an_empty_cache_and_the_next_process_compiles_nothing(tmp_path, tiny_q8):
     cache = tmp_path / "numba"
     cache.mkdir()
-    warmed = _run(["-c", "from miro.cli.main import cli; cli()", "warmup", "--model", tiny_q8], cache,
-                  MIRO_COMPILE_WORKERS="2")
+    warmed = _run(
+        ["-c", "from miro.cli.main import cli; cli()", "warmup", "--model", tiny_q8], cache, MIRO_COMPILE_WORKERS="2"
+    )
     assert "kernel families compiled ahead" in warmed.stderr
     assert any(cache.rglob("*.nbi")), "the warmup left numba's cache empty"
 
@@ -66,8 +72,9 @@ def test_units_cover_the_forward_pass_kernels(tmp_path, tiny_q8):
     assert {u.kind for u in units} == {"attention", "pointwise", "linear"}
     _run(["-m", "miro.core.engine.compile_ahead", json.dumps([[u.kind, list(u.args)] for u in units])], cache)
 
-    loaded = json.loads(_run(["-c", _LOAD_AND_GENERATE, tiny_q8], cache, MIRO_COMPILE_WORKERS="0")
-                        .stdout.strip().splitlines()[-1])
+    loaded = json.loads(
+        _run(["-c", _LOAD_AND_GENERATE, tiny_q8], cache, MIRO_COMPILE_WORKERS="0").stdout.strip().splitlines()[-1]
+    )
     assert loaded["compiled"] == []
 
 
@@ -80,8 +87,12 @@ def test_a_model_without_a_native_type_has_no_linear_unit(tmp_path):
 
 
 def test_units_are_dealt_longest_first_to_the_least_loaded_process():
-    units = [compile_ahead.Unit("pointwise"), compile_ahead.Unit("linear", (int(Q.Q4_1), "native")),
-             compile_ahead.Unit("attention", ("float16", False)), compile_ahead.Unit("linear", (int(Q.Q8_0), "native"))]
+    units = [
+        compile_ahead.Unit("pointwise"),
+        compile_ahead.Unit("linear", (int(Q.Q4_1), "native")),
+        compile_ahead.Unit("attention", ("float16", False)),
+        compile_ahead.Unit("linear", (int(Q.Q8_0), "native")),
+    ]
     shares = compile_ahead.deal(units, 2)
     assert [[u.kind for u in share] for share in shares] == [["attention", "pointwise"], ["linear", "linear"]]
     assert compile_ahead.deal(units[:1], 4) == [[units[0]]]
@@ -118,5 +129,9 @@ def test_another_cpu_compiles_once_for_its_own_into_the_same_cache(tmp_path):
     cache = tmp_path / "numba"
     here, avx2 = {}, cpu.emulation_env("avx2")
     runs = [_run(["-c", _POINTWISE_UNIT], cache, **env).stdout.split() for env in (here, avx2, here, avx2)]
-    assert runs == [[cpu.TIER.name, "True", "2"], ["avx2", "True", "2"], [cpu.TIER.name, "False", "0"],
-                    ["avx2", "False", "0"]]
+    assert runs == [
+        [cpu.TIER.name, "True", "2"],
+        ["avx2", "True", "2"],
+        [cpu.TIER.name, "False", "0"],
+        ["avx2", "False", "0"],
+    ]

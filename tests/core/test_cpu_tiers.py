@@ -24,11 +24,18 @@ ZEN4_AVX512_HIDDEN = frozenset(f[1:] for f in cpu.AVX2_FEATURES.split(",") if f.
 AARCH64 = frozenset({"neon", "fp-armv8", "dotprod"})
 
 
-@pytest.mark.parametrize("features,tier", [
-    (ZEN4_AVX512, "avx512-vnni"), (SKYLAKE_X, "avx512"), (ALDER_LAKE, "avx-vnni"),
-    (ZEN4_AVX512_HIDDEN, "avx2"), (AARCH64, "portable"), (frozenset(), "portable"),
-    (frozenset({"avx", "avx2", "f16c"}), "portable"),  # AVX2 without FMA: the portable kernels
-])
+@pytest.mark.parametrize(
+    "features,tier",
+    [
+        (ZEN4_AVX512, "avx512-vnni"),
+        (SKYLAKE_X, "avx512"),
+        (ALDER_LAKE, "avx-vnni"),
+        (ZEN4_AVX512_HIDDEN, "avx2"),
+        (AARCH64, "portable"),
+        (frozenset(), "portable"),
+        (frozenset({"avx", "avx2", "f16c"}), "portable"),  # AVX2 without FMA: the portable kernels
+    ],
+)
 def test_tier_of_the_features(features, tier):
     assert cpu.tier_of(features).name == tier
 
@@ -94,7 +101,9 @@ def _run_under(tier: str, code: str) -> str:
 @pytest.mark.skipif("avx2" not in cpu.runnable(), reason="the AVX2 emulation needs a CPU that runs AVX2")
 def test_the_tier_follows_what_numba_compiles_for():
     """NUMBA_CPU_NAME / NUMBA_CPU_FEATURES as the AVX2 emulation sets them: the tier is avx2, not the host's."""
-    out = _run_under("avx2", "from miro.core.kernels import cpu; print(cpu.COMPILED.name, cpu.TIER.name, cpu.describe())")
+    out = _run_under(
+        "avx2", "from miro.core.kernels import cpu; print(cpu.COMPILED.name, cpu.TIER.name, cpu.describe())"
+    )
     assert out.split()[:2] == ["avx2", "avx2"]
     assert "NUMBA_CPU_*" in out
 
@@ -106,11 +115,21 @@ def test_kernel_equality_tests_pass_when_numba_compiles_for_avx2():
     (machine code with 16 ymm registers, not the AVX-512 code of this process)."""
     env = {**os.environ, **cpu.emulation_env("avx2")}
     env.pop("MIRO_CPU_TIER")
-    tests = ["tests/core/test_quant_linear.py::test_every_tiers_kernels_agree_bitwise",
-             "tests/core/test_quant_linear.py::test_batch_invariance_bitwise",
-             "tests/core/test_gemm.py", "tests/core/test_attention.py", "tests/core/test_int16_gemm.py"]
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=1800)
+    tests = [
+        "tests/core/test_quant_linear.py::test_every_tiers_kernels_agree_bitwise",
+        "tests/core/test_quant_linear.py::test_batch_invariance_bitwise",
+        "tests/core/test_gemm.py",
+        "tests/core/test_attention.py",
+        "tests/core/test_int16_gemm.py",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout
 
@@ -139,8 +158,14 @@ def test_greedy_tokens_are_the_same_on_the_avx2_tier(smollm2_path):
     import json
 
     def run(env):
-        done = subprocess.run([sys.executable, "-c", _GREEDY, str(smollm2_path)], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [sys.executable, "-c", _GREEDY, str(smollm2_path)],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -172,8 +197,9 @@ def test_embeddings_are_the_same_bits_on_the_avx2_tier():
     import json
 
     def run(env):
-        done = subprocess.run([sys.executable, "-c", _EMBED], env=env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=900)
+        done = subprocess.run(
+            [sys.executable, "-c", _EMBED], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 

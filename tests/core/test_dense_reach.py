@@ -11,7 +11,6 @@ for Q8_0, a floor for the activation rounding of quantized matmuls, which every 
 miro's f32 weights do not), as tests/core/test_model_reach.py holds the earlier layouts.
 """
 
-
 import numpy as np
 import pytest
 from dense_variants import variant_kwargs
@@ -31,7 +30,8 @@ def files(tmp_path_factory):
 
 def test_the_fixture_covers_every_architecture_in_both_types():
     assert {(v["variant"].split("-")[0], v["tensor_type"]) for v in VARIANTS.values()} >= {
-        (a, t) for a in ("smollm3", "granite", "olmo2", "olmo3", "mistral3", "ministral3") for t in ("F32", "Q8_0")}
+        (a, t) for a in ("smollm3", "granite", "olmo2", "olmo3", "mistral3", "ministral3") for t in ("F32", "Q8_0")
+    }
     assert [len(p) for p in REF["prompts"]] == [20, 300, 2500]
 
 
@@ -42,6 +42,7 @@ def test_last_logits_within_llamacpps_own_spread(files, name, weights):
 
 
 # ---- what each layout reads, and refuses -------------------------------------------------------------------
+
 
 def test_a_table_of_no_columns_rotates_nothing():
     """smollm3's unrotated layers (and granite's without RoPE) pass a RoPE table of no columns to the attention
@@ -61,7 +62,7 @@ def test_a_table_of_no_columns_rotates_nothing():
     slots = np.arange(5, dtype=np.int64)
     rope_and_store_kv(qkv, positions, cos, sin, n_heads, n_kv, hd, slots, k_cache, v_cache, False)
     assert np.array_equal(qkv, before)
-    k = before[:, n_heads * hd:(n_heads + n_kv) * hd].reshape(5, n_kv, hd)
+    k = before[:, n_heads * hd : (n_heads + n_kv) * hd].reshape(5, n_kv, hd)
     assert np.array_equal(k_cache[0, :, :, :5].transpose(2, 0, 1), k)
 
 
@@ -85,20 +86,35 @@ def test_each_architecture_reads_its_own_config(tmp_path):
     assert config("o2", arch="olmo2").sliding_window == 0
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(arch="granite", drop_keys=("granite.logit_scale",)), "'granite.logit_scale' is missing"),
-    (dict(arch="granite", metadata={"granite.deepstack_mapping": [-1, 1]}), "'granite.deepstack_mapping'"),
-    (dict(arch="smollm3", tensor_overrides={"rope_freqs.weight": np.ones(8, np.float32)}), "'rope_freqs.weight'"),
-    (dict(arch="smollm3", tensor_overrides={"blk.0.attn_output.bias": np.ones(64, np.float32)}),
-     "'blk.0.attn_output.bias'"),
-    (dict(arch="olmo2", tensor_overrides={"blk.0.attn_norm.weight": np.ones(64, np.float32)}),
-     "'blk.0.attn_norm.weight'"),
-    (dict(arch="olmo2", tie_embeddings=True), "'output.weight'"),
-    (dict(arch="olmo2", head_dim=32, metadata={"olmo2.attention.key_length": 32, "olmo2.attention.value_length": 32}),
-     "olmo2 needs n_heads x head_dim"),
-    (dict(arch="mistral3", metadata={"mistral3.attention.temperature_length": 8}),
-     "'mistral3.attention.temperature_length'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(arch="granite", drop_keys=("granite.logit_scale",)), "'granite.logit_scale' is missing"),
+        (dict(arch="granite", metadata={"granite.deepstack_mapping": [-1, 1]}), "'granite.deepstack_mapping'"),
+        (dict(arch="smollm3", tensor_overrides={"rope_freqs.weight": np.ones(8, np.float32)}), "'rope_freqs.weight'"),
+        (
+            dict(arch="smollm3", tensor_overrides={"blk.0.attn_output.bias": np.ones(64, np.float32)}),
+            "'blk.0.attn_output.bias'",
+        ),
+        (
+            dict(arch="olmo2", tensor_overrides={"blk.0.attn_norm.weight": np.ones(64, np.float32)}),
+            "'blk.0.attn_norm.weight'",
+        ),
+        (dict(arch="olmo2", tie_embeddings=True), "'output.weight'"),
+        (
+            dict(
+                arch="olmo2",
+                head_dim=32,
+                metadata={"olmo2.attention.key_length": 32, "olmo2.attention.value_length": 32},
+            ),
+            "olmo2 needs n_heads x head_dim",
+        ),
+        (
+            dict(arch="mistral3", metadata={"mistral3.attention.temperature_length": 8}),
+            "'mistral3.attention.temperature_length'",
+        ),
+    ],
+)
 def test_what_llamacpp_would_not_run_so_is_refused_in_one_sentence(tmp_path, kwargs, match):
     from miro.core import ModelFileError
 
@@ -110,11 +126,17 @@ def test_what_llamacpp_would_not_run_so_is_refused_in_one_sentence(tmp_path, kwa
 
 def test_what_llamacpp_reads_when_present_loads(tmp_path):
     biases = {f"blk.0.attn_{k}.bias": np.full(n, 0.1, np.float32) for k, n in (("q", 64), ("k", 32), ("v", 32))}
-    for kw in (dict(arch="smollm3", tensor_overrides=biases),
-               dict(arch="granite", tensor_overrides={"blk.1.ffn_down.bias": np.ones(64, np.float32)}),
-               dict(arch="mistral3", tensor_overrides={"rope_freqs.weight": np.ones(8, np.float32)}),
-               dict(arch="mistral3", metadata={"mistral3.attention.sliding_window": 8}),  # llama.cpp ignores it too
-               dict(arch="olmo2", n_layers=4, sliding_window=8,
-                    metadata={"olmo2.attention.sliding_window_pattern": [True, False, True, False]})):
+    for kw in (
+        dict(arch="smollm3", tensor_overrides=biases),
+        dict(arch="granite", tensor_overrides={"blk.1.ffn_down.bias": np.ones(64, np.float32)}),
+        dict(arch="mistral3", tensor_overrides={"rope_freqs.weight": np.ones(8, np.float32)}),
+        dict(arch="mistral3", metadata={"mistral3.attention.sliding_window": 8}),  # llama.cpp ignores it too
+        dict(
+            arch="olmo2",
+            n_layers=4,
+            sliding_window=8,
+            metadata={"olmo2.attention.sliding_window_pattern": [True, False, True, False]},
+        ),
+    ):
         info = write_tiny_model(tmp_path / "f.gguf", **kw)
         assert np.isfinite(Engine.from_model(info["path"], weights="f32").logits([5, 6, 7])).all()

@@ -32,7 +32,7 @@ IDS_DIFFER = {entry["index"] for entry in FACTS["llama_ids_differ"]}
 
 def ragged(name: str, i: int) -> list[int]:
     offsets = REFERENCE[f"{name}_offsets"]
-    return REFERENCE[f"{name}_ids"][offsets[i]:offsets[i + 1]].tolist()
+    return REFERENCE[f"{name}_ids"][offsets[i] : offsets[i + 1]].tolist()
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -116,8 +116,16 @@ def test_dimensions_cut_the_vector_then_normalise_it(minilm):
         minilm.embed(TEXTS[:1], PoolingParams(dimensions=385))
 
 
-@pytest.mark.parametrize("weights", ["auto", "f32", pytest.param("i16", marks=pytest.mark.skipif(
-    not cpu.HAS_INT16_DOT, reason="the int16 GEMM needs an x86 CPU with AVX2"))])
+@pytest.mark.parametrize(
+    "weights",
+    [
+        "auto",
+        "f32",
+        pytest.param(
+            "i16", marks=pytest.mark.skipif(not cpu.HAS_INT16_DOT, reason="the int16 GEMM needs an x86 CPU with AVX2")
+        ),
+    ],
+)
 def test_a_text_embeds_to_the_same_bits_alone_and_packed_with_others(minilm_path, weights):
     engine = Engine.from_model("all-minilm-l6-v2", weights=weights)
     packed = engine.embed(TEXTS[:24])
@@ -134,8 +142,11 @@ def test_token_ids_are_embedded_as_given(minilm, vectors):
 
 def test_an_input_longer_than_the_context_is_refused_unless_truncation_is_asked(minilm):
     long_text = "word " * 600
-    with pytest.raises(RequestError, match=r"input 1: the input has 602 tokens, more than the model's context of "
-                                           r"512: shorten it, or set truncate_prompt_tokens \(--truncate\)"):
+    with pytest.raises(
+        RequestError,
+        match=r"input 1: the input has 602 tokens, more than the model's context of "
+        r"512: shorten it, or set truncate_prompt_tokens \(--truncate\)",
+    ):
         minilm.embed(["short", long_text])
     cut = minilm.embedder.make_request("x", long_text, PoolingParams(truncate_prompt_tokens=8)).token_ids
     assert cut == [101] + [2773] * 6 + [102]  # [CLS], the first words, [SEP]
@@ -144,11 +155,14 @@ def test_an_input_longer_than_the_context_is_refused_unless_truncation_is_asked(
     assert minilm.embed([long_text], PoolingParams(truncate_prompt_tokens=-1)).shape == (1, 384)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("", "the input is an empty string"),
-    ([], "the input is an empty list of token ids"),
-    ([5, 30522], "token ids outside the vocabulary"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("", "the input is an empty string"),
+        ([], "the input is an empty list of token ids"),
+        ([5, 30522], "token ids outside the vocabulary"),
+    ],
+)
 def test_inputs_it_cannot_embed_are_one_sentence_each(minilm, bad, message):
     [out] = minilm.encode([bad])
     assert out.embedding is None and message in out.error

@@ -41,7 +41,8 @@ def test_batched_equals_alone_bit_for_bit(loaded):
     prompts = mixed_prompts(64)
     # half greedy, half seeded sampling with a different seed each
     params = [
-        SamplingParams(max_tokens=10, temperature=0, ignore_eos=True) if i % 2 == 0
+        SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+        if i % 2 == 0
         else SamplingParams(max_tokens=10, temperature=0.9, top_p=0.95, seed=1000 + i, ignore_eos=True)
         for i in range(len(prompts))
     ]

@@ -30,6 +30,7 @@ from miro.core.tokenizers.tokenizer import Tokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from moe_files import write_moe_model  # noqa: E402
 
+
 class GptOssReference(Reference):
     def allowed(self, name: str, i: int, weights: str) -> float:
         """Quantized whatever the file's type: its experts are MXFP4 (the fixture's expert_tensor_type)."""
@@ -60,8 +61,9 @@ def engines(files):
 
     def get(name, weights):
         if (name, weights) not in made:
-            made[name, weights] = Engine.from_model(files[name], weights=weights, max_model_len=REFERENCE.meta["context"],
-                                                    num_kv_blocks=KV_BLOCKS)
+            made[name, weights] = Engine.from_model(
+                files[name], weights=weights, max_model_len=REFERENCE.meta["context"], num_kv_blocks=KV_BLOCKS
+            )
         return made[name, weights]
 
     return get
@@ -72,9 +74,15 @@ def test_the_fixture_has_gpt_oss_in_every_type():
     assert [len(p) for p in REFERENCE.prompts] == [20, 300, 2500]
 
 
-@pytest.mark.parametrize("name, weights, i", [
-    pytest.param(name, weights, i, id=f"{name}-{weights}-p{i}")
-    for name in OURS for weights in ("f32", "native") for i in range(3)])
+@pytest.mark.parametrize(
+    "name, weights, i",
+    [
+        pytest.param(name, weights, i, id=f"{name}-{weights}-p{i}")
+        for name in OURS
+        for weights in ("f32", "native")
+        for i in range(3)
+    ],
+)
 def test_last_logits_within_llamacpps_own_spread(engines, name, weights, i):
     prompt = REFERENCE.prompts[i]
     expected = REFERENCE.logits[f"{name}/{REFERENCE.meta['reference_setting']}/p{i}"]
@@ -83,7 +91,8 @@ def test_last_logits_within_llamacpps_own_spread(engines, name, weights, i):
     print(f"{name} {weights} p{i} ({len(prompt)} tokens): {diff:.5f} (llama.cpp's spread {spread:.5f})")
     assert diff <= REFERENCE.allowed(name, i, weights), (
         f"{name} {weights}: prompt of {len(prompt)} tokens off by {diff:.4f}, more than {SPREAD_MULTIPLE}x "
-        f"llama.cpp's own spread ({spread:.4f}) and the activation rounding allowed")
+        f"llama.cpp's own spread ({spread:.4f}) and the activation rounding allowed"
+    )
 
 
 def test_greedy_tokens_are_the_same_alone_and_batched(engines):
@@ -99,6 +108,7 @@ def test_greedy_tokens_are_the_same_alone_and_batched(engines):
 
 
 # ---- the parts -----------------------------------------------------------------------------------------------
+
 
 def test_swiglu_oai_is_ggmls_float32_steps():
     """x = min(g, 7), y = clamp(u, -7, 7), x / (1 + e^(1.702 (-x))) * (y + 1), in float32, gates past the clamp
@@ -131,18 +141,23 @@ def test_the_config_is_read_as_llamacpp_reads_it(files):
     assert read_config(gguf).rope_theta_local == 10000.0
 
 
-@pytest.mark.parametrize("change, match", [
-    (lambda g: g.metadata.pop("gpt-oss.attention.sliding_window"), "'gpt-oss.attention.sliding_window' is missing"),
-    (lambda g: g.metadata.pop("gpt-oss.expert_feed_forward_length"), "expert_feed_forward_length' is missing"),
-    (lambda g: g.metadata.__setitem__("gpt-oss.expert_feed_forward_length", [64] * 4), "per-layer array"),
-    (lambda g: g.metadata.__setitem__("gpt-oss.expert_weights_scale", 2.5), "'gpt-oss.expert_weights_scale'"),
-    (lambda g: g.metadata.__setitem__("gpt-oss.attention.sliding_window_pattern", [True, False]),
-     "sliding_window_pattern must be 4 true/false flags"),
-    (lambda g: g.tensors.pop("blk.2.attn_sinks.weight"), "'blk.2.attn_sinks.weight' is missing"),
-    (lambda g: g.tensors.pop("blk.0.attn_output.bias"), "'blk.0.attn_output.bias' is missing"),
-    (lambda g: g.tensors.pop("blk.1.ffn_down_exps.bias"), "'blk.1.ffn_down_exps.bias' is missing"),
-    (lambda g: g.tensors.pop("output.weight"), "'output.weight' is missing"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda g: g.metadata.pop("gpt-oss.attention.sliding_window"), "'gpt-oss.attention.sliding_window' is missing"),
+        (lambda g: g.metadata.pop("gpt-oss.expert_feed_forward_length"), "expert_feed_forward_length' is missing"),
+        (lambda g: g.metadata.__setitem__("gpt-oss.expert_feed_forward_length", [64] * 4), "per-layer array"),
+        (lambda g: g.metadata.__setitem__("gpt-oss.expert_weights_scale", 2.5), "'gpt-oss.expert_weights_scale'"),
+        (
+            lambda g: g.metadata.__setitem__("gpt-oss.attention.sliding_window_pattern", [True, False]),
+            "sliding_window_pattern must be 4 true/false flags",
+        ),
+        (lambda g: g.tensors.pop("blk.2.attn_sinks.weight"), "'blk.2.attn_sinks.weight' is missing"),
+        (lambda g: g.tensors.pop("blk.0.attn_output.bias"), "'blk.0.attn_output.bias' is missing"),
+        (lambda g: g.tensors.pop("blk.1.ffn_down_exps.bias"), "'blk.1.ffn_down_exps.bias' is missing"),
+        (lambda g: g.tensors.pop("output.weight"), "'output.weight' is missing"),
+    ],
+)
 def test_what_miro_does_not_run_as_llamacpp_does_is_refused_in_one_sentence(files, change, match):
     gguf = GGUFFile(files["gpt-oss-F32"])
     change(gguf)
@@ -164,15 +179,29 @@ def test_the_harmony_chat_template_renders(files):
     meta = dict(GGUFFile(files["gpt-oss-F32"]).metadata)
     meta["tokenizer.chat_template"] = (FIXTURES / "openai-gpt-oss-120b.jinja").read_text()
     tokenizer = Tokenizer.from_gguf_metadata(meta)
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
-                {"role": "assistant", "content": "4", "thinking": "simple"}, {"role": "user", "content": "And 3+3?"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4", "thinking": "simple"},
+        {"role": "user", "content": "And 3+3?"},
+    ]
     text = tokenizer.apply_chat_template(messages, reasoning_effort="high")
     assert text.startswith("<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n")
     assert "Reasoning: high\n" in text
     assert "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>" in text
-    assert text.endswith("<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant<|channel|>final<|message|>4"
-                         "<|end|><|start|>user<|message|>And 3+3?<|end|><|start|>assistant")
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    assert text.endswith(
+        "<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant<|channel|>final<|message|>4"
+        "<|end|><|start|>user<|message|>And 3+3?<|end|><|start|>assistant"
+    )
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     with_tools = tokenizer.apply_chat_template(messages[1:2], tools=tools)
     assert "namespace functions {\n\n// Weather\ntype get_weather = (_: {\ncity: string,\n}) => any;" in with_tools

@@ -39,13 +39,16 @@ def test_every_float16_widens_to_the_hardwares_float32():
 def test_float32_rounds_to_the_hardwares_float16():
     rng = np.random.default_rng(0)
     f16 = np.arange(2**15, dtype=np.uint32)
-    bits = np.concatenate([
-        rng.integers(0, 2**31, 1_000_000, dtype=np.uint64).astype(np.uint32),
-        np.arange(0x33000000 - 4096, 0x47800000 + 4096, 1021, dtype=np.uint32),  # subnormal to overflow
-        (f16 << 13) + 0x38000000 + 0x1000,  # halfway between two normal float16s: ties to even
-        (f16 << 13) + 0x38000000 + 0x0FFF, (f16 << 13) + 0x38000000 + 0x1001,
-        np.array([0, 0x7F800000, 0x477FE000, 0x477FF000, 0x38800000, 0x387FFFFF], np.uint32),
-    ])
+    bits = np.concatenate(
+        [
+            rng.integers(0, 2**31, 1_000_000, dtype=np.uint64).astype(np.uint32),
+            np.arange(0x33000000 - 4096, 0x47800000 + 4096, 1021, dtype=np.uint32),  # subnormal to overflow
+            (f16 << 13) + 0x38000000 + 0x1000,  # halfway between two normal float16s: ties to even
+            (f16 << 13) + 0x38000000 + 0x0FFF,
+            (f16 << 13) + 0x38000000 + 0x1001,
+            np.array([0, 0x7F800000, 0x477FE000, 0x477FF000, 0x38800000, 0x387FFFFF], np.uint32),
+        ]
+    )
     x = np.concatenate([bits, bits | 0x80000000]).view(np.float32)
     x = x[~np.isnan(x)]
     np.testing.assert_array_equal(_narrow(x, True), _narrow(x, False))

@@ -20,8 +20,11 @@ DIM, HEADS = 64, 4
 
 def _shape_for(kind: MT, info: dict) -> tuple[int, ...]:
     """A plausible shape for a tensor kind that miro does not read (it is refused before its shape matters)."""
-    return (info["dim"],) if "NORM" in kind.name or "FREQS" in kind.name or "FACTORS" in kind.name else (
-        info["dim"], info["dim"])
+    return (
+        (info["dim"],)
+        if "NORM" in kind.name or "FREQS" in kind.name or "FACTORS" in kind.name
+        else (info["dim"], info["dim"])
+    )
 
 
 def _name(kind: MT, bid: int = 0) -> str:
@@ -29,8 +32,9 @@ def _name(kind: MT, bid: int = 0) -> str:
     return (base.format(bid=bid) if "{bid}" in base else base) + ".weight"
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "smollm3", "granite", "olmo2", "mistral3",
-                                  "phi3", "gemma2"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "qwen2", "qwen3", "gemma3", "smollm3", "granite", "olmo2", "mistral3", "phi3", "gemma2"]
+)
 def test_every_tensor_kind_of_the_layout_is_read_or_refused_by_name(tmp_path, arch):
     base = write_tiny_model(tmp_path / "base.gguf", arch=arch)
     read = set(GGUFFile(base["path"]).tensors)
@@ -50,7 +54,9 @@ def test_every_tensor_kind_of_the_layout_is_read_or_refused_by_name(tmp_path, ar
         message = str(err.value)
         assert f"tensor '{name}'" in message and "\n" not in message and "Traceback" not in message
         refused.append(kind.name)
-    assert refused or arch in ("olmo2", "gemma2"), "a layout with nothing to refuse: the walk found no kinds"  # they read all
+    assert refused or arch in ("olmo2", "gemma2"), (
+        "a layout with nothing to refuse: the walk found no kinds"
+    )  # they read all
 
 
 def test_experts_are_refused_as_experts(tmp_path):
@@ -66,13 +72,16 @@ def test_a_tensor_outside_the_layout_is_refused(tmp_path):
         Engine.from_model(info["path"])
 
 
-@pytest.mark.parametrize("key, value", [
-    ("llama.attn_logit_softcapping", 50.0),
-    ("llama.expert_shared_count", 2),
-    ("llama.rope.scaling.yarn_log_multiplier", 0.1),
-    ("llama.residual_scale", 0.22),
-    ("llama.some_future_key", 1),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("llama.attn_logit_softcapping", 50.0),
+        ("llama.expert_shared_count", 2),
+        ("llama.rope.scaling.yarn_log_multiplier", 0.1),
+        ("llama.residual_scale", 0.22),
+        ("llama.some_future_key", 1),
+    ],
+)
 def test_a_key_that_changes_the_math_is_refused_by_name(tmp_path, key, value):
     info = write_tiny_model(tmp_path / "k.gguf", metadata={key: value})
     with pytest.raises(ModelFileError) as err:
@@ -80,10 +89,17 @@ def test_a_key_that_changes_the_math_is_refused_by_name(tmp_path, key, value):
     assert f"'{key}'" in str(err.value) and "refuses the file" in str(err.value)
 
 
-@pytest.mark.parametrize("key, value", [
-    ("llama.expert_count", 0), ("llama.final_logit_softcapping", 0.0), ("llama.rope.scaling.finetuned", True),
-    ("llama.attention.sliding_window", 4096), ("general.license", "apache-2.0"), ("quantize.imatrix.file", "x"),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("llama.expert_count", 0),
+        ("llama.final_logit_softcapping", 0.0),
+        ("llama.rope.scaling.finetuned", True),
+        ("llama.attention.sliding_window", 4096),
+        ("general.license", "apache-2.0"),
+        ("quantize.imatrix.file", "x"),
+    ],
+)
 def test_keys_that_change_nothing_pass(tmp_path, key, value):
     info = write_tiny_model(tmp_path / "k.gguf", metadata={key: value})
     read_config(GGUFFile(info["path"]))
@@ -108,6 +124,10 @@ def test_the_real_models_pass_every_check(smollm2_path, gemma3_path, minilm_path
 
 
 def test_every_key_read_is_a_gguf_key_or_llamacpps_old_name():
-    templates = {v for group in (gguf.Keys.LLM, gguf.Keys.Attention, gguf.Keys.Rope)
-                 for v in vars(group).values() if isinstance(v, str)}
+    templates = {
+        v
+        for group in (gguf.Keys.LLM, gguf.Keys.Attention, gguf.Keys.Rope)
+        for v in vars(group).values()
+        if isinstance(v, str)
+    }
     assert KEYS_READ - templates == {"{arch}.rope.scale_linear"}

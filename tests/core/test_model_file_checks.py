@@ -52,43 +52,53 @@ def assert_one_sentence(message: str, path: Path, *fragments: str) -> None:
 PATCHES = {
     "q4_1_claims_q8_0": (
         dict(tensor_types={"blk.0.ffn_up.weight": "Q8_0"}),
-        ["tensor 'blk.0.ffn_up.weight' (Q8_0, shape (1536, 576), 940,032 bytes) overlaps the next tensor"]),
+        ["tensor 'blk.0.ffn_up.weight' (Q8_0, shape (1536, 576), 940,032 bytes) overlaps the next tensor"],
+    ),
     "q8_0_claims_q4_1": (  # smaller than it is: a gap instead of an overlap
         dict(tensor_types={"token_embd.weight": "Q4_1"}),
-        ["tensor 'token_embd.weight' (Q4_1", "unused bytes before the next tensor, 'blk.0.attn_norm.weight'"]),
+        ["tensor 'token_embd.weight' (Q4_1", "unused bytes before the next tensor, 'blk.0.attn_norm.weight'"],
+    ),
     "overlapping_tensors": (
         dict(offset_shifts={"blk.0.ffn_norm.weight": -32}),
-        ["tensor 'blk.0.ffn_up.weight'", "overlaps the next tensor, 'blk.0.ffn_norm.weight'"]),
+        ["tensor 'blk.0.ffn_up.weight'", "overlaps the next tensor, 'blk.0.ffn_norm.weight'"],
+    ),
     "misaligned_offset": (
         dict(offset_shifts={"blk.3.attn_q.weight": 4}),
-        ["tensor 'blk.3.attn_q.weight' starts at data offset", "not a multiple of general.alignment (32)"]),
-    "truncated": (
-        dict(size=60_000_000),
-        ["the file is truncated (tensor blk."]),
+        ["tensor 'blk.3.attn_q.weight' starts at data offset", "not a multiple of general.alignment (32)"],
+    ),
+    "truncated": (dict(size=60_000_000), ["the file is truncated (tensor blk."]),
     "flipped_context_length": (
         dict(metadata={"llama.context_length": FLIPPED_CONTEXT}),
-        [f"llama.context_length is {FLIPPED_CONTEXT:,} tokens, more than the {MAX_CONTEXT_LENGTH:,} miro accepts"]),
+        [f"llama.context_length is {FLIPPED_CONTEXT:,} tokens, more than the {MAX_CONTEXT_LENGTH:,} miro accepts"],
+    ),
     "block_count_too_large": (
         dict(metadata={"llama.block_count": 31}),
-        ["llama.block_count is 31, but the file has blk.N tensors for 30 blocks"]),
+        ["llama.block_count is 31, but the file has blk.N tensors for 30 blocks"],
+    ),
     "block_count_huge": (
         dict(metadata={"llama.block_count": 2**31}),
-        ["llama.block_count is 2,147,483,648, but the file has blk.N tensors for 30 blocks"]),
+        ["llama.block_count is 2,147,483,648, but the file has blk.N tensors for 30 blocks"],
+    ),
     "heads_do_not_divide": (
         dict(metadata={"llama.attention.head_count": 7}),
-        ["llama.attention.head_count is 7, which does not divide llama.embedding_length (576)"]),
+        ["llama.attention.head_count is 7, which does not divide llama.embedding_length (576)"],
+    ),
     "embedding_length_zero": (
         dict(metadata={"llama.embedding_length": 0}),
-        ["metadata key 'llama.embedding_length' is 0, not a positive integer"]),
+        ["metadata key 'llama.embedding_length' is 0, not a positive integer"],
+    ),
     "feed_forward_length_lies": (
         dict(metadata={"llama.feed_forward_length": 1024}),
-        ["tensor 'blk.0.ffn_gate.weight' has shape (1536, 576), expected (1024, 576)"]),
+        ["tensor 'blk.0.ffn_gate.weight' has shape (1536, 576), expected (1024, 576)"],
+    ),
     "vocab_size_lies": (
         dict(metadata={"llama.vocab_size": 49153}),
-        ["llama.vocab_size is 49153, but 'tokenizer.ggml.tokens' has 49,152 tokens"]),
+        ["llama.vocab_size is 49153, but 'tokenizer.ggml.tokens' has 49,152 tokens"],
+    ),
     "bos_outside_vocabulary": (
         dict(metadata={"tokenizer.ggml.bos_token_id": 49152}),
-        ["tokenizer.ggml.bos_token_id is 49152, outside the vocabulary of 49,152 tokens"]),
+        ["tokenizer.ggml.bos_token_id is 49152, outside the vocabulary of 49,152 tokens"],
+    ),
 }
 
 
@@ -142,43 +152,67 @@ def _quantized_norm(dim=64):
 
 
 TINY_FILES = {
-    "missing_tensor": (
-        dict(drop_tensors=("blk.1.ffn_up.weight",)),
-        ["tensor 'blk.1.ffn_up.weight' is missing"]),
+    "missing_tensor": (dict(drop_tensors=("blk.1.ffn_up.weight",)), ["tensor 'blk.1.ffn_up.weight' is missing"]),
     "missing_layer": (
-        dict(n_layers=3, drop_tensors=tuple(f"blk.1.{t}.weight" for t in (
-            "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"))),
-        ["tensor 'blk.1.attn_norm.weight' is missing"]),
+        dict(
+            n_layers=3,
+            drop_tensors=tuple(
+                f"blk.1.{t}.weight"
+                for t in (
+                    "attn_norm",
+                    "attn_q",
+                    "attn_k",
+                    "attn_v",
+                    "attn_output",
+                    "ffn_norm",
+                    "ffn_gate",
+                    "ffn_up",
+                    "ffn_down",
+                )
+            ),
+        ),
+        ["tensor 'blk.1.attn_norm.weight' is missing"],
+    ),
     "wrong_shape": (
         dict(tensor_overrides={"blk.1.attn_k.weight": np.zeros((16, 64), dtype=np.float32)}),
-        ["tensor 'blk.1.attn_k.weight' has shape (16, 64), expected (32, 64)"]),
+        ["tensor 'blk.1.attn_k.weight' has shape (16, 64), expected (32, 64)"],
+    ),
     "norm_quantized": (
         dict(tensor_overrides={"blk.0.ffn_norm.weight": _quantized_norm()}),
-        ["tensor 'blk.0.ffn_norm.weight' is stored as Q8_0, but a norm weight must be one of F32, F16, BF16"]),
+        ["tensor 'blk.0.ffn_norm.weight' is stored as Q8_0, but a norm weight must be one of F32, F16, BF16"],
+    ),
     "kv_heads_do_not_divide": (
         dict(metadata={"llama.attention.head_count_kv": 3}),
-        ["llama.attention.head_count_kv is 3, which does not divide llama.attention.head_count (4)"]),
+        ["llama.attention.head_count_kv is 3, which does not divide llama.attention.head_count (4)"],
+    ),
     "vocab_disagrees_with_token_embd": (
         dict(tensor_overrides={"token_embd.weight": np.zeros((VOCAB + 1, 64), dtype=np.float32)}),
-        [f"tensor 'token_embd.weight' has shape ({VOCAB + 1}, 64), expected ({VOCAB}, 64)"]),
+        [f"tensor 'token_embd.weight' has shape ({VOCAB + 1}, 64), expected ({VOCAB}, 64)"],
+    ),
     "untied_head_disagrees": (
         dict(tie_embeddings=False, tensor_overrides={"output.weight": np.zeros((VOCAB - 2, 64), dtype=np.float32)}),
-        [f"tensor 'output.weight' has shape ({VOCAB - 2}, 64), expected ({VOCAB}, 64)"]),
+        [f"tensor 'output.weight' has shape ({VOCAB - 2}, 64), expected ({VOCAB}, 64)"],
+    ),
     "scores_shorter_than_tokens": (
         dict(metadata={"tokenizer.ggml.scores": [0.0] * (VOCAB - 1)}),
-        [f"'tokenizer.ggml.scores' has {VOCAB - 1} entries, but 'tokenizer.ggml.tokens' has {VOCAB}"]),
+        [f"'tokenizer.ggml.scores' has {VOCAB - 1} entries, but 'tokenizer.ggml.tokens' has {VOCAB}"],
+    ),
     "token_types_longer_than_tokens": (
         dict(metadata={"tokenizer.ggml.token_type": [1] * (VOCAB + 5)}),
-        [f"'tokenizer.ggml.token_type' has {VOCAB + 5} entries, but 'tokenizer.ggml.tokens' has {VOCAB}"]),
+        [f"'tokenizer.ggml.token_type' has {VOCAB + 5} entries, but 'tokenizer.ggml.tokens' has {VOCAB}"],
+    ),
     "eos_outside_vocabulary": (
         dict(metadata={"tokenizer.ggml.eos_token_id": VOCAB}),
-        [f"tokenizer.ggml.eos_token_id is {VOCAB}, outside the vocabulary of {VOCAB} tokens"]),
+        [f"tokenizer.ggml.eos_token_id is {VOCAB}, outside the vocabulary of {VOCAB} tokens"],
+    ),
     "rms_eps_zero": (
         dict(rms_eps=0.0),
-        ["metadata key 'llama.attention.layer_norm_rms_epsilon' is 0.0, not a positive number"]),
+        ["metadata key 'llama.attention.layer_norm_rms_epsilon' is 0.0, not a positive number"],
+    ),
     "alignment_not_power_of_two": (
         dict(metadata={"general.alignment": 24}),
-        ["general.alignment is 24, not a power of two"]),
+        ["general.alignment is 24, not a power of two"],
+    ),
 }
 
 
@@ -193,7 +227,11 @@ def test_tiny_file_that_lies_is_one_sentence(tmp_path, name):
 
 def test_tiny_file_with_every_check_passing_loads(tmp_path):
     """The checks accept what they should: three layers, an untied head, scores, an explicit alignment."""
-    path = write_tiny_llama(tmp_path / "ok.gguf", n_layers=3, tie_embeddings=False,
-                            metadata={"tokenizer.ggml.scores": [0.0] * VOCAB, "general.alignment": 32})["path"]
+    path = write_tiny_llama(
+        tmp_path / "ok.gguf",
+        n_layers=3,
+        tie_embeddings=False,
+        metadata={"tokenizer.ggml.scores": [0.0] * VOCAB, "general.alignment": 32},
+    )["path"]
     engine = Engine.from_model(path, num_kv_blocks=8)
     assert engine.config.n_layers == 3 and engine.config.vocab_size == VOCAB

@@ -68,8 +68,9 @@ def test_dequantize_default_model_fast_paths(smollm2_path):
 @pytest.mark.parametrize("kv_cache_dtype,tolerance", [("float32", 1e-3), ("float16", 5e-3)])
 def test_tiny_model_runs_and_matches_float64_reference(tiny_models, ttype, kv_cache_dtype, tolerance):
     """Float32 all through lands within 1e-3 of float64; K and V rounded to float16 within 5e-3."""
-    engine = Engine.from_model(tiny_models[ttype]["path"], max_model_len=128, num_kv_blocks=32, weights="f32",
-                               kv_cache_dtype=kv_cache_dtype)
+    engine = Engine.from_model(
+        tiny_models[ttype]["path"], max_model_len=128, num_kv_blocks=32, weights="f32", kv_cache_dtype=kv_cache_dtype
+    )
     ids = [5, 40, 77, 3, 120, 9, 64, 200, 31, 18, 7, 99, 150, 12, 60, 33, 270, 1, 44]
     expected = reference_logits(tiny_models[ttype]["path"], ids)[-1]
     got = engine.logits(ids)

@@ -58,7 +58,8 @@ def files(tmp_path_factory):
 
 def test_the_fixture_covers_every_architecture_in_every_type():
     assert {(v["arch"], v["tensor_type"]) for v in OURS.values()} == {
-        (a, t) for a in ("llama", "qwen3moe", "olmoe", "granitemoe") for t in ("F32", "F16", "Q8_0")}
+        (a, t) for a in ("llama", "qwen3moe", "olmoe", "granitemoe") for t in ("F32", "F16", "Q8_0")
+    }
     assert [len(p) for p in REFERENCE.prompts] == [20, 300, 2500]
 
 
@@ -74,12 +75,14 @@ def _cases():
 
 @pytest.mark.parametrize("name, weights", list(_cases()))
 def test_last_logits_within_llamacpps_own_spread(files, name, weights):
-    engine = Engine.from_model(files[name], weights=weights, max_model_len=REFERENCE.meta["context"],
-                               num_kv_blocks=KV_BLOCKS)
+    engine = Engine.from_model(
+        files[name], weights=weights, max_model_len=REFERENCE.meta["context"], num_kv_blocks=KV_BLOCKS
+    )
     REFERENCE.check_last_logits(engine, name, weights)
 
 
 # ---- routing -------------------------------------------------------------------------------------------------
+
 
 def _route(logits, k, gating="softmax", normalize=True):
     logits = np.asarray(logits, np.float32).reshape(-1, np.shape(logits)[-1])
@@ -124,6 +127,7 @@ def test_the_weights_are_llamacpps_per_gating_and_normalisation():
 
 # ---- batch invariance ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["qwen3moe-Q8_0", "granitemoe-F16", "mixtral-F32"])
 def test_a_rows_experts_output_is_bitwise_the_same_alone_and_in_any_batch(files, name):
     """Each expert's rows are one matrix product; a row's result must not depend on how many rows share its
@@ -135,7 +139,7 @@ def test_a_rows_experts_output_is_bitwise_the_same_alone_and_in_any_batch(files,
     batch = rng.standard_normal((40, experts.dim)).astype(np.float32)
     together = run_experts(batch, experts, routing, pointwise.silu_mul)
     for i in (0, 17, 39):
-        alone = run_experts(batch[i:i + 1], experts, routing, pointwise.silu_mul)
+        alone = run_experts(batch[i : i + 1], experts, routing, pointwise.silu_mul)
         assert np.array_equal(alone[0], together[i])
     shuffled = rng.permutation(40)
     assert np.array_equal(run_experts(batch[shuffled], experts, routing, pointwise.silu_mul), together[shuffled])
@@ -155,6 +159,7 @@ def test_an_engines_greedy_tokens_are_the_same_alone_and_batched(files):
 
 
 # ---- what miro reads, shows and refuses ----------------------------------------------------------------------
+
 
 def test_inspect_shows_the_experts_and_the_active_parameters(files):
     info = inspect_model(files["granitemoe-shared-F32"])

@@ -50,7 +50,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def llama_ids(key: str) -> list[list[int]]:
     ids, offsets = ARRAYS[f"{key}/ids"], ARRAYS[f"{key}/offsets"]
-    return [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(TEXTS))]
+    return [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(TEXTS))]
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +72,19 @@ def test_an_input_tokenizes_as_llama_cpp_tokenizes_it(paths):
     assert [len(x) for x in ids] == [3, 16, 20, 31, 16, 45, 482]  # up to 482 of the file's 512 positions
 
 
-@pytest.mark.parametrize("key, weights", [("nomic-bert-F32", "f32"), ("nomic-bert-F32", "native"),
-                                          ("nomic-bert-F16", "f32"), ("nomic-bert-F16", "native"),
-                                          ("nomic-bert-Q8_0", "native"), ("nomic-bert-F32-linear2", "f32"),
-                                          ("nomic-bert-F32-yarn4", "f32"), ("nomic-bert-F32-yarn4", "native")])
+@pytest.mark.parametrize(
+    "key, weights",
+    [
+        ("nomic-bert-F32", "f32"),
+        ("nomic-bert-F32", "native"),
+        ("nomic-bert-F16", "f32"),
+        ("nomic-bert-F16", "native"),
+        ("nomic-bert-Q8_0", "native"),
+        ("nomic-bert-F32-linear2", "f32"),
+        ("nomic-bert-F32-yarn4", "f32"),
+        ("nomic-bert-F32-yarn4", "native"),
+    ],
+)
 def test_pooled_and_per_token_vectors_are_within_llama_cpps_own_spread(paths, key, weights):
     """native: llama.cpp's arithmetic (Q8_0: activations rounded to 8 bits as its CPU backend rounds them);
     f32 on an F32 or F16 file: the same numbers to float32 rounding (llama.cpp rounds activations to float16
@@ -112,13 +121,18 @@ def test_f32_weights_on_a_quantized_file_compute_its_dequantized_weights_in_floa
     assert cosines(pooled, ARRAYS[f"{key}/exact/pooled"]).min() >= 0.999999
     figures = MODELS[key]["figures"]
     allowed = (1 - figures["min_cosine_vs_exact_float64"]["base"]) + MARGIN * (
-        1 - figures["llama_spread_pooled"]["min_pairwise_cosine"])
+        1 - figures["llama_spread_pooled"]["min_pairwise_cosine"]
+    )
     assert 1 - cosines(pooled, ARRAYS[f"{key}/base/pooled"]).min() <= allowed
 
 
-@pytest.mark.parametrize("weights, least", [
-    pytest.param("bf16", 0.9995, marks=pytest.mark.skipif(not cpu.HAS_BF16_DOT, reason="needs AVX512_BF16")),
-    pytest.param("i16", 0.99995, marks=pytest.mark.skipif(not cpu.HAS_INT16_DOT, reason="needs AVX2"))])
+@pytest.mark.parametrize(
+    "weights, least",
+    [
+        pytest.param("bf16", 0.9995, marks=pytest.mark.skipif(not cpu.HAS_BF16_DOT, reason="needs AVX512_BF16")),
+        pytest.param("i16", 0.99995, marks=pytest.mark.skipif(not cpu.HAS_INT16_DOT, reason="needs AVX2")),
+    ],
+)
 def test_the_rounded_weight_formats_stay_near_the_float64_pass(paths, weights, least):
     """bf16 (auto's choice on AVX512_BF16) and i16 round weights and activations: measured 0.99972 (bf16) and
     0.999996 (i16) least cosine to the float64 pass over the three files."""
@@ -162,19 +176,23 @@ def test_miro_run_embeds_openai_and_simple_lines_with_it(paths, tmp_path):
     from miro.cli.main import cli
 
     key = "nomic-bert-F32"
-    lines = [{"custom_id": "o", "method": "POST", "url": "/v1/embeddings", "body": {"input": TEXTS[2]}},
-             {"id": "s", "input": [TEXTS[1], TEXTS[6]]}]
+    lines = [
+        {"custom_id": "o", "method": "POST", "url": "/v1/embeddings", "body": {"input": TEXTS[2]}},
+        {"id": "s", "input": [TEXTS[1], TEXTS[6]]},
+    ]
     dataset = tmp_path / "lines.jsonl"
     dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "out.jsonl"
-    result = CliRunner().invoke(cli, ["run", str(dataset), "-o", str(out), "--format", "jsonl", "--model",
-                                      str(paths[key]), "--weights", "f32"])
+    result = CliRunner().invoke(
+        cli, ["run", str(dataset), "-o", str(out), "--format", "jsonl", "--model", str(paths[key]), "--weights", "f32"]
+    )
     assert result.exit_code == 0, result.output
     bodies = {row["custom_id"]: row["response"]["body"] for row in map(json.loads, out.read_text().splitlines())}
     vectors = np.array([bodies["o"]["data"][0]["embedding"]] + [d["embedding"] for d in bodies["s"]["data"]])
     expected = ARRAYS[f"{key}/base/pooled"][[2, 1, 6]]
-    assert cosines(vectors, expected).min() >= 1 - MARGIN * (1 - MODELS[key]["figures"]["llama_spread_pooled"][
-        "min_pairwise_cosine"])
+    assert cosines(vectors, expected).min() >= 1 - MARGIN * (
+        1 - MODELS[key]["figures"]["llama_spread_pooled"]["min_pairwise_cosine"]
+    )
     assert bodies["s"]["usage"]["prompt_tokens"] == 16 + 482
 
 
@@ -185,6 +203,7 @@ def test_a_file_without_token_types_embeds_its_tokens_alone(tmp_path):
 
 
 # -- refused: what miro does not compute as llama.cpp does ----------------------------------------
+
 
 def refusal(path) -> str:
     with pytest.raises(ModelFileError) as err:
@@ -210,8 +229,15 @@ def test_every_tensor_kind_of_the_layout_is_read_or_refused_by_name(tmp_path):
     assert sorted(refused) == ["OUTPUT_NORM", "POS_EMBD"]
 
 
-@pytest.mark.parametrize("name, shape", [("blk.0.ffn_up.bias", (128,)), ("blk.1.ffn_down.bias", (64,)),
-                                         ("blk.0.attn_qkv.bias", (192,)), ("blk.0.attn_q.weight", (64, 64))])
+@pytest.mark.parametrize(
+    "name, shape",
+    [
+        ("blk.0.ffn_up.bias", (128,)),
+        ("blk.1.ffn_down.bias", (64,)),
+        ("blk.0.attn_qkv.bias", (192,)),
+        ("blk.0.attn_q.weight", (64, 64)),
+    ],
+)
 def test_a_bias_llama_cpp_would_ignore_or_a_layout_miro_does_not_read_is_refused(tmp_path, name, shape):
     """llama.cpp loads ffn_up.bias and ffn_down.bias for nomic-bert and never adds them; nomic's converter
     writes no bias but the LayerNorms'. miro refuses any of them by name rather than guess."""
@@ -222,14 +248,18 @@ def test_a_bias_llama_cpp_would_ignore_or_a_layout_miro_does_not_read_is_refused
 def test_nomic_bert_moe_is_refused_in_one_sentence(tmp_path):
     info = write_tiny_nomic_bert(tmp_path / "moe.gguf", arch_name="nomic-bert-moe")
     assert refusal(info["path"]).endswith(
-        f"architecture 'nomic-bert-moe' is not supported (supported: {', '.join(SUPPORTED)}).")
+        f"architecture 'nomic-bert-moe' is not supported (supported: {', '.join(SUPPORTED)})."
+    )
 
 
-@pytest.mark.parametrize("key, value, what", [
-    ("nomic-bert.moe_every_n_layers", gguf.GGUFValue(2, gguf.GGUFValueType.UINT32), "metadata key"),
-    ("nomic-bert.attention.causal", gguf.GGUFValue(True, gguf.GGUFValueType.BOOL), "encoder only"),
-    ("nomic-bert.rope.dimension_count", gguf.GGUFValue(8, gguf.GGUFValueType.UINT32), "partial rotary"),
-])
+@pytest.mark.parametrize(
+    "key, value, what",
+    [
+        ("nomic-bert.moe_every_n_layers", gguf.GGUFValue(2, gguf.GGUFValueType.UINT32), "metadata key"),
+        ("nomic-bert.attention.causal", gguf.GGUFValue(True, gguf.GGUFValueType.BOOL), "encoder only"),
+        ("nomic-bert.rope.dimension_count", gguf.GGUFValue(8, gguf.GGUFValueType.UINT32), "partial rotary"),
+    ],
+)
 def test_keys_it_does_not_implement_are_refused(tmp_path, key, value, what):
     info = write_tiny_nomic_bert(tmp_path / "key.gguf", metadata={key: value})
     message = refusal(info["path"])

@@ -112,8 +112,12 @@ def test_choices_of_an_urgent_request_keep_its_priority(loaded):
     for i, prompt in enumerate(prompts(3)):
         engine.add_request(prompt, GREEDY, request_id=f"low{i}", priority=LOW)
     run(engine, steps=2)
-    engine.add_request(prompts(1, seed=9)[0], SamplingParams(n=2, max_tokens=4, temperature=0.8, seed=1),
-                       request_id="high", priority=HIGH)
+    engine.add_request(
+        prompts(1, seed=9)[0],
+        SamplingParams(n=2, max_tokens=4, temperature=0.8, seed=1),
+        request_id="high",
+        priority=HIGH,
+    )
     run(engine, steps=2)
     assert [s.priority for s in engine.requests["high"].seqs] == [HIGH, HIGH]
     assert all(s.status.value == "running" for s in engine.requests["high"].seqs)

@@ -46,7 +46,9 @@ def random_tensor(qtype: Q, rows: int, cols: int, seed: int = 0) -> TensorInfo:
     weights = (rng.standard_normal((rows, cols)) * 0.05).astype(F32)
     if qtype in FLOAT_TYPES:
         data = gguf_quants.quantize(weights, qtype) if qtype != Q.F32 else weights
-        return TensorInfo(f"random_{qtype.name}", (rows, cols), qtype, np.ascontiguousarray(data).view(np.uint8).reshape(-1))
+        return TensorInfo(
+            f"random_{qtype.name}", (rows, cols), qtype, np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        )
     if qtype in BLOCK32:
         data = gguf_quants.quantize(weights, qtype)
         return TensorInfo(f"random_{qtype.name}", (rows, cols), qtype, data.reshape(-1))
@@ -66,7 +68,7 @@ def random_tensor(qtype: Q, rows: int, cols: int, seed: int = 0) -> TensorInfo:
 def activations(rows: int, cols: int, seed: int = 1) -> np.ndarray:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, cols)).astype(F32)
-    x[:, :: 97] *= 8  # a few large values per row, as real hidden states have
+    x[:, ::97] *= 8  # a few large values per row, as real hidden states have
     return x
 
 
@@ -101,7 +103,7 @@ def ref_quantize_q8_k(x: np.ndarray):
 
 
 def _halfs(blocks: np.ndarray, at: int) -> np.ndarray:
-    return blocks[:, :, at:at + 2].copy().view(np.float16)[..., 0].astype(F32)
+    return blocks[:, :, at : at + 2].copy().view(np.float16)[..., 0].astype(F32)
 
 
 def ref_decode(tensor: TensorInfo):
@@ -115,10 +117,12 @@ def ref_decode(tensor: TensorInfo):
     if t == Q.MXFP4:  # ggml-common.h kvalues_mxfp4 (E2M1 doubled), d = GGML_E8M0_TO_FP32_HALF(e) = 2^(e - 128)
         kvalues = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)
         qs = b[:, :, 1:17]
-        return dict(q=kvalues[np.concatenate([qs & 15, qs >> 4], axis=2)], d=np.ldexp(F32(1), b[:, :, 0] - 128).astype(F32))
+        return dict(
+            q=kvalues[np.concatenate([qs & 15, qs >> 4], axis=2)], d=np.ldexp(F32(1), b[:, :, 0] - 128).astype(F32)
+        )
     if t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):
         nib = {Q.Q4_0: 2, Q.Q4_1: 4, Q.Q5_0: 6, Q.Q5_1: 8}[t]
-        qs = b[:, :, nib:nib + 16]
+        qs = b[:, :, nib : nib + 16]
         q = np.concatenate([qs & 15, qs >> 4], axis=2)
         if t in (Q.Q5_0, Q.Q5_1):
             qh_at = nib - 4
@@ -134,12 +138,16 @@ def ref_decode(tensor: TensorInfo):
         ql, qh = b[:, :, :128], b[:, :, 128:192]
         q = np.empty(b.shape[:2] + (256,), np.int64)
         for half in range(2):
-            lo, lo2, h = ql[..., 64 * half:64 * half + 32], ql[..., 64 * half + 32:64 * half + 64], qh[..., 32 * half:32 * half + 32]
+            lo, lo2, h = (
+                ql[..., 64 * half : 64 * half + 32],
+                ql[..., 64 * half + 32 : 64 * half + 64],
+                qh[..., 32 * half : 32 * half + 32],
+            )
             e = 128 * half
-            q[..., e:e + 32] = (lo & 15) | ((h & 3) << 4)
-            q[..., e + 32:e + 64] = (lo2 & 15) | (((h >> 2) & 3) << 4)
-            q[..., e + 64:e + 96] = (lo >> 4) | (((h >> 4) & 3) << 4)
-            q[..., e + 96:e + 128] = (lo2 >> 4) | (((h >> 6) & 3) << 4)
+            q[..., e : e + 32] = (lo & 15) | ((h & 3) << 4)
+            q[..., e + 32 : e + 64] = (lo2 & 15) | (((h >> 2) & 3) << 4)
+            q[..., e + 64 : e + 96] = (lo >> 4) | (((h >> 4) & 3) << 4)
+            q[..., e + 96 : e + 128] = (lo2 >> 4) | (((h >> 6) & 3) << 4)
         sc = u8[:, :, 192:208].view(np.int8).astype(np.int64)
         return dict(q=q - 32, sc=np.repeat(sc, 16, axis=2), d=_halfs(u8, 208))
     s = b[:, :, 4:16]
@@ -151,8 +159,8 @@ def ref_decode(tensor: TensorInfo):
     qs = b[:, :, 16:144] if t == Q.Q4_K else b[:, :, 48:176]
     q = np.empty(b.shape[:2] + (256,), np.int64)
     for c in range(4):
-        q[..., 64 * c:64 * c + 32] = qs[..., 32 * c:32 * c + 32] & 15
-        q[..., 64 * c + 32:64 * c + 64] = qs[..., 32 * c:32 * c + 32] >> 4
+        q[..., 64 * c : 64 * c + 32] = qs[..., 32 * c : 32 * c + 32] & 15
+        q[..., 64 * c + 32 : 64 * c + 64] = qs[..., 32 * c : 32 * c + 32] >> 4
     if t == Q.Q5_K:
         qh = b[:, :, 16:48]
         q += ((np.tile(qh, 8) >> np.repeat(np.arange(8), 32)) & 1) << 4
@@ -435,7 +443,7 @@ def test_fused_tensors_back_to_back_stay_one_view():
     buffer = np.concatenate([q.data, k.data, v.data])  # as a GGUF file lays them out
     views, start = [], 0
     for t in (q, k, v):
-        views.append(TensorInfo(t.name, t.shape, t.type, buffer[start:start + t.data.size]))
+        views.append(TensorInfo(t.name, t.shape, t.type, buffer[start : start + t.data.size]))
         start += t.data.size
     fused = Linear.fused(views)
     assert fused.weight_bytes == 0 and np.shares_memory(fused._w, buffer)
@@ -449,7 +457,11 @@ def test_fused_tensors_back_to_back_stay_one_view():
 
 def test_fused_tensors_of_two_types_make_one_layer_per_run_of_a_type():
     """A Q4_K_M file's attn_q and attn_k (Q4_K) beside a Q6_K attn_v: two layers, the Q4_K pair fused."""
-    q, k, v = random_tensor(Q.Q4_K, 64, 256, seed=1), random_tensor(Q.Q4_K, 32, 256, seed=2), random_tensor(Q.Q6_K, 32, 256, seed=3)
+    q, k, v = (
+        random_tensor(Q.Q4_K, 64, 256, seed=1),
+        random_tensor(Q.Q4_K, 32, 256, seed=2),
+        random_tensor(Q.Q6_K, 32, 256, seed=3),
+    )
     stack = Linear.fused([q, k, v])
     assert [layer.out_features for layer in stack.layers] == [96, 32] and stack.out_features == 128
     x = activations(5, 256)

@@ -43,13 +43,21 @@ def test_the_two_poisoned_lines_are_refused_before_they_run(engine):
 
 def test_the_two_poisoned_lines_fail_alone_in_the_step(engine, unchecked):
     vocab = engine.config.vocab_size
-    good = [SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
-            SamplingParams(max_tokens=8, seed=3, temperature=0.8, logprobs=2, ignore_eos=True)]
+    good = [
+        SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
+        SamplingParams(max_tokens=8, seed=3, temperature=0.8, logprobs=2, ignore_eos=True),
+    ]
     alone = engine.generate(["hello a", "hello b"], good, use_tqdm=False)
     outs = engine.generate(
         ["hello a", "x", "y", "hello b"],
-        [good[0], SamplingParams(min_tokens=1, stop_token_ids=[vocab + 48880], max_tokens=4),
-         SamplingParams(max_tokens=4, structured_outputs={"grammar": POISON_GRAMMAR}), good[1]], use_tqdm=False)
+        [
+            good[0],
+            SamplingParams(min_tokens=1, stop_token_ids=[vocab + 48880], max_tokens=4),
+            SamplingParams(max_tokens=4, structured_outputs={"grammar": POISON_GRAMMAR}),
+            good[1],
+        ],
+        use_tqdm=False,
+    )
     assert outs[1].finished and "IndexError" in outs[1].error and "sampling" in outs[1].error
     assert outs[2].finished and "Too many items" in outs[2].error
     assert [o.error for o in (outs[0], outs[3])] == [None, None]

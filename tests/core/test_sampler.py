@@ -93,9 +93,12 @@ def test_stop_string_spanning_tokens(engine):
     full = engine.generate([PROMPTS[5]], params)[0]
     pieces = [engine.tokenizer.decode(full.token_ids[: i + 1]) for i in range(len(full.token_ids))]
     # a stop string made of the end of one token's text and the start of the next
-    i = next(i for i in range(4, len(pieces) - 1)
-             if len(pieces[i]) - len(pieces[i - 1]) >= 2 and len(pieces[i + 1]) - len(pieces[i]) >= 2)
-    stop = pieces[i][-2:] + pieces[i + 1][len(pieces[i]):len(pieces[i]) + 2]
+    i = next(
+        i
+        for i in range(4, len(pieces) - 1)
+        if len(pieces[i]) - len(pieces[i - 1]) >= 2 and len(pieces[i + 1]) - len(pieces[i]) >= 2
+    )
+    stop = pieces[i][-2:] + pieces[i + 1][len(pieces[i]) : len(pieces[i]) + 2]
     out = engine.generate([PROMPTS[5]], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, stop=[stop]))[0]
     assert out.finish_reason == "stop" and out.outputs[0].stop_reason == stop
     assert out.text == full.text[: full.text.index(stop)]

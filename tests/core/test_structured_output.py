@@ -24,8 +24,12 @@ PERSON = {
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "role": {"enum": ["admin", "user"]},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
-        "address": {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-                    "required": ["zip"], "additionalProperties": False},
+        "address": {
+            "type": "object",
+            "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+            "required": ["zip"],
+            "additionalProperties": False,
+        },
     },
     "required": ["name", "age", "role", "tags", "address"],
     "additionalProperties": False,
@@ -107,8 +111,10 @@ def test_constrained_and_free_requests_are_the_same_alone_and_together(engine):
     they give alone, seeded sampling included."""
     constrained = SamplingParams(max_tokens=40, temperature=1.0, seed=5, structured_outputs={"json": PERSON})
     free = SamplingParams(max_tokens=40, temperature=1.0, seed=9)
-    alone = [engine.generate(["a b c"], [constrained], use_tqdm=False)[0],
-             engine.generate(["d e f"], [free], use_tqdm=False)[0]]
+    alone = [
+        engine.generate(["a b c"], [constrained], use_tqdm=False)[0],
+        engine.generate(["d e f"], [free], use_tqdm=False)[0],
+    ]
     together = engine.generate(["a b c", "d e f", "g h"], [constrained, free, free], use_tqdm=False)
     assert [o.outputs[0].token_ids for o in together[:2]] == [o.outputs[0].token_ids for o in alone]
 
@@ -127,16 +133,22 @@ def test_a_prefix_cached_prompt_gives_the_same_constrained_output(engine):
     assert first.outputs[0].token_ids == second.outputs[0].token_ids
 
 
-@pytest.mark.parametrize("constraint, message", [
-    ({"regex": "(ab"}, "structured_outputs.regex does not compile: "),
-    ({"json": {"type": "no-such-type"}}, "structured_outputs.json does not compile: "),
-    ({"json": "{not json"}, "structured_outputs.json is not valid JSON"),
-    ({"grammar": "start: missing_rule"}, "structured_outputs.grammar does not compile: "),
-    ({"choice": []}, "structured_outputs.choice must be a non-empty list"),
-    ({"regex": "a", "choice": ["a"]}, "exactly one of json, regex, choice, grammar and json_object, got regex, choice"),
-    ({}, "got none"),
-    ({"schema": {}}, "structured_outputs has no field 'schema'"),
-])
+@pytest.mark.parametrize(
+    "constraint, message",
+    [
+        ({"regex": "(ab"}, "structured_outputs.regex does not compile: "),
+        ({"json": {"type": "no-such-type"}}, "structured_outputs.json does not compile: "),
+        ({"json": "{not json"}, "structured_outputs.json is not valid JSON"),
+        ({"grammar": "start: missing_rule"}, "structured_outputs.grammar does not compile: "),
+        ({"choice": []}, "structured_outputs.choice must be a non-empty list"),
+        (
+            {"regex": "a", "choice": ["a"]},
+            "exactly one of json, regex, choice, grammar and json_object, got regex, choice",
+        ),
+        ({}, "got none"),
+        ({"schema": {}}, "structured_outputs has no field 'schema'"),
+    ],
+)
 def test_a_constraint_that_cannot_compile_is_refused_in_one_sentence(constraint, message):
     with pytest.raises(RequestError, match=re.escape(message)) as err:
         SamplingParams(structured_outputs=constraint)
@@ -149,8 +161,12 @@ def test_stop_strings_are_refused_beside_a_constraint():
 
 
 def test_json_schema_keeps_its_property_order(engine):
-    schema = {"type": "object", "properties": {"z": {"const": 1}, "a": {"const": 2}}, "required": ["z", "a"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"z": {"const": 1}, "a": {"const": 2}},
+        "required": ["z", "a"],
+        "additionalProperties": False,
+    }
     out = generate(engine, {"json": schema}, n_prompts=1, temperature=0)[0][0]
     assert (out.text, out.finish_reason) == ('{"z":1,"a":2}', "stop")
 

@@ -1,4 +1,5 @@
 """Tokenizer: llama.cpp's ids on the real model, decoding, streaming detokenization, chat template."""
+
 import hashlib
 import json
 from pathlib import Path
@@ -103,8 +104,12 @@ def test_skip_special_tokens_matches_llamacpp_detokenize(tok):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(st.characters(max_codepoint=0x3FFFF, exclude_characters="\x04\x06\x13\x14\x16\x1d",
-                                 exclude_categories=("Cs",)), max_size=60))
+@given(
+    st.text(
+        st.characters(max_codepoint=0x3FFFF, exclude_characters="\x04\x06\x13\x14\x16\x1d", exclude_categories=("Cs",)),
+        max_size=60,
+    )
+)
 def test_decode_round_trips_random_text(tok, text):
     assert tok.decode(tok.encode(text)) == text
 
@@ -119,11 +124,14 @@ def _stream(tok, ids, skip=True) -> list[str]:
     return [detok.add(i) for i in ids] + [detok.flush()]
 
 
-@pytest.mark.parametrize("text", [
-    "日本語のテキストと中文混合",
-    "emoji 👨‍👩‍👧‍👦 🇺🇸🇯🇵 🤗🔥 done",
-    "ßé ĉ 한국어 ﬁ 😀😁",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "日本語のテキストと中文混合",
+        "emoji 👨‍👩‍👧‍👦 🇺🇸🇯🇵 🤗🔥 done",
+        "ßé ĉ 한국어 ﬁ 😀😁",
+    ],
+)
 def test_incremental_detokenizer_never_emits_partial_chars(tok, text):
     ids = tok.encode(text)
     pieces = _stream(tok, ids)
@@ -184,12 +192,15 @@ def test_chat_template_fallback_is_chatml(meta):
     assert tok.apply_chat_template(CONVERSATION[1:], add_generation_prompt=False) == EXPECTED_CHATML.split("\n", 2)[2]
 
 
-@pytest.mark.parametrize("template", [
-    "{{ raise_exception('no system role allowed') }}",
-    "{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}",
-    "{% if %}",
-    "{{ messages.__class__.__mro__ }}{{ ''.__class__.__subclasses__() }}",
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ raise_exception('no system role allowed') }}",
+        "{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}",
+        "{% if %}",
+        "{{ messages.__class__.__mro__ }}{{ ''.__class__.__subclasses__() }}",
+    ],
+)
 def test_chat_template_errors_are_miro_errors(meta, template):
     tok = Tokenizer.from_gguf_metadata({**meta, "tokenizer.chat_template": template})
     with pytest.raises(MiroError, match="chat template"):
@@ -197,19 +208,28 @@ def test_chat_template_errors_are_miro_errors(meta, template):
 
 
 def test_chat_template_variables(meta):
-    tok = Tokenizer.from_gguf_metadata({**meta, "tokenizer.chat_template": "{{ bos_token }}|{{ eos_token }}|"
-                                        "{% for m in messages %}{{ m.content | trim }}{% endfor %}"})
+    tok = Tokenizer.from_gguf_metadata(
+        {
+            **meta,
+            "tokenizer.chat_template": "{{ bos_token }}|{{ eos_token }}|"
+            "{% for m in messages %}{{ m.content | trim }}{% endfor %}",
+        }
+    )
     assert tok.apply_chat_template([{"role": "user", "content": "  x  "}]) == "<|im_start|>|<|im_end|>|x"
     tojson = Tokenizer.from_gguf_metadata({**meta, "tokenizer.chat_template": "{{ messages[0] | tojson }}"})
     assert tojson.apply_chat_template([{"role": "user", "content": "<é & 'x'>"}]) == (
-        '{"role": "user", "content": "<é & \'x\'>"}')
+        '{"role": "user", "content": "<é & \'x\'>"}'
+    )
 
 
-@pytest.mark.parametrize("change", [
-    {"tokenizer.ggml.model": "llama"},
-    {"tokenizer.ggml.model": "t5"},
-    {"tokenizer.ggml.pre": "chameleon"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tokenizer.ggml.model": "llama"},
+        {"tokenizer.ggml.model": "t5"},
+        {"tokenizer.ggml.pre": "chameleon"},
+    ],
+)
 def test_unsupported_tokenizer_is_a_model_file_error(meta, change):
     with pytest.raises(ModelFileError, match=r"^model\.gguf: unsupported tokenizer"):
         Tokenizer.from_gguf_metadata({**meta, **change}, source="model.gguf")

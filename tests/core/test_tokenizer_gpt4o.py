@@ -1,4 +1,5 @@
 """The `gpt-4o` pre-tokenizer (gpt-oss's, OpenAI's o200k split): llama.cpp's ids on a synthetic BPE vocabulary."""
+
 import json
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def _mismatches(tok: Tokenizer, mode: str) -> list[str]:
 
 
 def test_reference_covers_the_corpus():
-    assert [case["text"] for case in CASES[:REFERENCE["corpus_size"]]] == CORPUS
+    assert [case["text"] for case in CASES[: REFERENCE["corpus_size"]]] == CORPUS
     assert len(CASES) >= len(CORPUS) + 25  # plus the o200k texts (contractions, case runs, digits, '/' runs)
     assert REFERENCE["llama_cpp_python_version"] == "0.3.36"
 
@@ -89,18 +90,21 @@ def test_no_bos_by_default(tok):
 
 
 def _case(start: str) -> dict:
-    (case,) = [c for c in CASES[REFERENCE["corpus_size"]:] if c["text"].startswith(start)]
+    (case,) = [c for c in CASES[REFERENCE["corpus_size"] :] if c["text"].startswith(start)]
     return case
 
 
-@pytest.mark.parametrize(("pre", "text_start"), [
-    ("llama-bpe", "it's IT'S"),  # llama3 splits the contraction off the word
-    ("llama-bpe", "HelloWorld"),  # ... keeps a lower-case run and the next capital together
-    ("llama-bpe", "\u00c9COLE"),  # ... keeps a non-ASCII letter before an ASCII capital run
-    ("llama-bpe", "foo.//"),  # ... does not let a punctuation run take the '/' after a newline
-    ("qwen2", "1234567"),  # qwen2 splits digits one by one
-    ("gpt-2", "line one\r\n"),  # gpt-2 cuts CR LF before a word in two, a tab off the word after it
-])
+@pytest.mark.parametrize(
+    ("pre", "text_start"),
+    [
+        ("llama-bpe", "it's IT'S"),  # llama3 splits the contraction off the word
+        ("llama-bpe", "HelloWorld"),  # ... keeps a lower-case run and the next capital together
+        ("llama-bpe", "\u00c9COLE"),  # ... keeps a non-ASCII letter before an ASCII capital run
+        ("llama-bpe", "foo.//"),  # ... does not let a punctuation run take the '/' after a newline
+        ("qwen2", "1234567"),  # qwen2 splits digits one by one
+        ("gpt-2", "line one\r\n"),  # gpt-2 cuts CR LF before a word in two, a tab off the word after it
+    ],
+)
 def test_the_fixture_tells_gpt4o_from_other_splits(meta, pre, text_start):
     """The vocabulary has tokens across the places where the splits differ, so a wrong split gets other ids."""
     other = Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.pre": pre}, source=pre)

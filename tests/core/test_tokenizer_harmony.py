@@ -3,6 +3,7 @@
 llama.cpp keys these rules on the token texts, in any vocabulary: the fixture's GGUFs are general.architecture
 "llama" (scripts/make_harmony_tokenizer_fixture.py).
 """
+
 import json
 from pathlib import Path
 
@@ -34,9 +35,13 @@ def _spec(variant: dict) -> dict:
     merges = REFERENCE["merges"]
     normal = _byte_chars() + [m.replace(" ", "", 1) for m in merges]
     assert len(normal) == variant["first_special"]
-    return {"tokens": normal + variant["specials"],
-            "types": [1] * len(normal) + [variant["special_type"]] * len(variant["specials"]),
-            "merges": merges, "bos_id": variant["bos_id"], "eos_id": variant["eos_id"]}
+    return {
+        "tokens": normal + variant["specials"],
+        "types": [1] * len(normal) + [variant["special_type"]] * len(variant["specials"]),
+        "merges": merges,
+        "bos_id": variant["bos_id"],
+        "eos_id": variant["eos_id"],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +59,7 @@ def _texts(variant: dict, ids) -> list[str]:
 
 def test_reference_is_llamacpp_0336_on_the_harmony_variants():
     assert REFERENCE["llama_cpp_python_version"] == "0.3.36"
-    assert set(VARIANTS) == {"gpt-oss", "eos-end", "no-call", "no-return", "solar-open", "calls-return",
-                             "typed-normal"}
+    assert set(VARIANTS) == {"gpt-oss", "eos-end", "no-call", "no-return", "solar-open", "calls-return", "typed-normal"}
     gpt_oss = VARIANTS["gpt-oss"]
     # what the fixture must show: <|end|> is no end of generation, <|return|> and <|call|> are; the markers print
     assert _texts(gpt_oss, gpt_oss["eog"]) == ["<|call|>", "<|endoftext|>", "<|return|>"]
@@ -74,8 +78,9 @@ def test_special_token_kinds_are_llamacpps(tokenizers, name):
     tok, attrs = tokenizers[name], {int(i): a for i, a in VARIANTS[name]["attrs"].items()}
     first = VARIANTS[name]["first_special"]
     assert {i for i in tok.control_ids if i >= first} == {i for i, a in attrs.items() if a & (CONTROL | UNKNOWN)}
-    assert ({i for i in tok.special_ids if i >= first}
-            == {i for i, a in attrs.items() if a & (CONTROL | UNKNOWN | USER_DEFINED)})
+    assert {i for i in tok.special_ids if i >= first} == {
+        i for i, a in attrs.items() if a & (CONTROL | UNKNOWN | USER_DEFINED)
+    }
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -94,22 +99,29 @@ def test_ids_and_detokenization_match_llamacpp(tokenizers, name):
 def _forced_token_model(tmp_path: Path, first_tokens: list[str]) -> Path:
     """A tiny llama whose logits are all 0, so greedy decoding emits token 0; its first tokens are `first_tokens`."""
     info = write_tiny_model(tmp_path / "probe.gguf", tie_embeddings=False)
-    tokens = first_tokens + info["tokens"][len(first_tokens):]
+    tokens = first_tokens + info["tokens"][len(first_tokens) :]
     output = np.zeros((info["vocab_size"], info["dim"]), dtype=np.float32)
     path = tmp_path / "harmony.gguf"
-    write_tiny_model(path, tie_embeddings=False, tensor_overrides={"output.weight": output},
-                     metadata={"tokenizer.ggml.tokens": tokens})
+    write_tiny_model(
+        path,
+        tie_embeddings=False,
+        tensor_overrides={"output.weight": output},
+        metadata={"tokenizer.ggml.tokens": tokens},
+    )
     return path
 
 
-@pytest.mark.parametrize(("first_tokens", "n_tokens", "finish", "text"), [
-    # gpt-oss's vocabulary: <|end|> closes a message and is printed; generation goes on
-    (["<|end|>", "<|return|>", "<|call|>"], 3, "length", "<|end|><|end|><|end|>"),
-    # ... <|call|> ends it (and, as a control token, is not printed)
-    (["<|call|>", "<|return|>", "<|end|>"], 1, "stop", ""),
-    # without <|return|> or <|flush|>, <|end|> ends generation as before (Phi-3's)
-    (["<|end|>", "<|im_start|>", "<|call|>"], 1, "stop", ""),
-])
+@pytest.mark.parametrize(
+    ("first_tokens", "n_tokens", "finish", "text"),
+    [
+        # gpt-oss's vocabulary: <|end|> closes a message and is printed; generation goes on
+        (["<|end|>", "<|return|>", "<|call|>"], 3, "length", "<|end|><|end|><|end|>"),
+        # ... <|call|> ends it (and, as a control token, is not printed)
+        (["<|call|>", "<|return|>", "<|end|>"], 1, "stop", ""),
+        # without <|return|> or <|flush|>, <|end|> ends generation as before (Phi-3's)
+        (["<|end|>", "<|im_start|>", "<|call|>"], 1, "stop", ""),
+    ],
+)
 def test_the_engine_stops_where_llamacpp_does(tmp_path, first_tokens, n_tokens, finish, text):
     engine = Engine.from_model(_forced_token_model(tmp_path, first_tokens), num_kv_blocks=16)
     out = engine.generate(["hello world"], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)[0]

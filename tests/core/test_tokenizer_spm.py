@@ -1,4 +1,5 @@
 """SentencePiece tokenizers: llama.cpp's ids on Gemma 3 and on tiny vocabularies, decoding, streaming, chat."""
+
 import json
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def _mismatches(tok: Tokenizer, cases: list[dict], mode: str) -> list[str]:
 
 
 def test_reference_covers_the_corpus():
-    assert [case["text"] for case in CASES[:REFERENCE["corpus_size"]]] == CORPUS
+    assert [case["text"] for case in CASES[: REFERENCE["corpus_size"]]] == CORPUS
     assert len(CASES) > len(CORPUS) + 40  # plus Gemma's own special-token, HTML and whitespace texts
 
 
@@ -130,6 +131,7 @@ def test_vocabulary_without_scores_is_unsupported(meta):
 
 
 # -- tiny vocabularies: the spec and llama.cpp's ids both come from the fixture ------------------------------
+
 
 def write_spm_gguf(path: Path, spec: dict) -> Path:
     """The vocab-only llama GGUF scripts/make_spm_tokenizer_fixture.py gave llama.cpp for this spec."""

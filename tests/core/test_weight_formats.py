@@ -41,8 +41,10 @@ def test_native_logits_match_f32_on_the_default_model(engines, chat_ids):
         f32, native = engines["f32"].logits(ids), engines["native"].logits(ids)
         diffs.append(float(np.abs(f32 - native).max()))
         top1_equal += int(f32.argmax() == native.argmax())
-    print(f"native vs f32 on {len(chat_ids)} chat prompts: max abs logit diff {max(diffs):.4f} "
-          f"(median {np.median(diffs):.4f}), top-1 equal on {top1_equal}")
+    print(
+        f"native vs f32 on {len(chat_ids)} chat prompts: max abs logit diff {max(diffs):.4f} "
+        f"(median {np.median(diffs):.4f}), top-1 equal on {top1_equal}"
+    )
     # 8-bit activations (llama.cpp's scheme) against float32 ones: llama.cpp itself agrees with HF's float32
     # top-1 on 18 of these 20 prompts (tests/fixtures/llamacpp_reference.json)
     assert top1_equal >= 18
@@ -55,8 +57,11 @@ def test_native_matches_llamacpp_on_the_default_model(engines, smollm2_path, kv_
     f16 KV cache, no flash attention). Not exact as on the tiny llamas: llama.cpp rounds q and the softmax
     to f16 too. llama.cpp itself, run again on these prompts, agrees with that record on 19 top-1s with its
     f16 cache and on 18 with an f32 one (scripts/llamacpp_kv_agreement.py)."""
-    engine = engines["native"] if kv_cache_dtype == "float16" else Engine.from_model(
-        smollm2_path, weights="native", kv_cache_memory="128MiB", kv_cache_dtype=kv_cache_dtype)
+    engine = (
+        engines["native"]
+        if kv_cache_dtype == "float16"
+        else Engine.from_model(smollm2_path, weights="native", kv_cache_memory="128MiB", kv_cache_dtype=kv_cache_dtype)
+    )
     assert engine.kv_cache_dtype == kv_cache_dtype
     reference = json.loads((FIXTURES / "llamacpp_reference.json").read_text())["prompts"]
     worst, top1_equal = 0.0, 0
@@ -64,8 +69,10 @@ def test_native_matches_llamacpp_on_the_default_model(engines, smollm2_path, kv_
         got = engine.logits(p["tokenize_ids"])
         worst = max(worst, float(np.abs(got[p["top20_ids"]] - np.array(p["top20_logits"])).max()))
         top1_equal += int(got.argmax() == p["top1_id"])
-    print(f"native vs llama.cpp on {len(reference)} prompts: max abs diff over its top-20 logits {worst:.4f}, "
-          f"top-1 equal on {top1_equal}")
+    print(
+        f"native vs llama.cpp on {len(reference)} prompts: max abs diff over its top-20 logits {worst:.4f}, "
+        f"top-1 equal on {top1_equal}"
+    )
     assert top1_equal >= least_top1_equal and worst < 1.0
 
 
@@ -79,8 +86,10 @@ def test_native_greedy_tokens_match_f32_on_most_prompts(engines, chat_ids):
 
 def test_native_weights_hold_the_files_bytes_at_most_once(engines):
     f32, native = engines["f32"], engines["native"]
-    print(f"weight memory: f32 {f32.weight_memory:,} B, native {native.weight_memory:,} B "
-          f"(file mapped: {native.mapped_bytes:,} B)")
+    print(
+        f"weight memory: f32 {f32.weight_memory:,} B, native {native.weight_memory:,} B "
+        f"(file mapped: {native.mapped_bytes:,} B)"
+    )
     assert (f32.weight_format, native.weight_format) == ("f32", "native")
     # the file's bytes at most once: memory-mapped, or repacked into tiles (their mapped pages released)
     assert native.weight_memory <= native.mapped_bytes
@@ -95,8 +104,9 @@ def packed_logits(model, prompts: list[list[int]], block_size: int = 16) -> np.n
         tables.append(list(range(next_block, next_block + n)))
         next_block += n
     cache = KVCache(model.config, next_block, block_size)
-    step = build_step_input([(ids, 0, t) for ids, t in zip(prompts, tables)], block_size, model.config.n_kv_heads,
-                            [True] * len(prompts))
+    step = build_step_input(
+        [(ids, 0, t) for ids, t in zip(prompts, tables)], block_size, model.config.n_kv_heads, [True] * len(prompts)
+    )
     return model.forward(step, cache)
 
 
@@ -120,30 +130,51 @@ def test_native_matches_llamacpp_on_tiny_llamas(tmp_path, model):
         for n in (run["n_prompt"], len(ids)):  # after the prompt, and after the greedy continuation
             got = engine.logits(ids[:n])
             worst = max(worst, float(np.abs(got - expected[n - 1]).max()))
-            assert got.argmax() == expected[n - 1].argmax() or np.sort(expected[n - 1])[-2] > expected[n - 1].max() - 0.01
+            assert (
+                got.argmax() == expected[n - 1].argmax() or np.sort(expected[n - 1])[-2] > expected[n - 1].max() - 0.01
+            )
     print(f"{model['key']} native vs llama.cpp: max abs logit diff {worst:.5f}")
     assert worst < 0.01
 
 
 def test_cli_weights_option_and_autos_message(tiny_model):
-    native = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--weights", "native", "--max-tokens", "2",
-                                      "--num-kv-blocks", "8", "hi"])
+    native = CliRunner().invoke(
+        cli,
+        ["generate", "--model", tiny_model, "--weights", "native", "--max-tokens", "2", "--num-kv-blocks", "8", "hi"],
+    )
     assert native.exit_code == 0, native.output
     assert "weights: native (asked for)" in native.stderr
-    auto = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-weight-memory",
-                                    "1KiB", "--max-tokens", "2", "--num-kv-blocks", "8", "hi"])
+    auto = CliRunner().invoke(
+        cli,
+        [
+            "generate",
+            "--model",
+            tiny_model,
+            "--max-weight-memory",
+            "1KiB",
+            "--max-tokens",
+            "2",
+            "--num-kv-blocks",
+            "8",
+            "hi",
+        ],
+    )
     assert auto.exit_code == 0, auto.output
     over_budget = "weights: native (auto: a float32 copy would take" in auto.stderr and "over the" in auto.stderr
     assert over_budget or cpu.TIER.name in TABLE_OF  # where native is faster anyway, it says that instead
-    default = CliRunner().invoke(cli, ["generate", "--model", tiny_model, "--max-tokens", "2", "--num-kv-blocks", "8",
-                                       "hi"])
+    default = CliRunner().invoke(
+        cli, ["generate", "--model", tiny_model, "--max-tokens", "2", "--num-kv-blocks", "8", "hi"]
+    )
     assert default.exit_code == 0, default.output
     assert "weights:" not in default.stderr  # native for speed (Q8_0, where measured) or f32: nothing to announce
     if cpu.TIER.name in TABLE_OF:
         assert Engine.from_model(tiny_model, num_kv_blocks=8).weight_choice.startswith(
-            f"weights: native (auto: on the {cpu.TIER.name} tier the file's kernels are estimated")
-    choices = {Engine.from_model(tiny_model, num_kv_blocks=8, batch_invariant=invariant).weight_choice
-               for invariant in (True, False)}
+            f"weights: native (auto: on the {cpu.TIER.name} tier the file's kernels are estimated"
+        )
+    choices = {
+        Engine.from_model(tiny_model, num_kv_blocks=8, batch_invariant=invariant).weight_choice
+        for invariant in (True, False)
+    }
     assert len(choices) == 1  # invariance does not move auto's choice: both formats are invariant
     for invariant in (True, False):  # f32 is packed for the invariant GEMM only when asked to be invariant
         engine = Engine.from_model(tiny_model, num_kv_blocks=8, weights="f32", batch_invariant=invariant)
@@ -156,8 +187,10 @@ def test_cli_weights_option_and_autos_message(tiny_model):
 def _matrices(*types_and_sizes) -> list:
     from gguf import GGMLQuantizationType
 
-    return [TensorInfo(f"m{i}", (rows, cols), GGMLQuantizationType[name], np.zeros(0, np.uint8))
-            for i, (name, rows, cols) in enumerate(types_and_sizes)]
+    return [
+        TensorInfo(f"m{i}", (rows, cols), GGMLQuantizationType[name], np.zeros(0, np.uint8))
+        for i, (name, rows, cols) in enumerate(types_and_sizes)
+    ]
 
 
 def test_auto_weighs_each_types_measured_speed_by_its_share_of_the_matrices():

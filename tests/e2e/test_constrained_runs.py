@@ -20,34 +20,63 @@ PERSON = {
         "name": {"type": "string"},
         "age": {"type": "integer"},
         "languages": {"type": "array", "items": {"enum": ["English", "French", "German", "Spanish"]}},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
-                    "required": ["city", "country"], "additionalProperties": False},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+            "required": ["city", "country"],
+            "additionalProperties": False,
+        },
     },
     "required": ["name", "age", "languages", "address"],
     "additionalProperties": False,  # as OpenAI's strict mode requires: a small model otherwise adds fields
 }
-PEOPLE = ["Anna Schmidt, 34, lives in Berlin, Germany and speaks German and English.",
-          "Pierre Dubois is 58; he lives in Lyon, France, and speaks French.",
-          "Maria Lopez (27) from Madrid, Spain speaks Spanish, English and French."]
-REVIEWS = ["The food was wonderful and the staff were kind.", "Cold soup, rude waiter, never again.",
-           "It was fine, nothing special."]
+PEOPLE = [
+    "Anna Schmidt, 34, lives in Berlin, Germany and speaks German and English.",
+    "Pierre Dubois is 58; he lives in Lyon, France, and speaks French.",
+    "Maria Lopez (27) from Madrid, Spain speaks Spanish, English and French.",
+]
+REVIEWS = [
+    "The food was wonderful and the staff were kind.",
+    "Cold soup, rude waiter, never again.",
+    "It was fine, nothing special.",
+]
 LABELS = ["positive", "negative", "neutral"]
 DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
 
 
 def chat_line(custom_id, content, **body):
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"messages": [{"role": "user", "content": content}], "max_tokens": 80, "temperature": 0, **body}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": content}], "max_tokens": 80, "temperature": 0, **body},
+    }
 
 
 def dataset_lines():
     schema_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-    lines = [chat_line(f"person-{i}", f"Extract the person as JSON: {text}", response_format=schema_format)
-             for i, text in enumerate(PEOPLE)]
-    lines += [{"id": f"review-{i}", "messages": [{"role": "user", "content": f"Classify the sentiment: {text}"}],
-               "structured_outputs": {"choice": LABELS}, "temperature": 0.7, "seed": i} for i, text in enumerate(REVIEWS)]
-    lines.append({"id": "date", "prompt": "The Apollo 11 landing happened on ", "max_tokens": 12,
-                  "structured_outputs": {"regex": DATE}})
+    lines = [
+        chat_line(f"person-{i}", f"Extract the person as JSON: {text}", response_format=schema_format)
+        for i, text in enumerate(PEOPLE)
+    ]
+    lines += [
+        {
+            "id": f"review-{i}",
+            "messages": [{"role": "user", "content": f"Classify the sentiment: {text}"}],
+            "structured_outputs": {"choice": LABELS},
+            "temperature": 0.7,
+            "seed": i,
+        }
+        for i, text in enumerate(REVIEWS)
+    ]
+    lines.append(
+        {
+            "id": "date",
+            "prompt": "The Apollo 11 landing happened on ",
+            "max_tokens": 12,
+            "structured_outputs": {"regex": DATE},
+        }
+    )
     lines.append(chat_line("cut", "List some fruits as JSON.", response_format={"type": "json_object"}, max_tokens=3))
     lines.append(chat_line("free", "Say hello.", max_tokens=8))
     return lines
@@ -57,9 +86,25 @@ def test_miro_run_enforces_every_constraint_and_reports_parsed_json(tmp_path, sm
     dataset = tmp_path / "d.jsonl"
     dataset.write_text("".join(json.dumps(line) + "\n" for line in dataset_lines()))
     out = tmp_path / "r.parquet"
-    done = subprocess.run([sys.executable, "-c", "from miro.cli.main import cli; cli()", "run", str(dataset), "-o",
-                           str(out), "--model", str(smollm2_path), "--kv-cache-memory", "64MiB"],
-                          capture_output=True, text=True, env=ENV, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from miro.cli.main import cli; cli()",
+            "run",
+            str(dataset),
+            "-o",
+            str(out),
+            "--model",
+            str(smollm2_path),
+            "--kv-cache-memory",
+            "64MiB",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     rows = {r["custom_id"]: r for r in pq.read_table(out).to_pylist()}
     for i in range(len(PEOPLE)):
@@ -79,14 +124,42 @@ def test_a_default_constraint_for_every_line_and_the_openai_output(tmp_path, tin
     """`miro run --choice` constrains the lines without a constraint of their own; the OpenAI JSONL carries the
     constrained text as the message content."""
     dataset = tmp_path / "d.jsonl"
-    dataset.write_text("".join(json.dumps(line) + "\n" for line in [
-        {"id": "a", "prompt": "one", "max_tokens": 10},
-        {"id": "b", "prompt": "two", "max_tokens": 10, "structured_outputs": {"regex": "[0-9]{3}"}},
-        chat_line("c", "three", max_tokens=10)]))
+    dataset.write_text(
+        "".join(
+            json.dumps(line) + "\n"
+            for line in [
+                {"id": "a", "prompt": "one", "max_tokens": 10},
+                {"id": "b", "prompt": "two", "max_tokens": 10, "structured_outputs": {"regex": "[0-9]{3}"}},
+                chat_line("c", "three", max_tokens=10),
+            ]
+        )
+    )
     out = tmp_path / "r.jsonl"
-    done = subprocess.run([sys.executable, "-c", "from miro.cli.main import cli; cli()", "run", str(dataset), "-o",
-                           str(out), "--model", tiny_model, "--kv-cache-memory", "8MiB", "--format", "jsonl",
-                           "--choice", "yes", "--choice", "no"], capture_output=True, text=True, env=ENV, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from miro.cli.main import cli; cli()",
+            "run",
+            str(dataset),
+            "-o",
+            str(out),
+            "--model",
+            tiny_model,
+            "--kv-cache-memory",
+            "8MiB",
+            "--format",
+            "jsonl",
+            "--choice",
+            "yes",
+            "--choice",
+            "no",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     bodies = {x["custom_id"]: x["response"]["body"] for x in map(json.loads, out.read_text().splitlines())}
     assert bodies["a"]["choices"][0]["text"] in ("yes", "no")
@@ -96,8 +169,16 @@ def test_a_default_constraint_for_every_line_and_the_openai_output(tmp_path, tin
 
 def test_generate_takes_a_json_schema_file_a_regex_or_choices(tmp_path, tiny_model):
     schema = tmp_path / "s.json"
-    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-                                  "additionalProperties": False}))
+    schema.write_text(
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {"ok": {"type": "boolean"}},
+                "required": ["ok"],
+                "additionalProperties": False,
+            }
+        )
+    )
     options = ["--model", tiny_model, "--max-tokens", "20"]
     result = CliRunner().invoke(cli, ["generate", "hi", "--json-schema", str(schema), *options])
     assert result.exit_code == 0 and json.loads(result.output) in ({"ok": True}, {"ok": False}), result.output

@@ -1,4 +1,5 @@
 """Deploy pieces: `miro redis`, the Procfile under honcho, the compose file, the Kubernetes manifests, the systemd units."""
+
 import configparser
 import os
 import shutil
@@ -30,8 +31,12 @@ def miro_redis(tmp_path):
     def start(*args):
         port = free_port()
         data = tmp_path / "data"
-        proc = subprocess.Popen([BIN / "miro", "redis", "--port", str(port), "--dir", str(data), *args],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [BIN / "miro", "redis", "--port", str(port), "--dir", str(data), *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         procs.append(proc)
         return proc, port, data
 
@@ -52,8 +57,9 @@ def test_miro_redis_keeps_an_append_only_file_and_stops_cleanly_on_sigterm(miro_
 
     client.set("deploy-test-key", "kept")
     # Redis 6 writes appendonly.aof, Redis 7 files under appendonlydir/.
-    assert wait_for(lambda: any(b"deploy-test-key" in f.read_bytes() for f in data.rglob("appendonly*")
-                                if f.is_file()), 3), "the key never reached the append-only file"
+    assert wait_for(
+        lambda: any(b"deploy-test-key" in f.read_bytes() for f in data.rglob("appendonly*") if f.is_file()), 3
+    ), "the key never reached the append-only file"
     client.close()
 
     proc.send_signal(signal.SIGTERM)
@@ -68,12 +74,15 @@ def test_miro_redis_password_is_required(miro_redis):
     with socket.create_connection(("127.0.0.1", port), timeout=5) as plain:  # redis-py would retry for seconds
         plain.sendall(b"PING\r\n")
         assert plain.recv(100).startswith(b"-NOAUTH")
-    wrong, needed = (f"Error: Redis at redis://:***@127.0.0.1:{port}/0 refused the credentials: the password (or "
-                     "user) is wrong.", f"Error: Redis at redis://127.0.0.1:{port}/0 refused the credentials: it needs "
-                     "a password, given in the URL as redis://:PASSWORD@host:port/db.")
+    wrong, needed = (
+        f"Error: Redis at redis://:***@127.0.0.1:{port}/0 refused the credentials: the password (or user) is wrong.",
+        f"Error: Redis at redis://127.0.0.1:{port}/0 refused the credentials: it needs "
+        "a password, given in the URL as redis://:PASSWORD@host:port/db.",
+    )
     for url, said in ((f"redis://:hunter2@127.0.0.1:{port}/0", wrong), (f"redis://127.0.0.1:{port}/0", needed)):
-        status = subprocess.run([BIN / "miro", "status", "--redis-url", url], capture_output=True, text=True,
-                                timeout=60)
+        status = subprocess.run(
+            [BIN / "miro", "status", "--redis-url", url], capture_output=True, text=True, timeout=60
+        )
         assert status.returncode == 1 and status.stderr.strip() == said
     authed.close()
     proc.terminate()
@@ -83,8 +92,13 @@ def test_miro_redis_password_is_required(miro_redis):
 
 
 def _miro_redis_error(*args) -> subprocess.CompletedProcess:
-    done = subprocess.run([BIN / "miro", "redis", *args], capture_output=True, text=True, timeout=30,
-                          env={**os.environ, "MIRO_REDIS_PASSWORD": ""})
+    done = subprocess.run(
+        [BIN / "miro", "redis", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "MIRO_REDIS_PASSWORD": ""},
+    )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -97,8 +111,10 @@ def test_miro_redis_port_in_use_is_one_sentence(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         done = _miro_redis_error("--port", str(port), "--dir", str(tmp_path))
-    assert done.stderr == f"Error: Port {port} on 127.0.0.1 is already in use; stop what runs there or pick another " \
-                          "with --port.\n"
+    assert (
+        done.stderr == f"Error: Port {port} on 127.0.0.1 is already in use; stop what runs there or pick another "
+        "with --port.\n"
+    )
 
 
 def test_miro_redis_unusable_dir_and_open_bind_without_password_are_one_sentence(tmp_path):
@@ -111,8 +127,9 @@ def test_miro_redis_unusable_dir_and_open_bind_without_password_are_one_sentence
 
 
 def test_procfile_passes_honcho_check():
-    done = subprocess.run([BIN / "honcho", "-f", "Procfile", "check"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=30)
+    done = subprocess.run(
+        [BIN / "honcho", "-f", "Procfile", "check"], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     assert "(redis, worker, serve)" in done.stderr
 
@@ -122,20 +139,33 @@ def test_honcho_start_runs_redis_and_a_worker_and_stops_on_sigterm(smollm2_path,
     import rq
 
     port = free_port()
-    env = {**os.environ, "REDIS_PORT": str(port), "SERVE_PORT": str(free_port()),
-           "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "REDIS_PORT": str(port),
+        "SERVE_PORT": str(free_port()),
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+    }
     # Run in tmp_path so that miro redis's ./miro-redis lands there, not in the repo.
     log = tmp_path / "honcho.log"
     with open(log, "wb") as out:
-        honcho = subprocess.Popen([BIN / "honcho", "-f", ROOT / "Procfile", "start"], cwd=tmp_path, env=env,
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        honcho = subprocess.Popen(
+            [BIN / "honcho", "-f", ROOT / "Procfile", "start"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         client = redis.Redis(port=port, socket_connect_timeout=1)
         assert wait_for(client.ping, 20), "timed out waiting for Redis under honcho"
-        assert wait_for(lambda: rq.Worker.all(connection=client), 60), "timed out waiting for a miro worker registered in Redis"
+        assert wait_for(lambda: rq.Worker.all(connection=client), 60), (
+            "timed out waiting for a miro worker registered in Redis"
+        )
         assert (tmp_path / "miro-redis" / "miro-redis.conf").exists()
-        assert wait_for(lambda: _answers(f"http://127.0.0.1:{env['SERVE_PORT']}/v1/batches"), 30), \
+        assert wait_for(lambda: _answers(f"http://127.0.0.1:{env['SERVE_PORT']}/v1/batches"), 30), (
             "timed out waiting for miro serve under honcho"
+        )
         client.close()
         honcho.send_signal(signal.SIGTERM)
         honcho.wait(timeout=40)
@@ -202,8 +232,9 @@ def test_docker_compose_config_accepts_the_file():
     command = _compose_command()
     if command is None:
         pytest.skip("neither `docker compose` nor `docker-compose` is installed")
-    done = subprocess.run([*command, "-f", DEPLOY / "docker-compose.yml", "config", "--quiet"], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [*command, "-f", DEPLOY / "docker-compose.yml", "config", "--quiet"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -240,8 +271,9 @@ def test_kubernetes_manifests():
 
 def test_kubernetes_serve_manifest():
     docs = {doc["kind"]: doc for doc in yaml.safe_load_all((DEPLOY / "k8s" / "serve.yaml").read_text())}
-    worker = next(d for d in yaml.safe_load_all((DEPLOY / "k8s" / "worker.yaml").read_text())
-                  if d["kind"] == "Deployment")
+    worker = next(
+        d for d in yaml.safe_load_all((DEPLOY / "k8s" / "worker.yaml").read_text()) if d["kind"] == "Deployment"
+    )
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
     env = {e["name"]: e for e in container["env"]}

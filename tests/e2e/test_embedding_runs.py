@@ -23,8 +23,11 @@ from miro.worker.fleet.records import batches
 MODEL = "all-minilm-l6-v2"
 MIRO = [sys.executable, "-c", "from miro.cli.main import cli; cli()"]
 ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
-TEXTS = ["Offline batch inference on CPUs.", "A search index needs a vector per passage.",
-         "Deduplication compares embeddings."]
+TEXTS = [
+    "Offline batch inference on CPUs.",
+    "A search index needs a vector per passage.",
+    "Deduplication compares embeddings.",
+]
 
 
 def write(path, lines) -> str:
@@ -33,14 +36,18 @@ def write(path, lines) -> str:
 
 
 def test_miro_run_embeds_a_dataset_into_parquet_and_openai_lines(tmp_path, minilm_path):
-    lines = [{"id": "s", "input": TEXTS[0], "source": "docs"}, {"id": "l", "input": TEXTS[1:], "source": "faq"},
-             {"custom_id": "o", "method": "POST", "url": "/v1/embeddings", "body": {"input": TEXTS[2]}},
-             {"id": "blank", "input": ""}]
+    lines = [
+        {"id": "s", "input": TEXTS[0], "source": "docs"},
+        {"id": "l", "input": TEXTS[1:], "source": "faq"},
+        {"custom_id": "o", "method": "POST", "url": "/v1/embeddings", "body": {"input": TEXTS[2]}},
+        {"id": "blank", "input": ""},
+    ]
     dataset = write(tmp_path / "corpus.jsonl", lines)
     out = tmp_path / "vectors.parquet"
     # no --model: an embedding dataset runs on the embedding model; stderr is no terminal, so progress is plain lines
-    done = subprocess.run([*MIRO, "run", dataset, "-o", str(out), "--skip-invalid"], capture_output=True, text=True,
-                          env=ENV, timeout=300)
+    done = subprocess.run(
+        [*MIRO, "run", dataset, "-o", str(out), "--skip-invalid"], capture_output=True, text=True, env=ENV, timeout=300
+    )
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert "line 4: field 'input': input 0 is an empty string." in done.stderr
     assert "/4 done" in done.stderr and "Embedded 3 requests in " in done.stderr
@@ -49,14 +56,24 @@ def test_miro_run_embeds_a_dataset_into_parquet_and_openai_lines(tmp_path, minil
     assert table.schema.field("embedding").type == pa.list_(pa.float32(), 384)
     rows = table.to_pylist()
     assert [(r["custom_id"], r["input_index"], r["source"]) for r in rows] == [
-        ("s", 0, "docs"), ("l", 0, "faq"), ("l", 1, "faq"), ("o", 0, None), ("blank", None, None)]
+        ("s", 0, "docs"),
+        ("l", 0, "faq"),
+        ("l", 1, "faq"),
+        ("o", 0, None),
+        ("blank", None, None),
+    ]
     expected = Engine.from_model(MODEL).embed(TEXTS)
     np.testing.assert_allclose([rows[0]["embedding"], rows[1]["embedding"], rows[2]["embedding"]], expected, atol=1e-5)
     assert rows[4]["error"] == "line 4: field 'input': input 0 is an empty string."
 
     jsonl = tmp_path / "vectors.jsonl"
-    again = subprocess.run([*MIRO, "run", dataset, "-o", str(jsonl), "--format", "jsonl", "--skip-invalid",
-                            "--model", MODEL], capture_output=True, text=True, env=ENV, timeout=300)
+    again = subprocess.run(
+        [*MIRO, "run", dataset, "-o", str(jsonl), "--format", "jsonl", "--skip-invalid", "--model", MODEL],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr
     bodies = {line["custom_id"]: line["response"]["body"] for line in map(json.loads, jsonl.read_text().splitlines())}
     assert sorted(bodies) == ["l", "o", "s"] and [d["index"] for d in bodies["l"]["data"]] == [0, 1]
@@ -65,11 +82,14 @@ def test_miro_run_embeds_a_dataset_into_parquet_and_openai_lines(tmp_path, minil
 
 
 def test_miro_run_task_embed_embeds_prompt_lines_and_truncate_cuts_long_ones(tmp_path, minilm_path):
-    dataset = write(tmp_path / "prompts.jsonl", [{"id": "p", "prompt": TEXTS[0]},
-                                                 {"id": "long", "prompt": "lorem ipsum dolor " * 300}])
+    dataset = write(
+        tmp_path / "prompts.jsonl",
+        [{"id": "p", "prompt": TEXTS[0]}, {"id": "long", "prompt": "lorem ipsum dolor " * 300}],
+    )
     out = tmp_path / "out.parquet"
-    result = CliRunner().invoke(cli, ["run", dataset, "-o", str(out), "--model", MODEL, "--task", "embed",
-                                      "--truncate"])
+    result = CliRunner().invoke(
+        cli, ["run", dataset, "-o", str(out), "--model", MODEL, "--task", "embed", "--truncate"]
+    )
     assert result.exit_code == 0, result.output
     rows = pq.read_table(out).to_pylist()
     assert [(r["custom_id"], r["error"]) for r in rows] == [("p", None), ("long", None)]
@@ -93,16 +113,23 @@ def test_miro_embed_prints_a_json_array_per_text_or_writes_parquet(tmp_path, min
     table = pq.read_table(out)
     assert table.column_names == ["input_index", "prompt", "embedding", "prompt_tokens"]
     assert table.schema.field("embedding").type == pa.list_(pa.float32(), 32)
-    np.testing.assert_allclose(table["embedding"].to_pylist(),
-                               Engine.from_model(MODEL).embed(TEXTS, PoolingParams(dimensions=32)), atol=1e-6)
+    np.testing.assert_allclose(
+        table["embedding"].to_pylist(), Engine.from_model(MODEL).embed(TEXTS, PoolingParams(dimensions=32)), atol=1e-6
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["hello", ""], "Error: text 2: the input is an empty string.\n"),
-    (["x " * 600], "Error: the input has 602 tokens, more than the model's context of 512: shorten it, or set "
-                   "truncate_prompt_tokens (--truncate) to cut it.\n"),
-    (["hello", "--dimensions", "500"], "Error: dimensions is 500, but the model's embeddings have 384.\n"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["hello", ""], "Error: text 2: the input is an empty string.\n"),
+        (
+            ["x " * 600],
+            "Error: the input has 602 tokens, more than the model's context of 512: shorten it, or set "
+            "truncate_prompt_tokens (--truncate) to cut it.\n",
+        ),
+        (["hello", "--dimensions", "500"], "Error: dimensions is 500, but the model's embeddings have 384.\n"),
+    ],
+)
 def test_miro_embed_errors_are_one_sentence(minilm_path, args, message):
     result = CliRunner().invoke(cli, ["embed", *args])
     assert (result.exit_code, result.stderr) == (1, message)
@@ -121,17 +148,40 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_embeds_every_input_once(tmp
     passage = "a passage about batch inference, queues and workers that go away and come back " * 4
     lines = [{"id": f"p{i}", "input": [f"{i}: {passage}", f"{i} again: {passage}"]} for i in range(60)]
     dataset = write(tmp_path / "d.jsonl", lines)
-    submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--output",
-                                         str(tmp_path / "parts")])
+    submitted = CliRunner().invoke(
+        cli, ["submit", dataset, "--redis-url", redis_url, "--output", str(tmp_path / "parts")]
+    )
     assert submitted.exit_code == 0, submitted.output
     batch_id = submitted.stdout.strip()
     conn = redis.Redis.from_url(redis_url)
     assert batches.get_batch(conn, batch_id).model == MODEL  # the embedding batch's default model
-    command = [*MIRO, "worker", "--redis-url", redis_url, "--model", MODEL, "--max-num-seqs", "8",
-               "--job-monitoring-interval", "1", "--heartbeat-slack", "2", "--maintenance-interval", "1",
-               "--flush-rows", "8", "--flush-seconds", "6"]
-    kill_one_of_two_workers(command, ENV, lambda: batches.get_batch(conn, batch_id).completed,
-                            lambda: batches.get_batch(conn, batch_id).status == "completed", total=60)
+    command = [
+        *MIRO,
+        "worker",
+        "--redis-url",
+        redis_url,
+        "--model",
+        MODEL,
+        "--max-num-seqs",
+        "8",
+        "--job-monitoring-interval",
+        "1",
+        "--heartbeat-slack",
+        "2",
+        "--maintenance-interval",
+        "1",
+        "--flush-rows",
+        "8",
+        "--flush-seconds",
+        "6",
+    ]
+    kill_one_of_two_workers(
+        command,
+        ENV,
+        lambda: batches.get_batch(conn, batch_id).completed,
+        lambda: batches.get_batch(conn, batch_id).status == "completed",
+        total=60,
+    )
     record = batches.get_batch(conn, batch_id)
     assert (record.completed, record.failed, record.total) == (60, 0, 60)
     out = tmp_path / "m.parquet"

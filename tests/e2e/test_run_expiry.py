@@ -16,8 +16,11 @@ ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 
 @pytest.fixture(scope="module")
 def long_context_model(tmp_path_factory) -> str:
-    return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-long.gguf", tensor_type="Q8_0",
-                                context_length=4096)["path"])
+    return str(
+        write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-long.gguf", tensor_type="Q8_0", context_length=4096)[
+            "path"
+        ]
+    )
 
 
 @pytest.mark.slow
@@ -27,9 +30,23 @@ def test_a_run_past_its_window_writes_what_finished_and_the_expired_rest(tmp_pat
     requests += [{"id": f"l{i}", "prompt": f"hello {i}", "max_tokens": 4000, "ignore_eos": True} for i in range(30)]
     dataset.write_text("".join(json.dumps(r) + "\n" for r in requests))
     out = tmp_path / "results.parquet"
-    command = [sys.executable, "-c", "from miro.cli.main import cli; cli()", "run", str(dataset), "-o", str(out),
-               "--model", long_context_model, "--kv-cache-memory", "64MiB", "--max-num-seqs", "2",
-               "--flush-seconds", "0.2"]
+    command = [
+        sys.executable,
+        "-c",
+        "from miro.cli.main import cli; cli()",
+        "run",
+        str(dataset),
+        "-o",
+        str(out),
+        "--model",
+        long_context_model,
+        "--kv-cache-memory",
+        "64MiB",
+        "--max-num-seqs",
+        "2",
+        "--flush-seconds",
+        "0.2",
+    ]
     ran = subprocess.run([*command, "--completion-window", "15s"], capture_output=True, text=True, env=ENV, timeout=300)
     assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr
     assert "expired: its completion window (15s) ended with" in ran.stderr
@@ -40,7 +57,13 @@ def test_a_run_past_its_window_writes_what_finished_and_the_expired_rest(tmp_pat
     expired = [cid for cid, r in rows.items() if r["error_code"] == "batch_expired"]
     assert {"s0", "s1"} <= set(finished) and len(expired) >= 2 and len(finished) + len(expired) == len(requests)
 
-    bad = subprocess.run([*command, "--completion-window", "soon", "--state-dir", str(tmp_path / "other")],
-                         capture_output=True, text=True, env=ENV, timeout=60)
+    bad = subprocess.run(
+        [*command, "--completion-window", "soon", "--state-dir", str(tmp_path / "other")],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
     assert bad.returncode == 1 and bad.stderr.strip().endswith(
-        "Error: The completion window 'soon' is not valid: give a duration such as 24h (OpenAI's), 30m, 90s or 2d.")
+        "Error: The completion window 'soon' is not valid: give a duration such as 24h (OpenAI's), 30m, 90s or 2d."
+    )

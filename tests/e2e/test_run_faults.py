@@ -33,9 +33,26 @@ def results(out) -> dict[str, dict]:
 
 def test_a_run_with_the_poisoned_lines_writes_every_good_line_and_an_error_row_for_each_bad_one(tmp_path, tiny_model):
     path, out = dataset(tmp_path, [STOP_ID, GRAMMAR]), tmp_path / "r.parquet"
-    done = subprocess.run([sys.executable, "-c", "from miro.cli.main import cli; cli()", "run", str(path), "-o", str(out),
-                           "--model", tiny_model, "--kv-cache-memory", "8MiB", "--skip-invalid"],
-                          capture_output=True, text=True, env=ENV, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from miro.cli.main import cli; cli()",
+            "run",
+            str(path),
+            "-o",
+            str(out),
+            "--model",
+            tiny_model,
+            "--kv-cache-memory",
+            "8MiB",
+            "--skip-invalid",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     rows = results(out)
     assert sorted(rows) == sorted(["grammar", "stop-id", *(f"g{i}" for i in range(6))])
@@ -46,8 +63,9 @@ def test_a_run_with_the_poisoned_lines_writes_every_good_line_and_an_error_row_f
 
 
 def run(path, out, tiny_model, *extra):
-    return CliRunner().invoke(cli, ["run", str(path), "-o", str(out), "--model", tiny_model, "--kv-cache-memory", "8MiB",
-                                    *extra])
+    return CliRunner().invoke(
+        cli, ["run", str(path), "-o", str(out), "--model", tiny_model, "--kv-cache-memory", "8MiB", *extra]
+    )
 
 
 def assert_poison_failed_alone(result, out):
@@ -59,8 +77,9 @@ def assert_poison_failed_alone(result, out):
     assert "6 completed, 2 failed" in result.output
 
 
-def test_unchecked_the_engine_fails_the_poisoned_lines_alone_in_a_run_and_its_resume(tmp_path, tiny_model, unchecked,
-                                                                                   monkeypatch):
+def test_unchecked_the_engine_fails_the_poisoned_lines_alone_in_a_run_and_its_resume(
+    tmp_path, tiny_model, unchecked, monkeypatch
+):
     path = dataset(tmp_path, [STOP_ID, GRAMMAR])
     assert_poison_failed_alone(run(path, tmp_path / "a.parquet", tiny_model), tmp_path / "a.parquet")
 

@@ -10,12 +10,40 @@ from miro.cli.main import cli
 
 def test_a_parquet_dataset_runs_with_its_columns_kept_in_order(tmp_path, tiny_model):
     dataset = tmp_path / "reviews.parquet"
-    pq.write_table(pa.table({"review_id": ["r3", "r1", "r2", "r9"], "text": ["good", "bad", None, "fine"],
-                             "stars": [5, 1, 3, 4], "tags": [["a"], [], ["b", "c"], None]}), dataset)
+    pq.write_table(
+        pa.table(
+            {
+                "review_id": ["r3", "r1", "r2", "r9"],
+                "text": ["good", "bad", None, "fine"],
+                "stars": [5, 1, 3, 4],
+                "tags": [["a"], [], ["b", "c"], None],
+            }
+        ),
+        dataset,
+    )
     out = tmp_path / "out.parquet"
-    result = CliRunner().invoke(cli, ["run", str(dataset), "-o", str(out), "--model", tiny_model,
-                                      "--kv-cache-memory", "8MiB", "--template", "Review: {text}", "--id-column",
-                                      "review_id", "--max-tokens", "3", "--temperature", "0", "--skip-invalid"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            str(dataset),
+            "-o",
+            str(out),
+            "--model",
+            tiny_model,
+            "--kv-cache-memory",
+            "8MiB",
+            "--template",
+            "Review: {text}",
+            "--id-column",
+            "review_id",
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0",
+            "--skip-invalid",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "row 3: column 'text' is null, and the template needs it." in result.output
     table = pq.read_table(out)

@@ -25,7 +25,7 @@ def _complete(conn, batch_id: str, custom_ids: list[str]) -> None:
 
 def test_an_ended_batchs_counted_set_goes_to_storage_and_a_late_duplicate_counts_nothing(tmp_path, redis_server):
     conn = redis.Redis.from_url(redis_server)
-    ids = [f"r{i}" for i in range(5)] + ["odd \"id\"\n, é ✓"]  # any text comes back as it was
+    ids = [f"r{i}" for i in range(5)] + ['odd "id"\n, é ✓']  # any text comes back as it was
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps({"id": cid, "prompt": "hi"}) + "\n" for cid in ids))
     batch_id = submit(conn, path, output=str(tmp_path / "out")).batch_id
@@ -44,8 +44,9 @@ def test_an_ended_batchs_counted_set_goes_to_storage_and_a_late_duplicate_counts
 
     # a retry or resume brings it back first, with the batch's TTL; the next end moves it again
     assert counted.restore(conn, record) == 6
-    assert sorted(m.decode("utf-8", "surrogateescape") for m in conn.smembers(keys.batch_counted(batch_id))) == \
-        sorted(ids)
+    assert sorted(m.decode("utf-8", "surrogateescape") for m in conn.smembers(keys.batch_counted(batch_id))) == sorted(
+        ids
+    )
     assert 0 < conn.ttl(keys.batch_counted(batch_id)) <= conn.ttl(keys.batch(batch_id))
     assert batches.count_finished(conn, batch_id, "r1", prompt_tokens=3, completion_tokens=2) == 6  # still once
     assert batches.get_batch(conn, batch_id).completed == 6

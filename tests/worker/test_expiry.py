@@ -31,22 +31,44 @@ pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one r
 @pytest.fixture(scope="module")
 def long_context_model(tmp_path_factory) -> str:
     """The tiny model with a 4,096-token context, so that a long request runs for seconds."""
-    return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-long.gguf", tensor_type="Q8_0",
-                                context_length=4096)["path"])
+    return str(
+        write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-long.gguf", tensor_type="Q8_0", context_length=4096)[
+            "path"
+        ]
+    )
 
 
 def submit(tmp_path, redis_url, model, lines, window: str, *extra: str) -> str:
     dataset = tmp_path / "d.jsonl"
     dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    done = CliRunner().invoke(cli, ["submit", str(dataset), "--redis-url", redis_url, "--model", model,
-                                    "--output", str(tmp_path / "out"), "--completion-window", window, *extra])
+    done = CliRunner().invoke(
+        cli,
+        [
+            "submit",
+            str(dataset),
+            "--redis-url",
+            redis_url,
+            "--model",
+            model,
+            "--output",
+            str(tmp_path / "out"),
+            "--completion-window",
+            window,
+            *extra,
+        ],
+    )
     assert done.exit_code == 0, done.output
     return done.stdout.strip().splitlines()[-1]
 
 
 def request(custom_id: str, max_tokens: int) -> dict:
-    return {"id": custom_id, "prompt": f"hello {custom_id}", "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True}
+    return {
+        "id": custom_id,
+        "prompt": f"hello {custom_id}",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
 
 
 def part_rows(tmp_path, batch_id) -> list[dict]:
@@ -54,19 +76,25 @@ def part_rows(tmp_path, batch_id) -> list[dict]:
 
 
 def test_windows_are_durations():
-    assert [durations.completion_window(w) for w in ("24h", "30m", "90s", "2d", "45")] == [86400, 1800, 90, 172800,
-                                                                                           45]
+    assert [durations.completion_window(w) for w in ("24h", "30m", "90s", "2d", "45")] == [86400, 1800, 90, 172800, 45]
     for bad in ("0h", "soon", "-1h", "1w", ""):
         with pytest.raises(MiroError, match="is not valid: give a duration such as 24h"):
             durations.completion_window(bad)
 
 
-def test_a_batch_past_its_window_mid_run_keeps_what_finished_and_expires_the_rest(tmp_path, redis_url,
-                                                                                  long_context_model):
+def test_a_batch_past_its_window_mid_run_keeps_what_finished_and_expires_the_rest(
+    tmp_path, redis_url, long_context_model
+):
     conn = redis.Redis.from_url(redis_url)
     model = long_context_model
-    worker = BatchWorker([queue_for(model)], connection=conn, serializer=JSONSerializer, model=model,
-                         engine_options={"kv_cache_memory": "64MiB", "max_num_seqs": 2}, flush_rows=1)
+    worker = BatchWorker(
+        [queue_for(model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=model,
+        engine_options={"kv_cache_memory": "64MiB", "max_num_seqs": 2},
+        flush_rows=1,
+    )
     running = threading.Thread(target=worker.work)
     running.start()
     try:
@@ -75,8 +103,9 @@ def test_a_batch_past_its_window_mid_run_keeps_what_finished_and_expires_the_res
         batch_id = submit(tmp_path, redis_url, model, lines, "3s")
         record = batches.get_batch(conn, batch_id)
         assert (record.completion_window, record.expires_at) == ("3s", pytest.approx(record.created_at + 3, abs=0.01))
-        ended = wait_for(lambda: (b := batches.get_batch(conn, batch_id)).status == "expired" and b, timeout_s=60,
-                         every_s=0.05)
+        ended = wait_for(
+            lambda: (b := batches.get_batch(conn, batch_id)).status == "expired" and b, timeout_s=60, every_s=0.05
+        )
         assert ended, batches.get_batch(conn, batch_id)
         assert not worker.in_flight  # the long requests it held were aborted
         time.sleep(1.5)  # a worker that would still run something of it has had time to
@@ -101,17 +130,22 @@ def test_a_batch_past_its_window_mid_run_keeps_what_finished_and_expires_the_res
     expired = [line for line in lines if line["error"] is not None]
     assert len(finished) == record.completed and len(expired) == record.expired
     assert {line["custom_id"] for line in finished} | {line["custom_id"] for line in expired} == {
-        line["id"] for line in [request("s0", 2), request("s1", 2)] + [request(f"l{i}", 1) for i in range(12)]}
+        line["id"] for line in [request("s0", 2), request("s1", 2)] + [request(f"l{i}", 1) for i in range(12)]
+    }
     assert all(line["error"] == {"code": "batch_expired", "message": EXPIRED_ERROR} for line in expired)
     assert all(line["id"].startswith(f"batch_req_{batch_id}-") for line in expired)
 
 
-def test_workers_enforce_the_window_before_they_start_a_job_and_resume_gives_a_new_one(tmp_path, redis_url,
-                                                                                      tiny_model):
+def test_workers_enforce_the_window_before_they_start_a_job_and_resume_gives_a_new_one(tmp_path, redis_url, tiny_model):
     conn = redis.Redis.from_url(redis_url)
     batch_id = submit(tmp_path, redis_url, tiny_model, [request(f"r{i}", 2) for i in range(6)], "2s")
-    worker = dict(connection=conn, serializer=JSONSerializer, model=tiny_model, flush_rows=1,
-                  engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 1})
+    worker = dict(
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        flush_rows=1,
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 1},
+    )
     BatchWorker([queue_for(tiny_model)], **worker).work(burst=True, max_jobs=2)  # two run, four stay queued
     assert batches.get_batch(conn, batch_id).completed == 2
     assert wait_for(lambda: time.time() > batches.get_batch(conn, batch_id).expires_at, timeout_s=5, every_s=0.05)
@@ -125,8 +159,9 @@ def test_workers_enforce_the_window_before_they_start_a_job_and_resume_gives_a_n
     cancelled = CliRunner().invoke(cli, ["cancel", batch_id, "--redis-url", redis_url])
     assert cancelled.exit_code == 1 and "is expired; there is nothing left to cancel" in cancelled.stderr
 
-    resumed = CliRunner().invoke(cli, ["submit", str(tmp_path / "d.jsonl"), "--redis-url", redis_url,
-                                       "--resume", batch_id])
+    resumed = CliRunner().invoke(
+        cli, ["submit", str(tmp_path / "d.jsonl"), "--redis-url", redis_url, "--resume", batch_id]
+    )
     assert resumed.exit_code == 0, resumed.output
     record = batches.get_batch(conn, batch_id)
     assert record.status == "in_progress" and record.expires_at > time.time() + 1  # a new window, from now
@@ -139,8 +174,9 @@ def test_workers_enforce_the_window_before_they_start_a_job_and_resume_gives_a_n
 
 def test_expiry_happens_once_under_its_lock(redis_url):
     conn = redis.Redis.from_url(redis_url)
-    batch_id = batches.create_batch(conn, name="n", model="m", input_file="f", output="o", total=3, queue="miro:m",
-                                    completion_window="1s")
+    batch_id = batches.create_batch(
+        conn, name="n", model="m", input_file="f", output="o", total=3, queue="miro:m", completion_window="1s"
+    )
     batches.set_status(conn, batch_id, "in_progress")
     batches.count_finished(conn, batch_id, "a", prompt_tokens=5, cached_tokens=2, completion_tokens=3)
     later = batches.get_batch(conn, batch_id).expires_at + 0.1

@@ -28,8 +28,12 @@ from miro.worker.fleet.intake.submit import submit
 
 def dataset(tmp_path, n: int, max_tokens: int = 1):
     path = tmp_path / "d.jsonl"
-    path.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"hi {i}", "max_tokens": max_tokens,
-                                        "temperature": 0}) + "\n" for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"r{i}", "prompt": f"hi {i}", "max_tokens": max_tokens, "temperature": 0}) + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
@@ -60,8 +64,12 @@ def test_submit_queues_a_window_and_stores_the_rest(tmp_path, redis_url, small_w
     group = Job.fetch(batches.group_job_id(batch_id, 1, 2), connection=conn, serializer=JSONSerializer)
     assert group.meta == {"batch_id": batch_id, "custom_ids": ["r9"]}
     assert [p.custom_id for p in payloads_of(group.kwargs)] == ["r9"]
-    assert [p.line for p in payloads_of(Job.fetch(batches.group_job_id(batch_id, 0, 1), connection=conn,
-                                                  serializer=JSONSerializer).kwargs)] == [3, 4]
+    assert [
+        p.line
+        for p in payloads_of(
+            Job.fetch(batches.group_job_id(batch_id, 0, 1), connection=conn, serializer=JSONSerializer).kwargs
+        )
+    ] == [3, 4]
     assert [r.custom_id for r in spool.read_chunk(batch.output, batch_id, 4)] == ["r20", "r21", "r22"]
     assert conn.hlen(keys.batch_jobs(batch_id)) == 0  # Redis holds the queued jobs, not the dataset nor an index
 
@@ -111,11 +119,18 @@ def test_an_expired_batch_gives_its_unfed_requests_batch_expired_rows(tmp_path, 
     assert set(table["error_code"].to_pylist()) == {"batch_expired"}
 
 
-def test_a_worker_tops_up_the_queue_and_runs_a_batch_bigger_than_its_window(tmp_path, redis_url, tiny_model,
-                                                                            small_window):
+def test_a_worker_tops_up_the_queue_and_runs_a_batch_bigger_than_its_window(
+    tmp_path, redis_url, tiny_model, small_window
+):
     conn, batch_id = new_batch(tmp_path, redis_url, 23, model=tiny_model)
-    BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model, flush_rows=4,
-                engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 2}).work(burst=True)
+    BatchWorker(
+        [queue_for(tiny_model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        flush_rows=4,
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 2},
+    ).work(burst=True)
     batch = batches.get_batch(conn, batch_id)
     assert (batch.status, batch.completed, batch.fed) == ("completed", 23, 5)
     rows = pq.read_table(tmp_path / "out" / batch_id).to_pylist()  # the stored requests are no part of it

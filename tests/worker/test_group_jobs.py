@@ -31,8 +31,14 @@ def short(n: int) -> list[dict]:
 
 
 def worker(conn, model) -> BatchWorker:
-    return BatchWorker([queue_for(model)], connection=conn, serializer=JSONSerializer, model=model, flush_rows=2,
-                       engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 3})
+    return BatchWorker(
+        [queue_for(model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=model,
+        flush_rows=2,
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 3},
+    )
 
 
 def rows(tmp_path, batch_id) -> list[dict]:
@@ -43,8 +49,9 @@ def queue(conn, model) -> Queue:
     return Queue(queue_for(model), connection=conn, serializer=JSONSerializer)
 
 
-def test_a_group_runs_its_requests_and_a_refused_one_gets_a_failed_job_that_retry_runs_alone(tmp_path, redis_url,
-                                                                                               tiny_model):
+def test_a_group_runs_its_requests_and_a_refused_one_gets_a_failed_job_that_retry_runs_alone(
+    tmp_path, redis_url, tiny_model
+):
     conn = redis.Redis.from_url(redis_url)
     lines = [*short(4), {"id": "long", "prompt": "hello " * 200, "max_tokens": 4}]  # over the 128-token context
     batch_id = new_batch(tmp_path, conn, tiny_model, lines, per_job=5)
@@ -118,12 +125,16 @@ def test_resume_leaves_the_requests_of_a_queued_group_to_it(tmp_path, redis_url,
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(line) + "\n" for line in [*lines, short(5)[4]]))
     resumed = submit(conn, tmp_path / "d.jsonl", resume=batch_id)
     assert (resumed.enqueued, resumed.in_flight) == (1, 4)  # only the new line: the others wait in their groups
-    assert queue(conn, tiny_model).job_ids == [batches.group_job_id(batch_id, 0, 0), batches.group_job_id(batch_id, 0, 1),
-                                               batches.job_id(batch_id, "r4")]
+    assert queue(conn, tiny_model).job_ids == [
+        batches.group_job_id(batch_id, 0, 0),
+        batches.group_job_id(batch_id, 0, 1),
+        batches.job_id(batch_id, "r4"),
+    ]
     worker(conn, tiny_model).work(burst=True)
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.completed, record.total) == ("completed", 5, 5)
     assert sorted(r["custom_id"] for r in rows(tmp_path, batch_id)) == ["r0", "r1", "r2", "r3", "r4"]
     # each counted once; the ended batch's set has moved to storage (counted.py)
-    assert sorted(json.loads(line) for line in (tmp_path / "out" / batch_id / counted.FILE).read_text().splitlines()) \
-        == ["r0", "r1", "r2", "r3", "r4"]
+    assert sorted(
+        json.loads(line) for line in (tmp_path / "out" / batch_id / counted.FILE).read_text().splitlines()
+    ) == ["r0", "r1", "r2", "r3", "r4"]

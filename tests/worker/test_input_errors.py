@@ -18,8 +18,10 @@ from input_lines import CHAT, COMPLETIONS, only_error, openai, parse, write
 LINE_ERRORS = [
     # malformed JSON and not-objects
     ('{"id": "q1" "prompt": "x"}', "line 1: not valid JSON (Expecting ',' delimiter at column 13)."),
-    ('{"id": "q1", "prompt": "x",}',
-     "line 1: not valid JSON (Expecting property name enclosed in double quotes at column 28)."),
+    (
+        '{"id": "q1", "prompt": "x",}',
+        "line 1: not valid JSON (Expecting property name enclosed in double quotes at column 28).",
+    ),
     ("[1, 2]", "line 1: expected a JSON object, got an array."),
     ('"just text"', "line 1: expected a JSON object, got a string."),
     ("42", "line 1: expected a JSON object, got a number."),
@@ -27,19 +29,27 @@ LINE_ERRORS = [
     ("true", "line 1: expected a JSON object, got true or false."),
     ('{"prompt": "a", "prompt": "b"}', "line 1: key 'prompt' appears twice in one JSON object."),
     ("[" * 100_000, "line 1: not valid JSON (a number is too long or the nesting too deep)."),
-    ('{"prompt": "a", "seed": ' + "9" * 5000 + "}",
-     "line 1: not valid JSON (a number is too long or the nesting too deep)."),
+    (
+        '{"prompt": "a", "seed": ' + "9" * 5000 + "}",
+        "line 1: not valid JSON (a number is too long or the nesting too deep).",
+    ),
     # simple form: prompt / messages
     ({"id": "q1"}, "line 1: the line needs a 'prompt', 'messages' or 'input' field."),
     ({"id": "q1", "prompt": None}, "line 1: the line needs a 'prompt', 'messages' or 'input' field."),
-    ({"id": "q1", "prompt": "a", "messages": [{"role": "user", "content": "b"}]},
-     "line 1: the line has both 'prompt' and 'messages', give only one."),
+    (
+        {"id": "q1", "prompt": "a", "messages": [{"role": "user", "content": "b"}]},
+        "line 1: the line has both 'prompt' and 'messages', give only one.",
+    ),
     ({"id": "a", "custom_id": "b", "prompt": "x"}, "line 1: give the id as 'id' or as 'custom_id', not both."),
     # simple form: wrong types
-    ({"messages": [{"role": "user", "content": 5}]},
-     "line 1: field 'messages.0.content': Input should be a valid string."),
-    ({"messages": [{"role": "tool", "content": "x"}]},
-     "line 1: field 'messages.0.role': Input should be 'system', 'developer', 'user' or 'assistant'."),
+    (
+        {"messages": [{"role": "user", "content": 5}]},
+        "line 1: field 'messages.0.content': Input should be a valid string.",
+    ),
+    (
+        {"messages": [{"role": "tool", "content": "x"}]},
+        "line 1: field 'messages.0.role': Input should be 'system', 'developer', 'user' or 'assistant'.",
+    ),
     ({"messages": [{"content": "x"}]}, "line 1: field 'messages.0.role': Field required."),
     ({"messages": "hello"}, "line 1: field 'messages': Input should be a valid list."),
     ({"messages": []}, "line 1: field 'messages': List should have at least 1 item after validation, not 0."),
@@ -54,27 +64,41 @@ LINE_ERRORS = [
     ('{"prompt": "x", "temperature": NaN}', "line 1: not valid JSON (NaN is not a JSON number)."),
     ('{"prompt": "x", "top_p": Infinity}', "line 1: not valid JSON (Infinity is not a JSON number)."),
     # anywhere in the line, even in fields miro does not read (OpenAI's API refuses them too)
-    ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "metadata": {"k": NaN}}}',
-     "line 1: not valid JSON (NaN is not a JSON number)."),
-    ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "user": -Infinity}}',
-     "line 1: not valid JSON (-Infinity is not a JSON number)."),
-    ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", '
-     '"logit_bias": {"5": Infinity}}}', "line 1: not valid JSON (Infinity is not a JSON number)."),
+    (
+        '{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "metadata": {"k": NaN}}}',
+        "line 1: not valid JSON (NaN is not a JSON number).",
+    ),
+    (
+        '{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "user": -Infinity}}',
+        "line 1: not valid JSON (-Infinity is not a JSON number).",
+    ),
+    (
+        '{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", '
+        '"logit_bias": {"5": Infinity}}}',
+        "line 1: not valid JSON (Infinity is not a JSON number).",
+    ),
     ({"prompt": "x", "ignore_eos": 1}, "line 1: field 'ignore_eos': Input should be a valid boolean."),
     ({"prompt": "x", "stop": 5}, "line 1: field 'stop': Input should be a string or a list of strings."),
     ({"prompt": "x", "stop": ["a", 5]}, "line 1: field 'stop.1': Input should be a valid string."),
-    ({"prompt": "x", "stop_token_ids": [-1]},
-     "line 1: field 'stop_token_ids.0': Input should be greater than or equal to 0."),
+    (
+        {"prompt": "x", "stop_token_ids": [-1]},
+        "line 1: field 'stop_token_ids.0': Input should be greater than or equal to 0.",
+    ),
     ({"prompt": "x", "seed": -1}, "line 1: field 'seed': Input should be greater than or equal to 0."),
     ({"prompt": "x", "logprobs": True}, "line 1: field 'logprobs': Input should be a valid integer."),
     # simple form: unknown fields are errors, with a hint for typos
     ({"prompt": "x", "temprature": 0.5}, "line 1: field 'temprature': unknown field (did you mean 'temperature'?)."),
     ({"prompt": "x", "temprature": 0.5}, "line 1: field 'temprature': unknown field (did you mean 'temperature'?)."),
     ({"prompt": "x", "output": "y"}, "line 1: field 'output': the results have a column of that name, rename it."),
-    ({"prompt": "x", "model": "m"}, "line 1: field 'model': a simple line cannot choose its model: give --model, "
-                                    "or use OpenAI lines (body.model)."),
+    (
+        {"prompt": "x", "model": "m"},
+        "line 1: field 'model': a simple line cannot choose its model: give --model, or use OpenAI lines (body.model).",
+    ),
     # sampling values out of range: SamplingParams' own sentence
-    ({"prompt": "x", "max_tokens": 0}, "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got 0."),
+    (
+        {"prompt": "x", "max_tokens": 0},
+        "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got 0.",
+    ),
     ({"prompt": "x", "temperature": -1}, "line 1: temperature must be >= 0, got -1.0."),
     ({"prompt": "x", "top_p": 0}, "line 1: top_p must be in (0, 1], got 0.0."),
     ({"prompt": "x", "top_p": 1.5}, "line 1: top_p must be in (0, 1], got 1.5."),
@@ -82,49 +106,79 @@ LINE_ERRORS = [
     ({"prompt": "x", "min_p": 2}, "line 1: min_p must be in [0, 1], got 2.0."),
     ({"prompt": "x", "n": 0}, "line 1: n must be an integer from 1 to 128, got 0."),
     ({"prompt": "x", "n": 1000000}, "line 1: n must be an integer from 1 to 128, got 1000000."),
-    ({"prompt": "x", "max_tokens": 10**25},
-     "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got "
-     "10000000000000000000000000."),
+    (
+        {"prompt": "x", "max_tokens": 10**25},
+        "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got "
+        "10000000000000000000000000.",
+    ),
     ({"prompt": "x", "repetition_penalty": 0}, "line 1: repetition_penalty must be > 0, got 0.0."),
     ({"prompt": "x", "presence_penalty": 3}, "line 1: presence_penalty and frequency_penalty must be in [-2, 2]."),
     ({"prompt": "x", "logprobs": 21}, "line 1: logprobs must be between 0 and 20, got 21."),
     ({"prompt": "x", "stop": [""]}, "line 1: stop strings must not be empty."),
-    ({"prompt": "x", "min_tokens": 20, "max_tokens": 10},
-     "line 1: min_tokens must be between 0 and max_tokens (10), got 20."),
+    (
+        {"prompt": "x", "min_tokens": 20, "max_tokens": 10},
+        "line 1: min_tokens must be between 0 and max_tokens (10), got 20.",
+    ),
     # OpenAI form: envelope
-    ({**openai(), "url": "/v1/moderations"},
-     "line 1: field 'url': Input should be '/v1/chat/completions', '/v1/completions', '/v1/embeddings' or "
-     "'/v1/responses'."),
+    (
+        {**openai(), "url": "/v1/moderations"},
+        "line 1: field 'url': Input should be '/v1/chat/completions', '/v1/completions', '/v1/embeddings' or "
+        "'/v1/responses'.",
+    ),
     ({**openai(), "method": "GET"}, "line 1: field 'method': Input should be 'POST'."),
     ({"custom_id": "c1", "method": "POST", "url": CHAT}, "line 1: field 'body': Field required."),
-    ({"custom_id": "c1", "method": "POST", "url": CHAT, "body": "hi"},
-     "line 1: field 'body': Input should be a valid dictionary."),
-    ({"method": "POST", "url": CHAT, "body": {"messages": [{"role": "user", "content": "x"}]}},
-     "line 1: field 'custom_id': Field required."),
-    ({"custom_id": 5, "method": "POST", "url": COMPLETIONS, "body": {"prompt": "x"}},
-     "line 1: field 'custom_id': Input should be a valid string."),
+    (
+        {"custom_id": "c1", "method": "POST", "url": CHAT, "body": "hi"},
+        "line 1: field 'body': Input should be a valid dictionary.",
+    ),
+    (
+        {"method": "POST", "url": CHAT, "body": {"messages": [{"role": "user", "content": "x"}]}},
+        "line 1: field 'custom_id': Field required.",
+    ),
+    (
+        {"custom_id": 5, "method": "POST", "url": COMPLETIONS, "body": {"prompt": "x"}},
+        "line 1: field 'custom_id': Input should be a valid string.",
+    ),
     ({**openai(), "extra": 1}, "line 1: field 'extra': unknown field."),
     ({**openai(), "bodi": {}}, "line 1: field 'bodi': unknown field (did you mean 'body'?)."),
     # OpenAI form: bodies
     (openai(url=CHAT, prompt="x"), "line 1: field 'body.messages': Field required."),
-    (openai(url=COMPLETIONS, messages=[{"role": "user", "content": "x"}]),
-     "line 1: field 'body.prompt': Field required."),
-    (openai(url=COMPLETIONS, prompt=["a", "b"]),
-     "line 1: field 'body.prompt': arrays of prompts are not supported, put each prompt on its own line."),
-    (openai(url=COMPLETIONS, prompt=[1, 2, 3]),
-     "line 1: field 'body.prompt': arrays of prompts are not supported, put each prompt on its own line."),
-    (openai(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]),
-     "line 1: field 'body.messages.0.content': content parts of type 'image_url' are not supported (text only)."),
-    (openai(messages=[{"role": "user", "content": []}]),
-     "line 1: field 'body.messages.0.content': a list of content parts must not be empty."),
-    (openai(tools=[{"type": "function"}]), "line 1: field 'body': 'tools' is not supported by miro yet, and ignoring "
-                                           "it would change the answer: remove it or set it to null."),
+    (
+        openai(url=COMPLETIONS, messages=[{"role": "user", "content": "x"}]),
+        "line 1: field 'body.prompt': Field required.",
+    ),
+    (
+        openai(url=COMPLETIONS, prompt=["a", "b"]),
+        "line 1: field 'body.prompt': arrays of prompts are not supported, put each prompt on its own line.",
+    ),
+    (
+        openai(url=COMPLETIONS, prompt=[1, 2, 3]),
+        "line 1: field 'body.prompt': arrays of prompts are not supported, put each prompt on its own line.",
+    ),
+    (
+        openai(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]),
+        "line 1: field 'body.messages.0.content': content parts of type 'image_url' are not supported (text only).",
+    ),
+    (
+        openai(messages=[{"role": "user", "content": []}]),
+        "line 1: field 'body.messages.0.content': a list of content parts must not be empty.",
+    ),
+    (
+        openai(tools=[{"type": "function"}]),
+        "line 1: field 'body': 'tools' is not supported by miro yet, and ignoring "
+        "it would change the answer: remove it or set it to null.",
+    ),
     (openai(top_logprobs=2), "line 1: field 'body.top_logprobs': needs 'logprobs' set to true."),
     (openai(logprobs=3), "line 1: field 'body.logprobs': Input should be a valid boolean."),
     (openai(url=COMPLETIONS, logprobs=True), "line 1: field 'body.logprobs': Input should be a valid integer."),
-    (openai(max_tokens=5, max_completion_tokens=6),
-     "line 1: field 'body.max_completion_tokens': differs from 'body.max_tokens', give only one."),
-    (openai(max_completion_tokens=0), "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got 0."),
+    (
+        openai(max_tokens=5, max_completion_tokens=6),
+        "line 1: field 'body.max_completion_tokens': differs from 'body.max_tokens', give only one.",
+    ),
+    (
+        openai(max_completion_tokens=0),
+        "line 1: max_tokens must be from 1 to 4,194,304 (longer than any supported context), got 0.",
+    ),
     (openai(temperature=-0.5), "line 1: temperature must be >= 0, got -0.5."),
     (openai(model=3), "line 1: field 'body.model': Input should be a valid string."),
 ]
@@ -296,11 +350,37 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=8,
 )
-known_keys = st.sampled_from([
-    "id", "custom_id", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-    "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "logprobs",
-    "stop_token_ids", "method", "url", "body", "role", "content", "model", "max_completion_tokens", "top_logprobs",
-])
+known_keys = st.sampled_from(
+    [
+        "id",
+        "custom_id",
+        "prompt",
+        "messages",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "stop",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_tokens",
+        "ignore_eos",
+        "logprobs",
+        "stop_token_ids",
+        "method",
+        "url",
+        "body",
+        "role",
+        "content",
+        "model",
+        "max_completion_tokens",
+        "top_logprobs",
+    ]
+)
 line_objects = st.recursive(
     json_values,
     lambda inner: st.dictionaries(known_keys, inner | st.sampled_from([CHAT, COMPLETIONS, "POST", "user"]), max_size=6),
@@ -312,8 +392,9 @@ line_objects = st.recursive(
 @given(lines=st.lists(line_objects.map(json.dumps) | st.binary(max_size=40), min_size=1, max_size=8))
 def test_fuzz_every_line_is_a_request_or_one_clean_error(tmp_path, lines):
     path = tmp_path / "fuzz.jsonl"
-    encoded = [line.encode() if isinstance(line, str) else line.replace(b"\n", b" ").replace(b"\r", b" ")
-               for line in lines]
+    encoded = [
+        line.encode() if isinstance(line, str) else line.replace(b"\n", b" ").replace(b"\r", b" ") for line in lines
+    ]
     path.write_bytes(b"\n".join(encoded) + b"\n")
     result = parse_dataset(path)
     assert_clean(result)
@@ -334,10 +415,15 @@ def test_non_text_content_parts_are_refused_by_type(tmp_path):
     assert "content parts of type 'image_url' are not supported (text only)" in error.message
 
 
-@pytest.mark.parametrize("field, value", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-    ("logit_bias", {"50256": -100}), ("stream", True),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("tool_choice", "auto"),
+        ("logit_bias", {"50256": -100}),
+        ("stream", True),
+    ],
+)
 def test_fields_miro_cannot_honour_are_refused_by_name_not_ignored(tmp_path, field, value):
     result = parse(tmp_path, openai("o", CHAT, **{field: value}))
     [error] = result.errors
@@ -349,38 +435,68 @@ def test_a_json_array_or_csv_file_is_one_sentence_about_the_file(tmp_path):
     array.write_text(json.dumps([{"id": "q1", "prompt": "a"}, {"id": "q2", "prompt": "b"}], indent=1))
     assert parse_dataset(array).file_error == (
         f"Dataset file '{array}' holds a JSON array: miro reads JSON Lines, one request object per line, "
-        'e.g. {"id": "q1", "prompt": "..."}.')
+        'e.g. {"id": "q1", "prompt": "..."}.'
+    )
     csv = tmp_path / "a.txt"  # a .csv file is read as CSV (tables.py)
     csv.write_text("id,prompt\nq1,hello\nq2,world\n")
-    assert "looks like CSV (its first line is 'id,prompt'): give it a .csv name or --input-format csv" in \
-        parse_dataset(csv).file_error
+    assert (
+        "looks like CSV (its first line is 'id,prompt'): give it a .csv name or --input-format csv"
+        in parse_dataset(csv).file_error
+    )
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text('{"id": "q1", "prompt": "a"}\nid,prompt\n')  # one good line: the per-line errors stand
     assert parse_dataset(mixed).file_error is None
 
 
-@pytest.mark.parametrize("line, message", [
-    ({"id": "q", "prompt": "x", "structured_outputs": {"regex": "(ab"}},
-     "line 1: structured_outputs.regex does not compile: "),
-    ({"id": "q", "prompt": "x", "structured_outputs": {"json": {"type": "bogus"}}},
-     "line 1: structured_outputs.json does not compile: Invalid type: bogus."),
-    ({"id": "q", "prompt": "x", "structured_outputs": {"grammar": "start: nowhere"}},
-     "line 1: structured_outputs.grammar does not compile: "),
-    ({"id": "q", "prompt": "x", "structured_outputs": {"choice": "yes"}},
-     "line 1: structured_outputs.choice must be a non-empty list of non-empty strings."),
-    ({"id": "q", "prompt": "x", "structured_outputs": "json"},
-     "line 1: field 'structured_outputs': Input should be a valid dictionary."),
-    ({"id": "q", "prompt": "x", "structured_outputs": {"json_object": True}, "stop": "}"},
-     "line 1: stop strings cannot be combined with structured_outputs"),
-    (openai("o", CHAT, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "x"}}}),
-     "line 1: field 'body.response_format.json_schema.schema' does not compile: Invalid type: x."),
-    (openai("o", CHAT, response_format={"type": "json_schema"}),
-     "line 1: field 'body.response_format': 'json_schema' goes with type 'json_schema', and only there."),
-    (openai("o", CHAT, response_format={"type": "xml"}),
-     "line 1: field 'body.response_format.type': Input should be 'text', 'json_object' or 'json_schema'."),
-    (openai("o", CHAT, response_format={"type": "json_object"}, structured_outputs={"regex": "a"}),
-     "line 1: field 'body.response_format': give it or 'body.structured_outputs', not both."),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            {"id": "q", "prompt": "x", "structured_outputs": {"regex": "(ab"}},
+            "line 1: structured_outputs.regex does not compile: ",
+        ),
+        (
+            {"id": "q", "prompt": "x", "structured_outputs": {"json": {"type": "bogus"}}},
+            "line 1: structured_outputs.json does not compile: Invalid type: bogus.",
+        ),
+        (
+            {"id": "q", "prompt": "x", "structured_outputs": {"grammar": "start: nowhere"}},
+            "line 1: structured_outputs.grammar does not compile: ",
+        ),
+        (
+            {"id": "q", "prompt": "x", "structured_outputs": {"choice": "yes"}},
+            "line 1: structured_outputs.choice must be a non-empty list of non-empty strings.",
+        ),
+        (
+            {"id": "q", "prompt": "x", "structured_outputs": "json"},
+            "line 1: field 'structured_outputs': Input should be a valid dictionary.",
+        ),
+        (
+            {"id": "q", "prompt": "x", "structured_outputs": {"json_object": True}, "stop": "}"},
+            "line 1: stop strings cannot be combined with structured_outputs",
+        ),
+        (
+            openai(
+                "o",
+                CHAT,
+                response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "x"}}},
+            ),
+            "line 1: field 'body.response_format.json_schema.schema' does not compile: Invalid type: x.",
+        ),
+        (
+            openai("o", CHAT, response_format={"type": "json_schema"}),
+            "line 1: field 'body.response_format': 'json_schema' goes with type 'json_schema', and only there.",
+        ),
+        (
+            openai("o", CHAT, response_format={"type": "xml"}),
+            "line 1: field 'body.response_format.type': Input should be 'text', 'json_object' or 'json_schema'.",
+        ),
+        (
+            openai("o", CHAT, response_format={"type": "json_object"}, structured_outputs={"regex": "a"}),
+            "line 1: field 'body.response_format': give it or 'body.structured_outputs', not both.",
+        ),
+    ],
+)
 def test_a_constraint_that_cannot_compile_is_its_lines_error(tmp_path, line, message):
     """Submit compiles every schema, regex and grammar: one that fails is that line's error, and nothing is
     enqueued."""
@@ -415,15 +531,31 @@ def test_custom_id_over_the_limit_is_refused_without_keeping_it(tmp_path):
     from miro.worker.fleet.intake.inputs import MAX_CUSTOM_ID
 
     long_id = "k" * (MAX_CUSTOM_ID + 1)
-    result = parse(tmp_path, {"id": "a" * MAX_CUSTOM_ID, "prompt": "at the limit"}, {"id": long_id, "prompt": "x"},
-                   {"custom_id": long_id, "method": "POST", "url": "/v1/chat/completions",
-                    "body": {"messages": [{"role": "user", "content": "x"}]}})
+    result = parse(
+        tmp_path,
+        {"id": "a" * MAX_CUSTOM_ID, "prompt": "at the limit"},
+        {"id": long_id, "prompt": "x"},
+        {
+            "custom_id": long_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "x"}]},
+        },
+    )
     assert [r.custom_id for r in result.requests] == ["a" * MAX_CUSTOM_ID]
     assert [(e.line, e.custom_id, e.message) for e in result.errors] == [
-        (2, None, f"line 2: field 'id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too long (at most "
-                  f"{MAX_CUSTOM_ID:,})."),
-        (3, None, f"line 3: field 'custom_id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too long (at most "
-                  f"{MAX_CUSTOM_ID:,})."),
+        (
+            2,
+            None,
+            f"line 2: field 'id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too long (at most "
+            f"{MAX_CUSTOM_ID:,}).",
+        ),
+        (
+            3,
+            None,
+            f"line 3: field 'custom_id': a custom id of {MAX_CUSTOM_ID + 1:,} characters is too long (at most "
+            f"{MAX_CUSTOM_ID:,}).",
+        ),
     ]
     digits = parse(tmp_path, '{"id": ' + "7" * (MAX_CUSTOM_ID + 1) + ', "prompt": "x"}')  # a number's digits count
     assert [(e.custom_id, e.message.split(":")[1]) for e in digits.errors] == [(None, " field 'id'")]

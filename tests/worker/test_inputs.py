@@ -16,8 +16,17 @@ def test_simple_prompt_line(tmp_path):
     result = parse(tmp_path, {"id": "q1", "prompt": "Say hi."})
     assert result.ok and result.errors == [] and result.file_error is None
     assert result.requests == [
-        Request(custom_id="q1", line=1, kind="completion", prompt="Say hi.", messages=None,
-                sampling={"max_tokens": None}, requested_model=None, form="simple", url=None)
+        Request(
+            custom_id="q1",
+            line=1,
+            kind="completion",
+            prompt="Say hi.",
+            messages=None,
+            sampling={"max_tokens": None},
+            requested_model=None,
+            form="simple",
+            url=None,
+        )
     ]
 
 
@@ -48,9 +57,23 @@ def test_custom_id_spelling_int_id_and_default_ids_count_physical_lines(tmp_path
 
 def test_simple_sampling_fields_map_to_vllm_names_and_merge_over_defaults(tmp_path):
     line = {
-        "id": "q", "prompt": "p", "max_tokens": 50, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
-        "seed": 3, "stop": "\n\n", "n": 2, "presence_penalty": 0.5, "frequency_penalty": -0.5,
-        "repetition_penalty": 1.1, "min_tokens": 2, "ignore_eos": True, "logprobs": 5, "stop_token_ids": [2, 7],
+        "id": "q",
+        "prompt": "p",
+        "max_tokens": 50,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 40,
+        "min_p": 0.05,
+        "seed": 3,
+        "stop": "\n\n",
+        "n": 2,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "repetition_penalty": 1.1,
+        "min_tokens": 2,
+        "ignore_eos": True,
+        "logprobs": 5,
+        "stop_token_ids": [2, 7],
     }
     defaults = {"max_tokens": 16, "temperature": 0.0, "skip_special_tokens": False}
     (request,) = parse(tmp_path, line, defaults=defaults).requests
@@ -76,18 +99,53 @@ def test_defaults_apply_where_a_line_is_silent_or_null(tmp_path):
 
 def test_openai_chat_line(tmp_path):
     line = openai(
-        "req-1", CHAT, model="gpt-4o-mini", max_completion_tokens=9, temperature=0.2, top_p=0.5, n=1, seed=42,
-        stop=["x", "y"], presence_penalty=0.1, frequency_penalty=0.2, logprobs=True, top_logprobs=3,
-        top_k=5, min_p=0.1, repetition_penalty=1.2, ignore_eos=False,
-        user="someone", response_format={"type": "text"}, stream=False, tools=None,  # ignored
+        "req-1",
+        CHAT,
+        model="gpt-4o-mini",
+        max_completion_tokens=9,
+        temperature=0.2,
+        top_p=0.5,
+        n=1,
+        seed=42,
+        stop=["x", "y"],
+        presence_penalty=0.1,
+        frequency_penalty=0.2,
+        logprobs=True,
+        top_logprobs=3,
+        top_k=5,
+        min_p=0.1,
+        repetition_penalty=1.2,
+        ignore_eos=False,
+        user="someone",
+        response_format={"type": "text"},
+        stream=False,
+        tools=None,  # ignored
     )
     (request,) = parse(tmp_path, line).requests
     assert request == Request(
-        custom_id="req-1", line=1, kind="chat", prompt=None, messages=[{"role": "user", "content": "hi"}],
-        sampling={"max_tokens": 9, "temperature": 0.2, "top_p": 0.5, "n": 1, "seed": 42, "stop": ["x", "y"],
-                  "presence_penalty": 0.1, "frequency_penalty": 0.2, "logprobs": 3, "top_k": 5, "min_p": 0.1,
-                  "repetition_penalty": 1.2, "ignore_eos": False},
-        requested_model="gpt-4o-mini", form="openai", url=CHAT,
+        custom_id="req-1",
+        line=1,
+        kind="chat",
+        prompt=None,
+        messages=[{"role": "user", "content": "hi"}],
+        sampling={
+            "max_tokens": 9,
+            "temperature": 0.2,
+            "top_p": 0.5,
+            "n": 1,
+            "seed": 42,
+            "stop": ["x", "y"],
+            "presence_penalty": 0.1,
+            "frequency_penalty": 0.2,
+            "logprobs": 3,
+            "top_k": 5,
+            "min_p": 0.1,
+            "repetition_penalty": 1.2,
+            "ignore_eos": False,
+        },
+        requested_model="gpt-4o-mini",
+        form="openai",
+        url=CHAT,
     )
 
 
@@ -104,8 +162,15 @@ def test_openai_completion_line(tmp_path):
     line = openai("c9", COMPLETIONS, prompt="Once upon", max_tokens=20, logprobs=2, echo=False, best_of=None)
     (request,) = parse(tmp_path, line).requests
     assert request == Request(
-        custom_id="c9", line=1, kind="completion", prompt="Once upon", messages=None,
-        sampling={"max_tokens": 20, "logprobs": 2}, requested_model=None, form="openai", url=COMPLETIONS,
+        custom_id="c9",
+        line=1,
+        kind="completion",
+        prompt="Once upon",
+        messages=None,
+        sampling={"max_tokens": 20, "logprobs": 2},
+        requested_model=None,
+        form="openai",
+        url=COMPLETIONS,
     )
 
 
@@ -159,31 +224,54 @@ def test_lines_without_max_tokens_run_to_a_natural_stop(tmp_path):
     """OpenAI's default, not vLLM's 16: max_tokens None reaches the engine (the rest of the context)."""
     result = parse(tmp_path, {"prompt": "a"}, openai("o", CHAT), {"prompt": "b", "max_tokens": 7})
     assert [r.sampling.get("max_tokens", "absent") for r in result.requests] == [None, None, 7]
-    assert [r.sampling["max_tokens"] for r in parse(tmp_path, {"prompt": "a"}, defaults={"max_tokens": 5}).requests] == [5]
+    assert [
+        r.sampling["max_tokens"] for r in parse(tmp_path, {"prompt": "a"}, defaults={"max_tokens": 5}).requests
+    ] == [5]
 
 
 def test_developer_role_and_text_content_parts_are_accepted(tmp_path):
     parts = [{"type": "text", "text": "Say hi"}, {"type": "text", "text": "politely."}]
-    result = parse(tmp_path, openai("o", CHAT, messages=[{"role": "developer", "content": "Be brief."},
-                                                         {"role": "user", "content": parts}]),
-                   {"id": "s", "messages": [{"role": "developer", "content": [{"type": "text", "text": "x"}]},
-                                            {"role": "user", "content": "y"}]})
+    result = parse(
+        tmp_path,
+        openai("o", CHAT, messages=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": parts}]),
+        {
+            "id": "s",
+            "messages": [
+                {"role": "developer", "content": [{"type": "text", "text": "x"}]},
+                {"role": "user", "content": "y"},
+            ],
+        },
+    )
     assert result.ok
-    assert result.requests[0].messages == [{"role": "system", "content": "Be brief."},
-                                           {"role": "user", "content": "Say hi\npolitely."}]
+    assert result.requests[0].messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Say hi\npolitely."},
+    ]
     assert result.requests[1].messages[0] == {"role": "system", "content": "x"}
 
 
-@pytest.mark.parametrize("field, value", [("tools", []), ("tool_choice", "none"), ("response_format", {"type": "text"}),
-                                          ("logit_bias", {}), ("stream", False), ("user", "u1")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tools", []),
+        ("tool_choice", "none"),
+        ("response_format", {"type": "text"}),
+        ("logit_bias", {}),
+        ("stream", False),
+        ("user", "u1"),
+    ],
+)
 def test_those_fields_switched_off_are_fine(tmp_path, field, value):
     assert parse(tmp_path, openai("o", CHAT, **{field: value})).ok
 
 
 def test_a_simple_lines_own_fields_are_carried_for_the_results(tmp_path):
     """As Ray Data keeps a dataset's other columns: "category" and "meta" ride along with the request."""
-    result = parse(tmp_path, {"id": "q1", "prompt": "x", "category": "math", "meta": {"source": "a", "n": 2}},
-                   {"id": "q2", "prompt": "y"})
+    result = parse(
+        tmp_path,
+        {"id": "q1", "prompt": "x", "category": "math", "meta": {"source": "a", "n": 2}},
+        {"id": "q2", "prompt": "y"},
+    )
     assert [r.extra for r in result.requests] == [{"category": "math", "meta": {"source": "a", "n": 2}}, None]
 
 
@@ -193,21 +281,31 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "require
 def test_constraints_arrive_as_structured_outputs(tmp_path):
     """OpenAI's response_format (json_schema, json_object, text) and vLLM's structured_outputs, on both line forms."""
     schema_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-    result = parse(tmp_path,
-                   openai("a", CHAT, response_format=schema_format),
-                   openai("b", CHAT, response_format={"type": "json_object"}),
-                   openai("c", COMPLETIONS, prompt="x", response_format={"type": "text"}),
-                   openai("d", COMPLETIONS, prompt="x", structured_outputs={"regex": "[0-9]+"}),
-                   {"id": "e", "prompt": "x", "structured_outputs": {"choice": ["yes", "no"]}},
-                   {"id": "f", "messages": [{"role": "user", "content": "x"}],
-                    "structured_outputs": {"grammar": 'start: "a"'}})
+    result = parse(
+        tmp_path,
+        openai("a", CHAT, response_format=schema_format),
+        openai("b", CHAT, response_format={"type": "json_object"}),
+        openai("c", COMPLETIONS, prompt="x", response_format={"type": "text"}),
+        openai("d", COMPLETIONS, prompt="x", structured_outputs={"regex": "[0-9]+"}),
+        {"id": "e", "prompt": "x", "structured_outputs": {"choice": ["yes", "no"]}},
+        {"id": "f", "messages": [{"role": "user", "content": "x"}], "structured_outputs": {"grammar": 'start: "a"'}},
+    )
     assert result.ok
     assert [r.sampling.get("structured_outputs") for r in result.requests] == [
-        {"json": PERSON}, {"json_object": True}, None, {"regex": "[0-9]+"}, {"choice": ["yes", "no"]},
-        {"grammar": 'start: "a"'}]
+        {"json": PERSON},
+        {"json_object": True},
+        None,
+        {"regex": "[0-9]+"},
+        {"choice": ["yes", "no"]},
+        {"grammar": 'start: "a"'},
+    ]
 
 
 def test_a_default_constraint_applies_to_lines_without_one(tmp_path):
-    result = parse(tmp_path, {"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y", "structured_outputs": {"regex": "b"}},
-                   defaults={"structured_outputs": {"choice": ["yes", "no"]}})
+    result = parse(
+        tmp_path,
+        {"id": "a", "prompt": "x"},
+        {"id": "b", "prompt": "y", "structured_outputs": {"regex": "b"}},
+        defaults={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
     assert [r.sampling["structured_outputs"] for r in result.requests] == [{"choice": ["yes", "no"]}, {"regex": "b"}]

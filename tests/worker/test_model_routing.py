@@ -24,8 +24,10 @@ from miro.worker.fleet.intake.routing import model_name, queue_for
 @pytest.fixture(scope="module")
 def two_models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models")
-    return [str(write_tiny_llama(folder / f"tiny-{x}.gguf", tensor_type="Q8_0", seed=seed)["path"])
-            for x, seed in (("a", 1), ("b", 2))]
+    return [
+        str(write_tiny_llama(folder / f"tiny-{x}.gguf", tensor_type="Q8_0", seed=seed)["path"])
+        for x, seed in (("a", 1), ("b", 2))
+    ]
 
 
 def write_lines(path, lines) -> str:
@@ -34,21 +36,32 @@ def write_lines(path, lines) -> str:
 
 
 def openai_line(custom_id: str, model: str) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
-            "body": {"model": model, "prompt": f"hello {custom_id}", "max_tokens": 4, "temperature": 0}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": model, "prompt": f"hello {custom_id}", "max_tokens": 4, "temperature": 0},
+    }
 
 
 def submit(tmp_path, redis_url, lines, *options):
     dataset = write_lines(tmp_path / "d.jsonl", lines)
-    return CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--output", str(tmp_path / "out"),
-                                    *options])
+    return CliRunner().invoke(
+        cli, ["submit", dataset, "--redis-url", redis_url, "--output", str(tmp_path / "out"), *options]
+    )
 
 
 def run_worker(conn, model, queues=None, **options) -> BatchWorker:
     queues = queues or [queue_for(model)]
-    worker = BatchWorker([Queue(q, connection=conn, serializer=JSONSerializer) for q in queues], connection=conn,
-                         serializer=JSONSerializer, model=model, flush_rows=1,
-                         engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4}, **options)
+    worker = BatchWorker(
+        [Queue(q, connection=conn, serializer=JSONSerializer) for q in queues],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=model,
+        flush_rows=1,
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4},
+        **options,
+    )
     worker.work(burst=True, logging_level="WARNING")
     return worker
 
@@ -61,7 +74,8 @@ def test_an_unknown_model_is_refused_at_submit_and_nothing_is_enqueued(tmp_path,
     result = submit(tmp_path, redis_url, [{"id": "a", "prompt": "hi"}], "--model", "no-such-model")
     assert result.exit_code == 1
     assert result.stderr.count("\n") == 2 and result.stderr.splitlines()[-1].startswith(
-        "Error: The model 'no-such-model' is unknown: it is not an alias")
+        "Error: The model 'no-such-model' is unknown: it is not an alias"
+    )
     assert redis.Redis.from_url(redis_url).dbsize() == 0
 
 
@@ -81,8 +95,9 @@ def test_a_foreign_model_in_the_lines_needs_an_explicit_model(tmp_path, redis_ur
     rows = rows_by_id(tmp_path, batch_id)
     assert {(r["model"], r["requested_model"], r["error"]) for r in rows.values()} == {("tiny-a", "gpt-4o-mini", None)}
     out = tmp_path / "out.jsonl"
-    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(out), "--format", "jsonl", "--redis-url",
-                                      redis_url])
+    merged = CliRunner().invoke(
+        cli, ["results", batch_id, "-o", str(out), "--format", "jsonl", "--redis-url", redis_url]
+    )
     assert merged.exit_code == 0, merged.output
     assert {json.loads(line)["response"]["body"]["model"] for line in out.read_text().splitlines()} == {"tiny-a"}
 
@@ -104,16 +119,20 @@ def test_lines_naming_many_models_are_refused_naming_the_first_few(tmp_path, red
     """Only the first models named are remembered (a file could name one per line): the rest make it "more than"."""
     result = submit(tmp_path, redis_url, [openai_line(f"c{i}", f"model-{i}") for i in range(1, 9)])
     assert result.exit_code == 1
-    assert ("The lines name more than 5 models ('model-1' (line 1), 'model-2' (line 2), 'model-3' (line 3), "
-            "'model-4' (line 4), 'model-5' (line 5), ...), and a batch runs on one") in result.stderr
+    assert (
+        "The lines name more than 5 models ('model-1' (line 1), 'model-2' (line 2), 'model-3' (line 3), "
+        "'model-4' (line 4), 'model-5' (line 5), ...), and a batch runs on one"
+    ) in result.stderr
 
 
 def test_two_models_two_workers_each_request_runs_on_its_own_model(tmp_path, redis_url, two_models):
     conn = redis.Redis.from_url(redis_url)
     batch_ids = {}
     for model in two_models:
-        lines = [{"id": f"{model_name(model)}-{i}", "prompt": f"hello {i}", "max_tokens": 5, "temperature": 0}
-                 for i in range(6)]
+        lines = [
+            {"id": f"{model_name(model)}-{i}", "prompt": f"hello {i}", "max_tokens": 5, "temperature": 0}
+            for i in range(6)
+        ]
         result = submit(tmp_path, redis_url, lines, "--model", model)
         assert result.exit_code == 0, result.output
         batch_ids[model] = result.stdout.strip()
@@ -126,11 +145,14 @@ def test_two_models_two_workers_each_request_runs_on_its_own_model(tmp_path, red
     for model, worker in zip(two_models, (worker_a, worker_b)):
         rows = rows_by_id(tmp_path, batch_ids[model])
         assert len(rows) == 6
-        assert {(r["model"], r["worker"], r["error"]) for r in rows.values()} == {(model_name(model), worker.name, None)}
+        assert {(r["model"], r["worker"], r["error"]) for r in rows.values()} == {
+            (model_name(model), worker.name, None)
+        }
 
 
-def test_a_job_on_a_queue_of_another_model_fails_with_a_sentence_and_retry_runs_it_right(tmp_path, redis_url,
-                                                                                       two_models):
+def test_a_job_on_a_queue_of_another_model_fails_with_a_sentence_and_retry_runs_it_right(
+    tmp_path, redis_url, two_models
+):
     model_a, model_b = two_models
     result = submit(tmp_path, redis_url, [{"id": "x", "prompt": "hello", "max_tokens": 3}], "--model", model_a)
     batch_id = result.stdout.strip()
@@ -139,13 +161,14 @@ def test_a_job_on_a_queue_of_another_model_fails_with_a_sentence_and_retry_runs_
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.failed) == ("completed", 1)
     error = rows_by_id(tmp_path, batch_id)["x"]["error"]
-    assert error == (f"this request is for model 'tiny-a', but worker {wrong.name} serves 'tiny-b': start a worker "
-                     f"for 'tiny-a' and run `miro retry {batch_id}`")
+    assert error == (
+        f"this request is for model 'tiny-a', but worker {wrong.name} serves 'tiny-b': start a worker "
+        f"for 'tiny-a' and run `miro retry {batch_id}`"
+    )
 
     assert CliRunner().invoke(cli, ["retry", batch_id, "--redis-url", redis_url]).stdout == "1\n"
     run_worker(conn, model_a)
-    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url",
-                                      redis_url])
+    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url", redis_url])
     assert merged.exit_code == 0
     [row] = pq.read_table(tmp_path / "m.parquet").to_pylist()
     assert row["error"] is None and row["model"] == "tiny-a"
@@ -155,9 +178,23 @@ def test_a_served_model_name_maps_a_foreign_model_to_a_worker(tmp_path, redis_ur
     """`miro worker --served-model-name gpt-4o-mini` tells the fleet that name: lines asking for it are then
     accepted without --model, and run on that worker's model."""
     model_a = two_models[0]
-    command = [sys.executable, "-c", "from miro.cli.main import cli; cli()", "worker", "--redis-url", redis_url,
-               "--model", model_a, "--served-model-name", "gpt-4o-mini", "--kv-cache-memory", "4MiB",
-               "--flush-rows", "1", "--burst"]
+    command = [
+        sys.executable,
+        "-c",
+        "from miro.cli.main import cli; cli()",
+        "worker",
+        "--redis-url",
+        redis_url,
+        "--model",
+        model_a,
+        "--served-model-name",
+        "gpt-4o-mini",
+        "--kv-cache-memory",
+        "4MiB",
+        "--flush-rows",
+        "1",
+        "--burst",
+    ]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
     first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)  # nothing queued yet
     assert first.returncode == 0, first.stderr

@@ -53,22 +53,36 @@ def held_batch(tmp_path, redis_url, tiny_model):
     """A batch of 40 requests (60 tokens each) with a worker holding it in the middle; yields
     (batch id, worker, the worker's Redis hash as it was published while holding)."""
     dataset = tmp_path / "d.jsonl"
-    dataset.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 60,
-                                           "ignore_eos": True}) + "\n" for i in range(TOTAL)))
-    submitted = CliRunner().invoke(cli, ["submit", str(dataset), "--redis-url", redis_url, "--model", tiny_model,
-                                         "--output", str(tmp_path / "out")])
+    dataset.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 60, "ignore_eos": True}) + "\n"
+            for i in range(TOTAL)
+        )
+    )
+    submitted = CliRunner().invoke(
+        cli,
+        ["submit", str(dataset), "--redis-url", redis_url, "--model", tiny_model, "--output", str(tmp_path / "out")],
+    )
     assert submitted.exit_code == 0, submitted.output
     batch_id = submitted.stdout.strip()
     conn = redis.Redis.from_url(redis_url)
     queue = Queue(batches.get_batch(conn, batch_id).queue, connection=conn, serializer=JSONSerializer)
-    worker = HoldingWorker([queue], connection=conn, serializer=JSONSerializer, model=tiny_model, flush_rows=1,
-                           engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4}, hold_after=HOLD_AFTER)
+    worker = HoldingWorker(
+        [queue],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        flush_rows=1,
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4},
+        hold_after=HOLD_AFTER,
+    )
     thread = threading.Thread(target=worker.work, kwargs={"burst": True, "logging_level": "WARNING"}, daemon=True)
     thread.start()
     try:
         # the hash the worker publishes once it holds: jobs done, requests in flight, and it stays put
-        held = wait_for(lambda: next((w for w in workers.list_workers(conn)
-                                      if w.jobs_done >= HOLD_AFTER and w.in_flight > 0), None))
+        held = wait_for(
+            lambda: next((w for w in workers.list_workers(conn) if w.jobs_done >= HOLD_AFTER and w.in_flight > 0), None)
+        )
         assert held, "the worker never held the batch in the middle"
         yield batch_id, worker, held
     finally:
@@ -116,8 +130,9 @@ def test_status_json_and_tables_while_a_batch_is_in_progress(held_batch, redis_u
     assert human.exit_code == 0, human.output
     assert batch_id in human.output and "in_progress" in human.output and worker.name in human.output
     assert f"{batch['done']}/{TOTAL} done" in human.output
-    assert re.search(rf"cpu tier *\n{re.escape(worker.name)} .* llama \w+ [\d.]+ \w*B +{re.escape(cpu.TIER.name)} *\n",
-                     human.output), human.output
+    assert re.search(
+        rf"cpu tier *\n{re.escape(worker.name)} .* llama \w+ [\d.]+ \w*B +{re.escape(cpu.TIER.name)} *\n", human.output
+    ), human.output
 
     listed = CliRunner().invoke(cli, ["status", "--redis-url", redis_url])
     assert listed.exit_code == 0, listed.output
@@ -155,8 +170,9 @@ def test_watch_follows_the_batch_and_ends_when_it_completes(held_batch, redis_ur
     done_while_held = batches.get_batch(conn, batch_id).completed
     # a terminal console, so every frame is recorded, not only the last
     console = Console(record=True, width=120, force_terminal=True, file=io.StringIO())
-    line = watch_releasing_once_shown(conn, batch_id, worker, console, lambda: recorded_text(console),
-                                      f"{done_while_held}/{TOTAL}")
+    line = watch_releasing_once_shown(
+        conn, batch_id, worker, console, lambda: recorded_text(console), f"{done_while_held}/{TOTAL}"
+    )
     text = recorded_text(console)
     assert f"{done_while_held}/{TOTAL}" in text and "in_progress" in text and worker.name in text
     assert line.startswith(f"{batch_id} completed: {TOTAL}/{TOTAL} done ({TOTAL} completed, 0 failed)")
@@ -218,8 +234,13 @@ def test_watch_as_a_process_on_a_terminal(held_batch, redis_url):
     master, slave = pty.openpty()
     env = {**os.environ, "COLUMNS": "120", "LINES": "40", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
     miro = os.path.join(os.path.dirname(sys.executable), "miro")  # the console script of this environment
-    proc = subprocess.Popen([miro, "watch", batch_id, "--interval", "0.2",
-                             "--redis-url", redis_url], stdin=slave, stdout=slave, stderr=slave, env=env)
+    proc = subprocess.Popen(
+        [miro, "watch", batch_id, "--interval", "0.2", "--redis-url", redis_url],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+    )
     os.close(slave)
     try:
         before = read_until_exit(master, proc, timeout_s=60, until=batch_id)  # drawn while the worker holds
@@ -262,12 +283,29 @@ def test_watch_without_a_batch_ends_at_once_when_none_is_active(redis_url):
 
 # -- the figures, on records made here -----------------------------------------------------------
 
+
 def record(validating_at=1000.0, in_progress_at=1010.0, completed_at=None, **fields) -> batches.BatchRecord:
-    base = {"id": "batch_a", "name": "d.jsonl", "status": "in_progress", "model": "m", "queue": "miro",
-            "output": "/out", "input_file": "/d.jsonl", "created_at": 1000.0, "total": 100, "completed": 30,
-            "failed": 5, "cancelled": 5, "prompt_tokens": 400, "completion_tokens": 1600}
-    stamps = {status: at for status, at in (("validating", validating_at), ("in_progress", in_progress_at),
-                                           ("completed", completed_at)) if at is not None}
+    base = {
+        "id": "batch_a",
+        "name": "d.jsonl",
+        "status": "in_progress",
+        "model": "m",
+        "queue": "miro",
+        "output": "/out",
+        "input_file": "/d.jsonl",
+        "created_at": 1000.0,
+        "total": 100,
+        "completed": 30,
+        "failed": 5,
+        "cancelled": 5,
+        "prompt_tokens": 400,
+        "completion_tokens": 1600,
+    }
+    stamps = {
+        status: at
+        for status, at in (("validating", validating_at), ("in_progress", in_progress_at), ("completed", completed_at))
+        if at is not None
+    }
     return batches.BatchRecord(**{**base, **fields}, stamps=stamps)
 
 
@@ -286,8 +324,9 @@ def test_batch_view_derives_done_rates_and_eta():
     # resumed after completing: the old completed_at is ignored, the run counts from the new in_progress_at
     resumed = monitor.batch_view(record(completed_at=1005.0), now=1030.0)
     assert resumed.elapsed_s == 20.0
-    waiting = monitor.batch_view(record(status="validating", in_progress_at=None, completed=0, failed=0,
-                                        cancelled=0), now=1030.0)
+    waiting = monitor.batch_view(
+        record(status="validating", in_progress_at=None, completed=0, failed=0, cancelled=0), now=1030.0
+    )
     assert (waiting.elapsed_s, waiting.tokens_per_s, waiting.eta_s) == (None, None, None)
 
 
@@ -296,8 +335,9 @@ def test_rate_window_follows_the_recent_speed_and_falls_back_to_the_average():
     # since start: 40 requests in 20 s; the window has one sample, so the average is used
     assert monitor.batch_view(record(), now=1030.0, window=window).requests_per_s == 2.0
     for t in range(1, 41):  # then 1 request and 10 tokens a second
-        view = monitor.batch_view(record(completed=30 + t, completion_tokens=1600 + 10 * t), now=1030.0 + t,
-                                  window=window)
+        view = monitor.batch_view(
+            record(completed=30 + t, completion_tokens=1600 + 10 * t), now=1030.0 + t, window=window
+        )
     assert window.samples[-1][0] - window.samples[0][0] == 30.0  # older samples left the window
     assert (view.requests_per_s, view.tokens_per_s) == (1.0, 10.0)
     assert view.eta_s == view.batch.remaining / 1.0
@@ -309,37 +349,58 @@ def test_early_in_a_batch_rates_and_eta_come_from_what_the_workers_do_now():
     """1% into a batch (1 request counted, 20 tokens, 60 s in, most of it loading), two workers at 160 and
     180 tok/s (the second also on another batch): 250 tok/s now, so 99 requests x 20 tokens take 7.9 s, not the
     counters' 99 minutes."""
-    early = record(total=100, completed=1, failed=0, cancelled=0, prompt_tokens=8, completion_tokens=12,
-                   in_progress_at=1000.0)
-    fleet = [worker_record("w1", 160.0, batches=["batch_a"]),
-             worker_record("w2", 180.0, batches=["batch_a", "batch_b"]),
-             worker_record("w3", 500.0, batches=["batch_b"]),  # not on this batch
-             worker_record("w4", batches=["batch_a"])]  # not reporting yet
+    early = record(
+        total=100, completed=1, failed=0, cancelled=0, prompt_tokens=8, completion_tokens=12, in_progress_at=1000.0
+    )
+    fleet = [
+        worker_record("w1", 160.0, batches=["batch_a"]),
+        worker_record("w2", 180.0, batches=["batch_a", "batch_b"]),
+        worker_record("w3", 500.0, batches=["batch_b"]),  # not on this batch
+        worker_record("w4", batches=["batch_a"]),
+    ]  # not reporting yet
     counted = monitor.batch_view(early, now=1060.0)
     assert counted.rate_source == "counters" and counted.eta_s == 99 * 60.0
     live = monitor.batch_view(early, now=1060.0, worker_records=fleet)
     assert live.rate_source == "workers" and live.tokens_per_s == 250.0
     assert live.eta_s == pytest.approx(99 * 20 / 250.0)
-    nothing_counted = monitor.batch_view(record(completed=0, failed=0, cancelled=0, prompt_tokens=0,
-                                                completion_tokens=0), now=1060.0, worker_records=fleet)
+    nothing_counted = monitor.batch_view(
+        record(completed=0, failed=0, cancelled=0, prompt_tokens=0, completion_tokens=0),
+        now=1060.0,
+        worker_records=fleet,
+    )
     assert nothing_counted.tokens_per_s == 250.0 and nothing_counted.eta_s is None
-    finished = monitor.batch_view(record(status="completed", completed=90, completed_at=1060.0), now=1070.0,
-                                  worker_records=fleet)
+    finished = monitor.batch_view(
+        record(status="completed", completed=90, completed_at=1060.0), now=1070.0, worker_records=fleet
+    )
     assert finished.rate_source == "counters" and finished.eta_s is None
 
 
 def test_relevant_workers_are_those_on_the_batch_or_its_queue():
-    fleet = [worker_record("w1", queues=["miro"]), worker_record("w2", queues=["other"], batches=["batch_a"]),
-             worker_record("w3", queues=["other"], batches=["batch_b"])]
+    fleet = [
+        worker_record("w1", queues=["miro"]),
+        worker_record("w2", queues=["other"], batches=["batch_a"]),
+        worker_record("w3", queues=["other"], batches=["batch_b"]),
+    ]
     assert [w.name for w in monitor.relevant_workers(fleet, record())] == ["w1", "w2"]
 
 
 def test_render_on_a_recording_console():
-    worker = WorkerRecord(name="w1", host="h", state="busy", queues=["miro"], batches=["batch_a"],
-                          stats=EngineStats(kv_blocks_used=12, kv_blocks_total=48, kv_usage=0.25, running=3, waiting=1,
-                                            generation_tokens_per_s=1234.4),
-                          jobs_done=30, jobs_failed=5, architecture="llama", weight_format="native",
-                          weight_memory=3 * 2**20, cpu_tier="avx2")
+    worker = WorkerRecord(
+        name="w1",
+        host="h",
+        state="busy",
+        queues=["miro"],
+        batches=["batch_a"],
+        stats=EngineStats(
+            kv_blocks_used=12, kv_blocks_total=48, kv_usage=0.25, running=3, waiting=1, generation_tokens_per_s=1234.4
+        ),
+        jobs_done=30,
+        jobs_failed=5,
+        architecture="llama",
+        weight_format="native",
+        weight_memory=3 * 2**20,
+        cpu_tier="avx2",
+    )
     view = monitor.batch_view(record(), now=1030.0)
     console = Console(record=True, width=120)
     console.print(render_watch(monitor.Snapshot([view], [worker])))

@@ -17,8 +17,9 @@ from miro.worker.fleet.intake.routing import queue_for
 
 s3_endpoint, s3 = s3_server.s3_endpoint, s3_server.s3  # the fixtures, for this module's tests
 
-LINES = [{"id": f"q{i}", "prompt": f"hello {i}", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
-         for i in range(4)] + [{"id": "long", "prompt": "hello " * 200, "max_tokens": 2}]  # over the context
+LINES = [
+    {"id": f"q{i}", "prompt": f"hello {i}", "max_tokens": 3, "temperature": 0, "ignore_eos": True} for i in range(4)
+] + [{"id": "long", "prompt": "hello " * 200, "max_tokens": 2}]  # over the context
 
 
 def dataset(tmp_path):
@@ -34,18 +35,24 @@ def cli_ok(*args):
 
 
 def run_batch(tmp_path, redis_url, tiny_model, output) -> str:
-    batch_id = cli_ok("submit", dataset(tmp_path), "--redis-url", redis_url, "--model", tiny_model,
-                      "--output", output).stdout.strip()
+    batch_id = cli_ok(
+        "submit", dataset(tmp_path), "--redis-url", redis_url, "--model", tiny_model, "--output", output
+    ).stdout.strip()
     conn = redis.Redis.from_url(redis_url)
-    BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
-                engine_options={"kv_cache_memory": "4MiB"}, flush_rows=2).work(burst=True)
+    BatchWorker(
+        [queue_for(tiny_model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        engine_options={"kv_cache_memory": "4MiB"},
+        flush_rows=2,
+    ).work(burst=True)
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.completed, record.failed) == ("completed", 4, 1)
     return batch_id
 
 
-def test_workers_write_part_files_to_the_store_and_results_merge_them_from_there(tmp_path, redis_url, tiny_model,
-                                                                                  s3):
+def test_workers_write_part_files_to_the_store_and_results_merge_them_from_there(tmp_path, redis_url, tiny_model, s3):
     batch_id = run_batch(tmp_path, redis_url, tiny_model, s3.url("runs"))
     files = s3.files(f"runs/{batch_id}")
     assert "_requests/0000000.jsonl" in files  # the submitted requests are stored beside the part files
@@ -77,8 +84,17 @@ def test_aws_endpoint_url_names_the_server_for_plain_s3_urls(tmp_path, redis_url
 
 def test_miro_run_writes_its_results_to_the_store(tmp_path, tiny_model, s3, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cli_ok("run", dataset(tmp_path), "-o", s3.url("run/results.parquet"), "--model", tiny_model,
-           "--kv-cache-memory", "4MiB", "--skip-invalid")
+    cli_ok(
+        "run",
+        dataset(tmp_path),
+        "-o",
+        s3.url("run/results.parquet"),
+        "--model",
+        tiny_model,
+        "--kv-cache-memory",
+        "4MiB",
+        "--skip-invalid",
+    )
     assert s3.files("run") == ["results.parquet"]
     rows = pq.read_table(f"{s3.bucket}/run/results.parquet", filesystem=s3.filesystem()).to_pylist()
     assert [r["custom_id"] for r in rows] == ["q0", "q1", "q2", "q3", "long"]

@@ -17,9 +17,20 @@ T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
 
 def row(custom_id, line, *, output=None, error=None):
-    return dict(batch_id="batch_p", custom_id=custom_id, line=line, choice_index=0, kind="chat", job_id=f"j-{custom_id}",
-                output=output, error=error, finish_reason=None if error else "stop", started_at=T0, finished_at=T0,
-                sampling=json.dumps({}))
+    return dict(
+        batch_id="batch_p",
+        custom_id=custom_id,
+        line=line,
+        choice_index=0,
+        kind="chat",
+        job_id=f"j-{custom_id}",
+        output=output,
+        error=error,
+        finish_reason=None if error else "stop",
+        started_at=T0,
+        finished_at=T0,
+        sampling=json.dumps({}),
+    )
 
 
 def write_part(tmp_path, rows):
@@ -31,15 +42,27 @@ def write_part(tmp_path, rows):
 
 def test_errors_by_line_outputs_and_each_part_read_once(tmp_path, redis_url):
     conn = redis.Redis.from_url(redis_url)
-    write_part(tmp_path, [row("a", 9, error="boom at 9"), row("b", 2, output="two"), row("c", 7, error="boom at 7"),
-                          *(row(f"ok{i}", 20 + i, output=f"out {i}") for i in range(8))])
+    write_part(
+        tmp_path,
+        [
+            row("a", 9, error="boom at 9"),
+            row("b", 2, output="two"),
+            row("c", 7, error="boom at 7"),
+            *(row(f"ok{i}", 20 + i, output=f"out {i}") for i in range(8)),
+        ],
+    )
     batches.record_failed_line(conn, "batch_p", custom_id="line-3", line=3, error="line 3: not valid JSON.")
     peek = BatchPeek(str(tmp_path), "batch_p", max_errors=3, max_outputs=3).update(conn)
-    assert peek.errors == [PeekedRow(3, "line-3", "line 3: not valid JSON."), PeekedRow(7, "c", "boom at 7"),
-                           PeekedRow(9, "a", "boom at 9")]
-    assert [(o.custom_id, o.text, o.finish_reason) for o in peek.outputs] == [("b", "two", "stop"),
-                                                                               ("ok0", "out 0", "stop"),
-                                                                               ("ok1", "out 1", "stop")]
+    assert peek.errors == [
+        PeekedRow(3, "line-3", "line 3: not valid JSON."),
+        PeekedRow(7, "c", "boom at 7"),
+        PeekedRow(9, "a", "boom at 9"),
+    ]
+    assert [(o.custom_id, o.text, o.finish_reason) for o in peek.outputs] == [
+        ("b", "two", "stop"),
+        ("ok0", "out 0", "stop"),
+        ("ok1", "out 1", "stop"),
+    ]
     assert len(peek.read_parts) == 1
     # a later part: the retried request c now succeeded, and a new error on line 1 comes first
     write_part(tmp_path, [row("c", 7, output="fixed"), row("d", 1, error="boom at 1")])

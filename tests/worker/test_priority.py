@@ -28,8 +28,10 @@ def queued_ids(conn, name) -> list[str]:
     return Queue(name, connection=conn, serializer=JSONSerializer).get_job_ids()
 
 
-@pytest.mark.parametrize("priority, queue", [("high", "miro:smollm2-135m/high"), ("normal", "miro:smollm2-135m"),
-                                             ("low", "miro:smollm2-135m/low")])
+@pytest.mark.parametrize(
+    "priority, queue",
+    [("high", "miro:smollm2-135m/high"), ("normal", "miro:smollm2-135m"), ("low", "miro:smollm2-135m/low")],
+)
 def test_a_batch_goes_to_its_priority_queue_and_record(tmp_path, redis_url, priority, queue):
     conn = redis.Redis.from_url(redis_url)
     result = submit(conn, dataset(tmp_path / "d.jsonl"), priority=priority)
@@ -68,13 +70,28 @@ def test_a_bad_priority_is_one_sentence(tmp_path):
 
 def test_workers_listen_to_every_high_queue_first():
     assert routing.worker_queues(["miro:a", "miro:b"]) == [
-        "miro:a/high", "miro:b/high", "miro:a", "miro:b", "miro:a/low", "miro:b/low"]
+        "miro:a/high",
+        "miro:b/high",
+        "miro:a",
+        "miro:b",
+        "miro:a/low",
+        "miro:b/low",
+    ]
     assert routing.worker_queues(["x/low", "y"]) == ["y/high", "y", "x/low", "y/low"]
     # a model named high or low (or x:low) has queues of its own, at every priority
     assert routing.worker_queues([routing.queue_for("high"), routing.queue_for("x:low.gguf")]) == [
-        "miro:high/high", "miro:x:low/high", "miro:high", "miro:x:low", "miro:high/low", "miro:x:low/low"]
+        "miro:high/high",
+        "miro:x:low/high",
+        "miro:high",
+        "miro:x:low",
+        "miro:high/low",
+        "miro:x:low/low",
+    ]
     assert [routing.queue_priority(q) for q in ("miro:high", "miro:low", "miro:high/low")] == [
-        "normal", "normal", "low"]
+        "normal",
+        "normal",
+        "low",
+    ]
     assert [routing.engine_priority(p) for p in routing.PRIORITIES] == [-1, 0, 1]
 
 

@@ -24,15 +24,37 @@ pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one r
 def submit(tmp_path, redis_url, tiny_model, name, priority, lines) -> str:
     dataset = tmp_path / f"{name}.jsonl"
     dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    done = CliRunner().invoke(cli, ["submit", str(dataset), "--redis-url", redis_url, "--model", tiny_model,
-                                    "--output", str(tmp_path / "out"), "--priority", priority, "--skip-invalid"])
+    done = CliRunner().invoke(
+        cli,
+        [
+            "submit",
+            str(dataset),
+            "--redis-url",
+            redis_url,
+            "--model",
+            tiny_model,
+            "--output",
+            str(tmp_path / "out"),
+            "--priority",
+            priority,
+            "--skip-invalid",
+        ],
+    )
     assert done.exit_code == 0, done.output
     return done.stdout.strip().splitlines()[-1]
 
 
 def requests(prefix, n, max_tokens):
-    return [{"id": f"{prefix}{i}", "prompt": f"hello {prefix} {i}", "max_tokens": max_tokens, "temperature": 0,
-             "ignore_eos": True} for i in range(n)]
+    return [
+        {
+            "id": f"{prefix}{i}",
+            "prompt": f"hello {prefix} {i}",
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        for i in range(n)
+    ]
 
 
 def rows(tmp_path, batch_id) -> list[dict]:
@@ -46,8 +68,21 @@ def queue(conn, tiny_model, priority) -> Queue:
 def test_a_worker_takes_the_high_batch_before_the_low_one_queued_first(tmp_path, redis_url, tiny_model):
     low = submit(tmp_path, redis_url, tiny_model, "low", "low", requests("l", 4, 3))
     high = submit(tmp_path, redis_url, tiny_model, "high", "high", requests("h", 2, 3))
-    ran = CliRunner().invoke(cli, ["worker", "--redis-url", redis_url, "--model", tiny_model, "--burst",
-                                   "--kv-cache-memory", "4MiB", "--max-num-seqs", "2"])
+    ran = CliRunner().invoke(
+        cli,
+        [
+            "worker",
+            "--redis-url",
+            redis_url,
+            "--model",
+            tiny_model,
+            "--burst",
+            "--kv-cache-memory",
+            "4MiB",
+            "--max-num-seqs",
+            "2",
+        ],
+    )
     assert ran.exit_code == 0, ran.output
     conn = redis.Redis.from_url(redis_url)
     assert [batches.get_batch(conn, b).status for b in (low, high)] == ["completed", "completed"]
@@ -59,22 +94,37 @@ def test_a_worker_takes_the_high_batch_before_the_low_one_queued_first(tmp_path,
 def long_context_model(tmp_path_factory) -> str:
     """The tiny model with a 4,096-token context: its low requests run for seconds, so the high batch surely
     arrives while they run."""
-    return str(write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-long.gguf", tensor_type="Q8_0",
-                                context_length=4096)["path"])
+    return str(
+        write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny-long.gguf", tensor_type="Q8_0", context_length=4096)[
+            "path"
+        ]
+    )
 
 
-def test_a_high_batch_reaches_a_worker_full_of_low_requests_and_finishes_first(tmp_path, redis_url,
-                                                                               long_context_model):
+def test_a_high_batch_reaches_a_worker_full_of_low_requests_and_finishes_first(tmp_path, redis_url, long_context_model):
     conn = redis.Redis.from_url(redis_url)
     model = long_context_model
     low = submit(tmp_path, redis_url, model, "low", "low", requests("l", 2, 3000))
-    worker = BatchWorker([queue_for(model)], connection=conn, serializer=JSONSerializer, model=model,
-                         engine_options={"kv_cache_memory": "64MiB", "max_num_seqs": 2}, flush_rows=1)
+    worker = BatchWorker(
+        [queue_for(model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=model,
+        engine_options={"kv_cache_memory": "64MiB", "max_num_seqs": 2},
+        flush_rows=1,
+    )
     running = threading.Thread(target=worker.work, kwargs={"burst": True})
     running.start()
     try:
-        wait_for(lambda: worker.engine is not None and worker.engine.stats().generation_tokens_total > 0
-                 or not running.is_alive(), timeout_s=120, every_s=0.01)
+        wait_for(
+            lambda: (
+                worker.engine is not None
+                and worker.engine.stats().generation_tokens_total > 0
+                or not running.is_alive()
+            ),
+            timeout_s=120,
+            every_s=0.01,
+        )
         assert running.is_alive() and len(worker.in_flight) == 2, "the worker should be full of low requests"
         high = submit(tmp_path, redis_url, model, "high", "high", requests("h", 2, 4))
     finally:
@@ -98,13 +148,19 @@ def test_cancel_resume_and_retry_of_a_high_batch(tmp_path, redis_url, tiny_model
     assert batches.get_batch(conn, high).status == "cancelled"
     assert queue(conn, tiny_model, "high").count == 0
 
-    resumed = CliRunner().invoke(cli, ["submit", str(tmp_path / "high.jsonl"), "--redis-url", redis_url,
-                                       "--resume", high])
+    resumed = CliRunner().invoke(
+        cli, ["submit", str(tmp_path / "high.jsonl"), "--redis-url", redis_url, "--resume", high]
+    )
     assert resumed.exit_code == 0, resumed.output
     assert queue(conn, tiny_model, "high").count == 4 and queue(conn, tiny_model, "normal").count == 0
 
-    BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
-                engine_options={"kv_cache_memory": "4MiB"}).work(burst=True)
+    BatchWorker(
+        [queue_for(tiny_model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        engine_options={"kv_cache_memory": "4MiB"},
+    ).work(burst=True)
     record = batches.get_batch(conn, high)
     assert (record.status, record.completed, record.failed) == ("completed", 3, 1)
 

@@ -24,19 +24,25 @@ pytestmark = pytest.mark.usefixtures("one_request_per_job")  # they follow one r
 def models(tmp_path_factory) -> dict[str, str]:
     """Tiny models whose names look like priorities: `high`, `low`, `tiny` and `tiny:high`."""
     folder = tmp_path_factory.mktemp("named")
-    return {name: str(write_tiny_llama(folder / f"{name}.gguf", tensor_type="Q8_0")["path"])
-            for name in ("high", "low", "tiny", "tiny:high")}
+    return {
+        name: str(write_tiny_llama(folder / f"{name}.gguf", tensor_type="Q8_0")["path"])
+        for name in ("high", "low", "tiny", "tiny:high")
+    }
 
 
 def dataset(path, n: int = 2):
-    path.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"hi {i}", "max_tokens": 2}) + "\n"
-                            for i in range(n)))
+    path.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"hi {i}", "max_tokens": 2}) + "\n" for i in range(n)))
     return path
 
 
 def run_worker(conn, model: str) -> BatchWorker:
-    worker = BatchWorker([queue_for(model)], connection=conn, serializer=JSONSerializer, model=model,
-                         engine_options={"kv_cache_memory": "4MiB"})
+    worker = BatchWorker(
+        [queue_for(model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=model,
+        engine_options={"kv_cache_memory": "4MiB"},
+    )
     worker.work(burst=True)
     return worker
 
@@ -47,14 +53,19 @@ def queued(conn, name: str) -> list[str]:
 
 def test_models_named_high_and_low_run_at_every_priority(tmp_path, redis_url, models):
     conn = redis.Redis.from_url(redis_url)
-    made = {(name, priority): submit(conn, dataset(tmp_path / "d.jsonl"), model=models[name], priority=priority,
-                                     output=str(tmp_path / "out"))
-            for name in ("high", "low") for priority in ("high", "normal", "low")}
+    made = {
+        (name, priority): submit(
+            conn, dataset(tmp_path / "d.jsonl"), model=models[name], priority=priority, output=str(tmp_path / "out")
+        )
+        for name in ("high", "low")
+        for priority in ("high", "normal", "low")
+    }
     assert made[("high", "normal")].queue == "miro:high" and made[("low", "high")].queue == "miro:low/high"
     for name in ("high", "low"):
         run_worker(conn, models[name])
-    assert {key: batches.get_batch(conn, r.batch_id).status for key, r in made.items()} == dict.fromkeys(made,
-                                                                                                      "completed")
+    assert {key: batches.get_batch(conn, r.batch_id).status for key, r in made.items()} == dict.fromkeys(
+        made, "completed"
+    )
 
 
 def test_jobs_on_an_earlier_versions_priority_queue_move_to_todays(tmp_path, redis_url, models):
@@ -74,8 +85,9 @@ def test_jobs_on_an_earlier_versions_priority_queue_move_to_todays(tmp_path, red
     run_worker(conn, models["tiny"])
     record = batches.get_batch(conn, legacy.batch_id)
     assert (record.status, record.queue) == ("completed", "miro:tiny/high")
-    assert [Job.fetch(j, connection=conn, serializer=JSONSerializer).meta["batch_id"] for j in
-            queued(conn, old_name)] == [own.batch_id, own.batch_id]  # left where they are
+    assert [
+        Job.fetch(j, connection=conn, serializer=JSONSerializer).meta["batch_id"] for j in queued(conn, old_name)
+    ] == [own.batch_id, own.batch_id]  # left where they are
     run_worker(conn, models["tiny:high"])
     assert batches.get_batch(conn, own.batch_id).status == "completed"
 

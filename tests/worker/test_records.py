@@ -17,9 +17,22 @@ from miro.worker.fleet.records.workers import WorkerRecord
 @pytest.mark.parametrize("decode", [False, True])
 def test_a_batch_record_reads_back_as_written(redis_url, decode):
     conn = redis.Redis.from_url(redis_url, decode_responses=decode)
-    record = BatchRecord(id="batch_a", status="cancelled", created_at=1000.5, name="d.jsonl", model="m",
-                         queue="miro:m", total=10, completed=2, failed=1, cancelled=7, prompt_tokens=6,
-                         completion_tokens=8, job_timeout=60, stamps={"validating": 1000.5, "cancelled": 1009.25})
+    record = BatchRecord(
+        id="batch_a",
+        status="cancelled",
+        created_at=1000.5,
+        name="d.jsonl",
+        model="m",
+        queue="miro:m",
+        total=10,
+        completed=2,
+        failed=1,
+        cancelled=7,
+        prompt_tokens=6,
+        completion_tokens=8,
+        job_timeout=60,
+        stamps={"validating": 1000.5, "cancelled": 1009.25},
+    )
     conn.hset(record.key(record.id), mapping=record.to_hash())
     read = BatchRecord.from_hash(conn.hgetall(record.key(record.id)))
     assert read == record
@@ -29,8 +42,17 @@ def test_a_batch_record_reads_back_as_written(redis_url, decode):
 
 def test_a_batch_record_from_before_priorities_and_counters_reads_with_their_defaults(redis_url):
     conn = redis.Redis.from_url(redis_url)
-    conn.hset(BatchRecord.key("batch_old"), mapping={"id": "batch_old", "status": "in_progress", "created_at": "5",
-                                                     "in_progress_at": "6", "total": "4", "completed": "1"})
+    conn.hset(
+        BatchRecord.key("batch_old"),
+        mapping={
+            "id": "batch_old",
+            "status": "in_progress",
+            "created_at": "5",
+            "in_progress_at": "6",
+            "total": "4",
+            "completed": "1",
+        },
+    )
     old = batches.get_batch(conn, "batch_old")
     assert (old.priority, old.failed, old.cancelled, old.job_timeout, old.done) == ("normal", 0, 0, None, 1)
     assert old.elapsed_s(now=16.0) == 10.0
@@ -38,12 +60,31 @@ def test_a_batch_record_from_before_priorities_and_counters_reads_with_their_def
 
 def test_a_worker_record_reads_back_as_published(redis_url):
     conn = redis.Redis.from_url(redis_url)
-    record = WorkerRecord(name="w1", model="m", host="h", pid=7, queues=["miro:m:high", "miro:m"], state="busy",
-                          started_at=1.0, updated_at=2.0, batches=["batch_a"], architecture="llama",
-                          weight_format="native", weight_memory=0, cpu_tier="avx2",
-                          stats=EngineStats(kv_blocks_used=3, kv_blocks_total=8, kv_usage=0.375, running=2,
-                                            prompt_tokens_per_s=10.0, generation_tokens_per_s=30.0),
-                          in_flight=2, jobs_done=5)
+    record = WorkerRecord(
+        name="w1",
+        model="m",
+        host="h",
+        pid=7,
+        queues=["miro:m:high", "miro:m"],
+        state="busy",
+        started_at=1.0,
+        updated_at=2.0,
+        batches=["batch_a"],
+        architecture="llama",
+        weight_format="native",
+        weight_memory=0,
+        cpu_tier="avx2",
+        stats=EngineStats(
+            kv_blocks_used=3,
+            kv_blocks_total=8,
+            kv_usage=0.375,
+            running=2,
+            prompt_tokens_per_s=10.0,
+            generation_tokens_per_s=30.0,
+        ),
+        in_flight=2,
+        jobs_done=5,
+    )
     workers.publish(conn, record)
     assert workers.get_worker(conn, "w1") == record and workers.list_workers(conn) == [record]
     assert conn.hget(record.key("w1"), "tokens_per_s") == b"40.0"  # for readers other than miro

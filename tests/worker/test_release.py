@@ -33,9 +33,13 @@ def short(n: int) -> list[dict]:
 
 
 def run_worker(conn, model, **options) -> BatchWorker:
-    worker = BatchWorker([Queue(queue_for(model), connection=conn, serializer=JSONSerializer)], connection=conn,
-                         serializer=JSONSerializer, model=model,
-                         engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4, **options})
+    worker = BatchWorker(
+        [Queue(queue_for(model), connection=conn, serializer=JSONSerializer)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=model,
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4, **options},
+    )
     worker.work(burst=True, logging_level="WARNING")
     return worker
 
@@ -45,13 +49,17 @@ def rq_keys(conn, batch_id) -> list[str]:
     found = sorted(k.decode() for k in conn.scan_iter(match=f"rq:*{batch_id}*", count=10_000))
     for registry in conn.scan_iter(match="rq:*:miro:*"):
         if conn.type(registry) == b"zset":
-            found += [f"{registry.decode()} {m.decode()}" for m in conn.zrange(registry, 0, -1)
-                      if m.decode().startswith(batch_id)]
+            found += [
+                f"{registry.decode()} {m.decode()}"
+                for m in conn.zrange(registry, 0, -1)
+                if m.decode().startswith(batch_id)
+            ]
     return found
 
 
-def test_a_completed_batch_keeps_only_its_failed_jobs_and_status_results_and_retry_work(tmp_path, redis_url,
-                                                                                       tiny_model):
+def test_a_completed_batch_keeps_only_its_failed_jobs_and_status_results_and_retry_work(
+    tmp_path, redis_url, tiny_model
+):
     conn = redis.Redis.from_url(redis_url)
     lines = short(6) + [{"id": "long", "prompt": "hello " * 40, "max_tokens": 4}]
     batch_id = submit(conn, write(tmp_path, lines), model=tiny_model, output=str(tmp_path / "out")).batch_id
@@ -60,8 +68,11 @@ def test_a_completed_batch_keeps_only_its_failed_jobs_and_status_results_and_ret
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.completed, record.failed) == ("completed", 6, 1)
     failed_job = batches.job_id(batch_id, "long")
-    assert set(rq_keys(conn, batch_id)) == {f"rq:failed:{queue_for(tiny_model)} {failed_job}", f"rq:job:{failed_job}",
-                                            f"rq:results:{failed_job}"}
+    assert set(rq_keys(conn, batch_id)) == {
+        f"rq:failed:{queue_for(tiny_model)} {failed_job}",
+        f"rq:job:{failed_job}",
+        f"rq:results:{failed_job}",
+    }
     assert conn.zscore(keys.batch_releases(), batch_id) is None
     # what stays (record, counters, per-request index) goes by itself after BATCH_TTL_S
     ttls = [conn.ttl(key) for key in keys.batch_all(batch_id) if conn.exists(key)]
@@ -103,7 +114,10 @@ def test_cancel_frees_the_jobs_and_resume_runs_exactly_the_unfinished_ones(tmp_p
     assert conn.ttl(keys.batch(batch_id)) > 0  # an ended batch's keys expire...
     resumed = submit(conn, dataset, resume=batch_id)
     assert (resumed.enqueued, resumed.already_finished, resumed.expired) == (6, 4, 0)
-    assert [conn.ttl(key) for key in (keys.batch(batch_id), keys.batch_counted(batch_id))] == [-1, -1]  # ...not a running one's
+    assert [conn.ttl(key) for key in (keys.batch(batch_id), keys.batch_counted(batch_id))] == [
+        -1,
+        -1,
+    ]  # ...not a running one's
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.completed, record.cancelled, record.total) == ("in_progress", 4, 0, 10)
     run_worker(conn, tiny_model)
@@ -115,8 +129,9 @@ def test_cancel_frees_the_jobs_and_resume_runs_exactly_the_unfinished_ones(tmp_p
 
 def test_an_expired_batch_frees_its_jobs_and_still_gives_its_expired_rows(tmp_path, redis_url, tiny_model):
     conn = redis.Redis.from_url(redis_url)
-    batch_id = submit(conn, write(tmp_path, short(5)), model=tiny_model, output=str(tmp_path / "out"),
-                      completion_window="1h").batch_id
+    batch_id = submit(
+        conn, write(tmp_path, short(5)), model=tiny_model, output=str(tmp_path / "out"), completion_window="1h"
+    ).batch_id
     assert expiry.expire_due(conn, now=batches.get_batch(conn, batch_id).expires_at + 1) == [batch_id]
     assert batches.get_batch(conn, batch_id).status == "expired"
     assert rq_keys(conn, batch_id) == []
@@ -132,8 +147,12 @@ def test_a_release_that_died_half_way_is_finished_by_a_later_sweep(tmp_path, red
     queue = Queue(record.queue, connection=conn, serializer=JSONSerializer)
     batches.set_status(conn, batch_id, "cancelling")  # what control.sweep does, but for the release at its end
     scripts.TAKE_OFF_QUEUE(conn, [queue.key, keys.batch_cancel_pending(batch_id)], [f"{batch_id}-"])
-    pending = [keys.batch_cancel_pending(batch_id), queue.canceled_job_registry.key, keys.batch(batch_id),
-               keys.batch_counted(batch_id)]
+    pending = [
+        keys.batch_cancel_pending(batch_id),
+        queue.canceled_job_registry.key,
+        keys.batch(batch_id),
+        keys.batch_counted(batch_id),
+    ]
     while scripts.CANCEL_PENDING(conn, pending, [100, 0, "rq:job:"]):
         pass
     batches.count_cancelled(conn, batch_id, [])

@@ -16,11 +16,28 @@ T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 
 
 def row(custom_id, *, batch="batch_a", choice=0, output="hi", error=None, at=0, kind="chat", job="job-1", line=None):
-    return dict(batch_id=batch, custom_id=custom_id, line=line, choice_index=choice, kind=kind, job_id=job, model="m",
-                prompt="p", output=None if error else output, finish_reason=None if error else "stop",
-                prompt_tokens=5, cached_tokens=3, completion_tokens=None if error else 2, output_token_ids=None if error else [7, 8],
-                error=error, worker="w1", started_at=T0, finished_at=T0 + timedelta(seconds=at), latency_s=0.5,
-                sampling=json.dumps({"max_tokens": 4}))
+    return dict(
+        batch_id=batch,
+        custom_id=custom_id,
+        line=line,
+        choice_index=choice,
+        kind=kind,
+        job_id=job,
+        model="m",
+        prompt="p",
+        output=None if error else output,
+        finish_reason=None if error else "stop",
+        prompt_tokens=5,
+        cached_tokens=3,
+        completion_tokens=None if error else 2,
+        output_token_ids=None if error else [7, 8],
+        error=error,
+        worker="w1",
+        started_at=T0,
+        finished_at=T0 + timedelta(seconds=at),
+        latency_s=0.5,
+        sampling=json.dumps({"max_tokens": 4}),
+    )
 
 
 def test_sink_writes_whole_zstd_parts_per_batch(tmp_path):
@@ -60,8 +77,13 @@ def test_merge_keeps_one_row_per_request_preferring_success(tmp_path):
     (tmp_path / "batch_a" / ".tmp-123-part-x.parquet").write_bytes(b"half a file")  # ignored
     merged = merge(read_parts(str(tmp_path), "batch_a"))
     got = {(r["custom_id"], r["choice_index"]): (r["output"], r["error"]) for r in merged.to_pylist()}
-    assert got == {("a", 0): ("new", None), ("b", 0): ("fixed", None), ("c", 0): (None, "bad line"),
-                   ("d", 0): ("first", None), ("d", 1): ("second", None)}
+    assert got == {
+        ("a", 0): ("new", None),
+        ("b", 0): ("fixed", None),
+        ("c", 0): (None, "bad line"),
+        ("d", 0): ("first", None),
+        ("d", 1): ("second", None),
+    }
 
 
 def test_openai_jsonl_output(tmp_path):
@@ -70,15 +92,20 @@ def test_openai_jsonl_output(tmp_path):
     sink.add(row("text-1", kind="completion", output=" world", job="job-2"))
     sink.add(row("bad-1", error="prompt too long", job="job-3"))
     sink.flush()
-    ok, failed = write_openai_jsonl(merge(read_parts(str(tmp_path), "batch_a")), tmp_path / "out.jsonl",
-                                    tmp_path / "errors.jsonl")
+    ok, failed = write_openai_jsonl(
+        merge(read_parts(str(tmp_path), "batch_a")), tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    )
     assert (ok, failed) == (2, 1)
     lines = {json.loads(line)["custom_id"]: json.loads(line) for line in open(tmp_path / "out.jsonl")}
     chat = lines["chat-1"]["response"]
     assert chat["status_code"] == 200 and chat["body"]["object"] == "chat.completion"
     assert chat["body"]["choices"][0]["message"] == {"role": "assistant", "content": "Paris"}
-    assert chat["body"]["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
-                                     "prompt_tokens_details": {"cached_tokens": 3}}
+    assert chat["body"]["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 2,
+        "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 3},
+    }
     assert lines["text-1"]["response"]["body"]["choices"][0]["text"] == " world"
     assert lines["chat-1"]["error"] is None
     error = json.loads(open(tmp_path / "errors.jsonl").read())
@@ -100,11 +127,19 @@ def test_rows_come_back_in_input_line_order_not_custom_id_text_order(tmp_path):
     sink.add(row("q3", line=3, choice=0, output="first", job="job-3"))
     sink.add(row("old", line=None, job="job-old"))
     sink.flush()
-    invalid = invalid_line_rows("batch_a", {"line-4-invalid": {"custom_id": "line-4-invalid", "line": 4,
-                                                               "error": "line 4: not valid JSON"}})
+    invalid = invalid_line_rows(
+        "batch_a", {"line-4-invalid": {"custom_id": "line-4-invalid", "line": 4, "error": "line 4: not valid JSON"}}
+    )
     merged = merge(pa.concat_tables([read_parts(str(tmp_path), "batch_a"), invalid]))
     assert [(r["custom_id"], r["choice_index"]) for r in merged.to_pylist()] == [
-        ("q1", 0), ("q2", 0), ("q3", 0), ("q3", 1), ("line-4-invalid", 0), ("q10", 0), ("old", 0)]
+        ("q1", 0),
+        ("q2", 0),
+        ("q3", 0),
+        ("q3", 1),
+        ("line-4-invalid", 0),
+        ("q10", 0),
+        ("old", 0),
+    ]
     ok, failed = write_openai_jsonl(merged, tmp_path / "out.jsonl", tmp_path / "errors.jsonl")
     assert [json.loads(x)["custom_id"] for x in open(tmp_path / "out.jsonl")] == ["q1", "q2", "q3", "q10", "old"]
     [error] = [json.loads(x) for x in open(tmp_path / "errors.jsonl")]
@@ -125,10 +160,19 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
     assert output.num_cached_tokens >= 16
     sink = ParquetSink(str(tmp_path), "w1")
     for kind, custom_id in (("chat", "c"), ("completion", "t")):
-        payload = JobPayload(batch_id="batch_a", custom_id=custom_id, kind=kind, model="tiny",
-                             sampling={"logprobs": 2}, prompt="hello")
-        for r in result_rows(payload, output, job_id=f"job-{custom_id}", worker="w1", model="tiny",
-                             prompt="hello", started=0.0, finished=1.0):
+        payload = JobPayload(
+            batch_id="batch_a", custom_id=custom_id, kind=kind, model="tiny", sampling={"logprobs": 2}, prompt="hello"
+        )
+        for r in result_rows(
+            payload,
+            output,
+            job_id=f"job-{custom_id}",
+            worker="w1",
+            model="tiny",
+            prompt="hello",
+            started=0.0,
+            finished=1.0,
+        ):
             sink.add(r)
     sink.add(row("plain", job="job-plain"))  # no logprobs asked: null
     sink.flush()
@@ -142,7 +186,10 @@ def test_logprobs_reach_the_parquet_column_and_both_openai_shapes(tmp_path, tiny
         assert [t["token_id"] for t in e["top_logprobs"]] == [t.token_id for t in sampled.top_logprobs]
         assert len(sampled.top_logprobs) == 2 and e["token"] == sampled.token
     write_openai_jsonl(merge(read_parts(str(tmp_path), "batch_a")), tmp_path / "out.jsonl", tmp_path / "errors.jsonl")
-    lines = {json.loads(x)["custom_id"]: json.loads(x)["response"]["body"]["choices"][0] for x in open(tmp_path / "out.jsonl")}
+    lines = {
+        json.loads(x)["custom_id"]: json.loads(x)["response"]["body"]["choices"][0]
+        for x in open(tmp_path / "out.jsonl")
+    }
     chat = lines["c"]["logprobs"]["content"]
     assert [c["token"] for c in chat] == [e["token"] for e in entries]
     assert [len(c["top_logprobs"]) for c in chat] == [2] * 4 and chat[0]["bytes"] == list(entries[0]["bytes"])

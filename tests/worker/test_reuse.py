@@ -34,13 +34,27 @@ def earlier_results(path: Path, dataset: Path, stamp=STAMP, finish="length", err
     for request in parse_dataset(dataset).requests:
         for choice in range(request.sampling.get("n") or 1):
             failed = request.custom_id in error_on
-            rows.append({"batch_id": "batch_" + "0" * 24, "custom_id": request.custom_id, "line": request.line,
-                         "choice_index": choice, "kind": request.kind, "model": MODEL, "requested_model": MODEL,
-                         "prompt": request.prompt, "output": None if failed else f"out {request.custom_id} {choice}",
-                         "finish_reason": None if failed else finish, "prompt_tokens": 3, "cached_tokens": 0,
-                         "completion_tokens": 2, "error": "boom" if failed else None,
-                         "sampling": json.dumps(request.sampling, sort_keys=True), "model_sha256": stamp.model_sha256,
-                         "request_hash": None if failed else stamp.request_hash(request)})
+            rows.append(
+                {
+                    "batch_id": "batch_" + "0" * 24,
+                    "custom_id": request.custom_id,
+                    "line": request.line,
+                    "choice_index": choice,
+                    "kind": request.kind,
+                    "model": MODEL,
+                    "requested_model": MODEL,
+                    "prompt": request.prompt,
+                    "output": None if failed else f"out {request.custom_id} {choice}",
+                    "finish_reason": None if failed else finish,
+                    "prompt_tokens": 3,
+                    "cached_tokens": 0,
+                    "completion_tokens": 2,
+                    "error": "boom" if failed else None,
+                    "sampling": json.dumps(request.sampling, sort_keys=True),
+                    "model_sha256": stamp.model_sha256,
+                    "request_hash": None if failed else stamp.request_hash(request),
+                }
+            )
     write_parquet(pa.Table.from_pylist(rows, SCHEMA).drop_columns(["extra"]), str(path))
     return path
 
@@ -59,8 +73,9 @@ def test_what_is_reused_and_what_runs(tmp_path, redis_url):
     previous = earlier_results(tmp_path / "old.parquet", dataset, error_on={"e"})
     conn = redis.Redis.from_url(redis_url)
     edited = write(tmp_path / "e.jsonl", [{**LINES[0], "topic": "y", "id": "a2"}, *LINES[1:]])
-    result = submit(conn, edited, output=str(tmp_path / "out"), model=MODEL, reuse=ReuseSource.open(str(previous),
-                                                                                                   STAMP))
+    result = submit(
+        conn, edited, output=str(tmp_path / "out"), model=MODEL, reuse=ReuseSource.open(str(previous), STAMP)
+    )
     assert (result.valid, result.reused, result.stored) == (5, 2, 3)  # a2 (a under a new id and topic), c
     table, batch = collect(conn, result.batch_id)
     reused = {r["custom_id"]: r for r in table.to_pylist()}
@@ -76,8 +91,9 @@ def test_a_batch_wholly_reused_completes_with_no_worker(tmp_path, redis_url):
     dataset = write(tmp_path / "d.jsonl", [LINES[0], LINES[2]])
     previous = earlier_results(tmp_path / "old.parquet", dataset, finish="stop")
     conn = redis.Redis.from_url(redis_url)
-    result = submit(conn, dataset, output=str(tmp_path / "out"), model=MODEL,
-                    reuse=ReuseSource.open(str(previous), STAMP))
+    result = submit(
+        conn, dataset, output=str(tmp_path / "out"), model=MODEL, reuse=ReuseSource.open(str(previous), STAMP)
+    )
     assert result.reused == 2 and result.enqueued == 0
     assert batches.get_batch(conn, result.batch_id).status == "completed"
 
@@ -87,8 +103,9 @@ def test_stopped_rows_of_a_request_without_max_tokens_are_reused(tmp_path, redis
     conn = redis.Redis.from_url(redis_url)
     for finish, reused in (("length", 0), ("stop", 1)):
         previous = earlier_results(tmp_path / f"{finish}.parquet", dataset, finish=finish)
-        result = submit(conn, dataset, output=str(tmp_path / "out"), model=MODEL,
-                        reuse=ReuseSource.open(str(previous), STAMP))
+        result = submit(
+            conn, dataset, output=str(tmp_path / "out"), model=MODEL, reuse=ReuseSource.open(str(previous), STAMP)
+        )
         assert result.reused == reused
 
 
@@ -103,16 +120,25 @@ def test_another_model_settings_or_output_version_reuses_nothing(tmp_path, redis
         stamp = dataclasses.replace(STAMP, settings=STAMP.settings.replace("float16", "float32"))
     else:
         monkeypatch.setattr(fingerprint, "OUTPUT_VERSION", fingerprint.OUTPUT_VERSION + 1)
-    result = submit(redis.Redis.from_url(redis_url), dataset, output=str(tmp_path / "out"), model=MODEL,
-                    reuse=ReuseSource.open(str(previous), stamp))
+    result = submit(
+        redis.Redis.from_url(redis_url),
+        dataset,
+        output=str(tmp_path / "out"),
+        model=MODEL,
+        reuse=ReuseSource.open(str(previous), stamp),
+    )
     assert result.reused == 0 and result.stored == 2
 
 
 def test_a_hash_ending_in_a_zero_byte_is_found(tmp_path):
     """numpy's bytes type drops trailing zero bytes: the index's keys must not lose them."""
-    prompt = next(f"p{i}" for i in range(100_000)
-                  if STAMP.request_hash(parse_dataset(write(tmp_path / "one.jsonl", [
-                      {"prompt": f"p{i}", "temperature": 0}])).requests[0]).endswith("00"))
+    prompt = next(
+        f"p{i}"
+        for i in range(100_000)
+        if STAMP.request_hash(
+            parse_dataset(write(tmp_path / "one.jsonl", [{"prompt": f"p{i}", "temperature": 0}])).requests[0]
+        ).endswith("00")
+    )
     dataset = write(tmp_path / "d.jsonl", [{"prompt": prompt, "temperature": 0}, {"prompt": "x", "temperature": 0}])
     previous = PreviousResults.open(str(earlier_results(tmp_path / "old.parquet", dataset)))
     for request in parse_dataset(dataset).requests:
@@ -152,12 +178,21 @@ def test_miro_submit_reuse(tmp_path, redis_url, tiny_model):
     dataset = write(tmp_path / "d.jsonl", [LINES[0], LINES[1]])
     stamp = fingerprint.expected_stamp(tiny_model, {})  # what a worker of the MIRO_* defaults will load
     previous = earlier_results(tmp_path / "old.parquet", dataset, stamp=stamp)
-    command = ["submit", str(dataset), "--redis-url", redis_url, "--output", str(tmp_path / "out"), "--reuse",
-               str(previous)]
+    command = [
+        "submit",
+        str(dataset),
+        "--redis-url",
+        redis_url,
+        "--output",
+        str(tmp_path / "out"),
+        "--reuse",
+        str(previous),
+    ]
     refused = CliRunner().invoke(cli, command)
     assert refused.exit_code == 1
-    assert refused.output.strip().splitlines()[-1] == ("Error: --reuse needs --model: the rows are reused only for "
-                                                       "the same model file.")
+    assert refused.output.strip().splitlines()[-1] == (
+        "Error: --reuse needs --model: the rows are reused only for the same model file."
+    )
     result = CliRunner().invoke(cli, [*command, "--model", tiny_model])
     assert result.exit_code == 0, result.output
     assert "Reused the earlier rows of 1 of 2 requests." in result.output  # the sampled line without a seed runs

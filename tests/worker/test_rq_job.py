@@ -34,30 +34,55 @@ def write_dataset(path, lines):
 def make_worker(kind, queue, conn, tiny_model):
     if kind == "simple":
         return SimpleWorker([queue], connection=conn, serializer=JSONSerializer)
-    return BatchWorker([queue], connection=conn, serializer=JSONSerializer, model=tiny_model,
-                       engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 3})
+    return BatchWorker(
+        [queue],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 3},
+    )
 
 
 @pytest.mark.parametrize("kind", ["simple", "batch"])
-def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_model, monkeypatch, kind,
-                                                     rq_command_poll):
+def test_submit_run_with_rq_worker_and_merge_results(
+    tmp_path, redis_url, tiny_model, monkeypatch, kind, rq_command_poll
+):
     monkeypatch.setenv("MIRO_KV_CACHE_MEMORY", "4MiB")
     lines = [
         {"id": "s1", "prompt": "hello world", "max_tokens": 5, "temperature": 0, "ignore_eos": True},
-        {"id": "s2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
-         "ignore_eos": True},
-        {"custom_id": "o1", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "x", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3,
-                  "temperature": 0}},
-        {"custom_id": "o2", "method": "POST", "url": "/v1/completions",
-         "body": {"prompt": "the world", "max_tokens": 6, "temperature": 0}},
+        {
+            "id": "s2",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+        {
+            "custom_id": "o1",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "x",
+                "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 3,
+                "temperature": 0,
+            },
+        },
+        {
+            "custom_id": "o2",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"prompt": "the world", "max_tokens": 6, "temperature": 0},
+        },
         {"id": "long", "prompt": "hello " * 200, "max_tokens": 4},  # over the tiny model's 128-token context
         {"id": "bad", "prompt": 5},  # invalid: recorded as a failed request with --skip-invalid
     ]
     dataset = write_dataset(tmp_path / "data.jsonl", lines)
     out = tmp_path / "results"
-    submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
-                                         "--output", str(out), "--skip-invalid"])
+    submitted = CliRunner().invoke(
+        cli,
+        ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model, "--output", str(out), "--skip-invalid"],
+    )
     assert submitted.exit_code == 0, submitted.output
     batch_id = submitted.stdout.strip().splitlines()[-1]
 
@@ -90,14 +115,17 @@ def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_m
 
     # greedy outputs equal the engine run directly on the same prompts
     engine = Engine.from_model(tiny_model, num_kv_blocks=64)
-    direct = engine.generate([rows["s1"]["prompt"], rows["o2"]["prompt"]],
-                             [SamplingParams(max_tokens=5, temperature=0, ignore_eos=True),
-                              SamplingParams(max_tokens=6, temperature=0)], use_tqdm=False)
+    direct = engine.generate(
+        [rows["s1"]["prompt"], rows["o2"]["prompt"]],
+        [SamplingParams(max_tokens=5, temperature=0, ignore_eos=True), SamplingParams(max_tokens=6, temperature=0)],
+        use_tqdm=False,
+    )
     assert rows["s1"]["output_token_ids"] == direct[0].token_ids
     assert rows["o2"]["output_token_ids"] == direct[1].token_ids
 
-    jsonl = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "out.jsonl"), "--format", "jsonl",
-                                     "--redis-url", redis_url])
+    jsonl = CliRunner().invoke(
+        cli, ["results", batch_id, "-o", str(tmp_path / "out.jsonl"), "--format", "jsonl", "--redis-url", redis_url]
+    )
     assert jsonl.exit_code == 0, jsonl.output
     answers = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
     errors = [json.loads(line) for line in open(tmp_path / "out.errors.jsonl")]
@@ -106,19 +134,23 @@ def test_submit_run_with_rq_worker_and_merge_results(tmp_path, redis_url, tiny_m
 
 
 def test_results_of_unknown_batch_is_one_sentence(redis_url, tmp_path):
-    result = CliRunner().invoke(cli, ["results", "batch_nope", "-o", str(tmp_path / "x.parquet"),
-                                      "--redis-url", redis_url])
+    result = CliRunner().invoke(
+        cli, ["results", "batch_nope", "-o", str(tmp_path / "x.parquet"), "--redis-url", redis_url]
+    )
     assert result.exit_code == 1 and "There is no batch 'batch_nope'" in result.output
 
 
 def test_miro_worker_command_runs_a_batch(tmp_path, redis_url, tiny_model):
-    dataset = write_dataset(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": "hello " * (i + 1), "max_tokens": 3}
-                                                   for i in range(5)])
-    submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
-                                         "--output", str(tmp_path / "out")])
+    dataset = write_dataset(
+        tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": "hello " * (i + 1), "max_tokens": 3} for i in range(5)]
+    )
+    submitted = CliRunner().invoke(
+        cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model, "--output", str(tmp_path / "out")]
+    )
     batch_id = submitted.stdout.strip()
-    ran = CliRunner().invoke(cli, ["worker", "--redis-url", redis_url, "--model", tiny_model, "--burst",
-                                   "--kv-cache-memory", "4MiB"])
+    ran = CliRunner().invoke(
+        cli, ["worker", "--redis-url", redis_url, "--model", tiny_model, "--burst", "--kv-cache-memory", "4MiB"]
+    )
     assert ran.exit_code == 0, ran.output
     record = batches.get_batch(redis.Redis.from_url(redis_url), batch_id)
     assert (record.completed, record.failed, record.status) == (5, 0, "completed")
@@ -132,8 +164,21 @@ def test_miro_run_on_the_example_dataset(tmp_path, smollm2_path):
     out = tmp_path / "results.parquet"
     # f32 pinned for the answer checked below: with native (auto's choice where its kernels are faster) the
     # default model answers q1 as llama.cpp does on this file, "L'Étoile, la Cité, ..."
-    result = CliRunner().invoke(cli, ["run", str(example), "-o", str(out), "--model", str(smollm2_path),
-                                      "--kv-cache-memory", "256MiB", "--weights", "f32"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            str(example),
+            "-o",
+            str(out),
+            "--model",
+            str(smollm2_path),
+            "--kv-cache-memory",
+            "256MiB",
+            "--weights",
+            "f32",
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = pq.read_table(out).to_pylist()
     n_lines = sum(1 for line in example.read_text().splitlines() if line.strip())
@@ -146,10 +191,13 @@ LONG_BATCH = 60  # requests of 100 tokens each: long enough to stop a worker in 
 
 
 def submit_long_batch(tmp_path, redis_url, tiny_model) -> str:
-    dataset = write_dataset(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 100,
-                                                    "ignore_eos": True} for i in range(LONG_BATCH)])
-    submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
-                                         "--output", str(tmp_path / "out")])
+    dataset = write_dataset(
+        tmp_path / "d.jsonl",
+        [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 100, "ignore_eos": True} for i in range(LONG_BATCH)],
+    )
+    submitted = CliRunner().invoke(
+        cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model, "--output", str(tmp_path / "out")]
+    )
     return submitted.stdout.strip()
 
 
@@ -158,9 +206,23 @@ def worker_command(redis_url, tiny_model, *extra) -> tuple[list[str], dict]:
     import os
     import sys
 
-    command = [sys.executable, "-c", "from miro.cli.main import cli; cli()", "worker", "--redis-url", redis_url,
-               "--model", tiny_model, "--kv-cache-memory", "8MiB", "--max-num-seqs", "4", "--flush-rows", "1",
-               *extra]
+    command = [
+        sys.executable,
+        "-c",
+        "from miro.cli.main import cli; cli()",
+        "worker",
+        "--redis-url",
+        redis_url,
+        "--model",
+        tiny_model,
+        "--kv-cache-memory",
+        "8MiB",
+        "--max-num-seqs",
+        "4",
+        "--flush-rows",
+        "1",
+        *extra,
+    ]
     return command, {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 
 
@@ -168,8 +230,7 @@ def assert_every_row_once(tmp_path, redis_url, batch_id) -> None:
     conn = redis.Redis.from_url(redis_url)
     record = batches.get_batch(conn, batch_id)
     assert (record.completed, record.failed, record.status) == (LONG_BATCH, 0, "completed")
-    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url",
-                                      redis_url])
+    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url", redis_url])
     assert merged.exit_code == 0
     rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
     assert sorted(r["custom_id"] for r in rows) == sorted(f"p{i}" for i in range(LONG_BATCH))
@@ -190,8 +251,11 @@ def test_sigterm_mid_batch_requeues_and_nothing_is_lost(tmp_path, redis_url, tin
     assert first.wait(timeout=60) == 0, first.stderr.read()
     after_stop = batches.get_batch(conn, batch_id)
     assert after_stop.completed < LONG_BATCH, "the batch finished before the signal: nothing was in flight"
-    queued = Job.fetch_many(Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer).job_ids,
-                            connection=conn, serializer=JSONSerializer)
+    queued = Job.fetch_many(
+        Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer).job_ids,
+        connection=conn,
+        serializer=JSONSerializer,
+    )
     waiting = [p.custom_id for job in queued for p in payloads_of(job.kwargs)]
     counted = conn.smismember(keys.batch_counted(batch_id), waiting)
     # what it held is back on the queue: the queued jobs hold every request not yet counted
@@ -209,8 +273,9 @@ def test_kill_9_mid_batch_jobs_run_again_on_a_live_worker(tmp_path, redis_url, t
 
     batch_id = submit_long_batch(tmp_path, redis_url, tiny_model)
     conn = redis.Redis.from_url(redis_url)
-    command, env = worker_command(redis_url, tiny_model, "--job-monitoring-interval", "1", "--heartbeat-slack", "2",
-                                  "--maintenance-interval", "1")
+    command, env = worker_command(
+        redis_url, tiny_model, "--job-monitoring-interval", "1", "--heartbeat-slack", "2", "--maintenance-interval", "1"
+    )
     doomed = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     assert wait_for(lambda: batches.get_batch(conn, batch_id).completed >= 3), "the worker did no work"
     doomed.send_signal(signal.SIGKILL)
@@ -238,8 +303,13 @@ def test_a_job_taken_by_a_worker_killed_before_starting_it_runs_again(tmp_path, 
     first_id = queue.job_ids[0]
 
     def live_worker() -> BatchWorker:
-        return BatchWorker([queue], connection=conn, serializer=JSONSerializer, model=tiny_model,
-                           engine_options={"kv_cache_memory": "8MiB", "max_num_seqs": 4})
+        return BatchWorker(
+            [queue],
+            connection=conn,
+            serializer=JSONSerializer,
+            model=tiny_model,
+            engine_options={"kv_cache_memory": "8MiB", "max_num_seqs": 4},
+        )
 
     doomed = live_worker()
     job, taken_from = taking.take_next(doomed, doomed.queues)  # its high, normal and low queues; then kill -9
@@ -280,16 +350,36 @@ def test_two_workers_200_mixed_lines_exactly_once_and_equal_to_the_engine(tmp_pa
         if i % 3 == 0:
             lines.append({"id": f"s{i}", "prompt": f"hello world {i}", "max_tokens": 8, "temperature": 0})
         elif i % 3 == 1:
-            lines.append({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
-                          "body": {"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 6,
-                                   "temperature": 0}})
+            lines.append(
+                {
+                    "custom_id": f"c{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 6, "temperature": 0},
+                }
+            )
         else:
-            lines.append({"custom_id": f"t{i}", "method": "POST", "url": "/v1/completions",
-                          "body": {"prompt": f"the world {i}", "max_tokens": 5, "temperature": 0}})
+            lines.append(
+                {
+                    "custom_id": f"t{i}",
+                    "method": "POST",
+                    "url": "/v1/completions",
+                    "body": {"prompt": f"the world {i}", "max_tokens": 5, "temperature": 0},
+                }
+            )
     dataset = write_dataset(tmp_path / "d.jsonl", lines)
     miro = [sys.executable, "-c", "from miro.cli.main import cli; cli()"]
-    options = ["worker", "--redis-url", redis_url, "--model", tiny_model, "--kv-cache-memory", "8MiB",
-               "--max-num-seqs", "8"]
+    options = [
+        "worker",
+        "--redis-url",
+        redis_url,
+        "--model",
+        tiny_model,
+        "--kv-cache-memory",
+        "8MiB",
+        "--max-num-seqs",
+        "8",
+    ]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
     conn = redis.Redis.from_url(redis_url)
     workers = [subprocess.Popen(miro + options, env=env, stderr=subprocess.DEVNULL) for _ in range(2)]
@@ -297,8 +387,9 @@ def test_two_workers_200_mixed_lines_exactly_once_and_equal_to_the_engine(tmp_pa
         # both waiting before the batch comes, so neither can take it all while the other still starts (a busy
         # machine once started one 7 s late)
         assert wait_for(lambda: len(list_workers(conn)) == 2, timeout_s=120), "the workers did not start"
-        submitted = CliRunner().invoke(cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model,
-                                             "--output", str(tmp_path / "out")])
+        submitted = CliRunner().invoke(
+            cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model, "--output", str(tmp_path / "out")]
+        )
         batch_id = submitted.stdout.strip()
         assert wait_for(lambda: batches.get_batch(conn, batch_id).status == "completed", timeout_s=300)
     finally:
@@ -310,8 +401,7 @@ def test_two_workers_200_mixed_lines_exactly_once_and_equal_to_the_engine(tmp_pa
     parts = list((tmp_path / "out" / batch_id).glob("part-*.parquet"))
     assert len({pq.read_table(p)["worker"][0].as_py() for p in parts}) == 2, "both workers should have worked"
 
-    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url",
-                                      redis_url])
+    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url", redis_url])
     assert merged.exit_code == 0
     rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
     assert len(rows) == 200 and len({r["custom_id"] for r in rows}) == 200
@@ -321,10 +411,19 @@ def test_two_workers_200_mixed_lines_exactly_once_and_equal_to_the_engine(tmp_pa
     assert [r["output_token_ids"] for r in rows] == [d.token_ids for d in direct]
 
 
-@pytest.mark.parametrize("command", [
-    ["submit", "DATASET"], ["worker", "--burst", "--wait-for-redis", "0"], ["results", "batch_x", "-o", "OUT"],
-    ["run", "DATASET"], ["cancel", "batch_x"], ["retry", "batch_x"], ["status"], ["watch", "batch_x"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["submit", "DATASET"],
+        ["worker", "--burst", "--wait-for-redis", "0"],
+        ["results", "batch_x", "-o", "OUT"],
+        ["run", "DATASET"],
+        ["cancel", "batch_x"],
+        ["retry", "batch_x"],
+        ["status"],
+        ["watch", "batch_x"],
+    ],
+)
 def test_redis_unreachable_is_one_sentence_for_every_command(tmp_path, command):
     dataset = write_dataset(tmp_path / "d.jsonl", [{"id": "a", "prompt": "hi"}])
     args = [dataset if a == "DATASET" else str(tmp_path / "o.parquet") if a == "OUT" else a for a in command]

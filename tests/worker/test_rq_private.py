@@ -15,22 +15,27 @@ def parameters(function) -> list[str]:
 
 
 def test_the_private_methods_miro_calls_still_take_what_it_passes():
-    assert parameters(BaseWorker._finalize_success)[:5] == ["self", "job", "queue", "execution", "return_value"], \
+    assert parameters(BaseWorker._finalize_success)[:5] == ["self", "job", "queue", "execution", "return_value"], (
         "RQ's BaseWorker._finalize_success changed: see worker/fleet/records/rq_private.py finalize_success"
-    assert parameters(BaseWorker._finalize_failure)[:5] == ["self", "job", "queue", "execution", "exc_info"], \
+    )
+    assert parameters(BaseWorker._finalize_failure)[:5] == ["self", "job", "queue", "execution", "exc_info"], (
         "RQ's BaseWorker._finalize_failure changed: see worker/fleet/records/rq_private.py finalize_failure"
-    assert parameters(BaseWorker.handle_exception)[:2] == ["self", "job"], \
+    )
+    assert parameters(BaseWorker.handle_exception)[:2] == ["self", "job"], (
         "RQ's BaseWorker.handle_exception changed: BatchWorker.handle_exception overrides it"
+    )
     enqueue = parameters(Queue._enqueue_job)
-    assert enqueue[:3] == ["self", "job", "pipeline"] and "at_front" in enqueue, \
+    assert enqueue[:3] == ["self", "job", "pipeline"] and "at_front" in enqueue, (
         "RQ's Queue._enqueue_job changed: see worker/fleet/records/rq_private.py enqueue_job"
+    )
 
 
 def test_a_jobs_exc_info_is_still_the_private_attribute_miro_clears():
     job = Job.__new__(Job)  # no Redis needed to set an attribute
     rq_private.clear_exc_info(job)
-    assert job._exc_info == "" and "_exc_info" in inspect.getsource(Job), \
+    assert job._exc_info == "" and "_exc_info" in inspect.getsource(Job), (
         "RQ's Job no longer keeps _exc_info: see worker/fleet/records/rq_private.py clear_exc_info"
+    )
 
 
 def test_a_workers_queue_order_is_still_kept_in_ordered_queues(redis_url):
@@ -39,8 +44,9 @@ def test_a_workers_queue_order_is_still_kept_in_ordered_queues(redis_url):
     conn = redis.Redis.from_url(redis_url)
     first, second = Queue("order-a", connection=conn), Queue("order-b", connection=conn)
     worker = BaseWorker([first], connection=conn)
-    assert worker._ordered_queues == worker.queues, \
+    assert worker._ordered_queues == worker.queues, (
         "RQ's BaseWorker no longer keeps _ordered_queues beside queues: see worker/fleet/records/rq_private.py set_queues"
+    )
     rq_private.set_queues(worker, [second, first])
     assert worker.queues == worker._ordered_queues == [second, first]
 
@@ -61,8 +67,9 @@ def test_rqs_bootstrap_installs_no_signal_handlers(redis_url, rq_command_poll):
     previous = {signum: signal.signal(signum, ours) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         worker.bootstrap()
-        assert signal.getsignal(signal.SIGINT) is ours and signal.getsignal(signal.SIGTERM) is ours, \
+        assert signal.getsignal(signal.SIGINT) is ours and signal.getsignal(signal.SIGTERM) is ours, (
             "RQ's BaseWorker.bootstrap now installs signal handlers: see BatchWorker.install_stop_handlers"
+        )
     finally:
         worker.teardown()
         for signum, handler in previous.items():
@@ -80,7 +87,8 @@ def test_a_taken_job_waits_in_the_intermediate_queue_and_requeue_taken_puts_it_b
     for job_id in ("first", "second"):
         queue.enqueue("miro.worker.jobs.generate", job_id=job_id)
     conn.lmove(queue.key, queue.intermediate_queue.key, "LEFT", "RIGHT")  # what taking a job does
-    assert queue.job_ids == ["second"] and queue.intermediate_queue.get_job_ids() == ["first"], \
+    assert queue.job_ids == ["second"] and queue.intermediate_queue.get_job_ids() == ["first"], (
         "RQ's intermediate queue moved: see worker/fleet/records/rq_private.py requeue_taken"
+    )
     rq_private.requeue_taken(queue)
     assert queue.job_ids == ["first", "second"] and queue.intermediate_queue.get_job_ids() == []

@@ -35,13 +35,25 @@ def test_empty_string_unicode_and_lone_surrogate_ids():
     seen = SeenIds()
     assert seen.add(ids, list(range(1, len(ids) + 1))) == []  # all different ("é" precomposed or not included)
     assert seen.add(list(reversed(ids)), list(range(100, 100 + len(ids)))) == [
-        (i, len(ids) - i) for i in range(len(ids))]
+        (i, len(ids) - i) for i in range(len(ids))
+    ]
 
 
 def test_ids_that_differ_only_slightly():
     base = "req-0000001"
-    near = [base, base + " ", " " + base, "Req-0000001", "req-0000002", "req-00000010", "req-000001",
-            "a" * 1000, "a" * 999 + "b", "a" * 1001, "req\t0000001"]
+    near = [
+        base,
+        base + " ",
+        " " + base,
+        "Req-0000001",
+        "req-0000002",
+        "req-00000010",
+        "req-000001",
+        "a" * 1000,
+        "a" * 999 + "b",
+        "a" * 1001,
+        "req\t0000001",
+    ]
     seen = SeenIds()
     assert seen.add(near, list(range(1, len(near) + 1))) == []
     assert len(seen) == len(near)
@@ -53,7 +65,7 @@ def test_growth_from_tiny_through_many_rehashes_keeps_every_id():
     sizes = [seen.nbytes]
     ids = [f"id-{i}" for i in range(60_000)]
     for start in range(0, len(ids), 7):
-        chunk = ids[start:start + 7]
+        chunk = ids[start : start + 7]
         assert seen.add(chunk, list(range(start + 1, start + 1 + len(chunk)))) == []
         if seen.nbytes != sizes[-1]:
             sizes.append(seen.nbytes)
@@ -65,7 +77,7 @@ def test_growth_from_tiny_through_many_rehashes_keeps_every_id():
     order = list(range(len(ids)))
     random.Random(3).shuffle(order)
     for start in range(0, len(order), 1000):
-        chunk = order[start:start + 1000]
+        chunk = order[start : start + 1000]
         assert seen.add([ids[i] for i in chunk], [999_999] * len(chunk)) == [(k, i + 1) for k, i in enumerate(chunk)]
     assert len(seen) == len(ids)
 
@@ -87,7 +99,7 @@ def test_random_200k_run_against_a_dict():
     line = 1
     while line <= len(stream):
         size = rng.choice([1, 3, 100, 1000, 4096])
-        chunk, lines = stream[line - 1:line - 1 + size], list(range(line, min(line + size, len(stream) + 1)))
+        chunk, lines = stream[line - 1 : line - 1 + size], list(range(line, min(line + size, len(stream) + 1)))
         expected = []
         for k, (cid, n) in enumerate(zip(chunk, lines)):
             if cid in oracle:
@@ -113,7 +125,7 @@ def test_insert_probes_past_its_window_and_wraps_around():
     keys, lines = np.zeros(32, dtype=np.uint64), np.zeros(32, dtype=np.uint32)
     hashes = np.array([2 + 32 * k for k in range(1, 3 * WINDOW)], dtype=np.uint64)
     present, _ = _insert(keys, lines, hashes, np.arange(hashes.size, dtype=np.uint32))
-    assert not present.any() and sorted(keys[2:2 + hashes.size].tolist()) == sorted(hashes.tolist())
+    assert not present.any() and sorted(keys[2 : 2 + hashes.size].tolist()) == sorted(hashes.tolist())
     for h, n in zip(hashes.tolist(), range(hashes.size)):
         assert _insert(keys, lines, np.array([h], dtype=np.uint64), np.array([99], dtype=np.uint32))[1][0] == n
 

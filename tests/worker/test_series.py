@@ -24,13 +24,26 @@ class Writer(SeriesWriter):
 
 
 def worker(name, t, *, tokens_per_s=0.0, done=0, kv=0.0, batches=()):
-    return workers.WorkerRecord(name=name, model="m", updated_at=t, batches=list(batches), jobs_done=done,
-                                stats=EngineStats(kv_usage=kv, generation_tokens_per_s=tokens_per_s, running=2))
+    return workers.WorkerRecord(
+        name=name,
+        model="m",
+        updated_at=t,
+        batches=list(batches),
+        jobs_done=done,
+        stats=EngineStats(kv_usage=kv, generation_tokens_per_s=tokens_per_s, running=2),
+    )
 
 
 def batch(conn, completed, tokens, status="in_progress", started=T0 - 10):
-    record = BatchRecord(id="batch_s", status=status, created_at=T0 - 20, total=100, completed=completed,
-                         completion_tokens=tokens, stamps={"in_progress": started})
+    record = BatchRecord(
+        id="batch_s",
+        status=status,
+        created_at=T0 - 20,
+        total=100,
+        completed=completed,
+        completion_tokens=tokens,
+        stamps={"in_progress": started},
+    )
     conn.hset(record.key(record.id), mapping=record.to_hash())
     return record
 
@@ -49,7 +62,9 @@ def test_a_worker_appends_one_point_per_step_and_its_batches_counters(conn):
     assert writer.add(conn, worker("w1", T0 + 5.1, tokens_per_s=60, done=8, kv=0.5, batches=["batch_s"]))
     [points] = series.worker_series(conn, T0 - 1).values()
     assert [(p.t, p.tokens_per_s, p.requests, p.kv_usage, p.running) for p in points] == [
-        (T0 + 0.2, 50.0, 3, 0.25, 2), (T0 + 5.1, 60.0, 8, 0.5, 2)]
+        (T0 + 0.2, 50.0, 3, 0.25, 2),
+        (T0 + 5.1, 60.0, 8, 0.5, 2),
+    ]
     assert [e[0] for e in conn.xrange(keys.worker_series("w1"))] == [b"1800000000000-0", b"1800000005000-0"]
     stored = series._points(BatchPoint, conn.xrange(keys.batch_series("batch_s")))
     assert [(p.finished, p.tokens) for p in stored] == [(3, 30), (8, 80)]

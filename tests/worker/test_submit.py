@@ -37,10 +37,13 @@ BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
 
 def write(path: Path, *lines) -> Path:
     """Write lines (dict -> JSON, str as is, bytes as is), one per line."""
-    path.write_bytes(b"".join(
-        (line if isinstance(line, bytes) else (json.dumps(line) if isinstance(line, dict) else line).encode()) + b"\n"
-        for line in lines
-    ))
+    path.write_bytes(
+        b"".join(
+            (line if isinstance(line, bytes) else (json.dumps(line) if isinstance(line, dict) else line).encode())
+            + b"\n"
+            for line in lines
+        )
+    )
     return path
 
 
@@ -52,8 +55,12 @@ def openai(custom_id, url=CHAT, method="POST", **body):
 
 MIXED = [
     {"id": "q1", "prompt": "Say hi.", "max_tokens": 5},
-    {"id": "q2", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-     "temperature": 0.5, "stop": "\n"},
+    {
+        "id": "q2",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        "temperature": 0.5,
+        "stop": "\n",
+    },
     openai("c1", CHAT, model="gpt-4o-mini", max_completion_tokens=7),
     openai("c2", COMPLETIONS, prompt="Once upon a time", seed=3),
     {"prompt": "no id on this line"},
@@ -82,8 +89,22 @@ def job_of(conn, batch_id, custom_id) -> Job:
 def test_mixed_dataset_enqueues_one_job_per_line(tmp_path, redis_url, monkeypatch):
     monkeypatch.chdir(tmp_path)
     data = write(tmp_path / "mixed.jsonl", *MIXED)
-    result = run("submit", data, "--redis-url", redis_url, "--max-tokens", "32", "--temperature", "0",
-                 "--name", "mixed run", "--job-timeout", "2h", "--model", "smollm2-135m")
+    result = run(
+        "submit",
+        data,
+        "--redis-url",
+        redis_url,
+        "--max-tokens",
+        "32",
+        "--temperature",
+        "0",
+        "--name",
+        "mixed run",
+        "--job-timeout",
+        "2h",
+        "--model",
+        "smollm2-135m",
+    )
     assert result.exit_code == 0, result.output
     batch_id = result.stdout.strip()
     assert result.stdout == batch_id + "\n" and BATCH_ID.fullmatch(batch_id)
@@ -98,24 +119,44 @@ def test_mixed_dataset_enqueues_one_job_per_line(tmp_path, redis_url, monkeypatc
 
     # the JobPayload as kwargs: fields that are not set (None) are left out
     expected_kwargs = {
-        "q1": {"kind": "completion", "prompt": "Say hi.", "sampling": {"max_tokens": 5, "temperature": 0.0},
-               "line": 1},
-        "q2": {"kind": "chat", "messages": MIXED[1]["messages"],
-               "sampling": {"max_tokens": 32, "temperature": 0.5, "stop": ["\n"]},
-               "line": 2},
-        "c1": {"kind": "chat", "messages": [{"role": "user", "content": "hi"}],
-               "sampling": {"max_tokens": 7, "temperature": 0.0}, "requested_model": "gpt-4o-mini", "line": 3},
-        "c2": {"kind": "completion", "prompt": "Once upon a time",
-               "sampling": {"max_tokens": 32, "temperature": 0.0, "seed": 3}, "line": 4},
-        "line-5": {"kind": "completion", "prompt": "no id on this line",
-                   "sampling": {"max_tokens": 32, "temperature": 0.0}, "line": 5},
+        "q1": {"kind": "completion", "prompt": "Say hi.", "sampling": {"max_tokens": 5, "temperature": 0.0}, "line": 1},
+        "q2": {
+            "kind": "chat",
+            "messages": MIXED[1]["messages"],
+            "sampling": {"max_tokens": 32, "temperature": 0.5, "stop": ["\n"]},
+            "line": 2,
+        },
+        "c1": {
+            "kind": "chat",
+            "messages": [{"role": "user", "content": "hi"}],
+            "sampling": {"max_tokens": 7, "temperature": 0.0},
+            "requested_model": "gpt-4o-mini",
+            "line": 3,
+        },
+        "c2": {
+            "kind": "completion",
+            "prompt": "Once upon a time",
+            "sampling": {"max_tokens": 32, "temperature": 0.0, "seed": 3},
+            "line": 4,
+        },
+        "line-5": {
+            "kind": "completion",
+            "prompt": "no id on this line",
+            "sampling": {"max_tokens": 32, "temperature": 0.0},
+            "line": 5,
+        },
     }
     for cid in ids:
         job = job_of(conn, batch_id, cid)
         assert job.func_name == JOB_FUNCTION
         assert job.args == []
-        assert job.kwargs == {"batch_id": batch_id, "custom_id": cid, "model": "smollm2-135m", "priority": "normal",
-                              **expected_kwargs[cid]}
+        assert job.kwargs == {
+            "batch_id": batch_id,
+            "custom_id": cid,
+            "model": "smollm2-135m",
+            "priority": "normal",
+            **expected_kwargs[cid],
+        }
         assert job.meta == {"batch_id": batch_id, "custom_id": cid}
         assert job.get_status() == JobStatus.QUEUED
         assert job.origin == "miro:smollm2-135m" and job.enqueued_at is not None
@@ -156,8 +197,11 @@ def test_stored_job_hashes_equal_rqs_own(tmp_path, redis_url, monkeypatch):
     enqueuer = JobWriter(conn, "miro:smollm2-135m", result.batch_id, "smollm2-135m", "normal", 1800)
     parsed = parse_dataset(data)
     assert len(parsed.requests) == 6
-    for chunk, part, requests in [(0, 0, parsed.requests[:3]), (0, 1, parsed.requests[3:4]),
-                                  (1, 0, parsed.requests[4:])]:
+    for chunk, part, requests in [
+        (0, 0, parsed.requests[:3]),
+        (0, 1, parsed.requests[3:4]),
+        (1, 0, parsed.requests[4:]),
+    ]:
         stored = conn.hgetall(Job.key_for(batches.group_job_id(result.batch_id, chunk, part)))
         expected = enqueuer.group_job(chunk, part, requests, utcparse(stored[b"enqueued_at"].decode())).to_dict()
         assert stored == {k.encode(): redis_encoded(v) for k, v in expected.items()}
@@ -174,8 +218,9 @@ def test_options_queue_model_output_and_batch_list(tmp_path, redis_url):
     data = write(tmp_path / "d.jsonl", *MIXED[:2])
     other_model = write_tiny_llama(tmp_path / "other-model.gguf")["path"]  # a .gguf file here is a known model
     output = f"file://{tmp_path}/out"  # a URI is kept as given (the requests are stored there)
-    first = run("submit", data, "--redis-url", redis_url, "--queue", "gpu", "--model", str(other_model),
-                "--output", output)
+    first = run(
+        "submit", data, "--redis-url", redis_url, "--queue", "gpu", "--model", str(other_model), "--output", output
+    )
     second = run("submit", data, "--redis-url", redis_url)
     assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
     conn = conn_for(redis_url)
@@ -197,8 +242,11 @@ def test_many_lines_are_stored_and_fed_a_window_at_a_time_in_order(tmp_path, red
     assert result.enqueued == 1000 and result.stored == 2500 and result.jobs_per_s > 0
     record = batches.get_batch(conn, result.batch_id)
     assert (record.total, record.chunks, record.spooled, record.fed, record.fed_requests) == (2500, 3, 2500, 1, 1000)
-    assert sorted(p.name for p in (tmp_path / "out" / result.batch_id / "_requests").iterdir()) == \
-        ["0000000.jsonl", "0000001.jsonl", "0000002.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "out" / result.batch_id / "_requests").iterdir()) == [
+        "0000000.jsonl",
+        "0000001.jsonl",
+        "0000002.jsonl",
+    ]
     q = queue(conn)
     assert feed.top_up(conn) == 0  # the window is full
     seen = []
@@ -210,15 +258,21 @@ def test_many_lines_are_stored_and_fed_a_window_at_a_time_in_order(tmp_path, red
     assert conn.zscore(keys.feeding(), result.batch_id) is None  # nothing left to feed
     assert batches.get_batch(conn, result.batch_id).fed_requests == 2500
 
+
 # ---- bad inputs: nothing enqueued -------------------------------------------------------------------
 
 GOOD = {"id": "ok", "prompt": "fine"}
 BAD_CASES = {
     "malformed JSON": ([GOOD, '{"id": "a", "prompt": "x"'], "line 2: not valid JSON"),
-    "missing prompt": ([GOOD, {"id": "b", "max_tokens": 3}], "line 2: the line needs a 'prompt', 'messages' or 'input'"),
+    "missing prompt": (
+        [GOOD, {"id": "b", "max_tokens": 3}],
+        "line 2: the line needs a 'prompt', 'messages' or 'input'",
+    ),
     "wrong type": ([GOOD, {"id": "c", "prompt": "x", "max_tokens": "ten"}], "line 2: field 'max_tokens'"),
-    "wrong message type": ([GOOD, {"id": "d", "messages": [{"role": "user", "content": 5}]}],
-                           "line 2: field 'messages.0.content'"),
+    "wrong message type": (
+        [GOOD, {"id": "d", "messages": [{"role": "user", "content": 5}]}],
+        "line 2: field 'messages.0.content'",
+    ),
     "unknown url": ([GOOD, openai("e", url="/v1/moderations")], "line 2: field 'url'"),
     "bad method": ([GOOD, openai("f", method="GET")], "line 2: field 'method'"),
     "duplicate custom id": ([GOOD, openai("ok")], "line 2: duplicate custom id 'ok' (first used on line 1)"),
@@ -282,8 +336,14 @@ def test_bad_option_values_enqueue_nothing(tmp_path, redis_url):
 
 
 def test_skip_invalid_enqueues_valid_lines_and_records_invalid_ones_as_failed(tmp_path, redis_url):
-    data = write(tmp_path / "d.jsonl", {"id": "a", "prompt": "x"}, "{broken", {"id": "b", "prompt": "y"},
-                 {"id": "a", "prompt": "again"}, {"id": "c", "prompt": "z", "top_p": 5})
+    data = write(
+        tmp_path / "d.jsonl",
+        {"id": "a", "prompt": "x"},
+        "{broken",
+        {"id": "b", "prompt": "y"},
+        {"id": "a", "prompt": "again"},
+        {"id": "c", "prompt": "z", "top_p": 5},
+    )
     result = run("submit", data, "--redis-url", redis_url, "--skip-invalid")
     assert result.exit_code == 0, result.output
     batch_id = result.stdout.strip()
@@ -299,8 +359,11 @@ def test_skip_invalid_enqueues_valid_lines_and_records_invalid_ones_as_failed(tm
     failed = batches.failed_lines(conn, batch_id)
     assert set(failed) == {"line-2", "line-4", "c"}
     assert failed["line-2"]["line"] == 2 and failed["line-2"]["error"].startswith("line 2: not valid JSON")
-    assert failed["line-4"] == {"custom_id": "line-4", "line": 4,
-                                "error": "line 4: duplicate custom id 'a' (first used on line 1)."}
+    assert failed["line-4"] == {
+        "custom_id": "line-4",
+        "line": 4,
+        "error": "line 4: duplicate custom id 'a' (first used on line 1).",
+    }
     assert failed["c"]["custom_id"] == "c" and "top_p" in failed["c"]["error"]
 
 
@@ -419,8 +482,9 @@ def test_resume_errors(tmp_path, redis_url):
 
 def test_batch_lifecycle(redis_url):
     conn = conn_for(redis_url)
-    batch_id = batches.create_batch(conn, name="n", model="m", input_file="/x.jsonl", output="/out", total=3,
-                                    queue="miro")
+    batch_id = batches.create_batch(
+        conn, name="n", model="m", input_file="/x.jsonl", output="/out", total=3, queue="miro"
+    )
     assert BATCH_ID.fullmatch(batch_id)
     assert batches.get_batch(conn, batch_id).status == "validating"
     with pytest.raises(MiroError, match="is validating, it cannot become completed"):
@@ -471,18 +535,26 @@ def test_redis_unreachable_is_one_sentence(tmp_path):
 def test_console_script_and_rq_info(tmp_path, redis_url):
     data = write(tmp_path / "d.jsonl", *MIXED)
     env = {**os.environ, "MIRO_REDIS_URL": redis_url}
-    done = subprocess.run([BIN / "miro-submit", data, "--queue", "infoq", "--model", "smollm2-135m",
-                           "--requests-per-job", "2"], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [BIN / "miro-submit", data, "--queue", "infoq", "--model", "smollm2-135m", "--requests-per-job", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert BATCH_ID.fullmatch(done.stdout.strip())
-    info = subprocess.run([BIN / "rq", "info", "--url", redis_url, "--raw", "--only-queues"], capture_output=True,
-                          text=True, timeout=60)
+    info = subprocess.run(
+        [BIN / "rq", "info", "--url", redis_url, "--raw", "--only-queues"], capture_output=True, text=True, timeout=60
+    )
     assert info.returncode == 0, info.stderr
     assert "queue infoq 3, 0 executing, 0 finished, 0 failed" in info.stdout.splitlines()  # 5 requests, 2 a job
-    pretty = subprocess.run([BIN / "rq", "info", "--url", redis_url, "infoq"], capture_output=True, text=True,
-                            timeout=60)
+    pretty = subprocess.run(
+        [BIN / "rq", "info", "--url", redis_url, "infoq"], capture_output=True, text=True, timeout=60
+    )
     assert pretty.returncode == 0 and re.search(r"^infoq\s.* 3, 0 executing", pretty.stdout, re.M), pretty.stdout
-    unreachable = subprocess.run([BIN / "miro-submit", data, "--redis-url", _dead_url()], capture_output=True,
-                                 text=True, timeout=120)
+    unreachable = subprocess.run(
+        [BIN / "miro-submit", data, "--redis-url", _dead_url()], capture_output=True, text=True, timeout=120
+    )
     assert unreachable.returncode == 1 and unreachable.stderr.startswith("Error: Cannot reach Redis at ")
     assert len(unreachable.stderr.splitlines()) == 1

@@ -41,12 +41,20 @@ def hf_saved(tmp_path: Path, columns: dict) -> Path:
     folder.mkdir()
     table = pa.table(columns)
     for index, piece in enumerate((table.slice(0, 2), table.slice(2))):
-        with pa.OSFile(str(folder / f"data-{index:05d}-of-00002.arrow"), "wb") as sink, \
-                pa.ipc.new_stream(sink, table.schema) as writer:
+        with (
+            pa.OSFile(str(folder / f"data-{index:05d}-of-00002.arrow"), "wb") as sink,
+            pa.ipc.new_stream(sink, table.schema) as writer,
+        ):
             writer.write_table(piece)
-    (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00002.arrow"},
-                                                                    {"filename": "data-00001-of-00002.arrow"}],
-                                                   "_fingerprint": "0", "_format_type": None}))
+    (folder / "state.json").write_text(
+        json.dumps(
+            {
+                "_data_files": [{"filename": "data-00000-of-00002.arrow"}, {"filename": "data-00001-of-00002.arrow"}],
+                "_fingerprint": "0",
+                "_format_type": None,
+            }
+        )
+    )
     (folder / "dataset_info.json").write_text("{}")
     return folder
 
@@ -54,8 +62,10 @@ def hf_saved(tmp_path: Path, columns: dict) -> Path:
 def as_lines(rows: dict, rename: dict) -> list[dict]:
     """The table's rows as the simple JSONL lines they stand for (a null field left out)."""
     names = list(rows)
-    return [{rename.get(name, name): value for name, value in zip(names, values) if value is not None}
-            for values in zip(*rows.values())]
+    return [
+        {rename.get(name, name): value for name, value in zip(names, values) if value is not None}
+        for values in zip(*rows.values())
+    ]
 
 
 def test_a_parquet_row_is_the_simple_line_it_stands_for(tmp_path):
@@ -82,8 +92,9 @@ def test_every_format_gives_the_same_requests(tmp_path, maker):
         path = jsonl(tmp_path, as_lines(rows, {}))
     result = parse_dataset(path, columns=InputColumns(prompt="q"))
     assert result.ok, result.errors
-    assert [(r.custom_id, r.prompt, r.sampling.get("temperature"), r.sampling.get("stop"))
-            for r in result.requests[:2]] == [("x1", "a b", 0.0, None), ("x2", "c\nd", 0.7, ["\n"])]
+    assert [
+        (r.custom_id, r.prompt, r.sampling.get("temperature"), r.sampling.get("stop")) for r in result.requests[:2]
+    ] == [("x1", "a b", 0.0, None), ("x2", "c\nd", 0.7, ["\n"])]
 
 
 def test_template_over_columns_and_chat(tmp_path):
@@ -98,8 +109,11 @@ def test_template_over_columns_and_chat(tmp_path):
 
 def test_a_template_naming_a_missing_column_is_one_sentence(tmp_path):
     path = parquet(tmp_path, ROWS)
-    with pytest.raises(MiroError, match=r"^The template names the column 'txt', which the dataset does not have "
-                                        r"\(did you mean 'text'\?\)\.$"):
+    with pytest.raises(
+        MiroError,
+        match=r"^The template names the column 'txt', which the dataset does not have "
+        r"\(did you mean 'text'\?\)\.$",
+    ):
         parse_dataset(path, columns=InputColumns(template="Summarise: {txt}"))
     with pytest.raises(MiroError, match="has no column 'body' \\(--prompt-column\\)"):
         parse_dataset(path, columns=InputColumns(prompt="body"))
@@ -108,8 +122,10 @@ def test_a_template_naming_a_missing_column_is_one_sentence(tmp_path):
 
 
 def test_bad_rows_name_their_row(tmp_path):
-    path = parquet(tmp_path, {"text": ["ok", None, "ok too", "t"], "temperature": [0.0, 0.0, -1.0, 0.0],
-                              "id": ["a", "b", "c", "a"]})
+    path = parquet(
+        tmp_path,
+        {"text": ["ok", None, "ok too", "t"], "temperature": [0.0, 0.0, -1.0, 0.0], "id": ["a", "b", "c", "a"]},
+    )
     result = parse_dataset(path, columns=InputColumns(prompt="text"))
     assert [(e.line, e.message) for e in result.errors] == [
         (2, "row 2: column 'text' is null, and it is the request's prompt."),
@@ -120,12 +136,19 @@ def test_bad_rows_name_their_row(tmp_path):
 
 
 def test_a_row_over_the_size_limit_is_its_error(tmp_path):
-    path = parquet(tmp_path, {"prompt": ["short", "x" * 1_000_001, "fine"],
-                              "messages": pa.array([None, None, None], pa.list_(pa.struct([("role", pa.string()),
-                                                                                          ("content", pa.string())])))})
+    path = parquet(
+        tmp_path,
+        {
+            "prompt": ["short", "x" * 1_000_001, "fine"],
+            "messages": pa.array(
+                [None, None, None], pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+            ),
+        },
+    )
     result = parse_dataset(path)
-    assert [e.message for e in result.errors] == ["row 2: the row holds 1,000,001 bytes, over the limit of "
-                                                  "1,000,000 bytes."]
+    assert [e.message for e in result.errors] == [
+        "row 2: the row holds 1,000,001 bytes, over the limit of 1,000,000 bytes."
+    ]
     assert [r.prompt for r in result.requests] == ["short", "fine"]
 
 
@@ -133,8 +156,9 @@ def test_pandas_float_integers_and_csv_text(tmp_path):
     path = parquet(tmp_path, {"prompt": ["a", "b"], "max_tokens": [3.0, float("nan")], "seed": [1.0, 2.5]})
     result = parse_dataset(path)
     assert result.requests[0].sampling["max_tokens"] == 3 and result.requests[0].sampling["seed"] == 1
-    assert [e.message for e in result.errors] == ["row 2: field 'max_tokens': Input should be a valid integer; "
-                                                  "field 'seed': Input should be a valid integer."]
+    assert [e.message for e in result.errors] == [
+        "row 2: field 'max_tokens': Input should be a valid integer; field 'seed': Input should be a valid integer."
+    ]
     csv = tmp_path / "d.csv"
     csv.write_text("prompt,max_tokens,n,note\nhi,7,2,007\nyo,seven,,\n")
     result = parse_dataset(csv)
@@ -170,8 +194,10 @@ def test_timestamps_and_structs_come_back_as_json_values(tmp_path):
     import datetime
 
     when = datetime.datetime(2024, 5, 1, 12, 30, tzinfo=datetime.timezone.utc)
-    path = parquet(tmp_path, {"prompt": ["a"], "at": pa.array([when], pa.timestamp("ms", tz="UTC")),
-                              "meta": [{"k": 1, "tags": ["x"]}]})
+    path = parquet(
+        tmp_path,
+        {"prompt": ["a"], "at": pa.array([when], pa.timestamp("ms", tz="UTC")), "meta": [{"k": 1, "tags": ["x"]}]},
+    )
     [request] = parse_dataset(path).requests
     assert request.extra == {"at": "2024-05-01 12:30:00.000Z", "meta": {"k": 1, "tags": ["x"]}}
 
@@ -209,5 +235,6 @@ def test_submit_dry_run_reads_a_table(tmp_path):
     assert "Dry run: 3 valid lines, 0 invalid" in result.output
     result = CliRunner().invoke(cli, ["submit", str(path), "--dry-run", "--template", "Q: {txt}"])
     assert result.exit_code == 1
-    assert result.output.strip().splitlines()[-1] == ("Error: The template names the column 'txt', which the "
-                                                      "dataset does not have (did you mean 'text'?).")
+    assert result.output.strip().splitlines()[-1] == (
+        "Error: The template names the column 'txt', which the dataset does not have (did you mean 'text'?)."
+    )

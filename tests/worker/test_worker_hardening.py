@@ -39,24 +39,44 @@ def long_context_model(tmp_path_factory):
 def submit(tmp_path, redis_url, model, lines, *extra) -> str:
     dataset = tmp_path / "d.jsonl"
     dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    result = CliRunner().invoke(cli, ["submit", str(dataset), "--redis-url", redis_url, "--model", model,
-                                      "--output", str(tmp_path / "out"), *extra])
+    result = CliRunner().invoke(
+        cli,
+        ["submit", str(dataset), "--redis-url", redis_url, "--model", model, "--output", str(tmp_path / "out"), *extra],
+    )
     assert result.exit_code == 0, result.output
     return result.stdout.strip()
 
 
 def worker_command(redis_url, model, *extra) -> tuple[list[str], dict]:
     """`miro worker` as its own process, one thread each (two workers share 2 cores), and its env."""
-    command = [sys.executable, "-c", "from miro.cli.main import cli; cli()", "worker", "--redis-url", redis_url,
-               "--model", model, "--kv-cache-memory", "8MiB", "--max-num-seqs", "4", *extra]
+    command = [
+        sys.executable,
+        "-c",
+        "from miro.cli.main import cli; cli()",
+        "worker",
+        "--redis-url",
+        redis_url,
+        "--model",
+        model,
+        "--kv-cache-memory",
+        "8MiB",
+        "--max-num-seqs",
+        "4",
+        *extra,
+    ]
     return command, {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 
 
 def run_worker(conn, model, kv_cache_memory: str) -> BatchWorker:
     """A BatchWorker in this process, in burst mode, on the model's queue; each row written at once."""
-    worker = BatchWorker([Queue(queue_for(model), connection=conn, serializer=JSONSerializer)], connection=conn,
-                         serializer=JSONSerializer, model=model, flush_rows=1,
-                         engine_options={"kv_cache_memory": kv_cache_memory, "max_num_seqs": 4})
+    worker = BatchWorker(
+        [Queue(queue_for(model), connection=conn, serializer=JSONSerializer)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=model,
+        flush_rows=1,
+        engine_options={"kv_cache_memory": kv_cache_memory, "max_num_seqs": 4},
+    )
     worker.work(burst=True, logging_level="WARNING")
     return worker
 
@@ -80,8 +100,18 @@ def test_finished_jobs_waiting_for_their_flush_keep_their_heartbeat(tmp_path, re
     lines = [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 20, "ignore_eos": True} for i in range(22)]
     lines += [{"id": f"long{i}", "prompt": "hello", "max_tokens": 20000, "ignore_eos": True} for i in range(2)]
     batch_id = submit(tmp_path, redis_url, long_context_model, lines)
-    command, env = worker_command(redis_url, long_context_model, *SHORT_INTERVALS, "--kv-cache-memory", "48MiB",
-                                  "--flush-rows", "1000", "--flush-seconds", "6", "--burst")
+    command, env = worker_command(
+        redis_url,
+        long_context_model,
+        *SHORT_INTERVALS,
+        "--kv-cache-memory",
+        "48MiB",
+        "--flush-rows",
+        "1000",
+        "--flush-seconds",
+        "6",
+        "--burst",
+    )
     started = time.monotonic()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -98,15 +128,19 @@ def test_short_intervals_and_a_kill_count_every_request_completed_once(tmp_path,
     lines = [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": 150, "ignore_eos": True} for i in range(24)]
     batch_id = submit(tmp_path, redis_url, long_context_model, lines)
     conn = redis.Redis.from_url(redis_url)
-    command, env = worker_command(redis_url, long_context_model, *SHORT_INTERVALS, "--flush-rows", "4",
-                                  "--flush-seconds", "6")
-    kill_one_of_two_workers(command, env, lambda: batches.get_batch(conn, batch_id).completed,
-                            lambda: batches.get_batch(conn, batch_id).status == "completed")
+    command, env = worker_command(
+        redis_url, long_context_model, *SHORT_INTERVALS, "--flush-rows", "4", "--flush-seconds", "6"
+    )
+    kill_one_of_two_workers(
+        command,
+        env,
+        lambda: batches.get_batch(conn, batch_id).completed,
+        lambda: batches.get_batch(conn, batch_id).status == "completed",
+    )
     record = batches.get_batch(conn, batch_id)
     assert (record.completed, record.failed) == (24, 0)
     assert set(runs_per_request(tmp_path, batch_id)) == {f"p{i}" for i in range(24)}
-    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url",
-                                      redis_url])
+    merged = CliRunner().invoke(cli, ["results", batch_id, "-o", str(tmp_path / "m.parquet"), "--redis-url", redis_url])
     assert merged.exit_code == 0, merged.output
     rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
     assert sorted(r["custom_id"] for r in rows) == sorted(f"p{i}" for i in range(24))
@@ -116,8 +150,7 @@ def test_short_intervals_and_a_kill_count_every_request_completed_once(tmp_path,
 # ---- job timeouts -------------------------------------------------------------------------------------
 
 
-def test_a_job_past_its_timeout_is_aborted_and_its_neighbours_are_untouched(tmp_path, redis_url,
-                                                                            long_context_model):
+def test_a_job_past_its_timeout_is_aborted_and_its_neighbours_are_untouched(tmp_path, redis_url, long_context_model):
     lines = [{"id": "endless", "prompt": "hello", "max_tokens": 60000, "ignore_eos": True}]
     lines += [{"id": f"s{i}", "prompt": f"hi {i}", "max_tokens": 6, "ignore_eos": True} for i in range(3)]
     batch_id = submit(tmp_path, redis_url, long_context_model, lines, "--job-timeout", "2")
@@ -139,8 +172,10 @@ def test_a_job_past_its_timeout_is_aborted_and_its_neighbours_are_untouched(tmp_
 
 
 def test_choices_that_can_never_fit_the_cache_fail_at_once_and_the_batch_goes_on(tmp_path, redis_url, tiny_model):
-    lines = [{"id": "wide", "prompt": "hello", "max_tokens": 100, "n": 128},
-             {"id": "plain", "prompt": "hello", "max_tokens": 5, "ignore_eos": True}]
+    lines = [
+        {"id": "wide", "prompt": "hello", "max_tokens": 100, "n": 128},
+        {"id": "plain", "prompt": "hello", "max_tokens": 5, "ignore_eos": True},
+    ]
     batch_id = submit(tmp_path, redis_url, tiny_model, lines)
     conn = redis.Redis.from_url(redis_url)
     run_worker(conn, tiny_model, "2MiB")
@@ -154,12 +189,12 @@ def test_choices_that_can_never_fit_the_cache_fail_at_once_and_the_batch_goes_on
 def test_sigterm_stops_a_worker_within_its_grace_whatever_it_holds(tmp_path, redis_url, long_context_model):
     """The worker holds requests of 128 choices each and thousands of tokens to go; after SIGTERM it stops
     taking jobs, waits out its 1 s grace, puts every held request back on the queue and exits cleanly."""
-    lines = [{"id": f"w{i}", "prompt": f"hello {i}", "max_tokens": 4000, "n": 128, "ignore_eos": True}
-             for i in range(3)]
+    lines = [
+        {"id": f"w{i}", "prompt": f"hello {i}", "max_tokens": 4000, "n": 128, "ignore_eos": True} for i in range(3)
+    ]
     batch_id = submit(tmp_path, redis_url, long_context_model, lines)
     conn = redis.Redis.from_url(redis_url)
-    command, env = worker_command(redis_url, long_context_model, "--kv-cache-memory", "256MiB",
-                                  "--shutdown-grace", "1")
+    command, env = worker_command(redis_url, long_context_model, "--kv-cache-memory", "256MiB", "--shutdown-grace", "1")
     worker = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     queue = Queue(queue_for(long_context_model), connection=conn, serializer=JSONSerializer)
     assert wait_for(lambda: queue.count == 0 and len(queue.started_job_registry) == 3, timeout_s=120)
@@ -178,7 +213,11 @@ def test_rq_started_workers_take_the_weight_format_from_the_environment(redis_ur
     monkeypatch.setenv("MIRO_WEIGHTS", "native")
     monkeypatch.setenv("MIRO_KV_CACHE_MEMORY", "4MiB")
     conn = redis.Redis.from_url(redis_url)
-    worker = BatchWorker([Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)],
-                         connection=conn, serializer=JSONSerializer, model=tiny_model)
+    worker = BatchWorker(
+        [Queue(queue_for(tiny_model), connection=conn, serializer=JSONSerializer)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+    )
     worker.work(burst=True, logging_level="WARNING")
     assert worker.engine.weight_format == "native"

@@ -40,16 +40,23 @@ def new_batch(tmp_path, conn, model, lines, per_job: int = 32, name: str = "d") 
 
 
 def worker(conn, model, **options) -> BatchWorker:
-    return BatchWorker([queue_for(model)], connection=conn, serializer=JSONSerializer, model=model, flush_rows=2,
-                       engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4, **options})
+    return BatchWorker(
+        [queue_for(model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=model,
+        flush_rows=2,
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 4, **options},
+    )
 
 
 def rows(tmp_path, batch_id) -> dict[str, dict]:
     return {r["custom_id"]: r for r in pq.read_table(tmp_path / "out" / batch_id).to_pylist()}
 
 
-def test_the_poisoned_lines_fail_alone_and_the_worker_and_the_innocent_batch_go_on(tmp_path, redis_url, tiny_model,
-                                                                                   unchecked):
+def test_the_poisoned_lines_fail_alone_and_the_worker_and_the_innocent_batch_go_on(
+    tmp_path, redis_url, tiny_model, unchecked
+):
     conn = redis.Redis.from_url(redis_url)
     innocent = new_batch(tmp_path, conn, tiny_model, short(4, "i"), name="innocent")
     poisoned = new_batch(tmp_path, conn, tiny_model, [*POISON, *short(2, "p")], name="poisoned")
@@ -80,11 +87,13 @@ def test_checked_the_stop_id_is_refused_by_the_engine_and_the_grammar_at_submit(
         submit(conn, dataset, model=tiny_model, output=str(tmp_path / "out"), on_line_error=refused.append)
     assert [e.message for e in refused] == [
         "line 1: structured_outputs.grammar cannot run: parser error: Too many items (limit 50000; ff_tokens); try "
-        "avoiding single-byte/short lexemes."]
+        "avoiding single-byte/short lexemes."
+    ]
 
 
-def test_an_engine_error_fails_the_requests_in_flight_once_and_the_engine_starts_afresh(tmp_path, redis_url,
-                                                                                        tiny_model, monkeypatch):
+def test_an_engine_error_fails_the_requests_in_flight_once_and_the_engine_starts_afresh(
+    tmp_path, redis_url, tiny_model, monkeypatch
+):
     conn = redis.Redis.from_url(redis_url)
     batch_id = new_batch(tmp_path, conn, tiny_model, short(10), per_job=2)
     w = worker(conn, tiny_model)
@@ -105,13 +114,19 @@ def test_an_engine_error_fails_the_requests_in_flight_once_and_the_engine_starts
     assert record.status == "completed" and record.completed + record.failed == 10
     errors = [r["error"] for r in rows(tmp_path, batch_id).values() if r["error"]]
     assert len(errors) == record.failed == in_flight[0] > 0  # the requests in flight then, failed once each
-    assert all(e.startswith("the engine failed in a step this request was part of, not on this request alone "
-                            "(FloatingPointError: injected: the forward pass)") for e in errors)
+    assert all(
+        e.startswith(
+            "the engine failed in a step this request was part of, not on this request alone "
+            "(FloatingPointError: injected: the forward pass)"
+        )
+        for e in errors
+    )
     assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished_requests()
 
 
-def test_rq_giving_up_on_a_group_whose_dead_worker_s_execution_expired_fails_its_requests(tmp_path, redis_url,
-                                                                                        tiny_model):
+def test_rq_giving_up_on_a_group_whose_dead_worker_s_execution_expired_fails_its_requests(
+    tmp_path, redis_url, tiny_model
+):
     """Finding 2: the group ran on a worker that died; its execution hash expired (the registry lists it 60 s
     longer); RQ's clean-up gave up on it. The next worker's maintenance fails its requests and goes on."""
     conn = redis.Redis.from_url(redis_url)
@@ -137,8 +152,9 @@ def test_rq_giving_up_on_a_group_whose_dead_worker_s_execution_expired_fails_its
     survivor.run_maintenance_tasks()
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.completed, record.failed) == ("completed", 0, 3)
-    assert {cid: r["error"] for cid, r in rows(tmp_path, batch_id).items()} == dict.fromkeys(["r0", "r1", "r2"],
-                                                                                         GAVE_UP)
+    assert {cid: r["error"] for cid, r in rows(tmp_path, batch_id).items()} == dict.fromkeys(
+        ["r0", "r1", "r2"], GAVE_UP
+    )
     assert not conn.exists(group.key)
     failed = FailedJobRegistry(queue=queue)
     assert sorted(failed.get_job_ids()) == sorted(batches.job_id(batch_id, c) for c in ("r0", "r1", "r2"))
@@ -156,8 +172,9 @@ def test_a_job_whose_data_miro_did_not_write_fails_alone(tmp_path, redis_url, ti
     assert Job.fetch(odd.id, connection=conn, serializer=JSONSerializer).get_status() == JobStatus.FAILED
 
 
-def test_a_group_run_again_after_its_worker_died_is_split_so_a_killer_is_quarantined_alone(tmp_path, redis_url,
-                                                                                          tiny_model):
+def test_a_group_run_again_after_its_worker_died_is_split_so_a_killer_is_quarantined_alone(
+    tmp_path, redis_url, tiny_model
+):
     """A group whose worker died (retries left) comes back from RQ's clean-up; the worker that takes it queues each
     request not yet counted as a job of its own, with the group's retries left, and finishes the group. Those jobs
     then run (or, one that kills its workers again, is quarantined alone: QUARANTINE_AFTER deaths in all)."""
@@ -185,4 +202,5 @@ def test_a_group_run_again_after_its_worker_died_is_split_so_a_killer_is_quarant
     record = batches.get_batch(conn, batch_id)
     assert (record.status, record.completed, record.failed) == ("completed", 3, 0)
     assert {cid: r["job_id"] for cid, r in rows(tmp_path, batch_id).items()} == {
-        cid: batches.job_id(batch_id, cid) for cid in ("r1", "r2")}
+        cid: batches.job_id(batch_id, cid) for cid in ("r1", "r2")
+    }

@@ -57,13 +57,24 @@ def _add_error_handlers(app: FastAPI, redis_url: str) -> None:
             message = f"Redis at {redacted(redis_url)} cannot be reached ({why}); try again once it is back."
             return _respond(request, ApiError(503, message, type="server_error", code="redis_unavailable"))
         why = why.rpartition(" of pipeline caused error: ")[2][:300]  # the error, not the command and its values
-        log.error("Redis refused a command on %s %s (request %s): %s", request.method, request.url.path,
-                  request_ids.of(request), why)
+        log.error(
+            "Redis refused a command on %s %s (request %s): %s",
+            request.method,
+            request.url.path,
+            request_ids.of(request),
+            why,
+        )
         if why.startswith("WRONGTYPE"):  # a key holds something other than what miro keeps there
-            return _respond(request, ApiError(409, "What Redis holds for this request is not what miro keeps there "
-                                                   f"({why}).", code="conflict"))
-        return _respond(request, ApiError(500, f"Redis refused a command of this request ({why}).",
-                                          type="server_error", code="redis_error"))
+            return _respond(
+                request,
+                ApiError(
+                    409, f"What Redis holds for this request is not what miro keeps there ({why}).", code="conflict"
+                ),
+            )
+        return _respond(
+            request,
+            ApiError(500, f"Redis refused a command of this request ({why}).", type="server_error", code="redis_error"),
+        )
 
     async def invalid_request(request: Request, err: RequestValidationError):
         first = err.errors()[0]
@@ -76,8 +87,9 @@ def _add_error_handlers(app: FastAPI, redis_url: str) -> None:
         return _respond(request, ApiError(err.status_code, str(err.detail), code=code))
 
     async def unexpected(request: Request, err: Exception):
-        log.exception("unexpected error on %s %s (request %s)", request.method, request.url.path,
-                      request_ids.of(request))
+        log.exception(
+            "unexpected error on %s %s (request %s)", request.method, request.url.path, request_ids.of(request)
+        )
         return _respond(request, ApiError(500, f"The server failed: {type(err).__name__}.", type="server_error"))
 
     app.add_exception_handler(ApiError, api_error)
@@ -101,8 +113,14 @@ def create_app(config: ServerConfig, conn: redis.Redis | None = None) -> FastAPI
         background.stop()
         state.work.shutdown()
 
-    app = FastAPI(title="miro", summary="The OpenAI Batch API on a miro fleet", docs_url=None, redoc_url=None,
-                  openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="miro",
+        summary="The OpenAI Batch API on a miro fleet",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+    )
     app.state.miro = state
     app.add_middleware(BodyLimits, upload_bytes=config.max_upload_bytes)
     if not config.api_keys:

@@ -36,10 +36,15 @@ class ApiBatch:
 
 
 def save(conn: redis.Redis, record: ApiBatch) -> None:
-    mapping = {"batch_id": record.batch_id, "input_file_id": record.input_file_id, "endpoint": record.endpoint,
-               "completion_window": record.completion_window, "metadata": json.dumps(record.metadata),
-               "errors": json.dumps([e.model_dump() for e in record.errors]),
-               "output_expires_after_s": "" if record.output_expires_after_s is None else record.output_expires_after_s}
+    mapping = {
+        "batch_id": record.batch_id,
+        "input_file_id": record.input_file_id,
+        "endpoint": record.endpoint,
+        "completion_window": record.completion_window,
+        "metadata": json.dumps(record.metadata),
+        "errors": json.dumps([e.model_dump() for e in record.errors]),
+        "output_expires_after_s": "" if record.output_expires_after_s is None else record.output_expires_after_s,
+    }
     conn.hset(keys.api_batch(record.batch_id), mapping=mapping)
 
 
@@ -48,8 +53,11 @@ def _decoded(conn: redis.Redis, batch_id: str) -> dict[str, str]:
 
 
 def _files(raw: dict[str, str]) -> dict:
-    return {"output_file_id": raw.get("output_file_id") or None, "error_file_id": raw.get("error_file_id") or None,
-            "files_for": raw.get("files_for")}
+    return {
+        "output_file_id": raw.get("output_file_id") or None,
+        "error_file_id": raw.get("error_file_id") or None,
+        "files_for": raw.get("files_for"),
+    }
 
 
 def load(conn: redis.Redis, batch_id: str) -> ApiBatch | None:
@@ -58,10 +66,16 @@ def load(conn: redis.Redis, batch_id: str) -> ApiBatch | None:
     if "batch_id" not in raw:
         return None
     expires_after = raw.get("output_expires_after_s")
-    return ApiBatch(batch_id=raw["batch_id"], input_file_id=raw["input_file_id"], endpoint=raw["endpoint"],
-                    completion_window=raw["completion_window"], metadata=json.loads(raw["metadata"]),
-                    errors=[BatchError(**e) for e in json.loads(raw["errors"])],
-                    output_expires_after_s=int(expires_after) if expires_after else None, **_files(raw))
+    return ApiBatch(
+        batch_id=raw["batch_id"],
+        input_file_id=raw["input_file_id"],
+        endpoint=raw["endpoint"],
+        completion_window=raw["completion_window"],
+        metadata=json.loads(raw["metadata"]),
+        errors=[BatchError(**e) for e in json.loads(raw["errors"])],
+        output_expires_after_s=int(expires_after) if expires_after else None,
+        **_files(raw),
+    )
 
 
 def of(conn: redis.Redis, record: BatchRecord) -> ApiBatch:
@@ -71,9 +85,14 @@ def of(conn: redis.Redis, record: BatchRecord) -> ApiBatch:
     if made_here is not None:
         return made_here
     endpoint = record.endpoint.split(",")[0] or TASK_ENDPOINTS.get(record.task, "/v1/chat/completions")
-    return ApiBatch(batch_id=record.id, input_file_id="", endpoint=endpoint,
-                    completion_window=record.completion_window or "24h",
-                    metadata={"name": record.name[:512]} if record.name else None, **_files(_decoded(conn, record.id)))
+    return ApiBatch(
+        batch_id=record.id,
+        input_file_id="",
+        endpoint=endpoint,
+        completion_window=record.completion_window or "24h",
+        metadata={"name": record.name[:512]} if record.name else None,
+        **_files(_decoded(conn, record.id)),
+    )
 
 
 CLAIM_HOLDS_S = 600  # a writer that died (its server killed mid-write) leaves its claim to another after this
@@ -82,18 +101,22 @@ CLAIM_HOLDS_S = 600  # a writer that died (its server killed mid-write) leaves i
 def claim_files(conn: redis.Redis, batch_id: str, run_end: str) -> bool:
     """True for the one caller that is to write the output and error files of the run that ended at `run_end`
     (a batch retried after it completed ends again, and gets new files)."""
-    return bool(scripts.CLAIM(conn, [keys.api_batch(batch_id)], [f"claim:{run_end}", f"{time.time():.3f}",
-                                                                  CLAIM_HOLDS_S]))
+    return bool(
+        scripts.CLAIM(conn, [keys.api_batch(batch_id)], [f"claim:{run_end}", f"{time.time():.3f}", CLAIM_HOLDS_S])
+    )
 
 
 def release_claim(conn: redis.Redis, batch_id: str, run_end: str) -> None:
     conn.hdel(keys.api_batch(batch_id), f"claim:{run_end}")
 
 
-def set_files(conn: redis.Redis, batch_id: str, run_end: str, output_file_id: str | None,
-              error_file_id: str | None) -> None:
-    conn.hset(keys.api_batch(batch_id), mapping={"output_file_id": output_file_id or "",
-                                                 "error_file_id": error_file_id or "", "files_for": run_end})
+def set_files(
+    conn: redis.Redis, batch_id: str, run_end: str, output_file_id: str | None, error_file_id: str | None
+) -> None:
+    conn.hset(
+        keys.api_batch(batch_id),
+        mapping={"output_file_id": output_file_id or "", "error_file_id": error_file_id or "", "files_for": run_end},
+    )
 
 
 def page_ids(conn: redis.Redis, after: str | None, limit: int) -> tuple[list[str], bool]:

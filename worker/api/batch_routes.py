@@ -33,9 +33,11 @@ MAX_ERRORS = 1000  # line errors kept on a failed batch (its record stays small 
 
 def _check(body: BatchCreate) -> None:
     if body.endpoint not in ENDPOINTS:
-        raise bad_request(f"miro runs batches for the endpoints {', '.join(ENDPOINTS[:-1])} and {ENDPOINTS[-1]}, "
-                          f"not '{body.endpoint}'.",
-                          param="endpoint")
+        raise bad_request(
+            f"miro runs batches for the endpoints {', '.join(ENDPOINTS[:-1])} and {ENDPOINTS[-1]}, "
+            f"not '{body.endpoint}'.",
+            param="endpoint",
+        )
     try:
         durations.completion_window(body.completion_window)
     except MiroError as err:
@@ -45,8 +47,9 @@ def _check(body: BatchCreate) -> None:
             raise bad_request("Metadata keys are at most 64 characters and values at most 512.", param="metadata")
     priority = (body.metadata or {}).get("priority")
     if priority is not None and priority not in PRIORITIES:
-        raise bad_request(f"metadata.priority must be one of {', '.join(PRIORITIES)}, not '{priority}'.",
-                          param="metadata.priority")
+        raise bad_request(
+            f"metadata.priority must be one of {', '.join(PRIORITIES)}, not '{priority}'.", param="metadata.priority"
+        )
 
 
 def _submit(state: ServerState, file: FileRecord, body: BatchCreate) -> tuple[str | None, list[BatchError]]:
@@ -54,8 +57,15 @@ def _submit(state: ServerState, file: FileRecord, body: BatchCreate) -> tuple[st
     priority = (body.metadata or {}).get("priority")
     with state.store.local_copy(file.id) as path:
         try:
-            result = submit(state.conn, path, name=file.filename, output=state.store.batch_output,
-                            endpoint=body.endpoint, priority=priority, completion_window=body.completion_window)
+            result = submit(
+                state.conn,
+                path,
+                name=file.filename,
+                output=state.store.batch_output,
+                endpoint=body.endpoint,
+                priority=priority,
+                completion_window=body.completion_window,
+            )
         except InvalidDataset as invalid:
             shown = invalid.errors[:MAX_ERRORS]
             return None, [BatchError(code=e.code, message=e.message, line=e.line) for e in shown]
@@ -66,8 +76,16 @@ def _submit(state: ServerState, file: FileRecord, body: BatchCreate) -> tuple[st
 
 def _failed_batch(state: ServerState, file: FileRecord) -> str:
     """A batch record that failed validation, as OpenAI keeps one (status failed, the errors), nothing enqueued."""
-    batch_id = batches.create_batch(state.conn, name=file.filename, model="", input_file=state.store.path(file.id),
-                                    output=state.store.batch_output, total=0, queue="", completion_window=None)
+    batch_id = batches.create_batch(
+        state.conn,
+        name=file.filename,
+        model="",
+        input_file=state.store.path(file.id),
+        output=state.store.batch_output,
+        total=0,
+        queue="",
+        completion_window=None,
+    )
     batches.set_status(state.conn, batch_id, "failed")
     return batch_id
 
@@ -90,9 +108,15 @@ def _create(state: ServerState, body: BatchCreate, output_expires_after_s: int |
     batch_id, errors = _submit(state, file, body)
     if batch_id is None:
         batch_id = _failed_batch(state, file)
-    api = ApiBatch(batch_id=batch_id, input_file_id=file.id, endpoint=body.endpoint,
-                   completion_window=body.completion_window, metadata=body.metadata, errors=errors,
-                   output_expires_after_s=output_expires_after_s)
+    api = ApiBatch(
+        batch_id=batch_id,
+        input_file_id=file.id,
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        metadata=body.metadata,
+        errors=errors,
+        output_expires_after_s=output_expires_after_s,
+    )
     batch_records.save(state.conn, api)
     return batch_object(batches.get_batch(state.conn, batch_id), api)
 
@@ -129,8 +153,7 @@ def list_batches(request: Request, after: str | None = None, limit: int = Query(
     found = batches.records(state.conn, ids)
     ids = [record.id for record in found]  # a record deleted since the index was read is left out
     data = [_batch(state, record, write_files=False) for record in found]
-    return Page[Batch](data=data, first_id=ids[0] if ids else None, last_id=ids[-1] if ids else None,
-                       has_more=has_more)
+    return Page[Batch](data=data, first_id=ids[0] if ids else None, last_id=ids[-1] if ids else None, has_more=has_more)
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
@@ -157,5 +180,9 @@ def results_parquet(batch_id: str, request: Request) -> FileResponse:
     except BaseException:
         os.remove(path)
         raise
-    return FileResponse(path, media_type="application/vnd.apache.parquet", filename=f"{batch_id}.parquet",
-                        background=BackgroundTask(os.remove, path))
+    return FileResponse(
+        path,
+        media_type="application/vnd.apache.parquet",
+        filename=f"{batch_id}.parquet",
+        background=BackgroundTask(os.remove, path),
+    )

@@ -49,10 +49,13 @@ def _run_end(record: BatchRecord) -> str | None:
 
 def usage(record: BatchRecord) -> BatchUsage:
     """OpenAI's usage from the record's token sums (counted once per custom id with the requests)."""
-    return BatchUsage(input_tokens=record.prompt_tokens,
-                      input_tokens_details=InputTokensDetails(cached_tokens=record.cached_tokens),
-                      output_tokens=record.completion_tokens, output_tokens_details=OutputTokensDetails(),
-                      total_tokens=record.prompt_tokens + record.completion_tokens)
+    return BatchUsage(
+        input_tokens=record.prompt_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=record.cached_tokens),
+        output_tokens=record.completion_tokens,
+        output_tokens_details=OutputTokensDetails(),
+        total_tokens=record.prompt_tokens + record.completion_tokens,
+    )
 
 
 def batch_object(record: BatchRecord, api: ApiBatch) -> Batch:
@@ -68,21 +71,30 @@ def batch_object(record: BatchRecord, api: ApiBatch) -> Batch:
         stamps[f"{status}_at"] = None
         status = "cancelling" if status == "cancelled" else "finalizing"
     return Batch(
-        id=record.id, endpoint=api.endpoint, input_file_id=api.input_file_id,
-        completion_window=api.completion_window, status=status,
+        id=record.id,
+        endpoint=api.endpoint,
+        input_file_id=api.input_file_id,
+        completion_window=api.completion_window,
+        status=status,
         errors=BatchErrors(data=api.errors) if api.errors else None,
-        output_file_id=api.output_file_id, error_file_id=api.error_file_id,
-        created_at=int(record.created_at), expires_at=_int(record.expires_at),
+        output_file_id=api.output_file_id,
+        error_file_id=api.error_file_id,
+        created_at=int(record.created_at),
+        expires_at=_int(record.expires_at),
         **stamps,
         # requests an expired batch never ran are in its error file, so OpenAI counts them failed
-        request_counts=RequestCounts(total=record.total, completed=record.completed,
-                                     failed=record.failed + record.expired),
-        usage=usage(record), model=record.model or None, metadata=api.metadata,
+        request_counts=RequestCounts(
+            total=record.total, completed=record.completed, failed=record.failed + record.expired
+        ),
+        usage=usage(record),
+        model=record.model or None,
+        metadata=api.metadata,
     )
 
 
-def with_result_files(conn: redis.Redis, store: FileStore, record: BatchRecord, api: ApiBatch,
-                      wait_s: float = 0.0) -> ApiBatch:
+def with_result_files(
+    conn: redis.Redis, store: FileStore, record: BatchRecord, api: ApiBatch, wait_s: float = 0.0
+) -> ApiBatch:
     """`api` with the output and error files of the batch's last run, written now if it has just ended.
 
     Concurrent callers race for one claim per run; the others wait up to `wait_s` for the winner's files, then
@@ -100,8 +112,12 @@ def with_result_files(conn: redis.Redis, store: FileStore, record: BatchRecord, 
         if api.input_file_id:  # the server's own batch: its storage failed, and the next request tries again
             batch_records.release_claim(conn, record.id, run_end)
             raise
-        log.warning("batch %s: its part files at %s cannot be read here (%s); it gets no output file",
-                    record.id, record.output, err)
+        log.warning(
+            "batch %s: its part files at %s cannot be read here (%s); it gets no output file",
+            record.id,
+            record.output,
+            err,
+        )
         output_id = error_id = None
     except BaseException:
         batch_records.release_claim(conn, record.id, run_end)
@@ -121,8 +137,9 @@ def _written_by_another(conn: redis.Redis, record: BatchRecord, run_end: str, wa
     return None
 
 
-def _write_files(store: FileStore, conn: redis.Redis, batch_id: str,
-                 expires_after_s: int | None) -> tuple[str | None, str | None]:
+def _write_files(
+    store: FileStore, conn: redis.Redis, batch_id: str, expires_after_s: int | None
+) -> tuple[str | None, str | None]:
     """(output file id, error file id); None for a file that would be empty, as OpenAI leaves it. Written a slice of
     lines at a time (results.BatchResults): the server holds a slice, not the batch."""
     writers: dict[bool, tuple[str, FileWriter]] = {}

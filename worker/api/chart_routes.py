@@ -90,8 +90,9 @@ class BatchDetail(BaseModel):
 
 
 def _rate_samples(points: list[series.RatePoint]) -> list[RateSample]:
-    return [RateSample(t=p.t, requests_per_s=p.requests_per_s, tokens_per_s=p.tokens_per_s)
-            for p in series.thinned(points)]
+    return [
+        RateSample(t=p.t, requests_per_s=p.requests_per_s, tokens_per_s=p.tokens_per_s) for p in series.thinned(points)
+    ]
 
 
 def _peeked(rows: list[PeekedRow]) -> list[Peeked]:
@@ -99,15 +100,28 @@ def _peeked(rows: list[PeekedRow]) -> list[Peeked]:
 
 
 @router.get("/v1/fleet/series")
-def fleet_series(request: Request, window_s: float = Query(defaults.SERIES_WINDOW_S, gt=0,
-                                                           le=defaults.SERIES_TTL_S)) -> FleetSeries:
+def fleet_series(
+    request: Request, window_s: float = Query(defaults.SERIES_WINDOW_S, gt=0, le=defaults.SERIES_TTL_S)
+) -> FleetSeries:
     conn = request.app.state.miro.conn
     by_worker = series.worker_series(conn, time.time() - window_s)
     return FleetSeries(
-        step_s=defaults.SERIES_STEP_S, window_s=window_s, fleet=_rate_samples(series.fleet_rates(by_worker)),
-        workers=[WorkerSeries(name=name, points=[
-            WorkerSample(t=p.t, kv_usage=p.kv_usage, running=p.running, waiting=p.waiting, tokens_per_s=p.tokens_per_s)
-            for p in series.thinned(points)]) for name, points in sorted(by_worker.items())])
+        step_s=defaults.SERIES_STEP_S,
+        window_s=window_s,
+        fleet=_rate_samples(series.fleet_rates(by_worker)),
+        workers=[
+            WorkerSeries(
+                name=name,
+                points=[
+                    WorkerSample(
+                        t=p.t, kv_usage=p.kv_usage, running=p.running, waiting=p.waiting, tokens_per_s=p.tokens_per_s
+                    )
+                    for p in series.thinned(points)
+                ],
+            )
+            for name, points in sorted(by_worker.items())
+        ],
+    )
 
 
 @router.get("/v1/fleet/batches/{batch_id}")
@@ -124,12 +138,26 @@ def batch_detail(request: Request, batch_id: str) -> BatchDetail:
     peek = _peeks.peek(state.conn, record)
     stamps = sorted(record.stamps.items(), key=lambda item: item[1])
     return BatchDetail(
-        id=record.id, name=record.name, status=record.status, model=record.model, total=record.total,
-        completed=record.completed, failed=record.failed, cancelled=record.cancelled, finished=record.finished,
-        prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
+        id=record.id,
+        name=record.name,
+        status=record.status,
+        model=record.model,
+        total=record.total,
+        completed=record.completed,
+        failed=record.failed,
+        cancelled=record.cancelled,
+        finished=record.finished,
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
         timeline=[Stamp(status="created", at=record.created_at), *(Stamp(status=s, at=t) for s, t in stamps)],
-        expires_at=record.expires_at, elapsed_s=view.elapsed_s, eta_s=view.eta_s, tokens_per_s=view.tokens_per_s,
+        expires_at=record.expires_at,
+        elapsed_s=view.elapsed_s,
+        eta_s=view.eta_s,
+        tokens_per_s=view.tokens_per_s,
         requests_per_s=view.requests_per_s,
         series=_rate_samples(series.batch_rates(series.batch_points(state.conn, record, now, _stored_points))),
-        errors=_peeked(peek.errors), outputs=_peeked(peek.outputs),
-        output_file_id=api.output_file_id if api else None, error_file_id=api.error_file_id if api else None)
+        errors=_peeked(peek.errors),
+        outputs=_peeked(peek.outputs),
+        output_file_id=api.output_file_id if api else None,
+        error_file_id=api.error_file_id if api else None,
+    )

@@ -24,14 +24,27 @@ class ApiError(Exception):
             kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
             body = {"type": "error", "error": {"type": kind, "message": self.message}, "request_id": request_id}
         else:
-            body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
-                              "request_id": request_id}}
+            body = {
+                "error": {
+                    "message": self.message,
+                    "type": self.type,
+                    "param": self.param,
+                    "code": self.code,
+                    "request_id": request_id,
+                }
+            }
         headers = {"x-request-id": request_id, "request-id": request_id} if request_id else None
         return JSONResponse(body, status_code=self.status, headers=headers)
 
 
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
 
 
 def not_found(kind: str, object_id: str) -> ApiError:

@@ -21,8 +21,11 @@ def seconds(anchor: str | None, seconds_given: str | int | None, param: str) -> 
     except (TypeError, ValueError):
         value = None
     if value is None or not low <= value <= high:
-        raise bad_request(f"{param}.seconds must be a whole number of seconds from {low:,} (1 hour) to {high:,} "
-                          f"(30 days), not {seconds_given!r}.", param=f"{param}.seconds")
+        raise bad_request(
+            f"{param}.seconds must be a whole number of seconds from {low:,} (1 hour) to {high:,} "
+            f"(30 days), not {seconds_given!r}.",
+            param=f"{param}.seconds",
+        )
     return value
 
 

@@ -16,8 +16,15 @@ PURPOSES = ("batch",)  # what may be uploaded; the server itself makes files of 
 
 
 def _object(record: FileRecord) -> FileObject:
-    return FileObject(id=record.id, bytes=record.bytes, created_at=record.created_at, filename=record.filename,
-                      purpose=record.purpose, status=record.status, expires_at=record.expires_at)
+    return FileObject(
+        id=record.id,
+        bytes=record.bytes,
+        created_at=record.created_at,
+        filename=record.filename,
+        purpose=record.purpose,
+        status=record.status,
+        expires_at=record.expires_at,
+    )
 
 
 @router.post("/v1/files")
@@ -33,8 +40,9 @@ async def create_file(request: Request) -> FileObject:
     except ApiError:
         await state.work.storage(store.delete_bytes, received.file_id)
         raise
-    record = await state.work.storage(store.add, received.file_id, received.size, received.filename or "upload.jsonl",
-                                      purpose, expires_after_s)
+    record = await state.work.storage(
+        store.add, received.file_id, received.size, received.filename or "upload.jsonl", purpose, expires_after_s
+    )
     return _object(record)
 
 
@@ -44,16 +52,25 @@ def retrieve_file(file_id: str, request: Request) -> FileObject:
 
 
 @router.get("/v1/files")
-def list_files(request: Request, after: str | None = None, limit: int = Query(10000, ge=1, le=10000),
-               order: str = Query("desc", pattern="^(asc|desc)$"), purpose: str | None = None) -> Page[FileObject]:
+def list_files(
+    request: Request,
+    after: str | None = None,
+    limit: int = Query(10000, ge=1, le=10000),
+    order: str = Query("desc", pattern="^(asc|desc)$"),
+    purpose: str | None = None,
+) -> Page[FileObject]:
     store = request.app.state.miro.store
     ids = store.ids(newest_first=order == "desc")
     if after is not None:
-        ids = ids[ids.index(after) + 1:] if after in ids else []
+        ids = ids[ids.index(after) + 1 :] if after in ids else []
     records = [r for r in store.records(ids) if purpose is None or r.purpose == purpose]
     page = records[:limit]
-    return Page[FileObject](data=[_object(r) for r in page], first_id=page[0].id if page else None,
-                            last_id=page[-1].id if page else None, has_more=len(records) > limit)
+    return Page[FileObject](
+        data=[_object(r) for r in page],
+        first_id=page[0].id if page else None,
+        last_id=page[-1].id if page else None,
+        has_more=len(records) > limit,
+    )
 
 
 @router.delete("/v1/files/{file_id}")
@@ -69,6 +86,7 @@ def file_content(file_id: str, request: Request) -> StreamingResponse:
     try:
         chunks = store.chunks(file_id)
     except FileNotFoundError:
-        raise ApiError(404, f"The bytes of file {file_id} are missing from the storage location.",
-                       code="not_found") from None
+        raise ApiError(
+            404, f"The bytes of file {file_id} are missing from the storage location.", code="not_found"
+        ) from None
     return StreamingResponse(chunks, media_type="application/octet-stream")

@@ -98,12 +98,19 @@ class FileStore:
         file_id = "file-" + secrets.token_hex(12)
         return file_id, FileWriter(self.filesystem, self.path(file_id))
 
-    def add(self, file_id: str, size: int, filename: str, purpose: str,
-            expires_after_s: int | None = None) -> FileRecord:
+    def add(
+        self, file_id: str, size: int, filename: str, purpose: str, expires_after_s: int | None = None
+    ) -> FileRecord:
         """Record a file whose bytes are in place; with `expires_after_s` it expires that long after now."""
         created = int(time.time())
-        record = FileRecord(id=file_id, bytes=size, created_at=created, filename=filename, purpose=purpose,
-                            expires_at=None if expires_after_s is None else created + expires_after_s)
+        record = FileRecord(
+            id=file_id,
+            bytes=size,
+            created_at=created,
+            filename=filename,
+            purpose=purpose,
+            expires_at=None if expires_after_s is None else created + expires_after_s,
+        )
         pipe = self.conn.pipeline(transaction=True)
         pipe.hset(keys.file(file_id), mapping={k: v for k, v in asdict(record).items() if v is not None})
         pipe.zadd(keys.files(), {file_id: time.time()})
@@ -112,8 +119,9 @@ class FileStore:
         pipe.execute()
         return record
 
-    def write_lines(self, lines: Iterator[bytes], filename: str, purpose: str,
-                    expires_after_s: int | None = None) -> FileRecord:
+    def write_lines(
+        self, lines: Iterator[bytes], filename: str, purpose: str, expires_after_s: int | None = None
+    ) -> FileRecord:
         file_id, writer = self.new_writer()
         try:
             for line in lines:
@@ -205,6 +213,12 @@ class FileStore:
 def _record(raw: dict[bytes, bytes]) -> FileRecord:
     fields = {k.decode(): v.decode() for k, v in raw.items()}
     expires_at = fields.get("expires_at")
-    return FileRecord(id=fields["id"], bytes=int(fields["bytes"]), created_at=int(fields["created_at"]),
-                      filename=fields["filename"], purpose=fields["purpose"], status=fields["status"],
-                      expires_at=int(expires_at) if expires_at else None)
+    return FileRecord(
+        id=fields["id"],
+        bytes=int(fields["bytes"]),
+        created_at=int(fields["created_at"]),
+        filename=fields["filename"],
+        purpose=fields["purpose"],
+        status=fields["status"],
+        expires_at=int(expires_at) if expires_at else None,
+    )

@@ -76,11 +76,22 @@ def _workers(records: list[WorkerRecord]) -> list[Worker]:
 
 def _progress(view: monitor.BatchView, api: ApiBatch | None) -> BatchProgress:
     batch = view.batch
-    return BatchProgress(id=batch.id, name=batch.name, status=batch.status, total=batch.total, done=batch.done,
-                         finished=batch.finished, completed=batch.completed, failed=batch.failed,
-                         cancelled=batch.cancelled, tokens_per_s=view.tokens_per_s, eta_s=view.eta_s,
-                         created_at=batch.created_at, output_file_id=api.output_file_id if api else None,
-                         error_file_id=api.error_file_id if api else None)
+    return BatchProgress(
+        id=batch.id,
+        name=batch.name,
+        status=batch.status,
+        total=batch.total,
+        done=batch.done,
+        finished=batch.finished,
+        completed=batch.completed,
+        failed=batch.failed,
+        cancelled=batch.cancelled,
+        tokens_per_s=view.tokens_per_s,
+        eta_s=view.eta_s,
+        created_at=batch.created_at,
+        output_file_id=api.output_file_id if api else None,
+        error_file_id=api.error_file_id if api else None,
+    )
 
 
 @router.get("/v1/workers")

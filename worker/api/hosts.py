@@ -48,7 +48,7 @@ def is_loopback(name: str) -> bool:
 
 def _without_default_port(scheme: str, host: str) -> str:
     port = DEFAULT_PORTS.get(scheme)
-    return host[:-len(port) - 1] if port and host.endswith(f":{port}") and not host.endswith("]") else host
+    return host[: -len(port) - 1] if port and host.endswith(f":{port}") and not host.endswith("]") else host
 
 
 def same_origin(origin: str, host: str) -> bool:
@@ -68,12 +68,20 @@ def refusal(host: str | None, origin: str | None, allowed: tuple[str, ...]) -> A
     name = host_name(host) if host else None
     if name is None or not (is_loopback(name) or name in allowed):
         shown = f"'{host}'" if host else "no Host"
-        return ApiError(421, f"This server has no API key, so it answers only requests addressed to localhost, "
-                             f"127.0.0.1 or [::1], not {shown[:200]} (allow a name with --allowed-host).",
-                        type="invalid_request_error", code="host_not_allowed")
+        return ApiError(
+            421,
+            f"This server has no API key, so it answers only requests addressed to localhost, "
+            f"127.0.0.1 or [::1], not {shown[:200]} (allow a name with --allowed-host).",
+            type="invalid_request_error",
+            code="host_not_allowed",
+        )
     if origin is not None and not same_origin(origin, host):
-        return ApiError(403, f"This server has no API key, so it refuses requests from other web pages (Origin "
-                             f"'{origin[:200]}').", type="invalid_request_error", code="origin_not_allowed")
+        return ApiError(
+            403,
+            f"This server has no API key, so it refuses requests from other web pages (Origin '{origin[:200]}').",
+            type="invalid_request_error",
+            code="origin_not_allowed",
+        )
     return None
 
 

@@ -45,8 +45,12 @@ def temporary_uploads(store: FileStore, now: float, grace_s: float) -> int:
     removed = 0
     for info in _listing(store.filesystem, store.folder):
         age = _age_s(info, now)
-        if info.type == pafs.FileType.File and info.base_name.startswith(TEMPORARY_PREFIX) and age is not None \
-                and age >= grace_s:
+        if (
+            info.type == pafs.FileType.File
+            and info.base_name.startswith(TEMPORARY_PREFIX)
+            and age is not None
+            and age >= grace_s
+        ):
             try:
                 store.filesystem.delete_file(info.path)
             except FileNotFoundError:  # gone meanwhile
@@ -58,8 +62,11 @@ def temporary_uploads(store: FileStore, now: float, grace_s: float) -> int:
 def orphaned_requests(store: FileStore, now: float, grace_s: float) -> list[str]:
     """Delete the stored requests of batches with no record, untouched for `grace_s`; returns those batches' ids."""
     filesystem, base = store.filesystem, store.batch_folder
-    ids = [info.base_name for info in _listing(filesystem, base)
-           if info.type == pafs.FileType.Directory and batches.BATCH_ID_RE.fullmatch(info.base_name)]
+    ids = [
+        info.base_name
+        for info in _listing(filesystem, base)
+        if info.type == pafs.FileType.Directory and batches.BATCH_ID_RE.fullmatch(info.base_name)
+    ]
     if not ids:
         return []
     pipe = store.conn.pipeline(transaction=False)
@@ -92,5 +99,10 @@ def sweep(store: FileStore, now: float | None = None, grace_s: float = LEFTOVER_
     orphans = orphaned_requests(store, now, grace_s)
     if uploads or orphans:
         named = f" ({', '.join(orphans[:5])}{', ...' if len(orphans) > 5 else ''})" if orphans else ""
-        log.warning("removed what a stopped server left: %d cut-off uploads, the stored requests of %d batches with "
-                    "no record%s", uploads, len(orphans), named)
+        log.warning(
+            "removed what a stopped server left: %d cut-off uploads, the stored requests of %d batches with "
+            "no record%s",
+            uploads,
+            len(orphans),
+            named,
+        )

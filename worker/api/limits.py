@@ -35,9 +35,11 @@ def body_limit(method: str, path: str, upload_bytes: int) -> tuple[int, str]:
     if method == "POST" and path == "/v1/files":
         return upload_bytes + FORM_BYTES, f"The upload is over this server's limit of {shown(upload_bytes)} a file."
     if method == "POST" and path == "/v1/messages/batches":
-        return MESSAGE_BATCH_BYTES, (f"The request body is over the {shown(MESSAGE_BATCH_BYTES)} a message batch may "
-                                     "take; upload a bigger batch as a file to /v1/files and create it with "
-                                     "/v1/batches.")
+        return MESSAGE_BATCH_BYTES, (
+            f"The request body is over the {shown(MESSAGE_BATCH_BYTES)} a message batch may "
+            "take; upload a bigger batch as a file to /v1/files and create it with "
+            "/v1/batches."
+        )
     return JSON_BYTES, f"The request body is over the {shown(JSON_BYTES)} that {method} {path} takes."
 
 

@@ -77,8 +77,9 @@ def _create(state: ServerState, body: MessageBatchCreate) -> batches.BatchRecord
         file.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
         file.flush()
         try:
-            submitted = submit(state.conn, file.name, name=NAME, output=state.store.batch_output,
-                               endpoint="/v1/chat/completions")
+            submitted = submit(
+                state.conn, file.name, name=NAME, output=state.store.batch_output, endpoint="/v1/chat/completions"
+            )
         except InvalidDataset as invalid:
             first = invalid.errors[0]
             more = f" ({len(invalid.errors) - 1:,} more requests are invalid)" if len(invalid.errors) > 1 else ""
@@ -96,22 +97,27 @@ def retrieve_message_batch(batch_id: str, request: Request) -> MessageBatch:
 
 
 @router.get("/v1/messages/batches")
-def list_message_batches(request: Request, limit: int = Query(20, ge=1, le=1000), after_id: str | None = None,
-                         before_id: str | None = None) -> MessageBatchPage:
+def list_message_batches(
+    request: Request, limit: int = Query(20, ge=1, le=1000), after_id: str | None = None, before_id: str | None = None
+) -> MessageBatchPage:
     """Newest first; `after_id` pages on to older batches, `before_id` back to newer ones."""
     conn, index = request.app.state.miro.conn, keys.message_batches()
     newest_first = [i.decode() for i in conn.zrevrange(index, 0, -1)]
     if after_id is not None:
         start = newest_first.index(after_id) + 1 if after_id in newest_first else len(newest_first)
-        chosen, has_more = newest_first[start:start + limit], len(newest_first) > start + limit
+        chosen, has_more = newest_first[start : start + limit], len(newest_first) > start + limit
     elif before_id is not None:
         end = newest_first.index(before_id) if before_id in newest_first else 0
-        chosen, has_more = newest_first[max(end - limit, 0):end], end - limit > 0
+        chosen, has_more = newest_first[max(end - limit, 0) : end], end - limit > 0
     else:
         chosen, has_more = newest_first[:limit], len(newest_first) > limit
     found = batches.records(conn, chosen)
-    return MessageBatchPage(data=[message_batch(r, _results_url(request, r.id)) for r in found], has_more=has_more,
-                            first_id=found[0].id if found else None, last_id=found[-1].id if found else None)
+    return MessageBatchPage(
+        data=[message_batch(r, _results_url(request, r.id)) for r in found],
+        has_more=has_more,
+        first_id=found[0].id if found else None,
+        last_id=found[-1].id if found else None,
+    )
 
 
 @router.post("/v1/messages/batches/{batch_id}/cancel")
@@ -132,8 +138,10 @@ def delete_message_batch(batch_id: str, request: Request) -> MessageBatchDeleted
     state = request.app.state.miro
     record = _record(state, batch_id)
     if processing_status(record.status) != "ended":
-        raise bad_request(f"Message batch {batch_id} is still {processing_status(record.status)}; cancel it, and "
-                          "delete it once it has ended.")
+        raise bad_request(
+            f"Message batch {batch_id} is still {processing_status(record.status)}; cancel it, and "
+            "delete it once it has ended."
+        )
     state.conn.zrem(keys.message_batches(), batch_id)
     return MessageBatchDeleted(id=batch_id)
 
@@ -144,10 +152,12 @@ def message_batch_results(batch_id: str, request: Request) -> StreamingResponse:
     state = request.app.state.miro
     record = _record(state, batch_id)
     if processing_status(record.status) != "ended":
-        raise bad_request(f"Message batch {batch_id} is still {processing_status(record.status)}; its results come "
-                          "once it has ended.")
-    merged = results.BatchResults(state.conn, batch_id, cancelled=True,
-                                    divisor=defaults.RESULTS_SERVER_SLICE_DIVISOR)  # read before the response starts
+        raise bad_request(
+            f"Message batch {batch_id} is still {processing_status(record.status)}; its results come once it has ended."
+        )
+    merged = results.BatchResults(
+        state.conn, batch_id, cancelled=True, divisor=defaults.RESULTS_SERVER_SLICE_DIVISOR
+    )  # read before the response starts
     return StreamingResponse(_result_lines(merged), media_type="application/x-jsonl")
 
 

@@ -20,8 +20,9 @@ from pydantic import BaseModel, Field
 from miro.worker.fleet.records.batches import BatchRecord
 
 IGNORED_PARAMS = frozenset({"metadata", "service_tier", "stream"})
-SUPPORTED_PARAMS = frozenset({"model", "max_tokens", "messages", "system", "temperature", "top_p", "top_k",
-                              "stop_sequences"})
+SUPPORTED_PARAMS = frozenset(
+    {"model", "max_tokens", "messages", "system", "temperature", "top_p", "top_k", "stop_sequences"}
+)
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 ENDED = frozenset({"completed", "failed", "cancelled", "expired"})
 
@@ -33,6 +34,7 @@ class MessageBatchRequest(BaseModel):
 
 class MessageBatchCreate(BaseModel):
     """POST /v1/messages/batches."""
+
     requests: list[MessageBatchRequest] = Field(min_length=1, max_length=100_000)
 
 
@@ -99,8 +101,9 @@ def chat_line(request: MessageBatchRequest) -> dict:
     params = request.params
     unknown = sorted(set(params) - SUPPORTED_PARAMS - IGNORED_PARAMS)
     if unknown:
-        raise RequestRefused(f"params.{unknown[0]} is not supported by miro, and ignoring it would change the "
-                             "answer: remove it.")
+        raise RequestRefused(
+            f"params.{unknown[0]} is not supported by miro, and ignoring it would change the answer: remove it."
+        )
     if params.get("stream"):
         raise RequestRefused("params.stream must be false in a batch.")
     for required in ("model", "max_tokens", "messages"):
@@ -114,8 +117,9 @@ def chat_line(request: MessageBatchRequest) -> dict:
     for index, message in enumerate(params["messages"]):
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
             raise RequestRefused(f"params.messages[{index}].role must be 'user' or 'assistant'.")
-        messages.append({"role": message["role"],
-                         "content": _text(message.get("content"), f"params.messages[{index}].content")})
+        messages.append(
+            {"role": message["role"], "content": _text(message.get("content"), f"params.messages[{index}].content")}
+        )
     body = {"model": params["model"], "max_tokens": params["max_tokens"], "messages": messages}
     for name in ("temperature", "top_p", "top_k"):
         if params.get(name) is not None:
@@ -136,12 +140,21 @@ def message_batch(record: BatchRecord, results_url: str) -> MessageBatch:
     shown = processing_status(record.status)
     canceled = record.cancelled - record.expired
     return MessageBatch(
-        id=record.id, processing_status=shown,
-        request_counts=MessageBatchRequestCounts(processing=record.remaining, succeeded=record.completed,
-                                                 errored=record.failed, canceled=canceled, expired=record.expired),
+        id=record.id,
+        processing_status=shown,
+        request_counts=MessageBatchRequestCounts(
+            processing=record.remaining,
+            succeeded=record.completed,
+            errored=record.failed,
+            canceled=canceled,
+            expired=record.expired,
+        ),
         ended_at=_rfc3339(record.at(record.status)) if shown == "ended" else None,
-        created_at=_rfc3339(record.created_at), expires_at=_rfc3339(record.expires_at or record.created_at + 86400),
-        cancel_initiated_at=_rfc3339(record.at("cancelling")), results_url=results_url if shown == "ended" else None)
+        created_at=_rfc3339(record.created_at),
+        expires_at=_rfc3339(record.expires_at or record.created_at + 86400),
+        cancel_initiated_at=_rfc3339(record.at("cancelling")),
+        results_url=results_url if shown == "ended" else None,
+    )
 
 
 def result_line(rows: list[dict]) -> dict:
@@ -153,13 +166,26 @@ def result_line(rows: list[dict]) -> dict:
         return canceled_line(row["custom_id"])
     if row["error"]:
         error = {"type": "invalid_request_error", "message": row["error"]}
-        return {"custom_id": row["custom_id"], "result": {"type": "errored", "error": {"type": "error", "error": error}}}
+        return {
+            "custom_id": row["custom_id"],
+            "result": {"type": "errored", "error": {"type": "error", "error": error}},
+        }
     prompt, cached = row["prompt_tokens"] or 0, row["cached_tokens"] or 0
-    message = {"id": f"msg_{row['job_id']}", "type": "message", "role": "assistant",
-               "content": [{"type": "text", "text": row["output"]}], "model": row["model"],
-               "stop_reason": STOP_REASONS.get(row["finish_reason"], "end_turn"), "stop_sequence": None,
-               "usage": {"input_tokens": prompt - cached, "cache_read_input_tokens": cached,
-                         "cache_creation_input_tokens": 0, "output_tokens": row["completion_tokens"] or 0}}
+    message = {
+        "id": f"msg_{row['job_id']}",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": row["output"]}],
+        "model": row["model"],
+        "stop_reason": STOP_REASONS.get(row["finish_reason"], "end_turn"),
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": prompt - cached,
+            "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0,
+            "output_tokens": row["completion_tokens"] or 0,
+        },
+    }
     return {"custom_id": row["custom_id"], "result": {"type": "succeeded", "message": message}}
 
 

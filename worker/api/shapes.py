@@ -9,8 +9,9 @@ from pydantic import BaseModel, Field
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")  # what a miro batch runs
 
-BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
-                      "cancelled"]
+BatchStatus = Literal[
+    "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
+]
 
 
 class FileObject(BaseModel):
@@ -95,6 +96,7 @@ Item = TypeVar("Item")
 
 class Page(BaseModel, Generic[Item]):
     """A cursor page: the SDK asks for the next one with after=last_id while has_more."""
+
     object: Literal["list"] = "list"
     data: list[Item]
     first_id: str | None
@@ -104,12 +106,14 @@ class Page(BaseModel, Generic[Item]):
 
 class ExpiresAfter(BaseModel):
     """When a file expires: `seconds` after its creation (OpenAI's only anchor)."""
+
     anchor: str
     seconds: int
 
 
 class BatchCreate(BaseModel):
     """POST /v1/batches."""
+
     input_file_id: str
     endpoint: str
     completion_window: str

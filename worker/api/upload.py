@@ -24,6 +24,7 @@ MAX_FIELD_BYTES = 4096  # a form field that is not the file (purpose); all of th
 @dataclass
 class Upload:
     """What the form held: the stored file (id, size, name) and the other fields."""
+
     file_id: str | None = None
     size: int = 0
     filename: str | None = None
@@ -47,14 +48,22 @@ class _Form:
     def _count(self, size: int) -> None:
         self._form_bytes += size
         if self._form_bytes > FORM_BYTES:
-            raise ApiError(413, f"The form's fields and part headers besides the file are over {shown(FORM_BYTES)}.",
-                           code="request_too_large")
+            raise ApiError(
+                413,
+                f"The form's fields and part headers besides the file are over {shown(FORM_BYTES)}.",
+                code="request_too_large",
+            )
 
     def callbacks(self) -> dict:
-        return {"on_part_begin": self.on_part_begin, "on_header_field": self.on_header_field,
-                "on_header_value": self.on_header_value, "on_header_end": self.on_header_end,
-                "on_headers_finished": self.on_headers_finished, "on_part_data": self.on_part_data,
-                "on_part_end": self.on_part_end}
+        return {
+            "on_part_begin": self.on_part_begin,
+            "on_header_field": self.on_header_field,
+            "on_header_value": self.on_header_value,
+            "on_header_end": self.on_header_end,
+            "on_headers_finished": self.on_headers_finished,
+            "on_part_data": self.on_part_data,
+            "on_part_end": self.on_part_end,
+        }
 
     def on_part_begin(self) -> None:
         self._disposition, self._in_file, self._field = b"", False, bytearray()
@@ -89,8 +98,12 @@ class _Form:
             self._count(end - start)
             self._field += data[start:end]
             if len(self._field) > MAX_FIELD_BYTES:
-                raise ApiError(413, f"The form field '{self._name[:100]}' is over {MAX_FIELD_BYTES} bytes.",
-                               param=self._name[:100], code="request_too_large")
+                raise ApiError(
+                    413,
+                    f"The form field '{self._name[:100]}' is over {MAX_FIELD_BYTES} bytes.",
+                    param=self._name[:100],
+                    code="request_too_large",
+                )
 
     def on_part_end(self) -> None:
         if not self._in_file and self._name:

@@ -87,8 +87,10 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         super().__init__(*args, **kwargs)
         self.config = config
         # every priority of each queue given, most urgent first: taking.take_next takes from the first with a job
-        queues = [self.queue_class(name, connection=self.connection, job_class=self.job_class, serializer=self.serializer)
-                  for name in routing.worker_queues([q.name for q in self.queues])]
+        queues = [
+            self.queue_class(name, connection=self.connection, job_class=self.job_class, serializer=self.serializer)
+            for name in routing.worker_queues([q.name for q in self.queues])
+        ]
         rq_private.set_queues(self, queues)
         # `rq info` and Worker.all() construct workers too: the model is loaded in work(), never here.
         self.model = config.model
@@ -100,7 +102,9 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         self.stamp: OutputStamp | None = None  # the model file and engine settings its rows carry (fingerprint.py)
         self.in_flight: dict[str, InFlight] = {}  # job id -> the job, while any of its requests runs
         self.by_request: dict[str, tuple[InFlight, RequestRun]] = {}  # engine request id -> its job and request
-        self.finished: list[tuple[InFlight, JobPayload, TokenCounts]] = []  # requests whose rows the sinks buffer: not counted
+        self.finished: list[
+            tuple[InFlight, JobPayload, TokenCounts]
+        ] = []  # requests whose rows the sinks buffer: not counted
         self.settled: list[InFlight] = []  # jobs whose every request is counted, to be finished in RQ
         self.sinks: dict[str, ParquetSink] = {}  # output location -> its sink
         self.outputs: dict[str, str] = {}  # batch id -> output location
@@ -109,7 +113,10 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         self.shutdown_grace_s = config.shutdown_grace_s
         self._stop_deadline = float("inf")
         self.step_seconds = 0.0  # time inside Engine.step; the rest of the loop is the worker's own overhead
-        self.flush_rows, self.flush_seconds = config.flush_rows, config.flush_seconds  # how often part files are written
+        self.flush_rows, self.flush_seconds = (
+            config.flush_rows,
+            config.flush_seconds,
+        )  # how often part files are written
         # A job's started-registry entry lives job_monitoring_interval + this; once it lapses (the worker
         # died), RQ's maintenance on any live worker queues the job again. RQ itself adds 60 s.
         self.heartbeat_slack_s = config.heartbeat_slack_s
@@ -146,8 +153,11 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
     def _request_stop(self, signum, frame):
         if self._stopping:  # a second signal: stop now, the in-flight jobs are requeued below
             raise SystemExit(1)
-        self.log.info("Worker %s: warm shut down requested, finishing jobs in flight (up to %.0f s)", self.name,
-                      self.shutdown_grace_s)
+        self.log.info(
+            "Worker %s: warm shut down requested, finishing jobs in flight (up to %.0f s)",
+            self.name,
+            self.shutdown_grace_s,
+        )
         self.request_warm_stop()
 
     # -- the loop -------------------------------------------------------------------------------------
@@ -159,10 +169,12 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         self.pubsub = self.connection.pubsub()
         self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
         self.pubsub_thread = self.pubsub.run_in_thread(
-            sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler)
+            sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
-    def work(self, burst: bool = False, logging_level: str | None = None, *args, max_jobs: int | None = None,
-             **kwargs) -> bool:
+    def work(
+        self, burst: bool = False, logging_level: str | None = None, *args, max_jobs: int | None = None, **kwargs
+    ) -> bool:
         if self.metrics_port is not None:
             from miro.worker.fleet.observe.metrics import serve_metrics
 
@@ -171,11 +183,19 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         self.log.addFilter(PerJobLinesAtDebug())
         self.log.info("Worker %s: loading model %s", self.name, self.model)
         started = time.perf_counter()
-        self.engine = Engine.from_model(self.model, log=lambda message: self.log.info("Worker %s: %s", self.name,
-                                                                                     message), **self.engine_options)
-        self.log.info("Worker %s: loaded %s in %.1f s, %s; %s; KV cache %s tokens (%s)", self.name, self.model,
-                      time.perf_counter() - started, self.engine.weight_choice, self.engine.cpu_description,
-                      f"{self.engine.kv_cache_tokens:,}", self.engine.kv_cache_dtype)
+        self.engine = Engine.from_model(
+            self.model, log=lambda message: self.log.info("Worker %s: %s", self.name, message), **self.engine_options
+        )
+        self.log.info(
+            "Worker %s: loaded %s in %.1f s, %s; %s; KV cache %s tokens (%s)",
+            self.name,
+            self.model,
+            time.perf_counter() - started,
+            self.engine.weight_choice,
+            self.engine.cpu_description,
+            f"{self.engine.kv_cache_tokens:,}",
+            self.engine.kv_cache_dtype,
+        )
         self.stamp = engine_stamp(self.engine, self.model)  # each row's request_hash and model_sha256
         self.bootstrap(logging_level or "INFO")
         routing.register_served_names(self.connection, self.served_names[1:], self.model)
@@ -208,9 +228,14 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
                         self._requeue_in_flight()
                     if not self.in_flight:
                         done += self.errors.guard("writing part files", self._flush, force=True) or 0
-                        if burst and not self._stopping and (
+                        if (
+                            burst
+                            and not self._stopping
+                            and (
                                 self.errors.guard("feeding batches", self._feed_now, every_s=0.0)
-                                or 0 < take_failures <= MAX_TAKE_FAILURES):
+                                or 0 < take_failures <= MAX_TAKE_FAILURES
+                            )
+                        ):
                             continue  # the queue ran dry, not the batches: a burst worker goes on
                         if burst or self._stopping or (max_jobs is not None and done >= max_jobs):
                             break
@@ -219,8 +244,9 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
                     done += self.errors.guard("writing part files", self._flush, force=False) or 0
                 except REDIS_DOWN as e:
                     # the engine keeps its requests and the sinks their rows: counted and finished once it answers
-                    wait_for_redis(self.connection, e, self.log, f"Worker {self.name}", lambda: self._stopping,
-                                   self.redis_wait_s)
+                    wait_for_redis(
+                        self.connection, e, self.log, f"Worker {self.name}", lambda: self._stopping, self.redis_wait_s
+                    )
                     self._after_outage = True
         except SystemExit:
             try:  # the requests done so far are counted, so the jobs put back run only the rest
@@ -259,9 +285,16 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
             except Exception as exc:  # noqa: BLE001 - this request's rows: it fails alone
                 self.errors.report(f"writing the rows of request {run.payload.custom_id}", exc)
                 flight.running.pop(run.payload.custom_id, None)
-                self.errors.guard("failing a request", self._fail_request, flight, run.payload,
-                                  f"its rows could not be written ({describe(exc)})", run.started, prompt=run.prompt,
-                                  model=self.model_name)
+                self.errors.guard(
+                    "failing a request",
+                    self._fail_request,
+                    flight,
+                    run.payload,
+                    f"its rows could not be written ({describe(exc)})",
+                    run.started,
+                    prompt=run.prompt,
+                    model=self.model_name,
+                )
         with self.held_lock:  # the heartbeat thread reads in_flight
             for flight, _ in done:
                 if not flight.running:
@@ -300,8 +333,16 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
                     sink = self._sink(job.meta["batch_id"])
                 except MiroError:  # its batch record is gone: nothing to count it in
                     continue
-                self.errors.guard(f"failing job {job.id}, which RQ gave up on", record_given_up, self.connection,
-                                  sink, job, queue, custom_ids, worker=self.name)
+                self.errors.guard(
+                    f"failing job {job.id}, which RQ gave up on",
+                    record_given_up,
+                    self.connection,
+                    sink,
+                    job,
+                    queue,
+                    custom_ids,
+                    worker=self.name,
+                )
 
     def _with_room(self) -> list[Queue]:
         """The queues a job may be taken from now: those of a priority with fewer than max_num_seqs requests at
@@ -314,7 +355,7 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         room = []
         for queue in self.queues:
             rank = PRIORITIES.index(routing.queue_priority(queue.name))
-            if sum(in_flight[p] for p in PRIORITIES[:rank + 1]) < self.engine.scheduler.max_num_seqs:
+            if sum(in_flight[p] for p in PRIORITIES[: rank + 1]) < self.engine.scheduler.max_num_seqs:
                 room.append(queue)
         return room
 
@@ -342,8 +383,14 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         except Exception as exc:  # noqa: BLE001 - the job's data, or RQ's part of starting it
             self._starting = None
             self.errors.report(f"starting job {job.id}", exc)
-            self.errors.guard(f"failing job {job.id}", self._fail, job, queue, None,
-                              f"the worker could not start this job ({describe(exc)})")
+            self.errors.guard(
+                f"failing job {job.id}",
+                self._fail,
+                job,
+                queue,
+                None,
+                f"the worker could not start this job ({describe(exc)})",
+            )
         else:
             self._starting = None
 
@@ -388,9 +435,15 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
             payloads = not_counted(self.connection, payloads)
             if payloads and is_suspect(job):  # run again after its worker died: its requests go one job each
                 queued = split_suspect_group(self.connection, job, queue, payloads)
-                self.log.warning("Worker %s: job %s ran on a worker that died; its %d requests not yet counted are "
-                                 "queued again one job each (%d new), so that one that kills workers is quarantined "
-                                 "alone", self.name, job.id, len(payloads), queued)
+                self.log.warning(
+                    "Worker %s: job %s ran on a worker that died; its %d requests not yet counted are "
+                    "queued again one job each (%d new), so that one that kills workers is quarantined "
+                    "alone",
+                    self.name,
+                    job.id,
+                    len(payloads),
+                    queued,
+                )
                 payloads = []
         flight.unsettled = {p.custom_id for p in payloads}
         if status in batches.STOPPING:
@@ -401,23 +454,31 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
             if flight.ended:
                 break
             if wanted not in self.served_names:  # it reached a queue this worker was told to serve by --queue
-                message = (f"this request is for model '{wanted}', but worker {self.name} serves "
-                           f"{', '.join(repr(n) for n in self.served_names)}: start a worker for '{wanted}' and run "
-                           f"`miro retry {batch_id}`")
+                message = (
+                    f"this request is for model '{wanted}', but worker {self.name} serves "
+                    f"{', '.join(repr(n) for n in self.served_names)}: start a worker for '{wanted}' and run "
+                    f"`miro retry {batch_id}`"
+                )
                 self._fail_request(flight, payload, message, started)
                 continue
             base = f"{job.id}/{index}" if flight.group else job.id
             try:  # a generation for an embedding model, or the reverse, is refused here in the engine's sentence
-                prompt, request_ids = add_requests(self.engine, payload, base,
-                                                   routing.engine_priority(payload.priority))
+                prompt, request_ids = add_requests(
+                    self.engine, payload, base, routing.engine_priority(payload.priority)
+                )
             except MiroError as err:
                 self._fail_request(flight, payload, str(err), started, model=self.model_name)
                 continue
             except REDIS_DOWN:
                 raise
             except Exception as err:  # noqa: BLE001 - e.g. a chat template meeting messages it cannot render
-                self._fail_request(flight, payload, f"the engine could not take this request ({describe(err)})",
-                                   started, model=self.model_name)
+                self._fail_request(
+                    flight,
+                    payload,
+                    f"the engine could not take this request ({describe(err)})",
+                    started,
+                    model=self.model_name,
+                )
                 continue
             run = RequestRun(payload, prompt, started, request_ids)
             flight.running[payload.custom_id] = run
@@ -442,8 +503,17 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         error = output_error(run.payload, outputs)
         if error is None:
             try:
-                rows = job_rows(run.payload, run.prompt, outputs, job_id=flight.job.id, worker=self.name,
-                                model=self.model_name, started=run.started, finished=time.time(), stamp=self.stamp)
+                rows = job_rows(
+                    run.payload,
+                    run.prompt,
+                    outputs,
+                    job_id=flight.job.id,
+                    worker=self.name,
+                    model=self.model_name,
+                    started=run.started,
+                    finished=time.time(),
+                    stamp=self.stamp,
+                )
             except Exception as exc:  # noqa: BLE001 - this request's output, not the worker's problem
                 error = f"its result could not be made into rows ({describe(exc)})"
         if error is not None:
@@ -487,8 +557,11 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
         with self.held_lock:
             while self.settled:  # one by one: a job Redis failed on stays, to be finished again
                 flight = self.settled[0]
-                result = ({"requests": len(flight.job.meta.get("custom_ids", ())), "batch_id": flight.batch_id}
-                          if flight.group else {"custom_id": flight.job.meta.get("custom_id")})
+                result = (
+                    {"requests": len(flight.job.meta.get("custom_ids", ())), "batch_id": flight.batch_id}
+                    if flight.group
+                    else {"custom_id": flight.job.meta.get("custom_id")}
+                )
                 rq_private.finalize_success(self, flight.job, flight.queue, flight.execution, result)
                 finished.append(self.settled.pop(0))
         self._release_ended({flight.batch_id for flight in finished})

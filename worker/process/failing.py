@@ -20,8 +20,10 @@ from miro.worker.process.jobs import record_failure, record_group_failure
 from miro.worker.process.worker_support import describe
 
 
-ENGINE_FAILED = ("the engine failed in a step this request was part of, not on this request alone ({}); the worker "
-                 "failed the requests it had in flight and started its engine afresh")
+ENGINE_FAILED = (
+    "the engine failed in a step this request was part of, not on this request alone ({}); the worker "
+    "failed the requests it had in flight and started its engine afresh"
+)
 
 
 class FailureHandling:
@@ -34,13 +36,22 @@ class FailureHandling:
         what = describe(exc)
         with self.held_lock:
             runs = [(flight, run) for flight in self.in_flight.values() for run in flight.running.values()]
-        self.log.error("Worker %s: the engine failed in a step (%s): failing the %d requests in flight and starting "
-                       "the engine afresh", self.name, what, len(runs))
+        self.log.error(
+            "Worker %s: the engine failed in a step (%s): failing the %d requests in flight and starting "
+            "the engine afresh",
+            self.name,
+            what,
+            len(runs),
+        )
         try:
             self.engine.reset()
         except Exception as again:  # noqa: BLE001 - then a new engine from the model file
-            self.log.error("Worker %s: resetting the engine failed too (%s): loading %s again", self.name,
-                           describe(again), self.model)
+            self.log.error(
+                "Worker %s: resetting the engine failed too (%s): loading %s again",
+                self.name,
+                describe(again),
+                self.model,
+            )
             self.engine = Engine.from_model(self.model, **self.engine_options)
         self.by_request.clear()
         for flight, run in runs:
@@ -48,8 +59,16 @@ class FailureHandling:
                 flight.running.pop(run.payload.custom_id, None)
                 if not flight.running and not flight.group:
                     self.in_flight.pop(flight.job.id, None)
-            self.errors.guard("failing a request", self._fail_request, flight, run.payload, ENGINE_FAILED.format(what),
-                              run.started, prompt=run.prompt, model=self.model_name)
+            self.errors.guard(
+                "failing a request",
+                self._fail_request,
+                flight,
+                run.payload,
+                ENGINE_FAILED.format(what),
+                run.started,
+                prompt=run.prompt,
+                model=self.model_name,
+            )
         with self.held_lock:
             for flight in [f for f in self.in_flight.values() if not f.running]:
                 self.in_flight.pop(flight.job.id, None)
@@ -67,27 +86,54 @@ class FailureHandling:
         """A request miro failed on purpose (refused by the engine, timed out, for another model) is one log
         line, not a traceback: it is the request's problem, said in its error row, not the worker's."""
         if isinstance(exc_info[1], MiroError):
-            self.log.warning("Worker %s: request %s failed: %s", self.name, job.meta.get("custom_id", job.id),
-                             exc_info[1])
+            self.log.warning(
+                "Worker %s: request %s failed: %s", self.name, job.meta.get("custom_id", job.id), exc_info[1]
+            )
             return
         super().handle_exception(job, *exc_info)
 
-    def _fail_request(self, flight: InFlight, payload: JobPayload, message: str, started: float, *,
-                      prompt: str | None = None, model: str | None = None) -> None:
+    def _fail_request(
+        self,
+        flight: InFlight,
+        payload: JobPayload,
+        message: str,
+        started: float,
+        *,
+        prompt: str | None = None,
+        model: str | None = None,
+    ) -> None:
         """A request that cannot (or may no longer) run: its error row is written and counted. A one-request job then
         fails; a group's request gets a failed job of its own and the group goes on."""
         sink = self._sink(flight.batch_id)
         if flight.group:  # the job goes on, so RQ's handle_exception will not say it: said here
             self.jobs_failed += 1
             self.log.warning("Worker %s: request %s failed: %s", self.name, payload.custom_id, message)
-            record_group_failure(self.connection, sink, flight.job.id, payload, message, worker=self.name,
-                                 started=started, prompt=prompt, model=model)
+            record_group_failure(
+                self.connection,
+                sink,
+                flight.job.id,
+                payload,
+                message,
+                worker=self.name,
+                started=started,
+                prompt=prompt,
+                model=model,
+            )
             flight.unsettled.discard(payload.custom_id)
             with self.held_lock:
                 self._settle(flight)
         else:
-            record_failure(self.connection, sink, flight.job.id, payload, message, worker=self.name, started=started,
-                           prompt=prompt, model=model)
+            record_failure(
+                self.connection,
+                sink,
+                flight.job.id,
+                payload,
+                message,
+                worker=self.name,
+                started=started,
+                prompt=prompt,
+                model=model,
+            )
             flight.unsettled.discard(payload.custom_id)
             flight.ended = True
             with self.held_lock:
@@ -106,5 +152,11 @@ class FailureHandling:
             for run in [r for r in flight.running.values() if now_s - r.started > timeout]:
                 with self.held_lock:
                     self._leave_engine(flight, run)
-                self._fail_request(flight, run.payload, f"timed out after {timeout} s", run.started,
-                                   prompt=run.prompt, model=self.model_name)
+                self._fail_request(
+                    flight,
+                    run.payload,
+                    f"timed out after {timeout} s",
+                    run.started,
+                    prompt=run.prompt,
+                    model=self.model_name,
+                )

@@ -36,8 +36,9 @@ def engine_for(model: str) -> Engine:
     from miro.core import Engine
 
     if model not in _engines:
-        _engines[model] = Engine.from_model(model, max_num_seqs=1, kv_cache_memory=os.environ.get(
-            "MIRO_KV_CACHE_MEMORY", defaults.KV_CACHE_MEMORY))
+        _engines[model] = Engine.from_model(
+            model, max_num_seqs=1, kv_cache_memory=os.environ.get("MIRO_KV_CACHE_MEMORY", defaults.KV_CACHE_MEMORY)
+        )
     return _engines[model]
 
 
@@ -98,8 +99,11 @@ class TokenCounts:
         if payload.kind == "embedding":
             return cls(sum(out.num_tokens for out in outputs), 0, 0)
         [output] = outputs
-        return cls(len(output.prompt_token_ids), output.num_cached_tokens,
-                   sum(len(choice.token_ids) for choice in output.outputs))
+        return cls(
+            len(output.prompt_token_ids),
+            output.num_cached_tokens,
+            sum(len(choice.token_ids) for choice in output.outputs),
+        )
 
 
 def summary(payload: JobPayload, outputs: list) -> dict:
@@ -114,24 +118,60 @@ def count_finished(conn, payload: JobPayload, counts: TokenCounts) -> None:
     """Count a request whose rows are written (`conn` may be a pipeline: many requests, one round trip)."""
     from miro.worker.fleet.records import batches
 
-    batches.queue_count_finished(conn, payload.batch_id, payload.custom_id, prompt_tokens=counts.prompt_tokens,
-                                 cached_tokens=counts.cached_tokens, completion_tokens=counts.completion_tokens)
+    batches.queue_count_finished(
+        conn,
+        payload.batch_id,
+        payload.custom_id,
+        prompt_tokens=counts.prompt_tokens,
+        cached_tokens=counts.cached_tokens,
+        completion_tokens=counts.completion_tokens,
+    )
 
 
-def record_failure(conn, sink: ParquetSink, job_id: str, payload: JobPayload, error: str, *, worker: str,
-                   started: float, prompt: str | None = None, model: str | None = None) -> None:
+def record_failure(
+    conn,
+    sink: ParquetSink,
+    job_id: str,
+    payload: JobPayload,
+    error: str,
+    *,
+    worker: str,
+    started: float,
+    prompt: str | None = None,
+    model: str | None = None,
+) -> None:
     """A request that cannot be served: its error row is written and it is counted failed. Its job must not be
     retried (the retries are for dead workers; the request itself would fail again): the caller sees to that."""
     from miro.worker.fleet.records import batches
 
-    sink.add(error_row(payload, error, job_id=job_id, worker=worker, prompt=prompt, started=started,
-                       finished=time.time(), model=model))
+    sink.add(
+        error_row(
+            payload,
+            error,
+            job_id=job_id,
+            worker=worker,
+            prompt=prompt,
+            started=started,
+            finished=time.time(),
+            model=model,
+        )
+    )
     sink.flush()
     batches.count_failed(conn, payload.batch_id, payload.custom_id)
 
 
-def record_group_failure(conn, sink: ParquetSink, group_job_id: str, payload: JobPayload, error: str, *, worker: str,
-                         started: float, prompt: str | None = None, model: str | None = None) -> None:
+def record_group_failure(
+    conn,
+    sink: ParquetSink,
+    group_job_id: str,
+    payload: JobPayload,
+    error: str,
+    *,
+    worker: str,
+    started: float,
+    prompt: str | None = None,
+    model: str | None = None,
+) -> None:
     """A request of a group job that cannot be served: first a FAILED job of its own, as RQ leaves a failed
     one-request job, so that `miro retry` and `--resume` run it again on its own; then its error row and count
     (record_failure). The group goes on with its other requests."""
@@ -146,12 +186,13 @@ def record_group_failure(conn, sink: ParquetSink, group_job_id: str, payload: Jo
         with conn.pipeline() as pipe:
             writer.record_failed(payload, error, pipe)
             pipe.execute()
-    record_failure(conn, sink, group_job_id, payload, error, worker=worker, started=started, prompt=prompt,
-                   model=model)
+    record_failure(conn, sink, group_job_id, payload, error, worker=worker, started=started, prompt=prompt, model=model)
 
 
-GAVE_UP = ("quarantined: the worker running this request stopped (killed, out of memory, or its machine lost) each "
-           "of the times it ran, so it is not run again (`miro retry` runs it once more)")
+GAVE_UP = (
+    "quarantined: the worker running this request stopped (killed, out of memory, or its machine lost) each "
+    "of the times it ran, so it is not run again (`miro retry` runs it once more)"
+)
 
 
 def is_suspect(job) -> bool:
@@ -242,7 +283,9 @@ def run_request(engine: Engine, payload: JobPayload) -> tuple[str | None, list[R
         prompt, request_ids = add_requests(engine, payload, job_id, priority=0)
         done: dict[str, RequestOutput | EmbeddingRequestOutput] = {}
         while len(done) < len(request_ids):
-            done.update((out.request_id, out) for out in engine.step() if out.finished and out.request_id in request_ids)
+            done.update(
+                (out.request_id, out) for out in engine.step() if out.finished and out.request_id in request_ids
+            )
     except BaseException:  # RQ's timeout, a stop, or an engine error: the next job must find the engine empty
         engine.reset()
         raise
@@ -253,16 +296,36 @@ def run_request(engine: Engine, payload: JobPayload) -> tuple[str | None, list[R
     return prompt, outputs
 
 
-def job_rows(payload: JobPayload, prompt: str | None, outputs: list, *, job_id: str, worker: str, model: str,
-             started: float, finished: float, stamp: OutputStamp | None = None) -> list[dict]:
+def job_rows(
+    payload: JobPayload,
+    prompt: str | None,
+    outputs: list,
+    *,
+    job_id: str,
+    worker: str,
+    model: str,
+    started: float,
+    finished: float,
+    stamp: OutputStamp | None = None,
+) -> list[dict]:
     """A finished job's rows: one per choice of a generation, one per input of an embedding; `stamp` the engine's
     (fingerprint.py), which gives each row its request_hash and model_sha256."""
     if payload.kind == "embedding":
-        return embedding_rows(payload, outputs, job_id=job_id, worker=worker, model=model, started=started,
-                              finished=finished, stamp=stamp)
+        return embedding_rows(
+            payload, outputs, job_id=job_id, worker=worker, model=model, started=started, finished=finished, stamp=stamp
+        )
     [output] = outputs
-    return result_rows(payload, output, job_id=job_id, worker=worker, model=model, prompt=prompt, started=started,
-                       finished=finished, stamp=stamp)
+    return result_rows(
+        payload,
+        output,
+        job_id=job_id,
+        worker=worker,
+        model=model,
+        prompt=prompt,
+        started=started,
+        finished=finished,
+        stamp=stamp,
+    )
 
 
 def generate(**kwargs) -> dict:
@@ -289,8 +352,17 @@ def generate(**kwargs) -> dict:
         except Exception as err:  # the request's own problem: its failed job, error row and count; the group goes on
             record_group_failure(conn, sink, job.id, payload, str(err), worker=worker, started=started)
             continue
-        rows = job_rows(payload, prompt, outputs, job_id=job.id, worker=worker, model=model_name(payload.model),
-                        started=started, finished=time.time(), stamp=engine_stamp(engine, payload.model))
+        rows = job_rows(
+            payload,
+            prompt,
+            outputs,
+            job_id=job.id,
+            worker=worker,
+            model=model_name(payload.model),
+            started=started,
+            finished=time.time(),
+            stamp=engine_stamp(engine, payload.model),
+        )
         for row in rows:
             sink.add(row)
         results.append((payload, TokenCounts.of(payload, outputs)))
@@ -310,8 +382,17 @@ def _generate_one(conn, sink: ParquetSink, job, engine: Engine, payload: JobPayl
         record_failure(conn, sink, job.id, payload, str(err), worker=worker, started=started)
         job.retries_left = 0
         raise
-    rows = job_rows(payload, prompt, outputs, job_id=job.id, worker=worker, model=model_name(payload.model),
-                    started=started, finished=time.time(), stamp=engine_stamp(engine, payload.model))
+    rows = job_rows(
+        payload,
+        prompt,
+        outputs,
+        job_id=job.id,
+        worker=worker,
+        model=model_name(payload.model),
+        started=started,
+        finished=time.time(),
+        stamp=engine_stamp(engine, payload.model),
+    )
     for row in rows:
         sink.add(row)
     sink.flush()  # durable before RQ hears the job finished

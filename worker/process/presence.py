@@ -24,9 +24,11 @@ class Presence:
         ttl = self.get_heartbeat_ttl(None)
         with self.held_lock, self.connection.pipeline() as pipe:
             self.heartbeat(max(ttl, self.worker_ttl), pipeline=pipe)
-            held = {flight.job.id: flight for flight in [*self.in_flight.values(), *self.settled,
-                                                          *(flight for flight, _, _ in self.finished)]
-                    if not flight.ended}
+            held = {
+                flight.job.id: flight
+                for flight in [*self.in_flight.values(), *self.settled, *(flight for flight, _, _ in self.finished)]
+                if not flight.ended
+            }
             for flight in held.values():
                 flight.execution.heartbeat(flight.queue.started_job_registry, ttl, pipe)
                 flight.job.heartbeat(now(), ttl, pipe, xx=True)

@@ -21,8 +21,10 @@ from miro.worker.fleet.records import keys, scripts
 def take_next(worker, queues: list[Queue]) -> tuple[Job, Queue] | None:
     """The job at the head of the most urgent of `queues` with one, and its queue; None if all are empty."""
     by_key = {queue.key: queue for queue in queues}
-    script_keys = [keys.worker_last_take(worker.name),
-                   *(key for queue in queues for key in (queue.key, queue.intermediate_queue_key))]
+    script_keys = [
+        keys.worker_last_take(worker.name),
+        *(key for queue in queues for key in (queue.key, queue.intermediate_queue_key)),
+    ]
     while taken := scripts.TAKE_NEXT_JOB(worker.connection, script_keys, [defaults.LAST_TAKE_TTL_S]):
         queue = by_key[as_text(taken[0])]
         job = _fetch(worker, queue, as_text(taken[1]))

@@ -18,11 +18,16 @@ from miro.core.engine.engine_config import EngineConfig
 from miro.worker.fleet.records.workers import WorkerRecord
 
 # RQ's own line for every job it dequeues and finishes: a worker running thousands of requests logs them at DEBUG
-PER_JOB_LOG_FORMATS = frozenset({
-    "Worker %s: %s: %s (%s)", "Worker %s: %s: %s",  # dequeued
-    "Successfully completed %s job in %ss on worker %s", "Successfully completed job %s in %ss on worker %s",
-    "Worker %s: job %s result is kept for %s seconds", "Worker %s: job %s result discarded immediately",
-})
+PER_JOB_LOG_FORMATS = frozenset(
+    {
+        "Worker %s: %s: %s (%s)",
+        "Worker %s: %s: %s",  # dequeued
+        "Successfully completed %s job in %ss on worker %s",
+        "Successfully completed job %s in %ss on worker %s",
+        "Worker %s: job %s result is kept for %s seconds",
+        "Worker %s: job %s result discarded immediately",
+    }
+)
 
 
 class PerJobLinesAtDebug(logging.Filter):
@@ -103,13 +108,18 @@ class HeartbeatThread(threading.Thread):
         self.join()
 
 
-def wait_for_redis(conn: redis.Redis, error: Exception, log, who: str, stopping: Callable[[], bool],
-                   give_up_s: float) -> None:
+def wait_for_redis(
+    conn: redis.Redis, error: Exception, log, who: str, stopping: Callable[[], bool], give_up_s: float
+) -> None:
     """Redis went away (a restart, a network cut): say so once, then try again until it answers; raise `error` once
     `stopping()` or after `give_up_s` (the worker then ends in one sentence). A job whose heartbeat lapsed meanwhile
     may run again elsewhere; the merge keeps one row of it and the count counts it once."""
-    log.warning("%s: Redis is unreachable (%s); trying again for up to %.0f s", who,
-                str(error).rstrip(".") or type(error).__name__, give_up_s)
+    log.warning(
+        "%s: Redis is unreachable (%s); trying again for up to %.0f s",
+        who,
+        str(error).rstrip(".") or type(error).__name__,
+        give_up_s,
+    )
     deadline, pause = time.monotonic() + give_up_s, 0.5
     while not stopping() and time.monotonic() < deadline:
         time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
@@ -131,13 +141,24 @@ def worker_record(worker) -> WorkerRecord:
         queued = sum(pipe.execute())
     engine = worker.engine
     return WorkerRecord(
-        name=worker.name, model=worker.model_name, host=socket.gethostname(), pid=os.getpid(),
+        name=worker.name,
+        model=worker.model_name,
+        host=socket.gethostname(),
+        pid=os.getpid(),
         queues=[q.name for q in worker.queues],
         state="stopping" if worker._stopping else "busy" if worker.in_flight else "idle",
-        started_at=worker.started_at, updated_at=time.time(),
+        started_at=worker.started_at,
+        updated_at=time.time(),
         batches=sorted({f.batch_id for f in worker.in_flight.values()}),
-        architecture=engine.config.architecture, weight_format=engine.weight_format,
-        weight_memory=engine.weight_memory, cpu_tier=engine.cpu_tier, stats=engine.stats(),
-        in_flight=worker.requests_in_flight, seats=engine.scheduler.max_num_seqs, queued=queued,
-        jobs_done=worker.jobs_done, jobs_failed=worker.jobs_failed, jobs_cancelled=worker.jobs_cancelled,
+        architecture=engine.config.architecture,
+        weight_format=engine.weight_format,
+        weight_memory=engine.weight_memory,
+        cpu_tier=engine.cpu_tier,
+        stats=engine.stats(),
+        in_flight=worker.requests_in_flight,
+        seats=engine.scheduler.max_num_seqs,
+        queued=queued,
+        jobs_done=worker.jobs_done,
+        jobs_failed=worker.jobs_failed,
+        jobs_cancelled=worker.jobs_cancelled,
     )

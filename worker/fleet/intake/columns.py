@@ -26,7 +26,11 @@ from miro.worker.fleet.intake.line_forms import SimpleLine, short_text
 INPUT_FIELDS = ("prompt", "messages", "input")  # what a simple line asks for: one of them
 ID_FIELDS = ("id", "custom_id")
 LINE_FIELDS = frozenset(SimpleLine.model_fields)
-OPENAI_FIELDS = ("url", "method", "body")  # a line with one of these is an OpenAI Batch line (inputs.parse_object)  # a column of one of these names is read as that field
+OPENAI_FIELDS = (
+    "url",
+    "method",
+    "body",
+)  # a line with one of these is an OpenAI Batch line (inputs.parse_object)  # a column of one of these names is read as that field
 
 
 @functools.lru_cache(maxsize=16)
@@ -36,15 +40,19 @@ def template_fields(template: str) -> tuple[str, ...]:
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as e:
-        raise MiroError(f"The template {short_text(template, 60)!r} is not valid ({e}); write a column as {{name}} "
-                        "and a brace as {{ or }}.") from None
+        raise MiroError(
+            f"The template {short_text(template, 60)!r} is not valid ({e}); write a column as {{name}} "
+            "and a brace as {{ or }}."
+        ) from None
     for _, name, spec, conversion in parsed:
         if name is None:
             continue
         if not name or spec or conversion or re.search(r"[.\[\]]", name):
             shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
-            raise MiroError(f"The template's placeholder {short_text(shown, 60)!r} is not a column name: write a "
-                            "column as {name}, nothing else inside the braces.")
+            raise MiroError(
+                f"The template's placeholder {short_text(shown, 60)!r} is not a column name: write a "
+                "column as {name}, nothing else inside the braces."
+            )
         names.append(name)
     return tuple(names)
 
@@ -61,9 +69,16 @@ class InputColumns:
     chat: bool = False  # --chat: the prompt or the filled template as one user message of the chat template
 
     def __post_init__(self):
-        given = [flag for flag, value in (("--prompt-column", self.prompt), ("--messages-column", self.messages),
-                                          ("--input-column", self.input), ("--template", self.template))
-                 if value is not None]
+        given = [
+            flag
+            for flag, value in (
+                ("--prompt-column", self.prompt),
+                ("--messages-column", self.messages),
+                ("--input-column", self.input),
+                ("--template", self.template),
+            )
+            if value is not None
+        ]
         if len(given) > 1:
             raise MiroError(f"Give one of {given[0]} and {given[1]}: a request is made of one of them.")
         if self.chat and self.prompt is None and self.template is None:
@@ -78,8 +93,12 @@ class InputColumns:
     def _mapped(self) -> dict[str, str]:
         """column -> the simple line's field it is read as (the chosen input and id columns)."""
         mapped = {}
-        for column, target in ((self.prompt, "prompt"), (self.messages, "messages"), (self.input, "input"),
-                               (self.id, "id")):
+        for column, target in (
+            (self.prompt, "prompt"),
+            (self.messages, "messages"),
+            (self.input, "input"),
+            (self.id, "id"),
+        ):
             if column is not None:
                 mapped[column] = target
         return mapped
@@ -90,44 +109,63 @@ class InputColumns:
         clashes with a results column or looks like a misspelt field (as a JSONL line's own field would)."""
         present = set(columns)
         listed = ", ".join(short_text(c, 40) for c in columns[:12]) + (", ..." if len(columns) > 12 else "")
-        for flag, column in (("--prompt-column", self.prompt), ("--messages-column", self.messages),
-                             ("--input-column", self.input), ("--id-column", self.id)):
+        for flag, column in (
+            ("--prompt-column", self.prompt),
+            ("--messages-column", self.messages),
+            ("--input-column", self.input),
+            ("--id-column", self.id),
+        ):
             if column is not None and column not in present:
-                raise MiroError(f"The dataset has no column {short_text(column, 60)!r} ({flag}); its columns are "
-                                f"{listed}.")
+                raise MiroError(
+                    f"The dataset has no column {short_text(column, 60)!r} ({flag}); its columns are {listed}."
+                )
         for name in template_fields(self.template) if self.template is not None else ():
             if name not in present:
                 guess = difflib.get_close_matches(name, columns, n=1)
                 hint = f" (did you mean {guess[0]!r}?)" if guess else f"; its columns are {listed}"
-                raise MiroError(f"The template names the column {short_text(name, 60)!r}, which the dataset does not "
-                                f"have{hint}.")
+                raise MiroError(
+                    f"The template names the column {short_text(name, 60)!r}, which the dataset does not have{hint}."
+                )
         mapped = self._mapped()
         targets = set(mapped.values()) | ({"prompt"} if self.template is not None else set())
         for column in columns:
             if column in mapped:
                 continue
             if column in INPUT_FIELDS and targets & set(INPUT_FIELDS):
-                raise MiroError(f"The dataset has a column {column!r} besides the request's input "
-                                f"({self._input_option()}): rename or drop it, so that a row asks for one thing.")
+                raise MiroError(
+                    f"The dataset has a column {column!r} besides the request's input "
+                    f"({self._input_option()}): rename or drop it, so that a row asks for one thing."
+                )
             if column in ID_FIELDS and "id" in targets:
-                raise MiroError(f"The dataset has a column {column!r} besides --id-column {self.id!r}: rename or drop "
-                                "it, so that a row has one id.")
+                raise MiroError(
+                    f"The dataset has a column {column!r} besides --id-column {self.id!r}: rename or drop "
+                    "it, so that a row has one id."
+                )
             if column in LINE_FIELDS:
                 continue
             if len(column) > MAX_FIELD_NAME:
-                raise MiroError(f"The column {short_text(column, 60)!r} has a name of {len(column):,} characters, "
-                                f"too long for a column of the results (at most {MAX_FIELD_NAME}).")
+                raise MiroError(
+                    f"The column {short_text(column, 60)!r} has a name of {len(column):,} characters, "
+                    f"too long for a column of the results (at most {MAX_FIELD_NAME})."
+                )
             if column in OPENAI_FIELDS:
-                raise MiroError(f"The dataset has a column {column!r}, which would make each row an OpenAI Batch "
-                                "line: rename it.")
+                raise MiroError(
+                    f"The dataset has a column {column!r}, which would make each row an OpenAI Batch line: rename it."
+                )
             problem = own_field_problem(column)
             if problem is not None:
-                raise MiroError(f"The dataset's column {short_text(column, 60)!r} cannot be kept as a column of the "
-                                f"results ({problem}).")
+                raise MiroError(
+                    f"The dataset's column {short_text(column, 60)!r} cannot be kept as a column of the "
+                    f"results ({problem})."
+                )
 
     def _input_option(self) -> str:
-        for flag, value in (("--prompt-column", self.prompt), ("--messages-column", self.messages),
-                            ("--input-column", self.input), ("--template", self.template)):
+        for flag, value in (
+            ("--prompt-column", self.prompt),
+            ("--messages-column", self.messages),
+            ("--input-column", self.input),
+            ("--template", self.template),
+        ):
             if value is not None:
                 return f"{flag} {value!r}"
         return "none"

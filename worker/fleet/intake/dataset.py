@@ -44,8 +44,6 @@ class ParseResult:
         return not self.errors and self.file_error is None
 
 
-
-
 def _read_lines(f: BinaryIO, max_line_bytes: int) -> Iterator[tuple[int, bytes | None, int]]:
     """(line number, content without line ending or None when over the limit, size in bytes)."""
     number = 0
@@ -61,7 +59,6 @@ def _read_lines(f: BinaryIO, max_line_bytes: int) -> Iterator[tuple[int, bytes |
             continue
         content = raw.rstrip(b"\r\n")
         yield number, (content if len(content) <= max_line_bytes else None), len(content)
-
 
 
 @dataclass
@@ -92,14 +89,29 @@ class FirstLines:
         return custom_id in self._lines
 
 
-def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000,
-                  endpoint: str | None = None, task: str | None = None,
-                  pooling_defaults: dict | None = None, columns: InputColumns | None = None,
-                  input_format: str | None = None) -> ParseResult:
+def parse_dataset(
+    path: str | Path,
+    defaults: dict | None = None,
+    max_line_bytes: int = 1_000_000,
+    endpoint: str | None = None,
+    task: str | None = None,
+    pooling_defaults: dict | None = None,
+    columns: InputColumns | None = None,
+    input_format: str | None = None,
+) -> ParseResult:
     """Validate a dataset into memory: scan_dataset's items as lists (for files that fit in memory)."""
     scan, result = DatasetScan(), ParseResult()
-    for item in scan_dataset(path, defaults, max_line_bytes, endpoint, task, pooling_defaults, scan=scan,
-                             columns=columns, input_format=input_format):
+    for item in scan_dataset(
+        path,
+        defaults,
+        max_line_bytes,
+        endpoint,
+        task,
+        pooling_defaults,
+        scan=scan,
+        columns=columns,
+        input_format=input_format,
+    ):
         (result.errors if isinstance(item, LineError) else result.requests).append(item)
     result.file_error, result.task = scan.file_error, scan.task
     return result
@@ -108,11 +120,20 @@ def parse_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes
 PROGRESS_EVERY = 4096  # lines between two on_progress calls
 
 
-def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes: int = 1_000_000,
-                 endpoint: str | None = None, task: str | None = None, pooling_defaults: dict | None = None, *,
-                 scan: DatasetScan | None = None, seen=None,
-                 on_progress: Callable[[DatasetScan], None] | None = None, columns: InputColumns | None = None,
-                 input_format: str | None = None) -> Iterator[Request | LineError]:
+def scan_dataset(
+    path: str | Path,
+    defaults: dict | None = None,
+    max_line_bytes: int = 1_000_000,
+    endpoint: str | None = None,
+    task: str | None = None,
+    pooling_defaults: dict | None = None,
+    *,
+    scan: DatasetScan | None = None,
+    seen=None,
+    on_progress: Callable[[DatasetScan], None] | None = None,
+    columns: InputColumns | None = None,
+    input_format: str | None = None,
+) -> Iterator[Request | LineError]:
     """Validate a JSONL dataset line by line: yields a Request or a LineError per request line, in file order,
     holding one line in memory at a time. Raises MiroError if the file cannot be read.
 
@@ -137,9 +158,17 @@ def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes:
     if endpoint is not None and (fmt != "jsonl" or (columns is not None and columns.given)):
         raise MiroError("An OpenAI batch's input file is JSON Lines of OpenAI Batch requests, not a table.")
     if fmt != "jsonl":
-        yield from _scan_table(path, fmt, columns or InputColumns(), defaults, pooling_defaults, task,
-                               scan if scan is not None else DatasetScan(), seen if seen is not None else FirstLines(),
-                               on_progress)
+        yield from _scan_table(
+            path,
+            fmt,
+            columns or InputColumns(),
+            defaults,
+            pooling_defaults,
+            task,
+            scan if scan is not None else DatasetScan(),
+            seen if seen is not None else FirstLines(),
+            on_progress,
+        )
         return
     mapping = columns if columns is not None and columns.given else None
     try:
@@ -171,8 +200,11 @@ def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes:
             if content is None:
                 saw_content = True
                 scan.lines += 1
-                yield invalid(number, None, f"line {number}: the line is {size:,} bytes, over the limit of "
-                                            f"{max_line_bytes:,} bytes.")
+                yield invalid(
+                    number,
+                    None,
+                    f"line {number}: the line is {size:,} bytes, over the limit of {max_line_bytes:,} bytes.",
+                )
                 continue
             if number == 1 and content.startswith(b"\xef\xbb\xbf"):
                 content = content[3:]  # a UTF-8 byte order mark, as some editors write
@@ -191,16 +223,21 @@ def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes:
                 if mapping is None:
                     request = parse_line(number, text, defaults, pooling_defaults, task)
                 else:
-                    request = parse_object(number, mapping.line_object(json_object(text)), defaults,
-                                           pooling_defaults, task)
+                    request = parse_object(
+                        number, mapping.line_object(json_object(text)), defaults, pooling_defaults, task
+                    )
             except LineProblem as problem:
                 message = str(problem) if mapping is None else mapping.described(str(problem))
                 yield invalid(number, problem.custom_id, f"line {number}: {message}.")
                 continue
             if endpoint is not None and request.url != endpoint:
                 given = f"url '{request.url}'" if request.url else "no url (a simple line)"
-                yield invalid(number, request.custom_id, f"line {number}: {given}, but the batch's endpoint is "
-                                                         f"'{endpoint}'.", "url_mismatch")
+                yield invalid(
+                    number,
+                    request.custom_id,
+                    f"line {number}: {given}, but the batch's endpoint is '{endpoint}'.",
+                    "url_mismatch",
+                )
                 continue
             yield checks.admitted(request, number)
         scan.bytes_read = scan.bytes_total
@@ -210,7 +247,6 @@ def scan_dataset(path: str | Path, defaults: dict | None = None, max_line_bytes:
         scan.file_error = _wrong_format(path, first_content)
     if on_progress is not None:
         on_progress(scan)
-
 
 
 class _Checks:
@@ -235,15 +271,27 @@ class _Checks:
         if first is not None:
             scan.invalid += 1
             shown = short_text(request.custom_id)
-            return LineError(number, request.custom_id, f"{self.unit} {number}: duplicate custom id {shown!r} (first "
-                                                        f"used on {self.unit} {first}).", "duplicate_custom_id")
+            return LineError(
+                number,
+                request.custom_id,
+                f"{self.unit} {number}: duplicate custom id {shown!r} (first used on {self.unit} {first}).",
+                "duplicate_custom_id",
+            )
         scan.valid += 1
         return request
 
 
-def _scan_table(path: Path, fmt: str, columns: InputColumns, defaults: dict, pooling_defaults: dict,
-                task: str | None, scan: DatasetScan, seen,
-                on_progress: Callable[[DatasetScan], None] | None) -> Iterator[Request | LineError]:
+def _scan_table(
+    path: Path,
+    fmt: str,
+    columns: InputColumns,
+    defaults: dict,
+    pooling_defaults: dict,
+    task: str | None,
+    scan: DatasetScan,
+    seen,
+    on_progress: Callable[[DatasetScan], None] | None,
+) -> Iterator[Request | LineError]:
     """scan_dataset for a Parquet, CSV or Arrow dataset: each row a simple line's object (columns.py), validated
     as that line; its problems say "row N"."""
     columns.check(tables.table_columns(path, fmt))
@@ -257,8 +305,11 @@ def _scan_table(path: Path, fmt: str, columns: InputColumns, defaults: dict, poo
             on_progress(scan)
         if isinstance(row, int):  # its size: over the limit, as an over-long line
             scan.invalid += 1
-            yield LineError(number, None, f"row {number}: the row holds {row:,} bytes, over the limit of "
-                                          f"{tables.MAX_ROW_BYTES:,} bytes.")
+            yield LineError(
+                number,
+                None,
+                f"row {number}: the row holds {row:,} bytes, over the limit of {tables.MAX_ROW_BYTES:,} bytes.",
+            )
             continue
         try:
             request = parse_object(number, columns.line_object(row), defaults, pooling_defaults, task)
@@ -280,7 +331,9 @@ def _wrong_format(path: Path, first_line: bytes) -> str | None:
     if first_line.startswith(b"["):
         return f"Dataset file '{path}' holds a JSON array: {wanted}."
     if not first_line.startswith(b"{") and b"," in first_line:
-        first = short_text(first_line.decode('utf-8', 'replace'), 60)
-        return (f"Dataset file '{path}' looks like CSV (its first line is {first!r}): give it a .csv name or "
-                f"--input-format csv, or write JSON Lines ({wanted.removeprefix('miro reads ')}).")
+        first = short_text(first_line.decode("utf-8", "replace"), 60)
+        return (
+            f"Dataset file '{path}' looks like CSV (its first line is {first!r}): give it a .csv name or "
+            f"--input-format csv, or write JSON Lines ({wanted.removeprefix('miro reads ')})."
+        )
     return None

@@ -22,9 +22,9 @@ def completion_window(text: str) -> int:
     value = seconds(text)
     shown = str(text) if len(str(text)) <= 40 else f"{str(text)[:20]}...{str(text)[-8:]}"
     if not value:
-        raise MiroError(f"The completion window '{shown}' is not valid: give a duration such as 24h (OpenAI's), "
-                        "30m, 90s or 2d.")
+        raise MiroError(
+            f"The completion window '{shown}' is not valid: give a duration such as 24h (OpenAI's), 30m, 90s or 2d."
+        )
     if value > MAX_WINDOW_S:
-        raise MiroError(f"The completion window '{shown}' is longer than the {MAX_WINDOW_S // 86400} days miro "
-                        "allows.")
+        raise MiroError(f"The completion window '{shown}' is longer than the {MAX_WINDOW_S // 86400} days miro allows.")
     return value

@@ -92,8 +92,9 @@ def feed(conn: redis.Redis, batch_id: str, max_chunks: int = defaults.FEED_CHUNK
             try:
                 requests = spool.read_chunk(batch.output, batch_id, chunk)
             except (OSError, pa.ArrowException) as e:
-                raise MiroError(f"Cannot read chunk {chunk} of batch {batch_id}'s stored requests at "
-                                f"{batch.output}: {e}") from None
+                raise MiroError(
+                    f"Cannot read chunk {chunk} of batch {batch_id}'s stored requests at {batch.output}: {e}"
+                ) from None
             fed = writer.feed(chunk, requests)
             if fed < 0:  # closed, stopped or moved on meanwhile
                 break

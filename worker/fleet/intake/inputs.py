@@ -101,16 +101,23 @@ def _simple(obj: dict, number: int, task: str | None) -> Request:
     if line.input is not None or (task == "embed" and line.prompt is not None):
         return _simple_embedding(line, number)
     if given := line.given_pooling_fields():
-        raise LineProblem(f"field '{given[0]}': only an embedding line takes it (one with 'input', or a 'prompt' "
-                           "under --task embed)")
+        raise LineProblem(
+            f"field '{given[0]}': only an embedding line takes it (one with 'input', or a 'prompt' under --task embed)"
+        )
     sampling = line.sampling()
     if line.logprobs is not None:
         sampling["logprobs"] = line.logprobs
     return Request(
-        custom_id=line.id or line.custom_id or f"line-{number}", line=number,
-        kind="chat" if line.messages is not None else "completion", prompt=line.prompt,
+        custom_id=line.id or line.custom_id or f"line-{number}",
+        line=number,
+        kind="chat" if line.messages is not None else "completion",
+        prompt=line.prompt,
         messages=[m.as_template_message() for m in line.messages] if line.messages is not None else None,
-        sampling=sampling, requested_model=None, form="simple", url=None, extra=_own_fields(line.model_extra or {}),
+        sampling=sampling,
+        requested_model=None,
+        form="simple",
+        url=None,
+        extra=_own_fields(line.model_extra or {}),
     )
 
 
@@ -118,9 +125,18 @@ def _simple_embedding(line: SimpleLine, number: int) -> Request:
     if given := line.given_sampling_fields():
         raise LineProblem(f"field '{given[0]}': a sampling option, and an embedding line generates nothing")
     return Request(
-        custom_id=line.id or line.custom_id or f"line-{number}", line=number, kind="embedding", prompt=None,
-        messages=None, sampling={}, requested_model=None, form="simple", url=None, extra=_own_fields(line.model_extra or {}),
-        inputs=line.input if line.input is not None else [line.prompt], pooling=line.pooling(),
+        custom_id=line.id or line.custom_id or f"line-{number}",
+        line=number,
+        kind="embedding",
+        prompt=None,
+        messages=None,
+        sampling={},
+        requested_model=None,
+        form="simple",
+        url=None,
+        extra=_own_fields(line.model_extra or {}),
+        inputs=line.input if line.input is not None else [line.prompt],
+        pooling=line.pooling(),
         encoding_format=line.encoding_format or "float",
     )
 
@@ -139,8 +155,7 @@ def own_field_problem(name: str) -> str | None:
     """Why a line's own field (or a table's kept column) of this name cannot be a column of the results, or None:
     `model`, a name the results use, or one a letter or so from one of miro's fields (taken for a typo)."""
     if name == "model":
-        return ("field 'model': a simple line cannot choose its model: give --model, or use OpenAI lines "
-                "(body.model)")
+        return "field 'model': a simple line cannot choose its model: give --model, or use OpenAI lines (body.model)"
     guess = difflib.get_close_matches(name, _MIRO_FIELDS, n=1, cutoff=0.8)
     if guess:
         return f"field '{short_text(name, 60)}': unknown field (did you mean '{guess[0]}'?)"
@@ -155,8 +170,10 @@ def _own_fields(extra: dict[str, Any]) -> dict[str, Any] | None:
     and so is a name the results already use."""
     for name in extra:
         if len(name) > MAX_FIELD_NAME:
-            raise LineProblem(f"field '{short_text(name, 60)}': a field name of {len(name):,} characters is too long "
-                               f"for a column (at most {MAX_FIELD_NAME})")
+            raise LineProblem(
+                f"field '{short_text(name, 60)}': a field name of {len(name):,} characters is too long "
+                f"for a column (at most {MAX_FIELD_NAME})"
+            )
         if (problem := own_field_problem(name)) is not None:
             raise LineProblem(problem)
     return dict(extra) or None
@@ -166,9 +183,20 @@ def _openai(obj: dict, number: int) -> Request:
     envelope = _validate(OpenAILine, obj)
     if envelope.url == EMBEDDINGS_URL:
         body = _validate(EmbeddingBody, envelope.body, ("body",))
-        return Request(custom_id=envelope.custom_id, line=number, kind="embedding", prompt=None, messages=None,
-                       sampling={}, requested_model=body.model, form="openai", url=envelope.url, inputs=body.input,
-                       pooling=body.pooling(), encoding_format=body.encoding_format or "float")
+        return Request(
+            custom_id=envelope.custom_id,
+            line=number,
+            kind="embedding",
+            prompt=None,
+            messages=None,
+            sampling={},
+            requested_model=body.model,
+            form="openai",
+            url=envelope.url,
+            inputs=body.input,
+            pooling=body.pooling(),
+            encoding_format=body.encoding_format or "float",
+        )
     if envelope.url == RESPONSES_URL:
         return _responses(envelope, number)
     chat = envelope.url == CHAT_URL
@@ -184,13 +212,23 @@ def _openai(obj: dict, number: int) -> Request:
         sampling["logprobs"] = body.logprobs
     if body.response_format is not None:
         schema = body.response_format.type == "json_schema"
-        _constrain(sampling, body.response_format.constraint(), body.structured_outputs, "body.response_format",
-                   "body.response_format.json_schema.schema" if schema else "body.response_format")
+        _constrain(
+            sampling,
+            body.response_format.constraint(),
+            body.structured_outputs,
+            "body.response_format",
+            "body.response_format.json_schema.schema" if schema else "body.response_format",
+        )
     return Request(
-        custom_id=envelope.custom_id, line=number, kind="chat" if chat else "completion",
+        custom_id=envelope.custom_id,
+        line=number,
+        kind="chat" if chat else "completion",
         prompt=None if chat else body.prompt,
         messages=[m.as_template_message() for m in body.messages] if chat else None,
-        sampling=sampling, requested_model=body.model, form="openai", url=envelope.url,
+        sampling=sampling,
+        requested_model=body.model,
+        form="openai",
+        url=envelope.url,
     )
 
 
@@ -198,12 +236,14 @@ def _responses(envelope: OpenAILine, number: int) -> Request:
     """A /v1/responses line: a chat request (the instructions as its system message) whose output is a Response."""
     body = _validate(ResponsesBody, envelope.body, ("body",))
     if body.n not in (None, 1):
-        raise LineProblem("field 'body.n': a Responses request gives one output; use /v1/chat/completions lines "
-                           "for n choices")
+        raise LineProblem(
+            "field 'body.n': a Responses request gives one output; use /v1/chat/completions lines for n choices"
+        )
     for entry in body.include or ():
         if entry != LOGPROBS_INCLUDE:
-            raise LineProblem(f"field 'body.include': '{short_text(entry, 60)}' is not supported (only "
-                               f"'{LOGPROBS_INCLUDE}')")
+            raise LineProblem(
+                f"field 'body.include': '{short_text(entry, 60)}' is not supported (only '{LOGPROBS_INCLUDE}')"
+            )
     sampling = body.sampling()
     _take_max_tokens(sampling, body.max_tokens, body.max_output_tokens, "max_output_tokens")
     if body.top_logprobs is not None and not body.wants_logprobs:
@@ -213,12 +253,30 @@ def _responses(envelope: OpenAILine, number: int) -> Request:
     text_format = body.text.format if body.text is not None else None
     if text_format is not None:
         schema = text_format.type == "json_schema"
-        _constrain(sampling, text_format.constraint(), body.structured_outputs, "body.text.format",
-                   "body.text.format.schema" if schema else "body.text.format")
-    echo = ResponseEcho(instructions=body.instructions, metadata=body.metadata,
-                        text_format=text_format.echo() if text_format is not None else None)
-    return Request(custom_id=envelope.custom_id, line=number, kind="response", prompt=None, messages=body.messages(),
-                   sampling=sampling, requested_model=body.model, form="openai", url=envelope.url, response=echo)
+        _constrain(
+            sampling,
+            text_format.constraint(),
+            body.structured_outputs,
+            "body.text.format",
+            "body.text.format.schema" if schema else "body.text.format",
+        )
+    echo = ResponseEcho(
+        instructions=body.instructions,
+        metadata=body.metadata,
+        text_format=text_format.echo() if text_format is not None else None,
+    )
+    return Request(
+        custom_id=envelope.custom_id,
+        line=number,
+        kind="response",
+        prompt=None,
+        messages=body.messages(),
+        sampling=sampling,
+        requested_model=body.model,
+        form="openai",
+        url=envelope.url,
+        response=echo,
+    )
 
 
 def _take_max_tokens(sampling: dict, max_tokens: int | None, openai_name_value: int | None, openai_name: str) -> None:
@@ -230,8 +288,9 @@ def _take_max_tokens(sampling: dict, max_tokens: int | None, openai_name_value: 
     sampling["max_tokens"] = openai_name_value
 
 
-def _constrain(sampling: dict, constraint: dict | None, structured_outputs: dict | None, field_name: str,
-               label: str) -> None:
+def _constrain(
+    sampling: dict, constraint: dict | None, structured_outputs: dict | None, field_name: str, label: str
+) -> None:
     """An OpenAI output format (response_format, text.format) as the request's structured_outputs, compiled now
     so that a schema that does not compile is this line's error."""
     if constraint is None:
@@ -258,8 +317,9 @@ def _check_id_length(obj: dict) -> None:
     for key in ("custom_id", "id"):
         value = int_id_as_str(obj.get(key))  # an id given as a number is its digits
         if isinstance(value, str) and len(value) > MAX_CUSTOM_ID:
-            raise LineProblem(f"field '{key}': a custom id of {len(value):,} characters is too long (at most "
-                              f"{MAX_CUSTOM_ID:,})")
+            raise LineProblem(
+                f"field '{key}': a custom id of {len(value):,} characters is too long (at most {MAX_CUSTOM_ID:,})"
+            )
 
 
 class _NonStandardNumber(ValueError):
@@ -307,7 +367,8 @@ def parse_object(number: int, obj: dict, defaults: dict, pooling_defaults: dict,
                 # OpenAI's do
                 merged = {"max_tokens": None, **defaults, **request.sampling}
                 request = dataclasses.replace(
-                    request, sampling={k: list(v) if isinstance(v, list) else v for k, v in merged.items()})
+                    request, sampling={k: list(v) if isinstance(v, list) else v for k, v in merged.items()}
+                )
                 SamplingParams(**request.sampling)
         except RequestError as e:
             raise LineProblem(str(e).rstrip(".")) from None
@@ -315,7 +376,6 @@ def parse_object(number: int, obj: dict, defaults: dict, pooling_defaults: dict,
         problem.custom_id = _id_of(obj)
         raise
     return request
-
 
 
 def checked_defaults(defaults: dict | None) -> dict:
@@ -336,8 +396,10 @@ def task_mismatch(number: int, request: Request, task: str | None, task_line: in
     what = "an embedding request" if request.task == "embed" else "a generation request"
     batch = "generates" if request.task == "embed" else "embeds"
     why = f"--task {task}" if task is not None else f"as line {task_line} does"
-    return (f"line {number}: {what}, but the batch {batch} ({why}); a batch runs on one model, which either embeds "
-            "or generates: put the two kinds in two files.")
+    return (
+        f"line {number}: {what}, but the batch {batch} ({why}); a batch runs on one model, which either embeds "
+        "or generates: put the two kinds in two files."
+    )
 
 
 def checked_pooling_defaults(pooling_defaults: dict | None) -> dict:
@@ -345,8 +407,9 @@ def checked_pooling_defaults(pooling_defaults: dict | None) -> dict:
     try:
         PoolingParams(**pooling_defaults)
     except TypeError:
-        raise MiroError(f"Default pooling options {', '.join(sorted(pooling_defaults))} are not PoolingParams "
-                        "fields.") from None
+        raise MiroError(
+            f"Default pooling options {', '.join(sorted(pooling_defaults))} are not PoolingParams fields."
+        ) from None
     except RequestError as e:
         raise MiroError(f"Default pooling options are invalid ({str(e).rstrip('.')}).") from None
     return pooling_defaults

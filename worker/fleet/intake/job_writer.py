@@ -48,8 +48,16 @@ def payload(request: Request, batch_id: str, model: str, priority: str = DEFAULT
 class JobWriter:
     """Builds the RQ jobs of one batch's requests and writes them, a chunk per script."""
 
-    def __init__(self, conn, queue_name: str, batch_id: str, model: str, priority: str, job_timeout: int | None,
-                 requests_per_job: int = 1):
+    def __init__(
+        self,
+        conn,
+        queue_name: str,
+        batch_id: str,
+        model: str,
+        priority: str,
+        job_timeout: int | None,
+        requests_per_job: int = 1,
+    ):
         self.conn = conn
         self.requests_per_job = requests_per_job  # what `feed` puts in one job
         self.queue = Queue(queue_name, connection=conn, serializer=JSONSerializer)
@@ -66,10 +74,15 @@ class JobWriter:
     def job(self, payload: JobPayload, enqueued_at, status: JobStatus = JobStatus.QUEUED) -> Job:
         """The request as an RQ Job built by RQ itself (status queued, enqueued now)."""
         job = self.queue.create_job(
-            JOB_FUNCTION, kwargs=payload.to_kwargs(), job_id=batches.job_id(self.batch_id, payload.custom_id),
+            JOB_FUNCTION,
+            kwargs=payload.to_kwargs(),
+            job_id=batches.job_id(self.batch_id, payload.custom_id),
             meta={"batch_id": self.batch_id, "custom_id": payload.custom_id},
-            timeout=self.job_timeout, result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL,
-            description=f"{self.batch_id} {payload.custom_id[:100]}", status=status,
+            timeout=self.job_timeout,
+            result_ttl=RESULT_TTL,
+            failure_ttl=FAILURE_TTL,
+            description=f"{self.batch_id} {payload.custom_id[:100]}",
+            status=status,
             # a job whose worker died (kill -9, lost machine) is found by RQ's maintenance once its heartbeat
             # expires and is queued again while retries remain
             retry=Retry(max=ABANDONED_RETRIES),
@@ -80,10 +93,17 @@ class JobWriter:
     def group_job(self, chunk: int, part: int, requests: list[Request], enqueued_at) -> Job:
         """A group job as RQ itself builds it (what group_fields and the shared fields write, field for field)."""
         job = self.queue.create_job(
-            JOB_FUNCTION, kwargs=self.group_kwargs(requests), job_id=batches.group_job_id(self.batch_id, chunk, part),
-            meta=self.group_meta(requests), timeout=self.job_timeout, result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL,
-            description=self.group_description(chunk, part, requests), status=JobStatus.QUEUED,
-            retry=Retry(max=ABANDONED_RETRIES))
+            JOB_FUNCTION,
+            kwargs=self.group_kwargs(requests),
+            job_id=batches.group_job_id(self.batch_id, chunk, part),
+            meta=self.group_meta(requests),
+            timeout=self.job_timeout,
+            result_ttl=RESULT_TTL,
+            failure_ttl=FAILURE_TTL,
+            description=self.group_description(chunk, part, requests),
+            status=JobStatus.QUEUED,
+            retry=Retry(max=ABANDONED_RETRIES),
+        )
         job.created_at = job.enqueued_at = enqueued_at
         return job
 
@@ -99,14 +119,17 @@ class JobWriter:
 
     def own_fields(self, request: Request) -> tuple[bytes, bytes, str]:
         """data, meta and description of the request's job hash, encoded as RQ's Job.to_dict encodes them."""
-        return self._encoded(self.payload_of(request).to_kwargs(), {"batch_id": self.batch_id,
-                                                                 "custom_id": request.custom_id},
-                             f"{self.batch_id} {request.custom_id[:100]}")
+        return self._encoded(
+            self.payload_of(request).to_kwargs(),
+            {"batch_id": self.batch_id, "custom_id": request.custom_id},
+            f"{self.batch_id} {request.custom_id[:100]}",
+        )
 
     def group_fields(self, chunk: int, part: int, requests: list[Request]) -> tuple[bytes, bytes, str]:
         """data, meta and description of a group job: the requests' payloads, their custom ids."""
-        return self._encoded(self.group_kwargs(requests), self.group_meta(requests),
-                             self.group_description(chunk, part, requests))
+        return self._encoded(
+            self.group_kwargs(requests), self.group_meta(requests), self.group_description(chunk, part, requests)
+        )
 
     def group_kwargs(self, requests: list[Request]) -> dict:
         return {"batch_id": self.batch_id, "requests": [self.payload_of(r).to_kwargs() for r in requests]}
@@ -122,8 +145,9 @@ class JobWriter:
         dumps = JSONSerializer.dumps
         return zlib.compress(dumps((JOB_FUNCTION, None, (), kwargs))), dumps(meta), description
 
-    def _arguments(self, requests: list[Request], jobs: list[tuple[str, str, tuple[bytes, bytes, str]]]
-                   ) -> tuple[list[str], list]:
+    def _arguments(
+        self, requests: list[Request], jobs: list[tuple[str, str, tuple[bytes, bytes, str]]]
+    ) -> tuple[list[str], list]:
         """KEYS (the job hashes) and ARGV for the job-writing loop: `jobs` is (job id, custom id, own fields)."""
         shared = self.shared_fields(requests[0], rq_now())
         args: list = [len(shared)]
@@ -154,11 +178,18 @@ class JobWriter:
         if size == 1:
             jobs = [(batches.job_id(self.batch_id, r.custom_id), r.custom_id, self.own_fields(r)) for r in requests]
         else:
-            jobs = [(batches.group_job_id(self.batch_id, chunk, part), "", self.group_fields(chunk, part, group))
-                    for part, group in enumerate(requests[i:i + size] for i in range(0, len(requests), size))]
+            jobs = [
+                (batches.group_job_id(self.batch_id, chunk, part), "", self.group_fields(chunk, part, group))
+                for part, group in enumerate(requests[i : i + size] for i in range(0, len(requests), size))
+            ]
         job_keys, args = self._arguments(requests, jobs)
-        return int(scripts.FEED_JOBS(self.conn, [self.queue.key, self.queue.redis_queues_keys, self.jobs_key,
-                                                 keys.batch(self.batch_id), *job_keys], [chunk, len(requests), *args]))
+        return int(
+            scripts.FEED_JOBS(
+                self.conn,
+                [self.queue.key, self.queue.redis_queues_keys, self.jobs_key, keys.batch(self.batch_id), *job_keys],
+                [chunk, len(requests), *args],
+            )
+        )
 
     def record_failed(self, payload: JobPayload, error: str, pipe) -> None:
         """Queue on `pipe` a FAILED job of its own for a request of a group job that failed, as RQ leaves a failed
@@ -169,4 +200,5 @@ class JobWriter:
         job.retries_left = 0
         job.save(pipeline=pipe)
         FailedJobRegistry(self.queue.name, connection=self.conn, serializer=JSONSerializer).add(
-            job, ttl=FAILURE_TTL, pipeline=pipe, exc_string=error)
+            job, ttl=FAILURE_TTL, pipeline=pipe, exc_string=error
+        )

@@ -57,28 +57,40 @@ def _embedding_inputs(value: Any) -> Any:
     elif isinstance(value, list) and value and isinstance(value[0], (int, float)):
         value = [value]  # one input given as its token ids
     if not isinstance(value, list):
-        raise PydanticCustomError("input_type", "should be a string, a list of strings, a list of token ids or a list "
-                                                "of lists of token ids")
+        raise PydanticCustomError(
+            "input_type", "should be a string, a list of strings, a list of token ids or a list of lists of token ids"
+        )
     if not value:
         raise PydanticCustomError("input_empty", "should not be an empty list")
     if len(value) > MAX_EMBEDDING_INPUTS:
-        raise PydanticCustomError("input_count", "has {n} inputs, more than the {limit} one request may hold: split it "
-                                  "over several lines", {"n": f"{len(value):,}", "limit": f"{MAX_EMBEDDING_INPUTS:,}"})
+        raise PydanticCustomError(
+            "input_count",
+            "has {n} inputs, more than the {limit} one request may hold: split it over several lines",
+            {"n": f"{len(value):,}", "limit": f"{MAX_EMBEDDING_INPUTS:,}"},
+        )
     for index, item in enumerate(value):
         if isinstance(item, str):
             if not item:
                 raise PydanticCustomError("input_blank", "input {index} is an empty string", {"index": index})
         elif isinstance(item, list):
             if not item:
-                raise PydanticCustomError("input_blank", "input {index} is an empty list of token ids", {"index": index})
+                raise PydanticCustomError(
+                    "input_blank", "input {index} is an empty list of token ids", {"index": index}
+                )
             for position, token in enumerate(item):
                 if (kind := _number_kind(token)) is not None:
-                    raise PydanticCustomError("token_id", "input {index}: token {position} is {kind}, and token ids are "
-                                              "integers from 0", {"index": index, "position": position, "kind": kind})
+                    raise PydanticCustomError(
+                        "token_id",
+                        "input {index}: token {position} is {kind}, and token ids are integers from 0",
+                        {"index": index, "position": position, "kind": kind},
+                    )
         else:
             kind = _number_kind(item) or "a number"
-            raise PydanticCustomError("input_item", "input {index} is {kind}, not a string or a list of token ids",
-                                      {"index": index, "kind": kind})
+            raise PydanticCustomError(
+                "input_item",
+                "input {index} is {kind}, not a string or a list of token ids",
+                {"index": index, "kind": kind},
+            )
     if len({type(item) for item in value}) > 1:
         raise PydanticCustomError("input_mixed", "mixes strings and lists of token ids: give one kind")
     return value
@@ -102,8 +114,11 @@ def _text_of(value: Any, kinds: tuple[str, ...]) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in kinds:
             shown = f"of type '{short_text(kind, 40)}'" if isinstance(kind, str) else "without a 'type'"
-            raise PydanticCustomError("part_type", "content parts {shown} are not supported ({kinds} only)",
-                                      {"shown": shown, "kinds": " or ".join(kinds)})
+            raise PydanticCustomError(
+                "part_type",
+                "content parts {shown} are not supported ({kinds} only)",
+                {"shown": shown, "kinds": " or ".join(kinds)},
+            )
         if not isinstance(part.get("text"), str):
             raise PydanticCustomError("part_text", "a {kind} content part needs a 'text' string", {"kind": kind})
         texts.append(part["text"])
@@ -148,7 +163,9 @@ class _Sampling(BaseModel):
     n: int | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
-    structured_outputs: dict[str, Any] | None = None  # vLLM's: {"json": schema} | {"regex": ...} | {"choice": [...]} | ...
+    structured_outputs: dict[str, Any] | None = (
+        None  # vLLM's: {"json": schema} | {"regex": ...} | {"choice": [...]} | ...
+    )
 
     def sampling(self) -> dict:
         return {k: v for k in _Sampling.model_fields if (v := getattr(self, k)) is not None}
@@ -165,7 +182,9 @@ class _Pooling(BaseModel):
 
     def pooling(self) -> dict:
         """PoolingParams keyword arguments."""
-        return {k: v for k in ("dimensions", "normalize", "truncate_prompt_tokens") if (v := getattr(self, k)) is not None}
+        return {
+            k: v for k in ("dimensions", "normalize", "truncate_prompt_tokens") if (v := getattr(self, k)) is not None
+        }
 
     def given_pooling_fields(self) -> list[str]:
         return [k for k in _Pooling.model_fields if getattr(self, k) is not None]
@@ -188,8 +207,9 @@ class SimpleLine(_Sampling, _Pooling):
         if not given:
             raise PydanticCustomError("no_input", "the line needs a 'prompt', 'messages' or 'input' field")
         if len(given) > 1:
-            raise PydanticCustomError("two_inputs", "the line has both '{a}' and '{b}', give only one",
-                                      {"a": given[0], "b": given[1]})
+            raise PydanticCustomError(
+                "two_inputs", "the line has both '{a}' and '{b}', give only one", {"a": given[0], "b": given[1]}
+            )
         return self
 
     def given_sampling_fields(self) -> list[str]:
@@ -247,8 +267,12 @@ class _Body(_Sampling):
         if isinstance(data, dict):
             for name in _UNHONOURED:
                 if name in data and data[name] not in _OFF_VALUES:
-                    raise PydanticCustomError("unhonoured", "'{name}' is not supported by miro yet, and ignoring it "
-                                              "would change the answer: remove it or set it to null", {"name": name})
+                    raise PydanticCustomError(
+                        "unhonoured",
+                        "'{name}' is not supported by miro yet, and ignoring it "
+                        "would change the answer: remove it or set it to null",
+                        {"name": name},
+                    )
         return data
 
 
@@ -274,8 +298,16 @@ class EmbeddingBody(_Pooling):
 
 
 # A Responses body's fields that change what a request means and that miro cannot honour: refused by name.
-_UNHONOURED_RESPONSES = ("tools", "tool_choice", "stream", "previous_response_id", "conversation", "prompt",
-                         "reasoning", "background")
+_UNHONOURED_RESPONSES = (
+    "tools",
+    "tool_choice",
+    "stream",
+    "previous_response_id",
+    "conversation",
+    "prompt",
+    "reasoning",
+    "background",
+)
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the `include` entry that asks for the output's logprobs
 
 
@@ -300,8 +332,9 @@ def _input_items(value: Any) -> Any:
             kind = item.get("type", "message") if isinstance(item, dict) else None
             if kind != "message":
                 shown = f"of type '{short_text(kind, 40)}'" if isinstance(kind, str) else "that are not objects"
-                raise PydanticCustomError("item_type", "input items {shown} are not supported (messages only)",
-                                          {"shown": shown})
+                raise PydanticCustomError(
+                    "item_type", "input items {shown} are not supported (messages only)", {"shown": shown}
+                )
     return value
 
 
@@ -359,8 +392,12 @@ class ResponsesBody(_Sampling):
         if isinstance(data, dict):
             for name in _UNHONOURED_RESPONSES:
                 if name in data and data[name] not in _OFF_VALUES:
-                    raise PydanticCustomError("unhonoured", "'{name}' is not supported by miro yet, and ignoring it "
-                                              "would change the answer: remove it or set it to null", {"name": name})
+                    raise PydanticCustomError(
+                        "unhonoured",
+                        "'{name}' is not supported by miro yet, and ignoring it "
+                        "would change the answer: remove it or set it to null",
+                        {"name": name},
+                    )
         return data
 
     @property

@@ -24,10 +24,16 @@ from miro.worker.fleet.records.payload import Request
 from miro.worker.fleet.intake.job_writer import JobWriter
 
 # RQ statuses under which a job will still run (or is running): --resume leaves these alone.
-IN_FLIGHT = frozenset({
-    JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED,
-    JobStatus.RATE_LIMITED, JobStatus.READY_TO_ENQUEUE,
-})
+IN_FLIGHT = frozenset(
+    {
+        JobStatus.QUEUED,
+        JobStatus.STARTED,
+        JobStatus.DEFERRED,
+        JobStatus.SCHEDULED,
+        JobStatus.RATE_LIMITED,
+        JobStatus.READY_TO_ENQUEUE,
+    }
+)
 
 
 def known_requests(conn, batch_id: str, custom_ids: list[str]) -> list[bool]:
@@ -39,8 +45,10 @@ def known_requests(conn, batch_id: str, custom_ids: list[str]) -> list[bool]:
     for custom_id in custom_ids:
         reader.exists(Job.key_for(batches.job_id(batch_id, custom_id)))
     indexed, counted, *has_job = reader.execute()
-    return [job is not None or bool(was_counted) or bool(exists)
-            for job, was_counted, exists in zip(indexed, counted, has_job)]
+    return [
+        job is not None or bool(was_counted) or bool(exists)
+        for job, was_counted, exists in zip(indexed, counted, has_job)
+    ]
 
 
 class Resumer:
@@ -94,8 +102,7 @@ class Resumer:
             result.enqueued += len(keep)
 
         watch = [jobs_key, invalid_key, keys.batch_counted(self.batch_id), *(job_keys[i] for i in candidates)]
-        scripts.watched(self.conn, watch, attempt,
-                        f"Batch {self.batch_id}")
+        scripts.watched(self.conn, watch, attempt, f"Batch {self.batch_id}")
 
     def _statuses(self, job_keys: list[str]) -> list[JobStatus | None]:
         reader = self.conn.pipeline(transaction=False)
@@ -117,8 +124,11 @@ class Resumer:
         for i, custom_id, was_counted in zip(gone, custom_ids, counted):
             if was_counted:
                 out[i] = JobStatus.FINISHED if custom_id in self.with_rows() else JobStatus.CANCELED
-        groups = {i: group for i, was_counted in zip(gone, counted)
-                  if not was_counted and (group := self.stored.group_job(requests[i].custom_id)) is not None}
+        groups = {
+            i: group
+            for i, was_counted in zip(gone, counted)
+            if not was_counted and (group := self.stored.group_job(requests[i].custom_id)) is not None
+        }
         for i, status in zip(groups, self._statuses([Job.key_for(g) for g in groups.values()])):
             if status in IN_FLIGHT:
                 out[i] = status
@@ -208,5 +218,8 @@ class StoredIndex:
         """The custom ids of those requests that the feeder still has to make into jobs."""
         if self.batch.fed >= self.batch.chunks:
             return set()
-        return {r.custom_id for r in requests if (chunk := self.chunk_of(r.custom_id)) is not None
-                and chunk >= self.batch.fed}
+        return {
+            r.custom_id
+            for r in requests
+            if (chunk := self.chunk_of(r.custom_id)) is not None and chunk >= self.batch.fed
+        }

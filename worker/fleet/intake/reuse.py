@@ -62,8 +62,10 @@ class PreviousResults:
             raise MiroError(f"{redacted(path)} cannot be read as Parquet results to reuse ({err}).") from None
         names = file.schema_arrow.names
         if "request_hash" not in names:
-            raise MiroError(f"{redacted(path)} has no request_hash column: it was written by a miro from before "
-                            "reuse, or is not miro's results; nothing in it can be reused.")
+            raise MiroError(
+                f"{redacted(path)} has no request_hash column: it was written by a miro from before "
+                "reuse, or is not miro's results; nothing in it can be reused."
+            )
         columns = [name for name in _INDEX_COLUMNS if name in names]
         hashes, starts, counts, stopped = [], [], [], []
         row = 0
@@ -86,9 +88,15 @@ class PreviousResults:
                 row += 1
         order = np.argsort(np.asarray(hashes, dtype="S33"), kind="stable") if hashes else np.zeros(0, np.int64)
         sizes = [file.metadata.row_group(i).num_rows for i in range(file.metadata.num_row_groups)]
-        return cls(path, file, np.asarray(hashes, dtype="S33")[order], np.asarray(starts, np.int64)[order],
-                   np.asarray(counts, np.int32)[order], np.asarray(stopped, bool)[order],
-                   np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+        return cls(
+            path,
+            file,
+            np.asarray(hashes, dtype="S33")[order],
+            np.asarray(starts, np.int64)[order],
+            np.asarray(counts, np.int32)[order],
+            np.asarray(stopped, bool)[order],
+            np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+        )
 
     def find(self, request_hash: str) -> tuple[int, int, bool] | None:
         """(first row, rows, all stopped) of the earlier request with this hash, or None."""
@@ -121,8 +129,10 @@ class ReuseSource:
     @classmethod
     def open(cls, path: str, stamp: OutputStamp) -> ReuseSource:
         if not stamp.batch_invariant:
-            raise MiroError("--reuse needs batch-invariant outputs: with --no-batch-invariant a request's output "
-                            "depends on what runs beside it, so an earlier row is not its answer.")
+            raise MiroError(
+                "--reuse needs batch-invariant outputs: with --no-batch-invariant a request's output "
+                "depends on what runs beside it, so an earlier row is not its answer."
+            )
         return cls(PreviousResults.open(path), stamp)
 
 
@@ -195,11 +205,13 @@ class Reuser:
             "job_id": _repeat([batches.job_id(self.batch_id, p.request.custom_id) for p in pending], rows),
             "model": [self.model_name] * len(positions),
             "requested_model": _repeat([p.request.requested_model or self.model for p in pending], rows),
-            "extra": _repeat([json.dumps(p.request.extra, ensure_ascii=False) if p.request.extra else None
-                              for p in pending], rows),
+            "extra": _repeat(
+                [json.dumps(p.request.extra, ensure_ascii=False) if p.request.extra else None for p in pending], rows
+            ),
             # the batch that ran the row: an earlier reuse's own source, else the earlier batch
             "reused_from": pc.coalesce(earlier.column("reused_from"), earlier.column("batch_id")).to_pylist()
-            if "reused_from" in earlier.column_names else earlier.column("batch_id").to_pylist(),
+            if "reused_from" in earlier.column_names
+            else earlier.column("batch_id").to_pylist(),
         }
         if "choice_index" not in earlier.column_names:  # an embedding batch's merged results drop it; rows hold 0
             own["choice_index"] = [0] * len(positions)
@@ -221,8 +233,10 @@ class Reuser:
         """(custom id, prompt, cached and completion tokens) of each reused request, read back from its part files
         a file at a time, as a worker would count it."""
         for path in self.parts:
-            table = pq.read_table(self.filesystem.open_input_file(path),
-                                  columns=["custom_id", "kind", "prompt_tokens", "cached_tokens", "completion_tokens"])
+            table = pq.read_table(
+                self.filesystem.open_input_file(path),
+                columns=["custom_id", "kind", "prompt_tokens", "cached_tokens", "completion_tokens"],
+            )
             custom_ids = table.column("custom_id").to_pylist()
             kinds = table.column("kind").to_pylist()
             prompt = pc.fill_null(table.column("prompt_tokens"), 0).to_pylist()
@@ -258,8 +272,14 @@ COUNT_GROUP = 1000  # reused requests per COUNT
 def _count_group(conn, batch_id: str, group: list[tuple[str, int, int, int]]) -> None:
     """One COUNT of new requests (a batch being submitted: none of them was counted before, so the tokens of all
     of them are added)."""
-    batches.count_completed(conn, batch_id, [entry[0] for entry in group], prompt_tokens=sum(e[1] for e in group),
-                            cached_tokens=sum(e[2] for e in group), completion_tokens=sum(e[3] for e in group))
+    batches.count_completed(
+        conn,
+        batch_id,
+        [entry[0] for entry in group],
+        prompt_tokens=sum(e[1] for e in group),
+        cached_tokens=sum(e[2] for e in group),
+        completion_tokens=sum(e[3] for e in group),
+    )
 
 
 def _key(request_hash: str) -> bytes:

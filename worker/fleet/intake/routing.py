@@ -95,8 +95,13 @@ def migrate_legacy_queues(conn: redis.Redis, queues: list[str]) -> int:
             legacy, new = f"{queue}{LEGACY_SEPARATOR}{priority}", priority_queue(queue, priority)
             old_key, new_key = Queue(legacy, connection=conn).key, Queue(new, connection=conn).key
             if conn.exists(old_key):
-                moved += int(scripts.MIGRATE_QUEUE(conn, [old_key, new_key, Queue.redis_queues_keys],
-                                                   [legacy, new, priority, keys.batch(""), Job.redis_job_namespace_prefix]))
+                moved += int(
+                    scripts.MIGRATE_QUEUE(
+                        conn,
+                        [old_key, new_key, Queue.redis_queues_keys],
+                        [legacy, new, priority, keys.batch(""), Job.redis_job_namespace_prefix],
+                    )
+                )
     return moved
 
 
@@ -136,8 +141,13 @@ def _unknown(model: str, where: str, remedy: str) -> MiroError:
     )
 
 
-def choose_model(conn: redis.Redis | None, model_option: str | None, named: dict[str, int],
-                 task: str = "generate", more: bool = False) -> str:
+def choose_model(
+    conn: redis.Redis | None,
+    model_option: str | None,
+    named: dict[str, int],
+    task: str = "generate",
+    more: bool = False,
+) -> str:
     """The batch's model: --model if given (the lines' own `model` fields then only say what they asked for),
     otherwise the one model the lines name (OpenAI bodies' `model`), otherwise the default model of its task.
 
@@ -153,10 +163,16 @@ def choose_model(conn: redis.Redis | None, model_option: str | None, named: dict
     if len(named) > 1 or more:
         listed = ", ".join(f"'{m}' (line {line})" for m, line in sorted(named.items(), key=lambda kv: kv[1]))
         count = f"more than {len(named)}" if more else str(len(named))
-        raise MiroError(f"The lines name {count} models ({listed}{', ...' if more else ''}), and a batch runs on "
-                        f"one: split the file by model, or pass --model to run every line on one model.")
+        raise MiroError(
+            f"The lines name {count} models ({listed}{', ...' if more else ''}), and a batch runs on "
+            f"one: split the file by model, or pass --model to run every line on one model."
+        )
     [(model, line)] = named.items()
     if not is_known(conn, model) and conn is not None:
-        raise _unknown(model, f"Line {line}: ", "pass --model to choose the model that runs these lines (their "
-                                                "rows keep the name they asked for as requested_model).")
+        raise _unknown(
+            model,
+            f"Line {line}: ",
+            "pass --model to choose the model that runs these lines (their "
+            "rows keep the name they asked for as requested_model).",
+        )
     return model

@@ -80,15 +80,17 @@ class SeenIds:
         capacity, n = self._keys.shape[0], 0
         used = np.empty(self._count, dtype=np.uint64), np.empty(self._count, dtype=np.uint32)
         for start in range(0, capacity, REHASH_BLOCK):  # compactly, without a capacity-long mask
-            keys, lines = self._keys[start:start + REHASH_BLOCK], self._lines[start:start + REHASH_BLOCK]
+            keys, lines = self._keys[start : start + REHASH_BLOCK], self._lines[start : start + REHASH_BLOCK]
             m = int(np.count_nonzero(mask := keys != 0))
-            used[0][n:n + m], used[1][n:n + m] = keys[mask], lines[mask]
+            used[0][n : n + m], used[1][n : n + m] = keys[mask], lines[mask]
             n += m
         del keys, lines, mask
         self._keys = self._lines = self._key_view = self._line_view = None  # the old table is freed here
         self._allocate(max(int(capacity * GROWTH), int(needed / MAX_LOAD) + 1))
         for start in range(0, n, REHASH_BLOCK):
-            _insert(self._keys, self._lines, used[0][start:start + REHASH_BLOCK], used[1][start:start + REHASH_BLOCK])
+            _insert(
+                self._keys, self._lines, used[0][start : start + REHASH_BLOCK], used[1][start : start + REHASH_BLOCK]
+            )
 
     def add(self, custom_ids: list[str], lines: list[int]) -> list[tuple[int, int]]:
         """Record a chunk of ids in order; return (index in the chunk, first line) for each id already seen (earlier

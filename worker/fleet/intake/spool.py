@@ -100,8 +100,7 @@ def check_output(output: str) -> None:
     """MiroError in one sentence if `output` is a file, where the batches' folders must go."""
     filesystem, base = open_output(output)
     if filesystem.get_file_info(base).type == pafs.FileType.File:
-        raise MiroError(f"The output location '{redacted(output)}' is a file; give a folder (made if it is not "
-                        "there).")
+        raise MiroError(f"The output location '{redacted(output)}' is a file; give a folder (made if it is not there).")
 
 
 def remove(output: str, batch_id: str) -> None:

@@ -37,7 +37,10 @@ from miro.worker.fleet.intake.resume import Resumer, known_requests
 from miro.worker.fleet.observe.urls import redacted
 
 CHUNK = defaults.SPOOL_CHUNK
-JOB_TIMEOUT_S, COMPLETION_WINDOW = defaults.JOB_TIMEOUT_S, defaults.COMPLETION_WINDOW  # SubmitOptions' (a field is named defaults)
+JOB_TIMEOUT_S, COMPLETION_WINDOW = (
+    defaults.JOB_TIMEOUT_S,
+    defaults.COMPLETION_WINDOW,
+)  # SubmitOptions' (a field is named defaults)
 BIG_FILE_LINES = 200_000  # from about this many lines custom ids are remembered by hash (seen_ids.SeenIds)
 NAMED_MODELS_KEPT = 5  # models the lines name that are remembered: a batch runs on one, so more is a refusal anyway
 
@@ -136,8 +139,11 @@ class _Read:
         reading, which cost a set entry per line of a file without ids (their ids are line-N)."""
         names = set()
         for error in self.errors:
-            names.update((error.custom_id, f"line-{error.line}", f"line-{error.line}-invalid") if error.custom_id
-                         else (f"line-{error.line}", f"line-{error.line}-invalid"))
+            names.update(
+                (error.custom_id, f"line-{error.line}", f"line-{error.line}-invalid")
+                if error.custom_id
+                else (f"line-{error.line}", f"line-{error.line}-invalid")
+            )
         return {cid for cid in names if cid in self.seen}
 
     def take(self, items: Iterator[Request | LineError], on_line_error) -> Iterator[Request]:
@@ -194,9 +200,16 @@ class SubmitOptions:
         return cls(**options)
 
 
-def submit(conn: redis.Redis | None, path: str | Path, options: SubmitOptions | None = None, *,
-           log: Callable[[str], None] | None = None, on_line_error: Callable[[LineError], None] | None = None,
-           on_progress: Callable[[DatasetScan], None] | None = None, **named) -> SubmitResult:
+def submit(
+    conn: redis.Redis | None,
+    path: str | Path,
+    options: SubmitOptions | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+    on_line_error: Callable[[LineError], None] | None = None,
+    on_progress: Callable[[DatasetScan], None] | None = None,
+    **named,
+) -> SubmitResult:
     """Validate the dataset at `path`, store its valid requests and enqueue the first window; see the module
     docstring. The options are a SubmitOptions, or its fields by name.
 
@@ -215,9 +228,27 @@ def submit(conn: redis.Redis | None, path: str | Path, options: SubmitOptions | 
     (nothing enqueued) when a line is invalid and not `skip_invalid`, MiroError for other problems a user can cause.
     """
     options = options if options is not None else SubmitOptions.of(named)
-    (queue_name, name, output, model, defaults, skip_invalid, dry_run, resume, job_timeout, chunk_size, priority,
-     endpoint, task, pooling_defaults, completion_window, requests_per_job, columns, input_format, reuse) = (
-        getattr(options, f.name) for f in fields(SubmitOptions))
+    (
+        queue_name,
+        name,
+        output,
+        model,
+        defaults,
+        skip_invalid,
+        dry_run,
+        resume,
+        job_timeout,
+        chunk_size,
+        priority,
+        endpoint,
+        task,
+        pooling_defaults,
+        completion_window,
+        requests_per_job,
+        columns,
+        input_format,
+        reuse,
+    ) = (getattr(options, f.name) for f in fields(SubmitOptions))
     log = log or (lambda message: None)
     timeout = _job_timeout(job_timeout)
     durations.completion_window(completion_window)  # a window that is no duration is refused before anything
@@ -230,16 +261,27 @@ def submit(conn: redis.Redis | None, path: str | Path, options: SubmitOptions | 
     if not dry_run and conn is None:
         raise ValueError("submit needs a Redis connection unless dry_run")
     if reuse is not None and (model is None or resume is not None):
-        raise MiroError("--reuse needs --model (the model its rows were made with is compared by its file's sha256), "
-                        "and does not go with --resume.")
+        raise MiroError(
+            "--reuse needs --model (the model its rows were made with is compared by its file's sha256), "
+            "and does not go with --resume."
+        )
 
     fmt = tables.input_format(path, input_format)
 
     def read_file(progress=on_progress, line_errors=on_line_error) -> tuple[_Read, Iterator[Request]]:
         read = _Read(DatasetScan(), seen=_seen_ids(path, fmt))
-        items = scan_dataset(path, defaults, endpoint=endpoint, task=task, pooling_defaults=pooling_defaults,
-                             scan=read.scan, seen=read.seen, on_progress=progress, columns=columns,
-                             input_format=fmt)
+        items = scan_dataset(
+            path,
+            defaults,
+            endpoint=endpoint,
+            task=task,
+            pooling_defaults=pooling_defaults,
+            scan=read.scan,
+            seen=read.seen,
+            on_progress=progress,
+            columns=columns,
+            input_format=fmt,
+        )
         return read, read.take(items, line_errors)
 
     if resume is not None and not dry_run:
@@ -270,31 +312,64 @@ def submit(conn: redis.Redis | None, path: str | Path, options: SubmitOptions | 
         if reuser is not None:
             reuser.discard()
         if isinstance(err, OSError):
-            raise MiroError(f"Cannot store the batch's requests under '{redacted(output)}': "
-                            f"{str(err.strerror or err).rstrip('.')}.") from None
+            raise MiroError(
+                f"Cannot store the batch's requests under '{redacted(output)}': {str(err.strerror or err).rstrip('.')}."
+            ) from None
         raise
     reused = reuser.reused if reuser is not None else 0
-    log(f"Validated {scan.lines:,} lines in {read.validate_s:.2f} s: {scan.valid:,} valid, {scan.invalid:,} invalid"
-        + (f"; {reused:,} reuse earlier rows." if reuser is not None else "."))
-    model = _redis(conn, lambda: routing.choose_model(conn, model, read.named, scan.task, read.more_models)) \
-        if conn else routing.choose_model(None, model, read.named, scan.task, read.more_models)
+    log(
+        f"Validated {scan.lines:,} lines in {read.validate_s:.2f} s: {scan.valid:,} valid, {scan.invalid:,} invalid"
+        + (f"; {reused:,} reuse earlier rows." if reuser is not None else ".")
+    )
+    model = (
+        _redis(conn, lambda: routing.choose_model(conn, model, read.named, scan.task, read.more_models))
+        if conn
+        else routing.choose_model(None, model, read.named, scan.task, read.more_models)
+    )
     if conn is None and not routing.is_known(None, model):
-        log(f"Note: model '{model}' is no alias and no .gguf file here; whether a worker serves it is known "
-            f"only to Redis, which a dry run does not ask.")
+        log(
+            f"Note: model '{model}' is no alias and no .gguf file here; whether a worker serves it is known "
+            f"only to Redis, which a dry run does not ask."
+        )
     priority = priority or DEFAULT_PRIORITY
     queue = routing.priority_queue(queue_name or routing.queue_for(model), priority)
-    result = SubmitResult(batch_id=batch_id, queue=queue, priority=priority, lines=scan.lines, valid=scan.valid,
-                          invalid=read.errors, task=scan.task, dry_run=dry_run, validate_s=read.validate_s,
-                          stored=scan.valid - reused if writer is not None else 0, reused=reused)
+    result = SubmitResult(
+        batch_id=batch_id,
+        queue=queue,
+        priority=priority,
+        lines=scan.lines,
+        valid=scan.valid,
+        invalid=read.errors,
+        task=scan.task,
+        dry_run=dry_run,
+        validate_s=read.validate_s,
+        stored=scan.valid - reused if writer is not None else 0,
+        reused=reused,
+    )
     if dry_run:
         return result
     try:
-        _redis(conn, lambda: batches.create_batch(
-            conn, batch_id=batch_id, name=name if name is not None else Path(path).name, model=model,
-            input_file=os.path.abspath(path), output=output, total=scan.valid, queue=queue, priority=priority,
-            job_timeout=timeout, task=scan.task, endpoint=endpoint or ",".join(e for e in read.endpoints if e),
-            completion_window=completion_window, chunks=chunks, spooled=scan.valid - reused,
-            requests_per_job=requests_per_job))
+        _redis(
+            conn,
+            lambda: batches.create_batch(
+                conn,
+                batch_id=batch_id,
+                name=name if name is not None else Path(path).name,
+                model=model,
+                input_file=os.path.abspath(path),
+                output=output,
+                total=scan.valid,
+                queue=queue,
+                priority=priority,
+                job_timeout=timeout,
+                task=scan.task,
+                endpoint=endpoint or ",".join(e for e in read.endpoints if e),
+                completion_window=completion_window,
+                chunks=chunks,
+                spooled=scan.valid - reused,
+                requests_per_job=requests_per_job,
+            ),
+        )
     except BaseException:
         spool.remove(output, batch_id)
         if reuser is not None:
@@ -312,8 +387,10 @@ def submit(conn: redis.Redis | None, path: str | Path, options: SubmitOptions | 
         if reused:
             batches.settle(conn, batch_id)  # every request reused (or invalid): nothing will count it complete
     except redis.RedisError as e:
-        raise MiroError(f"Redis failed after batch {batch_id} was recorded ({str(e).rstrip('.')}); run the same "
-                        f"command with --resume {batch_id} to go on.") from None
+        raise MiroError(
+            f"Redis failed after batch {batch_id} was recorded ({str(e).rstrip('.')}); run the same "
+            f"command with --resume {batch_id} to go on."
+        ) from None
     return result
 
 
@@ -334,7 +411,7 @@ def _record_invalid(conn: redis.Redis, batch_id: str, read: _Read) -> int:
     recorded = 0
     invalid = _invalid_ids(read.errors, read.taken_ids())
     for start in range(0, len(invalid), CHUNK):
-        chunk = invalid[start:start + CHUNK]
+        chunk = invalid[start : start + CHUNK]
         known = known_requests(conn, batch_id, [cid for cid, _ in chunk])
         pipe = conn.pipeline(transaction=True)
         for (cid, error), is_request in zip(chunk, known):
@@ -355,18 +432,32 @@ def _chunks(requests: Iterator[Request], size: int) -> Iterator[list[Request]]:
         yield chunk
 
 
-def _resume(conn: redis.Redis, batch_id: str, queue_name: str | None, model: str | None, priority: str | None,
-            read_file, skip_invalid: bool, chunk_size: int, log) -> SubmitResult:
+def _resume(
+    conn: redis.Redis,
+    batch_id: str,
+    queue_name: str | None,
+    model: str | None,
+    priority: str | None,
+    read_file,
+    skip_invalid: bool,
+    chunk_size: int,
+    log,
+) -> SubmitResult:
     """Add to an existing batch the requests of the file without a finished or running job (resume.py). The file is
     read twice: once to validate it (nothing is enqueued if a line is invalid), once to resume."""
     batch = _redis(conn, lambda: batches.get_batch(conn, batch_id))
     if batch.status in ("cancelling", "expiring"):
-        raise MiroError(f"Batch {batch_id} is {batch.status}; resume it once it is "
-                        f"{'cancelled' if batch.status == 'cancelling' else 'expired'}.")
+        raise MiroError(
+            f"Batch {batch_id} is {batch.status}; resume it once it is "
+            f"{'cancelled' if batch.status == 'cancelling' else 'expired'}."
+        )
     batch.queue = routing.upgrade_recorded_queue(conn, batch.id, batch.queue, batch.priority)
     queue = routing.priority_queue(queue_name, batch.priority) if queue_name is not None else None
-    for option, value, recorded in (("queue", queue, batch.queue), ("model", model, batch.model),
-                                    ("priority", priority, batch.priority)):
+    for option, value, recorded in (
+        ("queue", queue, batch.queue),
+        ("model", model, batch.model),
+        ("priority", priority, batch.priority),
+    ):
         if value is not None and value != recorded:
             raise MiroError(f"Batch {batch_id} uses {option} '{recorded}', not '{value}'; leave --{option} out.")
     read, requests = read_file()
@@ -375,12 +466,23 @@ def _resume(conn: redis.Redis, batch_id: str, queue_name: str | None, model: str
     _refuse_unusable(read, skip_invalid)
     scan = read.scan
     if scan.task != batch.task:
-        raise MiroError(f"Batch {batch_id} {'embeds' if batch.task == 'embed' else 'generates'}, but the lines of "
-                        f"this file {'embed' if scan.task == 'embed' else 'generate'}; resume it with the same --task.")
+        raise MiroError(
+            f"Batch {batch_id} {'embeds' if batch.task == 'embed' else 'generates'}, but the lines of "
+            f"this file {'embed' if scan.task == 'embed' else 'generate'}; resume it with the same --task."
+        )
     log(f"Validated {scan.lines:,} lines in {read.validate_s:.2f} s: {scan.valid:,} valid, {scan.invalid:,} invalid.")
-    result = SubmitResult(batch_id=batch_id, queue=batch.queue, priority=batch.priority, lines=scan.lines,
-                          valid=scan.valid, invalid=read.errors, task=scan.task, resumed=True, stored=batch.spooled,
-                          validate_s=read.validate_s)
+    result = SubmitResult(
+        batch_id=batch_id,
+        queue=batch.queue,
+        priority=batch.priority,
+        lines=scan.lines,
+        valid=scan.valid,
+        invalid=read.errors,
+        task=scan.task,
+        resumed=True,
+        stored=batch.spooled,
+        validate_s=read.validate_s,
+    )
     resumer = Resumer(conn, batch, result)
     started = time.perf_counter()
     try:
@@ -399,8 +501,10 @@ def _resume(conn: redis.Redis, batch_id: str, queue_name: str | None, model: str
             result.enqueued += fed
     except redis.RedisError as e:
         done = f"{result.enqueued:,} requests" if result.enqueued else "no requests"
-        raise MiroError(f"Redis failed after {done} of batch {batch_id} were enqueued ({str(e).rstrip('.')}); run "
-                        f"the same command with --resume {batch_id} to enqueue the rest.") from None
+        raise MiroError(
+            f"Redis failed after {done} of batch {batch_id} were enqueued ({str(e).rstrip('.')}); run "
+            f"the same command with --resume {batch_id} to enqueue the rest."
+        ) from None
     return result
 
 

@@ -32,8 +32,9 @@ _EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow":
 BATCH_ROWS = 4096  # rows made Python dicts at a time
 CSV_BLOCK_BYTES = 1 << 20
 # a simple line's integer fields: a float column's whole numbers are read as integers there
-_INTEGER_FIELDS = frozenset({"max_tokens", "min_tokens", "top_k", "seed", "n", "logprobs", "dimensions",
-                             "truncate_prompt_tokens"})
+_INTEGER_FIELDS = frozenset(
+    {"max_tokens", "min_tokens", "top_k", "seed", "n", "logprobs", "dimensions", "truncate_prompt_tokens"}
+)
 
 
 def input_format(path: str | Path, given: str | None = None) -> str:
@@ -68,12 +69,16 @@ def arrow_files(path: Path) -> list[Path]:
         return [path]
     if (path / "dataset_dict.json").is_file():
         splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
-        raise MiroError(f"'{path}' holds a DatasetDict of splits ({', '.join(splits) or 'none'}): give one split's "
-                        f"folder, e.g. {path / (splits[0] if splits else 'train')}.")
+        raise MiroError(
+            f"'{path}' holds a DatasetDict of splits ({', '.join(splits) or 'none'}): give one split's "
+            f"folder, e.g. {path / (splits[0] if splits else 'train')}."
+        )
     state = path / "state.json"
     if not state.is_file():
-        raise MiroError(f"The folder '{path}' is no dataset saved by Hugging Face datasets (it has no state.json); "
-                        "give a .jsonl, .parquet, .csv or .arrow file, or such a folder.")
+        raise MiroError(
+            f"The folder '{path}' is no dataset saved by Hugging Face datasets (it has no state.json); "
+            "give a .jsonl, .parquet, .csv or .arrow file, or such a folder."
+        )
     try:
         files = [path / entry["filename"] for entry in json.loads(state.read_text())["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -99,8 +104,12 @@ def _csv_reader(path: Path, text_columns: list[str] | None):
 
     read = csv.ReadOptions(block_size=CSV_BLOCK_BYTES)
     parse = csv.ParseOptions(newlines_in_values=True)  # prompts hold newlines
-    convert = csv.ConvertOptions(strings_can_be_null=True, null_values=[""], quoted_strings_can_be_null=False,
-                                 column_types={name: pa.string() for name in text_columns or ()})
+    convert = csv.ConvertOptions(
+        strings_can_be_null=True,
+        null_values=[""],
+        quoted_strings_can_be_null=False,
+        column_types={name: pa.string() for name in text_columns or ()},
+    )
     return csv.open_csv(str(path), read_options=read, parse_options=parse, convert_options=convert)
 
 
@@ -169,8 +178,11 @@ def _plain(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def _binary_columns(schema: pa.Schema) -> list[str]:
-    return [f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)
-            or pa.types.is_fixed_size_binary(f.type)]
+    return [
+        f.name
+        for f in schema
+        if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or pa.types.is_fixed_size_binary(f.type)
+    ]
 
 
 def _whole_numbers(row: dict[str, Any]) -> None:
@@ -203,8 +215,12 @@ def _row_bytes(batch: pa.RecordBatch) -> list[int]:
     sizes = [0] * batch.num_rows
     for column in batch.columns:
         kind = column.type
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
-                or pa.types.is_large_binary(kind):
+        if (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)
+        ):
             lengths = pc.fill_null(pc.binary_length(column), 0).to_pylist()
         elif pa.types.is_nested(kind) and column.nbytes > MAX_ROW_BYTES:
             lengths = [len(json.dumps(value, default=str)) for value in column.to_pylist()]
@@ -228,8 +244,10 @@ def read_rows(path: str | Path, fmt: str, progress: Progress) -> Iterator[tuple[
         batches = _batches(path, fmt, progress)
         for batch in batches:
             if number == 0 and (binary := _binary_columns(batch.schema)):
-                raise MiroError(f"The dataset's column {binary[0]!r} holds bytes, which the results cannot keep as "
-                                "a column: drop it or store it as text.")
+                raise MiroError(
+                    f"The dataset's column {binary[0]!r} holds bytes, which the results cannot keep as "
+                    "a column: drop it or store it as text."
+                )
             sizes = _row_bytes(batch)
             for row, size in zip(_plain(batch).to_pylist(), sizes):
                 number += 1
@@ -243,9 +261,10 @@ def read_rows(path: str | Path, fmt: str, progress: Progress) -> Iterator[tuple[
                 yield number, row
     except (pa.ArrowException, OSError) as err:
         where = f" after row {number:,}" if number else ""
-        raise MiroError(f"Dataset file '{path}' cannot be read as {what}{where} "
-                        f"({str(err).strip().splitlines()[0].rstrip('.') if str(err).strip() else type(err).__name__})."
-                        ) from None
+        raise MiroError(
+            f"Dataset file '{path}' cannot be read as {what}{where} "
+            f"({str(err).strip().splitlines()[0].rstrip('.') if str(err).strip() else type(err).__name__})."
+        ) from None
 
 
 def estimated_rows(path: str | Path, fmt: str) -> int:

@@ -63,8 +63,12 @@ def sweep(conn: redis.Redis, batch: batches.BatchRecord) -> int:
     while scripts.CANCEL_PENDING(conn, pending, [CHUNK, current_timestamp(), Job.redis_job_namespace_prefix]):
         pass
     # requests RQ failed itself after their workers died too often: nobody will run them now
-    given_up = [custom_id for job, custom_ids in uncounted_failures(conn, queue) if job.meta["batch_id"] == batch_id
-                for custom_id in custom_ids]
+    given_up = [
+        custom_id
+        for job, custom_ids in uncounted_failures(conn, queue)
+        if job.meta["batch_id"] == batch_id
+        for custom_id in custom_ids
+    ]
     batches.count_cancelled(conn, batch_id, given_up)  # and settle the batch once nothing is outstanding
     release.release_if_ended(conn, batch_id)  # settled: its jobs' keys go
     return removed
@@ -110,9 +114,12 @@ def _failed_jobs(conn: redis.Redis, batch: batches.BatchRecord) -> list[tuple[st
     ids = batches.registry_job_ids(conn, FailedJobRegistry(queue=_queue(conn, batch)).key, batch.id)
     failed = []
     for start in range(0, len(ids), CHUNK):
-        jobs = Job.fetch_many(ids[start:start + CHUNK], connection=conn, serializer=JSONSerializer)
-        failed += [(job.meta["custom_id"], job.id) for job in jobs  # a group's failed requests have jobs of their own
-                   if job is not None and not is_group(job.meta) and job.get_status(refresh=False) == JobStatus.FAILED]
+        jobs = Job.fetch_many(ids[start : start + CHUNK], connection=conn, serializer=JSONSerializer)
+        failed += [
+            (job.meta["custom_id"], job.id)
+            for job in jobs  # a group's failed requests have jobs of their own
+            if job is not None and not is_group(job.meta) and job.get_status(refresh=False) == JobStatus.FAILED
+        ]
     return failed
 
 
@@ -120,8 +127,10 @@ def retry(conn: redis.Redis, batch_id: str) -> RetryResult:
     """Queue every failed request of the batch again (with fresh retries); its new run replaces its error row."""
     batch = batches.get_batch(conn, batch_id)
     if batch.status in batches.STOPPING:
-        raise MiroError(f"Batch {batch_id} is {batch.status}; to run what it has left, submit its file again "
-                        f"with --resume {batch_id}.")
+        raise MiroError(
+            f"Batch {batch_id} is {batch.status}; to run what it has left, submit its file again "
+            f"with --resume {batch_id}."
+        )
     if batch.status == "validating":
         raise MiroError(f"Batch {batch_id} is still being submitted; retry it once it is in progress.")
     result = RetryResult(invalid=conn.hlen(keys.batch_invalid(batch_id)))
@@ -134,17 +143,22 @@ def retry(conn: redis.Redis, batch_id: str) -> RetryResult:
     batch.queue = routing.upgrade_recorded_queue(conn, batch_id, batch.queue, batch.priority)
     queue = _queue(conn, batch)
     for start in range(0, len(failed), CHUNK):
-        result.enqueued += _requeue(conn, queue, registry, batch_id, failed[start:start + CHUNK])
+        result.enqueued += _requeue(conn, queue, registry, batch_id, failed[start : start + CHUNK])
     return result
 
 
-def _requeue(conn: redis.Redis, queue: Queue, registry: FailedJobRegistry, batch_id: str,
-             chunk: list[tuple[str, str]]) -> int:
+def _requeue(
+    conn: redis.Redis, queue: Queue, registry: FailedJobRegistry, batch_id: str, chunk: list[tuple[str, str]]
+) -> int:
     """Queue the chunk's jobs that are still FAILED, each with its counters, in one transaction."""
+
     def attempt(pipe) -> int:  # another retry or resume of the same jobs makes EXEC fail: read again
         jobs = Job.fetch_many([jid for _, jid in chunk], connection=conn, serializer=JSONSerializer)
-        todo = [(cid, job) for (cid, _), job in zip(chunk, jobs)
-                if job is not None and job.get_status(refresh=False) == JobStatus.FAILED]
+        todo = [
+            (cid, job)
+            for (cid, _), job in zip(chunk, jobs)
+            if job is not None and job.get_status(refresh=False) == JobStatus.FAILED
+        ]
         pipe.multi()
         for cid, job in todo:
             registry.remove(job, pipeline=pipe)
@@ -165,15 +179,20 @@ def uncounted_failures(conn: redis.Redis, queue: Queue) -> list[tuple[Job, list[
     clean-up failed them itself after their workers died too often. Every other failed request is counted (with its
     error row) before its job fails."""
     ids = FailedJobRegistry(queue=queue).get_job_ids(cleanup=False)
-    failed = [(job, custom_ids_of(job.meta)) for job in Job.fetch_many(ids, connection=conn, serializer=queue.serializer)
-              if job is not None and "batch_id" in job.meta and ("custom_id" in job.meta or is_group(job.meta))]
+    failed = [
+        (job, custom_ids_of(job.meta))
+        for job in Job.fetch_many(ids, connection=conn, serializer=queue.serializer)
+        if job is not None and "batch_id" in job.meta and ("custom_id" in job.meta or is_group(job.meta))
+    ]
     with conn.pipeline(transaction=False) as pipe:
         for job, custom_ids in failed:
             counted_store.queue_were_counted(pipe, job.meta["batch_id"], custom_ids)
         replies = pipe.execute()
-    counted = [counted_store.from_replies(*replies[i:i + 2]) for i in range(0, len(replies), 2)]
-    uncounted = [(job, [c for c, seen in zip(custom_ids, flags) if not seen])
-                 for (job, custom_ids), flags in zip(failed, counted)]
+    counted = [counted_store.from_replies(*replies[i : i + 2]) for i in range(0, len(replies), 2)]
+    uncounted = [
+        (job, [c for c, seen in zip(custom_ids, flags) if not seen])
+        for (job, custom_ids), flags in zip(failed, counted)
+    ]
     return [(job, custom_ids) for job, custom_ids in uncounted if custom_ids]
 
 
@@ -183,4 +202,4 @@ def requeue_abandoned(conn: redis.Redis, queue_name: str) -> None:
     abandoned."""
     queue = Queue(queue_name, connection=conn, serializer=JSONSerializer)
     rq_private.requeue_taken(queue)
-    StartedJobRegistry(queue=queue).cleanup(timestamp=time.time() + 10 ** 9)  # as if their heartbeats had lapsed
+    StartedJobRegistry(queue=queue).cleanup(timestamp=time.time() + 10**9)  # as if their heartbeats had lapsed

@@ -71,8 +71,9 @@ def store(conn: redis.Redis, batch: batches.BatchRecord) -> bool:
                 if cursor == 0:
                     break
     except OSError as err:
-        log.warning("batch %s: its counted requests stay in Redis, as its storage cannot be written (%s)", batch.id,
-                    err)
+        log.warning(
+            "batch %s: its counted requests stay in Redis, as its storage cannot be written (%s)", batch.id, err
+        )
         return False
     if written != size:  # SSCAN gives each member at least once: a member given twice, or the set changed
         return False
@@ -93,11 +94,13 @@ def restore(conn: redis.Redis, batch: batches.BatchRecord) -> int:
                 carry = lines.pop()
                 members = [_decode(line) for line in lines if line]
                 for start in range(0, len(members), PAGE):
-                    conn.sadd(counted_key, *members[start:start + PAGE])
+                    conn.sadd(counted_key, *members[start : start + PAGE])
                 restored += len(members)
     except OSError as err:
-        raise MiroError(f"Batch {batch.id}'s counted requests were moved to {path}, which cannot be read "
-                        f"({getattr(err, 'strerror', None) or err}); it cannot run again without them.") from None
+        raise MiroError(
+            f"Batch {batch.id}'s counted requests were moved to {path}, which cannot be read "
+            f"({getattr(err, 'strerror', None) or err}); it cannot run again without them."
+        ) from None
     if carry:
         conn.sadd(counted_key, _decode(carry))
         restored += 1

@@ -74,5 +74,6 @@ def expire(conn: redis.Redis, batch_id: str, now: float | None = None) -> bool:
 
 def _rearm(conn: redis.Redis, batch_id: str, when: float) -> None:
     """Look at the batch again at `when`, unless it ended meanwhile (its last count took it off the deadlines)."""
-    scripts.REARM_DEADLINE(conn, [keys.batch_deadlines(), keys.batch(batch_id)],
-                           [batch_id, when, *sorted(batches.TERMINAL)])
+    scripts.REARM_DEADLINE(
+        conn, [keys.batch_deadlines(), keys.batch(batch_id)], [batch_id, when, *sorted(batches.TERMINAL)]
+    )

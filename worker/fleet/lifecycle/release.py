@@ -45,8 +45,12 @@ from miro.core.errors import MiroError
 from miro.worker.fleet.records import batches, keys, scripts
 from miro.worker.fleet.lifecycle import counted
 
-_PREFIXES = (Job.redis_job_namespace_prefix, Result.get_key(""), FinishedJobRegistry.key_template.format(""),
-             CanceledJobRegistry.key_template.format(""))
+_PREFIXES = (
+    Job.redis_job_namespace_prefix,
+    Result.get_key(""),
+    FinishedJobRegistry.key_template.format(""),
+    CanceledJobRegistry.key_template.format(""),
+)
 STALE_PER_CALL = 4  # batches release_stale looks at per call; the rest wait for the next one
 
 
@@ -64,7 +68,7 @@ def _job_ids(conn: redis.Redis, batch_id: str, queue: str, chunk: int) -> Iterat
     for registry in (CanceledJobRegistry, FinishedJobRegistry):
         ids = batches.registry_job_ids(conn, registry.key_template.format(queue), batch_id) if queue else []
         for start in range(0, len(ids), chunk):
-            yield ids[start:start + chunk]
+            yield ids[start : start + chunk]
 
 
 def _forget_expired(conn: redis.Redis, finished_registry: str, jobs: list[str]) -> None:
@@ -106,8 +110,10 @@ def release_if_ended(conn: redis.Redis, batch_id: str) -> int:
 def release_stale(conn: redis.Redis, now: float | None = None, grace_s: float = defaults.RELEASE_GRACE_S) -> list[str]:
     """Release the batches that ended more than grace_s ago and are still waiting (up to STALE_PER_CALL)."""
     now = time.time() if now is None else now
-    stale = [b.decode() for b in conn.zrangebyscore(keys.batch_releases(), "-inf", now - grace_s, start=0,
-                                                   num=STALE_PER_CALL)]
+    stale = [
+        b.decode()
+        for b in conn.zrangebyscore(keys.batch_releases(), "-inf", now - grace_s, start=0, num=STALE_PER_CALL)
+    ]
     for batch_id in stale:
         release(conn, batch_id)
     return stale

@@ -18,23 +18,39 @@ from miro.worker.fleet.records.workers import WorkerRecord
 # (kind, metric name, help, attribute of the worker's record: WorkerRecord, "stats." for its EngineStats)
 METRICS = [
     ("gauge", "miro:num_requests_running", "Requests in the engine's running batch.", "stats.running"),
-    ("gauge", "miro:num_requests_waiting", "Requests admitted to the engine and waiting for KV cache room.",
-     "stats.waiting"),
+    (
+        "gauge",
+        "miro:num_requests_waiting",
+        "Requests admitted to the engine and waiting for KV cache room.",
+        "stats.waiting",
+    ),
     ("gauge", "miro:kv_cache_usage_perc", "KV cache usage: 1 means every block is in use.", "stats.kv_usage"),
     ("gauge", "miro:kv_cache_blocks_used", "KV cache blocks in use.", "stats.kv_blocks_used"),
     ("gauge", "miro:kv_cache_blocks_total", "KV cache blocks in the pool.", "stats.kv_blocks_total"),
-    ("counter", "miro:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-     "stats.prefix_cache_queries"),
+    (
+        "counter",
+        "miro:prefix_cache_queries",
+        "Prompt tokens looked up in the prefix cache.",
+        "stats.prefix_cache_queries",
+    ),
     ("counter", "miro:prefix_cache_hits", "Prompt tokens found in the prefix cache.", "stats.prefix_cache_hits"),
-    ("counter", "miro:num_preemptions", "Requests preempted for KV cache room (recomputed later).",
-     "stats.preemptions"),
+    (
+        "counter",
+        "miro:num_preemptions",
+        "Requests preempted for KV cache room (recomputed later).",
+        "stats.preemptions",
+    ),
     ("counter", "miro:prompt_tokens", "Prompt tokens prefilled.", "stats.prompt_tokens_total"),
     ("counter", "miro:generation_tokens", "Tokens generated.", "stats.generation_tokens_total"),
     ("counter", "miro:request_success", "Requests finished and written.", "jobs_done"),
     ("counter", "miro:request_failure", "Requests that failed.", "jobs_failed"),
     ("counter", "miro:request_cancelled", "Requests dropped because their batch was cancelled.", "jobs_cancelled"),
-    ("gauge", "miro:num_requests_in_flight", "Requests this worker has taken from the queue and not counted yet.",
-     "in_flight"),
+    (
+        "gauge",
+        "miro:num_requests_in_flight",
+        "Requests this worker has taken from the queue and not counted yet.",
+        "in_flight",
+    ),
     ("gauge", "miro:queue_depth", "Jobs waiting in the queues this worker serves.", "queued"),
 ]
 

@@ -41,9 +41,15 @@ class BatchView:
     rate_source: str  # "workers" or "counters"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.batch.to_dict(), "age_s": self.age_s, "elapsed_s": self.elapsed_s,
-                "requests_per_s": self.requests_per_s, "tokens_per_s": self.tokens_per_s, "eta_s": self.eta_s,
-                "rate_source": self.rate_source}
+        return {
+            **self.batch.to_dict(),
+            "age_s": self.age_s,
+            "elapsed_s": self.elapsed_s,
+            "requests_per_s": self.requests_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "eta_s": self.eta_s,
+            "rate_source": self.rate_source,
+        }
 
 
 @dataclass
@@ -73,8 +79,12 @@ class BatchSnapshot:
         return {"batch": self.batch.to_dict(), "workers": [w.to_dict() for w in self.workers]}
 
 
-def batch_view(batch: BatchRecord, now: float | None = None, window: RateWindow | None = None,
-               worker_records: list[WorkerRecord] | None = None) -> BatchView:
+def batch_view(
+    batch: BatchRecord,
+    now: float | None = None,
+    window: RateWindow | None = None,
+    worker_records: list[WorkerRecord] | None = None,
+) -> BatchView:
     """The batch record plus the derived figures (see the module docstring)."""
     now = time.time() if now is None else now
     requests_per_s, tokens_per_s = batch.rates_since_start(now) or (None, None)
@@ -84,9 +94,15 @@ def batch_view(batch: BatchRecord, now: float | None = None, window: RateWindow 
         if recent is not None:
             requests_per_s, tokens_per_s = recent
     in_progress = batch.status == "in_progress"
-    view = BatchView(batch=batch, age_s=batch.age_s(now), elapsed_s=batch.elapsed_s(now),
-                     requests_per_s=requests_per_s, tokens_per_s=tokens_per_s,
-                     eta_s=eta_s(batch.remaining, requests_per_s) if in_progress else None, rate_source="counters")
+    view = BatchView(
+        batch=batch,
+        age_s=batch.age_s(now),
+        elapsed_s=batch.elapsed_s(now),
+        requests_per_s=requests_per_s,
+        tokens_per_s=tokens_per_s,
+        eta_s=eta_s(batch.remaining, requests_per_s) if in_progress else None,
+        rate_source="counters",
+    )
     live = live_tokens_per_s(batch, worker_records) if in_progress else None
     if live:
         view.tokens_per_s, view.rate_source = live, "workers"
@@ -97,8 +113,7 @@ def batch_view(batch: BatchRecord, now: float | None = None, window: RateWindow 
 
 def live_tokens_per_s(batch: BatchRecord, worker_records: list[WorkerRecord] | None) -> float | None:
     """Tokens/s the workers with the batch's requests in flight do now; None if none reports any."""
-    shares = [w.tokens_per_s / len(w.batches) for w in worker_records or ()
-              if batch.id in w.batches and w.tokens_per_s]
+    shares = [w.tokens_per_s / len(w.batches) for w in worker_records or () if batch.id in w.batches and w.tokens_per_s]
     return sum(shares) if shares else None
 
 
@@ -146,8 +161,9 @@ def relevant_workers(worker_records: list[WorkerRecord], batch: BatchRecord) -> 
     return [w for w in worker_records if batch.id in w.batches or batch.queue in w.queues]
 
 
-def batch_snapshot(conn: redis.Redis, batch_id: str, now: float | None = None,
-                   window: RateWindow | None = None) -> BatchSnapshot:
+def batch_snapshot(
+    conn: redis.Redis, batch_id: str, now: float | None = None, window: RateWindow | None = None
+) -> BatchSnapshot:
     """The batch's view and the workers relevant to it; MiroError for an unknown batch."""
     batch = batches.get_batch(conn, batch_id)
     its_workers = relevant_workers(workers.list_workers(conn), batch)
@@ -161,8 +177,9 @@ def fleet_snapshot(conn: redis.Redis, now: float | None = None) -> Snapshot:
     return Snapshot([batch_view(b, now, None, records) for b in batches.list_batches(conn)], records)
 
 
-def watch_snapshot(conn: redis.Redis, batch_id: str | None, windows: dict[str, RateWindow],
-                   now: float | None = None) -> Snapshot:
+def watch_snapshot(
+    conn: redis.Redis, batch_id: str | None, windows: dict[str, RateWindow], now: float | None = None
+) -> Snapshot:
     """What one frame of `miro watch` shows, rates over each batch's window.
 
     With a batch id: that batch and its workers. Without: every active batch, plus those that were active

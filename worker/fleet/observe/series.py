@@ -66,8 +66,12 @@ def step_of(t: float, step_s: float = defaults.SERIES_STEP_S) -> int:
 class SeriesWriter:
     """A worker's appends: a point per step at most, however often it is asked."""
 
-    def __init__(self, step_s: float = defaults.SERIES_STEP_S, max_points: int = defaults.SERIES_POINTS,
-                 ttl_s: int = defaults.SERIES_TTL_S):
+    def __init__(
+        self,
+        step_s: float = defaults.SERIES_STEP_S,
+        max_points: int = defaults.SERIES_POINTS,
+        ttl_s: int = defaults.SERIES_TTL_S,
+    ):
         self.step_s, self.max_points, self.ttl_s = step_s, max_points, ttl_s
         self.last_step: int | None = None
 
@@ -84,8 +88,12 @@ class SeriesWriter:
         pipe.zadd(keys.series_workers(), {name: point.t})
         pipe.zremrangebyscore(keys.series_workers(), "-inf", point.t - self.ttl_s)
         for batch in counters:
-            self._add(pipe, keys.batch_series(batch.id), step, BatchPoint(t=point.t, finished=batch.finished,
-                                                                          tokens=batch.tokens))
+            self._add(
+                pipe,
+                keys.batch_series(batch.id),
+                step,
+                BatchPoint(t=point.t, finished=batch.finished, tokens=batch.tokens),
+            )
         pipe.execute(raise_on_error=False)  # a batch's step another worker took first is refused, as meant
         return True
 
@@ -108,7 +116,9 @@ def _points(cls, entries) -> list:
 
 def worker_series(conn: redis.Redis, since: float) -> dict[str, list[WorkerPoint]]:
     """Every worker's points since `since` (epoch seconds), by worker name."""
-    names = [n.decode() if isinstance(n, bytes) else n for n in conn.zrangebyscore(keys.series_workers(), since, "+inf")]
+    names = [
+        n.decode() if isinstance(n, bytes) else n for n in conn.zrangebyscore(keys.series_workers(), since, "+inf")
+    ]
     pipe = conn.pipeline(transaction=False)
     for name in names:
         pipe.xrange(keys.worker_series(name), min=str(int(since * 1000)))
@@ -138,8 +148,9 @@ class StoredPoints:
             return points
 
 
-def batch_points(conn: redis.Redis, batch: BatchRecord, now: float,
-                 stored: StoredPoints | None = None) -> list[BatchPoint]:
+def batch_points(
+    conn: redis.Redis, batch: BatchRecord, now: float, stored: StoredPoints | None = None
+) -> list[BatchPoint]:
     """A batch's points, from when it went in progress (nothing counted yet) to now or when it ended (its
     counters then): the stream's points between (read through `stored`, when given)."""
     started = batch.at("in_progress")
@@ -147,8 +158,11 @@ def batch_points(conn: redis.Redis, batch: BatchRecord, now: float,
         return []
     ended = batch.at(batch.status) if not batch.is_active else None
     last = BatchPoint(t=ended if ended is not None else now, finished=batch.finished, tokens=batch.tokens)
-    read = stored.of(conn, batch.id) if stored is not None else _points(BatchPoint, conn.xrange(
-        keys.batch_series(batch.id)))
+    read = (
+        stored.of(conn, batch.id)
+        if stored is not None
+        else _points(BatchPoint, conn.xrange(keys.batch_series(batch.id)))
+    )
     return [BatchPoint(t=started), *(p for p in read if started < p.t < last.t), last]
 
 
@@ -167,8 +181,9 @@ def rates(points: list[tuple[float, int, int]], span_s: float = defaults.SERIES_
             j -= 1
         dt = t - points[j][0]
         if dt > 0:
-            out.append(RatePoint(t=t, requests_per_s=(requests - points[j][1]) / dt,
-                                 tokens_per_s=(tokens - points[j][2]) / dt))
+            out.append(
+                RatePoint(t=t, requests_per_s=(requests - points[j][1]) / dt, tokens_per_s=(tokens - points[j][2]) / dt)
+            )
     return out
 
 

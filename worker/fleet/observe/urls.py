@@ -25,8 +25,11 @@ def redacted(url: str) -> str:
         query = "&".join(_redacted_param(item) for item in parts.query.split("&"))
         if (netloc, query) == (parts.netloc, parts.query):
             return text
-        return urlunsplit(parts._replace(netloc=netloc, query=query)) if netloc else \
-            f"{parts.scheme}://{parts.path}?{query}" + (f"#{parts.fragment}" if parts.fragment else "")
+        return (
+            urlunsplit(parts._replace(netloc=netloc, query=query))
+            if netloc
+            else f"{parts.scheme}://{parts.path}?{query}" + (f"#{parts.fragment}" if parts.fragment else "")
+        )
     except ValueError:  # not a URL at all: nothing of it shown past its scheme
         return text.split("://", 1)[0] + "://***" if "://" in text else "***"
 

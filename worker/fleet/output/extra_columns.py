@@ -13,7 +13,7 @@ import json
 
 import pyarrow as pa
 
-_INT64 = range(-2**63, 2**63)
+_INT64 = range(-(2**63), 2**63)
 
 
 def _shape(value) -> object:

@@ -33,10 +33,16 @@ OUTPUT_VERSION = 1
 
 def canonical_request(request) -> dict:
     """The fields of a Request (or JobPayload) that shape its result rows, as plain JSON values."""
-    return {"kind": request.kind, "prompt": request.prompt, "messages": request.messages,
-            "sampling": request.sampling or {}, "inputs": request.inputs, "pooling": request.pooling,
-            "encoding_format": request.encoding_format,
-            "response": asdict(request.response) if request.response is not None else None}
+    return {
+        "kind": request.kind,
+        "prompt": request.prompt,
+        "messages": request.messages,
+        "sampling": request.sampling or {},
+        "inputs": request.inputs,
+        "pooling": request.pooling,
+        "encoding_format": request.encoding_format,
+        "response": asdict(request.response) if request.response is not None else None,
+    }
 
 
 def deterministic(request) -> bool:
@@ -58,8 +64,12 @@ class OutputStamp:
     settings: str  # "weights=native;kv_cache_dtype=float16;max_model_len=8192;batch_invariant=1"
 
     def request_hash(self, request) -> str:
-        document = {"version": OUTPUT_VERSION, "model_sha256": self.model_sha256, "settings": self.settings,
-                    "request": canonical_request(request)}
+        document = {
+            "version": OUTPUT_VERSION,
+            "model_sha256": self.model_sha256,
+            "settings": self.settings,
+            "request": canonical_request(request),
+        }
         text = json.dumps(document, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -69,16 +79,19 @@ class OutputStamp:
 
 
 def settings_text(weights: str, kv_cache_dtype: str, max_model_len: int, batch_invariant: bool) -> str:
-    return (f"weights={weights};kv_cache_dtype={kv_cache_dtype};max_model_len={max_model_len};"
-            f"batch_invariant={int(bool(batch_invariant))}")
+    return (
+        f"weights={weights};kv_cache_dtype={kv_cache_dtype};max_model_len={max_model_len};"
+        f"batch_invariant={int(bool(batch_invariant))}"
+    )
 
 
 def engine_stamp(engine, model: str) -> OutputStamp:
     """A loaded engine's stamp (the worker's): `model` its alias or path."""
     from miro.core.loading.registry import resolve_model
 
-    settings = settings_text(engine.weight_format, engine.kv_cache_dtype, engine.max_model_len,
-                             engine.engine_config.batch_invariant)
+    settings = settings_text(
+        engine.weight_format, engine.kv_cache_dtype, engine.max_model_len, engine.engine_config.batch_invariant
+    )
     return OutputStamp(model_sha256(resolve_model(model)), settings)
 
 
@@ -101,8 +114,9 @@ def expected_stamp(model: str, engine_options: dict) -> OutputStamp:
     context = min(config.max_model_len or model_config.context_length, model_config.context_length)
     model_config = replace(model_config, n_ctx=context)
     choice = choose_for_file(gguf, config.weights, config.max_weight_memory, encoder=not model_config.causal)
-    settings = settings_text(choice.format, check_kv_cache_dtype(config.kv_cache_dtype), context,
-                             config.batch_invariant)
+    settings = settings_text(
+        choice.format, check_kv_cache_dtype(config.kv_cache_dtype), context, config.batch_invariant
+    )
     return OutputStamp(model_sha256(path), settings)
 
 

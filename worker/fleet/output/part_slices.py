@@ -79,7 +79,8 @@ class PartFiles:
             return schema.empty_table()
         # SCHEMA fills the columns that an older part file lacks with nulls, as read_parts does
         return ds.dataset(paths, schema=SCHEMA, format="parquet", filesystem=self.filesystem).to_table(
-            columns=columns, filter=where)
+            columns=columns, filter=where
+        )
 
     def custom_ids(self) -> pa.Table:
         """Every row's custom id (an expired batch's requests that have a row)."""
@@ -101,7 +102,7 @@ def slice_bounds(lines: np.ndarray, slice_rows: int) -> list[tuple[int, int]]:
     if not lines.size:
         return []
     ordered = np.sort(lines)
-    starts = np.unique(ordered[::max(1, slice_rows)]).tolist()
+    starts = np.unique(ordered[:: max(1, slice_rows)]).tolist()
     return list(zip(starts, starts[1:] + [int(ordered[-1]) + 1]))
 
 
@@ -132,7 +133,8 @@ def rows_of(parts: PartFiles, unread, slice_rows: int, columns: list[str] | None
         paths = [p.path for p in parts.parts if p.lines and p.lines[0] < past and p.lines[1] >= first]
         in_slice = (pc.field("line") >= first) & (pc.field("line") < past)
         yield pa.concat_tables([parts.read(paths, columns, in_slice), unread.rows(first, past, columns)])
-    unlined = pa.concat_tables([parts.read([p.path for p in parts.parts if p.unlined], columns, NO_LINE),
-                                unread.unlined(columns)])
+    unlined = pa.concat_tables(
+        [parts.read([p.path for p in parts.parts if p.unlined], columns, NO_LINE), unread.unlined(columns)]
+    )
     if unlined.num_rows:
         yield unlined

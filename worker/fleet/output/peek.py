@@ -50,14 +50,29 @@ class BatchPeek:
         """Read the part files written since the last update, and the invalid lines."""
         filesystem, base = open_output(self.output)
         infos = filesystem.get_file_info(pa.fs.FileSelector(f"{base}/{self.batch_id}", allow_not_found=True))
-        new = sorted(i.path for i in infos if i.base_name.startswith("part-") and i.base_name.endswith(".parquet")
-                     and i.path not in self.read_parts)
+        new = sorted(
+            i.path
+            for i in infos
+            if i.base_name.startswith("part-") and i.base_name.endswith(".parquet") and i.path not in self.read_parts
+        )
         for path in new:
             self._take(pq.read_table(path, filesystem=filesystem, columns=_COLUMNS, schema=SCHEMA).to_pylist())
             self.read_parts.add(path)
         invalid = batches.failed_lines(conn, self.batch_id)
-        self._take([{"custom_id": cid, "line": record.get("line"), "error": record["error"], "output": None,
-                     "choice_index": 0, "input_index": None, "finish_reason": None} for cid, record in invalid.items()])
+        self._take(
+            [
+                {
+                    "custom_id": cid,
+                    "line": record.get("line"),
+                    "error": record["error"],
+                    "output": None,
+                    "choice_index": 0,
+                    "input_index": None,
+                    "finish_reason": None,
+                }
+                for cid, record in invalid.items()
+            ]
+        )
         return self
 
     def _take(self, rows: list[dict]) -> None:
@@ -68,10 +83,21 @@ class BatchPeek:
             if row["error"] is not None and row["custom_id"] not in known:
                 known.add(row["custom_id"])
                 kept.append(PeekedRow(line=row["line"] or 0, custom_id=row["custom_id"], text=row["error"]))
-            elif (row["error"] is None and len(self.outputs) < self.max_outputs and row["output"] is not None
-                  and not row["choice_index"] and not row["input_index"]):
-                self.outputs.append(PeekedRow(line=row["line"] or 0, custom_id=row["custom_id"],
-                                              text=row["output"][:OUTPUT_CHARS], finish_reason=row["finish_reason"]))
+            elif (
+                row["error"] is None
+                and len(self.outputs) < self.max_outputs
+                and row["output"] is not None
+                and not row["choice_index"]
+                and not row["input_index"]
+            ):
+                self.outputs.append(
+                    PeekedRow(
+                        line=row["line"] or 0,
+                        custom_id=row["custom_id"],
+                        text=row["output"][:OUTPUT_CHARS],
+                        finish_reason=row["finish_reason"],
+                    )
+                )
         self.errors = heapq.nsmallest(self.max_errors, kept)
 
 

@@ -42,8 +42,9 @@ def response_object(row: dict, logprobs: list[dict] | None = None) -> dict:
         "instructions": echo.get("instructions"),
         "metadata": echo.get("metadata") or {},
         "model": row["model"],
-        "output": [{"type": "message", "id": f"msg_{row['job_id']}", "status": status, "role": "assistant",
-                    "content": [text]}],
+        "output": [
+            {"type": "message", "id": f"msg_{row['job_id']}", "status": status, "role": "assistant", "content": [text]}
+        ],
         "parallel_tool_calls": True,
         "tool_choice": "auto",
         "tools": [],
@@ -53,8 +54,11 @@ def response_object(row: dict, logprobs: list[dict] | None = None) -> dict:
         "text": {"format": echo.get("text_format") or {"type": "text"}},
         "truncation": "disabled",
         # cache_write_tokens counts OpenAI's paid cache writes (prompt_cache_retention): miro's prefix cache has none
-        "usage": {"input_tokens": prompt_tokens,
-                  "input_tokens_details": {"cached_tokens": row["cached_tokens"] or 0, "cache_write_tokens": 0},
-                  "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                  "total_tokens": prompt_tokens + output_tokens},
+        "usage": {
+            "input_tokens": prompt_tokens,
+            "input_tokens_details": {"cached_tokens": row["cached_tokens"] or 0, "cache_write_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + output_tokens,
+        },
     }

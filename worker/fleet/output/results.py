@@ -55,14 +55,22 @@ def merge(table: pa.Table) -> pa.Table:
         return table
     failed = pc.invert(pc.is_null(table["error"])).cast(pa.int8())
     ranked = table.append_column("_failed", failed).append_column("_input", pc.fill_null(table["input_index"], 0))
-    ranked = ranked.sort_by([("custom_id", "ascending"), ("choice_index", "ascending"), ("_input", "ascending"),
-                             ("_failed", "ascending"), ("finished_at", "descending")])
+    ranked = ranked.sort_by(
+        [
+            ("custom_id", "ascending"),
+            ("choice_index", "ascending"),
+            ("_input", "ascending"),
+            ("_failed", "ascending"),
+            ("finished_at", "descending"),
+        ]
+    )
     keys = list(zip(ranked["custom_id"].to_pylist(), ranked["choice_index"].to_pylist(), ranked["_input"].to_pylist()))
     first = [i for i, key in enumerate(keys) if i == 0 or key != keys[i - 1]]
     kept = ranked.take(first).drop_columns(["_failed"])
     # rows written before the line column existed have none: they follow, by custom id
-    kept = kept.sort_by([("line", "ascending"), ("custom_id", "ascending"), ("choice_index", "ascending"),
-                         ("_input", "ascending")])
+    kept = kept.sort_by(
+        [("line", "ascending"), ("custom_id", "ascending"), ("choice_index", "ascending"), ("_input", "ascending")]
+    )
     return kept.drop_columns(["_input"])
 
 
@@ -130,16 +138,27 @@ class Unread:
     def __init__(self, conn, batch: BatchRecord, parts: PartFiles, cancelled: bool = False):
         self.batch = batch
         self.invalid = TableRows(invalid_line_rows(batch.id, batches.failed_lines(conn, batch.id)))
-        self.code = "batch_expired" if batch.status == "expired" else \
-            "batch_cancelled" if cancelled and batch.status == "cancelled" else None
+        self.code = (
+            "batch_expired"
+            if batch.status == "expired"
+            else "batch_cancelled"
+            if cancelled and batch.status == "cancelled"
+            else None
+        )
         self._chunks: list[tuple[int, int] | None] = []  # each stored chunk's least and greatest never-run line
         self._cached: tuple[int, list[Request]] | None = None  # the chunk last read
         self._unlined: dict[str, str] = {}  # custom id -> job id of the never-run requests with no line
         never = []
         if self.code is not None:
-            self._ran = np.unique(np.concatenate(
-                [np.asarray([], np.uint64)] + [_sorted_hashes(parts.read([p.path], ["custom_id"])["custom_id"]
-                                                              .to_pylist()) for p in parts.parts]))
+            self._ran = np.unique(
+                np.concatenate(
+                    [np.asarray([], np.uint64)]
+                    + [
+                        _sorted_hashes(parts.read([p.path], ["custom_id"])["custom_id"].to_pylist())
+                        for p in parts.parts
+                    ]
+                )
+            )
             stored = []
             for index in range(batch.chunks):
                 requests = spool.read_chunk(batch.output, batch.id, index)
@@ -169,10 +188,15 @@ class Unread:
             requests = [r for r in self._chunk(index) if first <= r.line < past]
             ran = _among(self._ran, hash_ids([r.custom_id for r in requests]))
             never.update((r.custom_id, r.line) for r, was in zip(requests, ran) if not was)
-        cut = expired_rows(self.batch.id, {cid: batches.job_id(self.batch.id, cid) for cid in never}, never,
-                           self.code or "batch_expired")
-        return pa.concat_tables([self.invalid.rows(first, past, columns),
-                                 cut if columns is None else cut.select(columns)])
+        cut = expired_rows(
+            self.batch.id,
+            {cid: batches.job_id(self.batch.id, cid) for cid in never},
+            never,
+            self.code or "batch_expired",
+        )
+        return pa.concat_tables(
+            [self.invalid.rows(first, past, columns), cut if columns is None else cut.select(columns)]
+        )
 
     def unlined(self, columns: list[str] | None) -> pa.Table:
         cut = expired_rows(self.batch.id, self._unlined, None, self.code or "batch_expired")
@@ -200,8 +224,10 @@ def cut_constraints_note(table: pa.Table) -> str | None:
 def _cut_note(cut: int) -> str | None:
     if not cut:
         return None
-    return (f"Note: {cut:,} structured outputs stopped at max_tokens (finish_reason \"length\") and may not parse; "
-            f"their parsed column is null.")
+    return (
+        f'Note: {cut:,} structured outputs stopped at max_tokens (finish_reason "length") and may not parse; '
+        f"their parsed column is null."
+    )
 
 
 def _extra_values(table: pa.Table) -> list[dict]:
@@ -313,8 +339,10 @@ def _write_slices(slices: Iterator[pa.Table], filesystem, where: str, metadata: 
     schema = first.schema.with_metadata({**(first.schema.metadata or {}), **metadata}) if metadata else first.schema
     rows = cut = 0
     dictionary = _dictionary_columns(first)
-    with atomic_output(filesystem, where) as stream, \
-            pq.ParquetWriter(stream, schema, compression="zstd", use_dictionary=dictionary) as writer:
+    with (
+        atomic_output(filesystem, where) as stream,
+        pq.ParquetWriter(stream, schema, compression="zstd", use_dictionary=dictionary) as writer,
+    ):
         for table in itertools.chain([first], slices):
             if table.num_rows:
                 writer.write_table(table)
@@ -330,9 +358,13 @@ def _dictionary_columns(first: pa.Table) -> list[str]:
     buffer = pa.BufferOutputStream()
     pq.write_table(first.schema.empty_table(), buffer)
     leaves = pq.ParquetFile(pa.BufferReader(buffer.getvalue())).schema
-    varied = {name for name, field in zip(first.column_names, first.schema)
-              if not pa.types.is_nested(field.type) and not pa.types.is_null(field.type)
-              and pc.count_distinct(first[name]).as_py() * 2 > first.num_rows}
+    varied = {
+        name
+        for name, field in zip(first.column_names, first.schema)
+        if not pa.types.is_nested(field.type)
+        and not pa.types.is_null(field.type)
+        and pc.count_distinct(first[name]).as_py() * 2 > first.num_rows
+    }
     return [leaves.column(i).path for i in range(len(leaves)) if leaves.column(i).path.split(".")[0] not in varied]
 
 
@@ -399,8 +431,13 @@ class Written:
         return f"Wrote {self.rows:,} responses to {self.path} and {self.errors:,} errors to {self.errors_path}"
 
 
-def write_results(results: pa.Table | BatchResults, path: str, fmt: str = "parquet", errors_path: str | None = None,
-                  metadata: dict | None = None) -> Written:
+def write_results(
+    results: pa.Table | BatchResults,
+    path: str,
+    fmt: str = "parquet",
+    errors_path: str | None = None,
+    metadata: dict | None = None,
+) -> Written:
     """A batch's merged results (BatchResults, a slice at a time, or collect's table) as Parquet (`metadata` added
     to its schema's), or (fmt "jsonl") as OpenAI Batch output lines with the failed requests in `errors_path`
     (default: PATH with .errors.jsonl)."""

@@ -26,7 +26,6 @@ from miro.worker.fleet.output.rows import SCHEMA
 from miro.worker.fleet.observe.urls import redacted
 
 
-
 def open_output(uri: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem and base path for a folder path or a URI (file://, s3://, gs://, ...)."""
     uri = os.fspath(uri)

@@ -45,8 +45,17 @@ from miro.core.errors import MiroError
 from miro.worker.fleet.intake import durations
 from miro.worker.fleet.records import hashes, keys, scripts
 
-STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled", "expiring",
-            "expired")
+STATUSES = (
+    "validating",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "cancelling",
+    "cancelled",
+    "expiring",
+    "expired",
+)
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # a batch in one of these has its queued requests taken off and those in flight aborted, and runs nothing more
 STOPPING = frozenset({"cancelling", "cancelled", "expiring", "expired"})
@@ -110,8 +119,11 @@ class BatchRecord:
     @classmethod
     def from_hash(cls, raw) -> BatchRecord:
         values = hashes.decoded(raw)
-        stamps = {k.removesuffix("_at"): float(v) for k, v in values.items()
-                  if k.endswith("_at") and k.removesuffix("_at") in STATUSES}
+        stamps = {
+            k.removesuffix("_at"): float(v)
+            for k, v in values.items()
+            if k.endswith("_at") and k.removesuffix("_at") in STATUSES
+        }
         return cls(**hashes.field_values(cls, values), stamps=stamps)
 
     def to_hash(self) -> dict[str, str | int | float]:
@@ -120,9 +132,15 @@ class BatchRecord:
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON (`miro status --json`): the hash's fields, stamps as ``{status}_at``, and the
         derived counts."""
-        return {**hashes.hash_values(self), "expires_at": self.expires_at,
-                **{f"{status}_at": t for status, t in self.stamps.items()},
-                "done": self.done, "remaining": self.remaining, "tokens": self.tokens, "expired": self.expired}
+        return {
+            **hashes.hash_values(self),
+            "expires_at": self.expires_at,
+            **{f"{status}_at": t for status, t in self.stamps.items()},
+            "done": self.done,
+            "remaining": self.remaining,
+            "tokens": self.tokens,
+            "expired": self.expired,
+        }
 
     @property
     def done(self) -> int:
@@ -213,11 +231,25 @@ def _now() -> str:
     return f"{time.time():.3f}"
 
 
-def create_batch(conn: redis.Redis, *, name: str, model: str, input_file: str, output: str, total: int,
-                 queue: str, priority: str = defaults.PRIORITY, job_timeout: int | None = None,
-                 task: str = "generate", endpoint: str = "",
-                 completion_window: str | None = defaults.COMPLETION_WINDOW, batch_id: str | None = None,
-                 chunks: int = 0, spooled: int = 0, requests_per_job: int | None = None) -> str:
+def create_batch(
+    conn: redis.Redis,
+    *,
+    name: str,
+    model: str,
+    input_file: str,
+    output: str,
+    total: int,
+    queue: str,
+    priority: str = defaults.PRIORITY,
+    job_timeout: int | None = None,
+    task: str = "generate",
+    endpoint: str = "",
+    completion_window: str | None = defaults.COMPLETION_WINDOW,
+    batch_id: str | None = None,
+    chunks: int = 0,
+    spooled: int = 0,
+    requests_per_job: int | None = None,
+) -> str:
     """Write a new batch record with status `validating` and index it (and its deadline, unless
     `completion_window` is None); returns the batch id (`batch_id`, or a new one). `chunks` chunk files holding
     `spooled` requests wait in storage to be fed (feed.py), `requests_per_job` to an RQ job (default
@@ -225,11 +257,26 @@ def create_batch(conn: redis.Redis, *, name: str, model: str, input_file: str, o
     window_s = None if completion_window is None else durations.completion_window(completion_window)
     batch_id = batch_id or new_batch_id()
     created = float(_now())
-    record = BatchRecord(id=batch_id, status="validating", created_at=created, name=name, model=model,
-                         input_file=input_file, output=output, queue=queue, priority=priority, job_timeout=job_timeout,
-                         task=task, endpoint=endpoint, completion_window=completion_window or "",
-                         expires_at=None if window_s is None else created + window_s, chunks=chunks, spooled=spooled,
-                         requests_per_job=requests_per_job or defaults.REQUESTS_PER_JOB, stamps={"validating": created})
+    record = BatchRecord(
+        id=batch_id,
+        status="validating",
+        created_at=created,
+        name=name,
+        model=model,
+        input_file=input_file,
+        output=output,
+        queue=queue,
+        priority=priority,
+        job_timeout=job_timeout,
+        task=task,
+        endpoint=endpoint,
+        completion_window=completion_window or "",
+        expires_at=None if window_s is None else created + window_s,
+        chunks=chunks,
+        spooled=spooled,
+        requests_per_job=requests_per_job or defaults.REQUESTS_PER_JOB,
+        stamps={"validating": created},
+    )
     pipe = conn.pipeline(transaction=True)
     pipe.hset(record.key(batch_id), mapping=record.to_hash())
     if total:
@@ -271,7 +318,9 @@ def set_status(conn: redis.Redis, batch_id: str, status: str) -> str:
     """
     if status not in STATUSES:
         raise ValueError(f"unknown batch status {status!r}")
-    previous, changed = scripts.SET_STATUS(conn, [keys.batch(batch_id)], [status, _now(), *sorted(ALLOWED_FROM[status])])
+    previous, changed = scripts.SET_STATUS(
+        conn, [keys.batch(batch_id)], [status, _now(), *sorted(ALLOWED_FROM[status])]
+    )
     previous = previous.decode() if isinstance(previous, bytes) else previous
     if not previous:
         raise MiroError(f"There is no batch '{batch_id}' on this Redis.")
@@ -324,26 +373,49 @@ def failed_lines(conn: redis.Redis, batch_id: str) -> dict[str, dict]:
     return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.batch_invalid(batch_id)).items()}
 
 
-def _count(conn, batch_id: str, counter: str, custom_ids: list[str], prompt_tokens: int = 0, cached_tokens: int = 0,
-           completion_tokens: int = 0):
+def _count(
+    conn,
+    batch_id: str,
+    counter: str,
+    custom_ids: list[str],
+    prompt_tokens: int = 0,
+    cached_tokens: int = 0,
+    completion_tokens: int = 0,
+):
     """scripts.COUNT on `conn`: (added, done) from a connection; on a pipeline, queued (its result comes at execute)."""
-    reply = scripts.COUNT(conn, [keys.batch(batch_id), keys.batch_counted(batch_id), keys.ended_batches(),
-                                 keys.batch_deadlines(), keys.batch_releases()],
-                          [counter, prompt_tokens, cached_tokens, completion_tokens, _now(), batch_id, *custom_ids])
+    reply = scripts.COUNT(
+        conn,
+        [
+            keys.batch(batch_id),
+            keys.batch_counted(batch_id),
+            keys.ended_batches(),
+            keys.batch_deadlines(),
+            keys.batch_releases(),
+        ],
+        [counter, prompt_tokens, cached_tokens, completion_tokens, _now(), batch_id, *custom_ids],
+    )
     if isinstance(conn, redis.client.Pipeline):
         return reply
     added, done = reply
     return int(added), int(done)
 
 
-def count_finished(conn: redis.Redis, batch_id: str, custom_id: str, *, prompt_tokens: int,
-                   completion_tokens: int, cached_tokens: int = 0) -> int:
+def count_finished(
+    conn: redis.Redis,
+    batch_id: str,
+    custom_id: str,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+) -> int:
     """A request's rows are written: count it completed (and its tokens) once; returns completed+failed+cancelled."""
     return _count(conn, batch_id, "completed", [custom_id], prompt_tokens, cached_tokens, completion_tokens)[1]
 
 
-def queue_count_finished(pipe, batch_id: str, custom_id: str, *, prompt_tokens: int, completion_tokens: int,
-                         cached_tokens: int = 0) -> None:
+def queue_count_finished(
+    pipe, batch_id: str, custom_id: str, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> None:
     """count_finished queued on a pipeline, so that many requests are counted in one round trip."""
     _count(pipe, batch_id, "completed", [custom_id], prompt_tokens, cached_tokens, completion_tokens)
 
@@ -362,8 +434,15 @@ def count_cancelled(conn: redis.Redis, batch_id: str, custom_ids: list[str]) -> 
     return _count(conn, batch_id, "cancelled", custom_ids)[0]
 
 
-def count_completed(conn: redis.Redis, batch_id: str, custom_ids: list[str], *, prompt_tokens: int,
-                    completion_tokens: int, cached_tokens: int = 0) -> int:
+def count_completed(
+    conn: redis.Redis,
+    batch_id: str,
+    custom_ids: list[str],
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+) -> int:
     """Requests whose rows are written, counted completed in one COUNT with their summed tokens (which are added
     only if at least one of them is newly counted: for requests no one can have counted yet, such as the rows a
     batch reuses at submit); returns how many were newly counted."""

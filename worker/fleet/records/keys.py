@@ -124,7 +124,6 @@ def api_batch(batch_id: str) -> str:
     return f"{PREFIX}:api-batch:{batch_id}"
 
 
-
 def feeding() -> str:
     """Sorted set: batches with stored requests still to make into jobs, scored by creation time (feed.py)."""
     return f"{PREFIX}:feeding"
@@ -137,5 +136,10 @@ def batch_feed_lock(batch_id: str) -> str:
 
 def batch_all(batch_id: str) -> list[str]:
     """The batch's record and its per-request keys: what an ended batch keeps until its TTL (release.py)."""
-    return [batch(batch_id), batch_jobs(batch_id), batch_invalid(batch_id), batch_counted(batch_id),
-            batch_cancel_pending(batch_id)]
+    return [
+        batch(batch_id),
+        batch_jobs(batch_id),
+        batch_invalid(batch_id),
+        batch_counted(batch_id),
+        batch_cancel_pending(batch_id),
+    ]

@@ -18,8 +18,12 @@ from miro.core.sampling.params import SamplingParams
 
 # the kind of a request -> (prompt given, messages given, inputs given); a Responses request is a chat request
 # whose output line is a Response object
-_SHAPES = {"completion": (True, False, False), "chat": (False, True, False), "response": (False, True, False),
-           "embedding": (False, False, True)}
+_SHAPES = {
+    "completion": (True, False, False),
+    "chat": (False, True, False),
+    "response": (False, True, False),
+    "embedding": (False, False, True),
+}
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,10 @@ class JobPayload(Request):
             raise MiroError(f"the job's payload for {payload.custom_id!r} has an unknown priority {payload.priority!r}")
         given = (payload.prompt is not None, payload.messages is not None, payload.inputs is not None)
         if _SHAPES.get(payload.kind) != given:
-            raise MiroError(f"the job's payload for {payload.custom_id!r} is neither a chat, a completion, a "
-                            "Responses nor an embedding request")
+            raise MiroError(
+                f"the job's payload for {payload.custom_id!r} is neither a chat, a completion, a "
+                "Responses nor an embedding request"
+            )
         return payload
 
     def sampling_params(self) -> SamplingParams:

@@ -27,8 +27,13 @@ class Lua:
         return self.script(keys=list(keys), args=list(args), client=client)
 
 
-def watched(conn: redis.Redis, watch: Sequence[str], attempt: Callable[[redis.client.Pipeline], T], what: str,
-            attempts: int = 100) -> T:
+def watched(
+    conn: redis.Redis,
+    watch: Sequence[str],
+    attempt: Callable[[redis.client.Pipeline], T],
+    what: str,
+    attempts: int = 100,
+) -> T:
     """Run `attempt(pipe)` on a transaction pipeline that WATCHes `watch` first: it reads what it needs (with
     `conn`), then pipe.multi(), queues its writes and pipe.execute(), and returns what to report. If a
     watched key changed in between, EXEC fails and it runs again; after `attempts`, MiroError naming `what`."""
@@ -272,15 +277,19 @@ WRITE_JOBS = Lua(_WRITE_JOBS_LOOP.replace("@A", "1").replace("@K", "4").replace(
 # chunk lists them) only if it is the batch's next one (`fed`), the feeding was not closed and the batch runs
 # (validating or in_progress), and moves `fed` on in the same step, so two feeders never write one chunk twice and a
 # cancel never races a feed. Returns the requests written, or -1.
-FEED_JOBS = Lua("""
+FEED_JOBS = Lua(
+    """
 local b = redis.call('HMGET', KEYS[4], 'fed', 'feed_closed', 'status')
 if tonumber(b[1] or '0') ~= tonumber(ARGV[1]) or b[2] == '1' then return -1 end
 if b[3] ~= 'in_progress' and b[3] ~= 'validating' then return -1 end
-""" + _WRITE_JOBS_LOOP.replace("@A", "3").replace("@K", "5").replace("@INDEX", "") + """
+"""
+    + _WRITE_JOBS_LOOP.replace("@A", "3").replace("@K", "5").replace("@INDEX", "")
+    + """
 redis.call('HINCRBY', KEYS[4], 'fed', 1)
 redis.call('HINCRBY', KEYS[4], 'fed_requests', ARGV[2])
 return tonumber(ARGV[2])
-""")
+"""
+)
 
 # KEYS: batch hash, the feeding set; ARGV: batch id. A cancel or expiry stops the feeding: the stored requests not yet
 # fed are counted cancelled at once (COUNT settles the batch once the fed ones are accounted for too). Returns how

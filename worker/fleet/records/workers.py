@@ -99,9 +99,14 @@ def publish(conn: redis.Redis, record: WorkerRecord, ttl_s: int = TTL_S) -> None
 
 def series_point(record: WorkerRecord) -> series.WorkerPoint:
     """What the page's charts keep of the record (series.py)."""
-    return series.WorkerPoint(t=record.updated_at or time.time(), kv_usage=record.stats.kv_usage,
-                              running=record.stats.running, waiting=record.stats.waiting,
-                              tokens_per_s=record.tokens_per_s, requests=record.jobs_done + record.jobs_failed)
+    return series.WorkerPoint(
+        t=record.updated_at or time.time(),
+        kv_usage=record.stats.kv_usage,
+        running=record.stats.running,
+        waiting=record.stats.waiting,
+        tokens_per_s=record.tokens_per_s,
+        requests=record.jobs_done + record.jobs_failed,
+    )
 
 
 def remove(conn: redis.Redis, name: str) -> None:
