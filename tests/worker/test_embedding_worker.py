@@ -107,6 +107,9 @@ EMBEDDING_COLUMNS = [
     ("finished_at", pa.timestamp("ms", tz="UTC")),
     ("latency_s", pa.float64()),
     ("sampling", pa.string()),
+    ("request_hash", pa.string()),  # what --reuse keys a row by (output/fingerprint.py)
+    ("model_sha256", pa.string()),
+    ("reused_from", pa.string()),
     ("topic", pa.string()),
 ]
 
