@@ -451,7 +451,7 @@ def test_openapi_follows_the_key_and_keys_come_from_a_file(serve, redis_url, tmp
 
 
 def test_worker_metrics_listen_on_loopback_unless_told():
-    from miro.cli.main import worker
+    from miro.cli.worker import worker_command as worker
     from miro.worker.fleet.observe.metrics import serve_metrics
     from miro.worker.process.worker_config import WorkerConfig
 

@@ -299,7 +299,7 @@ def assert_serve_command_parses(command: list[str]) -> None:
 
 def assert_worker_command_parses(command: list[str]) -> None:
     """The deploy file's `miro worker ...` is one the CLI accepts (parsed, not run)."""
-    from miro.cli.main import worker
+    from miro.cli.worker import worker_command as worker
 
     assert command[:2] == ["miro", "worker"]
     worker.make_context("worker", list(command[2:]))
