@@ -3,10 +3,17 @@
 import os
 
 # OpenBLAS's and numba's thread pools spin while idle and fight over the cores
-# (a decode step went from ~0.2 s to ~1.2 s on 2 cores). These only take effect
-# when set before numpy and numba start their pools; users may override them.
+# (a decode step went from ~0.2 s to ~1.2 s on 2 cores), so neither spins for long.
+# But a pool that sleeps at once pays a wake-up on every parallel kernel: 70-90 us
+# on a 2-core VM, and a decode step runs hundreds of kernels back to back (the 48
+# ShareGPT prompts of benchmarks/vllm_cpu.py: 678 tok/s). GOMP_SPINCOUNT keeps
+# numba's OpenMP threads (libgomp) spinning for about 0.2-1 ms after a kernel
+# before they sleep: a step's kernels find them awake (907 tok/s), and a worker
+# idle between steps still sleeps. These only take effect when set before numpy
+# and numba start their pools; users may override them.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 from miro.core.engine.engine_config import EngineConfig  # noqa: E402
 from miro.core.errors import MiroError, ModelFileError, RequestError  # noqa: E402
