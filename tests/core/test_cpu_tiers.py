@@ -121,6 +121,7 @@ def test_kernel_equality_tests_pass_when_numba_compiles_for_avx2():
         "tests/core/test_gemm.py",
         "tests/core/test_attention.py",
         "tests/core/test_int16_gemm.py",
+        "tests/core/test_grouped_experts.py",
     ]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
