@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import platform
 
 from llvmlite import binding as llvm, ir
@@ -108,6 +109,12 @@ def _not_ready() -> str | None:
 
 def usable() -> bool:
     return unusable_reason() is None
+
+
+def ready() -> bool:
+    """Whether the AMX kernels can be compiled and run here (unusable_reason's checks short of its self-test
+    product, which the kernels' own tests stand for), and MIRO_AMX is not 0 (the switch that keeps them off)."""
+    return os.environ.get("MIRO_AMX", "1") != "0" and _not_ready() is None
 
 
 def require() -> None:

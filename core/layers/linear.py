@@ -25,8 +25,9 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from miro.core.loading.gguf_file import TensorInfo, release_pages
-from miro.core.kernels import cpu, quant_kernels
+from miro.core.kernels import amx_bf16, cpu, quant_kernels
 from miro.core.layers import encoder
+from miro.core.kernels.amx_bf16 import matmul_amx_bf16
 from miro.core.kernels.bf16_gemm import matmul_bf16, pack_bf16
 from miro.core.kernels.int16_gemm import matmul_i16, pack_i16
 from miro.core.kernels.f32_gemm import matmul_invariant, pack_panels
@@ -134,9 +135,11 @@ class Linear:
         )  # a copy only when fusing scattered parts
         self._tiles = None
         self.batch_invariant = invariant or fmt in BATCH_INVARIANT_FORMATS
+        self._amx = False  # fmt="bf16" on AMX: amx_bf16.py's kernel (its own bits) rather than vdpbf16ps
         if fmt == "bf16":
             self._w = pack_bf16(dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T)
             self.weight_bytes = self._w.nbytes
+            self._amx = self.tier.vector_bits == 512 and amx_bf16.ready() and amx_bf16.fits(self._w.shape[1])
         elif fmt == "i16":
             self._w = pack_i16(dequantize(TensorInfo(name=name, shape=shape, type=qtype, data=raw)).T)
             self.weight_bytes = sum(part.nbytes for part in self._w)
@@ -181,7 +184,8 @@ class Linear:
 
     def _product(self, x: np.ndarray) -> np.ndarray:
         if self.fmt == "bf16":
-            return matmul_bf16(x, self._w, np.empty((x.shape[0], self.out_features), np.float32))
+            matmul = matmul_amx_bf16 if self._amx else matmul_bf16
+            return matmul(x, self._w, np.empty((x.shape[0], self.out_features), np.float32))
         if self.fmt == "f32":
             if self.batch_invariant:
                 return matmul_invariant(x, self._w, np.empty((x.shape[0], self.out_features), np.float32), self.tier)
