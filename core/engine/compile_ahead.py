@@ -9,9 +9,10 @@ threads cannot share the work. Processes can: each compiles a part and saves it 
 loading process's first call of a kernel then reads it from there.
 
 A `Unit` is one part: a kernel family called on tiny inputs through the same code a forward pass runs
-(a `Linear` of one weight type at 1 and 17 activation rows, so every loop shape a row count picks; RoPE
-and attention over a tiny paged cache of the run's KV dtype; the norm and the gate), so the argument types,
-and with them the cached entries, are the run's own. `plan` lists a model's units; `start` hands those the
+(a `Linear` of one weight type at 1 and 17 activation rows, so every loop shape a row count picks; a
+mixture's experts of one type through `run_experts`: its grouped kernel (or per-expert layers), the routing and
+the combining; RoPE and attention over a tiny paged cache of the run's KV dtype; the norms, the gate and the
+structured-output mask), so the argument types, and with them the cached entries, are the run's own. `plan` lists a model's units; `start` hands those the
 cache lacks for this CPU to as many processes as there are CPUs (longest first, each to the least loaded);
 `wait` joins them before the first forward step. A kernel no unit covers compiles on first use, as before;
 a unit that fails costs only its time.
@@ -37,13 +38,14 @@ from miro.core.kernels.weight_types import WEIGHT_TYPES
 # Processes compiling ahead: MIRO_COMPILE_WORKERS (0: none, every kernel compiled on first use), else one per CPU
 WORKERS_ENV = "MIRO_COMPILE_WORKERS"
 # CPU seconds a unit took on the avx512-vnni tier (2 cores, benchmarks/cold_start.py): the order units are dealt in
-_COST = {"attention": 12.0, "linear": 6.0, "pointwise": 1.0}
+_COST = {"attention": 12.0, "experts": 8.0, "linear": 6.0, "pointwise": 1.0}
 _ROWS = (1, 17)  # activation rows a unit's Linear is called with: one decode row; past every tile pass's rows
 
 
 @dataclass(frozen=True)
 class Unit:
-    """One part of the compiling: kind "linear" (qtype, fmt), "attention" (kv dtype, softcapped) or "pointwise"."""
+    """One part of the compiling: kind "linear" (qtype, fmt), "experts" (qtype, activation: the name of the
+    pointwise gate of core/layers/pointwise.py), "attention" (kv dtype, softcapped, with sinks) or "pointwise"."""
 
     kind: str
     args: tuple = ()
@@ -61,30 +63,49 @@ class Unit:
             return [
                 k for k in (getattr(kernels, name, None) for name in names) if k is not None and hasattr(k, "_cache")
             ]
+        if self.kind == "experts":
+            from miro.core.layers import moe, pointwise
+
+            row = WEIGHT_TYPES[GGMLQuantizationType(self.args[0])]
+            own = (
+                [row.kernels_on(cpu.TIER).grouped]
+                if row.grouped_on(cpu.TIER)
+                else Unit("linear", (self.args[0], "native")).dispatchers()  # one Linear per expert
+            )
+            activation = {"silu_mul": pointwise.silu_mul, "swiglu_oai": pointwise._swiglu_oai}[self.args[1]]
+            return [*own, moe.route, moe.combine, activation]
         if self.kind == "attention":
             from miro.core.layers import attention
 
-            return [attention.rope_and_store_kv, attention._attend_kernel(attention.SCORE_QUERIES, self.args[1])]
+            return [attention.rope_and_store_kv, attention._attend_kernel(attention.SCORE_QUERIES, *self.args[1:])]
         from miro.core.layers import pointwise
+        from miro.core.sampling.token_mask import mask_rows
 
-        return [pointwise.rmsnorm, pointwise.silu_mul]
+        return [pointwise.rmsnorm, pointwise.head_rmsnorm, pointwise.silu_mul, mask_rows]
 
 
 def plan(gguf, config, weight_format: str, kv_cache_dtype: str) -> list[Unit]:
     """The units of a model file (GGUFFile) with this ModelConfig, loaded in this weight format (native: each
-    matrix type its own kernels; the other formats' kernels compile on first use) and KV cache dtype."""
+    matrix type its own kernels; the other formats' kernels compile on first use) and KV cache dtype. A
+    mixture's experts and routers run on the file's own types whatever the format (core/layers/moe.py): a unit
+    per type of its 3-D expert tensors, a native Linear unit per type of its routers."""
     from miro.core.loading.weight_format import matmul_tensors
 
     if not config.causal:  # an encoder's kernels (encoder.py, its GEMM's epilogues) compile on first use
         return []
-    units = [Unit("attention", (kv_cache_dtype, config.attn_logit_softcap > 0)), Unit("pointwise")]
+    sinks = any(".attn_sinks." in name for name in gguf.tensors)  # gpt-oss's: the attention kernel's variant
+    units = [Unit("attention", (kv_cache_dtype, config.attn_logit_softcap > 0, sinks)), Unit("pointwise")]
+    expert_types = {t.type for t in gguf.tensors.values() if len(t.shape) == 3 and "_exps." in t.name}
+    activation = "swiglu_oai" if config.architecture == "gpt-oss" else "silu_mul"
+    units += [Unit("experts", (int(t), activation)) for t in sorted(expert_types) if WEIGHT_TYPES.get(t) is not None]
+    types = {t.type for t in gguf.tensors.values() if "ffn_gate_inp." in t.name and len(t.shape) == 2}
     if weight_format == "native":
-        types = {t.type for t in matmul_tensors(gguf)}
-        units += [
-            Unit("linear", (int(t), "native"))
-            for t in sorted(types)
-            if WEIGHT_TYPES.get(t) is not None and WEIGHT_TYPES[t].native
-        ]
+        types |= {t.type for t in matmul_tensors(gguf)}
+    units += [
+        Unit("linear", (int(t), "native"))
+        for t in sorted(types)
+        if WEIGHT_TYPES.get(t) is not None and WEIGHT_TYPES[t].native
+    ]
     return units
 
 
@@ -214,14 +235,20 @@ def compile_unit(unit: Unit) -> None:
     the run's argument types and saves them to its cache."""
     if unit.kind == "linear":
         _linear(GGMLQuantizationType(unit.args[0]), unit.args[1])
+    elif unit.kind == "experts":
+        _experts(GGMLQuantizationType(unit.args[0]), unit.args[1])
     elif unit.kind == "attention":
-        _attention(unit.args[0], unit.args[1])
+        _attention(*unit.args)
     else:
         from miro.core.layers import pointwise
+        from miro.core.sampling.token_mask import mask_rows
 
         x = np.ones((2, 64), np.float32)
         pointwise.rmsnorm(x, np.ones(64, np.float32), 1e-5, np.empty_like(x))  # eps: a Python float, as configs hold
+        pointwise.head_rmsnorm(x, 0, 2, 32, np.ones(32, np.float32), 1e-5)  # qwen3's and olmo2's q/k norms
         pointwise.silu_mul(np.ones((2, 128), np.float32), np.empty((2, 64), np.float32))
+        # sampler.apply_token_masks' arguments: the processed logits, the rows, TokenMasks.bits, the emptied flags
+        mask_rows(x, np.array([0], np.int64), np.full((1, 2), -1, np.int32), np.zeros(1, np.bool_))
 
 
 def _linear(qtype: GGMLQuantizationType, fmt: str) -> None:
@@ -237,7 +264,33 @@ def _linear(qtype: GGMLQuantizationType, fmt: str) -> None:
         layer(np.zeros((rows, shape[1]), np.float32))
 
 
-def _attention(kv_cache_dtype: str, softcap: bool) -> None:
+def _experts(qtype: GGMLQuantizationType, activation: str) -> None:
+    """Two experts of this type (a router of float32 as llama.cpp's quantizer leaves it) run through run_experts
+    at 1 and 17 rows, both experts chosen for every row."""
+    from miro.core.layers import pointwise
+    from miro.core.layers.moe import Experts, Routing, run_experts
+    from miro.core.loading.gguf_file import TensorInfo
+
+    row = WEIGHT_TYPES[qtype]
+    n_expert, width, dim = 2, 256, 256  # one K-quant super-block per row; whole 16-row tiles
+
+    def tensor(name, shape, qtype, row_bytes):
+        data = np.zeros(int(np.prod(shape[:-1])) * row_bytes, np.uint8)
+        data.flags.writeable = False  # as a view of the file's memory map is
+        return TensorInfo(name=name, shape=shape, type=qtype, data=data)
+
+    row_bytes = dim // row.block_values * row.block_bytes
+    experts = Experts(
+        tensor("ahead.router", (n_expert, dim), GGMLQuantizationType.F32, 4 * dim),
+        tensor("ahead.gate", (n_expert, width, dim), qtype, row_bytes),
+        tensor("ahead.up", (n_expert, width, dim), qtype, row_bytes),
+        tensor("ahead.down", (n_expert, dim, width), qtype, width // row.block_values * row.block_bytes),
+    )
+    for rows in _ROWS:
+        run_experts(np.zeros((rows, dim), np.float32), experts, Routing(n_expert), getattr(pointwise, activation))
+
+
+def _attention(kv_cache_dtype: str, softcap: bool, sinks: bool) -> None:
     from types import SimpleNamespace
 
     from miro.core.engine.kv_cache import KV_STORAGE
@@ -262,7 +315,18 @@ def _attention(kv_cache_dtype: str, softcap: bool) -> None:
     qkv = np.zeros((n_tokens, (n_heads + 2 * n_kv_heads) * head_dim), np.float32)
     rope = (np.ones((n_tokens, head_dim // 2), np.float32), np.zeros((n_tokens, head_dim // 2), np.float32))
     out = np.empty((n_tokens, n_heads, head_dim), np.float32)
-    attention(qkv, 0, step, cache, config, rope, np.float32(0.25), out, softcap=30.0 if softcap else 0.0)
+    attention(
+        qkv,
+        0,
+        step,
+        cache,
+        config,
+        rope,
+        np.float32(0.25),
+        out,
+        softcap=30.0 if softcap else 0.0,
+        sinks=np.zeros(n_heads, np.float32) if sinks else None,
+    )
 
 
 def main(argv: list[str]) -> None:

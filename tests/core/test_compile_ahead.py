@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -17,7 +18,11 @@ from gguf import GGMLQuantizationType as Q
 from miro.core.engine import compile_ahead
 from miro.core.loading.gguf_file import GGUFFile
 from miro.core.loading.model_config import ModelConfig
+from miro.core.models import read_config
 from gguf_factory import write_tiny_llama
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from moe_files import write_moe_model  # noqa: E402
 
 # a process that loads MODEL and generates from a short and a long prompt, printing what it compiled
 _LOAD_AND_GENERATE = """
@@ -83,14 +88,61 @@ def test_a_model_without_a_native_type_has_no_linear_unit(tmp_path):
     gguf = GGUFFile(path)
     units = compile_ahead.plan(gguf, ModelConfig.from_gguf(gguf), "f32", "float32")
     assert [u.kind for u in units] == ["attention", "pointwise"]
-    assert units[0].args == ("float32", False)
+    assert units[0].args == ("float32", False, False)
+
+
+@pytest.fixture(scope="module")
+def mixtures(tmp_path_factory):
+    """qwen3moe (Q8_0 experts, silu gate) and gpt-oss (MXFP4 experts, its own gate, attention sinks): Q8_0 files."""
+    folder = tmp_path_factory.mktemp("moe")
+    return {v: str(write_moe_model(folder / f"{v}.gguf", v, "Q8_0")["path"]) for v in ("qwen3moe", "gpt-oss")}
+
+
+def _plan(path: str, weight_format: str) -> list:
+    gguf = GGUFFile(path)
+    return compile_ahead.plan(gguf, read_config(gguf), weight_format, "float16")
+
+
+def test_a_mixtures_experts_and_routers_are_units_in_every_weight_format(mixtures):
+    """Experts and routers run on the file's types whatever the format (core/layers/moe.py): their units stay."""
+    U = compile_ahead.Unit
+    assert _plan(mixtures["qwen3moe"], "native") == [
+        U("attention", ("float16", False, False)),
+        U("pointwise"),
+        U("experts", (int(Q.Q8_0), "silu_mul")),
+        U("linear", (int(Q.F32), "native")),  # the routers, as llama.cpp's quantizer leaves them
+        U("linear", (int(Q.Q8_0), "native")),
+    ]
+    assert _plan(mixtures["qwen3moe"], "f32")[2:] == [
+        U("experts", (int(Q.Q8_0), "silu_mul")),
+        U("linear", (int(Q.F32), "native")),
+    ]
+    gpt_oss = _plan(mixtures["gpt-oss"], "f32")
+    assert gpt_oss[0] == U("attention", ("float16", False, True))  # the attention kernel's sinks variant
+    assert U("experts", (int(Q.MXFP4), "swiglu_oai")) in gpt_oss
+
+
+@pytest.mark.slow  # a cold compile of every kernel of two models by design
+@pytest.mark.parametrize("variant", ["qwen3moe", "gpt-oss"])
+def test_units_cover_a_mixtures_forward_pass_kernels(tmp_path, mixtures, variant):
+    """A mixture's units (its grouped expert kernel, routing, gate; gpt-oss's sinks) leave nothing to compile."""
+    cache = tmp_path / "numba"
+    units = _plan(mixtures[variant], "native")
+    _run(["-m", "miro.core.engine.compile_ahead", json.dumps([[u.kind, list(u.args)] for u in units])], cache)
+
+    loaded = json.loads(
+        _run(["-c", _LOAD_AND_GENERATE, mixtures[variant]], cache, MIRO_COMPILE_WORKERS="0")
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    assert loaded["compiled"] == []
 
 
 def test_units_are_dealt_longest_first_to_the_least_loaded_process():
     units = [
         compile_ahead.Unit("pointwise"),
         compile_ahead.Unit("linear", (int(Q.Q4_1), "native")),
-        compile_ahead.Unit("attention", ("float16", False)),
+        compile_ahead.Unit("attention", ("float16", False, False)),
         compile_ahead.Unit("linear", (int(Q.Q8_0), "native")),
     ]
     shares = compile_ahead.deal(units, 2)
@@ -129,9 +181,9 @@ def test_another_cpu_compiles_once_for_its_own_into_the_same_cache(tmp_path):
     cache = tmp_path / "numba"
     here, avx2 = {}, cpu.emulation_env("avx2")
     runs = [_run(["-c", _POINTWISE_UNIT], cache, **env).stdout.split() for env in (here, avx2, here, avx2)]
-    assert runs == [
-        [cpu.TIER.name, "True", "2"],
-        ["avx2", "True", "2"],
+    assert runs == [  # rmsnorm, head_rmsnorm, silu_mul, mask_rows
+        [cpu.TIER.name, "True", "4"],
+        ["avx2", "True", "4"],
         [cpu.TIER.name, "False", "0"],
         ["avx2", "False", "0"],
     ]
