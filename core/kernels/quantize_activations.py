@@ -19,8 +19,6 @@ fields as (blocks, lanes). Lanes past T are zero.
 
 from __future__ import annotations
 
-import math
-import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,15 +26,30 @@ from numba import njit, prange
 
 from miro.core.kernels.cache_key import HELPERS
 from miro.core.kernels.halfs import round_to_f16
+from miro.core.kernels.simd import (
+    abs16,
+    hlargest,
+    hsmallest,
+    hsum_int,
+    larger16,
+    load16,
+    round_away16,
+    smaller16,
+    store16,
+    store16_int8,
+    to_int,
+)
 from miro.core.kernels.superblock_tiles import store_in_quad_order
 
 QK = 32  # values per Q8_0 / Q8_1 block
 QK_K = 256  # values per Q8_K block
 ROWS_PER_TASK = 16  # activation rows quantized together into the lanes layout (64-byte stores)
 CHUNK_BLOCKS = 16  # 32-value blocks of those rows a task quantizes: a few rows still keep every core busy
-# Lets LLVM vectorise the max|x| loops (a max with NaN is not associative). No reassociation,
-# no contraction: the numbers stay ggml's for every finite input.
-_NO_NANS = {"nnan", "nsz"}
+QUAD_ROWS_PER_TASK = 8  # rows a task of rows_q8_k_quads quantizes with one scratch
+# Values (T x K) from which the row quantizers split the rows over the thread pool (benchmarks/quantizers.py):
+# below, waking it costs more than the work (about 0.1-0.2 ns a value on one core).
+PARALLEL_FROM = 1 << 15
+_MINUS_127, _PLUS_127 = np.float32(-127.0), np.float32(127.0)
 
 
 @dataclass
@@ -62,79 +75,85 @@ class Q8KBlocks:
 
 
 @njit(inline="always")
-def _roundf(v):
-    """C's roundf (halves away from zero) of a float32, in float32: v - trunc(v) is exact."""
-    whole = np.float32(math.trunc(v))
-    away = abs(v - whole) >= np.float32(0.5)
-    return np.int32(whole + (np.float32(math.copysign(1.0, v)) if away else np.float32(0.0)))
+def _quantize_row_q8_32(x_row, q_row, d, s, qsum):
+    """One row of K values to Q8_0 blocks: q_row (K,) int8 and, per block b, d[b], s[b], qsum[b]; every array
+    contiguous.
 
-
-@njit(inline="always")
-def _quantize_row_q8_32(x_row, q_row, d, s, qsum, qk):
-    """One row of K values to Q8_0 blocks: q_row (K,) int8 and, per block b, d[b], s[b], qsum[b].
-
-    `qk` is 32, passed at run time so that LLVM vectorises the loops over a block's values.
-    """
-    for b in range(x_row.shape[0] // qk):
-        k0 = b * qk
-        amax = np.float32(0.0)
-        for k in range(k0, k0 + qk):
-            amax = max(amax, abs(x_row[k]))
-        scale = amax / np.float32(127.0)
-        inv = np.float32(1.0) / scale if scale != 0 else np.float32(0.0)
-        total = np.int32(0)
-        for k in range(k0, k0 + qk):
-            v = _roundf(x_row[k] * inv)
-            q_row[k] = v
-            total += v
+    In passes over the row, each a loop whose blocks do not wait on one another (a block's steps done one after the
+    other form a chain of dependent instructions longer than the core can overlap): each block's max|x| (two 16-lane
+    vectors, one horizontal max) into d; 1 / d into s, a loop LLVM vectorises (divisions 16 at a time); the
+    quotients, rounded, and their sum; the float16 d and s. The values are clamped to +-127 before rounding, which
+    changes no finite block (|x| / d <= 127 up to rounding) and keeps q defined where 1 / d overflows (max|x| <
+    3.7e-37; d is 0 there)."""
+    n_blocks = x_row.shape[0] // QK
+    for b in range(n_blocks):
+        k0 = b * QK
+        d[b] = max(np.float32(0.0), hlargest(larger16(abs16(load16(x_row, k0)), abs16(load16(x_row, k0 + 16)))))
+    for b in range(n_blocks):
+        scale = d[b] / np.float32(127.0)
+        s[b] = np.float32(1.0) / scale if scale != 0 else np.float32(0.0)
+    for b in range(n_blocks):
+        k0, inv = b * QK, s[b]
+        q_low = round_away16(smaller16(larger16(load16(x_row, k0) * inv, _MINUS_127), _PLUS_127))
+        q_high = round_away16(smaller16(larger16(load16(x_row, k0 + 16) * inv, _MINUS_127), _PLUS_127))
+        store16_int8(q_row, k0, q_low)
+        store16_int8(q_row, k0 + 16, q_high)
+        qsum[b] = hsum_int(q_low + q_high)
+    for b in range(n_blocks):
+        scale = d[b] / np.float32(127.0)
         d[b] = round_to_f16(scale)
-        s[b] = round_to_f16(np.float32(total) * scale)
-        qsum[b] = total
+        s[b] = round_to_f16(np.float32(qsum[b]) * scale)
 
 
 @njit(inline="always")
-def _first_largest_magnitude(x_row, k0, n):
-    """The first of x_row[k0:k0 + n] whose magnitude is the largest, as ggml picks it (0 if all are 0).
+def _first_largest_magnitude(x_row, k0):
+    """The first of x_row[k0:k0 + 256] whose magnitude is the largest, as ggml picks it (0 if all are 0).
 
-    The largest and smallest values are vector reductions; only when +m and -m both occur does a scalar scan
-    say which comes first."""
-    high = np.float32(0.0)
-    low = np.float32(0.0)
-    for k in range(k0, k0 + n):
-        high = max(high, x_row[k])
-        low = min(low, x_row[k])
-    if high != -low:
-        return high if high > -low else low
-    for k in range(k0, k0 + n):
-        if abs(x_row[k]) == high:
+    The largest and smallest values are vector reductions (two of each, to halve their chains); only when +m and
+    -m both occur does a scalar scan say which comes first."""
+    high_a = load16(x_row, k0)
+    high_b = load16(x_row, k0 + 16)
+    low_a, low_b = high_a, high_b
+    for k in range(k0 + 32, k0 + QK_K, 32):
+        a = load16(x_row, k)
+        b = load16(x_row, k + 16)
+        high_a, high_b = larger16(high_a, a), larger16(high_b, b)
+        low_a, low_b = smaller16(low_a, a), smaller16(low_b, b)
+    top = max(np.float32(0.0), hlargest(larger16(high_a, high_b)))
+    bottom = min(np.float32(0.0), hsmallest(smaller16(low_a, low_b)))
+    if top != -bottom:
+        return top if top > -bottom else bottom
+    for k in range(k0, k0 + QK_K):
+        if abs(x_row[k]) == top:
             return x_row[k]
     return np.float32(0.0)
 
 
 @njit(inline="always")
-def _quantize_row_q8_k(x_row, q_row, d, sum32, qk, rounded):
-    """One row of K values to Q8_K blocks: q_row (K,) int8, d[b] per 256 values, sum32[g] per 32; rounded: a
-    float32 scratch of 256.
+def _quantize_row_q8_k(x_row, q_row, d, sum32):
+    """One row of K values to Q8_K blocks: q_row (K,) int8, d[b] per 256 values, sum32[g] per 32. x_row and q_row
+    contiguous; d, sum32 any stride.
 
-    `qk` is 32, passed at run time so that LLVM vectorises the loops over a block's values.
-    """
+    In passes, as _quantize_row_q8_32: each block's iscale = -127 / (its first largest magnitude, signed) into d;
+    then q = min(127, round_half_even(iscale * x)) by the magic constant, 16 lanes at a time, and d = 1 / iscale.
+    The clamp to -127 changes no finite value (iscale * x >= -127 up to rounding) and keeps q defined where iscale
+    overflows (a block whose largest magnitude is below 3.7e-37)."""
     magic = np.float32(12582912.0)  # 1.5 * 2^23: adding and subtracting it rounds half to even
-    for b in range(x_row.shape[0] // QK_K):
-        k0 = b * QK_K
-        signed_max = _first_largest_magnitude(x_row, k0, 8 * qk)
-        amax = abs(signed_max)
-        iscale = np.float32(-127.0) / signed_max if amax != 0 else np.float32(0.0)
-        d[b] = np.float32(1.0) / iscale if amax != 0 else np.float32(0.0)
-        # in float32 first, then stored: a loop that reads x_row and writes q_row LLVM leaves scalar (10x slower)
-        for k in range(8 * qk):
-            rounded[k] = min(np.float32(127.0), (iscale * x_row[k0 + k] + magic) - magic)
-        for k in range(8 * qk):
-            q_row[k0 + k] = np.int8(rounded[k])
-        for g in range(8):
-            total = np.int32(0)
-            for k in range(g * qk, g * qk + qk):
-                total += np.int32(rounded[k])
-            sum32[k0 // qk + g] = total
+    n_blocks = x_row.shape[0] // QK_K
+    for b in range(n_blocks):
+        signed_max = _first_largest_magnitude(x_row, b * QK_K)
+        d[b] = np.float32(-127.0) / signed_max if signed_max != 0 else np.float32(0.0)
+    for b in range(n_blocks):
+        iscale = d[b]
+        for k in range(b * QK_K, (b + 1) * QK_K, QK):
+            low = (load16(x_row, k) * iscale + magic) - magic
+            high = (load16(x_row, k + 16) * iscale + magic) - magic
+            q_low = to_int(smaller16(larger16(low, _MINUS_127), _PLUS_127))
+            q_high = to_int(smaller16(larger16(high, _MINUS_127), _PLUS_127))
+            store16_int8(q_row, k, q_low)
+            store16_int8(q_row, k + 16, q_high)
+            sum32[k // QK] = hsum_int(q_low + q_high)
+        d[b] = np.float32(1.0) / iscale if iscale != 0 else np.float32(0.0)
 
 
 # ---------------------------------------------------------------- the lanes layouts
@@ -148,6 +167,22 @@ def _store_columns(rows_q, q, t0, k0=0):
             q[k0 + k, t0 + r] = rows_q[r, k]
 
 
+@njit(inline="always")
+def _rows_in_quad_order(x, q, d, sum32, t0, t1):
+    """Rows t0..t1-1 (clipped to x's) quantized in place, then each super-block stored back in quad order (see
+    quantize_q8_k_quads) from a copy."""
+    scratch = np.empty(QK_K // 4, np.int32)  # one super-block's int8 values, copied as int32
+    scratch_bytes = scratch.view(np.int8)
+    for t in range(t0, min(t1, x.shape[0])):
+        q_t = q[t]
+        _quantize_row_q8_k(x[t], q_t, d[t], sum32[t])
+        words = q_t.view(np.int32)
+        for k0 in range(0, x.shape[1], QK_K):
+            for i in range(0, QK_K // 4, 16):
+                store16(scratch, i, load16(words, k0 // 4 + i))
+            store_in_quad_order(scratch_bytes, 0, q_t, k0)
+
+
 # ---------------------------------------------------------------- the kernels
 
 
@@ -155,84 +190,84 @@ def _build_kernels():
     """The cached quantizers, made here so that they close over HELPERS (see cache_key.py)."""
     helpers = HELPERS
 
-    def rows_q8_32(x, q, d, s, qsum, qk):
+    @njit(cache=True, parallel=True)
+    def rows_q8_32(x, q, d, s, qsum, parallel):
+        """parallel: the rows split over the thread pool, else quantized on the calling thread (one compilation
+        for both, so that a call of either compiles the other too)."""
         helpers  # in numba's cache key
-        for t in prange(x.shape[0]):
-            _quantize_row_q8_32(x[t], q[t], d[t], s[t], qsum[t], qk)
+        if parallel:
+            for t in prange(x.shape[0]):
+                _quantize_row_q8_32(x[t], q[t], d[t], s[t], qsum[t])
+        else:
+            for t in range(x.shape[0]):
+                _quantize_row_q8_32(x[t], q[t], d[t], s[t], qsum[t])
 
-    @njit(cache=True, parallel=True, fastmath=_NO_NANS)
-    def rows_q8_k(x, q, d, sum32, qk):
+    @njit(cache=True, parallel=True)
+    def rows_q8_k(x, q, d, sum32, parallel):
         helpers  # in numba's cache key
-        for t in prange(x.shape[0]):
-            _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], qk, np.empty(QK_K, np.float32))
+        if parallel:
+            for t in prange(x.shape[0]):
+                _quantize_row_q8_k(x[t], q[t], d[t], sum32[t])
+        else:
+            for t in range(x.shape[0]):
+                _quantize_row_q8_k(x[t], q[t], d[t], sum32[t])
 
-    def rows_q8_k_quads(x, q, d, sum32, qk):
-        """Each row quantized into a scratch, then stored in quad order (see quantize_q8_k_quads)."""
+    @njit(cache=True, parallel=True)
+    def rows_q8_k_quads(x, q, d, sum32, parallel):
+        """QUAD_ROWS_PER_TASK rows a task (parallel), or all of them in one."""
         helpers  # in numba's cache key
-        for t in prange(x.shape[0]):
-            row = np.empty(x.shape[1], np.int8)
-            _quantize_row_q8_k(x[t], row, d[t], sum32[t], qk, np.empty(QK_K, np.float32))
-            q_t = q[t]
-            for k0 in range(0, x.shape[1], QK_K):
-                store_in_quad_order(row, k0, q_t, k0)
+        if parallel:
+            for task in prange((x.shape[0] + QUAD_ROWS_PER_TASK - 1) // QUAD_ROWS_PER_TASK):
+                _rows_in_quad_order(x, q, d, sum32, task * QUAD_ROWS_PER_TASK, (task + 1) * QUAD_ROWS_PER_TASK)
+        else:
+            _rows_in_quad_order(x, q, d, sum32, 0, x.shape[0])
 
-    @njit(cache=True, parallel=True, fastmath=_NO_NANS)
-    def lanes_q8_32(x, q, d, s, qsum, qk):
+    @njit(cache=True, parallel=True)
+    def lanes_q8_32(x, q, d, s, qsum):
         """ROWS_PER_TASK rows and CHUNK_BLOCKS blocks at a time (so that a few rows still use every core):
         quantized row by row into a scratch, then stored transposed."""
         helpers  # in numba's cache key
         n_rows, k = x.shape
-        chunk = CHUNK_BLOCKS * qk
+        chunk = CHUNK_BLOCKS * QK
         n_chunks = (k + chunk - 1) // chunk
         for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK * n_chunks):
             group, k0 = task // n_chunks, task % n_chunks * chunk
             t0, k1 = group * ROWS_PER_TASK, min(k, k0 + chunk)
-            b0, b1 = k0 // qk, k1 // qk
+            b0, b1 = k0 // QK, k1 // QK
             rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k1 - k0), np.int8)
+            fields = np.empty((3, b1 - b0), np.float32)  # one row's d, s and qsum (as int32), contiguous
+            sums = fields[2].view(np.int32)
             for r in range(rows_q.shape[0]):
-                _quantize_row_q8_32(
-                    x[t0 + r, k0:k1], rows_q[r], d[b0:b1, t0 + r], s[b0:b1, t0 + r], qsum[b0:b1, t0 + r], qk
-                )
+                _quantize_row_q8_32(x[t0 + r, k0:k1], rows_q[r], fields[0], fields[1], sums)
+                d[b0:b1, t0 + r] = fields[0]
+                s[b0:b1, t0 + r] = fields[1]
+                qsum[b0:b1, t0 + r] = sums
             _store_columns(rows_q, q, t0, k0)
 
-    @njit(cache=True, parallel=True, fastmath=_NO_NANS)
-    def lanes_q8_k(x, q, d, sum32, qk):
+    @njit(cache=True, parallel=True)
+    def lanes_q8_k(x, q, d, sum32):
         helpers  # in numba's cache key
         n_rows, k = x.shape
         for task in prange((n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             t0 = task * ROWS_PER_TASK
             rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
-            rounded = np.empty(QK_K, np.float32)
             for r in range(rows_q.shape[0]):
-                _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r], qk, rounded)
+                _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r])
             _store_columns(rows_q, q, t0)
 
-    return (_both(rows_q8_32), rows_q8_k, _both(rows_q8_k_quads), lanes_q8_32, lanes_q8_k)
+    return rows_q8_32, rows_q8_k, rows_q8_k_quads, lanes_q8_32, lanes_q8_k
 
 
-def _both(function):
-    """(parallel, serial) compilations of one row quantizer: one row alone is quantized on the calling thread, which
-    saves waking the thread pool (about 4 us, a tenth of a 2048 x 2048 product at one row); the same code per row."""
-    serial = types.FunctionType(
-        function.__code__,
-        function.__globals__,
-        function.__name__ + "_serial",
-        function.__defaults__,
-        function.__closure__,
-    )
-    serial.__qualname__ = function.__qualname__ + "_serial"  # its own entry in numba's cache
-    return (njit(cache=True, parallel=True, fastmath=_NO_NANS)(function), njit(cache=True, fastmath=_NO_NANS)(serial))
+_rows_q8_32, _rows_q8_k, _rows_q8_k_quads, _lanes_q8_32, _lanes_q8_k = _build_kernels()
 
 
-_rows_q8_32_both, _rows_q8_k, _rows_q8_k_quads_both, _lanes_q8_32, _lanes_q8_k = _build_kernels()
-
-
-def _rows_q8_32(x, *args):
-    _rows_q8_32_both[x.shape[0] == 1](x, *args)
-
-
-def _rows_q8_k_quads(x, *args):
-    _rows_q8_k_quads_both[x.shape[0] == 1](x, *args)
+def _rows(kernel, x, out, t):
+    """One of the row quantizers into out's first t rows (all of them: no views, which cost more than a row's
+    work), in parallel for PARALLEL_FROM values or more."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    parts = vars(out).values()
+    kernel(x, *(parts if t == out.q.shape[0] else [part[:t] for part in parts]), t > 1 and x.size >= PARALLEL_FROM)
+    return out
 
 
 # ---------------------------------------------------------------- the quantizers
@@ -248,26 +283,16 @@ def quantize_q8_32(x: np.ndarray, n_rows: int | None = None) -> Q8Blocks:
     t, k = x.shape
     n_rows = t if n_rows is None else n_rows
     new = np.empty if n_rows == t else np.zeros
-    out = Q8Blocks(
-        q=new((n_rows, k), np.int8),
-        d=new((n_rows, k // QK), np.float32),
-        s=new((n_rows, k // QK), np.float32),
-        qsum=new((n_rows, k // QK), np.int32),
-    )
-    _rows_q8_32(_float32(x), out.q[:t], out.d[:t], out.s[:t], out.qsum[:t], QK)
-    return out
+    blocks = (n_rows, k // QK)
+    out = Q8Blocks(new((n_rows, k), np.int8), new(blocks, np.float32), new(blocks, np.float32), new(blocks, np.int32))
+    return _rows(_rows_q8_32, x, out, t)
 
 
 def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
     """Quantize each row of x (T, K), K a multiple of 256, to Q8_K blocks."""
-    n_rows, k = x.shape
-    out = Q8KBlocks(
-        q=np.empty((n_rows, k), np.int8),
-        d=np.empty((n_rows, k // QK_K), np.float32),
-        sum32=np.empty((n_rows, k // QK), np.int32),
-    )
-    _rows_q8_k(_float32(x), out.q, out.d, out.sum32, QK)
-    return out
+    t, k = x.shape
+    out = Q8KBlocks(np.empty((t, k), np.int8), np.empty((t, k // QK_K), np.float32), np.empty((t, k // QK), np.int32))
+    return _rows(_rows_q8_k, x, out, t)
 
 
 def quantize_q8_k_quads(x: np.ndarray, n_rows: int | None = None) -> Q8KBlocks:
@@ -276,15 +301,9 @@ def quantize_q8_k_quads(x: np.ndarray, n_rows: int | None = None) -> Q8KBlocks:
     by side); d, sum32 as quantize_q8_k's. n_rows >= T rows in all, those past T zero."""
     t, k = x.shape
     n_rows = t if n_rows is None else n_rows
-    out = Q8KBlocks(
-        q=np.empty((n_rows, k), np.int8),
-        d=np.empty((n_rows, k // QK_K), np.float32),
-        sum32=np.empty((n_rows, k // QK), np.int32),
-    )
-    for part in (out.q, out.d, out.sum32):
-        part[t:] = 0
-    _rows_q8_k_quads(_float32(x), out.q[:t], out.d[:t], out.sum32[:t], QK)
-    return out
+    new = np.empty if n_rows == t else np.zeros
+    out = Q8KBlocks(new((n_rows, k), np.int8), new((n_rows, k // QK_K), np.float32), new((n_rows, k // QK), np.int32))
+    return _rows(_rows_q8_k_quads, x, out, t)
 
 
 def _q8_32_lanes(x: np.ndarray, n_lanes: int, q: np.ndarray) -> Q8Blocks:
@@ -295,14 +314,14 @@ def _q8_32_lanes(x: np.ndarray, n_lanes: int, q: np.ndarray) -> Q8Blocks:
         s=np.zeros((blocks, n_lanes), np.float32),
         qsum=np.zeros((blocks, n_lanes), np.int32),
     )
-    _lanes_q8_32(_float32(x), out.q, out.d, out.s, out.qsum, QK)
+    _lanes_q8_32(_float32(x), out.q, out.d, out.s, out.qsum)
     return out
 
 
 def _q8_k_lanes(x: np.ndarray, n_lanes: int, q: np.ndarray) -> Q8KBlocks:
     k = x.shape[1]
     out = Q8KBlocks(q=q, d=np.zeros((k // QK_K, n_lanes), np.float32), sum32=np.zeros((k // QK, n_lanes), np.int32))
-    _lanes_q8_k(_float32(x), out.q, out.d, out.sum32, QK)
+    _lanes_q8_k(_float32(x), out.q, out.d, out.sum32)
     return out
 
 
