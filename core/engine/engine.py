@@ -46,7 +46,7 @@ from miro.core.engine.progress_bar import ProgressBar
 from miro.core.engine.stats import EngineStats, LoadTimes, TokenRates
 from miro.core.sampling.structured_output import StructuredOutputs
 from miro.core.tokenizers.tokenizer import IncrementalDetokenizer, Tokenizer
-from miro.core.loading.weight_format import choose_weight_format, f32_weight_bytes, matmul_tensors, native_speedup
+from miro.core.loading.weight_format import choose_for_file
 
 
 class Engine:
@@ -118,7 +118,8 @@ class Engine:
         dequantizes each once (4-8x the file's size in memory; packed for the invariant GEMM when
         batch_invariant, else laid out for OpenBLAS), "bf16" rounds that copy to bfloat16 (AVX512_BF16 CPUs),
         "i16" to 13-bit integers per block of 128 (x86), "auto" takes bf16 for an encoder where the CPU has it
-        and i16 where it has not, else native where its kernels are estimated
+        and i16 where it has not, bf16 for a decoder whose copy is at most 1 GiB where AMX runs it, else native
+        where its kernels are estimated
         faster for the file's types on this CPU tier (weight_format.NATIVE_SPEEDUP), else f32 when its copy fits
         max_weight_memory (bytes or "8GiB"; default: half the machine's RAM), else native. The choice and why is
         `engine.weight_choice`; it goes to `log` when native is asked for or taken for want of memory.
@@ -132,17 +133,7 @@ class Engine:
         model_config = replace(
             model_config, n_ctx=min(config.max_model_len or model_config.context_length, model_config.context_length)
         )
-        tier = cpu.TIER.name
-        choice = choose_weight_format(
-            config.weights,
-            f32_weight_bytes(gguf),
-            config.max_weight_memory,
-            native_speedup(matmul_tensors(gguf), tier),
-            tier,
-            encoder=not model_config.causal,
-            has_bf16=cpu.HAS_BF16_DOT,
-            has_int16=cpu.HAS_INT16_DOT,
-        )
+        choice = choose_for_file(gguf, config.weights, config.max_weight_memory, encoder=not model_config.causal)
         # the kernels numba's cache lacks, compiled by other processes while this one loads
         ahead = compile_ahead.start(
             compile_ahead.plan(gguf, model_config, choice.format, check_kv_cache_dtype(config.kv_cache_dtype)), log

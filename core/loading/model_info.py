@@ -15,10 +15,9 @@ from gguf import Keys
 
 from miro.core.errors import MiroError
 from miro.core.loading.gguf_file import GGUFFile
-from miro.core.kernels import cpu
 from miro.core.models import check_model_file
 from miro.core.models.mixture import active_parameters
-from miro.core.loading.weight_format import choose_weight_format, f32_weight_bytes, matmul_tensors, native_speedup
+from miro.core.loading.weight_format import choose_for_file
 
 
 @dataclass
@@ -83,16 +82,7 @@ def inspect_model(path: str | Path) -> ModelInfo:
         original = config.rope_orig_context or config.context_length
         scaling += f" + longrope factors (the long ones where max_model_len exceeds {original:,})"
     info.rope_scaling = scaling if config.causal else None
-    choice = choose_weight_format(
-        "auto",
-        f32_weight_bytes(gguf),
-        None,
-        native_speedup(matmul_tensors(gguf), cpu.TIER.name),
-        cpu.TIER.name,
-        encoder=not config.causal,
-        has_bf16=cpu.HAS_BF16_DOT,
-        has_int16=cpu.HAS_INT16_DOT,
-    )
+    choice = choose_for_file(gguf, "auto", None, encoder=not config.causal)
     info.weights = choice.why
     return info
 
