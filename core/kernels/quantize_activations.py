@@ -35,7 +35,6 @@ from miro.core.kernels.simd import (
     load16,
     round_away16,
     smaller16,
-    store16,
     store16_int8,
     to_int,
 )
@@ -45,7 +44,6 @@ QK = 32  # values per Q8_0 / Q8_1 block
 QK_K = 256  # values per Q8_K block
 ROWS_PER_TASK = 16  # activation rows quantized together into the lanes layout (64-byte stores)
 CHUNK_BLOCKS = 16  # 32-value blocks of those rows a task quantizes: a few rows still keep every core busy
-QUAD_ROWS_PER_TASK = 8  # rows a task of rows_q8_k_quads quantizes with one scratch
 # Values (T x K) from which the row quantizers split the rows over the thread pool (benchmarks/quantizers.py):
 # below, waking it costs more than the work (about 0.1-0.2 ns a value on one core).
 PARALLEL_FROM = 1 << 15
@@ -130,15 +128,22 @@ def _first_largest_magnitude(x_row, k0):
 
 
 @njit(inline="always")
-def _quantize_row_q8_k(x_row, q_row, d, sum32):
+def _round_q8_k(v, iscale):
+    """min(127, round_half_even(iscale * v)) lane by lane, as int32x16: 1.5 * 2^23 added and subtracted rounds."""
+    magic = np.float32(12582912.0)
+    return to_int(smaller16(larger16((v * iscale + magic) - magic, _MINUS_127), _PLUS_127))
+
+
+@njit(inline="always")
+def _quantize_row_q8_k(x_row, q_row, d, sum32, quads):
     """One row of K values to Q8_K blocks: q_row (K,) int8, d[b] per 256 values, sum32[g] per 32. x_row and q_row
-    contiguous; d, sum32 any stride.
+    contiguous; d, sum32 any stride. quads (a constant): q_row's values in the K-quant tiles' quad order
+    (quantize_q8_k_quads), else in row order.
 
     In passes, as _quantize_row_q8_32: each block's iscale = -127 / (its first largest magnitude, signed) into d;
     then q = min(127, round_half_even(iscale * x)) by the magic constant, 16 lanes at a time, and d = 1 / iscale.
     The clamp to -127 changes no finite value (iscale * x >= -127 up to rounding) and keeps q defined where iscale
     overflows (a block whose largest magnitude is below 3.7e-37)."""
-    magic = np.float32(12582912.0)  # 1.5 * 2^23: adding and subtracting it rounds half to even
     n_blocks = x_row.shape[0] // QK_K
     for b in range(n_blocks):
         signed_max = _first_largest_magnitude(x_row, b * QK_K)
@@ -146,14 +151,15 @@ def _quantize_row_q8_k(x_row, q_row, d, sum32):
     for b in range(n_blocks):
         iscale = d[b]
         for k in range(b * QK_K, (b + 1) * QK_K, QK):
-            low = (load16(x_row, k) * iscale + magic) - magic
-            high = (load16(x_row, k + 16) * iscale + magic) - magic
-            q_low = to_int(smaller16(larger16(low, _MINUS_127), _PLUS_127))
-            q_high = to_int(smaller16(larger16(high, _MINUS_127), _PLUS_127))
+            q_low = _round_q8_k(load16(x_row, k), iscale)
+            q_high = _round_q8_k(load16(x_row, k + 16), iscale)
             store16_int8(q_row, k, q_low)
             store16_int8(q_row, k + 16, q_high)
             sum32[k // QK] = hsum_int(q_low + q_high)
         d[b] = np.float32(1.0) / iscale if iscale != 0 else np.float32(0.0)
+    if quads:  # once the whole row is stored (bytes reloaded just after their store stall), in place: each
+        for b in range(n_blocks):  # 64 bytes are loaded before their two quads are stored
+            store_in_quad_order(q_row, b * QK_K, q_row, b * QK_K)
 
 
 # ---------------------------------------------------------------- the lanes layouts
@@ -165,22 +171,6 @@ def _store_columns(rows_q, q, t0, k0=0):
     for k in range(rows_q.shape[1]):
         for r in range(rows_q.shape[0]):
             q[k0 + k, t0 + r] = rows_q[r, k]
-
-
-@njit(inline="always")
-def _rows_in_quad_order(x, q, d, sum32, t0, t1):
-    """Rows t0..t1-1 (clipped to x's) quantized in place, then each super-block stored back in quad order (see
-    quantize_q8_k_quads) from a copy."""
-    scratch = np.empty(QK_K // 4, np.int32)  # one super-block's int8 values, copied as int32
-    scratch_bytes = scratch.view(np.int8)
-    for t in range(t0, min(t1, x.shape[0])):
-        q_t = q[t]
-        _quantize_row_q8_k(x[t], q_t, d[t], sum32[t])
-        words = q_t.view(np.int32)
-        for k0 in range(0, x.shape[1], QK_K):
-            for i in range(0, QK_K // 4, 16):
-                store16(scratch, i, load16(words, k0 // 4 + i))
-            store_in_quad_order(scratch_bytes, 0, q_t, k0)
 
 
 # ---------------------------------------------------------------- the kernels
@@ -207,20 +197,21 @@ def _build_kernels():
         helpers  # in numba's cache key
         if parallel:
             for t in prange(x.shape[0]):
-                _quantize_row_q8_k(x[t], q[t], d[t], sum32[t])
+                _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], False)
         else:
             for t in range(x.shape[0]):
-                _quantize_row_q8_k(x[t], q[t], d[t], sum32[t])
+                _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], False)
 
     @njit(cache=True, parallel=True)
     def rows_q8_k_quads(x, q, d, sum32, parallel):
-        """QUAD_ROWS_PER_TASK rows a task (parallel), or all of them in one."""
+        """As rows_q8_k, each super-block's values in quad order (see quantize_q8_k_quads)."""
         helpers  # in numba's cache key
         if parallel:
-            for task in prange((x.shape[0] + QUAD_ROWS_PER_TASK - 1) // QUAD_ROWS_PER_TASK):
-                _rows_in_quad_order(x, q, d, sum32, task * QUAD_ROWS_PER_TASK, (task + 1) * QUAD_ROWS_PER_TASK)
+            for t in prange(x.shape[0]):
+                _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], True)
         else:
-            _rows_in_quad_order(x, q, d, sum32, 0, x.shape[0])
+            for t in range(x.shape[0]):
+                _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], True)
 
     @njit(cache=True, parallel=True)
     def lanes_q8_32(x, q, d, s, qsum):
@@ -252,7 +243,7 @@ def _build_kernels():
             t0 = task * ROWS_PER_TASK
             rows_q = np.empty((min(ROWS_PER_TASK, n_rows - t0), k), np.int8)
             for r in range(rows_q.shape[0]):
-                _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r])
+                _quantize_row_q8_k(x[t0 + r], rows_q[r], d[:, t0 + r], sum32[:, t0 + r], False)
             _store_columns(rows_q, q, t0)
 
     return rows_q8_32, rows_q8_k, rows_q8_k_quads, lanes_q8_32, lanes_q8_k
