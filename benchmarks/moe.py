@@ -17,8 +17,11 @@ and its speed drifts):
   refilled, flash attention on). Total (prompt + generated) tokens/s.
 - one: a single sequence (a 64-token prompt, 64 new tokens): miro's generate of one request against the same
   llama.cpp loop with one sequence.
-Each engine's peak RSS (its process's, wait4) is printed against the file plus the KV cache the run needs (f16 K
-and V of every token of the 32 sequences llama.cpp holds at once; miro's cache is sized by its defaults).
+Each engine's peak RSS (its process's VmHWM, read by the process itself as it ends: wait4's ru_maxrss would carry
+this parent's own high-water mark across fork and exec) is printed against the file plus the KV cache the run needs
+(f16 K and V of every token of the 32 sequences llama.cpp holds at once; miro's cache is sized by its defaults and
+its pages become resident as blocks are first written). miro's untimed warm-up (kernels loaded or compiled) runs
+the same number of prompts, 4 tokens each: a run's kernels without touching a second run's worth of KV blocks.
 
 --tier avx2 runs miro under the AVX2 tier's emulation (benchmarks/tiers.py): give it a llama.cpp built for AVX2.
 """
@@ -196,7 +199,7 @@ def run_miro(path: str, requests, threads: int) -> dict:
     t0 = time.perf_counter()
     engine = Engine.from_model(path, max_model_len=CONTEXT)
     load_s = time.perf_counter() - t0
-    warm = [([3 + (t + 1) % 256 for t in p], 3) for p, _ in requests]  # compile or load the kernels untimed
+    warm = [([3 + (t + 1) % 256 for t in p[:4]], 3) for p, _ in requests]  # compile or load the kernels untimed
     engine.generate([p for p, _ in warm], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), use_tqdm=False)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for _, n in requests]
     t0 = time.perf_counter()
@@ -215,18 +218,24 @@ def run_llama_cpp(path: str, requests, parallel: int) -> dict:
     return dict(load_s=0.0, run_s=total / rate, tokens=total, wall_s=time.perf_counter() - t0)
 
 
+def own_peak_rss() -> int:
+    """This process's peak RSS in bytes: VmHWM (resident anonymous and file pages at their high-water mark)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise SystemExit("no VmHWM in /proc/self/status: peak RSS needs Linux")
+
+
 def child_result(cmd: list[str]) -> dict:
-    """One engine in its own process: its JSON line and its peak RSS (wait4's rusage)."""
+    """One engine in its own process: its JSON line, with its own peak RSS."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
+        status = proc.wait()
         out.seek(0)
         err.seek(0)
-        if os.waitstatus_to_exitcode(status) != 0:
+        if status != 0:
             raise SystemExit(f"{cmd[:4]} failed:\n{err.read()[-3000:]}")
-        result = json.loads(out.read().strip().splitlines()[-1])
-    result["peak_rss"] = usage.ru_maxrss * 1024
-    return result
+        return json.loads(out.read().strip().splitlines()[-1])
 
 
 def type_mix(path: Path) -> str:
@@ -254,7 +263,7 @@ def main() -> None:
             if engine == "miro"
             else run_llama_cpp(path, requests, PARALLEL if kind == "batch" else 1)
         )
-        print(json.dumps(result))
+        print(json.dumps({**result, "peak_rss": own_peak_rss()}))
         return
     tiers.enter(args)
     print(tiers.header(args, args.llama_python), flush=True)
