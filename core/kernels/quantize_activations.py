@@ -252,16 +252,13 @@ def _build_kernels():
 _rows_q8_32, _rows_q8_k, _rows_q8_k_quads, _lanes_q8_32, _lanes_q8_k = _build_kernels()
 
 
-def _rows(kernel, x, out, t):
-    """One of the row quantizers into out's first t rows (all of them: no views, which cost more than a row's
-    work), in parallel for PARALLEL_FROM values or more."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    parts = vars(out).values()
-    kernel(x, *(parts if t == out.q.shape[0] else [part[:t] for part in parts]), t > 1 and x.size >= PARALLEL_FROM)
-    return out
+def _parallel(x: np.ndarray) -> bool:
+    """Whether a row quantizer splits x's rows over the thread pool: from PARALLEL_FROM values."""
+    return x.shape[0] > 1 and x.size >= PARALLEL_FROM
 
 
 # ---------------------------------------------------------------- the quantizers
+# (each output array passed whole where it can be: a view costs about as much as quantizing a short row)
 
 
 def _float32(x: np.ndarray) -> np.ndarray:
@@ -275,15 +272,20 @@ def quantize_q8_32(x: np.ndarray, n_rows: int | None = None) -> Q8Blocks:
     n_rows = t if n_rows is None else n_rows
     new = np.empty if n_rows == t else np.zeros
     blocks = (n_rows, k // QK)
-    out = Q8Blocks(new((n_rows, k), np.int8), new(blocks, np.float32), new(blocks, np.float32), new(blocks, np.int32))
-    return _rows(_rows_q8_32, x, out, t)
+    q, d, s, qsum = new((n_rows, k), np.int8), new(blocks, np.float32), new(blocks, np.float32), new(blocks, np.int32)
+    if n_rows == t:
+        _rows_q8_32(_float32(x), q, d, s, qsum, _parallel(x))
+    else:
+        _rows_q8_32(_float32(x), q[:t], d[:t], s[:t], qsum[:t], _parallel(x))
+    return Q8Blocks(q, d, s, qsum)
 
 
 def quantize_q8_k(x: np.ndarray) -> Q8KBlocks:
     """Quantize each row of x (T, K), K a multiple of 256, to Q8_K blocks."""
     t, k = x.shape
-    out = Q8KBlocks(np.empty((t, k), np.int8), np.empty((t, k // QK_K), np.float32), np.empty((t, k // QK), np.int32))
-    return _rows(_rows_q8_k, x, out, t)
+    q, d, sum32 = np.empty((t, k), np.int8), np.empty((t, k // QK_K), np.float32), np.empty((t, k // QK), np.int32)
+    _rows_q8_k(_float32(x), q, d, sum32, _parallel(x))
+    return Q8KBlocks(q, d, sum32)
 
 
 def quantize_q8_k_quads(x: np.ndarray, n_rows: int | None = None) -> Q8KBlocks:
@@ -293,8 +295,12 @@ def quantize_q8_k_quads(x: np.ndarray, n_rows: int | None = None) -> Q8KBlocks:
     t, k = x.shape
     n_rows = t if n_rows is None else n_rows
     new = np.empty if n_rows == t else np.zeros
-    out = Q8KBlocks(new((n_rows, k), np.int8), new((n_rows, k // QK_K), np.float32), new((n_rows, k // QK), np.int32))
-    return _rows(_rows_q8_k_quads, x, out, t)
+    q, d, sum32 = new((n_rows, k), np.int8), new((n_rows, k // QK_K), np.float32), new((n_rows, k // QK), np.int32)
+    if n_rows == t:
+        _rows_q8_k_quads(_float32(x), q, d, sum32, _parallel(x))
+    else:
+        _rows_q8_k_quads(_float32(x), q[:t], d[:t], sum32[:t], _parallel(x))
+    return Q8KBlocks(q, d, sum32)
 
 
 def _q8_32_lanes(x: np.ndarray, n_lanes: int, q: np.ndarray) -> Q8Blocks:
