@@ -180,9 +180,10 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
         flat_quants1 = quants1.reshape(quants1.size)
         a_flat = a.reshape(a.size)
         pairs_per_super = 4 if has_mins else 8
-        # the int16 pairs of each row's sub-block sums, as tile_kernels.tiles_k makes them
+        # the int16 pairs of each row's sub-block sums, as tile_kernels.tiles_k makes them: on the calling thread
+        # (a few microseconds for a decode step's slots), so a call is one parallel region, one wait for the threads
         sum_pairs = np.empty((n_tok, n_super * pairs_per_super), np.int32)
-        for t in prange(n_tok):
+        for t in range(n_tok):
             if has_mins:
                 for j in range(k // 64):
                     sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
