@@ -56,6 +56,10 @@ class Unit:
 
     def dispatchers(self) -> list:
         """The numba dispatchers whose cache entries say whether this unit is compiled for this CPU."""
+        if self.kind == "linear" and self.args[1] == "bf16":  # the bfloat16 GEMM: AMX's where it runs
+            from miro.core.kernels import amx_bf16, bf16_gemm
+
+            return [amx_bf16._matmul if amx_bf16.ready() else bf16_gemm._matmul, bf16_gemm.to_bf16_pairs]
         if self.kind == "linear":
             row = WEIGHT_TYPES[GGMLQuantizationType(self.args[0])]
             kernels = row.kernels_on(cpu.TIER)  # the loop shapes its layout on this tier calls
@@ -86,7 +90,7 @@ class Unit:
 
 def plan(gguf, config, weight_format: str, kv_cache_dtype: str) -> list[Unit]:
     """The units of a model file (GGUFFile) with this ModelConfig, loaded in this weight format (native: each
-    matrix type its own kernels; the other formats' kernels compile on first use) and KV cache dtype. A
+    matrix type its own kernels; bf16: its one GEMM; f32's and i16's kernels compile on first use) and KV cache dtype. A
     mixture's experts and routers run on the file's own types whatever the format (core/layers/moe.py): a unit
     per type of its 3-D expert tensors, a native Linear unit per type of its routers."""
     from miro.core.loading.weight_format import matmul_tensors
@@ -106,6 +110,8 @@ def plan(gguf, config, weight_format: str, kv_cache_dtype: str) -> list[Unit]:
         for t in sorted(types)
         if WEIGHT_TYPES.get(t) is not None and WEIGHT_TYPES[t].native
     ]
+    if weight_format == "bf16":  # every matrix in bfloat16, whatever its type: one GEMM (auto's choice on AMX)
+        units.append(Unit("linear", (int(GGMLQuantizationType.F32), "bf16")))
     return units
 
 

@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as Q
 from miro.core.engine import compile_ahead
 from miro.core.loading.gguf_file import GGUFFile
 from miro.core.loading.model_config import ModelConfig
+from miro.core.loading.weight_format import choose_for_file
 from miro.core.models import read_config
 from gguf_factory import write_tiny_llama
 
@@ -73,7 +74,8 @@ def test_units_cover_the_forward_pass_kernels(tmp_path, tiny_q8):
     """The units alone (no rehearsal) leave a load and a generation nothing to compile but what no unit covers."""
     cache = tmp_path / "numba"
     gguf = GGUFFile(tiny_q8)
-    units = compile_ahead.plan(gguf, ModelConfig.from_gguf(gguf), "native", "float16")
+    weight_format = choose_for_file(gguf, "auto", None, encoder=False).format  # bf16 where AMX runs it, else native
+    units = compile_ahead.plan(gguf, ModelConfig.from_gguf(gguf), weight_format, "float16")
     assert {u.kind for u in units} == {"attention", "pointwise", "linear"}
     _run(["-m", "miro.core.engine.compile_ahead", json.dumps([[u.kind, list(u.args)] for u in units])], cache)
 
@@ -81,6 +83,14 @@ def test_units_cover_the_forward_pass_kernels(tmp_path, tiny_q8):
         _run(["-c", _LOAD_AND_GENERATE, tiny_q8], cache, MIRO_COMPILE_WORKERS="0").stdout.strip().splitlines()[-1]
     )
     assert loaded["compiled"] == []
+
+
+def test_bf16_weights_have_one_linear_unit_whatever_the_files_types(tiny_q8):
+    gguf = GGUFFile(tiny_q8)
+    units = compile_ahead.plan(gguf, ModelConfig.from_gguf(gguf), "bf16", "float16")
+    assert [u for u in units if u.kind == "linear"] == [compile_ahead.Unit("linear", (int(Q.F32), "bf16"))]
+    kernels = compile_ahead.Unit("linear", (int(Q.F32), "bf16")).dispatchers()
+    assert [k.py_func.__name__ for k in kernels] == ["matmul", "to_bf16_pairs"]
 
 
 def test_a_model_without_a_native_type_has_no_linear_unit(tmp_path):
@@ -127,7 +137,8 @@ def test_a_mixtures_experts_and_routers_are_units_in_every_weight_format(mixture
 def test_units_cover_a_mixtures_forward_pass_kernels(tmp_path, mixtures, variant):
     """A mixture's units (its grouped expert kernel, routing, gate; gpt-oss's sinks) leave nothing to compile."""
     cache = tmp_path / "numba"
-    units = _plan(mixtures[variant], "native")
+    gguf = GGUFFile(mixtures[variant])
+    units = _plan(mixtures[variant], choose_for_file(gguf, "auto", None, encoder=False).format)  # as the load takes
     _run(["-m", "miro.core.engine.compile_ahead", json.dumps([[u.kind, list(u.args)] for u in units])], cache)
 
     loaded = json.loads(
