@@ -7,7 +7,8 @@ For each format, row length K and row count T, on random float32 activations (T,
 - call: the quantizer as Linear calls it (quantize_activations.quantize_q8_32 / quantize_q8_k_quads /
   quantize_q8_k: the Python call, its output arrays, the serial or parallel path by PARALLEL_FROM);
 - serial, parallel: the compiled row kernel alone on preallocated outputs, on the calling thread / split over
-  numba's thread pool: where they cross is what PARALLEL_FROM should be;
+  numba's thread pool, called back to back (the pool awake): where they cross is the least PARALLEL_FROM could be
+  (inside an engine step a parallel call may also wait for a busy core: see PARALLEL_FROM's comment);
 - llama: llama.cpp's CPU quantizer for the same values (ggml-cpu's quantize_row_q8_0 / _q8_1 / _q8_K, SIMD for
   the tier its wheel was built for, one thread: ggml's mul_mat splits the rows over its threads), called through
   ctypes on all T x K values at once in the interpreter --llama-python names (a child process).

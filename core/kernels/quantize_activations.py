@@ -44,9 +44,13 @@ QK = 32  # values per Q8_0 / Q8_1 block
 QK_K = 256  # values per Q8_K block
 ROWS_PER_TASK = 16  # activation rows quantized together into the lanes layout (64-byte stores)
 CHUNK_BLOCKS = 16  # 32-value blocks of those rows a task quantizes: a few rows still keep every core busy
-# Values (T x K) from which the row quantizers split the rows over the thread pool (benchmarks/quantizers.py):
-# below, waking it costs more than the work (about 0.1-0.2 ns a value on one core).
-PARALLEL_FROM = 1 << 15
+# Values (T x K) from which the row quantizers split the rows over the thread pool. Called back to back with the
+# pool awake, 2 threads beat 1 from about 32K values (benchmarks/quantizers.py); inside an engine step on a
+# machine with other work, a parallel call waits 0.1-1 ms for the other core (default model, native weights, 2
+# cores: B=64 decode, quantizers 84 ms a step split from 32K values against 2.4 ms serial, the step's least 286
+# against 211 ms; 512-token prefill, up to 786K values a call: 100 against 17 ms). From 1M values (200 us on
+# one core) a split saves more than such a wait costs.
+PARALLEL_FROM = 1 << 20
 _MINUS_127, _PLUS_127 = np.float32(-127.0), np.float32(127.0)
 
 

@@ -81,10 +81,10 @@ def _assert_bits(got: np.ndarray, want: np.ndarray) -> None:
 # ---------------------------------------------------------------- the quantizers
 
 
-@pytest.mark.parametrize("t", [1, 9, 64], ids=lambda t: f"T{t}")  # 64 x 1024 values: the parallel path
+@pytest.mark.parametrize("t", [1, 9, 1024], ids=lambda t: f"T{t}")  # 1024 x 1024 values: the parallel path
 def test_quantizers_match_ggml_reference_bitwise(t):
     x = _rows(np.random.default_rng(t), t, 1024)
-    assert (t * x.shape[1] >= qa.PARALLEL_FROM) == (t == 64)
+    assert (t * x.shape[1] >= qa.PARALLEL_FROM) == (t == 1024)
     q, d, s, qsum = ref_q8_32(x)
     got = qa.quantize_q8_32(x)
     _assert_bits(got.q, q)
