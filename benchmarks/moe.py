@@ -1,6 +1,6 @@
 """miro against llama.cpp's batched API on a Qwen3-MoE-shaped mixture of experts with random weights (issue 41).
 
-    python benchmarks/moe.py --llama-python VENV/bin/python [--rounds 3] [--prompts 48] [--tier avx2]
+    python benchmarks/moe.py --llama-python VENV/bin/python [--rounds 3] [--prompts 48] [--tier avx2] [--weights native]
 
 The model: qwen3moe, 16 layers, dim 1024, 16/4 heads of 128 (key_length, as Qwen3-30B-A3B's heads are wider than
 dim / heads), 64 experts of 512, 8 active, vocab 32,000 (a byte-level BPE padded), its own head: about 1.7 B
@@ -24,6 +24,8 @@ its pages become resident as blocks are first written). miro's untimed warm-up (
 the same number of prompts, 4 tokens each: a run's kernels without touching a second run's worth of KV blocks.
 
 --tier avx2 runs miro under the AVX2 tier's emulation (benchmarks/tiers.py): give it a llama.cpp built for AVX2.
+--weights: miro's weight format (default auto, the engine's default: on a CPU with AMX it takes a bfloat16 copy of the
+attention and head matrices; the experts always run on the file's types). Each miro line says what it took.
 """
 
 from __future__ import annotations
@@ -191,13 +193,13 @@ def kv_bytes(requests, held: int) -> int:
 # -- one engine per process ---------------------------------------------------------------------------------
 
 
-def run_miro(path: str, requests, threads: int) -> dict:
+def run_miro(path: str, requests, threads: int, weights: str) -> dict:
     from miro.cli.common import limit_threads
     from miro.core import Engine, SamplingParams
 
     limit_threads(threads)
     t0 = time.perf_counter()
-    engine = Engine.from_model(path, max_model_len=CONTEXT)
+    engine = Engine.from_model(path, max_model_len=CONTEXT, weights=weights)
     load_s = time.perf_counter() - t0
     warm = [([3 + (t + 1) % 256 for t in p[:4]], 3) for p, _ in requests]  # compile or load the kernels untimed
     engine.generate([p for p, _ in warm], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), use_tqdm=False)
@@ -206,7 +208,7 @@ def run_miro(path: str, requests, threads: int) -> dict:
     outs = engine.generate([p for p, _ in requests], params, use_tqdm=False)
     run_s = time.perf_counter() - t0
     assert [len(o.outputs[0].token_ids) for o in outs] == [n for _, n in requests]
-    return dict(load_s=load_s, run_s=run_s, tokens=sum(len(p) + n for p, n in requests))
+    return dict(load_s=load_s, run_s=run_s, tokens=sum(len(p) + n for p, n in requests), weights=engine.weight_format)
 
 
 def run_llama_cpp(path: str, requests, parallel: int) -> dict:
@@ -252,6 +254,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="batch,one")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON"))
+    parser.add_argument("--weights", default="auto", help="miro's weight format (auto, native, f32, bf16, i16)")
     parser.add_argument("--child", nargs=3, metavar=("ENGINE", "WORKLOAD", "PATH"), help=argparse.SUPPRESS)
     tiers.add_argument(parser)
     args = parser.parse_args()
@@ -259,7 +262,7 @@ def main() -> None:
         engine, kind, path = args.child
         requests = workload(kind, args.prompts)
         result = (
-            run_miro(path, requests, args.threads)
+            run_miro(path, requests, args.threads, args.weights)
             if engine == "miro"
             else run_llama_cpp(path, requests, PARALLEL if kind == "batch" else 1)
         )
@@ -295,13 +298,16 @@ def main() -> None:
                     str(args.prompts),
                     "--threads",
                     str(args.threads),
+                    "--weights",
+                    args.weights,
                 ]
                 r = child_result(cmd)
                 rates[engine] = r["tokens"] / r["run_s"]
                 rss[engine] = max(rss.get(engine, 0), r["peak_rss"])
                 print(
                     f"  {engine:>9}: {rates[engine]:7.1f} tok/s ({r['tokens']} tokens in {r['run_s']:.1f} s), "
-                    f"load {r['load_s']:.1f} s, peak RSS {r['peak_rss'] / 2**20:,.0f} MiB",
+                    f"load {r['load_s']:.1f} s, peak RSS {r['peak_rss'] / 2**20:,.0f} MiB"
+                    + (f", weights {r['weights']}" if "weights" in r else ""),
                     flush=True,
                 )
             ratios.append(rates["miro"] / rates["llama.cpp"])
