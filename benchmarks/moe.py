@@ -25,7 +25,8 @@ the same number of prompts, 4 tokens each: a run's kernels without touching a se
 
 --tier avx2 runs miro under the AVX2 tier's emulation (benchmarks/tiers.py): give it a llama.cpp built for AVX2.
 --weights: miro's weight format (default auto, the engine's default: on a CPU with AMX it takes a bfloat16 copy of the
-attention and head matrices; the experts always run on the file's types). Each miro line says what it took.
+attention and head matrices; the experts always run on the file's types), or several, comma-separated (auto,native):
+one miro process per format in each round, each against the same round's llama.cpp. Each miro line says what it took.
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="batch,one")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--llama-python", default=os.environ.get("LLAMA_PYTHON"))
-    parser.add_argument("--weights", default="auto", help="miro's weight format (auto, native, f32, bf16, i16)")
+    parser.add_argument("--weights", default="auto", help="miro's weight formats, comma-separated (auto, native, ...)")
     parser.add_argument("--child", nargs=3, metavar=("ENGINE", "WORKLOAD", "PATH"), help=argparse.SUPPRESS)
     tiers.add_argument(parser)
     args = parser.parse_args()
@@ -282,16 +283,18 @@ def main() -> None:
             f"{(size + kv) / 2**20:,.0f} MiB",
             flush=True,
         )
-        ratios, rss = [], {}
+        formats = args.weights.split(",")
+        miros = [f"miro {w}" if len(formats) > 1 else "miro" for w in formats]
+        ratios, rss = {m: [] for m in miros}, {}
         for _ in range(args.rounds):
             rates = {}
-            for engine in ("miro", "llama.cpp"):
-                python = sys.executable if engine == "miro" else args.llama_python
+            for engine, weights in [*zip(miros, formats), ("llama.cpp", "auto")]:
+                python = sys.executable if engine != "llama.cpp" else args.llama_python
                 cmd = [
                     python,
                     __file__,
                     "--child",
-                    engine,
+                    "llama.cpp" if engine == "llama.cpp" else "miro",
                     kind,
                     str(path),
                     "--prompts",
@@ -299,25 +302,27 @@ def main() -> None:
                     "--threads",
                     str(args.threads),
                     "--weights",
-                    args.weights,
+                    weights,
                 ]
                 r = child_result(cmd)
                 rates[engine] = r["tokens"] / r["run_s"]
                 rss[engine] = max(rss.get(engine, 0), r["peak_rss"])
                 print(
-                    f"  {engine:>9}: {rates[engine]:7.1f} tok/s ({r['tokens']} tokens in {r['run_s']:.1f} s), "
+                    f"  {engine:>11}: {rates[engine]:7.1f} tok/s ({r['tokens']} tokens in {r['run_s']:.1f} s), "
                     f"load {r['load_s']:.1f} s, peak RSS {r['peak_rss'] / 2**20:,.0f} MiB"
                     + (f", weights {r['weights']}" if "weights" in r else ""),
                     flush=True,
                 )
-            ratios.append(rates["miro"] / rates["llama.cpp"])
-        ratios.sort()
-        print(
-            f"  miro / llama.cpp, round by round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
-            f"median {ratios[len(ratios) // 2]:.2f}x; peak RSS miro {rss['miro'] / 2**20:,.0f} MiB, llama.cpp "
-            f"{rss['llama.cpp'] / 2**20:,.0f} MiB, file + KV {(size + kv) / 2**20:,.0f} MiB",
-            flush=True,
-        )
+            for m in miros:
+                ratios[m].append(rates[m] / rates["llama.cpp"])
+        for m in miros:
+            x = sorted(ratios[m])
+            print(
+                f"  {m} / llama.cpp, round by round: {', '.join(f'{r:.2f}x' for r in ratios[m])} (in order); "
+                f"median {x[len(x) // 2]:.2f}x; peak RSS {m} {rss[m] / 2**20:,.0f} MiB, llama.cpp "
+                f"{rss['llama.cpp'] / 2**20:,.0f} MiB, file + KV {(size + kv) / 2**20:,.0f} MiB",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
