@@ -36,7 +36,6 @@ BATCH_INVARIANT = True
 WEIGHT_CHOICES = ("auto", "f32", "native", "bf16", "i16")
 WEIGHTS = "auto"
 WEIGHT_MEMORY_FRACTION = 0.5  # of the machine's RAM: auto's budget for a float32 copy of the weights
-AMX_BF16_AUTO_BYTES = 1 << 30  # auto's largest bfloat16 copy of a decoder's weights where AMX runs them (1 GiB)
 
 # submitting a batch
 OUTPUT = "./miro-results"  # where the workers write the part files

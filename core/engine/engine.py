@@ -118,8 +118,7 @@ class Engine:
         dequantizes each once (4-8x the file's size in memory; packed for the invariant GEMM when
         batch_invariant, else laid out for OpenBLAS), "bf16" rounds that copy to bfloat16 (AVX512_BF16 CPUs),
         "i16" to 13-bit integers per block of 128 (x86), "auto" takes bf16 for an encoder where the CPU has it
-        and i16 where it has not, bf16 for a decoder whose copy is at most 1 GiB where AMX runs it, else native
-        where its kernels are estimated
+        and i16 where it has not, else native where its kernels are estimated
         faster for the file's types on this CPU tier (weight_format.NATIVE_SPEEDUP), else f32 when its copy fits
         max_weight_memory (bytes or "8GiB"; default: half the machine's RAM), else native. The choice and why is
         `engine.weight_choice`; it goes to `log` when native is asked for or taken for want of memory.

@@ -13,12 +13,10 @@ sentence-transformers' float32 ones, where its native Q8_0 weights fall to 0.998
 Without bfloat16 it takes i16 (x86 CPUs with AVX2): vpmaddwd does twice float32's products per instruction, and 13
 bits per block of 128 keep the vectors closer to float32's than bfloat16 does.
 
-Where AMX runs bfloat16 tiles (Sapphire Rapids and later Xeons: core/kernels/amx_bf16.py), auto takes bf16 for a
-dense decoder too (a mixture of experts keeps native: its experts run on the file's types in any format, and a
-bfloat16 copy of its attention cost it memory, load time and single-sequence speed: benchmarks/moe.py), when its copy is at most defaults.AMX_BF16_AUTO_BYTES (1 GiB: models up to ~500M parameters) and within
-the budget: from 16 rows a TDPBF16PS product ran 1.5-2.0x the native kernels on SmolLM2-135M's Q4_1 layers, and the
-numbers are bfloat16's, as vLLM's CPU backend gives them, not llama.cpp's. A larger model keeps native: its copy
-would cost 3.5x the file's memory, and at one row AMX reads twice the bytes for the same products."""
+Where AMX runs bfloat16 tiles (Sapphire Rapids and later Xeons), bf16 multiplies by TDPBF16PS
+(core/kernels/amx_bf16.py). auto still keeps native for a decoder there: on the default model and 48 ShareGPT
+prompts bf16 ran 1.04-1.06x native end to end (its weights, 3x the file's bytes, are read from memory every
+step), and its copy took the load from 0.7 to 10 s."""
 
 from __future__ import annotations
 
@@ -95,15 +93,11 @@ def choose_weight_format(
     encoder: bool = False,
     has_bf16: bool = False,
     has_int16: bool = False,
-    has_amx_bf16: bool = False,
-    mixture: bool = False,
 ) -> WeightChoice:
     """The format to load ("f32", "native", "bf16" or "i16") and a sentence saying why.
 
     auto: for an encoder, bf16 where the CPU has it (`has_bf16`), else i16 where the int16 GEMM runs
-    (`has_int16`); for a dense decoder (not a `mixture` of experts, whose experts run native whatever the format),
-    bf16 where AMX runs it (`has_amx_bf16`) and its copy is at most defaults.AMX_BF16_AUTO_BYTES and within the
-    budget; else native when its kernels are estimated
+    (`has_int16`); else native when its kernels are estimated
     faster on this tier (`speedup`, from native_speedup; a tie goes to f32) or the float32 copy is over the
     budget; else f32. All are batch-invariant when asked: native and bf16 by construction, f32 through the
     invariant GEMM."""
@@ -133,13 +127,6 @@ def choose_weight_format(
             "i16",
             "weights: i16 (auto: an encoder on a CPU without AVX512_BF16: its matrices in "
             "13-bit integers per block of 128, multiplied by vpmaddwd)",
-            False,
-        )
-    if not encoder and not mixture and has_amx_bf16 and f32_bytes // 2 <= min(budget, defaults.AMX_BF16_AUTO_BYTES):
-        return WeightChoice(
-            "bf16",
-            f"weights: bf16 (auto: this CPU's AMX multiplies bfloat16 tiles, faster than the file's kernels from 16 "
-            f"rows; the copy takes {_size(f32_bytes // 2)}, within auto's {_size(defaults.AMX_BF16_AUTO_BYTES)} for it)",
             False,
         )
     if speedup is not None and speedup > 1.0:
@@ -174,7 +161,7 @@ def choose_for_file(gguf: GGUFFile, weights: str, max_weight_memory: str | int |
     it, and what a rerun that
     reuses earlier rows (worker/fleet/output/fingerprint.py) predicts the engine will load, before it loads anything
     (tests/e2e/test_reuse_runs.py holds the two to the same choice)."""
-    from miro.core.kernels import amx_bf16, cpu
+    from miro.core.kernels import cpu
 
     tier = cpu.TIER.name
     return choose_weight_format(
@@ -186,8 +173,6 @@ def choose_for_file(gguf: GGUFFile, weights: str, max_weight_memory: str | int |
         encoder=encoder,
         has_bf16=cpu.HAS_BF16_DOT,
         has_int16=cpu.HAS_INT16_DOT,
-        has_amx_bf16=cpu.HAS_BF16_DOT and amx_bf16.ready(),
-        mixture=any(len(t.shape) == 3 and "_exps." in t.name for t in gguf.tensors.values()),
     )
 
 

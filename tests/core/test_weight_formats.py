@@ -13,7 +13,7 @@ from gguf_factory import write_tiny_model
 from miro.cli.main import cli
 from miro.core import Engine, SamplingParams
 from miro.core.engine.kv_cache import KVCache
-from miro.core.kernels import amx_bf16, cpu
+from miro.core.kernels import cpu
 from miro.core.loading.gguf_file import TensorInfo
 from miro.core.engine.step_input import build_step_input
 from miro.core.loading.weight_format import NATIVE_SPEEDUP, TABLE_OF, choose_weight_format, native_speedup
@@ -167,11 +167,7 @@ def test_cli_weights_option_and_autos_message(tiny_model):
     )
     assert default.exit_code == 0, default.output
     assert "weights:" not in default.stderr  # native for speed (Q8_0, where measured) or f32: nothing to announce
-    if cpu.HAS_BF16_DOT and amx_bf16.ready():  # a small decoder takes AMX's bfloat16 tiles
-        assert Engine.from_model(tiny_model, num_kv_blocks=8).weight_choice.startswith(
-            "weights: bf16 (auto: this CPU's AMX multiplies bfloat16 tiles"
-        )
-    elif cpu.TIER.name in TABLE_OF:
+    if cpu.TIER.name in TABLE_OF:
         assert Engine.from_model(tiny_model, num_kv_blocks=8).weight_choice.startswith(
             f"weights: native (auto: on the {cpu.TIER.name} tier the file's kernels are estimated"
         )
