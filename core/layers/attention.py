@@ -145,18 +145,13 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
     helpers = HELPERS
     assert score_queries in (2, 4)
 
-    variant = f"scores{score_queries}" + ("_softcap" if capped else "") + ("_sinks" if with_sinks else "")
-    attend_block = _block_kernel(score_queries, capped)
-
-    @cached_variant(variant, parallel=True)
+    @cached_variant(
+        f"scores{score_queries}" + ("_softcap" if capped else "") + ("_sinks" if with_sinks else ""), parallel=True
+    )
     def attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, threads, cap, sinks):
         """paged_attention's kernel; threads: numba's thread count (read outside: it would keep this from the
         cache); cap: the capped variant's softcap (scale then holds scale / cap); sinks: (n_heads,) float32, the
-        sinks variant's logits (else unread).
-
-        Items are dealt like cards: thread i takes items i, i + threads, i + 2 threads... A prompt's items grow
-        in cost along the list (later query tiles see more keys), so each thread gets a like share of cheap and
-        dear ones. Each thread allocates its scratch once, for the largest item."""
+        sinks variant's logits (else unread)."""
         helpers  # in numba's cache key: see cache_key.py
         n_heads, head_dim = q.shape[1], q.shape[2]
         n_kv_heads, block_size = v_cache.shape[1], v_cache.shape[2]
@@ -164,194 +159,155 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
         block_values = head_dim * block_size  # of one KV head in one block
         flat_k = k_cache.reshape(k_cache.size)
         flat_v = v_cache.reshape(v_cache.size)
-        n_items = items.shape[0]
-        most = 1
-        for w in range(n_items):
-            most = max(most, items[w, 3] - items[w, 2])
-        rows = -(-(most * group) // QUERIES) * QUERIES  # whole groups of 4, for the largest item
-        for first in prange(threads):
-            queries = _lines(rows * head_dim).reshape(rows, head_dim)
-            top = np.empty(rows, dtype=np.float32)  # each query's running max score
-            total = np.empty(rows, dtype=np.float32)  # and its running sum of e^(score - top)
-            acc = _lines(rows * head_dim)  # query qi's weighted sum of values at qi * head_dim
-            scores = _lines(rows * LANES)  # query qi's 16 scores, then e^(score - top)
-            correction = np.empty(rows, dtype=np.float32)  # the factor acc[qi] is scaled by before a block's values
-            k_scratch = _lines(block_values)
-            v_scratch = _lines(block_values)
-            for w in range(first, n_items, threads):
-                seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
-                # query qi is token t_begin + qi // group, head kvh * group + qi % group
-                n_q = (t_end - t_begin) * group
-                for qi in range(n_q):
-                    t, h = t_begin + qi // group, kvh * group + qi % group
-                    for d in range(head_dim):
-                        queries[qi, d] = q[t, h, d]
-                        acc[qi * head_dim + d] = 0.0
-                    top[qi] = -np.inf
-                    total[qi] = 0.0
-                for qi in range(n_q, -(-n_q // QUERIES) * QUERIES):  # the padding of a last group (discarded)
-                    for d in range(head_dim):
-                        queries[qi, d] = 0.0
-                        acc[qi * head_dim + d] = 0.0
-                    correction[qi] = 1.0
-                first_block = _first_block(positions, t_begin, window, block_size)
-                last_block = positions[t_end - 1] // block_size
-                following = -1  # where the next item of this thread starts, to fetch while this one ends
-                if w + threads < n_items:
-                    n = w + threads
-                    b_next = _first_block(positions, items[n, 2], window, block_size)
-                    following = (block_tables[items[n, 0], b_next] * n_kv_heads + items[n, 1]) * block_values
-                for b in range(first_block, last_block + 1):
-                    start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
-                    ahead = (
-                        (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
+        order = _dealt(items.shape[0], threads)
+        for i in prange(items.shape[0]):
+            w = order[i]
+            seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
+            n_q = (t_end - t_begin) * group  # query qi is token t_begin + qi // group, head kvh * group + qi % group
+            rows = -(-n_q // QUERIES) * QUERIES  # the queries padded to whole groups of 4 (the padding is discarded)
+            queries = np.zeros((rows, head_dim), dtype=np.float32)
+            for qi in range(n_q):
+                queries[qi] = q[t_begin + qi // group, kvh * group + qi % group]
+            top = np.full(rows, -np.inf, dtype=np.float32)  # each query's running max score
+            total = np.zeros(rows, dtype=np.float32)  # and its running sum of e^(score - top)
+            acc = np.zeros(rows * head_dim, dtype=np.float32)  # query qi's weighted sum of values at qi * head_dim
+            scores = np.zeros(rows * LANES, dtype=np.float32)  # query qi's 16 scores, then e^(score - top)
+            correction = np.ones(rows, dtype=np.float32)  # the factor acc[qi] is scaled by before this block's values
+            k_scratch = np.empty(block_values, dtype=np.float32)
+            v_scratch = np.empty(block_values, dtype=np.float32)
+            max_pos = positions[t_end - 1]
+            first_block = 0
+            if window > 0:
+                first_block = max(positions[t_begin] - window + 1, 0) // block_size
+            last_block = max_pos // block_size
+            for b in range(first_block, last_block + 1):
+                start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+                ahead = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else -1
+                if rows <= QUERIES:  # one group of 4 queries (decode): widening as it loads beats a pass via scratch
+                    _attend_block(
+                        queries,
+                        rows,
+                        score_queries,
+                        flat_k,
+                        start,
+                        flat_v,
+                        start,
+                        b,
+                        block_size,
+                        positions,
+                        t_begin,
+                        t_end,
+                        group,
+                        window,
+                        scale,
+                        scores,
+                        top,
+                        total,
+                        correction,
+                        acc,
+                        ahead,
+                        capped,
+                        cap,
                     )
-                    if n_q <= QUERIES:  # one group of queries (decode): widening as it loads beats a pass via scratch
-                        attend_block(
-                            queries,
-                            n_q,
-                            flat_k,
-                            start,
-                            flat_v,
-                            start,
-                            b,
-                            block_size,
-                            positions,
-                            t_begin,
-                            t_end,
-                            group,
-                            window,
-                            scale,
-                            scores,
-                            top,
-                            total,
-                            correction,
-                            acc,
-                            ahead,
-                            cap,
-                        )
-                    else:  # many groups: widen the block once, into scratch, for all of them
-                        if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
-                            _prefetch_block(flat_k, flat_v, ahead, block_values)
-                        kt, k0 = block_as_f32(flat_k, start, k_scratch)
-                        vb, v0 = block_as_f32(flat_v, start, v_scratch)
-                        attend_block(
-                            queries,
-                            n_q,
-                            kt,
-                            k0,
-                            vb,
-                            v0,
-                            b,
-                            block_size,
-                            positions,
-                            t_begin,
-                            t_end,
-                            group,
-                            window,
-                            scale,
-                            scores,
-                            top,
-                            total,
-                            correction,
-                            acc,
-                            -1,
-                            cap,
-                        )
-                for qi in range(n_q):
-                    if with_sinks:
-                        _add_sink(sinks[kvh * group + qi % group], qi, top, total, acc, head_dim)
-                    inv = np.float32(1.0) / total[qi]
-                    for d in range(head_dim):
-                        out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
+                else:  # many groups: widen the block once, into scratch, for all of them
+                    if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
+                        _prefetch_block(flat_k, flat_v, ahead, block_values)
+                    kt, k0 = block_as_f32(flat_k, start, k_scratch)
+                    vb, v0 = block_as_f32(flat_v, start, v_scratch)
+                    _attend_block(
+                        queries,
+                        rows,
+                        score_queries,
+                        kt,
+                        k0,
+                        vb,
+                        v0,
+                        b,
+                        block_size,
+                        positions,
+                        t_begin,
+                        t_end,
+                        group,
+                        window,
+                        scale,
+                        scores,
+                        top,
+                        total,
+                        correction,
+                        acc,
+                        -1,
+                        capped,
+                        cap,
+                    )
+            for qi in range(n_q):
+                if with_sinks:
+                    _add_sink(sinks[kvh * group + qi % group], qi, top, total, acc, head_dim)
+                inv = np.float32(1.0) / total[qi]
+                for d in range(head_dim):
+                    out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
         return out
 
     return attend
 
 
 @njit(inline="always")
-def _lines(n):
-    """n float32 zeros from a 64-byte boundary: a vector of 16 never straddles two cache lines (numba aligns
-    arrays to 32 bytes, and a straddling load or store costs two)."""
-    buffer = np.zeros(n + LANES, dtype=np.float32)
-    skip = (-(buffer.ctypes.data // 4)) % LANES
-    return buffer[skip : skip + n]
+def _attend_block(
+    queries,
+    rows,
+    score_queries,
+    kt,
+    k0,
+    vb,
+    v0,
+    b,
+    block_size,
+    positions,
+    t_begin,
+    t_end,
+    group,
+    window,
+    scale,
+    scores,
+    top,
+    total,
+    correction,
+    acc,
+    ahead,
+    capped,
+    cap,
+):
+    """One block of keys for every query of a work item: kt[k0 + d * block_size + j] is key j's d,
+    vb[v0 + j * head_dim + d] value j's d, in float32 or float16 bits (load_kv16 widens them).
 
+    ahead >= 0 (kt and vb are then the cache itself): the next block's K and V start there. The first group's
+    passes prefetch them a line per step, in the shadow of this block's arithmetic: blocks lie in the pool in
+    any order, which the hardware's prefetcher cannot guess, and for one group (decode) a burst of 64
+    prefetches at once stalls on the cache's miss buffers (measured 1.3x slower).
 
-@njit(inline="always")
-def _first_block(positions, t_begin, window, block_size):
-    """The first block an item's queries see: 0, or with a sliding window the one holding the first query's
-    earliest key."""
-    if window > 0:
-        return max(positions[t_begin] - window + 1, 0) // block_size
-    return 0
-
-
-def _block_kernel(score_queries: int, capped: bool):
-    """The block step of one kernel variant: score_queries and capped are constants of its code before numba
-    inlines it, so the functions only the other variants call are never inlined (compile time). Measured: a
-    group of 3 for decode's 3 query heads (SmolLM2) instead of padding them to 4 took 2-5% off decode's
-    attention and added 1 s (12%) to this kernel's compile, so the last group is padded."""
-
-    @njit(inline="always")
-    def attend_block(
-        queries,
-        n_q,
-        kt,
-        k0,
-        vb,
-        v0,
-        b,
-        block_size,
-        positions,
-        t_begin,
-        t_end,
-        group,
-        window,
-        scale,
-        scores,
-        top,
-        total,
-        correction,
-        acc,
-        ahead,
-        cap,
-    ):
-        """One block of keys for the n_q queries of a work item: kt[k0 + d * block_size + j] is key j's d,
-        vb[v0 + j * head_dim + d] value j's d, in float32 or float16 bits (load_kv16 widens them).
-
-        ahead >= 0 (kt and vb are then the cache itself): the next block's K and V start there. The first group's
-        passes prefetch them a line per step, in the shadow of this block's arithmetic: blocks lie in the pool in
-        any order, which the hardware's prefetcher cannot guess, and for one group (decode) a burst of 64
-        prefetches at once stalls on the cache's miss buffers (measured 1.3x slower).
-
-        capped (a constant of the kernel's variant): each score s, computed with scale / cap, becomes cap * tanh(s)
-        before the softmax sees it (its running max included), as ggml's flash attention soft-caps them."""
-        head_dim = queries.shape[1]
-        rows = -(-n_q // QUERIES) * QUERIES  # the queries padded to whole groups of 4 (the padding is discarded)
-        for lane0 in range(0, block_size, LANES):
-            base = b * block_size + lane0  # the position of lane 0
-            # three passes over the queries, a group at a time where they share loads, so that the CPU overlaps
-            # their dependency chains; every query's own arithmetic is the same whatever its neighbours
-            for qi in range(0, rows, score_queries):
-                k_ahead = ahead + lane0 if ahead >= 0 and qi == 0 else -1
-                if score_queries == 4:
-                    _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
-                else:
-                    _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
-            if capped:
-                _softcap(scores, n_q, cap)
-            for t in range(t_begin, t_end):
-                seen = positions[t] + 1 - base  # keys of the 16 at or before the query
-                end = min(seen, LANES)
-                first = max(seen - window, 0) if window > 0 else 0
-                for qi in range((t - t_begin) * group, (t - t_begin + 1) * group):
-                    _online_softmax(scores, qi, first, end, top, total, correction)
-            for qi in range(0, rows, QUERIES):
-                v_ahead = ahead + lane0 * head_dim if ahead >= 0 and qi == 0 else -1
-                _accumulate_values4(scores, qi, correction, vb, v0 + lane0 * head_dim, acc, v_ahead)
-
-    return attend_block
+    capped (a constant of the kernel's variant): each score s, computed with scale / cap, becomes cap * tanh(s)
+    before the softmax sees it (its running max included), as ggml's flash attention soft-caps them."""
+    head_dim = queries.shape[1]
+    for lane0 in range(0, block_size, LANES):
+        base = b * block_size + lane0  # the position of lane 0
+        # three passes over the queries, a group at a time where they share loads, so that the CPU overlaps
+        # their dependency chains; every query's own arithmetic is the same whatever its neighbours
+        for qi in range(0, rows, score_queries):
+            k_ahead = ahead + lane0 if ahead >= 0 and qi == 0 else -1
+            if score_queries == 4:
+                _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
+            else:
+                _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
+        if capped:
+            _softcap(scores, rows, cap)
+        for t in range(t_begin, t_end):
+            seen = positions[t] + 1 - base  # keys of the 16 at or before the query
+            end = min(seen, LANES)
+            first = max(seen - window, 0) if window > 0 else 0
+            for qi in range((t - t_begin) * group, (t - t_begin + 1) * group):
+                _online_softmax(scores, qi, first, end, top, total, correction)
+        for qi in range(0, rows, QUERIES):
+            v_ahead = ahead + lane0 * head_dim if ahead >= 0 and qi == 0 else -1
+            _accumulate_values4(scores, qi, correction, vb, v0 + lane0 * head_dim, acc, v_ahead)
 
 
 @njit(inline="always")
@@ -370,9 +326,9 @@ def _add_sink(sink, qi, top, total, acc, head_dim):
 
 
 @njit(inline="always")
-def _softcap(scores, n_q, cap):
+def _softcap(scores, rows, cap):
     """Every query's 16 scores s -> cap * tanh(s) (s already times scale / cap), in float32."""
-    for i in range(n_q * LANES):
+    for i in range(rows * LANES):
         scores[i] = cap * np.tanh(scores[i])
 
 
@@ -393,6 +349,20 @@ def _prefetch_rows(flat_cache, ahead, offset, stride):
         prefetch(flat_cache, ahead + offset)
         if stride:
             prefetch(flat_cache, ahead + offset + stride)
+
+
+@njit(inline="always")
+def _dealt(n, threads):
+    """0..n-1 dealt like cards: i, i + threads, i + 2 threads... for i < threads, one run after another. prange
+    gives each thread one contiguous run of the loop, and a prompt's items grow in cost along it (later query
+    tiles see more keys), so each thread gets a like share of cheap and dear ones instead of one half each."""
+    order = np.empty(n, dtype=np.int64)
+    k = 0
+    for first in range(threads):
+        for w in range(first, n, threads):
+            order[k] = w
+            k += 1
+    return order
 
 
 @njit(inline="always")
