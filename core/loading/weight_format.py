@@ -15,7 +15,7 @@ bits per block of 128 keep the vectors closer to float32's than bfloat16 does.
 
 Where AMX runs bfloat16 tiles (Sapphire Rapids and later Xeons), bf16 multiplies by TDPBF16PS
 (core/kernels/amx_bf16.py). auto still keeps native for a decoder there: on the default model and 48 ShareGPT
-prompts bf16 ran 1.04-1.06x native end to end (its weights, 3x the file's bytes, are read from memory every
+prompts bf16 ran 1.02-1.06x native end to end (its weights, 3x the file's bytes, are read from memory every
 step), its numbers are not llama.cpp's, and its copy adds 310 MiB."""
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def test_miro_amx_0_keeps_the_vdpbf16ps_kernel():
 
 
 def test_auto_keeps_native_for_a_decoder_where_amx_runs():
-    """bf16 on AMX ran 1.04-1.06x native end to end on the default model, its copy 310 MiB: not auto's choice."""
+    """bf16 on AMX ran 1.02-1.06x native end to end on the default model, its copy 310 MiB: not auto's choice."""
     from miro.core.loading.weight_format import choose_weight_format
 
     decoder = choose_weight_format("auto", 540 << 20, None, 2.4, "avx512-vnni", encoder=False, has_bf16=True)
