@@ -110,7 +110,7 @@ def plan(gguf, config, weight_format: str, kv_cache_dtype: str) -> list[Unit]:
         for t in sorted(types)
         if WEIGHT_TYPES.get(t) is not None and WEIGHT_TYPES[t].native
     ]
-    if weight_format == "bf16":  # every matrix in bfloat16, whatever its type: one GEMM (auto's choice on AMX)
+    if weight_format == "bf16":  # every matrix in bfloat16, whatever its type: one GEMM (AMX's where it runs)
         units.append(Unit("linear", (int(GGMLQuantizationType.F32), "bf16")))
     return units
 

@@ -7,7 +7,7 @@ One TDPBF16PS multiplies a 16 x 32 bfloat16 A tile by a 32 x 16 B tile into 16 x
 as many as 256 vdpbf16ps. bf16_gemm.pack_bf16 already lays the weights out as AMX's B tiles want them: a panel
 of 32 columns is K/2 rows of 32 words, each word two consecutive k of one column (the even k low), so 16 rows of
 its first (last) 16 words, 128 bytes apart, are a B tile. The activations are rounded to bfloat16 pairs once per
-call (bf16_gemm.to_bf16_pairs) and padded with zero rows to a multiple of 16: an A tile is 16 rows of 16 words.
+call (bf16_gemm.padded_pairs) and padded with zero rows to a multiple of 16: an A tile is 16 rows of 16 words.
 
 Each thread takes a run of panels. Per panel, 32 activation rows at a time: four C tiles (tmm0-3) from two A tiles
 (tmm4-5) and the panel's two B tiles (tmm6-7), over every k in order, then stored once. A row's sums depend on its
@@ -26,7 +26,7 @@ from numba import get_num_threads, njit, prange
 from miro.core.kernels import amx
 from miro.core.kernels.amx import _tile_product, config_bytes, tile_load, tile_load_config, tile_release
 from miro.core.kernels.amx import tile_store, tile_zero
-from miro.core.kernels.bf16_gemm import PANEL, to_bf16_pairs
+from miro.core.kernels.bf16_gemm import PANEL, padded_pairs
 from miro.core.kernels.cache_key import HELPERS
 from miro.core.kernels.cpu import compiled_features
 
@@ -49,10 +49,7 @@ def fits(k2: int) -> bool:
 
 def matmul_amx_bf16(a: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out (T, N) = a (T, K) float32 @ W packed by bf16_gemm.pack_bf16 (n_panels, K2, 32), K2 % 16 == 0."""
-    n_rows = -(-a.shape[0] // ROWS) * ROWS
-    pairs = np.zeros((n_rows, w.shape[1]), np.uint32)
-    to_bf16_pairs(a, pairs[: a.shape[0]])
-    return _matmul(pairs, w, out, CONFIG, get_num_threads())
+    return _matmul(padded_pairs(a, w.shape[1], ROWS), w, out, CONFIG, get_num_threads())
 
 
 def _build():
@@ -94,7 +91,7 @@ def _build():
                             tile_load(5, a, a1 + j * 4, a_stride)
                             tile_dpbf16ps(2, 5, 6)
                             tile_dpbf16ps(3, 5, 7)
-                    rows = min(2 * ROWS, n_tok - m0)
+                    rows = min(2 * ROWS, n_tok - m0)  # at least 1: n_rows is n_tok rounded up to 16
                     if rows == 2 * ROWS and n0 + PANEL <= n_cols:  # the whole block lands in out
                         at = np.int64(m0) * out_stride + n0 * 4
                         tile_store(0, out, at, out_stride)
@@ -108,7 +105,7 @@ def _build():
                         tile_store(2, sums, ROWS * PANEL * 4, np.int64(PANEL * 4))
                         tile_store(3, sums, ROWS * PANEL * 4 + 64, np.int64(PANEL * 4))
                     width = min(PANEL, n_cols - n0)
-                    for m in range(max(rows, 0)):
+                    for m in range(rows):
                         for c in range(width):
                             out[m0 + m, n0 + c] = sums[m, c]
             tile_release()

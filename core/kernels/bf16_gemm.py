@@ -92,12 +92,17 @@ def pack_bf16(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(n_panels, PANEL, -1).transpose(0, 2, 1))
 
 
+def padded_pairs(a: np.ndarray, k2: int, rows: int) -> np.ndarray:
+    """a (T, K) float32 as bfloat16 pairs (to_bf16_pairs), (T rounded up to a multiple of `rows`, k2), the rows
+    past T zero: a GEMM's whole tiles of rows."""
+    pairs = np.zeros((-(-a.shape[0] // rows) * rows, k2), np.uint32)
+    to_bf16_pairs(a, pairs[: a.shape[0]])
+    return pairs
+
+
 def matmul_bf16(a: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out (T, N) = a (T, K) @ W with W packed by pack_bf16."""
-    n_rows = -(-a.shape[0] // ROWS) * ROWS
-    pairs = np.zeros((n_rows, w.shape[1]), np.uint32)
-    to_bf16_pairs(a, pairs[: a.shape[0]])
-    return _matmul(pairs, w.reshape(-1), w.shape[1], out)
+    return _matmul(padded_pairs(a, w.shape[1], ROWS), w.reshape(-1), w.shape[1], out)
 
 
 def _build():
