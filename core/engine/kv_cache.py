@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import re
 
 import numpy as np
@@ -60,6 +61,18 @@ def check_kv_layout(config: ModelConfig, block_size: int) -> None:
         )
 
 
+def zeroed_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zeroed array whose pages the OS fills on first write, in 4 KiB pages: a block's pages become resident when
+    a sequence first uses it, so a run holds the cache it uses, not the whole --kv-cache-memory (1 GiB by default)
+    from load. Not numpy's own allocation: numpy asks for transparent huge pages on large arrays, so a 16 KiB block
+    of one layer made 2 MiB resident (one sequence of the Qwen3-MoE-shaped benchmark held 60 MiB of KV for 7 tokens)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    pages = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; where THP is "always", a first write would still fault in 2 MiB
+        pages.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(pages, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+
 class KVCache:
     """K and V for every layer, in layers/attention.py's layout:
     k (n_layers, num_blocks, n_kv_heads, head_dim, block_size), v (n_layers, num_blocks, n_kv_heads,
@@ -77,11 +90,8 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
-        # zeroed by the OS as each page is first written: a block's pages become resident when a sequence first
-        # uses it, so a run holds the cache it uses, not the whole --kv-cache-memory (1 GiB by default) from load
-        # (filled at load, the Qwen3-MoE-shaped benchmark's 1 GiB file peaked at 2.2 GiB for 150 MiB of KV used)
-        self.k = np.zeros(heads + (config.head_dim, block_size), dtype=KV_STORAGE[dtype])
-        self.v = np.zeros(heads + (block_size, config.head_dim), dtype=KV_STORAGE[dtype])
+        self.k = zeroed_pages(heads + (config.head_dim, block_size), KV_STORAGE[dtype])
+        self.v = zeroed_pages(heads + (block_size, config.head_dim), KV_STORAGE[dtype])
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: str = defaults.KV_CACHE_DTYPE) -> int:
