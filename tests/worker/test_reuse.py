@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import redis
 
@@ -143,6 +144,41 @@ def test_a_hash_ending_in_a_zero_byte_is_found(tmp_path):
     previous = PreviousResults.open(str(earlier_results(tmp_path / "old.parquet", dataset)))
     for request in parse_dataset(dataset).requests:
         assert previous.find(STAMP.request_hash(request)) is not None
+
+
+@pytest.mark.parametrize("batch_rows", [1, 2, 3, 65_536])
+def test_the_index_reads_a_request_whose_rows_span_two_batches(tmp_path, monkeypatch, batch_rows):
+    """The index is built a batch of rows at a time: a request's choices cut by a batch boundary are one entry, and
+    so are its rows only while they are adjacent, successful and of one hash and custom id."""
+    from miro.worker.fleet.intake import reuse
+
+    monkeypatch.setattr(reuse, "INDEX_BATCH_ROWS", batch_rows)
+    dataset = write(tmp_path / "d.jsonl", LINES)
+    previous = PreviousResults.open(str(earlier_results(tmp_path / "old.parquet", dataset, error_on={"e"})))
+    found = {r.custom_id: previous.find(STAMP.request_hash(r)) for r in parse_dataset(dataset).requests}
+    # rows: a, b, c (2 choices), d, e (failed): c's two rows are one request; length-cut rows are not "stopped"
+    assert found == {"a": (0, 1, False), "b": (1, 1, False), "c": (2, 2, False), "d": (4, 1, False), "e": None}
+
+
+def test_earlier_rows_that_miro_did_not_write_are_no_traceback(tmp_path):
+    """A request_hash that is no sha256 is never found (it was not miro's); a column of another type, or a missing
+    one, is one sentence."""
+    dataset = write(tmp_path / "d.jsonl", LINES[:2])
+    table = pa.Table.from_pylist(
+        [
+            {"custom_id": "a", "request_hash": "not a hash", "error": None, "finish_reason": None},
+            {"custom_id": "b", "request_hash": "zz" * 32, "error": None, "finish_reason": None},
+        ]
+    )
+    pq.write_table(table, tmp_path / "odd.parquet")
+    previous = PreviousResults.open(str(tmp_path / "odd.parquet"))  # finish_reason: a column of nulls only
+    assert all(previous.find(STAMP.request_hash(r)) is None for r in parse_dataset(dataset).requests)
+    pq.write_table(pa.table({"custom_id": ["a"], "request_hash": [5], "error": [None]}), tmp_path / "i.parquet")
+    with pytest.raises(MiroError, match="its request_hash column holds int64, not text"):
+        PreviousResults.open(str(tmp_path / "i.parquet"))
+    pq.write_table(pa.table({"custom_id": ["a"], "request_hash": ["ab" * 32]}), tmp_path / "e.parquet")
+    with pytest.raises(MiroError, match="has no error column"):
+        PreviousResults.open(str(tmp_path / "e.parquet"))
 
 
 def test_not_batch_invariant_or_not_miros_results_is_refused(tmp_path):

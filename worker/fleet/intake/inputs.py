@@ -96,7 +96,7 @@ def _validate(model: type[BaseModel], data: Any, prefix: tuple = ()) -> Any:
         raise LineProblem(_describe(e.errors(), prefix, set(model.model_fields))) from None
 
 
-def _simple(obj: dict, number: int, task: str | None) -> Request:
+def _simple(obj: dict, number: int, task: str | None) -> dict:
     line = _validate(SimpleLine, obj)
     if line.input is not None or (task == "embed" and line.prompt is not None):
         return _simple_embedding(line, number)
@@ -107,7 +107,7 @@ def _simple(obj: dict, number: int, task: str | None) -> Request:
     sampling = line.sampling()
     if line.logprobs is not None:
         sampling["logprobs"] = line.logprobs
-    return Request(
+    return dict(
         custom_id=line.id or line.custom_id or f"line-{number}",
         line=number,
         kind="chat" if line.messages is not None else "completion",
@@ -121,10 +121,10 @@ def _simple(obj: dict, number: int, task: str | None) -> Request:
     )
 
 
-def _simple_embedding(line: SimpleLine, number: int) -> Request:
+def _simple_embedding(line: SimpleLine, number: int) -> dict:
     if given := line.given_sampling_fields():
         raise LineProblem(f"field '{given[0]}': a sampling option, and an embedding line generates nothing")
-    return Request(
+    return dict(
         custom_id=line.id or line.custom_id or f"line-{number}",
         line=number,
         kind="embedding",
@@ -179,11 +179,11 @@ def _own_fields(extra: dict[str, Any]) -> dict[str, Any] | None:
     return dict(extra) or None
 
 
-def _openai(obj: dict, number: int) -> Request:
+def _openai(obj: dict, number: int) -> dict:
     envelope = _validate(OpenAILine, obj)
     if envelope.url == EMBEDDINGS_URL:
         body = _validate(EmbeddingBody, envelope.body, ("body",))
-        return Request(
+        return dict(
             custom_id=envelope.custom_id,
             line=number,
             kind="embedding",
@@ -219,7 +219,7 @@ def _openai(obj: dict, number: int) -> Request:
             "body.response_format",
             "body.response_format.json_schema.schema" if schema else "body.response_format",
         )
-    return Request(
+    return dict(
         custom_id=envelope.custom_id,
         line=number,
         kind="chat" if chat else "completion",
@@ -232,7 +232,7 @@ def _openai(obj: dict, number: int) -> Request:
     )
 
 
-def _responses(envelope: OpenAILine, number: int) -> Request:
+def _responses(envelope: OpenAILine, number: int) -> dict:
     """A /v1/responses line: a chat request (the instructions as its system message) whose output is a Response."""
     body = _validate(ResponsesBody, envelope.body, ("body",))
     if body.n not in (None, 1):
@@ -265,7 +265,7 @@ def _responses(envelope: OpenAILine, number: int) -> Request:
         metadata=body.metadata,
         text_format=text_format.echo() if text_format is not None else None,
     )
-    return Request(
+    return dict(
         custom_id=envelope.custom_id,
         line=number,
         kind="response",
@@ -331,6 +331,10 @@ def _refuse_constant(name: str):
     raise _NonStandardNumber(f"not valid JSON ({name} is not a JSON number)")
 
 
+# json.loads(text, object_pairs_hook=..., parse_constant=...) makes a decoder per call; one serves every line
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_refuse_constant)
+
+
 def parse_line(number: int, text: str, defaults: dict, pooling_defaults: dict, task: str | None) -> Request:
     return parse_object(number, json_object(text), defaults, pooling_defaults, task)
 
@@ -338,7 +342,9 @@ def parse_line(number: int, text: str, defaults: dict, pooling_defaults: dict, t
 def json_object(text: str) -> dict:
     """A line's JSON object; LineProblem if the line is not one (invalid JSON, NaN, a duplicate key, an array)."""
     try:
-        obj = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_refuse_constant)
+        if text.startswith("\ufeff"):  # as json.loads refuses it
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        obj = _DECODER.decode(text)
     except _NonStandardNumber as e:
         raise LineProblem(str(e)) from None
     except json.JSONDecodeError as e:
@@ -357,25 +363,24 @@ def parse_object(number: int, obj: dict, defaults: dict, pooling_defaults: dict,
     none."""
     try:
         _check_id_length(obj)
-        request = _openai(obj, number) if obj.keys() & {"url", "method", "body"} else _simple(obj, number, task)
+        # the Request's fields, made a Request once its defaults are in (one construction a line, not two)
+        values = _openai(obj, number) if obj.keys() & {"url", "method", "body"} else _simple(obj, number, task)
         try:
-            if request.kind == "embedding":
-                request = dataclasses.replace(request, pooling={**pooling_defaults, **request.pooling})
-                PoolingParams(**request.pooling)
+            if values["kind"] == "embedding":
+                values["pooling"] = {**pooling_defaults, **values["pooling"]}
+                PoolingParams(**values["pooling"])
             else:
                 # a line without max_tokens (and no default for it) runs to a natural stop within the context, as
                 # OpenAI's do
-                merged = {"max_tokens": None, **defaults, **request.sampling}
-                request = dataclasses.replace(
-                    request, sampling={k: list(v) if isinstance(v, list) else v for k, v in merged.items()}
-                )
-                SamplingParams(**request.sampling)
+                merged = {"max_tokens": None, **defaults, **values["sampling"]}
+                values["sampling"] = {k: list(v) if isinstance(v, list) else v for k, v in merged.items()}
+                SamplingParams(**values["sampling"])
         except RequestError as e:
             raise LineProblem(str(e).rstrip(".")) from None
     except LineProblem as problem:
         problem.custom_id = _id_of(obj)
         raise
-    return request
+    return Request(**values)
 
 
 def checked_defaults(defaults: dict | None) -> dict:

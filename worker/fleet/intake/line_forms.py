@@ -168,7 +168,8 @@ class _Sampling(BaseModel):
     )
 
     def sampling(self) -> dict:
-        return {k: v for k in _Sampling.model_fields if (v := getattr(self, k)) is not None}
+        values = self.__dict__  # the fields' values (pydantic keeps them there)
+        return {k: v for k in _SAMPLING_FIELDS if (v := values[k]) is not None}
 
 
 class _Pooling(BaseModel):
@@ -187,7 +188,13 @@ class _Pooling(BaseModel):
         }
 
     def given_pooling_fields(self) -> list[str]:
-        return [k for k in _Pooling.model_fields if getattr(self, k) is not None]
+        values = self.__dict__
+        return [k for k in _POOLING_FIELDS if values[k] is not None]
+
+
+# the field names in declaration order, once (model_fields is a class property: a call per access)
+_SAMPLING_FIELDS = tuple(_Sampling.model_fields)
+_POOLING_FIELDS = tuple(_Pooling.model_fields)
 
 
 class SimpleLine(_Sampling, _Pooling):
@@ -213,7 +220,7 @@ class SimpleLine(_Sampling, _Pooling):
         return self
 
     def given_sampling_fields(self) -> list[str]:
-        return [k for k in (*_Sampling.model_fields, "logprobs") if getattr(self, k) is not None]
+        return [k for k in (*_SAMPLING_FIELDS, "logprobs") if getattr(self, k) is not None]
 
 
 class OpenAILine(BaseModel):

@@ -9,8 +9,10 @@ custom id, line, job id, model name and own fields (and `reused_from`, the batch
 part files of the new batch (`part-reused-*.parquet`), and `count` counts it completed once the batch record
 exists. Everything downstream (results, resume, status) sees rows, as if a worker had written them.
 
-Memory: the index of PREVIOUS holds 46 bytes a request (its 32-byte hash, where its request's rows start, how many);
-rows are fetched a Parquet row group at a time when REUSED_PER_PART requests wait, and written as one part file.
+Memory: the index of PREVIOUS holds 46 bytes a request (its 32-byte hash, where its request's rows start, how many),
+built from 3 bytes a row read a batch of rows at a time (never a row as Python objects); rows are fetched a Parquet
+row group at a time (the last one kept) when REUSED_PER_PART requests wait, and written, their own columns made by
+pyarrow, as one part file.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from miro.worker.fleet.records import batches
 from miro.worker.fleet.records.payload import Request
 
 REUSED_PER_PART = 20_000  # reused requests written per part file
+INDEX_BATCH_ROWS = 65_536  # rows of PREVIOUS read at a time to index it
 _INDEX_COLUMNS = ["request_hash", "custom_id", "error", "finish_reason"]
 
 
@@ -50,6 +53,7 @@ class PreviousResults:
     counts: np.ndarray
     stopped: np.ndarray  # every row of it finished by itself (finish_reason "stop", or an embedding's null)
     group_starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # first row of each row group
+    _last_group: tuple[int, pa.Table] | None = field(default=None, repr=False, compare=False)  # the one read last
 
     @classmethod
     def open(cls, path: str) -> PreviousResults:
@@ -66,57 +70,77 @@ class PreviousResults:
                 f"{redacted(path)} has no request_hash column: it was written by a miro from before "
                 "reuse, or is not miro's results; nothing in it can be reused."
             )
+        for name in ("custom_id", "error"):
+            if name not in names:
+                raise MiroError(f"{redacted(path)} has no {name} column: it is not miro's results to reuse.")
         columns = [name for name in _INDEX_COLUMNS if name in names]
-        hashes, starts, counts, stopped = [], [], [], []
-        row = 0
-        previous: tuple[bytes, str] | None = None
-        for batch in file.iter_batches(batch_size=65_536, columns=columns):
-            values = {name: batch.column(name).to_pylist() for name in columns}
-            reasons = values.get("finish_reason") or [None] * batch.num_rows
-            for h, cid, error, reason in zip(values["request_hash"], values["custom_id"], values["error"], reasons):
-                key = (h, cid)
-                if h is not None and error is None:
-                    if key == previous:
-                        counts[-1] += 1
-                        stopped[-1] &= reason in ("stop", None)
-                    else:
-                        hashes.append(_key(h))
-                        starts.append(row)
-                        counts.append(1)
-                        stopped.append(reason in ("stop", None))
-                previous = key if h is not None and error is None else None
-                row += 1
-        order = np.argsort(np.asarray(hashes, dtype="S33"), kind="stable") if hashes else np.zeros(0, np.int64)
+        for name in columns:
+            kind = file.schema_arrow.field(name).type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+                raise MiroError(
+                    f"{redacted(path)} cannot be read as results to reuse: its {name} column holds {kind}, not text."
+                )
+        # a request's rows are a run of adjacent successful rows of one hash and custom id: per row, whether it is
+        # successful, whether it goes on the run of the row before, whether it stopped by itself (1 byte each)
+        successful, continued, stops, hashes = [], [], [], []
+        last = None  # (hash, custom id) of the batch before's last row, if successful
+        try:
+            for batch in file.iter_batches(batch_size=INDEX_BATCH_ROWS, columns=columns):
+                ok, same, stop, last = _row_flags(batch, last)
+                successful.append(ok)
+                continued.append(same)
+                stops.append(stop)
+                first_rows = np.nonzero(ok & ~same)[0]
+                hashes += [_key(h) for h in batch.column("request_hash").take(first_rows).to_pylist()]
+        except (pa.ArrowException, OSError) as err:
+            raise MiroError(f"{redacted(path)} cannot be read as Parquet results to reuse ({err}).") from None
+        successful, continued, stops = (
+            np.concatenate(a) if a else np.zeros(0, bool) for a in (successful, continued, stops)
+        )
+        starts = np.nonzero(successful & ~continued)[0]
+        breaks = np.append(np.nonzero(~continued)[0], continued.size)  # where a run ends: the next row not going on
+        ends = breaks[np.searchsorted(breaks, starts, side="right")]
+        not_stopped = np.concatenate([[0], np.cumsum(~stops)])
+        stopped = not_stopped[ends] == not_stopped[starts]
+        keys = np.asarray(hashes, dtype="S33")
+        order = np.argsort(keys, kind="stable")
         sizes = [file.metadata.row_group(i).num_rows for i in range(file.metadata.num_row_groups)]
         return cls(
             path,
             file,
-            np.asarray(hashes, dtype="S33")[order],
-            np.asarray(starts, np.int64)[order],
-            np.asarray(counts, np.int32)[order],
-            np.asarray(stopped, bool)[order],
+            keys[order],
+            starts.astype(np.int64)[order],
+            (ends - starts).astype(np.int32)[order],
+            stopped[order],
             np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
         )
 
     def find(self, request_hash: str) -> tuple[int, int, bool] | None:
         """(first row, rows, all stopped) of the earlier request with this hash, or None."""
         key = _key(request_hash)
-        at = int(np.searchsorted(self.hashes, key))
+        at = int(self.hashes.searchsorted(key))
         if at < len(self.hashes) and self.hashes[at] == key:
             return int(self.starts[at]), int(self.counts[at]), bool(self.stopped[at])
         return None
 
     def rows(self, positions: np.ndarray) -> pa.Table:
-        """The rows at these positions of PREVIOUS, in that order, reading each row group they fall in once."""
+        """The rows at these positions of PREVIOUS, in that order, reading each row group they fall in once (the
+        last one read is kept: the next positions, in a rerun of the same file, start in it)."""
         groups = np.searchsorted(self.group_starts, positions, side="right") - 1
         pieces, order = [], []
         for group in np.unique(groups):
             chosen = np.nonzero(groups == group)[0]
-            table = self.file.read_row_group(int(group))
-            pieces.append(table.take(pa.array(positions[chosen] - self.group_starts[group])))
+            pieces.append(self._row_group(int(group)).take(pa.array(positions[chosen] - self.group_starts[group])))
             order.append(chosen)
         taken = pa.concat_tables(pieces, promote_options="permissive")
+        if np.all(positions[1:] >= positions[:-1]):  # the pieces are already in the positions' order
+            return taken
         return taken.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+
+    def _row_group(self, group: int) -> pa.Table:
+        if self._last_group is None or self._last_group[0] != group:
+            self._last_group = group, self.file.read_row_group(group)
+        return self._last_group[1]
 
 
 @dataclass(frozen=True)
@@ -195,35 +219,45 @@ class Reuser:
 
     def _write(self) -> None:
         pending, self._pending = self._pending, []
-        positions = np.concatenate([np.arange(p.start, p.start + p.count) for p in pending])
+        starts = np.fromiter((p.start for p in pending), np.int64, len(pending))
+        rows = np.fromiter((p.count for p in pending), np.int64, len(pending))
+        total = int(rows.sum())
+        # each request's rows start .. start + count - 1, one after another
+        positions = np.arange(total) + np.repeat(starts - (np.cumsum(rows) - rows), rows)
         earlier = self.source.previous.rows(positions)
-        rows = [p.count for p in pending]
+        of_request = None if total == len(pending) else pa.array(np.repeat(np.arange(len(pending)), rows))
+
+        def per_request(values: list, kind: pa.DataType) -> pa.Array:
+            array = pa.array(values, kind)
+            return array if of_request is None else array.take(of_request)
+
         own = {
-            "batch_id": [self.batch_id] * len(positions),
-            "custom_id": _repeat([p.request.custom_id for p in pending], rows),
-            "line": _repeat([p.request.line for p in pending], rows),
-            "job_id": _repeat([batches.job_id(self.batch_id, p.request.custom_id) for p in pending], rows),
-            "model": [self.model_name] * len(positions),
-            "requested_model": _repeat([p.request.requested_model or self.model for p in pending], rows),
-            "extra": _repeat(
-                [json.dumps(p.request.extra, ensure_ascii=False) if p.request.extra else None for p in pending], rows
+            "batch_id": pa.repeat(pa.scalar(self.batch_id, pa.string()), total),
+            "custom_id": per_request([p.request.custom_id for p in pending], pa.string()),
+            "line": per_request([p.request.line for p in pending], pa.int32()),
+            "job_id": per_request([batches.job_id(self.batch_id, p.request.custom_id) for p in pending], pa.string()),
+            "model": pa.repeat(pa.scalar(self.model_name, pa.string()), total),
+            "requested_model": per_request([p.request.requested_model or self.model for p in pending], pa.string()),
+            "extra": per_request(
+                [json.dumps(p.request.extra, ensure_ascii=False) if p.request.extra else None for p in pending],
+                pa.string(),
             ),
             # the batch that ran the row: an earlier reuse's own source, else the earlier batch
-            "reused_from": pc.coalesce(earlier.column("reused_from"), earlier.column("batch_id")).to_pylist()
+            "reused_from": pc.coalesce(earlier.column("reused_from"), earlier.column("batch_id"))
             if "reused_from" in earlier.column_names
-            else earlier.column("batch_id").to_pylist(),
+            else earlier.column("batch_id"),
         }
         if "choice_index" not in earlier.column_names:  # an embedding batch's merged results drop it; rows hold 0
-            own["choice_index"] = [0] * len(positions)
+            own["choice_index"] = pa.repeat(pa.scalar(0, pa.int32()), total)
         arrays = []
         for schema_field in SCHEMA:
             name = schema_field.name
             if name in own:
-                arrays.append(pa.array(own[name], schema_field.type))
+                arrays.append(_as_type(own[name], schema_field.type))
             elif name in earlier.column_names:
                 arrays.append(_as_type(earlier.column(name), schema_field.type))
             else:
-                arrays.append(pa.nulls(len(positions), schema_field.type))
+                arrays.append(pa.nulls(total, schema_field.type))
         table = pa.Table.from_arrays(arrays, schema=SCHEMA)
         path = f"{self.folder}/part-reused-{len(self.parts) + 1:06d}.parquet"
         write_table_atomically(self.filesystem, path, table)
@@ -237,21 +271,25 @@ class Reuser:
                 self.filesystem.open_input_file(path),
                 columns=["custom_id", "kind", "prompt_tokens", "cached_tokens", "completion_tokens"],
             )
-            custom_ids = table.column("custom_id").to_pylist()
-            kinds = table.column("kind").to_pylist()
-            prompt = pc.fill_null(table.column("prompt_tokens"), 0).to_pylist()
-            cached = pc.fill_null(table.column("cached_tokens"), 0).to_pylist()
-            completion = pc.fill_null(table.column("completion_tokens"), 0).to_pylist()
-            at = 0
-            while at < len(custom_ids):
-                end = at
-                while end < len(custom_ids) and custom_ids[end] == custom_ids[at]:
-                    end += 1
-                if kinds[at] == "embedding":  # an input per row
-                    yield custom_ids[at], sum(prompt[at:end]), 0, 0
-                else:  # a choice per row, the prompt once
-                    yield custom_ids[at], prompt[at], cached[at], sum(completion[at:end])
-                at = end
+            if not table.num_rows:
+                continue
+            custom_ids = table.column("custom_id")
+            # a request's rows are adjacent and share its custom id: where one starts
+            first = np.concatenate(
+                [[0], np.nonzero(_filled(pc.not_equal(custom_ids[1:], custom_ids[:-1]), True))[0] + 1]
+            )
+            prompt, cached, completion = (
+                pc.fill_null(table.column(name), 0).to_numpy().astype(np.int64)
+                for name in ("prompt_tokens", "cached_tokens", "completion_tokens")
+            )
+            embedding = _filled(pc.equal(table.column("kind").take(first), "embedding"), False)
+            # an embedding's rows are its inputs (their prompts summed); a generation's its choices (the prompt once)
+            prompts = np.where(embedding, np.add.reduceat(prompt, first), prompt[first])
+            cached_first = np.where(embedding, 0, cached[first])
+            completions = np.where(embedding, 0, np.add.reduceat(completion, first))
+            yield from zip(
+                custom_ids.take(first).to_pylist(), prompts.tolist(), cached_first.tolist(), completions.tolist()
+            )
 
     def count(self, conn) -> None:
         """Count every reused request completed, with its tokens: a thousand requests to one COUNT (which counts a
@@ -282,16 +320,49 @@ def _count_group(conn, batch_id: str, group: list[tuple[str, int, int, int]]) ->
     )
 
 
+_HASH_TEXT = "^[0-9a-fA-F]{64}$"  # a sha256 as hex: a request_hash that is not one was never written by miro
+
+
+def _row_flags(batch: pa.RecordBatch, last: tuple | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple | None]:
+    """Per row of a batch of PREVIOUS: successful (a hash and no error), continued (successful, as the row before is,
+    with the same hash and custom id: the same request's next row), stopped by itself (finish_reason "stop" or
+    null); and the batch's last row's (hash, custom id) if it is successful, which the next batch's first row may
+    continue (`last`: the batch before's)."""
+    n = batch.num_rows
+    batch = pa.RecordBatch.from_arrays(  # a column of nulls only (pyarrow's null type) read as text
+        [c.cast(pa.string()) if pa.types.is_null(c.type) else c for c in batch.columns], names=batch.schema.names
+    )
+    hashes, custom_ids = batch.column("request_hash"), batch.column("custom_id")
+    ok = pc.and_(pc.fill_null(pc.match_substring_regex(hashes, _HASH_TEXT), False), pc.is_null(batch.column("error")))
+    ok = ok.to_numpy(zero_copy_only=False)
+    if "finish_reason" in batch.schema.names:
+        stop = pc.fill_null(pc.equal(batch.column("finish_reason"), "stop"), True).to_numpy(zero_copy_only=False)
+    else:
+        stop = np.ones(n, bool)
+    same = np.zeros(n, bool)
+    if n > 1:
+        later, earlier = slice(1, None), slice(0, n - 1)
+        same_hash = pc.fill_null(pc.equal(hashes[later], hashes[earlier]), False)
+        same_id = pc.or_(
+            pc.fill_null(pc.equal(custom_ids[later], custom_ids[earlier]), False),
+            pc.and_(pc.is_null(custom_ids[later]), pc.is_null(custom_ids[earlier])),
+        )
+        same[1:] = pc.and_(same_hash, same_id).to_numpy(zero_copy_only=False) & ok[1:] & ok[:-1]
+    if n and last is not None and ok[0]:
+        same[0] = (hashes[0].as_py(), custom_ids[0].as_py()) == last
+    last = (hashes[n - 1].as_py(), custom_ids[n - 1].as_py()) if n and ok[-1] else None
+    return ok, same, stop, last
+
+
 def _key(request_hash: str) -> bytes:
     """A hash as index key: its 32 bytes and a 1, as numpy's bytes type drops trailing zero bytes (1 hash in 256
     ends with one, and would then never match)."""
     return bytes.fromhex(request_hash) + b"\x01"
 
 
-def _repeat(values: list, counts: list[int]) -> list:
-    if all(c == 1 for c in counts):
-        return values
-    return [value for value, count in zip(values, counts) for _ in range(count)]
+def _filled(flags, value: bool) -> np.ndarray:
+    """A boolean arrow array as numpy, its nulls `value`."""
+    return pc.fill_null(flags, value).to_numpy(zero_copy_only=False)
 
 
 def _as_type(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:

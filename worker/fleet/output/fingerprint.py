@@ -17,6 +17,7 @@ that hash instead of running the request.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -46,14 +47,19 @@ def canonical_request(request) -> dict:
 
 
 def deterministic(request) -> bool:
-    """One answer per model and settings: an embedding, or a generation that is greedy (temperature 0, top_k 1)
-    or seeded."""
+    """One answer per model and settings: an embedding, or a generation that is greedy (temperature 0, top_k 1:
+    SamplingParams.greedy) or seeded. Read from the request's sampling options, which intake validated as
+    SamplingParams, and SamplingParams' defaults for those it does not give (making one per request would compile
+    its structured output again)."""
     if request.kind == "embedding":
         return True
     from miro.core.sampling.params import SamplingParams
 
-    params = SamplingParams(**request.sampling)
-    return params.greedy or params.seed is not None
+    sampling = request.sampling or {}
+    greedy = sampling.get("temperature", SamplingParams.temperature) == 0 or (
+        sampling.get("top_k", SamplingParams.top_k) == 1
+    )
+    return greedy or sampling.get("seed") is not None
 
 
 @dataclass(frozen=True)
@@ -64,18 +70,31 @@ class OutputStamp:
     settings: str  # "weights=native;kv_cache_dtype=float16;max_model_len=8192;batch_invariant=1"
 
     def request_hash(self, request) -> str:
-        document = {
-            "version": OUTPUT_VERSION,
-            "model_sha256": self.model_sha256,
-            "settings": self.settings,
-            "request": canonical_request(request),
-        }
-        text = json.dumps(document, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        return hashlib.sha256(text.encode()).hexdigest()
+        """The sha256 of the canonical JSON of {"version", "model_sha256", "settings", "request"} (sorted keys, no
+        spaces): the stamp's part of that text is hashed once (`_hashed_prefix`), each request's from there."""
+        digest = self._hashed_prefix.copy()
+        digest.update(_canonical_json(canonical_request(request)).encode())
+        digest.update(f'{self._settings_part},"version":{_canonical_json(OUTPUT_VERSION)}}}'.encode())
+        return digest.hexdigest()
+
+    @functools.cached_property
+    def _hashed_prefix(self):
+        """The document's text before the request (its keys sorted: model_sha256, request, settings, version)."""
+        return hashlib.sha256(f'{{"model_sha256":{_canonical_json(self.model_sha256)},"request":'.encode())
+
+    @functools.cached_property
+    def _settings_part(self) -> str:
+        """The document's text after the request, up to the version (read at each hash: a test may change it)."""
+        return f',"settings":{_canonical_json(self.settings)}'
 
     @property
     def batch_invariant(self) -> bool:
         return self.settings.endswith("batch_invariant=1")
+
+
+# json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False), without making an
+# encoder per call (json.dumps does for any option given)
+_canonical_json = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
 def settings_text(weights: str, kv_cache_dtype: str, max_model_len: int, batch_invariant: bool) -> str:

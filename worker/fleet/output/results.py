@@ -64,14 +64,25 @@ def merge(table: pa.Table) -> pa.Table:
             ("finished_at", "descending"),
         ]
     )
-    keys = list(zip(ranked["custom_id"].to_pylist(), ranked["choice_index"].to_pylist(), ranked["_input"].to_pylist()))
-    first = [i for i, key in enumerate(keys) if i == 0 or key != keys[i - 1]]
+    # the first row of each (custom_id, choice_index, _input): where the key differs from the row before's
+    repeated = np.ones(ranked.num_rows - 1, bool)
+    for name in ("custom_id", "choice_index", "_input"):
+        repeated &= _same_as_before(ranked[name])
+    first = np.nonzero(np.concatenate([[True], ~repeated]))[0]
     kept = ranked.take(first).drop_columns(["_failed"])
     # rows written before the line column existed have none: they follow, by custom id
     kept = kept.sort_by(
         [("line", "ascending"), ("custom_id", "ascending"), ("choice_index", "ascending"), ("_input", "ascending")]
     )
     return kept.drop_columns(["_input"])
+
+
+def _same_as_before(column: pa.ChunkedArray) -> np.ndarray:
+    """For each value but the first: whether it equals the one before it (two nulls are equal)."""
+    later, earlier = column[1:], column[:-1]
+    equal = pc.fill_null(pc.equal(later, earlier), False)
+    both_null = pc.and_(pc.is_null(later), pc.is_null(earlier))
+    return pc.or_(equal, both_null).to_numpy(zero_copy_only=False)
 
 
 def task_columns(table: pa.Table, task: str) -> pa.Table:
