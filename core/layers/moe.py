@@ -16,7 +16,8 @@ weight format: a float32 copy of every expert would multiply a mixture's memory 
    renormalised where `Routing.normalize` says;
 2. the rows grouped by expert: each expert's rows go through its gate/up layer, `activation`, and its down
    layer as one matrix product (the same kernels and plan per type and tier as `Linear`, weight_types.py);
-3. each result scaled by its weight and the k results of a row summed in top-k order (`combine`).
+3. each result scaled by its weight and the k results of a row summed in top-k order (`combine`, reading them
+   where the grouped order left them).
 
 Every step is per row, in an order set by the row alone (the native kernels are batch-invariant, the router
 runs through the float kernel, routing and combining in numba per row), so a row's output is bitwise the same
@@ -244,9 +245,7 @@ def _run_grouped(
     y = grouped.product(grouped.down, grouped.down, act, None, starts, active)
     if experts.down_bias is not None:
         y += experts.down_bias[flat[order]]
-    results = np.empty((n_rows * k, experts.dim), np.float32)  # slot row * k + j: expert chosen[row, j]'s output
-    results[order] = y
-    combine(results.reshape(n_rows, k, experts.dim), weights, out)
+    combine(y, position_of(order).reshape(n_rows, k), weights, out)
 
 
 def _run_chosen(
@@ -257,12 +256,11 @@ def _run_chosen(
     flat = chosen.reshape(-1)
     order = np.argsort(flat, kind="stable")  # (row, j) slots grouped by expert
     counts = np.bincount(flat, minlength=experts.n_expert)
-    results = np.empty((n_rows * k, experts.dim), np.float32)  # slot row * k + j: expert chosen[row, j]'s output
+    results = np.empty((n_rows * k, experts.dim), np.float32)  # in the slots' sorted order, expert by expert
     act = np.empty((n_rows, experts.width), np.float32)
     start = 0
     for e in np.flatnonzero(counts):
         slots = order[start : start + counts[e]]
-        start += counts[e]
         gate_up = experts.gate_up[e](x[slots // k])
         if experts.gate_up_bias is not None:
             gate_up += experts.gate_up_bias[e]
@@ -271,8 +269,17 @@ def _run_chosen(
         y = experts.down[e](a)
         if experts.down_bias is not None:
             y += experts.down_bias[e]
-        results[slots] = y
-    combine(results.reshape(n_rows, k, experts.dim), weights, out)
+        results[start : start + counts[e]] = y
+        start += counts[e]
+    combine(results, position_of(order).reshape(n_rows, k), weights, out)
+
+
+def position_of(order: np.ndarray) -> np.ndarray:
+    """The inverse permutation: position_of(order)[order[i]] = i, so slot s's result is row position[s] of the
+    results in sorted order (combine reads them there instead of scattering them back)."""
+    position = np.empty(len(order), np.int64)
+    position[order] = np.arange(len(order))
+    return position
 
 
 @njit(cache=True)
@@ -329,14 +336,18 @@ def route(logits, softmax_topk, normalize, chosen, weights):
 
 
 @njit(cache=True)
-def combine(results, weights, out):
-    """out[t] = ((results[t, 0] w0 + results[t, 1] w1) + ...) in top-k order, each product in float32, as
-    llama.cpp weighs each expert's output and adds the k views one after another."""
-    n_rows, k, dim = results.shape
+def combine(results, position, weights, out):
+    """out[t] = ((r0 w0 + r1 w1) + ...) in top-k order, r_j = results[position[t, j]] (row t's j-th chosen
+    expert's output), each product in float32, as llama.cpp weighs each expert's output and adds the k views one
+    after another."""
+    n_rows, k = position.shape
+    dim = results.shape[1]
     for t in range(n_rows):
+        first = results[position[t, 0]]
         for i in range(dim):
-            out[t, i] = results[t, 0, i] * weights[t, 0]
+            out[t, i] = first[i] * weights[t, 0]
         for j in range(1, k):
             w = weights[t, j]
+            r = results[position[t, j]]
             for i in range(dim):
-                out[t, i] += results[t, j, i] * w
+                out[t, i] += r[i] * w
