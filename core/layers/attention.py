@@ -145,13 +145,17 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
     helpers = HELPERS
     assert score_queries in (2, 4)
 
-    @cached_variant(
-        f"scores{score_queries}" + ("_softcap" if capped else "") + ("_sinks" if with_sinks else ""), parallel=True
-    )
+    variant = f"scores{score_queries}" + ("_softcap" if capped else "") + ("_sinks" if with_sinks else "")
+
+    @cached_variant(variant, parallel=True)
     def attend(q, k_cache, v_cache, block_tables, positions, items, scale, out, window, threads, cap, sinks):
         """paged_attention's kernel; threads: numba's thread count (read outside: it would keep this from the
         cache); cap: the capped variant's softcap (scale then holds scale / cap); sinks: (n_heads,) float32, the
-        sinks variant's logits (else unread)."""
+        sinks variant's logits (else unread).
+
+        Items are dealt like cards: thread i takes items i, i + threads, i + 2 threads... A prompt's items grow
+        in cost along the list (later query tiles see more keys), so each thread gets a like share of cheap and
+        dear ones. Each thread allocates its scratch once, for the largest item."""
         helpers  # in numba's cache key: see cache_key.py
         n_heads, head_dim = q.shape[1], q.shape[2]
         n_kv_heads, block_size = v_cache.shape[1], v_cache.shape[2]
@@ -159,102 +163,139 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
         block_values = head_dim * block_size  # of one KV head in one block
         flat_k = k_cache.reshape(k_cache.size)
         flat_v = v_cache.reshape(v_cache.size)
-        order = _dealt(items.shape[0], threads)
-        for i in prange(items.shape[0]):
-            w = order[i]
-            seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
-            n_q = (t_end - t_begin) * group  # query qi is token t_begin + qi // group, head kvh * group + qi % group
-            rows = -(-n_q // QUERIES) * QUERIES  # the queries padded to whole groups of 4 (the padding is discarded)
-            queries = np.zeros((rows, head_dim), dtype=np.float32)
-            for qi in range(n_q):
-                queries[qi] = q[t_begin + qi // group, kvh * group + qi % group]
-            top = np.full(rows, -np.inf, dtype=np.float32)  # each query's running max score
-            total = np.zeros(rows, dtype=np.float32)  # and its running sum of e^(score - top)
-            acc = np.zeros(rows * head_dim, dtype=np.float32)  # query qi's weighted sum of values at qi * head_dim
-            scores = np.zeros(rows * LANES, dtype=np.float32)  # query qi's 16 scores, then e^(score - top)
-            correction = np.ones(rows, dtype=np.float32)  # the factor acc[qi] is scaled by before this block's values
-            k_scratch = np.empty(block_values, dtype=np.float32)
-            v_scratch = np.empty(block_values, dtype=np.float32)
-            max_pos = positions[t_end - 1]
-            first_block = 0
-            if window > 0:
-                first_block = max(positions[t_begin] - window + 1, 0) // block_size
-            last_block = max_pos // block_size
-            for b in range(first_block, last_block + 1):
-                start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
-                ahead = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else -1
-                if rows <= QUERIES:  # one group of 4 queries (decode): widening as it loads beats a pass via scratch
-                    _attend_block(
-                        queries,
-                        rows,
-                        score_queries,
-                        flat_k,
-                        start,
-                        flat_v,
-                        start,
-                        b,
-                        block_size,
-                        positions,
-                        t_begin,
-                        t_end,
-                        group,
-                        window,
-                        scale,
-                        scores,
-                        top,
-                        total,
-                        correction,
-                        acc,
-                        ahead,
-                        capped,
-                        cap,
+        n_items = items.shape[0]
+        most = 1
+        for w in range(n_items):
+            most = max(most, items[w, 3] - items[w, 2])
+        rows = -(-(most * group) // QUERIES) * QUERIES  # whole groups of 4, for the largest item
+        for first in prange(threads):
+            queries = _lines(rows * head_dim).reshape(rows, head_dim)
+            top = np.empty(rows, dtype=np.float32)  # each query's running max score
+            total = np.empty(rows, dtype=np.float32)  # and its running sum of e^(score - top)
+            acc = _lines(rows * head_dim)  # query qi's weighted sum of values at qi * head_dim
+            scores = _lines(rows * LANES)  # query qi's 16 scores, then e^(score - top)
+            correction = np.empty(rows, dtype=np.float32)  # the factor acc[qi] is scaled by before a block's values
+            k_scratch = _lines(block_values)
+            v_scratch = _lines(block_values)
+            for w in range(first, n_items, threads):
+                seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
+                # query qi is token t_begin + qi // group, head kvh * group + qi % group
+                n_q = (t_end - t_begin) * group
+                for qi in range(n_q):
+                    t, h = t_begin + qi // group, kvh * group + qi % group
+                    for d in range(head_dim):
+                        queries[qi, d] = q[t, h, d]
+                        acc[qi * head_dim + d] = 0.0
+                    top[qi] = -np.inf
+                    total[qi] = 0.0
+                for qi in range(n_q, -(-n_q // QUERIES) * QUERIES):  # the padding of a last group (discarded)
+                    for d in range(head_dim):
+                        queries[qi, d] = 0.0
+                        acc[qi * head_dim + d] = 0.0
+                    correction[qi] = 1.0
+                first_block = _first_block(positions, t_begin, window, block_size)
+                last_block = positions[t_end - 1] // block_size
+                following = -1  # where the next item of this thread starts, to fetch while this one ends
+                if w + threads < n_items:
+                    n = w + threads
+                    b_next = _first_block(positions, items[n, 2], window, block_size)
+                    following = (block_tables[items[n, 0], b_next] * n_kv_heads + items[n, 1]) * block_values
+                for b in range(first_block, last_block + 1):
+                    start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+                    ahead = (
+                        (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
                     )
-                else:  # many groups: widen the block once, into scratch, for all of them
-                    if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
-                        _prefetch_block(flat_k, flat_v, ahead, block_values)
-                    kt, k0 = block_as_f32(flat_k, start, k_scratch)
-                    vb, v0 = block_as_f32(flat_v, start, v_scratch)
-                    _attend_block(
-                        queries,
-                        rows,
-                        score_queries,
-                        kt,
-                        k0,
-                        vb,
-                        v0,
-                        b,
-                        block_size,
-                        positions,
-                        t_begin,
-                        t_end,
-                        group,
-                        window,
-                        scale,
-                        scores,
-                        top,
-                        total,
-                        correction,
-                        acc,
-                        -1,
-                        capped,
-                        cap,
-                    )
-            for qi in range(n_q):
-                if with_sinks:
-                    _add_sink(sinks[kvh * group + qi % group], qi, top, total, acc, head_dim)
-                inv = np.float32(1.0) / total[qi]
-                for d in range(head_dim):
-                    out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
+                    if n_q <= QUERIES:  # one group of queries (decode): widening as it loads beats a pass via scratch
+                        _attend_block(
+                            score_queries,
+                            capped,
+                            queries,
+                            n_q,
+                            flat_k,
+                            start,
+                            flat_v,
+                            start,
+                            b,
+                            block_size,
+                            positions,
+                            t_begin,
+                            t_end,
+                            group,
+                            window,
+                            scale,
+                            scores,
+                            top,
+                            total,
+                            correction,
+                            acc,
+                            ahead,
+                            cap,
+                        )
+                    else:  # many groups: widen the block once, into scratch, for all of them
+                        if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
+                            _prefetch_block(flat_k, flat_v, ahead, block_values)
+                        kt, k0 = block_as_f32(flat_k, start, k_scratch)
+                        vb, v0 = block_as_f32(flat_v, start, v_scratch)
+                        _attend_block(
+                            score_queries,
+                            capped,
+                            queries,
+                            n_q,
+                            kt,
+                            k0,
+                            vb,
+                            v0,
+                            b,
+                            block_size,
+                            positions,
+                            t_begin,
+                            t_end,
+                            group,
+                            window,
+                            scale,
+                            scores,
+                            top,
+                            total,
+                            correction,
+                            acc,
+                            -1,
+                            cap,
+                        )
+                for qi in range(n_q):
+                    if with_sinks:
+                        _add_sink(sinks[kvh * group + qi % group], qi, top, total, acc, head_dim)
+                    inv = np.float32(1.0) / total[qi]
+                    for d in range(head_dim):
+                        out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
         return out
 
     return attend
 
 
 @njit(inline="always")
+def _lines(n):
+    """n float32 zeros from a 64-byte boundary: a vector of 16 never straddles two cache lines (numba aligns
+    arrays to 32 bytes, and a straddling load or store costs two)."""
+    buffer = np.zeros(n + LANES, dtype=np.float32)
+    skip = (-(buffer.ctypes.data // 4)) % LANES
+    return buffer[skip : skip + n]
+
+
+@njit(inline="always")
+def _first_block(positions, t_begin, window, block_size):
+    """The first block an item's queries see: 0, or with a sliding window the one holding the first query's
+    earliest key."""
+    if window > 0:
+        return max(positions[t_begin] - window + 1, 0) // block_size
+    return 0
+
+
+@njit(inline="always")
 def _attend_block(
-    queries,
-    rows,
     score_queries,
+    capped,
+    queries,
+    n_q,
     kt,
     k0,
     vb,
@@ -273,10 +314,9 @@ def _attend_block(
     correction,
     acc,
     ahead,
-    capped,
     cap,
 ):
-    """One block of keys for every query of a work item: kt[k0 + d * block_size + j] is key j's d,
+    """One block of keys for the n_q queries of a work item: kt[k0 + d * block_size + j] is key j's d,
     vb[v0 + j * head_dim + d] value j's d, in float32 or float16 bits (load_kv16 widens them).
 
     ahead >= 0 (kt and vb are then the cache itself): the next block's K and V start there. The first group's
@@ -284,9 +324,18 @@ def _attend_block(
     any order, which the hardware's prefetcher cannot guess, and for one group (decode) a burst of 64
     prefetches at once stalls on the cache's miss buffers (measured 1.3x slower).
 
-    capped (a constant of the kernel's variant): each score s, computed with scale / cap, becomes cap * tanh(s)
-    before the softmax sees it (its running max included), as ggml's flash attention soft-caps them."""
+    score_queries (2 or 4) and capped are constants of the kernel's variant (closure values of its own: a plain
+    int and bool), so once this is inlined into the kernel numba prunes the branches of the other values. Not a
+    jitted closure per variant that the kernel holds (5af21ab, reverted in 6a7e7cd): numba's cache key pickles a
+    kernel's closure values, a dispatcher's pickle carries an id of the process that made it, and every process
+    then missed the cache (tests/core/test_kernel_cache.py checks the keys). Measured: a group of 3 for decode's
+    3 query heads (SmolLM2) instead of padding them to 4 took 2-5% off decode's attention and added 1 s (12%) to
+    the kernel's compile, so the last group is padded.
+
+    capped: each score s, computed with scale / cap, becomes cap * tanh(s) before the softmax sees it (its
+    running max included), as ggml's flash attention soft-caps them."""
     head_dim = queries.shape[1]
+    rows = -(-n_q // QUERIES) * QUERIES  # the queries padded to whole groups of 4 (the padding is discarded)
     for lane0 in range(0, block_size, LANES):
         base = b * block_size + lane0  # the position of lane 0
         # three passes over the queries, a group at a time where they share loads, so that the CPU overlaps
@@ -298,7 +347,7 @@ def _attend_block(
             else:
                 _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
         if capped:
-            _softcap(scores, rows, cap)
+            _softcap(scores, n_q, cap)
         for t in range(t_begin, t_end):
             seen = positions[t] + 1 - base  # keys of the 16 at or before the query
             end = min(seen, LANES)
@@ -326,9 +375,9 @@ def _add_sink(sink, qi, top, total, acc, head_dim):
 
 
 @njit(inline="always")
-def _softcap(scores, rows, cap):
+def _softcap(scores, n_q, cap):
     """Every query's 16 scores s -> cap * tanh(s) (s already times scale / cap), in float32."""
-    for i in range(rows * LANES):
+    for i in range(n_q * LANES):
         scores[i] = cap * np.tanh(scores[i])
 
 
@@ -349,20 +398,6 @@ def _prefetch_rows(flat_cache, ahead, offset, stride):
         prefetch(flat_cache, ahead + offset)
         if stride:
             prefetch(flat_cache, ahead + offset + stride)
-
-
-@njit(inline="always")
-def _dealt(n, threads):
-    """0..n-1 dealt like cards: i, i + threads, i + 2 threads... for i < threads, one run after another. prange
-    gives each thread one contiguous run of the loop, and a prompt's items grow in cost along it (later query
-    tiles see more keys), so each thread gets a like share of cheap and dear ones instead of one half each."""
-    order = np.empty(n, dtype=np.int64)
-    k = 0
-    for first in range(threads):
-        for w in range(first, n, threads):
-            order[k] = w
-            k += 1
-    return order
 
 
 @njit(inline="always")

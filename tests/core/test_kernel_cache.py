@@ -6,9 +6,17 @@ the compiling process. Two weight types' kernels of one qualname, cached by two 
 counter value, got the same name; a process loading both then ran one with the other's environment
 and failed with "In 'NRT_adapt_ndarray_to_python', 'descr' is NULL" (seen with gemma3-270m, whose
 Q4_K and Q6_K matrices share the lanes kernel). Each variant's qualname now names its weight type.
+
+numba keys a cached kernel by its bytecode and the pickle of its closure values. A closure value whose pickle
+differs from process to process (a numba dispatcher's carries an id of the process: 5af21ab's attention kernel,
+reverted in 6a7e7cd) is a cache miss in every process: each load compiled attention again.
 """
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 from gguf import GGMLQuantizationType as Q
 
@@ -45,3 +53,40 @@ def test_every_tiers_factories_name_their_weight_type_and_tier():
                 names.add(factory(int(qtype), tier, tokens).py_func.__qualname__)
                 expected += 1
     assert len(names) == expected
+
+
+# prints numba's cache key (less the signature) of every cached kernel the compile-ahead units name, by unit: every
+# native weight type's Linear and experts, the bf16 GEMM, the pointwise kernels and every attention variant
+_CACHE_KEYS = """
+import json
+from miro.core.engine.compile_ahead import Unit
+from miro.core.kernels.weight_types import WEIGHT_TYPES
+units = [Unit("pointwise"), Unit("linear", (0, "bf16"))]
+units += [Unit("attention", ("float16", capped, sinks)) for capped in (False, True) for sinks in (False, True)]
+for qtype, row in WEIGHT_TYPES.items():
+    if row.native:
+        units += [Unit("linear", (int(qtype), "native")), Unit("experts", (int(qtype), "swiglu_oai"))]
+keys = {}
+for unit in units:
+    for i, kernel in enumerate(unit.dispatchers()):
+        if hasattr(kernel._cache, "_index_key"):  # cache=True
+            key = kernel._cache._index_key(None, kernel.targetctx.codegen())
+            keys[f"{unit} {i} {kernel.py_func.__qualname__}"] = key[1:]
+print(json.dumps(keys))
+"""
+
+
+def test_every_cached_kernel_has_the_same_cache_key_in_every_process():
+    """Two processes compute the same key for each kernel, so the second finds what the first compiled. (numba's
+    private caching API, as compile_ahead.cached_here uses it.)"""
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", _CACHE_KEYS], capture_output=True, text=True, timeout=300, check=True
+            ).stdout
+        )
+        for _ in range(2)
+    ]
+    assert any("attend_scores" in name for name in runs[0]) and len(runs[0]) >= 12
+    differ = [name for name in runs[0] if runs[0][name] != runs[1].get(name)]
+    assert not differ, f"cache keys that change from process to process: {differ}"
