@@ -20,7 +20,8 @@ and its speed drifts):
 Each engine's peak RSS (its process's VmHWM, read by the process itself as it ends: wait4's ru_maxrss would carry
 this parent's own high-water mark across fork and exec) is printed against the file plus the KV cache the run needs
 (f16 K and V of every token of the 32 sequences llama.cpp holds at once; miro's cache is sized by its defaults and
-its pages become resident as blocks are first written). miro's untimed warm-up (kernels loaded or compiled) runs
+its pages become resident as blocks are first written: each miro line also gives the KV pages resident at its end,
+read from /proc/self/smaps, and its peak RSS over the file plus those). miro's untimed warm-up (kernels loaded or compiled) runs
 the same number of prompts, 4 tokens each: a run's kernels without touching a second run's worth of KV blocks.
 
 --tier avx2 runs miro under the AVX2 tier's emulation (benchmarks/tiers.py): give it a llama.cpp built for AVX2.
@@ -209,7 +210,29 @@ def run_miro(path: str, requests, threads: int, weights: str) -> dict:
     outs = engine.generate([p for p, _ in requests], params, use_tqdm=False)
     run_s = time.perf_counter() - t0
     assert [len(o.outputs[0].token_ids) for o in outs] == [n for _, n in requests]
-    return dict(load_s=load_s, run_s=run_s, tokens=sum(len(p) + n for p, n in requests), weights=engine.weight_format)
+    cache = engine.runner.cache
+    kv = sum(resident_bytes(a) for a in (cache.k, cache.v))
+    return dict(
+        load_s=load_s,
+        run_s=run_s,
+        tokens=sum(len(p) + n for p, n in requests),
+        weights=engine.weight_format,
+        kv_resident=kv,
+    )
+
+
+def resident_bytes(array) -> int:
+    """How many of this array's bytes are resident: Rss of the /proc/self/smaps mappings that hold it."""
+    first, last = array.ctypes.data, array.ctypes.data + array.nbytes
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            start, end = (int(x, 16) for x in head.split("-"))
+            inside = start < last and first < end
+        elif inside and head == "Rss:":
+            total += int(line.split()[1]) * 1024
+    return total
 
 
 def run_llama_cpp(path: str, requests, parallel: int) -> dict:
@@ -307,10 +330,18 @@ def main() -> None:
                 r = child_result(cmd)
                 rates[engine] = r["tokens"] / r["run_s"]
                 rss[engine] = max(rss.get(engine, 0), r["peak_rss"])
+                held = ""
+                if "kv_resident" in r:
+                    own = size + r["kv_resident"]
+                    held = (
+                        f", KV resident {r['kv_resident'] / 2**20:,.0f} MiB: peak / (file + that KV) "
+                        f"{r['peak_rss'] / own:.2f}"
+                    )
                 print(
                     f"  {engine:>11}: {rates[engine]:7.1f} tok/s ({r['tokens']} tokens in {r['run_s']:.1f} s), "
                     f"load {r['load_s']:.1f} s, peak RSS {r['peak_rss'] / 2**20:,.0f} MiB"
-                    + (f", weights {r['weights']}" if "weights" in r else ""),
+                    + (f", weights {r['weights']}" if "weights" in r else "")
+                    + held,
                     flush=True,
                 )
             for m in miros:
