@@ -1,23 +1,35 @@
-"""miro native, miro f32 and llama.cpp's batched API on a TinyLlama-1.1B- or Llama-3.2-1B-shaped llama with
-random weights.
+"""miro native, miro f32 and llama.cpp's batched API on a TinyLlama-1.1B-, Llama-3.2-1B-, Llama-3.2-3B- or
+Qwen2.5-1.5B-shaped model with random weights.
 
-    python benchmarks/tinyllama.py --llama-python VENV/bin/python [--shape tinyllama|llama3.2-1b]
-                                   [--quant Q4_0|Q4_K_M] [--seqs 8] [--prompt-tokens 32] [--new-tokens 16]
-                                   [--rounds 1] [--tier avx2]
+    python benchmarks/tinyllama.py --llama-python VENV/bin/python
+                                   [--shape tinyllama|llama3.2-1b|llama3.2-3b|qwen2.5-1.5b]
+                                   [--quant Q4_0|Q4_K_M|Q8_0] [--seqs 8] [--prompt-tokens 32] [--new-tokens 16]
+                                   [--rounds 1] [--engines native,llama.cpp,f32] [--tier avx2]
 
-The model (--shape): tinyllama: dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000, separate head;
-llama3.2-1b: dim 2048, 16 layers, 32/8 heads, FFN 8192, vocab 128256, the head tied to the embedding, RoPE base
-500000 and Llama 3's frequency factors (rope_freqs.weight, factor 32 over 8192 positions). Norms 1. --quant
-picks its weights:
-- Q4_0 (default): every matrix random Q4_0 blocks (about 0.6 GB), written into a temp folder each run;
-- Q4_K_M: the same model written with random F16 matrices (uniform, the Q4_0 blocks' range and spread), then
-  quantized by llama.cpp's own llama_model_quantize(LLAMA_FTYPE_MOSTLY_Q4_K_M) under --llama-python: its recipe
-  (Q4_K for most matrices, Q6_K for the output head and some attn_v / ffn_down). The 2.2 GB F16 file is deleted
-  once quantized; the result is kept in ~/.cache/miro/bench/, named by the shape and seed, for later runs.
+The model (--shape), a llama unless named otherwise:
+- tinyllama: dim 2048, 22 layers, 32/4 heads, FFN 5632, vocab 32000, separate head;
+- llama3.2-1b: dim 2048, 16 layers, 32/8 heads, FFN 8192, vocab 128256, the head tied to the embedding, RoPE base
+  500000 and Llama 3's frequency factors (rope_freqs.weight, factor 32 over 8192 positions);
+- llama3.2-3b: llama3.2-1b's with dim 3072, 28 layers, 24/8 heads (head_dim 128);
+- qwen2.5-1.5b: llama.cpp's qwen2 architecture, dim 1536, 28 layers, 12/2 heads (head_dim 128), FFN 8960, vocab
+  151936, the head tied, RoPE base 1000000 (NEOX), RMS eps 1e-6, F32 biases on Q, K and V (0.5 N(0, 1)).
+Norms 1. The vocabulary is the tests' byte-level BPE padded to the shape's size (the prompts are token ids).
+--quant picks its weights:
+- Q4_0 (default): every matrix random Q4_0 blocks (about 0.6 GB for tinyllama), written into a temp folder each
+  run;
+- Q4_K_M, Q8_0: the same model written with random F16 matrices (uniform, the Q4_0 blocks' range and spread),
+  then quantized by llama.cpp's own llama_model_quantize(LLAMA_FTYPE_MOSTLY_Q4_K_M or _Q8_0) under
+  --llama-python: its recipe (Q4_K_M: Q4_K for most matrices, Q6_K for the output head, or the tied embedding,
+  and some attn_v / ffn_down; Q8_0: every matrix). The F16 file (2.2 GB for tinyllama, 6.4 GB for llama3.2-3b)
+  is deleted once quantized; the result is kept in ~/.cache/miro/bench/, named by the shape, seed and quant, for
+  later runs.
 The file's tensor type mix is printed. Each engine then runs in its own process on the same token-id prompts,
 all sequences at once, greedy, EOS ignored, and reports load time, its own peak RSS and total tokens/s
-(prompt + generated over the run, load excluded). --rounds N runs the engines in turn N times and prints
-native / llama.cpp round by round and the median: this machine's speed drifts between minutes.
+(prompt + generated over the run, load excluded), then how many sequences' greedy tokens each miro engine shares
+with llama.cpp's (random weights leave near-ties: a late divergence is rounding, not a wrong layer). f32 holds
+every weight as float32 (12.8 GB for llama3.2-3b): leave it out of --engines where memory is short.
+--rounds N runs the engines in turn N times and prints native / llama.cpp round by round and the median: this
+machine's speed drifts between minutes.
 miro's KV cache holds the blocks the run needs, as llama.cpp's context is sized to the run.
 llama.cpp runs through llama-cpp-python's low-level API, in the interpreter given by --llama-python (or $LLAMA_PYTHON):
 one llama_batch holding every sequence, flash attention on, as llama.cpp's examples/parallel does.
@@ -57,6 +69,30 @@ SHAPES = {
         rope_theta=500000,
         rope_freqs=32,
     ),
+    "llama3.2-3b": dict(
+        dim=3072,
+        n_layers=28,
+        n_heads=24,
+        n_kv_heads=8,
+        ffn_dim=8192,
+        vocab=128256,
+        tied=1,
+        rope_theta=500000,
+        rope_freqs=32,
+    ),
+    "qwen2.5-1.5b": dict(
+        dim=1536,
+        n_layers=28,
+        n_heads=12,
+        n_kv_heads=2,
+        ffn_dim=8960,
+        vocab=151936,
+        tied=1,
+        rope_theta=1000000,
+        arch="qwen2",
+        rms_eps=1e-6,
+        qkv_bias=1,
+    ),
 }
 SHAPE_NAME = "tinyllama"  # main() sets the one asked for (--shape)
 SHAPE = SHAPES[SHAPE_NAME]
@@ -64,11 +100,12 @@ CONTEXT = 2048
 
 
 Q4_0_SCALE = 0.004  # the random Q4_0 blocks' float16 scale: values (nibble - 8) x scale, in about +-0.03
-CACHE = Path.home() / ".cache" / "miro" / "bench"  # llama.cpp's Q4_K_M files, one per shape and seed
+CACHE = Path.home() / ".cache" / "miro" / "bench"  # llama.cpp's quantized files, one per shape, seed and quant
+LLAMA_FTYPES = {"Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}  # made by its quantizer
 
 
 def layout() -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor's name and shape, in file order: matrices (rows, cols), vectors (norms, rope_freqs)."""
+    """Every tensor's name and shape, in file order: matrices (rows, cols), vectors (norms, biases, rope_freqs)."""
     s = SHAPE
     dim, kv_dim = s["dim"], s["dim"] // s["n_heads"] * s["n_kv_heads"]
     tensors = [("token_embd.weight", (s["vocab"], dim))]
@@ -76,11 +113,12 @@ def layout() -> list[tuple[str, tuple[int, ...]]]:
         tensors.append(("rope_freqs.weight", (s["dim"] // s["n_heads"] // 2,)))
     for i in range(s["n_layers"]):
         b = f"blk.{i}"
+        tensors += [(f"{b}.attn_norm.weight", (dim,))]
+        for proj, rows in (("q", dim), ("k", kv_dim), ("v", kv_dim)):
+            tensors.append((f"{b}.attn_{proj}.weight", (rows, dim)))
+            if s.get("qkv_bias"):
+                tensors.append((f"{b}.attn_{proj}.bias", (rows,)))
         tensors += [
-            (f"{b}.attn_norm.weight", (dim,)),
-            (f"{b}.attn_q.weight", (dim, dim)),
-            (f"{b}.attn_k.weight", (kv_dim, dim)),
-            (f"{b}.attn_v.weight", (kv_dim, dim)),
             (f"{b}.attn_output.weight", (dim, dim)),
             (f"{b}.ffn_norm.weight", (dim,)),
             (f"{b}.ffn_gate.weight", (s["ffn_dim"], dim)),
@@ -124,7 +162,7 @@ RANDOM_MATRIX = {"Q4_0": random_q4_0, "F16": random_f16}
 
 
 def add_metadata(w, file_type) -> None:
-    """TinyLlama's hyperparameters and a byte-level BPE vocabulary padded to its 32000 tokens."""
+    """The shape's hyperparameters and a byte-level BPE vocabulary padded to its vocabulary size."""
     import gguf
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -142,7 +180,7 @@ def add_metadata(w, file_type) -> None:
     w.add_head_count(s["n_heads"])
     w.add_head_count_kv(s["n_kv_heads"])
     w.add_rope_freq_base(float(s.get("rope_theta", 10000.0)))
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_layer_norm_rms_eps(s.get("rms_eps", 1e-5))
     w.add_vocab_size(s["vocab"])
     w.add_rope_dimension_count(s["dim"] // s["n_heads"])
     w.add_file_type(file_type)
@@ -158,9 +196,9 @@ def add_metadata(w, file_type) -> None:
 
 
 def write_model(path: Path, weights: str = "Q4_0", seed: int = 0) -> None:
-    """A llama GGUF of TinyLlama's shape, every matrix random `weights` (Q4_0 blocks or F16 values), norms 1.
+    """A GGUF of the shape, every matrix random `weights` (Q4_0 blocks or F16 values), norms 1, biases N(0, 0.25).
 
-    Tensors are made and written one at a time, so memory holds one matrix (the F16 file is 2.2 GB).
+    Tensors are made and written one at a time, so memory holds one matrix (the F16 files are 2.2 to 6.4 GB).
     """
     import gguf
     from gguf.quants import quant_shape_to_byte_shape
@@ -168,7 +206,7 @@ def write_model(path: Path, weights: str = "Q4_0", seed: int = 0) -> None:
     qtype = gguf.GGMLQuantizationType[weights]
     file_type = {"Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "F16": gguf.LlamaFileType.MOSTLY_F16}[weights]
     tensors = layout()
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), SHAPE.get("arch", "llama"))
     add_metadata(w, file_type)
     for name, shape in tensors:
         if len(shape) == 1:
@@ -185,6 +223,9 @@ def write_model(path: Path, weights: str = "Q4_0", seed: int = 0) -> None:
             s = SHAPE
             w.write_tensor_data(llama3_rope_freqs(s["dim"] // s["n_heads"], s["rope_theta"], s["rope_freqs"]))
             continue
+        if name.endswith(".bias"):  # large enough to weigh on q and k (Qwen2.5's own are larger still)
+            w.write_tensor_data((0.5 * rng.standard_normal(shape)).astype(np.float32))
+            continue
         w.write_tensor_data(np.ones(shape, np.float32) if len(shape) == 1 else RANDOM_MATRIX[weights](rng, *shape))
     w.close()
 
@@ -193,35 +234,38 @@ QUANTIZE_SCRIPT = r"""
 import ctypes, sys
 import llama_cpp as l
 
-src, dst, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+src, dst, threads, ftype = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 l.llama_backend_init()
 params = l.llama_model_quantize_default_params()
-params.ftype = l.LLAMA_FTYPE_MOSTLY_Q4_K_M
+params.ftype = getattr(l, ftype)
 params.nthread = threads
 sys.exit(l.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)))
 """
 
 
-def q4_k_m_model(llama_python: str | None, threads: int, seed: int = 0) -> tuple[Path, str]:
-    """llama.cpp's Q4_K_M of the random F16 model: made once per shape and seed, then read from CACHE.
+def quantized_model(quant: str, llama_python: str | None, threads: int, seed: int = 0) -> tuple[Path, str]:
+    """llama.cpp's `quant` (a LLAMA_FTYPES key) of the random F16 model: made once per shape, seed and quant, then
+    read from CACHE.
 
     Returns the path and how it came to be (for the report line).
     """
-    path = CACHE / f"{SHAPE_NAME}-{'-'.join(map(str, SHAPE.values()))}-seed{seed}-q4_k_m.gguf"
+    path = CACHE / f"{SHAPE_NAME}-{'-'.join(map(str, SHAPE.values()))}-seed{seed}-{quant.lower()}.gguf"
     if path.exists():
         return path, f"cached in {CACHE}"
     if not llama_python:
-        raise SystemExit("--quant Q4_K_M: llama.cpp's quantizer runs under --llama-python (once; the file is cached)")
+        raise SystemExit(f"--quant {quant}: llama.cpp's quantizer runs under --llama-python (once; the file is cached)")
     CACHE.mkdir(parents=True, exist_ok=True)
     f16, partial = path.with_suffix(".f16.tmp"), path.with_suffix(".partial")
     t0 = time.perf_counter()
     try:
         write_model(f16, "F16", seed)
         done = subprocess.run(
-            [llama_python, "-c", QUANTIZE_SCRIPT, str(f16), str(partial), str(threads)], capture_output=True, text=True
+            [llama_python, "-c", QUANTIZE_SCRIPT, str(f16), str(partial), str(threads), LLAMA_FTYPES[quant]],
+            capture_output=True,
+            text=True,
         )
     finally:
-        f16.unlink(missing_ok=True)  # 2.2 GB: kept only while the quantizer reads it
+        f16.unlink(missing_ok=True)  # 2.2 to 6.4 GB: kept only while the quantizer reads it
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
         raise SystemExit(f"llama_model_quantize failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -230,9 +274,9 @@ def q4_k_m_model(llama_python: str | None, threads: int, seed: int = 0) -> tuple
 
 
 def model_file(quant: str, folder: Path, llama_python: str | None, threads: int) -> tuple[Path, str]:
-    """The model for --quant (Q4_0 written into `folder`, Q4_K_M from the cache) and how it came to be."""
-    if quant == "Q4_K_M":
-        return q4_k_m_model(llama_python, threads)
+    """The model for --quant (Q4_0 written into `folder`, llama.cpp's quants from the cache) and how it came to be."""
+    if quant in LLAMA_FTYPES:
+        return quantized_model(quant, llama_python, threads)
     path = folder / f"{SHAPE_NAME}-q4_0.gguf"
     t0 = time.perf_counter()
     write_model(path)
@@ -282,8 +326,14 @@ def run_miro(path: str, weights: str, seqs: list[list[int]], new_tokens: int, th
     t0 = time.perf_counter()
     outs = engine.generate(seqs, SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True), use_tqdm=False)
     run_s = time.perf_counter() - t0
-    generated = sum(len(o.outputs[0].token_ids) for o in outs)
-    return dict(load_s=load_s, run_s=run_s, tokens=sum(map(len, seqs)) + generated, weight_memory=engine.weight_memory)
+    generated = [list(o.outputs[0].token_ids) for o in outs]
+    return dict(
+        load_s=load_s,
+        run_s=run_s,
+        tokens=sum(map(len, seqs)) + sum(map(len, generated)),
+        weight_memory=engine.weight_memory,
+        generated=generated,
+    )
 
 
 LLAMA_CPP_SCRIPT = r"""
@@ -327,12 +377,14 @@ t0 = time.perf_counter()
 items = [(t, p, s, p == len(ids) - 1) for s, ids in enumerate(seqs) for p, t in enumerate(ids)]
 last = decode(items)
 lengths = [len(ids) for ids in seqs]
-generated = len(seqs)
+generated = [[last[s]] for s in range(len(seqs))]
 for step in range(new_tokens - 1):
     last = decode([(last[s], lengths[s] + step, s, True) for s in range(len(seqs))])
-    generated += len(seqs)
+    for s in range(len(seqs)):
+        generated[s].append(last[s])
 run_s = time.perf_counter() - t0
-print(json.dumps(dict(load_s=load_s, run_s=run_s, tokens=sum(lengths) + generated)))
+tokens = sum(lengths) + sum(map(len, generated))
+print(json.dumps(dict(load_s=load_s, run_s=run_s, tokens=tokens, generated=generated)))
 """
 
 
@@ -366,6 +418,27 @@ def print_ratios(runs: list[dict]) -> None:
         )
 
 
+def print_agreement(results: dict) -> None:
+    """How many sequences' greedy tokens each miro engine shares with llama.cpp's, and where the others part."""
+    if "llama.cpp" not in results:
+        return
+    theirs = results["llama.cpp"]["generated"]
+    for name, r in results.items():
+        if name == "llama.cpp":
+            continue
+        shared = []
+        for ours, ref in zip(r["generated"], theirs):
+            n = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
+            shared.append(n)
+        same = sum(n == len(ref) for n, ref in zip(shared, theirs))
+        parted = sorted(n for n, ref in zip(shared, theirs) if n < len(ref))
+        print(
+            f"greedy tokens, {name} against llama.cpp: {same} of {len(theirs)} sequences identical"
+            + (f"; the others part after {', '.join(map(str, parted))} tokens" if parted else ""),
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", choices=tuple(SHAPES), default="tinyllama")
@@ -376,9 +449,9 @@ def main() -> None:
     parser.add_argument("--engines", default="native,llama.cpp,f32")
     parser.add_argument(
         "--quant",
-        choices=("Q4_0", "Q4_K_M"),
+        choices=("Q4_0", *LLAMA_FTYPES),
         default="Q4_0",
-        help="Q4_0: random blocks; Q4_K_M: llama.cpp's quantizer on random F16 weights (cached)",
+        help="Q4_0: random blocks; Q4_K_M, Q8_0: llama.cpp's quantizer on random F16 weights (cached)",
     )
     parser.add_argument(
         "--llama-python",
@@ -454,6 +527,7 @@ def main() -> None:
                     flush=True,
                 )
             runs.append(results)
+        print_agreement(runs[0] if runs else {})
         print_ratios(runs)
         if "native" in results:
             kv = kv_cache_bytes(args.seqs, args.prompt_tokens + args.new_tokens)
