@@ -12,13 +12,13 @@ import redis
 
 from miro.core.errors import MiroError
 from miro.worker.fleet.intake.dataset import parse_dataset
-from miro.worker.fleet.intake.reuse import PreviousResults, ReuseSource
+from miro.worker.fleet.intake.reuse import OtherModel, PreviousResults, ReuseSource
 from miro.worker.fleet.intake.submit import submit
 from miro.worker.fleet.output import fingerprint
 from miro.worker.fleet.output.fingerprint import OutputStamp
 from miro.worker.fleet.output.results import collect, write_parquet
 from miro.worker.fleet.output.rows import SCHEMA
-from miro.worker.fleet.records import batches
+from miro.worker.fleet.records import batches, keys
 
 STAMP = OutputStamp("ab" * 32, fingerprint.settings_text("native", "float16", 2048, True))
 MODEL = "smollm2-135m"
@@ -232,3 +232,23 @@ def test_miro_submit_reuse(tmp_path, redis_url, tiny_model):
     result = CliRunner().invoke(cli, [*command, "--model", tiny_model])
     assert result.exit_code == 0, result.output
     assert "Reused the earlier rows of 1 of 2 requests." in result.output  # the sampled line without a seed runs
+
+
+def test_given_no_model_the_lines_must_run_on_the_reuse_sources(tmp_path, redis_url):
+    """`miro serve`'s reuse_batch_id: submit is given no --model, the earlier batch's model is ReuseSource.model."""
+    dataset = write(tmp_path / "d.jsonl", [LINES[0], LINES[2]])  # they name no model: the default, MODEL
+    previous = earlier_results(tmp_path / "old.parquet", dataset)
+    conn = redis.Redis.from_url(redis_url)
+    output = tmp_path / "out"
+    result = submit(conn, dataset, output=str(output), reuse=ReuseSource.open(str(previous), STAMP, model=MODEL))
+    assert result.reused == 2 and batches.get_batch(conn, result.batch_id).model == MODEL
+    made = conn.zcard(keys.batches())
+    with pytest.raises(OtherModel) as err:
+        submit(conn, dataset, output=str(output), reuse=ReuseSource.open(str(previous), STAMP, model="other.gguf"))
+    assert str(err.value) == (
+        f"The results to reuse were made with 'other.gguf', but the lines run on '{MODEL}': a batch reuses only rows "
+        "of the model it runs on, so its lines must name that model; nothing was enqueued."
+    )
+    assert conn.zcard(keys.batches()) == made
+    left = [p.relative_to(output) for p in output.rglob("*") if p.is_file() and result.batch_id not in str(p)]
+    assert left == []  # the refused batch's reused rows are gone

@@ -145,19 +145,27 @@ class PreviousResults:
 
 @dataclass(frozen=True)
 class ReuseSource:
-    """What `--reuse` was given: the earlier results, and the stamp this run's rows will carry."""
+    """What `--reuse` was given: the earlier results, and the stamp this run's rows will carry. `model`: the model
+    the stamp is of, for a submission given no --model (`miro serve`'s reuse_batch_id: the earlier batch's model),
+    which its lines must then name (OtherModel)."""
 
     previous: PreviousResults
     stamp: OutputStamp
+    model: str | None = None
 
     @classmethod
-    def open(cls, path: str, stamp: OutputStamp) -> ReuseSource:
+    def open(cls, path: str, stamp: OutputStamp, model: str | None = None) -> ReuseSource:
         if not stamp.batch_invariant:
             raise MiroError(
                 "--reuse needs batch-invariant outputs: with --no-batch-invariant a request's output "
                 "depends on what runs beside it, so an earlier row is not its answer."
             )
-        return cls(PreviousResults.open(path), stamp)
+        return cls(PreviousResults.open(path), stamp, model)
+
+
+class OtherModel(MiroError):
+    """A submission given no --model whose lines run on another model than its ReuseSource's: nothing was
+    enqueued."""
 
 
 def _expected_rows(request: Request) -> int:

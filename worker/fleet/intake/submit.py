@@ -28,7 +28,7 @@ from miro.core.errors import MiroError
 from miro.worker.fleet.records import batches, connection
 from miro.worker.fleet.intake import durations, feed, routing, spool, tables
 from miro.worker.fleet.intake.columns import InputColumns
-from miro.worker.fleet.intake.reuse import Reuser, ReuseSource
+from miro.worker.fleet.intake.reuse import OtherModel, Reuser, ReuseSource
 from miro.worker.fleet.output import storage
 from miro.worker.fleet.intake.dataset import DatasetScan, FirstLines, scan_dataset
 from miro.worker.fleet.intake.inputs import LineError
@@ -224,8 +224,9 @@ def submit(
     called with each invalid line as it is found, `on_progress` as the file is read. `input_format` and `columns`:
     a Parquet, CSV or saved HF dataset and which of its columns make a request (dataset.scan_dataset). `reuse`
     (reuse.ReuseSource): the rows of an earlier result whose request is deterministic and identical are this
-    batch's rows instead of running again (reuse.py; not with `resume`). Raises InvalidDataset
-    (nothing enqueued) when a line is invalid and not `skip_invalid`, MiroError for other problems a user can cause.
+    batch's rows instead of running again (reuse.py; not with `resume`); given no `model`, the batch runs on
+    `reuse.model`, which its lines must name (OtherModel otherwise). Raises InvalidDataset (nothing enqueued) when a
+    line is invalid and not `skip_invalid`, MiroError for other problems a user can cause.
     """
     options = options if options is not None else SubmitOptions.of(named)
     (
@@ -260,7 +261,7 @@ def submit(
         raise MiroError(f"'{resume}' is not a batch id (they look like batch_ followed by 24 hex digits).")
     if not dry_run and conn is None:
         raise ValueError("submit needs a Redis connection unless dry_run")
-    if reuse is not None and (model is None or resume is not None):
+    if reuse is not None and ((model is None and reuse.model is None) or resume is not None):
         raise MiroError(
             "--reuse needs --model (the model its rows were made with is compared by its file's sha256), "
             "and does not go with --resume."
@@ -292,7 +293,7 @@ def submit(
     batch_id = None if dry_run else batches.new_batch_id()
     output = output_uri(output)
     writer = None if dry_run else spool.SpoolWriter(output, batch_id, chunk_size)
-    reuser = Reuser(reuse, output, batch_id, model) if reuse is not None and writer is not None else None
+    reuser = Reuser(reuse, output, batch_id, model or reuse.model) if reuse is not None and writer is not None else None
     try:
         if writer is not None:
             spool.check_output(output)
@@ -305,6 +306,8 @@ def submit(
         if reuser is not None:
             reuser.close()
         _refuse_unusable(read, skip_invalid)
+        if reuse is not None and model is None:
+            _refuse_other_model(read, reuse.model)
     except BaseException as err:
         if writer is not None:
             with suppress(OSError):
@@ -402,6 +405,20 @@ def _refuse_unusable(read: _Read, skip_invalid: bool) -> None:
         raise InvalidDataset(read.errors, scan.lines)
     if not scan.valid:
         raise MiroError(f"None of the {scan.lines:,} lines is valid, so nothing was enqueued.")
+
+
+def _refuse_other_model(read: _Read, model: str) -> None:
+    """Lines given no --model run on the model they name (or their task's default): refused unless that is `model`,
+    the one the reused rows were made with."""
+    chosen = routing.choose_model(None, None, read.named, read.scan.task, read.more_models)
+    if chosen != model:
+        named = (
+            f"line {read.named[chosen]} names '{chosen}'" if chosen in read.named else f"the lines run on '{chosen}'"
+        )
+        raise OtherModel(
+            f"The results to reuse were made with '{model}', but {named}: a batch reuses only rows of the model "
+            "it runs on, so its lines must name that model; nothing was enqueued."
+        )
 
 
 def _record_invalid(conn: redis.Redis, batch_id: str, read: _Read) -> int:
