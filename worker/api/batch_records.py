@@ -1,5 +1,6 @@
 """What the OpenAI Batch API adds to a miro batch: the `miro:api-batch:{id}` hash (input file id, endpoint, completion
-window, metadata, validation errors, the expiry of its result files, the output and error file ids).
+window, metadata, validation errors, the expiry of its result files, the batch it reused rows of and how many, the
+output and error file ids).
 
 A batch made through `miro serve` has every field; one made by `miro-submit` or `miro run` has none until the server
 writes its result files, and `of` fills the rest from miro's own record. batches.list pages through every batch on
@@ -30,6 +31,8 @@ class ApiBatch:
     metadata: dict[str, str] | None = None
     errors: list[BatchError] = field(default_factory=list)  # why validation failed
     output_expires_after_s: int | None = None  # the result files expire this long after they are written
+    reuse_batch_id: str | None = None  # the earlier batch given as reuse_batch_id
+    reused: int | None = None  # requests whose rows were taken from it (None: no reuse_batch_id)
     output_file_id: str | None = None
     error_file_id: str | None = None
     files_for: str | None = None  # the end stamp of the run the output and error files were made for
@@ -44,6 +47,8 @@ def save(conn: redis.Redis, record: ApiBatch) -> None:
         "metadata": json.dumps(record.metadata),
         "errors": json.dumps([e.model_dump() for e in record.errors]),
         "output_expires_after_s": "" if record.output_expires_after_s is None else record.output_expires_after_s,
+        "reuse_batch_id": record.reuse_batch_id or "",
+        "reused": "" if record.reused is None else record.reused,
     }
     conn.hset(keys.api_batch(record.batch_id), mapping=mapping)
 
@@ -65,7 +70,7 @@ def load(conn: redis.Redis, batch_id: str) -> ApiBatch | None:
     raw = _decoded(conn, batch_id)
     if "batch_id" not in raw:
         return None
-    expires_after = raw.get("output_expires_after_s")
+    expires_after, reused = raw.get("output_expires_after_s"), raw.get("reused")
     return ApiBatch(
         batch_id=raw["batch_id"],
         input_file_id=raw["input_file_id"],
@@ -74,6 +79,8 @@ def load(conn: redis.Redis, batch_id: str) -> ApiBatch | None:
         metadata=json.loads(raw["metadata"]),
         errors=[BatchError(**e) for e in json.loads(raw["errors"])],
         output_expires_after_s=int(expires_after) if expires_after else None,
+        reuse_batch_id=raw.get("reuse_batch_id") or None,
+        reused=int(reused) if reused else None,
         **_files(raw),
     )
 

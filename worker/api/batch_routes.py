@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import nullcontext
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
@@ -17,9 +18,10 @@ from miro.worker.fleet.records import batches
 from miro.worker.fleet.lifecycle import control
 from miro.worker.fleet.intake import durations
 from miro.worker.fleet.output import results
-from miro.worker.fleet.intake.submit import InvalidDataset, submit
+from miro.worker.fleet.intake.reuse import OtherModel, ReuseSource
+from miro.worker.fleet.intake.submit import InvalidDataset, SubmitResult, submit
 
-from miro.worker.api import batch_records, file_expiry
+from miro.worker.api import batch_records, batch_reuse, file_expiry
 from miro.worker.api.batch_records import ApiBatch
 from miro.worker.api.batch_shape import WAIT_FOR_WRITER_S, batch_object, with_result_files
 from miro.worker.api.errors import ApiError, bad_request, not_found
@@ -50,10 +52,15 @@ def _check(body: BatchCreate) -> None:
         raise bad_request(
             f"metadata.priority must be one of {', '.join(PRIORITIES)}, not '{priority}'.", param="metadata.priority"
         )
+    if body.reuse_batch_id is not None:
+        batch_reuse.check_id(body.reuse_batch_id)
 
 
-def _submit(state: ServerState, file: FileRecord, body: BatchCreate) -> tuple[str | None, list[BatchError]]:
-    """miro's submit on the uploaded file: (batch id, []) or (None, why the file is refused)."""
+def _submit(
+    state: ServerState, file: FileRecord, body: BatchCreate, reuse: ReuseSource | None
+) -> tuple[SubmitResult | None, list[BatchError]]:
+    """miro's submit on the uploaded file: (its result, []) or (None, why the file is refused); a 400 if its lines
+    run on another model than `reuse`'s (batch_reuse.py)."""
     priority = (body.metadata or {}).get("priority")
     with state.store.local_copy(file.id) as path:
         try:
@@ -65,13 +72,16 @@ def _submit(state: ServerState, file: FileRecord, body: BatchCreate) -> tuple[st
                 endpoint=body.endpoint,
                 priority=priority,
                 completion_window=body.completion_window,
+                reuse=reuse,
             )
         except InvalidDataset as invalid:
             shown = invalid.errors[:MAX_ERRORS]
             return None, [BatchError(code=e.code, message=e.message, line=e.line) for e in shown]
+        except OtherModel as err:
+            raise bad_request(str(err), param=batch_reuse.PARAM) from None
         except MiroError as err:
             return None, [BatchError(code="invalid_file", message=str(err))]
-    return result.batch_id, []
+    return result, []
 
 
 def _failed_batch(state: ServerState, file: FileRecord) -> str:
@@ -105,9 +115,10 @@ def _create(state: ServerState, body: BatchCreate, output_expires_after_s: int |
     file = state.store.get(body.input_file_id)
     if file.purpose != "batch":
         raise bad_request(f"File {file.id} has purpose '{file.purpose}', not 'batch'.", param="input_file_id")
-    batch_id, errors = _submit(state, file, body)
-    if batch_id is None:
-        batch_id = _failed_batch(state, file)
+    reusing = body.reuse_batch_id is not None
+    with batch_reuse.reuse_source(state.conn, body.reuse_batch_id) if reusing else nullcontext() as reuse:
+        result, errors = _submit(state, file, body, reuse)
+    batch_id = result.batch_id if result is not None else _failed_batch(state, file)
     api = ApiBatch(
         batch_id=batch_id,
         input_file_id=file.id,
@@ -116,6 +127,8 @@ def _create(state: ServerState, body: BatchCreate, output_expires_after_s: int |
         metadata=body.metadata,
         errors=errors,
         output_expires_after_s=output_expires_after_s,
+        reuse_batch_id=body.reuse_batch_id,
+        reused=(result.reused if result is not None else 0) if reusing else None,
     )
     batch_records.save(state.conn, api)
     return batch_object(batches.get_batch(state.conn, batch_id), api)

@@ -84,11 +84,12 @@ def batch_object(record: BatchRecord, api: ApiBatch) -> Batch:
         **stamps,
         # requests an expired batch never ran are in its error file, so OpenAI counts them failed
         request_counts=RequestCounts(
-            total=record.total, completed=record.completed, failed=record.failed + record.expired
+            total=record.total, completed=record.completed, failed=record.failed + record.expired, reused=api.reused
         ),
         usage=usage(record),
         model=record.model or None,
         metadata=api.metadata,
+        reuse_batch_id=api.reuse_batch_id,
     )
 
 

@@ -48,6 +48,7 @@ class RequestCounts(BaseModel):
     total: int
     completed: int
     failed: int
+    reused: int | None = None  # miro's: of `completed`, those the batch took from its reuse_batch_id's rows
 
 
 class InputTokensDetails(BaseModel):
@@ -89,6 +90,7 @@ class Batch(BaseModel):
     usage: BatchUsage | None = None
     model: str | None = None
     metadata: dict[str, str] | None = None
+    reuse_batch_id: str | None = None  # miro's: the earlier batch whose rows it reused (batch_reuse.py)
 
 
 Item = TypeVar("Item")
@@ -119,3 +121,4 @@ class BatchCreate(BaseModel):
     completion_window: str
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     output_expires_after: ExpiresAfter | None = None  # of the output and error files
+    reuse_batch_id: str | None = None  # miro's: reuse this earlier batch's identical deterministic rows
