@@ -87,7 +87,12 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return is_greedy(self.temperature, self.top_k)
+
+
+def is_greedy(temperature: float, top_k: int) -> bool:
+    """Sampling that always takes the most likely token: temperature 0, or top_k 1."""
+    return temperature == 0 or top_k == 1
 
 
 def find_stop(text: str, stops: list[str], new_from: int) -> int | None:

@@ -48,16 +48,16 @@ def canonical_request(request) -> dict:
 
 def deterministic(request) -> bool:
     """One answer per model and settings: an embedding, or a generation that is greedy (temperature 0, top_k 1:
-    SamplingParams.greedy) or seeded. Read from the request's sampling options, which intake validated as
+    params.is_greedy) or seeded. Read from the request's sampling options, which intake validated as
     SamplingParams, and SamplingParams' defaults for those it does not give (making one per request would compile
     its structured output again)."""
     if request.kind == "embedding":
         return True
-    from miro.core.sampling.params import SamplingParams
+    from miro.core.sampling.params import SamplingParams, is_greedy
 
     sampling = request.sampling or {}
-    greedy = sampling.get("temperature", SamplingParams.temperature) == 0 or (
-        sampling.get("top_k", SamplingParams.top_k) == 1
+    greedy = is_greedy(
+        sampling.get("temperature", SamplingParams.temperature), sampling.get("top_k", SamplingParams.top_k)
     )
     return greedy or sampling.get("seed") is not None
 
