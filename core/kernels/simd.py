@@ -474,3 +474,28 @@ def hsmallest(typingctx, value):
         return _halves_tree(builder, args[0], lambda a, b, width: _pick(builder, a, b, "<"))
 
     return types.float32(float32x16), codegen
+
+
+@intrinsic
+def fma16(typingctx, x, w, acc):
+    """x * w + acc rounded once, lane by lane (llvm.fma: one vfmadd); x or w may be a float32 scalar (splat), acc a
+    float32x16."""
+    if not isinstance(acc, Vec16) or not (isinstance(x, Vec16) or isinstance(w, Vec16)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vector_type = ir.VectorType(ir.FloatType(), LANES)
+        operands = [_operand16(context, builder, value, ty) for value, ty in zip(args, sig.args)]
+        return _call(builder, "llvm.fma.v16f32", vector_type, operands)
+
+    return float32x16(x, w, acc), codegen
+
+
+@intrinsic
+def as_float(typingctx, value):
+    """An int32x16's bits read as float32x16 (a bitcast: no instruction)."""
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.VectorType(ir.FloatType(), LANES))
+
+    return float32x16(int32x16), codegen

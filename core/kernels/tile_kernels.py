@@ -34,19 +34,31 @@ from miro.core.kernels.int8_dots import (
     mins_dot,
     scale_pairs16,
     superblock_tile_sum,
-    tile_dot,
+    tile_dot_from,
     tile_signed_bytes,
 )
 from miro.core.kernels.quant_blocks import (
     BLOCK32_TYPES,
     HAS_MIN,
     MXFP4,
+    Q4_0,
+    Q4_1,
+    Q5_1,
     Q6_K,
     SUPERBLOCK_TYPES,
-    add_block32,
     quads_offset,
 )
-from miro.core.kernels.simd import LANES, load16, load16_e8m0, load16_f16, store16, to_float, zeros16
+from miro.core.kernels.simd import (
+    LANES,
+    as_float,
+    fma16,
+    load16,
+    load16_e8m0,
+    load16_f16,
+    store16,
+    to_float,
+    zeros16,
+)
 from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
 from miro.core.kernels.tiles import TILE_ROWS, quant_bytes
 
@@ -56,6 +68,18 @@ def tile_offset(qtype: int, tier: Tier) -> int:
     return 0 if tile_signed_bytes(qtype, tier.has_vnni) else quads_offset(qtype)
 
 
+# Q4_0's float step begins with isum x d (add_block32), d a vector of the weight rows shared by every token: its
+# integer sums begin at these bits, 1.5 x 2^23 as a float32, so that the sum's bits read as a float are
+# 1.5 x 2^23 + isum exactly (|isum| < 2^22), and isum x d = fma(those, d, -1.5 x 2^23 x d) rounded once as
+# to_float(isum) x d is (-1.5 x 2^23 x d exact: d is a float16), one instruction for to_float and the product.
+FLOAT_BIAS_BITS = 0x4B400000
+FLOAT_BIAS = np.float32(12582912.0)
+
+
+def _float_bias(qtype: int) -> int:
+    return FLOAT_BIAS_BITS if qtype == Q4_0 else 0
+
+
 def tiles_32(qtype: int, tier: Tier, tokens: int):
     """The tile kernel for one weight type on one tier, `tokens` (8 or 2) activation rows per pass, the rows past
     the last full pass 2 and then 1 a pass: kernel(quants, scales, mins, a, d, s, qsum, out)."""
@@ -63,6 +87,8 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
         return None
     has_min, offset, block_quants, vnni, e8m0 = _constants(qtype, tier)
     bits = 512 if tier.vector_bits == 512 else 256
+    float_bias = _float_bias(qtype)
+    begins = int(offset != 0 or float_bias != 0)  # the integer sums begin at offset x qsum (+ the float bias), not 0
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
@@ -76,6 +102,12 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
         a_flat = a.reshape(a.size)
         n_eights = n_tok - n_tok % 8 if tokens == 8 else 0  # rows in passes of 8
         n_twos = n_tok - (n_tok - n_eights) % 2  # rows in passes of 8 or 2; one row may be left
+        # where each block's integer sums begin, [token][block]: the offset's share, once per call
+        start = np.zeros(n_tok * n_blocks if begins else 1, np.int32)
+        if begins:
+            for t in range(n_tok):
+                for b in range(n_blocks):
+                    start[t * n_blocks + b] = offset * qsum[t, b] + float_bias
         all_spill = np.empty((numba.config.NUMBA_NUM_THREADS, LANES), np.float32)  # each thread's, once per call
         for tile in prange(quants.shape[0]):
             spill = all_spill[numba.get_thread_id()]
@@ -85,33 +117,32 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
             for t in range(0, n_eights, 8):
                 c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
                 for b in range(n_blocks):
-                    i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(
-                        tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 8
+                    i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot_from(
+                        tile_quants,
+                        b * block_quants,
+                        a_flat,
+                        t * k + 32 * b,
+                        k,
+                        bits,
+                        vnni,
+                        qtype,
+                        8,
+                        begins,
+                        start,
+                        (t * n_blocks + b) if begins else 0,
+                        n_blocks if begins else 0,
                     )
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
-                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
-                    c1 = add_block32(
-                        qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b]
-                    )
-                    c2 = add_block32(
-                        qtype, c2, to_float(i2 + offset * qsum[t + 2, b]), dw, mw, d[t + 2, b], s[t + 2, b]
-                    )
-                    c3 = add_block32(
-                        qtype, c3, to_float(i3 + offset * qsum[t + 3, b]), dw, mw, d[t + 3, b], s[t + 3, b]
-                    )
-                    c4 = add_block32(
-                        qtype, c4, to_float(i4 + offset * qsum[t + 4, b]), dw, mw, d[t + 4, b], s[t + 4, b]
-                    )
-                    c5 = add_block32(
-                        qtype, c5, to_float(i5 + offset * qsum[t + 5, b]), dw, mw, d[t + 5, b], s[t + 5, b]
-                    )
-                    c6 = add_block32(
-                        qtype, c6, to_float(i6 + offset * qsum[t + 6, b]), dw, mw, d[t + 6, b], s[t + 6, b]
-                    )
-                    c7 = add_block32(
-                        qtype, c7, to_float(i7 + offset * qsum[t + 7, b]), dw, mw, d[t + 7, b], s[t + 7, b]
-                    )
+                    dw_bias = dw * -FLOAT_BIAS if float_bias else zero
+                    c0 = _step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
+                    c1 = _step(qtype, c1, i1, dw, dw_bias, mw, d[t + 1, b], s[t + 1, b])
+                    c2 = _step(qtype, c2, i2, dw, dw_bias, mw, d[t + 2, b], s[t + 2, b])
+                    c3 = _step(qtype, c3, i3, dw, dw_bias, mw, d[t + 3, b], s[t + 3, b])
+                    c4 = _step(qtype, c4, i4, dw, dw_bias, mw, d[t + 4, b], s[t + 4, b])
+                    c5 = _step(qtype, c5, i5, dw, dw_bias, mw, d[t + 5, b], s[t + 5, b])
+                    c6 = _step(qtype, c6, i6, dw, dw_bias, mw, d[t + 6, b], s[t + 6, b])
+                    c7 = _step(qtype, c7, i7, dw, dw_bias, mw, d[t + 7, b], s[t + 7, b])
                 _store_tile_row(out, t, n0, c0, spill)
                 _store_tile_row(out, t + 1, n0, c1, spill)
                 _store_tile_row(out, t + 2, n0, c2, spill)
@@ -123,27 +154,69 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
             for t in range(n_eights, n_twos, 2):
                 c0 = c1 = zero
                 for b in range(n_blocks):
-                    i0, i1 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 2)
+                    i0, i1 = tile_dot_from(
+                        tile_quants,
+                        b * block_quants,
+                        a_flat,
+                        t * k + 32 * b,
+                        k,
+                        bits,
+                        vnni,
+                        qtype,
+                        2,
+                        begins,
+                        start,
+                        (t * n_blocks + b) if begins else 0,
+                        n_blocks if begins else 0,
+                    )
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
-                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
-                    c1 = add_block32(
-                        qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b]
-                    )
+                    dw_bias = dw * -FLOAT_BIAS if float_bias else zero
+                    c0 = _step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
+                    c1 = _step(qtype, c1, i1, dw, dw_bias, mw, d[t + 1, b], s[t + 1, b])
                 _store_tile_row(out, t, n0, c0, spill)
                 _store_tile_row(out, t + 1, n0, c1, spill)
             if n_twos < n_tok:  # the last row alone
                 t = n_twos
                 c0 = zero
                 for b in range(n_blocks):
-                    (i0,) = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 1)
+                    (i0,) = tile_dot_from(
+                        tile_quants,
+                        b * block_quants,
+                        a_flat,
+                        t * k + 32 * b,
+                        k,
+                        bits,
+                        vnni,
+                        qtype,
+                        1,
+                        begins,
+                        start,
+                        (t * n_blocks + b) if begins else 0,
+                        0,
+                    )
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
-                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
+                    dw_bias = dw * -FLOAT_BIAS if float_bias else zero
+                    c0 = _step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
                 _store_tile_row(out, t, n0, c0, spill)
         return out
 
     return matmul_tiles_32
+
+
+@njit(inline="always")
+def _step(qtype, acc, isum, dw, dw_bias, mw, d_act, s_act):
+    """add_block32's float steps for 16 weight rows and one token, bit for bit, in fewer instructions: isum is the
+    block's int32 sums begun at tiles_32's start (the offset's share in them already; Q4_0's read as floats are
+    1.5 x 2^23 + isum, FLOAT_BIAS). Q4_0: (isum x d) x d_act, its first product one fma with dw_bias
+    (-1.5 x 2^23 x d), exact as FLOAT_BIAS says. Q4_1, Q5_1: the product m x s_act of two float16 values is exact in
+    float32, so (d x d_act) x isum + m x s_act is one fma rounded as the product's sum with it is."""
+    if qtype == Q4_0:
+        return acc + fma16(as_float(isum), dw, dw_bias) * d_act
+    if qtype == Q4_1 or qtype == Q5_1:
+        return acc + fma16(mw, s_act, (dw * d_act) * to_float(isum))
+    return acc + (dw * d_act) * to_float(isum)
 
 
 def _constants(qtype: int, tier: Tier) -> tuple[bool, int, int, int, bool]:
