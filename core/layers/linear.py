@@ -25,13 +25,14 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from miro.core.loading.gguf_file import TensorInfo, release_pages
-from miro.core.kernels import amx_bf16, cpu, quant_kernels
+from miro.core.kernels import amx_bf16, amx_tiles, cpu, quant_kernels
 from miro.core.layers import encoder
 from miro.core.kernels.amx_bf16 import matmul_amx_bf16
 from miro.core.kernels.bf16_gemm import matmul_bf16, pack_bf16
 from miro.core.kernels.int16_gemm import matmul_i16, pack_i16
 from miro.core.kernels.f32_gemm import matmul_invariant, pack_panels
 from miro.core.kernels.quantize_activations import (
+    Q8Blocks,
     quantize_q8_32,
     quantize_q8_32_columns,
     quantize_q8_k,
@@ -134,6 +135,7 @@ class Linear:
             0 if np.shares_memory(raw, parts[0]) else raw.nbytes
         )  # a copy only when fusing scattered parts
         self._tiles = None
+        self._amx_tiles = None  # Q4_0, Q4_1, Q8_0 tiles on AMX: amx_tiles.py's kernel, 16 rows at a time (same bits)
         self.batch_invariant = invariant or fmt in BATCH_INVARIANT_FORMATS
         self._amx = False  # fmt="bf16" on AMX: amx_bf16.py's kernel (its own bits) rather than vdpbf16ps
         if fmt == "bf16":
@@ -155,6 +157,8 @@ class Linear:
             self._w = raw.reshape(self.out_features, self.in_features // row.block_values * row.block_bytes)
             if self._plan.layout == "tiles":  # the same bytes in 16-row tiles; the file's pages leave memory
                 self._tiles = row.kernels.repack(int(qtype), self._w, self.tier)
+                if amx_tiles.usable(int(qtype), self.tier):
+                    self._amx_tiles = amx_tiles.kernel(int(qtype), self.tier.name)
                 self._w = None
                 self.weight_bytes = self._tiles.nbytes
                 for part in parts:
@@ -205,8 +209,15 @@ class Linear:
         kernels, plan = self._kernels(), self._plan
         n_tok = x.shape[0]
         if self._tiles is not None:  # repacked at load: the tile kernel for every row count (plan.passes)
-            a = quantize_q8_32(x)
-            return kernels.tiles(self._tiles.quants, self._tiles.scales, self._tiles.mins, a.q, a.d, a.s, a.qsum, out)
+            a, t = quantize_q8_32(x), self._tiles
+            on_amx = n_tok - n_tok % amx_tiles.ROWS if self._amx_tiles is not None else 0
+            if on_amx:  # AMX's dots for 16 rows at a time, the same bits; the rows past them the tile kernel's
+                amx_tiles.matmul(self._amx_tiles, t, a, out[:on_amx])
+                if on_amx == n_tok:
+                    return out
+                a = Q8Blocks(a.q[on_amx:], a.d[on_amx:], a.s[on_amx:], a.qsum[on_amx:])
+            kernels.tiles(t.quants, t.scales, t.mins, a.q, a.d, a.s, a.qsum, out[on_amx:])
+            return out
         if n_tok < plan.lanes_from:
             a = quantize_q8_32(x)
             return kernels.rows(self._w, a.q, a.d, a.s, a.qsum, out, 16)

@@ -1,0 +1,321 @@
+"""The tile kernel's integer dots on AMX (amx.py): Q4_0, Q4_1 and Q8_0 tiles (tiles.py) times 16 activation rows at a
+time, each block's exact int32 sums by one TDPBSUD, then tile_kernels.py's float steps, so the same bits.
+
+Per 16-row weight tile, 16 activation rows at a time, per 32-value block b:
+
+- C (tmm0-3 in turn) = A (16 activation rows x 32 int8, from `a` as it is, tmm4-5) times B (the tile's block:
+  8 quads x 16 rows x 4 bytes, tmm6-7, unsigned: Q4's nibbles unpacked once per tile into a per-thread copy,
+  Q8_0's bytes + 128 as the tile holds them), stored to a per-thread buffer;
+- three blocks later (the TDPBSUD's and the store's latency hidden behind the float steps of the blocks before),
+  each activation row's 16 sums are read back and given tile_kernels._step, into 16 float sums held in registers.
+
+The rows past the last multiple of 16 are the VNNI tile kernel's (Linear._matmul_block32). Measured on one core of
+this AMX host (Sapphire Rapids class), the SmolLM2 shapes: 1.1-1.3x the VNNI kernel at 16-512 rows. Not more: the
+tile stores and loads do not overlap the float steps (each alone took about half the time of both together),
+and the float steps, 5-6 instructions per 16 weight rows, block and activation row, are ggml's arithmetic.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from numba import get_num_threads, njit, prange
+
+from miro.core.kernels import amx, cpu
+from miro.core.kernels.amx import _tile_product, tile_load, tile_load_config, tile_release, tile_store, tile_zero
+from miro.core.kernels.cache_key import HELPERS, cached_variant
+from miro.core.kernels.cpu import Tier
+from miro.core.kernels.quant_blocks import Q4_0, Q4_1, Q8_0
+from miro.core.kernels.simd import load16, load16_f16, zeros16
+from miro.core.kernels.tile_kernels import FLOAT_BIAS, _constants, _float_bias, _step, _store_tile_row
+from miro.core.kernels.tiles import TILE_ROWS
+
+tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
+AMX_TYPES = (Q4_0, Q4_1, Q8_0)
+ROWS = 16  # activation rows per A tile
+CONFIG = amx.config_bytes_blocks32()  # C 16 x 16 int32, A 16 rows x 32 bytes, B 8 rows x 64 bytes
+LAG = 3  # blocks between a block's product and its float steps (4 C tiles in turn)
+
+
+def usable(qtype: int, tier: Tier) -> bool:
+    """Whether the AMX kernel serves this type on this tier here: a VNNI tile layout, and AMX int8 ready (amx.ready:
+    the CPU, the compile target and the kernel's permission, and MIRO_AMX not 0)."""
+    return int(qtype) in AMX_TYPES and tier.has_vnni and tier.vector_bits == 512 and amx.ready()
+
+
+def amx_tiles_32(qtype: int, tier: Tier):
+    """kernel(quants, scales, mins, a, d, s, qsum, out, config, threads): tile_kernels.tiles_32's product for the
+    first rows of a, as many as out has (a multiple of 16); None where `usable` is not."""
+    if not usable(qtype, tier):
+        return None
+    amx.require()
+    has_min, offset, block_quants, vnni, e8m0 = _constants(qtype, tier)
+    float_bias = _float_bias(qtype)
+    begins = offset != 0 or float_bias != 0
+    nibbles = qtype != Q8_0
+    helpers = HELPERS
+
+    @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_amx", parallel=True)
+    def matmul_amx_32(quants, scales, mins, a, d, s, qsum, out, config, threads):
+        """out (T16, N) = the tiles of N rows times the first T16 rows of a (T, K) int8; d, s, qsum (T, K / 32)."""
+        helpers  # in numba's cache key: see cache_key.py
+        n_tok = out.shape[0]
+        k = a.shape[1]
+        n_blocks = k // 32
+        n_tiles = quants.shape[0]
+        start = np.zeros(n_tok * n_blocks if begins else 1, np.int32)  # tiles_32's: where the integer sums begin
+        if begins:
+            for t in range(n_tok):
+                for b in range(n_blocks):
+                    start[t * n_blocks + b] = offset * qsum[t, b] + float_bias
+        a_stride = np.int64(k)
+        w_stride = np.int64(64)
+        c_stride = np.int64(TILE_ROWS * 4)
+        parts = max(1, min(threads, n_tiles))
+        for part in prange(parts):
+            first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
+            unpacked = np.empty(n_blocks * 512 if nibbles else 1, np.uint8)  # the tile's B tiles, Q4's nibbles apart
+            sums = np.empty(4 * ROWS * TILE_ROWS, np.int32)  # the 4 C tiles' int32 sums, [tile][row][weight row]
+            spill = np.empty(TILE_ROWS, np.float32)
+            tile_load_config(config)
+            for tile in range(first, last):
+                tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
+                if nibbles:  # quads k (low nibbles) and k + 4 (high) of each block: B's 8 rows of 64 bytes
+                    for b in range(n_blocks):
+                        for j in range(256):
+                            unpacked[512 * b + j] = tile_quants[block_quants * b + j] & 15
+                        for j in range(256):
+                            unpacked[512 * b + 256 + j] = tile_quants[block_quants * b + j] >> 4
+                weights = unpacked if nibbles else tile_quants
+                n0 = tile * TILE_ROWS
+                for g in range(0, n_tok, ROWS):
+                    a0 = np.int64(g) * a_stride
+                    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zeros16()
+                    c8 = c9 = c10 = c11 = c12 = c13 = c14 = c15 = zeros16()
+                    for step in range(n_blocks + LAG):
+                        if step < n_blocks:  # block `step`'s product into C tile step % 4, stored
+                            w_at = np.int64(512 * step)
+                            a_at = a0 + 32 * step
+                            which = step % 4
+                            if which == 0:
+                                tile_zero(0)
+                                tile_load(4, a, a_at, a_stride)
+                                tile_load(6, weights, w_at, w_stride)
+                                tile_dpbsud(0, 4, 6)
+                                tile_store(0, sums, np.int64(0), c_stride)
+                            elif which == 1:
+                                tile_zero(1)
+                                tile_load(5, a, a_at, a_stride)
+                                tile_load(7, weights, w_at, w_stride)
+                                tile_dpbsud(1, 5, 7)
+                                tile_store(1, sums, np.int64(1024), c_stride)
+                            elif which == 2:
+                                tile_zero(2)
+                                tile_load(4, a, a_at, a_stride)
+                                tile_load(6, weights, w_at, w_stride)
+                                tile_dpbsud(2, 4, 6)
+                                tile_store(2, sums, np.int64(2048), c_stride)
+                            else:
+                                tile_zero(3)
+                                tile_load(5, a, a_at, a_stride)
+                                tile_load(7, weights, w_at, w_stride)
+                                tile_dpbsud(3, 5, 7)
+                                tile_store(3, sums, np.int64(3072), c_stride)
+                        if step >= LAG:  # the float steps of block step - LAG, row after row
+                            b = step - LAG
+                            at = ROWS * TILE_ROWS * (b % 4)
+                            dw = load16_f16(tile_scales, 16 * b)
+                            mw = load16_f16(tile_mins, 16 * b) if has_min else dw
+                            dw_bias = dw * -FLOAT_BIAS if float_bias else dw
+                            s0 = g * n_blocks + b  # row g's block b in start
+                            c0 = _step(qtype, c0, _sum(sums, at, start, s0, begins), dw, dw_bias, mw, d[g, b], s[g, b])
+                            c1 = _step(
+                                qtype,
+                                c1,
+                                _sum(sums, at + 16, start, s0 + n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 1, b],
+                                s[g + 1, b],
+                            )
+                            c2 = _step(
+                                qtype,
+                                c2,
+                                _sum(sums, at + 32, start, s0 + 2 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 2, b],
+                                s[g + 2, b],
+                            )
+                            c3 = _step(
+                                qtype,
+                                c3,
+                                _sum(sums, at + 48, start, s0 + 3 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 3, b],
+                                s[g + 3, b],
+                            )
+                            c4 = _step(
+                                qtype,
+                                c4,
+                                _sum(sums, at + 64, start, s0 + 4 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 4, b],
+                                s[g + 4, b],
+                            )
+                            c5 = _step(
+                                qtype,
+                                c5,
+                                _sum(sums, at + 80, start, s0 + 5 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 5, b],
+                                s[g + 5, b],
+                            )
+                            c6 = _step(
+                                qtype,
+                                c6,
+                                _sum(sums, at + 96, start, s0 + 6 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 6, b],
+                                s[g + 6, b],
+                            )
+                            c7 = _step(
+                                qtype,
+                                c7,
+                                _sum(sums, at + 112, start, s0 + 7 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 7, b],
+                                s[g + 7, b],
+                            )
+                            c8 = _step(
+                                qtype,
+                                c8,
+                                _sum(sums, at + 128, start, s0 + 8 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 8, b],
+                                s[g + 8, b],
+                            )
+                            c9 = _step(
+                                qtype,
+                                c9,
+                                _sum(sums, at + 144, start, s0 + 9 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 9, b],
+                                s[g + 9, b],
+                            )
+                            c10 = _step(
+                                qtype,
+                                c10,
+                                _sum(sums, at + 160, start, s0 + 10 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 10, b],
+                                s[g + 10, b],
+                            )
+                            c11 = _step(
+                                qtype,
+                                c11,
+                                _sum(sums, at + 176, start, s0 + 11 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 11, b],
+                                s[g + 11, b],
+                            )
+                            c12 = _step(
+                                qtype,
+                                c12,
+                                _sum(sums, at + 192, start, s0 + 12 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 12, b],
+                                s[g + 12, b],
+                            )
+                            c13 = _step(
+                                qtype,
+                                c13,
+                                _sum(sums, at + 208, start, s0 + 13 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 13, b],
+                                s[g + 13, b],
+                            )
+                            c14 = _step(
+                                qtype,
+                                c14,
+                                _sum(sums, at + 224, start, s0 + 14 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 14, b],
+                                s[g + 14, b],
+                            )
+                            c15 = _step(
+                                qtype,
+                                c15,
+                                _sum(sums, at + 240, start, s0 + 15 * n_blocks, begins),
+                                dw,
+                                dw_bias,
+                                mw,
+                                d[g + 15, b],
+                                s[g + 15, b],
+                            )
+                    _store_tile_row(out, g, n0, c0, spill)
+                    _store_tile_row(out, g + 1, n0, c1, spill)
+                    _store_tile_row(out, g + 2, n0, c2, spill)
+                    _store_tile_row(out, g + 3, n0, c3, spill)
+                    _store_tile_row(out, g + 4, n0, c4, spill)
+                    _store_tile_row(out, g + 5, n0, c5, spill)
+                    _store_tile_row(out, g + 6, n0, c6, spill)
+                    _store_tile_row(out, g + 7, n0, c7, spill)
+                    _store_tile_row(out, g + 8, n0, c8, spill)
+                    _store_tile_row(out, g + 9, n0, c9, spill)
+                    _store_tile_row(out, g + 10, n0, c10, spill)
+                    _store_tile_row(out, g + 11, n0, c11, spill)
+                    _store_tile_row(out, g + 12, n0, c12, spill)
+                    _store_tile_row(out, g + 13, n0, c13, spill)
+                    _store_tile_row(out, g + 14, n0, c14, spill)
+                    _store_tile_row(out, g + 15, n0, c15, spill)
+            tile_release()
+        return out
+
+    return matmul_amx_32
+
+
+@njit(inline="always")
+def _sum(sums, at, start, s_at, begins):
+    """One activation row's 16 int32 sums from the stored C tile, begun where tiles_32's begin."""
+    total = load16(sums, at)
+    return total + start[s_at] if begins else total
+
+
+@functools.cache
+def kernel(qtype: int, tier_name: str):
+    """amx_tiles_32's kernel for a type on a tier (by name), made once per process; None where not usable."""
+    return amx_tiles_32(qtype, cpu.get(tier_name))
+
+
+def matmul(kernel, tiles, a, out: np.ndarray) -> np.ndarray:
+    """out (T16, N) = tiles (tiles.Tiles) times the first T16 rows of the Q8_0 activations a (Q8Blocks)."""
+    return kernel(tiles.quants, tiles.scales, tiles.mins, a.q, a.d, a.s, a.qsum, out, CONFIG, get_num_threads())
