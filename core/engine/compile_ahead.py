@@ -40,6 +40,7 @@ WORKERS_ENV = "MIRO_COMPILE_WORKERS"
 # CPU seconds a unit took on the avx512-vnni tier (2 cores, benchmarks/cold_start.py): the order units are dealt in
 _COST = {"attention": 12.0, "experts": 8.0, "linear": 6.0, "pointwise": 1.0}
 _ROWS = (1, 17)  # activation rows a unit's Linear is called with: one decode row; past every tile pass's rows
+#                  (and AMX's 16, amx_tiles.py)
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,13 @@ class Unit:
             row = WEIGHT_TYPES[GGMLQuantizationType(self.args[0])]
             kernels = row.kernels_on(cpu.TIER)  # the loop shapes its layout on this tier calls
             names = ("tiles",) if row.plan(cpu.TIER).layout == "tiles" else ("rows", "lanes")
-            return [
-                k for k in (getattr(kernels, name, None) for name in names) if k is not None and hasattr(k, "_cache")
-            ]
+            found = [getattr(kernels, name, None) for name in names]
+            if names == ("tiles",):  # and AMX's dots for 16 rows at a time where they run (amx_tiles.py)
+                from miro.core.kernels import amx_tiles
+
+                if amx_tiles.usable(self.args[0], cpu.TIER):
+                    found.append(amx_tiles.kernel(int(self.args[0]), cpu.TIER.name))
+            return [k for k in found if k is not None and hasattr(k, "_cache")]
         if self.kind == "experts":
             from miro.core.layers import moe, pointwise
 

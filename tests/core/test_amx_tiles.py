@@ -1,0 +1,58 @@
+"""core/kernels/amx_tiles.py: where AMX runs, its product of Q4_0, Q4_1 and Q8_0 tiles bit for bit the VNNI tile
+kernel's, at row counts of one and several A tiles, a short last weight tile, and activations large enough that
+their Q8_1 sums overflow float16; the layer takes it for the rows in whole A tiles and the VNNI kernel for the rest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from miro.core.kernels import amx, amx_tiles, cpu
+from miro.core.kernels.quantize_activations import quantize_q8_32
+from miro.core.kernels.weight_types import WEIGHT_TYPES
+from miro.core.layers.linear import Linear
+from test_quant_linear import activations, random_tensor
+
+VNNI = cpu.TIERS["avx512-vnni"]
+needs_amx = pytest.mark.skipif(
+    not amx_tiles.usable(int(Q.Q4_1), VNNI) or amx.unusable_reason() is not None,
+    reason=f"AMX int8 is not usable here: {amx.unusable_reason() or 'MIRO_AMX=0'}",
+)
+
+
+@needs_amx
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_rows", [16, 48])
+def test_amx_gives_the_vnni_tile_kernels_bits(qtype, n_rows):
+    layer = Linear(random_tensor(qtype, 40, 192, seed=n_rows), tier="avx512-vnni")  # 3 tiles, the last of 8 rows
+    x = activations(n_rows, 192, seed=int(qtype))
+    x[n_rows // 2] *= 4000  # Q8_1 sums past float16's largest: inf in s
+    a, tiles = quantize_q8_32(x), layer._tiles
+    vnni = WEIGHT_TYPES[qtype].kernels_on(VNNI).tiles
+    expected = vnni(tiles.quants, tiles.scales, tiles.mins, a.q, a.d, a.s, a.qsum, np.empty((n_rows, 40), np.float32))
+    got = amx_tiles.matmul(amx_tiles.kernel(int(qtype), VNNI.name), tiles, a, np.empty((n_rows, 40), np.float32))
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+@needs_amx
+def test_the_layer_takes_amx_for_whole_a_tiles_and_the_vnni_kernel_for_the_rest():
+    tensor = random_tensor(Q.Q4_1, 40, 192)
+    layer, portable = Linear(tensor, tier="avx512-vnni"), Linear(tensor, tier="portable")
+    assert layer._amx_tiles is not None
+    x = activations(37, 192)  # 32 rows on AMX, 5 on the VNNI kernel
+    np.testing.assert_array_equal(layer(x).view(np.uint32), portable(x).view(np.uint32))
+
+
+def test_miro_amx_0_keeps_the_vnni_kernel():
+    code = (
+        "from gguf import GGMLQuantizationType as Q; from miro.core.kernels import amx_tiles, cpu; "
+        "print(amx_tiles.usable(int(Q.Q4_1), cpu.TIERS['avx512-vnni']))"
+    )
+    env = {**os.environ, "MIRO_AMX": "0"}
+    line = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert line.strip() == "False"
