@@ -9,10 +9,12 @@ Per 16-row weight tile, 16 activation rows at a time, per 32-value block b:
 - three blocks later (the TDPBSUD's and the store's latency hidden behind the float steps of the blocks before),
   each activation row's 16 sums are read back and given tile_kernels._step, into 16 float sums held in registers.
 
-The rows past the last multiple of 16 are the VNNI tile kernel's (Linear._matmul_block32). Measured on one core of
-this AMX host (Sapphire Rapids class), the SmolLM2 shapes: 1.1-1.3x the VNNI kernel at 16-512 rows. Not more: the
-tile stores and loads do not overlap the float steps (each alone took about half the time of both together),
-and the float steps, 5-6 instructions per 16 weight rows, block and activation row, are ggml's arithmetic.
+The rows past the last multiple of 16 are the VNNI tile kernel's (Linear._matmul_block32). Layers take it for
+Q4_1 (FASTER_ON_AMX): on one core of this AMX host (Sapphire Rapids class), SmolLM2's shapes, 1.2-1.35x the VNNI
+kernel at 64 rows. Not more: the tile loads and stores do not overlap the float steps (the AMX instructions alone
+and the float steps alone each took about half the time of both together, even with the float steps reading
+memory the tiles never wrote), and the float steps, 5 instructions per 16 weight rows, block and activation row
+for Q4_1, are ggml's arithmetic.
 """
 
 from __future__ import annotations
@@ -33,22 +35,31 @@ from miro.core.kernels.tile_kernels import FLOAT_BIAS, _constants, _float_bias, 
 from miro.core.kernels.tiles import TILE_ROWS
 
 tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
-AMX_TYPES = (Q4_0, Q4_1, Q8_0)
+AMX_TYPES = (Q4_0, Q4_1, Q8_0)  # the types this kernel multiplies
+# those a layer takes it for: Q4_1, 1.2-1.35x the VNNI kernel at 64 rows (its float steps the longest, 5
+# instructions, so the dots' share the kernel moves to AMX the largest); Q4_0 and Q8_0 (3 and 4) measured 0.95-1.07x
+# there and as low as 0.6x at 512 rows, one core, load 4-6: left on VNNI
+FASTER_ON_AMX = (Q4_1,)
 ROWS = 16  # activation rows per A tile
 CONFIG = amx.config_bytes_blocks32()  # C 16 x 16 int32, A 16 rows x 32 bytes, B 8 rows x 64 bytes
 LAG = 3  # blocks between a block's product and its float steps (4 C tiles in turn)
 
 
+def runs_on(tier: Tier) -> bool:
+    """Whether the AMX kernel runs on this tier here: a VNNI tile layout, and AMX int8 ready (amx.ready: the CPU, the
+    compile target and the kernel's permission, and MIRO_AMX not 0)."""
+    return tier.has_vnni and tier.vector_bits == 512 and amx.ready()
+
+
 def usable(qtype: int, tier: Tier) -> bool:
-    """Whether the AMX kernel serves this type on this tier here: a VNNI tile layout, and AMX int8 ready (amx.ready:
-    the CPU, the compile target and the kernel's permission, and MIRO_AMX not 0)."""
-    return int(qtype) in AMX_TYPES and tier.has_vnni and tier.vector_bits == 512 and amx.ready()
+    """Whether a layer of this type on this tier takes the AMX kernel (FASTER_ON_AMX) for its rows in whole A tiles."""
+    return int(qtype) in FASTER_ON_AMX and runs_on(tier)
 
 
 def amx_tiles_32(qtype: int, tier: Tier):
     """kernel(quants, scales, mins, a, d, s, qsum, out, config, threads): tile_kernels.tiles_32's product for the
-    first rows of a, as many as out has (a multiple of 16); None where `usable` is not."""
-    if not usable(qtype, tier):
+    first rows of a, as many as out has (a multiple of 16); None for other types or where it does not run."""
+    if int(qtype) not in AMX_TYPES or not runs_on(tier):
         return None
     amx.require()
     has_min, offset, block_quants, vnni, e8m0 = _constants(qtype, tier)
@@ -312,7 +323,7 @@ def _sum(sums, at, start, s_at, begins):
 
 @functools.cache
 def kernel(qtype: int, tier_name: str):
-    """amx_tiles_32's kernel for a type on a tier (by name), made once per process; None where not usable."""
+    """amx_tiles_32's kernel for a type on a tier (by name), made once per process."""
     return amx_tiles_32(qtype, cpu.get(tier_name))
 
 

@@ -24,10 +24,17 @@ from numba import prange
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.int8_dots import lanes_per_call, mins_dot, superblock_tile_sum, tile_dot
-from miro.core.kernels.quant_blocks import BLOCK32_TYPES, Q6_K, SUPERBLOCK_TYPES, add_block32
+from miro.core.kernels.quant_blocks import BLOCK32_TYPES, Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import LANES, load16, load16_e8m0, load16_f16, store16, to_float, zeros16
 from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
-from miro.core.kernels.tile_kernels import _constants, _q6_k_scale_pairs, _store_tile_row
+from miro.core.kernels.tile_kernels import (
+    FLOAT_BIAS,
+    _constants,
+    _float_bias,
+    _q6_k_scale_pairs,
+    _step,
+    _store_tile_row,
+)
 from miro.core.kernels.tiles import TILE_ROWS
 
 
@@ -44,6 +51,8 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
         return None
     has_min, offset, block_quants, vnni, e8m0 = _constants(qtype, tier)
     bits = 512 if tier.vector_bits == 512 else 256
+    float_bias = _float_bias(qtype)
+    begins = int(offset != 0 or float_bias != 0)  # tiles_32's: where the integer sums begin
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
@@ -55,6 +64,12 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
         n_blocks = k // 32
         a_flat = a.reshape(a.size)
         per_expert = parts * tiles_per_expert
+        n_rows = a.shape[0]
+        start = np.zeros(n_rows * n_blocks if begins else 1, np.int32)
+        if begins:
+            for t in range(n_rows):
+                for b in range(n_blocks):
+                    start[t * n_blocks + b] = offset * qsum[t, b] + float_bias
         all_spill = np.empty((numba.config.NUMBA_NUM_THREADS, LANES), np.float32)
         for item in prange(active.shape[0] * per_expert):
             spill = all_spill[numba.get_thread_id()]
@@ -74,32 +89,31 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
                 c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
                 for b in range(n_blocks):
                     i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(
-                        tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 8
+                        tile_quants,
+                        b * block_quants,
+                        a_flat,
+                        t * k + 32 * b,
+                        k,
+                        bits,
+                        vnni,
+                        qtype,
+                        8,
+                        begins,
+                        start,
+                        (t * n_blocks + b) if begins else 0,
+                        n_blocks if begins else 0,
                     )
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
-                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
-                    c1 = add_block32(
-                        qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b]
-                    )
-                    c2 = add_block32(
-                        qtype, c2, to_float(i2 + offset * qsum[t + 2, b]), dw, mw, d[t + 2, b], s[t + 2, b]
-                    )
-                    c3 = add_block32(
-                        qtype, c3, to_float(i3 + offset * qsum[t + 3, b]), dw, mw, d[t + 3, b], s[t + 3, b]
-                    )
-                    c4 = add_block32(
-                        qtype, c4, to_float(i4 + offset * qsum[t + 4, b]), dw, mw, d[t + 4, b], s[t + 4, b]
-                    )
-                    c5 = add_block32(
-                        qtype, c5, to_float(i5 + offset * qsum[t + 5, b]), dw, mw, d[t + 5, b], s[t + 5, b]
-                    )
-                    c6 = add_block32(
-                        qtype, c6, to_float(i6 + offset * qsum[t + 6, b]), dw, mw, d[t + 6, b], s[t + 6, b]
-                    )
-                    c7 = add_block32(
-                        qtype, c7, to_float(i7 + offset * qsum[t + 7, b]), dw, mw, d[t + 7, b], s[t + 7, b]
-                    )
+                    dw_bias = dw * -FLOAT_BIAS if float_bias else zero
+                    c0 = _step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
+                    c1 = _step(qtype, c1, i1, dw, dw_bias, mw, d[t + 1, b], s[t + 1, b])
+                    c2 = _step(qtype, c2, i2, dw, dw_bias, mw, d[t + 2, b], s[t + 2, b])
+                    c3 = _step(qtype, c3, i3, dw, dw_bias, mw, d[t + 3, b], s[t + 3, b])
+                    c4 = _step(qtype, c4, i4, dw, dw_bias, mw, d[t + 4, b], s[t + 4, b])
+                    c5 = _step(qtype, c5, i5, dw, dw_bias, mw, d[t + 5, b], s[t + 5, b])
+                    c6 = _step(qtype, c6, i6, dw, dw_bias, mw, d[t + 6, b], s[t + 6, b])
+                    c7 = _step(qtype, c7, i7, dw, dw_bias, mw, d[t + 7, b], s[t + 7, b])
                 _store_tile_row(out, t, n0, c0, spill)
                 _store_tile_row(out, t + 1, n0, c1, spill)
                 _store_tile_row(out, t + 2, n0, c2, spill)
@@ -111,23 +125,51 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
             for t in range(n_eights, n_twos, 2):
                 c0 = c1 = zero
                 for b in range(n_blocks):
-                    i0, i1 = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 2)
+                    i0, i1 = tile_dot(
+                        tile_quants,
+                        b * block_quants,
+                        a_flat,
+                        t * k + 32 * b,
+                        k,
+                        bits,
+                        vnni,
+                        qtype,
+                        2,
+                        begins,
+                        start,
+                        (t * n_blocks + b) if begins else 0,
+                        n_blocks if begins else 0,
+                    )
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
-                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
-                    c1 = add_block32(
-                        qtype, c1, to_float(i1 + offset * qsum[t + 1, b]), dw, mw, d[t + 1, b], s[t + 1, b]
-                    )
+                    dw_bias = dw * -FLOAT_BIAS if float_bias else zero
+                    c0 = _step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
+                    c1 = _step(qtype, c1, i1, dw, dw_bias, mw, d[t + 1, b], s[t + 1, b])
                 _store_tile_row(out, t, n0, c0, spill)
                 _store_tile_row(out, t + 1, n0, c1, spill)
             if n_twos < end:  # the run's last row alone
                 t = n_twos
                 c0 = zero
                 for b in range(n_blocks):
-                    (i0,) = tile_dot(tile_quants, b * block_quants, a_flat, t * k + 32 * b, k, bits, vnni, qtype, 1)
+                    (i0,) = tile_dot(
+                        tile_quants,
+                        b * block_quants,
+                        a_flat,
+                        t * k + 32 * b,
+                        k,
+                        bits,
+                        vnni,
+                        qtype,
+                        1,
+                        begins,
+                        start,
+                        (t * n_blocks + b) if begins else 0,
+                        0,
+                    )
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
-                    c0 = add_block32(qtype, c0, to_float(i0 + offset * qsum[t, b]), dw, mw, d[t, b], s[t, b])
+                    dw_bias = dw * -FLOAT_BIAS if float_bias else zero
+                    c0 = _step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
                 _store_tile_row(out, t, n0, c0, spill)
         return out
 

@@ -6,9 +6,9 @@ them the int16 kernels reach about half of llama.cpp's speed, so they come throu
 sums are exact and none of these saturates on the values given to it, so every form gives the same
 sums, the same as the portable kernels'.
 
-- `tile_dot(..., bits, vnni, qtype, tokens)`: a 16-row tile's block (tiles.py) against several activation
-  rows, for the tile kernel (tile_kernels.py), on every tier with int8 dots; `tile_dot_from` the same with each
-  row's sums begun at a given int32 rather than 0.
+- `tile_dot(..., bits, vnni, qtype, tokens, begins, ...)`: a 16-row tile's block (tiles.py) against several
+  activation rows, each row's sums begun at 0 or at a given int32, for the tile kernel (tile_kernels.py), on every
+  tier with int8 dots.
 - `superblock_tile_sum(...)`: a quarter of a K-quant tile's super-block (superblock_tiles.py) against several
   activation rows, added to exact int32 sums, for the K-quant tile kernel; `mins_dot` the sums of the scales or
   mins against the activations' sub-block sums that its minimums (and Q6_K's offset of 32) take off.
@@ -84,24 +84,19 @@ def tile_signed_bytes(qtype: int, vnni: bool) -> bool:
 
 
 @intrinsic(prefer_literal=True)
-def tile_dot(typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype, tokens):
-    """`tokens` int32x16 sums of one 32-value block of a 16-row tile, each from 0: _tile_dot's."""
-    return _tile_dot(quants, a, bits, vnni, qtype, tokens)
-
-
-@intrinsic(prefer_literal=True)
-def tile_dot_from(
+def tile_dot(
     typingctx, quants, w_start, a, a_start, a_stride, bits, vnni, qtype, tokens, begins, init, i_start, i_stride
 ):
-    """tile_dot's sums, where `begins` (a compile-time constant) is 1 each begun at init[i_start + t * i_stride]
-    (int32, 1-D; t the token) in every lane rather than at 0: the tile kernel's offset x the activations' sum, and
-    its float bias (tile_kernels.py), at no cost on VNNI tiers (a broadcast load in place of a zeroing)."""
+    """`tokens` int32x16 sums of one 32-value block of a 16-row tile (_tile_dot), each begun at 0, or where `begins`
+    (a compile-time constant) is 1 at init[i_start + t * i_stride] (int32, 1-D; t the activation row) in every
+    lane: the tile kernel's offset x the activations' sum, and its float bias (tile_kernels.py), at no cost on VNNI
+    tiers (a broadcast load in place of a zeroing)."""
     if not isinstance(begins, types.IntegerLiteral):
         return None
-    return _tile_dot(quants, a, bits, vnni, qtype, tokens, init, begins)
+    return _tile_dot(quants, a, bits, vnni, qtype, tokens, begins, init)
 
 
-def _tile_dot(quants, a, bits, vnni, qtype, tokens, init=None, begins=None):
+def _tile_dot(quants, a, bits, vnni, qtype, tokens, begins, init):
     """One 32-value block of a 16-row tile (tiles.py) against `tokens` activation rows, as `tokens` int32x16
     (one per activation row, lane r = weight row r): sum over quads q < 8 and bytes i < 4 of
     w[r, q].byte[i] * a[t, 4 q + i], the tile's unsigned bytes as they are (the caller adds the offset of a
@@ -128,11 +123,9 @@ def _tile_dot(quants, a, bits, vnni, qtype, tokens, init=None, begins=None):
     quads_per_word_sum = 4 if fifth_bits or looked_up else 8  # quads whose vpmaddubsw pairs an int16 sum holds
     signed = tile_signed_bytes(qtype.literal_value, with_vnni)
     n_tokens = tokens.literal_value
-    operands = [quants, types.intp, a, types.intp, types.intp, bits, vnni, qtype, tokens]
-    if init is not None:
-        operands += [begins, init, types.intp, types.intp]
-    from_init = init is not None and begins.literal_value
-    sig = types.UniTuple(int32x16, n_tokens)(*operands)
+    operands = [quants, types.intp, a, types.intp, types.intp, bits, vnni, qtype, tokens, begins, init]
+    from_init = bool(begins.literal_value)
+    sig = types.UniTuple(int32x16, n_tokens)(*operands, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
         quants_v, w_start_v, a_v, a_start_v, stride_v = args[:5]

@@ -11,7 +11,13 @@ activation rows per pass is set by the tier's registers:
   multiply the work: 1 row padded to 2 did twice the dots).
 
 Integer sums are exact; the float steps are add_block32's, block after block, so every tier and every row
-count gives the bits of quant_kernels.py's portable kernels.
+count gives the bits of quant_kernels.py's portable kernels. They take fewer instructions here (`_step`): each
+block's int32 sums begin at offset x the activations' sum (a broadcast load where a zeroing was, not a vpaddd and
+a broadcast after the dots), Q4_0's also at a float bias that folds to_float into its first product's fma, and
+Q4_1's and Q5_1's exact m x s_act product goes into one fma. Per block of 16 weight rows and one activation row
+on AVX-512 VNNI: 8 vpdpbusd, then 5 float instructions (Q4_1; 6 before), 3 (Q4_0; 6) or 4 (Q8_0, Q5_0; 6).
+On an AMX host, amx_tiles.py takes the integer dots of Q4_0, Q4_1 and Q8_0 for 16 activation rows at a time
+(the same sums, the same `_step`).
 
 `tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 16 activation rows a pass (Q5_K's 8 on
 512-bit tiers; the rows' tile_tokens in weight_types.py), each super-block's exact integer sum per row and token built in int32 and given one
@@ -34,7 +40,7 @@ from miro.core.kernels.int8_dots import (
     mins_dot,
     scale_pairs16,
     superblock_tile_sum,
-    tile_dot_from,
+    tile_dot,
     tile_signed_bytes,
 )
 from miro.core.kernels.quant_blocks import (
@@ -117,7 +123,7 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
             for t in range(0, n_eights, 8):
                 c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
                 for b in range(n_blocks):
-                    i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot_from(
+                    i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(
                         tile_quants,
                         b * block_quants,
                         a_flat,
@@ -154,7 +160,7 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
             for t in range(n_eights, n_twos, 2):
                 c0 = c1 = zero
                 for b in range(n_blocks):
-                    i0, i1 = tile_dot_from(
+                    i0, i1 = tile_dot(
                         tile_quants,
                         b * block_quants,
                         a_flat,
@@ -180,7 +186,7 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
                 t = n_twos
                 c0 = zero
                 for b in range(n_blocks):
-                    (i0,) = tile_dot_from(
+                    (i0,) = tile_dot(
                         tile_quants,
                         b * block_quants,
                         a_flat,

@@ -135,7 +135,7 @@ class Linear:
             0 if np.shares_memory(raw, parts[0]) else raw.nbytes
         )  # a copy only when fusing scattered parts
         self._tiles = None
-        self._amx_tiles = None  # Q4_0, Q4_1, Q8_0 tiles on AMX: amx_tiles.py's kernel, 16 rows at a time (same bits)
+        self._amx_tiles = None  # Q4_1 tiles on AMX: amx_tiles.py's kernel, 16 rows at a time (the same bits)
         self.batch_invariant = invariant or fmt in BATCH_INVARIANT_FORMATS
         self._amx = False  # fmt="bf16" on AMX: amx_bf16.py's kernel (its own bits) rather than vdpbf16ps
         if fmt == "bf16":

@@ -1,6 +1,7 @@
 """core/kernels/amx_tiles.py: where AMX runs, its product of Q4_0, Q4_1 and Q8_0 tiles bit for bit the VNNI tile
 kernel's, at row counts of one and several A tiles, a short last weight tile, and activations large enough that
-their Q8_1 sums overflow float16; the layer takes it for the rows in whole A tiles and the VNNI kernel for the rest."""
+their Q8_1 sums overflow float16; a Q4_1 layer takes it for the rows in whole A tiles and the VNNI kernel for the
+rest."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def test_amx_gives_the_vnni_tile_kernels_bits(qtype, n_rows):
     vnni = WEIGHT_TYPES[qtype].kernels_on(VNNI).tiles
     expected = vnni(tiles.quants, tiles.scales, tiles.mins, a.q, a.d, a.s, a.qsum, np.empty((n_rows, 40), np.float32))
     got = amx_tiles.matmul(amx_tiles.kernel(int(qtype), VNNI.name), tiles, a, np.empty((n_rows, 40), np.float32))
+    assert amx_tiles.usable(int(qtype), VNNI) == (qtype == Q.Q4_1)  # the types layers take it for
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
