@@ -23,10 +23,16 @@ from numba import prange
 
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
-from miro.core.kernels.int8_dots import lanes_per_call, mins_dot, superblock_tile_sum, tile_dot
+from miro.core.kernels.int8_dots import (
+    lanes_per_call,
+    mins_dot,
+    superblock_tile_sum,
+    superblock_unit_vnni,
+    tile_dot,
+)
 from miro.core.kernels.quant_blocks import BLOCK32_TYPES, Q6_K, SUPERBLOCK_TYPES, add_block32
 from miro.core.kernels.simd import LANES, load16, load16_e8m0, load16_f16, store16, to_float, zeros16
-from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order
 from miro.core.kernels.tile_kernels import _constants, _q6_k_scale_pairs, _store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
 
@@ -140,14 +146,16 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
 def grouped_k(qtype: int, tier: Tier, tokens: int):
     """The grouped kernel of a K-quant on a tier with int8 dots, `tokens` rows a pass (the type's tile_tokens):
     kernel(quants0, scales0, mins0, sub_scales0, quants1, scales1, mins1, sub_scales1, parts, tiles_per_expert,
-    a, d, sum32, starts, active, out). a, d, sum32: the gathered rows' Q8_K blocks in quad order
-    (quantize_activations.quantize_q8_k_quads); the rest as grouped_32's."""
+    a, d, sum32, starts, active, out). a, d, sum32: the gathered rows' Q8_K blocks in the tiles' order
+    (superblock_tiles.natural_order: quantize_activations.quantize_q8_k, else quantize_q8_k_quads); the rest as
+    grouped_32's."""
     if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot:
         return None
     bits = 512 if tier.vector_bits == 512 else 256
     vnni = int(tier.has_vnni)
     lane_bytes = LANE_BYTES[qtype]
     has_mins = qtype != Q6_K
+    natural = natural_order(qtype, tier)
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     helpers = HELPERS
@@ -255,7 +263,30 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
-                    if n == 1:
+                    if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
+                        # `unit`, not `c` (the loop below's): one name for two loops in a prange body broke threads
+                        for unit in range(4):
+                            if n == tokens:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, tokens
+                                )
+                            elif n == 8:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, 8
+                                )
+                            elif n == 4:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, 4
+                                )
+                            elif n == 2:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, 2
+                                )
+                            else:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, 1
+                                )
+                    elif n == 1:
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
                         )
@@ -268,7 +299,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
-                    for c in range(4 if n > 1 else 0):
+                    for c in range(4 if n > 1 and not natural else 0):
                         if n == tokens:
                             for lane in range(0, 8, per_call):
                                 superblock_tile_sum(

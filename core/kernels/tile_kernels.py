@@ -34,6 +34,7 @@ from miro.core.kernels.int8_dots import (
     mins_dot,
     scale_pairs16,
     superblock_tile_sum,
+    superblock_unit_vnni,
     tile_dot,
     tile_signed_bytes,
 )
@@ -47,7 +48,7 @@ from miro.core.kernels.quant_blocks import (
     quads_offset,
 )
 from miro.core.kernels.simd import LANES, load16, load16_e8m0, load16_f16, store16, to_float, zeros16
-from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order
 from miro.core.kernels.tiles import TILE_ROWS, quant_bytes
 
 
@@ -177,6 +178,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     vnni = int(tier.has_vnni)
     lane_bytes = LANE_BYTES[qtype]
     has_mins = qtype != Q6_K
+    natural = natural_order(qtype, tier)
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     helpers = HELPERS
 
@@ -247,7 +249,22 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
-                    if n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate
+                    if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
+                        # `unit`, not `c` (the loop below's): one name for two loops in a prange body broke threads
+                        for unit in range(4):
+                            if n == tokens:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, tokens
+                                )
+                            elif n == 2:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, 2
+                                )
+                            else:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, 1
+                                )
+                    elif n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
                         )
@@ -260,7 +277,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
-                    for c in range(4 if n > 1 else 0):  # in the order the tile's bytes lie
+                    for c in range(4 if n > 1 and not natural else 0):  # in the order the tile's bytes lie
                         if n == tokens:
                             for lane in range(0, 8, per_call):
                                 superblock_tile_sum(

@@ -43,7 +43,7 @@ from miro.core.loading.gguf_file import TensorInfo
 from miro.core.kernels import float_kernels, grouped_experts, quant_kernels, tile_kernels
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.int8_dots import tile_signed_bytes
-from miro.core.kernels.superblock_tiles import repack_superblocks
+from miro.core.kernels.superblock_tiles import natural_order, repack_superblocks
 from miro.core.kernels.tiles import Tiles, repack_blocks
 
 F32_FALLBACK = None  # a row's `kernels` when the type has no native kernel: its matrices are kept as f32
@@ -104,7 +104,7 @@ def _repack_blocks32(qtype: int, w: np.ndarray, tier: Tier) -> Tiles:
 
 
 def _repack_superblocks(qtype: int, w: np.ndarray, tier: Tier) -> Tiles:
-    return repack_superblocks(qtype, w)
+    return repack_superblocks(qtype, w, natural_order(qtype, tier))
 
 
 def _float_kernel(qtype: int):
