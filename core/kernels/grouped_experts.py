@@ -156,6 +156,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
     lane_bytes = LANE_BYTES[qtype]
     has_mins = qtype != Q6_K
     natural = natural_order(qtype, tier)
+    signed_q6 = natural and not has_mins
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     helpers = HELPERS
@@ -187,11 +188,13 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
         flat_quants0 = quants0.reshape(quants0.size)
         flat_quants1 = quants1.reshape(quants1.size)
         a_flat = a.reshape(a.size)
+        # Q6_K in the values' order: the activations + 128, vpdpbusd's unsigned operand (int8_dots.superblock_unit_vnni)
+        a_unsigned = a_flat.view(np.uint8) ^ np.uint8(0x80) if signed_q6 else np.empty(0, np.uint8)
         pairs_per_super = 4 if has_mins else 8
         # the int16 pairs of each row's sub-block sums, as tile_kernels.tiles_k makes them: on the calling thread
         # (a few microseconds for a decode step's slots), so a call is one parallel region, one wait for the threads
-        sum_pairs = np.empty((n_tok, n_super * pairs_per_super), np.int32)
-        for t in range(n_tok):
+        sum_pairs = np.empty((n_tok, 0 if signed_q6 else n_super * pairs_per_super), np.int32)
+        for t in range(0 if signed_q6 else n_tok):
             if has_mins:
                 for j in range(k // 64):
                     sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
@@ -235,7 +238,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     k4_tile_pairs(
                         tile_sub_scales, 12 * TILE_ROWS * sb, pairs, sb * 8 * TILE_ROWS, min_pairs, sb * 4 * TILE_ROWS
                     )
-                else:
+                elif not natural:
                     _q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS :])
             isums = all_sums[thread, 0]
             acc = all_sums[thread, 1].view(np.float32)
@@ -264,27 +267,32 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
-                        # `unit`, not `c` (the loop below's): one name for two loops in a prange body broke threads
+                        # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
+                        # + 128. One loop of `unit`, not `c` (the loop below's): two loops of one name in a prange
+                        # body broke the threads' sums
+                        scale_src = pairs if has_mins else tile_sub_scales
+                        s_at = p_at if has_mins else 16 * TILE_ROWS * sb
+                        a_src = a_flat if has_mins else a_unsigned
                         for unit in range(4):
                             if n == tokens:
                                 superblock_unit_vnni(
-                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, tokens
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, tokens
                                 )
                             elif n == 8:
                                 superblock_unit_vnni(
-                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, 8
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 8
                                 )
                             elif n == 4:
                                 superblock_unit_vnni(
-                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, 4
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 4
                                 )
                             elif n == 2:
                                 superblock_unit_vnni(
-                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, 2
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 2
                                 )
                             else:
                                 superblock_unit_vnni(
-                                    flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, unit, qtype, 1
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 1
                                 )
                     elif n == 1:
                         superblock_tile_sum(
@@ -376,7 +384,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     for t in range(n):
                         at = TILE_ROWS * t
                         total = load16(isums, at)
-                        if not has_mins:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
+                        if not has_mins and not natural:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
                             total = total - 32 * mins_dot(pairs, p_at, sum_pairs[t0 + t], 8 * sb, bits, 8)
                         store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
                     if has_mins:

@@ -44,7 +44,7 @@ from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K
 from miro.core.kernels.tiles import TILE_ROWS, Tiles
 
 LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64}  # a tile's bytes of quants per super-block and lane
-NATURAL_TYPES = (Q4_K, Q5_K)  # the types whose tiles take the values' own order on 512-bit VNNI tiers
+NATURAL_TYPES = (Q4_K, Q5_K, Q6_K)  # the types whose tiles take the values' own order on 512-bit VNNI tiers
 
 
 def scale_bytes(qtype: int) -> int:
