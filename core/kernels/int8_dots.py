@@ -11,6 +11,8 @@ sums, the same as the portable kernels'.
 - `superblock_tile_sum(...)`: a quarter of a K-quant tile's super-block (superblock_tiles.py) against several
   activation rows, added to exact int32 sums, for the K-quant tile kernel; `mins_dot` the sums of the scales or
   mins against the activations' sub-block sums that its minimums (and Q6_K's offset of 32) take off.
+- `superblock_unit_vnni(...)`: the same sums on 512-bit VNNI tiers from tiles whose quads lie in the values' order
+  (superblock_tiles.natural_order), by vpdpbusd into int32 and one vpdpwssd per int16-sized group of lanes.
 """
 
 from __future__ import annotations
@@ -536,38 +538,41 @@ def superblock_unit_vnni(typingctx, quants, w_start, scales, s_start, a, a_start
                 builder.and_(pair, ir.Constant(dwords, [0xFFFF] * LANES)),
                 builder.lshr(pair, ir.Constant(dwords, [16] * LANES)),
             )
-        # one quad at a time over the rows: its 8 weight vectors, scales and starts in registers (both quads' spilled)
-        for h in range(2):
-            weights = [lanes[lane].quad(h, 0) for lane in range(8)]
-            if kind == Q6_K:
-                weights = [builder.sub(w, ops.splat_bytes(32)) for w in weights]  # q - 32
-                scale = []  # sub-block 4 c + 2 h + g (lanes 4 g..): its int8 scales, as (sc, 0) pairs
-                for g in range(2):
-                    where = builder.gep(scale_data, [at(scale_base, (2 * h + g) * LANES)])
-                    sc = builder.load(builder.bitcast(where, v_bytes.as_pointer()), align=1)
-                    scale.append(builder.zext(builder.sext(sc, v_words), dwords))
-            else:
-                scale = [low_high[h]] * 2
-            weights = [builder.bitcast(w, dwords) for w in weights]
-            start = {}  # each group's int32 start: Q6_K's -128 x its lanes' sum of q - 32 (vpdpbusd by 128), else 0
-            for lane0 in range(0, 8, group):
-                total = zero
+        # Q6_K one quad at a time over the rows (its 8 weight vectors, scales and starts in registers; both quads'
+        # spilled), the others both (their 16 weight vectors in registers)
+        weights, scale, start = {}, {}, {}
+        for quads in ((0,), (1,)) if kind == Q6_K else ((0, 1),):
+            for h in quads:
+                unpacked = [lanes[lane].quad(h, 0) for lane in range(8)]
                 if kind == Q6_K:
-                    for lane in range(lane0, lane0 + group):
-                        total = builder.sub(total, call("vpdpbusd", [zero, bias, weights[lane]]))
-                start[lane0] = total
+                    unpacked = [builder.sub(w, ops.splat_bytes(32)) for w in unpacked]  # q - 32
+                    for g in range(2):  # sub-block 4 c + 2 h + g (lanes 4 g..): its int8 scales, as (sc, 0) pairs
+                        where = builder.gep(scale_data, [at(scale_base, (2 * h + g) * LANES)])
+                        sc = builder.load(builder.bitcast(where, v_bytes.as_pointer()), align=1)
+                        scale[h, g] = builder.zext(builder.sext(sc, v_words), dwords)
+                else:
+                    scale[h, 0] = scale[h, 1] = low_high[h]
+                for lane in range(8):
+                    weights[lane, h] = builder.bitcast(unpacked[lane], dwords)
+                for lane0 in range(0, 8, group):  # the group's int32 start: Q6_K's -128 x its sum of q - 32, else 0
+                    total = zero
+                    if kind == Q6_K:
+                        for lane in range(lane0, lane0 + group):
+                            total = builder.sub(total, call("vpdpbusd", [zero, bias, weights[lane, h]]))
+                    start[h, lane0] = total
             for t in range(n_tokens):
                 where = builder.bitcast(builder.gep(isum_data, [ir.Constant(_I64, 16 * t)]), dwords.as_pointer())
                 acc = builder.load(where, align=4)
-                for lane0 in range(0, 8, group):
-                    sums = start[lane0]
-                    for lane in range(lane0, lane0 + group):
-                        quad = activation_quad(t, h, lane)
-                        if kind == Q6_K:  # the activations unsigned, the weights signed
-                            sums = call("vpdpbusd", [sums, quad, weights[lane]])
-                        else:
-                            sums = call("vpdpbusd", [sums, weights[lane], quad])
-                    acc = call("vpdpwssd", [acc, sums, scale[lane0 // 4]])
+                for h in quads:
+                    for lane0 in range(0, 8, group):
+                        sums = start[h, lane0]
+                        for lane in range(lane0, lane0 + group):
+                            quad = activation_quad(t, h, lane)
+                            if kind == Q6_K:  # the activations unsigned, the weights signed
+                                sums = call("vpdpbusd", [sums, quad, weights[lane, h]])
+                            else:
+                                sums = call("vpdpbusd", [sums, weights[lane, h], quad])
+                        acc = call("vpdpwssd", [acc, sums, scale[h, lane0 // 4]])
                 builder.store(acc, where, align=4)
         return context.get_dummy_value()
 

@@ -15,6 +15,12 @@ unit's quads across lanes, so the kernel adds the int16 products of several lane
 (int8_dots.LANES_PER_WORD_SUM). The activations come in the same order (activations.py,
 quantize_q8_k_quads: value(Q, l, i) at 32 Q + 4 l + i), so a quad of them is one 4-byte broadcast.
 
+On 512-bit VNNI tiers (natural_order) the quads lie in the values' own order instead, quad Q of lane l the values
+32 Q + 4 l + i, all four in one sub-block (Q6_K's: lanes 0-3 in 16-value sub-block 2 Q, 4-7 in 2 Q + 1): vpdpbusd
+then sums a quad's 4 products, and several lanes', into int32 (int8_dots.superblock_unit_vnni), which pays where
+vpmaddubsw's int16 pairs took a vpaddw each. The activations are then quantize_q8_k's as they are. Everything
+below holds for both orders, with quad_value replaced by 32 Q + 4 l + i (_value_at).
+
 A tile holds 16 rows; super-block sb of it is 8 x LANE_BYTES bytes at quants[tile, 8 sb LANE_BYTES:],
 vector v of lane l at 64 (8 v + l) in it (so the kernel's 4 lanes of one vector are 256 bytes in a row),
 each vector [row r][byte i]:

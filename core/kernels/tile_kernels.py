@@ -13,9 +13,11 @@ activation rows per pass is set by the tier's registers:
 Integer sums are exact; the float steps are add_block32's, block after block, so every tier and every row
 count gives the bits of quant_kernels.py's portable kernels.
 
-`tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 16 activation rows a pass (Q5_K's 8 on
-512-bit tiers; the rows' tile_tokens in weight_types.py), each super-block's exact integer sum per row and token built in int32 and given one
-float step, as ggml's x86 repack kernel does. A tile's scale pairs and mins are unpacked once per call, not per
+`tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 16 activation rows a pass (the rows'
+tile_tokens in weight_types.py), each super-block's exact integer sum per row and token built in int32 and given one
+float step, as ggml's x86 repack kernel does. On 512-bit VNNI tiers the tiles' quads lie in the values' order and
+int8_dots.superblock_unit_vnni builds the sums by vpdpbusd (superblock_tiles.natural_order); elsewhere
+superblock_tile_sum by vpmaddubsw. A tile's scale pairs and mins are unpacked once per call, not per
 pass. The rows past the last full pass take passes of 2, then 1 (no padding: one row costs one row's dots), in
 the same call; a row's bits are the same in any pass.
 """
@@ -190,8 +192,11 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         `tokens` activation rows at a time, the last rows 2 and then 1 at a time. Per row and token, as ggml's x86
         repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact integer sum, sub-block scales applied,
         takes one float step, acc += (d_w * d_a) * sum, the mins another, acc_mins += (dmin * d_a) *
-        sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter the dots unsigned; its offset of 32,
-        32 x sum(sc * the activations' 16-value sums), comes off the integer sum before its float step."""
+        sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter vpmaddubsw's dots unsigned; its offset of
+        32, 32 x sum(sc * the activations' 16-value sums), comes off the integer sum before its float step. In the
+        values' order (superblock_tiles.natural_order: 512-bit VNNI tiers) a is in that order
+        (quantize_activations.quantize_q8_k) and Q6_K's values enter vpdpbusd's dots as q - 32, against the
+        activations + 128, which leaves no offset."""
         helpers  # in numba's cache key: see cache_key.py
         n_tok, n_out = out.shape
         k = a.shape[1]

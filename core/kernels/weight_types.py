@@ -253,8 +253,9 @@ _KERNELS: dict[tuple[int, str], Kernels] = {}
 # 2 Zen 4 cores (benchmarks/quant_linear.py): what the registers hold, 8 on 512-bit tiers, 2 on 256-bit ones. The
 # K-quant kernel keeps a call's weight vectors in registers and its int32 sums in memory, so its rows per pass are
 # free of registers: 16 ran 1.08-1.38x 4 (AVX2: Q4_K, Q6_K), 1.09-1.19x 8 (AVX-512 Q6_K) and 1.02-1.11x 8 with two
-# tiles a pass (AVX-512 Q4_K) from 16 rows on; Q5_K keeps 8 on AVX-512, where 16 was 0.79-1.10x. One Zen 4 core,
-# old and new interleaved.
+# tiles a pass (AVX-512 Q4_K) from 16 rows on; Q5_K kept 8 on AVX-512, where 16 was 0.79-1.10x. One Zen 4 core,
+# old and new interleaved. With the values' order on 512-bit VNNI tiers (superblock_tiles.natural_order) Q5_K's
+# 16 ran 1.2-1.3x its 8 at 64 rows (one Xeon core, shared), so 16 there too.
 _BLOCK32_TILE_TOKENS = {512: 8, 256: 2}
 
 # The table. `speedup`: native kernels' throughput over the float32 copy's (the batch-invariant GEMM), at 64 rows
@@ -313,7 +314,7 @@ _ROWS_OF_THE_TABLE = (
         partial(_gguf, Q.Q5_K),
         "q8_k",
         SUPERBLOCKS,
-        {512: 8, 256: 16},
+        {512: 16, 256: 16},
         speedup={"avx512-vnni": 1.61, "avx2": 1.8},
     ),
     WeightType(
