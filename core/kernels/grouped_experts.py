@@ -23,10 +23,16 @@ from numba import prange
 
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
-from miro.core.kernels.int8_dots import lanes_per_call, mins_dot, superblock_tile_sum, tile_dot
+from miro.core.kernels.int8_dots import (
+    lanes_per_call,
+    mins_dot,
+    superblock_tile_sum,
+    superblock_unit_vnni,
+    tile_dot,
+)
 from miro.core.kernels.quant_blocks import BLOCK32_TYPES, Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import LANES, load16, load16_e8m0, load16_f16, store16, to_float, zeros16
-from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order
 from miro.core.kernels.tile_kernels import (
     FLOAT_BIAS,
     _constants,
@@ -182,14 +188,17 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
 def grouped_k(qtype: int, tier: Tier, tokens: int):
     """The grouped kernel of a K-quant on a tier with int8 dots, `tokens` rows a pass (the type's tile_tokens):
     kernel(quants0, scales0, mins0, sub_scales0, quants1, scales1, mins1, sub_scales1, parts, tiles_per_expert,
-    a, d, sum32, starts, active, out). a, d, sum32: the gathered rows' Q8_K blocks in quad order
-    (quantize_activations.quantize_q8_k_quads); the rest as grouped_32's."""
+    a, d, sum32, starts, active, out). a, d, sum32: the gathered rows' Q8_K blocks in the tiles' order
+    (superblock_tiles.natural_order: quantize_activations.quantize_q8_k, else quantize_q8_k_quads); the rest as
+    grouped_32's."""
     if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot:
         return None
     bits = 512 if tier.vector_bits == 512 else 256
     vnni = int(tier.has_vnni)
     lane_bytes = LANE_BYTES[qtype]
     has_mins = qtype != Q6_K
+    natural = natural_order(qtype, tier)
+    signed_q6 = natural and not has_mins
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     helpers = HELPERS
@@ -221,11 +230,13 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
         flat_quants0 = quants0.reshape(quants0.size)
         flat_quants1 = quants1.reshape(quants1.size)
         a_flat = a.reshape(a.size)
+        # Q6_K in the values' order: the activations + 128, vpdpbusd's unsigned operand (int8_dots.superblock_unit_vnni)
+        a_unsigned = a_flat.view(np.uint8) ^ np.uint8(0x80) if signed_q6 else np.empty(0, np.uint8)
         pairs_per_super = 4 if has_mins else 8
         # the int16 pairs of each row's sub-block sums, as tile_kernels.tiles_k makes them: on the calling thread
         # (a few microseconds for a decode step's slots), so a call is one parallel region, one wait for the threads
-        sum_pairs = np.empty((n_tok, n_super * pairs_per_super), np.int32)
-        for t in range(n_tok):
+        sum_pairs = np.empty((n_tok, 0 if signed_q6 else n_super * pairs_per_super), np.int32)
+        for t in range(0 if signed_q6 else n_tok):
             if has_mins:
                 for j in range(k // 64):
                     sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
@@ -269,7 +280,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     k4_tile_pairs(
                         tile_sub_scales, 12 * TILE_ROWS * sb, pairs, sb * 8 * TILE_ROWS, min_pairs, sb * 4 * TILE_ROWS
                     )
-                else:
+                elif not natural:
                     _q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS :])
             isums = all_sums[thread, 0]
             acc = all_sums[thread, 1].view(np.float32)
@@ -297,7 +308,35 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
-                    if n == 1:
+                    if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
+                        # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
+                        # + 128. One loop of `unit`, not `c` (the loop below's): two loops of one name in a prange
+                        # body broke the threads' sums
+                        scale_src = pairs if has_mins else tile_sub_scales
+                        s_at = p_at if has_mins else 16 * TILE_ROWS * sb
+                        a_src = a_flat if has_mins else a_unsigned
+                        for unit in range(4):
+                            if n == tokens:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, tokens
+                                )
+                            elif n == 8:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 8
+                                )
+                            elif n == 4:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 4
+                                )
+                            elif n == 2:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 2
+                                )
+                            else:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 1
+                                )
+                    elif n == 1:
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
                         )
@@ -310,7 +349,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
-                    for c in range(4 if n > 1 else 0):
+                    for c in range(4 if n > 1 and not natural else 0):
                         if n == tokens:
                             for lane in range(0, 8, per_call):
                                 superblock_tile_sum(
@@ -387,7 +426,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     for t in range(n):
                         at = TILE_ROWS * t
                         total = load16(isums, at)
-                        if not has_mins:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
+                        if not has_mins and not natural:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
                             total = total - 32 * mins_dot(pairs, p_at, sum_pairs[t0 + t], 8 * sb, bits, 8)
                         store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
                     if has_mins:

@@ -12,6 +12,8 @@ sums, the same as the portable kernels'.
 - `superblock_tile_sum(...)`: a quarter of a K-quant tile's super-block (superblock_tiles.py) against several
   activation rows, added to exact int32 sums, for the K-quant tile kernel; `mins_dot` the sums of the scales or
   mins against the activations' sub-block sums that its minimums (and Q6_K's offset of 32) take off.
+- `superblock_unit_vnni(...)`: the same sums on 512-bit VNNI tiers from tiles whose quads lie in the values' order
+  (superblock_tiles.natural_order), by vpdpbusd into int32 and one vpdpwssd per int16-sized group of lanes.
 """
 
 from __future__ import annotations
@@ -467,6 +469,132 @@ def superblock_tile_sum(
                 builder.store(
                     acc[p], builder.bitcast(builder.gep(isum_data, [where[p]]), ops.dwords.as_pointer()), align=4
                 )
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# lanes whose vpdpbusd sums (one quad's 4 values a lane) an int32 takes before it must still fit an int16 for
+# vpdpwssd by the sub-block's scale: at most 4 x 4 x 15 x 127 = 30,480 (Q4_K's unsigned values), 2 x 4 x 31 x 127
+# = 31,496 (Q5_K's), 2 x 4 x 32 x 127 = 32,512 (Q6_K's signed q - 32, with the activations + 128 as vpdpbusd's
+# unsigned operand and the int32 started at -128 x the lanes' sum of q - 32)
+VNNI_GROUP_LANES = {Q4_K: 4, Q5_K: 2, Q6_K: 2}
+
+
+@intrinsic(prefer_literal=True)
+def superblock_unit_vnni(typingctx, quants, w_start, scales, s_start, a, a_start, a_stride, isums, unit, qtype, tokens):
+    """Quads 2 c and 2 c + 1 (c = `unit`, run time) of one super-block of a 16-row K-quant tile whose quads lie in
+    the values' order (superblock_tiles.natural_order: quad Q of lane l the values 32 Q + 4 l + i) against
+    `tokens` activation rows, on 512-bit VNNI tiers, added to exact int32 sums:
+
+        isums[16 t + r] += sum over the values v of those quads of sc(r, v) . (row r's v) . (a[t]'s v)
+
+    with Q6_K's values q - 32: the same integers as superblock_tile_sum's (less Q6_K's offset, which this one
+    leaves nothing of). Each lane's quad is multiplied by vpdpbusd into int32 (the activation quad a 4-byte
+    broadcast), VNNI_GROUP_LANES lanes of one sub-block summed there, a sum that still fits an int16 (the high half
+    its sign); then one vpdpwssd by the pair (sc, 0) adds sc times it. Q4_K per sub-block and token: 8 vpdpbusd and
+    2 vpdpwssd, where vpmaddubsw took 8 and added its int16 pairs by 7 vpaddw more. The unit's 16 unpacked weight
+    vectors stay in registers across the activation rows.
+
+    Q4_K, Q5_K: the weights unsigned, vpdpbusd's unsigned operand, against the signed activations; scales (int32,
+    1-D) their pairs, sc(2 j) low int16, sc(2 j + 1) high, at s_start + 16 j + r; a (int8) in the values' order
+    (quantize_activations.quantize_q8_k). Q6_K: the weights q - 32 the signed operand, against a (uint8) the
+    activations + 128, each group's int32 started at -128 x its sum of q - 32 (once per call), so that it ends as
+    the sum of (q - 32) x the activations; scales (uint8, 1-D) the tile's int8 scales, sub-block j's of row r at
+    s_start + 16 j + r. quants, a_start, a_stride as superblock_tile_sum's. qtype, tokens: compile-time
+    constants."""
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (qtype, tokens)):
+        return None
+    kind = qtype.literal_value
+    n_tokens = tokens.literal_value
+    group = VNNI_GROUP_LANES.get(kind, 1)
+    sig = types.void(
+        quants, types.intp, scales, types.intp, a, types.intp, types.intp, isums, types.intp, qtype, tokens
+    )
+
+    def codegen(context, builder, signature, args):
+        w_start_v, s_start_v, a_start_v, stride_v, unit_v = (args[i] for i in (1, 3, 5, 6, 8))
+
+        def data(index):
+            return context.make_array(signature.args[index])(context, builder, args[index]).data
+
+        scale_data = data(2)
+        lanes = [
+            _SuperblockLane(
+                builder,
+                64,
+                kind,
+                True,
+                data(0),
+                builder.add(w_start_v, ir.Constant(_I64, 64 * lane)),
+                scale_data,
+                s_start_v,
+                unit_v,
+            )
+            for lane in range(8)
+        ]
+        at, ops = lanes[0].at, lanes[0].ops
+        a_data, isum_data = data(4), data(7)
+        a_unit = builder.add(a_start_v, builder.mul(unit_v, ir.Constant(_I64, 64)))  # quad 2 c at 32 (2 c)
+        dwords = ops.dwords
+        zero = ir.Constant(dwords, [0] * LANES)
+
+        def activation_quad(t, h, lane):
+            row_start = builder.add(a_unit, builder.mul(stride_v, ir.Constant(_I64, t)))
+            word = builder.load(
+                builder.bitcast(builder.gep(a_data, [at(row_start, 32 * h + 4 * lane)]), _I32.as_pointer()), align=1
+            )
+            return splat(builder, word, dwords)
+
+        def call(name, operands):
+            return ops.call(f"llvm.x86.avx512.{name}.512", dwords, operands)
+
+        if kind == Q6_K:
+            v_bytes, v_words = ir.VectorType(_I8, LANES), ir.VectorType(_I16, LANES)
+            scale_base = builder.add(s_start_v, builder.mul(unit_v, ir.Constant(_I64, 4 * LANES)))
+            bias = builder.bitcast(ops.splat_bytes(128), dwords)
+        else:
+            pair = builder.bitcast(lanes[0].scale_pairs(0)[0], dwords)
+            low_high = (  # (sc(2 c), 0) and (sc(2 c + 1), 0): the scales are 6-bit, unsigned
+                builder.and_(pair, ir.Constant(dwords, [0xFFFF] * LANES)),
+                builder.lshr(pair, ir.Constant(dwords, [16] * LANES)),
+            )
+        # Q6_K one quad at a time over the rows (its 8 weight vectors, scales and starts in registers; both quads'
+        # spilled), the others both (their 16 weight vectors in registers)
+        weights, scale, start = {}, {}, {}
+        for quads in ((0,), (1,)) if kind == Q6_K else ((0, 1),):
+            for h in quads:
+                unpacked = [lanes[lane].quad(h, 0) for lane in range(8)]
+                if kind == Q6_K:
+                    unpacked = [builder.sub(w, ops.splat_bytes(32)) for w in unpacked]  # q - 32
+                    for g in range(2):  # sub-block 4 c + 2 h + g (lanes 4 g..): its int8 scales, as (sc, 0) pairs
+                        where = builder.gep(scale_data, [at(scale_base, (2 * h + g) * LANES)])
+                        sc = builder.load(builder.bitcast(where, v_bytes.as_pointer()), align=1)
+                        scale[h, g] = builder.zext(builder.sext(sc, v_words), dwords)
+                else:
+                    scale[h, 0] = scale[h, 1] = low_high[h]
+                for lane in range(8):
+                    weights[lane, h] = builder.bitcast(unpacked[lane], dwords)
+                for lane0 in range(0, 8, group):  # the group's int32 start: Q6_K's -128 x its sum of q - 32, else 0
+                    total = zero
+                    if kind == Q6_K:
+                        for lane in range(lane0, lane0 + group):
+                            total = builder.sub(total, call("vpdpbusd", [zero, bias, weights[lane, h]]))
+                    start[h, lane0] = total
+            for t in range(n_tokens):
+                where = builder.bitcast(builder.gep(isum_data, [ir.Constant(_I64, 16 * t)]), dwords.as_pointer())
+                acc = builder.load(where, align=4)
+                for h in quads:
+                    for lane0 in range(0, 8, group):
+                        sums = start[h, lane0]
+                        for lane in range(lane0, lane0 + group):
+                            quad = activation_quad(t, h, lane)
+                            if kind == Q6_K:  # the activations unsigned, the weights signed
+                                sums = call("vpdpbusd", [sums, quad, weights[lane, h]])
+                            else:
+                                sums = call("vpdpbusd", [sums, weights[lane, h], quad])
+                        acc = call("vpdpwssd", [acc, sums, scale[h, lane0 // 4]])
+                builder.store(acc, where, align=4)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -15,6 +15,12 @@ unit's quads across lanes, so the kernel adds the int16 products of several lane
 (int8_dots.LANES_PER_WORD_SUM). The activations come in the same order (activations.py,
 quantize_q8_k_quads: value(Q, l, i) at 32 Q + 4 l + i), so a quad of them is one 4-byte broadcast.
 
+On 512-bit VNNI tiers (natural_order) the quads lie in the values' own order instead, quad Q of lane l the values
+32 Q + 4 l + i, all four in one sub-block (Q6_K's: lanes 0-3 in 16-value sub-block 2 Q, 4-7 in 2 Q + 1): vpdpbusd
+then sums a quad's 4 products, and several lanes', into int32 (int8_dots.superblock_unit_vnni), which pays where
+vpmaddubsw's int16 pairs took a vpaddw each. The activations are then quantize_q8_k's as they are. Everything
+below holds for both orders, with quad_value replaced by 32 Q + 4 l + i (_value_at).
+
 A tile holds 16 rows; super-block sb of it is 8 x LANE_BYTES bytes at quants[tile, 8 sb LANE_BYTES:],
 vector v of lane l at 64 (8 v + l) in it (so the kernel's 4 lanes of one vector are 256 bytes in a row),
 each vector [row r][byte i]:
@@ -44,6 +50,7 @@ from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K
 from miro.core.kernels.tiles import TILE_ROWS, Tiles
 
 LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64}  # a tile's bytes of quants per super-block and lane
+NATURAL_TYPES = (Q4_K, Q5_K, Q6_K)  # the types whose tiles take the values' own order on 512-bit VNNI tiers
 
 
 def scale_bytes(qtype: int) -> int:
@@ -51,8 +58,17 @@ def scale_bytes(qtype: int) -> int:
     return 16 if qtype == Q6_K else 12
 
 
-def repack_superblocks(qtype: int, w: np.ndarray):
-    """w (rows, n_super * block bytes) uint8, as the file stores it, to a Tiles (tiles.py)."""
+def natural_order(qtype: int, tier) -> bool:
+    """Whether a type's tiles on a tier hold their quads in the values' own order, quad Q of lane l the values
+    32 Q + 4 l + i (each quad within one sub-block, for vpdpbusd: int8_dots.superblock_unit_vnni), rather than in
+    the lane order of the module's docstring (vpmaddubsw pairs, int8_dots.superblock_tile_sum). The activations
+    come in the same order: quantize_activations.quantize_q8_k then, else quantize_q8_k_quads."""
+    return int(qtype) in NATURAL_TYPES and tier.has_vnni and tier.vector_bits == 512
+
+
+def repack_superblocks(qtype: int, w: np.ndarray, natural: bool = False):
+    """w (rows, n_super * block bytes) uint8, as the file stores it, to a Tiles (tiles.py); natural: the quads
+    in the values' order (natural_order)."""
     qtype = int(qtype)
     rows = w.shape[0]
     n_super = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
@@ -65,12 +81,12 @@ def repack_superblocks(qtype: int, w: np.ndarray):
         False,
         np.zeros((n_tiles, n_super * scale_bytes(qtype) * TILE_ROWS), np.uint8),
     )
-    _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, LANE_BYTES[qtype])
+    _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, LANE_BYTES[qtype], natural)
     return tiles
 
 
 @njit(cache=True, parallel=True)
-def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes):
+def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes, natural):
     rows = w.shape[0]
     n_tiles, n_scales = scales.shape
     n_super = n_scales // TILE_ROWS
@@ -97,7 +113,8 @@ def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes):
                     for i in range(4):
                         high_bits = 0
                         for c in range(4):
-                            low, high = values[quad_value(2 * c, lane, i)], values[quad_value(2 * c + 1, lane, i)]
+                            low = values[_value_at(natural, 2 * c, lane, i)]
+                            high = values[_value_at(natural, 2 * c + 1, lane, i)]
                             quants[tile, base + 512 * c + i] = (low & 15) | ((high & 15) << 4)
                             high_bits |= ((low >> 4) << (2 * c)) | ((high >> 4) << (2 * c + 1))
                         if qtype == Q5_K:  # bit Q: quad Q's 5th bit
@@ -106,7 +123,7 @@ def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes):
                             for k in range(2):
                                 packed = 0
                                 for q in range(4):
-                                    packed |= (values[quad_value(4 * k + q, lane, i)] >> 4) << (2 * q)
+                                    packed |= (values[_value_at(natural, 4 * k + q, lane, i)] >> 4) << (2 * q)
                                 quants[tile, base + 512 * (4 + k) + i] = packed
 
 
@@ -114,6 +131,12 @@ def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes):
 def quad_value(quad, lane, i):
     """The value of a super-block at byte i of quad `quad` of ggml lane `lane` (the module's docstring)."""
     return 64 * (quad // 2) + 16 * (quad % 2) + 32 * (i // 2) + 8 * (i % 2) + lane
+
+
+@njit(inline="always")
+def _value_at(natural, quad, lane, i):
+    """The value at byte i of quad `quad` of lane `lane`: in the values' order (natural_order) or quad_value's."""
+    return 32 * quad + 4 * lane + i if natural else quad_value(quad, lane, i)
 
 
 @njit(inline="always")

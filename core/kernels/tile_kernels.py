@@ -19,9 +19,11 @@ on AVX-512 VNNI: 8 vpdpbusd, then 5 float instructions (Q4_1; 6 before), 3 (Q4_0
 On an AMX host, amx_tiles.py takes the integer dots of Q4_0, Q4_1 and Q8_0 for 16 activation rows at a time
 (the same sums, the same `_step`).
 
-`tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 16 activation rows a pass (Q5_K's 8 on
-512-bit tiers; the rows' tile_tokens in weight_types.py), each super-block's exact integer sum per row and token built in int32 and given one
-float step, as ggml's x86 repack kernel does. A tile's scale pairs and mins are unpacked once per call, not per
+`tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 16 activation rows a pass (the rows'
+tile_tokens in weight_types.py), each super-block's exact integer sum per row and token built in int32 and given one
+float step, as ggml's x86 repack kernel does. On 512-bit VNNI tiers the tiles' quads lie in the values' order and
+int8_dots.superblock_unit_vnni builds the sums by vpdpbusd (superblock_tiles.natural_order); elsewhere
+superblock_tile_sum by vpmaddubsw. A tile's scale pairs and mins are unpacked once per call, not per
 pass. The rows past the last full pass take passes of 2, then 1 (no padding: one row costs one row's dots), in
 the same call; a row's bits are the same in any pass.
 """
@@ -40,6 +42,7 @@ from miro.core.kernels.int8_dots import (
     mins_dot,
     scale_pairs16,
     superblock_tile_sum,
+    superblock_unit_vnni,
     tile_dot,
     tile_signed_bytes,
 )
@@ -65,7 +68,7 @@ from miro.core.kernels.simd import (
     to_float,
     zeros16,
 )
-from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order
 from miro.core.kernels.tiles import TILE_ROWS, quant_bytes
 
 
@@ -256,6 +259,8 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     vnni = int(tier.has_vnni)
     lane_bytes = LANE_BYTES[qtype]
     has_mins = qtype != Q6_K
+    natural = natural_order(qtype, tier)
+    signed_q6 = natural and not has_mins
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     helpers = HELPERS
 
@@ -266,8 +271,11 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         `tokens` activation rows at a time, the last rows 2 and then 1 at a time. Per row and token, as ggml's x86
         repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact integer sum, sub-block scales applied,
         takes one float step, acc += (d_w * d_a) * sum, the mins another, acc_mins += (dmin * d_a) *
-        sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter the dots unsigned; its offset of 32,
-        32 x sum(sc * the activations' 16-value sums), comes off the integer sum before its float step."""
+        sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter vpmaddubsw's dots unsigned; its offset of
+        32, 32 x sum(sc * the activations' 16-value sums), comes off the integer sum before its float step. In the
+        values' order (superblock_tiles.natural_order: 512-bit VNNI tiers) a is in that order
+        (quantize_activations.quantize_q8_k) and Q6_K's values enter vpdpbusd's dots as q - 32, against the
+        activations + 128, which leaves no offset."""
         helpers  # in numba's cache key: see cache_key.py
         n_tok, n_out = out.shape
         k = a.shape[1]
@@ -275,11 +283,14 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         n_tiles, tile_bytes = quants.shape
         flat_quants = quants.reshape(quants.size)
         a_flat = a.reshape(a.size)
+        # Q6_K in the values' order: the activations + 128, vpdpbusd's unsigned operand (int8_dots.superblock_unit_vnni)
+        a_unsigned = a_flat.view(np.uint8) ^ np.uint8(0x80) if signed_q6 else np.empty(0, np.uint8)
         # int16 pairs of the activations' sub-block sums, for vpmaddwd against the scale pairs. Q4_K, Q5_K: the sums
         # of sub-blocks 2 j and 2 j + 1 (|sum| <= 32 x 127), [token][super-block][j < 4]. Q6_K: quad j's two
-        # 16-value sub-blocks (bytes 0, 1 and 2, 3 of its quads: superblock_tiles.py), [token][super-block][j < 8]
-        sum_pairs = np.empty((n_tok, n_super * (4 if has_mins else 8)), np.int32)
-        for t in range(n_tok):
+        # 16-value sub-blocks (bytes 0, 1 and 2, 3 of its quads: superblock_tiles.py), [token][super-block][j < 8];
+        # none in the values' order, which leaves no offset
+        sum_pairs = np.empty((n_tok, 0 if signed_q6 else n_super * (4 if has_mins else 8)), np.int32)
+        for t in range(0 if signed_q6 else n_tok):
             if has_mins:
                 for j in range(k // 64):
                     sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
@@ -311,7 +322,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     k4_tile_pairs(
                         tile_sub_scales, 12 * TILE_ROWS * sb, pairs, sb * 8 * TILE_ROWS, min_pairs, sb * 4 * TILE_ROWS
                     )
-                else:
+                elif not natural:
                     _q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS :])
             isums = all_sums[thread, 0]  # a super-block's integer sums, [token][row]
             acc = all_sums[thread, 1].view(np.float32)
@@ -326,7 +337,27 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
-                    if n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate
+                    if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
+                        # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
+                        # + 128. One loop of `unit`, not `c` (the loop below's): two loops of one name in a prange
+                        # body broke the threads' sums
+                        scale_src = pairs if has_mins else tile_sub_scales
+                        s_at = p_at if has_mins else 16 * TILE_ROWS * sb
+                        a_src = a_flat if has_mins else a_unsigned
+                        for unit in range(4):
+                            if n == tokens:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, tokens
+                                )
+                            elif n == 2:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 2
+                                )
+                            else:
+                                superblock_unit_vnni(
+                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 1
+                                )
+                    elif n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
                         )
@@ -339,7 +370,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
-                    for c in range(4 if n > 1 else 0):  # in the order the tile's bytes lie
+                    for c in range(4 if n > 1 and not natural else 0):  # in the order the tile's bytes lie
                         if n == tokens:
                             for lane in range(0, 8, per_call):
                                 superblock_tile_sum(
@@ -380,7 +411,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     for t in range(n):
                         at = TILE_ROWS * t
                         total = load16(isums, at)
-                        if not has_mins:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
+                        if not has_mins and not natural:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
                             total = total - 32 * mins_dot(pairs, p_at, sum_pairs[t0 + t], 8 * sb, bits, 8)
                         store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
                     if has_mins:

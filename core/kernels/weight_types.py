@@ -43,7 +43,7 @@ from miro.core.loading.gguf_file import TensorInfo
 from miro.core.kernels import float_kernels, grouped_experts, quant_kernels, tile_kernels
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.int8_dots import tile_signed_bytes
-from miro.core.kernels.superblock_tiles import repack_superblocks
+from miro.core.kernels.superblock_tiles import natural_order, repack_superblocks
 from miro.core.kernels.tiles import Tiles, repack_blocks
 
 F32_FALLBACK = None  # a row's `kernels` when the type has no native kernel: its matrices are kept as f32
@@ -104,7 +104,7 @@ def _repack_blocks32(qtype: int, w: np.ndarray, tier: Tier) -> Tiles:
 
 
 def _repack_superblocks(qtype: int, w: np.ndarray, tier: Tier) -> Tiles:
-    return repack_superblocks(qtype, w)
+    return repack_superblocks(qtype, w, natural_order(qtype, tier))
 
 
 def _float_kernel(qtype: int):
@@ -253,8 +253,9 @@ _KERNELS: dict[tuple[int, str], Kernels] = {}
 # 2 Zen 4 cores (benchmarks/quant_linear.py): what the registers hold, 8 on 512-bit tiers, 2 on 256-bit ones. The
 # K-quant kernel keeps a call's weight vectors in registers and its int32 sums in memory, so its rows per pass are
 # free of registers: 16 ran 1.08-1.38x 4 (AVX2: Q4_K, Q6_K), 1.09-1.19x 8 (AVX-512 Q6_K) and 1.02-1.11x 8 with two
-# tiles a pass (AVX-512 Q4_K) from 16 rows on; Q5_K keeps 8 on AVX-512, where 16 was 0.79-1.10x. One Zen 4 core,
-# old and new interleaved.
+# tiles a pass (AVX-512 Q4_K) from 16 rows on; Q5_K kept 8 on AVX-512, where 16 was 0.79-1.10x. One Zen 4 core,
+# old and new interleaved. With the values' order on 512-bit VNNI tiers (superblock_tiles.natural_order) Q5_K's
+# 16 ran 1.2-1.3x its 8 at 64 rows (one Xeon core, shared), so 16 there too.
 _BLOCK32_TILE_TOKENS = {512: 8, 256: 2}
 
 # The table. `speedup`: native kernels' throughput over the float32 copy's (the batch-invariant GEMM), at 64 rows
@@ -313,7 +314,7 @@ _ROWS_OF_THE_TABLE = (
         partial(_gguf, Q.Q5_K),
         "q8_k",
         SUPERBLOCKS,
-        {512: 8, 256: 16},
+        {512: 16, 256: 16},
         speedup={"avx512-vnni": 1.61, "avx2": 1.8},
     ),
     WeightType(

@@ -39,6 +39,7 @@ from miro.core.kernels.quantize_activations import (
     quantize_q8_k_columns,
     quantize_q8_k_quads,
 )
+from miro.core.kernels.superblock_tiles import natural_order
 from miro.core.kernels.weight_types import WEIGHT_TYPES, Kernels, dequantize
 
 WEIGHT_FORMATS = ("f32", "native", "bf16", "i16")
@@ -229,7 +230,8 @@ class Linear:
         kernels, plan = self._kernels(), self._plan
         n_tok = x.shape[0]
         if self._tiles is not None:  # repacked at load: the tile kernel for every row count (plan.passes)
-            t, a = self._tiles, quantize_q8_k_quads(x)
+            natural = natural_order(self.type, self.tier)  # the activations in the tiles' order
+            t, a = self._tiles, (quantize_q8_k if natural else quantize_q8_k_quads)(x)
             return kernels.tiles(t.quants, t.scales, t.mins, t.sub_scales, a.q, a.d, a.sum32, out)
         if n_tok < plan.lanes_from:
             a = quantize_q8_k(x)

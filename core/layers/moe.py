@@ -37,7 +37,8 @@ from numba import njit
 from miro.core.layers.linear import Linear, LinearStack
 from miro.core.loading.gguf_file import TensorInfo, release_pages
 from miro.core.kernels import cpu
-from miro.core.kernels.quantize_activations import quantize_q8_32, quantize_q8_k_quads
+from miro.core.kernels.quantize_activations import quantize_q8_32, quantize_q8_k, quantize_q8_k_quads
+from miro.core.kernels.superblock_tiles import natural_order
 from miro.core.kernels.tiles import TILE_ROWS
 from miro.core.kernels.weight_types import WEIGHT_TYPES
 
@@ -185,7 +186,7 @@ class GroupedExperts:
         if n_slots == 0:
             return out
         if row.activations == "q8_k":
-            a = quantize_q8_k_quads(x)
+            a = (quantize_q8_k if natural_order(first.type, self.tier) else quantize_q8_k_quads)(x)  # the tiles' order
             fields = (a.q, a.d, a.sum32)
         else:
             a = quantize_q8_32(x)
