@@ -230,8 +230,16 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
         flat_quants0 = quants0.reshape(quants0.size)
         flat_quants1 = quants1.reshape(quants1.size)
         a_flat = a.reshape(a.size)
-        # Q6_K in the values' order: the activations + 128, vpdpbusd's unsigned operand (int8_dots.superblock_unit_vnni)
+        # Q6_K in the values' order (int8_dots.superblock_unit_vnni): for passes of 4 rows or more the activations +
+        # 128, vpdpbusd's unsigned operand; for passes of 2 and 1 -32 x each 8 activations' sum, the start of their
+        # int32 sums, [row][k / 8]
         a_unsigned = a_flat.view(np.uint8) ^ np.uint8(0x80) if signed_q6 else np.empty(0, np.uint8)
+        row_starts = np.empty(n_tok * (k // 8) if signed_q6 else 0, np.int32)
+        for g in range(row_starts.size):
+            total = np.int32(0)
+            for i in range(8):
+                total += np.int32(a_flat[8 * g + i])
+            row_starts[g] = np.int32(-32) * total
         pairs_per_super = 4 if has_mins else 8
         # the int16 pairs of each row's sub-block sums, as tile_kernels.tiles_k makes them: on the calling thread
         # (a few microseconds for a decode step's slots), so a call is one parallel region, one wait for the threads
@@ -301,41 +309,193 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     if left >= 2
                     else 1
                 )
-                acc[:] = 0
-                acc_mins[:] = 0
+                acc[: n * TILE_ROWS] = 0  # this pass's rows only
+                acc_mins[: n * TILE_ROWS] = 0
                 for sb in range(n_super):
-                    isums[:] = 0
+                    isums[: n * TILE_ROWS] = 0
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
                         # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
-                        # + 128. One loop of `unit`, not `c` (the loop below's): two loops of one name in a prange
-                        # body broke the threads' sums
+                        # + 128 in passes of 4 rows or more, as they are with row_starts in passes of 2 and 1. One loop
+                        # of `unit`, not `c` (the loop below's): two loops of one name in a prange body broke the
+                        # threads' sums
                         scale_src = pairs if has_mins else tile_sub_scales
                         s_at = p_at if has_mins else 16 * TILE_ROWS * sb
                         a_src = a_flat if has_mins else a_unsigned
-                        for unit in range(4):
+                        st_at = t0 * (k // 8) + 32 * sb
+                        for unit in range(4 if n > 2 else 0):
                             if n == tokens:
                                 superblock_unit_vnni(
-                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, tokens
+                                    flat_quants,
+                                    w_at,
+                                    scale_src,
+                                    s_at,
+                                    a_src,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    unit,
+                                    row_starts,
+                                    0,
+                                    qtype,
+                                    tokens,
                                 )
                             elif n == 8:
                                 superblock_unit_vnni(
-                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 8
-                                )
-                            elif n == 4:
-                                superblock_unit_vnni(
-                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 4
-                                )
-                            elif n == 2:
-                                superblock_unit_vnni(
-                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 2
+                                    flat_quants,
+                                    w_at,
+                                    scale_src,
+                                    s_at,
+                                    a_src,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    unit,
+                                    row_starts,
+                                    0,
+                                    qtype,
+                                    8,
                                 )
                             else:
                                 superblock_unit_vnni(
-                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 1
+                                    flat_quants,
+                                    w_at,
+                                    scale_src,
+                                    s_at,
+                                    a_src,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    unit,
+                                    row_starts,
+                                    0,
+                                    qtype,
+                                    4,
                                 )
+                        if n == 2:  # the units constants (their shifts immediate), as superblock_tile_sum's at 1 row
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                0,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                1,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                2,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                3,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                        elif n == 1:
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                0,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                1,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                2,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                3,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
                     elif n == 1:
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1

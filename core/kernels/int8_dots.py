@@ -482,7 +482,9 @@ VNNI_GROUP_LANES = {Q4_K: 4, Q5_K: 2, Q6_K: 2}
 
 
 @intrinsic(prefer_literal=True)
-def superblock_unit_vnni(typingctx, quants, w_start, scales, s_start, a, a_start, a_stride, isums, unit, qtype, tokens):
+def superblock_unit_vnni(
+    typingctx, quants, w_start, scales, s_start, a, a_start, a_stride, isums, unit, starts, st_start, qtype, tokens
+):
     """Quads 2 c and 2 c + 1 (c = `unit`, run time) of one super-block of a 16-row K-quant tile whose quads lie in
     the values' order (superblock_tiles.natural_order: quad Q of lane l the values 32 Q + 4 l + i) against
     `tokens` activation rows, on 512-bit VNNI tiers, added to exact int32 sums:
@@ -501,19 +503,36 @@ def superblock_unit_vnni(typingctx, quants, w_start, scales, s_start, a, a_start
     (quantize_activations.quantize_q8_k). Q6_K: the weights q - 32 the signed operand, against a (uint8) the
     activations + 128, each group's int32 started at -128 x its sum of q - 32 (once per call), so that it ends as
     the sum of (q - 32) x the activations; scales (uint8, 1-D) the tile's int8 scales, sub-block j's of row r at
-    s_start + 16 j + r. quants, a_start, a_stride as superblock_tile_sum's. qtype, tokens: compile-time
-    constants."""
+    s_start + 16 j + r. Q6_K with a int8 (the activations as they are): the weights q unsigned, each group's int32
+    started per token at starts[st_start + (a_stride / 8) t + 8 c + 4 h + g] (int32, 1-D), -32 x the sum of the
+    group's 8 activations, so that it ends as the same sum of (q - 32) x the activations: no per-call starts, the
+    cheaper way at a row or two, where nothing shares their cost; both quads at once and each token's 8 vpdpwssd in
+    4 chains rather than one (a row's sums wait on little else). starts: unused otherwise. quants, a_start,
+    a_stride as superblock_tile_sum's. qtype, tokens: compile-time constants."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (qtype, tokens)):
         return None
     kind = qtype.literal_value
     n_tokens = tokens.literal_value
     group = VNNI_GROUP_LANES.get(kind, 1)
+    row_starts = kind == Q6_K and a.dtype == types.int8  # the groups' starts from the activations, per token
     sig = types.void(
-        quants, types.intp, scales, types.intp, a, types.intp, types.intp, isums, types.intp, qtype, tokens
+        quants,
+        types.intp,
+        scales,
+        types.intp,
+        a,
+        types.intp,
+        types.intp,
+        isums,
+        types.intp,
+        starts,
+        types.intp,
+        qtype,
+        tokens,
     )
 
     def codegen(context, builder, signature, args):
-        w_start_v, s_start_v, a_start_v, stride_v, unit_v = (args[i] for i in (1, 3, 5, 6, 8))
+        w_start_v, s_start_v, a_start_v, stride_v, unit_v, st_start_v = (args[i] for i in (1, 3, 5, 6, 8, 10))
 
         def data(index):
             return context.make_array(signature.args[index])(context, builder, args[index]).data
@@ -559,6 +578,36 @@ def superblock_unit_vnni(typingctx, quants, w_start, scales, s_start, a, a_start
                 builder.and_(pair, ir.Constant(dwords, [0xFFFF] * LANES)),
                 builder.lshr(pair, ir.Constant(dwords, [16] * LANES)),
             )
+        if row_starts:  # the weights q unsigned; per token, each group's int32 started at -32 x its activations' sum
+            starts_data = data(9)
+            weights, scale = {}, {}
+            for h in range(2):
+                for lane in range(8):
+                    weights[lane, h] = builder.bitcast(lanes[lane].quad(h, 0), dwords)
+                for g in range(2):  # sub-block 4 c + 2 h + g (lanes 4 g..): its int8 scales, as (sc, 0) pairs
+                    where = builder.gep(scale_data, [at(scale_base, (2 * h + g) * LANES)])
+                    sc = builder.load(builder.bitcast(where, v_bytes.as_pointer()), align=1)
+                    scale[h, g] = builder.zext(builder.sext(sc, v_words), dwords)
+            group_base = builder.add(st_start_v, builder.mul(unit_v, ir.Constant(_I64, 8)))
+            group_stride = builder.sdiv(stride_v, ir.Constant(_I64, 8))
+            for t in range(n_tokens):
+                row_groups = builder.add(group_base, builder.mul(group_stride, ir.Constant(_I64, t)))
+                products = []
+                for h in range(2):
+                    for lane0 in range(0, 8, 2):
+                        word = builder.load(builder.gep(starts_data, [at(row_groups, 4 * h + lane0 // 2)]), align=4)
+                        sums = splat(builder, word, dwords)
+                        for lane in (lane0, lane0 + 1):
+                            sums = call("vpdpbusd", [sums, weights[lane, h], activation_quad(t, h, lane)])
+                        products.append((sums, scale[h, lane0 // 4]))
+                where = builder.bitcast(builder.gep(isum_data, [ir.Constant(_I64, 16 * t)]), dwords.as_pointer())
+                chains = [builder.load(where, align=4), zero, zero, zero]
+                for i, (sums, pair) in enumerate(products):
+                    chains[i % 4] = call("vpdpwssd", [chains[i % 4], sums, pair])
+                builder.store(
+                    builder.add(builder.add(chains[0], chains[1]), builder.add(chains[2], chains[3])), where, align=4
+                )
+            return context.get_dummy_value()
         # Q6_K one quad at a time over the rows (its 8 weight vectors, scales and starts in registers; both quads'
         # spilled), the others both (their 16 weight vectors in registers)
         weights, scale, start = {}, {}, {}

@@ -275,7 +275,8 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         32, 32 x sum(sc * the activations' 16-value sums), comes off the integer sum before its float step. In the
         values' order (superblock_tiles.natural_order: 512-bit VNNI tiers) a is in that order
         (quantize_activations.quantize_q8_k) and Q6_K's values enter vpdpbusd's dots as q - 32, against the
-        activations + 128, which leaves no offset."""
+        activations + 128, which leaves no offset; in the passes of 2 and 1 as q, against the activations, each
+        group's int32 started at -32 x its activations' sum (no per-call starts where no rows share them)."""
         helpers  # in numba's cache key: see cache_key.py
         n_tok, n_out = out.shape
         k = a.shape[1]
@@ -283,8 +284,17 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         n_tiles, tile_bytes = quants.shape
         flat_quants = quants.reshape(quants.size)
         a_flat = a.reshape(a.size)
-        # Q6_K in the values' order: the activations + 128, vpdpbusd's unsigned operand (int8_dots.superblock_unit_vnni)
-        a_unsigned = a_flat.view(np.uint8) ^ np.uint8(0x80) if signed_q6 else np.empty(0, np.uint8)
+        # Q6_K in the values' order (int8_dots.superblock_unit_vnni): for the full passes' rows the activations + 128,
+        # vpdpbusd's unsigned operand; for the rows after them (passes of 2 and 1) -32 x each 8 activations' sum, the
+        # start of their int32 sums, [row - full][k / 8]
+        full = n_tok // tokens * tokens
+        a_unsigned = a_flat[: full * k].view(np.uint8) ^ np.uint8(0x80) if signed_q6 else np.empty(0, np.uint8)
+        row_starts = np.empty((n_tok - full) * (k // 8) if signed_q6 else 0, np.int32)
+        for g in range(row_starts.size):
+            total = np.int32(0)
+            for i in range(8):
+                total += np.int32(a_flat[full * k + 8 * g + i])
+            row_starts[g] = np.int32(-32) * total
         # int16 pairs of the activations' sub-block sums, for vpmaddwd against the scale pairs. Q4_K, Q5_K: the sums
         # of sub-blocks 2 j and 2 j + 1 (|sum| <= 32 x 127), [token][super-block][j < 4]. Q6_K: quad j's two
         # 16-value sub-blocks (bytes 0, 1 and 2, 3 of its quads: superblock_tiles.py), [token][super-block][j < 8];
@@ -330,33 +340,160 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
             t0 = 0
             while t0 < n_tok:
                 n = tokens if n_tok - t0 >= tokens else (2 if n_tok - t0 >= 2 else 1)  # this pass's rows
-                acc[:] = 0
-                acc_mins[:] = 0
+                acc[: n * TILE_ROWS] = 0  # this pass's rows only
+                acc_mins[: n * TILE_ROWS] = 0
                 for sb in range(n_super):
-                    isums[:] = 0
+                    isums[: n * TILE_ROWS] = 0
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
                         # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
-                        # + 128. One loop of `unit`, not `c` (the loop below's): two loops of one name in a prange
-                        # body broke the threads' sums
+                        # + 128 in the full passes, as they are with row_starts after them. One loop of `unit`, not
+                        # `c` (the loop below's): two loops of one name in a prange body broke the threads' sums
                         scale_src = pairs if has_mins else tile_sub_scales
                         s_at = p_at if has_mins else 16 * TILE_ROWS * sb
                         a_src = a_flat if has_mins else a_unsigned
-                        for unit in range(4):
-                            if n == tokens:
+                        st_at = (t0 - full) * (k // 8) + 32 * sb
+                        if n == tokens:
+                            for unit in range(4):
                                 superblock_unit_vnni(
-                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, tokens
+                                    flat_quants,
+                                    w_at,
+                                    scale_src,
+                                    s_at,
+                                    a_src,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    unit,
+                                    row_starts,
+                                    0,
+                                    qtype,
+                                    tokens,
                                 )
-                            elif n == 2:
-                                superblock_unit_vnni(
-                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 2
-                                )
-                            else:
-                                superblock_unit_vnni(
-                                    flat_quants, w_at, scale_src, s_at, a_src, a_at, k, isums, unit, qtype, 1
-                                )
+                        elif n == 2:  # the units constants (their shifts immediate), as superblock_tile_sum's at 1 row
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                0,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                1,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                2,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                3,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                        else:
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                0,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                1,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                2,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                3,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
                     elif n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
