@@ -10,7 +10,7 @@ Per 16-row weight tile, 16 activation rows at a time, per 32-value block b:
   each activation row's 16 sums are read back and given tile_kernels._step, into 16 float sums held in registers.
 
 The rows past the last multiple of 16 are the VNNI tile kernel's (Linear._matmul_block32). Layers take it for
-Q4_1 (FASTER_ON_AMX): on one core of this AMX host (Sapphire Rapids class), SmolLM2's shapes, 1.2-1.35x the VNNI
+Q4_1 (its `faster_on_amx` in weight_types.py): on one core of this AMX host (Sapphire Rapids class), SmolLM2's shapes, 1.2-1.35x the VNNI
 kernel at 64 rows. Not more: the tile loads and stores do not overlap the float steps (the AMX instructions alone
 and the float steps alone each took about half the time of both together, even with the float steps reading
 memory the tiles never wrote), and the float steps, 5 instructions per 16 weight rows, block and activation row
@@ -36,10 +36,6 @@ from miro.core.kernels.tiles import TILE_ROWS
 
 tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
 AMX_TYPES = (Q4_0, Q4_1, Q8_0)  # the types this kernel multiplies
-# those a layer takes it for: Q4_1, 1.2-1.35x the VNNI kernel at 64 rows (its float steps the longest, 5
-# instructions, so the dots' share the kernel moves to AMX the largest); Q4_0 and Q8_0 (3 and 4) measured 0.95-1.07x
-# there and as low as 0.6x at 512 rows, one core, load 4-6: left on VNNI
-FASTER_ON_AMX = (Q4_1,)
 ROWS = 16  # activation rows per A tile
 CONFIG = amx.config_bytes_blocks32()  # C 16 x 16 int32, A 16 rows x 32 bytes, B 8 rows x 64 bytes
 LAG = 3  # blocks between a block's product and its float steps (4 C tiles in turn)
@@ -52,8 +48,14 @@ def runs_on(tier: Tier) -> bool:
 
 
 def usable(qtype: int, tier: Tier) -> bool:
-    """Whether a layer of this type on this tier takes the AMX kernel (FASTER_ON_AMX) for its rows in whole A tiles."""
-    return int(qtype) in FASTER_ON_AMX and runs_on(tier)
+    """Whether a layer of this type on this tier takes the AMX kernel for its rows in whole A tiles: its row of the
+    weight-type table says so (`faster_on_amx`: Q4_1, whose float steps are the longest, 5 instructions, so the
+    dots' share the kernel moves to AMX the largest; Q4_0 and Q8_0, 3 and 4, measured 0.95-1.07x the VNNI kernel at
+    64 rows and as low as 0.6x at 512, one core, load 4-6) and AMX runs here."""
+    from miro.core.kernels.weight_types import WEIGHT_TYPES  # the table imports the kernels, not this module
+
+    row = WEIGHT_TYPES.get(int(qtype))
+    return row is not None and row.faster_on_amx and runs_on(tier)
 
 
 def amx_tiles_32(qtype: int, tier: Tier):

@@ -187,6 +187,9 @@ class WeightType:
     kernels: KernelFamily | None  # its kernel family; F32_FALLBACK (None): no native kernel
     tile_tokens: Mapping[int, int] = field(default_factory=dict)  # vector width -> activation rows per tile pass
     speedup: Mapping[str, float] = field(default_factory=dict)  # measured tier -> native / f32 throughput
+    # whether a layer takes amx_tiles.py's AMX int8 dots (16 activation rows at a time, the same bits) where AMX
+    # runs: Q4_1 only, 1.2-1.35x its VNNI tile kernel at 64 rows; Q4_0 and Q8_0 measured 0.6-1.07x (stop 47)
+    faster_on_amx: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "tile_tokens", _frozen(self.tile_tokens))
@@ -273,7 +276,15 @@ _ROWS_OF_THE_TABLE = (
         Q.Q4_0, 32, 18, _q4_0, "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS, speedup={"avx512-vnni": 2.46, "avx2": 1.89}
     ),
     WeightType(
-        Q.Q4_1, 32, 20, _q4_1, "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS, speedup={"avx512-vnni": 2.4, "avx2": 1.91}
+        Q.Q4_1,
+        32,
+        20,
+        _q4_1,
+        "q8_0",
+        BLOCKS_32,
+        _BLOCK32_TILE_TOKENS,
+        speedup={"avx512-vnni": 2.4, "avx2": 1.91},
+        faster_on_amx=True,
     ),
     WeightType(
         Q.Q5_0,
