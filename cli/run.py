@@ -2,7 +2,7 @@
 interrupted and resumed.
 
 A run keeps its state in a folder, OUTPUT.miro-run/ next to the output unless --state-dir says otherwise
-(run_state.py).
+(run_state.py); interruption.py handles the signals, run_results.py writes what the run ends with.
 
 The first Ctrl-C (or SIGTERM) stops the worker taking requests and gives those in flight --shutdown-grace
 seconds to finish; a second one puts them back on the queue at once. Either way the requests that finished
@@ -15,9 +15,7 @@ and the folder go.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,6 +48,8 @@ from miro.cli.common import (
     redis_url_option,
     reuse_option,
 )
+from miro.cli.interruption import Interruption
+from miro.cli.run_results import Pace, write_run_results
 from miro.cli.run_state import RunState
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ def run_command(
                     worker = _worker(conn, queue_name, model, shutdown_grace, flush_seconds, engine)
                     pace = Pace.start(conn, batch_id)
                     _work(conn, batch_id, worker, interruption)
-                finished = _write_results(conn, batch_id, out_path, state, record, interruption, pace)
+                finished = write_run_results(conn, batch_id, out_path, state, record, interruption, pace)
             except (MiroError, redis.RedisError) as err:
                 raise MiroError(
                     f"{str(err).rstrip('.')}; what finished is kept in {state.shown}, so run the same "
@@ -400,150 +400,3 @@ def _work(conn, batch_id: str, worker, interruption: Interruption) -> None:
             worker.work(burst=True, logging_level="WARNING")
         finally:
             interruption.say = log_to_stderr
-
-
-@dataclass
-class Pace:
-    """The batch's record when this process's worker started on it (after the model loaded), to report what this
-    run did per second, as vLLM's offline runs end. Requests cancelled meanwhile did not run: they do not count."""
-
-    started: float
-    at_start: batches.BatchRecord
-
-    @classmethod
-    def start(cls, conn, batch_id: str) -> "Pace":
-        return cls(time.monotonic(), batches.get_batch(conn, batch_id))
-
-    def summary(self, batch: batches.BatchRecord) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        requests = batch.finished - self.at_start.finished
-        prompt = batch.prompt_tokens - self.at_start.prompt_tokens
-        completion = batch.completion_tokens - self.at_start.completion_tokens
-        if batch.task == "embed":
-            return (
-                f"Embedded {requests:,} requests in {elapsed:,.1f} s: {requests / elapsed:,.2f} requests/s, "
-                f"{prompt / elapsed:,.1f} tokens/s."
-            )
-        return (
-            f"Ran {requests:,} requests in {elapsed:,.1f} s: {requests / elapsed:,.2f} requests/s, "
-            f"{(prompt + completion) / elapsed:,.1f} total tokens/s, {completion / elapsed:,.1f} generated tokens/s."
-        )
-
-
-def _write_results(
-    conn, batch_id: str, out_path: str, state: RunState, record: dict, interruption: Interruption, pace: Pace | None
-) -> bool:
-    """OUTPUT if every request finished (then True), else the partial file; either way the line that says so."""
-    from miro.worker.fleet.output import storage
-    from miro.worker.fleet.output.results import BatchResults, write_results
-
-    merged = BatchResults(conn, batch_id)  # written a slice of lines at a time
-    batch = merged.batch
-    partial = partial_path(out_path)
-    if pace is not None:
-        log_to_stderr(pace.summary(batch))
-    if batch.status == "expired":  # what finished, and a batch_expired row for each request the window cut off
-        written = write_results(merged, out_path, record["options"].get("format", "parquet"))
-        storage.remove(partial)
-        log_to_stderr(
-            f"Batch {batch_id} expired: its completion window ({batch.completion_window}) ended with "
-            f"{batch.expired:,} of {batch.total:,} requests not run. {written.sentence()}, those as "
-            "batch_expired errors; run the same command with --resume to run them in a new window."
-        )
-        return False
-    if batch.status == "completed":
-        written = write_results(merged, out_path, record["options"].get("format", "parquet"))
-        tokens = (
-            f"{batch.prompt_tokens:,} tokens embedded"
-            if batch.task == "embed"
-            else f"{batch.prompt_tokens:,} prompt and {batch.completion_tokens:,} completion tokens"
-        )
-        log_to_stderr(f"{written.sentence()}: {batch.completed:,} completed, {batch.failed:,} failed, {tokens}.")
-        if written.note:
-            log_to_stderr(written.note)
-        storage.remove(partial)
-        return True
-    # the partial file holds the finished requests; --resume runs the rest, cancelled ones included
-    finished, total = batch.finished, batch.total
-    counts = {
-        "partial": "true",
-        "batch_id": batch_id,
-        "total": total,
-        "done": finished,
-        "completed": batch.completed,
-        "failed": batch.failed,
-    }
-    metadata = {f"miro.{k}".encode(): str(v).encode() for k, v in counts.items()}
-    write_results(merged, partial, "parquet", metadata=metadata)
-    state.save({**record, "batch_id": batch_id, "done": finished, "total": total})
-    stopped = "Interrupted" if interruption.signal else "Stopped"
-    log_to_stderr(
-        f"{stopped} after {finished:,} of {total:,} requests: wrote them to {partial}; run the same command "
-        f"with --resume to finish the other {total - finished:,}."
-    )
-    return False
-
-
-def partial_path(out_path: str) -> str:
-    """Where an interrupted run writes what finished: results.parquet -> results.partial.parquet."""
-    from miro.worker.fleet.output import storage
-
-    return storage.with_suffix(out_path, ".parquet", ".partial.parquet")
-
-
-class Interruption:
-    """SIGINT and SIGTERM while the run is on (`with interruption:`). The first stops the worker taking
-    requests and gives those in flight grace_s seconds to finish; the second puts them back on the queue at
-    once; later ones change nothing. The handler prints one line and sets flags; the worker's loop acts on them
-    between engine steps, so no Redis write or part file is cut in half."""
-
-    def __init__(self, grace_s: float):
-        self.grace_s = grace_s
-        self.signal: int | None = None  # the first signal, once one came
-        self.count = 0
-        self.worker = None  # the run's BatchWorker, once it exists
-        self.say = log_to_stderr
-        self._previous: dict = {}
-
-    def __enter__(self):
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        return False
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signal  # as a shell reports a process a signal ended: 130 for SIGINT, 143 for SIGTERM
-
-    def _handle(self, signum, frame) -> None:
-        self.count += 1
-        if self.count == 1:
-            self.signal = signum
-            self.say(self._notice())
-            if self.worker is not None:
-                self.worker.request_warm_stop(self.grace_s)
-        elif self.count == 2 and self.worker is not None:
-            if self.worker.in_flight:
-                self.say(
-                    f"Stopping now: the {_requests(self.worker.requests_in_flight)} in flight go back to the queue."
-                )
-            self.worker.request_warm_stop(0)
-
-    def _notice(self) -> str:
-        if self.worker is None:
-            return "Interrupted: stopping before any request starts."
-        in_flight = self.worker.requests_in_flight
-        if not in_flight:
-            return "Interrupted: stopping; no request is in flight."
-        return (
-            f"Interrupted: finishing the {_requests(in_flight)} in flight for up to {self.grace_s:g} s; "
-            "press Ctrl-C again to stop now."
-        )
-
-
-def _requests(n: int) -> str:
-    return f"{n:,} request" if n == 1 else f"{n:,} requests"
