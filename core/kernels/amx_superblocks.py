@@ -1,22 +1,26 @@
-"""The K-quant tile kernel's integer dots on AMX (amx.py): Q4_K, Q5_K and Q6_K tiles (superblock_tiles.py, the
-values' order of 512-bit VNNI tiers) times 16 activation rows at a time, each super-block's exact int32 sum per
-(token, weight row) from one TDPBxxD per sub-block, then tile_kernels.tiles_k's float steps, so the same bits.
+"""The K-quant tile kernel's integer dots on AMX (amx.py): Q4_K, Q5_K and Q6_K tiles (superblock_tiles.py, in the
+values' order of 512-bit VNNI tiers) times 16 activation rows at a time, each super-block's exact int32 sums per
+(token, weight row) by TDPBxxD, then tile_kernels.tiles_k's float steps: the same integers, the same float
+operations in the same order, so the same bits.
 
-tiles_k on those tiers (int8_dots.superblock_unit_vnni) builds sum over sub-blocks j of sc[row, j] x dot_j by
-vpdpbusd and vpdpwssd: about 117 instructions per super-block, 16 weight rows and token. Here, per tile of 16
-weight rows, its quants are first unpacked to one byte a value (a per-thread copy: the B tiles), its sub-block
-scales to int32 vectors; then per 16 activation rows and super-block:
+tiles_k on those tiers (int8_dots.superblock_unit_vnni) builds sum over the values v of q_v sc_j(v) a_v (sc_j the
+sub-block's scale) by vpdpbusd and vpdpwssd: about 117 instructions per super-block, 16 weight rows and token.
+TDPBxxD has no per-sub-block scale, and one product per sub-block (16 x 16 x 32, Q6_K's x 16) would leave a
+store, a load, a vpmulld and a vpaddd per sub-block and token (measured about the VNNI kernel's time). Here the
+scales go into the weights instead, split into digits small enough that weight x digit fits a byte:
 
-- per sub-block j (Q4_K, Q5_K: 8 of 32 values; Q6_K: 16 of 16), C (tmm0-3 in turn) = A (16 activation rows x
-  32 or 16 int8, the Q8_K activations as they are, tmm4-5) times B (the sub-block's 8 or 4 rows of 16 weight rows
-  x 4 bytes, tmm6-7), stored to a per-thread buffer: TDPBSUD against Q4_K's and Q5_K's unsigned values, TDPBSSD
-  against Q6_K's q - 32 (so no offset is left to take off);
-- a super-block later (the products and stores of the next super-block issued in between), per activation row:
-  its exact integer sum, sum over j of sc_j x C_j[row] (vpmulld and vpaddd: 2 a sub-block), and tiles_k's float
-  steps for it and the mins, in tiles_k's order.
+- Q4_K: sc (< 64) = 16 hi + lo, q x lo <= 15 x 15 and q x hi <= 15 x 3; Q5_K: sc = 8 hi + lo, q x lo and q x hi
+  <= 31 x 7 (unsigned, TDPBSUD), so sum q sc a = 2^shift C_hi + C_lo; the mins' sum, sum over sub-blocks of
+  m_j x (the activations' 32-value sum j), is a third product, against weights m_j(v) (tiles_k's mins_dot);
+- Q6_K: sc (int8) = 64 d2 + 8 d1 + d0, digits in -3..4, (q - 32) x d in -128..124 (signed, TDPBSSD), so
+  sum (q - 32) sc a = C0 + 8 C1 + 64 C2 (tiles_k's Q6_K sum, offset included).
 
-The integer sums are the same integers as tiles_k's, the float steps the same operations: the same bits. The rows
-past the last multiple of 16 are tiles_k's (Linear._matmul_superblocks).
+Per tile of 16 weight rows and super-block its three B-tile sets (3 x 4 KB, `digit_tiles`, by vpmullw on byte
+pairs) are made once, then used by every 16 activation rows (A: the Q8_K activations, repacked once per call so
+that each A tile's 16 rows of 64 bytes lie in a row): 12 TDPBxxD over the super-block's 4 chunks of 64 values
+and 3 tile stores; a product later (its stores' latency behind the next), per token, 2 shifts and adds and the
+float steps. Rows past the last multiple of 16, and calls of fewer than MIN_ROWS rows, whose digits would be
+made for too few tokens to pay, are tiles_k's (Linear._matmul_superblocks).
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from miro.core.kernels.amx import tile_zero
 from miro.core.kernels.amx_tiles import ROWS, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
-from miro.core.kernels.int8_dots import mins_dot
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import load16, load16_f16, store16, to_float
 from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
@@ -43,179 +46,30 @@ from miro.core.kernels.tile_kernels import _store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
 
 tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
-SUB_BLOCKS = {Q4_K: 8, Q5_K: 8, Q6_K: 16}  # sub-blocks (one product each) per super-block
-UNPACKED = 256 * TILE_ROWS  # bytes of a super-block's 16 rows, one a value: [quad][lane][row][4 values]
-
-
-def config(qtype: int) -> np.ndarray:
-    """The tile configuration. Q4_K, Q5_K: every tile 16 rows of 64 bytes. Q6_K: C tmm0-3 16 x 16 int32, A tmm4-5
-    16 rows of a sub-block's 16 bytes, B tmm6-7 its 4 quads (4 rows of 64 bytes)."""
-    if int(qtype) != Q6_K:
-        return amx.config_bytes()
-    depth = 256 // SUB_BLOCKS[int(qtype)]
-    bytes_ = amx.config_bytes()
-    bytes_[16:32].view(np.uint16)[4:6] = depth
-    bytes_[48 + 6 : 48 + 8] = depth // 4
-    return bytes_
+TOKEN_BLOCK = 128  # activation rows a part takes over all its tiles before the next: 128 x K bytes stay in L2
+MIN_ROWS = 32  # activation rows from which a layer takes this kernel (fewer: tiles_k's, faster there)
+UNPACKED = 256 * TILE_ROWS  # bytes of one B-tile set of a super-block: [chunk of 64 values][16 x 4 values][row]
+DIGIT_BYTES = 3 * UNPACKED  # a super-block's three B-tile sets
+DIGIT_SHIFT = {Q4_K: 4, Q5_K: 3}  # Q4_K's, Q5_K's scale digits: sc = 2^shift hi + lo
 
 
 def amx_tiles_k(qtype: int, tier: Tier):
     """kernel(quants, scales, mins, sub_scales, a, d, sum32, out, config, threads): tile_kernels.tiles_k's product
-    for the first rows of the Q8_K activations a, as many as out has (a multiple of 16); None for other types or
-    where it does not run."""
+    for the first rows of the Q8_K activations a (quantize_q8_k), as many as out has (a multiple of 16); None for
+    other types or where it does not run."""
     qtype = int(qtype)
     if qtype not in SUPERBLOCK_TYPES or not runs_on(tier):
         return None
     amx.require()
-    if qtype != Q6_K:
-        return _amx_digits(qtype, tier)
     has_mins = qtype != Q6_K
-    lane_bytes = LANE_BYTES[qtype]
-    subs = SUB_BLOCKS[qtype]
-    depth = 256 // subs  # values per sub-block: an A tile's bytes per row
-    b_bytes = depth * TILE_ROWS  # a B tile's bytes
-    c_tile = ROWS * TILE_ROWS  # a C tile's int32
-    helpers = HELPERS
-
-    @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_amx", parallel=True)
-    def matmul_amx_k(quants, scales, mins, sub_scales, a, d, sum32, out, config, threads):
-        """out (T16, N) = the tiles of N rows times the first T16 rows of a (T, K) int8 in the values' order
-        (quantize_activations.quantize_q8_k); d (T, K / 256), sum32 (T, K / 32)."""
-        helpers  # in numba's cache key: see cache_key.py
-        n_tok = out.shape[0]
-        k = a.shape[1]
-        n_super = k // 256
-        n_tiles = quants.shape[0]
-        # tiles_k's int16 pairs of the activations' 32-value sums, for the mins: [token][pair of sub-blocks]
-        sum_pairs = np.empty((n_tok, n_super * 4 if has_mins else 0), np.int32)
-        for t in range(n_tok if has_mins else 0):
-            for j in range(k // 64):
-                sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
-        a_stride = np.int64(k)
-        w_stride = np.int64(64)
-        c_stride = np.int64(TILE_ROWS * 4)
-        parts = max(1, min(threads, n_tiles))
-        for part in prange(parts):
-            first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
-            unpacked = np.empty(n_super * UNPACKED, np.uint8)  # the tile's B tiles
-            sc = np.empty(n_super * subs * TILE_ROWS, np.int32)  # sub-block j's scales of the 16 rows at 16 j
-            pairs = np.empty(n_super * 4 * TILE_ROWS, np.int32)  # Q4_K's, Q5_K's scale pairs (k4_tile_pairs)
-            min_pairs = np.empty(n_super * 4 * TILE_ROWS if has_mins else 0, np.int32)
-            sums = np.empty(2 * subs * c_tile, np.int32)  # two super-blocks' C tiles, [sub-block][token][row]
-            acc = np.empty(ROWS * TILE_ROWS, np.float32)
-            acc_mins = np.empty(ROWS * TILE_ROWS, np.float32)
-            spill = np.empty(TILE_ROWS, np.float32)
-            tile_load_config(config)
-            for tile in range(first, last):
-                _unpack(qtype, quants[tile], unpacked, n_super, lane_bytes)
-                tile_sub_scales = sub_scales[tile]
-                for sb in range(n_super):
-                    if has_mins:
-                        at = 4 * TILE_ROWS * sb
-                        k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, at, min_pairs, at)
-                        for i in range(4 * TILE_ROWS):  # pair j, row r: sc(2 j) low, sc(2 j + 1) high
-                            j, r = i // TILE_ROWS, i % TILE_ROWS
-                            sc[(subs * sb + 2 * j) * TILE_ROWS + r] = pairs[at + i] & 0xFFFF
-                            sc[(subs * sb + 2 * j + 1) * TILE_ROWS + r] = pairs[at + i] >> 16
-                    else:  # Q6_K's int8 scales as the tile holds them: sub-block j's of row r at 16 j + r
-                        for i in range(subs * TILE_ROWS):
-                            v = np.int32(tile_sub_scales[subs * TILE_ROWS * sb + i])
-                            sc[subs * TILE_ROWS * sb + i] = v - ((v >> 7) << 8)
-                scale_row, min_row = scales[tile], mins[tile]
-                n0 = tile * TILE_ROWS
-                for g in range(0, n_tok, ROWS):
-                    acc[:] = 0
-                    acc_mins[:] = 0
-                    for step in range(n_super + 1):
-                        if step < n_super:  # super-block `step`'s products into buffer step % 2
-                            a_at = np.int64(g) * a_stride + 4096 * step
-                            w_at = np.int64(UNPACKED * step)
-                            c_at = np.int64(4 * subs * c_tile * (step % 2))
-                            for j in range(subs):
-                                which = j % 4
-                                if which == 0:
-                                    tile_zero(0)
-                                    tile_load(4, a, a_at + depth * j, a_stride)
-                                    tile_load(6, unpacked, w_at + b_bytes * j, w_stride)
-                                    if has_mins:
-                                        tile_dpbsud(0, 4, 6)
-                                    else:
-                                        tile_dpbssd(0, 4, 6)
-                                    tile_store(0, sums, c_at + 4 * c_tile * j, c_stride)
-                                elif which == 1:
-                                    tile_zero(1)
-                                    tile_load(5, a, a_at + depth * j, a_stride)
-                                    tile_load(7, unpacked, w_at + b_bytes * j, w_stride)
-                                    if has_mins:
-                                        tile_dpbsud(1, 5, 7)
-                                    else:
-                                        tile_dpbssd(1, 5, 7)
-                                    tile_store(1, sums, c_at + 4 * c_tile * j, c_stride)
-                                elif which == 2:
-                                    tile_zero(2)
-                                    tile_load(4, a, a_at + depth * j, a_stride)
-                                    tile_load(6, unpacked, w_at + b_bytes * j, w_stride)
-                                    if has_mins:
-                                        tile_dpbsud(2, 4, 6)
-                                    else:
-                                        tile_dpbssd(2, 4, 6)
-                                    tile_store(2, sums, c_at + 4 * c_tile * j, c_stride)
-                                else:
-                                    tile_zero(3)
-                                    tile_load(5, a, a_at + depth * j, a_stride)
-                                    tile_load(7, unpacked, w_at + b_bytes * j, w_stride)
-                                    if has_mins:
-                                        tile_dpbsud(3, 5, 7)
-                                    else:
-                                        tile_dpbssd(3, 5, 7)
-                                    tile_store(3, sums, c_at + 4 * c_tile * j, c_stride)
-                        if step >= 1:  # super-block step - 1: its integer sums and float steps, row after row
-                            sb = step - 1
-                            base = subs * c_tile * (sb % 2)
-                            s_at = subs * TILE_ROWS * sb
-                            dw = load16_f16(scale_row, TILE_ROWS * sb)
-                            for t in range(ROWS):
-                                at = TILE_ROWS * t
-                                total = _isum(sums, base + at, sc, s_at, subs, c_tile)
-                                store16(acc, at, load16(acc, at) + (dw * d[g + t, sb]) * to_float(total))
-                            if has_mins:
-                                dmin = load16_f16(min_row, TILE_ROWS * sb)
-                                for t in range(ROWS):
-                                    sum_mins = mins_dot(min_pairs, sb * 4 * TILE_ROWS, sum_pairs[g + t], 4 * sb, 512, 4)
-                                    at = TILE_ROWS * t
-                                    store16(
-                                        acc_mins, at, load16(acc_mins, at) + (dmin * d[g + t, sb]) * to_float(sum_mins)
-                                    )
-                    for t in range(ROWS):
-                        at = TILE_ROWS * t
-                        total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
-                        _store_tile_row(out, g + t, n0, total, spill)
-            tile_release()
-        return out
-
-    return matmul_amx_k
-
-
-DIGIT_SHIFT = {Q4_K: 4, Q5_K: 3}  # a scale's high digit's weight, 2^shift: the low digit < 2^shift
-DIGIT_BYTES = 3 * UNPACKED  # a super-block's B tiles: low digits, high digits, mins; each [chunk][16 rows x 4][row]
-
-
-def _amx_digits(qtype: int, tier: Tier):
-    """Q4_K, Q5_K: the sub-block scales folded into the weights. sc = 2^shift hi + lo (Q4_K: 16 hi + lo, lo < 16;
-    Q5_K: 8 hi + lo, lo < 8), so that q x lo and q x hi fit a byte (at most 15 x 15, 31 x 7): per super-block,
-    row and token, sum over v of q_v sc_j(v) a_v = 2^shift C_hi + C_lo, C_hi and C_lo TDPBSUDs over the whole
-    super-block (4 of 64 values each) against weights q x hi and q x lo; the mins' sum, sum over sub-blocks of
-    m_j x (the activations' 32-value sum j), is a third, against weights m_j(v). Exact integers, tiles_k's own:
-    per super-block 12 TDPBSUD and 3 tile stores, and per token 2 loads, a shift and an add for the sum, 1 load for
-    the mins' sum, then tiles_k's float steps."""
-    shift = DIGIT_SHIFT[qtype]
+    shift = DIGIT_SHIFT.get(qtype, 3)  # Q6_K's digits: base 8
     lane_bytes = LANE_BYTES[qtype]
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_amx", parallel=True)
     def matmul_amx_k(quants, scales, mins, sub_scales, a, d, sum32, out, config, threads):
-        """out (T16, N) = the tiles of N rows times the first T16 rows of a (T, K) int8 in the values' order
-        (quantize_activations.quantize_q8_k); d (T, K / 256); sum32 unused (the mins' sums are a product)."""
+        """out (T16, N) = the tiles of N rows times the first T16 rows of a (T, K) int8 in the values' order; d
+        (T, K / 256); sum32 unused (the mins' sums are a product)."""
         helpers  # in numba's cache key: see cache_key.py
         n_tok = out.shape[0]
         k = a.shape[1]
@@ -227,7 +81,7 @@ def _amx_digits(qtype: int, tier: Tier):
         c_tile = ROWS * TILE_ROWS
         # the activations' A tiles, each 16 rows of 64 bytes in a row, [16 rows][chunk of 64]: rows k bytes apart
         # put a tile's 16 lines in two L1 sets for k a multiple of 2048
-        packed = np.empty(n_tok * k, np.int8)
+        packed = _aligned(n_tok * k).view(np.int8)
         for t in range(n_tok):
             row = a[t]
             at = (t - t % ROWS) * k + 64 * (t % ROWS)
@@ -237,50 +91,72 @@ def _amx_digits(qtype: int, tier: Tier):
         parts = max(1, min(threads, n_tiles))
         for part in prange(parts):
             first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
-            digits = np.empty(2 * DIGIT_BYTES, np.uint8)  # two super-blocks' B tiles, in turn
-            pairs = np.empty(4 * TILE_ROWS, np.int32)
+            digits = _aligned(2 * DIGIT_BYTES)  # two super-blocks' B tiles, in turn
+            pairs = np.empty(4 * TILE_ROWS, np.int32)  # Q4_K's, Q5_K's scale pairs (k4_tile_pairs)
             min_pairs = np.empty(4 * TILE_ROWS, np.int32)
-            sums = np.empty(2 * 3 * c_tile, np.int32)  # two products' C tiles in turn: C_lo, C_hi, C_mins [token][row]
-            acc = np.empty(n_tok * TILE_ROWS, np.float32)  # every token's float sums, [token][row]
-            acc_mins = np.empty(n_tok * TILE_ROWS, np.float32)
+            sums = _aligned(4 * 2 * 3 * c_tile).view(
+                np.int32
+            )  # two products' three C tiles, in turn, each [token][row]
+            acc = np.empty(TOKEN_BLOCK * TILE_ROWS, np.float32)  # a block of tokens' float sums, [token][row]
+            acc_mins = np.empty(TOKEN_BLOCK * TILE_ROWS if has_mins else 0, np.float32)
             spill = np.empty(TILE_ROWS, np.float32)
             tile_load_config(config)
-            for tile in range(first, last):
-                tile_quants, tile_sub_scales = quants[tile], sub_scales[tile]
-                scale_row, min_row = scales[tile], mins[tile]
-                acc[:] = 0
-                acc_mins[:] = 0
-                done = 0  # products made: the one before is scaled after each
-                for sb in range(n_super):  # a super-block's B tiles stay in L1 over the token groups
-                    k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, 0, min_pairs, 0)
-                    w_at = np.int64(DIGIT_BYTES * (sb % 2))
-                    digit_tiles(tile_quants, 8 * lane_bytes * sb, pairs, min_pairs, digits, w_at, qtype, shift)
-                    for g in range(0, n_tok, ROWS):  # its three products, stored in buffer `done % 2`
-                        a_at = np.int64(g) * a_stride + 4096 * sb
-                        c_at = np.int64(4 * 3 * c_tile * (done % 2))
-                        tile_zero(0)
-                        tile_zero(1)
-                        tile_zero(2)
-                        for c in range(4):
-                            tile_load(3, packed, a_at + 1024 * c, w_stride)
-                            tile_load(4, digits, w_at + 1024 * c, w_stride)
-                            tile_dpbsud(0, 3, 4)
-                            tile_load(5, digits, w_at + UNPACKED + 1024 * c, w_stride)
-                            tile_dpbsud(1, 3, 5)
-                            tile_load(6, digits, w_at + 2 * UNPACKED + 1024 * c, w_stride)
-                            tile_dpbsud(2, 3, 6)
-                        tile_store(0, sums, c_at, c_stride)
-                        tile_store(1, sums, c_at + 4 * c_tile, c_stride)
-                        tile_store(2, sums, c_at + 8 * c_tile, c_stride)
-                        if done:  # the product before, its float steps (its store's latency behind this product)
-                            before = g - ROWS if g else n_tok - ROWS
-                            _float_steps(sums, (done - 1) % 2, acc, acc_mins, before, sb - (g == 0), scale_row, min_row, d, shift)
-                        done += 1
-                _float_steps(sums, (done - 1) % 2, acc, acc_mins, n_tok - ROWS, n_super - 1, scale_row, min_row, d, shift)
-                n0 = tile * TILE_ROWS
-                for t in range(n_tok):
-                    at = TILE_ROWS * t
-                    _store_tile_row(out, t, n0, load16(acc, at) - load16(acc_mins, at), spill)
+            for t0 in range(0, n_tok, TOKEN_BLOCK):  # its activations stay in L2 over the part's tiles
+                t1 = min(n_tok, t0 + TOKEN_BLOCK)
+                for tile in range(first, last):
+                    tile_quants, tile_sub_scales = quants[tile], sub_scales[tile]
+                    scale_row, min_row = scales[tile], mins[tile]
+                    acc[:] = 0
+                    acc_mins[:] = 0
+                    done = 0  # products made: the one before is scaled after each
+                    for sb in range(n_super):  # a super-block's B tiles stay in L1 over the token groups
+                        w_at = np.int64(DIGIT_BYTES * (sb % 2))
+                        if has_mins:
+                            k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, 0, min_pairs, 0)
+                            digit_tiles(tile_quants, 8 * lane_bytes * sb, pairs, min_pairs, digits, w_at, qtype, shift)
+                        else:
+                            q6_k_digit_tiles(tile_quants, 8 * lane_bytes * sb, tile_sub_scales, 256 * sb, digits, w_at)
+                        for g in range(t0, t1, ROWS):  # its three products for 16 tokens, in buffer `done % 2`
+                            a_at = np.int64(g) * a_stride + 4096 * sb
+                            c_at = np.int64(4 * 3 * c_tile * (done % 2))
+                            tile_zero(0)
+                            tile_zero(1)
+                            tile_zero(2)
+                            for c in range(4):
+                                tile_load(3, packed, a_at + 1024 * c, w_stride)
+                                tile_load(4, digits, w_at + 1024 * c, w_stride)
+                                _product(0, 3, 4, has_mins)
+                                tile_load(5, digits, w_at + UNPACKED + 1024 * c, w_stride)
+                                _product(1, 3, 5, has_mins)
+                                tile_load(6, digits, w_at + 2 * UNPACKED + 1024 * c, w_stride)
+                                _product(2, 3, 6, has_mins)
+                            tile_store(0, sums, c_at, c_stride)
+                            tile_store(1, sums, c_at + 4 * c_tile, c_stride)
+                            tile_store(2, sums, c_at + 8 * c_tile, c_stride)
+                            if done:  # the product before: its float steps (its stores' latency behind this one)
+                                before, before_sb = (g - ROWS, sb) if g > t0 else (t1 - ROWS, sb - 1)
+                                _float_steps(
+                                    sums,
+                                    (done - 1) % 2,
+                                    acc,
+                                    acc_mins,
+                                    before,
+                                    t0,
+                                    before_sb,
+                                    scale_row,
+                                    min_row,
+                                    d,
+                                    shift,
+                                )
+                            done += 1
+                    _float_steps(
+                        sums, (done - 1) % 2, acc, acc_mins, t1 - ROWS, t0, n_super - 1, scale_row, min_row, d, shift
+                    )
+                    n0 = tile * TILE_ROWS
+                    for t in range(t0, t1):
+                        at = TILE_ROWS * (t - t0)
+                        total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
+                        _store_tile_row(out, t, n0, total, spill)
             tile_release()
         return out
 
@@ -288,23 +164,46 @@ def _amx_digits(qtype: int, tier: Tier):
 
 
 @njit(inline="always")
-def _float_steps(sums, buffer, acc, acc_mins, g, sb, scale_row, min_row, d, shift):
-    """tiles_k's float steps of super-block sb for tokens g.. g + 15 from their C tiles in `sums` buffer `buffer`:
-    the integer sum 2^shift C_hi + C_lo, the mins' C_mins."""
+def _aligned(n_bytes):
+    """n_bytes uninitialized bytes starting on a cache line: a tile row of 64 bytes in one line, not two."""
+    raw = np.empty(n_bytes + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip : skip + n_bytes]
+
+
+@njit(inline="always")
+def _product(c, a, b, unsigned):
+    """tmm c += tmm a (signed bytes) times tmm b, unsigned bytes (TDPBSUD) or signed (TDPBSSD)."""
+    if unsigned:
+        tile_dpbsud(c, a, b)
+    else:
+        tile_dpbssd(c, a, b)
+
+
+@njit(inline="always")
+def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, d, shift):
+    """tiles_k's float steps of super-block sb for tokens g.. g + 15 (in acc from t0) from their C tiles in `sums`
+    buffer `buffer`:
+    Q4_K, Q5_K the integer sum 2^shift C_hi + C_lo and the mins' sum C_mins; Q6_K (acc_mins empty) the integer sum
+    C0 + 8 C1 + 64 C2."""
     c_tile = ROWS * TILE_ROWS
     base = 3 * c_tile * buffer
     dw = load16_f16(scale_row, TILE_ROWS * sb)
+    has_mins = acc_mins.size != 0
     for t in range(ROWS):
         at = TILE_ROWS * t
         total = load16(sums, base + c_tile + at) * (1 << shift) + load16(sums, base + at)
-        row = TILE_ROWS * (g + t)
+        if not has_mins:
+            total = total + load16(sums, base + 2 * c_tile + at) * 64
+        row = TILE_ROWS * (g - t0 + t)
         store16(acc, row, load16(acc, row) + (dw * d[g + t, sb]) * to_float(total))
-    dmin = load16_f16(min_row, TILE_ROWS * sb)
-    for t in range(ROWS):
-        at = TILE_ROWS * t
-        row = TILE_ROWS * (g + t)
-        sum_mins = load16(sums, base + 2 * c_tile + at)
-        store16(acc_mins, row, load16(acc_mins, row) + (dmin * d[g + t, sb]) * to_float(sum_mins))
+    if has_mins:
+        dmin = load16_f16(min_row, TILE_ROWS * sb)
+        for t in range(ROWS):
+            at = TILE_ROWS * t
+            row = TILE_ROWS * (g - t0 + t)
+            sum_mins = load16(sums, base + 2 * c_tile + at)
+            store16(acc_mins, row, load16(acc_mins, row) + (dmin * d[g + t, sb]) * to_float(sum_mins))
 
 
 @intrinsic(prefer_literal=True)
@@ -380,44 +279,66 @@ def digit_tiles(typingctx, quants, q_at, pairs, min_pairs, digits, d_at, qtype, 
     return types.void(quants, types.intp, pairs, min_pairs, digits, types.intp, qtype, shift), codegen
 
 
-@njit(inline="always")
-def _isum(sums, at, sc, s_at, subs, c_tile):
-    """One activation row's super-block sums for the 16 weight rows: sum over sub-blocks j of sc_j x C_j[row]."""
-    total = load16(sc, s_at) * load16(sums, at)
-    for j in range(1, subs):
-        total = total + load16(sc, s_at + TILE_ROWS * j) * load16(sums, at + c_tile * j)
-    return total
+@intrinsic
+def q6_k_digit_tiles(typingctx, quants, q_at, sub_scales, s_at, digits, d_at):
+    """A Q6_K tile's super-block at quants[q_at:] (the values' order) as its B tiles at digits[d_at:]: quad Q lane l
+    (64 bytes, [row r][4 values]) at 512 Q + 64 l + UNPACKED k, (q - 32) x digit k of sc_r, row r's int8 scale of
+    16-value sub-block 2 Q + l // 4 (sub_scales[s_at + 16 j + r]), the digits d0, d1, d2 in -3..4 with
+    sc = 64 d2 + 8 d1 + d0 (d0 = (sc + 3 mod 8) - 3, and so on): each product in -128..124, an int8. The products
+    by vpmullw on each byte of a pair, sign-extended to 16 bits."""
 
+    def codegen(context, builder, signature, args):
+        i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        w16, w32, b16, b64 = (
+            ir.VectorType(i16, 16),
+            ir.VectorType(i16, 32),
+            ir.VectorType(i8, 16),
+            ir.VectorType(i8, 64),
+        )
 
-@njit(inline="always")
-def _unpack(qtype, tile_quants, unpacked, n_super, lane_bytes):
-    """A tile's quants (superblock_tiles.py, the values' order) one byte a value, as B tiles: super-block sb's quad Q
-    at UNPACKED sb + 512 Q, [lane][row][4 values] (sub-block Q of Q4_K, Q5_K: 8 B rows; Q6_K's 16-value sub-blocks
-    2 Q, 2 Q + 1 its lanes 0-3 and 4-7: 4 B rows each), Q6_K's as q - 32 (int8 bits)."""
-    for sb in range(n_super):
-        src = 8 * lane_bytes * sb
-        dst = UNPACKED * sb
-        for c in range(4):  # vector c: quad 2 c's values in its low nibbles, 2 c + 1's in its high ones
-            low_at, high_at = dst + 1024 * c, dst + 1024 * c + 512
-            v_at = src + 512 * c
-            if qtype == Q4_K:
-                for j in range(512):
-                    v = tile_quants[v_at + j]
-                    unpacked[low_at + j] = v & 15
-                    unpacked[high_at + j] = v >> 4
-            elif qtype == Q5_K:  # vector 4: bit Q of each byte quad Q's 5th bit
-                for j in range(512):
-                    v = tile_quants[v_at + j]
-                    bits = tile_quants[src + 2048 + j] >> (2 * c)
-                    unpacked[low_at + j] = (v & 15) | ((bits & 1) << 4)
-                    unpacked[high_at + j] = (v >> 4) | ((bits & 2) << 3)
-            else:  # vector 4 + c // 2: bits 2 q, 2 q + 1 of each byte quad 4 (c // 2) + q's 5th and 6th
-                shift = 4 * (c % 2)
-                for j in range(512):
-                    v = tile_quants[v_at + j]
-                    bits = tile_quants[src + 2048 + 512 * (c // 2) + j] >> shift
-                    unpacked[low_at + j] = ((v & 15) | ((bits & 3) << 4)) + 224  # q - 32 mod 256
-                    unpacked[high_at + j] = ((v >> 4) | ((bits & 12) << 2)) + 224
+        def data(index):
+            return context.make_array(signature.args[index])(context, builder, args[index]).data
+
+        def pointer(base, at, offset, vector_type):
+            where = builder.gep(base, [builder.add(at, ir.Constant(i64, offset))])
+            return builder.bitcast(where, vector_type.as_pointer())
+
+        def splat(vector_type, value):
+            return ir.Constant(vector_type, [value] * vector_type.count)
+
+        by_pairs = ir.Constant(ir.VectorType(i32, 32), [i // 2 for i in range(32)])
+        src, dst = data(0), data(4)
+        digit_words = {}
+        for j in range(16):  # sub-block j's scales of the 16 rows, as 3 digits, each a word per byte pair
+            scale = builder.sext(builder.load(pointer(data(2), args[3], 16 * j, b16), align=1), w16)
+            rest = scale
+            for k in range(3):
+                digit = builder.sub(builder.and_(builder.add(rest, splat(w16, 3)), splat(w16, 7)), splat(w16, 3))
+                rest = builder.ashr(builder.sub(rest, digit), splat(w16, 3))
+                digit_words[j, k] = builder.shuffle_vector(digit, ir.Constant(w16, None), by_pairs)
+        for c in range(4):  # vector c: quad 2 c's low nibbles in its low nibbles, 2 c + 1's in its high ones
+            for lane in range(8):
+                packed = builder.load(pointer(src, args[1], 512 * c + 64 * lane, b64), align=1)
+                high_bits = builder.load(pointer(src, args[1], 2048 + 512 * (c // 2) + 64 * lane, b64), align=1)
+                for h in range(2):  # quad 2 c + h: its 5th and 6th bits at bits 2 (quad % 4) of vector 4 + quad // 4
+                    quad = 2 * c + h
+                    low = builder.and_(packed, splat(b64, 15)) if h == 0 else builder.lshr(packed, splat(b64, 4))
+                    top = builder.and_(builder.lshr(high_bits, splat(b64, 2 * (quad % 4))), splat(b64, 3))
+                    value = builder.sub(builder.or_(low, builder.shl(top, splat(b64, 4))), splat(b64, 32))
+                    words = builder.bitcast(value, w32)
+                    even = builder.ashr(builder.shl(words, splat(w32, 8)), splat(w32, 8))
+                    odd = builder.ashr(words, splat(w32, 8))
+                    for k in range(3):
+                        digit = digit_words[2 * quad + lane // 4, k]
+                        product = builder.or_(
+                            builder.and_(builder.mul(even, digit), splat(w32, 0xFF)),
+                            builder.shl(builder.mul(odd, digit), splat(w32, 8)),
+                        )
+                        at = UNPACKED * k + 512 * quad + 64 * lane
+                        builder.store(product, pointer(dst, args[5], at, w32), align=1)
+        return context.get_dummy_value()
+
+    return types.void(quants, types.intp, sub_scales, types.intp, digits, types.intp), codegen
 
 
 @functools.cache
@@ -426,23 +347,12 @@ def kernel(qtype: int, tier_name: str):
     return amx_tiles_k(qtype, cpu.get(tier_name))
 
 
-@functools.cache
-def _config(qtype: int) -> np.ndarray:
-    return config(qtype)
+CONFIG = amx.config_bytes()  # every tile 16 rows of 64 bytes
 
 
-def matmul(kernel, qtype: int, tiles, a, out: np.ndarray) -> np.ndarray:
+def matmul(kernel, tiles, a, out: np.ndarray) -> np.ndarray:
     """out (T16, N) = tiles (superblock_tiles.py, the values' order) times the first T16 rows of the Q8_K
     activations a (Q8KBlocks, quantize_q8_k)."""
     return kernel(
-        tiles.quants,
-        tiles.scales,
-        tiles.mins,
-        tiles.sub_scales,
-        a.q,
-        a.d,
-        a.sum32,
-        out,
-        _config(int(qtype)),
-        get_num_threads(),
+        tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, a.q, a.d, a.sum32, out, CONFIG, get_num_threads()
     )
