@@ -79,27 +79,23 @@ def amx_tiles_k(qtype: int, tier: Tier):
         w_stride = np.int64(64)
         c_stride = np.int64(TILE_ROWS * 4)
         c_tile = ROWS * TILE_ROWS
-        # the activations' A tiles, each 16 rows of 64 bytes in a row, [16 rows][chunk of 64]: rows k bytes apart
-        # put a tile's 16 lines in two L1 sets for k a multiple of 2048
-        packed = _aligned(n_tok * k).view(np.int8)
-        for t in range(n_tok):
-            row = a[t]
-            at = (t - t % ROWS) * k + 64 * (t % ROWS)
-            for chunk in range(k // 64):
-                for i in range(64):
-                    packed[at + 1024 * chunk + i] = row[64 * chunk + i]
+        packed = _a_tiles(a, n_tok)
         parts = max(1, min(threads, n_tiles))
+        # each part's scratch; the tiles' buffers on cache lines (a tile row of 64 bytes in one line, not two)
+        scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 3 * c_tile
+        all_scratch = _aligned(parts * scratch_bytes)
+        all_pairs = np.empty((parts, 2, 4 * TILE_ROWS), np.int32)
+        all_acc = np.empty((parts, 2, TOKEN_BLOCK * TILE_ROWS), np.float32)
+        all_spill = np.empty((parts, TILE_ROWS), np.float32)
         for part in prange(parts):
             first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
-            digits = _aligned(2 * DIGIT_BYTES)  # two super-blocks' B tiles, in turn
-            pairs = np.empty(4 * TILE_ROWS, np.int32)  # Q4_K's, Q5_K's scale pairs (k4_tile_pairs)
-            min_pairs = np.empty(4 * TILE_ROWS, np.int32)
-            sums = _aligned(4 * 2 * 3 * c_tile).view(
-                np.int32
-            )  # two products' three C tiles, in turn, each [token][row]
-            acc = np.empty(TOKEN_BLOCK * TILE_ROWS, np.float32)  # a block of tokens' float sums, [token][row]
-            acc_mins = np.empty(TOKEN_BLOCK * TILE_ROWS if has_mins else 0, np.float32)
-            spill = np.empty(TILE_ROWS, np.float32)
+            scratch = all_scratch[part * scratch_bytes : (part + 1) * scratch_bytes]
+            digits = scratch[: 2 * DIGIT_BYTES]  # two super-blocks' B tiles, in turn
+            sums = scratch[2 * DIGIT_BYTES :].view(np.int32)  # two products' three C tiles, in turn, [token][row]
+            pairs, min_pairs = all_pairs[part, 0], all_pairs[part, 1]  # Q4_K's, Q5_K's (k4_tile_pairs)
+            acc = all_acc[part, 0]  # a block of tokens' float sums, [token][row]
+            acc_mins = all_acc[part, 1] if has_mins else all_acc[part, 1, :0]
+            spill = all_spill[part]
             tile_load_config(config)
             for t0 in range(0, n_tok, TOKEN_BLOCK):  # its activations stay in L2 over the part's tiles
                 t1 = min(n_tok, t0 + TOKEN_BLOCK)
@@ -163,9 +159,23 @@ def amx_tiles_k(qtype: int, tier: Tier):
     return matmul_amx_k
 
 
+@njit(cache=True)
+def _a_tiles(a, n_tok):
+    """The first n_tok rows of a (T, K) int8 as A tiles, [16 rows][chunk of 64 values][row][64 bytes], each 1 KB
+    in a row: rows K bytes apart put a tile's 16 lines in two L1 sets for K a multiple of 2048."""
+    k = a.shape[1]
+    packed = _aligned(n_tok * k).view(np.int8)
+    for t in range(n_tok):
+        at = (t - t % ROWS) * k + 64 * (t % ROWS)
+        for chunk in range(k // 64):
+            for i in range(64):
+                packed[at + 1024 * chunk + i] = a[t, 64 * chunk + i]
+    return packed
+
+
 @njit(inline="always")
 def _aligned(n_bytes):
-    """n_bytes uninitialized bytes starting on a cache line: a tile row of 64 bytes in one line, not two."""
+    """n_bytes uninitialized bytes starting on a cache line."""
     raw = np.empty(n_bytes + 64, np.uint8)
     skip = -raw.ctypes.data % 64
     return raw[skip : skip + n_bytes]
