@@ -143,10 +143,22 @@ def amx_tiles_k(qtype: int, tier: Tier):
                                     min_row,
                                     d,
                                     shift,
+                                    has_mins,
                                 )
                             done += 1
                     _float_steps(
-                        sums, (done - 1) % 2, acc, acc_mins, t1 - ROWS, t0, n_super - 1, scale_row, min_row, d, shift
+                        sums,
+                        (done - 1) % 2,
+                        acc,
+                        acc_mins,
+                        t1 - ROWS,
+                        t0,
+                        n_super - 1,
+                        scale_row,
+                        min_row,
+                        d,
+                        shift,
+                        has_mins,
                     )
                     n0 = tile * TILE_ROWS
                     for t in range(t0, t1):
@@ -191,29 +203,28 @@ def _product(c, a, b, unsigned):
 
 
 @njit(inline="always")
-def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, d, shift):
+def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, d, shift, has_mins):
     """tiles_k's float steps of super-block sb for tokens g.. g + 15 (in acc from t0) from their C tiles in `sums`
     buffer `buffer`:
-    Q4_K, Q5_K the integer sum 2^shift C_hi + C_lo and the mins' sum C_mins; Q6_K (acc_mins empty) the integer sum
-    C0 + 8 C1 + 64 C2."""
+    Q4_K, Q5_K (has_mins) the integer sum 2^shift C_hi + C_lo and the mins' sum C_mins; Q6_K the integer sum
+    C0 + 8 C1 + 64 C2. (Unsigned token indices: no negative-index wraparound.)"""
     c_tile = ROWS * TILE_ROWS
     base = 3 * c_tile * buffer
     dw = load16_f16(scale_row, TILE_ROWS * sb)
-    has_mins = acc_mins.size != 0
     for t in range(ROWS):
         at = TILE_ROWS * t
         total = load16(sums, base + c_tile + at) * (1 << shift) + load16(sums, base + at)
         if not has_mins:
             total = total + load16(sums, base + 2 * c_tile + at) * 64
         row = TILE_ROWS * (g - t0 + t)
-        store16(acc, row, load16(acc, row) + (dw * d[g + t, sb]) * to_float(total))
+        store16(acc, row, load16(acc, row) + (dw * d[np.uint64(g + t), sb]) * to_float(total))
     if has_mins:
         dmin = load16_f16(min_row, TILE_ROWS * sb)
         for t in range(ROWS):
             at = TILE_ROWS * t
             row = TILE_ROWS * (g - t0 + t)
             sum_mins = load16(sums, base + 2 * c_tile + at)
-            store16(acc_mins, row, load16(acc_mins, row) + (dmin * d[g + t, sb]) * to_float(sum_mins))
+            store16(acc_mins, row, load16(acc_mins, row) + (dmin * d[np.uint64(g + t), sb]) * to_float(sum_mins))
 
 
 @intrinsic(prefer_literal=True)
