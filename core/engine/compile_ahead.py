@@ -39,8 +39,8 @@ from miro.core.kernels.weight_types import WEIGHT_TYPES
 WORKERS_ENV = "MIRO_COMPILE_WORKERS"
 # CPU seconds a unit took on the avx512-vnni tier (2 cores, benchmarks/cold_start.py): the order units are dealt in
 _COST = {"attention": 12.0, "experts": 8.0, "linear": 6.0, "pointwise": 1.0}
-_ROWS = (1, 17)  # activation rows a unit's Linear is called with: one decode row; past every tile pass's rows
-#                  (and AMX's 16, amx_tiles.py)
+_ROWS = (1, 33)  # activation rows a unit's Linear is called with: one decode row; past every tile pass's rows
+#                  (and AMX's 16 a tile, amx_tiles.py, from the K-quants' 32, amx_superblocks.MIN_ROWS)
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Unit:
             kernels = row.kernels_on(cpu.TIER)  # the loop shapes its layout on this tier calls
             names = ("tiles",) if row.plan(cpu.TIER).layout == "tiles" else ("rows", "lanes")
             found = [getattr(kernels, name, None) for name in names]
-            if names == ("tiles",):  # and AMX's dots for 16 rows at a time where they run (amx_tiles.py)
+            if names == ("tiles",):  # and AMX's dots for 16 rows at a time where they run (amx_tiles.kernel)
                 from miro.core.kernels import amx_tiles
 
                 if amx_tiles.usable(self.args[0], cpu.TIER):
@@ -277,7 +277,7 @@ def _linear(qtype: GGMLQuantizationType, fmt: str) -> None:
 
 def _experts(qtype: GGMLQuantizationType, activation: str) -> None:
     """Two experts of this type (a router of float32 as llama.cpp's quantizer leaves it) run through run_experts
-    at 1 and 17 rows, both experts chosen for every row."""
+    at 1 and 33 rows, both experts chosen for every row."""
     from miro.core.layers import pointwise
     from miro.core.layers.moe import Experts, Routing, run_experts
     from miro.core.loading.gguf_file import TensorInfo

@@ -29,7 +29,7 @@ from miro.core.kernels import amx, cpu
 from miro.core.kernels.amx import _tile_product, tile_load, tile_load_config, tile_release, tile_store, tile_zero
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
-from miro.core.kernels.quant_blocks import Q4_0, Q4_1, Q8_0
+from miro.core.kernels.quant_blocks import Q4_0, Q4_1, Q8_0, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import load16, load16_f16, zeros16
 from miro.core.kernels.tile_kernels import FLOAT_BIAS, _constants, _float_bias, _step, _store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
@@ -48,10 +48,11 @@ def runs_on(tier: Tier) -> bool:
 
 
 def usable(qtype: int, tier: Tier) -> bool:
-    """Whether a layer of this type on this tier takes the AMX kernel for its rows in whole A tiles: its row of the
-    weight-type table says so (`faster_on_amx`: Q4_1, whose float steps are the longest, 5 instructions, so the
-    dots' share the kernel moves to AMX the largest; Q4_0 and Q8_0, 3 and 4, measured 0.95-1.07x the VNNI kernel at
-    64 rows and as low as 0.6x at 512, one core, load 4-6) and AMX runs here."""
+    """Whether a layer of this type on this tier takes an AMX kernel (`kernel`) for its rows in whole A tiles: its
+    row of the weight-type table says so (`faster_on_amx`: Q4_1, whose float steps are the longest, 5
+    instructions, so the dots' share the kernel moves to AMX the largest; Q4_0 and Q8_0, 3 and 4, measured
+    0.95-1.07x the VNNI kernel at 64 rows and as low as 0.6x at 512, one core, load 4-6; Q4_K, Q5_K and Q6_K,
+    amx_superblocks.py) and AMX runs here."""
     from miro.core.kernels.weight_types import WEIGHT_TYPES  # the table imports the kernels, not this module
 
     row = WEIGHT_TYPES.get(int(qtype))
@@ -325,7 +326,12 @@ def _sum(sums, at, start, s_at, begins):
 
 @functools.cache
 def kernel(qtype: int, tier_name: str):
-    """amx_tiles_32's kernel for a type on a tier (by name), made once per process."""
+    """The AMX kernel for a type on a tier (by name), made once per process: amx_tiles_32's, or for the K-quants
+    amx_superblocks.amx_tiles_k's."""
+    if int(qtype) in SUPERBLOCK_TYPES:
+        from miro.core.kernels import amx_superblocks  # it imports this module
+
+        return amx_superblocks.amx_tiles_k(qtype, cpu.get(tier_name))
     return amx_tiles_32(qtype, cpu.get(tier_name))
 
 

@@ -187,8 +187,9 @@ class WeightType:
     kernels: KernelFamily | None  # its kernel family; F32_FALLBACK (None): no native kernel
     tile_tokens: Mapping[int, int] = field(default_factory=dict)  # vector width -> activation rows per tile pass
     speedup: Mapping[str, float] = field(default_factory=dict)  # measured tier -> native / f32 throughput
-    # whether a layer takes amx_tiles.py's AMX int8 dots (16 activation rows at a time, the same bits) where AMX
-    # runs: Q4_1 only, 1.2-1.35x its VNNI tile kernel at 64 rows; Q4_0 and Q8_0 measured 0.6-1.07x (stop 47)
+    # whether a layer takes AMX int8 dots (16 activation rows at a time, the same bits) where AMX runs: Q4_1
+    # (amx_tiles.py), 1.2-1.35x its VNNI tile kernel at 64 rows, Q4_0 and Q8_0 measured 0.6-1.07x (stop 47); Q4_K,
+    # Q5_K, Q6_K (amx_superblocks.py, from amx_superblocks.MIN_ROWS rows), 1.3-2x tiles_k at 64-512 rows
     faster_on_amx: bool = False
 
     def __post_init__(self):
@@ -317,6 +318,7 @@ _ROWS_OF_THE_TABLE = (
         SUPERBLOCKS,
         {512: 16, 256: 16},
         speedup={"avx512-vnni": 1.69, "avx2": 2.01},
+        faster_on_amx=True,
     ),
     WeightType(
         Q.Q5_K,
@@ -327,6 +329,7 @@ _ROWS_OF_THE_TABLE = (
         SUPERBLOCKS,
         {512: 16, 256: 16},
         speedup={"avx512-vnni": 1.61, "avx2": 1.8},
+        faster_on_amx=True,
     ),
     WeightType(
         Q.Q6_K,
@@ -337,6 +340,7 @@ _ROWS_OF_THE_TABLE = (
         SUPERBLOCKS,
         {512: 16, 256: 16},
         speedup={"avx512-vnni": 1.53, "avx2": 1.53},
+        faster_on_amx=True,
     ),
 )
 

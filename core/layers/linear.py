@@ -25,7 +25,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from miro.core.loading.gguf_file import TensorInfo, release_pages
-from miro.core.kernels import amx_bf16, amx_tiles, cpu, quant_kernels
+from miro.core.kernels import amx_bf16, amx_superblocks, amx_tiles, cpu, quant_kernels
 from miro.core.layers import encoder
 from miro.core.kernels.amx_bf16 import matmul_amx_bf16
 from miro.core.kernels.bf16_gemm import matmul_bf16, pack_bf16
@@ -33,6 +33,7 @@ from miro.core.kernels.int16_gemm import matmul_i16, pack_i16
 from miro.core.kernels.f32_gemm import matmul_invariant, pack_panels
 from miro.core.kernels.quantize_activations import (
     Q8Blocks,
+    Q8KBlocks,
     quantize_q8_32,
     quantize_q8_32_columns,
     quantize_q8_k,
@@ -136,7 +137,7 @@ class Linear:
             0 if np.shares_memory(raw, parts[0]) else raw.nbytes
         )  # a copy only when fusing scattered parts
         self._tiles = None
-        self._amx_tiles = None  # Q4_1 tiles on AMX: amx_tiles.py's kernel, 16 rows at a time (the same bits)
+        self._amx_tiles = None  # tiles on AMX (amx_tiles.kernel: Q4_1, the K-quants), 16 rows at a time, the same bits
         self.batch_invariant = invariant or fmt in BATCH_INVARIANT_FORMATS
         self._amx = False  # fmt="bf16" on AMX: amx_bf16.py's kernel (its own bits) rather than vdpbf16ps
         if fmt == "bf16":
@@ -232,7 +233,16 @@ class Linear:
         if self._tiles is not None:  # repacked at load: the tile kernel for every row count (plan.passes)
             natural = natural_order(self.type, self.tier)  # the activations in the tiles' order
             t, a = self._tiles, (quantize_q8_k if natural else quantize_q8_k_quads)(x)
-            return kernels.tiles(t.quants, t.scales, t.mins, t.sub_scales, a.q, a.d, a.sum32, out)
+            on_amx = n_tok - n_tok % amx_tiles.ROWS if self._amx_tiles is not None else 0
+            if on_amx < amx_superblocks.MIN_ROWS:  # tiles_k's: AMX's weight digits would serve too few rows
+                on_amx = 0
+            if on_amx:  # AMX's dots for 16 rows at a time, the same bits; the rows past them tiles_k's
+                amx_superblocks.matmul(self._amx_tiles, t, a, out[:on_amx])
+                if on_amx == n_tok:
+                    return out
+                a = Q8KBlocks(a.q[on_amx:], a.d[on_amx:], a.sum32[on_amx:])
+            kernels.tiles(t.quants, t.scales, t.mins, t.sub_scales, a.q, a.d, a.sum32, out[on_amx:])
+            return out
         if n_tok < plan.lanes_from:
             a = quantize_q8_k(x)
             return kernels.rows(self._w, a.q, a.d, a.sum32, out, 16)

@@ -1,7 +1,8 @@
-"""core/kernels/amx_tiles.py: where AMX runs, its product of Q4_0, Q4_1 and Q8_0 tiles bit for bit the VNNI tile
-kernel's, at row counts of one and several A tiles, a short last weight tile, and activations large enough that
-their Q8_1 sums overflow float16; a Q4_1 layer takes it for the rows in whole A tiles and the VNNI kernel for the
-rest."""
+"""core/kernels/amx_tiles.py and amx_superblocks.py: where AMX runs, their products of Q4_0, Q4_1 and Q8_0 tiles,
+and of Q4_K, Q5_K and Q6_K tiles, bit for bit the VNNI tile kernels' (and the K-quants' the portable kernel's), at
+row counts of one and several A tiles, a short last weight tile, and activations large enough that their Q8_1 sums
+overflow float16; a Q4_1 or K-quant layer takes AMX for the rows in whole A tiles and the VNNI kernel for the
+rest, and a K-quant layer the VNNI kernel alone below amx_superblocks.MIN_ROWS rows."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from miro.core.kernels import amx, amx_tiles, cpu
-from miro.core.kernels.quantize_activations import quantize_q8_32
+from miro.core.kernels import amx, amx_superblocks, amx_tiles, cpu
+from miro.core.kernels.quantize_activations import quantize_q8_32, quantize_q8_k
 from miro.core.kernels.weight_types import WEIGHT_TYPES
 from miro.core.layers.linear import Linear
 from test_quant_linear import activations, random_tensor
@@ -37,7 +38,7 @@ def test_amx_gives_the_vnni_tile_kernels_bits(qtype, n_rows):
     vnni = WEIGHT_TYPES[qtype].kernels_on(VNNI).tiles
     expected = vnni(tiles.quants, tiles.scales, tiles.mins, a.q, a.d, a.s, a.qsum, np.empty((n_rows, 40), np.float32))
     got = amx_tiles.matmul(amx_tiles.kernel(int(qtype), VNNI.name), tiles, a, np.empty((n_rows, 40), np.float32))
-    assert amx_tiles.usable(int(qtype), VNNI) == (qtype == Q.Q4_1)  # the types layers take it for
+    assert amx_tiles.usable(int(qtype), VNNI) == (qtype == Q.Q4_1)  # the block-32 types layers take it for
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
@@ -50,10 +51,45 @@ def test_the_layer_takes_amx_for_whole_a_tiles_and_the_vnni_kernel_for_the_rest(
     np.testing.assert_array_equal(layer(x).view(np.uint32), portable(x).view(np.uint32))
 
 
-def test_miro_amx_0_keeps_the_vnni_kernel():
+K_QUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+
+
+@needs_amx
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize(("n_rows", "k", "n"), [(16, 512, 40), (32, 768, 48), (48, 256, 16), (160, 1024, 32)])
+def test_amx_gives_the_k_quant_tile_kernels_bits(qtype, n_rows, k, n):
+    """Random bytes: every sub-block scale (Q4_K's, Q5_K's 6-bit ones up to 63, Q6_K's int8 ones from -128) and
+    value; 160 rows: more than one block of amx_superblocks.TOKEN_BLOCK rows."""
+    tensor = random_tensor(qtype, n, k, seed=n_rows)
+    layer = Linear(tensor, tier="avx512-vnni")
+    x = activations(n_rows, k, seed=int(qtype))
+    a, tiles = quantize_q8_k(x), layer._tiles
+    vnni = WEIGHT_TYPES[qtype].kernels_on(VNNI).tiles
+    out = np.empty((n_rows, n), np.float32)
+    expected = vnni(tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, a.q, a.d, a.sum32, out)
+    got = amx_superblocks.matmul(amx_tiles.kernel(int(qtype), VNNI.name), tiles, a, np.empty((n_rows, n), np.float32))
+    assert amx_tiles.usable(int(qtype), VNNI)
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    portable = Linear(tensor, tier="portable")(x)
+    np.testing.assert_array_equal(got.view(np.uint32), portable.view(np.uint32))
+
+
+@needs_amx
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_rows", [17, 45])
+def test_a_k_quant_layer_takes_amx_for_whole_a_tiles_from_min_rows_and_the_vnni_kernel_for_the_rest(qtype, n_rows):
+    tensor = random_tensor(qtype, 40, 512)
+    layer, portable = Linear(tensor, tier="avx512-vnni"), Linear(tensor, tier="portable")
+    assert layer._amx_tiles is not None
+    x = activations(n_rows, 512)  # 17: below MIN_ROWS, all on the VNNI kernel; 45: 32 rows on AMX, 13 on it
+    np.testing.assert_array_equal(layer(x).view(np.uint32), portable(x).view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, *K_QUANTS], ids=lambda t: t.name)
+def test_miro_amx_0_keeps_the_vnni_kernel(qtype):
     code = (
         "from gguf import GGMLQuantizationType as Q; from miro.core.kernels import amx_tiles, cpu; "
-        "print(amx_tiles.usable(int(Q.Q4_1), cpu.TIERS['avx512-vnni']))"
+        f"print(amx_tiles.usable(int(Q.{qtype.name}), cpu.TIERS['avx512-vnni']))"
     )
     env = {**os.environ, "MIRO_AMX": "0"}
     line = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout

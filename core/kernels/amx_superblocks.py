@@ -1,0 +1,379 @@
+"""The K-quant tile kernel's integer dots on AMX (amx.py): Q4_K, Q5_K and Q6_K tiles (superblock_tiles.py, in the
+values' order of 512-bit VNNI tiers) times 16 activation rows at a time, each super-block's exact int32 sums per
+(token, weight row) by TDPBxxD, then tile_kernels.tiles_k's float steps: the same integers, the same float
+operations in the same order, so the same bits.
+
+tiles_k on those tiers (int8_dots.superblock_unit_vnni) builds sum over the values v of q_v sc_j(v) a_v (sc_j the
+sub-block's scale) by vpdpbusd and vpdpwssd: about 117 instructions per super-block, 16 weight rows and token.
+TDPBxxD has no per-sub-block scale, and one product per sub-block (16 x 16 x 32, Q6_K's x 16) would leave a
+store, a load, a vpmulld and a vpaddd per sub-block and token (measured about the VNNI kernel's time). Here the
+scales go into the weights instead, split into digits small enough that weight x digit fits a byte:
+
+- Q4_K: sc (< 64) = 16 hi + lo, q x lo <= 15 x 15 and q x hi <= 15 x 3; Q5_K: sc = 8 hi + lo, q x lo and q x hi
+  <= 31 x 7 (unsigned, TDPBSUD), so sum q sc a = 2^shift C_hi + C_lo; the mins' sum, sum over sub-blocks of
+  m_j x (the activations' 32-value sum j), is a third product, against weights m_j(v) (tiles_k's mins_dot);
+- Q6_K: sc (int8) = 64 d2 + 8 d1 + d0, digits in -3..4, (q - 32) x d in -128..124 (signed, TDPBSSD), so
+  sum (q - 32) sc a = C0 + 8 C1 + 64 C2 (tiles_k's Q6_K sum, offset included).
+
+Per tile of 16 weight rows and super-block its three B-tile sets (3 x 4 KB, `digit_tiles`, by vpmullw on byte
+pairs) are made once, then used by every 16 activation rows (A: the Q8_K activations, repacked once per call so
+that each A tile's 16 rows of 64 bytes lie in a row): 12 TDPBxxD over the super-block's 4 chunks of 64 values
+and 3 tile stores; a product later (its stores' latency behind the next), per token, 2 shifts and adds and the
+float steps. Rows past the last multiple of 16, and calls of fewer than MIN_ROWS rows, whose digits would be
+made for too few tokens to pay, are tiles_k's (Linear._matmul_superblocks).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from llvmlite import ir
+from numba import get_num_threads, njit, prange, types
+from numba.core.extending import intrinsic
+
+from miro.core.kernels import amx, cpu
+from miro.core.kernels.amx import _tile_product, tile_dpbssd, tile_load, tile_load_config, tile_release, tile_store
+from miro.core.kernels.amx import tile_zero
+from miro.core.kernels.amx_tiles import ROWS, runs_on
+from miro.core.kernels.cache_key import HELPERS, cached_variant
+from miro.core.kernels.cpu import Tier
+from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
+from miro.core.kernels.simd import load16, load16_f16, store16, to_float
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
+from miro.core.kernels.tile_kernels import _store_tile_row
+from miro.core.kernels.tiles import TILE_ROWS
+
+tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
+TOKEN_BLOCK = 128  # activation rows a part takes over all its tiles before the next: 128 x K bytes stay in L2
+MIN_ROWS = 32  # activation rows from which a layer takes this kernel (fewer: tiles_k's, faster there)
+UNPACKED = 256 * TILE_ROWS  # bytes of one B-tile set of a super-block: [chunk of 64 values][16 x 4 values][row]
+DIGIT_BYTES = 3 * UNPACKED  # a super-block's three B-tile sets
+DIGIT_SHIFT = {Q4_K: 4, Q5_K: 3}  # Q4_K's, Q5_K's scale digits: sc = 2^shift hi + lo
+
+
+def amx_tiles_k(qtype: int, tier: Tier):
+    """kernel(quants, scales, mins, sub_scales, a, d, sum32, out, config, threads): tile_kernels.tiles_k's product
+    for the first rows of the Q8_K activations a (quantize_q8_k), as many as out has (a multiple of 16); None for
+    other types or where it does not run."""
+    qtype = int(qtype)
+    if qtype not in SUPERBLOCK_TYPES or not runs_on(tier):
+        return None
+    amx.require()
+    has_mins = qtype != Q6_K
+    shift = DIGIT_SHIFT.get(qtype, 3)  # Q6_K's digits: base 8
+    lane_bytes = LANE_BYTES[qtype]
+    helpers = HELPERS
+
+    @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_amx", parallel=True)
+    def matmul_amx_k(quants, scales, mins, sub_scales, a, d, sum32, out, config, threads):
+        """out (T16, N) = the tiles of N rows times the first T16 rows of a (T, K) int8 in the values' order; d
+        (T, K / 256); sum32 unused (the mins' sums are a product)."""
+        helpers  # in numba's cache key: see cache_key.py
+        n_tok = out.shape[0]
+        k = a.shape[1]
+        n_super = k // 256
+        n_tiles = quants.shape[0]
+        a_stride = np.int64(k)
+        w_stride = np.int64(64)
+        c_stride = np.int64(TILE_ROWS * 4)
+        c_tile = ROWS * TILE_ROWS
+        packed = _a_tiles(a, n_tok)
+        parts = max(1, min(threads, n_tiles))
+        # each part's scratch; the tiles' buffers on cache lines (a tile row of 64 bytes in one line, not two)
+        scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 3 * c_tile
+        all_scratch = _aligned(parts * scratch_bytes)
+        all_pairs = np.empty((parts, 2, 4 * TILE_ROWS), np.int32)
+        all_acc = np.empty((parts, 2, TOKEN_BLOCK * TILE_ROWS), np.float32)
+        all_spill = np.empty((parts, TILE_ROWS), np.float32)
+        for part in prange(parts):
+            first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
+            scratch = all_scratch[part * scratch_bytes : (part + 1) * scratch_bytes]
+            digits = scratch[: 2 * DIGIT_BYTES]  # two super-blocks' B tiles, in turn
+            sums = scratch[2 * DIGIT_BYTES :].view(np.int32)  # two products' three C tiles, in turn, [token][row]
+            pairs, min_pairs = all_pairs[part, 0], all_pairs[part, 1]  # Q4_K's, Q5_K's (k4_tile_pairs)
+            acc = all_acc[part, 0]  # a block of tokens' float sums, [token][row]
+            acc_mins = all_acc[part, 1] if has_mins else all_acc[part, 1, :0]
+            spill = all_spill[part]
+            tile_load_config(config)
+            for t0 in range(0, n_tok, TOKEN_BLOCK):  # its activations stay in L2 over the part's tiles
+                t1 = min(n_tok, t0 + TOKEN_BLOCK)
+                for tile in range(first, last):
+                    tile_quants, tile_sub_scales = quants[tile], sub_scales[tile]
+                    scale_row, min_row = scales[tile], mins[tile]
+                    acc[:] = 0
+                    acc_mins[:] = 0
+                    done = 0  # products made: the one before is scaled after each
+                    for sb in range(n_super):  # a super-block's B tiles stay in L1 over the token groups
+                        w_at = np.int64(DIGIT_BYTES * (sb % 2))
+                        if has_mins:
+                            k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, 0, min_pairs, 0)
+                            digit_tiles(tile_quants, 8 * lane_bytes * sb, pairs, min_pairs, digits, w_at, qtype, shift)
+                        else:
+                            q6_k_digit_tiles(tile_quants, 8 * lane_bytes * sb, tile_sub_scales, 256 * sb, digits, w_at)
+                        for g in range(t0, t1, ROWS):  # its three products for 16 tokens, in buffer `done % 2`
+                            a_at = np.int64(g) * a_stride + 4096 * sb
+                            c_at = np.int64(4 * 3 * c_tile * (done % 2))
+                            tile_zero(0)
+                            tile_zero(1)
+                            tile_zero(2)
+                            for c in range(4):
+                                tile_load(3, packed, a_at + 1024 * c, w_stride)
+                                tile_load(4, digits, w_at + 1024 * c, w_stride)
+                                _product(0, 3, 4, has_mins)
+                                tile_load(5, digits, w_at + UNPACKED + 1024 * c, w_stride)
+                                _product(1, 3, 5, has_mins)
+                                tile_load(6, digits, w_at + 2 * UNPACKED + 1024 * c, w_stride)
+                                _product(2, 3, 6, has_mins)
+                            tile_store(0, sums, c_at, c_stride)
+                            tile_store(1, sums, c_at + 4 * c_tile, c_stride)
+                            tile_store(2, sums, c_at + 8 * c_tile, c_stride)
+                            if done:  # the product before: its float steps (its stores' latency behind this one)
+                                before, before_sb = (g - ROWS, sb) if g > t0 else (t1 - ROWS, sb - 1)
+                                _float_steps(
+                                    sums,
+                                    (done - 1) % 2,
+                                    acc,
+                                    acc_mins,
+                                    before,
+                                    t0,
+                                    before_sb,
+                                    scale_row,
+                                    min_row,
+                                    d,
+                                    shift,
+                                    has_mins,
+                                )
+                            done += 1
+                    _float_steps(
+                        sums,
+                        (done - 1) % 2,
+                        acc,
+                        acc_mins,
+                        t1 - ROWS,
+                        t0,
+                        n_super - 1,
+                        scale_row,
+                        min_row,
+                        d,
+                        shift,
+                        has_mins,
+                    )
+                    n0 = tile * TILE_ROWS
+                    for t in range(t0, t1):
+                        at = TILE_ROWS * (t - t0)
+                        total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
+                        _store_tile_row(out, t, n0, total, spill)
+            tile_release()
+        return out
+
+    return matmul_amx_k
+
+
+@njit(cache=True)
+def _a_tiles(a, n_tok):
+    """The first n_tok rows of a (T, K) int8 as A tiles, [16 rows][chunk of 64 values][row][64 bytes], each 1 KB
+    in a row: rows K bytes apart put a tile's 16 lines in two L1 sets for K a multiple of 2048."""
+    k = a.shape[1]
+    packed = _aligned(n_tok * k).view(np.int8)
+    for t in range(n_tok):
+        at = (t - t % ROWS) * k + 64 * (t % ROWS)
+        for chunk in range(k // 64):
+            for i in range(64):
+                packed[at + 1024 * chunk + i] = a[t, 64 * chunk + i]
+    return packed
+
+
+@njit(inline="always")
+def _aligned(n_bytes):
+    """n_bytes uninitialized bytes starting on a cache line."""
+    raw = np.empty(n_bytes + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip : skip + n_bytes]
+
+
+@njit(inline="always")
+def _product(c, a, b, unsigned):
+    """tmm c += tmm a (signed bytes) times tmm b, unsigned bytes (TDPBSUD) or signed (TDPBSSD)."""
+    if unsigned:
+        tile_dpbsud(c, a, b)
+    else:
+        tile_dpbssd(c, a, b)
+
+
+@njit(inline="always")
+def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, d, shift, has_mins):
+    """tiles_k's float steps of super-block sb for tokens g.. g + 15 (in acc from t0) from their C tiles in `sums`
+    buffer `buffer`:
+    Q4_K, Q5_K (has_mins) the integer sum 2^shift C_hi + C_lo and the mins' sum C_mins; Q6_K the integer sum
+    C0 + 8 C1 + 64 C2. (Unsigned token indices: no negative-index wraparound.)"""
+    c_tile = ROWS * TILE_ROWS
+    base = 3 * c_tile * buffer
+    dw = load16_f16(scale_row, TILE_ROWS * sb)
+    for t in range(ROWS):
+        at = TILE_ROWS * t
+        total = load16(sums, base + c_tile + at) * (1 << shift) + load16(sums, base + at)
+        if not has_mins:
+            total = total + load16(sums, base + 2 * c_tile + at) * 64
+        row = TILE_ROWS * (g - t0 + t)
+        store16(acc, row, load16(acc, row) + (dw * d[np.uint64(g + t), sb]) * to_float(total))
+    if has_mins:
+        dmin = load16_f16(min_row, TILE_ROWS * sb)
+        for t in range(ROWS):
+            at = TILE_ROWS * t
+            row = TILE_ROWS * (g - t0 + t)
+            sum_mins = load16(sums, base + 2 * c_tile + at)
+            store16(acc_mins, row, load16(acc_mins, row) + (dmin * d[np.uint64(g + t), sb]) * to_float(sum_mins))
+
+
+@intrinsic(prefer_literal=True)
+def digit_tiles(typingctx, quants, q_at, pairs, min_pairs, digits, d_at, qtype, shift):
+    """A Q4_K or Q5_K tile's super-block at quants[q_at:] (superblock_tiles.py, the values' order) as its B tiles
+    at digits[d_at:]: quad Q lane l (64 bytes, [row r][4 values]) at 512 Q + 64 l, value x (sc_r & (2^shift - 1));
+    UNPACKED further on value x (sc_r >> shift); 2 UNPACKED further on m_r; sc_r, m_r row r's scale and min of
+    sub-block Q from k4_tile_pairs' pairs and min_pairs (sub-block 2 j's the low int16 at 16 j + r, 2 j + 1's
+    the high). The products by vpmullw on byte pairs of one row: each < 256, so no carry between them."""
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (qtype, shift)):
+        return None
+    fifth_bits = qtype.literal_value == Q5_K
+    bits = shift.literal_value
+
+    def codegen(context, builder, signature, args):
+        i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        d16, w16, w32, b16, b64 = (
+            ir.VectorType(i32, 16),
+            ir.VectorType(i16, 16),
+            ir.VectorType(i16, 32),
+            ir.VectorType(i8, 16),
+            ir.VectorType(i8, 64),
+        )
+
+        def data(index):
+            return context.make_array(signature.args[index])(context, builder, args[index]).data
+
+        def pointer(base, at, offset, vector_type):
+            where = builder.gep(base, [builder.add(at, ir.Constant(i64, offset))])
+            return builder.bitcast(where, vector_type.as_pointer())
+
+        def splat_bytes(value):
+            return ir.Constant(b64, [value] * 64)
+
+        zero = ir.Constant(i64, 0)
+        by_pairs = ir.Constant(ir.VectorType(i32, 32), [i // 2 for i in range(32)])
+        by_fours = ir.Constant(ir.VectorType(i32, 64), [i // 4 for i in range(64)])
+        src, dst = data(0), data(4)
+        for c in range(4):  # vector c: quad 2 c in its low nibbles, 2 c + 1 in its high ones; pair c their scales
+            scale_pair = builder.load(pointer(data(2), zero, 16 * c, d16), align=4)
+            min_pair = builder.load(pointer(data(3), zero, 16 * c, d16), align=4)
+            factors = []
+            for h in range(2):
+                scales = builder.lshr(scale_pair, ir.Constant(d16, [16 * h] * 16))
+                scales = builder.and_(scales, ir.Constant(d16, [0xFFFF] * 16))
+                low = builder.trunc(builder.and_(scales, ir.Constant(d16, [(1 << bits) - 1] * 16)), w16)
+                high = builder.trunc(builder.lshr(scales, ir.Constant(d16, [bits] * 16)), w16)
+                mins = builder.trunc(builder.lshr(min_pair, ir.Constant(d16, [16 * h] * 16)), b16)
+                factors.append(
+                    (
+                        builder.shuffle_vector(low, ir.Constant(w16, None), by_pairs),
+                        builder.shuffle_vector(high, ir.Constant(w16, None), by_pairs),
+                        builder.shuffle_vector(mins, ir.Constant(b16, None), by_fours),
+                    )
+                )
+            for lane in range(8):
+                packed = builder.load(pointer(src, args[1], 512 * c + 64 * lane, b64), align=1)
+                values = [builder.and_(packed, splat_bytes(15)), builder.lshr(packed, splat_bytes(4))]
+                if fifth_bits:  # vector 4: bit Q of each byte quad Q's 5th bit
+                    fifth = builder.load(pointer(src, args[1], 2048 + 64 * lane, b64), align=1)
+                    for h in range(2):
+                        bit = builder.and_(builder.lshr(fifth, splat_bytes(2 * c + h)), splat_bytes(1))
+                        values[h] = builder.or_(values[h], builder.shl(bit, splat_bytes(4)))
+                for h in range(2):
+                    low, high, mins = factors[h]
+                    words = builder.bitcast(values[h], w32)
+                    quad_at = 512 * (2 * c + h) + 64 * lane
+                    builder.store(builder.mul(words, low), pointer(dst, args[5], quad_at, w32), align=1)
+                    builder.store(builder.mul(words, high), pointer(dst, args[5], UNPACKED + quad_at, w32), align=1)
+                    builder.store(mins, pointer(dst, args[5], 2 * UNPACKED + quad_at, b64), align=1)
+        return context.get_dummy_value()
+
+    return types.void(quants, types.intp, pairs, min_pairs, digits, types.intp, qtype, shift), codegen
+
+
+@intrinsic
+def q6_k_digit_tiles(typingctx, quants, q_at, sub_scales, s_at, digits, d_at):
+    """A Q6_K tile's super-block at quants[q_at:] (the values' order) as its B tiles at digits[d_at:]: quad Q lane l
+    (64 bytes, [row r][4 values]) at 512 Q + 64 l + UNPACKED k, (q - 32) x digit k of sc_r, row r's int8 scale of
+    16-value sub-block 2 Q + l // 4 (sub_scales[s_at + 16 j + r]), the digits d0, d1, d2 in -3..4 with
+    sc = 64 d2 + 8 d1 + d0 (d0 = (sc + 3 mod 8) - 3, and so on): each product in -128..124, an int8. The products
+    by vpmullw on each byte of a pair, sign-extended to 16 bits."""
+
+    def codegen(context, builder, signature, args):
+        i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        w16, w32, b16, b64 = (
+            ir.VectorType(i16, 16),
+            ir.VectorType(i16, 32),
+            ir.VectorType(i8, 16),
+            ir.VectorType(i8, 64),
+        )
+
+        def data(index):
+            return context.make_array(signature.args[index])(context, builder, args[index]).data
+
+        def pointer(base, at, offset, vector_type):
+            where = builder.gep(base, [builder.add(at, ir.Constant(i64, offset))])
+            return builder.bitcast(where, vector_type.as_pointer())
+
+        def splat(vector_type, value):
+            return ir.Constant(vector_type, [value] * vector_type.count)
+
+        by_pairs = ir.Constant(ir.VectorType(i32, 32), [i // 2 for i in range(32)])
+        src, dst = data(0), data(4)
+        digit_words = {}
+        for j in range(16):  # sub-block j's scales of the 16 rows, as 3 digits, each a word per byte pair
+            scale = builder.sext(builder.load(pointer(data(2), args[3], 16 * j, b16), align=1), w16)
+            rest = scale
+            for k in range(3):
+                digit = builder.sub(builder.and_(builder.add(rest, splat(w16, 3)), splat(w16, 7)), splat(w16, 3))
+                rest = builder.ashr(builder.sub(rest, digit), splat(w16, 3))
+                digit_words[j, k] = builder.shuffle_vector(digit, ir.Constant(w16, None), by_pairs)
+        for c in range(4):  # vector c: quad 2 c's low nibbles in its low nibbles, 2 c + 1's in its high ones
+            for lane in range(8):
+                packed = builder.load(pointer(src, args[1], 512 * c + 64 * lane, b64), align=1)
+                high_bits = builder.load(pointer(src, args[1], 2048 + 512 * (c // 2) + 64 * lane, b64), align=1)
+                for h in range(2):  # quad 2 c + h: its 5th and 6th bits at bits 2 (quad % 4) of vector 4 + quad // 4
+                    quad = 2 * c + h
+                    low = builder.and_(packed, splat(b64, 15)) if h == 0 else builder.lshr(packed, splat(b64, 4))
+                    top = builder.and_(builder.lshr(high_bits, splat(b64, 2 * (quad % 4))), splat(b64, 3))
+                    value = builder.sub(builder.or_(low, builder.shl(top, splat(b64, 4))), splat(b64, 32))
+                    words = builder.bitcast(value, w32)
+                    even = builder.ashr(builder.shl(words, splat(w32, 8)), splat(w32, 8))
+                    odd = builder.ashr(words, splat(w32, 8))
+                    for k in range(3):
+                        digit = digit_words[2 * quad + lane // 4, k]
+                        product = builder.or_(
+                            builder.and_(builder.mul(even, digit), splat(w32, 0xFF)),
+                            builder.shl(builder.mul(odd, digit), splat(w32, 8)),
+                        )
+                        at = UNPACKED * k + 512 * quad + 64 * lane
+                        builder.store(product, pointer(dst, args[5], at, w32), align=1)
+        return context.get_dummy_value()
+
+    return types.void(quants, types.intp, sub_scales, types.intp, digits, types.intp), codegen
+
+
+@functools.cache
+def kernel(qtype: int, tier_name: str):
+    """amx_tiles_k's kernel for a type on a tier (by name), made once per process."""
+    return amx_tiles_k(qtype, cpu.get(tier_name))
+
+
+CONFIG = amx.config_bytes()  # every tile 16 rows of 64 bytes
+
+
+def matmul(kernel, tiles, a, out: np.ndarray) -> np.ndarray:
+    """out (T16, N) = tiles (superblock_tiles.py, the values' order) times the first T16 rows of the Q8_K
+    activations a (Q8KBlocks, quantize_q8_k)."""
+    return kernel(
+        tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, a.q, a.d, a.sum32, out, CONFIG, get_num_threads()
+    )
