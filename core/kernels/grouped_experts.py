@@ -19,6 +19,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 from gguf import GGMLQuantizationType
+from numba.np.ufunc.parallel import _iget_num_threads  # the running pool's size, callable in cached code
 from numba import prange
 
 from miro.core.kernels.cache_key import HELPERS, cached_variant
@@ -76,7 +77,7 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
             for t in range(n_rows):
                 for b in range(n_blocks):
                     start[t * n_blocks + b] = offset * qsum[t, b] + float_bias
-        all_spill = np.empty((numba.config.NUMBA_NUM_THREADS, LANES), np.float32)
+        all_spill = np.empty((_iget_num_threads(), LANES), np.float32)
         for item in prange(active.shape[0] * per_expert):
             spill = all_spill[numba.get_thread_id()]
             e = active[item // per_expert]
@@ -257,7 +258,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                         low += np.int32(a_flat[at + 4 * lane]) + np.int32(a_flat[at + 4 * lane + 1])
                         high += np.int32(a_flat[at + 4 * lane + 2]) + np.int32(a_flat[at + 4 * lane + 3])
                     sum_pairs[t, j] = (low & 0xFFFF) | (high << 16)
-        n_threads = numba.config.NUMBA_NUM_THREADS
+        n_threads = _iget_num_threads()  # at run time: thread ids lie below it (a cached constant did not)
         all_pairs = np.empty((n_threads, n_super * 8 * TILE_ROWS), np.int32)
         all_min_pairs = np.empty((n_threads, n_super * 4 * TILE_ROWS if has_mins else 0), np.int32)
         all_sums = np.empty((n_threads, 3, tokens * TILE_ROWS), np.int32)

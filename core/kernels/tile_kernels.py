@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numba
 from gguf import GGMLQuantizationType
+from numba.np.ufunc.parallel import _iget_num_threads  # the running pool's size, callable in cached code
 from numba import njit, prange
 import numpy as np
 
@@ -117,7 +118,7 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
             for t in range(n_tok):
                 for b in range(n_blocks):
                     start[t * n_blocks + b] = offset * qsum[t, b] + float_bias
-        all_spill = np.empty((numba.config.NUMBA_NUM_THREADS, LANES), np.float32)  # each thread's, once per call
+        all_spill = np.empty((_iget_num_threads(), LANES), np.float32)  # each thread's, once per call
         for tile in prange(quants.shape[0]):
             spill = all_spill[numba.get_thread_id()]
             tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
@@ -316,7 +317,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         pairs_per_super = 4 if has_mins else 8
         # each thread's scratch, allocated once per call rather than once per tile (a tile's work at one activation
         # row is a few microseconds)
-        n_threads = numba.config.NUMBA_NUM_THREADS
+        n_threads = _iget_num_threads()  # at run time: thread ids lie below it (a cached constant did not)
         all_pairs = np.empty((n_threads, n_super * 8 * TILE_ROWS), np.int32)
         all_min_pairs = np.empty((n_threads, n_super * 4 * TILE_ROWS if has_mins else 0), np.int32)
         all_sums = np.empty((n_threads, 3, tokens * TILE_ROWS), np.int32)

@@ -15,8 +15,12 @@ reverted in 6a7e7cd) is a cache miss in every process: each load compiled attent
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import numpy as np
 
 from gguf import GGMLQuantizationType as Q
 
@@ -90,3 +94,49 @@ def test_every_cached_kernel_has_the_same_cache_key_in_every_process():
     assert any("attend_scores" in name for name in runs[0]) and len(runs[0]) >= 12
     differ = [name for name in runs[0] if runs[0][name] != runs[1].get(name)]
     assert not differ, f"cache keys that change from process to process: {differ}"
+
+
+# runs a Q4_K and a Q4_0 layer (the tile kernels, whose per-thread scratch is sized by the thread count) on 8 rows,
+# saves the outputs, prints whether each kernel came from numba's cache
+_THREADED_LAYERS = """
+import sys
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+sys.path.insert(0, sys.argv[1])
+from test_quant_linear import activations, random_tensor
+from miro.core.layers.linear import Linear
+hits = []
+for qtype in (Q.Q4_K, Q.Q4_0):
+    layer = Linear(random_tensor(qtype, 512, 1024))
+    for _ in range(20):  # every thread takes tiles
+        out = layer(activations(8, 1024))
+    np.save(f"{sys.argv[2]}_{qtype.name}.npy", out)
+    kernel = layer._kernels().tiles
+    hits.append(sum(kernel.stats.cache_hits.values()))
+print(numba.config.NUMBA_NUM_THREADS, *hits)
+"""
+
+
+def test_kernels_cached_by_a_process_of_fewer_threads_run_in_one_of_more(tmp_path):
+    """The tile kernels size each thread's scratch when they run: a kernel compiled by a process of 1 thread and
+    loaded from the cache by a process of 4 (a Docker image warmed on a small builder, run on a bigger machine)
+    gives the same bits. With the pool size read at compile time, numba froze it into the cached code, and threads
+    1-3 wrote past their scratch ("double free or corruption")."""
+    cache = tmp_path / "numba-cache"
+    runs = []
+    for threads in (1, 4):
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "NUMBA_NUM_THREADS": str(threads), "MIRO_AMX": "0"}
+        done = subprocess.run(
+            [sys.executable, "-c", _THREADED_LAYERS, str(Path(__file__).parent), str(tmp_path / f"t{threads}")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(done.stdout.split())
+    assert runs[0] == ["1", "0", "0"], runs  # compiled by the first process
+    assert runs[1][0] == "4" and int(runs[1][1]) > 0 and int(runs[1][2]) > 0, runs  # loaded by the second
+    for name in ("Q4_K", "Q4_0"):
+        assert np.array_equal(np.load(tmp_path / f"t1_{name}.npy"), np.load(tmp_path / f"t4_{name}.npy"))
