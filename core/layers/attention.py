@@ -145,6 +145,7 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
     helpers = HELPERS
     assert score_queries in (2, 4)
 
+    pairs = score_queries == 4  # the 512-bit shape: decode scores two blocks per pass, values 64 columns per pass
     variant = f"scores{score_queries}" + ("_softcap" if capped else "") + ("_sinks" if with_sinks else "")
 
     @cached_variant(variant, parallel=True)
@@ -174,6 +175,7 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
             total = np.empty(rows, dtype=np.float32)  # and its running sum of e^(score - top)
             acc = _lines(rows * head_dim)  # query qi's weighted sum of values at qi * head_dim
             scores = _lines(rows * LANES)  # query qi's 16 scores, then e^(score - top)
+            scores_next = _lines(rows * LANES)  # the same for the second block of a pair (decode, 512-bit)
             correction = np.empty(rows, dtype=np.float32)  # the factor acc[qi] is scaled by before a block's values
             k_scratch = _lines(block_values)
             v_scratch = _lines(block_values)
@@ -200,67 +202,166 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
                     n = w + threads
                     b_next = _first_block(positions, items[n, 2], window, block_size)
                     following = (block_tables[items[n, 0], b_next] * n_kv_heads + items[n, 1]) * block_values
-                for b in range(first_block, last_block + 1):
-                    start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
-                    ahead = (
-                        (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
-                    )
-                    if n_q <= QUERIES:  # one group of queries (decode): widening as it loads beats a pass via scratch
-                        _attend_block(
-                            score_queries,
-                            capped,
+                if n_q <= QUERIES and pairs and block_size == LANES:
+                    # one group of queries (decode) on a 512-bit tier: the scores of two blocks per pass, so that
+                    # each query's broadcast serves two key loads; then each block's softmax and values in order
+                    for b in range(first_block, last_block + 1, 2):
+                        start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+                        if b == last_block:  # an odd last block: on its own
+                            ahead = _block_start(
+                                block_tables, seq, b + 1, last_block, following, n_kv_heads, kvh, block_values
+                            )
+                            _attend_block(
+                                score_queries,
+                                capped,
+                                queries,
+                                n_q,
+                                flat_k,
+                                start,
+                                flat_v,
+                                start,
+                                b,
+                                block_size,
+                                positions,
+                                t_begin,
+                                t_end,
+                                group,
+                                window,
+                                scale,
+                                scores,
+                                top,
+                                total,
+                                correction,
+                                acc,
+                                ahead,
+                                cap,
+                            )
+                            continue
+                        ahead = _block_start(
+                            block_tables, seq, b + 2, last_block, following, n_kv_heads, kvh, block_values
+                        )
+                        start_next = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values
+                        ahead_next = _block_start(
+                            block_tables, seq, b + 3, last_block, following, n_kv_heads, kvh, block_values
+                        )
+                        _scores4_pair(
                             queries,
-                            n_q,
                             flat_k,
                             start,
-                            flat_v,
-                            start,
-                            b,
+                            start_next,
                             block_size,
+                            scale,
+                            scores,
+                            scores_next,
+                            ahead,
+                            ahead_next,
+                        )
+                        _softmax_and_values(
+                            score_queries == 4,
+                            capped,
+                            scores,
+                            n_q,
+                            b * block_size,
                             positions,
                             t_begin,
                             t_end,
                             group,
                             window,
-                            scale,
-                            scores,
                             top,
                             total,
                             correction,
+                            flat_v,
+                            start,
                             acc,
                             ahead,
                             cap,
                         )
-                    else:  # many groups: widen the block once, into scratch, for all of them
-                        if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
-                            _prefetch_block(flat_k, flat_v, ahead, block_values)
-                        kt, k0 = block_as_f32(flat_k, start, k_scratch)
-                        vb, v0 = block_as_f32(flat_v, start, v_scratch)
-                        _attend_block(
-                            score_queries,
+                        _softmax_and_values(
+                            score_queries == 4,
                             capped,
-                            queries,
+                            scores_next,
                             n_q,
-                            kt,
-                            k0,
-                            vb,
-                            v0,
-                            b,
-                            block_size,
+                            (b + 1) * block_size,
                             positions,
                             t_begin,
                             t_end,
                             group,
                             window,
-                            scale,
-                            scores,
                             top,
                             total,
                             correction,
+                            flat_v,
+                            start_next,
                             acc,
-                            -1,
+                            ahead_next,
                             cap,
                         )
+                else:
+                    for b in range(first_block, last_block + 1):
+                        start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+                        ahead = (
+                            (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values
+                            if b < last_block
+                            else following
+                        )
+                        if (
+                            n_q <= QUERIES
+                        ):  # one group of queries (decode): widening as it loads beats a pass via scratch
+                            _attend_block(
+                                score_queries,
+                                capped,
+                                queries,
+                                n_q,
+                                flat_k,
+                                start,
+                                flat_v,
+                                start,
+                                b,
+                                block_size,
+                                positions,
+                                t_begin,
+                                t_end,
+                                group,
+                                window,
+                                scale,
+                                scores,
+                                top,
+                                total,
+                                correction,
+                                acc,
+                                ahead,
+                                cap,
+                            )
+                        else:  # many groups: widen the block once, into scratch, for all of them
+                            if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
+                                _prefetch_block(flat_k, flat_v, ahead, block_values)
+                            kt, k0 = block_as_f32(flat_k, start, k_scratch)
+                            vb, v0 = block_as_f32(flat_v, start, v_scratch)
+                            _attend_block(
+                                score_queries,
+                                capped,
+                                queries,
+                                n_q,
+                                kt,
+                                k0,
+                                vb,
+                                v0,
+                                b,
+                                block_size,
+                                positions,
+                                t_begin,
+                                t_end,
+                                group,
+                                window,
+                                scale,
+                                scores,
+                                top,
+                                total,
+                                correction,
+                                acc,
+                                -1,
+                                cap,
+                            )
                 for qi in range(n_q):
                     if with_sinks:
                         _add_sink(sinks[kvh * group + qi % group], qi, top, total, acc, head_dim)
@@ -334,10 +435,9 @@ def _attend_block(
 
     capped: each score s, computed with scale / cap, becomes cap * tanh(s) before the softmax sees it (its
     running max included), as ggml's flash attention soft-caps them."""
-    head_dim = queries.shape[1]
     rows = -(-n_q // QUERIES) * QUERIES  # the queries padded to whole groups of 4 (the padding is discarded)
+    head_dim = queries.shape[1]
     for lane0 in range(0, block_size, LANES):
-        base = b * block_size + lane0  # the position of lane 0
         # three passes over the queries, a group at a time where they share loads, so that the CPU overlaps
         # their dependency chains; every query's own arithmetic is the same whatever its neighbours
         for qi in range(0, rows, score_queries):
@@ -346,17 +446,80 @@ def _attend_block(
                 _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
             else:
                 _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
-        if capped:
-            _softcap(scores, n_q, cap)
-        for t in range(t_begin, t_end):
-            seen = positions[t] + 1 - base  # keys of the 16 at or before the query
-            end = min(seen, LANES)
-            first = max(seen - window, 0) if window > 0 else 0
-            for qi in range((t - t_begin) * group, (t - t_begin + 1) * group):
-                _online_softmax(scores, qi, first, end, top, total, correction)
-        for qi in range(0, rows, QUERIES):
-            v_ahead = ahead + lane0 * head_dim if ahead >= 0 and qi == 0 else -1
-            _accumulate_values4(scores, qi, correction, vb, v0 + lane0 * head_dim, acc, v_ahead)
+        _softmax_and_values(
+            score_queries == 4,
+            capped,
+            scores,
+            n_q,
+            b * block_size + lane0,
+            positions,
+            t_begin,
+            t_end,
+            group,
+            window,
+            top,
+            total,
+            correction,
+            vb,
+            v0 + lane0 * head_dim,
+            acc,
+            ahead + lane0 * head_dim if ahead >= 0 else -1,
+            cap,
+        )
+
+
+@njit(inline="always")
+def _softmax_and_values(
+    wide,
+    capped,
+    scores,
+    n_q,
+    base,
+    positions,
+    t_begin,
+    t_end,
+    group,
+    window,
+    top,
+    total,
+    correction,
+    vb,
+    v0,
+    acc,
+    v_ahead,
+    cap,
+):
+    """The second and third passes over 16 keys whose scores are in `scores` (position `base` in lane 0): each
+    query's online softmax, then its sum of values (the rows at vb[v0 + j * head_dim:]); v_ahead >= 0: the
+    first group's values pass prefetches the same rows there. wide (a constant): 64 columns per pass."""
+    head_dim = acc.size // correction.size
+    rows = -(-n_q // QUERIES) * QUERIES
+    if capped:
+        _softcap(scores, n_q, cap)
+    for t in range(t_begin, t_end):
+        seen = positions[t] + 1 - base  # keys of the 16 at or before the query
+        end = min(seen, LANES)
+        first = max(seen - window, 0) if window > 0 else 0
+        for qi in range((t - t_begin) * group, (t - t_begin + 1) * group):
+            _online_softmax(scores, qi, first, end, top, total, correction)
+    for qi in range(0, rows, QUERIES):
+        ahead = v_ahead if qi == 0 else -1
+        c = 0
+        if wide:  # 16 sums in zmm registers: each probability's broadcast serves 4 value loads
+            while c + 4 * LANES <= head_dim:
+                _accumulate_values4x4(scores, qi, correction, vb, v0, c, acc, ahead)
+                c += 4 * LANES
+        for c in range(c, head_dim, LANES):
+            _accumulate_values4(scores, qi, correction, vb, v0, c, acc, ahead)
+
+
+@njit(inline="always")
+def _block_start(block_tables, seq, b, last_block, following, n_kv_heads, kvh, block_values):
+    """Where block b of the sequence starts in the flat cache, for b up to last_block; one past it, the start
+    of the thread's next item (following); else -1."""
+    if b <= last_block:
+        return (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+    return following if b == last_block + 1 else -1
 
 
 @njit(inline="always")
@@ -460,29 +623,159 @@ def _online_softmax(scores, qi, first, end, top, total, correction):
 
 
 @njit(inline="always")
-def _accumulate_values4(probs, qi, correction, vb, v0, acc, v_ahead):
-    """For i < 4: acc[qi + i] = acc[qi + i] * correction[qi + i] + sum over the 16 keys j of
-    probs[(qi + i) * 16 + j] * value j (the row of head_dim at vb[v0 + j * head_dim:]), over j in order.
+def _scores4_pair(queries, kt, k0, k1, block_size, scale, scores, scores_next, ahead, ahead_next):
+    """_scores4 for the first 4 queries and two blocks of 16 keys at once, the first block's (at kt[k0:]) into
+    scores, the second's (at kt[k1:]) into scores_next: each query's broadcast d-th component serves both
+    blocks' key loads, 16 sums in zmm registers. Each query's arithmetic in each block is _scores4's.
+    ahead, ahead_next >= 0: the same rows of the blocks two on are prefetched along the way."""
+    e0, e1, e2, e3 = zeros16(), zeros16(), zeros16(), zeros16()
+    o0, o1, o2, o3 = zeros16(), zeros16(), zeros16(), zeros16()
+    f0, f1, f2, f3 = zeros16(), zeros16(), zeros16(), zeros16()
+    p0, p1, p2, p3 = zeros16(), zeros16(), zeros16(), zeros16()
+    for d in range(0, queries.shape[1], 2):
+        k_even = load_kv16(kt, k0 + d * block_size)
+        k_odd = load_kv16(kt, k0 + (d + 1) * block_size)
+        n_even = load_kv16(kt, k1 + d * block_size)
+        n_odd = load_kv16(kt, k1 + (d + 1) * block_size)
+        _prefetch_rows(kt, ahead, d * block_size, _second_row(kt, block_size))
+        _prefetch_rows(kt, ahead_next, d * block_size, _second_row(kt, block_size))
+        q0, q1, q2, q3 = queries[0, d], queries[1, d], queries[2, d], queries[3, d]
+        e0 = fma(q0, k_even, e0)
+        e1 = fma(q1, k_even, e1)
+        e2 = fma(q2, k_even, e2)
+        e3 = fma(q3, k_even, e3)
+        f0 = fma(q0, n_even, f0)
+        f1 = fma(q1, n_even, f1)
+        f2 = fma(q2, n_even, f2)
+        f3 = fma(q3, n_even, f3)
+        q0, q1, q2, q3 = queries[0, d + 1], queries[1, d + 1], queries[2, d + 1], queries[3, d + 1]
+        o0 = fma(q0, k_odd, o0)
+        o1 = fma(q1, k_odd, o1)
+        o2 = fma(q2, k_odd, o2)
+        o3 = fma(q3, k_odd, o3)
+        p0 = fma(q0, n_odd, p0)
+        p1 = fma(q1, n_odd, p1)
+        p2 = fma(q2, n_odd, p2)
+        p3 = fma(q3, n_odd, p3)
+    store16(scores, 0, (e0 + o0) * scale)
+    store16(scores, LANES, (e1 + o1) * scale)
+    store16(scores, 2 * LANES, (e2 + o2) * scale)
+    store16(scores, 3 * LANES, (e3 + o3) * scale)
+    store16(scores_next, 0, (f0 + p0) * scale)
+    store16(scores_next, LANES, (f1 + p1) * scale)
+    store16(scores_next, 2 * LANES, (f2 + p2) * scale)
+    store16(scores_next, 3 * LANES, (f3 + p3) * scale)
+
+
+def _second_row(flat_cache, block_size):
+    """How far on the second row of a step over d lies when it is on a cache line of its own (float32), else 0
+    (float16: both rows of 16 keys share one line): a constant of each cache dtype."""
+
+
+@overload(_second_row)
+def _second_row_impl(flat_cache, block_size):
+    if flat_cache.dtype == types.uint16:
+        return lambda flat_cache, block_size: 0
+    return lambda flat_cache, block_size: block_size
+
+
+def _values_per_line(flat_cache):
+    """Values of the cache in one 64-byte line: a constant of each cache dtype."""
+
+
+@overload(_values_per_line)
+def _values_per_line_impl(flat_cache):
+    per_line = 32 if flat_cache.dtype == types.uint16 else 16
+    return lambda flat_cache: per_line
+
+
+@njit(inline="always")
+def _accumulate_values4(probs, qi, correction, vb, v0, c, acc, v_ahead):
+    """For i < 4 and the 16 columns from c: acc[qi + i] = acc[qi + i] * correction[qi + i] + sum over the 16 keys
+    j of probs[(qi + i) * 16 + j] * value j (the row of head_dim at vb[v0 + j * head_dim:]), over j in order.
     v_ahead >= 0: the next block's same rows, at vb[v_ahead:], are prefetched along the way."""
     head_dim = acc.size // correction.size
-    for c in range(0, head_dim, LANES):  # 16 columns at a time, each query's sum in a register over the keys
-        r0, r1, r2, r3 = qi * head_dim + c, (qi + 1) * head_dim + c, (qi + 2) * head_dim + c, (qi + 3) * head_dim + c
-        a0 = load16(acc, r0) * correction[qi]
-        a1 = load16(acc, r1) * correction[qi + 1]
-        a2 = load16(acc, r2) * correction[qi + 2]
-        a3 = load16(acc, r3) * correction[qi + 3]
-        for j in range(LANES):
-            value = load_kv16(vb, v0 + j * head_dim + c)
-            if c % (64 // vb.itemsize) == 0:  # the first 16 columns of each cache line
-                _prefetch_rows(vb, v_ahead, j * head_dim + c, 0)
-            a0 = fma(probs[qi * LANES + j], value, a0)
-            a1 = fma(probs[(qi + 1) * LANES + j], value, a1)
-            a2 = fma(probs[(qi + 2) * LANES + j], value, a2)
-            a3 = fma(probs[(qi + 3) * LANES + j], value, a3)
-        store16(acc, r0, a0)
-        store16(acc, r1, a1)
-        store16(acc, r2, a2)
-        store16(acc, r3, a3)
+    r0, r1, r2, r3 = qi * head_dim + c, (qi + 1) * head_dim + c, (qi + 2) * head_dim + c, (qi + 3) * head_dim + c
+    a0 = load16(acc, r0) * correction[qi]
+    a1 = load16(acc, r1) * correction[qi + 1]
+    a2 = load16(acc, r2) * correction[qi + 2]
+    a3 = load16(acc, r3) * correction[qi + 3]
+    for j in range(LANES):
+        value = load_kv16(vb, v0 + j * head_dim + c)
+        if c % _values_per_line(vb) == 0:  # the first 16 columns of each cache line
+            _prefetch_rows(vb, v_ahead, j * head_dim + c, 0)
+        a0 = fma(probs[qi * LANES + j], value, a0)
+        a1 = fma(probs[(qi + 1) * LANES + j], value, a1)
+        a2 = fma(probs[(qi + 2) * LANES + j], value, a2)
+        a3 = fma(probs[(qi + 3) * LANES + j], value, a3)
+    store16(acc, r0, a0)
+    store16(acc, r1, a1)
+    store16(acc, r2, a2)
+    store16(acc, r3, a3)
+
+
+@njit(inline="always")
+def _accumulate_values4x4(probs, qi, correction, vb, v0, c, acc, v_ahead):
+    """_accumulate_values4 for the 64 columns from c at once: 16 sums in zmm registers, each query's broadcast
+    probability serving 4 value loads. Each sum's arithmetic is _accumulate_values4's."""
+    head_dim = acc.size // correction.size
+    r0, r1, r2, r3 = qi * head_dim + c, (qi + 1) * head_dim + c, (qi + 2) * head_dim + c, (qi + 3) * head_dim + c
+    m0, m1, m2, m3 = correction[qi], correction[qi + 1], correction[qi + 2], correction[qi + 3]
+    a00, a01, a02, a03 = (
+        load16(acc, r0) * m0,
+        load16(acc, r0 + 16) * m0,
+        load16(acc, r0 + 32) * m0,
+        load16(acc, r0 + 48) * m0,
+    )
+    a10, a11, a12, a13 = (
+        load16(acc, r1) * m1,
+        load16(acc, r1 + 16) * m1,
+        load16(acc, r1 + 32) * m1,
+        load16(acc, r1 + 48) * m1,
+    )
+    a20, a21, a22, a23 = (
+        load16(acc, r2) * m2,
+        load16(acc, r2 + 16) * m2,
+        load16(acc, r2 + 32) * m2,
+        load16(acc, r2 + 48) * m2,
+    )
+    a30, a31, a32, a33 = (
+        load16(acc, r3) * m3,
+        load16(acc, r3 + 16) * m3,
+        load16(acc, r3 + 32) * m3,
+        load16(acc, r3 + 48) * m3,
+    )
+    for j in range(LANES):
+        row = v0 + j * head_dim + c
+        x0, x1, x2, x3 = load_kv16(vb, row), load_kv16(vb, row + 16), load_kv16(vb, row + 32), load_kv16(vb, row + 48)
+        for line in range(0, 4 * LANES, _values_per_line(vb)):
+            _prefetch_rows(vb, v_ahead, j * head_dim + c + line, 0)
+        p0, p1, p2, p3 = (
+            probs[qi * LANES + j],
+            probs[(qi + 1) * LANES + j],
+            probs[(qi + 2) * LANES + j],
+            probs[(qi + 3) * LANES + j],
+        )
+        a00, a01, a02, a03 = fma(p0, x0, a00), fma(p0, x1, a01), fma(p0, x2, a02), fma(p0, x3, a03)
+        a10, a11, a12, a13 = fma(p1, x0, a10), fma(p1, x1, a11), fma(p1, x2, a12), fma(p1, x3, a13)
+        a20, a21, a22, a23 = fma(p2, x0, a20), fma(p2, x1, a21), fma(p2, x2, a22), fma(p2, x3, a23)
+        a30, a31, a32, a33 = fma(p3, x0, a30), fma(p3, x1, a31), fma(p3, x2, a32), fma(p3, x3, a33)
+    store16(acc, r0, a00)
+    store16(acc, r0 + 16, a01)
+    store16(acc, r0 + 32, a02)
+    store16(acc, r0 + 48, a03)
+    store16(acc, r1, a10)
+    store16(acc, r1 + 16, a11)
+    store16(acc, r1 + 32, a12)
+    store16(acc, r1 + 48, a13)
+    store16(acc, r2, a20)
+    store16(acc, r2 + 16, a21)
+    store16(acc, r2 + 32, a22)
+    store16(acc, r2 + 48, a23)
+    store16(acc, r3, a30)
+    store16(acc, r3 + 16, a31)
+    store16(acc, r3 + 32, a32)
+    store16(acc, r3 + 48, a33)
 
 
 rope_and_store_kv = _build_rope_and_store_kv()
