@@ -145,7 +145,6 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
     helpers = HELPERS
     assert score_queries in (2, 4)
 
-    pairs = score_queries == 4  # the 512-bit shape: decode scores two blocks per pass, values 64 columns per pass
     variant = f"scores{score_queries}" + ("_softcap" if capped else "") + ("_sinks" if with_sinks else "")
 
     @cached_variant(variant, parallel=True)
@@ -179,195 +178,63 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
             correction = np.empty(rows, dtype=np.float32)  # the factor acc[qi] is scaled by before a block's values
             k_scratch = _lines(block_values)
             v_scratch = _lines(block_values)
-            for w in range(first, n_items, threads):
-                seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
-                # query qi is token t_begin + qi // group, head kvh * group + qi % group
-                n_q = (t_end - t_begin) * group
-                for qi in range(n_q):
-                    t, h = t_begin + qi // group, kvh * group + qi % group
-                    for d in range(head_dim):
-                        queries[qi, d] = q[t, h, d]
-                        acc[qi * head_dim + d] = 0.0
-                    top[qi] = -np.inf
-                    total[qi] = 0.0
-                for qi in range(n_q, -(-n_q // QUERIES) * QUERIES):  # the padding of a last group (discarded)
-                    for d in range(head_dim):
-                        queries[qi, d] = 0.0
-                        acc[qi * head_dim + d] = 0.0
-                    correction[qi] = 1.0
-                first_block = _first_block(positions, t_begin, window, block_size)
-                last_block = positions[t_end - 1] // block_size
-                following = -1  # where the next item of this thread starts, to fetch while this one ends
-                if w + threads < n_items:
-                    n = w + threads
-                    b_next = _first_block(positions, items[n, 2], window, block_size)
-                    following = (block_tables[items[n, 0], b_next] * n_kv_heads + items[n, 1]) * block_values
-                if n_q <= QUERIES and pairs and block_size == LANES:
-                    # one group of queries (decode) on a 512-bit tier: the scores of two blocks per pass, so that
-                    # each query's broadcast serves two key loads; then each block's softmax and values in order
-                    for b in range(first_block, last_block + 1, 2):
-                        start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
-                        if b == last_block:  # an odd last block: on its own
-                            ahead = _block_start(
-                                block_tables, seq, b + 1, last_block, following, n_kv_heads, kvh, block_values
-                            )
-                            _attend_block(
-                                score_queries,
-                                capped,
-                                queries,
-                                n_q,
-                                flat_k,
-                                start,
-                                flat_v,
-                                start,
-                                b,
-                                block_size,
-                                positions,
-                                t_begin,
-                                t_end,
-                                group,
-                                window,
-                                scale,
-                                scores,
-                                top,
-                                total,
-                                correction,
-                                acc,
-                                ahead,
-                                cap,
-                            )
-                            continue
-                        ahead = _block_start(
-                            block_tables, seq, b + 2, last_block, following, n_kv_heads, kvh, block_values
-                        )
-                        start_next = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values
-                        ahead_next = _block_start(
-                            block_tables, seq, b + 3, last_block, following, n_kv_heads, kvh, block_values
-                        )
-                        _scores4_pair(
-                            queries,
-                            flat_k,
-                            start,
-                            start_next,
-                            block_size,
-                            scale,
-                            scores,
-                            scores_next,
-                            ahead,
-                            ahead_next,
-                        )
-                        _softmax_and_values(
-                            score_queries == 4,
-                            capped,
-                            scores,
-                            n_q,
-                            b * block_size,
-                            positions,
-                            t_begin,
-                            t_end,
-                            group,
-                            window,
-                            top,
-                            total,
-                            correction,
-                            flat_v,
-                            start,
-                            acc,
-                            ahead,
-                            cap,
-                        )
-                        _softmax_and_values(
-                            score_queries == 4,
-                            capped,
-                            scores_next,
-                            n_q,
-                            (b + 1) * block_size,
-                            positions,
-                            t_begin,
-                            t_end,
-                            group,
-                            window,
-                            top,
-                            total,
-                            correction,
-                            flat_v,
-                            start_next,
-                            acc,
-                            ahead_next,
-                            cap,
-                        )
-                else:
-                    for b in range(first_block, last_block + 1):
-                        start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
-                        ahead = (
-                            (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values
-                            if b < last_block
-                            else following
-                        )
-                        if (
-                            n_q <= QUERIES
-                        ):  # one group of queries (decode): widening as it loads beats a pass via scratch
-                            _attend_block(
-                                score_queries,
-                                capped,
-                                queries,
-                                n_q,
-                                flat_k,
-                                start,
-                                flat_v,
-                                start,
-                                b,
-                                block_size,
-                                positions,
-                                t_begin,
-                                t_end,
-                                group,
-                                window,
-                                scale,
-                                scores,
-                                top,
-                                total,
-                                correction,
-                                acc,
-                                ahead,
-                                cap,
-                            )
-                        else:  # many groups: widen the block once, into scratch, for all of them
-                            if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
-                                _prefetch_block(flat_k, flat_v, ahead, block_values)
-                            kt, k0 = block_as_f32(flat_k, start, k_scratch)
-                            vb, v0 = block_as_f32(flat_v, start, v_scratch)
-                            _attend_block(
-                                score_queries,
-                                capped,
-                                queries,
-                                n_q,
-                                kt,
-                                k0,
-                                vb,
-                                v0,
-                                b,
-                                block_size,
-                                positions,
-                                t_begin,
-                                t_end,
-                                group,
-                                window,
-                                scale,
-                                scores,
-                                top,
-                                total,
-                                correction,
-                                acc,
-                                -1,
-                                cap,
-                            )
-                for qi in range(n_q):
-                    if with_sinks:
-                        _add_sink(sinks[kvh * group + qi % group], qi, top, total, acc, head_dim)
-                    inv = np.float32(1.0) / total[qi]
-                    for d in range(head_dim):
-                        out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
+            # the thread's items of one group of queries (decode), then the others: functions of their own,
+            # compiled once each, not this parallel loop's body (see _decode_items)
+            _decode_items(
+                score_queries,
+                capped,
+                with_sinks,
+                np.int64(first),  # the parallel loop's own index is unsigned in its body: one type, one compile
+                threads,
+                q,
+                flat_k,
+                flat_v,
+                n_kv_heads,
+                block_size,
+                block_tables,
+                positions,
+                items,
+                scale,
+                out,
+                window,
+                cap,
+                sinks,
+                queries,
+                top,
+                total,
+                acc,
+                scores,
+                scores_next,
+                correction,
+            )
+            _prefill_items(
+                score_queries,
+                capped,
+                with_sinks,
+                np.int64(first),
+                threads,
+                q,
+                flat_k,
+                flat_v,
+                n_kv_heads,
+                block_size,
+                block_tables,
+                positions,
+                items,
+                scale,
+                out,
+                window,
+                cap,
+                sinks,
+                queries,
+                top,
+                total,
+                acc,
+                scores,
+                k_scratch,
+                v_scratch,
+                correction,
+            )
         return out
 
     return attend
@@ -389,6 +256,270 @@ def _first_block(positions, t_begin, window, block_size):
     if window > 0:
         return max(positions[t_begin] - window + 1, 0) // block_size
     return 0
+
+
+@njit(inline="always")
+def _next_item(items, w, threads, group, decode):
+    """The first of items w, w + threads, w + 2 threads... of one group of queries (decode true) or of more,
+    else items.shape[0]."""
+    while w < items.shape[0] and ((items[w, 3] - items[w, 2]) * group <= QUERIES) != decode:
+        w += threads
+    return min(w, items.shape[0])
+
+
+@njit(inline="always")
+def _begin_item(q, items, w, group, queries, top, total, acc, correction):
+    """Item w's queries into `queries` (query qi is token t_begin + qi // group, head kvh * group + qi % group),
+    its sums zeroed, a last group padded with zero queries (discarded); returns its number of queries."""
+    head_dim = q.shape[2]
+    kvh, t_begin, t_end = items[w, 1], items[w, 2], items[w, 3]
+    n_q = (t_end - t_begin) * group
+    for qi in range(n_q):
+        t, h = t_begin + qi // group, kvh * group + qi % group
+        for d in range(head_dim):
+            queries[qi, d] = q[t, h, d]
+            acc[qi * head_dim + d] = 0.0
+        top[qi] = -np.inf
+        total[qi] = 0.0
+    for qi in range(n_q, -(-n_q // QUERIES) * QUERIES):  # the padding of a last group (discarded)
+        for d in range(head_dim):
+            queries[qi, d] = 0.0
+            acc[qi * head_dim + d] = 0.0
+        correction[qi] = 1.0
+    return n_q
+
+
+@njit(inline="always")
+def _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out):
+    """Item w's outputs: each query's sum of values over its total (with the sink of its head where the variant
+    has them)."""
+    head_dim = out.shape[2]
+    kvh, t_begin = items[w, 1], items[w, 2]
+    for qi in range(n_q):
+        if with_sinks:
+            _add_sink(sinks[kvh * group + qi % group], qi, top, total, acc, head_dim)
+        inv = np.float32(1.0) / total[qi]
+        for d in range(head_dim):
+            out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
+
+
+@njit(inline="always")
+def _item_start(items, w, block_tables, positions, window, n_kv_heads, block_size, block_values):
+    """Where item w's first block of keys starts in the flat cache; -1 past the last item."""
+    if w >= items.shape[0]:
+        return -1
+    b = _first_block(positions, items[w, 2], window, block_size)
+    return (block_tables[items[w, 0], b] * n_kv_heads + items[w, 1]) * block_values
+
+
+# The thread's items in two functions of their own, each compiled once and called once per thread, not inlined
+# into the kernel's parallel loop: numba's passes over a parallel loop (and its inlining) take a time that grows
+# much faster than the code's size, and with both kinds of item inlined there the kernel's first compile took
+# 3.4x as long (52 s, from 15 s). score_queries, capped and with_sinks arrive as literals, so numba prunes the
+# other values' branches as in the kernel. _nrt=False: they allocate nothing, and without it numba counts
+# references to the arrays they are passed around each inlined helper (atomic adds on the shared caches' counts).
+
+
+@njit(_nrt=False)
+def _decode_items(
+    score_queries,
+    capped,
+    with_sinks,
+    first,
+    threads,
+    q,
+    flat_k,
+    flat_v,
+    n_kv_heads,
+    block_size,
+    block_tables,
+    positions,
+    items,
+    scale,
+    out,
+    window,
+    cap,
+    sinks,
+    queries,
+    top,
+    total,
+    acc,
+    scores,
+    scores_next,
+    correction,
+):
+    """The thread's items (first, first + threads, ...) of one group of queries (decode), each key and value
+    widened as it loads. On 512-bit tiers (score_queries 4) with blocks of 16 keys the scores of two blocks per
+    pass, so that each query's broadcast serves two key loads, then each block's softmax and values in order;
+    the rest (an odd last block; every block elsewhere) one at a time."""
+    group = q.shape[1] // n_kv_heads
+    block_values = q.shape[2] * block_size  # of one KV head in one block
+    w = _next_item(items, first, threads, group, True)
+    while w < items.shape[0]:
+        n = _next_item(items, w + threads, threads, group, True)
+        seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
+        n_q = _begin_item(q, items, w, group, queries, top, total, acc, correction)
+        following = _item_start(items, n, block_tables, positions, window, n_kv_heads, block_size, block_values)
+        b = _first_block(positions, t_begin, window, block_size)
+        last_block = positions[t_end - 1] // block_size
+        if score_queries == 4 and block_size == LANES:
+            while b < last_block:
+                start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+                start_next = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values
+                ahead = _block_start(block_tables, seq, b + 2, last_block, following, n_kv_heads, kvh, block_values)
+                ahead_next = _block_start(
+                    block_tables, seq, b + 3, last_block, following, n_kv_heads, kvh, block_values
+                )
+                _scores4_pair(
+                    queries, flat_k, start, start_next, block_size, scale, scores, scores_next, ahead, ahead_next
+                )
+                _softmax_and_values(
+                    True,
+                    capped,
+                    scores,
+                    n_q,
+                    b * block_size,
+                    positions,
+                    t_begin,
+                    t_end,
+                    group,
+                    window,
+                    top,
+                    total,
+                    correction,
+                    flat_v,
+                    start,
+                    acc,
+                    ahead,
+                    cap,
+                )
+                _softmax_and_values(
+                    True,
+                    capped,
+                    scores_next,
+                    n_q,
+                    (b + 1) * block_size,
+                    positions,
+                    t_begin,
+                    t_end,
+                    group,
+                    window,
+                    top,
+                    total,
+                    correction,
+                    flat_v,
+                    start_next,
+                    acc,
+                    ahead_next,
+                    cap,
+                )
+                b += 2
+        for b in range(b, last_block + 1):
+            start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+            ahead = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
+            _attend_block(
+                score_queries,
+                capped,
+                queries,
+                n_q,
+                flat_k,
+                start,
+                flat_v,
+                start,
+                b,
+                block_size,
+                positions,
+                t_begin,
+                t_end,
+                group,
+                window,
+                scale,
+                scores,
+                top,
+                total,
+                correction,
+                acc,
+                ahead,
+                cap,
+            )
+        _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out)
+        w = n
+
+
+@njit(_nrt=False)
+def _prefill_items(
+    score_queries,
+    capped,
+    with_sinks,
+    first,
+    threads,
+    q,
+    flat_k,
+    flat_v,
+    n_kv_heads,
+    block_size,
+    block_tables,
+    positions,
+    items,
+    scale,
+    out,
+    window,
+    cap,
+    sinks,
+    queries,
+    top,
+    total,
+    acc,
+    scores,
+    k_scratch,
+    v_scratch,
+    correction,
+):
+    """The thread's items (first, first + threads, ...) of more than one group of queries: each block widened
+    once, into scratch, for all of them."""
+    group = q.shape[1] // n_kv_heads
+    block_values = q.shape[2] * block_size  # of one KV head in one block
+    w = _next_item(items, first, threads, group, False)
+    while w < items.shape[0]:
+        n = _next_item(items, w + threads, threads, group, False)
+        seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
+        n_q = _begin_item(q, items, w, group, queries, top, total, acc, correction)
+        following = _item_start(items, n, block_tables, positions, window, n_kv_heads, block_size, block_values)
+        last_block = positions[t_end - 1] // block_size
+        for b in range(_first_block(positions, t_begin, window, block_size), last_block + 1):
+            start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+            ahead = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
+            if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
+                _prefetch_block(flat_k, flat_v, ahead, block_values)
+            kt, k0 = block_as_f32(flat_k, start, k_scratch)
+            vb, v0 = block_as_f32(flat_v, start, v_scratch)
+            _attend_block(
+                score_queries,
+                capped,
+                queries,
+                n_q,
+                kt,
+                k0,
+                vb,
+                v0,
+                b,
+                block_size,
+                positions,
+                t_begin,
+                t_end,
+                group,
+                window,
+                scale,
+                scores,
+                top,
+                total,
+                correction,
+                acc,
+                -1,
+                cap,
+            )
+        _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out)
+        w = n
 
 
 @njit(inline="always")
