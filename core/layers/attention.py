@@ -557,7 +557,8 @@ def _attend_block(
     prefetches at once stalls on the cache's miss buffers (measured 1.3x slower).
 
     score_queries (2 or 4) and capped are constants of the kernel's variant (closure values of its own: a plain
-    int and bool), so once this is inlined into the kernel numba prunes the branches of the other values. Not a
+    int and bool, passed on as literals to _decode_items and _prefill_items), so once this is inlined there numba
+    prunes the branches of the other values. Not a
     jitted closure per variant that the kernel holds (5af21ab, reverted in 6a7e7cd): numba's cache key pickles a
     kernel's closure values, a dispatcher's pickle carries an id of the process that made it, and every process
     then missed the cache (tests/core/test_kernel_cache.py checks the keys). Measured: a group of 3 for decode's
