@@ -179,34 +179,63 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
             k_scratch = _lines(block_values)
             v_scratch = _lines(block_values)
             # the thread's items of one group of queries (decode), then the others: functions of their own,
-            # compiled once each, not this parallel loop's body (see _decode_items)
-            _decode_items(
-                score_queries,
-                capped,
-                with_sinks,
-                np.int64(first),  # the parallel loop's own index is unsigned in its body: one type, one compile
-                threads,
-                q,
-                flat_k,
-                flat_v,
-                n_kv_heads,
-                block_size,
-                block_tables,
-                positions,
-                items,
-                scale,
-                out,
-                window,
-                cap,
-                sinks,
-                queries,
-                top,
-                total,
-                acc,
-                scores,
-                scores_next,
-                correction,
-            )
+            # compiled once each, not this parallel loop's body (see _decode_items_paired)
+            if score_queries == 4:  # a closure constant: numba prunes the other call before typing it
+                _decode_items_paired(
+                    score_queries,
+                    capped,
+                    with_sinks,
+                    np.int64(first),  # the parallel loop's own index is unsigned in its body: one type, one compile
+                    threads,
+                    q,
+                    flat_k,
+                    flat_v,
+                    n_kv_heads,
+                    block_size,
+                    block_tables,
+                    positions,
+                    items,
+                    scale,
+                    out,
+                    window,
+                    cap,
+                    sinks,
+                    queries,
+                    top,
+                    total,
+                    acc,
+                    scores,
+                    scores_next,
+                    correction,
+                )
+            else:
+                _decode_items_by_block(
+                    score_queries,
+                    capped,
+                    with_sinks,
+                    np.int64(first),  # the parallel loop's own index is unsigned in its body: one type, one compile
+                    threads,
+                    q,
+                    flat_k,
+                    flat_v,
+                    n_kv_heads,
+                    block_size,
+                    block_tables,
+                    positions,
+                    items,
+                    scale,
+                    out,
+                    window,
+                    cap,
+                    sinks,
+                    queries,
+                    top,
+                    total,
+                    acc,
+                    scores,
+                    scores_next,
+                    correction,
+                )
             _prefill_items(
                 score_queries,
                 capped,
@@ -249,7 +278,7 @@ def _lines(n):
     return buffer[skip : skip + n]
 
 
-@njit(inline="always")
+@njit
 def _first_block(positions, t_begin, window, block_size):
     """The first block an item's queries see: 0, or with a sliding window the one holding the first query's
     earliest key."""
@@ -258,7 +287,7 @@ def _first_block(positions, t_begin, window, block_size):
     return 0
 
 
-@njit(inline="always")
+@njit
 def _next_item(items, w, threads, group, decode):
     """The first of items w, w + threads, w + 2 threads... of one group of queries (decode true) or of more,
     else items.shape[0]."""
@@ -267,7 +296,7 @@ def _next_item(items, w, threads, group, decode):
     return min(w, items.shape[0])
 
 
-@njit(inline="always")
+@njit
 def _begin_item(q, items, w, group, queries, top, total, acc, correction):
     """Item w's queries into `queries` (query qi is token t_begin + qi // group, head kvh * group + qi % group),
     its sums zeroed, a last group padded with zero queries (discarded); returns its number of queries."""
@@ -289,7 +318,7 @@ def _begin_item(q, items, w, group, queries, top, total, acc, correction):
     return n_q
 
 
-@njit(inline="always")
+@njit
 def _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out):
     """Item w's outputs: each query's sum of values over its total (with the sink of its head where the variant
     has them)."""
@@ -303,7 +332,7 @@ def _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out):
             out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
 
 
-@njit(inline="always")
+@njit
 def _item_start(items, w, block_tables, positions, window, n_kv_heads, block_size, block_values):
     """Where item w's first block of keys starts in the flat cache; -1 past the last item."""
     if w >= items.shape[0]:
@@ -312,16 +341,20 @@ def _item_start(items, w, block_tables, positions, window, n_kv_heads, block_siz
     return (block_tables[items[w, 0], b] * n_kv_heads + items[w, 1]) * block_values
 
 
-# The thread's items in two functions of their own, each compiled once and called once per thread, not inlined
-# into the kernel's parallel loop: numba's passes over a parallel loop (and its inlining) take a time that grows
-# much faster than the code's size, and with both kinds of item inlined there the kernel's first compile took
-# 3.4x as long (52 s, from 15 s). score_queries, capped and with_sinks arrive as literals, so numba prunes the
-# other values' branches as in the kernel. _nrt=False: they allocate nothing, and without it numba counts
-# references to the arrays they are passed around each inlined helper (atomic adds on the shared caches' counts).
+# The thread's items in functions of their own (decode on 512-bit tiers or elsewhere, chosen by the kernel's
+# closure constant, which numba prunes before it types the call; and items of more queries), each compiled once
+# and called once per thread, not inlined into the kernel's parallel loop: numba's passes over a parallel loop
+# take a time that grows much faster than the code's size (with 2a596ca's decode inlined there the kernel's first
+# compile took 3.4x as long, 52 s from 15 s). Inlining (inline="always") runs numba's front end once per call
+# site and nested call site, and does not prune a branch on a literal argument before it inlines both sides:
+# hence one site for each big helper, and the small helpers as plain functions, which LLVM inlines.
+# score_queries, capped and with_sinks arrive as literals (LLVM folds their branches). _nrt=False: they allocate
+# nothing, and without it numba counts references to the arrays they are passed around each inlined helper
+# (atomic adds, some on the shared caches' counts).
 
 
 @njit(_nrt=False)
-def _decode_items(
+def _decode_items_paired(
     score_queries,
     capped,
     with_sinks,
@@ -348,12 +381,13 @@ def _decode_items(
     scores_next,
     correction,
 ):
-    """The thread's items (first, first + threads, ...) of one group of queries (decode), each key and value
-    widened as it loads. On 512-bit tiers (score_queries 4) with blocks of 16 keys the scores of two blocks per
-    pass, so that each query's broadcast serves two key loads, then each block's softmax and values in order;
-    the rest (an odd last block; every block elsewhere) one at a time."""
-    group = q.shape[1] // n_kv_heads
-    block_values = q.shape[2] * block_size  # of one KV head in one block
+    """The thread's items (first, first + threads, ...) of one group of queries (decode) on 512-bit tiers, each
+    key and value widened as it loads: with blocks of 16 keys the scores of two blocks per pass, so that each
+    query's broadcast serves two key loads, then each block's softmax and values in order; the rest (an odd last
+    block, or blocks of more keys) 16 keys at a time. A group of 3 queries (3 query heads per KV head) takes
+    passes of 3, not 4 with one of zeros."""
+    group, head_dim = q.shape[1] // n_kv_heads, q.shape[2]
+    block_values = head_dim * block_size  # of one KV head in one block
     w = _next_item(items, first, threads, group, True)
     while w < items.shape[0]:
         n = _next_item(items, w + threads, threads, group, True)
@@ -362,23 +396,58 @@ def _decode_items(
         following = _item_start(items, n, block_tables, positions, window, n_kv_heads, block_size, block_values)
         b = _first_block(positions, t_begin, window, block_size)
         last_block = positions[t_end - 1] // block_size
-        if score_queries == 4 and block_size == LANES:
-            while b < last_block:
-                start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+        lane0 = 0  # block b's first key not yet seen, a multiple of 16
+        while b <= last_block:
+            start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+            if block_size == LANES and b < last_block:  # two blocks in one scores pass
                 start_next = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values
                 ahead = _block_start(block_tables, seq, b + 2, last_block, following, n_kv_heads, kvh, block_values)
                 ahead_next = _block_start(
                     block_tables, seq, b + 3, last_block, following, n_kv_heads, kvh, block_values
                 )
-                _scores4_pair(
-                    queries, flat_k, start, start_next, block_size, scale, scores, scores_next, ahead, ahead_next
-                )
+                if n_q == 3:  # a group of 3 query heads: no 4th of zeros
+                    _scores4_pair(
+                        queries,
+                        flat_k,
+                        start,
+                        start_next,
+                        block_size,
+                        scale,
+                        scores,
+                        scores_next,
+                        ahead,
+                        ahead_next,
+                        False,
+                    )
+                else:
+                    _scores4_pair(
+                        queries,
+                        flat_k,
+                        start,
+                        start_next,
+                        block_size,
+                        scale,
+                        scores,
+                        scores_next,
+                        ahead,
+                        ahead_next,
+                        True,
+                    )
+                units = 2
+            else:  # 16 keys of one block: the last of an odd number, or blocks of more than 16
+                ahead = _block_start(block_tables, seq, b + 1, last_block, following, n_kv_heads, kvh, block_values)
+                start_next, ahead_next = start, -1  # unread
+                _scores4(queries, 0, flat_k, start + lane0, block_size, scale, scores, _on(ahead, lane0))
+                units = 1
+            for unit in range(units):  # one copy of the softmax and values code for both shapes
+                second = unit == 1
                 _softmax_and_values(
                     True,
+                    True,
                     capped,
-                    scores,
+                    scores_next if second else scores,
                     n_q,
-                    b * block_size,
+                    (b + 1) * block_size if second else b * block_size + lane0,
                     positions,
                     t_begin,
                     t_end,
@@ -388,32 +457,62 @@ def _decode_items(
                     total,
                     correction,
                     flat_v,
-                    start,
+                    start_next if second else start + lane0 * head_dim,
                     acc,
-                    ahead,
+                    ahead_next if second else _on(ahead, lane0 * head_dim),
                     cap,
                 )
-                _softmax_and_values(
-                    True,
-                    capped,
-                    scores_next,
-                    n_q,
-                    (b + 1) * block_size,
-                    positions,
-                    t_begin,
-                    t_end,
-                    group,
-                    window,
-                    top,
-                    total,
-                    correction,
-                    flat_v,
-                    start_next,
-                    acc,
-                    ahead_next,
-                    cap,
-                )
+            if units == 2:
                 b += 2
+            else:
+                lane0 += LANES
+                if lane0 == block_size:
+                    lane0 = 0
+                    b += 1
+        _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out)
+        w = n
+
+
+@njit(_nrt=False)
+def _decode_items_by_block(
+    score_queries,
+    capped,
+    with_sinks,
+    first,
+    threads,
+    q,
+    flat_k,
+    flat_v,
+    n_kv_heads,
+    block_size,
+    block_tables,
+    positions,
+    items,
+    scale,
+    out,
+    window,
+    cap,
+    sinks,
+    queries,
+    top,
+    total,
+    acc,
+    scores,
+    scores_next,
+    correction,
+):
+    """The thread's items (first, first + threads, ...) of one group of queries (decode) on 256-bit tiers, a
+    block at a time, each key and value widened as it loads."""
+    group, head_dim = q.shape[1] // n_kv_heads, q.shape[2]
+    block_values = head_dim * block_size  # of one KV head in one block
+    w = _next_item(items, first, threads, group, True)
+    while w < items.shape[0]:
+        n = _next_item(items, w + threads, threads, group, True)
+        seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
+        n_q = _begin_item(q, items, w, group, queries, top, total, acc, correction)
+        following = _item_start(items, n, block_tables, positions, window, n_kv_heads, block_size, block_values)
+        b = _first_block(positions, t_begin, window, block_size)
+        last_block = positions[t_end - 1] // block_size
         for b in range(b, last_block + 1):
             start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
             ahead = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
@@ -557,13 +656,12 @@ def _attend_block(
     prefetches at once stalls on the cache's miss buffers (measured 1.3x slower).
 
     score_queries (2 or 4) and capped are constants of the kernel's variant (closure values of its own: a plain
-    int and bool, passed on as literals to _decode_items and _prefill_items), so once this is inlined there numba
-    prunes the branches of the other values. Not a
-    jitted closure per variant that the kernel holds (5af21ab, reverted in 6a7e7cd): numba's cache key pickles a
-    kernel's closure values, a dispatcher's pickle carries an id of the process that made it, and every process
-    then missed the cache (tests/core/test_kernel_cache.py checks the keys). Measured: a group of 3 for decode's
-    3 query heads (SmolLM2) instead of padding them to 4 took 2-5% off decode's attention and added 1 s (12%) to
-    the kernel's compile, so the last group is padded.
+    int and bool, passed on as literals to the item functions), so once this is inlined there LLVM folds the
+    branches of the other values. Not a jitted closure per variant that the kernel holds (5af21ab, reverted in
+    6a7e7cd): numba's cache key pickles a kernel's closure values, a dispatcher's pickle carries an id of the
+    process that made it, and every process then missed the cache (tests/core/test_kernel_cache.py checks the
+    keys). The last group of a prefill's queries is padded to 4 here; decode's group of 3 on 512-bit tiers is not
+    (_decode_items_paired).
 
     capped: each score s, computed with scale / cap, becomes cap * tanh(s) before the softmax sees it (its
     running max included), as ggml's flash attention soft-caps them."""
@@ -580,6 +678,7 @@ def _attend_block(
                 _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
         _softmax_and_values(
             score_queries == 4,
+            False,
             capped,
             scores,
             n_q,
@@ -603,6 +702,7 @@ def _attend_block(
 @njit(inline="always")
 def _softmax_and_values(
     wide,
+    three,
     capped,
     scores,
     n_q,
@@ -623,7 +723,8 @@ def _softmax_and_values(
 ):
     """The second and third passes over 16 keys whose scores are in `scores` (position `base` in lane 0): each
     query's online softmax, then its sum of values (the rows at vb[v0 + j * head_dim:]); v_ahead >= 0: the
-    first group's values pass prefetches the same rows there. wide (a constant): 64 columns per pass."""
+    first group's values pass prefetches the same rows there. wide (a constant): 64 columns per pass; three
+    (a constant, with wide): a last group of 3 queries takes passes of 3, not 4 with one of zeros."""
     head_dim = acc.size // correction.size
     rows = -(-n_q // QUERIES) * QUERIES
     if capped:
@@ -638,14 +739,25 @@ def _softmax_and_values(
         ahead = v_ahead if qi == 0 else -1
         c = 0
         if wide:  # 16 sums in zmm registers: each probability's broadcast serves 4 value loads
-            while c + 4 * LANES <= head_dim:
-                _accumulate_values4x4(scores, qi, correction, vb, v0, c, acc, ahead)
-                c += 4 * LANES
+            if three and n_q - qi == 3:
+                while c + 4 * LANES <= head_dim:
+                    _accumulate_values4x4(scores, qi, correction, vb, v0, c, acc, ahead, False)
+                    c += 4 * LANES
+            else:
+                while c + 4 * LANES <= head_dim:
+                    _accumulate_values4x4(scores, qi, correction, vb, v0, c, acc, ahead, True)
+                    c += 4 * LANES
         for c in range(c, head_dim, LANES):
             _accumulate_values4(scores, qi, correction, vb, v0, c, acc, ahead)
 
 
-@njit(inline="always")
+@njit
+def _on(ahead, offset):
+    """ahead + offset where ahead >= 0 (a place to prefetch), else -1 (none)."""
+    return ahead + offset if ahead >= 0 else -1
+
+
+@njit
 def _block_start(block_tables, seq, b, last_block, following, n_kv_heads, kvh, block_values):
     """Where block b of the sequence starts in the flat cache, for b up to last_block; one past it, the start
     of the thread's next item (following); else -1."""
@@ -654,7 +766,7 @@ def _block_start(block_tables, seq, b, last_block, following, n_kv_heads, kvh, b
     return following if b == last_block + 1 else -1
 
 
-@njit(inline="always")
+@njit
 def _add_sink(sink, qi, top, total, acc, head_dim):
     """Query qi's sink logit as one more score without a value, after all its keys, as ggml's flash attention
     adds it (ggml_compute_forward_flash_attn_ext, "sinks"): a sink above the running max rescales the values'
@@ -669,14 +781,14 @@ def _add_sink(sink, qi, top, total, acc, head_dim):
         total[qi] += np.exp(sink - m)
 
 
-@njit(inline="always")
+@njit
 def _softcap(scores, n_q, cap):
     """Every query's 16 scores s -> cap * tanh(s) (s already times scale / cap), in float32."""
     for i in range(n_q * LANES):
         scores[i] = cap * np.tanh(scores[i])
 
 
-@njit(inline="always")
+@njit
 def _prefetch_block(flat_k, flat_v, start, n_values):
     """Prefetch n_values of K and of V from start, all at once."""
     step = 64 // flat_k.itemsize  # values per cache line
@@ -685,7 +797,7 @@ def _prefetch_block(flat_k, flat_v, start, n_values):
         prefetch(flat_v, i)
 
 
-@njit(inline="always")
+@njit
 def _prefetch_rows(flat_cache, ahead, offset, stride):
     """With ahead >= 0, prefetch the line of flat_cache[ahead + offset], and with a stride the line that many
     values on (K's second row of a step over d, a line of its own in float32)."""
@@ -737,7 +849,7 @@ def _scores4(queries, qi, kt, k0, block_size, scale, scores, k_ahead):
     store16(scores, (qi + 3) * LANES, (e3 + o3) * scale)
 
 
-@njit(inline="always")
+@njit
 def _online_softmax(scores, qi, first, end, top, total, correction):
     """Query qi's scores of keys first..end-1 -> their e^(score - new top), in place, the other lanes 0; its
     running top and total brought up to date, and the factor its sum of values so far is to be scaled by."""
@@ -755,11 +867,12 @@ def _online_softmax(scores, qi, first, end, top, total, correction):
 
 
 @njit(inline="always")
-def _scores4_pair(queries, kt, k0, k1, block_size, scale, scores, scores_next, ahead, ahead_next):
-    """_scores4 for the first 4 queries and two blocks of 16 keys at once, the first block's (at kt[k0:]) into
-    scores, the second's (at kt[k1:]) into scores_next: each query's broadcast d-th component serves both
-    blocks' key loads, 16 sums in zmm registers. Each query's arithmetic in each block is _scores4's.
-    ahead, ahead_next >= 0: the same rows of the blocks two on are prefetched along the way."""
+def _scores4_pair(queries, kt, k0, k1, block_size, scale, scores, scores_next, ahead, ahead_next, four):
+    """_scores4 for the first 4 queries (four, a constant: else the first 3) and two blocks of 16 keys at once,
+    the first block's (at kt[k0:]) into scores, the second's (at kt[k1:]) into scores_next: each query's
+    broadcast d-th component serves both blocks' key loads, 16 sums in zmm registers. Each query's arithmetic in
+    each block is _scores4's. ahead, ahead_next >= 0: the same rows of the blocks two on are prefetched along the
+    way. The 3 queries' shape serves a group of 3 query heads (SmolLM2's decode) without a 4th of zeros."""
     e0, e1, e2, e3 = zeros16(), zeros16(), zeros16(), zeros16()
     o0, o1, o2, o3 = zeros16(), zeros16(), zeros16(), zeros16()
     f0, f1, f2, f3 = zeros16(), zeros16(), zeros16(), zeros16()
@@ -771,32 +884,37 @@ def _scores4_pair(queries, kt, k0, k1, block_size, scale, scores, scores_next, a
         n_odd = load_kv16(kt, k1 + (d + 1) * block_size)
         _prefetch_rows(kt, ahead, d * block_size, _second_row(kt, block_size))
         _prefetch_rows(kt, ahead_next, d * block_size, _second_row(kt, block_size))
-        q0, q1, q2, q3 = queries[0, d], queries[1, d], queries[2, d], queries[3, d]
+        q0, q1, q2 = queries[0, d], queries[1, d], queries[2, d]
         e0 = fma(q0, k_even, e0)
         e1 = fma(q1, k_even, e1)
         e2 = fma(q2, k_even, e2)
-        e3 = fma(q3, k_even, e3)
         f0 = fma(q0, n_even, f0)
         f1 = fma(q1, n_even, f1)
         f2 = fma(q2, n_even, f2)
-        f3 = fma(q3, n_even, f3)
-        q0, q1, q2, q3 = queries[0, d + 1], queries[1, d + 1], queries[2, d + 1], queries[3, d + 1]
+        if four:
+            q3 = queries[3, d]
+            e3 = fma(q3, k_even, e3)
+            f3 = fma(q3, n_even, f3)
+        q0, q1, q2 = queries[0, d + 1], queries[1, d + 1], queries[2, d + 1]
         o0 = fma(q0, k_odd, o0)
         o1 = fma(q1, k_odd, o1)
         o2 = fma(q2, k_odd, o2)
-        o3 = fma(q3, k_odd, o3)
         p0 = fma(q0, n_odd, p0)
         p1 = fma(q1, n_odd, p1)
         p2 = fma(q2, n_odd, p2)
-        p3 = fma(q3, n_odd, p3)
+        if four:
+            q3 = queries[3, d + 1]
+            o3 = fma(q3, k_odd, o3)
+            p3 = fma(q3, n_odd, p3)
     store16(scores, 0, (e0 + o0) * scale)
     store16(scores, LANES, (e1 + o1) * scale)
     store16(scores, 2 * LANES, (e2 + o2) * scale)
-    store16(scores, 3 * LANES, (e3 + o3) * scale)
     store16(scores_next, 0, (f0 + p0) * scale)
     store16(scores_next, LANES, (f1 + p1) * scale)
     store16(scores_next, 2 * LANES, (f2 + p2) * scale)
-    store16(scores_next, 3 * LANES, (f3 + p3) * scale)
+    if four:
+        store16(scores, 3 * LANES, (e3 + o3) * scale)
+        store16(scores_next, 3 * LANES, (f3 + p3) * scale)
 
 
 def _second_row(flat_cache, block_size):
@@ -847,12 +965,13 @@ def _accumulate_values4(probs, qi, correction, vb, v0, c, acc, v_ahead):
 
 
 @njit(inline="always")
-def _accumulate_values4x4(probs, qi, correction, vb, v0, c, acc, v_ahead):
+def _accumulate_values4x4(probs, qi, correction, vb, v0, c, acc, v_ahead, four):
     """_accumulate_values4 for the 64 columns from c at once: 16 sums in zmm registers, each query's broadcast
-    probability serving 4 value loads. Each sum's arithmetic is _accumulate_values4's."""
+    probability serving 4 value loads. Each sum's arithmetic is _accumulate_values4's. four (a constant): else
+    only queries qi..qi + 2 (a last group of 3; the 4th's sums are left as they are)."""
     head_dim = acc.size // correction.size
     r0, r1, r2, r3 = qi * head_dim + c, (qi + 1) * head_dim + c, (qi + 2) * head_dim + c, (qi + 3) * head_dim + c
-    m0, m1, m2, m3 = correction[qi], correction[qi + 1], correction[qi + 2], correction[qi + 3]
+    m0, m1, m2 = correction[qi], correction[qi + 1], correction[qi + 2]
     a00, a01, a02, a03 = (
         load16(acc, r0) * m0,
         load16(acc, r0 + 16) * m0,
@@ -871,27 +990,27 @@ def _accumulate_values4x4(probs, qi, correction, vb, v0, c, acc, v_ahead):
         load16(acc, r2 + 32) * m2,
         load16(acc, r2 + 48) * m2,
     )
-    a30, a31, a32, a33 = (
-        load16(acc, r3) * m3,
-        load16(acc, r3 + 16) * m3,
-        load16(acc, r3 + 32) * m3,
-        load16(acc, r3 + 48) * m3,
-    )
+    a30, a31, a32, a33 = zeros16(), zeros16(), zeros16(), zeros16()
+    if four:
+        m3 = correction[qi + 3]
+        a30, a31, a32, a33 = (
+            load16(acc, r3) * m3,
+            load16(acc, r3 + 16) * m3,
+            load16(acc, r3 + 32) * m3,
+            load16(acc, r3 + 48) * m3,
+        )
     for j in range(LANES):
         row = v0 + j * head_dim + c
         x0, x1, x2, x3 = load_kv16(vb, row), load_kv16(vb, row + 16), load_kv16(vb, row + 32), load_kv16(vb, row + 48)
         for line in range(0, 4 * LANES, _values_per_line(vb)):
             _prefetch_rows(vb, v_ahead, j * head_dim + c + line, 0)
-        p0, p1, p2, p3 = (
-            probs[qi * LANES + j],
-            probs[(qi + 1) * LANES + j],
-            probs[(qi + 2) * LANES + j],
-            probs[(qi + 3) * LANES + j],
-        )
+        p0, p1, p2 = probs[qi * LANES + j], probs[(qi + 1) * LANES + j], probs[(qi + 2) * LANES + j]
         a00, a01, a02, a03 = fma(p0, x0, a00), fma(p0, x1, a01), fma(p0, x2, a02), fma(p0, x3, a03)
         a10, a11, a12, a13 = fma(p1, x0, a10), fma(p1, x1, a11), fma(p1, x2, a12), fma(p1, x3, a13)
         a20, a21, a22, a23 = fma(p2, x0, a20), fma(p2, x1, a21), fma(p2, x2, a22), fma(p2, x3, a23)
-        a30, a31, a32, a33 = fma(p3, x0, a30), fma(p3, x1, a31), fma(p3, x2, a32), fma(p3, x3, a33)
+        if four:
+            p3 = probs[(qi + 3) * LANES + j]
+            a30, a31, a32, a33 = fma(p3, x0, a30), fma(p3, x1, a31), fma(p3, x2, a32), fma(p3, x3, a33)
     store16(acc, r0, a00)
     store16(acc, r0 + 16, a01)
     store16(acc, r0 + 32, a02)
@@ -904,10 +1023,11 @@ def _accumulate_values4x4(probs, qi, correction, vb, v0, c, acc, v_ahead):
     store16(acc, r2 + 16, a21)
     store16(acc, r2 + 32, a22)
     store16(acc, r2 + 48, a23)
-    store16(acc, r3, a30)
-    store16(acc, r3 + 16, a31)
-    store16(acc, r3 + 32, a32)
-    store16(acc, r3 + 48, a33)
+    if four:
+        store16(acc, r3, a30)
+        store16(acc, r3 + 16, a31)
+        store16(acc, r3 + 32, a32)
+        store16(acc, r3 + 48, a33)
 
 
 rope_and_store_kv = _build_rope_and_store_kv()
