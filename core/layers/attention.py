@@ -174,99 +174,96 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
             total = np.empty(rows, dtype=np.float32)  # and its running sum of e^(score - top)
             acc = _lines(rows * head_dim)  # query qi's weighted sum of values at qi * head_dim
             scores = _lines(rows * LANES)  # query qi's 16 scores, then e^(score - top)
+            scores_next = _lines(rows * LANES)  # the same for the second block of a pair (decode, 512-bit)
             correction = np.empty(rows, dtype=np.float32)  # the factor acc[qi] is scaled by before a block's values
             k_scratch = _lines(block_values)
             v_scratch = _lines(block_values)
-            for w in range(first, n_items, threads):
-                seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
-                # query qi is token t_begin + qi // group, head kvh * group + qi % group
-                n_q = (t_end - t_begin) * group
-                for qi in range(n_q):
-                    t, h = t_begin + qi // group, kvh * group + qi % group
-                    for d in range(head_dim):
-                        queries[qi, d] = q[t, h, d]
-                        acc[qi * head_dim + d] = 0.0
-                    top[qi] = -np.inf
-                    total[qi] = 0.0
-                for qi in range(n_q, -(-n_q // QUERIES) * QUERIES):  # the padding of a last group (discarded)
-                    for d in range(head_dim):
-                        queries[qi, d] = 0.0
-                        acc[qi * head_dim + d] = 0.0
-                    correction[qi] = 1.0
-                first_block = _first_block(positions, t_begin, window, block_size)
-                last_block = positions[t_end - 1] // block_size
-                following = -1  # where the next item of this thread starts, to fetch while this one ends
-                if w + threads < n_items:
-                    n = w + threads
-                    b_next = _first_block(positions, items[n, 2], window, block_size)
-                    following = (block_tables[items[n, 0], b_next] * n_kv_heads + items[n, 1]) * block_values
-                for b in range(first_block, last_block + 1):
-                    start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
-                    ahead = (
-                        (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
-                    )
-                    if n_q <= QUERIES:  # one group of queries (decode): widening as it loads beats a pass via scratch
-                        _attend_block(
-                            score_queries,
-                            capped,
-                            queries,
-                            n_q,
-                            flat_k,
-                            start,
-                            flat_v,
-                            start,
-                            b,
-                            block_size,
-                            positions,
-                            t_begin,
-                            t_end,
-                            group,
-                            window,
-                            scale,
-                            scores,
-                            top,
-                            total,
-                            correction,
-                            acc,
-                            ahead,
-                            cap,
-                        )
-                    else:  # many groups: widen the block once, into scratch, for all of them
-                        if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
-                            _prefetch_block(flat_k, flat_v, ahead, block_values)
-                        kt, k0 = block_as_f32(flat_k, start, k_scratch)
-                        vb, v0 = block_as_f32(flat_v, start, v_scratch)
-                        _attend_block(
-                            score_queries,
-                            capped,
-                            queries,
-                            n_q,
-                            kt,
-                            k0,
-                            vb,
-                            v0,
-                            b,
-                            block_size,
-                            positions,
-                            t_begin,
-                            t_end,
-                            group,
-                            window,
-                            scale,
-                            scores,
-                            top,
-                            total,
-                            correction,
-                            acc,
-                            -1,
-                            cap,
-                        )
-                for qi in range(n_q):
-                    if with_sinks:
-                        _add_sink(sinks[kvh * group + qi % group], qi, top, total, acc, head_dim)
-                    inv = np.float32(1.0) / total[qi]
-                    for d in range(head_dim):
-                        out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
+            # the thread's items of one group of queries (decode), then the others: functions of their own,
+            # compiled once each, not this parallel loop's body (see _decode_items_paired)
+            if score_queries == 4:  # a closure constant: numba prunes the other call before typing it
+                _decode_items_paired(
+                    score_queries,
+                    capped,
+                    with_sinks,
+                    np.int64(first),  # the parallel loop's own index is unsigned in its body: one type, one compile
+                    threads,
+                    q,
+                    flat_k,
+                    flat_v,
+                    n_kv_heads,
+                    block_size,
+                    block_tables,
+                    positions,
+                    items,
+                    scale,
+                    out,
+                    window,
+                    cap,
+                    sinks,
+                    queries,
+                    top,
+                    total,
+                    acc,
+                    scores,
+                    scores_next,
+                    correction,
+                )
+            else:
+                _decode_items_by_block(
+                    score_queries,
+                    capped,
+                    with_sinks,
+                    np.int64(first),  # the parallel loop's own index is unsigned in its body: one type, one compile
+                    threads,
+                    q,
+                    flat_k,
+                    flat_v,
+                    n_kv_heads,
+                    block_size,
+                    block_tables,
+                    positions,
+                    items,
+                    scale,
+                    out,
+                    window,
+                    cap,
+                    sinks,
+                    queries,
+                    top,
+                    total,
+                    acc,
+                    scores,
+                    scores_next,
+                    correction,
+                )
+            _prefill_items(
+                score_queries,
+                capped,
+                with_sinks,
+                np.int64(first),
+                threads,
+                q,
+                flat_k,
+                flat_v,
+                n_kv_heads,
+                block_size,
+                block_tables,
+                positions,
+                items,
+                scale,
+                out,
+                window,
+                cap,
+                sinks,
+                queries,
+                top,
+                total,
+                acc,
+                scores,
+                k_scratch,
+                v_scratch,
+                correction,
+            )
         return out
 
     return attend
@@ -281,13 +278,347 @@ def _lines(n):
     return buffer[skip : skip + n]
 
 
-@njit(inline="always")
+@njit
 def _first_block(positions, t_begin, window, block_size):
     """The first block an item's queries see: 0, or with a sliding window the one holding the first query's
     earliest key."""
     if window > 0:
         return max(positions[t_begin] - window + 1, 0) // block_size
     return 0
+
+
+@njit
+def _next_item(items, w, threads, group, decode):
+    """The first of items w, w + threads, w + 2 threads... of one group of queries (decode true) or of more,
+    else items.shape[0]."""
+    while w < items.shape[0] and ((items[w, 3] - items[w, 2]) * group <= QUERIES) != decode:
+        w += threads
+    return min(w, items.shape[0])
+
+
+@njit
+def _begin_item(q, items, w, group, queries, top, total, acc, correction):
+    """Item w's queries into `queries` (query qi is token t_begin + qi // group, head kvh * group + qi % group),
+    its sums zeroed, a last group padded with zero queries (discarded); returns its number of queries."""
+    head_dim = q.shape[2]
+    kvh, t_begin, t_end = items[w, 1], items[w, 2], items[w, 3]
+    n_q = (t_end - t_begin) * group
+    for qi in range(n_q):
+        t, h = t_begin + qi // group, kvh * group + qi % group
+        for d in range(head_dim):
+            queries[qi, d] = q[t, h, d]
+            acc[qi * head_dim + d] = 0.0
+        top[qi] = -np.inf
+        total[qi] = 0.0
+    for qi in range(n_q, -(-n_q // QUERIES) * QUERIES):  # the padding of a last group (discarded)
+        for d in range(head_dim):
+            queries[qi, d] = 0.0
+            acc[qi * head_dim + d] = 0.0
+        correction[qi] = 1.0
+    return n_q
+
+
+@njit
+def _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out):
+    """Item w's outputs: each query's sum of values over its total (with the sink of its head where the variant
+    has them)."""
+    head_dim = out.shape[2]
+    kvh, t_begin = items[w, 1], items[w, 2]
+    for qi in range(n_q):
+        if with_sinks:
+            _add_sink(sinks[kvh * group + qi % group], qi, top, total, acc, head_dim)
+        inv = np.float32(1.0) / total[qi]
+        for d in range(head_dim):
+            out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
+
+
+@njit
+def _item_start(items, w, block_tables, positions, window, n_kv_heads, block_size, block_values):
+    """Where item w's first block of keys starts in the flat cache; -1 past the last item."""
+    if w >= items.shape[0]:
+        return -1
+    b = _first_block(positions, items[w, 2], window, block_size)
+    return (block_tables[items[w, 0], b] * n_kv_heads + items[w, 1]) * block_values
+
+
+# The thread's items in functions of their own (decode on 512-bit tiers or elsewhere, chosen by the kernel's
+# closure constant, which numba prunes before it types the call; and items of more queries), each compiled once
+# and called once per thread, not inlined into the kernel's parallel loop: numba's passes over a parallel loop
+# take a time that grows much faster than the code's size (with 2a596ca's decode inlined there the kernel's first
+# compile took 3.4x as long, 52 s from 15 s). Inlining (inline="always") runs numba's front end once per call
+# site and nested call site, and does not prune a branch on a literal argument before it inlines both sides:
+# hence one site for each big helper, and the small helpers as plain functions, which LLVM inlines.
+# score_queries, capped and with_sinks arrive as literals (LLVM folds their branches). _nrt=False: they allocate
+# nothing, and without it numba counts references to the arrays they are passed around each inlined helper
+# (atomic adds, some on the shared caches' counts).
+
+
+@njit(_nrt=False)
+def _decode_items_paired(
+    score_queries,
+    capped,
+    with_sinks,
+    first,
+    threads,
+    q,
+    flat_k,
+    flat_v,
+    n_kv_heads,
+    block_size,
+    block_tables,
+    positions,
+    items,
+    scale,
+    out,
+    window,
+    cap,
+    sinks,
+    queries,
+    top,
+    total,
+    acc,
+    scores,
+    scores_next,
+    correction,
+):
+    """The thread's items (first, first + threads, ...) of one group of queries (decode) on 512-bit tiers, each
+    key and value widened as it loads: with blocks of 16 keys the scores of two blocks per pass, so that each
+    query's broadcast serves two key loads, then each block's softmax and values in order; the rest (an odd last
+    block, or blocks of more keys) 16 keys at a time. A group of 3 queries (3 query heads per KV head) takes
+    passes of 3, not 4 with one of zeros."""
+    group, head_dim = q.shape[1] // n_kv_heads, q.shape[2]
+    block_values = head_dim * block_size  # of one KV head in one block
+    w = _next_item(items, first, threads, group, True)
+    while w < items.shape[0]:
+        n = _next_item(items, w + threads, threads, group, True)
+        seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
+        n_q = _begin_item(q, items, w, group, queries, top, total, acc, correction)
+        following = _item_start(items, n, block_tables, positions, window, n_kv_heads, block_size, block_values)
+        b = _first_block(positions, t_begin, window, block_size)
+        last_block = positions[t_end - 1] // block_size
+        lane0 = 0  # block b's first key not yet seen, a multiple of 16
+        while b <= last_block:
+            start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+            if block_size == LANES and b < last_block:  # two blocks in one scores pass
+                start_next = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values
+                ahead = _block_start(block_tables, seq, b + 2, last_block, following, n_kv_heads, kvh, block_values)
+                ahead_next = _block_start(
+                    block_tables, seq, b + 3, last_block, following, n_kv_heads, kvh, block_values
+                )
+                if n_q == 3:  # a group of 3 query heads: no 4th of zeros
+                    _scores4_pair(
+                        queries,
+                        flat_k,
+                        start,
+                        start_next,
+                        block_size,
+                        scale,
+                        scores,
+                        scores_next,
+                        ahead,
+                        ahead_next,
+                        False,
+                    )
+                else:
+                    _scores4_pair(
+                        queries,
+                        flat_k,
+                        start,
+                        start_next,
+                        block_size,
+                        scale,
+                        scores,
+                        scores_next,
+                        ahead,
+                        ahead_next,
+                        True,
+                    )
+                units = 2
+            else:  # 16 keys of one block: the last of an odd number, or blocks of more than 16
+                ahead = _block_start(block_tables, seq, b + 1, last_block, following, n_kv_heads, kvh, block_values)
+                start_next, ahead_next = start, -1  # unread
+                _scores4(queries, 0, flat_k, start + lane0, block_size, scale, scores, _on(ahead, lane0))
+                units = 1
+            for unit in range(units):  # one copy of the softmax and values code for both shapes
+                second = unit == 1
+                _softmax_and_values(
+                    True,
+                    True,
+                    capped,
+                    scores_next if second else scores,
+                    n_q,
+                    (b + 1) * block_size if second else b * block_size + lane0,
+                    positions,
+                    t_begin,
+                    t_end,
+                    group,
+                    window,
+                    top,
+                    total,
+                    correction,
+                    flat_v,
+                    start_next if second else start + lane0 * head_dim,
+                    acc,
+                    ahead_next if second else _on(ahead, lane0 * head_dim),
+                    cap,
+                )
+            if units == 2:
+                b += 2
+            else:
+                lane0 += LANES
+                if lane0 == block_size:
+                    lane0 = 0
+                    b += 1
+        _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out)
+        w = n
+
+
+@njit(_nrt=False)
+def _decode_items_by_block(
+    score_queries,
+    capped,
+    with_sinks,
+    first,
+    threads,
+    q,
+    flat_k,
+    flat_v,
+    n_kv_heads,
+    block_size,
+    block_tables,
+    positions,
+    items,
+    scale,
+    out,
+    window,
+    cap,
+    sinks,
+    queries,
+    top,
+    total,
+    acc,
+    scores,
+    scores_next,
+    correction,
+):
+    """The thread's items (first, first + threads, ...) of one group of queries (decode) on 256-bit tiers, a
+    block at a time, each key and value widened as it loads."""
+    group, head_dim = q.shape[1] // n_kv_heads, q.shape[2]
+    block_values = head_dim * block_size  # of one KV head in one block
+    w = _next_item(items, first, threads, group, True)
+    while w < items.shape[0]:
+        n = _next_item(items, w + threads, threads, group, True)
+        seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
+        n_q = _begin_item(q, items, w, group, queries, top, total, acc, correction)
+        following = _item_start(items, n, block_tables, positions, window, n_kv_heads, block_size, block_values)
+        b = _first_block(positions, t_begin, window, block_size)
+        last_block = positions[t_end - 1] // block_size
+        for b in range(b, last_block + 1):
+            start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+            ahead = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
+            _attend_block(
+                score_queries,
+                capped,
+                queries,
+                n_q,
+                flat_k,
+                start,
+                flat_v,
+                start,
+                b,
+                block_size,
+                positions,
+                t_begin,
+                t_end,
+                group,
+                window,
+                scale,
+                scores,
+                top,
+                total,
+                correction,
+                acc,
+                ahead,
+                cap,
+            )
+        _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out)
+        w = n
+
+
+@njit(_nrt=False)
+def _prefill_items(
+    score_queries,
+    capped,
+    with_sinks,
+    first,
+    threads,
+    q,
+    flat_k,
+    flat_v,
+    n_kv_heads,
+    block_size,
+    block_tables,
+    positions,
+    items,
+    scale,
+    out,
+    window,
+    cap,
+    sinks,
+    queries,
+    top,
+    total,
+    acc,
+    scores,
+    k_scratch,
+    v_scratch,
+    correction,
+):
+    """The thread's items (first, first + threads, ...) of more than one group of queries: each block widened
+    once, into scratch, for all of them."""
+    group = q.shape[1] // n_kv_heads
+    block_values = q.shape[2] * block_size  # of one KV head in one block
+    w = _next_item(items, first, threads, group, False)
+    while w < items.shape[0]:
+        n = _next_item(items, w + threads, threads, group, False)
+        seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
+        n_q = _begin_item(q, items, w, group, queries, top, total, acc, correction)
+        following = _item_start(items, n, block_tables, positions, window, n_kv_heads, block_size, block_values)
+        last_block = positions[t_end - 1] // block_size
+        for b in range(_first_block(positions, t_begin, window, block_size), last_block + 1):
+            start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+            ahead = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
+            if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
+                _prefetch_block(flat_k, flat_v, ahead, block_values)
+            kt, k0 = block_as_f32(flat_k, start, k_scratch)
+            vb, v0 = block_as_f32(flat_v, start, v_scratch)
+            _attend_block(
+                score_queries,
+                capped,
+                queries,
+                n_q,
+                kt,
+                k0,
+                vb,
+                v0,
+                b,
+                block_size,
+                positions,
+                t_begin,
+                t_end,
+                group,
+                window,
+                scale,
+                scores,
+                top,
+                total,
+                correction,
+                acc,
+                -1,
+                cap,
+            )
+        _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out)
+        w = n
 
 
 @njit(inline="always")
@@ -325,19 +656,18 @@ def _attend_block(
     prefetches at once stalls on the cache's miss buffers (measured 1.3x slower).
 
     score_queries (2 or 4) and capped are constants of the kernel's variant (closure values of its own: a plain
-    int and bool), so once this is inlined into the kernel numba prunes the branches of the other values. Not a
-    jitted closure per variant that the kernel holds (5af21ab, reverted in 6a7e7cd): numba's cache key pickles a
-    kernel's closure values, a dispatcher's pickle carries an id of the process that made it, and every process
-    then missed the cache (tests/core/test_kernel_cache.py checks the keys). Measured: a group of 3 for decode's
-    3 query heads (SmolLM2) instead of padding them to 4 took 2-5% off decode's attention and added 1 s (12%) to
-    the kernel's compile, so the last group is padded.
+    int and bool, passed on as literals to the item functions), so once this is inlined there LLVM folds the
+    branches of the other values. Not a jitted closure per variant that the kernel holds (5af21ab, reverted in
+    6a7e7cd): numba's cache key pickles a kernel's closure values, a dispatcher's pickle carries an id of the
+    process that made it, and every process then missed the cache (tests/core/test_kernel_cache.py checks the
+    keys). The last group of a prefill's queries is padded to 4 here; decode's group of 3 on 512-bit tiers is not
+    (_decode_items_paired).
 
     capped: each score s, computed with scale / cap, becomes cap * tanh(s) before the softmax sees it (its
     running max included), as ggml's flash attention soft-caps them."""
-    head_dim = queries.shape[1]
     rows = -(-n_q // QUERIES) * QUERIES  # the queries padded to whole groups of 4 (the padding is discarded)
+    head_dim = queries.shape[1]
     for lane0 in range(0, block_size, LANES):
-        base = b * block_size + lane0  # the position of lane 0
         # three passes over the queries, a group at a time where they share loads, so that the CPU overlaps
         # their dependency chains; every query's own arithmetic is the same whatever its neighbours
         for qi in range(0, rows, score_queries):
@@ -346,20 +676,97 @@ def _attend_block(
                 _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
             else:
                 _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
-        if capped:
-            _softcap(scores, n_q, cap)
-        for t in range(t_begin, t_end):
-            seen = positions[t] + 1 - base  # keys of the 16 at or before the query
-            end = min(seen, LANES)
-            first = max(seen - window, 0) if window > 0 else 0
-            for qi in range((t - t_begin) * group, (t - t_begin + 1) * group):
-                _online_softmax(scores, qi, first, end, top, total, correction)
-        for qi in range(0, rows, QUERIES):
-            v_ahead = ahead + lane0 * head_dim if ahead >= 0 and qi == 0 else -1
-            _accumulate_values4(scores, qi, correction, vb, v0 + lane0 * head_dim, acc, v_ahead)
+        _softmax_and_values(
+            score_queries == 4,
+            False,
+            capped,
+            scores,
+            n_q,
+            b * block_size + lane0,
+            positions,
+            t_begin,
+            t_end,
+            group,
+            window,
+            top,
+            total,
+            correction,
+            vb,
+            v0 + lane0 * head_dim,
+            acc,
+            ahead + lane0 * head_dim if ahead >= 0 else -1,
+            cap,
+        )
 
 
 @njit(inline="always")
+def _softmax_and_values(
+    wide,
+    three,
+    capped,
+    scores,
+    n_q,
+    base,
+    positions,
+    t_begin,
+    t_end,
+    group,
+    window,
+    top,
+    total,
+    correction,
+    vb,
+    v0,
+    acc,
+    v_ahead,
+    cap,
+):
+    """The second and third passes over 16 keys whose scores are in `scores` (position `base` in lane 0): each
+    query's online softmax, then its sum of values (the rows at vb[v0 + j * head_dim:]); v_ahead >= 0: the
+    first group's values pass prefetches the same rows there. wide (a constant): 64 columns per pass; three
+    (a constant, with wide): a last group of 3 queries takes passes of 3, not 4 with one of zeros."""
+    head_dim = acc.size // correction.size
+    rows = -(-n_q // QUERIES) * QUERIES
+    if capped:
+        _softcap(scores, n_q, cap)
+    for t in range(t_begin, t_end):
+        seen = positions[t] + 1 - base  # keys of the 16 at or before the query
+        end = min(seen, LANES)
+        first = max(seen - window, 0) if window > 0 else 0
+        for qi in range((t - t_begin) * group, (t - t_begin + 1) * group):
+            _online_softmax(scores, qi, first, end, top, total, correction)
+    for qi in range(0, rows, QUERIES):
+        ahead = v_ahead if qi == 0 else -1
+        c = 0
+        if wide:  # 16 sums in zmm registers: each probability's broadcast serves 4 value loads
+            if three and n_q - qi == 3:
+                while c + 4 * LANES <= head_dim:
+                    _accumulate_values4x4(scores, qi, correction, vb, v0, c, acc, ahead, False)
+                    c += 4 * LANES
+            else:
+                while c + 4 * LANES <= head_dim:
+                    _accumulate_values4x4(scores, qi, correction, vb, v0, c, acc, ahead, True)
+                    c += 4 * LANES
+        for c in range(c, head_dim, LANES):
+            _accumulate_values4(scores, qi, correction, vb, v0, c, acc, ahead)
+
+
+@njit
+def _on(ahead, offset):
+    """ahead + offset where ahead >= 0 (a place to prefetch), else -1 (none)."""
+    return ahead + offset if ahead >= 0 else -1
+
+
+@njit
+def _block_start(block_tables, seq, b, last_block, following, n_kv_heads, kvh, block_values):
+    """Where block b of the sequence starts in the flat cache, for b up to last_block; one past it, the start
+    of the thread's next item (following); else -1."""
+    if b <= last_block:
+        return (block_tables[seq, b] * n_kv_heads + kvh) * block_values
+    return following if b == last_block + 1 else -1
+
+
+@njit
 def _add_sink(sink, qi, top, total, acc, head_dim):
     """Query qi's sink logit as one more score without a value, after all its keys, as ggml's flash attention
     adds it (ggml_compute_forward_flash_attn_ext, "sinks"): a sink above the running max rescales the values'
@@ -374,14 +781,14 @@ def _add_sink(sink, qi, top, total, acc, head_dim):
         total[qi] += np.exp(sink - m)
 
 
-@njit(inline="always")
+@njit
 def _softcap(scores, n_q, cap):
     """Every query's 16 scores s -> cap * tanh(s) (s already times scale / cap), in float32."""
     for i in range(n_q * LANES):
         scores[i] = cap * np.tanh(scores[i])
 
 
-@njit(inline="always")
+@njit
 def _prefetch_block(flat_k, flat_v, start, n_values):
     """Prefetch n_values of K and of V from start, all at once."""
     step = 64 // flat_k.itemsize  # values per cache line
@@ -390,7 +797,7 @@ def _prefetch_block(flat_k, flat_v, start, n_values):
         prefetch(flat_v, i)
 
 
-@njit(inline="always")
+@njit
 def _prefetch_rows(flat_cache, ahead, offset, stride):
     """With ahead >= 0, prefetch the line of flat_cache[ahead + offset], and with a stride the line that many
     values on (K's second row of a step over d, a line of its own in float32)."""
@@ -442,7 +849,7 @@ def _scores4(queries, qi, kt, k0, block_size, scale, scores, k_ahead):
     store16(scores, (qi + 3) * LANES, (e3 + o3) * scale)
 
 
-@njit(inline="always")
+@njit
 def _online_softmax(scores, qi, first, end, top, total, correction):
     """Query qi's scores of keys first..end-1 -> their e^(score - new top), in place, the other lanes 0; its
     running top and total brought up to date, and the factor its sum of values so far is to be scaled by."""
@@ -460,29 +867,167 @@ def _online_softmax(scores, qi, first, end, top, total, correction):
 
 
 @njit(inline="always")
-def _accumulate_values4(probs, qi, correction, vb, v0, acc, v_ahead):
-    """For i < 4: acc[qi + i] = acc[qi + i] * correction[qi + i] + sum over the 16 keys j of
-    probs[(qi + i) * 16 + j] * value j (the row of head_dim at vb[v0 + j * head_dim:]), over j in order.
+def _scores4_pair(queries, kt, k0, k1, block_size, scale, scores, scores_next, ahead, ahead_next, four):
+    """_scores4 for the first 4 queries (four, a constant: else the first 3) and two blocks of 16 keys at once,
+    the first block's (at kt[k0:]) into scores, the second's (at kt[k1:]) into scores_next: each query's
+    broadcast d-th component serves both blocks' key loads, 16 sums in zmm registers. Each query's arithmetic in
+    each block is _scores4's. ahead, ahead_next >= 0: the same rows of the blocks two on are prefetched along the
+    way. The 3 queries' shape serves a group of 3 query heads (SmolLM2's decode) without a 4th of zeros."""
+    e0, e1, e2, e3 = zeros16(), zeros16(), zeros16(), zeros16()
+    o0, o1, o2, o3 = zeros16(), zeros16(), zeros16(), zeros16()
+    f0, f1, f2, f3 = zeros16(), zeros16(), zeros16(), zeros16()
+    p0, p1, p2, p3 = zeros16(), zeros16(), zeros16(), zeros16()
+    for d in range(0, queries.shape[1], 2):
+        k_even = load_kv16(kt, k0 + d * block_size)
+        k_odd = load_kv16(kt, k0 + (d + 1) * block_size)
+        n_even = load_kv16(kt, k1 + d * block_size)
+        n_odd = load_kv16(kt, k1 + (d + 1) * block_size)
+        _prefetch_rows(kt, ahead, d * block_size, _second_row(kt, block_size))
+        _prefetch_rows(kt, ahead_next, d * block_size, _second_row(kt, block_size))
+        q0, q1, q2 = queries[0, d], queries[1, d], queries[2, d]
+        e0 = fma(q0, k_even, e0)
+        e1 = fma(q1, k_even, e1)
+        e2 = fma(q2, k_even, e2)
+        f0 = fma(q0, n_even, f0)
+        f1 = fma(q1, n_even, f1)
+        f2 = fma(q2, n_even, f2)
+        if four:
+            q3 = queries[3, d]
+            e3 = fma(q3, k_even, e3)
+            f3 = fma(q3, n_even, f3)
+        q0, q1, q2 = queries[0, d + 1], queries[1, d + 1], queries[2, d + 1]
+        o0 = fma(q0, k_odd, o0)
+        o1 = fma(q1, k_odd, o1)
+        o2 = fma(q2, k_odd, o2)
+        p0 = fma(q0, n_odd, p0)
+        p1 = fma(q1, n_odd, p1)
+        p2 = fma(q2, n_odd, p2)
+        if four:
+            q3 = queries[3, d + 1]
+            o3 = fma(q3, k_odd, o3)
+            p3 = fma(q3, n_odd, p3)
+    store16(scores, 0, (e0 + o0) * scale)
+    store16(scores, LANES, (e1 + o1) * scale)
+    store16(scores, 2 * LANES, (e2 + o2) * scale)
+    store16(scores_next, 0, (f0 + p0) * scale)
+    store16(scores_next, LANES, (f1 + p1) * scale)
+    store16(scores_next, 2 * LANES, (f2 + p2) * scale)
+    if four:
+        store16(scores, 3 * LANES, (e3 + o3) * scale)
+        store16(scores_next, 3 * LANES, (f3 + p3) * scale)
+
+
+def _second_row(flat_cache, block_size):
+    """How far on the second row of a step over d lies when it is on a cache line of its own (float32), else 0
+    (float16: both rows of 16 keys share one line): a constant of each cache dtype."""
+
+
+@overload(_second_row)
+def _second_row_impl(flat_cache, block_size):
+    if flat_cache.dtype == types.uint16:
+        return lambda flat_cache, block_size: 0
+    return lambda flat_cache, block_size: block_size
+
+
+def _values_per_line(flat_cache):
+    """Values of the cache in one 64-byte line: a constant of each cache dtype."""
+
+
+@overload(_values_per_line)
+def _values_per_line_impl(flat_cache):
+    per_line = 32 if flat_cache.dtype == types.uint16 else 16
+    return lambda flat_cache: per_line
+
+
+@njit(inline="always")
+def _accumulate_values4(probs, qi, correction, vb, v0, c, acc, v_ahead):
+    """For i < 4 and the 16 columns from c: acc[qi + i] = acc[qi + i] * correction[qi + i] + sum over the 16 keys
+    j of probs[(qi + i) * 16 + j] * value j (the row of head_dim at vb[v0 + j * head_dim:]), over j in order.
     v_ahead >= 0: the next block's same rows, at vb[v_ahead:], are prefetched along the way."""
     head_dim = acc.size // correction.size
-    for c in range(0, head_dim, LANES):  # 16 columns at a time, each query's sum in a register over the keys
-        r0, r1, r2, r3 = qi * head_dim + c, (qi + 1) * head_dim + c, (qi + 2) * head_dim + c, (qi + 3) * head_dim + c
-        a0 = load16(acc, r0) * correction[qi]
-        a1 = load16(acc, r1) * correction[qi + 1]
-        a2 = load16(acc, r2) * correction[qi + 2]
-        a3 = load16(acc, r3) * correction[qi + 3]
-        for j in range(LANES):
-            value = load_kv16(vb, v0 + j * head_dim + c)
-            if c % (64 // vb.itemsize) == 0:  # the first 16 columns of each cache line
-                _prefetch_rows(vb, v_ahead, j * head_dim + c, 0)
-            a0 = fma(probs[qi * LANES + j], value, a0)
-            a1 = fma(probs[(qi + 1) * LANES + j], value, a1)
-            a2 = fma(probs[(qi + 2) * LANES + j], value, a2)
-            a3 = fma(probs[(qi + 3) * LANES + j], value, a3)
-        store16(acc, r0, a0)
-        store16(acc, r1, a1)
-        store16(acc, r2, a2)
-        store16(acc, r3, a3)
+    r0, r1, r2, r3 = qi * head_dim + c, (qi + 1) * head_dim + c, (qi + 2) * head_dim + c, (qi + 3) * head_dim + c
+    a0 = load16(acc, r0) * correction[qi]
+    a1 = load16(acc, r1) * correction[qi + 1]
+    a2 = load16(acc, r2) * correction[qi + 2]
+    a3 = load16(acc, r3) * correction[qi + 3]
+    for j in range(LANES):
+        value = load_kv16(vb, v0 + j * head_dim + c)
+        if c % _values_per_line(vb) == 0:  # the first 16 columns of each cache line
+            _prefetch_rows(vb, v_ahead, j * head_dim + c, 0)
+        a0 = fma(probs[qi * LANES + j], value, a0)
+        a1 = fma(probs[(qi + 1) * LANES + j], value, a1)
+        a2 = fma(probs[(qi + 2) * LANES + j], value, a2)
+        a3 = fma(probs[(qi + 3) * LANES + j], value, a3)
+    store16(acc, r0, a0)
+    store16(acc, r1, a1)
+    store16(acc, r2, a2)
+    store16(acc, r3, a3)
+
+
+@njit(inline="always")
+def _accumulate_values4x4(probs, qi, correction, vb, v0, c, acc, v_ahead, four):
+    """_accumulate_values4 for the 64 columns from c at once: 16 sums in zmm registers, each query's broadcast
+    probability serving 4 value loads. Each sum's arithmetic is _accumulate_values4's. four (a constant): else
+    only queries qi..qi + 2 (a last group of 3; the 4th's sums are left as they are)."""
+    head_dim = acc.size // correction.size
+    r0, r1, r2, r3 = qi * head_dim + c, (qi + 1) * head_dim + c, (qi + 2) * head_dim + c, (qi + 3) * head_dim + c
+    m0, m1, m2 = correction[qi], correction[qi + 1], correction[qi + 2]
+    a00, a01, a02, a03 = (
+        load16(acc, r0) * m0,
+        load16(acc, r0 + 16) * m0,
+        load16(acc, r0 + 32) * m0,
+        load16(acc, r0 + 48) * m0,
+    )
+    a10, a11, a12, a13 = (
+        load16(acc, r1) * m1,
+        load16(acc, r1 + 16) * m1,
+        load16(acc, r1 + 32) * m1,
+        load16(acc, r1 + 48) * m1,
+    )
+    a20, a21, a22, a23 = (
+        load16(acc, r2) * m2,
+        load16(acc, r2 + 16) * m2,
+        load16(acc, r2 + 32) * m2,
+        load16(acc, r2 + 48) * m2,
+    )
+    a30, a31, a32, a33 = zeros16(), zeros16(), zeros16(), zeros16()
+    if four:
+        m3 = correction[qi + 3]
+        a30, a31, a32, a33 = (
+            load16(acc, r3) * m3,
+            load16(acc, r3 + 16) * m3,
+            load16(acc, r3 + 32) * m3,
+            load16(acc, r3 + 48) * m3,
+        )
+    for j in range(LANES):
+        row = v0 + j * head_dim + c
+        x0, x1, x2, x3 = load_kv16(vb, row), load_kv16(vb, row + 16), load_kv16(vb, row + 32), load_kv16(vb, row + 48)
+        for line in range(0, 4 * LANES, _values_per_line(vb)):
+            _prefetch_rows(vb, v_ahead, j * head_dim + c + line, 0)
+        p0, p1, p2 = probs[qi * LANES + j], probs[(qi + 1) * LANES + j], probs[(qi + 2) * LANES + j]
+        a00, a01, a02, a03 = fma(p0, x0, a00), fma(p0, x1, a01), fma(p0, x2, a02), fma(p0, x3, a03)
+        a10, a11, a12, a13 = fma(p1, x0, a10), fma(p1, x1, a11), fma(p1, x2, a12), fma(p1, x3, a13)
+        a20, a21, a22, a23 = fma(p2, x0, a20), fma(p2, x1, a21), fma(p2, x2, a22), fma(p2, x3, a23)
+        if four:
+            p3 = probs[(qi + 3) * LANES + j]
+            a30, a31, a32, a33 = fma(p3, x0, a30), fma(p3, x1, a31), fma(p3, x2, a32), fma(p3, x3, a33)
+    store16(acc, r0, a00)
+    store16(acc, r0 + 16, a01)
+    store16(acc, r0 + 32, a02)
+    store16(acc, r0 + 48, a03)
+    store16(acc, r1, a10)
+    store16(acc, r1 + 16, a11)
+    store16(acc, r1 + 32, a12)
+    store16(acc, r1 + 48, a13)
+    store16(acc, r2, a20)
+    store16(acc, r2 + 16, a21)
+    store16(acc, r2 + 32, a22)
+    store16(acc, r2 + 48, a23)
+    if four:
+        store16(acc, r3, a30)
+        store16(acc, r3 + 16, a31)
+        store16(acc, r3 + 32, a32)
+        store16(acc, r3 + 48, a33)
 
 
 rope_and_store_kv = _build_rope_and_store_kv()
