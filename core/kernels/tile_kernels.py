@@ -24,8 +24,8 @@ tile_tokens in weight_types.py), each super-block's exact integer sum per row an
 float step, as ggml's x86 repack kernel does. On 512-bit VNNI tiers the tiles' quads lie in the values' order and
 int8_dots.superblock_unit_vnni builds the sums by vpdpbusd (superblock_tiles.natural_order); elsewhere
 superblock_tile_sum by vpmaddubsw. A tile's scale pairs and mins are unpacked once per call, not per
-pass. The rows past the last full pass take passes of 2, then 1 (no padding: one row costs one row's dots), in
-the same call; a row's bits are the same in any pass.
+pass. The rows past the last full pass take passes of 8 and 4 on 256-bit tiers (mid_passes), then 2, then 1 (no
+padding: one row costs one row's dots), in the same call; a row's bits are the same in any pass.
 """
 
 from __future__ import annotations
@@ -250,6 +250,16 @@ def _store_tile_row(out, t, n0, sums, spill):
 # ---------------------------------------------------------------- K-quant super-blocks
 
 
+def mid_passes(qtype: int, tier: Tier) -> tuple[int, ...]:
+    """The K-quant tile kernel's rows per pass between its tile_tokens and 2, largest first: 8 and 4 on 256-bit
+    tiers, where a pass of 2 unpacks a call's weights for 2 rows only (4 and 8 rows ran 1.3-1.55x their passes of
+    2, Q4_K and Q6_K, one Xeon core under the AVX2 emulation); none on 512-bit ones, whose kernels stay as they
+    were measured."""
+    if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot or tier.vector_bits == 512:
+        return ()
+    return (8, 4)
+
+
 def tiles_k(qtype: int, tier: Tier, tokens: int):
     """The K-quant tile kernel (superblock_tiles.py) for one weight type on one tier, `tokens` activation rows
     per pass, the rest 2 and then 1 a pass: kernel(quants, scales, mins, sub_scales, a, d, sum32, out)."""
@@ -262,13 +272,15 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     natural = natural_order(qtype, tier)
     signed_q6 = natural and not has_mins
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
+    per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
+    mid = len(mid_passes(qtype, tier)) > 0  # passes of 8 and 4 between `tokens` and 2
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
     def matmul_tiles_k(quants, scales, mins, sub_scales, a, d, sum32, out):
         """out (T, N) = tiles of N rows times Q8_K activations a (T, K) int8 in quad order
         (activations.quantize_q8_k_quads); d (T, K / 256), sum32 (T, K / 32). A tile of 16 weight rows times
-        `tokens` activation rows at a time, the last rows 2 and then 1 at a time. Per row and token, as ggml's x86
+        `tokens` activation rows at a time, the last rows 8, 4 (256-bit tiers: mid_passes), 2 and then 1 at a time. Per row and token, as ggml's x86
         repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact integer sum, sub-block scales applied,
         takes one float step, acc += (d_w * d_a) * sum, the mins another, acc_mins += (dmin * d_a) *
         sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter vpmaddubsw's dots unsigned; its offset of
@@ -339,7 +351,10 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
             acc_mins = all_sums[thread, 2].view(np.float32)
             t0 = 0
             while t0 < n_tok:
-                n = tokens if n_tok - t0 >= tokens else (2 if n_tok - t0 >= 2 else 1)  # this pass's rows
+                # this pass's rows: `tokens`, then 8 and 4 where `mid`, 2, 1; one expression (`n` assigned in two
+                # branches of an if corrupted the heap with 2 threads)
+                left = n_tok - t0
+                n = tokens if left >= tokens else 8 if mid and left >= 8 else 4 if mid and left >= 4 else min(left, 2)
                 acc[: n * TILE_ROWS] = 0  # this pass's rows only
                 acc_mins[: n * TILE_ROWS] = 0
                 for sb in range(n_super):
@@ -525,6 +540,42 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                     vnni,
                                     qtype,
                                     tokens,
+                                )
+                        elif mid and n == 8:
+                            for lane in range(0, 8, per_call_8):
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    8,
+                                )
+                        elif mid and n == 4:
+                            for lane in range(0, 8, per_call_4):
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    4,
                                 )
                         else:
                             for lane in range(0, 8, per_call_2):
