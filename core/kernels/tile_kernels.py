@@ -41,6 +41,7 @@ from miro.core.kernels.int8_dots import (
     lanes_per_call,
     mins_dot,
     scale_pairs16,
+    split_sums,
     superblock_tile_sum,
     superblock_unit_vnni,
     tile_dot,
@@ -274,6 +275,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     mid = len(mid_passes(qtype, tier)) > 0  # passes of 8 and 4 between `tokens` and 2
+    sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (int8_dots.superblock_tile_sum)
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
@@ -331,7 +333,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         n_threads = numba.config.NUMBA_NUM_THREADS
         all_pairs = np.empty((n_threads, n_super * 8 * TILE_ROWS), np.int32)
         all_min_pairs = np.empty((n_threads, n_super * 4 * TILE_ROWS if has_mins else 0), np.int32)
-        all_sums = np.empty((n_threads, 3, tokens * TILE_ROWS), np.int32)
+        all_sums = np.empty((n_threads, 3, sets * tokens * TILE_ROWS), np.int32)
         all_spill = np.empty((n_threads, LANES), np.float32)
         for tile in prange(n_tiles):
             thread = numba.get_thread_id()
@@ -354,11 +356,21 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                 # this pass's rows: `tokens`, then 8 and 4 where `mid`, 2, 1; one expression (`n` assigned in two
                 # branches of an if corrupted the heap with 2 threads)
                 left = n_tok - t0
-                n = tokens if left >= tokens else 8 if mid and left >= 8 else 4 if mid and left >= 4 else min(left, 2)
+                n = (
+                    tokens
+                    if left >= tokens
+                    else 8
+                    if mid and left >= 8
+                    else 4
+                    if mid and left >= 4
+                    else 2
+                    if left >= 2
+                    else 1
+                )
                 acc[: n * TILE_ROWS] = 0  # this pass's rows only
                 acc_mins[: n * TILE_ROWS] = 0
                 for sb in range(n_super):
-                    isums[: n * TILE_ROWS] = 0
+                    isums[: sets * n * TILE_ROWS] = 0
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
@@ -595,6 +607,11 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                     qtype,
                                     2,
                                 )
+                    if sets == 2 and n >= 4:  # the second set of sums (int8_dots.split_sums)
+                        for t in range(n):
+                            store16(
+                                isums, TILE_ROWS * t, load16(isums, TILE_ROWS * t) + load16(isums, TILE_ROWS * (n + t))
+                            )
                     dw = load16_f16(scales[tile], TILE_ROWS * sb)
                     for t in range(n):
                         at = TILE_ROWS * t
