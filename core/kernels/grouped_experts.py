@@ -202,6 +202,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
     signed_q6 = natural and not has_mins
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
+    fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
     sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (int8_dots.superblock_tile_sum)
     helpers = HELPERS
 
@@ -511,7 +512,21 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
-                    for c in range(4 if n > 1 and not natural else 0):
+                    elif n == 2 and fixed_units_2:  # the units constants, their shifts immediate, as at one row
+                        for first in range(0, 8, per_call_2):
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, first, bits, vnni, qtype, 2
+                            )
+                    for c in range(4 if (n > 2 or n == 2 and not fixed_units_2) and not natural else 0):
                         if n == tokens:
                             for lane in range(0, 8, per_call):
                                 superblock_tile_sum(

@@ -25,7 +25,8 @@ float step, as ggml's x86 repack kernel does. On 512-bit VNNI tiers the tiles' q
 int8_dots.superblock_unit_vnni builds the sums by vpdpbusd (superblock_tiles.natural_order); elsewhere
 superblock_tile_sum by vpmaddubsw. A tile's scale pairs and mins are unpacked once per call, not per
 pass. The rows past the last full pass take passes of 8 and 4 on 256-bit tiers (mid_passes), then 2, then 1 (no
-padding: one row costs one row's dots), in the same call; a row's bits are the same in any pass.
+padding: one row costs one row's dots), in the same call; a row's bits are the same in any pass. Passes of 1, and of
+2 on 256-bit tiers, call superblock_tile_sum with constant units, their shifts immediate.
 """
 
 from __future__ import annotations
@@ -275,6 +276,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     mid = len(mid_passes(qtype, tier)) > 0  # passes of 8 and 4 between `tokens` and 2
+    fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
     sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (int8_dots.superblock_tile_sum)
     helpers = HELPERS
 
@@ -534,7 +536,21 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
-                    for c in range(4 if n > 1 and not natural else 0):  # in the order the tile's bytes lie
+                    elif n == 2 and fixed_units_2:  # the units constants, their shifts immediate, as at one row
+                        for first in range(0, 8, per_call_2):
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, first, bits, vnni, qtype, 2
+                            )
+                    for c in range(4 if (n > 2 or n == 2 and not fixed_units_2) and not natural else 0):
                         if n == tokens:
                             for lane in range(0, 8, per_call):
                                 superblock_tile_sum(
