@@ -254,9 +254,9 @@ def _store_tile_row(out, t, n0, sums, spill):
 
 def mid_passes(qtype: int, tier: Tier) -> tuple[int, ...]:
     """The K-quant tile kernel's rows per pass between its tile_tokens and 2, largest first: 8 and 4 on 256-bit
-    tiers, where a pass of 2 unpacks a call's weights for 2 rows only (4 and 8 rows ran 1.3-1.55x their passes of
-    2, Q4_K and Q6_K, one Xeon core under the AVX2 emulation); none on 512-bit ones, whose kernels stay as they
-    were measured."""
+    tiers, where a pass of 2 unpacks a call's weights for 2 rows only (4 and 8 rows ran 1.2-1.65x their passes of
+    2, Q4_K, Q5_K and Q6_K, one Xeon core under the AVX2 emulation); none on 512-bit ones, whose kernels stay as
+    they were measured."""
     if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot or tier.vector_bits == 512:
         return ()
     return (8, 4)
@@ -264,7 +264,8 @@ def mid_passes(qtype: int, tier: Tier) -> tuple[int, ...]:
 
 def tiles_k(qtype: int, tier: Tier, tokens: int):
     """The K-quant tile kernel (superblock_tiles.py) for one weight type on one tier, `tokens` activation rows
-    per pass, the rest 2 and then 1 a pass: kernel(quants, scales, mins, sub_scales, a, d, sum32, out)."""
+    per pass, the rest 8 and 4 (mid_passes), 2 and then 1 a pass: kernel(quants, scales, mins, sub_scales, a, d,
+    sum32, out)."""
     if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot:
         return None
     bits = 512 if tier.vector_bits == 512 else 256
@@ -284,14 +285,14 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     def matmul_tiles_k(quants, scales, mins, sub_scales, a, d, sum32, out):
         """out (T, N) = tiles of N rows times Q8_K activations a (T, K) int8 in quad order
         (activations.quantize_q8_k_quads); d (T, K / 256), sum32 (T, K / 32). A tile of 16 weight rows times
-        `tokens` activation rows at a time, the last rows 8, 4 (256-bit tiers: mid_passes), 2 and then 1 at a time. Per row and token, as ggml's x86
-        repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact integer sum, sub-block scales applied,
-        takes one float step, acc += (d_w * d_a) * sum, the mins another, acc_mins += (dmin * d_a) *
-        sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter vpmaddubsw's dots unsigned; its offset of
-        32, 32 x sum(sc * the activations' 16-value sums), comes off the integer sum before its float step. In the
-        values' order (superblock_tiles.natural_order: 512-bit VNNI tiers) a is in that order
-        (quantize_activations.quantize_q8_k) and Q6_K's values enter vpdpbusd's dots as q - 32, against the
-        activations + 128, which leaves no offset; in the passes of 2 and 1 as q, against the activations, each
+        `tokens` activation rows at a time, the last rows 8 and 4 (256-bit tiers: mid_passes), 2 and then 1 at a
+        time. Per row and token, as ggml's x86 repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact
+        integer sum, sub-block scales applied, takes one float step, acc += (d_w * d_a) * sum, the mins another,
+        acc_mins += (dmin * d_a) * sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter vpmaddubsw's
+        dots unsigned; its offset of 32, 32 x sum(sc * the activations' 16-value sums), comes off the integer sum
+        before its float step. In the values' order (superblock_tiles.natural_order: 512-bit VNNI tiers) a is in
+        that order (quantize_activations.quantize_q8_k) and Q6_K's values enter vpdpbusd's dots as q - 32, against
+        the activations + 128, which leaves no offset; in the passes of 2 and 1 as q, against the activations, each
         group's int32 started at -32 x its activations' sum (no per-call starts where no rows share them)."""
         helpers  # in numba's cache key: see cache_key.py
         n_tok, n_out = out.shape
