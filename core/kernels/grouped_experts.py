@@ -27,6 +27,7 @@ from miro.core.kernels.cpu import Tier
 from miro.core.kernels.int8_dots import (
     lanes_per_call,
     mins_dot,
+    split_sums,
     superblock_tile_sum,
     superblock_unit_vnni,
     tile_dot,
@@ -202,6 +203,8 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
     signed_q6 = natural and not has_mins
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
+    fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
+    sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (int8_dots.superblock_tile_sum)
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
@@ -261,7 +264,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
         n_threads = _iget_num_threads()  # at run time: thread ids lie below it (a cached constant did not)
         all_pairs = np.empty((n_threads, n_super * 8 * TILE_ROWS), np.int32)
         all_min_pairs = np.empty((n_threads, n_super * 4 * TILE_ROWS if has_mins else 0), np.int32)
-        all_sums = np.empty((n_threads, 3, tokens * TILE_ROWS), np.int32)
+        all_sums = np.empty((n_threads, 3, sets * tokens * TILE_ROWS), np.int32)
         all_spill = np.empty((n_threads, LANES), np.float32)
         per_expert = parts * tiles_per_expert
         for item in prange(active.shape[0] * per_expert):
@@ -313,7 +316,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                 acc[: n * TILE_ROWS] = 0  # this pass's rows only
                 acc_mins[: n * TILE_ROWS] = 0
                 for sb in range(n_super):
-                    isums[: n * TILE_ROWS] = 0
+                    isums[: sets * n * TILE_ROWS] = 0
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
@@ -510,7 +513,21 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
-                    for c in range(4 if n > 1 and not natural else 0):
+                    elif n == 2 and fixed_units_2:  # the units constants, their shifts immediate, as at one row
+                        for first in range(0, 8, per_call_2):
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, first, bits, vnni, qtype, 2
+                            )
+                    for c in range(4 if (n > 2 or n == 2 and not fixed_units_2) and not natural else 0):
                         if n == tokens:
                             for lane in range(0, 8, per_call):
                                 superblock_tile_sum(
@@ -583,6 +600,11 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                                     qtype,
                                     2,
                                 )
+                    if sets == 2 and n >= 4:  # the second set of sums (int8_dots.split_sums)
+                        for t in range(n):
+                            store16(
+                                isums, TILE_ROWS * t, load16(isums, TILE_ROWS * t) + load16(isums, TILE_ROWS * (n + t))
+                            )
                     dw = load16_f16(tile_scales, TILE_ROWS * sb)
                     for t in range(n):
                         at = TILE_ROWS * t

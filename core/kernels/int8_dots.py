@@ -363,6 +363,13 @@ def lanes_per_call(qtype: int, bits: int, tokens: int) -> int:
     return 4 if bits == 512 and qtype != Q6_K else 2
 
 
+def split_sums(bits: int, tokens: int) -> bool:
+    """Whether superblock_tile_sum's calls for `tokens` activation rows add to two sets of sums in turn (its
+    docstring's S): on 256-bit tiers from 4 rows, where a call takes 2 of the lanes and its rows' sums fill more
+    registers than there are (at 2 rows they fit: one set, kept in registers from call to call, ran faster)."""
+    return bits == 256 and tokens >= 4
+
+
 @intrinsic(prefer_literal=True)
 def superblock_tile_sum(
     typingctx, quants, w_start, pairs, p_start, a, a_start, a_stride, isums, unit, first_lane, bits, vnni, qtype, tokens
@@ -371,11 +378,15 @@ def superblock_tile_sum(
     super-block of a 16-row K-quant tile (superblock_tiles.py) against `tokens` activation rows, added to exact
     int32 sums:
 
-        isums[16 t + r] += sum over those lanes l, quads Q in (2 c, 2 c + 1) and bytes i of
-                           sc(r, Q, i) . (quad Q of lane l of weight row r)[i] . (a[t]'s)[i]
+        isums[S + 16 t + r] += sum over those lanes l, quads Q in (2 c, 2 c + 1) and bytes i of
+                               sc(r, Q, i) . (quad Q of lane l of weight row r)[i] . (a[t]'s)[i]
 
     Called for every c and lane, this gives a row's whole super-block sum, sub-block scales applied: the integer
-    the kernel's one float step per super-block takes (ggml's x86 repack order, tile_kernels.tiles_k). Each lane's
+    the kernel's one float step per super-block takes (ggml's x86 repack order, tile_kernels.tiles_k). S is 0,
+    except on 256-bit tiers from 4 rows (split_sums): there 16 tokens x the parity of first_lane / lanes_per_call(),
+    so that calls in turn add to two sets of sums, which the kernel adds up. (With one set, LLVM carried each call's
+    sums in registers to the next call of the kernel's loop over the lanes, more than 16 ymm hold: each token's sums
+    went through the stack, two loads and two stores more a token and call.) Each lane's
     quads are multiplied by vpmaddubsw into int16 pairs, LANES_PER_WORD_SUM lanes of them added in int16 (they
     share the scale pair), then one vpmaddwd (vpdpwssd where the tier has VNNI) by the pair.
 
@@ -444,15 +455,29 @@ def superblock_tile_sum(
             )
             return builder.bitcast(splat(builder, word, ops.dwords), ops.bytes)
 
+        if split_sums(bits.literal_value, n_tokens):  # S: the set of sums of this call's lanes (the docstring)
+            parity = builder.and_(builder.sdiv(first_lane_v, ir.Constant(_I64, per_call)), ir.Constant(_I64, 1))
+            sums_at = builder.mul(parity, ir.Constant(_I64, 16 * n_tokens))
+        else:
+            sums_at = ir.Constant(_I64, 0)
         pair = [lanes[0].scale_pairs(h) for h in range(2 if kind == Q6_K else 1)]
         zero_words = ir.Constant(ops.words, [0] * (width // 2))
-        # the lanes' weights stay in registers across the activation rows
-        weights = {
-            (lane, h): [lanes[lane].quad(h, p) for p in range(parts)] for lane in range(per_call) for h in range(2)
-        }
+        weights = {}
+
+        def weight(lane, h):
+            if (lane, h) not in weights:
+                weights[lane, h] = [lanes[lane].quad(h, p) for p in range(parts)]
+            return weights[lane, h]
+
+        # the lanes' weights stay in registers across the activation rows; for one row on 256-bit tiers each lane's
+        # are unpacked where its dots take them (all 8 lanes' unpacked first, LLVM spilled most of them)
+        if not (width == 32 and n_tokens == 1):
+            for lane in range(per_call):
+                for h in range(2):
+                    weight(lane, h)
         for t in range(n_tokens):
             a_quads = {(lane, h): activation_quad(t, h, lane) for lane in range(per_call) for h in range(2)}
-            where = [ir.Constant(_I64, 16 * t + (width // 4) * p) for p in range(parts)]
+            where = [at(sums_at, 16 * t + (width // 4) * p) for p in range(parts)]
             acc = [load(isum_data, where[p], ops.dwords, 4) for p in range(parts)]
             for lane0 in range(0, per_call, per_sum):
                 words = [[zero_words] * parts for _ in range(2)]  # Q6_K: a sum per quad; else one for both
@@ -460,7 +485,7 @@ def superblock_tile_sum(
                     for h in range(2):
                         into = h if kind == Q6_K else 0
                         for p in range(parts):
-                            w, a_bytes = weights[lane, h][p], a_quads[lane, h]
+                            w, a_bytes = weight(lane, h)[p], a_quads[lane, h]
                             words[into][p] = builder.add(words[into][p], ops.maddubs(w, a_bytes))
                 for h in range(len(pair)):
                     for p in range(parts):

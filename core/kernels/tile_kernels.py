@@ -24,8 +24,9 @@ tile_tokens in weight_types.py), each super-block's exact integer sum per row an
 float step, as ggml's x86 repack kernel does. On 512-bit VNNI tiers the tiles' quads lie in the values' order and
 int8_dots.superblock_unit_vnni builds the sums by vpdpbusd (superblock_tiles.natural_order); elsewhere
 superblock_tile_sum by vpmaddubsw. A tile's scale pairs and mins are unpacked once per call, not per
-pass. The rows past the last full pass take passes of 2, then 1 (no padding: one row costs one row's dots), in
-the same call; a row's bits are the same in any pass.
+pass. The rows past the last full pass take passes of 8 and 4 on 256-bit tiers (mid_passes), then 2, then 1 (no
+padding: one row costs one row's dots), in the same call; a row's bits are the same in any pass. Passes of 1, and of
+2 on 256-bit tiers, call superblock_tile_sum with constant units, their shifts immediate.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from miro.core.kernels.int8_dots import (
     lanes_per_call,
     mins_dot,
     scale_pairs16,
+    split_sums,
     superblock_tile_sum,
     superblock_unit_vnni,
     tile_dot,
@@ -251,9 +253,20 @@ def _store_tile_row(out, t, n0, sums, spill):
 # ---------------------------------------------------------------- K-quant super-blocks
 
 
+def mid_passes(qtype: int, tier: Tier) -> tuple[int, ...]:
+    """The K-quant tile kernel's rows per pass between its tile_tokens and 2, largest first: 8 and 4 on 256-bit
+    tiers, where a pass of 2 unpacks a call's weights for 2 rows only (4 and 8 rows ran 1.2-1.65x their passes of
+    2, Q4_K, Q5_K and Q6_K, one Xeon core under the AVX2 emulation); none on 512-bit ones, whose kernels stay as
+    they were measured."""
+    if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot or tier.vector_bits == 512:
+        return ()
+    return (8, 4)
+
+
 def tiles_k(qtype: int, tier: Tier, tokens: int):
     """The K-quant tile kernel (superblock_tiles.py) for one weight type on one tier, `tokens` activation rows
-    per pass, the rest 2 and then 1 a pass: kernel(quants, scales, mins, sub_scales, a, d, sum32, out)."""
+    per pass, the rest 8 and 4 (mid_passes), 2 and then 1 a pass: kernel(quants, scales, mins, sub_scales, a, d,
+    sum32, out)."""
     if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot:
         return None
     bits = 512 if tier.vector_bits == 512 else 256
@@ -263,20 +276,24 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     natural = natural_order(qtype, tier)
     signed_q6 = natural and not has_mins
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
+    per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
+    mid = len(mid_passes(qtype, tier)) > 0  # passes of 8 and 4 between `tokens` and 2
+    fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
+    sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (int8_dots.superblock_tile_sum)
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
     def matmul_tiles_k(quants, scales, mins, sub_scales, a, d, sum32, out):
         """out (T, N) = tiles of N rows times Q8_K activations a (T, K) int8 in quad order
         (activations.quantize_q8_k_quads); d (T, K / 256), sum32 (T, K / 32). A tile of 16 weight rows times
-        `tokens` activation rows at a time, the last rows 2 and then 1 at a time. Per row and token, as ggml's x86
-        repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact integer sum, sub-block scales applied,
-        takes one float step, acc += (d_w * d_a) * sum, the mins another, acc_mins += (dmin * d_a) *
-        sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter vpmaddubsw's dots unsigned; its offset of
-        32, 32 x sum(sc * the activations' 16-value sums), comes off the integer sum before its float step. In the
-        values' order (superblock_tiles.natural_order: 512-bit VNNI tiers) a is in that order
-        (quantize_activations.quantize_q8_k) and Q6_K's values enter vpdpbusd's dots as q - 32, against the
-        activations + 128, which leaves no offset; in the passes of 2 and 1 as q, against the activations, each
+        `tokens` activation rows at a time, the last rows 8 and 4 (256-bit tiers: mid_passes), 2 and then 1 at a
+        time. Per row and token, as ggml's x86 repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact
+        integer sum, sub-block scales applied, takes one float step, acc += (d_w * d_a) * sum, the mins another,
+        acc_mins += (dmin * d_a) * sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter vpmaddubsw's
+        dots unsigned; its offset of 32, 32 x sum(sc * the activations' 16-value sums), comes off the integer sum
+        before its float step. In the values' order (superblock_tiles.natural_order: 512-bit VNNI tiers) a is in
+        that order (quantize_activations.quantize_q8_k) and Q6_K's values enter vpdpbusd's dots as q - 32, against
+        the activations + 128, which leaves no offset; in the passes of 2 and 1 as q, against the activations, each
         group's int32 started at -32 x its activations' sum (no per-call starts where no rows share them)."""
         helpers  # in numba's cache key: see cache_key.py
         n_tok, n_out = out.shape
@@ -320,7 +337,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         n_threads = _iget_num_threads()  # at run time: thread ids lie below it (a cached constant did not)
         all_pairs = np.empty((n_threads, n_super * 8 * TILE_ROWS), np.int32)
         all_min_pairs = np.empty((n_threads, n_super * 4 * TILE_ROWS if has_mins else 0), np.int32)
-        all_sums = np.empty((n_threads, 3, tokens * TILE_ROWS), np.int32)
+        all_sums = np.empty((n_threads, 3, sets * tokens * TILE_ROWS), np.int32)
         all_spill = np.empty((n_threads, LANES), np.float32)
         for tile in prange(n_tiles):
             thread = numba.get_thread_id()
@@ -340,11 +357,24 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
             acc_mins = all_sums[thread, 2].view(np.float32)
             t0 = 0
             while t0 < n_tok:
-                n = tokens if n_tok - t0 >= tokens else (2 if n_tok - t0 >= 2 else 1)  # this pass's rows
+                # this pass's rows: `tokens`, then 8 and 4 where `mid`, 2, 1; one expression (`n` assigned in two
+                # branches of an if corrupted the heap with 2 threads)
+                left = n_tok - t0
+                n = (
+                    tokens
+                    if left >= tokens
+                    else 8
+                    if mid and left >= 8
+                    else 4
+                    if mid and left >= 4
+                    else 2
+                    if left >= 2
+                    else 1
+                )
                 acc[: n * TILE_ROWS] = 0  # this pass's rows only
                 acc_mins[: n * TILE_ROWS] = 0
                 for sb in range(n_super):
-                    isums[: n * TILE_ROWS] = 0
+                    isums[: sets * n * TILE_ROWS] = 0
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
@@ -508,7 +538,21 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
-                    for c in range(4 if n > 1 and not natural else 0):  # in the order the tile's bytes lie
+                    elif n == 2 and fixed_units_2:  # the units constants, their shifts immediate, as at one row
+                        for first in range(0, 8, per_call_2):
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, first, bits, vnni, qtype, 2
+                            )
+                    for c in range(4 if (n > 2 or n == 2 and not fixed_units_2) and not natural else 0):
                         if n == tokens:
                             for lane in range(0, 8, per_call):
                                 superblock_tile_sum(
@@ -526,6 +570,42 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                     vnni,
                                     qtype,
                                     tokens,
+                                )
+                        elif mid and n == 8:
+                            for lane in range(0, 8, per_call_8):
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    8,
+                                )
+                        elif mid and n == 4:
+                            for lane in range(0, 8, per_call_4):
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    4,
                                 )
                         else:
                             for lane in range(0, 8, per_call_2):
@@ -545,6 +625,11 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                     qtype,
                                     2,
                                 )
+                    if sets == 2 and n >= 4:  # the second set of sums (int8_dots.split_sums)
+                        for t in range(n):
+                            store16(
+                                isums, TILE_ROWS * t, load16(isums, TILE_ROWS * t) + load16(isums, TILE_ROWS * (n + t))
+                            )
                     dw = load16_f16(scales[tile], TILE_ROWS * sb)
                     for t in range(n):
                         at = TILE_ROWS * t

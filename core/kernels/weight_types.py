@@ -160,12 +160,18 @@ class WeightKernels:
     #                  all rows, quant_kernels.py); below, row by row
     tile_tokens: int  # "tiles": activation rows per pass of the tile kernel (WeightType.tile_tokens); rows past
     #                   the last multiple of it take 2 a pass, then 1 (padding 1 row to 8 would do 8 times the work)
+    mid_passes: tuple[int, ...] = ()  # "tiles": rows per pass between tile_tokens and 2, largest first
+    #                                  (tile_kernels.mid_passes: the K-quants' 8 and 4 on 256-bit tiers)
 
     def passes(self, n_rows: int) -> list[int]:
         """The activation rows of each pass of the tile kernel over n_rows, in order (as tile_kernels.py runs them)."""
         full = n_rows // self.tile_tokens if self.tile_tokens else 0
         rest = n_rows - full * self.tile_tokens
-        return [self.tile_tokens] * full + [2] * (rest // 2) + [1] * (rest % 2)
+        rows = [self.tile_tokens] * full
+        for size in (*self.mid_passes, 2, 1):
+            rows += [size] * (rest // size)
+            rest %= size
+        return rows
 
 
 _ROWS = WeightKernels("rows", LANES_FROM, 0)
@@ -224,7 +230,8 @@ class WeightType:
                 f"{self.name} has no tile kernel shape for the {tier.name} tier's "
                 f"{tier.vector_bits}-bit vectors (weight_types.py: its row's tile_tokens)"
             )
-        return WeightKernels("tiles", 0, self.tile_tokens[tier.vector_bits])
+        mid = tile_kernels.mid_passes(int(self.qtype), tier) if self.kernels is SUPERBLOCKS else ()
+        return WeightKernels("tiles", 0, self.tile_tokens[tier.vector_bits], mid)
 
     def kernels_on(self, tier: Tier) -> Kernels:
         """The kernels of this type on `tier`, made on first use (numba compiles or loads them from its cache

@@ -293,8 +293,9 @@ def _assert_tracks_reference(tensor: TensorInfo, x: np.ndarray, tier: str | None
 
 
 # on the portable tier row by row below its row's plan(tier).lanes_from, lanes from there; on tiers with
-# int8 dots every type in tiles, 2 rows a pass below the tier's tile_tokens, that many from there
-@pytest.mark.parametrize("n_tokens", [1, 3, 5, 37])
+# int8 dots every type in tiles, 2 rows a pass below the tier's tile_tokens (the K-quants' 8 and 4 first on
+# 256-bit tiers: 15 rows take 8, 4, 2, 1 there), that many from there
+@pytest.mark.parametrize("n_tokens", [1, 3, 15, 37])
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_native_tracks_llama_cpp_scheme(qtype, n_tokens, tier):
     tensor = random_tensor(qtype, 72, 512, seed=int(qtype))
