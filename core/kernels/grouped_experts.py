@@ -6,8 +6,8 @@ gathered ones). An expert tensor (E, rows, cols) is its experts' matrices back t
 repacked into 16-row tiles as a dense layer's (tiles.py, superblock_tiles.py), expert e's tiles from
 e x tiles_per_expert. The kernel's work items are (active expert, tile) pairs, one prange over all of them: each
 multiplies one tile by its expert's run of rows, with the dense tile kernels' integer dots and float steps
-(tile_kernels.py, whose per-tile loop this repeats over a run of rows) in passes of `tokens`, 2, then 1 rows. A
-row's bits are the same in any pass and whatever the run around it, so a row's output is independent of the batch
+(tile_kernels.py, whose per-tile loop this repeats over a run of rows) in passes of `tokens`, 8 and 4 (K-quants),
+2, then 1 rows. A row's bits are the same in any pass and whatever the run around it, so a row's output is independent of the batch
 and equal to the dense tile kernel's for the same matrix.
 
 A call takes one or two tile sets (`parts`): gate and up, their outputs side by side [gate | up] per row (one
