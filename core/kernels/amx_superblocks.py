@@ -36,7 +36,7 @@ from numba.core.extending import intrinsic
 from miro.core.kernels import amx, cpu
 from miro.core.kernels.amx import _tile_product, tile_dpbssd, tile_load, tile_load_config, tile_release, tile_store
 from miro.core.kernels.amx import tile_zero
-from miro.core.kernels.amx_tiles import ROWS, runs_on
+from miro.core.kernels.amx_tiles import ROWS, _aligned, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
@@ -183,14 +183,6 @@ def _a_tiles(a, n_tok):
             for i in range(64):
                 packed[at + 1024 * chunk + i] = a[t, 64 * chunk + i]
     return packed
-
-
-@njit(inline="always")
-def _aligned(n_bytes):
-    """n_bytes uninitialized bytes starting on a cache line."""
-    raw = np.empty(n_bytes + 64, np.uint8)
-    skip = -raw.ctypes.data % 64
-    return raw[skip : skip + n_bytes]
 
 
 @njit(inline="always")

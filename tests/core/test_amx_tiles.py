@@ -29,10 +29,11 @@ needs_amx = pytest.mark.skipif(
 
 @needs_amx
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("n_rows", [16, 48])
-def test_amx_gives_the_vnni_tile_kernels_bits(qtype, n_rows):
-    layer = Linear(random_tensor(qtype, 40, 192, seed=n_rows), tier="avx512-vnni")  # 3 tiles, the last of 8 rows
-    x = activations(n_rows, 192, seed=int(qtype))
+@pytest.mark.parametrize(("n_rows", "k"), [(16, 192), (48, 192), (160, 8192)])
+def test_amx_gives_the_vnni_tile_kernels_bits(qtype, n_rows, k):
+    """160 rows of 8192 values: two blocks of tokens (amx_tiles.A_BYTES)."""
+    layer = Linear(random_tensor(qtype, 40, k, seed=n_rows), tier="avx512-vnni")  # 3 tiles, the last of 8 rows
+    x = activations(n_rows, k, seed=int(qtype))
     x[n_rows // 2] *= 4000  # Q8_1 sums past float16's largest: inf in s
     a, tiles = quantize_q8_32(x), layer._tiles
     vnni = WEIGHT_TYPES[qtype].kernels_on(VNNI).tiles
