@@ -57,14 +57,12 @@ def runs_on(tier: Tier) -> bool:
 
 def usable(qtype: int, tier: Tier) -> bool:
     """Whether a layer of this type on this tier takes an AMX kernel (`kernel`) for its rows in whole A tiles: its
-    row of the weight-type table says so (`faster_on_amx`: Q4_1, whose float steps are the longest, 5
-    instructions, so the dots' share the kernel moves to AMX the largest; Q4_0 and Q8_0, 3 and 4, measured
-    0.95-1.07x the VNNI kernel at 64 rows and as low as 0.6x at 512, one core, load 4-6; Q4_K, Q5_K and Q6_K,
-    amx_superblocks.py) and AMX runs here."""
+    row of the weight-type table says so (`amx_from`, the fewest rows it takes it for, 0: never) and AMX runs
+    here."""
     from miro.core.kernels.weight_types import WEIGHT_TYPES  # the table imports the kernels, not this module
 
     row = WEIGHT_TYPES.get(int(qtype))
-    return row is not None and row.faster_on_amx and runs_on(tier)
+    return row is not None and row.amx_from > 0 and runs_on(tier)
 
 
 def amx_tiles_32(qtype: int, tier: Tier):
@@ -96,12 +94,11 @@ def amx_tiles_32(qtype: int, tier: Tier):
         a_stride = np.int64(k)
         w_stride = np.int64(64)
         c_stride = np.int64(TILE_ROWS * 4)
-        # Q8_0's tiles as they are where they start on cache lines (the tiles' rows are whole lines); else copied
-        copied = nibbles or quants.ctypes.data % 64 != 0
         parts = max(1, min(threads, n_tiles))
-        # each part's scratch on cache lines (a B tile's row of 64 bytes in one line, not two): the tile's B tiles,
-        # the 4 C tiles' int32 sums ([tile][row][weight row])
-        b_bytes = n_blocks * B_BYTES if copied else 0
+        # each part's scratch on cache lines (a B tile's row of 64 bytes in one line, not two): Q4's unpacked B tiles,
+        # the 4 C tiles' int32 sums ([tile][row][weight row]). Q8_0's B tiles are its tiles as they are, on cache
+        # lines or not: a copy onto them took 1.5x the time at 16 rows (88 KB at K = 5632, out of L1)
+        b_bytes = n_blocks * B_BYTES if nibbles else 0
         scratch_bytes = b_bytes + 4 * 4 * ROWS * TILE_ROWS
         all_scratch = _aligned(parts * scratch_bytes)
         all_spill = np.empty((parts, TILE_ROWS), np.float32)
@@ -115,10 +112,10 @@ def amx_tiles_32(qtype: int, tier: Tier):
             for t0 in range(0, n_tok, token_block):  # its activations stay in L2 over the part's tiles
                 for tile in range(first, last):
                     tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
-                    if copied:  # Q4: quads k (low nibbles) and k + 4 (high) of each block, B's 8 rows of 64 bytes
+                    if nibbles:  # Q4: quads k (low nibbles) and k + 4 (high) of each block, B's 8 rows of 64 bytes
                         for b in range(n_blocks):
                             b_tile(tile_quants, block_quants * b, unpacked, B_BYTES * b, nibbles)
-                    weights = unpacked if copied else tile_quants
+                    weights = unpacked if nibbles else tile_quants
                     n0 = tile * TILE_ROWS
                     for g in range(t0, min(n_tok, t0 + token_block), ROWS):
                         a0 = np.int64(g) * a_stride
