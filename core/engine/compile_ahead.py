@@ -40,7 +40,7 @@ WORKERS_ENV = "MIRO_COMPILE_WORKERS"
 # CPU seconds a unit took on the avx512-vnni tier (2 cores, benchmarks/cold_start.py): the order units are dealt in
 _COST = {"attention": 12.0, "experts": 8.0, "linear": 6.0, "pointwise": 1.0}
 _ROWS = (1, 33)  # activation rows a unit's Linear is called with: one decode row; past every tile pass's rows
-#                  (and AMX's 16 a tile, amx_tiles.py, from the K-quants' 32, amx_superblocks.MIN_ROWS)
+#                  (and AMX's 16 a tile, amx_tiles.py, from each type's amx_from rows, at most 32)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ Per tile of 16 weight rows and super-block its three B-tile sets (3 x 4 KB, `dig
 pairs) are made once, then used by every 16 activation rows (A: the Q8_K activations, repacked once per call so
 that each A tile's 16 rows of 64 bytes lie in a row): 12 TDPBxxD over the super-block's 4 chunks of 64 values
 and 3 tile stores; a product later (its stores' latency behind the next), per token, 2 shifts and adds and the
-float steps. Rows past the last multiple of 16, and calls of fewer than MIN_ROWS rows, whose digits would be
-made for too few tokens to pay, are tiles_k's (Linear._matmul_superblocks).
+float steps. Rows past the last multiple of 16, and calls of fewer than the table's `amx_from` rows (32), whose
+digits would be made for too few tokens to pay, are tiles_k's (Linear._matmul_superblocks).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from numba.core.extending import intrinsic
 from miro.core.kernels import amx, cpu
 from miro.core.kernels.amx import _tile_product, tile_dpbssd, tile_load, tile_load_config, tile_release, tile_store
 from miro.core.kernels.amx import tile_zero
-from miro.core.kernels.amx_tiles import ROWS, runs_on
+from miro.core.kernels.amx_tiles import ROWS, _aligned, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
@@ -47,7 +47,6 @@ from miro.core.kernels.tiles import TILE_ROWS
 
 tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
 TOKEN_BLOCK = 128  # activation rows a part takes over all its tiles before the next: 128 x K bytes stay in L2
-MIN_ROWS = 32  # activation rows from which a layer takes this kernel (fewer: tiles_k's, faster there)
 UNPACKED = 256 * TILE_ROWS  # bytes of one B-tile set of a super-block: [chunk of 64 values][16 x 4 values][row]
 DIGIT_BYTES = 3 * UNPACKED  # a super-block's three B-tile sets
 DIGIT_SHIFT = {Q4_K: 4, Q5_K: 3}  # Q4_K's, Q5_K's scale digits: sc = 2^shift hi + lo
@@ -183,14 +182,6 @@ def _a_tiles(a, n_tok):
             for i in range(64):
                 packed[at + 1024 * chunk + i] = a[t, 64 * chunk + i]
     return packed
-
-
-@njit(inline="always")
-def _aligned(n_bytes):
-    """n_bytes uninitialized bytes starting on a cache line."""
-    raw = np.empty(n_bytes + 64, np.uint8)
-    skip = -raw.ctypes.data % 64
-    return raw[skip : skip + n_bytes]
 
 
 @njit(inline="always")

@@ -4,17 +4,21 @@ time, each block's exact int32 sums by one TDPBSUD, then tile_kernels.py's float
 Per 16-row weight tile, 16 activation rows at a time, per 32-value block b:
 
 - C (tmm0-3 in turn) = A (16 activation rows x 32 int8, from `a` as it is, tmm4-5) times B (the tile's block:
-  8 quads x 16 rows x 4 bytes, tmm6-7, unsigned: Q4's nibbles unpacked once per tile into a per-thread copy,
-  Q8_0's bytes + 128 as the tile holds them), stored to a per-thread buffer;
+  8 quads x 16 rows x 4 bytes, tmm6-7, unsigned: Q4's nibbles unpacked once per tile and block of tokens into a
+  per-thread copy by 64-byte vectors, `b_tile`; Q8_0's bytes + 128 as the tile holds them), stored to a
+  per-thread buffer;
 - three blocks later (the TDPBSUD's and the store's latency hidden behind the float steps of the blocks before),
   each activation row's 16 sums are read back and given tile_kernels._step, into 16 float sums held in registers.
 
-The rows past the last multiple of 16 are the VNNI tile kernel's (Linear._matmul_block32). Layers take it for
-Q4_1 (its `faster_on_amx` in weight_types.py): on one core of this AMX host (Sapphire Rapids class), SmolLM2's shapes, 1.2-1.35x the VNNI
-kernel at 64 rows. Not more: the tile loads and stores do not overlap the float steps (the AMX instructions alone
-and the float steps alone each took about half the time of both together, even with the float steps reading
-memory the tiles never wrote), and the float steps, 5 instructions per 16 weight rows, block and activation row
-for Q4_1, are ggml's arithmetic.
+The per-thread buffers (the B tiles, the C tiles' sums) start on cache lines (a 64-byte tile row in one line, not
+two; amx_superblocks.py measured 2x swings without it), and a part takes its tokens in blocks of A_BYTES (1 MiB,
+half a core's L2) over all its tiles, so that at K = 5632 the activations stay in L2. The rows past the last
+multiple of 16, and calls of fewer than the table's `amx_from` rows, are the VNNI tile kernel's
+(Linear._matmul_block32). On one core of this AMX host (Sapphire Rapids class, shared), SmolLM2's and
+TinyLlama's shapes, Q4_1 measured 1.2-1.45x the VNNI kernel at 64 rows, Q4_0 and Q8_0 1.1-1.3x at 64 and about
+equal (0.8-1.4x, noisy) at 16. Not more: the tile loads and stores do not overlap the float steps (the AMX
+instructions alone and the float steps alone each took about half the time of both together), and the float
+steps, 3 to 5 instructions per 16 weight rows, block and activation row, are ggml's arithmetic.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import functools
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import get_num_threads, njit, prange
+from llvmlite import ir
+from numba import get_num_threads, njit, prange, types
+from numba.core.extending import intrinsic
 
 from miro.core.kernels import amx, cpu
 from miro.core.kernels.amx import _tile_product, tile_load, tile_load_config, tile_release, tile_store, tile_zero
@@ -39,6 +45,8 @@ AMX_TYPES = (Q4_0, Q4_1, Q8_0)  # the types this kernel multiplies
 ROWS = 16  # activation rows per A tile
 CONFIG = amx.config_bytes_blocks32()  # C 16 x 16 int32, A 16 rows x 32 bytes, B 8 rows x 64 bytes
 LAG = 3  # blocks between a block's product and its float steps (4 C tiles in turn)
+A_BYTES = 1 << 20  # activation bytes a part takes over all its tiles before the next, in L2 (2 MB a core)
+B_BYTES = 512  # one block's B tile: 8 quads x 16 weight rows x 4 bytes
 
 
 def runs_on(tier: Tier) -> bool:
@@ -49,14 +57,12 @@ def runs_on(tier: Tier) -> bool:
 
 def usable(qtype: int, tier: Tier) -> bool:
     """Whether a layer of this type on this tier takes an AMX kernel (`kernel`) for its rows in whole A tiles: its
-    row of the weight-type table says so (`faster_on_amx`: Q4_1, whose float steps are the longest, 5
-    instructions, so the dots' share the kernel moves to AMX the largest; Q4_0 and Q8_0, 3 and 4, measured
-    0.95-1.07x the VNNI kernel at 64 rows and as low as 0.6x at 512, one core, load 4-6; Q4_K, Q5_K and Q6_K,
-    amx_superblocks.py) and AMX runs here."""
+    row of the weight-type table says so (`amx_from`, the fewest rows it takes it for, 0: never) and AMX runs
+    here."""
     from miro.core.kernels.weight_types import WEIGHT_TYPES  # the table imports the kernels, not this module
 
     row = WEIGHT_TYPES.get(int(qtype))
-    return row is not None and row.faster_on_amx and runs_on(tier)
+    return row is not None and row.amx_from > 0 and runs_on(tier)
 
 
 def amx_tiles_32(qtype: int, tier: Tier):
@@ -84,233 +90,242 @@ def amx_tiles_32(qtype: int, tier: Tier):
             for t in range(n_tok):
                 for b in range(n_blocks):
                     start[t * n_blocks + b] = offset * qsum[t, b] + float_bias
+        token_block = max(ROWS, A_BYTES // k // ROWS * ROWS)  # rows: fewer re-read the weights more often
         a_stride = np.int64(k)
         w_stride = np.int64(64)
         c_stride = np.int64(TILE_ROWS * 4)
         parts = max(1, min(threads, n_tiles))
+        # each part's scratch on cache lines (a B tile's row of 64 bytes in one line, not two): Q4's unpacked B tiles,
+        # the 4 C tiles' int32 sums ([tile][row][weight row]). Q8_0's B tiles are its tiles as they are, on cache
+        # lines or not: a copy onto them took 1.5x the time at 16 rows (88 KB at K = 5632, out of L1)
+        b_bytes = n_blocks * B_BYTES if nibbles else 0
+        scratch_bytes = b_bytes + 4 * 4 * ROWS * TILE_ROWS
+        all_scratch = _aligned(parts * scratch_bytes)
+        all_spill = np.empty((parts, TILE_ROWS), np.float32)
         for part in prange(parts):
             first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
-            unpacked = np.empty(n_blocks * 512 if nibbles else 1, np.uint8)  # the tile's B tiles, Q4's nibbles apart
-            sums = np.empty(4 * ROWS * TILE_ROWS, np.int32)  # the 4 C tiles' int32 sums, [tile][row][weight row]
-            spill = np.empty(TILE_ROWS, np.float32)
+            scratch = all_scratch[part * scratch_bytes : (part + 1) * scratch_bytes]
+            unpacked = scratch[:b_bytes]
+            sums = scratch[b_bytes:].view(np.int32)
+            spill = all_spill[part]
             tile_load_config(config)
-            for tile in range(first, last):
-                tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
-                if nibbles:  # quads k (low nibbles) and k + 4 (high) of each block: B's 8 rows of 64 bytes
-                    for b in range(n_blocks):
-                        for j in range(256):
-                            unpacked[512 * b + j] = tile_quants[block_quants * b + j] & 15
-                        for j in range(256):
-                            unpacked[512 * b + 256 + j] = tile_quants[block_quants * b + j] >> 4
-                weights = unpacked if nibbles else tile_quants
-                n0 = tile * TILE_ROWS
-                for g in range(0, n_tok, ROWS):
-                    a0 = np.int64(g) * a_stride
-                    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zeros16()
-                    c8 = c9 = c10 = c11 = c12 = c13 = c14 = c15 = zeros16()
-                    for step in range(n_blocks + LAG):
-                        if step < n_blocks:  # block `step`'s product into C tile step % 4, stored
-                            w_at = np.int64(512 * step)
-                            a_at = a0 + 32 * step
-                            which = step % 4
-                            if which == 0:
-                                tile_zero(0)
-                                tile_load(4, a, a_at, a_stride)
-                                tile_load(6, weights, w_at, w_stride)
-                                tile_dpbsud(0, 4, 6)
-                                tile_store(0, sums, np.int64(0), c_stride)
-                            elif which == 1:
-                                tile_zero(1)
-                                tile_load(5, a, a_at, a_stride)
-                                tile_load(7, weights, w_at, w_stride)
-                                tile_dpbsud(1, 5, 7)
-                                tile_store(1, sums, np.int64(1024), c_stride)
-                            elif which == 2:
-                                tile_zero(2)
-                                tile_load(4, a, a_at, a_stride)
-                                tile_load(6, weights, w_at, w_stride)
-                                tile_dpbsud(2, 4, 6)
-                                tile_store(2, sums, np.int64(2048), c_stride)
-                            else:
-                                tile_zero(3)
-                                tile_load(5, a, a_at, a_stride)
-                                tile_load(7, weights, w_at, w_stride)
-                                tile_dpbsud(3, 5, 7)
-                                tile_store(3, sums, np.int64(3072), c_stride)
-                        if step >= LAG:  # the float steps of block step - LAG, row after row
-                            b = step - LAG
-                            at = ROWS * TILE_ROWS * (b % 4)
-                            dw = load16_f16(tile_scales, 16 * b)
-                            mw = load16_f16(tile_mins, 16 * b) if has_min else dw
-                            dw_bias = dw * -FLOAT_BIAS if float_bias else dw
-                            s0 = g * n_blocks + b  # row g's block b in start
-                            c0 = _step(qtype, c0, _sum(sums, at, start, s0, begins), dw, dw_bias, mw, d[g, b], s[g, b])
-                            c1 = _step(
-                                qtype,
-                                c1,
-                                _sum(sums, at + 16, start, s0 + n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 1, b],
-                                s[g + 1, b],
-                            )
-                            c2 = _step(
-                                qtype,
-                                c2,
-                                _sum(sums, at + 32, start, s0 + 2 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 2, b],
-                                s[g + 2, b],
-                            )
-                            c3 = _step(
-                                qtype,
-                                c3,
-                                _sum(sums, at + 48, start, s0 + 3 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 3, b],
-                                s[g + 3, b],
-                            )
-                            c4 = _step(
-                                qtype,
-                                c4,
-                                _sum(sums, at + 64, start, s0 + 4 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 4, b],
-                                s[g + 4, b],
-                            )
-                            c5 = _step(
-                                qtype,
-                                c5,
-                                _sum(sums, at + 80, start, s0 + 5 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 5, b],
-                                s[g + 5, b],
-                            )
-                            c6 = _step(
-                                qtype,
-                                c6,
-                                _sum(sums, at + 96, start, s0 + 6 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 6, b],
-                                s[g + 6, b],
-                            )
-                            c7 = _step(
-                                qtype,
-                                c7,
-                                _sum(sums, at + 112, start, s0 + 7 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 7, b],
-                                s[g + 7, b],
-                            )
-                            c8 = _step(
-                                qtype,
-                                c8,
-                                _sum(sums, at + 128, start, s0 + 8 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 8, b],
-                                s[g + 8, b],
-                            )
-                            c9 = _step(
-                                qtype,
-                                c9,
-                                _sum(sums, at + 144, start, s0 + 9 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 9, b],
-                                s[g + 9, b],
-                            )
-                            c10 = _step(
-                                qtype,
-                                c10,
-                                _sum(sums, at + 160, start, s0 + 10 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 10, b],
-                                s[g + 10, b],
-                            )
-                            c11 = _step(
-                                qtype,
-                                c11,
-                                _sum(sums, at + 176, start, s0 + 11 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 11, b],
-                                s[g + 11, b],
-                            )
-                            c12 = _step(
-                                qtype,
-                                c12,
-                                _sum(sums, at + 192, start, s0 + 12 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 12, b],
-                                s[g + 12, b],
-                            )
-                            c13 = _step(
-                                qtype,
-                                c13,
-                                _sum(sums, at + 208, start, s0 + 13 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 13, b],
-                                s[g + 13, b],
-                            )
-                            c14 = _step(
-                                qtype,
-                                c14,
-                                _sum(sums, at + 224, start, s0 + 14 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 14, b],
-                                s[g + 14, b],
-                            )
-                            c15 = _step(
-                                qtype,
-                                c15,
-                                _sum(sums, at + 240, start, s0 + 15 * n_blocks, begins),
-                                dw,
-                                dw_bias,
-                                mw,
-                                d[g + 15, b],
-                                s[g + 15, b],
-                            )
-                    _store_tile_row(out, g, n0, c0, spill)
-                    _store_tile_row(out, g + 1, n0, c1, spill)
-                    _store_tile_row(out, g + 2, n0, c2, spill)
-                    _store_tile_row(out, g + 3, n0, c3, spill)
-                    _store_tile_row(out, g + 4, n0, c4, spill)
-                    _store_tile_row(out, g + 5, n0, c5, spill)
-                    _store_tile_row(out, g + 6, n0, c6, spill)
-                    _store_tile_row(out, g + 7, n0, c7, spill)
-                    _store_tile_row(out, g + 8, n0, c8, spill)
-                    _store_tile_row(out, g + 9, n0, c9, spill)
-                    _store_tile_row(out, g + 10, n0, c10, spill)
-                    _store_tile_row(out, g + 11, n0, c11, spill)
-                    _store_tile_row(out, g + 12, n0, c12, spill)
-                    _store_tile_row(out, g + 13, n0, c13, spill)
-                    _store_tile_row(out, g + 14, n0, c14, spill)
-                    _store_tile_row(out, g + 15, n0, c15, spill)
+            for t0 in range(0, n_tok, token_block):  # its activations stay in L2 over the part's tiles
+                for tile in range(first, last):
+                    tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
+                    if nibbles:  # Q4: quads k (low nibbles) and k + 4 (high) of each block, B's 8 rows of 64 bytes
+                        for b in range(n_blocks):
+                            b_tile(tile_quants, block_quants * b, unpacked, B_BYTES * b, nibbles)
+                    weights = unpacked if nibbles else tile_quants
+                    n0 = tile * TILE_ROWS
+                    for g in range(t0, min(n_tok, t0 + token_block), ROWS):
+                        a0 = np.int64(g) * a_stride
+                        c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zeros16()
+                        c8 = c9 = c10 = c11 = c12 = c13 = c14 = c15 = zeros16()
+                        for step in range(n_blocks + LAG):
+                            if step < n_blocks:  # block `step`'s product into C tile step % 4, stored
+                                w_at = np.int64(512 * step)
+                                a_at = a0 + 32 * step
+                                which = step % 4
+                                if which == 0:
+                                    tile_zero(0)
+                                    tile_load(4, a, a_at, a_stride)
+                                    tile_load(6, weights, w_at, w_stride)
+                                    tile_dpbsud(0, 4, 6)
+                                    tile_store(0, sums, np.int64(0), c_stride)
+                                elif which == 1:
+                                    tile_zero(1)
+                                    tile_load(5, a, a_at, a_stride)
+                                    tile_load(7, weights, w_at, w_stride)
+                                    tile_dpbsud(1, 5, 7)
+                                    tile_store(1, sums, np.int64(1024), c_stride)
+                                elif which == 2:
+                                    tile_zero(2)
+                                    tile_load(4, a, a_at, a_stride)
+                                    tile_load(6, weights, w_at, w_stride)
+                                    tile_dpbsud(2, 4, 6)
+                                    tile_store(2, sums, np.int64(2048), c_stride)
+                                else:
+                                    tile_zero(3)
+                                    tile_load(5, a, a_at, a_stride)
+                                    tile_load(7, weights, w_at, w_stride)
+                                    tile_dpbsud(3, 5, 7)
+                                    tile_store(3, sums, np.int64(3072), c_stride)
+                            if step >= LAG:  # the float steps of block step - LAG, row after row
+                                b = step - LAG
+                                at = ROWS * TILE_ROWS * (b % 4)
+                                dw = load16_f16(tile_scales, 16 * b)
+                                mw = load16_f16(tile_mins, 16 * b) if has_min else dw
+                                dw_bias = dw * -FLOAT_BIAS if float_bias else dw
+                                s0 = g * n_blocks + b  # row g's block b in start
+                                c0 = _step(
+                                    qtype, c0, _sum(sums, at, start, s0, begins), dw, dw_bias, mw, d[g, b], s[g, b]
+                                )
+                                c1 = _step(
+                                    qtype,
+                                    c1,
+                                    _sum(sums, at + 16, start, s0 + n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 1, b],
+                                    s[g + 1, b],
+                                )
+                                c2 = _step(
+                                    qtype,
+                                    c2,
+                                    _sum(sums, at + 32, start, s0 + 2 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 2, b],
+                                    s[g + 2, b],
+                                )
+                                c3 = _step(
+                                    qtype,
+                                    c3,
+                                    _sum(sums, at + 48, start, s0 + 3 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 3, b],
+                                    s[g + 3, b],
+                                )
+                                c4 = _step(
+                                    qtype,
+                                    c4,
+                                    _sum(sums, at + 64, start, s0 + 4 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 4, b],
+                                    s[g + 4, b],
+                                )
+                                c5 = _step(
+                                    qtype,
+                                    c5,
+                                    _sum(sums, at + 80, start, s0 + 5 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 5, b],
+                                    s[g + 5, b],
+                                )
+                                c6 = _step(
+                                    qtype,
+                                    c6,
+                                    _sum(sums, at + 96, start, s0 + 6 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 6, b],
+                                    s[g + 6, b],
+                                )
+                                c7 = _step(
+                                    qtype,
+                                    c7,
+                                    _sum(sums, at + 112, start, s0 + 7 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 7, b],
+                                    s[g + 7, b],
+                                )
+                                c8 = _step(
+                                    qtype,
+                                    c8,
+                                    _sum(sums, at + 128, start, s0 + 8 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 8, b],
+                                    s[g + 8, b],
+                                )
+                                c9 = _step(
+                                    qtype,
+                                    c9,
+                                    _sum(sums, at + 144, start, s0 + 9 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 9, b],
+                                    s[g + 9, b],
+                                )
+                                c10 = _step(
+                                    qtype,
+                                    c10,
+                                    _sum(sums, at + 160, start, s0 + 10 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 10, b],
+                                    s[g + 10, b],
+                                )
+                                c11 = _step(
+                                    qtype,
+                                    c11,
+                                    _sum(sums, at + 176, start, s0 + 11 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 11, b],
+                                    s[g + 11, b],
+                                )
+                                c12 = _step(
+                                    qtype,
+                                    c12,
+                                    _sum(sums, at + 192, start, s0 + 12 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 12, b],
+                                    s[g + 12, b],
+                                )
+                                c13 = _step(
+                                    qtype,
+                                    c13,
+                                    _sum(sums, at + 208, start, s0 + 13 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 13, b],
+                                    s[g + 13, b],
+                                )
+                                c14 = _step(
+                                    qtype,
+                                    c14,
+                                    _sum(sums, at + 224, start, s0 + 14 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 14, b],
+                                    s[g + 14, b],
+                                )
+                                c15 = _step(
+                                    qtype,
+                                    c15,
+                                    _sum(sums, at + 240, start, s0 + 15 * n_blocks, begins),
+                                    dw,
+                                    dw_bias,
+                                    mw,
+                                    d[g + 15, b],
+                                    s[g + 15, b],
+                                )
+                        _store_tile_row(out, g, n0, c0, spill)
+                        _store_tile_row(out, g + 1, n0, c1, spill)
+                        _store_tile_row(out, g + 2, n0, c2, spill)
+                        _store_tile_row(out, g + 3, n0, c3, spill)
+                        _store_tile_row(out, g + 4, n0, c4, spill)
+                        _store_tile_row(out, g + 5, n0, c5, spill)
+                        _store_tile_row(out, g + 6, n0, c6, spill)
+                        _store_tile_row(out, g + 7, n0, c7, spill)
+                        _store_tile_row(out, g + 8, n0, c8, spill)
+                        _store_tile_row(out, g + 9, n0, c9, spill)
+                        _store_tile_row(out, g + 10, n0, c10, spill)
+                        _store_tile_row(out, g + 11, n0, c11, spill)
+                        _store_tile_row(out, g + 12, n0, c12, spill)
+                        _store_tile_row(out, g + 13, n0, c13, spill)
+                        _store_tile_row(out, g + 14, n0, c14, spill)
+                        _store_tile_row(out, g + 15, n0, c15, spill)
             tile_release()
         return out
 
@@ -322,6 +337,45 @@ def _sum(sums, at, start, s_at, begins):
     """One activation row's 16 int32 sums from the stored C tile, begun where tiles_32's begin."""
     total = load16(sums, at)
     return total + start[s_at] if begins else total
+
+
+@njit(inline="always")
+def _aligned(n_bytes):
+    """n_bytes uninitialized bytes starting on a cache line."""
+    raw = np.empty(n_bytes + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip : skip + n_bytes]
+
+
+@intrinsic(prefer_literal=True)
+def b_tile(typingctx, quants, q_at, out, o_at, nibbles):
+    """A tile's 32-value block at quants[q_at:] as its B tile (B_BYTES) at out[o_at:]: Q4's 256 bytes, quads
+    k in their low nibbles and k + 4 in their high ones, as 8 quads of 64 unsigned bytes; Q8_0's 512 as they are.
+    Vector loads and stores of 64 bytes (the byte loop numba made was scalar)."""
+    if not isinstance(nibbles, types.BooleanLiteral):
+        return None
+    split = nibbles.literal_value
+
+    def codegen(context, builder, signature, args):
+        i64, b64 = ir.IntType(64), ir.VectorType(ir.IntType(8), 64)
+
+        def pointer(index, at, offset):
+            base = context.make_array(signature.args[index])(context, builder, args[index]).data
+            where = builder.gep(base, [builder.add(at, ir.Constant(i64, offset))])
+            return builder.bitcast(where, b64.as_pointer())
+
+        for lane in range(4 if split else 8):
+            packed = builder.load(pointer(0, args[1], 64 * lane), align=1)
+            if split:
+                low = builder.and_(packed, ir.Constant(b64, [15] * 64))
+                builder.store(low, pointer(2, args[3], 64 * lane), align=64)
+                high = builder.lshr(packed, ir.Constant(b64, [4] * 64))
+                builder.store(high, pointer(2, args[3], 256 + 64 * lane), align=64)
+            else:
+                builder.store(packed, pointer(2, args[3], 64 * lane), align=64)
+        return context.get_dummy_value()
+
+    return types.void(quants, types.intp, out, types.intp, nibbles), codegen
 
 
 @functools.cache

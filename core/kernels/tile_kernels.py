@@ -18,7 +18,7 @@ Q4_1's and Q5_1's exact m x s_act product goes into one fma. Per block of 16 wei
 on AVX-512 VNNI: 8 vpdpbusd, then 5 float instructions (Q4_1; 6 before), 3 (Q4_0; 6) or 4 (Q8_0, Q5_0; 6).
 On an AMX host, amx_tiles.py can take the integer dots of Q4_0, Q4_1 and Q8_0 for 16 activation rows at a time
 (the same sums, the same `_step`), and amx_superblocks.py the K-quants' (the same sums, tiles_k's float steps),
-for the types whose row of the weight-type table says `faster_on_amx`.
+from the rows the type's row of the weight-type table says (`amx_from`).
 
 `tiles_k` is the same for the K-quants' tiles (superblock_tiles.py): 16 activation rows a pass (the rows'
 tile_tokens in weight_types.py), each super-block's exact integer sum per row and token built in int32 and given one

@@ -193,10 +193,13 @@ class WeightType:
     kernels: KernelFamily | None  # its kernel family; F32_FALLBACK (None): no native kernel
     tile_tokens: Mapping[int, int] = field(default_factory=dict)  # vector width -> activation rows per tile pass
     speedup: Mapping[str, float] = field(default_factory=dict)  # measured tier -> native / f32 throughput
-    # whether a layer takes AMX int8 dots (16 activation rows at a time, the same bits) where AMX runs: Q4_1
-    # (amx_tiles.py), 1.2-1.35x its VNNI tile kernel at 64 rows, Q4_0 and Q8_0 measured 0.6-1.07x (stop 47); Q4_K,
-    # Q5_K, Q6_K (amx_superblocks.py, from amx_superblocks.MIN_ROWS rows), 1.3-2x tiles_k at 64-512 rows
-    faster_on_amx: bool = False
+    # activation rows from which a layer takes AMX int8 dots where AMX runs (16 rows at a time, the same bits; the
+    # rows past them and smaller calls the VNNI tile kernel's); 0: never. amx_tiles.py, one core, TinyLlama's and
+    # SmolLM2's shapes (stop 48): Q4_1 from 16, 1.2-1.5x its VNNI tile kernel at 32-64 rows, 0.93-1.25x at 16;
+    # Q4_0 and Q8_0 from 32, 1.0-1.23x at 32-64 rows, 0.83-1.08x (Q4_0) and 0.97-1.26x (Q8_0) at 16, 0.87-1.27x
+    # at 512. Q4_K, Q5_K, Q6_K (amx_superblocks.py) from 32 (at 16 their weight digits serve too few rows),
+    # 1.3-2x tiles_k at 64-512 rows
+    amx_from: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "tile_tokens", _frozen(self.tile_tokens))
@@ -278,10 +281,26 @@ _ROWS_OF_THE_TABLE = (
     WeightType(Q.F16, 1, 2, _f16, "f32", FLOATS, speedup={"avx512-vnni": 0.4, "avx2": 0.62}),
     WeightType(Q.BF16, 1, 2, partial(_gguf, Q.BF16), "f32", FLOATS),
     WeightType(
-        Q.Q8_0, 32, 34, _q8_0, "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS, speedup={"avx512-vnni": 2.32, "avx2": 1.29}
+        Q.Q8_0,
+        32,
+        34,
+        _q8_0,
+        "q8_0",
+        BLOCKS_32,
+        _BLOCK32_TILE_TOKENS,
+        speedup={"avx512-vnni": 2.32, "avx2": 1.29},
+        amx_from=32,
     ),
     WeightType(
-        Q.Q4_0, 32, 18, _q4_0, "q8_0", BLOCKS_32, _BLOCK32_TILE_TOKENS, speedup={"avx512-vnni": 2.46, "avx2": 1.89}
+        Q.Q4_0,
+        32,
+        18,
+        _q4_0,
+        "q8_0",
+        BLOCKS_32,
+        _BLOCK32_TILE_TOKENS,
+        speedup={"avx512-vnni": 2.46, "avx2": 1.89},
+        amx_from=32,
     ),
     WeightType(
         Q.Q4_1,
@@ -292,7 +311,7 @@ _ROWS_OF_THE_TABLE = (
         BLOCKS_32,
         _BLOCK32_TILE_TOKENS,
         speedup={"avx512-vnni": 2.4, "avx2": 1.91},
-        faster_on_amx=True,
+        amx_from=16,
     ),
     WeightType(
         Q.Q5_0,
@@ -325,7 +344,7 @@ _ROWS_OF_THE_TABLE = (
         SUPERBLOCKS,
         {512: 16, 256: 16},
         speedup={"avx512-vnni": 1.69, "avx2": 2.01},
-        faster_on_amx=True,
+        amx_from=32,
     ),
     WeightType(
         Q.Q5_K,
@@ -336,7 +355,7 @@ _ROWS_OF_THE_TABLE = (
         SUPERBLOCKS,
         {512: 16, 256: 16},
         speedup={"avx512-vnni": 1.61, "avx2": 1.8},
-        faster_on_amx=True,
+        amx_from=32,
     ),
     WeightType(
         Q.Q6_K,
@@ -347,7 +366,7 @@ _ROWS_OF_THE_TABLE = (
         SUPERBLOCKS,
         {512: 16, 256: 16},
         speedup={"avx512-vnni": 1.53, "avx2": 1.53},
-        faster_on_amx=True,
+        amx_from=32,
     ),
 )
 

@@ -137,7 +137,7 @@ class Linear:
             0 if np.shares_memory(raw, parts[0]) else raw.nbytes
         )  # a copy only when fusing scattered parts
         self._tiles = None
-        self._amx_tiles = None  # tiles on AMX (amx_tiles.kernel: Q4_1, the K-quants), 16 rows at a time, the same bits
+        self._amx_tiles = None  # tiles on AMX (amx_tiles.kernel, the table's amx_from), 16 rows at a time, same bits
         self.batch_invariant = invariant or fmt in BATCH_INVARIANT_FORMATS
         self._amx = False  # fmt="bf16" on AMX: amx_bf16.py's kernel (its own bits) rather than vdpbf16ps
         if fmt == "bf16":
@@ -206,13 +206,20 @@ class Linear:
             return self._matmul_block32(x, out)
         return self._matmul_superblocks(x, out)
 
+    def _amx_rows(self, n_tok: int) -> int:
+        """The rows a call gives the AMX kernel: whole A tiles, from the weight type's `amx_from` rows (fewer: none,
+        the VNNI tile kernel faster there); 0 where the layer has none."""
+        if self._amx_tiles is None or n_tok < self._weight_type.amx_from:
+            return 0
+        return n_tok - n_tok % amx_tiles.ROWS
+
     def _matmul_block32(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Activations in 32-value blocks (Q8_0, with Q8_1's sums) against Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights."""
         kernels, plan = self._kernels(), self._plan
         n_tok = x.shape[0]
         if self._tiles is not None:  # repacked at load: the tile kernel for every row count (plan.passes)
             a, t = quantize_q8_32(x), self._tiles
-            on_amx = n_tok - n_tok % amx_tiles.ROWS if self._amx_tiles is not None else 0
+            on_amx = self._amx_rows(n_tok)
             if on_amx:  # AMX's dots for 16 rows at a time, the same bits; the rows past them the tile kernel's
                 amx_tiles.matmul(self._amx_tiles, t, a, out[:on_amx])
                 if on_amx == n_tok:
@@ -233,9 +240,7 @@ class Linear:
         if self._tiles is not None:  # repacked at load: the tile kernel for every row count (plan.passes)
             natural = natural_order(self.type, self.tier)  # the activations in the tiles' order
             t, a = self._tiles, (quantize_q8_k if natural else quantize_q8_k_quads)(x)
-            on_amx = n_tok - n_tok % amx_tiles.ROWS if self._amx_tiles is not None else 0
-            if on_amx < amx_superblocks.MIN_ROWS:  # tiles_k's: AMX's weight digits would serve too few rows
-                on_amx = 0
+            on_amx = self._amx_rows(n_tok)
             if on_amx:  # AMX's dots for 16 rows at a time, the same bits; the rows past them tiles_k's
                 amx_superblocks.matmul(self._amx_tiles, t, a, out[:on_amx])
                 if on_amx == n_tok:

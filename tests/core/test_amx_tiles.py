@@ -1,8 +1,8 @@
 """core/kernels/amx_tiles.py and amx_superblocks.py: where AMX runs, their products of Q4_0, Q4_1 and Q8_0 tiles,
 and of Q4_K, Q5_K and Q6_K tiles, bit for bit the VNNI tile kernels' (and the K-quants' the portable kernel's), at
 row counts of one and several A tiles, a short last weight tile, and activations large enough that their Q8_1 sums
-overflow float16; a Q4_1 or K-quant layer takes AMX for the rows in whole A tiles and the VNNI kernel for the
-rest, and a K-quant layer the VNNI kernel alone below amx_superblocks.MIN_ROWS rows."""
+overflow float16; a layer of these types takes AMX for the rows in whole A tiles and the VNNI kernel for the
+rest, and the VNNI kernel alone below its type's `amx_from` rows."""
 
 from __future__ import annotations
 
@@ -29,16 +29,17 @@ needs_amx = pytest.mark.skipif(
 
 @needs_amx
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("n_rows", [16, 48])
-def test_amx_gives_the_vnni_tile_kernels_bits(qtype, n_rows):
-    layer = Linear(random_tensor(qtype, 40, 192, seed=n_rows), tier="avx512-vnni")  # 3 tiles, the last of 8 rows
-    x = activations(n_rows, 192, seed=int(qtype))
+@pytest.mark.parametrize(("n_rows", "k"), [(16, 192), (48, 192), (160, 8192)])
+def test_amx_gives_the_vnni_tile_kernels_bits(qtype, n_rows, k):
+    """160 rows of 8192 values: two blocks of tokens (amx_tiles.A_BYTES)."""
+    layer = Linear(random_tensor(qtype, 40, k, seed=n_rows), tier="avx512-vnni")  # 3 tiles, the last of 8 rows
+    x = activations(n_rows, k, seed=int(qtype))
     x[n_rows // 2] *= 4000  # Q8_1 sums past float16's largest: inf in s
     a, tiles = quantize_q8_32(x), layer._tiles
     vnni = WEIGHT_TYPES[qtype].kernels_on(VNNI).tiles
     expected = vnni(tiles.quants, tiles.scales, tiles.mins, a.q, a.d, a.s, a.qsum, np.empty((n_rows, 40), np.float32))
     got = amx_tiles.matmul(amx_tiles.kernel(int(qtype), VNNI.name), tiles, a, np.empty((n_rows, 40), np.float32))
-    assert amx_tiles.usable(int(qtype), VNNI) == (qtype == Q.Q4_1)  # the block-32 types layers take it for
+    assert amx_tiles.usable(int(qtype), VNNI)  # layers take it, Q4_1 from 16 rows, Q4_0 and Q8_0 from 32
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
@@ -74,18 +75,23 @@ def test_amx_gives_the_k_quant_tile_kernels_bits(qtype, n_rows, k, n):
     np.testing.assert_array_equal(got.view(np.uint32), portable.view(np.uint32))
 
 
+ON_AMX = [qtype for qtype in [Q.Q4_0, Q.Q4_1, Q.Q8_0, *K_QUANTS] if WEIGHT_TYPES[qtype].amx_from]
+
+
 @needs_amx
-@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", ON_AMX, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_rows", [17, 45])
-def test_a_k_quant_layer_takes_amx_for_whole_a_tiles_from_min_rows_and_the_vnni_kernel_for_the_rest(qtype, n_rows):
+def test_a_layer_takes_amx_for_whole_a_tiles_from_its_amx_from_rows_and_the_vnni_kernel_for_the_rest(qtype, n_rows):
     tensor = random_tensor(qtype, 40, 512)
     layer, portable = Linear(tensor, tier="avx512-vnni"), Linear(tensor, tier="portable")
     assert layer._amx_tiles is not None
-    x = activations(n_rows, 512)  # 17: below MIN_ROWS, all on the VNNI kernel; 45: 32 rows on AMX, 13 on it
+    # 17: 16 rows on AMX from 16 rows, else all on the VNNI kernel; 45: 32 rows on AMX, 13 on it
+    assert layer._amx_rows(n_rows) == (0 if n_rows < WEIGHT_TYPES[qtype].amx_from else n_rows - n_rows % 16)
+    x = activations(n_rows, 512)
     np.testing.assert_array_equal(layer(x).view(np.uint32), portable(x).view(np.uint32))
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, *K_QUANTS], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", ON_AMX, ids=lambda t: t.name)
 def test_miro_amx_0_keeps_the_vnni_kernel(qtype):
     code = (
         "from gguf import GGMLQuantizationType as Q; from miro.core.kernels import amx_tiles, cpu; "
