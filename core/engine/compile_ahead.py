@@ -66,11 +66,11 @@ class Unit:
             kernels = row.kernels_on(cpu.TIER)  # the loop shapes its layout on this tier calls
             names = ("tiles",) if row.plan(cpu.TIER).layout == "tiles" else ("rows", "lanes")
             found = [getattr(kernels, name, None) for name in names]
-            if names == ("tiles",):  # and AMX's dots for 16 rows at a time where they run (amx_tiles.kernel)
-                from miro.core.kernels import amx_tiles
+            if names == ("tiles",):  # and AMX's dots for 16 rows at a time where they run (amx_kernels.kernel)
+                from miro.core.kernels import amx_kernels, amx_tiles
 
                 if amx_tiles.usable(self.args[0], cpu.TIER):
-                    found.append(amx_tiles.kernel(int(self.args[0]), cpu.TIER.name))
+                    found.append(amx_kernels.kernel(int(self.args[0]), cpu.TIER.name))
             return [k for k in found if k is not None and hasattr(k, "_cache")]
         if self.kind == "experts":
             from miro.core.layers import moe, pointwise

@@ -23,7 +23,6 @@ steps, 3 to 5 instructions per 16 weight rows, block and activation row, are ggm
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -31,11 +30,11 @@ from llvmlite import ir
 from numba import get_num_threads, njit, prange, types
 from numba.core.extending import intrinsic
 
-from miro.core.kernels import amx, cpu
+from miro.core.kernels import amx
 from miro.core.kernels.amx import _tile_product, tile_load, tile_load_config, tile_release, tile_store, tile_zero
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
-from miro.core.kernels.quant_blocks import Q4_0, Q4_1, Q8_0, SUPERBLOCK_TYPES
+from miro.core.kernels.quant_blocks import Q4_0, Q4_1, Q8_0
 from miro.core.kernels.simd import load16, load16_f16, zeros16
 from miro.core.kernels.tile_kernels import FLOAT_BIAS, _constants, _float_bias, _step, _store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
@@ -56,7 +55,7 @@ def runs_on(tier: Tier) -> bool:
 
 
 def usable(qtype: int, tier: Tier) -> bool:
-    """Whether a layer of this type on this tier takes an AMX kernel (`kernel`) for its rows in whole A tiles: its
+    """Whether a layer of this type on this tier takes an AMX kernel (amx_kernels.kernel) for its rows in whole A tiles: its
     row of the weight-type table says so (`amx_from`, the fewest rows it takes it for, 0: never) and AMX runs
     here."""
     from miro.core.kernels.weight_types import WEIGHT_TYPES  # the table imports the kernels, not this module
@@ -376,17 +375,6 @@ def b_tile(typingctx, quants, q_at, out, o_at, nibbles):
         return context.get_dummy_value()
 
     return types.void(quants, types.intp, out, types.intp, nibbles), codegen
-
-
-@functools.cache
-def kernel(qtype: int, tier_name: str):
-    """The AMX kernel for a type on a tier (by name), made once per process: amx_tiles_32's, or for the K-quants
-    amx_superblocks.amx_tiles_k's."""
-    if int(qtype) in SUPERBLOCK_TYPES:
-        from miro.core.kernels import amx_superblocks  # it imports this module
-
-        return amx_superblocks.amx_tiles_k(qtype, cpu.get(tier_name))
-    return amx_tiles_32(qtype, cpu.get(tier_name))
 
 
 def matmul(kernel, tiles, a, out: np.ndarray) -> np.ndarray:

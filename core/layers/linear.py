@@ -25,7 +25,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from miro.core.loading.gguf_file import TensorInfo, release_pages
-from miro.core.kernels import amx_bf16, amx_superblocks, amx_tiles, cpu, quant_kernels
+from miro.core.kernels import amx_bf16, amx_kernels, amx_superblocks, amx_tiles, cpu, quant_kernels
 from miro.core.layers import encoder
 from miro.core.kernels.amx_bf16 import matmul_amx_bf16
 from miro.core.kernels.bf16_gemm import matmul_bf16, pack_bf16
@@ -137,7 +137,7 @@ class Linear:
             0 if np.shares_memory(raw, parts[0]) else raw.nbytes
         )  # a copy only when fusing scattered parts
         self._tiles = None
-        self._amx_tiles = None  # tiles on AMX (amx_tiles.kernel, the table's amx_from), 16 rows at a time, same bits
+        self._amx_tiles = None  # tiles on AMX (amx_kernels.kernel, the table's amx_from), 16 rows at a time, same bits
         self.batch_invariant = invariant or fmt in BATCH_INVARIANT_FORMATS
         self._amx = False  # fmt="bf16" on AMX: amx_bf16.py's kernel (its own bits) rather than vdpbf16ps
         if fmt == "bf16":
@@ -160,7 +160,7 @@ class Linear:
             if self._plan.layout == "tiles":  # the same bytes in 16-row tiles; the file's pages leave memory
                 self._tiles = row.kernels.repack(int(qtype), self._w, self.tier)
                 if amx_tiles.usable(int(qtype), self.tier):
-                    self._amx_tiles = amx_tiles.kernel(int(qtype), self.tier.name)
+                    self._amx_tiles = amx_kernels.kernel(int(qtype), self.tier.name)
                 self._w = None
                 self.weight_bytes = self._tiles.nbytes
                 for part in parts:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from miro.core.kernels import amx, amx_superblocks, amx_tiles, cpu
+from miro.core.kernels import amx, amx_kernels, amx_superblocks, amx_tiles, cpu
 from miro.core.kernels.quantize_activations import quantize_q8_32, quantize_q8_k
 from miro.core.kernels.weight_types import WEIGHT_TYPES
 from miro.core.layers.linear import Linear
@@ -38,7 +38,7 @@ def test_amx_gives_the_vnni_tile_kernels_bits(qtype, n_rows, k):
     a, tiles = quantize_q8_32(x), layer._tiles
     vnni = WEIGHT_TYPES[qtype].kernels_on(VNNI).tiles
     expected = vnni(tiles.quants, tiles.scales, tiles.mins, a.q, a.d, a.s, a.qsum, np.empty((n_rows, 40), np.float32))
-    got = amx_tiles.matmul(amx_tiles.kernel(int(qtype), VNNI.name), tiles, a, np.empty((n_rows, 40), np.float32))
+    got = amx_tiles.matmul(amx_kernels.kernel(int(qtype), VNNI.name), tiles, a, np.empty((n_rows, 40), np.float32))
     assert amx_tiles.usable(int(qtype), VNNI)  # layers take it, Q4_1 from 16 rows, Q4_0 and Q8_0 from 32
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
@@ -68,7 +68,7 @@ def test_amx_gives_the_k_quant_tile_kernels_bits(qtype, n_rows, k, n):
     vnni = WEIGHT_TYPES[qtype].kernels_on(VNNI).tiles
     out = np.empty((n_rows, n), np.float32)
     expected = vnni(tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, a.q, a.d, a.sum32, out)
-    got = amx_superblocks.matmul(amx_tiles.kernel(int(qtype), VNNI.name), tiles, a, np.empty((n_rows, n), np.float32))
+    got = amx_superblocks.matmul(amx_kernels.kernel(int(qtype), VNNI.name), tiles, a, np.empty((n_rows, n), np.float32))
     assert amx_tiles.usable(int(qtype), VNNI)
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
     portable = Linear(tensor, tier="portable")(x)
