@@ -240,12 +240,8 @@ def digit_tiles(typingctx, quants, q_at, pairs, min_pairs, digits, d_at, qtype, 
             ir.VectorType(i8, 64),
         )
 
-        def data(index):
-            return context.make_array(signature.args[index])(context, builder, args[index]).data
-
-        def pointer(base, at, offset, vector_type):
-            where = builder.gep(base, [builder.add(at, ir.Constant(i64, offset))])
-            return builder.bitcast(where, vector_type.as_pointer())
+        data = functools.partial(_array_data, context, builder, signature, args)
+        pointer = functools.partial(_vector_pointer, builder)
 
         def splat_bytes(value):
             return ir.Constant(b64, [value] * 64)
@@ -300,7 +296,7 @@ def q6_k_digit_tiles(typingctx, quants, q_at, sub_scales, s_at, digits, d_at):
     by vpmullw on each byte of a pair, sign-extended to 16 bits."""
 
     def codegen(context, builder, signature, args):
-        i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
         w16, w32, b16, b64 = (
             ir.VectorType(i16, 16),
             ir.VectorType(i16, 32),
@@ -308,12 +304,8 @@ def q6_k_digit_tiles(typingctx, quants, q_at, sub_scales, s_at, digits, d_at):
             ir.VectorType(i8, 64),
         )
 
-        def data(index):
-            return context.make_array(signature.args[index])(context, builder, args[index]).data
-
-        def pointer(base, at, offset, vector_type):
-            where = builder.gep(base, [builder.add(at, ir.Constant(i64, offset))])
-            return builder.bitcast(where, vector_type.as_pointer())
+        data = functools.partial(_array_data, context, builder, signature, args)
+        pointer = functools.partial(_vector_pointer, builder)
 
         def splat(vector_type, value):
             return ir.Constant(vector_type, [value] * vector_type.count)
@@ -368,3 +360,14 @@ def matmul(kernel, tiles, a, out: np.ndarray) -> np.ndarray:
     return kernel(
         tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, a.q, a.d, a.sum32, out, CONFIG, get_num_threads()
     )
+
+
+def _array_data(context, builder, signature, args, index):
+    """An intrinsic's array argument `index`: its data pointer."""
+    return context.make_array(signature.args[index])(context, builder, args[index]).data
+
+
+def _vector_pointer(builder, base, at, offset, vector_type):
+    """base + at + offset (elements of base), as a pointer to vector_type."""
+    where = builder.gep(base, [builder.add(at, ir.Constant(ir.IntType(64), offset))])
+    return builder.bitcast(where, vector_type.as_pointer())
