@@ -40,7 +40,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from miro.core.loading.gguf_file import TensorInfo
-from miro.core.kernels import float_kernels, grouped_experts, quant_kernels, tile_kernels
+from miro.core.kernels import float_kernels, grouped_experts, grouped_superblocks, quant_kernels, tile_kernels
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.int8_dots import tile_signed_bytes
 from miro.core.kernels.superblock_tiles import natural_order, repack_superblocks
@@ -143,7 +143,7 @@ SUPERBLOCKS = KernelFamily(
     quant_kernels.lanes_k,
     tile_kernels.tiles_k,
     _repack_superblocks,
-    grouped_experts.grouped_k,
+    grouped_superblocks.grouped_k,
 )
 
 

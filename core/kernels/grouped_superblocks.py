@@ -1,0 +1,476 @@
+"""The grouped expert kernel of the K-quants (Q4_K, Q5_K, Q6_K): grouped_experts.py's design (a step's chosen
+experts in one call, work items (active expert, tile), each a tile times its expert's run of rows) over the
+super-block tiles, with tile_kernels.tiles_k's integer sums and float steps, so a row's bits are the dense
+kernel's whatever rows share its experts."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType
+from numba.np.ufunc.parallel import _iget_num_threads  # the running pool's size, callable in cached code
+from numba import prange
+
+from miro.core.kernels.cache_key import HELPERS, cached_variant
+from miro.core.kernels.cpu import Tier
+from miro.core.kernels.int8_dots import (
+    lanes_per_call,
+    mins_dot,
+    split_sums,
+    superblock_tile_sum,
+    superblock_unit_vnni,
+)
+from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
+from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order
+from miro.core.kernels.tile_kernels import (
+    _q6_k_scale_pairs,
+    _store_tile_row,
+)
+from miro.core.kernels.tiles import TILE_ROWS
+
+
+# ---------------------------------------------------------------- K-quant super-blocks (Q4_K, Q5_K, Q6_K)
+
+
+def grouped_k(qtype: int, tier: Tier, tokens: int):
+    """The grouped kernel of a K-quant on a tier with int8 dots, `tokens` rows a pass (the type's tile_tokens):
+    kernel(quants0, scales0, mins0, sub_scales0, quants1, scales1, mins1, sub_scales1, parts, tiles_per_expert,
+    a, d, sum32, starts, active, out). a, d, sum32: the gathered rows' Q8_K blocks in the tiles' order
+    (superblock_tiles.natural_order: quantize_activations.quantize_q8_k, else quantize_q8_k_quads); the rest as
+    grouped_32's."""
+    if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot:
+        return None
+    bits = 512 if tier.vector_bits == 512 else 256
+    vnni = int(tier.has_vnni)
+    lane_bytes = LANE_BYTES[qtype]
+    has_mins = qtype != Q6_K
+    natural = natural_order(qtype, tier)
+    signed_q6 = natural and not has_mins
+    per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
+    per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
+    fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
+    sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (int8_dots.superblock_tile_sum)
+    helpers = HELPERS
+
+    @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
+    def grouped_tiles_k(
+        quants0,
+        scales0,
+        mins0,
+        sub_scales0,
+        quants1,
+        scales1,
+        mins1,
+        sub_scales1,
+        parts,
+        tiles_per_expert,
+        a,
+        d,
+        sum32,
+        starts,
+        active,
+        out,
+    ):
+        helpers  # in numba's cache key: see cache_key.py
+        n_tok = a.shape[0]
+        k = a.shape[1]
+        n_super = k // 256
+        tile_bytes = quants0.shape[1]
+        flat_quants0 = quants0.reshape(quants0.size)
+        flat_quants1 = quants1.reshape(quants1.size)
+        a_flat = a.reshape(a.size)
+        # Q6_K in the values' order (int8_dots.superblock_unit_vnni): for passes of 4 rows or more the activations +
+        # 128, vpdpbusd's unsigned operand; for passes of 2 and 1 -32 x each 8 activations' sum, the start of their
+        # int32 sums, [row][k / 8]
+        a_unsigned = a_flat.view(np.uint8) ^ np.uint8(0x80) if signed_q6 else np.empty(0, np.uint8)
+        row_starts = np.empty(n_tok * (k // 8) if signed_q6 else 0, np.int32)
+        for g in range(row_starts.size):
+            total = np.int32(0)
+            for i in range(8):
+                total += np.int32(a_flat[8 * g + i])
+            row_starts[g] = np.int32(-32) * total
+        pairs_per_super = 4 if has_mins else 8
+        # the int16 pairs of each row's sub-block sums, as tile_kernels.tiles_k makes them: on the calling thread
+        # (a few microseconds for a decode step's slots), so a call is one parallel region, one wait for the threads
+        sum_pairs = np.empty((n_tok, 0 if signed_q6 else n_super * pairs_per_super), np.int32)
+        for t in range(0 if signed_q6 else n_tok):
+            if has_mins:
+                for j in range(k // 64):
+                    sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
+            else:
+                for j in range(n_super * 8):
+                    at = t * k + 32 * j
+                    low = np.int32(0)
+                    high = np.int32(0)
+                    for lane in range(8):
+                        low += np.int32(a_flat[at + 4 * lane]) + np.int32(a_flat[at + 4 * lane + 1])
+                        high += np.int32(a_flat[at + 4 * lane + 2]) + np.int32(a_flat[at + 4 * lane + 3])
+                    sum_pairs[t, j] = (low & 0xFFFF) | (high << 16)
+        n_threads = _iget_num_threads()  # at run time: thread ids lie below it (a cached constant did not)
+        all_pairs = np.empty((n_threads, n_super * 8 * TILE_ROWS), np.int32)
+        all_min_pairs = np.empty((n_threads, n_super * 4 * TILE_ROWS if has_mins else 0), np.int32)
+        all_sums = np.empty((n_threads, 3, sets * tokens * TILE_ROWS), np.int32)
+        all_spill = np.empty((n_threads, LANES), np.float32)
+        per_expert = parts * tiles_per_expert
+        for item in prange(active.shape[0] * per_expert):
+            thread = numba.get_thread_id()
+            e = active[item // per_expert]
+            j = item % per_expert
+            part, tile = j // tiles_per_expert, e * tiles_per_expert + j % tiles_per_expert
+            if part == 0:
+                flat_quants, tile_scales, tile_mins, tile_sub_scales = (
+                    flat_quants0,
+                    scales0[tile],
+                    mins0[tile],
+                    sub_scales0[tile],
+                )
+            else:
+                flat_quants, tile_scales, tile_mins, tile_sub_scales = (
+                    flat_quants1,
+                    scales1[tile],
+                    mins1[tile],
+                    sub_scales1[tile],
+                )
+            pairs, min_pairs, spill = all_pairs[thread], all_min_pairs[thread], all_spill[thread]
+            for sb in range(n_super):
+                if has_mins:
+                    k4_tile_pairs(
+                        tile_sub_scales, 12 * TILE_ROWS * sb, pairs, sb * 8 * TILE_ROWS, min_pairs, sb * 4 * TILE_ROWS
+                    )
+                elif not natural:
+                    _q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS :])
+            isums = all_sums[thread, 0]
+            acc = all_sums[thread, 1].view(np.float32)
+            acc_mins = all_sums[thread, 2].view(np.float32)
+            t0, end = starts[e], starts[e + 1]
+            while t0 < end:
+                # this pass's rows: an expert's run is a few rows in a decode step, so 8 and 4 between `tokens`
+                # and 2 (a row's bits are the same in any pass)
+                left = end - t0
+                n = (
+                    tokens
+                    if left >= tokens
+                    else 8
+                    if left >= 8 and tokens > 8
+                    else 4
+                    if left >= 4 and tokens > 4
+                    else 2
+                    if left >= 2
+                    else 1
+                )
+                acc[: n * TILE_ROWS] = 0  # this pass's rows only
+                acc_mins[: n * TILE_ROWS] = 0
+                for sb in range(n_super):
+                    isums[: sets * n * TILE_ROWS] = 0
+                    w_at = tile * tile_bytes + 8 * sb * lane_bytes
+                    p_at = sb * 8 * TILE_ROWS
+                    a_at = t0 * k + 256 * sb
+                    if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
+                        # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
+                        # + 128 in passes of 4 rows or more, as they are with row_starts in passes of 2 and 1. One loop
+                        # of `unit`, not `c` (the loop below's): two loops of one name in a prange body broke the
+                        # threads' sums
+                        scale_src = pairs if has_mins else tile_sub_scales
+                        s_at = p_at if has_mins else 16 * TILE_ROWS * sb
+                        a_src = a_flat if has_mins else a_unsigned
+                        st_at = t0 * (k // 8) + 32 * sb
+                        for unit in range(4 if n > 2 else 0):
+                            if n == tokens:
+                                superblock_unit_vnni(
+                                    flat_quants,
+                                    w_at,
+                                    scale_src,
+                                    s_at,
+                                    a_src,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    unit,
+                                    row_starts,
+                                    0,
+                                    qtype,
+                                    tokens,
+                                )
+                            elif n == 8:
+                                superblock_unit_vnni(
+                                    flat_quants,
+                                    w_at,
+                                    scale_src,
+                                    s_at,
+                                    a_src,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    unit,
+                                    row_starts,
+                                    0,
+                                    qtype,
+                                    8,
+                                )
+                            else:
+                                superblock_unit_vnni(
+                                    flat_quants,
+                                    w_at,
+                                    scale_src,
+                                    s_at,
+                                    a_src,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    unit,
+                                    row_starts,
+                                    0,
+                                    qtype,
+                                    4,
+                                )
+                        if n == 2:  # the units constants (their shifts immediate), as superblock_tile_sum's at 1 row
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                0,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                1,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                2,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                3,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                2,
+                            )
+                        elif n == 1:
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                0,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                1,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                2,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
+                            superblock_unit_vnni(
+                                flat_quants,
+                                w_at,
+                                scale_src,
+                                s_at,
+                                a_flat,
+                                a_at,
+                                k,
+                                isums,
+                                3,
+                                row_starts,
+                                st_at,
+                                qtype,
+                                1,
+                            )
+                    elif n == 1:
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
+                        )
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, 0, bits, vnni, qtype, 1
+                        )
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, 0, bits, vnni, qtype, 1
+                        )
+                        superblock_tile_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
+                        )
+                    elif n == 2 and fixed_units_2:  # the units constants, their shifts immediate, as at one row
+                        for first in range(0, 8, per_call_2):
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, first, bits, vnni, qtype, 2
+                            )
+                            superblock_tile_sum(
+                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, first, bits, vnni, qtype, 2
+                            )
+                    for c in range(4 if (n > 2 or n == 2 and not fixed_units_2) and not natural else 0):
+                        if n == tokens:
+                            for lane in range(0, 8, per_call):
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    tokens,
+                                )
+                        elif n == 8:
+                            for lane in range(0, 8, per_call_8):
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    8,
+                                )
+                        elif n == 4:
+                            for lane in range(0, 8, per_call_4):
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    4,
+                                )
+                        else:
+                            for lane in range(0, 8, per_call_2):
+                                superblock_tile_sum(
+                                    flat_quants,
+                                    w_at,
+                                    pairs,
+                                    p_at,
+                                    a_flat,
+                                    a_at,
+                                    k,
+                                    isums,
+                                    c,
+                                    lane,
+                                    bits,
+                                    vnni,
+                                    qtype,
+                                    2,
+                                )
+                    if sets == 2 and n >= 4:  # the second set of sums (int8_dots.split_sums)
+                        for t in range(n):
+                            store16(
+                                isums, TILE_ROWS * t, load16(isums, TILE_ROWS * t) + load16(isums, TILE_ROWS * (n + t))
+                            )
+                    dw = load16_f16(tile_scales, TILE_ROWS * sb)
+                    for t in range(n):
+                        at = TILE_ROWS * t
+                        total = load16(isums, at)
+                        if not has_mins and not natural:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
+                            total = total - 32 * mins_dot(pairs, p_at, sum_pairs[t0 + t], 8 * sb, bits, 8)
+                        store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
+                    if has_mins:
+                        dmin = load16_f16(tile_mins, TILE_ROWS * sb)
+                        for t in range(n):
+                            sum_mins = mins_dot(
+                                min_pairs, sb * 4 * TILE_ROWS, sum_pairs[t0 + t], pairs_per_super * sb, bits, 4
+                            )
+                            at = TILE_ROWS * t
+                            store16(acc_mins, at, load16(acc_mins, at) + (dmin * d[t0 + t, sb]) * to_float(sum_mins))
+                for t in range(n):
+                    at = TILE_ROWS * t
+                    total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
+                    _store_tile_row(out, t0 + t, j * TILE_ROWS, total, spill)
+                t0 += n
+        return out
+
+    return grouped_tiles_k
