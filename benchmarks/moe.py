@@ -153,7 +153,7 @@ def write_f16(path: Path, seed: int = 0) -> None:
 
 def q4_k_m_model(llama_python: str | None, threads: int) -> tuple[Path, str]:
     """llama.cpp's Q4_K_M of the random F16 model: made once, then read from CACHE."""
-    from tinyllama import QUANTIZE_SCRIPT
+    from shaped_models import QUANTIZE_SCRIPT
 
     path = CACHE / f"qwen3moe-{'-'.join(map(str, SHAPE.values()))}-q4_k_m.gguf"
     if path.exists():
