@@ -95,55 +95,44 @@ def _block_as_f32(flat_cache, start, scratch):
 
 
 @njit(inline="always")
-def _rotate(src, s0, dst, d0, cos, sin, pos, neox):
-    """RoPE of the head at src[s0:], written to dst[d0:] (the same array and place: in place): on adjacent pairs
-    (x[2i], x[2i+1]), as llama.cpp rotates GGUF llama weights, or with neox on halves (x[i], x[i + d/2]), as it
-    rotates qwen2, qwen3 and gemma3. Only the table's columns rotate; dst's other values are left as they are."""
-    half = cos.shape[1]
+def _rotate(vec, cos_row, sin_row, neox):
+    """RoPE: on adjacent pairs (x[2i], x[2i+1]), as llama.cpp rotates GGUF llama weights, or with neox on
+    halves (x[i], x[i + d/2]), as it rotates qwen2, qwen3 and gemma3."""
+    half = cos_row.shape[0]
     for i in range(half):
         a_i, b_i = (i, half + i) if neox else (2 * i, 2 * i + 1)
-        a = src[s0 + a_i]
-        b = src[s0 + b_i]
-        dst[d0 + a_i] = a * cos[pos, i] - b * sin[pos, i]
-        dst[d0 + b_i] = a * sin[pos, i] + b * cos[pos, i]
+        a = vec[a_i]
+        b = vec[b_i]
+        vec[a_i] = a * cos_row[i] - b * sin_row[i]
+        vec[b_i] = a * sin_row[i] + b * cos_row[i]
 
 
 def _build_rope_and_store_kv():
     helpers = HELPERS
 
     @njit(cache=True)
-    def rope_and_store_kv(
-        qkv, positions, cos, sin, n_heads, n_kv_heads, head_dim, slots, k_cache, v_cache, neox, q_out
-    ):
-        """Rotate Q into q_out and K (in place in qkv) by each token's position; write K and V into the paged cache.
+    def rope_and_store_kv(qkv, positions, cos, sin, n_heads, n_kv_heads, head_dim, slots, k_cache, v_cache, neox=False):
+        """Rotate Q (in place in qkv) and K by each token's position; write K and V into the paged cache.
 
-        qkv: (T, (n_heads + 2 * n_kv_heads) * head_dim), C-contiguous; q_out: (T, n_heads, head_dim), the
-        attention kernel's contiguous queries; slots[t] = block * block_size + offset. On the calling thread:
-        a decode step's few values would wait longer for the thread pool than they take (see silu_mul).
+        qkv: (T, (n_heads + 2 * n_kv_heads) * head_dim); slots[t] = block * block_size + offset.
         """
         helpers  # in numba's cache key: see cache_key.py
         block_size = v_cache.shape[2]
-        width = qkv.shape[1]
         q_end = n_heads * head_dim
         k_end = q_end + n_kv_heads * head_dim
-        src = qkv.reshape(qkv.size)
-        dst = q_out.reshape(q_out.size)
         for t in range(qkv.shape[0]):
             pos = positions[t]
-            row = t * width
-            for c in range(q_end):  # the unrotated columns as they are, then the rotated ones over them
-                dst[t * q_end + c] = src[row + c]
             for h in range(n_heads):
-                _rotate(src, row + h * head_dim, dst, t * q_end + h * head_dim, cos, sin, pos, neox)
+                _rotate(qkv[t, h * head_dim : (h + 1) * head_dim], cos[pos], sin[pos], neox)
             block = slots[t] // block_size
             offset = slots[t] % block_size
             for h in range(n_kv_heads):
-                k0 = row + q_end + h * head_dim
-                v0 = row + k_end + h * head_dim
-                _rotate(src, k0, src, k0, cos, sin, pos, neox)
+                k = qkv[t, q_end + h * head_dim : q_end + (h + 1) * head_dim]
+                _rotate(k, cos[pos], sin[pos], neox)
+                v = qkv[t, k_end + h * head_dim : k_end + (h + 1) * head_dim]
                 for d in range(head_dim):
-                    k_cache[block, h, d, offset] = as_cache_value(k_cache, src[k0 + d])
-                    v_cache[block, h, offset, d] = as_cache_value(v_cache, src[v0 + d])
+                    k_cache[block, h, d, offset] = as_cache_value(k_cache, k[d])
+                    v_cache[block, h, offset, d] = as_cache_value(v_cache, v[d])
 
     return rope_and_store_kv
 

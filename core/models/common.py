@@ -163,8 +163,7 @@ def attention(
     softcap: float = 0.0,
     sinks: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Rotate q (into a buffer of its own) and k (in place) of the fused qkv rows, write k and v into the cache,
-    attend over it.
+    """Rotate q and k of the fused qkv rows (in place), write k and v into the cache, attend over it.
 
     out: (T, n_heads, head_dim), filled; returned as (T, q_dim). window > 0: a sliding-window layer.
     q_scale: (T,) float32, each token's rotated q multiplied by it (mistral3's attention temperature).
@@ -175,7 +174,6 @@ def attention(
     cfg = config
     n_tokens = qkv.shape[0]
     cos, sin = rope
-    q = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), np.float32)  # contiguous: numba's strided code is slower
     attention_kernels.rope_and_store_kv(
         qkv,
         step.positions,
@@ -188,8 +186,9 @@ def attention(
         cache.k[layer],
         cache.v[layer],
         cfg.rope_neox,
-        q,
     )
+    # a contiguous copy: numba's code for strided views is several times slower
+    q = np.ascontiguousarray(qkv[:, : cfg.q_dim]).reshape(n_tokens, cfg.n_heads, cfg.head_dim)
     if q_scale is not None:
         q *= q_scale[:, None, None]
     attention_kernels.paged_attention(
