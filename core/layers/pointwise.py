@@ -50,30 +50,52 @@ def _normalize_row(x, t, weight, eps, out):
         out[t, i] = x[t, i] * inv * weight[i]
 
 
-@njit(cache=True)
-def rmsnorm(x, weight, eps, out):
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
     """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for each row t (out may be x)."""
-    for t in range(x.shape[0]):
-        _normalize_row(x, t, weight, eps, out)
-    return out
+    return _rmsnorm(x, weight, eps, out, x.size >= PARALLEL_FROM)
 
 
-def add_rmsnorm(x, h, weight, eps, out):
+def add_rmsnorm(x: np.ndarray, h: np.ndarray | None, weight: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
     """x += h (the residual add, in place), then out = RMSNorm(x) * weight, in one pass over each row; h None: the
     norm alone."""
     if h is None:
         return rmsnorm(x, weight, eps, out)
-    return _add_rmsnorm(x, h, weight, eps, out)
+    return _add_rmsnorm(x, h, weight, eps, out, x.size >= PARALLEL_FROM)
 
 
-@njit(cache=True)
-def _add_rmsnorm(x, h, weight, eps, out):
-    """x[t] += h[t] (float32 adds, as numpy's x += h), then out[t] = x[t] / rms(x[t]) * weight, for each row t."""
-    d = x.shape[1]
-    for t in range(x.shape[0]):
-        for i in range(d):
-            x[t, i] += h[t, i]
-        _normalize_row(x, t, weight, eps, out)
+# The row kernels below split their rows over the thread pool only from PARALLEL_FROM values, as the row quantizers
+# do (quantize_activations.py): a decode step's few rows would wait longer for the other core of a busy machine than
+# they take. `parallel` picks the loop; one compilation holds both.
+
+
+@njit(cache=True, parallel=True)
+def _rmsnorm(x, weight, eps, out, parallel):
+    if parallel:
+        for t in prange(x.shape[0]):
+            _normalize_row(x, t, weight, eps, out)
+    else:
+        for t in range(x.shape[0]):
+            _normalize_row(x, t, weight, eps, out)
+    return out
+
+
+@njit(inline="always")
+def _add_row(x, h, t):
+    """x[t] += h[t]: float32 adds, as numpy's x += h."""
+    for i in range(x.shape[1]):
+        x[t, i] += h[t, i]
+
+
+@njit(cache=True, parallel=True)
+def _add_rmsnorm(x, h, weight, eps, out, parallel):
+    if parallel:
+        for t in prange(x.shape[0]):
+            _add_row(x, h, t)
+            _normalize_row(x, t, weight, eps, out)
+    else:
+        for t in range(x.shape[0]):
+            _add_row(x, h, t)
+            _normalize_row(x, t, weight, eps, out)
     return out
 
 
@@ -128,9 +150,8 @@ _silu_mul = _build_silu_mul()
 def silu_mul(gate_up: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out = silu(gate) * up, where gate_up holds [gate | up] column halves: silu(g) = g / (1 + e^-g).
 
-    Split over the thread pool only from PARALLEL_FROM values, as the row quantizers are: a decode step's
-    (64 x 1536 on the default model, 76 us on one core) waited for the other core of a busy 2-core machine
-    longer than it took, up to 1 ms a call."""
+    Split over the thread pool only from PARALLEL_FROM values: a decode step's (64 x 1536 on the default model,
+    35 us on one core) waited up to 1 ms a call for the other core of a busy 2-core machine."""
     return _silu_mul(gate_up, out, gate_up.size >= PARALLEL_FROM)
 
 
