@@ -81,7 +81,7 @@ class Unit:
                 if row.grouped_on(cpu.TIER)
                 else Unit("linear", (self.args[0], "native")).dispatchers()  # one Linear per expert
             )
-            activation = {"silu_mul": pointwise.silu_mul, "swiglu_oai": pointwise._swiglu_oai}[self.args[1]]
+            activation = {"silu_mul": pointwise._silu_mul, "swiglu_oai": pointwise._swiglu_oai}[self.args[1]]
             return [*own, moe.route, moe.combine, activation]
         if self.kind == "attention":
             from miro.core.layers import attention
@@ -90,7 +90,7 @@ class Unit:
         from miro.core.layers import pointwise
         from miro.core.sampling.token_mask import mask_rows
 
-        return [pointwise.rmsnorm, pointwise.head_rmsnorm, pointwise.silu_mul, mask_rows]
+        return [pointwise._rmsnorm, pointwise._add_rmsnorm, pointwise.head_rmsnorm, pointwise._silu_mul, mask_rows]
 
 
 def plan(gguf, config, weight_format: str, kv_cache_dtype: str) -> list[Unit]:
@@ -256,6 +256,7 @@ def compile_unit(unit: Unit) -> None:
 
         x = np.ones((2, 64), np.float32)
         pointwise.rmsnorm(x, np.ones(64, np.float32), 1e-5, np.empty_like(x))  # eps: a Python float, as configs hold
+        pointwise.add_rmsnorm(x, np.zeros_like(x), np.ones(64, np.float32), 1e-5, np.empty_like(x))
         pointwise.head_rmsnorm(x, 0, 2, 32, np.ones(32, np.float32), 1e-5)  # qwen3's and olmo2's q/k norms
         pointwise.silu_mul(np.ones((2, 128), np.float32), np.empty((2, 64), np.float32))
         # sampler.apply_token_masks' arguments: the processed logits, the rows, TokenMasks.bits, the emptied flags

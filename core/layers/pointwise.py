@@ -1,4 +1,5 @@
-"""Per-row kernels of the forward pass: RMSNorm (per row or per head), SiLU, GELU and gpt-oss's SwiGLU gates.
+"""Per-row kernels of the forward pass: RMSNorm (per row, after the residual add, or per head), SiLU, GELU and
+gpt-oss's SwiGLU gates.
 (RoPE + the KV-cache write and paged attention: layers/attention.py.)
 
 Every kernel computes each token's row from that row alone, in a fixed order,
@@ -14,77 +15,144 @@ from numba import njit, prange
 
 from miro.core.kernels.cache_key import HELPERS
 from miro.core.kernels.halfs import f32_to_f16_bits
+from miro.core.kernels.quantize_activations import PARALLEL_FROM
 from miro.core.kernels.simd import LANES, exp1, exp16, load16, store16, zeros16
 
 
 @njit(inline="always")
-def _sum_of_squares(row, start, n):
-    """sum of row[start + i]^2 for i < n, each square in float32, summed in float64 in one order on every CPU
+def _sum_of_squares(x, t, start, n):
+    """sum of x[t, start + i]^2 for i < n, each square in float32, summed in float64 in one order on every CPU
     tier: 8 chains (value i to chain i % 8; LLVM may run them as one vector, never reassociated), added
     pairwise, then the last few values. (ggml sums in double too, one by one.)"""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
     body = n - n % 8
     for i in range(start, start + body, 8):
-        a0 += row[i] * row[i]
-        a1 += row[i + 1] * row[i + 1]
-        a2 += row[i + 2] * row[i + 2]
-        a3 += row[i + 3] * row[i + 3]
-        a4 += row[i + 4] * row[i + 4]
-        a5 += row[i + 5] * row[i + 5]
-        a6 += row[i + 6] * row[i + 6]
-        a7 += row[i + 7] * row[i + 7]
+        a0 += x[t, i] * x[t, i]
+        a1 += x[t, i + 1] * x[t, i + 1]
+        a2 += x[t, i + 2] * x[t, i + 2]
+        a3 += x[t, i + 3] * x[t, i + 3]
+        a4 += x[t, i + 4] * x[t, i + 4]
+        a5 += x[t, i + 5] * x[t, i + 5]
+        a6 += x[t, i + 6] * x[t, i + 6]
+        a7 += x[t, i + 7] * x[t, i + 7]
     total = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
     for i in range(start + body, start + n):
-        total += row[i] * row[i]
+        total += x[t, i] * x[t, i]
     return total
 
 
-@njit(cache=True)
-def rmsnorm(x, weight, eps, out):
-    """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for each row t."""
-    n, d = x.shape
-    for t in range(n):
-        inv = np.float32(1.0 / math.sqrt(_sum_of_squares(x[t], 0, d) / d + eps))
-        for i in range(d):
-            out[t, i] = x[t, i] * inv * weight[i]
+@njit(inline="always")
+def _normalize_row(x, t, weight, eps, out):
+    """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight."""
+    d = x.shape[1]
+    inv = np.float32(1.0 / math.sqrt(_sum_of_squares(x, t, 0, d) / d + eps))
+    for i in range(d):
+        out[t, i] = x[t, i] * inv * weight[i]
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
+    """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for each row t (out may be x)."""
+    return _rmsnorm(x, weight, eps, out, x.size >= PARALLEL_FROM)
+
+
+def add_rmsnorm(x: np.ndarray, h: np.ndarray | None, weight: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
+    """x += h (the residual add, in place), then out = RMSNorm(x) * weight, in one pass over each row; h None: the
+    norm alone."""
+    if h is None:
+        return rmsnorm(x, weight, eps, out)
+    return _add_rmsnorm(x, h, weight, eps, out, x.size >= PARALLEL_FROM)
+
+
+# The row kernels below split their rows over the thread pool only from PARALLEL_FROM values, as the row quantizers
+# do (quantize_activations.py): a decode step's few rows would wait longer for the other core of a busy machine than
+# they take. `parallel` picks the loop; one compilation holds both.
+
+
+@njit(cache=True, parallel=True)
+def _rmsnorm(x, weight, eps, out, parallel):
+    if parallel:
+        for t in prange(x.shape[0]):
+            _normalize_row(x, t, weight, eps, out)
+    else:
+        for t in range(x.shape[0]):
+            _normalize_row(x, t, weight, eps, out)
+    return out
+
+
+@njit(inline="always")
+def _add_row(x, h, t):
+    """x[t] += h[t]: float32 adds, as numpy's x += h."""
+    for i in range(x.shape[1]):
+        x[t, i] += h[t, i]
+
+
+@njit(cache=True, parallel=True)
+def _add_rmsnorm(x, h, weight, eps, out, parallel):
+    if parallel:
+        for t in prange(x.shape[0]):
+            _add_row(x, h, t)
+            _normalize_row(x, t, weight, eps, out)
+    else:
+        for t in range(x.shape[0]):
+            _add_row(x, h, t)
+            _normalize_row(x, t, weight, eps, out)
     return out
 
 
 SILU_CHUNK = 256  # columns of a row per work item of silu_mul
 
 
+@njit(inline="always")
+def _silu_mul_item(flat_in, flat_out, item, chunks, f):
+    """One work item of silu_mul: SILU_CHUNK columns of one row, 16 at a time (the last few one by one, through
+    the same polynomial)."""
+    t = item // chunks
+    c0 = (item % chunks) * SILU_CHUNK
+    c1 = min(c0 + SILU_CHUNK, f)
+    gate, up, to = t * 2 * f, t * 2 * f + f, t * f  # where row t's gate, up and output start
+    c = c0
+    while c + LANES <= c1:
+        g = load16(flat_in, gate + c)
+        store16(flat_out, to + c, g / (exp16(zeros16() - g) + np.float32(1.0)) * load16(flat_in, up + c))
+        c += LANES
+    for i in range(c, c1):
+        g = flat_in[gate + i]
+        flat_out[to + i] = g / (exp1(-g) + np.float32(1.0)) * flat_in[up + i]
+
+
 def _build_silu_mul():
     helpers = HELPERS  # made here so that the kernel closes over HELPERS (see layers/cache_key.py)
 
     @njit(cache=True, parallel=True)
-    def silu_mul(gate_up, out):
-        """out = silu(gate) * up, where gate_up holds [gate | up] column halves: silu(g) = g / (1 + e^-g),
-        16 columns at a time (the last few of a row one by one, through the same polynomial)."""
+    def silu_mul_kernel(gate_up, out, parallel):
+        """parallel: the work items split over the thread pool, else run on the calling thread (one compilation
+        for both)."""
         helpers
         n, two_f = gate_up.shape
         f = two_f // 2
         chunks = -(-f // SILU_CHUNK)
         flat_in = gate_up.reshape(gate_up.size)
         flat_out = out.reshape(out.size)
-        for item in prange(n * chunks):
-            t = item // chunks
-            c0 = (item % chunks) * SILU_CHUNK
-            c1 = min(c0 + SILU_CHUNK, f)
-            gate, up, to = t * two_f, t * two_f + f, t * f  # where row t's gate, up and output start
-            c = c0
-            while c + LANES <= c1:
-                g = load16(flat_in, gate + c)
-                store16(flat_out, to + c, g / (exp16(zeros16() - g) + np.float32(1.0)) * load16(flat_in, up + c))
-                c += LANES
-            for i in range(c, c1):
-                g = flat_in[gate + i]
-                flat_out[to + i] = g / (exp1(-g) + np.float32(1.0)) * flat_in[up + i]
+        if parallel:
+            for item in prange(n * chunks):
+                _silu_mul_item(flat_in, flat_out, item, chunks, f)
+        else:
+            for item in range(n * chunks):
+                _silu_mul_item(flat_in, flat_out, item, chunks, f)
         return out
 
-    return silu_mul
+    return silu_mul_kernel
 
 
-silu_mul = _build_silu_mul()
+_silu_mul = _build_silu_mul()
+
+
+def silu_mul(gate_up: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = silu(gate) * up, where gate_up holds [gate | up] column halves: silu(g) = g / (1 + e^-g).
+
+    Split over the thread pool only from PARALLEL_FROM values: a decode step's (64 x 1536 on the default model,
+    35 us on one core) waited up to 1 ms a call for the other core of a busy 2-core machine."""
+    return _silu_mul(gate_up, out, gate_up.size >= PARALLEL_FROM)
 
 
 def _gelu_f16_table() -> np.ndarray:
@@ -160,7 +228,7 @@ def head_rmsnorm(qkv, first_col, n_heads, head_dim, weight, eps):
     for t in range(qkv.shape[0]):
         for h in range(n_heads):
             c0 = first_col + h * head_dim
-            inv = np.float32(1.0 / math.sqrt(_sum_of_squares(qkv[t], c0, head_dim) / head_dim + eps))
+            inv = np.float32(1.0 / math.sqrt(_sum_of_squares(qkv, t, c0, head_dim) / head_dim + eps))
             for i in range(head_dim):
                 qkv[t, c0 + i] = qkv[t, c0 + i] * inv * weight[i]
     return qkv

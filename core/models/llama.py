@@ -263,8 +263,9 @@ class LlamaModel(LoadedModel):
             x *= np.float32(cfg.embedding_scale)
         normed = np.empty_like(x)
         attn_out = np.empty((n_tokens, cfg.n_heads, cfg.head_dim), dtype=np.float32)
+        h = None  # each block's output, added to the residual stream x by the next norm
         for i, layer in enumerate(self.layers):
-            pointwise.rmsnorm(x, layer.attn_norm, cfg.rms_eps, normed)
+            pointwise.add_rmsnorm(x, h, layer.attn_norm, cfg.rms_eps, normed)  # x += h; normed = RMSNorm(x)
             qkv = layer.wqkv(normed)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
@@ -277,8 +278,7 @@ class LlamaModel(LoadedModel):
             h = layer.wo(
                 attention(qkv, i, step, cache, cfg, layer_rope, self.scale, attn_out, q_scale=q_scale), layer.wo_bias
             )
-            x += scaled(h, residual)
-            pointwise.rmsnorm(x, layer.ffn_norm, cfg.rms_eps, normed)
+            pointwise.add_rmsnorm(x, scaled(h, residual), layer.ffn_norm, cfg.rms_eps, normed)
             if layer.experts is not None:
                 h = run_experts(normed, layer.experts, self.routing, pointwise.silu_mul)
                 if layer.shared_gate_up is not None:  # granitemoe: added before the residual scale
@@ -287,7 +287,9 @@ class LlamaModel(LoadedModel):
                 h = feed_forward(
                     normed, layer.w_gate_up, layer.w_down, pointwise.silu_mul, layer.gate_up_bias, layer.down_bias
                 )
-            x += scaled(h, residual)
+            h = scaled(h, residual)
+        if h is not None:
+            x += h  # the last block's
         return x
 
 
