@@ -280,8 +280,10 @@ class _SuperblockLane:
     lane's bytes from w_start; pairs: the int16 scale pairs of unit c from p_start (Q6_K: quad 2 c's, then
     2 c + 1's 16 further on), as superblock_tile_sum describes."""
 
-    def __init__(self, builder, width: int, kind: int, with_vnni: bool, quants, w_start, pairs, p_start, unit):
-        self.builder, self.width, self.kind, self.with_vnni = builder, width, kind, with_vnni
+    def __init__(
+        self, builder, width: int, kind: int, with_vnni: bool, quants, w_start, pairs, p_start, unit, centred=False
+    ):
+        self.builder, self.width, self.kind, self.with_vnni, self.centred = builder, width, kind, with_vnni, centred
         self.parts = 64 // width
         self.ops = _VectorOps(builder, width)
         self.quants, self.w_start, self.pairs, self.unit = quants, w_start, pairs, unit
@@ -310,7 +312,8 @@ class _SuperblockLane:
 
     def quad(self, h, p):
         """Quad 2 c + h (h = 0, 1) of the part p's rows: unsigned bytes (Q4_K, Q5_K: 0..31; Q6_K: 0..63, its values
-        before the offset of 32). All are in nibble vector c: quad 2 c in the low nibbles, 2 c + 1 in the high ones."""
+        before the offset of 32, or with it, q - 32 signed, where `centred`). All are in nibble vector c: quad 2 c in
+        the low nibbles, 2 c + 1 in the high ones."""
         builder, splat_bytes, c = self.builder, self.ops.splat_bytes, self.unit
         packed = self.weight_vector(c, p)
         value = builder.and_(packed, splat_bytes(15)) if h == 0 else builder.lshr(packed, splat_bytes(4))
@@ -318,7 +321,8 @@ class _SuperblockLane:
         if self.kind == Q6_K:  # bits 2 (q % 4), + 1 of vector 4 + q // 4 move to bits 4, 5
             high = self.weight_vector(builder.add(builder.lshr(quad, ir.Constant(_I64, 2)), ir.Constant(_I64, 4)), p)
             shift = builder.mul(builder.and_(quad, ir.Constant(_I64, 3)), ir.Constant(_I64, 2))
-            return builder.or_(value, self._bits_to_4(high, shift, 2))
+            value = builder.or_(value, self._bits_to_4(high, shift, 2))
+            return builder.sub(value, splat_bytes(32)) if self.centred else value
         if self.kind == Q5_K:  # bit q of vector 4 moves to bit 4
             value = builder.or_(value, self._bits_to_4(self.weight_vector(ir.Constant(_I64, 4), p), quad, 1))
         return value
@@ -397,6 +401,11 @@ def superblock_tile_sum(
 
     vpmaddubsw multiplies unsigned by signed bytes: the weights' values, unsigned (Q6_K's before its offset of 32,
     which the kernel takes off per token: tile_kernels.tiles_k), by the signed activations. Nothing saturates.
+    Q6_K with `a` uint8 (the activations + 128, "centred"): its values enter as q - 32 (-32..31), the signed operand,
+    against the activations + 128 (0..255), the unsigned one: each product is then (q - 32) x a + 128 (q - 32),
+    whose second part depends on the weights only (tiles_k begins each row's sum at minus its sum, which the tiles
+    hold: superblock_tiles.py), so no offset of the activations' sums is left to take off per token; a pair of products is at
+    most 2 x 32 x 255 = 16,320 in magnitude, two lanes' 32,640: an int16 holds them.
     bits, vnni, qtype, tokens: compile-time constants as for tile_dot."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
         return None
@@ -423,6 +432,7 @@ def superblock_tile_sum(
     def codegen(context, builder, signature, args):
         w_start_v, p_start_v, a_start_v, stride_v, unit_v, first_lane_v = (args[i] for i in (1, 3, 5, 6, 8, 9))
         per_call = lanes_per_call(kind, bits.literal_value, n_tokens)
+        centred = kind == Q6_K and signature.args[4].dtype == types.uint8  # the docstring's centred Q6_K
         per_sum = min(LANES_PER_WORD_SUM[kind], per_call)
         w_start_v = builder.add(w_start_v, builder.mul(first_lane_v, ir.Constant(_I64, 64)))
         a_start_v = builder.add(a_start_v, builder.mul(first_lane_v, ir.Constant(_I64, 4)))
@@ -441,6 +451,7 @@ def superblock_tile_sum(
                 data(2),
                 p_start_v,
                 unit_v,
+                centred,
             )
             for lane in range(per_call)
         ]
@@ -486,7 +497,8 @@ def superblock_tile_sum(
                         into = h if kind == Q6_K else 0
                         for p in range(parts):
                             w, a_bytes = weight(lane, h)[p], a_quads[lane, h]
-                            words[into][p] = builder.add(words[into][p], ops.maddubs(w, a_bytes))
+                            product = ops.maddubs(a_bytes, w) if centred else ops.maddubs(w, a_bytes)
+                            words[into][p] = builder.add(words[into][p], product)
                 for h in range(len(pair)):
                     for p in range(parts):
                         acc[p] = lanes[0].accumulate(acc[p], words[h][p], pair[h][p])

@@ -29,13 +29,17 @@ each vector [row r][byte i]:
     v = 4         Q5_K: 5th bits, bit Q of byte i quad Q's
     v = 4 + k     Q6_K, k < 2: high bits, bits 2 q, 2 q + 1 of byte i quad 4 k + q's
 
-and per row r: scales[tile, 16 sb + r] its float16 d, mins[tile, 16 sb + r] its dmin (Q4_K, Q5_K);
+and per row r: scales[tile, 16 sb + r] its float16 d, mins[tile, 16 sb + r] its dmin (Q4_K, Q5_K); Q6_K's
+mins, outside the values' order, two uint16 a row and super-block holding an int32 (mins[tile].view(int32)[16 sb + r]):
+-128 x the sum of sc x (q - 32) over the super-block, where the kernel's centred sums begin
+(int8_dots.superblock_tile_sum: its values q - 32 against the activations + 128, no offset to take off per token);
 sub_scales[tile, (SUB * sb + i) * 16 + r] byte i of the row's sub-block scales as the file stores them:
 Q4_K's and Q5_K's 12 bytes packing 8 6-bit scales and 8 6-bit mins (SUB = 12; the kernel unpacks a
 super-block's for all 16 rows at once, tile_kernels._unpack_k4_scales), Q6_K's 16 int8 scales (SUB = 16).
 So a tile takes exactly the file's bytes. Q6_K's values go into the dots unsigned (0..63); what their offset
-of 32 takes off, 32 x the sum of sc x (the activations' 16-value sums), the kernel computes per token from
-those sums (tile_kernels.tiles_k). Rows past the matrix's end fill the last tile with zeros.
+of 32 takes off, 32 x the sum of sc x (the activations' 16-value sums), the grouped kernel computes per token from
+those sums (grouped_superblocks.py); tiles_k centres them instead (Q6_K's mins above). Rows past the matrix's end fill
+the last tile with zeros (their row starts 0 too: zero scales).
 """
 
 from __future__ import annotations
@@ -74,10 +78,11 @@ def repack_superblocks(qtype: int, w: np.ndarray, natural: bool = False):
     n_super = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     n_tiles = -(-rows // TILE_ROWS)
     has_mins = qtype != Q6_K
+    n_mins = n_super * TILE_ROWS if has_mins else 0 if natural else 2 * n_super * TILE_ROWS  # Q6_K: its row starts
     tiles = Tiles(
         np.zeros((n_tiles, n_super * 8 * LANE_BYTES[qtype]), np.uint8),
         np.zeros((n_tiles, n_super * TILE_ROWS), np.uint16),
-        np.zeros((n_tiles, n_super * TILE_ROWS if has_mins else 0), np.uint16),
+        np.zeros((n_tiles, n_mins), np.uint16),
         False,
         np.zeros((n_tiles, n_super * scale_bytes(qtype) * TILE_ROWS), np.uint8),
     )
@@ -98,16 +103,24 @@ def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes, natural):
             for sb in range(n_super):
                 off = sb * block_bytes
                 at = sb * TILE_ROWS + r
+                _raw_values(qtype, row, off, values)
                 if qtype == Q6_K:
                     scales[tile, at] = np.uint16(row[off + 208]) | (np.uint16(row[off + 209]) << 8)
+                    start = np.int32(0)  # -128 x the sum of sc x (q - 32): value v in 16-value sub-block v // 16
                     for j in range(16):
                         sub_scales[tile, (16 * sb + j) * TILE_ROWS + r] = row[off + 192 + j]
+                        centred = np.int32(0)
+                        for i in range(16):
+                            centred += np.int32(values[16 * j + i]) - 32
+                        start -= 128 * np.int32(np.int8(row[off + 192 + j])) * centred
+                    if mins.shape[1]:  # outside the values' order: the row start, as two uint16 (little-endian)
+                        mins[tile, 2 * at] = np.uint16(start & 0xFFFF)
+                        mins[tile, 2 * at + 1] = np.uint16((start >> 16) & 0xFFFF)
                 else:
                     scales[tile, at] = np.uint16(row[off]) | (np.uint16(row[off + 1]) << 8)
                     mins[tile, at] = np.uint16(row[off + 2]) | (np.uint16(row[off + 3]) << 8)
                     for i in range(12):
                         sub_scales[tile, (12 * sb + i) * TILE_ROWS + r] = row[off + 4 + i]
-                _raw_values(qtype, row, off, values)
                 for lane in range(8):  # vector v of lane l at 64 (8 v + l) in the super-block
                     base = 8 * sb * lane_bytes + 64 * lane + 4 * r
                     for i in range(4):

@@ -276,6 +276,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     has_mins = qtype != Q6_K
     natural = natural_order(qtype, tier)
     signed_q6 = natural and not has_mins
+    centred = not natural and not has_mins  # Q6_K by vpmaddubsw: q - 32 against the activations + 128 (a_dots)
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     mid = len(mid_passes(qtype, tier)) > 0  # passes of 8 and 4 between `tokens` and 2
@@ -291,8 +292,9 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         time. Per row and token, as ggml's x86 repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact
         integer sum, sub-block scales applied, takes one float step, acc += (d_w * d_a) * sum, the mins another,
         acc_mins += (dmin * d_a) * sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter vpmaddubsw's
-        dots unsigned; its offset of 32, 32 x sum(sc * the activations' 16-value sums), comes off the integer sum
-        before its float step. In the values' order (superblock_tiles.natural_order: 512-bit VNNI tiers) a is in
+        dots as q - 32 against the activations + 128 (int8_dots.superblock_tile_sum's centred Q6_K), each row's sum
+        begun at -128 x its sum of sc x (q - 32), which the tiles hold (superblock_tiles.py), so no offset of the
+        activations' sums comes off per token. In the values' order (superblock_tiles.natural_order: 512-bit VNNI tiers) a is in
         that order (quantize_activations.quantize_q8_k) and Q6_K's values enter vpdpbusd's dots as q - 32, against
         the activations + 128, which leaves no offset; in the passes of 2 and 1 as q, against the activations, each
         group's int32 started at -32 x its activations' sum (no per-call starts where no rows share them)."""
@@ -314,24 +316,15 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
             for i in range(8):
                 total += np.int32(a_flat[full * k + 8 * g + i])
             row_starts[g] = np.int32(-32) * total
-        # int16 pairs of the activations' sub-block sums, for vpmaddwd against the scale pairs. Q4_K, Q5_K: the sums
-        # of sub-blocks 2 j and 2 j + 1 (|sum| <= 32 x 127), [token][super-block][j < 4]. Q6_K: quad j's two
-        # 16-value sub-blocks (bytes 0, 1 and 2, 3 of its quads: superblock_tiles.py), [token][super-block][j < 8];
-        # none in the values' order, which leaves no offset
-        sum_pairs = np.empty((n_tok, 0 if signed_q6 else n_super * (4 if has_mins else 8)), np.int32)
-        for t in range(0 if signed_q6 else n_tok):
-            if has_mins:
-                for j in range(k // 64):
-                    sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
-            else:
-                for j in range(n_super * 8):
-                    at = t * k + 32 * j  # quad j of super-block j // 8, in quad order: lane l's 4 bytes at 4 l
-                    low = np.int32(0)
-                    high = np.int32(0)
-                    for lane in range(8):
-                        low += np.int32(a_flat[at + 4 * lane]) + np.int32(a_flat[at + 4 * lane + 1])
-                        high += np.int32(a_flat[at + 4 * lane + 2]) + np.int32(a_flat[at + 4 * lane + 3])
-                    sum_pairs[t, j] = (low & 0xFFFF) | (high << 16)
+        # superblock_tile_sum's activations, as bytes: Q6_K's + 128 (centred: its values enter as q - 32, each row's
+        # sums begun at its start in the tiles' mins, superblock_tiles.py), the others' as they are
+        a_dots = a_flat.view(np.uint8) ^ np.uint8(0x80) if centred else a_flat.view(np.uint8)
+        # Q4_K, Q5_K: int16 pairs of the activations' sums of sub-blocks 2 j and 2 j + 1 (|sum| <= 32 x 127), for
+        # vpmaddwd against the pairs of mins, [token][super-block][j < 4]; Q6_K leaves no offset to take off
+        sum_pairs = np.empty((n_tok, n_super * 4 if has_mins else 0), np.int32)
+        for t in range(n_tok if has_mins else 0):
+            for j in range(k // 64):
+                sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
         pairs_per_super = 4 if has_mins else 8
         # each thread's scratch, allocated once per call rather than once per tile (a tile's work at one activation
         # row is a few microseconds)
@@ -346,6 +339,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
             # [super-block][quad][row], and the mins of sub-block pairs [super-block][pair][row]
             pairs, min_pairs, spill = all_pairs[thread], all_min_pairs[thread], all_spill[thread]
             tile_sub_scales = sub_scales[tile]
+            tile_starts = mins[tile].view(np.int32)  # Q6_K's row starts where centred
             for sb in range(n_super):
                 if has_mins:
                     k4_tile_pairs(
@@ -375,7 +369,13 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                 acc[: n * TILE_ROWS] = 0  # this pass's rows only
                 acc_mins[: n * TILE_ROWS] = 0
                 for sb in range(n_super):
-                    isums[: sets * n * TILE_ROWS] = 0
+                    if centred:  # the first set of each row's sums begins at the row's start
+                        starts = load16(tile_starts, TILE_ROWS * sb)
+                        for t in range(n):
+                            store16(isums, TILE_ROWS * t, starts)
+                        isums[n * TILE_ROWS : sets * n * TILE_ROWS] = 0
+                    else:
+                        isums[: sets * n * TILE_ROWS] = 0
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
@@ -528,30 +528,30 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                             )
                     elif n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
                         )
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 1, 0, bits, vnni, qtype, 1
                         )
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 2, 0, bits, vnni, qtype, 1
                         )
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
                     elif n == 2 and fixed_units_2:  # the units constants, their shifts immediate, as at one row
                         for first in range(0, 8, per_call_2):
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 0, first, bits, vnni, qtype, 2
                             )
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 1, first, bits, vnni, qtype, 2
                             )
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 2, first, bits, vnni, qtype, 2
                             )
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 3, first, bits, vnni, qtype, 2
                             )
                     for c in range(4 if (n > 2 or n == 2 and not fixed_units_2) and not natural else 0):
                         if n == tokens:
@@ -561,7 +561,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                     w_at,
                                     pairs,
                                     p_at,
-                                    a_flat,
+                                    a_dots,
                                     a_at,
                                     k,
                                     isums,
@@ -579,7 +579,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                     w_at,
                                     pairs,
                                     p_at,
-                                    a_flat,
+                                    a_dots,
                                     a_at,
                                     k,
                                     isums,
@@ -597,7 +597,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                     w_at,
                                     pairs,
                                     p_at,
-                                    a_flat,
+                                    a_dots,
                                     a_at,
                                     k,
                                     isums,
@@ -615,7 +615,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                     w_at,
                                     pairs,
                                     p_at,
-                                    a_flat,
+                                    a_dots,
                                     a_at,
                                     k,
                                     isums,
@@ -635,8 +635,6 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     for t in range(n):
                         at = TILE_ROWS * t
                         total = load16(isums, at)
-                        if not has_mins and not natural:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
-                            total = total - 32 * mins_dot(pairs, p_at, sum_pairs[t0 + t], 8 * sb, bits, 8)
                         store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
                     if has_mins:
                         dmin = load16_f16(mins[tile], TILE_ROWS * sb)

@@ -47,7 +47,7 @@ class Tiles:
 
     quants: np.ndarray  # (n_tiles, n_blocks * quant_bytes) uint8
     scales: np.ndarray  # (n_tiles, n_blocks * 16) uint16, float16 bits (MXFP4: the E8M0 byte)
-    mins: np.ndarray  # the same for Q4_1 and Q5_1 (K-quants: dmin); (n_tiles, 0) for the others
+    mins: np.ndarray  # the same for Q4_1 and Q5_1 (K-quants: dmin; Q6_K: int32 row starts); (n_tiles, 0) for others
     signed_bytes: bool  # Q8_0: the file's int8 (else int8 + 128)
     sub_scales: np.ndarray = field(
         default_factory=_none
