@@ -39,6 +39,7 @@ from miro.core.kernels.amx import tile_zero
 from miro.core.kernels.amx_tiles import ROWS, _aligned, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
+from miro.core.kernels.int8_dots import mins_dot
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import load16, load16_f16, store16, to_float
 from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
@@ -79,11 +80,12 @@ def amx_tiles_k(qtype: int, tier: Tier):
         c_stride = np.int64(TILE_ROWS * 4)
         c_tile = ROWS * TILE_ROWS
         packed = _a_tiles(a, n_tok)
+        sum_pairs = _sum_pairs(sum32, n_tok, has_mins)
         parts = max(1, min(threads, n_tiles))
         # each part's scratch; the tiles' buffers on cache lines (a tile row of 64 bytes in one line, not two)
         scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 3 * c_tile
         all_scratch = _aligned(parts * scratch_bytes)
-        all_pairs = np.empty((parts, 2, 4 * TILE_ROWS), np.int32)
+        all_pairs = np.empty((parts, 3, 4 * TILE_ROWS), np.int32)
         all_acc = np.empty((parts, 2, TOKEN_BLOCK * TILE_ROWS), np.float32)
         all_spill = np.empty((parts, TILE_ROWS), np.float32)
         for part in prange(parts):
@@ -91,7 +93,8 @@ def amx_tiles_k(qtype: int, tier: Tier):
             scratch = all_scratch[part * scratch_bytes : (part + 1) * scratch_bytes]
             digits = scratch[: 2 * DIGIT_BYTES]  # two super-blocks' B tiles, in turn
             sums = scratch[2 * DIGIT_BYTES :].view(np.int32)  # two products' three C tiles, in turn, [token][row]
-            pairs, min_pairs = all_pairs[part, 0], all_pairs[part, 1]  # Q4_K's, Q5_K's (k4_tile_pairs)
+            # Q4_K's, Q5_K's (k4_tile_pairs); the mins' of two super-blocks in turn (their float steps lag a product)
+            pairs, min_pairs = all_pairs[part, 0], all_pairs[part, 1:].reshape(8 * TILE_ROWS)
             acc = all_acc[part, 0]  # a block of tokens' float sums, [token][row]
             acc_mins = all_acc[part, 1] if has_mins else all_acc[part, 1, :0]
             spill = all_spill[part]
@@ -107,8 +110,8 @@ def amx_tiles_k(qtype: int, tier: Tier):
                     for sb in range(n_super):  # a super-block's B tiles stay in L1 over the token groups
                         w_at = np.int64(DIGIT_BYTES * (sb % 2))
                         if has_mins:
-                            k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, 0, min_pairs, 0)
-                            digit_tiles(tile_quants, 8 * lane_bytes * sb, pairs, min_pairs, digits, w_at, qtype, shift)
+                            k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, 0, min_pairs, 64 * (sb % 2))
+                            digit_tiles(tile_quants, 8 * lane_bytes * sb, pairs, digits, w_at, qtype, shift)
                         else:
                             q6_k_digit_tiles(tile_quants, 8 * lane_bytes * sb, tile_sub_scales, 256 * sb, digits, w_at)
                         for g in range(t0, t1, ROWS):  # its three products for 16 tokens, in buffer `done % 2`
@@ -116,18 +119,21 @@ def amx_tiles_k(qtype: int, tier: Tier):
                             c_at = np.int64(4 * 3 * c_tile * (done % 2))
                             tile_zero(0)
                             tile_zero(1)
-                            tile_zero(2)
+                            if not has_mins:
+                                tile_zero(2)
                             for c in range(4):
                                 tile_load(3, packed, a_at + 1024 * c, w_stride)
                                 tile_load(4, digits, w_at + 1024 * c, w_stride)
                                 _product(0, 3, 4, has_mins)
                                 tile_load(5, digits, w_at + UNPACKED + 1024 * c, w_stride)
                                 _product(1, 3, 5, has_mins)
-                                tile_load(6, digits, w_at + 2 * UNPACKED + 1024 * c, w_stride)
-                                _product(2, 3, 6, has_mins)
+                                if not has_mins:
+                                    tile_load(6, digits, w_at + 2 * UNPACKED + 1024 * c, w_stride)
+                                    _product(2, 3, 6, has_mins)
                             tile_store(0, sums, c_at, c_stride)
                             tile_store(1, sums, c_at + 4 * c_tile, c_stride)
-                            tile_store(2, sums, c_at + 8 * c_tile, c_stride)
+                            if not has_mins:
+                                tile_store(2, sums, c_at + 8 * c_tile, c_stride)
                             if done:  # the product before: its float steps (its stores' latency behind this one)
                                 before, before_sb = (g - ROWS, sb) if g > t0 else (t1 - ROWS, sb - 1)
                                 _float_steps(
@@ -140,6 +146,8 @@ def amx_tiles_k(qtype: int, tier: Tier):
                                     before_sb,
                                     scale_row,
                                     min_row,
+                                    min_pairs,
+                                    sum_pairs,
                                     d,
                                     shift,
                                     has_mins,
@@ -155,6 +163,8 @@ def amx_tiles_k(qtype: int, tier: Tier):
                         n_super - 1,
                         scale_row,
                         min_row,
+                        min_pairs,
+                        sum_pairs,
                         d,
                         shift,
                         has_mins,
@@ -186,6 +196,17 @@ def _a_tiles(a, n_tok):
     return packed.view(np.int8)
 
 
+@njit(cache=True)
+def _sum_pairs(sum32, n_tok, has_mins):
+    """Q4_K's, Q5_K's int16 pairs of the first n_tok rows' sub-block sums for mins_dot: sub-blocks 2 j and 2 j + 1
+    (|sum| <= 32 x 128) at [token][4 sb + j], as tiles_k's; none for Q6_K."""
+    pairs = np.empty((n_tok, sum32.shape[1] // 2 if has_mins else 0), np.int32)
+    for t in range(n_tok):
+        for j in range(pairs.shape[1]):
+            pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
+    return pairs
+
+
 @njit(inline="always")
 def _product(c, a, b, unsigned):
     """tmm c += tmm a (signed bytes) times tmm b, unsigned bytes (TDPBSUD) or signed (TDPBSSD)."""
@@ -196,11 +217,12 @@ def _product(c, a, b, unsigned):
 
 
 @njit(inline="always")
-def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, d, shift, has_mins):
+def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, min_pairs, sum_pairs, d, shift, has_mins):
     """tiles_k's float steps of super-block sb for tokens g.. g + 15 (in acc from t0) from their C tiles in `sums`
     buffer `buffer`:
     Q4_K, Q5_K (has_mins) the integer sum 2^shift C_hi + C_lo and the mins' sum C_mins; Q6_K the integer sum
-    C0 + 8 C1 + 64 C2. (Unsigned token indices: no negative-index wraparound.)"""
+    C0 + 8 C1 + 64 C2; the mins' sum by mins_dot, from min_pairs (k4_tile_pairs', super-block sb's at
+    64 (sb % 2)) and the token's sum_pairs. (Unsigned token indices: no negative-index wraparound.)"""
     c_tile = ROWS * TILE_ROWS
     base = 3 * c_tile * buffer
     dw = load16_f16(scale_row, TILE_ROWS * sb)
@@ -216,17 +238,16 @@ def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, d, 
         for t in range(ROWS):
             at = TILE_ROWS * t
             row = TILE_ROWS * (g - t0 + t)
-            sum_mins = load16(sums, base + 2 * c_tile + at)
+            sum_mins = mins_dot(min_pairs, 4 * TILE_ROWS * (sb % 2), sum_pairs[np.uint64(g + t)], 4 * sb, 512, 4)
             store16(acc_mins, row, load16(acc_mins, row) + (dmin * d[np.uint64(g + t), sb]) * to_float(sum_mins))
 
 
 @intrinsic(prefer_literal=True)
-def digit_tiles(typingctx, quants, q_at, pairs, min_pairs, digits, d_at, qtype, shift):
+def digit_tiles(typingctx, quants, q_at, pairs, digits, d_at, qtype, shift):
     """A Q4_K or Q5_K tile's super-block at quants[q_at:] (superblock_tiles.py, the values' order) as its B tiles
     at digits[d_at:]: quad Q lane l (64 bytes, [row r][4 values]) at 512 Q + 64 l, value x (sc_r & (2^shift - 1));
-    UNPACKED further on value x (sc_r >> shift); 2 UNPACKED further on m_r; sc_r, m_r row r's scale and min of
-    sub-block Q from k4_tile_pairs' pairs and min_pairs (sub-block 2 j's the low int16 at 16 j + r, 2 j + 1's
-    the high). The products by vpmullw on byte pairs of one row: each < 256, so no carry between them."""
+    UNPACKED further on value x (sc_r >> shift); sc_r row r's scale of sub-block Q from k4_tile_pairs' pairs
+    (sub-block 2 j's the low int16 at 16 j + r, 2 j + 1's the high). The products by vpmullw on byte pairs of one row: each < 256, so no carry between them."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (qtype, shift)):
         return None
     fifth_bits = qtype.literal_value == Q5_K
@@ -234,11 +255,10 @@ def digit_tiles(typingctx, quants, q_at, pairs, min_pairs, digits, d_at, qtype, 
 
     def codegen(context, builder, signature, args):
         i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-        d16, w16, w32, b16, b64 = (
+        d16, w16, w32, b64 = (
             ir.VectorType(i32, 16),
             ir.VectorType(i16, 16),
             ir.VectorType(i16, 32),
-            ir.VectorType(i8, 16),
             ir.VectorType(i8, 64),
         )
 
@@ -250,23 +270,19 @@ def digit_tiles(typingctx, quants, q_at, pairs, min_pairs, digits, d_at, qtype, 
 
         zero = ir.Constant(i64, 0)
         by_pairs = ir.Constant(ir.VectorType(i32, 32), [i // 2 for i in range(32)])
-        by_fours = ir.Constant(ir.VectorType(i32, 64), [i // 4 for i in range(64)])
-        src, dst = data(0), data(4)
+        src, dst = data(0), data(3)
         for c in range(4):  # vector c: quad 2 c in its low nibbles, 2 c + 1 in its high ones; pair c their scales
             scale_pair = builder.load(pointer(data(2), zero, 16 * c, d16), align=4)
-            min_pair = builder.load(pointer(data(3), zero, 16 * c, d16), align=4)
             factors = []
             for h in range(2):
                 scales = builder.lshr(scale_pair, ir.Constant(d16, [16 * h] * 16))
                 scales = builder.and_(scales, ir.Constant(d16, [0xFFFF] * 16))
                 low = builder.trunc(builder.and_(scales, ir.Constant(d16, [(1 << bits) - 1] * 16)), w16)
                 high = builder.trunc(builder.lshr(scales, ir.Constant(d16, [bits] * 16)), w16)
-                mins = builder.trunc(builder.lshr(min_pair, ir.Constant(d16, [16 * h] * 16)), b16)
                 factors.append(
                     (
                         builder.shuffle_vector(low, ir.Constant(w16, None), by_pairs),
                         builder.shuffle_vector(high, ir.Constant(w16, None), by_pairs),
-                        builder.shuffle_vector(mins, ir.Constant(b16, None), by_fours),
                     )
                 )
             for lane in range(8):
@@ -278,15 +294,14 @@ def digit_tiles(typingctx, quants, q_at, pairs, min_pairs, digits, d_at, qtype, 
                         bit = builder.and_(builder.lshr(fifth, splat_bytes(2 * c + h)), splat_bytes(1))
                         values[h] = builder.or_(values[h], builder.shl(bit, splat_bytes(4)))
                 for h in range(2):
-                    low, high, mins = factors[h]
+                    low, high = factors[h]
                     words = builder.bitcast(values[h], w32)
                     quad_at = 512 * (2 * c + h) + 64 * lane
-                    builder.store(builder.mul(words, low), pointer(dst, args[5], quad_at, w32), align=1)
-                    builder.store(builder.mul(words, high), pointer(dst, args[5], UNPACKED + quad_at, w32), align=1)
-                    builder.store(mins, pointer(dst, args[5], 2 * UNPACKED + quad_at, b64), align=1)
+                    builder.store(builder.mul(words, low), pointer(dst, args[4], quad_at, w32), align=1)
+                    builder.store(builder.mul(words, high), pointer(dst, args[4], UNPACKED + quad_at, w32), align=1)
         return context.get_dummy_value()
 
-    return types.void(quants, types.intp, pairs, min_pairs, digits, types.intp, qtype, shift), codegen
+    return types.void(quants, types.intp, pairs, digits, types.intp, qtype, shift), codegen
 
 
 @intrinsic
