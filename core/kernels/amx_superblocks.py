@@ -12,7 +12,7 @@ scales go into the weights instead, split into two digits small enough to fit a 
 - Q4_K: sc (< 64) = 16 hi + lo, q x lo <= 15 x 15 and q x hi <= 15 x 3; Q5_K: sc = 8 hi + lo, q x lo and q x hi
   <= 31 x 7 (unsigned, TDPBSUD), so sum q sc a = 2^shift C_hi + C_lo; the mins' sum, sum over sub-blocks of
   m_j x (the activations' 32-value sum j), by int8_dots.mins_dot in the float steps, as tiles_k (as a third AMX
-  product against weights m_j(v) it cost a third more tile work and B tiles than the vpdpwssd);
+  product against weights m_j(v) it cost a third more tile work and B tiles than these vpmaddwd);
 - Q6_K: the product w = (q - 32) sc itself (|w| <= 4096) = 256 hi + lo, lo its low byte (unsigned, TDPBSUD),
   hi its high one (signed, TDPBSSD), so sum (q - 32) sc a = 256 C_hi + C_lo (tiles_k's Q6_K sum, offset
   included). (Three base-8 digits of sc, each times q - 32, took 12 products and half again the vector work.)
