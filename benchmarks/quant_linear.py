@@ -5,7 +5,8 @@
                                       [--llama-python VENV/bin/python] [--rounds N] [--stat median|min] [--hot]
 
 Shapes (out x in): TinyLlama-1.1B's 2048x2048 (q, o), 5632x2048 (gate, up), 2048x5632 (down);
-SmolLM2-135M's 576x576, 192x576, 1536x576, 576x1536 and its 49152x576 output head.
+SmolLM2-135M's 576x576, 192x576, 1536x576, 576x1536 and its 49152x576 output head; Llama-3.2-1B's (llama3.2-1b)
+2048x2048 (q, o), 512x2048 (k, v), 8192x2048 (gate, up), 2048x8192 (down).
 Weights are random: gguf-py's quantizer for the types it has, random valid blocks (finite
 float16 scales) for the K-quants.
 
@@ -65,6 +66,7 @@ import tiers  # noqa: E402
 SHAPES = {
     "tinyllama": [(2048, 2048), (5632, 2048), (2048, 5632)],
     "smollm2": [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)],
+    "llama3.2-1b": [(2048, 2048), (512, 2048), (8192, 2048), (2048, 8192)],
 }
 CACHE_BYTES = 2 * 32 * 2**20  # twice this machine's L3
 

@@ -7,19 +7,21 @@ tiles_k on those tiers (int8_dots.superblock_unit_vnni) builds sum over the valu
 sub-block's scale) by vpdpbusd and vpdpwssd: about 117 instructions per super-block, 16 weight rows and token.
 TDPBxxD has no per-sub-block scale, and one product per sub-block (16 x 16 x 32, Q6_K's x 16) would leave a
 store, a load, a vpmulld and a vpaddd per sub-block and token (measured about the VNNI kernel's time). Here the
-scales go into the weights instead, split into digits small enough that weight x digit fits a byte:
+scales go into the weights instead, split into two digits small enough to fit a byte:
 
 - Q4_K: sc (< 64) = 16 hi + lo, q x lo <= 15 x 15 and q x hi <= 15 x 3; Q5_K: sc = 8 hi + lo, q x lo and q x hi
   <= 31 x 7 (unsigned, TDPBSUD), so sum q sc a = 2^shift C_hi + C_lo; the mins' sum, sum over sub-blocks of
-  m_j x (the activations' 32-value sum j), is a third product, against weights m_j(v) (tiles_k's mins_dot);
-- Q6_K: sc (int8) = 64 d2 + 8 d1 + d0, digits in -3..4, (q - 32) x d in -128..124 (signed, TDPBSSD), so
-  sum (q - 32) sc a = C0 + 8 C1 + 64 C2 (tiles_k's Q6_K sum, offset included).
+  m_j x (the activations' 32-value sum j), by int8_dots.mins_dot in the float steps, as tiles_k (as a third AMX
+  product against weights m_j(v) it cost a third more tile work and B tiles than these vpmaddwd);
+- Q6_K: the product w = (q - 32) sc itself (|w| <= 4096) = 256 hi + lo, lo its low byte (unsigned, TDPBSUD),
+  hi its high one (signed, TDPBSSD), so sum (q - 32) sc a = 256 C_hi + C_lo (tiles_k's Q6_K sum, offset
+  included). (Three base-8 digits of sc, each times q - 32, took 12 products and half again the vector work.)
 
-Per tile of 16 weight rows and super-block its three B-tile sets (3 x 4 KB, `digit_tiles`, by vpmullw on byte
-pairs) are made once, then used by every 16 activation rows (A: the Q8_K activations, repacked once per call so
-that each A tile's 16 rows of 64 bytes lie in a row): 12 TDPBxxD over the super-block's 4 chunks of 64 values
-and 3 tile stores; a product later (its stores' latency behind the next), per token, 2 shifts and adds and the
-float steps. Rows past the last multiple of 16, and calls of fewer than the table's `amx_from` rows (32), whose
+Per tile of 16 weight rows and super-block its two B-tile sets (2 x 4 KB, `digit_tiles`: vpmullw on byte pairs;
+`q6_k_digit_tiles`: vpmaddubsw and a byte shuffle per digit) are made once, then used by every 16 activation rows
+(A: the Q8_K activations, repacked once per call so that each A tile's 16 rows of 64 bytes lie in a row): 8
+TDPBxxD over the super-block's 4 chunks of 64 values and 2 tile stores; a product later (its stores' latency
+behind the next), per token, a shift and an add and the float steps. Rows past the last multiple of 16, and calls of fewer than the table's `amx_from` rows (32), whose
 digits would be made for too few tokens to pay, are tiles_k's (Linear._matmul_superblocks).
 """
 
@@ -31,6 +33,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from llvmlite import ir
 from numba import get_num_threads, njit, prange, types
+from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from miro.core.kernels import amx, cpu
@@ -39,6 +42,7 @@ from miro.core.kernels.amx import tile_zero
 from miro.core.kernels.amx_tiles import ROWS, _aligned, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
+from miro.core.kernels.int8_dots import mins_dot
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import load16, load16_f16, store16, to_float
 from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
@@ -48,8 +52,8 @@ from miro.core.kernels.tiles import TILE_ROWS
 tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
 TOKEN_BLOCK = 128  # activation rows a part takes over all its tiles before the next: 128 x K bytes stay in L2
 UNPACKED = 256 * TILE_ROWS  # bytes of one B-tile set of a super-block: [chunk of 64 values][16 x 4 values][row]
-DIGIT_BYTES = 3 * UNPACKED  # a super-block's three B-tile sets
-DIGIT_SHIFT = {Q4_K: 4, Q5_K: 3}  # Q4_K's, Q5_K's scale digits: sc = 2^shift hi + lo
+DIGIT_BYTES = 2 * UNPACKED  # a super-block's two B-tile sets
+DIGIT_SHIFT = {Q4_K: 4, Q5_K: 3, Q6_K: 8}  # Q4_K's, Q5_K's scale digits: sc = 2^shift hi + lo; Q6_K's w = 256 hi + lo
 
 
 def amx_tiles_k(qtype: int, tier: Tier):
@@ -61,7 +65,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
         return None
     amx.require()
     has_mins = qtype != Q6_K
-    shift = DIGIT_SHIFT.get(qtype, 3)  # Q6_K's digits: base 8
+    shift = DIGIT_SHIFT[qtype]
     lane_bytes = LANE_BYTES[qtype]
     helpers = HELPERS
 
@@ -79,19 +83,21 @@ def amx_tiles_k(qtype: int, tier: Tier):
         c_stride = np.int64(TILE_ROWS * 4)
         c_tile = ROWS * TILE_ROWS
         packed = _a_tiles(a, n_tok)
+        sum_pairs = _sum_pairs(sum32, n_tok, has_mins)
         parts = max(1, min(threads, n_tiles))
         # each part's scratch; the tiles' buffers on cache lines (a tile row of 64 bytes in one line, not two)
-        scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 3 * c_tile
+        scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 2 * c_tile
         all_scratch = _aligned(parts * scratch_bytes)
-        all_pairs = np.empty((parts, 2, 4 * TILE_ROWS), np.int32)
+        all_pairs = np.empty((parts, 3, 4 * TILE_ROWS), np.int32)
         all_acc = np.empty((parts, 2, TOKEN_BLOCK * TILE_ROWS), np.float32)
         all_spill = np.empty((parts, TILE_ROWS), np.float32)
         for part in prange(parts):
             first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
             scratch = all_scratch[part * scratch_bytes : (part + 1) * scratch_bytes]
             digits = scratch[: 2 * DIGIT_BYTES]  # two super-blocks' B tiles, in turn
-            sums = scratch[2 * DIGIT_BYTES :].view(np.int32)  # two products' three C tiles, in turn, [token][row]
-            pairs, min_pairs = all_pairs[part, 0], all_pairs[part, 1]  # Q4_K's, Q5_K's (k4_tile_pairs)
+            sums = scratch[2 * DIGIT_BYTES :].view(np.int32)  # two products' two C tiles, in turn, [token][row]
+            # Q4_K's, Q5_K's (k4_tile_pairs); the mins' of two super-blocks in turn (their float steps lag a product)
+            pairs, min_pairs = all_pairs[part, 0], all_pairs[part, 1:].reshape(8 * TILE_ROWS)
             acc = all_acc[part, 0]  # a block of tokens' float sums, [token][row]
             acc_mins = all_acc[part, 1] if has_mins else all_acc[part, 1, :0]
             spill = all_spill[part]
@@ -107,27 +113,23 @@ def amx_tiles_k(qtype: int, tier: Tier):
                     for sb in range(n_super):  # a super-block's B tiles stay in L1 over the token groups
                         w_at = np.int64(DIGIT_BYTES * (sb % 2))
                         if has_mins:
-                            k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, 0, min_pairs, 0)
-                            digit_tiles(tile_quants, 8 * lane_bytes * sb, pairs, min_pairs, digits, w_at, qtype, shift)
+                            k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, 0, min_pairs, 64 * (sb % 2))
+                            digit_tiles(tile_quants, 8 * lane_bytes * sb, pairs, digits, w_at, qtype, shift)
                         else:
                             q6_k_digit_tiles(tile_quants, 8 * lane_bytes * sb, tile_sub_scales, 256 * sb, digits, w_at)
-                        for g in range(t0, t1, ROWS):  # its three products for 16 tokens, in buffer `done % 2`
+                        for g in range(t0, t1, ROWS):  # its two products for 16 tokens, in buffer `done % 2`
                             a_at = np.int64(g) * a_stride + 4096 * sb
-                            c_at = np.int64(4 * 3 * c_tile * (done % 2))
+                            c_at = np.int64(4 * 2 * c_tile * (done % 2))
                             tile_zero(0)
                             tile_zero(1)
-                            tile_zero(2)
                             for c in range(4):
                                 tile_load(3, packed, a_at + 1024 * c, w_stride)
                                 tile_load(4, digits, w_at + 1024 * c, w_stride)
-                                _product(0, 3, 4, has_mins)
+                                tile_dpbsud(0, 3, 4)  # low digits: unsigned
                                 tile_load(5, digits, w_at + UNPACKED + 1024 * c, w_stride)
-                                _product(1, 3, 5, has_mins)
-                                tile_load(6, digits, w_at + 2 * UNPACKED + 1024 * c, w_stride)
-                                _product(2, 3, 6, has_mins)
+                                _product(1, 3, 5, has_mins)  # high: Q6_K's signed
                             tile_store(0, sums, c_at, c_stride)
                             tile_store(1, sums, c_at + 4 * c_tile, c_stride)
-                            tile_store(2, sums, c_at + 8 * c_tile, c_stride)
                             if done:  # the product before: its float steps (its stores' latency behind this one)
                                 before, before_sb = (g - ROWS, sb) if g > t0 else (t1 - ROWS, sb - 1)
                                 _float_steps(
@@ -140,6 +142,8 @@ def amx_tiles_k(qtype: int, tier: Tier):
                                     before_sb,
                                     scale_row,
                                     min_row,
+                                    min_pairs,
+                                    sum_pairs,
                                     d,
                                     shift,
                                     has_mins,
@@ -155,6 +159,8 @@ def amx_tiles_k(qtype: int, tier: Tier):
                         n_super - 1,
                         scale_row,
                         min_row,
+                        min_pairs,
+                        sum_pairs,
                         d,
                         shift,
                         has_mins,
@@ -173,15 +179,28 @@ def amx_tiles_k(qtype: int, tier: Tier):
 @njit(cache=True)
 def _a_tiles(a, n_tok):
     """The first n_tok rows of a (T, K) int8 as A tiles, [16 rows][chunk of 64 values][row][64 bytes], each 1 KB
-    in a row: rows K bytes apart put a tile's 16 lines in two L1 sets for K a multiple of 2048."""
+    in a row: rows K bytes apart put a tile's 16 lines in two L1 sets for K a multiple of 2048. Copied 8 bytes at a
+    time (a byte loop took about 10% of a 16-row call)."""
     k = a.shape[1]
-    packed = _aligned(n_tok * k).view(np.int8)
+    packed = _aligned(n_tok * k).view(np.int64)
     for t in range(n_tok):
-        at = (t - t % ROWS) * k + 64 * (t % ROWS)
+        words = a[t].view(np.int64)
+        at = ((t - t % ROWS) * k + 64 * (t % ROWS)) // 8
         for chunk in range(k // 64):
-            for i in range(64):
-                packed[at + 1024 * chunk + i] = a[t, 64 * chunk + i]
-    return packed
+            for i in range(8):
+                packed[at + 128 * chunk + i] = words[8 * chunk + i]
+    return packed.view(np.int8)
+
+
+@njit(cache=True)
+def _sum_pairs(sum32, n_tok, has_mins):
+    """Q4_K's, Q5_K's int16 pairs of the first n_tok rows' sub-block sums for mins_dot: sub-blocks 2 j and 2 j + 1
+    (|sum| <= 32 x 128) at [token][4 sb + j], as tiles_k's; none for Q6_K."""
+    pairs = np.empty((n_tok, sum32.shape[1] // 2 if has_mins else 0), np.int32)
+    for t in range(n_tok):
+        for j in range(pairs.shape[1]):
+            pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
+    return pairs
 
 
 @njit(inline="always")
@@ -194,19 +213,17 @@ def _product(c, a, b, unsigned):
 
 
 @njit(inline="always")
-def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, d, shift, has_mins):
+def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, min_pairs, sum_pairs, d, shift, has_mins):
     """tiles_k's float steps of super-block sb for tokens g.. g + 15 (in acc from t0) from their C tiles in `sums`
     buffer `buffer`:
-    Q4_K, Q5_K (has_mins) the integer sum 2^shift C_hi + C_lo and the mins' sum C_mins; Q6_K the integer sum
-    C0 + 8 C1 + 64 C2. (Unsigned token indices: no negative-index wraparound.)"""
+    the integer sum 2^shift C_hi + C_lo (Q6_K's shift 8); Q4_K's, Q5_K's (has_mins) mins' sum by mins_dot, from min_pairs (k4_tile_pairs', super-block sb's at
+    64 (sb % 2)) and the token's sum_pairs. (Unsigned token indices: no negative-index wraparound.)"""
     c_tile = ROWS * TILE_ROWS
-    base = 3 * c_tile * buffer
+    base = 2 * c_tile * buffer
     dw = load16_f16(scale_row, TILE_ROWS * sb)
     for t in range(ROWS):
         at = TILE_ROWS * t
         total = load16(sums, base + c_tile + at) * (1 << shift) + load16(sums, base + at)
-        if not has_mins:
-            total = total + load16(sums, base + 2 * c_tile + at) * 64
         row = TILE_ROWS * (g - t0 + t)
         store16(acc, row, load16(acc, row) + (dw * d[np.uint64(g + t), sb]) * to_float(total))
     if has_mins:
@@ -214,17 +231,16 @@ def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, d, 
         for t in range(ROWS):
             at = TILE_ROWS * t
             row = TILE_ROWS * (g - t0 + t)
-            sum_mins = load16(sums, base + 2 * c_tile + at)
+            sum_mins = mins_dot(min_pairs, 4 * TILE_ROWS * (sb % 2), sum_pairs[np.uint64(g + t)], 4 * sb, 512, 4)
             store16(acc_mins, row, load16(acc_mins, row) + (dmin * d[np.uint64(g + t), sb]) * to_float(sum_mins))
 
 
 @intrinsic(prefer_literal=True)
-def digit_tiles(typingctx, quants, q_at, pairs, min_pairs, digits, d_at, qtype, shift):
+def digit_tiles(typingctx, quants, q_at, pairs, digits, d_at, qtype, shift):
     """A Q4_K or Q5_K tile's super-block at quants[q_at:] (superblock_tiles.py, the values' order) as its B tiles
     at digits[d_at:]: quad Q lane l (64 bytes, [row r][4 values]) at 512 Q + 64 l, value x (sc_r & (2^shift - 1));
-    UNPACKED further on value x (sc_r >> shift); 2 UNPACKED further on m_r; sc_r, m_r row r's scale and min of
-    sub-block Q from k4_tile_pairs' pairs and min_pairs (sub-block 2 j's the low int16 at 16 j + r, 2 j + 1's
-    the high). The products by vpmullw on byte pairs of one row: each < 256, so no carry between them."""
+    UNPACKED further on value x (sc_r >> shift); sc_r row r's scale of sub-block Q from k4_tile_pairs' pairs
+    (sub-block 2 j's the low int16 at 16 j + r, 2 j + 1's the high). The products by vpmullw on byte pairs of one row: each < 256, so no carry between them."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (qtype, shift)):
         return None
     fifth_bits = qtype.literal_value == Q5_K
@@ -232,11 +248,10 @@ def digit_tiles(typingctx, quants, q_at, pairs, min_pairs, digits, d_at, qtype, 
 
     def codegen(context, builder, signature, args):
         i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-        d16, w16, w32, b16, b64 = (
+        d16, w16, w32, b64 = (
             ir.VectorType(i32, 16),
             ir.VectorType(i16, 16),
             ir.VectorType(i16, 32),
-            ir.VectorType(i8, 16),
             ir.VectorType(i8, 64),
         )
 
@@ -248,23 +263,19 @@ def digit_tiles(typingctx, quants, q_at, pairs, min_pairs, digits, d_at, qtype, 
 
         zero = ir.Constant(i64, 0)
         by_pairs = ir.Constant(ir.VectorType(i32, 32), [i // 2 for i in range(32)])
-        by_fours = ir.Constant(ir.VectorType(i32, 64), [i // 4 for i in range(64)])
-        src, dst = data(0), data(4)
+        src, dst = data(0), data(3)
         for c in range(4):  # vector c: quad 2 c in its low nibbles, 2 c + 1 in its high ones; pair c their scales
             scale_pair = builder.load(pointer(data(2), zero, 16 * c, d16), align=4)
-            min_pair = builder.load(pointer(data(3), zero, 16 * c, d16), align=4)
             factors = []
             for h in range(2):
                 scales = builder.lshr(scale_pair, ir.Constant(d16, [16 * h] * 16))
                 scales = builder.and_(scales, ir.Constant(d16, [0xFFFF] * 16))
                 low = builder.trunc(builder.and_(scales, ir.Constant(d16, [(1 << bits) - 1] * 16)), w16)
                 high = builder.trunc(builder.lshr(scales, ir.Constant(d16, [bits] * 16)), w16)
-                mins = builder.trunc(builder.lshr(min_pair, ir.Constant(d16, [16 * h] * 16)), b16)
                 factors.append(
                     (
                         builder.shuffle_vector(low, ir.Constant(w16, None), by_pairs),
                         builder.shuffle_vector(high, ir.Constant(w16, None), by_pairs),
-                        builder.shuffle_vector(mins, ir.Constant(b16, None), by_fours),
                     )
                 )
             for lane in range(8):
@@ -276,24 +287,24 @@ def digit_tiles(typingctx, quants, q_at, pairs, min_pairs, digits, d_at, qtype, 
                         bit = builder.and_(builder.lshr(fifth, splat_bytes(2 * c + h)), splat_bytes(1))
                         values[h] = builder.or_(values[h], builder.shl(bit, splat_bytes(4)))
                 for h in range(2):
-                    low, high, mins = factors[h]
+                    low, high = factors[h]
                     words = builder.bitcast(values[h], w32)
                     quad_at = 512 * (2 * c + h) + 64 * lane
-                    builder.store(builder.mul(words, low), pointer(dst, args[5], quad_at, w32), align=1)
-                    builder.store(builder.mul(words, high), pointer(dst, args[5], UNPACKED + quad_at, w32), align=1)
-                    builder.store(mins, pointer(dst, args[5], 2 * UNPACKED + quad_at, b64), align=1)
+                    builder.store(builder.mul(words, low), pointer(dst, args[4], quad_at, w32), align=1)
+                    builder.store(builder.mul(words, high), pointer(dst, args[4], UNPACKED + quad_at, w32), align=1)
         return context.get_dummy_value()
 
-    return types.void(quants, types.intp, pairs, min_pairs, digits, types.intp, qtype, shift), codegen
+    return types.void(quants, types.intp, pairs, digits, types.intp, qtype, shift), codegen
 
 
 @intrinsic
 def q6_k_digit_tiles(typingctx, quants, q_at, sub_scales, s_at, digits, d_at):
     """A Q6_K tile's super-block at quants[q_at:] (the values' order) as its B tiles at digits[d_at:]: quad Q lane l
-    (64 bytes, [row r][4 values]) at 512 Q + 64 l + UNPACKED k, (q - 32) x digit k of sc_r, row r's int8 scale of
-    16-value sub-block 2 Q + l // 4 (sub_scales[s_at + 16 j + r]), the digits d0, d1, d2 in -3..4 with
-    sc = 64 d2 + 8 d1 + d0 (d0 = (sc + 3 mod 8) - 3, and so on): each product in -128..124, an int8. The products
-    by vpmullw on each byte of a pair, sign-extended to 16 bits."""
+    (64 bytes, [row r][4 values]) at 512 Q + 64 l the low byte (unsigned) of w = (q - 32) x sc_r, UNPACKED further
+    on its high byte (signed, w >> 8 in -16..16), sc_r row r's int8 scale of 16-value sub-block 2 Q + l // 4
+    (sub_scales[s_at + 16 j + r]): w = lo + 256 hi, |w| <= 4096. w by vpmaddubsw of the 6-bit q (unsigned) by sc
+    in the even or the odd byte of each pair, less 32 sc; the two bytes of the even and odd values' words by one
+    byte shuffle each."""
 
     def codegen(context, builder, signature, args):
         i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -310,16 +321,24 @@ def q6_k_digit_tiles(typingctx, quants, q_at, sub_scales, s_at, digits, d_at):
         def splat(vector_type, value):
             return ir.Constant(vector_type, [value] * vector_type.count)
 
+        def maddubs(unsigned, signed):
+            function = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(w32, [b64, b64]), "llvm.x86.avx512.pmaddubs.w.512"
+            )
+            return builder.call(function, [unsigned, signed])
+
         by_pairs = ir.Constant(ir.VectorType(i32, 32), [i // 2 for i in range(32)])
+        # byte i of the low (high) bytes: the even value's word's (i even) or the odd value's word's (64 + ...)
+        low_bytes = ir.Constant(ir.VectorType(i32, 64), [i if i % 2 == 0 else 63 + i for i in range(64)])
+        high_bytes = ir.Constant(ir.VectorType(i32, 64), [i + 1 if i % 2 == 0 else 64 + i for i in range(64)])
         src, dst = data(0), data(4)
-        digit_words = {}
-        for j in range(16):  # sub-block j's scales of the 16 rows, as 3 digits, each a word per byte pair
+        factors = {}
+        for j in range(16):  # sub-block j's scales of the 16 rows: in the even bytes, in the odd bytes, 32 sc
             scale = builder.sext(builder.load(pointer(data(2), args[3], 16 * j, b16), align=1), w16)
-            rest = scale
-            for k in range(3):
-                digit = builder.sub(builder.and_(builder.add(rest, splat(w16, 3)), splat(w16, 7)), splat(w16, 3))
-                rest = builder.ashr(builder.sub(rest, digit), splat(w16, 3))
-                digit_words[j, k] = builder.shuffle_vector(digit, ir.Constant(w16, None), by_pairs)
+            words = builder.shuffle_vector(scale, ir.Constant(w16, None), by_pairs)
+            even = builder.bitcast(builder.and_(words, splat(w32, 0xFF)), b64)
+            odd = builder.bitcast(builder.shl(words, splat(w32, 8)), b64)
+            factors[j] = (even, odd, builder.shl(words, splat(w32, 5)))
         for c in range(4):  # vector c: quad 2 c's low nibbles in its low nibbles, 2 c + 1's in its high ones
             for lane in range(8):
                 packed = builder.load(pointer(src, args[1], 512 * c + 64 * lane, b64), align=1)
@@ -328,18 +347,16 @@ def q6_k_digit_tiles(typingctx, quants, q_at, sub_scales, s_at, digits, d_at):
                     quad = 2 * c + h
                     low = builder.and_(packed, splat(b64, 15)) if h == 0 else builder.lshr(packed, splat(b64, 4))
                     top = builder.and_(builder.lshr(high_bits, splat(b64, 2 * (quad % 4))), splat(b64, 3))
-                    value = builder.sub(builder.or_(low, builder.shl(top, splat(b64, 4))), splat(b64, 32))
-                    words = builder.bitcast(value, w32)
-                    even = builder.ashr(builder.shl(words, splat(w32, 8)), splat(w32, 8))
-                    odd = builder.ashr(words, splat(w32, 8))
-                    for k in range(3):
-                        digit = digit_words[2 * quad + lane // 4, k]
-                        product = builder.or_(
-                            builder.and_(builder.mul(even, digit), splat(w32, 0xFF)),
-                            builder.shl(builder.mul(odd, digit), splat(w32, 8)),
-                        )
-                        at = UNPACKED * k + 512 * quad + 64 * lane
-                        builder.store(product, pointer(dst, args[5], at, w32), align=1)
+                    value = builder.or_(low, builder.shl(top, splat(b64, 4)))  # q, 0..63
+                    even, odd, offset = factors[2 * quad + lane // 4]
+                    w_even = builder.bitcast(builder.sub(maddubs(value, even), offset), b64)
+                    w_odd = builder.bitcast(builder.sub(maddubs(value, odd), offset), b64)
+                    at = 512 * quad + 64 * lane
+                    builder.store(
+                        builder.shuffle_vector(w_even, w_odd, low_bytes), pointer(dst, args[5], at, b64), align=1
+                    )
+                    high = builder.shuffle_vector(w_even, w_odd, high_bytes)
+                    builder.store(high, pointer(dst, args[5], UNPACKED + at, b64), align=1)
         return context.get_dummy_value()
 
     return types.void(quants, types.intp, sub_scales, types.intp, digits, types.intp), codegen
