@@ -34,12 +34,26 @@ from miro.core.kernels.tiles import TILE_ROWS
 
 
 @numba.njit(inline="always")
-def _prefetch_superblock(quants, at, n_bytes, sub_scales, sub_at, sub_n):
-    """Ask for the cache lines of a tile's super-block: its quants (n_bytes from at) and its sub-block scales."""
+def _work_item(item, active, per_expert, shares):
+    """Work item `item`'s (expert, j), j its tile among the expert's per_expert: the items in `shares` equal ranges,
+    range h every active expert's j from h x per_expert / shares up to the next range's, expert by expert."""
+    per_share = per_expert // shares
+    share_items = active.shape[0] * per_share
+    within = np.int64(item) % share_items
+    return active[within // per_share], (np.int64(item) // share_items) * per_share + within % per_share
+
+
+@numba.njit(inline="always")
+def _prefetch_superblock(quants, at, n_bytes, sub_scales, sub_at, sub_n, scales, mins, scale_at):
+    """Ask for the cache lines of a tile's super-block: its quants (n_bytes from at), its sub-block scales (sub_n
+    bytes from sub_at) and its 16 rows' scales and mins (from scale_at)."""
     for offset in range(0, n_bytes, 64):
         prefetch(quants, at + offset)
     for offset in range(0, sub_n, 64):
         prefetch(sub_scales, sub_at + offset)
+    prefetch(scales, scale_at)
+    if mins.size:
+        prefetch(mins, scale_at)
 
 
 def grouped_k(qtype: int, tier: Tier, tokens: int):
@@ -126,18 +140,23 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
         flat_sub0 = sub_scales0.reshape(sub_scales0.size)
         flat_sub1 = sub_scales1.reshape(sub_scales1.size)
         sub_bytes = sub_scales0.shape[1]
+        flat_scales0, flat_scales1 = scales0.reshape(scales0.size), scales1.reshape(scales1.size)
+        flat_mins0, flat_mins1 = mins0.reshape(mins0.size), mins1.reshape(mins1.size)
+        # numba's prange gives each thread one equal range of the items: ordered so that a thread's range holds its
+        # share of every expert's tiles (_work_item), the threads' work is the same whatever the runs' lengths
+        shares = n_threads if per_expert % n_threads == 0 else 1
         for item in prange(n_items):
             thread = numba.get_thread_id()
-            e = active[item // per_expert]
-            j = item % per_expert
+            e, j = _work_item(item, active, per_expert, shares)
             part, tile = j // tiles_per_expert, e * tiles_per_expert + j % tiles_per_expert
             # the next item's tile (this thread's next, but at the end of its range), fetched during this one's
             # first pass: a decode step's experts have a few rows each, too little work per tile for the
             # hardware's prefetcher to hide the memory's latency
-            ahead = min(np.int64(item) + np.int64(1), np.int64(n_items - 1))
-            next_j = ahead % per_expert
+            next_e, next_j = _work_item(
+                min(np.int64(item) + np.int64(1), np.int64(n_items - 1)), active, per_expert, shares
+            )
             next_part = next_j // tiles_per_expert
-            next_tile = active[ahead // per_expert] * tiles_per_expert + next_j % tiles_per_expert
+            next_tile = next_e * tiles_per_expert + next_j % tiles_per_expert
             if part == 0:
                 flat_quants, tile_scales, tile_mins, tile_sub_scales = (
                     flat_quants0,
@@ -190,6 +209,9 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                             flat_sub0 if next_part == 0 else flat_sub1,
                             next_tile * sub_bytes + sb * (sub_bytes // n_super),
                             sub_bytes // n_super,
+                            flat_scales0 if next_part == 0 else flat_scales1,
+                            flat_mins0 if next_part == 0 else flat_mins1,
+                            (next_tile * n_super + sb) * TILE_ROWS,
                         )
                     isums[: sets * n * TILE_ROWS] = 0
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
