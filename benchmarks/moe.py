@@ -95,13 +95,9 @@ def write_f16(path: Path, seed: int = 0) -> None:
     import gguf
     from gguf.quants import quant_shape_to_byte_shape
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from gguf_factory import tiny_vocab
+    from shaped_models import add_byte_vocab
 
     s = SHAPE
-    tokens, types, merges = tiny_vocab()
-    tokens += [f"<x{i}>" for i in range(s["vocab"] - len(tokens))]
-    types += [int(gguf.TokenType.NORMAL)] * (s["vocab"] - len(types))
     w = gguf.GGUFWriter(str(path), "qwen3moe")
     w.add_name("qwen3moe-bench-shaped-random")
     w.add_block_count(s["n_layers"])
@@ -120,14 +116,7 @@ def write_f16(path: Path, seed: int = 0) -> None:
     w.add_vocab_size(s["vocab"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    add_byte_vocab(w, s["vocab"])
     tensors = layout()
     f16 = gguf.GGMLQuantizationType.F16
     for name, shape in tensors:

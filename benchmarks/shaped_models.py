@@ -123,17 +123,32 @@ def random_f16(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
 RANDOM_MATRIX = {"Q4_0": random_q4_0, "F16": random_f16}
 
 
+def add_byte_vocab(w, vocab: int) -> None:
+    """The tests' byte-level BPE vocabulary (which miro and llama.cpp both read) padded to `vocab` tokens, BOS 1,
+    EOS 2, no BOS added."""
+    import gguf
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gguf_factory import tiny_vocab
+
+    tokens, types, merges = tiny_vocab()
+    tokens += [f"<x{i}>" for i in range(vocab - len(tokens))]
+    types += [int(gguf.TokenType.NORMAL)] * (vocab - len(types))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+
+
 def add_metadata(w, shape: str, file_type) -> None:
     """The shape's hyperparameters and a byte-level BPE vocabulary padded to its vocabulary size."""
     import gguf
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from gguf_factory import tiny_vocab  # byte-level BPE tokens miro and llama.cpp both read
-
     s = SHAPES[shape]
-    tokens, types, merges = tiny_vocab()
-    tokens += [f"<x{i}>" for i in range(s["vocab"] - len(tokens))]
-    types += [int(gguf.TokenType.NORMAL)] * (s["vocab"] - len(types))
     w.add_name(f"{shape}-shaped-random")
     w.add_block_count(s["n_layers"])
     w.add_context_length(CONTEXT)
@@ -147,14 +162,7 @@ def add_metadata(w, shape: str, file_type) -> None:
     w.add_rope_dimension_count(s["dim"] // s["n_heads"])
     w.add_file_type(file_type)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    add_byte_vocab(w, s["vocab"])
 
 
 def write_model(path: Path, shape: str, weights: str = "Q4_0", seed: int = 0) -> None:
