@@ -14,7 +14,16 @@ from pathlib import Path
 
 from numba import njit
 
-_HELPER_MODULES = ("halfs.py", "simd.py", "int8_dots.py", "quant_blocks.py", "tiles.py", "superblock_tiles.py")
+_HELPER_MODULES = (
+    "halfs.py",
+    "simd.py",
+    "int8_dots.py",
+    "quant_blocks.py",
+    "tiles.py",
+    "superblock_tiles.py",
+    "attention_blocks.py",
+    "attention_items.py",
+)
 
 HELPERS = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in _HELPER_MODULES)).hexdigest()
 
