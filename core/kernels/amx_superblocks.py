@@ -45,7 +45,7 @@ from miro.core.kernels.cpu import Tier
 from miro.core.kernels.int8_dots import mins_dot
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import load16, load16_f16, store16, to_float
-from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, sub_block_sum_pairs
 from miro.core.kernels.tile_kernels import _store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
 
@@ -83,7 +83,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
         c_stride = np.int64(TILE_ROWS * 4)
         c_tile = ROWS * TILE_ROWS
         packed = _a_tiles(a, n_tok)
-        sum_pairs = _sum_pairs(sum32, n_tok, has_mins)
+        sum_pairs = sub_block_sum_pairs(sum32, n_tok, sum32.shape[1] // 2 if has_mins else 0)
         parts = max(1, min(threads, n_tiles))
         # each part's scratch; the tiles' buffers on cache lines (a tile row of 64 bytes in one line, not two)
         scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 2 * c_tile
@@ -190,17 +190,6 @@ def _a_tiles(a, n_tok):
             for i in range(8):
                 packed[at + 128 * chunk + i] = words[8 * chunk + i]
     return packed.view(np.int8)
-
-
-@njit(cache=True)
-def _sum_pairs(sum32, n_tok, has_mins):
-    """Q4_K's, Q5_K's int16 pairs of the first n_tok rows' sub-block sums for mins_dot: sub-blocks 2 j and 2 j + 1
-    (|sum| <= 32 x 128) at [token][4 sb + j], as tiles_k's; none for Q6_K."""
-    pairs = np.empty((n_tok, sum32.shape[1] // 2 if has_mins else 0), np.int32)
-    for t in range(n_tok):
-        for j in range(pairs.shape[1]):
-            pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
-    return pairs
 
 
 @njit(inline="always")

@@ -140,6 +140,17 @@ def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes, natural):
                                 quants[tile, base + 512 * (4 + k) + i] = packed
 
 
+@njit(cache=True)
+def sub_block_sum_pairs(sum32, n_tok, n_pairs):
+    """The first n_tok rows' 32-value sub-block sums as int16 pairs, sub-blocks 2 j and 2 j + 1 (|sum| <= 32 x 128)
+    in one int32 at [token][j < n_pairs], for vpmaddwd against the pairs of Q4_K's, Q5_K's mins (n_pairs 0: none)."""
+    pairs = np.empty((n_tok, n_pairs), np.int32)
+    for t in range(n_tok):
+        for j in range(n_pairs):
+            pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
+    return pairs
+
+
 @njit(inline="always")
 def quad_value(quad, lane, i):
     """The value of a super-block at byte i of quad `quad` of ggml lane `lane` (the module's docstring)."""

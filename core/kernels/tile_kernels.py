@@ -72,7 +72,7 @@ from miro.core.kernels.simd import (
     to_float,
     zeros16,
 )
-from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order, sub_block_sum_pairs
 from miro.core.kernels.tiles import TILE_ROWS, quant_bytes
 
 
@@ -321,10 +321,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         a_dots = a_flat.view(np.uint8) ^ np.uint8(0x80) if centred else a_flat.view(np.uint8)
         # Q4_K, Q5_K: int16 pairs of the activations' sums of sub-blocks 2 j and 2 j + 1 (|sum| <= 32 x 127), for
         # vpmaddwd against the pairs of mins, [token][super-block][j < 4]; Q6_K leaves no offset to take off
-        sum_pairs = np.empty((n_tok, n_super * 4 if has_mins else 0), np.int32)
-        for t in range(n_tok if has_mins else 0):
-            for j in range(k // 64):
-                sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
+        sum_pairs = sub_block_sum_pairs(sum32, n_tok, n_super * 4 if has_mins else 0)
         pairs_per_super = 4 if has_mins else 8
         # each thread's scratch, allocated once per call rather than once per tile (a tile's work at one activation
         # row is a few microseconds)
