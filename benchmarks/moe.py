@@ -142,7 +142,7 @@ def write_f16(path: Path, seed: int = 0) -> None:
 
 def q4_k_m_model(llama_python: str | None, threads: int) -> tuple[Path, str]:
     """llama.cpp's Q4_K_M of the random F16 model: made once, then read from CACHE."""
-    from shaped_models import QUANTIZE_SCRIPT
+    from shaped_models import LLAMA_FTYPES, QUANTIZE_SCRIPT
 
     path = CACHE / f"qwen3moe-{'-'.join(map(str, SHAPE.values()))}-q4_k_m.gguf"
     if path.exists():
@@ -155,7 +155,9 @@ def q4_k_m_model(llama_python: str | None, threads: int) -> tuple[Path, str]:
     try:
         write_f16(f16)
         done = subprocess.run(
-            [llama_python, "-c", QUANTIZE_SCRIPT, str(f16), str(partial), str(threads)], capture_output=True, text=True
+            [llama_python, "-c", QUANTIZE_SCRIPT, str(f16), str(partial), str(threads), LLAMA_FTYPES["Q4_K_M"]],
+            capture_output=True,
+            text=True,
         )
     finally:
         f16.unlink(missing_ok=True)
