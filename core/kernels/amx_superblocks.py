@@ -11,8 +11,9 @@ scales go into the weights instead, split into two digits small enough to fit a 
 
 - Q4_K: sc (< 64) = 16 hi + lo, q x lo <= 15 x 15 and q x hi <= 15 x 3; Q5_K: sc = 8 hi + lo, q x lo and q x hi
   <= 31 x 7 (unsigned, TDPBSUD), so sum q sc a = 2^shift C_hi + C_lo; the mins' sum, sum over sub-blocks of
-  m_j x (the activations' 32-value sum j), by int8_dots.mins_dot in the float steps, as tiles_k (as a third AMX
-  product against weights m_j(v) it cost a third more tile work and B tiles than these vpmaddwd);
+  m_j x (the activations' 32-value sum j), in the float steps by the integers of tiles_k's int8_dots.mins_dot (here
+  a chain of vpdpwssd on the super-block's mins loaded once per 16 tokens: 1.1x the kernel's speed on Q4_K; as a
+  third AMX product against weights m_j(v) it cost a third more tile work and B tiles than these vpmaddwd);
 - Q6_K: the product w = (q - 32) sc itself (|w| <= 4096) = 256 hi + lo, lo its low byte (unsigned, TDPBSUD),
   hi its high one (signed, TDPBSSD), so sum (q - 32) sc a = 256 C_hi + C_lo (tiles_k's Q6_K sum, offset
   included). (Three base-8 digits of sc, each times q - 32, took 12 products and half again the vector work.)
@@ -20,8 +21,10 @@ scales go into the weights instead, split into two digits small enough to fit a 
 Per tile of 16 weight rows and super-block its two B-tile sets (2 x 4 KB, `digit_tiles`: vpmullw on byte pairs;
 `q6_k_digit_tiles`: vpmaddubsw and a byte shuffle per digit) are made once, then used by every 16 activation rows
 (A: the Q8_K activations, repacked once per call so that each A tile's 16 rows of 64 bytes lie in a row): 8
-TDPBxxD over the super-block's 4 chunks of 64 values and 2 tile stores; a product later (its stores' latency
-behind the next), per token, a shift and an add and the float steps. Rows past the last multiple of 16, and calls of fewer than the table's `amx_from` rows (32), whose
+TDPBxxD over the super-block's 4 chunks of 64 values and 2 tile stores, for two groups of 16 tokens side by side
+(each B tile load serves both, and neither group's chain of 4 products into one C tile waits alone: 1.2-1.3x
+the speed of one group at a time); a product later (its stores' latency behind the next), per token, a shift and
+an add and the float steps. Rows past the last multiple of 16, and calls of fewer than the table's `amx_from` rows (32), whose
 digits would be made for too few tokens to pay, are tiles_k's (Linear._matmul_superblocks).
 """
 
@@ -42,9 +45,8 @@ from miro.core.kernels.amx import tile_zero
 from miro.core.kernels.amx_tiles import ROWS, _aligned, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
-from miro.core.kernels.int8_dots import mins_dot
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
-from miro.core.kernels.simd import load16, load16_f16, store16, to_float
+from miro.core.kernels.simd import int32x16, load16, load16_f16, splat, store16, to_float
 from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, sub_block_sum_pairs
 from miro.core.kernels.tile_kernels import _store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
@@ -79,14 +81,14 @@ def amx_tiles_k(qtype: int, tier: Tier):
         n_super = k // 256
         n_tiles = quants.shape[0]
         a_stride = np.int64(k)
-        w_stride = np.int64(64)
-        c_stride = np.int64(TILE_ROWS * 4)
         c_tile = ROWS * TILE_ROWS
         packed = _a_tiles(a, n_tok)
         sum_pairs = sub_block_sum_pairs(sum32, n_tok, sum32.shape[1] // 2 if has_mins else 0)
+        n_pairs = sum_pairs.shape[1]
+        flat_pairs = sum_pairs.reshape(sum_pairs.size)  # [token][pair]
         parts = max(1, min(threads, n_tiles))
         # each part's scratch; the tiles' buffers on cache lines (a tile row of 64 bytes in one line, not two)
-        scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 2 * c_tile
+        scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 2 * 2 * c_tile
         all_scratch = _aligned(parts * scratch_bytes)
         all_pairs = np.empty((parts, 3, 4 * TILE_ROWS), np.int32)
         all_acc = np.empty((parts, 2, TOKEN_BLOCK * TILE_ROWS), np.float32)
@@ -95,7 +97,8 @@ def amx_tiles_k(qtype: int, tier: Tier):
             first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
             scratch = all_scratch[part * scratch_bytes : (part + 1) * scratch_bytes]
             digits = scratch[: 2 * DIGIT_BYTES]  # two super-blocks' B tiles, in turn
-            sums = scratch[2 * DIGIT_BYTES :].view(np.int32)  # two products' two C tiles, in turn, [token][row]
+            # two products' C tiles, in turn, [token][row]: each of one or two token groups, two tiles a group
+            sums = scratch[2 * DIGIT_BYTES :].view(np.int32)
             # Q4_K's, Q5_K's (k4_tile_pairs); the mins' of two super-blocks in turn (their float steps lag a product)
             pairs, min_pairs = all_pairs[part, 0], all_pairs[part, 1:].reshape(8 * TILE_ROWS)
             acc = all_acc[part, 0]  # a block of tokens' float sums, [token][row]
@@ -110,6 +113,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
                     acc[:] = 0
                     acc_mins[:] = 0
                     done = 0  # products made: the one before is scaled after each
+                    before, before_groups, before_sb = t0, 0, 0
                     for sb in range(n_super):  # a super-block's B tiles stay in L1 over the token groups
                         w_at = np.int64(DIGIT_BYTES * (sb % 2))
                         if has_mins:
@@ -117,54 +121,56 @@ def amx_tiles_k(qtype: int, tier: Tier):
                             digit_tiles(tile_quants, 8 * lane_bytes * sb, pairs, digits, w_at, qtype, shift)
                         else:
                             q6_k_digit_tiles(tile_quants, 8 * lane_bytes * sb, tile_sub_scales, 256 * sb, digits, w_at)
-                        for g in range(t0, t1, ROWS):  # its two products for 16 tokens, in buffer `done % 2`
-                            a_at = np.int64(g) * a_stride + 4096 * sb
-                            c_at = np.int64(4 * 2 * c_tile * (done % 2))
-                            tile_zero(0)
-                            tile_zero(1)
-                            for c in range(4):
-                                tile_load(3, packed, a_at + 1024 * c, w_stride)
-                                tile_load(4, digits, w_at + 1024 * c, w_stride)
-                                tile_dpbsud(0, 3, 4)  # low digits: unsigned
-                                tile_load(5, digits, w_at + UNPACKED + 1024 * c, w_stride)
-                                _product(1, 3, 5, has_mins)  # high: Q6_K's signed
-                            tile_store(0, sums, c_at, c_stride)
-                            tile_store(1, sums, c_at + 4 * c_tile, c_stride)
-                            if done:  # the product before: its float steps (its stores' latency behind this one)
-                                before, before_sb = (g - ROWS, sb) if g > t0 else (t1 - ROWS, sb - 1)
+                        for g in range(t0, t1, 2 * ROWS):  # a product: two groups of 16 tokens (one at the end)
+                            _products(
+                                packed,
+                                digits,
+                                sums,
+                                np.int64(g) * a_stride + 4096 * sb,
+                                w_at,
+                                done % 2,
+                                g + ROWS < t1,
+                                a_stride,
+                                has_mins,
+                            )
+                            for member in range(before_groups):  # the product before: its float steps
                                 _float_steps(
                                     sums,
-                                    (done - 1) % 2,
+                                    2 * ((done - 1) % 2) + member,
                                     acc,
                                     acc_mins,
-                                    before,
+                                    before + ROWS * member,
                                     t0,
                                     before_sb,
                                     scale_row,
                                     min_row,
                                     min_pairs,
-                                    sum_pairs,
+                                    flat_pairs,
+                                    n_pairs,
                                     d,
                                     shift,
                                     has_mins,
                                 )
+                            before, before_groups, before_sb = g, 1 + (g + ROWS < t1), sb
                             done += 1
-                    _float_steps(
-                        sums,
-                        (done - 1) % 2,
-                        acc,
-                        acc_mins,
-                        t1 - ROWS,
-                        t0,
-                        n_super - 1,
-                        scale_row,
-                        min_row,
-                        min_pairs,
-                        sum_pairs,
-                        d,
-                        shift,
-                        has_mins,
-                    )
+                    for member in range(before_groups):
+                        _float_steps(
+                            sums,
+                            2 * ((done - 1) % 2) + member,
+                            acc,
+                            acc_mins,
+                            before + ROWS * member,
+                            t0,
+                            before_sb,
+                            scale_row,
+                            min_row,
+                            min_pairs,
+                            flat_pairs,
+                            n_pairs,
+                            d,
+                            shift,
+                            has_mins,
+                        )
                     n0 = tile * TILE_ROWS
                     for t in range(t0, t1):
                         at = TILE_ROWS * (t - t0)
@@ -193,6 +199,41 @@ def _a_tiles(a, n_tok):
 
 
 @njit(inline="always")
+def _products(packed, digits, sums, a_at, w_at, buffer, two, a_stride, has_mins):
+    """A super-block's two products (low and high digits) for the 16 tokens whose A tiles start at packed[a_at:],
+    and with `two` the 16 after them, into tmm0, tmm1 and tmm2, tmm6, stored to sums' buffer `buffer` (a group's
+    two C tiles, then the second group's). The second group's products share each B tile load and run beside the
+    first's: a tile product waits for the one before into its C tile, so one group's 4 in a row leave the tile
+    unit idle between them."""
+    w_stride = np.int64(64)
+    c_tile = ROWS * TILE_ROWS
+    c_stride = np.int64(TILE_ROWS * 4)
+    c_at = np.int64(4 * 4 * c_tile * buffer)
+    tile_zero(0)
+    tile_zero(1)
+    if two:
+        tile_zero(2)
+        tile_zero(6)
+    for c in range(4):
+        tile_load(3, packed, a_at + 1024 * c, w_stride)
+        if two:
+            tile_load(7, packed, a_at + ROWS * a_stride + 1024 * c, w_stride)
+        tile_load(4, digits, w_at + 1024 * c, w_stride)
+        tile_dpbsud(0, 3, 4)  # low digits: unsigned
+        if two:
+            tile_dpbsud(2, 7, 4)
+        tile_load(5, digits, w_at + UNPACKED + 1024 * c, w_stride)
+        _product(1, 3, 5, has_mins)  # high: Q6_K's signed
+        if two:
+            _product(6, 7, 5, has_mins)
+    tile_store(0, sums, c_at, c_stride)
+    tile_store(1, sums, c_at + 4 * c_tile, c_stride)
+    if two:
+        tile_store(2, sums, c_at + 8 * c_tile, c_stride)
+        tile_store(6, sums, c_at + 12 * c_tile, c_stride)
+
+
+@njit(inline="always")
 def _product(c, a, b, unsigned):
     """tmm c += tmm a (signed bytes) times tmm b, unsigned bytes (TDPBSUD) or signed (TDPBSSD)."""
     if unsigned:
@@ -202,11 +243,14 @@ def _product(c, a, b, unsigned):
 
 
 @njit(inline="always")
-def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, min_pairs, sum_pairs, d, shift, has_mins):
+def _float_steps(
+    sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, min_pairs, flat_pairs, n_pairs, d, shift, has_mins
+):
     """tiles_k's float steps of super-block sb for tokens g.. g + 15 (in acc from t0) from their C tiles in `sums`
     buffer `buffer`:
-    the integer sum 2^shift C_hi + C_lo (Q6_K's shift 8); Q4_K's, Q5_K's (has_mins) mins' sum by mins_dot, from min_pairs (k4_tile_pairs', super-block sb's at
-    64 (sb % 2)) and the token's sum_pairs. (Unsigned token indices: no negative-index wraparound.)"""
+    the integer sum 2^shift C_hi + C_lo (Q6_K's shift 8); Q4_K's, Q5_K's (has_mins) mins' sum by _mins_dot_vnni, from
+    min_pairs (k4_tile_pairs', super-block sb's at 64 (sb % 2)) and the token's pairs in flat_pairs ([token][pair],
+    n_pairs a token). (Unsigned token indices: no negative-index wraparound.)"""
     c_tile = ROWS * TILE_ROWS
     base = 2 * c_tile * buffer
     dw = load16_f16(scale_row, TILE_ROWS * sb)
@@ -217,11 +261,35 @@ def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, min
         store16(acc, row, load16(acc, row) + (dw * d[np.uint64(g + t), sb]) * to_float(total))
     if has_mins:
         dmin = load16_f16(min_row, TILE_ROWS * sb)
+        m_at = 4 * TILE_ROWS * (sb % 2)  # the super-block's 4 vectors of mins' pairs, loaded once for the 16 tokens
+        m0, m1 = load16(min_pairs, m_at), load16(min_pairs, m_at + TILE_ROWS)
+        m2, m3 = load16(min_pairs, m_at + 2 * TILE_ROWS), load16(min_pairs, m_at + 3 * TILE_ROWS)
         for t in range(ROWS):
-            at = TILE_ROWS * t
             row = TILE_ROWS * (g - t0 + t)
-            sum_mins = mins_dot(min_pairs, 4 * TILE_ROWS * (sb % 2), sum_pairs[np.uint64(g + t)], 4 * sb, 512, 4)
+            sum_mins = _mins_dot_vnni(m0, m1, m2, m3, flat_pairs, (g + t) * n_pairs + 4 * sb)
             store16(acc_mins, row, load16(acc_mins, row) + (dmin * d[np.uint64(g + t), sb]) * to_float(sum_mins))
+
+
+@intrinsic
+def _mins_dot_vnni(typingctx, m0, m1, m2, m3, sum_pairs, at):
+    """int8_dots.mins_dot's 4 pairs (Q4_K's, Q5_K's mins) by a chain of vpdpwssd (AMX CPUs have AVX512_VNNI): lane r
+    = sum over j < 4 of the int16 pair m_j[r] times the pair sum_pairs[at + j]; the same integers as its vpmaddwd and
+    vpaddd, with the mins' vectors given (loaded once for 16 tokens) rather than loaded for each."""
+    sig = int32x16(int32x16, int32x16, int32x16, int32x16, sum_pairs, types.intp)
+
+    def codegen(context, builder, signature, args):
+        i64, d16 = ir.IntType(64), ir.VectorType(ir.IntType(32), 16)
+        data = context.make_array(signature.args[4])(context, builder, args[4]).data
+        dot = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(d16, [d16] * 3), "llvm.x86.avx512.vpdpwssd.512"
+        )
+        total = ir.Constant(d16, [0] * 16)
+        for j in range(4):
+            pair = builder.load(builder.gep(data, [builder.add(args[5], ir.Constant(i64, j))]))
+            total = builder.call(dot, [total, args[j], splat(builder, pair, d16)])
+        return total
+
+    return sig, codegen
 
 
 @intrinsic(prefer_literal=True)
