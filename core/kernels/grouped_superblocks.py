@@ -22,7 +22,7 @@ from miro.core.kernels.int8_dots import (
 )
 from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import LANES, load16, load16_f16, prefetch, store16, to_float
-from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order, sub_block_sum_pairs
 from miro.core.kernels.tile_kernels import (
     _q6_k_scale_pairs,
     _store_tile_row,
@@ -67,6 +67,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
     has_mins = qtype != Q6_K
     natural = natural_order(qtype, tier)
     signed_q6 = natural and not has_mins
+    centred = not natural and not has_mins  # Q6_K by vpmaddubsw: q - 32 against the activations + 128 (a_dots)
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
@@ -110,23 +111,13 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
             for i in range(8):
                 total += np.int32(a_flat[8 * g + i])
             row_starts[g] = np.int32(-32) * total
+        # superblock_tile_sum's activations, as bytes: Q6_K's + 128 where centred (tile_kernels.tiles_k's scheme: its
+        # values enter as q - 32, each row's sums begun at its start in the tiles' mins), the others' as they are
+        a_dots = a_flat.view(np.uint8) ^ np.uint8(0x80) if centred else a_flat.view(np.uint8)
         pairs_per_super = 4 if has_mins else 8
-        # the int16 pairs of each row's sub-block sums, as tile_kernels.tiles_k makes them: on the calling thread
-        # (a few microseconds for a decode step's slots), so a call is one parallel region, one wait for the threads
-        sum_pairs = np.empty((n_tok, 0 if signed_q6 else n_super * pairs_per_super), np.int32)
-        for t in range(0 if signed_q6 else n_tok):
-            if has_mins:
-                for j in range(k // 64):
-                    sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
-            else:
-                for j in range(n_super * 8):
-                    at = t * k + 32 * j
-                    low = np.int32(0)
-                    high = np.int32(0)
-                    for lane in range(8):
-                        low += np.int32(a_flat[at + 4 * lane]) + np.int32(a_flat[at + 4 * lane + 1])
-                        high += np.int32(a_flat[at + 4 * lane + 2]) + np.int32(a_flat[at + 4 * lane + 3])
-                    sum_pairs[t, j] = (low & 0xFFFF) | (high << 16)
+        # the int16 pairs of each row's sub-block sums (Q4_K, Q5_K's mins), as tile_kernels.tiles_k makes them: on the
+        # calling thread (a few microseconds for a decode step's slots), so a call is one parallel region
+        sum_pairs = sub_block_sum_pairs(sum32, n_tok, n_super * 4 if has_mins else 0)
         n_threads = _iget_num_threads()  # at run time: thread ids lie below it (a cached constant did not)
         all_pairs = np.empty((n_threads, n_super * 8 * TILE_ROWS), np.int32)
         all_min_pairs = np.empty((n_threads, n_super * 4 * TILE_ROWS if has_mins else 0), np.int32)
@@ -167,6 +158,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     sub_scales1[tile],
                 )
             pairs, min_pairs, spill = all_pairs[thread], all_min_pairs[thread], all_spill[thread]
+            tile_starts = tile_mins.view(np.int32)  # Q6_K's row starts where centred (superblock_tiles.py)
             for sb in range(n_super):
                 if has_mins:
                     k4_tile_pairs(
@@ -205,7 +197,13 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                             next_tile * sub_bytes + sb * (sub_bytes // n_super),
                             sub_bytes // n_super,
                         )
-                    isums[: sets * n * TILE_ROWS] = 0
+                    if centred:  # the first set of each row's sums begins at the row's start
+                        row_start = load16(tile_starts, TILE_ROWS * sb)
+                        for t in range(n):
+                            store16(isums, TILE_ROWS * t, row_start)
+                        isums[n * TILE_ROWS : sets * n * TILE_ROWS] = 0
+                    else:
+                        isums[: sets * n * TILE_ROWS] = 0
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
@@ -391,30 +389,30 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                             )
                     elif n == 1:
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
                         )
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 1, 0, bits, vnni, qtype, 1
                         )
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 2, 0, bits, vnni, qtype, 1
                         )
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
                     elif n == 2 and fixed_units_2:  # the units constants, their shifts immediate, as at one row
                         for first in range(0, 8, per_call_2):
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 0, first, bits, vnni, qtype, 2
                             )
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 1, first, bits, vnni, qtype, 2
                             )
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 2, first, bits, vnni, qtype, 2
                             )
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 3, first, bits, vnni, qtype, 2
                             )
                     for c in range(4 if (n > 2 or n == 2 and not fixed_units_2) and not natural else 0):
                         if n == tokens:
@@ -424,7 +422,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                                     w_at,
                                     pairs,
                                     p_at,
-                                    a_flat,
+                                    a_dots,
                                     a_at,
                                     k,
                                     isums,
@@ -442,7 +440,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                                     w_at,
                                     pairs,
                                     p_at,
-                                    a_flat,
+                                    a_dots,
                                     a_at,
                                     k,
                                     isums,
@@ -460,7 +458,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                                     w_at,
                                     pairs,
                                     p_at,
-                                    a_flat,
+                                    a_dots,
                                     a_at,
                                     k,
                                     isums,
@@ -478,7 +476,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                                     w_at,
                                     pairs,
                                     p_at,
-                                    a_flat,
+                                    a_dots,
                                     a_at,
                                     k,
                                     isums,
@@ -498,8 +496,6 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     for t in range(n):
                         at = TILE_ROWS * t
                         total = load16(isums, at)
-                        if not has_mins and not natural:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
-                            total = total - 32 * mins_dot(pairs, p_at, sum_pairs[t0 + t], 8 * sb, bits, 8)
                         store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
                     if has_mins:
                         dmin = load16_f16(tile_mins, TILE_ROWS * sb)
