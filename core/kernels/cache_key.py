@@ -21,6 +21,7 @@ _HELPER_MODULES = (
     "quant_blocks.py",
     "tiles.py",
     "superblock_tiles.py",
+    "grouped_passes.py",
     "attention_blocks.py",
     "attention_items.py",
 )

@@ -13,6 +13,7 @@ from numba import prange
 
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
+from miro.core.kernels.grouped_passes import CENTRED_FROM, pass_rows, prefetch_superblock, q6_k_quad_sums, work_item
 from miro.core.kernels.int8_dots import (
     lanes_per_call,
     mins_dot,
@@ -21,36 +22,13 @@ from miro.core.kernels.int8_dots import (
     superblock_unit_vnni,
 )
 from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
-from miro.core.kernels.simd import LANES, load16, load16_f16, prefetch, store16, to_float
-from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order
+from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order, sub_block_sum_pairs
 from miro.core.kernels.tile_kernels import (
     _q6_k_scale_pairs,
     _store_tile_row,
 )
 from miro.core.kernels.tiles import TILE_ROWS
-
-
-# ---------------------------------------------------------------- K-quant super-blocks (Q4_K, Q5_K, Q6_K)
-
-
-@numba.njit(inline="always")
-def _work_item(item, active, per_expert, shares):
-    """Work item `item`'s (expert, j), j its tile among the expert's per_expert: the items in `shares` equal ranges,
-    range h every active expert's j from h x per_expert / shares up to the next range's, expert by expert."""
-    per_share = per_expert // shares
-    share_items = active.shape[0] * per_share
-    within = np.int64(item) % share_items
-    return active[within // per_share], (np.int64(item) // share_items) * per_share + within % per_share
-
-
-@numba.njit(inline="always")
-def _prefetch_superblock(quants, at, n_bytes, sub_scales, sub_at, sub_n):
-    """Ask for the cache lines of a tile's super-block: its quants (n_bytes from at) and its sub-block scales (sub_n
-    bytes from sub_at). (Its rows' scales and mins too, 2 lines more: measured slower at 256 rows.)"""
-    for offset in range(0, n_bytes, 64):
-        prefetch(quants, at + offset)
-    for offset in range(0, sub_n, 64):
-        prefetch(sub_scales, sub_at + offset)
 
 
 def grouped_k(qtype: int, tier: Tier, tokens: int):
@@ -67,6 +45,9 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
     has_mins = qtype != Q6_K
     natural = natural_order(qtype, tier)
     signed_q6 = natural and not has_mins
+    centred = not natural and not has_mins  # Q6_K by vpmaddubsw: q - 32 against the activations + 128 (a_dots)
+    if centred and tokens < CENTRED_FROM:  # its passes of `tokens` take a_dots
+        raise ValueError(f"Q6_K's grouped kernel runs centred from {CENTRED_FROM} rows a pass, not {tokens}")
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
@@ -110,23 +91,26 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
             for i in range(8):
                 total += np.int32(a_flat[8 * g + i])
             row_starts[g] = np.int32(-32) * total
+        # superblock_tile_sum's activations in passes of CENTRED_FROM rows or more: Q6_K's + 128 where centred (its
+        # values q - 32, each row's sums begun at its start in the tiles' mins: tile_kernels.tiles_k), else as they are
+        a_dots = a_flat.view(np.uint8) ^ np.uint8(0x80) if centred else a_flat.view(np.uint8)
         pairs_per_super = 4 if has_mins else 8
-        # the int16 pairs of each row's sub-block sums, as tile_kernels.tiles_k makes them: on the calling thread
-        # (a few microseconds for a decode step's slots), so a call is one parallel region, one wait for the threads
-        sum_pairs = np.empty((n_tok, 0 if signed_q6 else n_super * pairs_per_super), np.int32)
-        for t in range(0 if signed_q6 else n_tok):
-            if has_mins:
-                for j in range(k // 64):
-                    sum_pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
-            else:
-                for j in range(n_super * 8):
-                    at = t * k + 32 * j
-                    low = np.int32(0)
-                    high = np.int32(0)
-                    for lane in range(8):
-                        low += np.int32(a_flat[at + 4 * lane]) + np.int32(a_flat[at + 4 * lane + 1])
-                        high += np.int32(a_flat[at + 4 * lane + 2]) + np.int32(a_flat[at + 4 * lane + 3])
-                    sum_pairs[t, j] = (low & 0xFFFF) | (high << 16)
+        # the int16 pairs of each row's sub-block sums, on the calling thread (a few microseconds for a decode step's
+        # slots), so a call is one parallel region: Q4_K's, Q5_K's for their mins, as tile_kernels.tiles_k makes them;
+        # Q6_K's (by vpmaddubsw) quad sums for its offset, of the rows in passes of fewer than CENTRED_FROM only
+        sum_pairs = (
+            np.empty((n_tok, n_super * 8), np.int32)
+            if centred
+            else sub_block_sum_pairs(sum32, n_tok, n_super * 4 if has_mins else 0)
+        )
+        if centred:
+            for expert in active:  # names of their own: the prange body's t0, n, t are its threads' own
+                row = starts[expert]
+                while row < starts[expert + 1]:
+                    rows = pass_rows(starts[expert + 1] - row, tokens)
+                    for r in range(row, row + rows if rows < CENTRED_FROM else row):
+                        q6_k_quad_sums(a_flat, r * k, n_super, sum_pairs[r])
+                    row += rows
         n_threads = _iget_num_threads()  # at run time: thread ids lie below it (a cached constant did not)
         all_pairs = np.empty((n_threads, n_super * 8 * TILE_ROWS), np.int32)
         all_min_pairs = np.empty((n_threads, n_super * 4 * TILE_ROWS if has_mins else 0), np.int32)
@@ -142,12 +126,12 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
         shares = n_threads if per_expert % n_threads == 0 else 1
         for item in prange(n_items):
             thread = numba.get_thread_id()
-            e, j = _work_item(item, active, per_expert, shares)
+            e, j = work_item(item, active, per_expert, shares)
             part, tile = j // tiles_per_expert, e * tiles_per_expert + j % tiles_per_expert
             # the next item's tile (this thread's next, but at the end of its range), fetched during this one's
             # first pass: a decode step's experts have a few rows each, too little work per tile for the
             # hardware's prefetcher to hide the memory's latency
-            next_e, next_j = _work_item(
+            next_e, next_j = work_item(
                 min(np.int64(item) + np.int64(1), np.int64(n_items - 1)), active, per_expert, shares
             )
             next_part = next_j // tiles_per_expert
@@ -167,6 +151,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     sub_scales1[tile],
                 )
             pairs, min_pairs, spill = all_pairs[thread], all_min_pairs[thread], all_spill[thread]
+            tile_starts = tile_mins.view(np.int32)  # Q6_K's row starts where centred (superblock_tiles.py)
             for sb in range(n_super):
                 if has_mins:
                     k4_tile_pairs(
@@ -181,23 +166,12 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
             while t0 < end:
                 # this pass's rows: an expert's run is a few rows in a decode step, so 8 and 4 between `tokens`
                 # and 2 (a row's bits are the same in any pass)
-                left = end - t0
-                n = (
-                    tokens
-                    if left >= tokens
-                    else 8
-                    if left >= 8 and tokens > 8
-                    else 4
-                    if left >= 4 and tokens > 4
-                    else 2
-                    if left >= 2
-                    else 1
-                )
+                n = pass_rows(end - t0, tokens)
                 acc[: n * TILE_ROWS] = 0  # this pass's rows only
                 acc_mins[: n * TILE_ROWS] = 0
                 for sb in range(n_super):
                     if t0 == starts[e]:
-                        _prefetch_superblock(
+                        prefetch_superblock(
                             flat_quants0 if next_part == 0 else flat_quants1,
                             next_tile * tile_bytes + 8 * sb * lane_bytes,
                             8 * lane_bytes,
@@ -205,7 +179,13 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                             next_tile * sub_bytes + sb * (sub_bytes // n_super),
                             sub_bytes // n_super,
                         )
-                    isums[: sets * n * TILE_ROWS] = 0
+                    if centred and n >= CENTRED_FROM:  # the first set of each row's sums begins at the row's start
+                        row_start = load16(tile_starts, TILE_ROWS * sb)
+                        for t in range(n):
+                            store16(isums, TILE_ROWS * t, row_start)
+                        isums[n * TILE_ROWS : sets * n * TILE_ROWS] = 0
+                    else:
+                        isums[: sets * n * TILE_ROWS] = 0
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
@@ -424,7 +404,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                                     w_at,
                                     pairs,
                                     p_at,
-                                    a_flat,
+                                    a_dots,
                                     a_at,
                                     k,
                                     isums,
@@ -442,7 +422,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                                     w_at,
                                     pairs,
                                     p_at,
-                                    a_flat,
+                                    a_dots,
                                     a_at,
                                     k,
                                     isums,
@@ -498,7 +478,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     for t in range(n):
                         at = TILE_ROWS * t
                         total = load16(isums, at)
-                        if not has_mins and not natural:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
+                        if centred and n < CENTRED_FROM:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
                             total = total - 32 * mins_dot(pairs, p_at, sum_pairs[t0 + t], 8 * sb, bits, 8)
                         store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
                     if has_mins:

@@ -36,10 +36,10 @@ mins, outside the values' order, two uint16 a row and super-block holding an int
 sub_scales[tile, (SUB * sb + i) * 16 + r] byte i of the row's sub-block scales as the file stores them:
 Q4_K's and Q5_K's 12 bytes packing 8 6-bit scales and 8 6-bit mins (SUB = 12; the kernel unpacks a
 super-block's for all 16 rows at once, tile_kernels._unpack_k4_scales), Q6_K's 16 int8 scales (SUB = 16).
-So a tile takes exactly the file's bytes. Q6_K's values go into the dots unsigned (0..63); what their offset
-of 32 takes off, 32 x the sum of sc x (the activations' 16-value sums), the grouped kernel computes per token from
-those sums (grouped_superblocks.py); tiles_k centres them instead (Q6_K's mins above). Rows past the matrix's end fill
-the last tile with zeros (their row starts 0 too: zero scales).
+So a tile takes exactly the file's bytes. Q6_K's values go into tiles_k's dots centred, q - 32 (Q6_K's mins
+above), as into the grouped kernel's (grouped_superblocks.py) in passes of 8 rows or more; in its smaller passes
+they go in unsigned (0..63) and their offset of 32, 32 x the sum of sc x (the activations' 16-value sums), comes off
+per row. Rows past the matrix's end fill the last tile with zeros (their row starts 0 too: zero scales).
 """
 
 from __future__ import annotations

@@ -1,0 +1,57 @@
+"""The grouped K-quant kernel's small pieces (grouped_superblocks.py): which (expert, tile) a work item is, how
+many rows an expert's next pass takes, where Q6_K runs centred, a row's Q6_K quad sums, a tile's prefetch."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from miro.core.kernels.simd import prefetch
+
+
+@numba.njit(inline="always")
+def work_item(item, active, per_expert, shares):
+    """Work item `item`'s (expert, j), j its tile among the expert's per_expert: the items in `shares` equal ranges,
+    range h every active expert's j from h x per_expert / shares up to the next range's, expert by expert."""
+    per_share = per_expert // shares
+    share_items = active.shape[0] * per_share
+    within = np.int64(item) % share_items
+    return active[within // per_share], (np.int64(item) // share_items) * per_share + within % per_share
+
+
+@numba.njit(inline="always")
+def prefetch_superblock(quants, at, n_bytes, sub_scales, sub_at, sub_n):
+    """Ask for the cache lines of a tile's super-block: its quants (n_bytes from at) and its sub-block scales (sub_n
+    bytes from sub_at). (Its rows' scales and mins too, 2 lines more: measured slower at 256 rows.)"""
+    for offset in range(0, n_bytes, 64):
+        prefetch(quants, at + offset)
+    for offset in range(0, sub_n, 64):
+        prefetch(sub_scales, sub_at + offset)
+
+
+# Q6_K by vpmaddubsw runs centred (tile_kernels.tiles_k's scheme) in passes of this many rows or more: there its
+# per-call cost (q - 32 per weight vector) is shared by enough rows to beat the per-row offset it saves (one Xeon
+# core, AVX2 emulation, qwen3moe's down experts at 256 rows: 1.06-1.12x; at 1 and 4 rows a pass 0.97-1.0x)
+CENTRED_FROM = 8
+
+
+@numba.njit(inline="always")
+def pass_rows(left, tokens):
+    """The rows of an expert's next pass with `left` rows to go: `tokens`, then 8 and 4 between `tokens` and 2 (an
+    expert's run is a few rows in a decode step; a row's bits are the same in any pass), 2, then 1."""
+    if left >= tokens:
+        return tokens
+    return 8 if left >= 8 and tokens > 8 else 4 if left >= 4 and tokens > 4 else 2 if left >= 2 else 1
+
+
+@numba.njit(inline="always")
+def q6_k_quad_sums(a_flat, at, n_super, out):
+    """out[j]: a row's sums of bytes 0, 1 (low int16) and 2, 3 (high) of its quads j (Q6_K's 16-value sub-blocks in
+    the tiles' quad order, superblock_tiles.py), the row's values from a_flat[at], for mins_dot against the scales."""
+    for j in range(n_super * 8):
+        low = np.int32(0)
+        high = np.int32(0)
+        for lane in range(8):
+            low += np.int32(a_flat[at + 32 * j + 4 * lane]) + np.int32(a_flat[at + 32 * j + 4 * lane + 1])
+            high += np.int32(a_flat[at + 32 * j + 4 * lane + 2]) + np.int32(a_flat[at + 32 * j + 4 * lane + 3])
+        out[j] = (low & 0xFFFF) | (high << 16)
