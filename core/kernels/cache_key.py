@@ -21,6 +21,7 @@ _HELPER_MODULES = (
     "quant_blocks.py",
     "tiles.py",
     "superblock_tiles.py",
+    "q6_k_row.py",
     "attention_blocks.py",
     "attention_items.py",
 )
