@@ -22,6 +22,7 @@ _HELPER_MODULES = (
     "tiles.py",
     "superblock_tiles.py",
     "grouped_passes.py",
+    "q6_k_row.py",
     "attention_blocks.py",
     "attention_items.py",
 )

@@ -27,7 +27,8 @@ int8_dots.superblock_unit_vnni builds the sums by vpdpbusd (superblock_tiles.nat
 superblock_tile_sum by vpmaddubsw. A tile's scale pairs and mins are unpacked once per call, not per
 pass. The rows past the last full pass take passes of 8 and 4 on 256-bit tiers (mid_passes), then 2, then 1 (no
 padding: one row costs one row's dots), in the same call; a row's bits are the same in any pass. Passes of 1, and of
-2 on 256-bit tiers, call superblock_tile_sum with constant units, their shifts immediate.
+2 on 256-bit tiers, call superblock_tile_sum with constant units, their shifts immediate; Q6_K's passes of 1 on the
+vpmaddubsw tiers q6_k_row.py's sums instead (its values unsigned: no - 32 a quad).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from miro.core.kernels.int8_dots import (
     tile_dot,
     tile_signed_bytes,
 )
+from miro.core.kernels.q6_k_row import q6_k_row_sum, q6_k_sum_pairs
 from miro.core.kernels.quant_blocks import (
     BLOCK32_TYPES,
     HAS_MIN,
@@ -277,6 +279,8 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     natural = natural_order(qtype, tier)
     signed_q6 = natural and not has_mins
     centred = not natural and not has_mins  # Q6_K by vpmaddubsw: q - 32 against the activations + 128 (a_dots)
+    if centred and tokens % 2:
+        raise ValueError("tiles_k: Q6_K's lone row (q6_k_row.py) takes passes of an even row count")
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     mid = len(mid_passes(qtype, tier)) > 0  # passes of 8 and 4 between `tokens` and 2
@@ -322,6 +326,9 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         # Q4_K, Q5_K: int16 pairs of the activations' sums of sub-blocks 2 j and 2 j + 1 (|sum| <= 32 x 127), for
         # vpmaddwd against the pairs of mins, [token][super-block][j < 4]; Q6_K leaves no offset to take off
         sum_pairs = sub_block_sum_pairs(sum32, n_tok, n_super * 4 if has_mins else 0)
+        # centred Q6_K's pass of one row (q6_k_row.py: its values unsigned, the offset off by the activations' 16-value
+        # sums): an odd row count's last row, the passes before it all even
+        lone_sums = q6_k_sum_pairs(a, n_tok - 1, k) if centred and n_tok % 2 else np.empty(0, np.int32)
         pairs_per_super = 4 if has_mins else 8
         # each thread's scratch, allocated once per call rather than once per tile (a tile's work at one activation
         # row is a few microseconds)
@@ -366,7 +373,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                 acc[: n * TILE_ROWS] = 0  # this pass's rows only
                 acc_mins[: n * TILE_ROWS] = 0
                 for sb in range(n_super):
-                    if centred:  # the first set of each row's sums begins at the row's start
+                    if centred and n > 1:  # the first set of each row's sums begins at the row's start
                         starts = load16(tile_starts, TILE_ROWS * sb)
                         for t in range(n):
                             store16(isums, TILE_ROWS * t, starts)
@@ -523,6 +530,8 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 qtype,
                                 1,
                             )
+                    elif n == 1 and centred:
+                        q6_k_row_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, lone_sums, 8 * sb, isums, bits, vnni)
                     elif n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
