@@ -11,9 +11,8 @@ scales go into the weights instead, split into two digits small enough to fit a 
 
 - Q4_K: sc (< 64) = 16 hi + lo, q x lo <= 15 x 15 and q x hi <= 15 x 3; Q5_K: sc = 8 hi + lo, q x lo and q x hi
   <= 31 x 7 (unsigned, TDPBSUD), so sum q sc a = 2^shift C_hi + C_lo; the mins' sum, sum over sub-blocks of
-  m_j x (the activations' 32-value sum j), in the float steps by the integers of tiles_k's int8_dots.mins_dot (here
-  a chain of vpdpwssd on the super-block's mins loaded once per 16 tokens: 1.1x the kernel's speed on Q4_K; as a
-  third AMX product against weights m_j(v) it cost a third more tile work and B tiles than these vpmaddwd);
+  m_j x (the activations' 32-value sum j), by int8_dots.mins_dot in the float steps, as tiles_k (as a third AMX
+  product against weights m_j(v) it cost a third more tile work and B tiles than these vpmaddwd);
 - Q6_K: the product w = (q - 32) sc itself (|w| <= 4096) = 256 hi + lo, lo its low byte (unsigned, TDPBSUD),
   hi its high one (signed, TDPBSSD), so sum (q - 32) sc a = 256 C_hi + C_lo (tiles_k's Q6_K sum, offset
   included). (Three base-8 digits of sc, each times q - 32, took 12 products and half again the vector work.)
@@ -45,8 +44,9 @@ from miro.core.kernels.amx import tile_zero
 from miro.core.kernels.amx_tiles import ROWS, _aligned, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
+from miro.core.kernels.int8_dots import mins_dot
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
-from miro.core.kernels.simd import int32x16, load16, load16_f16, splat, store16, to_float
+from miro.core.kernels.simd import load16, load16_f16, store16, to_float
 from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, sub_block_sum_pairs
 from miro.core.kernels.tile_kernels import _store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
@@ -84,8 +84,6 @@ def amx_tiles_k(qtype: int, tier: Tier):
         c_tile = ROWS * TILE_ROWS
         packed = _a_tiles(a, n_tok)
         sum_pairs = sub_block_sum_pairs(sum32, n_tok, sum32.shape[1] // 2 if has_mins else 0)
-        n_pairs = sum_pairs.shape[1]
-        flat_pairs = sum_pairs.reshape(sum_pairs.size)  # [token][pair]
         parts = max(1, min(threads, n_tiles))
         # each part's scratch; the tiles' buffers on cache lines (a tile row of 64 bytes in one line, not two)
         scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 2 * 2 * c_tile
@@ -145,8 +143,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
                                     scale_row,
                                     min_row,
                                     min_pairs,
-                                    flat_pairs,
-                                    n_pairs,
+                                    sum_pairs,
                                     d,
                                     shift,
                                     has_mins,
@@ -165,8 +162,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
                             scale_row,
                             min_row,
                             min_pairs,
-                            flat_pairs,
-                            n_pairs,
+                            sum_pairs,
                             d,
                             shift,
                             has_mins,
@@ -243,14 +239,11 @@ def _product(c, a, b, unsigned):
 
 
 @njit(inline="always")
-def _float_steps(
-    sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, min_pairs, flat_pairs, n_pairs, d, shift, has_mins
-):
+def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, min_pairs, sum_pairs, d, shift, has_mins):
     """tiles_k's float steps of super-block sb for tokens g.. g + 15 (in acc from t0) from their C tiles in `sums`
     buffer `buffer`:
-    the integer sum 2^shift C_hi + C_lo (Q6_K's shift 8); Q4_K's, Q5_K's (has_mins) mins' sum by _mins_dot_vnni, from
-    min_pairs (k4_tile_pairs', super-block sb's at 64 (sb % 2)) and the token's pairs in flat_pairs ([token][pair],
-    n_pairs a token). (Unsigned token indices: no negative-index wraparound.)"""
+    the integer sum 2^shift C_hi + C_lo (Q6_K's shift 8); Q4_K's, Q5_K's (has_mins) mins' sum by mins_dot, from min_pairs (k4_tile_pairs', super-block sb's at
+    64 (sb % 2)) and the token's sum_pairs. (Unsigned token indices: no negative-index wraparound.)"""
     c_tile = ROWS * TILE_ROWS
     base = 2 * c_tile * buffer
     dw = load16_f16(scale_row, TILE_ROWS * sb)
@@ -261,35 +254,11 @@ def _float_steps(
         store16(acc, row, load16(acc, row) + (dw * d[np.uint64(g + t), sb]) * to_float(total))
     if has_mins:
         dmin = load16_f16(min_row, TILE_ROWS * sb)
-        m_at = 4 * TILE_ROWS * (sb % 2)  # the super-block's 4 vectors of mins' pairs, loaded once for the 16 tokens
-        m0, m1 = load16(min_pairs, m_at), load16(min_pairs, m_at + TILE_ROWS)
-        m2, m3 = load16(min_pairs, m_at + 2 * TILE_ROWS), load16(min_pairs, m_at + 3 * TILE_ROWS)
         for t in range(ROWS):
+            at = TILE_ROWS * t
             row = TILE_ROWS * (g - t0 + t)
-            sum_mins = _mins_dot_vnni(m0, m1, m2, m3, flat_pairs, (g + t) * n_pairs + 4 * sb)
+            sum_mins = mins_dot(min_pairs, 4 * TILE_ROWS * (sb % 2), sum_pairs[np.uint64(g + t)], 4 * sb, 512, 4)
             store16(acc_mins, row, load16(acc_mins, row) + (dmin * d[np.uint64(g + t), sb]) * to_float(sum_mins))
-
-
-@intrinsic
-def _mins_dot_vnni(typingctx, m0, m1, m2, m3, sum_pairs, at):
-    """int8_dots.mins_dot's 4 pairs (Q4_K's, Q5_K's mins) by a chain of vpdpwssd (AMX CPUs have AVX512_VNNI): lane r
-    = sum over j < 4 of the int16 pair m_j[r] times the pair sum_pairs[at + j]; the same integers as its vpmaddwd and
-    vpaddd, with the mins' vectors given (loaded once for 16 tokens) rather than loaded for each."""
-    sig = int32x16(int32x16, int32x16, int32x16, int32x16, sum_pairs, types.intp)
-
-    def codegen(context, builder, signature, args):
-        i64, d16 = ir.IntType(64), ir.VectorType(ir.IntType(32), 16)
-        data = context.make_array(signature.args[4])(context, builder, args[4]).data
-        dot = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(d16, [d16] * 3), "llvm.x86.avx512.vpdpwssd.512"
-        )
-        total = ir.Constant(d16, [0] * 16)
-        for j in range(4):
-            pair = builder.load(builder.gep(data, [builder.add(args[5], ir.Constant(i64, j))]))
-            total = builder.call(dot, [total, args[j], splat(builder, pair, d16)])
-        return total
-
-    return sig, codegen
 
 
 @intrinsic(prefer_literal=True)
