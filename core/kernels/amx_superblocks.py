@@ -20,10 +20,8 @@ scales go into the weights instead, split into two digits small enough to fit a 
 Per tile of 16 weight rows and super-block its two B-tile sets (2 x 4 KB, `digit_tiles`: vpmullw on byte pairs;
 `q6_k_digit_tiles`: vpmaddubsw and a byte shuffle per digit) are made once, then used by every 16 activation rows
 (A: the Q8_K activations, repacked once per call so that each A tile's 16 rows of 64 bytes lie in a row): 8
-TDPBxxD over the super-block's 4 chunks of 64 values and 2 tile stores, for two groups of 16 tokens side by side
-(each B tile load serves both, and neither group's chain of 4 products into one C tile waits alone: 1.2-1.3x
-the speed of one group at a time); a product later (its stores' latency behind the next), per token, a shift and
-an add and the float steps. Rows past the last multiple of 16, and calls of fewer than the table's `amx_from` rows (32), whose
+TDPBxxD over the super-block's 4 chunks of 64 values and 2 tile stores; a product later (its stores' latency
+behind the next), per token, a shift and an add and the float steps. Rows past the last multiple of 16, and calls of fewer than the table's `amx_from` rows (32), whose
 digits would be made for too few tokens to pay, are tiles_k's (Linear._matmul_superblocks).
 """
 
@@ -81,12 +79,14 @@ def amx_tiles_k(qtype: int, tier: Tier):
         n_super = k // 256
         n_tiles = quants.shape[0]
         a_stride = np.int64(k)
+        w_stride = np.int64(64)
+        c_stride = np.int64(TILE_ROWS * 4)
         c_tile = ROWS * TILE_ROWS
         packed = _a_tiles(a, n_tok)
         sum_pairs = sub_block_sum_pairs(sum32, n_tok, sum32.shape[1] // 2 if has_mins else 0)
         parts = max(1, min(threads, n_tiles))
         # each part's scratch; the tiles' buffers on cache lines (a tile row of 64 bytes in one line, not two)
-        scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 2 * 2 * c_tile
+        scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 2 * c_tile
         all_scratch = _aligned(parts * scratch_bytes)
         all_pairs = np.empty((parts, 3, 4 * TILE_ROWS), np.int32)
         all_acc = np.empty((parts, 2, TOKEN_BLOCK * TILE_ROWS), np.float32)
@@ -95,8 +95,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
             first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
             scratch = all_scratch[part * scratch_bytes : (part + 1) * scratch_bytes]
             digits = scratch[: 2 * DIGIT_BYTES]  # two super-blocks' B tiles, in turn
-            # two products' C tiles, in turn, [token][row]: each of one or two token groups, two tiles a group
-            sums = scratch[2 * DIGIT_BYTES :].view(np.int32)
+            sums = scratch[2 * DIGIT_BYTES :].view(np.int32)  # two products' two C tiles, in turn, [token][row]
             # Q4_K's, Q5_K's (k4_tile_pairs); the mins' of two super-blocks in turn (their float steps lag a product)
             pairs, min_pairs = all_pairs[part, 0], all_pairs[part, 1:].reshape(8 * TILE_ROWS)
             acc = all_acc[part, 0]  # a block of tokens' float sums, [token][row]
@@ -111,7 +110,6 @@ def amx_tiles_k(qtype: int, tier: Tier):
                     acc[:] = 0
                     acc_mins[:] = 0
                     done = 0  # products made: the one before is scaled after each
-                    before, before_groups, before_sb = t0, 0, 0
                     for sb in range(n_super):  # a super-block's B tiles stay in L1 over the token groups
                         w_at = np.int64(DIGIT_BYTES * (sb % 2))
                         if has_mins:
@@ -119,25 +117,27 @@ def amx_tiles_k(qtype: int, tier: Tier):
                             digit_tiles(tile_quants, 8 * lane_bytes * sb, pairs, digits, w_at, qtype, shift)
                         else:
                             q6_k_digit_tiles(tile_quants, 8 * lane_bytes * sb, tile_sub_scales, 256 * sb, digits, w_at)
-                        for g in range(t0, t1, 2 * ROWS):  # a product: two groups of 16 tokens (one at the end)
-                            _products(
-                                packed,
-                                digits,
-                                sums,
-                                np.int64(g) * a_stride + 4096 * sb,
-                                w_at,
-                                done % 2,
-                                g + ROWS < t1,
-                                a_stride,
-                                has_mins,
-                            )
-                            for member in range(before_groups):  # the product before: its float steps
+                        for g in range(t0, t1, ROWS):  # its two products for 16 tokens, in buffer `done % 2`
+                            a_at = np.int64(g) * a_stride + 4096 * sb
+                            c_at = np.int64(4 * 2 * c_tile * (done % 2))
+                            tile_zero(0)
+                            tile_zero(1)
+                            for c in range(4):
+                                tile_load(3, packed, a_at + 1024 * c, w_stride)
+                                tile_load(4, digits, w_at + 1024 * c, w_stride)
+                                tile_dpbsud(0, 3, 4)  # low digits: unsigned
+                                tile_load(5, digits, w_at + UNPACKED + 1024 * c, w_stride)
+                                _product(1, 3, 5, has_mins)  # high: Q6_K's signed
+                            tile_store(0, sums, c_at, c_stride)
+                            tile_store(1, sums, c_at + 4 * c_tile, c_stride)
+                            if done:  # the product before: its float steps (its stores' latency behind this one)
+                                before, before_sb = (g - ROWS, sb) if g > t0 else (t1 - ROWS, sb - 1)
                                 _float_steps(
                                     sums,
-                                    2 * ((done - 1) % 2) + member,
+                                    (done - 1) % 2,
                                     acc,
                                     acc_mins,
-                                    before + ROWS * member,
+                                    before,
                                     t0,
                                     before_sb,
                                     scale_row,
@@ -148,25 +148,23 @@ def amx_tiles_k(qtype: int, tier: Tier):
                                     shift,
                                     has_mins,
                                 )
-                            before, before_groups, before_sb = g, 1 + (g + ROWS < t1), sb
                             done += 1
-                    for member in range(before_groups):
-                        _float_steps(
-                            sums,
-                            2 * ((done - 1) % 2) + member,
-                            acc,
-                            acc_mins,
-                            before + ROWS * member,
-                            t0,
-                            before_sb,
-                            scale_row,
-                            min_row,
-                            min_pairs,
-                            sum_pairs,
-                            d,
-                            shift,
-                            has_mins,
-                        )
+                    _float_steps(
+                        sums,
+                        (done - 1) % 2,
+                        acc,
+                        acc_mins,
+                        t1 - ROWS,
+                        t0,
+                        n_super - 1,
+                        scale_row,
+                        min_row,
+                        min_pairs,
+                        sum_pairs,
+                        d,
+                        shift,
+                        has_mins,
+                    )
                     n0 = tile * TILE_ROWS
                     for t in range(t0, t1):
                         at = TILE_ROWS * (t - t0)
@@ -192,41 +190,6 @@ def _a_tiles(a, n_tok):
             for i in range(8):
                 packed[at + 128 * chunk + i] = words[8 * chunk + i]
     return packed.view(np.int8)
-
-
-@njit(inline="always")
-def _products(packed, digits, sums, a_at, w_at, buffer, two, a_stride, has_mins):
-    """A super-block's two products (low and high digits) for the 16 tokens whose A tiles start at packed[a_at:],
-    and with `two` the 16 after them, into tmm0, tmm1 and tmm2, tmm6, stored to sums' buffer `buffer` (a group's
-    two C tiles, then the second group's). The second group's products share each B tile load and run beside the
-    first's: a tile product waits for the one before into its C tile, so one group's 4 in a row leave the tile
-    unit idle between them."""
-    w_stride = np.int64(64)
-    c_tile = ROWS * TILE_ROWS
-    c_stride = np.int64(TILE_ROWS * 4)
-    c_at = np.int64(4 * 4 * c_tile * buffer)
-    tile_zero(0)
-    tile_zero(1)
-    if two:
-        tile_zero(2)
-        tile_zero(6)
-    for c in range(4):
-        tile_load(3, packed, a_at + 1024 * c, w_stride)
-        if two:
-            tile_load(7, packed, a_at + ROWS * a_stride + 1024 * c, w_stride)
-        tile_load(4, digits, w_at + 1024 * c, w_stride)
-        tile_dpbsud(0, 3, 4)  # low digits: unsigned
-        if two:
-            tile_dpbsud(2, 7, 4)
-        tile_load(5, digits, w_at + UNPACKED + 1024 * c, w_stride)
-        _product(1, 3, 5, has_mins)  # high: Q6_K's signed
-        if two:
-            _product(6, 7, 5, has_mins)
-    tile_store(0, sums, c_at, c_stride)
-    tile_store(1, sums, c_at + 4 * c_tile, c_stride)
-    if two:
-        tile_store(2, sums, c_at + 8 * c_tile, c_stride)
-        tile_store(6, sums, c_at + 12 * c_tile, c_stride)
 
 
 @njit(inline="always")

@@ -60,8 +60,7 @@ K_QUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
 @pytest.mark.parametrize(("n_rows", "k", "n"), [(16, 512, 40), (32, 768, 48), (48, 256, 16), (160, 1024, 32)])
 def test_amx_gives_the_k_quant_tile_kernels_bits(qtype, n_rows, k, n):
     """Random bytes: every sub-block scale (Q4_K's, Q5_K's 6-bit ones up to 63, Q6_K's int8 ones from -128) and
-    value; 32 rows: one product of two groups of 16 tokens side by side, 16 and 48 rows: a group alone (48: after a
-    pair); 160 rows: more than one block of amx_superblocks.TOKEN_BLOCK rows."""
+    value; 160 rows: more than one block of amx_superblocks.TOKEN_BLOCK rows."""
     tensor = random_tensor(qtype, n, k, seed=n_rows)
     layer = Linear(tensor, tier="avx512-vnni")
     x = activations(n_rows, k, seed=int(qtype))
