@@ -23,7 +23,13 @@ from miro.core.kernels.int8_dots import (
 )
 from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float
-from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order, sub_block_sum_pairs
+from miro.core.kernels.superblock_tiles import (
+    LANE_BYTES,
+    begin_sums,
+    k4_tile_pairs,
+    natural_order,
+    sub_block_sum_pairs,
+)
 from miro.core.kernels.tile_kernels import (
     _q6_k_scale_pairs,
     _store_tile_row,
@@ -179,13 +185,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                             next_tile * sub_bytes + sb * (sub_bytes // n_super),
                             sub_bytes // n_super,
                         )
-                    if centred and n >= CENTRED_FROM:  # the first set of each row's sums begins at the row's start
-                        row_start = load16(tile_starts, TILE_ROWS * sb)
-                        for t in range(n):
-                            store16(isums, TILE_ROWS * t, row_start)
-                        isums[n * TILE_ROWS : sets * n * TILE_ROWS] = 0
-                    else:
-                        isums[: sets * n * TILE_ROWS] = 0
+                    begin_sums(isums, tile_starts, sb, n, sets, centred and n >= CENTRED_FROM)
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb

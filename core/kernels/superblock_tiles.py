@@ -51,6 +51,7 @@ from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K
+from miro.core.kernels.simd import load16, store16
 from miro.core.kernels.tiles import TILE_ROWS, Tiles
 
 LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64}  # a tile's bytes of quants per super-block and lane
@@ -149,6 +150,19 @@ def sub_block_sum_pairs(sum32, n_tok, n_pairs):
         for j in range(n_pairs):
             pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
     return pairs
+
+
+@njit(inline="always")
+def begin_sums(isums, tile_starts, sb, n, sets, from_starts):
+    """Zero a pass's int32 sums (`sets` sets of n rows x 16) for super-block sb; where from_starts (Q6_K centred),
+    each row's first set begins at the row's start the repack stores in the tile's mins."""
+    if from_starts:
+        starts = load16(tile_starts, TILE_ROWS * sb)
+        for t in range(n):
+            store16(isums, TILE_ROWS * t, starts)
+        isums[n * TILE_ROWS : sets * n * TILE_ROWS] = 0
+    else:
+        isums[: sets * n * TILE_ROWS] = 0
 
 
 @njit(inline="always")

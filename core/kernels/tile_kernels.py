@@ -74,7 +74,13 @@ from miro.core.kernels.simd import (
     to_float,
     zeros16,
 )
-from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, natural_order, sub_block_sum_pairs
+from miro.core.kernels.superblock_tiles import (
+    LANE_BYTES,
+    begin_sums,
+    k4_tile_pairs,
+    natural_order,
+    sub_block_sum_pairs,
+)
 from miro.core.kernels.tiles import TILE_ROWS, quant_bytes
 
 
@@ -373,13 +379,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                 acc[: n * TILE_ROWS] = 0  # this pass's rows only
                 acc_mins[: n * TILE_ROWS] = 0
                 for sb in range(n_super):
-                    if centred and n > 1:  # the first set of each row's sums begins at the row's start
-                        starts = load16(tile_starts, TILE_ROWS * sb)
-                        for t in range(n):
-                            store16(isums, TILE_ROWS * t, starts)
-                        isums[n * TILE_ROWS : sets * n * TILE_ROWS] = 0
-                    else:
-                        isums[: sets * n * TILE_ROWS] = 0
+                    begin_sums(isums, tile_starts, sb, n, sets, centred and n > 1)
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
