@@ -42,16 +42,3 @@ def pass_rows(left, tokens):
     if left >= tokens:
         return tokens
     return 8 if left >= 8 and tokens > 8 else 4 if left >= 4 and tokens > 4 else 2 if left >= 2 else 1
-
-
-@numba.njit(inline="always")
-def q6_k_quad_sums(a_flat, at, n_super, out):
-    """out[j]: a row's sums of bytes 0, 1 (low int16) and 2, 3 (high) of its quads j (Q6_K's 16-value sub-blocks in
-    the tiles' quad order, superblock_tiles.py), the row's values from a_flat[at], for mins_dot against the scales."""
-    for j in range(n_super * 8):
-        low = np.int32(0)
-        high = np.int32(0)
-        for lane in range(8):
-            low += np.int32(a_flat[at + 32 * j + 4 * lane]) + np.int32(a_flat[at + 32 * j + 4 * lane + 1])
-            high += np.int32(a_flat[at + 32 * j + 4 * lane + 2]) + np.int32(a_flat[at + 32 * j + 4 * lane + 3])
-        out[j] = (low & 0xFFFF) | (high << 16)

@@ -13,7 +13,7 @@ from numba import prange
 
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
-from miro.core.kernels.grouped_passes import CENTRED_FROM, pass_rows, prefetch_superblock, q6_k_quad_sums, work_item
+from miro.core.kernels.grouped_passes import CENTRED_FROM, pass_rows, prefetch_superblock, work_item
 from miro.core.kernels.int8_dots import (
     lanes_per_call,
     mins_dot,
@@ -21,6 +21,7 @@ from miro.core.kernels.int8_dots import (
     superblock_tile_sum,
     superblock_unit_vnni,
 )
+from miro.core.kernels.q6_k_row import q6_k_quad_sums
 from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float
 from miro.core.kernels.superblock_tiles import (

@@ -29,20 +29,26 @@ from miro.core.kernels.quant_blocks import Q6_K
 from miro.core.kernels.simd import splat
 
 
+@njit(inline="always")
+def q6_k_quad_sums(a_flat, at, n_super, out):
+    """out[j]: a row's sums of bytes 0, 1 (low int16) and 2, 3 (high) of its quads j (Q6_K's 16-value sub-blocks in
+    the tiles' quad order, superblock_tiles.py), the row's values from a_flat[at], for mins_dot against the scales."""
+    for j in range(n_super * 8):
+        low = np.int32(0)
+        high = np.int32(0)
+        for lane in range(8):
+            low += np.int32(a_flat[at + 32 * j + 4 * lane]) + np.int32(a_flat[at + 32 * j + 4 * lane + 1])
+            high += np.int32(a_flat[at + 32 * j + 4 * lane + 2]) + np.int32(a_flat[at + 32 * j + 4 * lane + 3])
+        out[j] = (low & 0xFFFF) | (high << 16)
+
+
 @njit(cache=True)
 def q6_k_sum_pairs(a, row, k):
     """Row `row` of quad-order activations a (T, K) int8 (quantize_activations.quantize_q8_k_quads) as int16 pairs
     of 16-value sums, one int32 per super-block sb and quad Q = 2 c + h at 8 sb + Q: the sums of sub-blocks
     4 c + h (low) and 4 c + 2 + h (high), those that quad's bytes 0, 1 and 2, 3 lie in (|sum| <= 16 x 128)."""
     pairs = np.empty(k // 32, np.int32)
-    for quad in range(k // 32):
-        low = np.int32(0)
-        high = np.int32(0)
-        for lane in range(8):
-            at = 32 * quad + 4 * lane
-            low += np.int32(a[row, at]) + np.int32(a[row, at + 1])
-            high += np.int32(a[row, at + 2]) + np.int32(a[row, at + 3])
-        pairs[quad] = (low & 0xFFFF) | (high << 16)
+    q6_k_quad_sums(a[row], 0, k // 256, pairs)
     return pairs
 
 
