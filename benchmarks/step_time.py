@@ -5,16 +5,18 @@
 
 The engine runs as configured (defaults: batch-invariant f32 weights). The parts are timed by wrapping, for
 this script only, the functions the forward pass and the engine call:
-- GEMMs: every Linear call, against the float32 GEMM roofline: their FLOPs at numpy's sgemm peak
-  (512x576 @ 576x3072, measured here), or the bytes of their weights at the memory bandwidth, whichever
-  is longer;
+- GEMMs: every Linear call, and in a mixture of experts every call of the grouped expert kernels (a step's
+  chosen experts' gate and up in one call, their down in another: layers.moe.GroupedExperts.product, its FLOPs
+  those of the rows each chosen expert takes, its weights the active experts'), against the float32 GEMM
+  roofline: their FLOPs at numpy's sgemm peak (512x576 @ 576x3072, measured here), or the bytes of their
+  weights at the memory bandwidth, whichever is longer;
 - attention: `layers.attention.paged_attention`, against the bytes of K and V it must read at the memory bandwidth
   (a parallel numba sum over 1 GiB, measured here), or its FLOPs at the sgemm peak, whichever is longer;
 - the sampler: `sampler.sample`;
 - the rest (packing the step, norms, RoPE and the KV write, the scheduler, Python): the step's wall time
   less the parts above.
 With native (quantized) weights, each GEMM of the step (its layers grouped by name: attn_q+k+v, attn_output,
-ffn_gate+up, ffn_down, output) is also set against the int8 roofline: its 2 x T x in x out operations at this
+ffn_gate+up, ffn_down, output; a mixture's ffn_gate_exps+ffn_up_exps and ffn_down_exps) is also set against the int8 roofline: its 2 x T x in x out operations at this
 machine's int8 dot peak (int8_peak.py: vpdpbusd on VNNI tiers, vpmaddubsw + vpmaddwd elsewhere, measured here on
 every core), or its weights' bytes at the read bandwidth, whichever is longer. The int8 peak is what the native
 kernels' integer dots could reach; their float steps per block, the unpacking of 4- and 6-bit values and the
@@ -39,6 +41,7 @@ from miro.core.sampling import sampler
 from miro.core.engine import engine as engine_module
 from miro.core.layers import attention as attention_module
 from miro.core.layers import linear as linear_module
+from miro.core.layers import moe as moe_module
 from miro.core.loading.registry import resolve_model
 
 import int8_peak
@@ -89,20 +92,41 @@ class PartTimer:
             t0 = time.perf_counter()
             out = call(layer, x, *args, **kwargs)
             if timer.active:
-                seconds = time.perf_counter() - t0
                 flops = 2.0 * x.shape[0] * layer.in_features * layer.out_features
                 weight_bytes = layer.weight_bytes or layer.in_features * layer.out_features
-                timer.seconds["gemm"] += seconds
-                timer.gemm_flops += flops
-                timer.gemm_weight_bytes += weight_bytes
-                group = gemm_group(layer.name)
-                for i, value in enumerate((seconds, flops, weight_bytes, 1)):
-                    timer.by_gemm[group][i] += value
-                if layer.fmt == "native" and layer.type.name not in ("F32", "F16", "BF16"):
-                    timer.native_gemms.add(group)
+                native = layer.fmt == "native" and layer.type.name not in ("F32", "F16", "BF16")
+                timer.add_gemm(gemm_group(layer.name), time.perf_counter() - t0, flops, weight_bytes, native)
             return out
 
         linear_module.Linear.__call__ = timed_call
+
+    def wrap_experts(self):
+        """The grouped expert kernels' calls (a mixture of experts' gate+up, then down), as GEMMs of their own."""
+        timer, product = self, moe_module.GroupedExperts.product
+
+        def timed_product(experts, first, second, x, source, starts, active):
+            t0 = time.perf_counter()
+            out = product(experts, first, second, x, source, starts, active)
+            if timer.active:
+                parts = 1 if second is first else 2
+                slots = len(source) if source is not None else x.shape[0]
+                flops = 2.0 * slots * first.cols * first.rows * parts
+                n_expert = len(starts) - 1
+                weight_bytes = sum(m.tiles.nbytes for m in {first, second}) * len(active) / n_expert
+                group = "ffn_gate_exps+ffn_up_exps" if parts == 2 else "ffn_down_exps"
+                timer.add_gemm(group, time.perf_counter() - t0, flops, weight_bytes, True)
+            return out
+
+        moe_module.GroupedExperts.product = timed_product
+
+    def add_gemm(self, group: str, seconds: float, flops: float, weight_bytes: float, native: bool) -> None:
+        self.seconds["gemm"] += seconds
+        self.gemm_flops += flops
+        self.gemm_weight_bytes += weight_bytes
+        for i, value in enumerate((seconds, flops, weight_bytes, 1)):
+            self.by_gemm[group][i] += value
+        if native:
+            self.native_gemms.add(group)
 
     def wrap_attention(self, config):
         timer, attend = self, attention_module.paged_attention
@@ -260,6 +284,7 @@ def main() -> None:
     model_path = str(resolve_model(args.model))
     timer = PartTimer()
     timer.wrap_linear()
+    timer.wrap_experts()
     timer.wrap_sampler()
     engine = Engine.from_model(
         model_path,
