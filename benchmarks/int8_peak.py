@@ -6,9 +6,13 @@ A micro-kernel per instruction form (a loop in LLVM IR, run by numba on every co
 thread), its operands in registers: 12 independent int32 accumulators of one vector of the tier's width (512 or
 256 bits) each, per loop trip
 - vpdpbusd (AVX512-VNNI; AVX-VNNI on 256-bit tiers): acc += 4 u8 x s8 products per int32 lane, one instruction;
-- vpmaddubsw + vpmaddwd + vpaddd (AVX2, AVX-512BW without VNNI: ggml's mul_sum_i8_pairs, the kernels' form there):
-  u8 x s8 pairs into int16, pairs of those into int32 by ones, added; the activation operand changes every trip
-  (one vpaddd per operand vector) so that LLVM cannot hoist the loop-invariant products out of the loop.
+- vpmaddubsw + vpmaddwd + vpaddd (AVX2, AVX-512BW without VNNI: ggml's mul_sum_i8_pairs): u8 x s8 pairs into
+  int16, pairs of those into int32 by ones, added; the activation operand changes every trip (one vpaddd per
+  operand vector) so that LLVM cannot hoist the loop-invariant products out of the loop;
+- vpmaddubsw + vpaddw (the same tiers): the pairs added in int16 accumulators, no vpmaddwd. This is the int8
+  kernels' own inner form there (int8_dots.py sums 2 to 8 vpmaddubsw results in int16 before one vpmaddwd by a
+  scale pair or by ones), and the fastest a product can be both made and added on these tiers: vpmaddwd shares
+  vpmaddubsw's two ports, vpaddw has a third. It is the roofline on tiers without VNNI.
 The figure is GOP/s: 2 operations (a multiply and
 an add) per int8 product, the best of --rounds runs of --seconds each (the least disturbed on a shared machine).
 `peaks()` gives the figures to step_time.py's roofline.
@@ -33,17 +37,19 @@ WEIGHTS, ACTIVATIONS = 4, 3  # operand vectors: 12 distinct (weight, activation)
 
 
 @intrinsic(prefer_literal=True)
-def _dot_loop(typingctx, seeds, trips, out, bits, vnni):
+def _dot_loop(typingctx, seeds, trips, out, bits, vnni, words_only):
     """`trips` trips of ACCUMULATORS independent int8 dots, whole in LLVM IR (a loop whose accumulators are
     phi values in registers of the tier's width): accumulator i += the dot of weights w[i % 4] and activations
     x[i // 4], by vpdpbusd (vnni) or vpmaddubsw + vpmaddwd + vpaddd; without VNNI the activations change every
-    trip (+ a step), so that LLVM cannot hoist the loop-invariant products. The operands come from seeds (int32,
+    trip (+ a step), so that LLVM cannot hoist the loop-invariant products; words_only: vpmaddubsw + vpaddw into
+    int16 accumulators instead (the sums wrap: only their instructions count). The operands come from seeds (int32,
     1-D: 4 weight vectors, 3 activation vectors, the step, the start, 16 int32 each); out[0:16] gets the sum of the
-    accumulators (so that the loop is not dead). bits, vnni: compile-time constants."""
-    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni)):
+    accumulators (so that the loop is not dead). bits, vnni, words_only: compile-time constants."""
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, words_only)):
         return None
     width = bits.literal_value // 8
     with_vnni = bool(vnni.literal_value)
+    in_words = bool(words_only.literal_value) and not with_vnni
 
     def codegen(context, builder, signature, args):
         ops = _VectorOps(builder, width)
@@ -80,7 +86,10 @@ def _dot_loop(typingctx, seeds, trips, out, bits, vnni):
                 new_accs.append(ops.call(f"llvm.x86.avx512.vpdpbusd.{ops.suffix}", ops.dwords, [acc, wi, xi]))
             else:
                 words = ops.maddubs(builder.bitcast(wi, ops.bytes), builder.bitcast(xi, ops.bytes))
-                new_accs.append(builder.add(acc, ops.madd(words, ones)))
+                if in_words:
+                    new_accs.append(builder.bitcast(builder.add(builder.bitcast(acc, ops.words), words), ops.dwords))
+                else:
+                    new_accs.append(builder.add(acc, ops.madd(words, ones)))
         next_count = builder.add(count, ir.Constant(i64, 1))
         for phi, value in zip(accs + xs + [count], new_accs + new_xs + [next_count]):
             phi.add_incoming(value, builder.block)
@@ -95,26 +104,31 @@ def _dot_loop(typingctx, seeds, trips, out, bits, vnni):
         builder.store(total, builder.bitcast(out_data, ops.dwords.as_pointer()), align=4)
         return context.get_dummy_value()
 
-    return types.void(seeds, types.intp, out, bits, vnni), codegen
+    return types.void(seeds, types.intp, out, bits, vnni, words_only), codegen
 
 
-def _make_loop(bits: int, vnni: int):
+def _make_loop(bits: int, vnni: int, words_only: int):
     @njit(parallel=True)
     def loop(seeds, trips, out):
         """Each row of seeds one thread's operands; out: its accumulators' sum."""
         for thread in prange(seeds.shape[0]):
-            _dot_loop(seeds[thread], trips, out[thread], bits, vnni)
+            _dot_loop(seeds[thread], trips, out[thread], bits, vnni, words_only)
 
     return loop
 
 
-def peak_gops(vnni: bool, seconds: float = 0.2, rounds: int = 5, threads: int | None = None) -> float:
-    """The best GOP/s (2 per int8 product) of `rounds` runs of the micro-kernel on `threads` threads (default: numba's)."""
+FORMS = {"vpdpbusd": (1, 0), "vpmaddubsw+vpaddw": (0, 1), "vpmaddubsw+vpmaddwd": (0, 0)}  # form -> (vnni, words)
+
+
+def peak_gops(form: str, seconds: float = 0.2, rounds: int = 5, threads: int | None = None) -> float:
+    """The best GOP/s (2 per int8 product) of `rounds` runs of one form's micro-kernel (FORMS) on `threads` threads
+    (default: numba's)."""
     tier = cpu.TIER
+    vnni, words_only = FORMS[form]
     if not tier.int8_dot or (vnni and not tier.has_vnni):
-        raise ValueError(f"the {tier.name} tier has no {'vpdpbusd' if vnni else 'vpmaddubsw'}")
+        raise ValueError(f"the {tier.name} tier has no {form}")
     bits = 512 if tier.vector_bits == 512 else 256
-    loop = _make_loop(bits, int(vnni))
+    loop = _make_loop(bits, vnni, words_only)
     n_threads = threads or numba.get_num_threads()
     seeds = np.random.default_rng(0).integers(0, 64, (n_threads, 144), dtype=np.int32)
     out = np.empty((n_threads, 16), np.int32)
@@ -141,13 +155,16 @@ def _timed(call) -> float:
 
 
 def peaks(seconds: float = 0.2, rounds: int = 5) -> dict[str, float]:
-    """GOP/s by instruction form this tier has: "vpdpbusd" (VNNI tiers) and "vpmaddubsw" (every int8 tier)."""
-    found = {}
-    if cpu.TIER.has_vnni:
-        found["vpdpbusd"] = peak_gops(True, seconds, rounds)
-    if cpu.TIER.int8_dot:
-        found["vpmaddubsw"] = peak_gops(False, seconds, rounds)
-    return found
+    """GOP/s by instruction form this tier has, its roofline first: "vpdpbusd" (VNNI tiers), then
+    "vpmaddubsw+vpaddw" and "vpmaddubsw+vpmaddwd" (every int8 tier)."""
+    return {form: peak_gops(form, seconds, rounds) for form in forms()}
+
+
+def forms() -> list[str]:
+    """The forms this tier has, its roofline first."""
+    if not cpu.TIER.int8_dot:
+        return []
+    return (["vpdpbusd"] if cpu.TIER.has_vnni else []) + ["vpmaddubsw+vpaddw", "vpmaddubsw+vpmaddwd"]
 
 
 def main() -> None:
@@ -161,10 +178,8 @@ def main() -> None:
     tiers.enter(args)
     print(tiers.header(args, with_llama=False))
     for threads in sorted({1, numba.get_num_threads()}):
-        for form, vnni in (("vpdpbusd", True), ("vpmaddubsw", False)):
-            if vnni and not cpu.TIER.has_vnni:
-                continue
-            print(f"{form:>10} {threads} thread(s): {peak_gops(vnni, args.seconds, args.rounds, threads):8.0f} GOP/s")
+        for form in forms():
+            print(f"{form:>20} {threads} thread(s): {peak_gops(form, args.seconds, args.rounds, threads):8.0f} GOP/s")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ this script only, the functions the forward pass and the engine call:
   less the parts above.
 With native (quantized) weights, each GEMM of the step (its layers grouped by name: attn_q+k+v, attn_output,
 ffn_gate+up, ffn_down, output; a mixture's ffn_gate_exps+ffn_up_exps and ffn_down_exps) is also set against the int8 roofline: its 2 x T x in x out operations at this
-machine's int8 dot peak (int8_peak.py: vpdpbusd on VNNI tiers, vpmaddubsw + vpmaddwd elsewhere, measured here on
-every core), or its weights' bytes at the read bandwidth, whichever is longer. The int8 peak is what the native
+machine's int8 dot peak (int8_peak.py: vpdpbusd on VNNI tiers, vpmaddubsw + vpaddw elsewhere, the kernels' own
+inner form there, measured here on every core), or its weights' bytes at the read bandwidth, whichever is longer. The int8 peak is what the native
 kernels' integer dots could reach; their float steps per block, the unpacking of 4- and 6-bit values and the
 activations' quantization come on top, so no kernel meets it.
 All figures come from this one process, in turn; the machine's load average is printed beside them. A ratio
