@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,19 +30,10 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 import tiers  # noqa: E402
+from quant_linear import median_seconds  # noqa: E402
 
 DEFAULT_MODEL = Path.home() / ".cache/miro/bench/qwen3moe-16-1024-16-4-128-64-8-512-32000-q4_k_m.gguf"
 ACTIVE = 8  # experts a row
-
-
-def least_seconds(call, repeats: int) -> float:
-    call()  # compiled, the weights warm
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def routed(n_rows: int, n_expert: int, rng: np.random.Generator):
@@ -123,8 +113,8 @@ def main() -> None:
             }
             for stage, run_grouped in stages.items():
                 same = np.array_equal(run_grouped(), one_by_one(stage))
-                grouped_s = least_seconds(run_grouped, args.repeats)
-                single_s = least_seconds(lambda: one_by_one(stage), args.repeats)
+                grouped_s = median_seconds([run_grouped], args.repeats, "min")
+                single_s = median_seconds([lambda: one_by_one(stage)], args.repeats, "min")
                 macs = len(source) * dim * width * (2 if stage == "gate+up" else 1)
                 print(
                     f"  {layer:<6} {types:<10} {n_rows:>5} {stage:<8} {grouped_s * 1e3:10.3f} {macs / grouped_s / 1e9:7.1f}"
