@@ -20,16 +20,7 @@ from typing import Any, TypedDict
 
 from miro.core import EngineConfig
 from miro.core import SamplingParams as _EngineSamplingParams
-from miro.core.errors import MiroError, RequestError
-
-
-class LLMError(MiroError, ValueError):
-    """An option, field or input the vLLM-compatible API refuses: a ValueError, as vLLM raises, and a MiroError
-    (the CLI's one-sentence errors)."""
-
-
-def _refuse(message: str):
-    raise LLMError(message)
+from miro.core.errors import LLMError, MiroError, RequestError
 
 
 # -- inputs ------------------------------------------------------------------------------------------------
@@ -75,21 +66,23 @@ class StructuredOutputsParams:
     def __post_init__(self):
         given = [name for name in _CONSTRAINTS if getattr(self, name) not in (None, False)]
         if len(given) != 1:
-            _refuse(
+            raise LLMError(
                 f"structured outputs take exactly one of {', '.join(_CONSTRAINTS)}, got "
                 f"{', '.join(given) if given else 'none'}."
             )
         if self.backend not in _BACKENDS:
-            _refuse(
+            raise LLMError(
                 f"miro's structured outputs run on llguidance (vLLM's 'guidance' backend): backend "
                 f"{self.backend!r} is not available."
             )
         if self.disable_additional_properties:
-            _refuse("disable_additional_properties is not supported: say additionalProperties: false in the schema.")
+            raise LLMError(
+                "disable_additional_properties is not supported: say additionalProperties: false in the schema."
+            )
         if self.whitespace_pattern is not None:
-            _refuse("whitespace_pattern is not supported: miro's JSON output has no free whitespace.")
+            raise LLMError("whitespace_pattern is not supported: miro's JSON output has no free whitespace.")
         if self.structural_tag is not None:
-            _refuse("structural_tag is not supported by miro's structured outputs.")
+            raise LLMError("structural_tag is not supported by miro's structured outputs.")
 
     @classmethod
     def from_optional(
@@ -164,13 +157,15 @@ class SamplingParams(_EngineSamplingParams):
         if self.stop_token_ids is None:
             self.stop_token_ids = []
         if self.best_of is not None and self.best_of != self.n:
-            _refuse(f"best_of is not supported (got {self.best_of}): miro returns each of the n choices it samples.")
+            raise LLMError(
+                f"best_of is not supported (got {self.best_of}): miro returns each of the n choices it samples."
+            )
         for name, off, why in _UNSUPPORTED_FIELDS:
             if getattr(self, name) not in off:
-                _refuse(f"SamplingParams.{name} is not supported by miro ({why}).")
+                raise LLMError(f"SamplingParams.{name} is not supported by miro ({why}).")
         if self.guided_decoding is not None:
             if self.structured_outputs is not None:
-                _refuse("give structured_outputs or guided_decoding (its older name), not both.")
+                raise LLMError("give structured_outputs or guided_decoding (its older name), not both.")
             self.structured_outputs, self.guided_decoding = self.guided_decoding, None
         if isinstance(self.structured_outputs, StructuredOutputsParams):
             self.structured_outputs = self.structured_outputs.engine_constraint()
@@ -412,16 +407,16 @@ class LLM:
         self._check_loading(model, tokenizer, tokenizer_mode, skip_tokenizer_init, tensor_parallel_size, quantization)
         weights = _DTYPES.get(str(dtype).removeprefix("torch."), "refused")
         if weights == "refused":
-            _refuse(
+            raise LLMError(
                 f"dtype {dtype!r} is not available in miro: it runs 'auto' (the file's own weight types or a "
                 f"float32 copy, whichever is faster), 'float32' or 'bfloat16' (on CPUs with AVX512_BF16)."
             )
         if weights is not None:
             if options.get("weights", weights) != weights:
-                _refuse(f"dtype={dtype!r} and weights={options['weights']!r} ask for different weight formats.")
+                raise LLMError(f"dtype={dtype!r} and weights={options['weights']!r} ask for different weight formats.")
             config["weights"] = weights
         if seed is not None and (not isinstance(seed, int) or seed < 0):
-            _refuse(f"seed must be a non-negative integer, got {seed!r}.")
+            raise LLMError(f"seed must be a non-negative integer, got {seed!r}.")
         wanted_task = self._task(task, runner, options.pop("convert", "auto"))
         config.update(max_model_len=max_model_len, max_num_seqs=max_num_seqs)
         config.update(self._engine_options(options))
@@ -435,7 +430,7 @@ class LLM:
         if wanted_task is not None:
             refusal = self.engine.refusal(wanted_task)
             if refusal:
-                _refuse(refusal)
+                raise LLMError(refusal)
         self.model = str(model)
         self.seed = seed
         # LLM(seed=s): requests without a seed of their own get one from this stream, so a script's outputs are
@@ -447,18 +442,20 @@ class LLM:
         model, tokenizer, tokenizer_mode, skip_tokenizer_init, tensor_parallel_size, quantization
     ) -> None:
         if tokenizer is not None and str(tokenizer) != str(model):
-            _refuse("miro reads the tokenizer from the GGUF file itself: tokenizer must be left out (or be the model).")
+            raise LLMError(
+                "miro reads the tokenizer from the GGUF file itself: tokenizer must be left out (or be the model)."
+            )
         if tokenizer_mode not in ("auto", "hf"):
-            _refuse(f"tokenizer_mode {tokenizer_mode!r} is not available: miro's tokenizer is the GGUF file's.")
+            raise LLMError(f"tokenizer_mode {tokenizer_mode!r} is not available: miro's tokenizer is the GGUF file's.")
         if skip_tokenizer_init:
-            _refuse("skip_tokenizer_init is not supported: miro's prompts and outputs go through the tokenizer.")
+            raise LLMError("skip_tokenizer_init is not supported: miro's prompts and outputs go through the tokenizer.")
         if tensor_parallel_size != 1:
-            _refuse(
+            raise LLMError(
                 f"tensor_parallel_size must be 1 (got {tensor_parallel_size}): miro runs a model on one "
                 f"machine's CPUs, and more machines are more workers (`miro worker`)."
             )
         if quantization not in (None, "gguf"):
-            _refuse(
+            raise LLMError(
                 f"quantization {quantization!r} is not available: miro runs a GGUF file's own weight types, "
                 f"so quantize the file (quantization may be left out or be 'gguf')."
             )
@@ -467,15 +464,15 @@ class LLM:
     def _task(task: str, runner: str, convert: str) -> str | None:
         """The task asked for ("generate", "embed" or None for the model's own), from vLLM's task/runner."""
         if convert not in ("auto", "none", None):
-            _refuse(f"convert={convert!r} is not available: miro runs a model as its file describes it.")
+            raise LLMError(f"convert={convert!r} is not available: miro runs a model as its file describes it.")
         asked = {_TASKS.get(task, "refused"), _TASKS.get(runner, "refused")} - {None}
         if "refused" in asked:
-            _refuse(
+            raise LLMError(
                 f"task/runner ({task!r}, {runner!r}) is not available: miro generates or embeds "
                 f"(task 'generate' or 'embed', runner 'generate' or 'pooling')."
             )
         if len(asked) > 1:
-            _refuse(f"task {task!r} and runner {runner!r} ask for different things.")
+            raise LLMError(f"task {task!r} and runner {runner!r} ask for different things.")
         return asked.pop() if asked else None
 
     @staticmethod
@@ -489,7 +486,7 @@ class LLM:
                 config[_RENAMED[name]] = value
             elif name == "kv_cache_dtype":
                 if value not in _KV_CACHE_DTYPES:
-                    _refuse(
+                    raise LLMError(
                         f"kv_cache_dtype {value!r} is not available: miro stores K and V as float16 ('auto') "
                         f"or float32."
                     )
@@ -498,7 +495,7 @@ class LLM:
                 config[name] = value
             elif name in _SPECIFIC:
                 if value is not None and not (name in ("swap_space", "cpu_offload_gb") and value == 0):
-                    _refuse(f"{name} is not an option of miro's LLM: {_SPECIFIC[name]}.")
+                    raise LLMError(f"{name} is not an option of miro's LLM: {_SPECIFIC[name]}.")
             else:
                 accepted = sorted(
                     {
@@ -518,7 +515,7 @@ class LLM:
                         *_ENGINE_OPTIONS,
                     }
                 )
-                _refuse(f"miro's LLM has no option {name!r} (it takes {', '.join(accepted)}).")
+                raise LLMError(f"miro's LLM has no option {name!r} (it takes {', '.join(accepted)}).")
         return config
 
     # -- requests ---------------------------------------------------------------------------------------
@@ -542,9 +539,9 @@ class LLM:
         or a list of those; sampling_params one for all or one per prompt. Outputs in prompt order."""
         self._check_task("generate")
         if lora_request is not None:
-            _refuse("lora_request is not supported: miro has no LoRA adapters.")
+            raise LLMError("lora_request is not supported: miro has no LoRA adapters.")
         if priority is not None and any(p != 0 for p in priority):
-            _refuse("priority is not supported by LLM.generate (Engine.add_request takes one).")
+            raise LLMError("priority is not supported by LLM.generate (Engine.add_request takes one).")
         return self._generate(_parse_prompts(prompts), sampling_params, use_tqdm)
 
     def chat(
@@ -571,18 +568,18 @@ class LLM:
             ("mm_processor_kwargs", mm_processor_kwargs, "miro's models take text only"),
         ):
             if value is not None:
-                _refuse(f"{name} is not supported: {why}.")
+                raise LLMError(f"{name} is not supported: {why}.")
         if chat_template_content_format not in ("auto", "string", "openai"):
-            _refuse(
+            raise LLMError(
                 f"chat_template_content_format must be 'auto', 'string' or 'openai', got "
                 f"{chat_template_content_format!r}."
             )
         if continue_final_message and add_generation_prompt:
-            _refuse("continue_final_message and add_generation_prompt cannot both be true.")
+            raise LLMError("continue_final_message and add_generation_prompt cannot both be true.")
         extra = dict(chat_template_kwargs or {})
         reserved = sorted(set(extra) & {"messages", "add_generation_prompt", "bos_token", "eos_token"})
         if reserved:
-            _refuse(f"chat_template_kwargs must not set {reserved[0]!r}: LLM.chat sets it.")
+            raise LLMError(f"chat_template_kwargs must not set {reserved[0]!r}: LLM.chat sets it.")
         if tools is not None:
             extra["tools"] = tools
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -618,7 +615,7 @@ class LLM:
             ("lora_request", lora_request, "miro has no LoRA adapters"),
         ):
             if value is not None:
-                _refuse(f"LLM.embed's {name} is not supported: {why}.")
+                raise LLMError(f"LLM.embed's {name} is not supported: {why}.")
         items = _parse_prompts(prompts)
         outputs = self.engine.encode([engine_prompt for engine_prompt, _ in items], use_tqdm=use_tqdm)
         _raise_refused(outputs)
@@ -634,14 +631,14 @@ class LLM:
     def _check_task(self, task: str) -> None:
         refusal = self.engine.refusal(task)
         if refusal:
-            _refuse(refusal)
+            raise LLMError(refusal)
 
     def _params_for(self, sampling_params, count: int) -> list:
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, (list, tuple)):
             if len(sampling_params) != count:
-                _refuse(
+                raise LLMError(
                     f"there are {count} prompts and {len(sampling_params)} sampling_params: give one for all "
                     f"or one per prompt."
                 )
@@ -650,7 +647,7 @@ class LLM:
             params = [sampling_params] * count
         for p in params:
             if not isinstance(p, _EngineSamplingParams):
-                _refuse(f"sampling_params must be SamplingParams, got {type(p).__name__}.")
+                raise LLMError(f"sampling_params must be SamplingParams, got {type(p).__name__}.")
         if self._seeds is not None:  # a seed each, drawn in prompt order
             params = [replace(p, seed=self._seeds.randrange(2**31)) if p.seed is None else p for p in params]
         return params
@@ -716,7 +713,7 @@ def _parse_prompts(prompts) -> list[tuple]:
         elif isinstance(prompt, dict):
             unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
             if unknown:
-                _refuse(
+                raise LLMError(
                     f"a prompt dict's {unknown[0]!r} is not supported: miro takes 'prompt' (TextPrompt) or "
                     f"'prompt_token_ids' (TokensPrompt)."
                 )
@@ -725,11 +722,11 @@ def _parse_prompts(prompts) -> list[tuple]:
             elif "prompt" in prompt:
                 items.append((prompt["prompt"], prompt["prompt"]))
             else:
-                _refuse("a prompt dict needs 'prompt' or 'prompt_token_ids'.")
+                raise LLMError("a prompt dict needs 'prompt' or 'prompt_token_ids'.")
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             items.append((list(prompt), None))
         else:
-            _refuse(
+            raise LLMError(
                 f"a prompt must be a str, a TextPrompt or TokensPrompt dict or a list of token ids, got "
                 f"{type(prompt).__name__}."
             )
@@ -740,20 +737,20 @@ def _raise_refused(outputs) -> None:
     """The engine refuses a prompt in its output (error); vLLM raises: so does LLM, naming the first."""
     for k, out in enumerate(outputs):
         if out.error:
-            _refuse(f"prompt {k}: {out.error.rstrip('.')}.")
+            raise LLMError(f"prompt {k}: {out.error.rstrip('.')}.")
 
 
 def _message(message: dict, flatten: bool) -> dict:
     """A chat message as the template takes it: content parts ([{"type": "text", "text": ...}]) joined into one
     string, as vLLM's "string" content format does (kept as parts with "openai")."""
     if not isinstance(message, dict) or "role" not in message:
-        _refuse("a chat message must be a dict with a 'role' (and 'content').")
+        raise LLMError("a chat message must be a dict with a 'role' (and 'content').")
     content = message.get("content")
     if not isinstance(content, list):
         return message
     kinds = sorted({part.get("type") for part in content if isinstance(part, dict)} - {"text"})
     if kinds or not all(isinstance(part, dict) for part in content):
-        _refuse(
+        raise LLMError(
             f"a message's content part of type {kinds[0] if kinds else 'unknown'!r} is not supported: "
             f"miro's models take text only."
         )
@@ -766,7 +763,7 @@ def _cut_after_final(text: str, conversation: list[dict]) -> str:
     final = conversation[-1].get("content") if conversation else None
     at = text.rfind(final) if isinstance(final, str) and final else -1
     if at < 0:
-        _refuse("continue_final_message needs a final message whose text the chat template renders as it is.")
+        raise LLMError("continue_final_message needs a final message whose text the chat template renders as it is.")
     return text[: at + len(final)]
 
 
