@@ -8,348 +8,39 @@
 The names, signatures and output shapes are vLLM's (vllm.LLM, vllm.SamplingParams, vllm.outputs), for what
 miro does. An option or a field miro does not have, or a value it cannot honour (dtype="float16",
 tensor_parallel_size=2, quantization="awq", logit_bias=...), is refused with a ValueError in one sentence,
-never ignored. docs/engine.md ("vLLM's offline API") lists what maps to what.
+never ignored. docs/vllm-api.md lists what maps to what.
+
+This module is the LLM class, vLLM's option names mapped to EngineConfig's, and the prompt and chat helpers it
+uses. The request types are llm_params.py's, the result types llm_outputs.py's and get_tokenizer()'s tokenizer
+llm_tokenizer.py's; each is importable from here too (`from miro.core.llm import SamplingParams`).
 """
 
 from __future__ import annotations
 
 import random
 import sys
-from dataclasses import dataclass, fields, replace
-from typing import Any, TypedDict
+from dataclasses import fields, replace
+from typing import Any
 
 from miro.core import EngineConfig
-from miro.core import SamplingParams as _EngineSamplingParams
-from miro.core.errors import LLMError, MiroError, RequestError
-
-
-# -- inputs ------------------------------------------------------------------------------------------------
-
-
-class TextPrompt(TypedDict, total=False):
-    """vLLM's TextPrompt: {"prompt": "..."}."""
-
-    prompt: str
-
-
-class TokensPrompt(TypedDict, total=False):
-    """vLLM's TokensPrompt: {"prompt_token_ids": [...]} (a "prompt" key, if given, is what outputs show)."""
-
-    prompt_token_ids: list[int]
-    prompt: str
-
-
-# -- structured outputs ----------------------------------------------------------------------------------
-
-_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
-_BACKENDS = (None, "auto", "guidance", "llguidance")  # miro's grammar engine is llguidance (vLLM's "guidance")
-
-
-@dataclass
-class StructuredOutputsParams:
-    """vLLM's StructuredOutputsParams (GuidedDecodingParams before): exactly one of json (a JSON schema: a dict,
-    its JSON text or a pydantic model class), regex, choice, grammar (Lark, or GBNF/EBNF as vLLM's examples
-    write it: converted to Lark by llguidance) and json_object."""
-
-    json: str | dict | Any | None = None
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    disable_fallback: bool = False  # one backend: there is nothing to fall back to
-    disable_any_whitespace: bool = False  # miro's JSON never has free whitespace, whichever is asked
-    disable_additional_properties: bool = False
-    whitespace_pattern: str | None = None
-    structural_tag: str | None = None
-    backend: str | None = None  # GuidedDecodingParams' field: "auto", "guidance" (llguidance) or left out
-
-    def __post_init__(self):
-        given = [name for name in _CONSTRAINTS if getattr(self, name) not in (None, False)]
-        if len(given) != 1:
-            raise LLMError(
-                f"structured outputs take exactly one of {', '.join(_CONSTRAINTS)}, got "
-                f"{', '.join(given) if given else 'none'}."
-            )
-        if self.backend not in _BACKENDS:
-            raise LLMError(
-                f"miro's structured outputs run on llguidance (vLLM's 'guidance' backend): backend "
-                f"{self.backend!r} is not available."
-            )
-        if self.disable_additional_properties:
-            raise LLMError(
-                "disable_additional_properties is not supported: say additionalProperties: false in the schema."
-            )
-        if self.whitespace_pattern is not None:
-            raise LLMError("whitespace_pattern is not supported: miro's JSON output has no free whitespace.")
-        if self.structural_tag is not None:
-            raise LLMError("structural_tag is not supported by miro's structured outputs.")
-
-    @classmethod
-    def from_optional(
-        cls, json=None, regex=None, choice=None, grammar=None, json_object=None, **options
-    ) -> StructuredOutputsParams | None:
-        """None when no constraint is given (vLLM's GuidedDecodingParams.from_optional)."""
-        if all(value is None for value in (json, regex, choice, grammar, json_object)):
-            return None
-        return cls(json=json, regex=regex, choice=choice, grammar=grammar, json_object=json_object, **options)
-
-    def engine_constraint(self) -> dict:
-        """The constraint as miro's engine takes it: {kind: value}."""
-        kind = next(name for name in _CONSTRAINTS if getattr(self, name) not in (None, False))
-        value = getattr(self, kind)
-        if kind == "json" and hasattr(value, "model_json_schema"):  # a pydantic model class
-            value = value.model_json_schema()
-        elif kind == "choice":
-            value = [str(c) for c in value]
-        elif kind == "grammar" and isinstance(value, str):
-            value = _lark(value)
-        elif kind == "json_object":
-            value = True
-        return {kind: value}
-
-
-GuidedDecodingParams = StructuredOutputsParams  # vLLM's name before 0.11
-
-
-def _lark(grammar: str) -> str:
-    """A grammar in llguidance's Lark dialect: GBNF/EBNF (`root ::= ...`, as vLLM's examples and xgrammar take
-    it) converted by llguidance; Lark as it is."""
-    if "::=" not in grammar:
-        return grammar
-    from llguidance.gbnf_to_lark import any_to_lark
-
-    try:
-        return any_to_lark(grammar)
-    except Exception as exc:  # noqa: BLE001 - llguidance's converter raises its own errors
-        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
-        raise LLMError(f"the GBNF grammar could not be converted to Lark: {message}.") from None
-
-
-# -- sampling parameters ---------------------------------------------------------------------------------
-
-
-@dataclass
-class SamplingParams(_EngineSamplingParams):
-    """vLLM's SamplingParams: miro's (whose fields are vLLM's: n, temperature, top_p, top_k, min_p, the three
-    penalties, seed, stop, stop_token_ids, ignore_eos, max_tokens, min_tokens, logprobs, skip_special_tokens,
-    structured_outputs) plus vLLM's other fields, refused where miro cannot honour them. An Engine takes it too.
-
-    Unlike miro's own SamplingParams, stop strings may go with structured_outputs (vLLM allows it): the output
-    ends where a stop string appears, the constraint unfinished."""
-
-    best_of: int | None = None
-    prompt_logprobs: int | None = None
-    detokenize: bool = True
-    spaces_between_special_tokens: bool = True  # miro writes special tokens as they are (vLLM's fast tokenizers too)
-    logits_processors: Any = None
-    include_stop_str_in_output: bool = False  # LLM.generate and LLM.chat put the stop string back
-    truncate_prompt_tokens: int | None = None
-    output_kind: Any = None
-    guided_decoding: StructuredOutputsParams | None = None  # vLLM's name before structured_outputs
-    logit_bias: dict[int, float] | None = None
-    allowed_token_ids: list[int] | None = None
-    extra_args: dict[str, Any] | None = None
-    bad_words: list[str] | None = None
-
-    def __post_init__(self):
-        if self.stop is None:
-            self.stop = []
-        if self.stop_token_ids is None:
-            self.stop_token_ids = []
-        if self.best_of is not None and self.best_of != self.n:
-            raise LLMError(
-                f"best_of is not supported (got {self.best_of}): miro returns each of the n choices it samples."
-            )
-        for name, off, why in _UNSUPPORTED_FIELDS:
-            if getattr(self, name) not in off:
-                raise LLMError(f"SamplingParams.{name} is not supported by miro ({why}).")
-        if self.guided_decoding is not None:
-            if self.structured_outputs is not None:
-                raise LLMError("give structured_outputs or guided_decoding (its older name), not both.")
-            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
-        if isinstance(self.structured_outputs, StructuredOutputsParams):
-            self.structured_outputs = self.structured_outputs.engine_constraint()
-        try:
-            super().__post_init__()
-        except RequestError as err:
-            raise LLMError(str(err)) from None
-
-    def validate(self) -> None:
-        """miro's checks, with stop strings allowed beside structured_outputs."""
-        if self.structured_outputs is None or not self.stop:
-            return super().validate()
-        stop, self.stop = self.stop, []
-        try:
-            super().validate()
-        finally:
-            self.stop = stop
-        if any(not s for s in stop):
-            raise RequestError("stop strings must not be empty.")
-
-    def clone(self) -> SamplingParams:
-        return replace(self)
-
-
-_UNSUPPORTED_FIELDS = (  # name, the values that ask for nothing, why another cannot be honoured
-    ("prompt_logprobs", (None,), "it returns the logprobs of generated tokens only"),
-    ("detokenize", (True,), "outputs always carry their text"),
-    ("logits_processors", (None, [], ()), "its sampler takes no Python callbacks"),
-    ("truncate_prompt_tokens", (None,), "a prompt longer than the context is refused, not cut"),
-    ("output_kind", (None,), "LLM.generate returns each request's final output"),
-    ("logit_bias", (None, {}), "its sampler has no per-token bias"),
-    ("allowed_token_ids", (None, []), "use structured_outputs choice or regex to restrict the output"),
-    ("extra_args", (None, {}), "it has no extension arguments"),
-    ("bad_words", (None, []), "its sampler bans no words"),
+from miro.core.errors import LLMError, MiroError
+from miro.core.llm_outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    PoolingRequestOutput,
+    RequestOutput,
 )
-
-
-# -- outputs ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Logprob:
-    """One token's log-probability at a position (vLLM's Logprob). rank: its place among the most likely (1 is
-    the top), None for a sampled token outside the top `logprobs` miro reports."""
-
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-@dataclass
-class CompletionOutput:
-    """One choice of a request (vLLM's CompletionOutput)."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    cumulative_logprob: float | None
-    logprobs: list[dict[int, Logprob]] | None
-    finish_reason: str | None = None  # "stop", "length" or "abort"
-    stop_reason: int | str | None = None  # the stop string or stop_token_ids entry; None for EOS and the rest
-    lora_request: None = None
-
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-class RequestOutput:
-    """A generate or chat request's result (vLLM's RequestOutput)."""
-
-    def __init__(
-        self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: list[int] | None,
-        prompt_logprobs: None,
-        outputs: list[CompletionOutput],
-        finished: bool,
-        metrics: Any = None,
-        lora_request: None = None,
-        encoder_prompt: str | None = None,
-        encoder_prompt_token_ids: list[int] | None = None,
-        num_cached_tokens: int | None = None,
-    ):
-        self.request_id = request_id
-        self.prompt = prompt
-        self.prompt_token_ids = prompt_token_ids
-        self.prompt_logprobs = prompt_logprobs
-        self.outputs = outputs
-        self.finished = finished
-        self.metrics = metrics
-        self.lora_request = lora_request
-        self.encoder_prompt = encoder_prompt
-        self.encoder_prompt_token_ids = encoder_prompt_token_ids
-        self.num_cached_tokens = num_cached_tokens
-
-    def __repr__(self) -> str:
-        return (
-            f"RequestOutput(request_id={self.request_id}, prompt={self.prompt!r}, "
-            f"prompt_token_ids={self.prompt_token_ids}, prompt_logprobs={self.prompt_logprobs}, "
-            f"outputs={self.outputs}, finished={self.finished}, num_cached_tokens={self.num_cached_tokens})"
-        )
-
-
-@dataclass
-class EmbeddingOutput:
-    """One input's vector (vLLM's EmbeddingOutput): a list of floats."""
-
-    embedding: list[float]
-
-    @property
-    def hidden_size(self) -> int:
-        return len(self.embedding)
-
-    def __repr__(self) -> str:
-        return f"EmbeddingOutput(hidden_size={self.hidden_size})"
-
-
-class PoolingRequestOutput:
-    """A pooling request's result (vLLM's PoolingRequestOutput)."""
-
-    def __init__(
-        self, request_id: str, outputs: Any, prompt_token_ids: list[int], num_cached_tokens: int, finished: bool
-    ):
-        self.request_id = request_id
-        self.outputs = outputs
-        self.prompt_token_ids = prompt_token_ids
-        self.num_cached_tokens = num_cached_tokens
-        self.finished = finished
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(request_id={self.request_id!r}, outputs={self.outputs!r}, "
-            f"prompt_token_ids={self.prompt_token_ids}, num_cached_tokens={self.num_cached_tokens}, "
-            f"finished={self.finished})"
-        )
-
-
-class EmbeddingRequestOutput(PoolingRequestOutput):
-    """An embed request's result (vLLM's EmbeddingRequestOutput): `.outputs.embedding`."""
-
-
-# -- the tokenizer ---------------------------------------------------------------------------------------
-
-
-class LLMTokenizer:
-    """The model's tokenizer (read from its GGUF file) with the calls vLLM scripts make of get_tokenizer()'s
-    Hugging Face tokenizer: encode, decode, apply_chat_template, eos_token_id, bos_token_id, vocab_size."""
-
-    def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._tokenizer.eos_id
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._tokenizer.bos_id
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tokenizer.vocab_size
-
-    def __len__(self) -> int:
-        return self._tokenizer.vocab_size
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`, special tokens in it recognised; BOS where the file asks for it."""
-        return self._tokenizer.encode(text, special=True, add_special=add_special_tokens)
-
-    def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
-        return self._tokenizer.decode([int(t) for t in token_ids], skip_special_tokens=skip_special_tokens)
-
-    def apply_chat_template(
-        self, conversation: list[dict], tokenize: bool = True, add_generation_prompt: bool = False, **kwargs
-    ) -> str | list[int]:
-        """The conversation rendered with the model's template: its text, or with tokenize=True (Hugging Face's
-        default) its token ids."""
-        text = self._tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt, **kwargs)
-        return self.encode(text, add_special_tokens=False) if tokenize else text
-
-
-# -- the LLM ---------------------------------------------------------------------------------------------
+from miro.core.llm_params import (
+    GuidedDecodingParams,
+    SamplingParams,
+    StructuredOutputsParams,
+    TextPrompt,
+    TokensPrompt,
+)
+from miro.core.llm_tokenizer import LLMTokenizer
+from miro.core.sampling.params import SamplingParams as _EngineSamplingParams
 
 _ENGINE_OPTIONS = {f.name for f in fields(EngineConfig)}  # miro's own names are taken as they are
 # vLLM's option -> miro's EngineConfig field (None: vLLM's "use the default")

@@ -59,6 +59,32 @@ def test_the_miro_package_exports_vllms_names_lazily():
         miro.NoSuchName  # noqa: B018
 
 
+def test_miro_core_llm_exports_each_name_from_its_one_home():
+    """llm.py re-exports the request types (llm_params.py), the result types (llm_outputs.py), the tokenizer
+    (llm_tokenizer.py) and LLMError (errors.py): `from miro.core.llm import X` gives the one class there is."""
+    from miro.core import errors, llm, llm_outputs, llm_params, llm_tokenizer
+
+    homes = {
+        llm_params: ["TextPrompt", "TokensPrompt", "StructuredOutputsParams", "GuidedDecodingParams", "SamplingParams"],
+        llm_outputs: [
+            "Logprob",
+            "CompletionOutput",
+            "RequestOutput",
+            "EmbeddingOutput",
+            "PoolingRequestOutput",
+            "EmbeddingRequestOutput",
+        ],
+        llm_tokenizer: ["LLMTokenizer"],
+        errors: ["LLMError"],
+    }
+    moved = [name for names in homes.values() for name in names]
+    assert sorted(["LLM", *moved]) == sorted(llm.__all__) and set(miro._FROM_LLM) <= set(llm.__all__)
+    for module, names in homes.items():
+        for name in names:
+            assert getattr(llm, name) is getattr(module, name) and getattr(module, name).__module__ == module.__name__
+    assert llm.GuidedDecodingParams is llm.StructuredOutputsParams and llm.LLM.__module__ == "miro.core.llm"
+
+
 # -- refusals, before any model is loaded ----------------------------------------------------------------
 
 
