@@ -10,19 +10,20 @@ miro does. An option or a field miro does not have, or a value it cannot honour 
 tensor_parallel_size=2, quantization="awq", logit_bias=...), is refused with a ValueError in one sentence,
 never ignored. docs/vllm-api.md lists what maps to what.
 
-This module is the LLM class, vLLM's option names mapped to EngineConfig's, and the prompt and chat helpers it
-uses. The request types are llm_params.py's, the result types llm_outputs.py's and get_tokenizer()'s tokenizer
-llm_tokenizer.py's; each is importable from here too (`from miro.core.llm import SamplingParams`).
+This module is the LLM class and the prompt and chat helpers it uses. Its options are mapped to EngineConfig's
+by llm_options.py; the request types are llm_params.py's, the result types llm_outputs.py's and get_tokenizer()'s
+tokenizer llm_tokenizer.py's, each importable from here too (`from miro.core.llm import SamplingParams`).
 """
 
 from __future__ import annotations
 
 import random
 import sys
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 from miro.core import EngineConfig
+from miro.core import llm_options
 from miro.core.errors import LLMError, MiroError
 from miro.core.llm_outputs import (
     CompletionOutput,
@@ -41,34 +42,6 @@ from miro.core.llm_params import (
 )
 from miro.core.llm_tokenizer import LLMTokenizer
 from miro.core.sampling.params import SamplingParams as _EngineSamplingParams
-
-_ENGINE_OPTIONS = {f.name for f in fields(EngineConfig)}  # miro's own names are taken as they are
-# vLLM's option -> miro's EngineConfig field (None: vLLM's "use the default")
-_RENAMED = {"kv_cache_memory_bytes": "kv_cache_memory"}
-_DTYPES = {"auto": None, "float32": "f32", "float": "f32", "fp32": "f32", "bfloat16": "bf16", "bf16": "bf16"}
-_KV_CACHE_DTYPES = {"auto": None, "float16": "float16", "half": "float16", "float32": "float32", "float": "float32"}
-_TASKS = {"auto": None, "generate": "generate", "embed": "embed", "embedding": "embed", "pooling": "embed"}
-_SPECIFIC = {  # vLLM's options that name something miro does otherwise, with where to look
-    "gpu_memory_utilization": "miro runs on CPUs: size the KV cache with kv_cache_memory_bytes (or "
-    "kv_cache_memory='2GiB')",
-    "swap_space": "a preempted sequence is recomputed, not swapped",
-    "cpu_offload_gb": "the weights already live in CPU memory",
-    "pipeline_parallel_size": "miro runs a model on one machine's CPUs; more machines are more workers",
-    "data_parallel_size": "miro runs a model on one machine's CPUs; more machines are more workers",
-    "enable_lora": "miro has no LoRA adapters",
-    "speculative_config": "miro has no speculative decoding",
-    "hf_overrides": "the model's configuration is its GGUF file's",
-    "revision": "miro loads a local .gguf file or a miro alias, not a Hugging Face revision",
-    "tokenizer_revision": "the tokenizer is the GGUF file's own",
-    "download_dir": "aliases are pulled into miro's model cache ($MIRO_HOME/models)",
-    "hf_token": "miro downloads nothing from Hugging Face",
-    "chat_template": "miro renders the chat template the GGUF file carries",
-}
-_NO_EFFECT = {  # accepted, whatever their value: miro has nothing they would change
-    "trust_remote_code",  # a GGUF file holds no code
-    "enforce_eager",  # miro has no CUDA graphs: it always runs eagerly
-    "disable_log_stats",  # LLM logs no stats
-}
 
 
 class LLM:
@@ -95,22 +68,15 @@ class LLM:
         from miro.core import Engine
 
         config: dict[str, Any] = {}
-        self._check_loading(model, tokenizer, tokenizer_mode, skip_tokenizer_init, tensor_parallel_size, quantization)
-        weights = _DTYPES.get(str(dtype).removeprefix("torch."), "refused")
-        if weights == "refused":
-            raise LLMError(
-                f"dtype {dtype!r} is not available in miro: it runs 'auto' (the file's own weight types or a "
-                f"float32 copy, whichever is faster), 'float32' or 'bfloat16' (on CPUs with AVX512_BF16)."
-            )
-        if weights is not None:
-            if options.get("weights", weights) != weights:
-                raise LLMError(f"dtype={dtype!r} and weights={options['weights']!r} ask for different weight formats.")
-            config["weights"] = weights
+        llm_options.check_loading(
+            model, tokenizer, tokenizer_mode, skip_tokenizer_init, tensor_parallel_size, quantization
+        )
+        config["weights"] = llm_options.weights_for(dtype, options)
         if seed is not None and (not isinstance(seed, int) or seed < 0):
             raise LLMError(f"seed must be a non-negative integer, got {seed!r}.")
-        wanted_task = self._task(task, runner, options.pop("convert", "auto"))
+        wanted_task = llm_options.task_asked(task, runner, options.pop("convert", "auto"))
         config.update(max_model_len=max_model_len, max_num_seqs=max_num_seqs)
-        config.update(self._engine_options(options))
+        config.update(llm_options.engine_options(options))
         config = {name: value for name, value in config.items() if value is not None}
         try:
             self.engine = Engine.from_model(
@@ -127,87 +93,6 @@ class LLM:
         # LLM(seed=s): requests without a seed of their own get one from this stream, so a script's outputs are
         # the same from run to run (vLLM seeds its sampler once; miro seeds each request)
         self._seeds = random.Random(seed) if seed is not None else None
-
-    @staticmethod
-    def _check_loading(
-        model, tokenizer, tokenizer_mode, skip_tokenizer_init, tensor_parallel_size, quantization
-    ) -> None:
-        if tokenizer is not None and str(tokenizer) != str(model):
-            raise LLMError(
-                "miro reads the tokenizer from the GGUF file itself: tokenizer must be left out (or be the model)."
-            )
-        if tokenizer_mode not in ("auto", "hf"):
-            raise LLMError(f"tokenizer_mode {tokenizer_mode!r} is not available: miro's tokenizer is the GGUF file's.")
-        if skip_tokenizer_init:
-            raise LLMError("skip_tokenizer_init is not supported: miro's prompts and outputs go through the tokenizer.")
-        if tensor_parallel_size != 1:
-            raise LLMError(
-                f"tensor_parallel_size must be 1 (got {tensor_parallel_size}): miro runs a model on one "
-                f"machine's CPUs, and more machines are more workers (`miro worker`)."
-            )
-        if quantization not in (None, "gguf"):
-            raise LLMError(
-                f"quantization {quantization!r} is not available: miro runs a GGUF file's own weight types, "
-                f"so quantize the file (quantization may be left out or be 'gguf')."
-            )
-
-    @staticmethod
-    def _task(task: str, runner: str, convert: str) -> str | None:
-        """The task asked for ("generate", "embed" or None for the model's own), from vLLM's task/runner."""
-        if convert not in ("auto", "none", None):
-            raise LLMError(f"convert={convert!r} is not available: miro runs a model as its file describes it.")
-        asked = {_TASKS.get(task, "refused"), _TASKS.get(runner, "refused")} - {None}
-        if "refused" in asked:
-            raise LLMError(
-                f"task/runner ({task!r}, {runner!r}) is not available: miro generates or embeds "
-                f"(task 'generate' or 'embed', runner 'generate' or 'pooling')."
-            )
-        if len(asked) > 1:
-            raise LLMError(f"task {task!r} and runner {runner!r} ask for different things.")
-        return asked.pop() if asked else None
-
-    @staticmethod
-    def _engine_options(options: dict) -> dict:
-        """vLLM's remaining keyword options as EngineConfig fields; any other is refused."""
-        config = {}
-        for name, value in options.items():
-            if name in _NO_EFFECT:
-                continue
-            if name in _RENAMED:
-                config[_RENAMED[name]] = value
-            elif name == "kv_cache_dtype":
-                if value not in _KV_CACHE_DTYPES:
-                    raise LLMError(
-                        f"kv_cache_dtype {value!r} is not available: miro stores K and V as float16 ('auto') "
-                        f"or float32."
-                    )
-                config[name] = _KV_CACHE_DTYPES[value]
-            elif name in _ENGINE_OPTIONS:
-                config[name] = value
-            elif name in _SPECIFIC:
-                if value is not None and not (name in ("swap_space", "cpu_offload_gb") and value == 0):
-                    raise LLMError(f"{name} is not an option of miro's LLM: {_SPECIFIC[name]}.")
-            else:
-                accepted = sorted(
-                    {
-                        "model",
-                        "tokenizer",
-                        "tokenizer_mode",
-                        "skip_tokenizer_init",
-                        "dtype",
-                        "quantization",
-                        "seed",
-                        "task",
-                        "runner",
-                        "convert",
-                        "tensor_parallel_size",
-                        *_NO_EFFECT,
-                        *_RENAMED,
-                        *_ENGINE_OPTIONS,
-                    }
-                )
-                raise LLMError(f"miro's LLM has no option {name!r} (it takes {', '.join(accepted)}).")
-        return config
 
     # -- requests ---------------------------------------------------------------------------------------
 
@@ -255,7 +140,7 @@ class LLM:
         self._check_task("generate")
         for name, value, why in (
             ("lora_request", lora_request, "miro has no LoRA adapters"),
-            ("chat_template", chat_template, _SPECIFIC["chat_template"]),
+            ("chat_template", chat_template, llm_options.SPECIFIC["chat_template"]),
             ("mm_processor_kwargs", mm_processor_kwargs, "miro's models take text only"),
         ):
             if value is not None:

@@ -157,6 +157,25 @@ def test_structured_outputs_params_refuse_what_miro_cannot_honour(fields, words)
     assert words in refused(make)
 
 
+def test_llm_options_map_vllms_names_to_engine_config():
+    from miro.core import llm_options
+
+    assert [llm_options.weights_for(d, {}) for d in ("auto", "float32", "torch.bfloat16")] == [None, "f32", "bf16"]
+    assert llm_options.weights_for("float32", {"weights": "f32"}) == "f32"
+    options = dict(kv_cache_memory_bytes=2**30, kv_cache_dtype="half", enforce_eager=True, swap_space=0, block_size=32)
+    assert llm_options.engine_options(options) == {
+        "kv_cache_memory": 2**30,
+        "kv_cache_dtype": "float16",
+        "block_size": 32,
+    }
+    assert [llm_options.task_asked(t, r, "auto") for t, r in [("auto", "auto"), ("embedding", "pooling")]] == [
+        None,
+        "embed",
+    ]
+    with pytest.raises(LLMError, match="ask for different weight formats"):
+        llm_options.weights_for("bfloat16", {"weights": "native"})
+
+
 def test_sampling_params_take_vllms_common_fields():
     params = SamplingParams(
         n=2,
