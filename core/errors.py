@@ -13,6 +13,11 @@ class RequestError(MiroError):
     """A request the engine cannot serve (bad parameters, prompt too long)."""
 
 
+class LLMError(MiroError, ValueError):
+    """An option, field or input the vLLM-compatible API (llm.py) refuses: a ValueError, as vLLM raises, and a
+    MiroError (the CLI's one-sentence errors)."""
+
+
 FAULT_MESSAGE_CHARS = 300  # what went wrong in a request's fault, as its error says it, is cut to this
 
 

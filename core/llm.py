@@ -8,381 +8,40 @@
 The names, signatures and output shapes are vLLM's (vllm.LLM, vllm.SamplingParams, vllm.outputs), for what
 miro does. An option or a field miro does not have, or a value it cannot honour (dtype="float16",
 tensor_parallel_size=2, quantization="awq", logit_bias=...), is refused with a ValueError in one sentence,
-never ignored. docs/engine.md ("vLLM's offline API") lists what maps to what.
+never ignored. docs/vllm-api.md lists what maps to what.
+
+This module is the LLM class and the prompt and chat helpers it uses. Its options are mapped to EngineConfig's
+by llm_options.py; the request types are llm_params.py's, the result types llm_outputs.py's and get_tokenizer()'s
+tokenizer llm_tokenizer.py's, each importable from here too (`from miro.core.llm import SamplingParams`).
 """
 
 from __future__ import annotations
 
 import random
 import sys
-from dataclasses import dataclass, fields, replace
-from typing import Any, TypedDict
+from dataclasses import replace
+from typing import Any
 
 from miro.core import EngineConfig
-from miro.core import SamplingParams as _EngineSamplingParams
-from miro.core.errors import MiroError, RequestError
-
-
-class LLMError(MiroError, ValueError):
-    """An option, field or input the vLLM-compatible API refuses: a ValueError, as vLLM raises, and a MiroError
-    (the CLI's one-sentence errors)."""
-
-
-def _refuse(message: str):
-    raise LLMError(message)
-
-
-# -- inputs ------------------------------------------------------------------------------------------------
-
-
-class TextPrompt(TypedDict, total=False):
-    """vLLM's TextPrompt: {"prompt": "..."}."""
-
-    prompt: str
-
-
-class TokensPrompt(TypedDict, total=False):
-    """vLLM's TokensPrompt: {"prompt_token_ids": [...]} (a "prompt" key, if given, is what outputs show)."""
-
-    prompt_token_ids: list[int]
-    prompt: str
-
-
-# -- structured outputs ----------------------------------------------------------------------------------
-
-_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
-_BACKENDS = (None, "auto", "guidance", "llguidance")  # miro's grammar engine is llguidance (vLLM's "guidance")
-
-
-@dataclass
-class StructuredOutputsParams:
-    """vLLM's StructuredOutputsParams (GuidedDecodingParams before): exactly one of json (a JSON schema: a dict,
-    its JSON text or a pydantic model class), regex, choice, grammar (Lark, or GBNF/EBNF as vLLM's examples
-    write it: converted to Lark by llguidance) and json_object."""
-
-    json: str | dict | Any | None = None
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    disable_fallback: bool = False  # one backend: there is nothing to fall back to
-    disable_any_whitespace: bool = False  # miro's JSON never has free whitespace, whichever is asked
-    disable_additional_properties: bool = False
-    whitespace_pattern: str | None = None
-    structural_tag: str | None = None
-    backend: str | None = None  # GuidedDecodingParams' field: "auto", "guidance" (llguidance) or left out
-
-    def __post_init__(self):
-        given = [name for name in _CONSTRAINTS if getattr(self, name) not in (None, False)]
-        if len(given) != 1:
-            _refuse(
-                f"structured outputs take exactly one of {', '.join(_CONSTRAINTS)}, got "
-                f"{', '.join(given) if given else 'none'}."
-            )
-        if self.backend not in _BACKENDS:
-            _refuse(
-                f"miro's structured outputs run on llguidance (vLLM's 'guidance' backend): backend "
-                f"{self.backend!r} is not available."
-            )
-        if self.disable_additional_properties:
-            _refuse("disable_additional_properties is not supported: say additionalProperties: false in the schema.")
-        if self.whitespace_pattern is not None:
-            _refuse("whitespace_pattern is not supported: miro's JSON output has no free whitespace.")
-        if self.structural_tag is not None:
-            _refuse("structural_tag is not supported by miro's structured outputs.")
-
-    @classmethod
-    def from_optional(
-        cls, json=None, regex=None, choice=None, grammar=None, json_object=None, **options
-    ) -> StructuredOutputsParams | None:
-        """None when no constraint is given (vLLM's GuidedDecodingParams.from_optional)."""
-        if all(value is None for value in (json, regex, choice, grammar, json_object)):
-            return None
-        return cls(json=json, regex=regex, choice=choice, grammar=grammar, json_object=json_object, **options)
-
-    def engine_constraint(self) -> dict:
-        """The constraint as miro's engine takes it: {kind: value}."""
-        kind = next(name for name in _CONSTRAINTS if getattr(self, name) not in (None, False))
-        value = getattr(self, kind)
-        if kind == "json" and hasattr(value, "model_json_schema"):  # a pydantic model class
-            value = value.model_json_schema()
-        elif kind == "choice":
-            value = [str(c) for c in value]
-        elif kind == "grammar" and isinstance(value, str):
-            value = _lark(value)
-        elif kind == "json_object":
-            value = True
-        return {kind: value}
-
-
-GuidedDecodingParams = StructuredOutputsParams  # vLLM's name before 0.11
-
-
-def _lark(grammar: str) -> str:
-    """A grammar in llguidance's Lark dialect: GBNF/EBNF (`root ::= ...`, as vLLM's examples and xgrammar take
-    it) converted by llguidance; Lark as it is."""
-    if "::=" not in grammar:
-        return grammar
-    from llguidance.gbnf_to_lark import any_to_lark
-
-    try:
-        return any_to_lark(grammar)
-    except Exception as exc:  # noqa: BLE001 - llguidance's converter raises its own errors
-        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
-        raise LLMError(f"the GBNF grammar could not be converted to Lark: {message}.") from None
-
-
-# -- sampling parameters ---------------------------------------------------------------------------------
-
-
-@dataclass
-class SamplingParams(_EngineSamplingParams):
-    """vLLM's SamplingParams: miro's (whose fields are vLLM's: n, temperature, top_p, top_k, min_p, the three
-    penalties, seed, stop, stop_token_ids, ignore_eos, max_tokens, min_tokens, logprobs, skip_special_tokens,
-    structured_outputs) plus vLLM's other fields, refused where miro cannot honour them. An Engine takes it too.
-
-    Unlike miro's own SamplingParams, stop strings may go with structured_outputs (vLLM allows it): the output
-    ends where a stop string appears, the constraint unfinished."""
-
-    best_of: int | None = None
-    prompt_logprobs: int | None = None
-    detokenize: bool = True
-    spaces_between_special_tokens: bool = True  # miro writes special tokens as they are (vLLM's fast tokenizers too)
-    logits_processors: Any = None
-    include_stop_str_in_output: bool = False  # LLM.generate and LLM.chat put the stop string back
-    truncate_prompt_tokens: int | None = None
-    output_kind: Any = None
-    guided_decoding: StructuredOutputsParams | None = None  # vLLM's name before structured_outputs
-    logit_bias: dict[int, float] | None = None
-    allowed_token_ids: list[int] | None = None
-    extra_args: dict[str, Any] | None = None
-    bad_words: list[str] | None = None
-
-    def __post_init__(self):
-        if self.stop is None:
-            self.stop = []
-        if self.stop_token_ids is None:
-            self.stop_token_ids = []
-        if self.best_of is not None and self.best_of != self.n:
-            _refuse(f"best_of is not supported (got {self.best_of}): miro returns each of the n choices it samples.")
-        for name, off, why in _UNSUPPORTED_FIELDS:
-            if getattr(self, name) not in off:
-                _refuse(f"SamplingParams.{name} is not supported by miro ({why}).")
-        if self.guided_decoding is not None:
-            if self.structured_outputs is not None:
-                _refuse("give structured_outputs or guided_decoding (its older name), not both.")
-            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
-        if isinstance(self.structured_outputs, StructuredOutputsParams):
-            self.structured_outputs = self.structured_outputs.engine_constraint()
-        try:
-            super().__post_init__()
-        except RequestError as err:
-            raise LLMError(str(err)) from None
-
-    def validate(self) -> None:
-        """miro's checks, with stop strings allowed beside structured_outputs."""
-        if self.structured_outputs is None or not self.stop:
-            return super().validate()
-        stop, self.stop = self.stop, []
-        try:
-            super().validate()
-        finally:
-            self.stop = stop
-        if any(not s for s in stop):
-            raise RequestError("stop strings must not be empty.")
-
-    def clone(self) -> SamplingParams:
-        return replace(self)
-
-
-_UNSUPPORTED_FIELDS = (  # name, the values that ask for nothing, why another cannot be honoured
-    ("prompt_logprobs", (None,), "it returns the logprobs of generated tokens only"),
-    ("detokenize", (True,), "outputs always carry their text"),
-    ("logits_processors", (None, [], ()), "its sampler takes no Python callbacks"),
-    ("truncate_prompt_tokens", (None,), "a prompt longer than the context is refused, not cut"),
-    ("output_kind", (None,), "LLM.generate returns each request's final output"),
-    ("logit_bias", (None, {}), "its sampler has no per-token bias"),
-    ("allowed_token_ids", (None, []), "use structured_outputs choice or regex to restrict the output"),
-    ("extra_args", (None, {}), "it has no extension arguments"),
-    ("bad_words", (None, []), "its sampler bans no words"),
+from miro.core import llm_options
+from miro.core.errors import LLMError, MiroError
+from miro.core.llm_outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    PoolingRequestOutput,
+    RequestOutput,
 )
-
-
-# -- outputs ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Logprob:
-    """One token's log-probability at a position (vLLM's Logprob). rank: its place among the most likely (1 is
-    the top), None for a sampled token outside the top `logprobs` miro reports."""
-
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-@dataclass
-class CompletionOutput:
-    """One choice of a request (vLLM's CompletionOutput)."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    cumulative_logprob: float | None
-    logprobs: list[dict[int, Logprob]] | None
-    finish_reason: str | None = None  # "stop", "length" or "abort"
-    stop_reason: int | str | None = None  # the stop string or stop_token_ids entry; None for EOS and the rest
-    lora_request: None = None
-
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-class RequestOutput:
-    """A generate or chat request's result (vLLM's RequestOutput)."""
-
-    def __init__(
-        self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: list[int] | None,
-        prompt_logprobs: None,
-        outputs: list[CompletionOutput],
-        finished: bool,
-        metrics: Any = None,
-        lora_request: None = None,
-        encoder_prompt: str | None = None,
-        encoder_prompt_token_ids: list[int] | None = None,
-        num_cached_tokens: int | None = None,
-    ):
-        self.request_id = request_id
-        self.prompt = prompt
-        self.prompt_token_ids = prompt_token_ids
-        self.prompt_logprobs = prompt_logprobs
-        self.outputs = outputs
-        self.finished = finished
-        self.metrics = metrics
-        self.lora_request = lora_request
-        self.encoder_prompt = encoder_prompt
-        self.encoder_prompt_token_ids = encoder_prompt_token_ids
-        self.num_cached_tokens = num_cached_tokens
-
-    def __repr__(self) -> str:
-        return (
-            f"RequestOutput(request_id={self.request_id}, prompt={self.prompt!r}, "
-            f"prompt_token_ids={self.prompt_token_ids}, prompt_logprobs={self.prompt_logprobs}, "
-            f"outputs={self.outputs}, finished={self.finished}, num_cached_tokens={self.num_cached_tokens})"
-        )
-
-
-@dataclass
-class EmbeddingOutput:
-    """One input's vector (vLLM's EmbeddingOutput): a list of floats."""
-
-    embedding: list[float]
-
-    @property
-    def hidden_size(self) -> int:
-        return len(self.embedding)
-
-    def __repr__(self) -> str:
-        return f"EmbeddingOutput(hidden_size={self.hidden_size})"
-
-
-class PoolingRequestOutput:
-    """A pooling request's result (vLLM's PoolingRequestOutput)."""
-
-    def __init__(
-        self, request_id: str, outputs: Any, prompt_token_ids: list[int], num_cached_tokens: int, finished: bool
-    ):
-        self.request_id = request_id
-        self.outputs = outputs
-        self.prompt_token_ids = prompt_token_ids
-        self.num_cached_tokens = num_cached_tokens
-        self.finished = finished
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(request_id={self.request_id!r}, outputs={self.outputs!r}, "
-            f"prompt_token_ids={self.prompt_token_ids}, num_cached_tokens={self.num_cached_tokens}, "
-            f"finished={self.finished})"
-        )
-
-
-class EmbeddingRequestOutput(PoolingRequestOutput):
-    """An embed request's result (vLLM's EmbeddingRequestOutput): `.outputs.embedding`."""
-
-
-# -- the tokenizer ---------------------------------------------------------------------------------------
-
-
-class LLMTokenizer:
-    """The model's tokenizer (read from its GGUF file) with the calls vLLM scripts make of get_tokenizer()'s
-    Hugging Face tokenizer: encode, decode, apply_chat_template, eos_token_id, bos_token_id, vocab_size."""
-
-    def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._tokenizer.eos_id
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._tokenizer.bos_id
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tokenizer.vocab_size
-
-    def __len__(self) -> int:
-        return self._tokenizer.vocab_size
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`, special tokens in it recognised; BOS where the file asks for it."""
-        return self._tokenizer.encode(text, special=True, add_special=add_special_tokens)
-
-    def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
-        return self._tokenizer.decode([int(t) for t in token_ids], skip_special_tokens=skip_special_tokens)
-
-    def apply_chat_template(
-        self, conversation: list[dict], tokenize: bool = True, add_generation_prompt: bool = False, **kwargs
-    ) -> str | list[int]:
-        """The conversation rendered with the model's template: its text, or with tokenize=True (Hugging Face's
-        default) its token ids."""
-        text = self._tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt, **kwargs)
-        return self.encode(text, add_special_tokens=False) if tokenize else text
-
-
-# -- the LLM ---------------------------------------------------------------------------------------------
-
-_ENGINE_OPTIONS = {f.name for f in fields(EngineConfig)}  # miro's own names are taken as they are
-# vLLM's option -> miro's EngineConfig field (None: vLLM's "use the default")
-_RENAMED = {"kv_cache_memory_bytes": "kv_cache_memory"}
-_DTYPES = {"auto": None, "float32": "f32", "float": "f32", "fp32": "f32", "bfloat16": "bf16", "bf16": "bf16"}
-_KV_CACHE_DTYPES = {"auto": None, "float16": "float16", "half": "float16", "float32": "float32", "float": "float32"}
-_TASKS = {"auto": None, "generate": "generate", "embed": "embed", "embedding": "embed", "pooling": "embed"}
-_SPECIFIC = {  # vLLM's options that name something miro does otherwise, with where to look
-    "gpu_memory_utilization": "miro runs on CPUs: size the KV cache with kv_cache_memory_bytes (or "
-    "kv_cache_memory='2GiB')",
-    "swap_space": "a preempted sequence is recomputed, not swapped",
-    "cpu_offload_gb": "the weights already live in CPU memory",
-    "pipeline_parallel_size": "miro runs a model on one machine's CPUs; more machines are more workers",
-    "data_parallel_size": "miro runs a model on one machine's CPUs; more machines are more workers",
-    "enable_lora": "miro has no LoRA adapters",
-    "speculative_config": "miro has no speculative decoding",
-    "hf_overrides": "the model's configuration is its GGUF file's",
-    "revision": "miro loads a local .gguf file or a miro alias, not a Hugging Face revision",
-    "tokenizer_revision": "the tokenizer is the GGUF file's own",
-    "download_dir": "aliases are pulled into miro's model cache ($MIRO_HOME/models)",
-    "hf_token": "miro downloads nothing from Hugging Face",
-    "chat_template": "miro renders the chat template the GGUF file carries",
-}
-_NO_EFFECT = {  # accepted, whatever their value: miro has nothing they would change
-    "trust_remote_code",  # a GGUF file holds no code
-    "enforce_eager",  # miro has no CUDA graphs: it always runs eagerly
-    "disable_log_stats",  # LLM logs no stats
-}
+from miro.core.llm_params import (
+    GuidedDecodingParams,
+    SamplingParams,
+    StructuredOutputsParams,
+    TextPrompt,
+    TokensPrompt,
+)
+from miro.core.llm_tokenizer import LLMTokenizer
+from miro.core.sampling.params import SamplingParams as _EngineSamplingParams
 
 
 class LLM:
@@ -409,22 +68,15 @@ class LLM:
         from miro.core import Engine
 
         config: dict[str, Any] = {}
-        self._check_loading(model, tokenizer, tokenizer_mode, skip_tokenizer_init, tensor_parallel_size, quantization)
-        weights = _DTYPES.get(str(dtype).removeprefix("torch."), "refused")
-        if weights == "refused":
-            _refuse(
-                f"dtype {dtype!r} is not available in miro: it runs 'auto' (the file's own weight types or a "
-                f"float32 copy, whichever is faster), 'float32' or 'bfloat16' (on CPUs with AVX512_BF16)."
-            )
-        if weights is not None:
-            if options.get("weights", weights) != weights:
-                _refuse(f"dtype={dtype!r} and weights={options['weights']!r} ask for different weight formats.")
-            config["weights"] = weights
+        llm_options.check_loading(
+            model, tokenizer, tokenizer_mode, skip_tokenizer_init, tensor_parallel_size, quantization
+        )
+        config["weights"] = llm_options.weights_for(dtype, options)
         if seed is not None and (not isinstance(seed, int) or seed < 0):
-            _refuse(f"seed must be a non-negative integer, got {seed!r}.")
-        wanted_task = self._task(task, runner, options.pop("convert", "auto"))
+            raise LLMError(f"seed must be a non-negative integer, got {seed!r}.")
+        wanted_task = llm_options.task_asked(task, runner, options.pop("convert", "auto"))
         config.update(max_model_len=max_model_len, max_num_seqs=max_num_seqs)
-        config.update(self._engine_options(options))
+        config.update(llm_options.engine_options(options))
         config = {name: value for name, value in config.items() if value is not None}
         try:
             self.engine = Engine.from_model(
@@ -435,91 +87,12 @@ class LLM:
         if wanted_task is not None:
             refusal = self.engine.refusal(wanted_task)
             if refusal:
-                _refuse(refusal)
+                raise LLMError(refusal)
         self.model = str(model)
         self.seed = seed
         # LLM(seed=s): requests without a seed of their own get one from this stream, so a script's outputs are
         # the same from run to run (vLLM seeds its sampler once; miro seeds each request)
         self._seeds = random.Random(seed) if seed is not None else None
-
-    @staticmethod
-    def _check_loading(
-        model, tokenizer, tokenizer_mode, skip_tokenizer_init, tensor_parallel_size, quantization
-    ) -> None:
-        if tokenizer is not None and str(tokenizer) != str(model):
-            _refuse("miro reads the tokenizer from the GGUF file itself: tokenizer must be left out (or be the model).")
-        if tokenizer_mode not in ("auto", "hf"):
-            _refuse(f"tokenizer_mode {tokenizer_mode!r} is not available: miro's tokenizer is the GGUF file's.")
-        if skip_tokenizer_init:
-            _refuse("skip_tokenizer_init is not supported: miro's prompts and outputs go through the tokenizer.")
-        if tensor_parallel_size != 1:
-            _refuse(
-                f"tensor_parallel_size must be 1 (got {tensor_parallel_size}): miro runs a model on one "
-                f"machine's CPUs, and more machines are more workers (`miro worker`)."
-            )
-        if quantization not in (None, "gguf"):
-            _refuse(
-                f"quantization {quantization!r} is not available: miro runs a GGUF file's own weight types, "
-                f"so quantize the file (quantization may be left out or be 'gguf')."
-            )
-
-    @staticmethod
-    def _task(task: str, runner: str, convert: str) -> str | None:
-        """The task asked for ("generate", "embed" or None for the model's own), from vLLM's task/runner."""
-        if convert not in ("auto", "none", None):
-            _refuse(f"convert={convert!r} is not available: miro runs a model as its file describes it.")
-        asked = {_TASKS.get(task, "refused"), _TASKS.get(runner, "refused")} - {None}
-        if "refused" in asked:
-            _refuse(
-                f"task/runner ({task!r}, {runner!r}) is not available: miro generates or embeds "
-                f"(task 'generate' or 'embed', runner 'generate' or 'pooling')."
-            )
-        if len(asked) > 1:
-            _refuse(f"task {task!r} and runner {runner!r} ask for different things.")
-        return asked.pop() if asked else None
-
-    @staticmethod
-    def _engine_options(options: dict) -> dict:
-        """vLLM's remaining keyword options as EngineConfig fields; any other is refused."""
-        config = {}
-        for name, value in options.items():
-            if name in _NO_EFFECT:
-                continue
-            if name in _RENAMED:
-                config[_RENAMED[name]] = value
-            elif name == "kv_cache_dtype":
-                if value not in _KV_CACHE_DTYPES:
-                    _refuse(
-                        f"kv_cache_dtype {value!r} is not available: miro stores K and V as float16 ('auto') "
-                        f"or float32."
-                    )
-                config[name] = _KV_CACHE_DTYPES[value]
-            elif name in _ENGINE_OPTIONS:
-                config[name] = value
-            elif name in _SPECIFIC:
-                if value is not None and not (name in ("swap_space", "cpu_offload_gb") and value == 0):
-                    _refuse(f"{name} is not an option of miro's LLM: {_SPECIFIC[name]}.")
-            else:
-                accepted = sorted(
-                    {
-                        "model",
-                        "tokenizer",
-                        "tokenizer_mode",
-                        "skip_tokenizer_init",
-                        "dtype",
-                        "quantization",
-                        "seed",
-                        "task",
-                        "runner",
-                        "convert",
-                        "tensor_parallel_size",
-                        *_NO_EFFECT,
-                        *_RENAMED,
-                        *_ENGINE_OPTIONS,
-                    }
-                )
-                _refuse(f"miro's LLM has no option {name!r} (it takes {', '.join(accepted)}).")
-        return config
 
     # -- requests ---------------------------------------------------------------------------------------
 
@@ -542,9 +115,9 @@ class LLM:
         or a list of those; sampling_params one for all or one per prompt. Outputs in prompt order."""
         self._check_task("generate")
         if lora_request is not None:
-            _refuse("lora_request is not supported: miro has no LoRA adapters.")
+            raise LLMError("lora_request is not supported: miro has no LoRA adapters.")
         if priority is not None and any(p != 0 for p in priority):
-            _refuse("priority is not supported by LLM.generate (Engine.add_request takes one).")
+            raise LLMError("priority is not supported by LLM.generate (Engine.add_request takes one).")
         return self._generate(_parse_prompts(prompts), sampling_params, use_tqdm)
 
     def chat(
@@ -567,22 +140,22 @@ class LLM:
         self._check_task("generate")
         for name, value, why in (
             ("lora_request", lora_request, "miro has no LoRA adapters"),
-            ("chat_template", chat_template, _SPECIFIC["chat_template"]),
+            ("chat_template", chat_template, llm_options.SPECIFIC["chat_template"]),
             ("mm_processor_kwargs", mm_processor_kwargs, "miro's models take text only"),
         ):
             if value is not None:
-                _refuse(f"{name} is not supported: {why}.")
+                raise LLMError(f"{name} is not supported: {why}.")
         if chat_template_content_format not in ("auto", "string", "openai"):
-            _refuse(
+            raise LLMError(
                 f"chat_template_content_format must be 'auto', 'string' or 'openai', got "
                 f"{chat_template_content_format!r}."
             )
         if continue_final_message and add_generation_prompt:
-            _refuse("continue_final_message and add_generation_prompt cannot both be true.")
+            raise LLMError("continue_final_message and add_generation_prompt cannot both be true.")
         extra = dict(chat_template_kwargs or {})
         reserved = sorted(set(extra) & {"messages", "add_generation_prompt", "bos_token", "eos_token"})
         if reserved:
-            _refuse(f"chat_template_kwargs must not set {reserved[0]!r}: LLM.chat sets it.")
+            raise LLMError(f"chat_template_kwargs must not set {reserved[0]!r}: LLM.chat sets it.")
         if tools is not None:
             extra["tools"] = tools
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -618,7 +191,7 @@ class LLM:
             ("lora_request", lora_request, "miro has no LoRA adapters"),
         ):
             if value is not None:
-                _refuse(f"LLM.embed's {name} is not supported: {why}.")
+                raise LLMError(f"LLM.embed's {name} is not supported: {why}.")
         items = _parse_prompts(prompts)
         outputs = self.engine.encode([engine_prompt for engine_prompt, _ in items], use_tqdm=use_tqdm)
         _raise_refused(outputs)
@@ -634,14 +207,14 @@ class LLM:
     def _check_task(self, task: str) -> None:
         refusal = self.engine.refusal(task)
         if refusal:
-            _refuse(refusal)
+            raise LLMError(refusal)
 
     def _params_for(self, sampling_params, count: int) -> list:
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, (list, tuple)):
             if len(sampling_params) != count:
-                _refuse(
+                raise LLMError(
                     f"there are {count} prompts and {len(sampling_params)} sampling_params: give one for all "
                     f"or one per prompt."
                 )
@@ -650,7 +223,7 @@ class LLM:
             params = [sampling_params] * count
         for p in params:
             if not isinstance(p, _EngineSamplingParams):
-                _refuse(f"sampling_params must be SamplingParams, got {type(p).__name__}.")
+                raise LLMError(f"sampling_params must be SamplingParams, got {type(p).__name__}.")
         if self._seeds is not None:  # a seed each, drawn in prompt order
             params = [replace(p, seed=self._seeds.randrange(2**31)) if p.seed is None else p for p in params]
         return params
@@ -716,7 +289,7 @@ def _parse_prompts(prompts) -> list[tuple]:
         elif isinstance(prompt, dict):
             unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
             if unknown:
-                _refuse(
+                raise LLMError(
                     f"a prompt dict's {unknown[0]!r} is not supported: miro takes 'prompt' (TextPrompt) or "
                     f"'prompt_token_ids' (TokensPrompt)."
                 )
@@ -725,11 +298,11 @@ def _parse_prompts(prompts) -> list[tuple]:
             elif "prompt" in prompt:
                 items.append((prompt["prompt"], prompt["prompt"]))
             else:
-                _refuse("a prompt dict needs 'prompt' or 'prompt_token_ids'.")
+                raise LLMError("a prompt dict needs 'prompt' or 'prompt_token_ids'.")
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             items.append((list(prompt), None))
         else:
-            _refuse(
+            raise LLMError(
                 f"a prompt must be a str, a TextPrompt or TokensPrompt dict or a list of token ids, got "
                 f"{type(prompt).__name__}."
             )
@@ -740,20 +313,20 @@ def _raise_refused(outputs) -> None:
     """The engine refuses a prompt in its output (error); vLLM raises: so does LLM, naming the first."""
     for k, out in enumerate(outputs):
         if out.error:
-            _refuse(f"prompt {k}: {out.error.rstrip('.')}.")
+            raise LLMError(f"prompt {k}: {out.error.rstrip('.')}.")
 
 
 def _message(message: dict, flatten: bool) -> dict:
     """A chat message as the template takes it: content parts ([{"type": "text", "text": ...}]) joined into one
     string, as vLLM's "string" content format does (kept as parts with "openai")."""
     if not isinstance(message, dict) or "role" not in message:
-        _refuse("a chat message must be a dict with a 'role' (and 'content').")
+        raise LLMError("a chat message must be a dict with a 'role' (and 'content').")
     content = message.get("content")
     if not isinstance(content, list):
         return message
     kinds = sorted({part.get("type") for part in content if isinstance(part, dict)} - {"text"})
     if kinds or not all(isinstance(part, dict) for part in content):
-        _refuse(
+        raise LLMError(
             f"a message's content part of type {kinds[0] if kinds else 'unknown'!r} is not supported: "
             f"miro's models take text only."
         )
@@ -766,7 +339,7 @@ def _cut_after_final(text: str, conversation: list[dict]) -> str:
     final = conversation[-1].get("content") if conversation else None
     at = text.rfind(final) if isinstance(final, str) and final else -1
     if at < 0:
-        _refuse("continue_final_message needs a final message whose text the chat template renders as it is.")
+        raise LLMError("continue_final_message needs a final message whose text the chat template renders as it is.")
     return text[: at + len(final)]
 
 

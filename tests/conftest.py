@@ -142,10 +142,10 @@ def one_request_per_job(monkeypatch):
 def unchecked(monkeypatch):
     """The checks that refuse a poisoned line before it runs (a stop id past the vocabulary, a grammar that
     cannot take its first token) turned off, so the engine's step meets the line (issue 37's failure isolation)."""
-    from miro.core import Engine
+    from miro.core.engine import request_checks
     from miro.core.sampling import constraint
 
-    monkeypatch.setattr(Engine, "_check_token_ids", lambda self, params: None)
+    monkeypatch.setattr(request_checks, "check_token_ids", lambda params, vocab_size: None)
     monkeypatch.setattr(constraint, "_check_first_token", lambda grammar: None)
     constraint._compiled.cache_clear()
     yield

@@ -59,6 +59,32 @@ def test_the_miro_package_exports_vllms_names_lazily():
         miro.NoSuchName  # noqa: B018
 
 
+def test_miro_core_llm_exports_each_name_from_its_one_home():
+    """llm.py re-exports the request types (llm_params.py), the result types (llm_outputs.py), the tokenizer
+    (llm_tokenizer.py) and LLMError (errors.py): `from miro.core.llm import X` gives the one class there is."""
+    from miro.core import errors, llm, llm_outputs, llm_params, llm_tokenizer
+
+    homes = {
+        llm_params: ["TextPrompt", "TokensPrompt", "StructuredOutputsParams", "GuidedDecodingParams", "SamplingParams"],
+        llm_outputs: [
+            "Logprob",
+            "CompletionOutput",
+            "RequestOutput",
+            "EmbeddingOutput",
+            "PoolingRequestOutput",
+            "EmbeddingRequestOutput",
+        ],
+        llm_tokenizer: ["LLMTokenizer"],
+        errors: ["LLMError"],
+    }
+    moved = [name for names in homes.values() for name in names]
+    assert sorted(["LLM", *moved]) == sorted(llm.__all__) and set(miro._FROM_LLM) <= set(llm.__all__)
+    for module, names in homes.items():
+        for name in names:
+            assert getattr(llm, name) is getattr(module, name) and getattr(module, name).__module__ == module.__name__
+    assert llm.GuidedDecodingParams is llm.StructuredOutputsParams and llm.LLM.__module__ == "miro.core.llm"
+
+
 # -- refusals, before any model is loaded ----------------------------------------------------------------
 
 
@@ -129,6 +155,25 @@ def test_structured_outputs_params_refuse_what_miro_cannot_honour(fields, words)
         return SamplingParams(structured_outputs=params)
 
     assert words in refused(make)
+
+
+def test_llm_options_map_vllms_names_to_engine_config():
+    from miro.core import llm_options
+
+    assert [llm_options.weights_for(d, {}) for d in ("auto", "float32", "torch.bfloat16")] == [None, "f32", "bf16"]
+    assert llm_options.weights_for("float32", {"weights": "f32"}) == "f32"
+    options = dict(kv_cache_memory_bytes=2**30, kv_cache_dtype="half", enforce_eager=True, swap_space=0, block_size=32)
+    assert llm_options.engine_options(options) == {
+        "kv_cache_memory": 2**30,
+        "kv_cache_dtype": "float16",
+        "block_size": 32,
+    }
+    assert [llm_options.task_asked(t, r, "auto") for t, r in [("auto", "auto"), ("embedding", "pooling")]] == [
+        None,
+        "embed",
+    ]
+    with pytest.raises(LLMError, match="ask for different weight formats"):
+        llm_options.weights_for("bfloat16", {"weights": "native"})
 
 
 def test_sampling_params_take_vllms_common_fields():

@@ -5,7 +5,7 @@
 Each step the scheduler picks decode tokens and prefill chunks, the model runner
 runs them as one packed batch over the paged KV cache, the sampler picks next
 tokens, and finished sequences leave at once. The engine itself handles only
-requests and sequences.
+requests and sequences; what a request must pass to be queued is request_checks.py's.
 
 An embedding model (a BERT encoder, or a decoder whose file names a pooling type)
 takes embedding requests instead (add_request with PoolingParams): each step packs
@@ -25,7 +25,7 @@ import numpy as np
 from miro.core import defaults
 from miro.core.sampling import sampler
 from miro.core.engine.block_manager import BlockManager
-from miro.core.engine import compile_ahead
+from miro.core.engine import compile_ahead, request_checks
 from miro.core.engine.embedder import Embedder, EmbeddingRequest
 from miro.core.loading.model_config import ModelConfig
 from miro.core.engine.engine_config import EngineConfig
@@ -38,7 +38,7 @@ from miro.core.models import Model, load_model, read_config
 from miro.core.engine.output_processor import append_token, request_output
 from miro.core.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from miro.core.layers.pooling import PoolingParams
-from miro.core.loading.registry import DEFAULT_EMBEDDING_MODEL, resolve_model
+from miro.core.loading.registry import resolve_model
 from miro.core.sampling.params import SamplingParams
 from miro.core.engine.scheduler import ScheduledBatch, Scheduler, seats_for
 from miro.core.engine.sequence import Request, Sequence
@@ -160,44 +160,6 @@ class Engine:
 
     # -- requests -------------------------------------------------------------------------------------
 
-    def _prompt_ids(self, prompt: str | Seq[int]) -> list[int]:
-        if isinstance(prompt, str):  # BOS where the file asks for it (add_bos_token), as llama.cpp adds it
-            ids = self.tokenizer.encode(prompt, special=True, add_special=True)
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise RequestError("the prompt is empty.")
-        if any(t < 0 or t >= self.config.vocab_size for t in ids):
-            raise RequestError(f"the prompt has token ids outside the vocabulary (0..{self.config.vocab_size - 1}).")
-        return ids
-
-    def _room_for(self, n_prompt: int, n: int) -> int:
-        """The most tokens each of n choices can add to an n_prompt-token prompt: up to the context length,
-        and as many as the whole KV cache holds for all of them (at least 1, so a prompt that cannot fit
-        gets _check_fits' error)."""
-        bm = self.block_manager
-        shared = n_prompt // self.block_size if n > 1 else 0
-        blocks_each = (bm.num_blocks - shared) // n + shared  # blocks one choice may use, its shared prompt included
-        return max(1, min(self.max_model_len, blocks_each * self.block_size) - n_prompt)
-
-    def _check_fits(self, n_prompt: int, max_tokens: int, n: int = 1) -> None:
-        if n_prompt + max_tokens > self.max_model_len:
-            raise RequestError(
-                f"the prompt has {n_prompt} tokens and max_tokens is {max_tokens}: together they exceed "
-                f"the context length of {self.max_model_len} tokens."
-            )
-        # the n choices share the prompt's full blocks; each needs the rest of its own
-        bm = self.block_manager
-        shared = n_prompt // self.block_size if n > 1 else 0
-        needed = shared + n * (bm.blocks_needed(n_prompt + max_tokens) - shared)
-        if needed > bm.num_blocks:
-            choices = f" for each of its {n} choices" if n > 1 else ""
-            raise RequestError(
-                f"the prompt has {n_prompt} tokens and max_tokens is {max_tokens}{choices}: together they need "
-                f"{needed * self.block_size:,} tokens of KV cache, more than the whole cache "
-                f"({bm.num_blocks * self.block_size:,} tokens)."
-            )
-
     def add_request(
         self,
         prompt: str | Seq[int],
@@ -223,11 +185,12 @@ class Engine:
             self.embedder.add(request)
             return request_id
         params.validate()
-        ids = self._prompt_ids(prompt)
+        ids = request_checks.prompt_ids(prompt, self.tokenizer, self.config.vocab_size)
         if params.max_tokens is None:
-            params = replace(params, max_tokens=self._room_for(len(ids), params.n))
-        self._check_fits(len(ids), params.max_tokens, params.n)
-        self._check_token_ids(params)
+            room = request_checks.room_for(len(ids), params.n, self.block_manager, self.max_model_len)
+            params = replace(params, max_tokens=room)
+        request_checks.check_fits(len(ids), params.max_tokens, params.n, self.block_manager, self.max_model_len)
+        request_checks.check_token_ids(params, self.config.vocab_size)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.tokenizer.eog_ids)
         matcher = self.structured.new_matcher(params.structured_outputs) if params.structured_outputs else None
         seq = self._new_sequence(request_id, 0, ids, params, matcher, priority)
@@ -237,25 +200,9 @@ class Engine:
         self.scheduler.add(seq)
         return request_id
 
-    def _check_token_ids(self, params: SamplingParams) -> None:
-        """Token ids a request names (stop_token_ids) must be the model's: RequestError otherwise."""
-        outside = sorted(t for t in params.stop_token_ids if t >= self.config.vocab_size)
-        if outside:
-            raise RequestError(
-                f"stop_token_ids has {outside[0]}, outside the model's vocabulary (0..{self.config.vocab_size - 1})."
-            )
-
     def refusal(self, task: str) -> str | None:
         """Why the model cannot do `task` ("generate" or "embed"), in one sentence naming it; None if it can."""
-        if task in self.supported_tasks:
-            return None
-        name = f"model '{self.model_name}'" if self.model_name else "the model"
-        if task == "embed":
-            return (
-                f"{name} cannot embed: it generates text, and its file names no pooling type "
-                f"({self.config.architecture}.pooling_type); embed with an embedding model such as {DEFAULT_EMBEDDING_MODEL}."
-            )
-        return f"{name} is an embedding model: it embeds text (/v1/embeddings, PoolingParams) and cannot generate it."
+        return request_checks.task_refusal(task, self.supported_tasks, self.config, self.model_name)
 
     def _new_sequence(
         self, request_id: str, index: int, ids: list[int], params: SamplingParams, matcher=None, priority: int = 0
@@ -445,8 +392,8 @@ class Engine:
 
     def logits(self, prompt: str | Seq[int]) -> np.ndarray:
         """float32 next-token logits after the last position of the prompt (no request is created)."""
-        ids = self._prompt_ids(prompt)
-        self._check_fits(len(ids), 0)
+        ids = request_checks.prompt_ids(prompt, self.tokenizer, self.config.vocab_size)
+        request_checks.check_fits(len(ids), 0, 1, self.block_manager, self.max_model_len)
         seq = self._new_sequence("logits", 0, ids, SamplingParams(max_tokens=1))
         bm = self.block_manager
         if bm.blocks_needed(len(ids)) > bm.num_free_blocks:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from miro.core import Engine, RequestError, SamplingParams
+from miro.core.engine import request_checks
 from miro.core.sampling import constraint
 from miro.core.engine.outputs import EmbeddingRequestOutput
 
@@ -25,7 +26,7 @@ def engine(tiny_model):
 @pytest.fixture
 def unchecked(monkeypatch, engine):
     """The checks that refuse the poisoned lines up front turned off, so the step meets them."""
-    monkeypatch.setattr(engine, "_check_token_ids", lambda params: None)
+    monkeypatch.setattr(request_checks, "check_token_ids", lambda params, vocab_size: None)
     monkeypatch.setattr(constraint, "_check_first_token", lambda grammar: None)
     constraint._compiled.cache_clear()
     yield
