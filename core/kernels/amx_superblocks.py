@@ -1,6 +1,6 @@
 """The K-quant tile kernel's integer dots on AMX (amx.py): Q4_K, Q5_K and Q6_K tiles (superblock_tiles.py, in the
 values' order of 512-bit VNNI tiers) times 16 activation rows at a time, each super-block's exact int32 sums per
-(token, weight row) by TDPBxxD, then tile_kernels.tiles_k's float steps: the same integers, the same float
+(token, weight row) by TDPBxxD, then superblock_kernels.tiles_k's float steps: the same integers, the same float
 operations in the same order, so the same bits.
 
 tiles_k on those tiers (int8_dots.superblock_unit_vnni) builds sum over the values v of q_v sc_j(v) a_v (sc_j the
@@ -46,7 +46,7 @@ from miro.core.kernels.int8_dots import mins_dot
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import load16, load16_f16, store16, to_float
 from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, sub_block_sum_pairs
-from miro.core.kernels.tile_kernels import _store_tile_row
+from miro.core.kernels.tile_steps import store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
 
 tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
@@ -57,7 +57,7 @@ DIGIT_SHIFT = {Q4_K: 4, Q5_K: 3, Q6_K: 8}  # Q4_K's, Q5_K's scale digits: sc = 2
 
 
 def amx_tiles_k(qtype: int, tier: Tier):
-    """kernel(quants, scales, mins, sub_scales, a, d, sum32, out, config, threads): tile_kernels.tiles_k's product
+    """kernel(quants, scales, mins, sub_scales, a, d, sum32, out, config, threads): superblock_kernels.tiles_k's product
     for the first rows of the Q8_K activations a (quantize_q8_k), as many as out has (a multiple of 16); None for
     other types or where it does not run."""
     qtype = int(qtype)
@@ -169,7 +169,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
                     for t in range(t0, t1):
                         at = TILE_ROWS * (t - t0)
                         total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
-                        _store_tile_row(out, t, n0, total, spill)
+                        store_tile_row(out, t, n0, total, spill)
             tile_release()
         return out
 

@@ -20,6 +20,7 @@ _HELPER_MODULES = (
     "int8_dots.py",
     "quant_blocks.py",
     "tiles.py",
+    "tile_steps.py",
     "superblock_tiles.py",
     "grouped_passes.py",
     "q6_k_row.py",

@@ -1,6 +1,6 @@
 """The grouped expert kernel of the K-quants (Q4_K, Q5_K, Q6_K): grouped_experts.py's design (a step's chosen
 experts in one call, work items (active expert, tile), each a tile times its expert's run of rows) over the
-super-block tiles, with tile_kernels.tiles_k's integer sums and float steps, so a row's bits are the dense
+super-block tiles, with superblock_kernels.tiles_k's integer sums and float steps, so a row's bits are the dense
 kernel's whatever rows share its experts."""
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ from miro.core.kernels.superblock_tiles import (
     begin_sums,
     k4_tile_pairs,
     natural_order,
+    q6_k_scale_pairs,
     sub_block_sum_pairs,
 )
-from miro.core.kernels.tile_kernels import (
-    _q6_k_scale_pairs,
-    _store_tile_row,
-)
+from miro.core.kernels.tile_steps import store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
 
 
@@ -99,11 +97,11 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                 total += np.int32(a_flat[8 * g + i])
             row_starts[g] = np.int32(-32) * total
         # superblock_tile_sum's activations in passes of CENTRED_FROM rows or more: Q6_K's + 128 where centred (its
-        # values q - 32, each row's sums begun at its start in the tiles' mins: tile_kernels.tiles_k), else as they are
+        # values q - 32, each row's sums begun at its start in the tiles' mins: superblock_kernels.tiles_k), else as they are
         a_dots = a_flat.view(np.uint8) ^ np.uint8(0x80) if centred else a_flat.view(np.uint8)
         pairs_per_super = 4 if has_mins else 8
         # the int16 pairs of each row's sub-block sums, on the calling thread (a few microseconds for a decode step's
-        # slots), so a call is one parallel region: Q4_K's, Q5_K's for their mins, as tile_kernels.tiles_k makes them;
+        # slots), so a call is one parallel region: Q4_K's, Q5_K's for their mins, as superblock_kernels.tiles_k makes them;
         # Q6_K's (by vpmaddubsw) quad sums for its offset, of the rows in passes of fewer than CENTRED_FROM only
         sum_pairs = (
             np.empty((n_tok, n_super * 8), np.int32)
@@ -165,7 +163,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                         tile_sub_scales, 12 * TILE_ROWS * sb, pairs, sb * 8 * TILE_ROWS, min_pairs, sb * 4 * TILE_ROWS
                     )
                 elif not natural:
-                    _q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS :])
+                    q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS :])
             isums = all_sums[thread, 0]
             acc = all_sums[thread, 1].view(np.float32)
             acc_mins = all_sums[thread, 2].view(np.float32)
@@ -493,7 +491,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                 for t in range(n):
                     at = TILE_ROWS * t
                     total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
-                    _store_tile_row(out, t0 + t, j * TILE_ROWS, total, spill)
+                    store_tile_row(out, t0 + t, j * TILE_ROWS, total, spill)
                 t0 += n
         return out
 

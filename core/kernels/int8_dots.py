@@ -250,7 +250,7 @@ def mins_dot(typingctx, min_pairs, m_start, sum_pairs, at, bits, n_pairs):
     sum_pairs[at + j], by vpmaddwd (one 512-bit or two 256-bit ones per pair, by `bits`; bits and n_pairs
     compile-time constants). Q4_K, Q5_K (4 pairs): row r's mins of sub-blocks 2 j, 2 j + 1 against the activations'
     sums of those two sub-blocks' 32 values (|sum| <= 32 x 127), low then high. Q6_K (8 pairs): row r's scale pairs
-    of quad j against the activations' sums of the two 16-value sub-blocks they scale (tile_kernels.tiles_k)."""
+    of quad j against the activations' sums of the two 16-value sub-blocks they scale (superblock_kernels.tiles_k)."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, n_pairs)):
         return None
     width = bits.literal_value // 8
@@ -386,7 +386,7 @@ def superblock_tile_sum(
                                sc(r, Q, i) . (quad Q of lane l of weight row r)[i] . (a[t]'s)[i]
 
     Called for every c and lane, this gives a row's whole super-block sum, sub-block scales applied: the integer
-    the kernel's one float step per super-block takes (ggml's x86 repack order, tile_kernels.tiles_k). S is 0,
+    the kernel's one float step per super-block takes (ggml's x86 repack order, superblock_kernels.tiles_k). S is 0,
     except on 256-bit tiers from 4 rows (split_sums): there 16 tokens x the parity of first_lane / lanes_per_call(),
     so that calls in turn add to two sets of sums, which the kernel adds up. (With one set, LLVM carried each call's
     sums in registers to the next call of the kernel's loop over the lanes, more than 16 ymm hold: each token's sums
@@ -400,7 +400,7 @@ def superblock_tile_sum(
     a_start + t * a_stride, quad Q of lane l at 32 Q + 4 l.
 
     vpmaddubsw multiplies unsigned by signed bytes: the weights' values, unsigned (Q6_K's before its offset of 32,
-    which the kernel takes off per token: tile_kernels.tiles_k), by the signed activations. Nothing saturates.
+    which the kernel takes off per token: superblock_kernels.tiles_k), by the signed activations. Nothing saturates.
     Q6_K with `a` uint8 (the activations + 128, "centred"): its values enter as q - 32 (-32..31), the signed operand,
     against the activations + 128 (0..255), the unsigned one: each product is then (q - 32) x a + 128 (q - 32),
     whose second part depends on the weights only (tiles_k begins each row's sum at minus its sum, which the tiles

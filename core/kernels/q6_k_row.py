@@ -1,5 +1,5 @@
 """Q6_K's super-block sums for one activation row on the vpmaddubsw tiers (AVX2, AVX-512 without VNNI, AVX-VNNI),
-from the quad-order tiles of superblock_tiles.py: tile_kernels.tiles_k's passes of one row.
+from the quad-order tiles of superblock_tiles.py: superblock_kernels.tiles_k's passes of one row.
 
 The other passes take Q6_K's values centred, q - 32 against the activations + 128 (int8_dots.superblock_tile_sum):
 every quad then pays a vpaddb for its - 32, 128 a super-block on 256-bit tiers, which the rows of a pass share
@@ -59,7 +59,7 @@ def q6_k_row_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, sums, s
         isums[r] += sum over the super-block's values v of sc(r, v) . (q(r, v) - 32) . a(v)
 
     quants (uint8, 1-D): the super-block at w_start (superblock_tiles.py's quad order); pairs (int32, 1-D): row r's
-    int16 scale pair of quad j at p_start + 16 j + r (tile_kernels._q6_k_scale_pairs); a (int8, 1-D): the row's
+    int16 scale pair of quad j at p_start + 16 j + r (superblock_tiles.q6_k_scale_pairs); a (int8, 1-D): the row's
     super-block in quad order at a_start; sums (int32, 1-D): q6_k_sum_pairs's pair of quad j at s_start + j.
     bits (256 or 512), vnni: compile-time constants."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni)):

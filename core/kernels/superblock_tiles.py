@@ -1,7 +1,7 @@
 """Q4_K, Q5_K and Q6_K weights repacked once at load into tiles of 16 rows, for the K-quant tile kernel.
 
 The kernel takes, per row and token, each super-block's exact integer sum (every value times its
-sub-block's scale) and one float step for it, as ggml's x86 repack kernel does (tile_kernels.tiles_k).
+sub-block's scale) and one float step for it, as ggml's x86 repack kernel does (superblock_kernels.tiles_k).
 How the values are grouped inside a super-block is then free; a tile groups them in "quads" of 4 values,
 one 64-byte vector giving a quad for 16 rows, so that vpmaddubsw turns it into int16 pairs (bytes 0, 1
 and 2, 3), each pair within one sub-block, and vpmaddwd by the pair's scales into exact int32. The quads
@@ -35,7 +35,7 @@ mins, outside the values' order, two uint16 a row and super-block holding an int
 (int8_dots.superblock_tile_sum: its values q - 32 against the activations + 128, no offset to take off per token);
 sub_scales[tile, (SUB * sb + i) * 16 + r] byte i of the row's sub-block scales as the file stores them:
 Q4_K's and Q5_K's 12 bytes packing 8 6-bit scales and 8 6-bit mins (SUB = 12; the kernel unpacks a
-super-block's for all 16 rows at once, tile_kernels._unpack_k4_scales), Q6_K's 16 int8 scales (SUB = 16).
+super-block's for all 16 rows at once, k4_tile_pairs), Q6_K's 16 int8 scales (SUB = 16).
 So a tile takes exactly the file's bytes. Q6_K's values go into tiles_k's dots centred, q - 32 (Q6_K's mins
 above), as into the grouped kernel's (grouped_superblocks.py) in passes of 8 rows or more; in its smaller passes
 they go in unsigned (0..63) and their offset of 32, 32 x the sum of sc x (the activations' 16-value sums), comes off
@@ -50,6 +50,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
+from miro.core.kernels.int8_dots import scale_pairs16
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K
 from miro.core.kernels.simd import load16, store16
 from miro.core.kernels.tiles import TILE_ROWS, Tiles
@@ -274,3 +275,13 @@ def k4_tile_pairs(typingctx, packed, packed_at, pairs, pairs_at, min_pairs, min_
         return context.get_dummy_value()
 
     return types.void(packed, types.intp, pairs, types.intp, min_pairs, types.intp), codegen
+
+
+@njit(inline="always")
+def q6_k_scale_pairs(sub_scales, sb, pairs):
+    """pairs[16 j + r]: row r's int16 scales of bytes 0, 1 (low) and 2, 3 (high) of Q6_K's quads
+    (the module's docstring): its 16-value sub-blocks 4 c + h and 4 c + 2 + h (quad j = 2 c + h), from its int8 scales
+    as its tile holds them. (Q4_K's and Q5_K's: k4_tile_pairs.)"""
+    for j in range(8):
+        low = (16 * sb + 4 * (j // 2) + j % 2) * TILE_ROWS
+        store16(pairs, TILE_ROWS * j, scale_pairs16(sub_scales, low, low + 2 * TILE_ROWS, True))
