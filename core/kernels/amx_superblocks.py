@@ -3,7 +3,7 @@ values' order of 512-bit VNNI tiers) times 16 activation rows at a time, each su
 (token, weight row) by TDPBxxD, then superblock_kernels.tiles_k's float steps: the same integers, the same float
 operations in the same order, so the same bits.
 
-tiles_k on those tiers (int8_dots.superblock_unit_vnni) builds sum over the values v of q_v sc_j(v) a_v (sc_j the
+tiles_k on those tiers (superblock_dots.superblock_unit_vnni) builds sum over the values v of q_v sc_j(v) a_v (sc_j the
 sub-block's scale) by vpdpbusd and vpdpwssd: about 117 instructions per super-block, 16 weight rows and token.
 TDPBxxD has no per-sub-block scale, and one product per sub-block (16 x 16 x 32, Q6_K's x 16) would leave a
 store, a load, a vpmulld and a vpaddd per sub-block and token (measured about the VNNI kernel's time). Here the
@@ -11,7 +11,7 @@ scales go into the weights instead, split into two digits small enough to fit a 
 
 - Q4_K: sc (< 64) = 16 hi + lo, q x lo <= 15 x 15 and q x hi <= 15 x 3; Q5_K: sc = 8 hi + lo, q x lo and q x hi
   <= 31 x 7 (unsigned, TDPBSUD), so sum q sc a = 2^shift C_hi + C_lo; the mins' sum, sum over sub-blocks of
-  m_j x (the activations' 32-value sum j), by int8_dots.mins_dot in the float steps, as tiles_k (as a third AMX
+  m_j x (the activations' 32-value sum j), by superblock_dots.mins_dot in the float steps, as tiles_k (as a third AMX
   product against weights m_j(v) it cost a third more tile work and B tiles than these vpmaddwd);
 - Q6_K: the product w = (q - 32) sc itself (|w| <= 4096) = 256 hi + lo, lo its low byte (unsigned, TDPBSUD),
   hi its high one (signed, TDPBSSD), so sum (q - 32) sc a = 256 C_hi + C_lo (tiles_k's Q6_K sum, offset
@@ -42,9 +42,9 @@ from miro.core.kernels.amx import tile_zero
 from miro.core.kernels.amx_tiles import ROWS, _aligned, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
-from miro.core.kernels.int8_dots import mins_dot
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import load16, load16_f16, store16, to_float
+from miro.core.kernels.superblock_dots import mins_dot
 from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, sub_block_sum_pairs
 from miro.core.kernels.tile_steps import store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS

@@ -18,6 +18,7 @@ _HELPER_MODULES = (
     "halfs.py",
     "simd.py",
     "int8_dots.py",
+    "superblock_dots.py",
     "quant_blocks.py",
     "tiles.py",
     "tile_steps.py",

@@ -14,16 +14,16 @@ from numba import prange
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.grouped_passes import CENTRED_FROM, pass_rows, prefetch_superblock, work_item
-from miro.core.kernels.int8_dots import (
+from miro.core.kernels.q6_k_row import q6_k_quad_sums
+from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
+from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float
+from miro.core.kernels.superblock_dots import (
     lanes_per_call,
     mins_dot,
     split_sums,
     superblock_tile_sum,
     superblock_unit_vnni,
 )
-from miro.core.kernels.q6_k_row import q6_k_quad_sums
-from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
-from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float
 from miro.core.kernels.superblock_tiles import (
     LANE_BYTES,
     begin_sums,
@@ -56,7 +56,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
-    sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (int8_dots.superblock_tile_sum)
+    sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (superblock_dots.superblock_tile_sum)
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
@@ -86,7 +86,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
         flat_quants0 = quants0.reshape(quants0.size)
         flat_quants1 = quants1.reshape(quants1.size)
         a_flat = a.reshape(a.size)
-        # Q6_K in the values' order (int8_dots.superblock_unit_vnni): for passes of 4 rows or more the activations +
+        # Q6_K in the values' order (superblock_dots.superblock_unit_vnni): for passes of 4 rows or more the activations +
         # 128, vpdpbusd's unsigned operand; for passes of 2 and 1 -32 x each 8 activations' sum, the start of their
         # int32 sums, [row][k / 8]
         a_unsigned = a_flat.view(np.uint8) ^ np.uint8(0x80) if signed_q6 else np.empty(0, np.uint8)
@@ -468,7 +468,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                                     qtype,
                                     2,
                                 )
-                    if sets == 2 and n >= 4:  # the second set of sums (int8_dots.split_sums)
+                    if sets == 2 and n >= 4:  # the second set of sums (superblock_dots.split_sums)
                         for t in range(n):
                             store16(
                                 isums, TILE_ROWS * t, load16(isums, TILE_ROWS * t) + load16(isums, TILE_ROWS * (n + t))

@@ -5,7 +5,7 @@ steps) from the rows the type's row of the weight-type table says (`amx_from`).
 
 `tiles_k` takes 16 activation rows a pass (the rows' tile_tokens in weight_types.py), each super-block's exact
 integer sum per row and token built in int32 and given one float step, as ggml's x86 repack kernel does. On 512-bit
-VNNI tiers the tiles' quads lie in the values' order and int8_dots.superblock_unit_vnni builds the sums by vpdpbusd
+VNNI tiers the tiles' quads lie in the values' order and superblock_dots.superblock_unit_vnni builds the sums by vpdpbusd
 (superblock_tiles.natural_order); elsewhere superblock_tile_sum by vpmaddubsw. A tile's scale pairs and mins are
 unpacked once per call, not per pass. The rows past the last full pass take passes of 8 and 4 on 256-bit tiers
 (mid_passes), then 2, then 1 (no padding: one row costs one row's dots), in the same call; a row's bits are the same
@@ -24,16 +24,16 @@ import numpy as np
 
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
-from miro.core.kernels.int8_dots import (
+from miro.core.kernels.q6_k_row import q6_k_row_sum, q6_k_sum_pairs
+from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
+from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float
+from miro.core.kernels.superblock_dots import (
     lanes_per_call,
     mins_dot,
     split_sums,
     superblock_tile_sum,
     superblock_unit_vnni,
 )
-from miro.core.kernels.q6_k_row import q6_k_row_sum, q6_k_sum_pairs
-from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
-from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float
 from miro.core.kernels.superblock_tiles import (
     LANE_BYTES,
     begin_sums,
@@ -75,7 +75,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     mid = len(mid_passes(qtype, tier)) > 0  # passes of 8 and 4 between `tokens` and 2
     fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
-    sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (int8_dots.superblock_tile_sum)
+    sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (superblock_dots.superblock_tile_sum)
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
@@ -86,7 +86,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         time. Per row and token, as ggml's x86 repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact
         integer sum, sub-block scales applied, takes one float step, acc += (d_w * d_a) * sum, the mins another,
         acc_mins += (dmin * d_a) * sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter vpmaddubsw's
-        dots as q - 32 against the activations + 128 (int8_dots.superblock_tile_sum's centred Q6_K), each row's sum
+        dots as q - 32 against the activations + 128 (superblock_dots.superblock_tile_sum's centred Q6_K), each row's sum
         begun at -128 x its sum of sc x (q - 32), which the tiles hold (superblock_tiles.py), so no offset of the
         activations' sums comes off per token. In the values' order (superblock_tiles.natural_order: 512-bit VNNI tiers) a is in
         that order (quantize_activations.quantize_q8_k) and Q6_K's values enter vpdpbusd's dots as q - 32, against
@@ -99,7 +99,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         n_tiles, tile_bytes = quants.shape
         flat_quants = quants.reshape(quants.size)
         a_flat = a.reshape(a.size)
-        # Q6_K in the values' order (int8_dots.superblock_unit_vnni): for the full passes' rows the activations + 128,
+        # Q6_K in the values' order (superblock_dots.superblock_unit_vnni): for the full passes' rows the activations + 128,
         # vpdpbusd's unsigned operand; for the rows after them (passes of 2 and 1) -32 x each 8 activations' sum, the
         # start of their int32 sums, [row - full][k / 8]
         full = n_tok // tokens * tokens
@@ -416,7 +416,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                     qtype,
                                     2,
                                 )
-                    if sets == 2 and n >= 4:  # the second set of sums (int8_dots.split_sums)
+                    if sets == 2 and n >= 4:  # the second set of sums (superblock_dots.split_sums)
                         for t in range(n):
                             store16(
                                 isums, TILE_ROWS * t, load16(isums, TILE_ROWS * t) + load16(isums, TILE_ROWS * (n + t))

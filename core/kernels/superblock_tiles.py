@@ -12,12 +12,12 @@ come from ggml's reference dot's 8 lanes (value e in lane e % 8): quad Q < 8 of 
 bytes 0, 1 in 32-value sub-block 2 c, bytes 2, 3 in 2 c + 1 (Q6_K's 16-value sub-blocks 4 c + h and
 4 c + 2 + h). Quads 2 c and 2 c + 1 share Q4_K's and Q5_K's scale pair (sc[2 c], sc[2 c + 1]), and so do a
 unit's quads across lanes, so the kernel adds the int16 products of several lanes before one vpmaddwd
-(int8_dots.LANES_PER_WORD_SUM). The activations come in the same order (activations.py,
+(superblock_dots.LANES_PER_WORD_SUM). The activations come in the same order (activations.py,
 quantize_q8_k_quads: value(Q, l, i) at 32 Q + 4 l + i), so a quad of them is one 4-byte broadcast.
 
 On 512-bit VNNI tiers (natural_order) the quads lie in the values' own order instead, quad Q of lane l the values
 32 Q + 4 l + i, all four in one sub-block (Q6_K's: lanes 0-3 in 16-value sub-block 2 Q, 4-7 in 2 Q + 1): vpdpbusd
-then sums a quad's 4 products, and several lanes', into int32 (int8_dots.superblock_unit_vnni), which pays where
+then sums a quad's 4 products, and several lanes', into int32 (superblock_dots.superblock_unit_vnni), which pays where
 vpmaddubsw's int16 pairs took a vpaddw each. The activations are then quantize_q8_k's as they are. Everything
 below holds for both orders, with quad_value replaced by 32 Q + 4 l + i (_value_at).
 
@@ -32,7 +32,7 @@ each vector [row r][byte i]:
 and per row r: scales[tile, 16 sb + r] its float16 d, mins[tile, 16 sb + r] its dmin (Q4_K, Q5_K); Q6_K's
 mins, outside the values' order, two uint16 a row and super-block holding an int32 (mins[tile].view(int32)[16 sb + r]):
 -128 x the sum of sc x (q - 32) over the super-block, where the kernel's centred sums begin
-(int8_dots.superblock_tile_sum: its values q - 32 against the activations + 128, no offset to take off per token);
+(superblock_dots.superblock_tile_sum: its values q - 32 against the activations + 128, no offset to take off per token);
 sub_scales[tile, (SUB * sb + i) * 16 + r] byte i of the row's sub-block scales as the file stores them:
 Q4_K's and Q5_K's 12 bytes packing 8 6-bit scales and 8 6-bit mins (SUB = 12; the kernel unpacks a
 super-block's for all 16 rows at once, k4_tile_pairs), Q6_K's 16 int8 scales (SUB = 16).
@@ -50,9 +50,9 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
-from miro.core.kernels.int8_dots import scale_pairs16
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K
 from miro.core.kernels.simd import load16, store16
+from miro.core.kernels.superblock_dots import scale_pairs16
 from miro.core.kernels.tiles import TILE_ROWS, Tiles
 
 LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64}  # a tile's bytes of quants per super-block and lane
@@ -66,8 +66,8 @@ def scale_bytes(qtype: int) -> int:
 
 def natural_order(qtype: int, tier) -> bool:
     """Whether a type's tiles on a tier hold their quads in the values' own order, quad Q of lane l the values
-    32 Q + 4 l + i (each quad within one sub-block, for vpdpbusd: int8_dots.superblock_unit_vnni), rather than in
-    the lane order of the module's docstring (vpmaddubsw pairs, int8_dots.superblock_tile_sum). The activations
+    32 Q + 4 l + i (each quad within one sub-block, for vpdpbusd: superblock_dots.superblock_unit_vnni), rather than in
+    the lane order of the module's docstring (vpmaddubsw pairs, superblock_dots.superblock_tile_sum). The activations
     come in the same order: quantize_activations.quantize_q8_k then, else quantize_q8_k_quads."""
     return int(qtype) in NATURAL_TYPES and tier.has_vnni and tier.vector_bits == 512
 
