@@ -17,6 +17,7 @@ from numba import njit
 _HELPER_MODULES = (
     "halfs.py",
     "simd.py",
+    "simd_narrowing.py",
     "int8_dots.py",
     "superblock_dots.py",
     "quant_blocks.py",
