@@ -38,8 +38,8 @@ from numba.core.extending import intrinsic
 
 from miro.core.kernels import amx, cpu
 from miro.core.kernels.amx import _tile_product, tile_dpbssd, tile_load, tile_load_config, tile_release, tile_store
-from miro.core.kernels.amx import tile_zero
-from miro.core.kernels.amx_tiles import ROWS, _aligned, runs_on
+from miro.core.kernels.amx import aligned, tile_zero
+from miro.core.kernels.amx_tiles import ROWS, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
@@ -87,7 +87,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
         parts = max(1, min(threads, n_tiles))
         # each part's scratch; the tiles' buffers on cache lines (a tile row of 64 bytes in one line, not two)
         scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 2 * c_tile
-        all_scratch = _aligned(parts * scratch_bytes)
+        all_scratch = aligned(parts * scratch_bytes)
         all_pairs = np.empty((parts, 3, 4 * TILE_ROWS), np.int32)
         all_acc = np.empty((parts, 2, TOKEN_BLOCK * TILE_ROWS), np.float32)
         all_spill = np.empty((parts, TILE_ROWS), np.float32)
@@ -182,7 +182,7 @@ def _a_tiles(a, n_tok):
     in a row: rows K bytes apart put a tile's 16 lines in two L1 sets for K a multiple of 2048. Copied 8 bytes at a
     time (a byte loop took about 10% of a 16-row call)."""
     k = a.shape[1]
-    packed = _aligned(n_tok * k).view(np.int64)
+    packed = aligned(n_tok * k).view(np.int64)
     for t in range(n_tok):
         words = a[t].view(np.int64)
         at = ((t - t % ROWS) * k + 64 * (t % ROWS)) // 8

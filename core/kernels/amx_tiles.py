@@ -31,7 +31,15 @@ from numba import get_num_threads, njit, prange, types
 from numba.core.extending import intrinsic
 
 from miro.core.kernels import amx
-from miro.core.kernels.amx import _tile_product, tile_load, tile_load_config, tile_release, tile_store, tile_zero
+from miro.core.kernels.amx import (
+    _tile_product,
+    aligned,
+    tile_load,
+    tile_load_config,
+    tile_release,
+    tile_store,
+    tile_zero,
+)
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.quant_blocks import Q4_0, Q4_1, Q8_0
@@ -99,7 +107,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
         # lines or not: a copy onto them took 1.5x the time at 16 rows (88 KB at K = 5632, out of L1)
         b_bytes = n_blocks * B_BYTES if nibbles else 0
         scratch_bytes = b_bytes + 4 * 4 * ROWS * TILE_ROWS
-        all_scratch = _aligned(parts * scratch_bytes)
+        all_scratch = aligned(parts * scratch_bytes)
         all_spill = np.empty((parts, TILE_ROWS), np.float32)
         for part in prange(parts):
             first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
@@ -336,14 +344,6 @@ def _sum(sums, at, start, s_at, begins):
     """One activation row's 16 int32 sums from the stored C tile, begun where tiles_32's begin."""
     total = load16(sums, at)
     return total + start[s_at] if begins else total
-
-
-@njit(inline="always")
-def _aligned(n_bytes):
-    """n_bytes uninitialized bytes starting on a cache line."""
-    raw = np.empty(n_bytes + 64, np.uint8)
-    skip = -raw.ctypes.data % 64
-    return raw[skip : skip + n_bytes]
 
 
 @intrinsic(prefer_literal=True)

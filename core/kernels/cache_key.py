@@ -14,6 +14,7 @@ from pathlib import Path
 
 from numba import njit
 
+# among them every module whose njit functions or intrinsics another module imports (test_kernel_cache.py checks)
 _HELPER_MODULES = (
     "halfs.py",
     "simd.py",
@@ -28,6 +29,8 @@ _HELPER_MODULES = (
     "q6_k_row.py",
     "attention_blocks.py",
     "attention_items.py",
+    "amx.py",
+    "f32_gemm.py",
 )
 
 HELPERS = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in _HELPER_MODULES)).hexdigest()
