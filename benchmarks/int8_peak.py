@@ -30,7 +30,7 @@ from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
 from miro.core.kernels import cpu
-from miro.core.kernels.int8_dots import _VectorOps
+from miro.core.kernels.int8_dots import VectorOps
 
 ACCUMULATORS = 12  # independent dependency chains: more than a dot's latency times its issue rate
 WEIGHTS, ACTIVATIONS = 4, 3  # operand vectors: 12 distinct (weight, activation) pairs, one per accumulator
@@ -52,7 +52,7 @@ def _dot_loop(typingctx, seeds, trips, out, bits, vnni, words_only):
     in_words = bool(words_only.literal_value) and not with_vnni
 
     def codegen(context, builder, signature, args):
-        ops = _VectorOps(builder, width)
+        ops = VectorOps(builder, width)
         i64 = ir.IntType(64)
         seed_data = context.make_array(signature.args[0])(context, builder, args[0]).data
         out_data = context.make_array(signature.args[2])(context, builder, args[2]).data

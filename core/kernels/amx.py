@@ -264,6 +264,14 @@ def _tile_product(mnemonic: str, operands: str):
     return product
 
 
+@njit(inline="always")
+def aligned(n_bytes):
+    """n_bytes uninitialized bytes starting on a cache line."""
+    raw = np.empty(n_bytes + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip : skip + n_bytes]
+
+
 tile_dpbusd = _tile_product("tdpbusd", ("u", ""))
 tile_dpbssd = _tile_product("tdpbssd", ("", ""))
 

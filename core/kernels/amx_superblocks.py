@@ -1,9 +1,9 @@
 """The K-quant tile kernel's integer dots on AMX (amx.py): Q4_K, Q5_K and Q6_K tiles (superblock_tiles.py, in the
 values' order of 512-bit VNNI tiers) times 16 activation rows at a time, each super-block's exact int32 sums per
-(token, weight row) by TDPBxxD, then tile_kernels.tiles_k's float steps: the same integers, the same float
+(token, weight row) by TDPBxxD, then superblock_kernels.tiles_k's float steps: the same integers, the same float
 operations in the same order, so the same bits.
 
-tiles_k on those tiers (int8_dots.superblock_unit_vnni) builds sum over the values v of q_v sc_j(v) a_v (sc_j the
+tiles_k on those tiers (superblock_dots.superblock_unit_vnni) builds sum over the values v of q_v sc_j(v) a_v (sc_j the
 sub-block's scale) by vpdpbusd and vpdpwssd: about 117 instructions per super-block, 16 weight rows and token.
 TDPBxxD has no per-sub-block scale, and one product per sub-block (16 x 16 x 32, Q6_K's x 16) would leave a
 store, a load, a vpmulld and a vpaddd per sub-block and token (measured about the VNNI kernel's time). Here the
@@ -11,7 +11,7 @@ scales go into the weights instead, split into two digits small enough to fit a 
 
 - Q4_K: sc (< 64) = 16 hi + lo, q x lo <= 15 x 15 and q x hi <= 15 x 3; Q5_K: sc = 8 hi + lo, q x lo and q x hi
   <= 31 x 7 (unsigned, TDPBSUD), so sum q sc a = 2^shift C_hi + C_lo; the mins' sum, sum over sub-blocks of
-  m_j x (the activations' 32-value sum j), by int8_dots.mins_dot in the float steps, as tiles_k (as a third AMX
+  m_j x (the activations' 32-value sum j), by superblock_dots.mins_dot in the float steps, as tiles_k (as a third AMX
   product against weights m_j(v) it cost a third more tile work and B tiles than these vpmaddwd);
 - Q6_K: the product w = (q - 32) sc itself (|w| <= 4096) = 256 hi + lo, lo its low byte (unsigned, TDPBSUD),
   hi its high one (signed, TDPBSSD), so sum (q - 32) sc a = 256 C_hi + C_lo (tiles_k's Q6_K sum, offset
@@ -38,15 +38,15 @@ from numba.core.extending import intrinsic
 
 from miro.core.kernels import amx, cpu
 from miro.core.kernels.amx import _tile_product, tile_dpbssd, tile_load, tile_load_config, tile_release, tile_store
-from miro.core.kernels.amx import tile_zero
-from miro.core.kernels.amx_tiles import ROWS, _aligned, runs_on
+from miro.core.kernels.amx import aligned, tile_zero
+from miro.core.kernels.amx_tiles import ROWS, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
-from miro.core.kernels.int8_dots import mins_dot
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import load16, load16_f16, store16, to_float
+from miro.core.kernels.superblock_dots import mins_dot
 from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, sub_block_sum_pairs
-from miro.core.kernels.tile_kernels import _store_tile_row
+from miro.core.kernels.tile_steps import store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
 
 tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
@@ -57,7 +57,7 @@ DIGIT_SHIFT = {Q4_K: 4, Q5_K: 3, Q6_K: 8}  # Q4_K's, Q5_K's scale digits: sc = 2
 
 
 def amx_tiles_k(qtype: int, tier: Tier):
-    """kernel(quants, scales, mins, sub_scales, a, d, sum32, out, config, threads): tile_kernels.tiles_k's product
+    """kernel(quants, scales, mins, sub_scales, a, d, sum32, out, config, threads): superblock_kernels.tiles_k's product
     for the first rows of the Q8_K activations a (quantize_q8_k), as many as out has (a multiple of 16); None for
     other types or where it does not run."""
     qtype = int(qtype)
@@ -87,7 +87,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
         parts = max(1, min(threads, n_tiles))
         # each part's scratch; the tiles' buffers on cache lines (a tile row of 64 bytes in one line, not two)
         scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 2 * c_tile
-        all_scratch = _aligned(parts * scratch_bytes)
+        all_scratch = aligned(parts * scratch_bytes)
         all_pairs = np.empty((parts, 3, 4 * TILE_ROWS), np.int32)
         all_acc = np.empty((parts, 2, TOKEN_BLOCK * TILE_ROWS), np.float32)
         all_spill = np.empty((parts, TILE_ROWS), np.float32)
@@ -169,7 +169,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
                     for t in range(t0, t1):
                         at = TILE_ROWS * (t - t0)
                         total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
-                        _store_tile_row(out, t, n0, total, spill)
+                        store_tile_row(out, t, n0, total, spill)
             tile_release()
         return out
 
@@ -182,7 +182,7 @@ def _a_tiles(a, n_tok):
     in a row: rows K bytes apart put a tile's 16 lines in two L1 sets for K a multiple of 2048. Copied 8 bytes at a
     time (a byte loop took about 10% of a 16-row call)."""
     k = a.shape[1]
-    packed = _aligned(n_tok * k).view(np.int64)
+    packed = aligned(n_tok * k).view(np.int64)
     for t in range(n_tok):
         words = a[t].view(np.int64)
         at = ((t - t % ROWS) * k + 64 * (t % ROWS)) // 8

@@ -1,5 +1,5 @@
 """The tile kernel's integer dots on AMX (amx.py): Q4_0, Q4_1 and Q8_0 tiles (tiles.py) times 16 activation rows at a
-time, each block's exact int32 sums by one TDPBSUD, then tile_kernels.py's float steps, so the same bits.
+time, each block's exact int32 sums by one TDPBSUD, then tile_steps.py's float steps, so the same bits.
 
 Per 16-row weight tile, 16 activation rows at a time, per 32-value block b:
 
@@ -8,7 +8,7 @@ Per 16-row weight tile, 16 activation rows at a time, per 32-value block b:
   per-thread copy by 64-byte vectors, `b_tile`; Q8_0's bytes + 128 as the tile holds them), stored to a
   per-thread buffer;
 - three blocks later (the TDPBSUD's and the store's latency hidden behind the float steps of the blocks before),
-  each activation row's 16 sums are read back and given tile_kernels._step, into 16 float sums held in registers.
+  each activation row's 16 sums are read back and given tile_steps.float_step, into 16 float sums held in registers.
 
 The per-thread buffers (the B tiles, the C tiles' sums) start on cache lines (a 64-byte tile row in one line, not
 two; amx_superblocks.py measured 2x swings without it), and a part takes its tokens in blocks of A_BYTES (1 MiB,
@@ -31,12 +31,20 @@ from numba import get_num_threads, njit, prange, types
 from numba.core.extending import intrinsic
 
 from miro.core.kernels import amx
-from miro.core.kernels.amx import _tile_product, tile_load, tile_load_config, tile_release, tile_store, tile_zero
+from miro.core.kernels.amx import (
+    _tile_product,
+    aligned,
+    tile_load,
+    tile_load_config,
+    tile_release,
+    tile_store,
+    tile_zero,
+)
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.quant_blocks import Q4_0, Q4_1, Q8_0
 from miro.core.kernels.simd import load16, load16_f16, zeros16
-from miro.core.kernels.tile_kernels import FLOAT_BIAS, _constants, _float_bias, _step, _store_tile_row
+from miro.core.kernels.tile_steps import FLOAT_BIAS, float_bias_bits, float_step, store_tile_row, tile_constants
 from miro.core.kernels.tiles import TILE_ROWS
 
 tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
@@ -70,8 +78,8 @@ def amx_tiles_32(qtype: int, tier: Tier):
     if int(qtype) not in AMX_TYPES or not runs_on(tier):
         return None
     amx.require()
-    has_min, offset, block_quants, vnni, e8m0 = _constants(qtype, tier)
-    float_bias = _float_bias(qtype)
+    has_min, offset, block_quants, vnni, e8m0 = tile_constants(qtype, tier)
+    float_bias = float_bias_bits(qtype)
     begins = offset != 0 or float_bias != 0
     nibbles = qtype != Q8_0
     helpers = HELPERS
@@ -99,7 +107,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
         # lines or not: a copy onto them took 1.5x the time at 16 rows (88 KB at K = 5632, out of L1)
         b_bytes = n_blocks * B_BYTES if nibbles else 0
         scratch_bytes = b_bytes + 4 * 4 * ROWS * TILE_ROWS
-        all_scratch = _aligned(parts * scratch_bytes)
+        all_scratch = aligned(parts * scratch_bytes)
         all_spill = np.empty((parts, TILE_ROWS), np.float32)
         for part in prange(parts):
             first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
@@ -156,10 +164,10 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                 mw = load16_f16(tile_mins, 16 * b) if has_min else dw
                                 dw_bias = dw * -FLOAT_BIAS if float_bias else dw
                                 s0 = g * n_blocks + b  # row g's block b in start
-                                c0 = _step(
+                                c0 = float_step(
                                     qtype, c0, _sum(sums, at, start, s0, begins), dw, dw_bias, mw, d[g, b], s[g, b]
                                 )
-                                c1 = _step(
+                                c1 = float_step(
                                     qtype,
                                     c1,
                                     _sum(sums, at + 16, start, s0 + n_blocks, begins),
@@ -169,7 +177,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 1, b],
                                     s[g + 1, b],
                                 )
-                                c2 = _step(
+                                c2 = float_step(
                                     qtype,
                                     c2,
                                     _sum(sums, at + 32, start, s0 + 2 * n_blocks, begins),
@@ -179,7 +187,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 2, b],
                                     s[g + 2, b],
                                 )
-                                c3 = _step(
+                                c3 = float_step(
                                     qtype,
                                     c3,
                                     _sum(sums, at + 48, start, s0 + 3 * n_blocks, begins),
@@ -189,7 +197,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 3, b],
                                     s[g + 3, b],
                                 )
-                                c4 = _step(
+                                c4 = float_step(
                                     qtype,
                                     c4,
                                     _sum(sums, at + 64, start, s0 + 4 * n_blocks, begins),
@@ -199,7 +207,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 4, b],
                                     s[g + 4, b],
                                 )
-                                c5 = _step(
+                                c5 = float_step(
                                     qtype,
                                     c5,
                                     _sum(sums, at + 80, start, s0 + 5 * n_blocks, begins),
@@ -209,7 +217,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 5, b],
                                     s[g + 5, b],
                                 )
-                                c6 = _step(
+                                c6 = float_step(
                                     qtype,
                                     c6,
                                     _sum(sums, at + 96, start, s0 + 6 * n_blocks, begins),
@@ -219,7 +227,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 6, b],
                                     s[g + 6, b],
                                 )
-                                c7 = _step(
+                                c7 = float_step(
                                     qtype,
                                     c7,
                                     _sum(sums, at + 112, start, s0 + 7 * n_blocks, begins),
@@ -229,7 +237,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 7, b],
                                     s[g + 7, b],
                                 )
-                                c8 = _step(
+                                c8 = float_step(
                                     qtype,
                                     c8,
                                     _sum(sums, at + 128, start, s0 + 8 * n_blocks, begins),
@@ -239,7 +247,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 8, b],
                                     s[g + 8, b],
                                 )
-                                c9 = _step(
+                                c9 = float_step(
                                     qtype,
                                     c9,
                                     _sum(sums, at + 144, start, s0 + 9 * n_blocks, begins),
@@ -249,7 +257,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 9, b],
                                     s[g + 9, b],
                                 )
-                                c10 = _step(
+                                c10 = float_step(
                                     qtype,
                                     c10,
                                     _sum(sums, at + 160, start, s0 + 10 * n_blocks, begins),
@@ -259,7 +267,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 10, b],
                                     s[g + 10, b],
                                 )
-                                c11 = _step(
+                                c11 = float_step(
                                     qtype,
                                     c11,
                                     _sum(sums, at + 176, start, s0 + 11 * n_blocks, begins),
@@ -269,7 +277,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 11, b],
                                     s[g + 11, b],
                                 )
-                                c12 = _step(
+                                c12 = float_step(
                                     qtype,
                                     c12,
                                     _sum(sums, at + 192, start, s0 + 12 * n_blocks, begins),
@@ -279,7 +287,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 12, b],
                                     s[g + 12, b],
                                 )
-                                c13 = _step(
+                                c13 = float_step(
                                     qtype,
                                     c13,
                                     _sum(sums, at + 208, start, s0 + 13 * n_blocks, begins),
@@ -289,7 +297,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 13, b],
                                     s[g + 13, b],
                                 )
-                                c14 = _step(
+                                c14 = float_step(
                                     qtype,
                                     c14,
                                     _sum(sums, at + 224, start, s0 + 14 * n_blocks, begins),
@@ -299,7 +307,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 14, b],
                                     s[g + 14, b],
                                 )
-                                c15 = _step(
+                                c15 = float_step(
                                     qtype,
                                     c15,
                                     _sum(sums, at + 240, start, s0 + 15 * n_blocks, begins),
@@ -309,22 +317,22 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     d[g + 15, b],
                                     s[g + 15, b],
                                 )
-                        _store_tile_row(out, g, n0, c0, spill)
-                        _store_tile_row(out, g + 1, n0, c1, spill)
-                        _store_tile_row(out, g + 2, n0, c2, spill)
-                        _store_tile_row(out, g + 3, n0, c3, spill)
-                        _store_tile_row(out, g + 4, n0, c4, spill)
-                        _store_tile_row(out, g + 5, n0, c5, spill)
-                        _store_tile_row(out, g + 6, n0, c6, spill)
-                        _store_tile_row(out, g + 7, n0, c7, spill)
-                        _store_tile_row(out, g + 8, n0, c8, spill)
-                        _store_tile_row(out, g + 9, n0, c9, spill)
-                        _store_tile_row(out, g + 10, n0, c10, spill)
-                        _store_tile_row(out, g + 11, n0, c11, spill)
-                        _store_tile_row(out, g + 12, n0, c12, spill)
-                        _store_tile_row(out, g + 13, n0, c13, spill)
-                        _store_tile_row(out, g + 14, n0, c14, spill)
-                        _store_tile_row(out, g + 15, n0, c15, spill)
+                        store_tile_row(out, g, n0, c0, spill)
+                        store_tile_row(out, g + 1, n0, c1, spill)
+                        store_tile_row(out, g + 2, n0, c2, spill)
+                        store_tile_row(out, g + 3, n0, c3, spill)
+                        store_tile_row(out, g + 4, n0, c4, spill)
+                        store_tile_row(out, g + 5, n0, c5, spill)
+                        store_tile_row(out, g + 6, n0, c6, spill)
+                        store_tile_row(out, g + 7, n0, c7, spill)
+                        store_tile_row(out, g + 8, n0, c8, spill)
+                        store_tile_row(out, g + 9, n0, c9, spill)
+                        store_tile_row(out, g + 10, n0, c10, spill)
+                        store_tile_row(out, g + 11, n0, c11, spill)
+                        store_tile_row(out, g + 12, n0, c12, spill)
+                        store_tile_row(out, g + 13, n0, c13, spill)
+                        store_tile_row(out, g + 14, n0, c14, spill)
+                        store_tile_row(out, g + 15, n0, c15, spill)
             tile_release()
         return out
 
@@ -336,14 +344,6 @@ def _sum(sums, at, start, s_at, begins):
     """One activation row's 16 int32 sums from the stored C tile, begun where tiles_32's begin."""
     total = load16(sums, at)
     return total + start[s_at] if begins else total
-
-
-@njit(inline="always")
-def _aligned(n_bytes):
-    """n_bytes uninitialized bytes starting on a cache line."""
-    raw = np.empty(n_bytes + 64, np.uint8)
-    skip = -raw.ctypes.data % 64
-    return raw[skip : skip + n_bytes]
 
 
 @intrinsic(prefer_literal=True)

@@ -14,17 +14,23 @@ from pathlib import Path
 
 from numba import njit
 
+# among them every module whose njit functions or intrinsics another module imports (test_kernel_cache.py checks)
 _HELPER_MODULES = (
     "halfs.py",
     "simd.py",
+    "simd_narrowing.py",
     "int8_dots.py",
+    "superblock_dots.py",
     "quant_blocks.py",
     "tiles.py",
+    "tile_steps.py",
     "superblock_tiles.py",
     "grouped_passes.py",
     "q6_k_row.py",
     "attention_blocks.py",
     "attention_items.py",
+    "amx.py",
+    "f32_gemm.py",
 )
 
 HELPERS = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in _HELPER_MODULES)).hexdigest()

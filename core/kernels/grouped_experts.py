@@ -31,12 +31,12 @@ from miro.core.kernels.int8_dots import (
 )
 from miro.core.kernels.quant_blocks import BLOCK32_TYPES
 from miro.core.kernels.simd import LANES, load16_e8m0, load16_f16, zeros16
-from miro.core.kernels.tile_kernels import (
+from miro.core.kernels.tile_steps import (
     FLOAT_BIAS,
-    _constants,
-    _float_bias,
-    _step,
-    _store_tile_row,
+    float_bias_bits,
+    float_step,
+    store_tile_row,
+    tile_constants,
 )
 from miro.core.kernels.tiles import TILE_ROWS
 
@@ -52,9 +52,9 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
     rows; out (rows, parts x tiles_per_expert x 16)."""
     if qtype not in BLOCK32_TYPES or not tier.int8_dot:
         return None
-    has_min, offset, block_quants, vnni, e8m0 = _constants(qtype, tier)
+    has_min, offset, block_quants, vnni, e8m0 = tile_constants(qtype, tier)
     bits = 512 if tier.vector_bits == 512 else 256
-    float_bias = _float_bias(qtype)
+    float_bias = float_bias_bits(qtype)
     begins = int(offset != 0 or float_bias != 0)  # tiles_32's: where the integer sums begin
     helpers = HELPERS
 
@@ -109,22 +109,22 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
                     dw_bias = dw * -FLOAT_BIAS if float_bias else zero
-                    c0 = _step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
-                    c1 = _step(qtype, c1, i1, dw, dw_bias, mw, d[t + 1, b], s[t + 1, b])
-                    c2 = _step(qtype, c2, i2, dw, dw_bias, mw, d[t + 2, b], s[t + 2, b])
-                    c3 = _step(qtype, c3, i3, dw, dw_bias, mw, d[t + 3, b], s[t + 3, b])
-                    c4 = _step(qtype, c4, i4, dw, dw_bias, mw, d[t + 4, b], s[t + 4, b])
-                    c5 = _step(qtype, c5, i5, dw, dw_bias, mw, d[t + 5, b], s[t + 5, b])
-                    c6 = _step(qtype, c6, i6, dw, dw_bias, mw, d[t + 6, b], s[t + 6, b])
-                    c7 = _step(qtype, c7, i7, dw, dw_bias, mw, d[t + 7, b], s[t + 7, b])
-                _store_tile_row(out, t, n0, c0, spill)
-                _store_tile_row(out, t + 1, n0, c1, spill)
-                _store_tile_row(out, t + 2, n0, c2, spill)
-                _store_tile_row(out, t + 3, n0, c3, spill)
-                _store_tile_row(out, t + 4, n0, c4, spill)
-                _store_tile_row(out, t + 5, n0, c5, spill)
-                _store_tile_row(out, t + 6, n0, c6, spill)
-                _store_tile_row(out, t + 7, n0, c7, spill)
+                    c0 = float_step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
+                    c1 = float_step(qtype, c1, i1, dw, dw_bias, mw, d[t + 1, b], s[t + 1, b])
+                    c2 = float_step(qtype, c2, i2, dw, dw_bias, mw, d[t + 2, b], s[t + 2, b])
+                    c3 = float_step(qtype, c3, i3, dw, dw_bias, mw, d[t + 3, b], s[t + 3, b])
+                    c4 = float_step(qtype, c4, i4, dw, dw_bias, mw, d[t + 4, b], s[t + 4, b])
+                    c5 = float_step(qtype, c5, i5, dw, dw_bias, mw, d[t + 5, b], s[t + 5, b])
+                    c6 = float_step(qtype, c6, i6, dw, dw_bias, mw, d[t + 6, b], s[t + 6, b])
+                    c7 = float_step(qtype, c7, i7, dw, dw_bias, mw, d[t + 7, b], s[t + 7, b])
+                store_tile_row(out, t, n0, c0, spill)
+                store_tile_row(out, t + 1, n0, c1, spill)
+                store_tile_row(out, t + 2, n0, c2, spill)
+                store_tile_row(out, t + 3, n0, c3, spill)
+                store_tile_row(out, t + 4, n0, c4, spill)
+                store_tile_row(out, t + 5, n0, c5, spill)
+                store_tile_row(out, t + 6, n0, c6, spill)
+                store_tile_row(out, t + 7, n0, c7, spill)
             for t in range(n_eights, n_twos, 2):
                 c0 = c1 = zero
                 for b in range(n_blocks):
@@ -146,10 +146,10 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
                     dw_bias = dw * -FLOAT_BIAS if float_bias else zero
-                    c0 = _step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
-                    c1 = _step(qtype, c1, i1, dw, dw_bias, mw, d[t + 1, b], s[t + 1, b])
-                _store_tile_row(out, t, n0, c0, spill)
-                _store_tile_row(out, t + 1, n0, c1, spill)
+                    c0 = float_step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
+                    c1 = float_step(qtype, c1, i1, dw, dw_bias, mw, d[t + 1, b], s[t + 1, b])
+                store_tile_row(out, t, n0, c0, spill)
+                store_tile_row(out, t + 1, n0, c1, spill)
             if n_twos < end:  # the run's last row alone
                 t = n_twos
                 c0 = zero
@@ -172,8 +172,8 @@ def grouped_32(qtype: int, tier: Tier, tokens: int):
                     dw = load16_e8m0(tile_scales, 16 * b) if e8m0 else load16_f16(tile_scales, 16 * b)
                     mw = load16_f16(tile_mins, 16 * b) if has_min else zero
                     dw_bias = dw * -FLOAT_BIAS if float_bias else zero
-                    c0 = _step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
-                _store_tile_row(out, t, n0, c0, spill)
+                    c0 = float_step(qtype, c0, i0, dw, dw_bias, mw, d[t, b], s[t, b])
+                store_tile_row(out, t, n0, c0, spill)
         return out
 
     return grouped_tiles_32

@@ -29,7 +29,7 @@ def prefetch_superblock(quants, at, n_bytes, sub_scales, sub_at, sub_n):
         prefetch(sub_scales, sub_at + offset)
 
 
-# Q6_K by vpmaddubsw runs centred (tile_kernels.tiles_k's scheme) in passes of this many rows or more: there its
+# Q6_K by vpmaddubsw runs centred (superblock_kernels.tiles_k's scheme) in passes of this many rows or more: there its
 # per-call cost (q - 32 per weight vector) is shared by enough rows to beat the per-row offset it saves (one Xeon
 # core, AVX2 emulation, qwen3moe's down experts at 256 rows: 1.06-1.12x; at 1 and 4 rows a pass 0.97-1.0x)
 CENTRED_FROM = 8

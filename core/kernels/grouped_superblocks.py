@@ -1,6 +1,6 @@
 """The grouped expert kernel of the K-quants (Q4_K, Q5_K, Q6_K): grouped_experts.py's design (a step's chosen
 experts in one call, work items (active expert, tile), each a tile times its expert's run of rows) over the
-super-block tiles, with tile_kernels.tiles_k's integer sums and float steps, so a row's bits are the dense
+super-block tiles, with superblock_kernels.tiles_k's integer sums and float steps, so a row's bits are the dense
 kernel's whatever rows share its experts."""
 
 from __future__ import annotations
@@ -14,27 +14,25 @@ from numba import prange
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.grouped_passes import CENTRED_FROM, pass_rows, prefetch_superblock, work_item
-from miro.core.kernels.int8_dots import (
+from miro.core.kernels.q6_k_row import q6_k_quad_sums
+from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
+from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float
+from miro.core.kernels.superblock_dots import (
     lanes_per_call,
     mins_dot,
     split_sums,
     superblock_tile_sum,
     superblock_unit_vnni,
 )
-from miro.core.kernels.q6_k_row import q6_k_quad_sums
-from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
-from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float
 from miro.core.kernels.superblock_tiles import (
     LANE_BYTES,
     begin_sums,
     k4_tile_pairs,
     natural_order,
+    q6_k_scale_pairs,
     sub_block_sum_pairs,
 )
-from miro.core.kernels.tile_kernels import (
-    _q6_k_scale_pairs,
-    _store_tile_row,
-)
+from miro.core.kernels.tile_steps import store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
 
 
@@ -58,7 +56,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
-    sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (int8_dots.superblock_tile_sum)
+    sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (superblock_dots.superblock_tile_sum)
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
@@ -88,7 +86,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
         flat_quants0 = quants0.reshape(quants0.size)
         flat_quants1 = quants1.reshape(quants1.size)
         a_flat = a.reshape(a.size)
-        # Q6_K in the values' order (int8_dots.superblock_unit_vnni): for passes of 4 rows or more the activations +
+        # Q6_K in the values' order (superblock_dots.superblock_unit_vnni): for passes of 4 rows or more the activations +
         # 128, vpdpbusd's unsigned operand; for passes of 2 and 1 -32 x each 8 activations' sum, the start of their
         # int32 sums, [row][k / 8]
         a_unsigned = a_flat.view(np.uint8) ^ np.uint8(0x80) if signed_q6 else np.empty(0, np.uint8)
@@ -99,11 +97,11 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                 total += np.int32(a_flat[8 * g + i])
             row_starts[g] = np.int32(-32) * total
         # superblock_tile_sum's activations in passes of CENTRED_FROM rows or more: Q6_K's + 128 where centred (its
-        # values q - 32, each row's sums begun at its start in the tiles' mins: tile_kernels.tiles_k), else as they are
+        # values q - 32, each row's sums begun at its start in the tiles' mins: superblock_kernels.tiles_k), else as they are
         a_dots = a_flat.view(np.uint8) ^ np.uint8(0x80) if centred else a_flat.view(np.uint8)
         pairs_per_super = 4 if has_mins else 8
         # the int16 pairs of each row's sub-block sums, on the calling thread (a few microseconds for a decode step's
-        # slots), so a call is one parallel region: Q4_K's, Q5_K's for their mins, as tile_kernels.tiles_k makes them;
+        # slots), so a call is one parallel region: Q4_K's, Q5_K's for their mins, as superblock_kernels.tiles_k makes them;
         # Q6_K's (by vpmaddubsw) quad sums for its offset, of the rows in passes of fewer than CENTRED_FROM only
         sum_pairs = (
             np.empty((n_tok, n_super * 8), np.int32)
@@ -165,7 +163,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                         tile_sub_scales, 12 * TILE_ROWS * sb, pairs, sb * 8 * TILE_ROWS, min_pairs, sb * 4 * TILE_ROWS
                     )
                 elif not natural:
-                    _q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS :])
+                    q6_k_scale_pairs(tile_sub_scales, sb, pairs[sb * 8 * TILE_ROWS :])
             isums = all_sums[thread, 0]
             acc = all_sums[thread, 1].view(np.float32)
             acc_mins = all_sums[thread, 2].view(np.float32)
@@ -470,7 +468,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                                     qtype,
                                     2,
                                 )
-                    if sets == 2 and n >= 4:  # the second set of sums (int8_dots.split_sums)
+                    if sets == 2 and n >= 4:  # the second set of sums (superblock_dots.split_sums)
                         for t in range(n):
                             store16(
                                 isums, TILE_ROWS * t, load16(isums, TILE_ROWS * t) + load16(isums, TILE_ROWS * (n + t))
@@ -493,7 +491,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                 for t in range(n):
                     at = TILE_ROWS * t
                     total = load16(acc, at) - load16(acc_mins, at) if has_mins else load16(acc, at)
-                    _store_tile_row(out, t0 + t, j * TILE_ROWS, total, spill)
+                    store_tile_row(out, t0 + t, j * TILE_ROWS, total, spill)
                 t0 += n
         return out
 

@@ -1,7 +1,7 @@
 """Q6_K's super-block sums for one activation row on the vpmaddubsw tiers (AVX2, AVX-512 without VNNI, AVX-VNNI),
-from the quad-order tiles of superblock_tiles.py: tile_kernels.tiles_k's passes of one row.
+from the quad-order tiles of superblock_tiles.py: superblock_kernels.tiles_k's passes of one row.
 
-The other passes take Q6_K's values centred, q - 32 against the activations + 128 (int8_dots.superblock_tile_sum):
+The other passes take Q6_K's values centred, q - 32 against the activations + 128 (superblock_dots.superblock_tile_sum):
 every quad then pays a vpaddb for its - 32, 128 a super-block on 256-bit tiers, which the rows of a pass share
 only when there are several. Here the values stay unsigned (0..63), vpmaddubsw's unsigned operand, against the
 signed activations, and the offset comes off once per super-block from the activations' 16-value sums:
@@ -24,9 +24,11 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core.extending import intrinsic
 
-from miro.core.kernels.int8_dots import _I32, _I64, _SuperblockLane
+from miro.core.kernels.superblock_dots import SuperblockLane
 from miro.core.kernels.quant_blocks import Q6_K
 from miro.core.kernels.simd import splat
+
+_I32, _I64 = ir.IntType(32), ir.IntType(64)
 
 
 @njit(inline="always")
@@ -59,7 +61,7 @@ def q6_k_row_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, sums, s
         isums[r] += sum over the super-block's values v of sc(r, v) . (q(r, v) - 32) . a(v)
 
     quants (uint8, 1-D): the super-block at w_start (superblock_tiles.py's quad order); pairs (int32, 1-D): row r's
-    int16 scale pair of quad j at p_start + 16 j + r (tile_kernels._q6_k_scale_pairs); a (int8, 1-D): the row's
+    int16 scale pair of quad j at p_start + 16 j + r (superblock_tiles.q6_k_scale_pairs); a (int8, 1-D): the row's
     super-block in quad order at a_start; sums (int32, 1-D): q6_k_sum_pairs's pair of quad j at s_start + j.
     bits (256 or 512), vnni: compile-time constants."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni)):
@@ -75,7 +77,7 @@ def q6_k_row_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, sums, s
             return context.make_array(signature.args[index])(context, builder, args[index]).data
 
         quant_data, pair_data, a_data, sum_data, isum_data = data(0), data(2), data(4), data(6), data(8)
-        one = _SuperblockLane(
+        one = SuperblockLane(
             builder, width, Q6_K, with_vnni, quant_data, w_start_v, pair_data, p_start_v, ir.Constant(_I64, 0)
         )
         ops, parts = one.ops, one.parts

@@ -146,7 +146,7 @@ def quads_offset(qtype: int) -> int:
 def unpack_k4(low, high, top):
     """ggml's get_scale_min_k4 for sub-blocks q and q + 4 at once (q < 4), from bytes q, q + 4 and q + 8 of
     Q4_K/Q5_K's 12 packed bytes: (scale q, min q, scale q + 4, min q + 4). Plain arithmetic on its arguments, so a
-    loop over a tile's 16 rows of those bytes vectorizes (tile_kernels._unpack_k4_scales)."""
+    loop over a tile's 16 rows of those bytes vectorizes (superblock_tiles.k4_tile_pairs)."""
     return (low & 63, high & 63, (top & 15) | ((low >> 6) << 4), (top >> 4) | ((high >> 6) << 4))
 
 

@@ -26,13 +26,12 @@ from numba import njit, prange
 
 from miro.core.kernels.cache_key import HELPERS
 from miro.core.kernels.halfs import round_to_f16
-from miro.core.kernels.simd import (
-    abs16,
+from miro.core.kernels.simd import abs16, load16
+from miro.core.kernels.simd_narrowing import (
     hlargest,
     hsmallest,
     hsum_int,
     larger16,
-    load16,
     round_away16,
     smaller16,
     store16_int8,

@@ -21,15 +21,10 @@ a loop that updates `acc = acc + x` keeps acc in a register, as a SIMD micro-ker
     m = hmax(v); s = hsum(v)     # the largest lane; the sum of the lanes, always in the same tree order
     w = keep_lanes(v, a, b, f)   # lanes a..b-1 of v, the others set to the scalar f
     prefetch(array, i)           # ask for the cache line holding array[i] (a hint: it never faults)
-    i = round_away16(v)          # C's roundf lane by lane (halves away from zero) -> int32x16
-    i = to_int(v)                # float32x16 -> int32x16, truncated toward zero
-    store16_int8(array, i, n)    # the low byte of each lane of an int32x16 into array[i:i + 16] (int8/uint8)
-    n = hsum_int(n)              # the sum of an int32x16's lanes
-    m = larger16(v, u)           # v if v > u else u lane by lane (u may be a scalar): one vmaxps; smaller16 too
-    m = hlargest(v)              # the largest lane by larger16 (hsmallest: the smallest)
 
 The arithmetic is plain IEEE lane by lane, with no fast-math flags: the same bits as the scalar
-code written the same way.
+code written the same way. Rounding to integers, narrowing to bytes and compare-and-pick, for the activation
+quantizers: simd_narrowing.py.
 """
 
 from __future__ import annotations
@@ -207,11 +202,11 @@ def int_zeros16(typingctx):
     return int32x16(), codegen
 
 
-def _f32x16(value: float) -> ir.Constant:
+def f32x16_constant(value: float) -> ir.Constant:
     return ir.Constant(ir.VectorType(ir.FloatType(), LANES), [value] * LANES)
 
 
-def _call(builder, name: str, vector_type, args):
+def vector_call(builder, name: str, vector_type, args):
     """A call to the LLVM intrinsic `name` whose arguments and result are all of vector_type."""
     function = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(vector_type, [vector_type] * len(args)), name
@@ -232,16 +227,16 @@ def exp16(typingctx, value):
     def codegen(context, builder, sig, args):
         vf = ir.VectorType(ir.FloatType(), LANES)
         vi = ir.VectorType(ir.IntType(32), LANES)
-        x = _call(builder, "llvm.minnum.v16f32", vf, [args[0], _f32x16(_EXP_HI)])
-        x = _call(builder, "llvm.maxnum.v16f32", vf, [x, _f32x16(_EXP_LO)])
-        n = _call(builder, "llvm.rint.v16f32", vf, [builder.fmul(x, _f32x16(1.44269504088896341))])
-        r = _call(builder, "llvm.fma.v16f32", vf, [n, _f32x16(-_LN2_HI), x])
-        r = _call(builder, "llvm.fma.v16f32", vf, [n, _f32x16(-_LN2_LO), r])
-        poly = _f32x16(_EXP_POLY[0])
+        x = vector_call(builder, "llvm.minnum.v16f32", vf, [args[0], f32x16_constant(_EXP_HI)])
+        x = vector_call(builder, "llvm.maxnum.v16f32", vf, [x, f32x16_constant(_EXP_LO)])
+        n = vector_call(builder, "llvm.rint.v16f32", vf, [builder.fmul(x, f32x16_constant(1.44269504088896341))])
+        r = vector_call(builder, "llvm.fma.v16f32", vf, [n, f32x16_constant(-_LN2_HI), x])
+        r = vector_call(builder, "llvm.fma.v16f32", vf, [n, f32x16_constant(-_LN2_LO), r])
+        poly = f32x16_constant(_EXP_POLY[0])
         for c in _EXP_POLY[1:]:
-            poly = _call(builder, "llvm.fma.v16f32", vf, [poly, r, _f32x16(c)])
+            poly = vector_call(builder, "llvm.fma.v16f32", vf, [poly, r, f32x16_constant(c)])
         r2 = builder.fmul(r, r)
-        poly = _call(builder, "llvm.fma.v16f32", vf, [poly, r2, builder.fadd(r, _f32x16(1.0))])
+        poly = vector_call(builder, "llvm.fma.v16f32", vf, [poly, r2, builder.fadd(r, f32x16_constant(1.0))])
         exponent = builder.add(builder.fptosi(n, vi), ir.Constant(vi, [127] * LANES))
         two_n = builder.bitcast(builder.shl(exponent, ir.Constant(vi, [23] * LANES)), vf)
         return builder.fmul(poly, two_n)
@@ -254,7 +249,7 @@ def abs16(typingctx, value):
     """|value| lane by lane (llvm.fabs: the sign bit cleared)."""
 
     def codegen(context, builder, sig, args):
-        return _call(builder, "llvm.fabs.v16f32", ir.VectorType(ir.FloatType(), LANES), [args[0]])
+        return vector_call(builder, "llvm.fabs.v16f32", ir.VectorType(ir.FloatType(), LANES), [args[0]])
 
     return float32x16(float32x16), codegen
 
@@ -264,7 +259,7 @@ def max16(typingctx, a, b):
     """The larger of a and b lane by lane (llvm.maxnum)."""
 
     def codegen(context, builder, sig, args):
-        return _call(builder, "llvm.maxnum.v16f32", ir.VectorType(ir.FloatType(), LANES), list(args))
+        return vector_call(builder, "llvm.maxnum.v16f32", ir.VectorType(ir.FloatType(), LANES), list(args))
 
     return float32x16(float32x16, float32x16), codegen
 
@@ -291,7 +286,7 @@ def exp1(x):
     return lane0(exp16(splat16(x)))
 
 
-def _halves_tree(builder, vector, combine):
+def halves_tree(builder, vector, combine):
     """Lanes combined pairwise, half against half, down to one: a fixed order, whatever the call site."""
     width = LANES
     while width > 1:
@@ -311,7 +306,7 @@ def hsum(typingctx, value):
     """The sum of the 16 lanes: lanes i and i + 8 first, then i and i + 4, and so on."""
 
     def codegen(context, builder, sig, args):
-        return _halves_tree(builder, args[0], lambda a, b, width: builder.fadd(a, b))
+        return halves_tree(builder, args[0], lambda a, b, width: builder.fadd(a, b))
 
     return types.float32(float32x16), codegen
 
@@ -322,9 +317,9 @@ def hmax(typingctx, value):
 
     def codegen(context, builder, sig, args):
         def larger(a, b, width):
-            return _call(builder, f"llvm.maxnum.v{width}f32", ir.VectorType(ir.FloatType(), width), [a, b])
+            return vector_call(builder, f"llvm.maxnum.v{width}f32", ir.VectorType(ir.FloatType(), width), [a, b])
 
-        return _halves_tree(builder, args[0], larger)
+        return halves_tree(builder, args[0], larger)
 
     return types.float32(float32x16), codegen
 
@@ -363,117 +358,11 @@ def prefetch(typingctx, array, index):
     return types.void(array, types.intp), codegen
 
 
-# ---------------------------------------------------------------- rounding, narrowing and comparisons
-# For the activation quantizers (quantize_activations.py): float lanes to integers and int8 bytes, the
-# integer sum of the lanes, and max/min as one compare-and-pick each (max16/hmax keep llvm.maxnum's rule
-# of skipping a NaN, which costs x86 two more instructions per vector).
-
-# The float32 just below 0.5: v + copysign(it, v), rounded to nearest even, then truncated, is C's roundf(v)
-# for every float32 (0.5 + it rounds up to 1, 0.49999997 + it stays below 1); LLVM lowers llvm.round so on x86.
-_JUST_BELOW_HALF = 0.4999999701976776
-
-
-@intrinsic
-def round_away16(typingctx, value):
-    """C's roundf lane by lane (halves away from zero), as int32x16: fptosi(v + copysign(0.5 - 2^-25, v)), one
-    add, two bit operations and one truncating conversion. Lanes whose rounded value is outside int32, or NaN,
-    are undefined: clamp them first."""
-
-    def codegen(context, builder, sig, args):
-        vf = ir.VectorType(ir.FloatType(), LANES)
-        half = _call(builder, "llvm.copysign.v16f32", vf, [_f32x16(_JUST_BELOW_HALF), args[0]])
-        return builder.fptosi(builder.fadd(args[0], half), ir.VectorType(ir.IntType(32), LANES))
-
-    return int32x16(float32x16), codegen
-
-
-@intrinsic
-def to_int(typingctx, value):
-    """float32x16 -> int32x16 by truncation toward zero (exact for whole numbers); out-of-range or NaN lanes are
-    undefined."""
-
-    def codegen(context, builder, sig, args):
-        return builder.fptosi(args[0], ir.VectorType(ir.IntType(32), LANES))
-
-    return int32x16(float32x16), codegen
-
-
-@intrinsic
-def store16_int8(typingctx, array, index, value):
-    """array[index:index + 16] = the low byte of each lane of value (int32x16; array of int8 or uint8): vpmovdb
-    on AVX-512, packs and a shuffle on AVX2."""
-
-    def codegen(context, builder, sig, args):
-        v8 = ir.VectorType(ir.IntType(8), LANES)
-        narrow = builder.trunc(args[2], v8)
-        builder.store(narrow, element_pointer(context, builder, sig.args[0], args[0], args[1], v8), align=1)
-        return context.get_dummy_value()
-
-    return types.void(array, types.intp, int32x16), codegen
-
-
-@intrinsic
-def hsum_int(typingctx, value):
-    """The sum of the 16 lanes of an int32x16 (wrapping as int32 does)."""
-
-    def codegen(context, builder, sig, args):
-        return _halves_tree(builder, args[0], lambda a, b, width: builder.add(a, b))
-
-    return types.int32(int32x16), codegen
-
-
-def _pick(builder, a, b, predicate: str):
-    """a if (a predicate b) else b: one vmaxps / vminps on x86 (b when either is NaN)."""
-    return builder.select(builder.fcmp_ordered(predicate, a, b), a, b)
-
-
-def _operand16(context, builder, value, ty):
+def operand16(context, builder, value, ty):
     """A float32x16 argument as is, a scalar one splat."""
     if isinstance(ty, Vec16):
         return value
     return splat(builder, context.cast(builder, value, ty, types.float32), ir.VectorType(ir.FloatType(), LANES))
-
-
-def _picking(typingctx, a, b, predicate: str):
-    """The signature and codegen of larger16 / smaller16."""
-
-    def codegen(context, builder, sig, args):
-        x, y = (_operand16(context, builder, value, ty) for value, ty in zip(args, sig.args))
-        return _pick(builder, x, y, predicate)
-
-    return float32x16(a, b), codegen
-
-
-@intrinsic
-def larger16(typingctx, a, b):
-    """a if a > b else b lane by lane (a float32x16, b one or a float32 splat): one vmaxps; b when either is NaN."""
-    return _picking(typingctx, a, b, ">")
-
-
-@intrinsic
-def smaller16(typingctx, a, b):
-    """a if a < b else b lane by lane (a float32x16, b one or a float32 splat): one vminps; b when either is NaN."""
-    return _picking(typingctx, a, b, "<")
-
-
-@intrinsic
-def hlargest(typingctx, value):
-    """The largest of the 16 lanes, by larger16 half against half (finite lanes: the same as hmax)."""
-
-    def codegen(context, builder, sig, args):
-        return _halves_tree(builder, args[0], lambda a, b, width: _pick(builder, a, b, ">"))
-
-    return types.float32(float32x16), codegen
-
-
-@intrinsic
-def hsmallest(typingctx, value):
-    """The smallest of the 16 lanes, by smaller16 half against half."""
-
-    def codegen(context, builder, sig, args):
-        return _halves_tree(builder, args[0], lambda a, b, width: _pick(builder, a, b, "<"))
-
-    return types.float32(float32x16), codegen
 
 
 @intrinsic
@@ -485,8 +374,8 @@ def fma16(typingctx, x, w, acc):
 
     def codegen(context, builder, sig, args):
         vector_type = ir.VectorType(ir.FloatType(), LANES)
-        operands = [_operand16(context, builder, value, ty) for value, ty in zip(args, sig.args)]
-        return _call(builder, "llvm.fma.v16f32", vector_type, operands)
+        operands = [operand16(context, builder, value, ty) for value, ty in zip(args, sig.args)]
+        return vector_call(builder, "llvm.fma.v16f32", vector_type, operands)
 
     return float32x16(x, w, acc), codegen
 

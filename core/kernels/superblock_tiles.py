@@ -1,7 +1,7 @@
 """Q4_K, Q5_K and Q6_K weights repacked once at load into tiles of 16 rows, for the K-quant tile kernel.
 
 The kernel takes, per row and token, each super-block's exact integer sum (every value times its
-sub-block's scale) and one float step for it, as ggml's x86 repack kernel does (tile_kernels.tiles_k).
+sub-block's scale) and one float step for it, as ggml's x86 repack kernel does (superblock_kernels.tiles_k).
 How the values are grouped inside a super-block is then free; a tile groups them in "quads" of 4 values,
 one 64-byte vector giving a quad for 16 rows, so that vpmaddubsw turns it into int16 pairs (bytes 0, 1
 and 2, 3), each pair within one sub-block, and vpmaddwd by the pair's scales into exact int32. The quads
@@ -12,12 +12,12 @@ come from ggml's reference dot's 8 lanes (value e in lane e % 8): quad Q < 8 of 
 bytes 0, 1 in 32-value sub-block 2 c, bytes 2, 3 in 2 c + 1 (Q6_K's 16-value sub-blocks 4 c + h and
 4 c + 2 + h). Quads 2 c and 2 c + 1 share Q4_K's and Q5_K's scale pair (sc[2 c], sc[2 c + 1]), and so do a
 unit's quads across lanes, so the kernel adds the int16 products of several lanes before one vpmaddwd
-(int8_dots.LANES_PER_WORD_SUM). The activations come in the same order (activations.py,
+(superblock_dots.LANES_PER_WORD_SUM). The activations come in the same order (activations.py,
 quantize_q8_k_quads: value(Q, l, i) at 32 Q + 4 l + i), so a quad of them is one 4-byte broadcast.
 
 On 512-bit VNNI tiers (natural_order) the quads lie in the values' own order instead, quad Q of lane l the values
 32 Q + 4 l + i, all four in one sub-block (Q6_K's: lanes 0-3 in 16-value sub-block 2 Q, 4-7 in 2 Q + 1): vpdpbusd
-then sums a quad's 4 products, and several lanes', into int32 (int8_dots.superblock_unit_vnni), which pays where
+then sums a quad's 4 products, and several lanes', into int32 (superblock_dots.superblock_unit_vnni), which pays where
 vpmaddubsw's int16 pairs took a vpaddw each. The activations are then quantize_q8_k's as they are. Everything
 below holds for both orders, with quad_value replaced by 32 Q + 4 l + i (_value_at).
 
@@ -32,10 +32,10 @@ each vector [row r][byte i]:
 and per row r: scales[tile, 16 sb + r] its float16 d, mins[tile, 16 sb + r] its dmin (Q4_K, Q5_K); Q6_K's
 mins, outside the values' order, two uint16 a row and super-block holding an int32 (mins[tile].view(int32)[16 sb + r]):
 -128 x the sum of sc x (q - 32) over the super-block, where the kernel's centred sums begin
-(int8_dots.superblock_tile_sum: its values q - 32 against the activations + 128, no offset to take off per token);
+(superblock_dots.superblock_tile_sum: its values q - 32 against the activations + 128, no offset to take off per token);
 sub_scales[tile, (SUB * sb + i) * 16 + r] byte i of the row's sub-block scales as the file stores them:
 Q4_K's and Q5_K's 12 bytes packing 8 6-bit scales and 8 6-bit mins (SUB = 12; the kernel unpacks a
-super-block's for all 16 rows at once, tile_kernels._unpack_k4_scales), Q6_K's 16 int8 scales (SUB = 16).
+super-block's for all 16 rows at once, k4_tile_pairs), Q6_K's 16 int8 scales (SUB = 16).
 So a tile takes exactly the file's bytes. Q6_K's values go into tiles_k's dots centred, q - 32 (Q6_K's mins
 above), as into the grouped kernel's (grouped_superblocks.py) in passes of 8 rows or more; in its smaller passes
 they go in unsigned (0..63) and their offset of 32, 32 x the sum of sc x (the activations' 16-value sums), comes off
@@ -52,6 +52,7 @@ from numba.core.extending import intrinsic
 
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K
 from miro.core.kernels.simd import load16, store16
+from miro.core.kernels.superblock_dots import scale_pairs16
 from miro.core.kernels.tiles import TILE_ROWS, Tiles
 
 LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64}  # a tile's bytes of quants per super-block and lane
@@ -65,8 +66,8 @@ def scale_bytes(qtype: int) -> int:
 
 def natural_order(qtype: int, tier) -> bool:
     """Whether a type's tiles on a tier hold their quads in the values' own order, quad Q of lane l the values
-    32 Q + 4 l + i (each quad within one sub-block, for vpdpbusd: int8_dots.superblock_unit_vnni), rather than in
-    the lane order of the module's docstring (vpmaddubsw pairs, int8_dots.superblock_tile_sum). The activations
+    32 Q + 4 l + i (each quad within one sub-block, for vpdpbusd: superblock_dots.superblock_unit_vnni), rather than in
+    the lane order of the module's docstring (vpmaddubsw pairs, superblock_dots.superblock_tile_sum). The activations
     come in the same order: quantize_activations.quantize_q8_k then, else quantize_q8_k_quads."""
     return int(qtype) in NATURAL_TYPES and tier.has_vnni and tier.vector_bits == 512
 
@@ -274,3 +275,13 @@ def k4_tile_pairs(typingctx, packed, packed_at, pairs, pairs_at, min_pairs, min_
         return context.get_dummy_value()
 
     return types.void(packed, types.intp, pairs, types.intp, min_pairs, types.intp), codegen
+
+
+@njit(inline="always")
+def q6_k_scale_pairs(sub_scales, sb, pairs):
+    """pairs[16 j + r]: row r's int16 scales of bytes 0, 1 (low) and 2, 3 (high) of Q6_K's quads
+    (the module's docstring): its 16-value sub-blocks 4 c + h and 4 c + 2 + h (quad j = 2 c + h), from its int8 scales
+    as its tile holds them. (Q4_K's and Q5_K's: k4_tile_pairs.)"""
+    for j in range(8):
+        low = (16 * sb + 4 * (j // 2) + j % 2) * TILE_ROWS
+        store16(pairs, TILE_ROWS * j, scale_pairs16(sub_scales, low, low + 2 * TILE_ROWS, True))

@@ -40,7 +40,14 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from miro.core.loading.gguf_file import TensorInfo
-from miro.core.kernels import float_kernels, grouped_experts, grouped_superblocks, quant_kernels, tile_kernels
+from miro.core.kernels import (
+    float_kernels,
+    grouped_experts,
+    grouped_superblocks,
+    quant_kernels,
+    superblock_kernels,
+    tile_kernels,
+)
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.int8_dots import tile_signed_bytes
 from miro.core.kernels.superblock_tiles import natural_order, repack_superblocks
@@ -135,13 +142,13 @@ BLOCKS_32 = KernelFamily(
     _repack_blocks32,
     grouped_experts.grouped_32,
 )
-# K-quant super-blocks against Q8_K activations: quant_kernels.py's rows and lanes, tile_kernels.tiles_k over
+# K-quant super-blocks against Q8_K activations: quant_kernels.py's rows and lanes, superblock_kernels.tiles_k over
 # superblock_tiles.py
 SUPERBLOCKS = KernelFamily(
     "superblocks",
     quant_kernels.rows_k,
     quant_kernels.lanes_k,
-    tile_kernels.tiles_k,
+    superblock_kernels.tiles_k,
     _repack_superblocks,
     grouped_superblocks.grouped_k,
 )
@@ -161,10 +168,10 @@ class WeightKernels:
     tile_tokens: int  # "tiles": activation rows per pass of the tile kernel (WeightType.tile_tokens); rows past
     #                   the last multiple of it take 2 a pass, then 1 (padding 1 row to 8 would do 8 times the work)
     mid_passes: tuple[int, ...] = ()  # "tiles": rows per pass between tile_tokens and 2, largest first
-    #                                  (tile_kernels.mid_passes: the K-quants' 8 and 4 on 256-bit tiers)
+    #                                  (superblock_kernels.mid_passes: the K-quants' 8 and 4 on 256-bit tiers)
 
     def passes(self, n_rows: int) -> list[int]:
-        """The activation rows of each pass of the tile kernel over n_rows, in order (as tile_kernels.py runs them)."""
+        """The activation rows of each pass of the tile kernel over n_rows, in order (as tile_kernels.py and superblock_kernels.py run them)."""
         full = n_rows // self.tile_tokens if self.tile_tokens else 0
         rest = n_rows - full * self.tile_tokens
         rows = [self.tile_tokens] * full
@@ -233,7 +240,7 @@ class WeightType:
                 f"{self.name} has no tile kernel shape for the {tier.name} tier's "
                 f"{tier.vector_bits}-bit vectors (weight_types.py: its row's tile_tokens)"
             )
-        mid = tile_kernels.mid_passes(int(self.qtype), tier) if self.kernels is SUPERBLOCKS else ()
+        mid = superblock_kernels.mid_passes(int(self.qtype), tier) if self.kernels is SUPERBLOCKS else ()
         return WeightKernels("tiles", 0, self.tile_tokens[tier.vector_bits], mid)
 
     def kernels_on(self, tier: Tier) -> Kernels:

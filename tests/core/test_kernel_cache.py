@@ -14,6 +14,8 @@ reverted in 6a7e7cd) is a cache miss in every process: each load compiled attent
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import os
 import subprocess
@@ -24,7 +26,10 @@ import numpy as np
 
 from gguf import GGMLQuantizationType as Q
 
-from miro.core.kernels import cpu
+from numba.core.dispatcher import Dispatcher
+from numba.core.extending import _Intrinsic
+
+from miro.core.kernels import cache_key, cpu
 from miro.core.kernels.weight_types import WEIGHT_TYPES
 
 
@@ -140,3 +145,28 @@ def test_kernels_cached_by_a_process_of_fewer_threads_run_in_one_of_more(tmp_pat
     assert runs[1][0] == "4" and int(runs[1][1]) > 0 and int(runs[1][2]) > 0, runs  # loaded by the second
     for name in ("Q4_K", "Q4_0"):
         assert np.array_equal(np.load(tmp_path / f"t1_{name}.npy"), np.load(tmp_path / f"t4_{name}.npy"))
+
+
+def _numba_imports(path: Path):
+    """(module, name) of each numba function or intrinsic `path` imports from another kernel module."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("miro.core.kernels."):
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if isinstance(getattr(module, alias.name), (Dispatcher, _Intrinsic)):
+                    yield node.module.rsplit(".", 1)[1], alias.name
+
+
+def test_every_module_whose_numba_functions_others_call_is_in_the_cache_key():
+    """numba's cache key of a kernel covers its own file, not the njit functions and intrinsics it calls from
+    other files: each module those come from must be one of cache_key's helper modules, whose bytes every cached
+    kernel's key holds, or an edit to it leaves the cached kernels that inline it stale (tile_kernels.py's float
+    steps, inlined by the AMX and grouped kernels, were not listed until split into tile_steps.py)."""
+    core = Path(cache_key.__file__).parents[1]
+    unlisted = {
+        f"{module}.py ({path.name} imports {name})"
+        for path in sorted(core.rglob("*.py"))
+        for module, name in _numba_imports(path)
+        if f"{module}.py" not in cache_key._HELPER_MODULES
+    }
+    assert not unlisted, sorted(unlisted)
