@@ -16,10 +16,11 @@ this script only, the functions the forward pass and the engine call:
 - the rest (packing the step, norms, RoPE and the KV write, the scheduler, Python): the step's wall time
   less the parts above.
 With native (quantized) weights, each GEMM of the step (its layers grouped by name: attn_q+k+v, attn_output,
-ffn_gate+up, ffn_down, output; a mixture's ffn_gate_exps+ffn_up_exps and ffn_down_exps) is also set against the int8 roofline: its 2 x T x in x out operations at this
-machine's int8 dot peak (int8_peak.py: vpdpbusd on VNNI tiers, vpmaddubsw + vpaddw elsewhere, the kernels' own
-inner form there, measured here on every core), or its weights' bytes at the read bandwidth, whichever is longer. The int8 peak is what the native
-kernels' integer dots could reach; their float steps per block, the unpacking of 4- and 6-bit values and the
+ffn_gate+up, ffn_down, output; a mixture's ffn_gate_exps+ffn_up_exps and ffn_down_exps) is also set against the
+int8 roofline: its 2 x T x in x out operations at this machine's int8 dot peak (int8_peak.py: vpdpbusd on VNNI
+tiers, vpmaddubsw + vpaddw elsewhere, the kernels' own inner form there, measured here on every core), or its
+weights' bytes at the read bandwidth, whichever is longer. The int8 peak is what the native kernels' integer dots
+could reach; their float steps per block, the unpacking of 4- and 6-bit values and the
 activations' quantization come on top, so no kernel meets it.
 All figures come from this one process, in turn; the machine's load average is printed beside them. A ratio
 under 1 beats the floor: the GEMM floor is OpenBLAS's best here, not the machine's.
@@ -91,11 +92,12 @@ class PartTimer:
         def timed_call(layer, x, *args, **kwargs):
             t0 = time.perf_counter()
             out = call(layer, x, *args, **kwargs)
+            seconds = time.perf_counter() - t0
             if timer.active:
                 flops = 2.0 * x.shape[0] * layer.in_features * layer.out_features
                 weight_bytes = layer.weight_bytes or layer.in_features * layer.out_features
                 native = layer.fmt == "native" and layer.type.name not in ("F32", "F16", "BF16")
-                timer.add_gemm(gemm_group(layer.name), time.perf_counter() - t0, flops, weight_bytes, native)
+                timer.add_gemm(gemm_group(layer.name), seconds, flops, weight_bytes, native)
             return out
 
         linear_module.Linear.__call__ = timed_call
@@ -107,6 +109,7 @@ class PartTimer:
         def timed_product(experts, first, second, x, source, starts, active):
             t0 = time.perf_counter()
             out = product(experts, first, second, x, source, starts, active)
+            seconds = time.perf_counter() - t0
             if timer.active:
                 parts = 1 if second is first else 2
                 slots = len(source) if source is not None else x.shape[0]
@@ -114,7 +117,7 @@ class PartTimer:
                 n_expert = len(starts) - 1
                 weight_bytes = sum(m.tiles.nbytes for m in {first, second}) * len(active) / n_expert
                 group = "ffn_gate_exps+ffn_up_exps" if parts == 2 else "ffn_down_exps"
-                timer.add_gemm(group, time.perf_counter() - t0, flops, weight_bytes, True)
+                timer.add_gemm(group, seconds, flops, weight_bytes, True)
             return out
 
         moe_module.GroupedExperts.product = timed_product
