@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as Q
 import tiers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "core"))
-from test_quant_linear import activations, random_tensor  # noqa: E402  (the tests' tensor writer)
+from quant_reference import activations, random_tensor  # noqa: E402  (the tests' tensor writer)
 
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16)
 

@@ -18,7 +18,7 @@ from miro.core.kernels import amx, amx_kernels, amx_superblocks, amx_tiles, cpu
 from miro.core.kernels.quantize_activations import quantize_q8_32, quantize_q8_k
 from miro.core.kernels.weight_types import WEIGHT_TYPES
 from miro.core.layers.linear import Linear
-from test_quant_linear import activations, random_tensor
+from quant_reference import activations, random_tensor
 
 VNNI = cpu.TIERS["avx512-vnni"]
 needs_amx = pytest.mark.skipif(

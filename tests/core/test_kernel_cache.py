@@ -109,7 +109,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 sys.path.insert(0, sys.argv[1])
-from test_quant_linear import activations, random_tensor
+from quant_reference import activations, random_tensor
 from miro.core.layers.linear import Linear
 hits = []
 for qtype in (Q.Q4_K, Q.Q4_0):
