@@ -3,18 +3,16 @@
 import gguf
 import numpy as np
 import pytest
-from gguf_factory import (
-    SUPPORTED_TYPES,
-    tiny_vocab,
+from broken_gguf import (
     write_missing_key,
     write_not_gguf,
     write_shape_mismatch,
-    write_tiny_llama,
     write_truncated,
     write_truncated_header,
     write_unsupported_arch,
     write_unsupported_tensor_type,
 )
+from gguf_factory import SUPPORTED_TYPES, tiny_vocab, write_tiny_llama
 
 
 def _tensors(path):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_factory import encode_weight, patched_copy, tiny_vocab, write_tiny_llama
+from broken_gguf import patched_copy
+from gguf_factory import encode_weight, tiny_vocab, write_tiny_llama
 
 from miro.core import Engine, ModelFileError
 from miro.core.loading.model_config import MAX_CONTEXT_LENGTH

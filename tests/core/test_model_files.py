@@ -4,17 +4,16 @@ import gguf
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from gguf_factory import (
-    SUPPORTED_TYPES,
+from broken_gguf import (
     write_missing_key,
     write_not_gguf,
     write_shape_mismatch,
-    write_tiny_llama,
     write_truncated,
     write_truncated_header,
     write_unsupported_arch,
     write_unsupported_tensor_type,
 )
+from gguf_factory import SUPPORTED_TYPES, write_tiny_llama
 from reference_model import reference_logits
 
 from miro.cli.main import cli

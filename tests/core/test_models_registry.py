@@ -3,7 +3,8 @@
 import re
 
 import pytest
-from gguf_factory import write_tiny_llama, write_unsupported_arch
+from broken_gguf import write_unsupported_arch
+from gguf_factory import write_tiny_llama
 
 from miro.core import Engine, ModelFileError
 from miro.core.loading.gguf_file import GGUFFile
