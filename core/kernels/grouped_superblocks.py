@@ -1,7 +1,9 @@
 """The grouped expert kernel of the K-quants (Q4_K, Q5_K, Q6_K): grouped_experts.py's design (a step's chosen
 experts in one call, work items (active expert, tile), each a tile times its expert's run of rows) over the
 super-block tiles, with superblock_kernels.tiles_k's integer sums and float steps, so a row's bits are the dense
-kernel's whatever rows share its experts."""
+kernel's whatever rows share its experts. Q6_K on the vpmaddubsw tiers comes one byte per value
+(superblock_tiles.expert_byte_values), q - 32 against the activations + 128 in every pass, each row's sums begun at
+its start in the tiles' mins, as tiles_k's centred passes."""
 
 from __future__ import annotations
 
@@ -13,9 +15,8 @@ from numba import prange
 
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
-from miro.core.kernels.grouped_passes import CENTRED_FROM, pass_rows, prefetch_superblock, work_item
-from miro.core.kernels.q6_k_row import q6_k_quad_sums
-from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
+from miro.core.kernels.grouped_passes import pass_rows, prefetch_superblock, work_item
+from miro.core.kernels.quant_blocks import Q6_K, Q6_K_BYTES, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import LANES, load16, load16_f16, store16, to_float
 from miro.core.kernels.superblock_dots import (
     lanes_per_call,
@@ -27,6 +28,7 @@ from miro.core.kernels.superblock_dots import (
 from miro.core.kernels.superblock_tiles import (
     LANE_BYTES,
     begin_sums,
+    expert_byte_values,
     k4_tile_pairs,
     natural_order,
     q6_k_scale_pairs,
@@ -46,15 +48,15 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
         return None
     bits = 512 if tier.vector_bits == 512 else 256
     vnni = int(tier.has_vnni)
-    lane_bytes = LANE_BYTES[qtype]
     has_mins = qtype != Q6_K
     natural = natural_order(qtype, tier)
     signed_q6 = natural and not has_mins
-    centred = not natural and not has_mins  # Q6_K by vpmaddubsw: q - 32 against the activations + 128 (a_dots)
-    if centred and tokens < CENTRED_FROM:  # its passes of `tokens` take a_dots
-        raise ValueError(f"Q6_K's grouped kernel runs centred from {CENTRED_FROM} rows a pass, not {tokens}")
-    per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
-    per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
+    # Q6_K by vpmaddubsw: its tiles one byte per value, q - 32, against the activations + 128 (a_dots) in every pass
+    centred = expert_byte_values(qtype, tier)
+    kind = Q6_K_BYTES if centred else qtype  # superblock_tile_sum's layout
+    lane_bytes = LANE_BYTES[kind]
+    per_call, per_call_2 = lanes_per_call(kind, bits, tokens), lanes_per_call(kind, bits, 2)
+    per_call_4, per_call_8 = lanes_per_call(kind, bits, 4), lanes_per_call(kind, bits, 8)
     fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
     sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (superblock_dots.superblock_tile_sum)
     helpers = HELPERS
@@ -96,26 +98,14 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
             for i in range(8):
                 total += np.int32(a_flat[8 * g + i])
             row_starts[g] = np.int32(-32) * total
-        # superblock_tile_sum's activations in passes of CENTRED_FROM rows or more: Q6_K's + 128 where centred (its
-        # values q - 32, each row's sums begun at its start in the tiles' mins: superblock_kernels.tiles_k), else as they are
+        # superblock_tile_sum's activations: Q6_K's + 128 where centred (its values q - 32, each row's sums begun at
+        # its start in the tiles' mins: superblock_kernels.tiles_k), else as they are
         a_dots = a_flat.view(np.uint8) ^ np.uint8(0x80) if centred else a_flat.view(np.uint8)
         pairs_per_super = 4 if has_mins else 8
         # the int16 pairs of each row's sub-block sums, on the calling thread (a few microseconds for a decode step's
-        # slots), so a call is one parallel region: Q4_K's, Q5_K's for their mins, as superblock_kernels.tiles_k makes them;
-        # Q6_K's (by vpmaddubsw) quad sums for its offset, of the rows in passes of fewer than CENTRED_FROM only
-        sum_pairs = (
-            np.empty((n_tok, n_super * 8), np.int32)
-            if centred
-            else sub_block_sum_pairs(sum32, n_tok, n_super * 4 if has_mins else 0)
-        )
-        if centred:
-            for expert in active:  # names of their own: the prange body's t0, n, t are its threads' own
-                row = starts[expert]
-                while row < starts[expert + 1]:
-                    rows = pass_rows(starts[expert + 1] - row, tokens)
-                    for r in range(row, row + rows if rows < CENTRED_FROM else row):
-                        q6_k_quad_sums(a_flat, r * k, n_super, sum_pairs[r])
-                    row += rows
+        # slots), so a call is one parallel region: Q4_K's, Q5_K's for their mins, as superblock_kernels.tiles_k makes
+        # them (Q6_K leaves no offset to take off)
+        sum_pairs = sub_block_sum_pairs(sum32, n_tok, n_super * 4 if has_mins else 0)
         n_threads = _iget_num_threads()  # at run time: thread ids lie below it (a cached constant did not)
         all_pairs = np.empty((n_threads, n_super * 8 * TILE_ROWS), np.int32)
         all_min_pairs = np.empty((n_threads, n_super * 4 * TILE_ROWS if has_mins else 0), np.int32)
@@ -184,7 +174,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                             next_tile * sub_bytes + sb * (sub_bytes // n_super),
                             sub_bytes // n_super,
                         )
-                    begin_sums(isums, tile_starts, sb, n, sets, centred and n >= CENTRED_FROM)
+                    begin_sums(isums, tile_starts, sb, n, sets, centred)
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
@@ -370,30 +360,30 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                             )
                     elif n == 1:
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 0, 0, bits, vnni, kind, 1
                         )
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 1, 0, bits, vnni, kind, 1
                         )
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 2, 0, bits, vnni, kind, 1
                         )
                         superblock_tile_sum(
-                            flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
+                            flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 3, 0, bits, vnni, kind, 1
                         )
                     elif n == 2 and fixed_units_2:  # the units constants, their shifts immediate, as at one row
                         for first in range(0, 8, per_call_2):
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 0, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 0, first, bits, vnni, kind, 2
                             )
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 1, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 1, first, bits, vnni, kind, 2
                             )
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 2, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 2, first, bits, vnni, kind, 2
                             )
                             superblock_tile_sum(
-                                flat_quants, w_at, pairs, p_at, a_flat, a_at, k, isums, 3, first, bits, vnni, qtype, 2
+                                flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 3, first, bits, vnni, kind, 2
                             )
                     for c in range(4 if (n > 2 or n == 2 and not fixed_units_2) and not natural else 0):
                         if n == tokens:
@@ -411,62 +401,23 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                                     lane,
                                     bits,
                                     vnni,
-                                    qtype,
+                                    kind,
                                     tokens,
                                 )
                         elif n == 8:
                             for lane in range(0, 8, per_call_8):
                                 superblock_tile_sum(
-                                    flat_quants,
-                                    w_at,
-                                    pairs,
-                                    p_at,
-                                    a_dots,
-                                    a_at,
-                                    k,
-                                    isums,
-                                    c,
-                                    lane,
-                                    bits,
-                                    vnni,
-                                    qtype,
-                                    8,
+                                    flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, c, lane, bits, vnni, kind, 8
                                 )
                         elif n == 4:
                             for lane in range(0, 8, per_call_4):
                                 superblock_tile_sum(
-                                    flat_quants,
-                                    w_at,
-                                    pairs,
-                                    p_at,
-                                    a_flat,
-                                    a_at,
-                                    k,
-                                    isums,
-                                    c,
-                                    lane,
-                                    bits,
-                                    vnni,
-                                    qtype,
-                                    4,
+                                    flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, c, lane, bits, vnni, kind, 4
                                 )
                         else:
                             for lane in range(0, 8, per_call_2):
                                 superblock_tile_sum(
-                                    flat_quants,
-                                    w_at,
-                                    pairs,
-                                    p_at,
-                                    a_flat,
-                                    a_at,
-                                    k,
-                                    isums,
-                                    c,
-                                    lane,
-                                    bits,
-                                    vnni,
-                                    qtype,
-                                    2,
+                                    flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, c, lane, bits, vnni, kind, 2
                                 )
                     if sets == 2 and n >= 4:  # the second set of sums (superblock_dots.split_sums)
                         for t in range(n):
@@ -477,8 +428,6 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                     for t in range(n):
                         at = TILE_ROWS * t
                         total = load16(isums, at)
-                        if centred and n < CENTRED_FROM:  # Q6_K's offset: 32 x sum of sc x the 16-value sums
-                            total = total - 32 * mins_dot(pairs, p_at, sum_pairs[t0 + t], 8 * sb, bits, 8)
                         store16(acc, at, load16(acc, at) + (dw * d[t0 + t, sb]) * to_float(total))
                     if has_mins:
                         dmin = load16_f16(tile_mins, TILE_ROWS * sb)

@@ -23,6 +23,9 @@ MXFP4 = int(GGMLQuantizationType.MXFP4)
 Q4_K = int(GGMLQuantizationType.Q4_K)
 Q5_K = int(GGMLQuantizationType.Q5_K)
 Q6_K = int(GGMLQuantizationType.Q6_K)
+# not a GGML type: Q6_K's values one byte each, q - 32, in the grouped expert kernel's tiles on the vpmaddubsw tiers
+# (superblock_tiles.expert_byte_values); the kernels' layout id, beside the types they take
+Q6_K_BYTES = 1000 + Q6_K
 
 BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4)
 HAS_MIN = (Q4_1, Q5_1)  # the 32-value blocks that carry a float16 m beside d

@@ -17,11 +17,12 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from miro.core.kernels.int8_dots import VectorOps, as_vec16
-from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K
+from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, Q6_K_BYTES
 from miro.core.kernels.simd import LANES, int32x16, splat
 
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _V16 = ir.VectorType(_I32, LANES)
+SIXTEEN_VALUE_SCALES = (Q6_K, Q6_K_BYTES)  # a scale per 16 values: a scale pair per quad, a word sum per quad
 
 
 @intrinsic(prefer_literal=True)
@@ -89,7 +90,9 @@ class SuperblockLane:
         self.parts = 64 // width
         self.ops = VectorOps(builder, width)
         self.quants, self.w_start, self.pairs, self.unit = quants, w_start, pairs, unit
-        self.p_start = builder.add(p_start, builder.mul(unit, ir.Constant(_I64, 32 if kind == Q6_K else 16)))
+        self.p_start = builder.add(
+            p_start, builder.mul(unit, ir.Constant(_I64, 32 if kind in SIXTEEN_VALUE_SCALES else 16))
+        )
 
     def load(self, base, at, vector_type, align):
         return self.builder.load(
@@ -117,6 +120,8 @@ class SuperblockLane:
         before the offset of 32, or with it, q - 32 signed, where `centred`). All are in nibble vector c: quad 2 c in
         the low nibbles, 2 c + 1 in the high ones."""
         builder, splat_bytes, c = self.builder, self.ops.splat_bytes, self.unit
+        if self.kind == Q6_K_BYTES:  # vector 2 c + h is the quad, q - 32 (superblock_tiles.expert_byte_values)
+            return self.weight_vector(builder.add(builder.mul(c, ir.Constant(_I64, 2)), ir.Constant(_I64, h)), p)
         packed = self.weight_vector(c, p)
         value = builder.and_(packed, splat_bytes(15)) if h == 0 else builder.lshr(packed, splat_bytes(4))
         quad = builder.add(builder.mul(c, ir.Constant(_I64, 2)), ir.Constant(_I64, h))
@@ -157,7 +162,7 @@ class SuperblockLane:
 # lanes whose int16 products (two quads' for Q4_K and Q5_K, one quad's for Q6_K) add up without overflow before
 # one vpmaddwd by their shared scale pair: per lane at most 2 x 2 x 15 x 127 = 7,620 (Q4_K), 2 x 2 x 31 x 127 =
 # 15,748 (Q5_K), 2 x 63 x 127 = 16,002 (Q6_K, its unsigned values); an int16 holds 32,767
-LANES_PER_WORD_SUM = {Q4_K: 4, Q5_K: 2, Q6_K: 2}
+LANES_PER_WORD_SUM = {Q4_K: 4, Q5_K: 2, Q6_K: 2, Q6_K_BYTES: 2}
 
 
 def lanes_per_call(qtype: int, bits: int, tokens: int) -> int:
@@ -166,7 +171,7 @@ def lanes_per_call(qtype: int, bits: int, tokens: int) -> int:
     weight register: all 8 lanes in one call, the int32 sums loaded and stored once per unit, not 2 or 4 times."""
     if tokens == 1:
         return 8
-    return 4 if bits == 512 and qtype != Q6_K else 2
+    return 4 if bits == 512 and qtype not in SIXTEEN_VALUE_SCALES else 2
 
 
 def split_sums(bits: int, tokens: int) -> bool:
@@ -207,7 +212,9 @@ def superblock_tile_sum(
     against the activations + 128 (0..255), the unsigned one: each product is then (q - 32) x a + 128 (q - 32),
     whose second part depends on the weights only (tiles_k begins each row's sum at minus its sum, which the tiles
     hold: superblock_tiles.py), so no offset of the activations' sums is left to take off per token; a pair of products is at
-    most 2 x 32 x 255 = 16,320 in magnitude, two lanes' 32,640: an int16 holds them.
+    most 2 x 32 x 255 = 16,320 in magnitude, two lanes' 32,640: an int16 holds them. qtype Q6_K_BYTES
+    (superblock_tiles.expert_byte_values): Q6_K whose lane vector v is quad v itself, q - 32, so nothing is unpacked;
+    always centred.
     bits, vnni, qtype, tokens: compile-time constants as for int8_dots.tile_dot."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, qtype, tokens)):
         return None
@@ -234,7 +241,11 @@ def superblock_tile_sum(
     def codegen(context, builder, signature, args):
         w_start_v, p_start_v, a_start_v, stride_v, unit_v, first_lane_v = (args[i] for i in (1, 3, 5, 6, 8, 9))
         per_call = lanes_per_call(kind, bits.literal_value, n_tokens)
-        centred = kind == Q6_K and signature.args[4].dtype == types.uint8  # the docstring's centred Q6_K
+        centred = (
+            kind in SIXTEEN_VALUE_SCALES and signature.args[4].dtype == types.uint8
+        )  # the docstring's centred Q6_K
+        if kind == Q6_K_BYTES and not centred:
+            raise TypeError("Q6_K's byte values (q - 32, signed) take the activations + 128 (uint8)")
         per_sum = min(LANES_PER_WORD_SUM[kind], per_call)
         w_start_v = builder.add(w_start_v, builder.mul(first_lane_v, ir.Constant(_I64, 64)))
         a_start_v = builder.add(a_start_v, builder.mul(first_lane_v, ir.Constant(_I64, 4)))
@@ -273,7 +284,7 @@ def superblock_tile_sum(
             sums_at = builder.mul(parity, ir.Constant(_I64, 16 * n_tokens))
         else:
             sums_at = ir.Constant(_I64, 0)
-        pair = [lanes[0].scale_pairs(h) for h in range(2 if kind == Q6_K else 1)]
+        pair = [lanes[0].scale_pairs(h) for h in range(2 if kind in SIXTEEN_VALUE_SCALES else 1)]
         zero_words = ir.Constant(ops.words, [0] * (width // 2))
         weights = {}
 
@@ -296,7 +307,7 @@ def superblock_tile_sum(
                 words = [[zero_words] * parts for _ in range(2)]  # Q6_K: a sum per quad; else one for both
                 for lane in range(lane0, lane0 + per_sum):
                     for h in range(2):
-                        into = h if kind == Q6_K else 0
+                        into = h if kind in SIXTEEN_VALUE_SCALES else 0
                         for p in range(parts):
                             w, a_bytes = weight(lane, h)[p], a_quads[lane, h]
                             product = ops.maddubs(a_bytes, w) if centred else ops.maddubs(w, a_bytes)

@@ -37,9 +37,13 @@ sub_scales[tile, (SUB * sb + i) * 16 + r] byte i of the row's sub-block scales a
 Q4_K's and Q5_K's 12 bytes packing 8 6-bit scales and 8 6-bit mins (SUB = 12; the kernel unpacks a
 super-block's for all 16 rows at once, k4_tile_pairs), Q6_K's 16 int8 scales (SUB = 16).
 So a tile takes exactly the file's bytes. Q6_K's values go into tiles_k's dots centred, q - 32 (Q6_K's mins
-above), as into the grouped kernel's (grouped_superblocks.py) in passes of 8 rows or more; in its smaller passes
-they go in unsigned (0..63) and their offset of 32, 32 x the sum of sc x (the activations' 16-value sums), comes off
-per row. Rows past the matrix's end fill the last tile with zeros (their row starts 0 too: zero scales).
+above). Rows past the matrix's end fill the last tile with zeros (their row starts 0 too: zero scales).
+
+One exception to the file's bytes: a mixture's Q6_K expert tensors on the vpmaddubsw tiers (expert_byte_values), whose
+tiles hold one byte per value, q - 32, vector v of a lane being quad v (so 8 x 64 bytes a lane and super-block,
+quant_blocks.Q6_K_BYTES), everything else as above. Unpacking 6-bit values cost ~7 vector operations a weight vector,
+which the dense kernel shares over 16 rows but an expert's pass of a few rows could not: the grouped kernel ran its
+Q6_K down experts at half Q4_K's speed. Those tensors take 4/3 of their bytes in the file.
 """
 
 from __future__ import annotations
@@ -50,12 +54,12 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
-from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K
+from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, Q6_K_BYTES
 from miro.core.kernels.simd import load16, store16
 from miro.core.kernels.superblock_dots import scale_pairs16
 from miro.core.kernels.tiles import TILE_ROWS, Tiles
 
-LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64}  # a tile's bytes of quants per super-block and lane
+LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64, Q6_K_BYTES: 8 * 64}  # a tile's quants per super-block and lane
 NATURAL_TYPES = (Q4_K, Q5_K, Q6_K)  # the types whose tiles take the values' own order on 512-bit VNNI tiers
 
 
@@ -72,28 +76,38 @@ def natural_order(qtype: int, tier) -> bool:
     return int(qtype) in NATURAL_TYPES and tier.has_vnni and tier.vector_bits == 512
 
 
-def repack_superblocks(qtype: int, w: np.ndarray, natural: bool = False):
+def expert_byte_values(qtype: int, tier) -> bool:
+    """Whether a type's expert tiles (the grouped kernel's, core/layers/moe.ExpertTiles) hold one byte per value:
+    Q6_K on the vpmaddubsw tiers, where its 6-bit values took ~7 vector operations a weight vector to unpack, shared
+    by the few rows an expert takes a pass (Q6_K_BYTES). Its tiles are then 4/3 of the file's bytes."""
+    return int(qtype) == Q6_K and not natural_order(qtype, tier)
+
+
+def repack_superblocks(qtype: int, w: np.ndarray, natural: bool = False, byte_values: bool = False):
     """w (rows, n_super * block bytes) uint8, as the file stores it, to a Tiles (tiles.py); natural: the quads
-    in the values' order (natural_order)."""
+    in the values' order (natural_order); byte_values (Q6_K, lane order): one byte per value, q - 32 (Q6_K_BYTES)."""
     qtype = int(qtype)
+    if byte_values and (qtype != Q6_K or natural):
+        raise ValueError("one byte per value is Q6_K's expert layout in the lane order only")
     rows = w.shape[0]
     n_super = w.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]
     n_tiles = -(-rows // TILE_ROWS)
     has_mins = qtype != Q6_K
     n_mins = n_super * TILE_ROWS if has_mins else 0 if natural else 2 * n_super * TILE_ROWS  # Q6_K: its row starts
     tiles = Tiles(
-        np.zeros((n_tiles, n_super * 8 * LANE_BYTES[qtype]), np.uint8),
+        np.zeros((n_tiles, n_super * 8 * LANE_BYTES[Q6_K_BYTES if byte_values else qtype]), np.uint8),
         np.zeros((n_tiles, n_super * TILE_ROWS), np.uint16),
         np.zeros((n_tiles, n_mins), np.uint16),
         False,
         np.zeros((n_tiles, n_super * scale_bytes(qtype) * TILE_ROWS), np.uint8),
     )
-    _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, LANE_BYTES[qtype], natural)
+    lane_bytes = LANE_BYTES[Q6_K_BYTES if byte_values else qtype]
+    _repack(qtype, w, tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, lane_bytes, natural, byte_values)
     return tiles
 
 
 @njit(cache=True, parallel=True)
-def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes, natural):
+def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes, natural, byte_values):
     rows = w.shape[0]
     n_tiles, n_scales = scales.shape
     n_super = n_scales // TILE_ROWS
@@ -125,6 +139,13 @@ def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes, natural):
                         sub_scales[tile, (12 * sb + i) * TILE_ROWS + r] = row[off + 4 + i]
                 for lane in range(8):  # vector v of lane l at 64 (8 v + l) in the super-block
                     base = 8 * sb * lane_bytes + 64 * lane + 4 * r
+                    if byte_values:  # vector v: quad v's q - 32
+                        for quad in range(8):
+                            for i in range(4):
+                                quants[tile, base + 512 * quad + i] = np.uint8(
+                                    (values[_value_at(False, quad, lane, i)] - 32) & 0xFF
+                                )
+                        continue
                     for i in range(4):
                         high_bits = 0
                         for c in range(4):

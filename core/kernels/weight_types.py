@@ -50,7 +50,7 @@ from miro.core.kernels import (
 )
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.int8_dots import tile_signed_bytes
-from miro.core.kernels.superblock_tiles import natural_order, repack_superblocks
+from miro.core.kernels.superblock_tiles import expert_byte_values, natural_order, repack_superblocks
 from miro.core.kernels.tiles import Tiles, repack_blocks
 
 F32_FALLBACK = None  # a row's `kernels` when the type has no native kernel: its matrices are kept as f32
@@ -114,6 +114,10 @@ def _repack_superblocks(qtype: int, w: np.ndarray, tier: Tier) -> Tiles:
     return repack_superblocks(qtype, w, natural_order(qtype, tier))
 
 
+def _repack_expert_superblocks(qtype: int, w: np.ndarray, tier: Tier) -> Tiles:
+    return repack_superblocks(qtype, w, natural_order(qtype, tier), expert_byte_values(qtype, tier))
+
+
 def _float_kernel(qtype: int):
     return float_kernels.matmul_float  # one kernel for the three float types, the type an argument
 
@@ -129,6 +133,11 @@ class KernelFamily:
     repack: Callable | None  # (qtype, w, tier) -> Tiles: the file's rows repacked for `tiles`
     grouped: Callable | None = None  # (qtype, tier, tokens) -> kernel over a 3-D expert tensor's tiles: every
     #                                  chosen expert times its rows in one call (grouped_experts.py)
+    repack_experts: Callable | None = None  # (qtype, w, tier) -> Tiles for `grouped`, where not `repack`'s
+
+    def repack_for_experts(self, qtype: int, w: np.ndarray, tier: Tier) -> Tiles:
+        """An expert tensor's rows (E x rows, blocks) repacked for the grouped kernel."""
+        return (self.repack_experts or self.repack)(qtype, w, tier)
 
 
 # float32 activations: each weight row widened once per call (float_kernels.py), on every tier
@@ -151,6 +160,7 @@ SUPERBLOCKS = KernelFamily(
     superblock_kernels.tiles_k,
     _repack_superblocks,
     grouped_superblocks.grouped_k,
+    _repack_expert_superblocks,
 )
 
 

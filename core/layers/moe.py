@@ -138,7 +138,7 @@ class ExpertTiles:
         self.type, self.rows, self.cols = tensor.type, rows, cols
         self.tiles_per_expert = rows // TILE_ROWS
         matrix = tensor.data.reshape(n_expert * rows, cols // row.block_values * row.block_bytes)
-        self.tiles = row.kernels.repack(int(tensor.type), matrix, tier)
+        self.tiles = row.kernels.repack_for_experts(int(tensor.type), matrix, tier)
         release_pages(tensor.data)
 
     def arrays(self) -> tuple[np.ndarray, ...]:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gguf_factory import encode_weight
 
-from miro.core.kernels import cpu
+from miro.core.kernels import cpu, superblock_tiles
 from miro.core.kernels.weight_types import WEIGHT_TYPES
 from miro.core.layers.linear import Linear
 from miro.core.layers.moe import GroupedExperts, expert_slab
@@ -116,3 +116,19 @@ def test_a_rows_grouped_bits_do_not_depend_on_its_run(expert_file, qtype):
             starts = np.array([0, 0, n, n, n], np.int32)
             together = grouped.product(grouped.gate, grouped.up, batch, None, starts, np.array([1], np.int32))
             np.testing.assert_array_equal(together[at], alone[0], err_msg=f"{n} rows, at {at}")
+
+
+@pytest.mark.parametrize("tier", [name for name in cpu.runnable() if cpu.TIERS[name].int8_dot])
+def test_q6_k_experts_hold_a_byte_per_value_where_vpmaddubsw_takes_them(expert_file, tier):
+    """Q6_K's expert tiles on the vpmaddubsw tiers: one byte per value, q - 32 (-32..31); on 512-bit VNNI tiers the
+    file's 6 bits per value, as the dense tiles."""
+    tensors = [expert_file.tensors[f"Q6_K.ffn_{kind}_exps.weight"] for kind in ("gate", "up", "down")]
+    grouped = GroupedExperts(*tensors, cpu.get(tier))
+    tiles = grouped.down.tiles
+    n_values = N_EXPERT * DIM * WIDTH
+    if superblock_tiles.expert_byte_values(gguf.GGMLQuantizationType.Q6_K, cpu.get(tier)):
+        assert tiles.quants.nbytes == n_values
+        values = tiles.quants.view(np.int8)
+        assert values.min() >= -32 and values.max() <= 31 and values.min() < -16 < 16 < values.max()
+    else:
+        assert tiles.quants.nbytes == n_values * 6 // 8
