@@ -1,5 +1,5 @@
 """The grouped K-quant kernel's small pieces (grouped_superblocks.py): which (expert, tile) a work item is, how
-many rows an expert's next pass takes, where Q6_K runs centred, a row's Q6_K quad sums, a tile's prefetch."""
+many rows an expert's next pass takes, a tile's prefetch."""
 
 from __future__ import annotations
 
@@ -27,12 +27,6 @@ def prefetch_superblock(quants, at, n_bytes, sub_scales, sub_at, sub_n):
         prefetch(quants, at + offset)
     for offset in range(0, sub_n, 64):
         prefetch(sub_scales, sub_at + offset)
-
-
-# Q6_K by vpmaddubsw runs centred (superblock_kernels.tiles_k's scheme) in passes of this many rows or more: there its
-# per-call cost (q - 32 per weight vector) is shared by enough rows to beat the per-row offset it saves (one Xeon
-# core, AVX2 emulation, qwen3moe's down experts at 256 rows: 1.06-1.12x; at 1 and 4 rows a pass 0.97-1.0x)
-CENTRED_FROM = 8
 
 
 @numba.njit(inline="always")
