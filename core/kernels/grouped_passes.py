@@ -30,9 +30,14 @@ def prefetch_superblock(quants, at, n_bytes, sub_scales, sub_at, sub_n):
 
 
 @numba.njit(inline="always")
-def pass_rows(left, tokens):
-    """The rows of an expert's next pass with `left` rows to go: `tokens`, then 8 and 4 between `tokens` and 2 (an
-    expert's run is a few rows in a decode step; a row's bits are the same in any pass), 2, then 1."""
+def pass_rows(left, tokens, any_below_8):
+    """The rows of an expert's next pass with `left` rows to go: `tokens`, then 8 while at least 8 are left (an
+    expert's run is a few rows in a decode step; a row's bits are the same in any pass), then the rest in one pass
+    where `any_below_8` (the vpmaddubsw kernel's passes of 1 to 7 rows), else 4, 2 and 1."""
     if left >= tokens:
         return tokens
-    return 8 if left >= 8 and tokens > 8 else 4 if left >= 4 and tokens > 4 else 2 if left >= 2 else 1
+    if left >= 8 and tokens > 8:
+        return 8
+    if any_below_8:
+        return left
+    return 4 if left >= 4 and tokens > 4 else 2 if left >= 2 else 1

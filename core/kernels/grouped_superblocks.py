@@ -55,8 +55,9 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
     centred = expert_byte_values(qtype, tier)
     kind = Q6_K_BYTES if centred else qtype  # superblock_tile_sum's layout
     lane_bytes = LANE_BYTES[kind]
-    per_call, per_call_2 = lanes_per_call(kind, bits, tokens), lanes_per_call(kind, bits, 2)
-    per_call_4, per_call_8 = lanes_per_call(kind, bits, 4), lanes_per_call(kind, bits, 8)
+    per_call = lanes_per_call(kind, bits, 2)  # the same for every pass of 2 rows or more
+    if any(lanes_per_call(kind, bits, rows) != per_call for rows in range(3, tokens + 1)):
+        raise ValueError(f"{GGMLQuantizationType(qtype).name}: lanes per call differ by pass; the kernel takes one")
     fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
     sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (superblock_dots.superblock_tile_sum)
     helpers = HELPERS
@@ -161,7 +162,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
             while t0 < end:
                 # this pass's rows: an expert's run is a few rows in a decode step, so 8 and 4 between `tokens`
                 # and 2 (a row's bits are the same in any pass)
-                n = pass_rows(end - t0, tokens)
+                n = pass_rows(end - t0, tokens, not natural)
                 acc[: n * TILE_ROWS] = 0  # this pass's rows only
                 acc_mins[: n * TILE_ROWS] = 0
                 for sb in range(n_super):
@@ -372,7 +373,7 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                             flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 3, 0, bits, vnni, kind, 1
                         )
                     elif n == 2 and fixed_units_2:  # the units constants, their shifts immediate, as at one row
-                        for first in range(0, 8, per_call_2):
+                        for first in range(0, 8, per_call):
                             superblock_tile_sum(
                                 flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 0, first, bits, vnni, kind, 2
                             )
@@ -385,9 +386,11 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                             superblock_tile_sum(
                                 flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 3, first, bits, vnni, kind, 2
                             )
+                    # a run of 3 to 7 rows (a decode step's usual) in one pass: as 2 + 1 or 4 + 2 + 1 its rows cost
+                    # 20-70% more, each pass unpacking the tile's weights again (pass_rows)
                     for c in range(4 if (n > 2 or n == 2 and not fixed_units_2) and not natural else 0):
-                        if n == tokens:
-                            for lane in range(0, 8, per_call):
+                        for lane in range(0, 8, per_call):
+                            if n == tokens:
                                 superblock_tile_sum(
                                     flat_quants,
                                     w_at,
@@ -404,18 +407,31 @@ def grouped_k(qtype: int, tier: Tier, tokens: int):
                                     kind,
                                     tokens,
                                 )
-                        elif n == 8:
-                            for lane in range(0, 8, per_call_8):
+                            elif n == 8:
                                 superblock_tile_sum(
                                     flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, c, lane, bits, vnni, kind, 8
                                 )
-                        elif n == 4:
-                            for lane in range(0, 8, per_call_4):
+                            elif n == 7:
+                                superblock_tile_sum(
+                                    flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, c, lane, bits, vnni, kind, 7
+                                )
+                            elif n == 6:
+                                superblock_tile_sum(
+                                    flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, c, lane, bits, vnni, kind, 6
+                                )
+                            elif n == 5:
+                                superblock_tile_sum(
+                                    flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, c, lane, bits, vnni, kind, 5
+                                )
+                            elif n == 4:
                                 superblock_tile_sum(
                                     flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, c, lane, bits, vnni, kind, 4
                                 )
-                        else:
-                            for lane in range(0, 8, per_call_2):
+                            elif n == 3:
+                                superblock_tile_sum(
+                                    flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, c, lane, bits, vnni, kind, 3
+                                )
+                            else:
                                 superblock_tile_sum(
                                     flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, c, lane, bits, vnni, kind, 2
                                 )

@@ -23,8 +23,11 @@ from miro.core.loading.gguf_file import GGUFFile
 # every quantized type: the 32-value blocks (Q8_0 activations) and the K-quants (Q8_K activations)
 TYPES = [t for t, row in WEIGHT_TYPES.items() if row.activations in ("q8_0", "q8_k")]
 K_QUANTS = [t for t in TYPES if WEIGHT_TYPES[t].activations == "q8_k"]
-N_EXPERT, WIDTH, DIM = 4, 512, 256  # K-quants: whole 256-value super-blocks along both matrices' rows
-RUNS = (37, 0, 1, 11)  # rows per expert: 37 = 16 + 16 + 4 + 1 or 8 x 4 + 4 + 1; 11 = 8 + 2 + 1 or 4 + 4 + 2 + 1
+N_EXPERT, WIDTH, DIM = 8, 512, 256  # K-quants: whole 256-value super-blocks along both matrices' rows
+# rows per expert, so that every pass of every kernel runs: 37 = 16 + 16 + 4 + 1 (K-quants by vpdpbusd), 16 + 16 + 5
+# (by vpmaddubsw: grouped_passes.pass_rows), 8 x 4 + 4 + 1 (32-value blocks); 11 = 8 + 2 + 1 or 8 + 3; 14 = 8 + 6;
+# 15 = 8 + 7 or 8 + 4 + 2 + 1; 10 = 8 + 2; 12 = 8 + 4
+RUNS = (37, 0, 1, 11, 14, 15, 10, 12)
 
 
 def _tier_param(name: str):
