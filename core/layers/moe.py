@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from miro.core.layers.linear import Linear, LinearStack
 from miro.core.loading.gguf_file import TensorInfo, release_pages
@@ -233,10 +233,7 @@ def _run_grouped(
     their down, the slots (row, j) sorted by expert; the results combined per row into out."""
     n_rows, k = chosen.shape
     flat = chosen.reshape(-1)
-    order = np.argsort(flat, kind="stable")  # (row, j) slots grouped by expert, each expert's in row order
-    starts = np.zeros(experts.n_expert + 1, np.int32)
-    np.cumsum(np.bincount(flat, minlength=experts.n_expert), out=starts[1:])
-    active = np.flatnonzero(np.diff(starts)).astype(np.int32)
+    order, starts, active = group_slots(flat, experts.n_expert)
     grouped = experts.grouped
     gate_up = grouped.product(grouped.gate, grouped.up, x, order // k, starts, active)
     if experts.gate_up_bias is not None:
@@ -255,8 +252,8 @@ def _run_chosen(
     """One run of rows: each expert's rows as one product, the results combined per row into out."""
     n_rows, k = chosen.shape
     flat = chosen.reshape(-1)
-    order = np.argsort(flat, kind="stable")  # (row, j) slots grouped by expert
-    counts = np.bincount(flat, minlength=experts.n_expert)
+    order, starts, _ = group_slots(flat, experts.n_expert)
+    counts = np.diff(starts)
     results = np.empty((n_rows * k, experts.dim), np.float32)  # in the slots' sorted order, expert by expert
     act = np.empty((n_rows, experts.width), np.float32)
     start = 0
@@ -273,6 +270,33 @@ def _run_chosen(
         results[start : start + counts[e]] = y
         start += counts[e]
     combine(results, position_of(order).reshape(n_rows, k), weights, out)
+
+
+@njit(cache=True)
+def group_slots(flat, n_expert):
+    """The slots (row, j) of flat (chosen experts, row-major) grouped by expert, each expert's in slot order (a
+    stable counting sort): (order, slots' indices in that order; starts, expert e's at starts[e]:starts[e + 1];
+    active, the experts with slots, int32)."""
+    starts = np.zeros(n_expert + 1, np.int32)
+    for e in flat:
+        starts[e + 1] += 1
+    n_active = 0
+    for e in range(n_expert):
+        n_active += starts[e + 1] > 0
+        starts[e + 1] += starts[e]
+    active = np.empty(n_active, np.int32)
+    n_active = 0
+    for e in range(n_expert):
+        if starts[e + 1] > starts[e]:
+            active[n_active] = e
+            n_active += 1
+    order = np.empty(len(flat), np.int64)
+    fill = starts[:-1].copy()
+    for slot in range(len(flat)):
+        e = flat[slot]
+        order[fill[e]] = slot
+        fill[e] += 1
+    return order, starts, active
 
 
 def position_of(order: np.ndarray) -> np.ndarray:
@@ -299,7 +323,7 @@ def _softmax(values, out):
         out[i] = out[i] * scale
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def route(logits, softmax_topk, normalize, chosen, weights):
     """Each row's k experts (chosen, (T, k) int32, in descending order of their score, ties the lower index
     first) and their weights ((T, k) float32), from the router's logits (T, E), as llama.cpp computes them:
@@ -307,10 +331,10 @@ def route(logits, softmax_topk, normalize, chosen, weights):
     those k (True); normalize: the k weights divided by max(their sum, NORM_FLOOR)."""
     n_rows, n_expert = logits.shape
     k = chosen.shape[1]
-    probs = np.empty(n_expert, np.float32)
-    taken = np.empty(n_expert, np.bool_)
-    picked = np.empty(k, np.float32)
-    for t in range(n_rows):
+    for t in prange(n_rows):  # each row alone (its scratch its own)
+        probs = np.empty(n_expert, np.float32)
+        taken = np.empty(n_expert, np.bool_)
+        picked = np.empty(k, np.float32)
         if softmax_topk:
             probs[:] = logits[t]
         else:
@@ -336,14 +360,14 @@ def route(logits, softmax_topk, normalize, chosen, weights):
         weights[t] = picked
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def combine(results, position, weights, out):
     """out[t] = ((r0 w0 + r1 w1) + ...) in top-k order, r_j = results[position[t, j]] (row t's j-th chosen
     expert's output), each product in float32, as llama.cpp weighs each expert's output and adds the k views one
     after another."""
     n_rows, k = position.shape
     dim = results.shape[1]
-    for t in range(n_rows):
+    for t in prange(n_rows):
         first = results[position[t, 0]]
         for i in range(dim):
             out[t, i] = first[i] * weights[t, 0]
