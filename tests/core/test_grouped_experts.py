@@ -27,13 +27,20 @@ N_EXPERT, WIDTH, DIM = 4, 512, 256  # K-quants: whole 256-value super-blocks alo
 RUNS = (37, 0, 1, 11)  # rows per expert: 37 = 16 + 16 + 4 + 1 or 8 x 4 + 4 + 1; 11 = 8 + 2 + 1 or 4 + 4 + 2 + 1
 
 
-def _tier_param(name: str):
-    """This machine's tier and the AVX2 one in the default run (the tiers users' CPUs most often have); the other
-    tiers with int8 dots compile their kernels anew and are slow."""
-    return pytest.param(name, marks=() if name in (cpu.TIER.name, "avx2") else pytest.mark.slow)
-
-
-INT8_TIERS = [_tier_param(name) for name in cpu.runnable() if cpu.TIERS[name].int8_dot]
+INT8_TIERS = [name for name in cpu.runnable() if cpu.TIERS[name].int8_dot]
+# the default run: this machine's tier for the types mixtures' files hold (the K-quants, MXFP4), and the AVX2 tier
+# (the one users' CPUs most often have) for Q4_K; each other pair compiles kernels of its own from a cold numba
+# cache, so it is slow (`pytest -m slow` runs every type on every tier with int8 dots)
+DEFAULT_PAIRS = {(t, cpu.TIER.name) for t in (*K_QUANTS, gguf.GGMLQuantizationType.MXFP4)} | {
+    (gguf.GGMLQuantizationType.Q4_K, "avx2")
+}
+PAIRS = [
+    pytest.param(
+        qtype, tier, id=f"{qtype.name}-{tier}", marks=() if (qtype, tier) in DEFAULT_PAIRS else pytest.mark.slow
+    )
+    for tier in INT8_TIERS
+    for qtype in TYPES
+]
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +79,7 @@ def test_every_quantized_type_has_a_grouped_kernel_where_it_is_tiled():
             assert WEIGHT_TYPES[qtype].grouped_on(tier) == bool(tier.int8_dot), f"{qtype.name} on {name}"
 
 
-@pytest.mark.parametrize("tier", INT8_TIERS)
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("qtype", "tier"), PAIRS)
 def test_grouped_rows_are_the_dense_layers_bits(expert_file, qtype, tier):
     tensors = {kind: expert_file.tensors[f"{qtype.name}.ffn_{kind}_exps.weight"] for kind in ("gate", "up", "down")}
     assert all(t.type == qtype and t.shape[0] == N_EXPERT for t in tensors.values())
