@@ -23,17 +23,16 @@ from miro.core.loading.gguf_file import GGUFFile
 # every quantized type: the 32-value blocks (Q8_0 activations) and the K-quants (Q8_K activations)
 TYPES = [t for t, row in WEIGHT_TYPES.items() if row.activations in ("q8_0", "q8_k")]
 K_QUANTS = [t for t in TYPES if WEIGHT_TYPES[t].activations == "q8_k"]
+Q4_K = gguf.GGMLQuantizationType.Q4_K
 N_EXPERT, WIDTH, DIM = 4, 512, 256  # K-quants: whole 256-value super-blocks along both matrices' rows
 RUNS = (37, 0, 1, 11)  # rows per expert: 37 = 16 + 16 + 4 + 1 or 8 x 4 + 4 + 1; 11 = 8 + 2 + 1 or 4 + 4 + 2 + 1
 
 
 INT8_TIERS = [name for name in cpu.runnable() if cpu.TIERS[name].int8_dot]
-# the default run: this machine's tier for the types mixtures' files hold (the K-quants, MXFP4), and the AVX2 tier
-# (the one users' CPUs most often have) for Q4_K; each other pair compiles kernels of its own from a cold numba
-# cache, so it is slow (`pytest -m slow` runs every type on every tier with int8 dots)
-DEFAULT_PAIRS = {(t, cpu.TIER.name) for t in (*K_QUANTS, gguf.GGMLQuantizationType.MXFP4)} | {
-    (gguf.GGMLQuantizationType.Q4_K, "avx2")
-}
+# the default run: Q4_K (the K-quants' kernels; Q4_K_M mixtures) on this machine's tier and on the AVX2 one (the tier
+# users' CPUs most often have), and MXFP4 (gpt-oss's) on this machine's; each other pair compiles kernels of its own
+# from a cold numba cache, so it is slow (`pytest -m slow` runs every type on every tier with int8 dots)
+DEFAULT_PAIRS = {(Q4_K, cpu.TIER.name), (Q4_K, "avx2"), (gguf.GGMLQuantizationType.MXFP4, cpu.TIER.name)}
 PAIRS = [
     pytest.param(
         qtype, tier, id=f"{qtype.name}-{tier}", marks=() if (qtype, tier) in DEFAULT_PAIRS else pytest.mark.slow
@@ -108,7 +107,9 @@ def test_grouped_rows_are_the_dense_layers_bits(expert_file, qtype, tier):
         np.testing.assert_array_equal(out[slots], dense["down"](act[slots]), err_msg=f"down, expert {e}")
 
 
-@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "qtype", [pytest.param(t, id=t.name, marks=() if t == Q4_K else pytest.mark.slow) for t in K_QUANTS]
+)
 def test_a_rows_grouped_bits_do_not_depend_on_its_run(expert_file, qtype):
     """One row alone in its expert's run, and at each place of runs of every pass length: the same bits."""
     tensors = [expert_file.tensors[f"{qtype.name}.ffn_{kind}_exps.weight"] for kind in ("gate", "up", "down")]
