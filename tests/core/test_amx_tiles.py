@@ -27,8 +27,14 @@ needs_amx = pytest.mark.skipif(
 )
 
 
+def _by_type(qtypes):
+    """Q4_1 (the default model's type) and Q4_K (the K-quants') in the default run; each other type compiles its
+    AMX kernel (and its VNNI and portable ones) from a cold numba cache, so it is slow."""
+    return [pytest.param(t, id=t.name, marks=() if t in (Q.Q4_1, Q.Q4_K) else pytest.mark.slow) for t in qtypes]
+
+
 @needs_amx
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", _by_type([Q.Q4_0, Q.Q4_1, Q.Q8_0]))
 @pytest.mark.parametrize(("n_rows", "k"), [(16, 192), (48, 192), (160, 8192)])
 def test_amx_gives_the_vnni_tile_kernels_bits(qtype, n_rows, k):
     """160 rows of 8192 values: two blocks of tokens (amx_tiles.A_BYTES)."""
@@ -56,7 +62,7 @@ K_QUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 @needs_amx
-@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", _by_type(K_QUANTS))
 @pytest.mark.parametrize(("n_rows", "k", "n"), [(16, 512, 40), (32, 768, 48), (48, 256, 16), (160, 1024, 32)])
 def test_amx_gives_the_k_quant_tile_kernels_bits(qtype, n_rows, k, n):
     """Random bytes: every sub-block scale (Q4_K's, Q5_K's 6-bit ones up to 63, Q6_K's int8 ones from -128) and
@@ -79,7 +85,7 @@ ON_AMX = [qtype for qtype in [Q.Q4_0, Q.Q4_1, Q.Q8_0, *K_QUANTS] if WEIGHT_TYPES
 
 
 @needs_amx
-@pytest.mark.parametrize("qtype", ON_AMX, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", _by_type(ON_AMX))
 @pytest.mark.parametrize("n_rows", [17, 45])
 def test_a_layer_takes_amx_for_whole_a_tiles_from_its_amx_from_rows_and_the_vnni_kernel_for_the_rest(qtype, n_rows):
     tensor = random_tensor(qtype, 40, 512)

@@ -181,6 +181,7 @@ print(cpu.TIER.name, was_cold, len(counter.names))
 """
 
 
+@pytest.mark.slow  # the pointwise kernels compiled cold twice (this CPU, the AVX2 emulation) into a cache of its own
 def test_another_cpu_compiles_once_for_its_own_into_the_same_cache(tmp_path):
     """numba keys a cached kernel by the CPU it was compiled for (name and features): a worker on another CPU
     (here the AVX2 emulation: another CPU name and feature set) misses the entries of this one, compiles its own

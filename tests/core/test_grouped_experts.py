@@ -23,6 +23,7 @@ from miro.core.loading.gguf_file import GGUFFile
 # every quantized type: the 32-value blocks (Q8_0 activations) and the K-quants (Q8_K activations)
 TYPES = [t for t, row in WEIGHT_TYPES.items() if row.activations in ("q8_0", "q8_k")]
 K_QUANTS = [t for t in TYPES if WEIGHT_TYPES[t].activations == "q8_k"]
+Q4_K = gguf.GGMLQuantizationType.Q4_K
 N_EXPERT, WIDTH, DIM = 8, 512, 256  # K-quants: whole 256-value super-blocks along both matrices' rows
 # rows per expert, so that every pass of every kernel runs: 37 = 16 + 16 + 4 + 1 (K-quants by vpdpbusd), 16 + 16 + 5
 # (by vpmaddubsw: grouped_passes.pass_rows), 8 x 4 + 4 + 1 (32-value blocks); 11 = 8 + 2 + 1 or 8 + 3; 14 = 8 + 6;
@@ -30,13 +31,24 @@ N_EXPERT, WIDTH, DIM = 8, 512, 256  # K-quants: whole 256-value super-blocks alo
 RUNS = (37, 0, 1, 11, 14, 15, 10, 12)
 
 
-def _tier_param(name: str):
-    """This machine's tier and the AVX2 one in the default run (the tiers users' CPUs most often have); the other
-    tiers with int8 dots compile their kernels anew and are slow."""
-    return pytest.param(name, marks=() if name in (cpu.TIER.name, "avx2") else pytest.mark.slow)
-
-
-INT8_TIERS = [_tier_param(name) for name in cpu.runnable() if cpu.TIERS[name].int8_dot]
+INT8_TIERS = [name for name in cpu.runnable() if cpu.TIERS[name].int8_dot]
+# the default run: Q4_K (the K-quants' kernels; Q4_K_M mixtures) on this machine's tier and on the AVX2 one (the tier
+# users' CPUs most often have), Q6_K on AVX2 (its expert tiles a byte a value there), and MXFP4 (gpt-oss's) on this
+# machine's; each other pair compiles kernels of its own
+# from a cold numba cache, so it is slow (`pytest -m slow` runs every type on every tier with int8 dots)
+DEFAULT_PAIRS = {
+    (Q4_K, cpu.TIER.name),
+    (Q4_K, "avx2"),
+    (gguf.GGMLQuantizationType.Q6_K, "avx2"),  # Q6_K's expert tiles of its own there: a byte a value
+    (gguf.GGMLQuantizationType.MXFP4, cpu.TIER.name),
+}
+PAIRS = [
+    pytest.param(
+        qtype, tier, id=f"{qtype.name}-{tier}", marks=() if (qtype, tier) in DEFAULT_PAIRS else pytest.mark.slow
+    )
+    for tier in INT8_TIERS
+    for qtype in TYPES
+]
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +87,7 @@ def test_every_quantized_type_has_a_grouped_kernel_where_it_is_tiled():
             assert WEIGHT_TYPES[qtype].grouped_on(tier) == bool(tier.int8_dot), f"{qtype.name} on {name}"
 
 
-@pytest.mark.parametrize("tier", INT8_TIERS)
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("qtype", "tier"), PAIRS)
 def test_grouped_rows_are_the_dense_layers_bits(expert_file, qtype, tier):
     tensors = {kind: expert_file.tensors[f"{qtype.name}.ffn_{kind}_exps.weight"] for kind in ("gate", "up", "down")}
     assert all(t.type == qtype and t.shape[0] == N_EXPERT for t in tensors.values())
@@ -105,7 +116,9 @@ def test_grouped_rows_are_the_dense_layers_bits(expert_file, qtype, tier):
         np.testing.assert_array_equal(out[slots], dense["down"](act[slots]), err_msg=f"down, expert {e}")
 
 
-@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "qtype", [pytest.param(t, id=t.name, marks=() if t == Q4_K else pytest.mark.slow) for t in K_QUANTS]
+)
 def test_a_rows_grouped_bits_do_not_depend_on_its_run(expert_file, qtype):
     """One row alone in its expert's run, and at each place of runs of every pass length: the same bits."""
     tensors = [expert_file.tensors[f"{qtype.name}.ffn_{kind}_exps.weight"] for kind in ("gate", "up", "down")]
@@ -121,7 +134,7 @@ def test_a_rows_grouped_bits_do_not_depend_on_its_run(expert_file, qtype):
             np.testing.assert_array_equal(together[at], alone[0], err_msg=f"{n} rows, at {at}")
 
 
-@pytest.mark.parametrize("tier", [name for name in cpu.runnable() if cpu.TIERS[name].int8_dot])
+@pytest.mark.parametrize("tier", INT8_TIERS)
 def test_q6_k_experts_hold_a_byte_per_value_where_vpmaddubsw_takes_them(expert_file, tier):
     """Q6_K's expert tiles on the vpmaddubsw tiers: one byte per value, q - 32 (-32..31); on 512-bit VNNI tiers the
     file's 6 bits per value, as the dense tiles."""

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gguf import GGMLQuantizationType as Q
 
@@ -123,6 +124,7 @@ print(numba.config.NUMBA_NUM_THREADS, *hits)
 """
 
 
+@pytest.mark.slow  # two kernels compiled cold into a cache of its own, whatever the run's cache holds
 def test_kernels_cached_by_a_process_of_fewer_threads_run_in_one_of_more(tmp_path):
     """The tile kernels size each thread's scratch when they run: a kernel compiled by a process of 1 thread and
     loaded from the cache by a process of 4 (a Docker image warmed on a small builder, run on a bigger machine)

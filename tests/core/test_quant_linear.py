@@ -237,7 +237,13 @@ def test_batch_invariance_bitwise_floats(qtype):
     _assert_batch_invariant(qtype)
 
 
-@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def _every_tier_param(qtype):
+    """Q4_1 (the default model's type) and Q4_K (the K-quants') in the default run; each other type compiles every
+    tier's kernels of its own from a cold numba cache, so it is slow."""
+    return pytest.param(qtype, id=qtype.name, marks=() if qtype.name in ("Q4_1", "Q4_K") else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("qtype", [_every_tier_param(qtype) for qtype in QUANT_TYPES])
 def test_every_tiers_kernels_agree_bitwise(qtype):
     """Every tier this machine can execute (tiles, row by row, VNNI lanes, portable lanes) against the portable
     tier; 81 rows: an odd last row, and a last tile of one row."""
