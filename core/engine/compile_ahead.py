@@ -90,7 +90,7 @@ class Unit:
         from miro.core.layers import pointwise
         from miro.core.sampling.token_mask import mask_rows
 
-        return [pointwise._rmsnorm, pointwise._add_rmsnorm, pointwise.head_rmsnorm, pointwise._silu_mul, mask_rows]
+        return [pointwise._rmsnorm, pointwise._add_rmsnorm, pointwise._head_rmsnorm, pointwise._silu_mul, mask_rows]
 
 
 def plan(gguf, config, weight_format: str, kv_cache_dtype: str) -> list[Unit]:

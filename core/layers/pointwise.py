@@ -221,14 +221,29 @@ def swiglu_oai(gate_up: np.ndarray, out: np.ndarray) -> np.ndarray:
     return _swiglu_oai(gate_up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, out)
 
 
-@njit(cache=True)
 def head_rmsnorm(qkv, first_col, n_heads, head_dim, weight, eps):
     """RMSNorm over each of n_heads heads of head_dim columns from first_col of every row, in place
     (qwen3's and gemma3's q/k norm): qkv[t, head] = qkv[t, head] / rms(qkv[t, head]) * weight."""
-    for t in range(qkv.shape[0]):
-        for h in range(n_heads):
-            c0 = first_col + h * head_dim
-            inv = np.float32(1.0 / math.sqrt(_sum_of_squares(qkv, t, c0, head_dim) / head_dim + eps))
-            for i in range(head_dim):
-                qkv[t, c0 + i] = qkv[t, c0 + i] * inv * weight[i]
+    return _head_rmsnorm(
+        qkv, first_col, n_heads, head_dim, weight, eps, qkv.shape[0] * n_heads * head_dim >= PARALLEL_FROM
+    )
+
+
+@njit(inline="always")
+def _normalize_heads(qkv, t, first_col, n_heads, head_dim, weight, eps):
+    for h in range(n_heads):
+        c0 = first_col + h * head_dim
+        inv = np.float32(1.0 / math.sqrt(_sum_of_squares(qkv, t, c0, head_dim) / head_dim + eps))
+        for i in range(head_dim):
+            qkv[t, c0 + i] = qkv[t, c0 + i] * inv * weight[i]
+
+
+@njit(cache=True, parallel=True)
+def _head_rmsnorm(qkv, first_col, n_heads, head_dim, weight, eps, parallel):
+    if parallel:
+        for t in prange(qkv.shape[0]):
+            _normalize_heads(qkv, t, first_col, n_heads, head_dim, weight, eps)
+    else:
+        for t in range(qkv.shape[0]):
+            _normalize_heads(qkv, t, first_col, n_heads, head_dim, weight, eps)
     return qkv

@@ -193,7 +193,7 @@ def test_another_cpu_compiles_once_for_its_own_into_the_same_cache(tmp_path):
     cache = tmp_path / "numba"
     here, avx2 = {}, cpu.emulation_env("avx2")
     runs = [_run(["-c", _POINTWISE_UNIT], cache, **env).stdout.split() for env in (here, avx2, here, avx2)]
-    assert runs == [  # _rmsnorm, _add_rmsnorm, head_rmsnorm, _silu_mul, mask_rows
+    assert runs == [  # _rmsnorm, _add_rmsnorm, _head_rmsnorm, _silu_mul, mask_rows
         [cpu.TIER.name, "True", "5"],
         ["avx2", "True", "5"],
         [cpu.TIER.name, "False", "0"],
