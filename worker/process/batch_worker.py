@@ -5,7 +5,7 @@
 Like rq's SimpleWorker it never forks. Each turn of the loop it admits queued
 jobs while the engine has room (a group job holds each of its requests, an
 embedding one engine request per input: in_flight.py), runs one engine step, and
-hands finished requests to the Parquet sink; a request is counted only after the
+hands finished requests to the Parquet sink (delivering.py); a request is counted only after the
 sink has made its rows durable, and a job is marked finished in RQ only once all
 of its requests are counted, so a crash can repeat a request, never lose it.
 About once a second it also runs the fleet's duties (lifecycle/housekeeping.py:
@@ -48,17 +48,15 @@ from miro.worker.process.batch_statuses import BatchStatuses
 from miro.worker.process.in_flight import InFlight, RequestRun
 from miro.worker.process.worker_config import WorkerConfig
 from miro.worker.process.cancelling import Cancellation
+from miro.worker.process.delivering import Delivery
 from miro.worker.process.failing import FailureHandling
 from miro.worker.process.presence import Presence
 from miro.worker.process.jobs import (
     TokenCounts,
     add_requests,
-    count_finished,
     engine_stamp,
     is_suspect,
-    job_rows,
     not_counted,
-    output_error,
     record_given_up,
     split_suspect_group,
 )
@@ -79,7 +77,7 @@ MAX_TAKE_FAILURES = 10  # a burst worker whose takes fail this many times in a r
 PUBSUB_POLL_S = 1.0  # how often the command-channel thread wakes (RQ's default: 60 s)
 
 
-class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
+class BatchWorker(Delivery, FailureHandling, Cancellation, Presence, BaseWorker):
     def __init__(self, *args, engine_options: dict | None = None, **kwargs):
         """RQ's Worker arguments, `engine_options` (Engine.from_model's keywords; None: the MIRO_* environment's)
         and WorkerConfig's options by name (None or left out: the MIRO_* environment's, else the default)."""
@@ -487,85 +485,6 @@ class BatchWorker(FailureHandling, Cancellation, Presence, BaseWorker):
             if flight.running:
                 self.in_flight[job.id] = flight
             self._settle(flight)
-
-    def _sink(self, batch_id: str) -> ParquetSink:
-        if batch_id not in self.outputs:  # read each batch's output location once, not once per request
-            self.outputs[batch_id] = batches.get_batch(self.connection, batch_id).output
-        output = self.outputs[batch_id]
-        if output not in self.sinks:
-            self.sinks[output] = ParquetSink(output, self.name, self.flush_rows, self.flush_seconds)
-        return self.sinks[output]
-
-    def _finish(self, flight: InFlight, run: RequestRun) -> None:
-        """A request's rows go to its sink; it is counted, and its job settled, once they are written. One the engine
-        ended with an error (its own fault in a step), or whose rows cannot be made, fails with an error row."""
-        outputs = run.finished_outputs()
-        error = output_error(run.payload, outputs)
-        if error is None:
-            try:
-                rows = job_rows(
-                    run.payload,
-                    run.prompt,
-                    outputs,
-                    job_id=flight.job.id,
-                    worker=self.name,
-                    model=self.model_name,
-                    started=run.started,
-                    finished=time.time(),
-                    stamp=self.stamp,
-                )
-            except Exception as exc:  # noqa: BLE001 - this request's output, not the worker's problem
-                error = f"its result could not be made into rows ({describe(exc)})"
-        if error is not None:
-            del flight.running[run.payload.custom_id]
-            self._fail_request(flight, run.payload, error, run.started, prompt=run.prompt, model=self.model_name)
-            return
-        sink = self._sink(flight.batch_id)
-        for row in rows:
-            sink.add(row)
-        del flight.running[run.payload.custom_id]
-        self.finished.append((flight, run.payload, TokenCounts.of(run.payload, outputs)))
-
-    def _flush(self, force: bool) -> int:
-        """Write due part files; then, and only then, count their requests, and finish in RQ the jobs whose every
-        request is counted. Returns how many jobs it finished."""
-        if self.finished and (force or any(s.due() for s in self.sinks.values())):
-            for sink in self.sinks.values():
-                sink.flush()
-            with self.held_lock:
-                with self.connection.pipeline(transaction=False) as pipe:  # all of them in one round trip
-                    for _, payload, counts in self.finished:
-                        count_finished(pipe, payload, counts)
-                    pipe.execute()  # if Redis fails, all are counted again next time: a request counts once
-                counted, self.finished = self.finished, []
-                self.jobs_done += len(counted)
-                for flight, payload, _ in counted:
-                    flight.unsettled.discard(payload.custom_id)
-                    self._settle(flight)
-        return self._finish_settled()  # and a batch those counts ended is released once RQ has finished its jobs
-
-    def _settle(self, flight: InFlight) -> None:
-        """A job whose every request is counted waits to be finished in RQ (the caller holds held_lock or the job is
-        not yet held)."""
-        if flight.settled and not flight.ended and flight not in self.settled:
-            self.in_flight.pop(flight.job.id, None)
-            self.settled.append(flight)
-
-    def _finish_settled(self) -> int:
-        """Finish in RQ the jobs whose every request is counted; returns how many."""
-        finished = []
-        with self.held_lock:
-            while self.settled:  # one by one: a job Redis failed on stays, to be finished again
-                flight = self.settled[0]
-                result = (
-                    {"requests": len(flight.job.meta.get("custom_ids", ())), "batch_id": flight.batch_id}
-                    if flight.group
-                    else {"custom_id": flight.job.meta.get("custom_id")}
-                )
-                rq_private.finalize_success(self, flight.job, flight.queue, flight.execution, result)
-                finished.append(self.settled.pop(0))
-        self._release_ended({flight.batch_id for flight in finished})
-        return len(finished)
 
     @property
     def requests_in_flight(self) -> int:
