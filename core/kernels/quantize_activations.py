@@ -47,9 +47,13 @@ CHUNK_BLOCKS = 16  # 32-value blocks of those rows a task quantizes: a few rows 
 # pool awake, 2 threads beat 1 from about 32K values (benchmarks/quantizers.py); inside an engine step on a
 # machine with other work, a parallel call waits 0.1-1 ms for the other core (default model, native weights, 2
 # cores: B=64 decode, quantizers 84 ms a step split from 32K values against 2.4 ms serial, the step's least 286
-# against 211 ms; 512-token prefill, up to 786K values a call: 100 against 17 ms). From 1M values (200 us on
-# one core) a split saves more than such a wait costs.
-PARALLEL_FROM = 1 << 20
+# against 211 ms; 512-token prefill, up to 786K values a call: 100 against 17 ms). From 256K values (~50 us on
+# one core) a split saves more than it costs on a machine the engine has to itself: 2 cores, quiet, engines in
+# turn, 1M -> 256K: the default model's 48 ShareGPT prompts 1,142 -> 1,163 tok/s (medians of 3; 128K and 64K
+# slower than 256K in each round), moe.py's AVX2 batch 13.19 -> 12.91 s (medians of 4). With one busy process
+# beside it, both thresholds ran the default model at ~1/5 of its speed (211-225 tok/s): every kernel's split
+# waits then, the row kernels' are not what decides it.
+PARALLEL_FROM = 1 << 18
 _MINUS_127, _PLUS_127 = np.float32(-127.0), np.float32(127.0)
 
 
