@@ -25,7 +25,7 @@ import numpy as np
 from miro.core import defaults
 from miro.core.sampling import sampler
 from miro.core.engine.block_manager import BlockManager
-from miro.core.engine import compile_ahead, request_checks
+from miro.core.engine import allocator, compile_ahead, request_checks
 from miro.core.engine.embedder import Embedder, EmbeddingRequest
 from miro.core.loading.model_config import ModelConfig
 from miro.core.engine.engine_config import EngineConfig
@@ -54,6 +54,7 @@ class Engine:
         """An engine over a loaded model; config: every option (EngineConfig's defaults when None). The weights'
         options (weights, max_weight_memory, batch_invariant) took effect when the model was loaded."""
         config = config or EngineConfig()
+        allocator.keep_step_memory()  # a step's large temporaries reused, not faulted in again every step
         self.model = model
         self.config: ModelConfig = model.config
         self.weight_format: str = model.weight_format  # "f32", "native", "bf16" or "i16"
