@@ -19,7 +19,9 @@ from miro.worker.fleet.lifecycle import control
 from miro.worker.fleet.intake import durations
 from miro.worker.fleet.output import results
 from miro.worker.fleet.intake.reuse import OtherModel, ReuseSource
-from miro.worker.fleet.intake.submit import InvalidDataset, SubmitResult, submit
+from miro.worker.fleet.intake.refusals import InvalidDataset
+from miro.worker.fleet.intake.submit import submit
+from miro.worker.fleet.intake.submit_result import SubmitResult
 
 from miro.worker.api import batch_records, batch_reuse, file_expiry
 from miro.worker.api.batch_records import ApiBatch

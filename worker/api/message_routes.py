@@ -18,7 +18,8 @@ from miro.core.errors import MiroError
 from miro.worker.fleet.records import batches, keys
 from miro.worker.fleet.lifecycle import control
 from miro.worker.fleet.output import results
-from miro.worker.fleet.intake.submit import InvalidDataset, submit
+from miro.worker.fleet.intake.refusals import InvalidDataset
+from miro.worker.fleet.intake.submit import submit
 
 from miro.worker.api.errors import ApiError, bad_request, not_found
 from miro.worker.api.message_shapes import (

@@ -1,9 +1,11 @@
-"""Durations as people write them: "24h" (OpenAI's completion window), "30m", "90s", "2d", or plain seconds."""
+"""Durations as people write them: "24h" (OpenAI's completion window), "30m", "90s", "2d", or plain seconds; and a
+job timeout (the same, or -1 for none)."""
 
 from __future__ import annotations
 
 import re
 
+from miro.core import defaults
 from miro.core.errors import MiroError
 
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -28,3 +30,14 @@ def completion_window(text: str) -> int:
     if value > MAX_WINDOW_S:
         raise MiroError(f"The completion window '{shown}' is longer than the {MAX_WINDOW_S // 86400} days miro allows.")
     return value
+
+
+def job_timeout(value: int | str | None) -> int:
+    if value is None:
+        return defaults.JOB_TIMEOUT_S
+    text = str(value).strip().lower()
+    match = re.fullmatch(r"(-1|\d+)([smhd]?)", text)
+    seconds = int(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]] if match else 0
+    if not match or seconds == 0 or (seconds == -1 and match[2]):
+        raise MiroError(f"The job timeout '{value}' is not valid: give seconds (3600), or 30m, 2h, 1d, or -1 for none.")
+    return seconds
