@@ -33,11 +33,13 @@ def completion_window(text: str) -> int:
 
 
 def job_timeout(value: int | str | None) -> int:
+    """A job's timeout in seconds (RQ's job_timeout; -1: none); the default for None; MiroError in one sentence if
+    it is not a positive duration or -1."""
     if value is None:
         return defaults.JOB_TIMEOUT_S
     text = str(value).strip().lower()
     match = re.fullmatch(r"(-1|\d+)([smhd]?)", text)
-    seconds = int(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]] if match else 0
-    if not match or seconds == 0 or (seconds == -1 and match[2]):
+    timeout_s = int(match[1]) * UNITS[match[2]] if match else 0
+    if not match or timeout_s == 0 or (timeout_s == -1 and match[2]):
         raise MiroError(f"The job timeout '{value}' is not valid: give seconds (3600), or 30m, 2h, 1d, or -1 for none.")
-    return seconds
+    return timeout_s
