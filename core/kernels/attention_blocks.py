@@ -13,8 +13,8 @@ from miro.core.kernels.simd import (
     LANES,
     exp16,
     fma,
-    hmax,
-    hsum,
+    hmax4,
+    hsum4,
     keep_lanes,
     load16,
     load16_f16,
@@ -81,10 +81,7 @@ def _attend_block(
     v0,
     b,
     block_size,
-    positions,
-    t_begin,
-    t_end,
-    group,
+    query_last,
     window,
     scale,
     scores,
@@ -108,8 +105,8 @@ def _attend_block(
     branches of the other values. Not a jitted closure per variant that the kernel holds (5af21ab, reverted in
     6a7e7cd): numba's cache key pickles a kernel's closure values, a dispatcher's pickle carries an id of the
     process that made it, and every process then missed the cache (tests/core/test_kernel_cache.py checks the
-    keys). The last group of a prefill's queries is padded to 4 here; decode's group of 3 on 512-bit tiers is not
-    (_decode_items_paired).
+    keys). Only decode's items on 256-bit tiers run here (prefill's: _prefill_items); a last group of 3 queries
+    takes a softmax of 3, its values pass 4 with one of zeros.
 
     capped: each score s, computed with scale / cap, becomes cap * tanh(s) before the softmax sees it (its
     running max included), as ggml's flash attention soft-caps them."""
@@ -126,15 +123,12 @@ def _attend_block(
                 _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
         _softmax_and_values(
             score_queries == 4,
-            False,
+            True,
             capped,
             scores,
             n_q,
             b * block_size + lane0,
-            positions,
-            t_begin,
-            t_end,
-            group,
+            query_last,
             window,
             top,
             total,
@@ -155,10 +149,7 @@ def _softmax_and_values(
     scores,
     n_q,
     base,
-    positions,
-    t_begin,
-    t_end,
-    group,
+    query_last,
     window,
     top,
     total,
@@ -172,17 +163,17 @@ def _softmax_and_values(
     """The second and third passes over 16 keys whose scores are in `scores` (position `base` in lane 0): each
     query's online softmax, then its sum of values (the rows at vb[v0 + j * head_dim:]); v_ahead >= 0: the
     first group's values pass prefetches the same rows there. wide (a constant): 64 columns per pass; three
-    (a constant, with wide): a last group of 3 queries takes passes of 3, not 4 with one of zeros."""
+    (a constant): a last group of 3 queries takes a softmax of 3 (and, with wide, values passes of 3), not 4
+    with one of zeros."""
     head_dim = acc.size // correction.size
     rows = -(-n_q // QUERIES) * QUERIES
     if capped:
         _softcap(scores, n_q, cap)
-    for t in range(t_begin, t_end):
-        seen = positions[t] + 1 - base  # keys of the 16 at or before the query
-        end = min(seen, LANES)
-        first = max(seen - window, 0) if window > 0 else 0
-        for qi in range((t - t_begin) * group, (t - t_begin + 1) * group):
-            _online_softmax(scores, qi, first, end, top, total, correction)
+    for qi in range(0, rows, QUERIES):
+        if three and n_q - qi == 3:
+            _online_softmax4(scores, qi, query_last, base, window, top, total, correction, False)
+        else:
+            _online_softmax4(scores, qi, query_last, base, window, top, total, correction, True)
     for qi in range(0, rows, QUERIES):
         ahead = v_ahead if qi == 0 else -1
         c = 0
@@ -297,30 +288,74 @@ def _scores4(queries, qi, kt, k0, block_size, scale, scores, k_ahead):
     store16(scores, (qi + 3) * LANES, (e3 + o3) * scale)
 
 
-@njit
-def _online_softmax(scores, qi, first, end, top, total, correction):
-    """Query qi's scores of keys first..end-1 -> their e^(score - new top), in place, the other lanes 0; its
-    running top and total brought up to date, and the factor its sum of values so far is to be scaled by."""
-    if end <= first:  # no key here for this query: it keeps its state (0 x value adds nothing)
-        store16(scores, qi * LANES, zeros16())
-        correction[qi] = 1.0
-        return
-    s = keep_lanes(load16(scores, qi * LANES), first, end, -np.inf)
-    new_top = max(top[qi], hmax(s))
-    correction[qi] = 1.0 if new_top == top[qi] else np.exp(top[qi] - new_top)  # exp(0) is 1 exactly
-    p = keep_lanes(exp16(s - new_top), first, end, np.float32(0.0))
-    total[qi] = total[qi] * correction[qi] + hsum(p)
-    top[qi] = new_top
-    store16(scores, qi * LANES, p)
+@njit(inline="always")
+def _key_range(query_last, qi, base, window):
+    """Which of the 16 keys from position base query qi sees: lanes first..end-1 (none where end <= first)."""
+    seen = query_last[qi] + 1 - base  # keys of the 16 at or before the query
+    end = min(seen, LANES)
+    first = max(seen - window, 0) if window > 0 else 0
+    return first, end
 
 
 @njit(inline="always")
-def _scores4_pair(queries, kt, k0, k1, block_size, scale, scores, scores_next, ahead, ahead_next, four):
-    """_scores4 for the first 4 queries (four, a constant: else the first 3) and two blocks of 16 keys at once,
-    the first block's (at kt[k0:]) into scores, the second's (at kt[k1:]) into scores_next: each query's
+def _rescale(top, new_top):
+    """The factor a query's sums so far are scaled by when its running max rises from top to new_top."""
+    return np.float32(1.0) if new_top == top else np.float32(np.exp(top - new_top))  # exp(0) is 1 exactly
+
+
+@njit(inline="always")
+def _online_softmax4(scores, qi, query_last, base, window, top, total, correction, four):
+    """For queries qi..qi + 3 (four, a constant: else the first 3, the 4th left as it is), each over the keys
+    of the 16 it sees: its scores -> their e^(score - new top), in place, the other lanes 0; its running top
+    and total brought up to date, and the factor its sum of values so far is to be scaled by (1 for a query
+    that sees none: it keeps its state). The four queries' horizontal
+    max and sum run in one interleaved tree (hmax4, hsum4); each query's arithmetic is its own, in the same
+    order whichever three it shares the tree with. Where all four see all 16 keys (every block but a prompt's
+    diagonal ones) no lane is masked: the same values, without the selects."""
+    f0, e0 = _key_range(query_last, qi, base, window)
+    f1, e1 = _key_range(query_last, qi + 1, base, window)
+    f2, e2 = _key_range(query_last, qi + 2, base, window)
+    f3, e3 = _key_range(query_last, qi + 3, base, window) if four else (0, LANES)
+    s0, s1 = load16(scores, qi * LANES), load16(scores, (qi + 1) * LANES)
+    s2, s3 = load16(scores, (qi + 2) * LANES), load16(scores, (qi + 3) * LANES) if four else zeros16()
+    whole = max(max(f0, f1), max(f2, f3)) == 0 and min(min(e0, e1), min(e2, e3)) == LANES
+    if not whole:
+        minus_inf = np.float32(-np.inf)
+        s0, s1 = keep_lanes(s0, f0, e0, minus_inf), keep_lanes(s1, f1, e1, minus_inf)
+        s2, s3 = keep_lanes(s2, f2, e2, minus_inf), keep_lanes(s3, f3, e3, minus_inf)
+    m0, m1, m2, m3 = hmax4(s0, s1, s2, s3)
+    n0, n1, n2 = max(top[qi], m0), max(top[qi + 1], m1), max(top[qi + 2], m2)
+    n3 = max(top[qi + 3], m3) if four else m3
+    c0, c1, c2 = _rescale(top[qi], n0), _rescale(top[qi + 1], n1), _rescale(top[qi + 2], n2)
+    c3 = _rescale(top[qi + 3], n3) if four else np.float32(1.0)
+    p0, p1, p2, p3 = exp16(s0 - n0), exp16(s1 - n1), exp16(s2 - n2), exp16(s3 - n3)
+    if not whole:
+        zero = np.float32(0.0)
+        p0, p1 = keep_lanes(p0, f0, e0, zero), keep_lanes(p1, f1, e1, zero)
+        p2, p3 = keep_lanes(p2, f2, e2, zero), keep_lanes(p3, f3, e3, zero)
+    h0, h1, h2, h3 = hsum4(p0, p1, p2, p3)
+    total[qi] = total[qi] * c0 + h0
+    total[qi + 1] = total[qi + 1] * c1 + h1
+    total[qi + 2] = total[qi + 2] * c2 + h2
+    top[qi], top[qi + 1], top[qi + 2] = n0, n1, n2
+    correction[qi], correction[qi + 1], correction[qi + 2] = c0, c1, c2
+    store16(scores, qi * LANES, p0)
+    store16(scores, (qi + 1) * LANES, p1)
+    store16(scores, (qi + 2) * LANES, p2)
+    if four:
+        total[qi + 3] = total[qi + 3] * c3 + h3
+        top[qi + 3], correction[qi + 3] = n3, c3
+        store16(scores, (qi + 3) * LANES, p3)
+
+
+@njit(inline="always")
+def _scores4_pair(queries, qi, kt, k0, kn, k1, block_size, scale, scores, scores_next, ahead, ahead_next, four):
+    """_scores4 for queries qi..qi + 3 (four, a constant: else the first 3) and two blocks of 16 keys at once,
+    the first block's (at kt[k0:]) into scores, the second's (at kn[k1:]) into scores_next: each query's
     broadcast d-th component serves both blocks' key loads, 16 sums in zmm registers. Each query's arithmetic in
-    each block is _scores4's. ahead, ahead_next >= 0: the same rows of the blocks two on are prefetched along the
-    way. The 3 queries' shape serves a group of 3 query heads (SmolLM2's decode) without a 4th of zeros."""
+    each block is _scores4's. ahead, ahead_next >= 0 (kt and kn are then the cache itself): the same rows of the
+    blocks two on are prefetched along the way. The 3 queries' shape serves a group of 3 query heads (SmolLM2's
+    decode) without a 4th of zeros."""
     e0, e1, e2, e3 = zeros16(), zeros16(), zeros16(), zeros16()
     o0, o1, o2, o3 = zeros16(), zeros16(), zeros16(), zeros16()
     f0, f1, f2, f3 = zeros16(), zeros16(), zeros16(), zeros16()
@@ -328,11 +363,11 @@ def _scores4_pair(queries, kt, k0, k1, block_size, scale, scores, scores_next, a
     for d in range(0, queries.shape[1], 2):
         k_even = load_kv16(kt, k0 + d * block_size)
         k_odd = load_kv16(kt, k0 + (d + 1) * block_size)
-        n_even = load_kv16(kt, k1 + d * block_size)
-        n_odd = load_kv16(kt, k1 + (d + 1) * block_size)
+        n_even = load_kv16(kn, k1 + d * block_size)
+        n_odd = load_kv16(kn, k1 + (d + 1) * block_size)
         _prefetch_rows(kt, ahead, d * block_size, _second_row(kt, block_size))
         _prefetch_rows(kt, ahead_next, d * block_size, _second_row(kt, block_size))
-        q0, q1, q2 = queries[0, d], queries[1, d], queries[2, d]
+        q0, q1, q2 = queries[qi, d], queries[qi + 1, d], queries[qi + 2, d]
         e0 = fma(q0, k_even, e0)
         e1 = fma(q1, k_even, e1)
         e2 = fma(q2, k_even, e2)
@@ -340,10 +375,10 @@ def _scores4_pair(queries, kt, k0, k1, block_size, scale, scores, scores_next, a
         f1 = fma(q1, n_even, f1)
         f2 = fma(q2, n_even, f2)
         if four:
-            q3 = queries[3, d]
+            q3 = queries[qi + 3, d]
             e3 = fma(q3, k_even, e3)
             f3 = fma(q3, n_even, f3)
-        q0, q1, q2 = queries[0, d + 1], queries[1, d + 1], queries[2, d + 1]
+        q0, q1, q2 = queries[qi, d + 1], queries[qi + 1, d + 1], queries[qi + 2, d + 1]
         o0 = fma(q0, k_odd, o0)
         o1 = fma(q1, k_odd, o1)
         o2 = fma(q2, k_odd, o2)
@@ -351,18 +386,18 @@ def _scores4_pair(queries, kt, k0, k1, block_size, scale, scores, scores_next, a
         p1 = fma(q1, n_odd, p1)
         p2 = fma(q2, n_odd, p2)
         if four:
-            q3 = queries[3, d + 1]
+            q3 = queries[qi + 3, d + 1]
             o3 = fma(q3, k_odd, o3)
             p3 = fma(q3, n_odd, p3)
-    store16(scores, 0, (e0 + o0) * scale)
-    store16(scores, LANES, (e1 + o1) * scale)
-    store16(scores, 2 * LANES, (e2 + o2) * scale)
-    store16(scores_next, 0, (f0 + p0) * scale)
-    store16(scores_next, LANES, (f1 + p1) * scale)
-    store16(scores_next, 2 * LANES, (f2 + p2) * scale)
+    store16(scores, qi * LANES, (e0 + o0) * scale)
+    store16(scores, (qi + 1) * LANES, (e1 + o1) * scale)
+    store16(scores, (qi + 2) * LANES, (e2 + o2) * scale)
+    store16(scores_next, qi * LANES, (f0 + p0) * scale)
+    store16(scores_next, (qi + 1) * LANES, (f1 + p1) * scale)
+    store16(scores_next, (qi + 2) * LANES, (f2 + p2) * scale)
     if four:
-        store16(scores, 3 * LANES, (e3 + o3) * scale)
-        store16(scores_next, 3 * LANES, (f3 + p3) * scale)
+        store16(scores, (qi + 3) * LANES, (e3 + o3) * scale)
+        store16(scores_next, (qi + 3) * LANES, (f3 + p3) * scale)
 
 
 def _second_row(flat_cache, block_size):

@@ -19,6 +19,7 @@ from miro.core.kernels.attention_blocks import (
     _block_start,
     _on,
     _prefetch_block,
+    _scores2,
     _scores4,
     _scores4_pair,
     _softmax_and_values,
@@ -45,23 +46,27 @@ def _next_item(items, w, threads, group, decode):
 
 
 @njit
-def _begin_item(q, items, w, group, queries, top, total, acc, correction):
+def _begin_item(q, items, w, group, positions, queries, top, total, acc, correction, query_last):
     """Item w's queries into `queries` (query qi is token t_begin + qi // group, head kvh * group + qi % group),
-    its sums zeroed, a last group padded with zero queries (discarded); returns its number of queries."""
+    their sums zeroed, the last position each sees in query_last; a last group padded with zero queries that
+    see nothing (discarded); returns its number of queries."""
     head_dim = q.shape[2]
     kvh, t_begin, t_end = items[w, 1], items[w, 2], items[w, 3]
     n_q = (t_end - t_begin) * group
-    for qi in range(n_q):
-        t, h = t_begin + qi // group, kvh * group + qi % group
+    for qi in range(-(-n_q // QUERIES) * QUERIES):
+        if qi < n_q:
+            t, h = t_begin + qi // group, kvh * group + qi % group
+            for d in range(head_dim):
+                queries[qi, d] = q[t, h, d]
+            query_last[qi] = positions[t]
+        else:  # the padding of a last group
+            for d in range(head_dim):
+                queries[qi, d] = 0.0
+            query_last[qi] = -1
         for d in range(head_dim):
-            queries[qi, d] = q[t, h, d]
             acc[qi * head_dim + d] = 0.0
         top[qi] = -np.inf
         total[qi] = 0.0
-    for qi in range(n_q, -(-n_q // QUERIES) * QUERIES):  # the padding of a last group (discarded)
-        for d in range(head_dim):
-            queries[qi, d] = 0.0
-            acc[qi * head_dim + d] = 0.0
         correction[qi] = 1.0
     return n_q
 
@@ -128,6 +133,7 @@ def _decode_items_paired(
     scores,
     scores_next,
     correction,
+    query_last,
 ):
     """The thread's items (first, first + threads, ...) of one group of queries (decode) on 512-bit tiers, each
     key and value widened as it loads: with blocks of 16 keys the scores of two blocks per pass, so that each
@@ -140,7 +146,7 @@ def _decode_items_paired(
     while w < items.shape[0]:
         n = _next_item(items, w + threads, threads, group, True)
         seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
-        n_q = _begin_item(q, items, w, group, queries, top, total, acc, correction)
+        n_q = _begin_item(q, items, w, group, positions, queries, top, total, acc, correction, query_last)
         following = _item_start(items, n, block_tables, positions, window, n_kv_heads, block_size, block_values)
         b = _first_block(positions, t_begin, window, block_size)
         last_block = positions[t_end - 1] // block_size
@@ -156,8 +162,10 @@ def _decode_items_paired(
                 if n_q == 3:  # a group of 3 query heads: no 4th of zeros
                     _scores4_pair(
                         queries,
+                        0,
                         flat_k,
                         start,
+                        flat_k,
                         start_next,
                         block_size,
                         scale,
@@ -170,8 +178,10 @@ def _decode_items_paired(
                 else:
                     _scores4_pair(
                         queries,
+                        0,
                         flat_k,
                         start,
+                        flat_k,
                         start_next,
                         block_size,
                         scale,
@@ -196,10 +206,7 @@ def _decode_items_paired(
                     scores_next if second else scores,
                     n_q,
                     (b + 1) * block_size if second else b * block_size + lane0,
-                    positions,
-                    t_begin,
-                    t_end,
-                    group,
+                    query_last,
                     window,
                     top,
                     total,
@@ -248,6 +255,7 @@ def _decode_items_by_block(
     scores,
     scores_next,
     correction,
+    query_last,
 ):
     """The thread's items (first, first + threads, ...) of one group of queries (decode) on 256-bit tiers, a
     block at a time, each key and value widened as it loads."""
@@ -257,7 +265,7 @@ def _decode_items_by_block(
     while w < items.shape[0]:
         n = _next_item(items, w + threads, threads, group, True)
         seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
-        n_q = _begin_item(q, items, w, group, queries, top, total, acc, correction)
+        n_q = _begin_item(q, items, w, group, positions, queries, top, total, acc, correction, query_last)
         following = _item_start(items, n, block_tables, positions, window, n_kv_heads, block_size, block_values)
         b = _first_block(positions, t_begin, window, block_size)
         last_block = positions[t_end - 1] // block_size
@@ -275,10 +283,7 @@ def _decode_items_by_block(
                 start,
                 b,
                 block_size,
-                positions,
-                t_begin,
-                t_end,
-                group,
+                query_last,
                 window,
                 scale,
                 scores,
@@ -318,52 +323,90 @@ def _prefill_items(
     total,
     acc,
     scores,
+    scores_next,
     k_scratch,
     v_scratch,
+    k_scratch_next,
+    v_scratch_next,
     correction,
+    query_last,
 ):
     """The thread's items (first, first + threads, ...) of more than one group of queries: each block widened
-    once, into scratch, for all of them."""
-    group = q.shape[1] // n_kv_heads
-    block_values = q.shape[2] * block_size  # of one KV head in one block
+    once, into scratch, for all of them. On 512-bit tiers with blocks of 16 keys, two blocks a pass: each group
+    of 4 queries scores both (each broadcast serving two key loads, _scores4_pair), then each block's softmax
+    and values in order; the rest (an odd last block, 256-bit tiers, blocks of more keys) 16 keys at a time.
+    Each query's arithmetic is the same either way."""
+    group, head_dim = q.shape[1] // n_kv_heads, q.shape[2]
+    block_values = head_dim * block_size  # of one KV head in one block
     w = _next_item(items, first, threads, group, False)
     while w < items.shape[0]:
         n = _next_item(items, w + threads, threads, group, False)
         seq, kvh, t_begin, t_end = items[w, 0], items[w, 1], items[w, 2], items[w, 3]
-        n_q = _begin_item(q, items, w, group, queries, top, total, acc, correction)
+        n_q = _begin_item(q, items, w, group, positions, queries, top, total, acc, correction, query_last)
+        rows = -(-n_q // QUERIES) * QUERIES
         following = _item_start(items, n, block_tables, positions, window, n_kv_heads, block_size, block_values)
         last_block = positions[t_end - 1] // block_size
-        for b in range(_first_block(positions, t_begin, window, block_size), last_block + 1):
+        b = _first_block(positions, t_begin, window, block_size)
+        lane0 = 0  # block b's first key not yet seen, a multiple of 16
+        while b <= last_block:
             start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
-            ahead = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
-            if ahead >= 0:  # their arithmetic is long enough to hide the next block's fetch in one go
-                _prefetch_block(flat_k, flat_v, ahead, block_values)
-            kt, k0 = block_as_f32(flat_k, start, k_scratch)
-            vb, v0 = block_as_f32(flat_v, start, v_scratch)
-            _attend_block(
-                score_queries,
-                capped,
-                queries,
-                n_q,
-                kt,
-                k0,
-                vb,
-                v0,
-                b,
-                block_size,
-                positions,
-                t_begin,
-                t_end,
-                group,
-                window,
-                scale,
-                scores,
-                top,
-                total,
-                correction,
-                acc,
-                -1,
-                cap,
-            )
+            if score_queries == 4 and block_size == LANES and b < last_block:  # two blocks in one scores pass
+                start_next = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values
+                for ahead in (
+                    _block_start(block_tables, seq, b + 2, last_block, following, n_kv_heads, kvh, block_values),
+                    _block_start(block_tables, seq, b + 3, last_block, following, n_kv_heads, kvh, block_values),
+                ):
+                    if ahead >= 0:  # their arithmetic is long enough to hide the next blocks' fetch in one go
+                        _prefetch_block(flat_k, flat_v, ahead, block_values)
+                kt, k0 = block_as_f32(flat_k, start, k_scratch)
+                vb, v0 = block_as_f32(flat_v, start, v_scratch)
+                kn, k1 = block_as_f32(flat_k, start_next, k_scratch_next)
+                vn, v1 = block_as_f32(flat_v, start_next, v_scratch_next)
+                for qi in range(0, rows, QUERIES):
+                    _scores4_pair(queries, qi, kt, k0, kn, k1, block_size, scale, scores, scores_next, -1, -1, True)
+                units = 2
+            else:  # 16 keys of one block
+                if lane0 == 0:
+                    ahead = (
+                        (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
+                    )
+                    if ahead >= 0:
+                        _prefetch_block(flat_k, flat_v, ahead, block_values)
+                    kt, k0 = block_as_f32(flat_k, start, k_scratch)
+                    vb, v0 = block_as_f32(flat_v, start, v_scratch)
+                vn, v1 = vb, v0  # unread
+                for qi in range(0, rows, score_queries):
+                    if score_queries == 4:
+                        _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores, -1)
+                    else:
+                        _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, -1)
+                units = 1
+            for unit in range(units):  # one copy of the softmax and values code for both shapes
+                second = unit == 1
+                _softmax_and_values(
+                    score_queries == 4,
+                    False,
+                    capped,
+                    scores_next if second else scores,
+                    n_q,
+                    (b + 1) * block_size if second else b * block_size + lane0,
+                    query_last,
+                    window,
+                    top,
+                    total,
+                    correction,
+                    vn if second else vb,
+                    v1 if second else v0 + lane0 * head_dim,
+                    acc,
+                    -1,
+                    cap,
+                )
+            if units == 2:
+                b += 2
+            else:
+                lane0 += LANES
+                if lane0 == block_size:
+                    lane0 = 0
+                    b += 1
         _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out)
         w = n

@@ -19,6 +19,7 @@ a loop that updates `acc = acc + x` keeps acc in a register, as a SIMD micro-ker
     y = exp1(x)                  # the same for one float32
     v = splat16(x); x = lane0(v) # a float32 in every lane; lane 0 of a float32x16
     m = hmax(v); s = hsum(v)     # the largest lane; the sum of the lanes, always in the same tree order
+    s0, s1, s2, s3 = hsum4(a, b, c, d)  # hsum (and hmax4: hmax) of four vectors in one tree, the same bits
     w = keep_lanes(v, a, b, f)   # lanes a..b-1 of v, the others set to the scalar f
     prefetch(array, i)           # ask for the cache line holding array[i] (a hint: it never faults)
 
@@ -227,8 +228,11 @@ def exp16(typingctx, value):
     def codegen(context, builder, sig, args):
         vf = ir.VectorType(ir.FloatType(), LANES)
         vi = ir.VectorType(ir.IntType(32), LANES)
-        x = vector_call(builder, "llvm.minnum.v16f32", vf, [args[0], f32x16_constant(_EXP_HI)])
-        x = vector_call(builder, "llvm.maxnum.v16f32", vf, [x, f32x16_constant(_EXP_LO)])
+        # clamped by compare-and-pick: minnum then maxnum's results (a NaN becomes _EXP_HI either way) in one
+        # vminps and one vmaxps, where llvm.minnum/maxnum cost three instructions each on x86
+        hi, lo = f32x16_constant(_EXP_HI), f32x16_constant(_EXP_LO)
+        x = builder.select(builder.fcmp_ordered("<", args[0], hi), args[0], hi)
+        x = builder.select(builder.fcmp_ordered(">", x, lo), x, lo)
         n = vector_call(builder, "llvm.rint.v16f32", vf, [builder.fmul(x, f32x16_constant(1.44269504088896341))])
         r = vector_call(builder, "llvm.fma.v16f32", vf, [n, f32x16_constant(-_LN2_HI), x])
         r = vector_call(builder, "llvm.fma.v16f32", vf, [n, f32x16_constant(-_LN2_LO), r])
@@ -322,6 +326,58 @@ def hmax(typingctx, value):
         return halves_tree(builder, args[0], larger)
 
     return types.float32(float32x16), codegen
+
+
+def halves_tree4(builder, vectors, combine):
+    """halves_tree of four vectors at once, each lane of each pair combined with the same partner as
+    halves_tree pairs it, so each result has the same bits: the four vectors' halves interleaved, so that
+    one combine serves all four at every level (8 shuffles and 5 combines instead of 16 and 16). Returns the
+    four results in order."""
+
+    def picks(a, b, lanes):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes))
+
+    a, b, c, d = vectors
+    # 16 -> 8: lanes 0-7 of x hold a[i] (+) a[i + 8], lanes 8-15 b's; y the same for c and d
+    low, high = list(range(8)) + list(range(16, 24)), list(range(8, 16)) + list(range(24, 32))
+    x = combine(picks(a, b, low), picks(a, b, high), 16)
+    y = combine(picks(c, d, low), picks(c, d, high), 16)
+    # 8 -> 4: lanes 4k..4k+3 hold vector k's i (+) i + 4
+    low = [i + 8 * k for k in range(4) for i in range(4)]
+    z = combine(picks(x, y, low), picks(x, y, [i + 4 for i in low]), 16)
+    # 4 -> 2: lanes 2k, 2k+1 hold vector k's i (+) i + 2
+    low = [i + 4 * k for k in range(4) for i in range(2)]
+    w = combine(picks(z, z, low), picks(z, z, [i + 2 for i in low]), 8)
+    # 2 -> 1: lane k holds vector k's 0 (+) 1
+    r = combine(picks(w, w, [0, 2, 4, 6]), picks(w, w, [1, 3, 5, 7]), 4)
+    return [builder.extract_element(r, ir.Constant(ir.IntType(32), k)) for k in range(4)]
+
+
+def _four_floats(context, builder, sig, results):
+    return context.make_tuple(builder, sig.return_type, results)
+
+
+@intrinsic
+def hsum4(typingctx, a, b, c, d):
+    """(hsum(a), hsum(b), hsum(c), hsum(d)), the same bits, in one interleaved tree."""
+
+    def codegen(context, builder, sig, args):
+        return _four_floats(context, builder, sig, halves_tree4(builder, args, lambda x, y, width: builder.fadd(x, y)))
+
+    return types.UniTuple(types.float32, 4)(float32x16, float32x16, float32x16, float32x16), codegen
+
+
+@intrinsic
+def hmax4(typingctx, a, b, c, d):
+    """(hmax(a), hmax(b), hmax(c), hmax(d)) in one interleaved tree."""
+
+    def codegen(context, builder, sig, args):
+        def larger(x, y, width):
+            return vector_call(builder, f"llvm.maxnum.v{width}f32", ir.VectorType(ir.FloatType(), width), [x, y])
+
+        return _four_floats(context, builder, sig, halves_tree4(builder, args, larger))
+
+    return types.UniTuple(types.float32, 4)(float32x16, float32x16, float32x16, float32x16), codegen
 
 
 @intrinsic

@@ -134,8 +134,11 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
             scores = _lines(rows * LANES)  # query qi's 16 scores, then e^(score - top)
             scores_next = _lines(rows * LANES)  # the same for the second block of a pair (decode, 512-bit)
             correction = np.empty(rows, dtype=np.float32)  # the factor acc[qi] is scaled by before a block's values
-            k_scratch = _lines(block_values)
+            query_last = np.empty(rows, dtype=np.int64)  # the last position query qi sees
+            k_scratch = _lines(block_values)  # blocks widened from float16 (prefill): one
             v_scratch = _lines(block_values)
+            k_scratch_next = _lines(block_values)  # and the second of a pair
+            v_scratch_next = _lines(block_values)
             # the thread's items of one group of queries (decode), then the others: functions of their own,
             # compiled once each, not this parallel loop's body (see _decode_items_paired)
             if score_queries == 4:  # a closure constant: numba prunes the other call before typing it
@@ -165,6 +168,7 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
                     scores,
                     scores_next,
                     correction,
+                    query_last,
                 )
             else:
                 _decode_items_by_block(
@@ -193,6 +197,7 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
                     scores,
                     scores_next,
                     correction,
+                    query_last,
                 )
             _prefill_items(
                 score_queries,
@@ -218,9 +223,13 @@ def _build_attend(score_queries: int, capped: bool = False, with_sinks: bool = F
                 total,
                 acc,
                 scores,
+                scores_next,
                 k_scratch,
                 v_scratch,
+                k_scratch_next,
+                v_scratch_next,
                 correction,
+                query_last,
             )
         return out
 

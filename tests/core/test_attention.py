@@ -366,3 +366,21 @@ def test_sinks_join_each_softmaxs_denominator(kv_dtype, window, n_heads, n_kv_he
     assert np.array_equal(two.view(np.uint32), four.view(np.uint32))
     with pytest.raises(ValueError, match="one logit per query head"):
         run_kernel(q, k_cache, v_cache, step, scale, window, sinks=sinks[:-1])
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads,kv_dtype", [(9, 3, "float16"), (32, 8, "float16"), (6, 2, "float32")])
+def test_a_token_gives_the_same_bits_in_a_prompt_and_as_decode(n_heads, n_kv_heads, kv_dtype):
+    """A query is the same bits whether it is a prompt's row (prefill items: blocks scored two at a time on
+    512-bit tiers) or a decode step's (one token over the same context): so a sequence recomputed after
+    preemption goes on exactly as it would have."""
+    rng = np.random.default_rng(n_heads)
+    block_size, head_dim, n_new = 16, 64, 2 * ATTN_TILE + 5
+    for start in (0, 3 * block_size + 7):
+        q, k_cache, v_cache, step, tables = make_batch(
+            rng, [(start, n_new)], block_size, n_heads, n_kv_heads, head_dim, kv_dtype=kv_dtype
+        )
+        prompt = run_kernel(q, k_cache, v_cache, step, np.float32(0.125))
+        for row in (0, ATTN_TILE - 1, n_new - 1):
+            one = build_step_input([([0], start + row, tables[0])], block_size, n_kv_heads, [True])
+            decode = run_kernel(np.ascontiguousarray(q[row : row + 1]), k_cache, v_cache, one, np.float32(0.125))
+            assert np.array_equal(decode.view(np.uint32), prompt[row : row + 1].view(np.uint32)), (start, row)
