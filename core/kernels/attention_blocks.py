@@ -169,11 +169,17 @@ def _softmax_and_values(
     rows = -(-n_q // QUERIES) * QUERIES
     if capped:
         _softcap(scores, n_q, cap)
+    whole = _sees_whole_block(query_last, n_q, base, window)
     for qi in range(0, rows, QUERIES):
         if three and n_q - qi == 3:
-            _online_softmax4(scores, qi, query_last, base, window, top, total, correction, False)
+            if whole:
+                _online_softmax4(scores, qi, query_last, base, window, top, total, correction, False, True)
+            else:
+                _online_softmax4(scores, qi, query_last, base, window, top, total, correction, False, False)
+        elif whole:
+            _online_softmax4(scores, qi, query_last, base, window, top, total, correction, True, True)
         else:
-            _online_softmax4(scores, qi, query_last, base, window, top, total, correction, True)
+            _online_softmax4(scores, qi, query_last, base, window, top, total, correction, True, False)
     for qi in range(0, rows, QUERIES):
         ahead = v_ahead if qi == 0 else -1
         c = 0
@@ -298,27 +304,36 @@ def _key_range(query_last, qi, base, window):
 
 
 @njit(inline="always")
+def _sees_whole_block(query_last, n_q, base, window):
+    """Whether each of the item's n_q queries sees all 16 keys from position base."""
+    lo, hi = query_last[0], query_last[0]
+    for qi in range(1, n_q):
+        lo, hi = min(lo, query_last[qi]), max(hi, query_last[qi])
+    return lo + 1 - base >= LANES and (window == 0 or hi + 1 - base <= window)
+
+
+@njit(inline="always")
 def _rescale(top, new_top):
     """The factor a query's sums so far are scaled by when its running max rises from top to new_top."""
     return np.float32(1.0) if new_top == top else np.float32(np.exp(top - new_top))  # exp(0) is 1 exactly
 
 
 @njit(inline="always")
-def _online_softmax4(scores, qi, query_last, base, window, top, total, correction, four):
+def _online_softmax4(scores, qi, query_last, base, window, top, total, correction, four, whole):
     """For queries qi..qi + 3 (four, a constant: else the first 3, the 4th left as it is), each over the keys
     of the 16 it sees: its scores -> their e^(score - new top), in place, the other lanes 0; its running top
     and total brought up to date, and the factor its sum of values so far is to be scaled by (1 for a query
-    that sees none: it keeps its state). The four queries' horizontal
-    max and sum run in one interleaved tree (hmax4, hsum4); each query's arithmetic is its own, in the same
-    order whichever three it shares the tree with. Where all four see all 16 keys (every block but a prompt's
-    diagonal ones) no lane is masked: the same values, without the selects."""
+    that sees none: it keeps its state). The four queries' horizontal max and sum run in one interleaved tree
+    (hmax4, hsum4); each query's arithmetic is its own, in the same order whichever three it shares the tree
+    with. whole (a constant): every query of the item sees all 16
+    keys (every block but a prompt's diagonal ones and a decode's last), so no lane is masked: the same values
+    without the selects."""
     f0, e0 = _key_range(query_last, qi, base, window)
     f1, e1 = _key_range(query_last, qi + 1, base, window)
     f2, e2 = _key_range(query_last, qi + 2, base, window)
     f3, e3 = _key_range(query_last, qi + 3, base, window) if four else (0, LANES)
     s0, s1 = load16(scores, qi * LANES), load16(scores, (qi + 1) * LANES)
     s2, s3 = load16(scores, (qi + 2) * LANES), load16(scores, (qi + 3) * LANES) if four else zeros16()
-    whole = max(max(f0, f1), max(f2, f3)) == 0 and min(min(e0, e1), min(e2, e3)) == LANES
     if not whole:
         minus_inf = np.float32(-np.inf)
         s0, s1 = keep_lanes(s0, f0, e0, minus_inf), keep_lanes(s1, f1, e1, minus_inf)
