@@ -6,7 +6,8 @@ naive numpy and torch SDPA.
 Uses the default model's attention dims (SmolLM2-135M: 9 query heads, 3 KV
 heads, head_dim 64) and block size 16, on decode shapes (64 sequences x 1 new
 token over contexts of 150, 300 and 1000) and prefill shapes (1 x 512 new
-tokens from position 0; 8 x 64 from position 0).
+tokens from position 0; 8 x 64 from position 0; 1 x 512 from position 1536,
+a 2,048-token document's last chunk).
 
 - numba: miro.core.layers.attention.paged_attention on a packed batch over a
   paged cache with shuffled block tables (items from build_step_input), with
@@ -54,6 +55,7 @@ SHAPES = [
     ("decode 64x1 ctx 1000", 64, 1, 999),
     ("prefill 1x512", 1, 512, 0),
     ("prefill 8x64", 8, 64, 0),
+    ("prefill 1x512 at 1536", 1, 512, 1536),  # a long document's last chunk
 ]
 
 
