@@ -171,12 +171,16 @@ def _softmax_and_values(
         _softcap(scores, n_q, cap)
     whole = _sees_whole_block(query_last, n_q, base, window)
     for qi in range(0, rows, QUERIES):
-        if three and n_q - qi == 3:
-            if whole:
-                _online_softmax4(scores, qi, query_last, base, window, top, total, correction, False, True)
+        if three:  # decode: a few queries an item; the helper compiled once (numba's time, see above)
+            if n_q - qi == 3 and whole:
+                _online_softmax4_called(scores, qi, query_last, base, window, top, total, correction, False, True)
+            elif n_q - qi == 3:
+                _online_softmax4_called(scores, qi, query_last, base, window, top, total, correction, False, False)
+            elif whole:
+                _online_softmax4_called(scores, qi, query_last, base, window, top, total, correction, True, True)
             else:
-                _online_softmax4(scores, qi, query_last, base, window, top, total, correction, False, False)
-        elif whole:
+                _online_softmax4_called(scores, qi, query_last, base, window, top, total, correction, True, False)
+        elif whole:  # prefill: many queries an item, so the two forms inlined, their masks folded away
             _online_softmax4(scores, qi, query_last, base, window, top, total, correction, True, True)
         else:
             _online_softmax4(scores, qi, query_last, base, window, top, total, correction, True, False)
@@ -361,6 +365,12 @@ def _online_softmax4(scores, qi, query_last, base, window, top, total, correctio
         total[qi + 3] = total[qi + 3] * c3 + h3
         top[qi + 3], correction[qi + 3] = n3, c3
         store16(scores, (qi + 3) * LANES, p3)
+
+
+# the same, compiled once and called, for decode's four forms (three queries or four, whole or not): each inlined
+# copy costs numba's front end again, and with decode's inlined too the attention kernel's first compile took 23.5
+# s (10.9 before the four-query softmax, 18.8 so; prefill's two inlined copies are its speed on long prompts)
+_online_softmax4_called = njit(_online_softmax4.py_func)
 
 
 @njit(inline="always")
