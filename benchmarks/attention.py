@@ -1,13 +1,13 @@
 """Paged attention kernel speed: miro's numba kernel (float32 and float16 caches, both scores shapes) against
 naive numpy and torch SDPA.
 
-    python benchmarks/attention.py [--repeats 7] [--threads N] [--no-torch]
+    python benchmarks/attention.py [--repeats 7] [--threads N] [--no-torch] [--heads 9,3,64]
 
 Uses the default model's attention dims (SmolLM2-135M: 9 query heads, 3 KV
-heads, head_dim 64) and block size 16, on decode shapes (64 sequences x 1 new
-token over contexts of 150, 300 and 1000) and prefill shapes (1 x 512 new
-tokens from position 0; 8 x 64 from position 0; 1 x 512 from position 1536,
-a 2,048-token document's last chunk).
+heads, head_dim 64; --heads sets others) and block size 16, on decode shapes
+(64 sequences x 1 new token over contexts of 150, 300 and 1000) and prefill
+shapes (1 x 512 new tokens from position 0; 8 x 64 from position 0; 1 x 512
+from position 1536, a 2,048-token document's last chunk).
 
 - numba: miro.core.layers.attention.paged_attention on a packed batch over a
   paged cache with shuffled block tables (items from build_step_input), with
@@ -139,7 +139,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None, help="numba and torch thread count (default: theirs)")
     parser.add_argument("--no-torch", action="store_true", help="skip torch SDPA")
+    parser.add_argument(
+        "--heads",
+        default=f"{N_HEADS},{N_KV_HEADS},{HEAD_DIM}",
+        help="query heads, KV heads, head_dim (default: SmolLM2-135M's; 32,8,64 is Llama-3.2-1B's)",
+    )
     args = parser.parse_args()
+    global N_HEADS, N_KV_HEADS, HEAD_DIM
+    N_HEADS, N_KV_HEADS, HEAD_DIM = (int(n) for n in args.heads.split(","))
 
     import numba
 
