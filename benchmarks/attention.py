@@ -135,6 +135,7 @@ def median_ms(fn, repeats):
 
 
 def main() -> None:
+    global N_HEADS, N_KV_HEADS, HEAD_DIM
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None, help="numba and torch thread count (default: theirs)")
@@ -145,7 +146,6 @@ def main() -> None:
         help="query heads, KV heads, head_dim (default: SmolLM2-135M's; 32,8,64 is Llama-3.2-1B's)",
     )
     args = parser.parse_args()
-    global N_HEADS, N_KV_HEADS, HEAD_DIM
     N_HEADS, N_KV_HEADS, HEAD_DIM = (int(n) for n in args.heads.split(","))
 
     import numba
