@@ -14,7 +14,6 @@ from miro.core.kernels.simd import (
 
 from miro.core.kernels.attention_blocks import (
     QUERIES,
-    _add_sink,
     _attend_block,
     _block_start,
     _on,
@@ -25,6 +24,7 @@ from miro.core.kernels.attention_blocks import (
     _softmax_and_values,
     block_as_f32,
 )
+from miro.core.kernels.attention_softmax import _add_sink
 
 
 @njit

@@ -18,7 +18,8 @@ one sum per query (4 queries: 8 ymm) and takes 4 on every tier. A query's arithm
 group, so the tiers give the same bits.
 
 Here: the kernels and their variants. A thread's work items (decode, prefill) are kernels/attention_items.py's,
-the arithmetic over one KV block (scores, online softmax, values, prefetches) kernels/attention_blocks.py's.
+the arithmetic over one KV block (scores, values, prefetches) kernels/attention_blocks.py's, the online softmax
+between them kernels/attention_softmax.py's.
 """
 
 from __future__ import annotations
