@@ -1,7 +1,7 @@
 """Paged attention's arithmetic over one KV block (core/layers/attention.py runs it): how the cache holds a value
 (float32 or float16 bits), a block's scores for a group of queries, the values pass, and the prefetches of the
-blocks ahead; the online softmax between them is attention_softmax.py's. Every function here is inlined into the attention kernel, so this file is in
-numba's cache key (kernels/cache_key.py)."""
+blocks ahead; the online softmax between them is attention_softmax.py's. Every function here is inlined into the
+attention kernel, so this file is in numba's cache key (kernels/cache_key.py)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,6 @@ def _block_as_f32(flat_cache, start, scratch):
 
 @njit(inline="always")
 def _attend_block(
-    score_queries,
     capped,
     queries,
     n_q,
@@ -102,13 +101,13 @@ def _attend_block(
     any order, which the hardware's prefetcher cannot guess, and for one group (decode) a burst of 64
     prefetches at once stalls on the cache's miss buffers (measured 1.3x slower).
 
-    score_queries (2 or 4) and capped are constants of the kernel's variant (closure values of its own: a plain
-    int and bool, passed on as literals to the item functions), so once this is inlined there LLVM folds the
-    branches of the other values. Not a jitted closure per variant that the kernel holds (5af21ab, reverted in
-    6a7e7cd): numba's cache key pickles a kernel's closure values, a dispatcher's pickle carries an id of the
-    process that made it, and every process then missed the cache (tests/core/test_kernel_cache.py checks the
-    keys). Only decode's items on 256-bit tiers run here (prefill's: _prefill_items); a last group of 3 queries
-    takes a softmax of 3, its values pass 4 with one of zeros.
+    Only decode's items on 256-bit tiers run here (2 queries a key load, _scores2; 512-bit tiers' decode is
+    _decode_items_paired's, every prefill _prefill_items'); a last group of 3 queries takes a softmax of 3, its
+    values pass 4 with one of zeros. capped is a constant of the kernel's variant (a closure value of its own: a
+    plain bool, passed on as a literal to the item functions), so once this is inlined there LLVM folds the
+    other branch. Not a jitted closure per variant that the kernel holds (5af21ab, reverted in 6a7e7cd): numba's
+    cache key pickles a kernel's closure values, a dispatcher's pickle carries an id of the process that made
+    it, and every process then missed the cache (tests/core/test_kernel_cache.py checks the keys).
 
     capped: each score s, computed with scale / cap, becomes cap * tanh(s) before the softmax sees it (its
     running max included), as ggml's flash attention soft-caps them."""
@@ -117,14 +116,11 @@ def _attend_block(
     for lane0 in range(0, block_size, LANES):
         # three passes over the queries, a group at a time where they share loads, so that the CPU overlaps
         # their dependency chains; every query's own arithmetic is the same whatever its neighbours
-        for qi in range(0, rows, score_queries):
+        for qi in range(0, rows, 2):
             k_ahead = ahead + lane0 if ahead >= 0 and qi == 0 else -1
-            if score_queries == 4:
-                _scores4(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
-            else:
-                _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
+            _scores2(queries, qi, kt, k0 + lane0, block_size, scale, scores, k_ahead)
         _softmax_and_values(
-            score_queries == 4,
+            False,
             True,
             capped,
             scores,

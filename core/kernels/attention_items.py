@@ -273,7 +273,6 @@ def _decode_items_by_block(
             start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
             ahead = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
             _attend_block(
-                score_queries,
                 capped,
                 queries,
                 n_q,
