@@ -271,7 +271,7 @@ def _decode_items_by_block(
         last_block = positions[t_end - 1] // block_size
         for b in range(b, last_block + 1):
             start = (block_tables[seq, b] * n_kv_heads + kvh) * block_values
-            ahead = (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
+            ahead = _block_start(block_tables, seq, b + 1, last_block, following, n_kv_heads, kvh, block_values)
             _attend_block(
                 capped,
                 queries,
@@ -366,9 +366,7 @@ def _prefill_items(
                 units = 2
             else:  # 16 keys of one block
                 if lane0 == 0:
-                    ahead = (
-                        (block_tables[seq, b + 1] * n_kv_heads + kvh) * block_values if b < last_block else following
-                    )
+                    ahead = _block_start(block_tables, seq, b + 1, last_block, following, n_kv_heads, kvh, block_values)
                     if ahead >= 0:
                         _prefetch_block(flat_k, flat_v, ahead, block_values)
                     kt, k0 = block_as_f32(flat_k, start, k_scratch)
