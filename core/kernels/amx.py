@@ -274,6 +274,8 @@ def aligned(n_bytes):
 
 tile_dpbusd = _tile_product("tdpbusd", ("u", ""))
 tile_dpbssd = _tile_product("tdpbssd", ("", ""))
+tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
+tile_dpbf16ps = _tile_product("tdpbf16ps", ("bf16 ", "bf16 "))  # AMX-BF16: float32 sums of bfloat16 pairs
 
 
 @njit(parallel=True, cache=True)

@@ -24,13 +24,12 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from miro.core.kernels import amx
-from miro.core.kernels.amx import _tile_product, config_bytes, tile_load, tile_load_config, tile_release
+from miro.core.kernels.amx import config_bytes, tile_dpbf16ps, tile_load, tile_load_config, tile_release
 from miro.core.kernels.amx import tile_store, tile_zero
 from miro.core.kernels.bf16_gemm import PANEL, padded_pairs
 from miro.core.kernels.cache_key import HELPERS
 from miro.core.kernels.cpu import compiled_features
 
-tile_dpbf16ps = _tile_product("tdpbf16ps", ("bf16 ", "bf16 "))
 ROWS = 16  # activation rows per A tile
 PAIRS = 16  # k-pairs per A row (64 bytes) and per B tile
 CONFIG = config_bytes()  # every tile 16 rows of 64 bytes

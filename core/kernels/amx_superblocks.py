@@ -10,19 +10,26 @@ store, a load, a vpmulld and a vpaddd per sub-block and token (measured about th
 scales go into the weights instead, split into two digits small enough to fit a byte:
 
 - Q4_K: sc (< 64) = 16 hi + lo, q x lo <= 15 x 15 and q x hi <= 15 x 3; Q5_K: sc = 8 hi + lo, q x lo and q x hi
-  <= 31 x 7 (unsigned, TDPBSUD), so sum q sc a = 2^shift C_hi + C_lo; the mins' sum, sum over sub-blocks of
-  m_j x (the activations' 32-value sum j), by superblock_dots.mins_dot in the float steps, as tiles_k (as a third AMX
-  product against weights m_j(v) it cost a third more tile work and B tiles than these vpmaddwd);
+  <= 31 x 7 (unsigned, TDPBSUD), so sum q sc a = 2^shift C_hi + C_lo; the mins' sum M = sum over the sub-blocks j
+  of m_j x S_j (S_j the activations' 32-value sum) by one TDPBF16PS a super-block: each S_j as the pair
+  (S_j mod 32, S_j - S_j mod 32), both exact in bfloat16 (|S_j| <= 32 x 127), against (m_j, m_j) (m_j < 64): every
+  product and partial sum an integer below 2^24, so the float32 M is exactly the int32 that tiles_k's vpmaddwd make
+  (superblock_dots.mins_dot). Those vpmaddwd, done in the float steps here before, cost 5-10% of a 512-row call
+  (the vector work, not the tiles, sets this kernel's speed); as an int8 product against weights m_j(v) they cost
+  4 more TDPBxxD of 64 deep and gained nothing;
 - Q6_K: the product w = (q - 32) sc itself (|w| <= 4096) = 256 hi + lo, lo its low byte (unsigned, TDPBSUD),
   hi its high one (signed, TDPBSSD), so sum (q - 32) sc a = 256 C_hi + C_lo (tiles_k's Q6_K sum, offset
   included). (Three base-8 digits of sc, each times q - 32, took 12 products and half again the vector work.)
 
 Per tile of 16 weight rows and super-block its two B-tile sets (2 x 4 KB, `digit_tiles`: vpmullw on byte pairs;
 `q6_k_digit_tiles`: vpmaddubsw and a byte shuffle per digit) are made once, then used by every 16 activation rows
-(A: the Q8_K activations, repacked once per call so that each A tile's 16 rows of 64 bytes lie in a row): 8
-TDPBxxD over the super-block's 4 chunks of 64 values and 2 tile stores; a product later (its stores' latency
-behind the next), per token, a shift and an add and the float steps. Rows past the last multiple of 16, and calls of fewer than the table's `amx_from` rows (32), whose
-digits would be made for too few tokens to pay, are tiles_k's (Linear._matmul_superblocks).
+of a block of up to 256 (TOKEN_BLOCK, BLOCK_BYTES: its activations stay in L2 while the part's tiles pass; A: the
+Q8_K activations, repacked once per call so that each A tile's 16 rows of 64 bytes lie in a row): 8 TDPBxxD over
+the super-block's 4 chunks of 64 values (and the mins' TDPBF16PS, 16 deep, from `_sum_tiles` and
+`mins_bf16_tile`) and 2 (3) tile stores; a product later (its stores' latency behind the next), per token, a
+shift and an add and the float steps. Q4_K and Q5_K take it where AMX-BF16 runs too (every AMX CPU so far). Rows
+past the last multiple of 16, and calls of fewer than the table's `amx_from` rows (32), whose digits would be made
+for too few tokens to pay, are tiles_k's (Linear._matmul_superblocks).
 """
 
 from __future__ import annotations
@@ -36,24 +43,25 @@ from numba import get_num_threads, njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from miro.core.kernels import amx, cpu
-from miro.core.kernels.amx import _tile_product, tile_dpbssd, tile_load, tile_load_config, tile_release, tile_store
-from miro.core.kernels.amx import aligned, tile_zero
+from miro.core.kernels import amx, amx_bf16, cpu
+from miro.core.kernels.amx import tile_dpbf16ps, tile_dpbssd, tile_dpbsud, tile_load, tile_load_config, tile_release
+from miro.core.kernels.amx import aligned, tile_store, tile_zero
 from miro.core.kernels.amx_tiles import ROWS, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, SUPERBLOCK_TYPES
 from miro.core.kernels.simd import load16, load16_f16, store16, to_float
-from miro.core.kernels.superblock_dots import mins_dot
-from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs, sub_block_sum_pairs
+from miro.core.kernels.superblock_tiles import LANE_BYTES, k4_tile_pairs
 from miro.core.kernels.tile_steps import store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
 
-tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
-TOKEN_BLOCK = 128  # activation rows a part takes over all its tiles before the next: 128 x K bytes stay in L2
+TOKEN_BLOCK = 256  # at most the activation rows a part takes over all its tiles before the next,
+BLOCK_BYTES = 1 << 20  # and at most this many of their bytes: they stay in L2 (256 x 8192 bytes cost 8-22% more)
 UNPACKED = 256 * TILE_ROWS  # bytes of one B-tile set of a super-block: [chunk of 64 values][16 x 4 values][row]
 DIGIT_BYTES = 2 * UNPACKED  # a super-block's two B-tile sets
 DIGIT_SHIFT = {Q4_K: 4, Q5_K: 3, Q6_K: 8}  # Q4_K's, Q5_K's scale digits: sc = 2^shift hi + lo; Q6_K's w = 256 hi + lo
+MINS_TILE = 8 * TILE_ROWS  # words of a super-block's mins B tile: 8 sub-blocks x 16 rows of (m_j, m_j) bf16 pairs
+SUMS_TILE = 512  # bytes of an A tile of sub-block sums: 16 tokens x 16 bfloat16 (a super-block's 8 pairs)
 
 
 def amx_tiles_k(qtype: int, tier: Tier):
@@ -61,10 +69,10 @@ def amx_tiles_k(qtype: int, tier: Tier):
     for the first rows of the Q8_K activations a (quantize_q8_k), as many as out has (a multiple of 16); None for
     other types or where it does not run."""
     qtype = int(qtype)
-    if qtype not in SUPERBLOCK_TYPES or not runs_on(tier):
+    has_mins = qtype != Q6_K
+    if qtype not in SUPERBLOCK_TYPES or not runs_on(tier) or (has_mins and not amx_bf16.ready()):
         return None
     amx.require()
-    has_mins = qtype != Q6_K
     shift = DIGIT_SHIFT[qtype]
     lane_bytes = LANE_BYTES[qtype]
     helpers = HELPERS
@@ -72,7 +80,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_amx", parallel=True)
     def matmul_amx_k(quants, scales, mins, sub_scales, a, d, sum32, out, config, threads):
         """out (T16, N) = the tiles of N rows times the first T16 rows of a (T, K) int8 in the values' order; d
-        (T, K / 256); sum32 unused (the mins' sums are a product)."""
+        (T, K / 256); sum32 (T, K / 32) the 32-value sums, for the mins."""
         helpers  # in numba's cache key: see cache_key.py
         n_tok = out.shape[0]
         k = a.shape[1]
@@ -83,27 +91,33 @@ def amx_tiles_k(qtype: int, tier: Tier):
         c_stride = np.int64(TILE_ROWS * 4)
         c_tile = ROWS * TILE_ROWS
         packed = _a_tiles(a, n_tok)
-        sum_pairs = sub_block_sum_pairs(sum32, n_tok, sum32.shape[1] // 2 if has_mins else 0)
+        sum_tiles = _sum_tiles(sum32, n_tok if has_mins else 0)
+        s_stride = np.int64(2 * TILE_ROWS)  # bytes of an A tile row of sums
         parts = max(1, min(threads, n_tiles))
+        token_block = max(ROWS, min(TOKEN_BLOCK, BLOCK_BYTES // k // ROWS * ROWS))
         # each part's scratch; the tiles' buffers on cache lines (a tile row of 64 bytes in one line, not two)
-        scratch_bytes = 2 * DIGIT_BYTES + 4 * 2 * 2 * c_tile
+        scratch_bytes = 2 * DIGIT_BYTES + 2 * 4 * MINS_TILE + 4 * 3 * 2 * c_tile
         all_scratch = aligned(parts * scratch_bytes)
         all_pairs = np.empty((parts, 3, 4 * TILE_ROWS), np.int32)
-        all_acc = np.empty((parts, 2, TOKEN_BLOCK * TILE_ROWS), np.float32)
+        acc_bytes = 2 * token_block * TILE_ROWS * 4  # on cache lines, as every 64-byte load and store of them
+        all_acc = aligned(parts * acc_bytes).view(np.float32).reshape((parts, 2, token_block * TILE_ROWS))
         all_spill = np.empty((parts, TILE_ROWS), np.float32)
         for part in prange(parts):
             first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
             scratch = all_scratch[part * scratch_bytes : (part + 1) * scratch_bytes]
             digits = scratch[: 2 * DIGIT_BYTES]  # two super-blocks' B tiles, in turn
-            sums = scratch[2 * DIGIT_BYTES :].view(np.int32)  # two products' two C tiles, in turn, [token][row]
-            # Q4_K's, Q5_K's (k4_tile_pairs); the mins' of two super-blocks in turn (their float steps lag a product)
+            mins_tiles = scratch[2 * DIGIT_BYTES : 2 * DIGIT_BYTES + 8 * MINS_TILE].view(np.uint32)  # two, in turn
+            # two products' three C tiles, in turn, [token][row]: the digits' int32 sums, the mins' float32 ones
+            sums = scratch[2 * DIGIT_BYTES + 8 * MINS_TILE :].view(np.int32)
+            min_sums = scratch[2 * DIGIT_BYTES + 8 * MINS_TILE :].view(np.float32)
+            # Q4_K's, Q5_K's (k4_tile_pairs); the mins' pairs of two super-blocks in turn
             pairs, min_pairs = all_pairs[part, 0], all_pairs[part, 1:].reshape(8 * TILE_ROWS)
             acc = all_acc[part, 0]  # a block of tokens' float sums, [token][row]
             acc_mins = all_acc[part, 1] if has_mins else all_acc[part, 1, :0]
             spill = all_spill[part]
             tile_load_config(config)
-            for t0 in range(0, n_tok, TOKEN_BLOCK):  # its activations stay in L2 over the part's tiles
-                t1 = min(n_tok, t0 + TOKEN_BLOCK)
+            for t0 in range(0, n_tok, token_block):  # its activations stay in L2 over the part's tiles
+                t1 = min(n_tok, t0 + token_block)
                 for tile in range(first, last):
                     tile_quants, tile_sub_scales = quants[tile], sub_scales[tile]
                     scale_row, min_row = scales[tile], mins[tile]
@@ -115,13 +129,19 @@ def amx_tiles_k(qtype: int, tier: Tier):
                         if has_mins:
                             k4_tile_pairs(tile_sub_scales, 12 * TILE_ROWS * sb, pairs, 0, min_pairs, 64 * (sb % 2))
                             digit_tiles(tile_quants, 8 * lane_bytes * sb, pairs, digits, w_at, qtype, shift)
+                            mins_bf16_tile(min_pairs, 64 * (sb % 2), mins_tiles, MINS_TILE * (sb % 2))
                         else:
                             q6_k_digit_tiles(tile_quants, 8 * lane_bytes * sb, tile_sub_scales, 256 * sb, digits, w_at)
-                        for g in range(t0, t1, ROWS):  # its two products for 16 tokens, in buffer `done % 2`
+                        for g in range(t0, t1, ROWS):  # its products for 16 tokens, in buffer `done % 2`
                             a_at = np.int64(g) * a_stride + 4096 * sb
-                            c_at = np.int64(4 * 2 * c_tile * (done % 2))
+                            c_at = np.int64(4 * 3 * c_tile * (done % 2))
                             tile_zero(0)
                             tile_zero(1)
+                            if has_mins:  # the mins' sums: A the 16 tokens' sub-block sums, B the mins
+                                tile_zero(2)
+                                tile_load(6, sum_tiles, (np.int64(g // ROWS) * n_super + sb) * SUMS_TILE, s_stride)
+                                tile_load(7, mins_tiles, np.int64(4 * MINS_TILE * (sb % 2)), w_stride)
+                                tile_dpbf16ps(2, 6, 7)
                             for c in range(4):
                                 tile_load(3, packed, a_at + 1024 * c, w_stride)
                                 tile_load(4, digits, w_at + 1024 * c, w_stride)
@@ -130,6 +150,8 @@ def amx_tiles_k(qtype: int, tier: Tier):
                                 _product(1, 3, 5, has_mins)  # high: Q6_K's signed
                             tile_store(0, sums, c_at, c_stride)
                             tile_store(1, sums, c_at + 4 * c_tile, c_stride)
+                            if has_mins:
+                                tile_store(2, sums, c_at + 8 * c_tile, c_stride)
                             if done:  # the product before: its float steps (its stores' latency behind this one)
                                 before, before_sb = (g - ROWS, sb) if g > t0 else (t1 - ROWS, sb - 1)
                                 _float_steps(
@@ -142,8 +164,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
                                     before_sb,
                                     scale_row,
                                     min_row,
-                                    min_pairs,
-                                    sum_pairs,
+                                    min_sums,
                                     d,
                                     shift,
                                     has_mins,
@@ -159,8 +180,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
                         n_super - 1,
                         scale_row,
                         min_row,
-                        min_pairs,
-                        sum_pairs,
+                        min_sums,
                         d,
                         shift,
                         has_mins,
@@ -192,6 +212,61 @@ def _a_tiles(a, n_tok):
     return packed.view(np.int8)
 
 
+def _bf16_bits(values) -> np.ndarray:
+    """The bfloat16 bits of integers that bfloat16 holds exactly."""
+    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+SUM_LOW_BF16 = _bf16_bits(np.arange(32))  # S mod 32
+SUM_HIGH_BF16 = _bf16_bits(32 * np.arange(-128, 129))  # S - S mod 32 = 32 h, h from -128
+
+
+@njit(cache=True)
+def _sum_tiles(sum32, n_tok):
+    """The first n_tok rows' 32-value sums S_j (sum32, (T, K / 32)) as bfloat16 A tiles, [16 tokens][super-block]
+    [token][16 bfloat16]: sub-block j's S_j as the pair (S_j mod 32, S_j - S_j mod 32) at 2 j, 2 j + 1, each
+    exact in bfloat16 (a value below 32, or 32 times one of 8 bits; |S_j| <= 32 x 128), whose sum is S_j. Tokens
+    past n_tok: zero."""
+    n_super = sum32.shape[1] // 8
+    tiles = aligned(((n_tok + ROWS - 1) // ROWS * ROWS) * n_super * SUMS_TILE // ROWS).view(np.uint16)  # lines
+    tiles[:] = 0
+    for t in range(n_tok):
+        for sb in range(n_super):
+            at = ((t // ROWS * n_super + sb) * ROWS + t % ROWS) * 16
+            for j in range(8):
+                s = sum32[t, 8 * sb + j]
+                tiles[at + 2 * j] = SUM_LOW_BF16[s & 31]
+                tiles[at + 2 * j + 1] = SUM_HIGH_BF16[(s >> 5) + 128]
+    return tiles
+
+
+@intrinsic
+def mins_bf16_tile(typingctx, min_pairs, at, out, out_at):
+    """A super-block's mins for the 16 rows of a tile as a TDPBF16PS B tile: from k4_tile_pairs' min_pairs[at + 16 p
+    + r] (row r's 6-bit mins of sub-blocks 2 p, the low int16, and 2 p + 1), out[out_at + 16 j + r] = the bfloat16
+    pair (m_j, m_j) of row r (exact: m_j < 64)."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        d16 = ir.VectorType(i32, 16)
+        data = functools.partial(_array_data, context, builder, signature, args)
+        pointer = functools.partial(_vector_pointer, builder)
+
+        def splat(value):
+            return ir.Constant(d16, [value] * 16)
+
+        for p in range(4):
+            pair = builder.load(pointer(data(0), args[1], 16 * p, d16), align=4)
+            for h in range(2):  # sub-block 2 p + h
+                mins = builder.and_(builder.lshr(pair, splat(16 * h)), splat(0xFFFF))
+                bits = builder.bitcast(builder.sitofp(mins, ir.VectorType(ir.FloatType(), 16)), d16)
+                both = builder.or_(builder.and_(bits, splat(0xFFFF0000)), builder.lshr(bits, splat(16)))
+                builder.store(both, pointer(data(2), args[3], 16 * (2 * p + h), d16), align=4)
+        return context.get_dummy_value()
+
+    return types.void(min_pairs, types.intp, out, types.intp), codegen
+
+
 @njit(inline="always")
 def _product(c, a, b, unsigned):
     """tmm c += tmm a (signed bytes) times tmm b, unsigned bytes (TDPBSUD) or signed (TDPBSSD)."""
@@ -202,13 +277,13 @@ def _product(c, a, b, unsigned):
 
 
 @njit(inline="always")
-def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, min_pairs, sum_pairs, d, shift, has_mins):
+def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, min_sums, d, shift, has_mins):
     """tiles_k's float steps of super-block sb for tokens g.. g + 15 (in acc from t0) from their C tiles in `sums`
-    buffer `buffer`:
-    the integer sum 2^shift C_hi + C_lo (Q6_K's shift 8); Q4_K's, Q5_K's (has_mins) mins' sum by mins_dot, from min_pairs (k4_tile_pairs', super-block sb's at
-    64 (sb % 2)) and the token's sum_pairs. (Unsigned token indices: no negative-index wraparound.)"""
+    buffer `buffer`: the integer sum 2^shift C_hi + C_lo (Q6_K's shift 8); Q4_K's, Q5_K's (has_mins) mins' sum, an
+    integer in float32, from the third C tile (min_sums: the same bytes). (Unsigned token indices: no negative-index
+    wraparound.)"""
     c_tile = ROWS * TILE_ROWS
-    base = 2 * c_tile * buffer
+    base = 3 * c_tile * buffer
     dw = load16_f16(scale_row, TILE_ROWS * sb)
     for t in range(ROWS):
         at = TILE_ROWS * t
@@ -220,8 +295,8 @@ def _float_steps(sums, buffer, acc, acc_mins, g, t0, sb, scale_row, min_row, min
         for t in range(ROWS):
             at = TILE_ROWS * t
             row = TILE_ROWS * (g - t0 + t)
-            sum_mins = mins_dot(min_pairs, 4 * TILE_ROWS * (sb % 2), sum_pairs[np.uint64(g + t)], 4 * sb, 512, 4)
-            store16(acc_mins, row, load16(acc_mins, row) + (dmin * d[np.uint64(g + t), sb]) * to_float(sum_mins))
+            sum_mins = load16(min_sums, base + 2 * c_tile + at)
+            store16(acc_mins, row, load16(acc_mins, row) + (dmin * d[np.uint64(g + t), sb]) * sum_mins)
 
 
 @intrinsic(prefer_literal=True)
@@ -357,7 +432,11 @@ def kernel(qtype: int, tier_name: str):
     return amx_tiles_k(qtype, cpu.get(tier_name))
 
 
-CONFIG = amx.config_bytes()  # every tile 16 rows of 64 bytes
+CONFIG = (
+    amx.config_bytes()
+)  # 16 rows of 64 bytes, but the mins' A tile (tmm6: 16 rows of 32 bytes) and B (tmm7: 8 rows)
+CONFIG[16 + 2 * 6] = 2 * TILE_ROWS
+CONFIG[48 + 7] = 8
 
 
 def matmul(kernel, tiles, a, out: np.ndarray) -> np.ndarray:

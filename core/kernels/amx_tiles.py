@@ -32,7 +32,7 @@ from numba.core.extending import intrinsic
 
 from miro.core.kernels import amx
 from miro.core.kernels.amx import (
-    _tile_product,
+    tile_dpbsud,
     aligned,
     tile_load,
     tile_load_config,
@@ -47,7 +47,6 @@ from miro.core.kernels.simd import load16, load16_f16, zeros16
 from miro.core.kernels.tile_steps import FLOAT_BIAS, float_bias_bits, float_step, store_tile_row, tile_constants
 from miro.core.kernels.tiles import TILE_ROWS
 
-tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
 AMX_TYPES = (Q4_0, Q4_1, Q8_0)  # the types this kernel multiplies
 ROWS = 16  # activation rows per A tile
 CONFIG = amx.config_bytes_blocks32()  # C 16 x 16 int32, A 16 rows x 32 bytes, B 8 rows x 64 bytes

@@ -63,10 +63,12 @@ K_QUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 @needs_amx
 @pytest.mark.parametrize("qtype", _by_type(K_QUANTS))
-@pytest.mark.parametrize(("n_rows", "k", "n"), [(16, 512, 40), (32, 768, 48), (48, 256, 16), (160, 1024, 32)])
+@pytest.mark.parametrize(
+    ("n_rows", "k", "n"), [(16, 512, 40), (32, 768, 48), (48, 256, 16), (272, 512, 32), (144, 8192, 16)]
+)
 def test_amx_gives_the_k_quant_tile_kernels_bits(qtype, n_rows, k, n):
     """Random bytes: every sub-block scale (Q4_K's, Q5_K's 6-bit ones up to 63, Q6_K's int8 ones from -128) and
-    value; 160 rows: more than one block of amx_superblocks.TOKEN_BLOCK rows."""
+    value; 272 rows of 512 and 144 of 8192 values: more than one block of activation rows (TOKEN_BLOCK, BLOCK_BYTES)."""
     tensor = random_tensor(qtype, n, k, seed=n_rows)
     layer = Linear(tensor, tier="avx512-vnni")
     x = activations(n_rows, k, seed=int(qtype))
@@ -79,6 +81,28 @@ def test_amx_gives_the_k_quant_tile_kernels_bits(qtype, n_rows, k, n):
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
     portable = Linear(tensor, tier="portable")(x)
     np.testing.assert_array_equal(got.view(np.uint32), portable.view(np.uint32))
+
+
+@needs_amx
+def test_amx_mins_are_exact_at_the_largest_sub_block_sums():
+    """The mins' TDPBF16PS takes each 32-value sum as two bfloat16 parts: at the extremes (every value of a
+    sub-block +127 or -127, |sum| 4,064, next to sums of one value less) the product is still the VNNI
+    kernel's integer, bit for bit."""
+    n_rows, k, n = 32, 512, 32
+    tensor = random_tensor(Q.Q4_K, n, k, seed=7)
+    layer = Linear(tensor, tier="avx512-vnni")
+    signs = np.where(np.arange(k // 32) % 3 == 0, 1.0, -1.0).astype(np.float32)  # per sub-block
+    x = np.repeat(signs, 32)[None, :] * np.ones((n_rows, 1), np.float32)
+    x[1::2] *= -1
+    x[2::4, 5] = 0.5  # one value of a sub-block less: sums just inside the extremes
+    a, tiles = quantize_q8_k(x), layer._tiles
+    assert {int(a.sum32.max()), int(a.sum32.min())} == {127 * 32, -127 * 32}
+    vnni = WEIGHT_TYPES[Q.Q4_K].kernels_on(VNNI).tiles
+    out = np.empty((n_rows, n), np.float32)
+    expected = vnni(tiles.quants, tiles.scales, tiles.mins, tiles.sub_scales, a.q, a.d, a.sum32, out)
+    kernel = amx_kernels.kernel(int(Q.Q4_K), VNNI.name)
+    got = amx_superblocks.matmul(kernel, tiles, a, np.empty((n_rows, n), np.float32))
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
 ON_AMX = [qtype for qtype in [Q.Q4_0, Q.Q4_1, Q.Q8_0, *K_QUANTS] if WEIGHT_TYPES[qtype].amx_from]
