@@ -4,9 +4,11 @@ time, each block's exact int32 sums by one TDPBSUD, then tile_steps.py's float s
 Per 16-row weight tile, 16 activation rows at a time, per 32-value block b:
 
 - C (tmm0-3 in turn) = A (16 activation rows x 32 int8, from `a` as it is, tmm4-5) times B (the tile's block:
-  8 quads x 16 rows x 4 bytes, tmm6-7, unsigned: Q4's nibbles unpacked once per tile and block of tokens into a
-  per-thread copy by 64-byte vectors, `b_tile`; Q8_0's bytes + 128 as the tile holds them), stored to a
-  per-thread buffer;
+  8 quads x 16 rows x 4 bytes, tmm6-7: Q4's nibbles unpacked once per tile and block of tokens into a per-thread
+  copy by 64-byte vectors, `b_tile`, Q4_1's unsigned, Q4_0's as q - 8, signed; Q8_0's bytes + 128 as the tile
+  holds them), stored to a per-thread buffer. Q4_0's C tiles begin at tile_steps' float bias (loaded from a tile
+  of it), so its sums need no per-token offset added (tiles_32's start: the offset x the activations' sum, and
+  the bias): a broadcast load and an add less per float step, 10-20% less time at 32-512 rows;
 - three blocks later (the TDPBSUD's and the store's latency hidden behind the float steps of the blocks before),
   each activation row's 16 sums are read back and given tile_steps.float_step, into 16 float sums held in registers.
 
@@ -32,6 +34,7 @@ from numba.core.extending import intrinsic
 
 from miro.core.kernels import amx
 from miro.core.kernels.amx import (
+    tile_dpbssd,
     tile_dpbsud,
     aligned,
     tile_load,
@@ -78,8 +81,11 @@ def amx_tiles_32(qtype: int, tier: Tier):
         return None
     amx.require()
     has_min, offset, block_quants, vnni, e8m0 = tile_constants(qtype, tier)
+    # Q4_0: B holds q - 8 (signed, TDPBSSD) and each product begins at the float bias (a C tile loaded from
+    # `bias`), so no sum needs a token's offset added: the same integers, one add and one load less a float step
+    centred = qtype == Q4_0
     float_bias = float_bias_bits(qtype)
-    begins = offset != 0 or float_bias != 0
+    begins = not centred and (offset != 0 or float_bias != 0)
     nibbles = qtype != Q8_0
     helpers = HELPERS
 
@@ -108,6 +114,8 @@ def amx_tiles_32(qtype: int, tier: Tier):
         scratch_bytes = b_bytes + 4 * 4 * ROWS * TILE_ROWS
         all_scratch = aligned(parts * scratch_bytes)
         all_spill = np.empty((parts, TILE_ROWS), np.float32)
+        bias = aligned(4 * ROWS * TILE_ROWS).view(np.int32)  # a C tile of the float bias's bits (Q4_0)
+        bias[:] = float_bias
         for part in prange(parts):
             first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
             scratch = all_scratch[part * scratch_bytes : (part + 1) * scratch_bytes]
@@ -120,7 +128,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
                     tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
                     if nibbles:  # Q4: quads k (low nibbles) and k + 4 (high) of each block, B's 8 rows of 64 bytes
                         for b in range(n_blocks):
-                            b_tile(tile_quants, block_quants * b, unpacked, B_BYTES * b, nibbles)
+                            b_tile(tile_quants, block_quants * b, unpacked, B_BYTES * b, nibbles, centred)
                     weights = unpacked if nibbles else tile_quants
                     n0 = tile * TILE_ROWS
                     for g in range(t0, min(n_tok, t0 + token_block), ROWS):
@@ -133,28 +141,28 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                 a_at = a0 + 32 * step
                                 which = step % 4
                                 if which == 0:
-                                    tile_zero(0)
+                                    _begin_tile(0, bias, centred)
                                     tile_load(4, a, a_at, a_stride)
                                     tile_load(6, weights, w_at, w_stride)
-                                    tile_dpbsud(0, 4, 6)
+                                    _product(0, 4, 6, centred)
                                     tile_store(0, sums, np.int64(0), c_stride)
                                 elif which == 1:
-                                    tile_zero(1)
+                                    _begin_tile(1, bias, centred)
                                     tile_load(5, a, a_at, a_stride)
                                     tile_load(7, weights, w_at, w_stride)
-                                    tile_dpbsud(1, 5, 7)
+                                    _product(1, 5, 7, centred)
                                     tile_store(1, sums, np.int64(1024), c_stride)
                                 elif which == 2:
-                                    tile_zero(2)
+                                    _begin_tile(2, bias, centred)
                                     tile_load(4, a, a_at, a_stride)
                                     tile_load(6, weights, w_at, w_stride)
-                                    tile_dpbsud(2, 4, 6)
+                                    _product(2, 4, 6, centred)
                                     tile_store(2, sums, np.int64(2048), c_stride)
                                 else:
-                                    tile_zero(3)
+                                    _begin_tile(3, bias, centred)
                                     tile_load(5, a, a_at, a_stride)
                                     tile_load(7, weights, w_at, w_stride)
-                                    tile_dpbsud(3, 5, 7)
+                                    _product(3, 5, 7, centred)
                                     tile_store(3, sums, np.int64(3072), c_stride)
                             if step >= LAG:  # the float steps of block step - LAG, row after row
                                 b = step - LAG
@@ -339,6 +347,24 @@ def amx_tiles_32(qtype: int, tier: Tier):
 
 
 @njit(inline="always")
+def _begin_tile(c, bias, centred):
+    """C tile c's sums begin at the float bias (centred Q4_0) or at zero."""
+    if centred:
+        tile_load(c, bias, np.int64(0), np.int64(4 * TILE_ROWS))
+    else:
+        tile_zero(c)
+
+
+@njit(inline="always")
+def _product(c, a, b, centred):
+    """tmm c += tmm a (signed bytes) times tmm b: centred Q4_0's signed q - 8 (TDPBSSD), else unsigned (TDPBSUD)."""
+    if centred:
+        tile_dpbssd(c, a, b)
+    else:
+        tile_dpbsud(c, a, b)
+
+
+@njit(inline="always")
 def _sum(sums, at, start, s_at, begins):
     """One activation row's 16 int32 sums from the stored C tile, begun where tiles_32's begin."""
     total = load16(sums, at)
@@ -346,13 +372,14 @@ def _sum(sums, at, start, s_at, begins):
 
 
 @intrinsic(prefer_literal=True)
-def b_tile(typingctx, quants, q_at, out, o_at, nibbles):
+def b_tile(typingctx, quants, q_at, out, o_at, nibbles, centred):
     """A tile's 32-value block at quants[q_at:] as its B tile (B_BYTES) at out[o_at:]: Q4's 256 bytes, quads
-    k in their low nibbles and k + 4 in their high ones, as 8 quads of 64 unsigned bytes; Q8_0's 512 as they are.
-    Vector loads and stores of 64 bytes (the byte loop numba made was scalar)."""
-    if not isinstance(nibbles, types.BooleanLiteral):
+    k in their low nibbles and k + 4 in their high ones, as 8 quads of 64 unsigned bytes (centred: q - 8, signed);
+    Q8_0's 512 as they are. Vector loads and stores of 64 bytes (the byte loop numba made was scalar)."""
+    if not all(isinstance(flag, types.BooleanLiteral) for flag in (nibbles, centred)):
         return None
     split = nibbles.literal_value
+    less = 8 if centred.literal_value else 0
 
     def codegen(context, builder, signature, args):
         i64, b64 = ir.IntType(64), ir.VectorType(ir.IntType(8), 64)
@@ -366,14 +393,17 @@ def b_tile(typingctx, quants, q_at, out, o_at, nibbles):
             packed = builder.load(pointer(0, args[1], 64 * lane), align=1)
             if split:
                 low = builder.and_(packed, ir.Constant(b64, [15] * 64))
-                builder.store(low, pointer(2, args[3], 64 * lane), align=64)
                 high = builder.lshr(packed, ir.Constant(b64, [4] * 64))
+                if less:
+                    low = builder.sub(low, ir.Constant(b64, [less] * 64))
+                    high = builder.sub(high, ir.Constant(b64, [less] * 64))
+                builder.store(low, pointer(2, args[3], 64 * lane), align=64)
                 builder.store(high, pointer(2, args[3], 256 + 64 * lane), align=64)
             else:
                 builder.store(packed, pointer(2, args[3], 64 * lane), align=64)
         return context.get_dummy_value()
 
-    return types.void(quants, types.intp, out, types.intp, nibbles), codegen
+    return types.void(quants, types.intp, out, types.intp, nibbles, centred), codegen
 
 
 def matmul(kernel, tiles, a, out: np.ndarray) -> np.ndarray:
