@@ -278,6 +278,16 @@ tile_dpbsud = _tile_product("tdpbsud", ("", "u"))
 tile_dpbf16ps = _tile_product("tdpbf16ps", ("bf16 ", "bf16 "))  # AMX-BF16: float32 sums of bfloat16 pairs
 
 
+@njit(inline="always")
+def tile_dpbs(c, a, b, b_signed):
+    """tmm c += tmm a (signed bytes) times tmm b, signed bytes (TDPBSSD) or unsigned (TDPBSUD): b_signed a
+    compile-time constant."""
+    if b_signed:
+        tile_dpbssd(c, a, b)
+    else:
+        tile_dpbsud(c, a, b)
+
+
 @njit(parallel=True, cache=True)
 def _gemm_tiles(a, packed, out, config, threads):
     """out (M16, N16) int32 = a (M16, K64) uint8 times the packed B; M16, N16 multiples of 16, K64 of 64.

@@ -44,7 +44,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from miro.core.kernels import amx, amx_bf16, cpu
-from miro.core.kernels.amx import tile_dpbf16ps, tile_dpbssd, tile_dpbsud, tile_load, tile_load_config, tile_release
+from miro.core.kernels.amx import tile_dpbf16ps, tile_dpbs, tile_dpbsud, tile_load, tile_load_config, tile_release
 from miro.core.kernels.amx import aligned, tile_store, tile_zero
 from miro.core.kernels.amx_tiles import ROWS, runs_on
 from miro.core.kernels.cache_key import HELPERS, cached_variant
@@ -70,6 +70,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
     other types or where it does not run."""
     qtype = int(qtype)
     has_mins = qtype != Q6_K
+    signed_high = not has_mins  # Q6_K's high byte of (q - 32) sc
     if qtype not in SUPERBLOCK_TYPES or not runs_on(tier) or (has_mins and not amx_bf16.ready()):
         return None
     amx.require()
@@ -147,7 +148,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
                                 tile_load(4, digits, w_at + 1024 * c, w_stride)
                                 tile_dpbsud(0, 3, 4)  # low digits: unsigned
                                 tile_load(5, digits, w_at + UNPACKED + 1024 * c, w_stride)
-                                _product(1, 3, 5, has_mins)  # high: Q6_K's signed
+                                tile_dpbs(1, 3, 5, signed_high)  # high digits: Q6_K's signed
                             tile_store(0, sums, c_at, c_stride)
                             tile_store(1, sums, c_at + 4 * c_tile, c_stride)
                             if has_mins:
@@ -265,15 +266,6 @@ def mins_bf16_tile(typingctx, min_pairs, at, out, out_at):
         return context.get_dummy_value()
 
     return types.void(min_pairs, types.intp, out, types.intp), codegen
-
-
-@njit(inline="always")
-def _product(c, a, b, unsigned):
-    """tmm c += tmm a (signed bytes) times tmm b, unsigned bytes (TDPBSUD) or signed (TDPBSSD)."""
-    if unsigned:
-        tile_dpbsud(c, a, b)
-    else:
-        tile_dpbssd(c, a, b)
 
 
 @njit(inline="always")

@@ -34,8 +34,7 @@ from numba.core.extending import intrinsic
 
 from miro.core.kernels import amx
 from miro.core.kernels.amx import (
-    tile_dpbssd,
-    tile_dpbsud,
+    tile_dpbs,
     aligned,
     tile_load,
     tile_load_config,
@@ -144,25 +143,25 @@ def amx_tiles_32(qtype: int, tier: Tier):
                                     _begin_tile(0, bias, centred)
                                     tile_load(4, a, a_at, a_stride)
                                     tile_load(6, weights, w_at, w_stride)
-                                    _product(0, 4, 6, centred)
+                                    tile_dpbs(0, 4, 6, centred)  # centred Q4_0's q - 8 signed
                                     tile_store(0, sums, np.int64(0), c_stride)
                                 elif which == 1:
                                     _begin_tile(1, bias, centred)
                                     tile_load(5, a, a_at, a_stride)
                                     tile_load(7, weights, w_at, w_stride)
-                                    _product(1, 5, 7, centred)
+                                    tile_dpbs(1, 5, 7, centred)
                                     tile_store(1, sums, np.int64(1024), c_stride)
                                 elif which == 2:
                                     _begin_tile(2, bias, centred)
                                     tile_load(4, a, a_at, a_stride)
                                     tile_load(6, weights, w_at, w_stride)
-                                    _product(2, 4, 6, centred)
+                                    tile_dpbs(2, 4, 6, centred)
                                     tile_store(2, sums, np.int64(2048), c_stride)
                                 else:
                                     _begin_tile(3, bias, centred)
                                     tile_load(5, a, a_at, a_stride)
                                     tile_load(7, weights, w_at, w_stride)
-                                    _product(3, 5, 7, centred)
+                                    tile_dpbs(3, 5, 7, centred)
                                     tile_store(3, sums, np.int64(3072), c_stride)
                             if step >= LAG:  # the float steps of block step - LAG, row after row
                                 b = step - LAG
@@ -353,15 +352,6 @@ def _begin_tile(c, bias, centred):
         tile_load(c, bias, np.int64(0), np.int64(4 * TILE_ROWS))
     else:
         tile_zero(c)
-
-
-@njit(inline="always")
-def _product(c, a, b, centred):
-    """tmm c += tmm a (signed bytes) times tmm b: centred Q4_0's signed q - 8 (TDPBSSD), else unsigned (TDPBSUD)."""
-    if centred:
-        tile_dpbssd(c, a, b)
-    else:
-        tile_dpbsud(c, a, b)
 
 
 @njit(inline="always")
