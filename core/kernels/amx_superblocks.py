@@ -424,9 +424,8 @@ def kernel(qtype: int, tier_name: str):
     return amx_tiles_k(qtype, cpu.get(tier_name))
 
 
-CONFIG = (
-    amx.config_bytes()
-)  # 16 rows of 64 bytes, but the mins' A tile (tmm6: 16 rows of 32 bytes) and B (tmm7: 8 rows)
+# every tile 16 rows of 64 bytes but the mins' A tile (tmm6: 16 rows of 32 bytes) and B tile (tmm7: 8 rows)
+CONFIG = amx.config_bytes()
 CONFIG[16 + 2 * 6] = 2 * TILE_ROWS
 CONFIG[48 + 7] = 8
 

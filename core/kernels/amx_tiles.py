@@ -34,8 +34,8 @@ from numba.core.extending import intrinsic
 
 from miro.core.kernels import amx
 from miro.core.kernels.amx import (
-    tile_dpbs,
     aligned,
+    tile_dpbs,
     tile_load,
     tile_load_config,
     tile_release,
