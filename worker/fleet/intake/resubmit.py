@@ -69,17 +69,8 @@ def resubmit(
             f"this file {'embed' if scan.task == 'embed' else 'generate'}; resume it with the same --task."
         )
     log(f"Validated {scan.lines:,} lines in {read.validate_s:.2f} s: {scan.valid:,} valid, {scan.invalid:,} invalid.")
-    result = SubmitResult(
-        batch_id=batch_id,
-        queue=batch.queue,
-        priority=batch.priority,
-        lines=scan.lines,
-        valid=scan.valid,
-        invalid=read.errors,
-        task=scan.task,
-        resumed=True,
-        stored=batch.spooled,
-        validate_s=read.validate_s,
+    result = SubmitResult.of_read(
+        read, batch_id=batch_id, queue=batch.queue, priority=batch.priority, resumed=True, stored=batch.spooled
     )
     resumer = Resumer(conn, batch, result)
     started = time.perf_counter()

@@ -224,16 +224,12 @@ def submit(
         )
     priority = priority or DEFAULT_PRIORITY
     queue = routing.priority_queue(queue_name or routing.queue_for(model), priority)
-    result = SubmitResult(
+    result = SubmitResult.of_read(
+        read,
         batch_id=batch_id,
         queue=queue,
         priority=priority,
-        lines=scan.lines,
-        valid=scan.valid,
-        invalid=read.errors,
-        task=scan.task,
         dry_run=dry_run,
-        validate_s=read.validate_s,
         stored=scan.valid - reused if writer is not None else 0,
         reused=reused,
     )

@@ -4,8 +4,12 @@ requests stored and enqueued, and the time each part took."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from miro.worker.fleet.intake.inputs import LineError
+
+if TYPE_CHECKING:
+    from miro.worker.fleet.intake.read_pass import Read
 
 
 @dataclass
@@ -29,6 +33,20 @@ class SubmitResult:
     resumed: bool = False
     validate_s: float = 0.0
     enqueue_s: float = 0.0
+
+    @classmethod
+    def of_read(cls, read: Read, **fields) -> SubmitResult:
+        """A result whose lines, valid and invalid ones, task and validation time are those one read pass
+        (read_pass.Read) gathered; the rest from `fields`."""
+        scan = read.scan
+        return cls(
+            lines=scan.lines,
+            valid=scan.valid,
+            invalid=read.errors,
+            task=scan.task,
+            validate_s=read.validate_s,
+            **fields,
+        )
 
     @property
     def jobs_per_s(self) -> float:
