@@ -84,7 +84,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
     # `bias`), so no sum needs a token's offset added: the same integers, one add and one load less a float step
     centred = qtype == Q4_0
     float_bias = float_bias_bits(qtype)
-    begins = not centred and (offset != 0 or float_bias != 0)
+    begins = not centred and offset != 0  # Q8_0's: its tiles hold q + 128 (the float bias is Q4_0's alone)
     nibbles = qtype != Q8_0
     helpers = HELPERS
 
@@ -100,7 +100,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
         if begins:
             for t in range(n_tok):
                 for b in range(n_blocks):
-                    start[t * n_blocks + b] = offset * qsum[t, b] + float_bias
+                    start[t * n_blocks + b] = offset * qsum[t, b]
         token_block = max(ROWS, A_BYTES // k // ROWS * ROWS)  # rows: fewer re-read the weights more often
         a_stride = np.int64(k)
         w_stride = np.int64(64)
@@ -113,7 +113,7 @@ def amx_tiles_32(qtype: int, tier: Tier):
         scratch_bytes = b_bytes + 4 * 4 * ROWS * TILE_ROWS
         all_scratch = aligned(parts * scratch_bytes)
         all_spill = np.empty((parts, TILE_ROWS), np.float32)
-        bias = aligned(4 * ROWS * TILE_ROWS).view(np.int32)  # a C tile of the float bias's bits (Q4_0)
+        bias = aligned(4 * ROWS * TILE_ROWS if centred else 0).view(np.int32)  # a C tile of the float bias's bits
         bias[:] = float_bias
         for part in prange(parts):
             first, last = part * n_tiles // parts, (part + 1) * n_tiles // parts
