@@ -14,7 +14,8 @@ this script only, the functions the forward pass and the engine call:
   (a parallel numba sum over 1 GiB, measured here), or its FLOPs at the sgemm peak, whichever is longer;
 - the sampler: `sampler.sample`;
 - the rest (packing the step, norms, RoPE and the KV write, the scheduler, Python): the step's wall time
-  less the parts above.
+  less the parts above and less this script's own counting of their FLOPs and bytes (before stop 56 that
+  counting, ~30 ms a B=64 decode step on SmolLM2, was read as part of the rest).
 With native (quantized) weights, each GEMM of the step (its layers grouped by name: attn_q+k+v, attn_output,
 ffn_gate+up, ffn_down, output; a mixture's ffn_gate_exps+ffn_up_exps and ffn_down_exps) is also set against the
 int8 roofline: its 2 x T x in x out operations at this machine's int8 dot peak (int8_peak.py: vpdpbusd on VNNI
@@ -85,6 +86,9 @@ class PartTimer:
         self.by_gemm = defaultdict(lambda: [0.0, 0.0, 0.0, 0])  # group -> [seconds, flops, weight bytes, calls]
         self.native_gemms = set()  # the groups whose layers multiply native (integer-dot) weights
         self.active = False
+        # seconds spent counting FLOPs and bytes (attention's walks every work item in Python: ~30 ms a step on
+        # SmolLM2's B=64 decode), taken off the step's wall time so that it is not read as the engine's "rest"
+        self.bookkeeping = 0.0
 
     def wrap_linear(self):
         timer, call = self, linear_module.Linear.__call__
@@ -92,12 +96,13 @@ class PartTimer:
         def timed_call(layer, x, *args, **kwargs):
             t0 = time.perf_counter()
             out = call(layer, x, *args, **kwargs)
-            seconds = time.perf_counter() - t0
+            t1 = time.perf_counter()
             if timer.active:
                 flops = 2.0 * x.shape[0] * layer.in_features * layer.out_features
                 weight_bytes = layer.weight_bytes or layer.in_features * layer.out_features
                 native = layer.fmt == "native" and layer.type.name not in ("F32", "F16", "BF16")
-                timer.add_gemm(gemm_group(layer.name), seconds, flops, weight_bytes, native)
+                timer.add_gemm(gemm_group(layer.name), t1 - t0, flops, weight_bytes, native)
+                timer.bookkeeping += time.perf_counter() - t1
             return out
 
         linear_module.Linear.__call__ = timed_call
@@ -109,7 +114,8 @@ class PartTimer:
         def timed_product(experts, first, second, x, source, starts, active):
             t0 = time.perf_counter()
             out = product(experts, first, second, x, source, starts, active)
-            seconds = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            seconds = t1 - t0
             if timer.active:
                 parts = 1 if second is first else 2
                 slots = len(source) if source is not None else x.shape[0]
@@ -118,6 +124,7 @@ class PartTimer:
                 weight_bytes = sum(m.tiles.nbytes for m in {first, second}) * len(active) / n_expert
                 group = "ffn_gate_exps+ffn_up_exps" if parts == 2 else "ffn_down_exps"
                 timer.add_gemm(group, seconds, flops, weight_bytes, True)
+                timer.bookkeeping += time.perf_counter() - t1
             return out
 
         moe_module.GroupedExperts.product = timed_product
@@ -137,11 +144,13 @@ class PartTimer:
         def timed_attention(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out, *args, **kwargs):
             t0 = time.perf_counter()
             result = attend(q, k_cache, v_cache, block_tables, positions, attn_items, scale, out, *args, **kwargs)
+            t1 = time.perf_counter()
             if timer.active:
-                timer.seconds["attention"] += time.perf_counter() - t0
+                timer.seconds["attention"] += t1 - t0
                 values, flops = _attention_work(positions, attn_items, config)
                 timer.kv_bytes += 2.0 * values * k_cache.itemsize
                 timer.attention_flops += flops
+                timer.bookkeeping += time.perf_counter() - t1
             return result
 
         attention_module.paged_attention = timed_attention  # the models read it from the module at each call
@@ -184,12 +193,12 @@ def measure(engine: Engine, timer: PartTimer, steps: int) -> tuple:
     attention FLOPs)."""
     timer.seconds.clear()
     timer.by_gemm.clear()
-    timer.gemm_flops = timer.gemm_weight_bytes = timer.kv_bytes = timer.attention_flops = 0.0
+    timer.gemm_flops = timer.gemm_weight_bytes = timer.kv_bytes = timer.attention_flops = timer.bookkeeping = 0.0
     timer.active = True
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
-    wall = time.perf_counter() - t0
+    wall = time.perf_counter() - t0 - timer.bookkeeping  # the engine's time, not this script's counting
     timer.active = False
     return (
         wall,
