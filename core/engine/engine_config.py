@@ -71,7 +71,8 @@ class EngineConfig:
         kind=int,
         min=1,
         help="A step's sequences in this many groups, each run through the model on its share of the threads at "
-        "once (default: one per thread for models under 0.5B parameters with batch-invariant weights, else 1).",
+        "once (default: 2 for dense batch-invariant models whose weights hold under 128 MiB, such as the default "
+        "model, else 1).",
     )
     max_model_len: int | None = option(None, kind=int, min=1, help="Context length limit (default: the model's).")
     enable_prefix_caching: bool = option(

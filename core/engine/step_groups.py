@@ -4,7 +4,8 @@ On a small model every kernel call is short (a 576 x 576 product over 64 rows ta
 splitting each call over all cores pays a fork and a join per call, about 300 of them a step, and leaves the
 cores idle through the step's single-threaded parts. Running the step as groups of whole sequences, each group
 through the whole model on one core, pays one handoff a step and overlaps one group's Python with another's
-kernels: on SmolLM2-135M on 2 cores a generation ran 1.15-1.25x as fast (docs/engine.md, "Step groups").
+kernels: on SmolLM2-135M on 2 cores a generation ran 1.06-1.11x as fast (docs/engine.md, "Step groups"). Every
+group reads every weight, so on models with more weight bytes it is slower, and the default leaves their steps whole.
 
 The results are the same bits: every kernel a decoder runs gives each row bits independent of the other rows
 (batch invariance, which this needs and the engine keeps by default), the groups write their own sequences'
@@ -26,7 +27,10 @@ from typing import Callable
 import numba
 import numpy as np
 
-AUTO_MAX_PARAMETERS = 500_000_000  # the default splits steps of models up to this size (measured: 135M gains)
+# The default splits the steps of models whose weights hold at most this many bytes: every group reads every weight,
+# so the split costs a read of them a step. Measured on a 2-core Zen 4 (docs/engine.md): SmolLM2-135M native (92 MiB)
+# 1.06-1.11x; Gemma 3 270M native (235 MiB, most of it its 262k-row head) 0.83-0.97x; a 1B shape 0.95x.
+AUTO_MAX_WEIGHT_BYTES = 128 * 2**20
 AUTO_GROUPS = 2  # and into this many groups at most (measured on 2 cores only)
 ATTENTION_POSITIONS_PER_ROW = 256  # a sequence's cost: new tokens + end position / this
 MAX_SHARE = 0.75  # a split whose largest group holds more of the step's cost than this runs as one group
@@ -34,20 +38,14 @@ MAX_SHARE = 0.75  # a split whose largest group holds more of the step's cost th
 
 def step_groups_for(model, requested: int | None) -> int:
     """The groups a step is split into: `requested`, or by default AUTO_GROUPS (at most one a thread) for a dense
-    batch-invariant decoder under AUTO_MAX_PARAMETERS, else 1."""
+    batch-invariant decoder whose weights hold at most AUTO_MAX_WEIGHT_BYTES of their own, else 1. (Weights left in
+    the memory-mapped file count nothing: on the tiers with int8 dots every quantized matrix is repacked, so only a
+    portable-tier or float16 file's would be missed.)"""
     if requested is not None:
         return requested
-    config = model.config
-    if not model.batch_invariant or config.n_expert or parameters(config) > AUTO_MAX_PARAMETERS:
+    if not model.batch_invariant or model.config.n_expert or model.weight_memory > AUTO_MAX_WEIGHT_BYTES:
         return 1
     return max(1, min(AUTO_GROUPS, numba.get_num_threads()))
-
-
-def parameters(config) -> int:
-    """A dense decoder's weights, counted from its shape: the embedding, and per block attention and a gated
-    feed-forward."""
-    attention = config.dim * (config.q_dim + 2 * config.kv_dim) + config.q_dim * config.dim
-    return config.vocab_size * config.dim + config.n_layers * (attention + 3 * config.dim * config.ffn_dim)
 
 
 def split(costs: list[float], n_groups: int) -> list[list[int]] | None:
