@@ -41,7 +41,6 @@ from miro.core.layers.pooling import PoolingParams
 from miro.core.loading.registry import resolve_model
 from miro.core.sampling.params import SamplingParams
 from miro.core.engine.scheduler import ScheduledBatch, Scheduler, seats_for
-from miro.core.engine.step_groups import step_groups_for
 from miro.core.engine.sequence import Request, Sequence
 from miro.core.engine.progress_bar import ProgressBar
 from miro.core.engine.stats import EngineStats, LoadTimes, TokenRates
@@ -73,14 +72,7 @@ class Engine:
         self.supported_tasks: tuple[str, ...] = ("embed",) if self.config.pooling_type else ("generate",)
         # an encoder has no KV cache: its runner and block manager hold nothing
         self.runner = (
-            ModelRunner(
-                model,
-                block_size,
-                config.num_kv_blocks,
-                config.kv_cache_memory,
-                self.kv_cache_dtype,
-                step_groups_for(model, config.step_groups),
-            )
+            ModelRunner(model, block_size, config.num_kv_blocks, config.kv_cache_memory, self.kv_cache_dtype)
             if self.config.causal
             else None
         )

@@ -66,14 +66,6 @@ class EngineConfig:
         min=1,
         help="Tokens one engine step computes at most (prefill chunks and decodes).",
     )
-    step_groups: int | None = option(
-        None,
-        kind=int,
-        min=1,
-        help="A step's sequences in this many groups, each run through the model on its share of the threads at "
-        "once (default: 2 for dense batch-invariant models whose weights hold under 128 MiB, such as the default "
-        "model, else 1).",
-    )
     max_model_len: int | None = option(None, kind=int, min=1, help="Context length limit (default: the model's).")
     enable_prefix_caching: bool = option(
         True,

@@ -18,7 +18,6 @@ from miro.core.engine.kv_cache import KVCache, parse_size
 from miro.core.models import Model
 from miro.core.engine.scheduler import ScheduledBatch
 from miro.core.engine.sequence import Sequence
-from miro.core.engine.step_groups import StepGroups, sequence_cost, split
 from miro.core.engine.step_input import build_step_input
 
 
@@ -38,13 +37,10 @@ class ModelRunner:
         num_kv_blocks: int | None,
         kv_cache_memory: str | int,
         kv_cache_dtype: str = defaults.KV_CACHE_DTYPE,
-        step_groups: int = 1,
     ):
         """A KV cache of num_kv_blocks blocks, or of as many as fit in kv_cache_memory ("1GiB", bytes),
-        storing float32 or float16; each step's sequences in up to step_groups groups run at once (step_groups.py:
-        the model must be batch-invariant for the bits to stay the same)."""
+        storing float32 or float16."""
         self.model = model
-        self.groups = StepGroups(step_groups) if step_groups > 1 else None
         self.block_size = block_size
         if num_kv_blocks is None:
             num_kv_blocks = parse_size(kv_cache_memory) // KVCache.bytes_per_block(
@@ -61,19 +57,8 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch) -> ModelRunnerOutput:
         """Run one step: write every scheduled token's K/V; return logits for the sequences that want them."""
         self.cache.copy_blocks(batch.block_copies)
-        groups = None
-        if self.groups is not None:
-            groups = split([sequence_cost(s.start, s.num_new_tokens) for s in batch.seqs], self.groups.n_groups)
-        if groups is None:
-            logits = self._forward(batch.seqs)
-        else:  # each group's logits rows are its wanting sequences' in batch order: put them back in the batch's
-            parts = self.groups.run(lambda group: self._forward([batch.seqs[i] for i in group]), groups)
-            order = [i for group in groups for i in group if batch.seqs[i].wants_logits]
-            logits = np.concatenate(parts)[np.argsort(order)]
-        return ModelRunnerOutput([s.seq for s in batch.seqs if s.wants_logits], logits)
-
-    def _forward(self, seqs) -> np.ndarray:
-        chunks = [(s.token_ids, s.start, s.seq.block_table) for s in seqs]
-        wants_logits = [s.wants_logits for s in seqs]
+        chunks = [(s.token_ids, s.start, s.seq.block_table) for s in batch.seqs]
+        wants_logits = [s.wants_logits for s in batch.seqs]
         step = build_step_input(chunks, self.block_size, self.model.config.n_kv_heads, wants_logits)
-        return self.model.forward(step, self.cache)
+        logits = self.model.forward(step, self.cache)
+        return ModelRunnerOutput([s.seq for s in batch.seqs if s.wants_logits], logits)

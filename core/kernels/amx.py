@@ -288,7 +288,7 @@ def tile_dpbs(c, a, b, b_signed):
         tile_dpbsud(c, a, b)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, cache=True)
 def _gemm_tiles(a, packed, out, config, threads):
     """out (M16, N16) int32 = a (M16, K64) uint8 times the packed B; M16, N16 multiples of 16, K64 of 64.
 
@@ -396,7 +396,7 @@ def gemm_blocks32(a: np.ndarray, d_a: np.ndarray, packed: np.ndarray, d_w: np.nd
 _CONFIG_BLOCKS32 = config_bytes_blocks32()
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, cache=True)
 def _gemm_blocks32(a, d_a, packed, d_w, out, config, threads):
     """out (M16, N16) float32 from a (M16, K) int8 in 32-blocks; the tile walk of _gemm_tiles, 32 deep. After
     each block's four tdpbssd the int32 tiles go to a per-thread scratch and are scaled into float sums there."""

@@ -54,7 +54,7 @@ def matmul_amx_bf16(a: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray
 def _build():
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def matmul(a, w, out, config, threads):
         """out (T, N) = a (T16, K2) bfloat16 pairs @ the panels w (n_panels, K2, 32), T16 >= T a multiple of 16."""
         helpers  # in numba's cache key: see cache_key.py

@@ -197,7 +197,7 @@ def amx_tiles_k(qtype: int, tier: Tier):
     return matmul_amx_k
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _a_tiles(a, n_tok):
     """The first n_tok rows of a (T, K) int8 as A tiles, [16 rows][chunk of 64 values][row][64 bytes], each 1 KB
     in a row: rows K bytes apart put a tile's 16 lines in two L1 sets for K a multiple of 2048. Copied 8 bytes at a
@@ -222,7 +222,7 @@ SUM_LOW_BF16 = _bf16_bits(np.arange(32))  # S mod 32
 SUM_HIGH_BF16 = _bf16_bits(32 * np.arange(-128, 129))  # S - S mod 32 = 32 h, h from -128
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _sum_tiles(sum32, n_tok):
     """The first n_tok rows' 32-value sums S_j (sum32, (T, K / 32)) as bfloat16 A tiles, [16 tokens][super-block]
     [token][16 bfloat16]: sub-block j's S_j as the pair (S_j mod 32, S_j - S_j mod 32) at 2 j, 2 j + 1, each

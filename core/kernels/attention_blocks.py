@@ -198,13 +198,13 @@ def _softmax_and_values(
             _accumulate_values4(scores, qi, correction, vb, v0, c, acc, ahead)
 
 
-@njit(nogil=True)
+@njit
 def _on(ahead, offset):
     """ahead + offset where ahead >= 0 (a place to prefetch), else -1 (none)."""
     return ahead + offset if ahead >= 0 else -1
 
 
-@njit(nogil=True)
+@njit
 def _block_start(block_tables, seq, b, last_block, following, n_kv_heads, kvh, block_values):
     """Where block b of the sequence starts in the flat cache, for b up to last_block; one past it, the start
     of the thread's next item (following); else -1."""
@@ -213,7 +213,7 @@ def _block_start(block_tables, seq, b, last_block, following, n_kv_heads, kvh, b
     return following if b == last_block + 1 else -1
 
 
-@njit(nogil=True)
+@njit
 def _prefetch_block(flat_k, flat_v, start, n_values):
     """Prefetch n_values of K and of V from start, all at once."""
     step = 64 // flat_k.itemsize  # values per cache line
@@ -222,7 +222,7 @@ def _prefetch_block(flat_k, flat_v, start, n_values):
         prefetch(flat_v, i)
 
 
-@njit(nogil=True)
+@njit
 def _prefetch_rows(flat_cache, ahead, offset, stride):
     """With ahead >= 0, prefetch the line of flat_cache[ahead + offset], and with a stride the line that many
     values on (K's second row of a step over d, a line of its own in float32)."""

@@ -27,7 +27,7 @@ from miro.core.kernels.attention_blocks import (
 from miro.core.kernels.attention_softmax import _add_sink
 
 
-@njit(nogil=True)
+@njit
 def _first_block(positions, t_begin, window, block_size):
     """The first block an item's queries see: 0, or with a sliding window the one holding the first query's
     earliest key."""
@@ -36,7 +36,7 @@ def _first_block(positions, t_begin, window, block_size):
     return 0
 
 
-@njit(nogil=True)
+@njit
 def _next_item(items, w, threads, group, decode):
     """The first of items w, w + threads, w + 2 threads... of one group of queries (decode true) or of more,
     else items.shape[0]."""
@@ -45,7 +45,7 @@ def _next_item(items, w, threads, group, decode):
     return min(w, items.shape[0])
 
 
-@njit(nogil=True)
+@njit
 def _begin_item(q, items, w, group, positions, queries, top, total, acc, correction, query_last):
     """Item w's queries into `queries` (query qi is token t_begin + qi // group, head kvh * group + qi % group),
     their sums zeroed, the last position each sees in query_last; a last group padded with zero queries that
@@ -71,7 +71,7 @@ def _begin_item(q, items, w, group, positions, queries, top, total, acc, correct
     return n_q
 
 
-@njit(nogil=True)
+@njit
 def _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out):
     """Item w's outputs: each query's sum of values over its total (with the sink of its head where the variant
     has them)."""
@@ -85,7 +85,7 @@ def _end_item(with_sinks, sinks, items, w, group, n_q, top, total, acc, out):
             out[t_begin + qi // group, kvh * group + qi % group, d] = acc[qi * head_dim + d] * inv
 
 
-@njit(nogil=True)
+@njit
 def _item_start(items, w, block_tables, positions, window, n_kv_heads, block_size, block_values):
     """Where item w's first block of keys starts in the flat cache; -1 past the last item."""
     if w >= items.shape[0]:
@@ -106,7 +106,7 @@ def _item_start(items, w, block_tables, positions, window, n_kv_heads, block_siz
 # (atomic adds, some on the shared caches' counts).
 
 
-@njit(_nrt=False, nogil=True)
+@njit(_nrt=False)
 def _decode_items_paired(
     score_queries,
     capped,
@@ -228,7 +228,7 @@ def _decode_items_paired(
         w = n
 
 
-@njit(_nrt=False, nogil=True)
+@njit(_nrt=False)
 def _decode_items_by_block(
     score_queries,
     capped,
@@ -297,7 +297,7 @@ def _decode_items_by_block(
         w = n
 
 
-@njit(_nrt=False, nogil=True)
+@njit(_nrt=False)
 def _prefill_items(
     score_queries,
     capped,

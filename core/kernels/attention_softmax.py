@@ -11,7 +11,7 @@ from numba import njit
 from miro.core.kernels.simd import LANES, exp16, hmax4, hsum4, keep_lanes, load16, store16, zeros16
 
 
-@njit(nogil=True)
+@njit
 def _add_sink(sink, qi, top, total, acc, head_dim):
     """Query qi's sink logit as one more score without a value, after all its keys, as ggml's flash attention
     adds it (ggml_compute_forward_flash_attn_ext, "sinks"): a sink above the running max rescales the values'
@@ -26,7 +26,7 @@ def _add_sink(sink, qi, top, total, acc, head_dim):
         total[qi] += np.exp(sink - m)
 
 
-@njit(nogil=True)
+@njit
 def _softcap(scores, n_q, cap):
     """Every query's 16 scores s -> cap * tanh(s) (s already times scale / cap), in float32."""
     for i in range(n_q * LANES):

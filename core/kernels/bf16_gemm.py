@@ -62,7 +62,7 @@ def dot_bf16(typingctx, acc, pair, weights):
     return float32x16(float32x16, types.uint32, int32x16), codegen
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True)
 def to_bf16_pairs(a, out):
     """out (T, K2) uint32 = a (T, K) float32 rounded to bfloat16 (nearest, ties to even), k pairs in a word
     (k even low); an odd K's last pair has a zero high half."""
@@ -108,7 +108,7 @@ def matmul_bf16(a: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
 def _build():
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def matmul(a, w, k2_dim, out):
         """out (T, N) = a (T8, K2) bfloat16 pairs @ the panels w (flat), T8 >= T a multiple of 8."""
         helpers  # in numba's cache key: see cache_key.py

@@ -51,6 +51,6 @@ def cached_variant(variant: str, **options):
     def decorate(function):
         function.__qualname__ = f"{function.__qualname__}_{variant}"
         function.__name__ = f"{function.__name__}_{variant}"
-        return njit(cache=True, nogil=True, **options)(function)
+        return njit(cache=True, **options)(function)
 
     return decorate

@@ -78,7 +78,7 @@ def matmul_invariant(a: np.ndarray, w: np.ndarray, out: np.ndarray, tier: cpu.Ti
 def _build():
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def matmul_panels(a, w, stride, panel_step, out):
         """out (T, N) = a (T8, K) @ W, T8 >= T a multiple of 8: panel p's row k at w[p * panel_step + k * stride]."""
         helpers  # in numba's cache key: see cache_key.py
@@ -96,7 +96,7 @@ def _build():
                 out[m, n0 : n0 + width] = sums[m, :width]
         return out
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def matmul_panels_few_rows(a, w, stride, panel_step, out):
         """The same chains for T < 8 rows, each row against 4 panels at once: 8 independent chains hide the
         fused multiply-add's latency, as the 8-row tile's 16 do."""
@@ -207,7 +207,7 @@ def _tile(a, w, start, stride, m0, k0, k1, sums):
 def _build_narrow():
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def matmul_half_panels(a, w, stride, panel_step, out):
         """out (T, N) = a (T6, K) @ W, T6 >= T a multiple of 6, in 6 x 16 tiles. Work items are (block of rows,
         half panel), the blocks' activations small enough to stay in L2 while each thread walks the half panels
@@ -233,7 +233,7 @@ def _build_narrow():
                 out[m, n0 : n0 + width] = sums[m - r0, :width]
         return out
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def matmul_half_panels_few_rows(a, w, stride, panel_step, out):
         """The same chains for T < 3 rows, each row against 2 panels at once: 4 chains of 16 lanes, 8 ymm."""
         helpers  # in numba's cache key: see cache_key.py

@@ -46,7 +46,7 @@ def _dot(a, b):
 def _build_matmul_float():
     helpers = HELPERS  # made here so that the kernel closes over HELPERS (see cache_key.py)
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def matmul_float(wtype, w, x, out):
         """out (T, N) = x (T, K) float32 times w.T, w (N, K) stored as float32, or float16 / bfloat16 bits (uint16)."""
         helpers  # in numba's cache key

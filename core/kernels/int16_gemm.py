@@ -99,7 +99,7 @@ def store_pairs(typingctx, words, index, value):
     return types.void(words, types.intp, float32x16), codegen
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True)
 def quantize_rows(a, words, scales):
     """a (T, K) float32 -> words (T', K2) uint32, two int16 of a row's k-pair each (k even low), and scales
     (T', n_blocks) float32, per row and block of 128 k; rows and k past a's zero. A whole block takes 16
@@ -189,7 +189,7 @@ def matmul_i16(
 def _build():
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def matmul(a, a_scales, w, w_scales, out, bias, residual, gelu):
         """out (T, N) = the rounded a (T6, K2 words) @ the half panels w (flat), T6 >= T a multiple of 6, + bias
         (N,) unless empty, GELU'd when `gelu`, + residual (T, N) unless empty. Work items are (block of rows,

@@ -44,7 +44,7 @@ def q6_k_quad_sums(a_flat, at, n_super, out):
         out[j] = (low & 0xFFFF) | (high << 16)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def q6_k_sum_pairs(a, row, k):
     """Row `row` of quad-order activations a (T, K) int8 (quantize_activations.quantize_q8_k_quads) as int16 pairs
     of 16-value sums, one int32 per super-block sb and quad Q = 2 c + h at 8 sb + Q: the sums of sub-blocks

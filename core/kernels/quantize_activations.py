@@ -187,7 +187,7 @@ def _build_kernels():
     """The cached quantizers, made here so that they close over HELPERS (see cache_key.py)."""
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def rows_q8_32(x, q, d, s, qsum, parallel):
         """parallel: the rows split over the thread pool, else quantized on the calling thread (one compilation
         for both, so that a call of either compiles the other too)."""
@@ -199,7 +199,7 @@ def _build_kernels():
             for t in range(x.shape[0]):
                 _quantize_row_q8_32(x[t], q[t], d[t], s[t], qsum[t])
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def rows_q8_k(x, q, d, sum32, parallel):
         helpers  # in numba's cache key
         if parallel:
@@ -209,7 +209,7 @@ def _build_kernels():
             for t in range(x.shape[0]):
                 _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], False)
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def rows_q8_k_quads(x, q, d, sum32, parallel):
         """As rows_q8_k, each super-block's values in quad order (see quantize_q8_k_quads)."""
         helpers  # in numba's cache key
@@ -220,7 +220,7 @@ def _build_kernels():
             for t in range(x.shape[0]):
                 _quantize_row_q8_k(x[t], q[t], d[t], sum32[t], True)
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def lanes_q8_32(x, q, d, s, qsum):
         """ROWS_PER_TASK rows and CHUNK_BLOCKS blocks at a time (so that a few rows still use every core):
         quantized row by row into a scratch, then stored transposed."""
@@ -242,7 +242,7 @@ def _build_kernels():
                 qsum[b0:b1, t0 + r] = sums
             _store_columns(rows_q, q, t0, k0)
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def lanes_q8_k(x, q, d, sum32):
         helpers  # in numba's cache key
         n_rows, k = x.shape

@@ -106,7 +106,7 @@ def repack_superblocks(qtype: int, w: np.ndarray, natural: bool = False, byte_va
     return tiles
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True)
 def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes, natural, byte_values):
     rows = w.shape[0]
     n_tiles, n_scales = scales.shape
@@ -163,7 +163,7 @@ def _repack(qtype, w, quants, scales, mins, sub_scales, lane_bytes, natural, byt
                                 quants[tile, base + 512 * (4 + k) + i] = packed
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def sub_block_sum_pairs(sum32, n_tok, n_pairs):
     """The first n_tok rows' 32-value sub-block sums as int16 pairs, sub-blocks 2 j and 2 j + 1 (|sum| <= 32 x 128)
     in one int32 at [token][j < n_pairs], for vpmaddwd against the pairs of Q4_K's, Q5_K's mins (n_pairs 0: none)."""

@@ -78,7 +78,7 @@ def repack_blocks(qtype: int, w: np.ndarray, signed_bytes: bool) -> Tiles:
     return tiles
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True)
 def _repack(qtype, w, quants, scales, mins, flip):
     rows = w.shape[0]
     n_tiles, n_scales = scales.shape

@@ -69,7 +69,7 @@ def _lines(n):
 def _build_rope_and_store_kv():
     helpers = HELPERS
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=True)
     def rope_and_store_kv(qkv, positions, cos, sin, n_heads, n_kv_heads, head_dim, slots, k_cache, v_cache, neox=False):
         """Rotate Q (in place in qkv) and K by each token's position; write K and V into the paged cache.
 

@@ -47,7 +47,7 @@ def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, o
     return _layernorm_columns(x, weight, bias, eps, out)
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True)
 def _layernorm_columns(x, weight, bias, eps, out):
     n, d = x.shape
     for t in prange(n):
@@ -65,7 +65,7 @@ def _layernorm_columns(x, weight, bias, eps, out):
     return out
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True)
 def _layernorm_vectors(x, weight, bias, eps, out):
     n, d = x.shape
     for t in prange(n):
@@ -104,7 +104,7 @@ def gelu1(value):
 def _build_add_bias_gelu():
     helpers = HELPERS  # in numba's cache key: see cache_key.py
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def add_bias_gelu(x, bias):
         """x = gelu(x + bias) in place (gelu16), 16 columns at a time, the rest one by one (gelu1: the same bits)."""
         helpers
@@ -127,7 +127,7 @@ add_bias_gelu = _build_add_bias_gelu()
 def _build_attention():
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def bidirectional_attention(qkv, bounds, n_heads, head_dim, scale, out):
         """out (T, n_heads * head_dim): softmax(q k^T * scale) v for each input and head, every query over all
         the keys of its own input. qkv (T, 3 * n_heads * head_dim): q, k, v side by side, as the fused layer
@@ -216,7 +216,7 @@ bidirectional_attention = _build_attention()
 def _build_rope_qk():
     helpers = HELPERS
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def rope_qk(qkv, positions, cos, sin, n_heads, head_dim):
         """Rotate q and k of the fused qkv rows (T, 3 * n_heads * head_dim) in place by each token's position,
         NEOX style as llama.cpp rotates nomic-bert: pair i of a head is (x[i], x[i + n_rot / 2]), n_rot / 2 =

@@ -276,7 +276,7 @@ def _run_chosen(
     combine(results, position_of(order).reshape(n_rows, k), weights, out)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def group_slots(flat, n_expert):
     """The slots (row, j) of flat (chosen experts, row-major) grouped by expert, each expert's in slot order (a
     stable counting sort): (order, slots' indices in that order; starts, expert e's at starts[e]:starts[e + 1];
@@ -311,7 +311,7 @@ def position_of(order: np.ndarray) -> np.ndarray:
     return position
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _softmax(values, out):
     """ggml's soft_max over one row, in place into out: exp(v - max) in float32, summed in float64, times the
     float32 of 1 / sum."""
@@ -327,7 +327,7 @@ def _softmax(values, out):
         out[i] = out[i] * scale
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True)
 def route(logits, softmax_topk, normalize, chosen, weights):
     """Each row's k experts (chosen, (T, k) int32, in descending order of their score, ties the lower index
     first) and their weights ((T, k) float32), from the router's logits (T, E), as llama.cpp computes them:
@@ -364,7 +364,7 @@ def route(logits, softmax_topk, normalize, chosen, weights):
         weights[t] = picked
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True)
 def combine(results, position, weights, out):
     """out[t] = ((r0 w0 + r1 w1) + ...) in top-k order, r_j = results[position[t, j]] (row t's j-th chosen
     expert's output), each product in float32, as llama.cpp weighs each expert's output and adds the k views one

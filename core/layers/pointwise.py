@@ -68,7 +68,7 @@ def add_rmsnorm(x: np.ndarray, h: np.ndarray | None, weight: np.ndarray, eps: fl
 # they take. `parallel` picks the loop; one compilation holds both.
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True)
 def _rmsnorm(x, weight, eps, out, parallel):
     if parallel:
         for t in prange(x.shape[0]):
@@ -86,7 +86,7 @@ def _add_row(x, h, t):
         x[t, i] += h[t, i]
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True)
 def _add_rmsnorm(x, h, weight, eps, out, parallel):
     if parallel:
         for t in prange(x.shape[0]):
@@ -123,7 +123,7 @@ def _silu_mul_item(flat_in, flat_out, item, chunks, f):
 def _build_silu_mul():
     helpers = HELPERS  # made here so that the kernel closes over HELPERS (see layers/cache_key.py)
 
-    @njit(cache=True, parallel=True, nogil=True)
+    @njit(cache=True, parallel=True)
     def silu_mul_kernel(gate_up, out, parallel):
         """parallel: the work items split over the thread pool, else run on the calling thread (one compilation
         for both)."""
@@ -173,7 +173,7 @@ def _gelu_f16_table() -> np.ndarray:
 _GELU_F16 = _gelu_f16_table()
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _gelu_mul(gate_up, table, out):
     n, two_f = gate_up.shape
     f = two_f // 2
@@ -203,7 +203,7 @@ SWIGLU_OAI_ALPHA = np.float32(1.702)  # llama.cpp's build_moe_ffn constants for 
 SWIGLU_OAI_LIMIT = np.float32(7.0)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _swiglu_oai(gate_up, alpha, limit, out):
     n, two_f = gate_up.shape
     f = two_f // 2
@@ -238,7 +238,7 @@ def _normalize_heads(qkv, t, first_col, n_heads, head_dim, weight, eps):
             qkv[t, c0 + i] = qkv[t, c0 + i] * inv * weight[i]
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, parallel=True)
 def _head_rmsnorm(qkv, first_col, n_heads, head_dim, weight, eps, parallel):
     if parallel:
         for t in prange(qkv.shape[0]):

@@ -15,7 +15,6 @@ llama-family file is a change of the angles or of their magnitude, so it lives h
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,11 +115,9 @@ class RopeTable:
         self.params = params
         self.freq_factors = None if freq_factors is None else np.ascontiguousarray(freq_factors, dtype=np.float32)
         self.cos = self.sin = np.empty((0, params.n_rot // 2), dtype=np.float32)
-        self._growing = threading.Lock()  # a step's groups (engine/step_groups.py) may grow it at once
 
     def upto(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """cos and sin covering every position in `positions`."""
         n_positions = int(positions.max()) + 1 if len(positions) else 0
-        with self._growing:
-            self.cos, self.sin = extend_rope_tables(self.cos, self.sin, n_positions, self.params, self.freq_factors)
-            return self.cos, self.sin
+        self.cos, self.sin = extend_rope_tables(self.cos, self.sin, n_positions, self.params, self.freq_factors)
+        return self.cos, self.sin
