@@ -14,8 +14,8 @@ this script only, the functions the forward pass and the engine call:
   (a parallel numba sum over 1 GiB, measured here), or its FLOPs at the sgemm peak, whichever is longer;
 - the sampler: `sampler.sample`;
 - the rest (packing the step, norms, RoPE and the KV write, the scheduler, Python): the step's wall time
-  less the parts above and less this script's own counting of their FLOPs and bytes (before stop 56 that
-  counting, ~30 ms a B=64 decode step on SmolLM2, was read as part of the rest).
+  less the parts above and less this script's own counting of their FLOPs and bytes (attention's, in Python,
+  ~30 ms of a B=64 decode step on SmolLM2: not the engine's).
 With native (quantized) weights, each GEMM of the step (its layers grouped by name: attn_q+k+v, attn_output,
 ffn_gate+up, ffn_down, output; a mixture's ffn_gate_exps+ffn_up_exps and ffn_down_exps) is also set against the
 int8 roofline: its 2 x T x in x out operations at this machine's int8 dot peak (int8_peak.py: vpdpbusd on VNNI
