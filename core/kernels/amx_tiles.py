@@ -1,5 +1,5 @@
 """The tile kernel's integer dots on AMX (amx.py): Q4_0, Q4_1 and Q8_0 tiles (tiles.py) times 16 activation rows at a
-time, each block's exact int32 sums by one TDPBSUD, then tile_steps.py's float steps, so the same bits.
+time, each block's exact int32 sums by one TDPBSUD (Q4_0's by TDPBSSD), then tile_steps.py's float steps, so the same bits.
 
 Per 16-row weight tile, 16 activation rows at a time, per 32-value block b:
 
