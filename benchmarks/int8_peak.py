@@ -16,6 +16,14 @@ thread), its operands in registers: 12 independent int32 accumulators of one vec
 The figure is GOP/s: 2 operations (a multiply and
 an add) per int8 product, the best of --rounds runs of --seconds each (the least disturbed on a shared machine).
 `peaks()` gives the figures to step_time.py's roofline.
+
+Two more forms on 512-bit tiers with AVX512_BF16 and VNNI (Zen 4, Sapphire Rapids), the same loop otherwise:
+- vdpbf16ps: 12 float32 accumulators, each += 16 lanes x 2 bfloat16 products an instruction: the bf16 GEMM peak,
+  the roofline of vLLM's CPU backend in bfloat16 (oneDNN's AVX512_BF16 kernels). GOP/s as above, 2 a product;
+- vpdpbusd beside 3 FMAs: per trip 8 vpdpbusd and 3 vfmadd on float32 accumulators of their own, the instruction
+  mix of the tile kernel's Q4_1 block (8 vpdpbusd, 2 vmulps and a vfmadd a block, token and 16 weight rows,
+  tile_kernels.py). Where vpdpbusd and FMA share their pipes (Zen 4) this runs at 8/11 of vpdpbusd's peak: the
+  ceiling of a 32-value block type's kernel, whose per-block float steps no integer instruction can take.
 """
 
 from __future__ import annotations
@@ -107,6 +115,98 @@ def _dot_loop(typingctx, seeds, trips, out, bits, vnni, words_only):
     return types.void(seeds, types.intp, out, bits, vnni, words_only), codegen
 
 
+MIXED_DOTS, MIXED_FMAS = 8, 3  # the mixed form's instructions a trip: a Q4_1 block's (tile_kernels.float_step)
+
+
+class _BFloat(ir.Type):
+    """LLVM's bfloat (llvmlite lacks it): only its name is needed, for vdpbf16ps's signature."""
+
+    def _to_string(self):
+        return "bfloat"
+
+    def __eq__(self, other):
+        return isinstance(other, _BFloat)
+
+    def __hash__(self):
+        return hash("bfloat")
+
+
+@intrinsic(prefer_literal=True)
+def _float_loop(typingctx, seeds, trips, out, kind):
+    """`trips` trips of 512-bit float work, whole in LLVM IR, as _dot_loop's: kind 0, ACCUMULATORS vdpbf16ps into
+    float32 accumulators (operands: bfloat16 pairs from seeds); kind 1, MIXED_DOTS vpdpbusd into int32 ones and
+    MIXED_FMAS vfmadd into float32 ones of their own. out[0:16] gets the accumulators' sum (bits: the int32 and
+    float sums added as int32, only so that the loop is not dead). kind: a compile-time constant."""
+    if not isinstance(kind, types.IntegerLiteral):
+        return None
+    mixed = kind.literal_value == 1
+
+    def codegen(context, builder, signature, args):
+        ops = VectorOps(builder, 64)
+        i64 = ir.IntType(64)
+        floats = ir.VectorType(ir.FloatType(), 16)
+        pairs = ir.VectorType(_BFloat(), 32)
+        seed_data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        out_data = context.make_array(signature.args[2])(context, builder, args[2]).data
+
+        def seed(k):
+            where = builder.gep(seed_data, [ir.Constant(i64, 16 * k)])
+            return builder.load(builder.bitcast(where, ops.dwords.as_pointer()), align=4)
+
+        w = [seed(k) for k in range(WEIGHTS)]
+        x = [seed(WEIGHTS + k) for k in range(ACTIVATIONS)]
+        scale = builder.bitcast(seed(WEIGHTS), floats)
+        n_int = MIXED_DOTS if mixed else 0
+        n_float = MIXED_FMAS if mixed else ACCUMULATORS
+        start = seed(WEIGHTS + ACTIVATIONS)
+        starts = [start] * n_int + [builder.bitcast(start, floats)] * n_float
+        entry = builder.block
+        body = builder.append_basic_block("work")
+        done = builder.append_basic_block("done")
+        builder.cbranch(builder.icmp_signed(">", args[1], ir.Constant(i64, 0)), body, done)
+        builder.position_at_end(body)
+        count = builder.phi(i64)
+        count.add_incoming(ir.Constant(i64, 0), entry)
+        accs = [builder.phi(first.type) for first in starts]
+        for acc, first in zip(accs, starts):
+            acc.add_incoming(first, entry)
+        new_accs = []
+        for i, acc in enumerate(accs):
+            wi, xi = w[i % WEIGHTS], x[(i // WEIGHTS) % ACTIVATIONS]
+            if i < n_int:
+                new_accs.append(ops.call("llvm.x86.avx512.vpdpbusd.512", ops.dwords, [acc, wi, xi]))
+            elif mixed:  # acc * scale + scale: a chain per accumulator, one link a trip
+                new_accs.append(ops.call("llvm.fma.v16f32", floats, [acc, scale, scale]))
+            else:
+                operands = [acc, builder.bitcast(wi, pairs), builder.bitcast(xi, pairs)]
+                new_accs.append(ops.call("llvm.x86.avx512bf16.dpbf16ps.512", floats, operands))
+        next_count = builder.add(count, ir.Constant(i64, 1))
+        for phi, value in zip(accs + [count], new_accs + [next_count]):
+            phi.add_incoming(value, builder.block)
+        summed = None
+        for value in new_accs:
+            as_int = value if value.type == ops.dwords else builder.bitcast(value, ops.dwords)
+            summed = as_int if summed is None else builder.add(summed, as_int)
+        builder.cbranch(builder.icmp_signed("<", next_count, args[1]), body, done)
+        builder.position_at_end(done)
+        total = builder.phi(ops.dwords)
+        total.add_incoming(start, entry)
+        total.add_incoming(summed, body)
+        builder.store(total, builder.bitcast(out_data, ops.dwords.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(seeds, types.intp, out, kind), codegen
+
+
+def _make_float_loop(kind: int):
+    @njit(parallel=True)
+    def loop(seeds, trips, out):
+        for thread in prange(seeds.shape[0]):
+            _float_loop(seeds[thread], trips, out[thread], kind)
+
+    return loop
+
+
 def _make_loop(bits: int, vnni: int, words_only: int):
     @njit(parallel=True)
     def loop(seeds, trips, out):
@@ -118,17 +218,24 @@ def _make_loop(bits: int, vnni: int, words_only: int):
 
 
 FORMS = {"vpdpbusd": (1, 0), "vpmaddubsw+vpaddw": (0, 1), "vpmaddubsw+vpmaddwd": (0, 0)}  # form -> (vnni, words)
+FLOAT_FORMS = {"vdpbf16ps": 0, "vpdpbusd+3 FMA": 1}  # form -> _float_loop's kind
 
 
 def peak_gops(form: str, seconds: float = 0.2, rounds: int = 5, threads: int | None = None) -> float:
     """The best GOP/s (2 per int8 product) of `rounds` runs of one form's micro-kernel (FORMS) on `threads` threads
     (default: numba's)."""
     tier = cpu.TIER
-    vnni, words_only = FORMS[form]
-    if not tier.int8_dot or (vnni and not tier.has_vnni):
-        raise ValueError(f"the {tier.name} tier has no {form}")
-    bits = 512 if tier.vector_bits == 512 else 256
-    loop = _make_loop(bits, vnni, words_only)
+    if form in FLOAT_FORMS:
+        if form not in float_forms():
+            raise ValueError(f"numba does not compile {form} for this CPU")
+        loop = _make_float_loop(FLOAT_FORMS[form])
+        bits = 512
+    else:
+        vnni, words_only = FORMS[form]
+        if not tier.int8_dot or (vnni and not tier.has_vnni):
+            raise ValueError(f"the {tier.name} tier has no {form}")
+        bits = 512 if tier.vector_bits == 512 else 256
+        loop = _make_loop(bits, vnni, words_only)
     n_threads = threads or numba.get_num_threads()
     seeds = np.random.default_rng(0).integers(0, 64, (n_threads, 144), dtype=np.int32)
     out = np.empty((n_threads, 16), np.int32)
@@ -143,9 +250,13 @@ def peak_gops(form: str, seconds: float = 0.2, rounds: int = 5, threads: int | N
         trips *= 4
     trips = max(1, int(trips * seconds / elapsed))
     best = min(_timed(lambda: loop(seeds, trips, out)) for _ in range(rounds))
-    bytes_per_vector = 64 if cpu.TIER.vector_bits == 512 else 32
-    products = n_threads * trips * ACCUMULATORS * bytes_per_vector  # an int8 product per byte of a vector
-    return 2 * products / best / 1e9
+    if form == "vdpbf16ps":
+        per_trip = ACCUMULATORS * 32  # 16 lanes x 2 bfloat16 products
+    elif form in FLOAT_FORMS:
+        per_trip = MIXED_DOTS * 64  # the int8 products only: the FMAs are the block's float steps
+    else:
+        per_trip = ACCUMULATORS * bits // 8  # an int8 product per byte of a vector
+    return 2 * n_threads * trips * per_trip / best / 1e9
 
 
 def _timed(call) -> float:
@@ -158,6 +269,18 @@ def peaks(seconds: float = 0.2, rounds: int = 5) -> dict[str, float]:
     """GOP/s by instruction form this tier has, its roofline first: "vpdpbusd" (VNNI tiers), then
     "vpmaddubsw+vpaddw" and "vpmaddubsw+vpmaddwd" (every int8 tier)."""
     return {form: peak_gops(form, seconds, rounds) for form in forms()}
+
+
+def float_forms() -> list[str]:
+    """vdpbf16ps and the mixed form where numba compiles for AVX512_BF16 and VNNI (a 512-bit VNNI tier)."""
+    if cpu.TIER.name != "avx512-vnni" or "avx512bf16" not in cpu.compiled_features():
+        return []
+    return list(FLOAT_FORMS)
+
+
+def bf16_peak(seconds: float = 0.2, rounds: int = 5) -> float | None:
+    """The vdpbf16ps peak on every core in GOP/s (2 a bfloat16 product), or None where numba cannot compile it."""
+    return peak_gops("vdpbf16ps", seconds, rounds) if float_forms() else None
 
 
 def forms() -> list[str]:
@@ -178,7 +301,7 @@ def main() -> None:
     tiers.enter(args)
     print(tiers.header(args, with_llama=False))
     for threads in sorted({1, numba.get_num_threads()}):
-        for form in forms():
+        for form in forms() + float_forms():
             print(f"{form:>20} {threads} thread(s): {peak_gops(form, args.seconds, args.rounds, threads):8.0f} GOP/s")
 
 

@@ -22,7 +22,10 @@ int8 roofline: its 2 x T x in x out operations at this machine's int8 dot peak (
 tiers, vpmaddubsw + vpaddw elsewhere, the kernels' own inner form there, measured here on every core), or its
 weights' bytes at the read bandwidth, whichever is longer. The int8 peak is what the native kernels' integer dots
 could reach; their float steps per block, the unpacking of 4- and 6-bit values and the
-activations' quantization come on top, so no kernel meets it.
+activations' quantization come on top, so no kernel meets it. Where numba compiles for AVX512_BF16 (Zen 4, Sapphire
+Rapids) two more ceilings are printed (int8_peak.py's float forms): vdpbf16ps, the peak of a bfloat16 GEMM such as
+vLLM's CPU backend runs, and vpdpbusd beside a Q4_1 block's 3 FMAs, the most a 32-value block type's tile kernel
+could reach where the two share their pipes.
 All figures come from this one process, in turn; the machine's load average is printed beside them. A ratio
 under 1 beats the floor: the GEMM floor is OpenBLAS's best here, not the machine's.
 """
@@ -320,6 +323,13 @@ def main() -> None:
         f"sgemm peak {peak:.0f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s"
         + "".join(f", int8 {form} peak {gops:.0f} GOP/s" for form, gops in int8_peaks.items())
     )
+    if int8_peaks and int8_peak.float_forms():  # what a bf16 engine's GEMMs (vLLM's) and a block kernel could reach
+        bf16, mixed = (int8_peak.peak_gops(form) for form in int8_peak.FLOAT_FORMS)
+        print(
+            f"bf16 vdpbf16ps peak {bf16:.0f} GOP/s (a bfloat16 GEMM's ceiling: vLLM's CPU backend in bf16); "
+            f"vpdpbusd beside a Q4_1 block's 3 FMAs {mixed:.0f} GOP/s (a 32-value type's tile kernel's ceiling, "
+            "its float steps on vpdpbusd's pipes where they share them)"
+        )
     rng = np.random.default_rng(0)
     vocab = engine.config.vocab_size
 
