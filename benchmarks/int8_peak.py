@@ -38,21 +38,68 @@ from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
 from miro.core.kernels import cpu
+from miro.core.kernels.bf16_gemm import BF16_PAIRS
 from miro.core.kernels.int8_dots import VectorOps
 
 ACCUMULATORS = 12  # independent dependency chains: more than a dot's latency times its issue rate
 WEIGHTS, ACTIVATIONS = 4, 3  # operand vectors: 12 distinct (weight, activation) pairs, one per accumulator
 
 
+def _seed_loader(context, builder, signature, args, vectors):
+    """seed(k): the first 16 int32 of seed vector k (seeds: args[0], int32, 1-D, 16 int32 a vector), as `vectors`."""
+    data = context.make_array(signature.args[0])(context, builder, args[0]).data
+
+    def seed(k):
+        where = builder.gep(data, [ir.Constant(ir.IntType(64), 16 * k)])
+        return builder.load(builder.bitcast(where, vectors.as_pointer()), align=4)
+
+    return seed
+
+
+def _emit_trips(builder, trips, firsts, trip, start):
+    """The loop both micro-kernels run, whole in LLVM IR: `trips` trips over phi values begun at `firsts` (kept in
+    registers), each trip `trip(values) -> (new values, their int32 sum)`; returns the last trip's sum (LLVM sinks it
+    out of the loop), or `start` where there was no trip."""
+    i64 = ir.IntType(64)
+    entry = builder.block
+    body = builder.append_basic_block("trips")
+    done = builder.append_basic_block("done")
+    builder.cbranch(builder.icmp_signed(">", trips, ir.Constant(i64, 0)), body, done)
+    builder.position_at_end(body)
+    count = builder.phi(i64)
+    count.add_incoming(ir.Constant(i64, 0), entry)
+    values = [builder.phi(first.type) for first in firsts]
+    for value, first in zip(values, firsts):
+        value.add_incoming(first, entry)
+    new_values, summed = trip(values)
+    next_count = builder.add(count, ir.Constant(i64, 1))
+    for phi, value in zip(values + [count], new_values + [next_count]):
+        phi.add_incoming(value, builder.block)
+    builder.cbranch(builder.icmp_signed("<", next_count, trips), body, done)
+    builder.position_at_end(done)
+    total = builder.phi(start.type)
+    total.add_incoming(start, entry)
+    total.add_incoming(summed, body)
+    return total
+
+
+def _sum_as_int32(builder, values, dwords):
+    summed = None
+    for value in values:
+        as_int = value if value.type == dwords else builder.bitcast(value, dwords)
+        summed = as_int if summed is None else builder.add(summed, as_int)
+    return summed
+
+
 @intrinsic(prefer_literal=True)
 def _dot_loop(typingctx, seeds, trips, out, bits, vnni, words_only):
-    """`trips` trips of ACCUMULATORS independent int8 dots, whole in LLVM IR (a loop whose accumulators are
-    phi values in registers of the tier's width): accumulator i += the dot of weights w[i % 4] and activations
-    x[i // 4], by vpdpbusd (vnni) or vpmaddubsw + vpmaddwd + vpaddd; without VNNI the activations change every
-    trip (+ a step), so that LLVM cannot hoist the loop-invariant products; words_only: vpmaddubsw + vpaddw into
-    int16 accumulators instead (the sums wrap: only their instructions count). The operands come from seeds (int32,
-    1-D: 4 weight vectors, 3 activation vectors, the step, the start, 16 int32 each); out[0:16] gets the sum of the
-    accumulators (so that the loop is not dead). bits, vnni, words_only: compile-time constants."""
+    """`trips` trips of ACCUMULATORS independent int8 dots (_emit_trips: accumulators in registers of the tier's
+    width): accumulator i += the dot of weights w[i % 4] and activations x[i // 4], by vpdpbusd (vnni) or
+    vpmaddubsw + vpmaddwd + vpaddd; without VNNI the activations change every trip (+ a step), so that LLVM cannot
+    hoist the loop-invariant products; words_only: vpmaddubsw + vpaddw into int16 accumulators instead (the sums
+    wrap: only their instructions count). The operands come from seeds (int32, 1-D: 4 weight vectors, 3 activation
+    vectors, the step, the start, 16 int32 each); out[0:16] gets the sum of the accumulators (so that the loop is
+    not dead). bits, vnni, words_only: compile-time constants."""
     if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, words_only)):
         return None
     width = bits.literal_value // 8
@@ -61,54 +108,30 @@ def _dot_loop(typingctx, seeds, trips, out, bits, vnni, words_only):
 
     def codegen(context, builder, signature, args):
         ops = VectorOps(builder, width)
-        i64 = ir.IntType(64)
-        seed_data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        out_data = context.make_array(signature.args[2])(context, builder, args[2]).data
-
-        def seed(k):  # the first `lanes` int32 of seed vector k
-            where = builder.gep(seed_data, [ir.Constant(i64, 16 * k)])
-            return builder.load(builder.bitcast(where, ops.dwords.as_pointer()), align=4)
-
+        seed = _seed_loader(context, builder, signature, args, ops.dwords)
         w = [seed(k) for k in range(WEIGHTS)]
         x0 = [seed(WEIGHTS + k) for k in range(ACTIVATIONS)]
         step, start = seed(WEIGHTS + ACTIVATIONS), seed(WEIGHTS + ACTIVATIONS + 1)
         ones = ir.Constant(ops.words, [1] * (width // 2))
-        entry = builder.block
-        body = builder.append_basic_block("dots")
-        done = builder.append_basic_block("done")
-        builder.cbranch(builder.icmp_signed(">", args[1], ir.Constant(i64, 0)), body, done)
-        builder.position_at_end(body)
-        count = builder.phi(i64)
-        count.add_incoming(ir.Constant(i64, 0), entry)
-        accs = [builder.phi(ops.dwords) for _ in range(ACCUMULATORS)]
-        xs = [builder.phi(ops.dwords) for _ in range(ACTIVATIONS)]
-        for acc in accs:
-            acc.add_incoming(start, entry)
-        for x, first in zip(xs, x0):
-            x.add_incoming(first, entry)
-        new_xs = xs if with_vnni else [builder.add(x, step) for x in xs]
-        new_accs = []
-        for i, acc in enumerate(accs):
-            wi, xi = w[i % WEIGHTS], new_xs[i // WEIGHTS]
-            if with_vnni:
-                new_accs.append(ops.call(f"llvm.x86.avx512.vpdpbusd.{ops.suffix}", ops.dwords, [acc, wi, xi]))
-            else:
+
+        def trip(values):
+            accs, xs = values[:ACCUMULATORS], values[ACCUMULATORS:]
+            new_xs = xs if with_vnni else [builder.add(x, step) for x in xs]
+            new_accs = []
+            for i, acc in enumerate(accs):
+                wi, xi = w[i % WEIGHTS], new_xs[i // WEIGHTS]
+                if with_vnni:
+                    new_accs.append(ops.call(f"llvm.x86.avx512.vpdpbusd.{ops.suffix}", ops.dwords, [acc, wi, xi]))
+                    continue
                 words = ops.maddubs(builder.bitcast(wi, ops.bytes), builder.bitcast(xi, ops.bytes))
                 if in_words:
                     new_accs.append(builder.bitcast(builder.add(builder.bitcast(acc, ops.words), words), ops.dwords))
                 else:
                     new_accs.append(builder.add(acc, ops.madd(words, ones)))
-        next_count = builder.add(count, ir.Constant(i64, 1))
-        for phi, value in zip(accs + xs + [count], new_accs + new_xs + [next_count]):
-            phi.add_incoming(value, builder.block)
-        summed = new_accs[0]  # used after the last trip only; LLVM sinks it out of the loop
-        for value in new_accs[1:]:
-            summed = builder.add(summed, value)
-        builder.cbranch(builder.icmp_signed("<", next_count, args[1]), body, done)
-        builder.position_at_end(done)
-        total = builder.phi(ops.dwords)
-        total.add_incoming(start, entry)
-        total.add_incoming(summed, body)
+            return new_accs + new_xs, _sum_as_int32(builder, new_accs, ops.dwords)
+
+        total = _emit_trips(builder, args[1], [start] * ACCUMULATORS + x0, trip, start)
+        out_data = context.make_array(signature.args[2])(context, builder, args[2]).data
         builder.store(total, builder.bitcast(out_data, ops.dwords.as_pointer()), align=4)
         return context.get_dummy_value()
 
@@ -118,22 +141,9 @@ def _dot_loop(typingctx, seeds, trips, out, bits, vnni, words_only):
 MIXED_DOTS, MIXED_FMAS = 8, 3  # the mixed form's instructions a trip: a Q4_1 block's (tile_kernels.float_step)
 
 
-class _BFloat(ir.Type):
-    """LLVM's bfloat (llvmlite lacks it): only its name is needed, for vdpbf16ps's signature."""
-
-    def _to_string(self):
-        return "bfloat"
-
-    def __eq__(self, other):
-        return isinstance(other, _BFloat)
-
-    def __hash__(self):
-        return hash("bfloat")
-
-
 @intrinsic(prefer_literal=True)
 def _float_loop(typingctx, seeds, trips, out, kind):
-    """`trips` trips of 512-bit float work, whole in LLVM IR, as _dot_loop's: kind 0, ACCUMULATORS vdpbf16ps into
+    """`trips` trips of 512-bit float work (_emit_trips), as _dot_loop's: kind 0, ACCUMULATORS vdpbf16ps into
     float32 accumulators (operands: bfloat16 pairs from seeds); kind 1, MIXED_DOTS vpdpbusd into int32 ones and
     MIXED_FMAS vfmadd into float32 ones of their own. out[0:16] gets the accumulators' sum (bits: the int32 and
     float sums added as int32, only so that the loop is not dead). kind: a compile-time constant."""
@@ -143,55 +153,31 @@ def _float_loop(typingctx, seeds, trips, out, kind):
 
     def codegen(context, builder, signature, args):
         ops = VectorOps(builder, 64)
-        i64 = ir.IntType(64)
         floats = ir.VectorType(ir.FloatType(), 16)
-        pairs = ir.VectorType(_BFloat(), 32)
-        seed_data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        out_data = context.make_array(signature.args[2])(context, builder, args[2]).data
-
-        def seed(k):
-            where = builder.gep(seed_data, [ir.Constant(i64, 16 * k)])
-            return builder.load(builder.bitcast(where, ops.dwords.as_pointer()), align=4)
-
+        seed = _seed_loader(context, builder, signature, args, ops.dwords)
         w = [seed(k) for k in range(WEIGHTS)]
         x = [seed(WEIGHTS + k) for k in range(ACTIVATIONS)]
         scale = builder.bitcast(seed(WEIGHTS), floats)
         n_int = MIXED_DOTS if mixed else 0
         n_float = MIXED_FMAS if mixed else ACCUMULATORS
         start = seed(WEIGHTS + ACTIVATIONS)
-        starts = [start] * n_int + [builder.bitcast(start, floats)] * n_float
-        entry = builder.block
-        body = builder.append_basic_block("work")
-        done = builder.append_basic_block("done")
-        builder.cbranch(builder.icmp_signed(">", args[1], ir.Constant(i64, 0)), body, done)
-        builder.position_at_end(body)
-        count = builder.phi(i64)
-        count.add_incoming(ir.Constant(i64, 0), entry)
-        accs = [builder.phi(first.type) for first in starts]
-        for acc, first in zip(accs, starts):
-            acc.add_incoming(first, entry)
-        new_accs = []
-        for i, acc in enumerate(accs):
-            wi, xi = w[i % WEIGHTS], x[(i // WEIGHTS) % ACTIVATIONS]
-            if i < n_int:
-                new_accs.append(ops.call("llvm.x86.avx512.vpdpbusd.512", ops.dwords, [acc, wi, xi]))
-            elif mixed:  # acc * scale + scale: a chain per accumulator, one link a trip
-                new_accs.append(ops.call("llvm.fma.v16f32", floats, [acc, scale, scale]))
-            else:
-                operands = [acc, builder.bitcast(wi, pairs), builder.bitcast(xi, pairs)]
-                new_accs.append(ops.call("llvm.x86.avx512bf16.dpbf16ps.512", floats, operands))
-        next_count = builder.add(count, ir.Constant(i64, 1))
-        for phi, value in zip(accs + [count], new_accs + [next_count]):
-            phi.add_incoming(value, builder.block)
-        summed = None
-        for value in new_accs:
-            as_int = value if value.type == ops.dwords else builder.bitcast(value, ops.dwords)
-            summed = as_int if summed is None else builder.add(summed, as_int)
-        builder.cbranch(builder.icmp_signed("<", next_count, args[1]), body, done)
-        builder.position_at_end(done)
-        total = builder.phi(ops.dwords)
-        total.add_incoming(start, entry)
-        total.add_incoming(summed, body)
+
+        def trip(accs):
+            new_accs = []
+            for i, acc in enumerate(accs):
+                wi, xi = w[i % WEIGHTS], x[(i // WEIGHTS) % ACTIVATIONS]
+                if i < n_int:
+                    new_accs.append(ops.call("llvm.x86.avx512.vpdpbusd.512", ops.dwords, [acc, wi, xi]))
+                elif mixed:  # acc * scale + scale: a chain per accumulator, one link a trip
+                    new_accs.append(ops.call("llvm.fma.v16f32", floats, [acc, scale, scale]))
+                else:
+                    operands = [acc, builder.bitcast(wi, BF16_PAIRS), builder.bitcast(xi, BF16_PAIRS)]
+                    new_accs.append(ops.call("llvm.x86.avx512bf16.dpbf16ps.512", floats, operands))
+            return new_accs, _sum_as_int32(builder, new_accs, ops.dwords)
+
+        firsts = [start] * n_int + [builder.bitcast(start, floats)] * n_float
+        total = _emit_trips(builder, args[1], firsts, trip, start)
+        out_data = context.make_array(signature.args[2])(context, builder, args[2]).data
         builder.store(total, builder.bitcast(out_data, ops.dwords.as_pointer()), align=4)
         return context.get_dummy_value()
 

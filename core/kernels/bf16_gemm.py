@@ -43,7 +43,7 @@ class _BFloat(ir.Type):
         return hash("bfloat")
 
 
-_BF16_PAIRS = ir.VectorType(_BFloat(), 2 * LANES)
+BF16_PAIRS = ir.VectorType(_BFloat(), 2 * LANES)  # vdpbf16ps's operand type (int8_peak.py too)
 
 
 @intrinsic
@@ -53,11 +53,11 @@ def dot_bf16(typingctx, acc, pair, weights):
     def codegen(context, builder, sig, args):
         vi = ir.VectorType(ir.IntType(32), LANES)
         vf = ir.VectorType(ir.FloatType(), LANES)
-        broadcast = builder.bitcast(splat(builder, args[1], vi), _BF16_PAIRS)
+        broadcast = builder.bitcast(splat(builder, args[1], vi), BF16_PAIRS)
         dot = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vf, [vf, _BF16_PAIRS, _BF16_PAIRS]), "llvm.x86.avx512bf16.dpbf16ps.512"
+            builder.module, ir.FunctionType(vf, [vf, BF16_PAIRS, BF16_PAIRS]), "llvm.x86.avx512bf16.dpbf16ps.512"
         )
-        return builder.call(dot, [args[0], broadcast, builder.bitcast(args[2], _BF16_PAIRS)])
+        return builder.call(dot, [args[0], broadcast, builder.bitcast(args[2], BF16_PAIRS)])
 
     return float32x16(float32x16, types.uint32, int32x16), codegen
 
