@@ -183,6 +183,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                 for sb in range(n_super):
                     begin_sums(isums, tile_starts, sb, n, sets, centred and n > 1)
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
+                    ahead = w_at + PREFETCH_AHEAD * 8 * lane_bytes  # where Q6_K's few-row passes prefetch
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
@@ -212,7 +213,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 )
                         elif n == 2:  # the units constants (their shifts immediate), as superblock_tile_sum's at 1 row
                             if streams:
-                                prefetch_quarter(flat_quants, w_at + PREFETCH_AHEAD * 8 * lane_bytes, lane_bytes, 0)
+                                prefetch_quarter(flat_quants, ahead, lane_bytes, 0)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -229,7 +230,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 2,
                             )
                             if streams:
-                                prefetch_quarter(flat_quants, w_at + PREFETCH_AHEAD * 8 * lane_bytes, lane_bytes, 1)
+                                prefetch_quarter(flat_quants, ahead, lane_bytes, 1)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -246,7 +247,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 2,
                             )
                             if streams:
-                                prefetch_quarter(flat_quants, w_at + PREFETCH_AHEAD * 8 * lane_bytes, lane_bytes, 2)
+                                prefetch_quarter(flat_quants, ahead, lane_bytes, 2)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -263,7 +264,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 2,
                             )
                             if streams:
-                                prefetch_quarter(flat_quants, w_at + PREFETCH_AHEAD * 8 * lane_bytes, lane_bytes, 3)
+                                prefetch_quarter(flat_quants, ahead, lane_bytes, 3)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -281,7 +282,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                             )
                         else:
                             if streams:
-                                prefetch_quarter(flat_quants, w_at + PREFETCH_AHEAD * 8 * lane_bytes, lane_bytes, 0)
+                                prefetch_quarter(flat_quants, ahead, lane_bytes, 0)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -298,7 +299,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 1,
                             )
                             if streams:
-                                prefetch_quarter(flat_quants, w_at + PREFETCH_AHEAD * 8 * lane_bytes, lane_bytes, 1)
+                                prefetch_quarter(flat_quants, ahead, lane_bytes, 1)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -315,7 +316,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 1,
                             )
                             if streams:
-                                prefetch_quarter(flat_quants, w_at + PREFETCH_AHEAD * 8 * lane_bytes, lane_bytes, 2)
+                                prefetch_quarter(flat_quants, ahead, lane_bytes, 2)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -332,7 +333,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 1,
                             )
                             if streams:
-                                prefetch_quarter(flat_quants, w_at + PREFETCH_AHEAD * 8 * lane_bytes, lane_bytes, 3)
+                                prefetch_quarter(flat_quants, ahead, lane_bytes, 3)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
