@@ -264,11 +264,6 @@ def float_forms() -> list[str]:
     return list(FLOAT_FORMS)
 
 
-def bf16_peak(seconds: float = 0.2, rounds: int = 5) -> float | None:
-    """The vdpbf16ps peak on every core in GOP/s (2 a bfloat16 product), or None where numba cannot compile it."""
-    return peak_gops("vdpbf16ps", seconds, rounds) if float_forms() else None
-
-
 def forms() -> list[str]:
     """The forms this tier has, its roofline first."""
     if not cpu.TIER.int8_dot:
