@@ -26,7 +26,7 @@ from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.q6_k_row import q6_k_row_sum, q6_k_sum_pairs
 from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
-from miro.core.kernels.simd import LANES, load16, load16_f16, prefetch, store16, to_float
+from miro.core.kernels.simd import LANES, load16, load16_f16, prefetch_l2, store16, to_float
 from miro.core.kernels.superblock_dots import (
     lanes_per_call,
     mins_dot,
@@ -48,10 +48,11 @@ from miro.core.kernels.tiles import TILE_ROWS
 
 # Q6_K's tiles in the values' order, read a row or two at a time (a sequence's decode, a batch's tail), stream from
 # memory at about half Q4_K's rate: each unit reads its nibble vector and a shared vector of high bits 2 KB on, a
-# pattern the hardware prefetchers do not follow. Those passes prefetch the super-block PREFETCH_AHEAD on, a quarter
-# before each unit (a burst of all 48 lines at once, or any prefetch for Q4_K, was slower). 110 MB of the 1B shape's
-# Q6_K ffn_down at one row, 2 threads on a Zen 4: 15.0-15.2 GB/s without, 25.9-30.4 with 4 ahead (2 rounds); its
-# head 20.4-21.8 against 26.2-27.3 (one outlier 14.3); one sequence's decode 1.05-1.29x (3 rounds in turn)
+# pattern the hardware prefetchers do not follow. Those passes prefetch the super-block PREFETCH_AHEAD on into L2
+# (prefetcht1), a quarter before each unit (a burst of all 48 lines at once, or any prefetch for Q4_K, was slower).
+# 110 MB of the 1B shape's Q6_K ffn_down at one row, 2 threads on a Zen 4: 15.0-15.2 GB/s without, 25.9-30.4 with 4
+# ahead into every level (prefetcht0; 2 rounds); into L2 only, medians of 15 calls in 3 rounds in turn, 24.0-36.3
+# against 17.0-23.7 (its head 23.1-25.8 against 19.6-23.5); one sequence's decode 23.9-26.7 tok/s against 22.0-24.2
 PREFETCH_AHEAD = 4
 
 
@@ -60,7 +61,7 @@ def prefetch_quarter(flat_quants, at, lane_bytes, quarter):
     """Prefetch quarter `quarter` (0-3) of the tile's super-block of 8 lanes at flat_quants[at:], where the tile has one."""
     first = at + quarter * 2 * lane_bytes
     for line in range(first, min(first + 2 * lane_bytes, flat_quants.size), 64):
-        prefetch(flat_quants, line)
+        prefetch_l2(flat_quants, line)
 
 
 def mid_passes(qtype: int, tier: Tier) -> tuple[int, ...]:
