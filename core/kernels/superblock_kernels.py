@@ -46,13 +46,16 @@ from miro.core.kernels.tile_steps import store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
 
 
-# Q6_K's tiles in the values' order, read a row or two at a time (a sequence's decode, a batch's tail), stream from
-# memory at about half Q4_K's rate: each unit reads its nibble vector and a shared vector of high bits 2 KB on, a
-# pattern the hardware prefetchers do not follow. Those passes prefetch the super-block PREFETCH_AHEAD on into L2
-# (prefetcht1), a quarter before each unit (a burst of all 48 lines at once, or any prefetch for Q4_K, was slower).
-# 110 MB of the 1B shape's Q6_K ffn_down at one row, 2 threads on a Zen 4: 15.0-15.2 GB/s without, 25.9-30.4 with 4
-# ahead into every level (prefetcht0; 2 rounds); into L2 only, medians of 15 calls in 3 rounds in turn, 24.0-36.3
-# against 17.0-23.7 (its head 23.1-25.8 against 19.6-23.5); one sequence's decode 23.9-26.7 tok/s against 22.0-24.2
+# The K-quant tiles in the values' order, read a row or two at a time (a sequence's decode, a batch's tail), stream
+# from memory below what the memory gives: Q5_K's and Q6_K's units read their nibble vector and a shared vector of
+# high bits 2 KB on, a pattern the hardware prefetchers do not follow, and Q4_K's linear walk alone reached ~30 GB/s
+# of the ~36 a C loop with prefetches reads here. Those passes prefetch the super-block PREFETCH_AHEAD on into L2
+# (prefetcht1), a quarter before each unit (a burst of all its lines at once was slower; into every level,
+# prefetcht0, Q4_K was slower and Q6_K ~25% slower than into L2). Zen 4, 2 threads, weights from memory
+# (quant_linear.py --tokens 1,2 --shapes llama3.2-1b --stat min, 3 rounds in turn): one row Q5_K 0.50-0.77x
+# llama.cpp without, 0.89-1.85x with; Q4_K 38-91 GFLOP/s (median 60) without, 23-92 (median 74) with; Q6_K's 110 MB
+# of the 1B shape's ffn_down 17.0-23.7 GB/s without, 24.0-36.3 with; the 1B shape's one-sequence decode
+# (single_sequence.py, 3 rounds in turn) 25.0-27.4 tok/s with Q6_K's alone, 30.1-31.5 with every type's
 PREFETCH_AHEAD = 4
 
 
@@ -92,7 +95,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     mid = len(mid_passes(qtype, tier)) > 0  # passes of 8 and 4 between `tokens` and 2
-    streams = natural and not has_mins  # Q6_K's passes of 2 and 1 prefetch their weights (prefetch_quarter)
+    streams = natural  # the passes of 2 and 1 prefetch their weights (prefetch_quarter)
     fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
     sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (superblock_dots.superblock_tile_sum)
     helpers = HELPERS
