@@ -6,7 +6,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from miro.core.kernels.simd import prefetch
+from miro.core.kernels.simd import prefetch_l2
 
 
 @numba.njit(inline="always")
@@ -21,12 +21,14 @@ def work_item(item, active, per_expert, shares):
 
 @numba.njit(inline="always")
 def prefetch_superblock(quants, at, n_bytes, sub_scales, sub_at, sub_n):
-    """Ask for the cache lines of a tile's super-block: its quants (n_bytes from at) and its sub-block scales (sub_n
-    bytes from sub_at). (Its rows' scales and mins too, 2 lines more: measured slower at 256 rows.)"""
+    """Ask for the cache lines of a tile's super-block into L2: its quants (n_bytes from at) and its sub-block scales
+    (sub_n bytes from sub_at). (Its rows' scales and mins too, 2 lines more: measured slower at 256 rows.) Into L2
+    rather than every level: moe.py's Qwen3-MoE shape on a Zen 4, in turn, one sequence 116.6-133.9 tok/s against
+    92.5-100.1 (3 rounds), 48 prompts 488.9-492.5 against 416.8-455.7 (2 rounds)."""
     for offset in range(0, n_bytes, 64):
-        prefetch(quants, at + offset)
+        prefetch_l2(quants, at + offset)
     for offset in range(0, sub_n, 64):
-        prefetch(sub_scales, sub_at + offset)
+        prefetch_l2(sub_scales, sub_at + offset)
 
 
 @numba.njit(inline="always")
