@@ -21,8 +21,7 @@ a loop that updates `acc = acc + x` keeps acc in a register, as a SIMD micro-ker
     m = hmax(v); s = hsum(v)     # the largest lane; the sum of the lanes, always in the same tree order
     s0, s1, s2, s3 = hsum4(a, b, c, d)  # hsum (and hmax4: hmax) of four vectors in one tree, the same bits
     w = keep_lanes(v, a, b, f)   # lanes a..b-1 of v, the others set to the scalar f
-    prefetch(array, i)           # ask for the cache line holding array[i] (a hint: it never faults)
-    prefetch_l2(array, i)        # the same into L2 only, for a stream read once
+    prefetch_l2(array, i)        # ask for the cache line holding array[i] into L2 (a hint: it never faults)
 
 The arithmetic is plain IEEE lane by lane, with no fast-math flags: the same bits as the scalar
 code written the same way. Rounding to integers, narrowing to bytes and compare-and-pick, for the activation
@@ -398,9 +397,10 @@ def keep_lanes(typingctx, value, begin, end, fill):
     return float32x16(float32x16, types.intp, types.intp, types.float32), codegen
 
 
-def _prefetch_signature(array, locality: int):
-    """llvm.prefetch of &array[index] for reading, kept at `locality` (3: every cache level, prefetcht0; 2: L2 and
-    out, prefetcht1)."""
+@intrinsic
+def prefetch_l2(typingctx, array, index):
+    """Fetch the cache line of &array[index] into L2, not L1 (llvm.prefetch at locality 2: prefetcht1): every
+    prefetch in the kernels streams lines read once, where prefetcht0 measured slower (superblock_kernels.py)."""
 
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
@@ -409,22 +409,10 @@ def _prefetch_signature(array, locality: int):
         hint = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32]), "llvm.prefetch.p0"
         )
-        builder.call(hint, [address, ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
+        builder.call(hint, [address, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
         return context.get_dummy_value()
 
     return types.void(array, types.intp), codegen
-
-
-@intrinsic
-def prefetch(typingctx, array, index):
-    """Fetch the cache line of &array[index] into every cache level (prefetcht0)."""
-    return _prefetch_signature(array, 3)
-
-
-@intrinsic
-def prefetch_l2(typingctx, array, index):
-    """Fetch the cache line of &array[index] into L2, not L1 (prefetcht1): for a stream read once, far ahead."""
-    return _prefetch_signature(array, 2)
 
 
 def operand16(context, builder, value, ty):
