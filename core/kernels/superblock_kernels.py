@@ -95,7 +95,6 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     per_call, per_call_2 = lanes_per_call(qtype, bits, tokens), lanes_per_call(qtype, bits, 2)
     per_call_4, per_call_8 = lanes_per_call(qtype, bits, 4), lanes_per_call(qtype, bits, 8)
     mid = len(mid_passes(qtype, tier)) > 0  # passes of 8 and 4 between `tokens` and 2
-    streams = natural  # the passes of 2 and 1 prefetch their weights (prefetch_quarter)
     fixed_units_2 = bits == 256 and not natural  # passes of 2 call superblock_tile_sum with constant units
     sets = 2 if split_sums(bits, tokens) else 1  # sets of integer sums (superblock_dots.superblock_tile_sum)
     helpers = HELPERS
@@ -187,7 +186,6 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                 for sb in range(n_super):
                     begin_sums(isums, tile_starts, sb, n, sets, centred and n > 1)
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
-                    ahead = w_at + PREFETCH_AHEAD * 8 * lane_bytes  # where Q6_K's few-row passes prefetch
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
@@ -198,6 +196,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                         s_at = p_at if has_mins else 16 * TILE_ROWS * sb
                         a_src = a_flat if has_mins else a_unsigned
                         st_at = (t0 - full) * (k // 8) + 32 * sb
+                        ahead = w_at + PREFETCH_AHEAD * 8 * lane_bytes  # where the passes of 2 and 1 prefetch
                         if n == tokens:
                             for unit in range(4):
                                 superblock_unit_vnni(
@@ -216,8 +215,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                     tokens,
                                 )
                         elif n == 2:  # the units constants (their shifts immediate), as superblock_tile_sum's at 1 row
-                            if streams:
-                                prefetch_quarter(flat_quants, ahead, lane_bytes, 0)
+                            prefetch_quarter(flat_quants, ahead, lane_bytes, 0)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -233,8 +231,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 qtype,
                                 2,
                             )
-                            if streams:
-                                prefetch_quarter(flat_quants, ahead, lane_bytes, 1)
+                            prefetch_quarter(flat_quants, ahead, lane_bytes, 1)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -250,8 +247,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 qtype,
                                 2,
                             )
-                            if streams:
-                                prefetch_quarter(flat_quants, ahead, lane_bytes, 2)
+                            prefetch_quarter(flat_quants, ahead, lane_bytes, 2)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -267,8 +263,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 qtype,
                                 2,
                             )
-                            if streams:
-                                prefetch_quarter(flat_quants, ahead, lane_bytes, 3)
+                            prefetch_quarter(flat_quants, ahead, lane_bytes, 3)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -285,8 +280,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 2,
                             )
                         else:
-                            if streams:
-                                prefetch_quarter(flat_quants, ahead, lane_bytes, 0)
+                            prefetch_quarter(flat_quants, ahead, lane_bytes, 0)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -302,8 +296,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 qtype,
                                 1,
                             )
-                            if streams:
-                                prefetch_quarter(flat_quants, ahead, lane_bytes, 1)
+                            prefetch_quarter(flat_quants, ahead, lane_bytes, 1)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -319,8 +312,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 qtype,
                                 1,
                             )
-                            if streams:
-                                prefetch_quarter(flat_quants, ahead, lane_bytes, 2)
+                            prefetch_quarter(flat_quants, ahead, lane_bytes, 2)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
@@ -336,8 +328,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 qtype,
                                 1,
                             )
-                            if streams:
-                                prefetch_quarter(flat_quants, ahead, lane_bytes, 3)
+                            prefetch_quarter(flat_quants, ahead, lane_bytes, 3)
                             superblock_unit_vnni(
                                 flat_quants,
                                 w_at,
