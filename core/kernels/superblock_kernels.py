@@ -26,7 +26,7 @@ from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.q6_k_row import q6_k_row_sum, q6_k_sum_pairs
 from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
-from miro.core.kernels.simd import LANES, load16, load16_f16, prefetch_l2, store16, to_float
+from miro.core.kernels.simd import LANES, load16, load16_f16, prefetch_l2_lines, store16, to_float
 from miro.core.kernels.superblock_dots import (
     lanes_per_call,
     mins_dot,
@@ -63,8 +63,7 @@ PREFETCH_AHEAD = 4
 def prefetch_quarter(flat_quants, at, lane_bytes, quarter):
     """Prefetch quarter `quarter` (0-3) of the tile's super-block of 8 lanes at flat_quants[at:], where the tile has one."""
     first = at + quarter * 2 * lane_bytes
-    for line in range(first, min(first + 2 * lane_bytes, flat_quants.size), 64):
-        prefetch_l2(flat_quants, line)
+    prefetch_l2_lines(flat_quants, first, min(first + 2 * lane_bytes, flat_quants.size))
 
 
 def mid_passes(qtype: int, tier: Tier) -> tuple[int, ...]:
@@ -188,6 +187,10 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
+                    if n == tokens and t0 == 0:  # the first full pass brings the next tile's super-block into L2
+                        prefetch_l2_lines(
+                            flat_quants, w_at + tile_bytes, min(w_at + tile_bytes + 8 * lane_bytes, flat_quants.size)
+                        )
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
                         # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
                         # + 128 in the full passes, as they are with row_starts after them. One loop of `unit`, not

@@ -33,7 +33,7 @@ from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.int8_dots import tile_dot
 from miro.core.kernels.quant_blocks import BLOCK32_TYPES
-from miro.core.kernels.simd import LANES, load16_e8m0, load16_f16, zeros16
+from miro.core.kernels.simd import LANES, load16_e8m0, load16_f16, prefetch_l2_lines, zeros16
 from miro.core.kernels.tile_steps import FLOAT_BIAS, float_bias_bits, float_step, store_tile_row, tile_constants
 from miro.core.kernels.tiles import TILE_ROWS
 
@@ -67,14 +67,23 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
                 for b in range(n_blocks):
                     start[t * n_blocks + b] = offset * qsum[t, b] + float_bias
         all_spill = np.empty((_iget_num_threads(), LANES), np.float32)  # each thread's, once per call
-        for tile in prange(quants.shape[0]):
+        n_tiles, tile_bytes = quants.shape
+        flat_quants = quants.reshape(quants.size)
+        for tile in prange(n_tiles):
             spill = all_spill[numba.get_thread_id()]
             tile_quants, tile_scales, tile_mins = quants[tile], scales[tile], mins[tile]
             n0 = tile * TILE_ROWS
             zero = zeros16()
+            # the tile's first pass brings the next tile's block into L2 as it reads its own (the weights come from
+            # memory, each tile read once a call, then from the caches for the passes after)
+            ahead = (tile + 1) * tile_bytes if tile + 1 < n_tiles else flat_quants.size
             for t in range(0, n_eights, 8):
                 c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
                 for b in range(n_blocks):
+                    if t == 0:
+                        prefetch_l2_lines(
+                            flat_quants, ahead + b * block_quants, min(ahead + (b + 1) * block_quants, flat_quants.size)
+                        )
                     i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(
                         tile_quants,
                         b * block_quants,
@@ -112,6 +121,10 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
             for t in range(n_eights, n_twos, 2):
                 c0 = c1 = zero
                 for b in range(n_blocks):
+                    if t == 0:
+                        prefetch_l2_lines(
+                            flat_quants, ahead + b * block_quants, min(ahead + (b + 1) * block_quants, flat_quants.size)
+                        )
                     i0, i1 = tile_dot(
                         tile_quants,
                         b * block_quants,
@@ -138,6 +151,10 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
                 t = n_twos
                 c0 = zero
                 for b in range(n_blocks):
+                    if t == 0:
+                        prefetch_l2_lines(
+                            flat_quants, ahead + b * block_quants, min(ahead + (b + 1) * block_quants, flat_quants.size)
+                        )
                     (i0,) = tile_dot(
                         tile_quants,
                         b * block_quants,
