@@ -22,7 +22,7 @@ a loop that updates `acc = acc + x` keeps acc in a register, as a SIMD micro-ker
     s0, s1, s2, s3 = hsum4(a, b, c, d)  # hsum (and hmax4: hmax) of four vectors in one tree, the same bits
     w = keep_lanes(v, a, b, f)   # lanes a..b-1 of v, the others set to the scalar f
     prefetch_l2(array, i)        # ask for the cache line holding array[i] into L2 (a hint: it never faults)
-    prefetch_l2_lines(b, i, j)   # the same for each 64-byte line of the byte array b[i:j]
+    prefetch_l2_lines(b, i, j)   # the same for each 64-byte line of the byte array b[i:j] (j clipped)
 
 The arithmetic is plain IEEE lane by lane, with no fast-math flags: the same bits as the scalar
 code written the same way. Rounding to integers, narrowing to bytes and compare-and-pick, for the activation
@@ -418,8 +418,8 @@ def prefetch_l2(typingctx, array, index):
 
 @njit(inline="always")
 def prefetch_l2_lines(array, first, stop):
-    """prefetch_l2 each 64-byte line of a byte array's [first, stop)."""
-    for i in range(first, stop, 64):
+    """prefetch_l2 each 64-byte line of a byte array's [first, stop), stop clipped to the array's end."""
+    for i in range(first, min(stop, array.size), 64):
         prefetch_l2(array, i)
 
 

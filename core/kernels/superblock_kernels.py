@@ -63,7 +63,7 @@ PREFETCH_AHEAD = 4
 def prefetch_quarter(flat_quants, at, lane_bytes, quarter):
     """Prefetch quarter `quarter` (0-3) of the tile's super-block of 8 lanes at flat_quants[at:], where the tile has one."""
     first = at + quarter * 2 * lane_bytes
-    prefetch_l2_lines(flat_quants, first, min(first + 2 * lane_bytes, flat_quants.size))
+    prefetch_l2_lines(flat_quants, first, first + 2 * lane_bytes)
 
 
 def mid_passes(qtype: int, tier: Tier) -> tuple[int, ...]:
@@ -191,9 +191,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     # tile from the caches): the 1B shape's B=64 decode GEMMs 1.89-1.94x the int8 floor, 2.21-2.70x
                     # without (step_time.py, in turn)
                     if n == tokens and t0 == 0:
-                        prefetch_l2_lines(
-                            flat_quants, w_at + tile_bytes, min(w_at + tile_bytes + 8 * lane_bytes, flat_quants.size)
-                        )
+                        prefetch_l2_lines(flat_quants, w_at + tile_bytes, w_at + tile_bytes + 8 * lane_bytes)
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
                         # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
                         # + 128 in the full passes, as they are with row_starts after them. One loop of `unit`, not

@@ -17,8 +17,9 @@ and a broadcast after the dots), Q4_0's also at a float bias that folds to_float
 Q4_1's and Q5_1's exact m x s_act product goes into one fma. Per block of 16 weight rows and one activation row on
 AVX-512 VNNI: 8 vpdpbusd, then 5 float instructions (Q4_1; 6 before), 3 (Q4_0; 6) or 4 (Q8_0, Q5_0; 6). On an AMX
 host, amx_tiles.py can take the integer dots of Q4_0, Q4_1 and Q8_0 for 16 activation rows at a time (the same sums,
-the same float_step), from the rows the type's row of the weight-type table says (`amx_from`). The K-quants' tile
-kernel is superblock_kernels.py's tiles_k.
+the same float_step), from the rows the type's row of the weight-type table says (`amx_from`). A tile's first pass
+brings the next tile's weights into L2 block by block (the passes after it read the tile from the caches). The
+K-quants' tile kernel is superblock_kernels.py's tiles_k.
 """
 
 from __future__ import annotations
@@ -81,9 +82,7 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
                 c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
                 for b in range(n_blocks):
                     if t == 0:
-                        prefetch_l2_lines(
-                            flat_quants, ahead + b * block_quants, min(ahead + (b + 1) * block_quants, flat_quants.size)
-                        )
+                        prefetch_l2_lines(flat_quants, ahead + b * block_quants, ahead + (b + 1) * block_quants)
                     i0, i1, i2, i3, i4, i5, i6, i7 = tile_dot(
                         tile_quants,
                         b * block_quants,
@@ -122,9 +121,7 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
                 c0 = c1 = zero
                 for b in range(n_blocks):
                     if t == 0:
-                        prefetch_l2_lines(
-                            flat_quants, ahead + b * block_quants, min(ahead + (b + 1) * block_quants, flat_quants.size)
-                        )
+                        prefetch_l2_lines(flat_quants, ahead + b * block_quants, ahead + (b + 1) * block_quants)
                     i0, i1 = tile_dot(
                         tile_quants,
                         b * block_quants,
@@ -152,9 +149,7 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
                 c0 = zero
                 for b in range(n_blocks):
                     if t == 0:
-                        prefetch_l2_lines(
-                            flat_quants, ahead + b * block_quants, min(ahead + (b + 1) * block_quants, flat_quants.size)
-                        )
+                        prefetch_l2_lines(flat_quants, ahead + b * block_quants, ahead + (b + 1) * block_quants)
                     (i0,) = tile_dot(
                         tile_quants,
                         b * block_quants,
