@@ -187,10 +187,12 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
-                    # the first full pass brings the next tile's super-block into L2 (the passes after it read this
-                    # tile from the caches): the 1B shape's B=64 decode GEMMs 1.89-1.94x the int8 floor, 2.21-2.70x
-                    # without (step_time.py, in turn)
-                    if n == tokens and t0 == 0:
+                    # a first pass of 4 rows or more (the full one; 8 and 4 on 256-bit tiers) brings the next tile's
+                    # super-block into L2, as the passes after it read this tile from the caches: the 1B shape's B=64
+                    # decode GEMMs 1.89-1.94x the int8 floor, 2.21-2.70x without (step_time.py, in turn); AVX2's
+                    # passes of 8, median 2.19x -> 3.23x llama.cpp (quant_linear.py --tier avx2 --tokens 8). Its
+                    # passes of 1 (no prefetch) moved both ways with one: 0.32-1.05x against 0.39-0.80x
+                    if t0 == 0 and n >= 4:
                         prefetch_l2_lines(flat_quants, w_at + tile_bytes, w_at + tile_bytes + 8 * lane_bytes)
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
                         # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
