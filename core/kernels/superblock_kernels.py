@@ -194,6 +194,11 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     # passes of 1 (no prefetch) moved both ways with one: 0.32-1.05x against 0.39-0.80x
                     if t0 == 0 and n >= 4:
                         prefetch_l2_lines(flat_quants, w_at + tile_bytes, w_at + tile_bytes + 8 * lane_bytes)
+                    elif n == 2 and not natural:  # off the values' order, passes of 2 stream PREFETCH_AHEAD on: AVX2
+                        # median 0.76x -> 1.16x llama.cpp (quant_linear.py --tier avx2 --tokens 2); passes of 1 the
+                        # same way moved both ways (median 0.59x -> 0.75x, but some shapes 0.79x -> 0.31x)
+                        stream_at = w_at + PREFETCH_AHEAD * 8 * lane_bytes
+                        prefetch_l2_lines(flat_quants, stream_at, stream_at + 8 * lane_bytes)
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
                         # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
                         # + 128 in the full passes, as they are with row_starts after them. One loop of `unit`, not
