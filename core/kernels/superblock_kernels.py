@@ -190,8 +190,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     # a first pass of 4 rows or more (the full one; 8 and 4 on 256-bit tiers) brings the next tile's
                     # super-block into L2, as the passes after it read this tile from the caches: the 1B shape's B=64
                     # decode GEMMs 1.89-1.94x the int8 floor, 2.21-2.70x without (step_time.py, in turn); AVX2's
-                    # passes of 8, median 2.19x -> 3.23x llama.cpp (quant_linear.py --tier avx2 --tokens 8). Its
-                    # passes of 1 (no prefetch) moved both ways with one: 0.32-1.05x against 0.39-0.80x
+                    # passes of 8, median 2.19x -> 3.23x llama.cpp (quant_linear.py --tier avx2 --tokens 8)
                     if t0 == 0 and n >= 4:
                         prefetch_l2_lines(flat_quants, w_at + tile_bytes, w_at + tile_bytes + 8 * lane_bytes)
                     elif n == 2 and not natural:  # off the values' order, passes of 2 stream PREFETCH_AHEAD on: AVX2
