@@ -195,7 +195,8 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                         prefetch_l2_lines(flat_quants, w_at + tile_bytes, w_at + tile_bytes + 8 * lane_bytes)
                     elif n == 2 and not natural:  # off the values' order, passes of 2 stream PREFETCH_AHEAD on: AVX2
                         # median 0.76x -> 1.16x llama.cpp (quant_linear.py --tier avx2 --tokens 2); passes of 1 the
-                        # same way moved both ways (median 0.59x -> 0.75x, but some shapes 0.79x -> 0.31x)
+                        # same way moved both ways (median 0.59x -> 0.75x, but some shapes 0.79x -> 0.31x), so they
+                        # prefetch a quarter before each unit instead (below)
                         stream_at = w_at + PREFETCH_AHEAD * 8 * lane_bytes
                         prefetch_l2_lines(flat_quants, stream_at, stream_at + 8 * lane_bytes)
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
@@ -356,16 +357,23 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                             )
                     elif n == 1 and centred:
                         q6_k_row_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, lone_sums, 8 * sb, isums, bits, vnni)
-                    elif n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate
+                    elif n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate;
+                        # a quarter of the super-block PREFETCH_AHEAD on before each unit: AVX2, Q4_K 0.58-0.84x ->
+                        # 0.78-0.99x llama.cpp, Q5_K 0.56-0.74x -> 0.99-1.30x (quant_linear.py --tier avx2 --tokens 1)
+                        one_ahead = w_at + PREFETCH_AHEAD * 8 * lane_bytes
+                        prefetch_quarter(flat_quants, one_ahead, lane_bytes, 0)
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
                         )
+                        prefetch_quarter(flat_quants, one_ahead, lane_bytes, 1)
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 1, 0, bits, vnni, qtype, 1
                         )
+                        prefetch_quarter(flat_quants, one_ahead, lane_bytes, 2)
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 2, 0, bits, vnni, qtype, 1
                         )
+                        prefetch_quarter(flat_quants, one_ahead, lane_bytes, 3)
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
