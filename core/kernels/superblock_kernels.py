@@ -185,6 +185,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                 for sb in range(n_super):
                     begin_sums(isums, tile_starts, sb, n, sets, centred and n > 1)
                     w_at = tile * tile_bytes + 8 * sb * lane_bytes
+                    ahead = w_at + PREFETCH_AHEAD * 8 * lane_bytes  # where the passes of 2 and 1 prefetch
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
                     # a first pass of 4 rows or more (the full one; 8 and 4 on 256-bit tiers) brings the next tile's
@@ -197,8 +198,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                         # median 0.76x -> 1.16x llama.cpp (quant_linear.py --tier avx2 --tokens 2); passes of 1 the
                         # same way moved both ways (median 0.59x -> 0.75x, but some shapes 0.79x -> 0.31x), so they
                         # prefetch a quarter before each unit instead (below)
-                        stream_at = w_at + PREFETCH_AHEAD * 8 * lane_bytes
-                        prefetch_l2_lines(flat_quants, stream_at, stream_at + 8 * lane_bytes)
+                        prefetch_l2_lines(flat_quants, ahead, ahead + 8 * lane_bytes)
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
                         # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
                         # + 128 in the full passes, as they are with row_starts after them. One loop of `unit`, not
@@ -207,7 +207,6 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                         s_at = p_at if has_mins else 16 * TILE_ROWS * sb
                         a_src = a_flat if has_mins else a_unsigned
                         st_at = (t0 - full) * (k // 8) + 32 * sb
-                        ahead = w_at + PREFETCH_AHEAD * 8 * lane_bytes  # where the passes of 2 and 1 prefetch
                         if n == tokens:
                             for unit in range(4):
                                 superblock_unit_vnni(
@@ -360,20 +359,19 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     elif n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate;
                         # a quarter of the super-block PREFETCH_AHEAD on before each unit: AVX2, Q4_K 0.58-0.84x ->
                         # 0.78-0.99x llama.cpp, Q5_K 0.56-0.74x -> 0.99-1.30x (quant_linear.py --tier avx2 --tokens 1)
-                        one_ahead = w_at + PREFETCH_AHEAD * 8 * lane_bytes
-                        prefetch_quarter(flat_quants, one_ahead, lane_bytes, 0)
+                        prefetch_quarter(flat_quants, ahead, lane_bytes, 0)
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 0, 0, bits, vnni, qtype, 1
                         )
-                        prefetch_quarter(flat_quants, one_ahead, lane_bytes, 1)
+                        prefetch_quarter(flat_quants, ahead, lane_bytes, 1)
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 1, 0, bits, vnni, qtype, 1
                         )
-                        prefetch_quarter(flat_quants, one_ahead, lane_bytes, 2)
+                        prefetch_quarter(flat_quants, ahead, lane_bytes, 2)
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 2, 0, bits, vnni, qtype, 1
                         )
-                        prefetch_quarter(flat_quants, one_ahead, lane_bytes, 3)
+                        prefetch_quarter(flat_quants, ahead, lane_bytes, 3)
                         superblock_tile_sum(
                             flat_quants, w_at, pairs, p_at, a_dots, a_at, k, isums, 3, 0, bits, vnni, qtype, 1
                         )
