@@ -55,20 +55,24 @@ def q6_k_sum_pairs(a, row, k):
 
 
 @intrinsic(prefer_literal=True)
-def q6_k_row_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, sums, s_start, isums, bits, vnni):
-    """One super-block of a 16-row Q6_K tile against one activation row, added to exact int32 sums:
+def q6_k_row_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, sums, s_start, isums, bits, vnni, half):
+    """Half `half` (0, 1) of one super-block of a 16-row Q6_K tile, quads 4 half.. 4 half + 3 (nibble vectors
+    2 half, 2 half + 1 and high bits vector 4 + half), against one activation row, added to exact int32 sums:
 
-        isums[r] += sum over the super-block's values v of sc(r, v) . (q(r, v) - 32) . a(v)
+        isums[r] += sum over the half's values v of sc(r, v) . (q(r, v) - 32) . a(v)
+
+    so the two halves add the super-block's sum (two calls, so that a prefetch can go between them).
 
     quants (uint8, 1-D): the super-block at w_start (superblock_tiles.py's quad order); pairs (int32, 1-D): row r's
     int16 scale pair of quad j at p_start + 16 j + r (superblock_tiles.q6_k_scale_pairs); a (int8, 1-D): the row's
     super-block in quad order at a_start; sums (int32, 1-D): q6_k_sum_pairs's pair of quad j at s_start + j.
-    bits (256 or 512), vnni: compile-time constants."""
-    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni)):
+    bits (256 or 512), vnni, half: compile-time constants."""
+    if not all(isinstance(ty, types.IntegerLiteral) for ty in (bits, vnni, half)):
         return None
     width = bits.literal_value // 8
     with_vnni = bool(vnni.literal_value)
-    sig = types.void(quants, types.intp, pairs, types.intp, a, types.intp, sums, types.intp, isums, bits, vnni)
+    sig = types.void(quants, types.intp, pairs, types.intp, a, types.intp, sums, types.intp, isums, bits, vnni, half)
+    pair = half.literal_value
 
     def codegen(context, builder, signature, args):
         w_start_v, p_start_v, a_start_v, s_start_v = args[1], args[3], args[5], args[7]
@@ -116,25 +120,24 @@ def q6_k_row_sum(typingctx, quants, w_start, pairs, p_start, a, a_start, sums, s
 
         zero_words = ir.Constant(ops.words, [0] * (width // 2))
         five = ir.Constant(ops.dwords, [5] * (width // 4))
-        # each unit pair's 4 quads (their high bits in one vector) one part's rows at a time, 2 lanes between
-        # vpmaddwd: in registers (all parts at once LLVM hoisted the high bits vectors and spilled them)
+        # the half's 4 quads (their high bits in one vector) one part's rows at a time, 2 lanes between vpmaddwd: in
+        # registers (all parts at once LLVM hoisted the high bits vectors and spilled them)
         acc = [ir.Constant(ops.dwords, [0] * (width // 4)) for _ in range(parts)]
         offset = list(acc)
-        for quad in range(8):
+        for quad in range(4 * pair, 4 * pair + 4):
             s16 = builder.load(builder.gep(sum_data, [builder.add(s_start_v, ir.Constant(_I64, quad))]))
             s16 = builder.bitcast(splat(builder, s16, ops.dwords), ops.words)
             for p in range(parts):
                 offset[p] = one.accumulate(offset[p], scale_pair(quad, p), s16)
-        for pair in range(2):
-            for p in range(parts):
-                for lane0 in range(0, 8, 2):
-                    words = [zero_words] * 4
-                    for lane in (lane0, lane0 + 1):
-                        for j, w in enumerate(weights(pair, lane, p)):
-                            product = ops.maddubs(w, activation_quad(4 * pair + j, lane))
-                            words[j] = builder.add(words[j], product)
-                    for j in range(4):
-                        acc[p] = one.accumulate(acc[p], words[j], scale_pair(4 * pair + j, p))
+        for p in range(parts):
+            for lane0 in range(0, 8, 2):
+                words = [zero_words] * 4
+                for lane in (lane0, lane0 + 1):
+                    for j, w in enumerate(weights(pair, lane, p)):
+                        product = ops.maddubs(w, activation_quad(4 * pair + j, lane))
+                        words[j] = builder.add(words[j], product)
+                for j in range(4):
+                    acc[p] = one.accumulate(acc[p], words[j], scale_pair(4 * pair + j, p))
         for p in range(parts):
             where = builder.bitcast(
                 builder.gep(isum_data, [ir.Constant(_I64, (width // 4) * p)]), ops.dwords.as_pointer()

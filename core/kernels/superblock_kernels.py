@@ -354,8 +354,17 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                                 qtype,
                                 1,
                             )
-                    elif n == 1 and centred:
-                        q6_k_row_sum(flat_quants, w_at, pairs, p_at, a_flat, a_at, lone_sums, 8 * sb, isums, bits, vnni)
+                    elif n == 1 and centred:  # half the super-block PREFETCH_AHEAD on before each half: AVX2,
+                        # 0.41-0.59x -> 0.70-1.29x llama.cpp (quant_linear.py --tier avx2 --tokens 1); a burst, 0.64-0.84x
+                        half_at = ahead + 4 * lane_bytes
+                        prefetch_l2_lines(flat_quants, ahead, half_at)
+                        q6_k_row_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, lone_sums, 8 * sb, isums, bits, vnni, 0
+                        )
+                        prefetch_l2_lines(flat_quants, half_at, half_at + 4 * lane_bytes)
+                        q6_k_row_sum(
+                            flat_quants, w_at, pairs, p_at, a_flat, a_at, lone_sums, 8 * sb, isums, bits, vnni, 1
+                        )
                     elif n == 1:  # all 8 lanes a call (lanes_per_call), the units constants: their shifts immediate;
                         # a quarter of the super-block PREFETCH_AHEAD on before each unit: AVX2, Q4_K 0.58-0.84x ->
                         # 0.78-0.99x llama.cpp, Q5_K 0.56-0.74x -> 0.99-1.30x (quant_linear.py --tier avx2 --tokens 1)
