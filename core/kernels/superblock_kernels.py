@@ -7,11 +7,10 @@ steps) from the rows the type's row of the weight-type table says (`amx_from`).
 integer sum per row and token built in int32 and given one float step, as ggml's x86 repack kernel does. On 512-bit
 VNNI tiers the tiles' quads lie in the values' order and superblock_dots.superblock_unit_vnni builds the sums by vpdpbusd
 (superblock_tiles.natural_order); elsewhere superblock_tile_sum by vpmaddubsw. A tile's scale pairs and mins are
-unpacked once per call, not per pass. The rows past the last full pass take passes of 8 and 4 on 256-bit tiers
-(mid_passes), then 2, then 1 (no padding: one row costs one row's dots), in the same call; a row's bits are the same
-in any pass. Passes of 1, and of 2 on 256-bit tiers, call superblock_tile_sum with constant units, their shifts
-immediate; Q6_K's passes of 1 on the vpmaddubsw tiers q6_k_row.py's sums instead (its values unsigned: no - 32 a
-quad).
+unpacked once per call, not per pass. The rows past the last full pass take passes of 8 and 4 (mid_passes), then 2,
+then 1 (no padding: one row costs one row's dots), in the same call; a row's bits are the same in any pass. Passes
+of 1, and of 2 on 256-bit tiers, call superblock_tile_sum with constant units, their shifts immediate; Q6_K's passes
+of 1 on the vpmaddubsw tiers q6_k_row.py's sums instead (its values unsigned: no - 32 a quad).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from __future__ import annotations
 import numba
 from gguf import GGMLQuantizationType
 from numba.np.ufunc.parallel import _iget_num_threads  # the running pool's size, callable in cached code
-from numba import njit, prange
+from numba import prange
 import numpy as np
 
 from miro.core.kernels.cache_key import HELPERS, cached_variant
@@ -36,9 +35,12 @@ from miro.core.kernels.superblock_dots import (
 )
 from miro.core.kernels.superblock_tiles import (
     LANE_BYTES,
+    PREFETCH_AHEAD,
     begin_sums,
     k4_tile_pairs,
     natural_order,
+    prefetch_quarter,
+    q6_k_group_starts,
     q6_k_scale_pairs,
     sub_block_sum_pairs,
 )
@@ -46,32 +48,12 @@ from miro.core.kernels.tile_steps import store_tile_row
 from miro.core.kernels.tiles import TILE_ROWS
 
 
-# The K-quant tiles in the values' order, read a row or two at a time (a sequence's decode, a batch's tail), stream
-# from memory below what the memory gives: Q5_K's and Q6_K's units read their nibble vector and a shared vector of
-# high bits 2 KB on, a pattern the hardware prefetchers do not follow, and Q4_K's linear walk alone reached ~30 GB/s
-# of the ~36 a C loop with prefetches reads here. Those passes prefetch the super-block PREFETCH_AHEAD on into L2
-# (prefetcht1), a quarter before each unit (a burst of all its lines at once was slower; into every level,
-# prefetcht0, Q4_K was slower and Q6_K ~25% slower than into L2). Zen 4, 2 threads, weights from memory
-# (quant_linear.py --tokens 1,2 --shapes llama3.2-1b --stat min, 3 rounds in turn): one row Q5_K 0.50-0.77x
-# llama.cpp without, 0.89-1.85x with; Q4_K 38-91 GFLOP/s (median 60) without, 23-92 (median 74) with; Q6_K's 110 MB
-# of the 1B shape's ffn_down 17.0-23.7 GB/s without, 24.0-36.3 with; the 1B shape's one-sequence decode
-# (single_sequence.py, 3 rounds in turn) 25.0-27.4 tok/s with Q6_K's alone, 30.1-31.5 with every type's
-PREFETCH_AHEAD = 4
-
-
-@njit(inline="always")
-def prefetch_quarter(flat_quants, at, lane_bytes, quarter):
-    """Prefetch quarter `quarter` (0-3) of the tile's super-block of 8 lanes at flat_quants[at:], where the tile has one."""
-    first = at + quarter * 2 * lane_bytes
-    prefetch_l2_lines(flat_quants, first, first + 2 * lane_bytes)
-
-
 def mid_passes(qtype: int, tier: Tier) -> tuple[int, ...]:
-    """The K-quant tile kernel's rows per pass between its tile_tokens and 2, largest first: 8 and 4 on 256-bit
-    tiers, where a pass of 2 unpacks a call's weights for 2 rows only (4 and 8 rows ran 1.2-1.65x their passes of
-    2, Q4_K, Q5_K and Q6_K, one Xeon core under the AVX2 emulation); none on 512-bit ones, whose kernels stay as
-    they were measured."""
-    if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot or tier.vector_bits == 512:
+    """The K-quant tile kernel's rows per pass between its tile_tokens and 2, largest first: 8 and 4, where a pass
+    of 2 unpacks a call's weights for 2 rows only. AVX2 (one Xeon core, emulated): 4 and 8 rows ran 1.2-1.65x their
+    passes of 2; AVX-512 VNNI (Zen 4, 2 threads, weights in L3): 44 rows 1.34x (Q4_K), 1.38x (Q6_K), 47 rows 1.29x,
+    1.64x, 13 rows 1.56x the speed of passes of 16 then 2 and 1."""
+    if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot:
         return ()
     return (8, 4)
 
@@ -100,18 +82,13 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
     def matmul_tiles_k(quants, scales, mins, sub_scales, a, d, sum32, out):
-        """out (T, N) = tiles of N rows times Q8_K activations a (T, K) int8 in quad order
-        (activations.quantize_q8_k_quads); d (T, K / 256), sum32 (T, K / 32). A tile of 16 weight rows times
-        `tokens` activation rows at a time, the last rows 8 and 4 (256-bit tiers: mid_passes), 2 and then 1 at a
-        time. Per row and token, as ggml's x86 repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact
-        integer sum, sub-block scales applied, takes one float step, acc += (d_w * d_a) * sum, the mins another,
-        acc_mins += (dmin * d_a) * sum(mins * bsums), and out = acc - acc_mins. Q6_K's values enter vpmaddubsw's
-        dots as q - 32 against the activations + 128 (superblock_dots.superblock_tile_sum's centred Q6_K), each row's sum
-        begun at -128 x its sum of sc x (q - 32), which the tiles hold (superblock_tiles.py), so no offset of the
-        activations' sums comes off per token. In the values' order (superblock_tiles.natural_order: 512-bit VNNI tiers) a is in
-        that order (quantize_activations.quantize_q8_k) and Q6_K's values enter vpdpbusd's dots as q - 32, against
-        the activations + 128, which leaves no offset; in the passes of 2 and 1 as q, against the activations, each
-        group's int32 started at -32 x its activations' sum (no per-call starts where no rows share them)."""
+        """out (T, N) = tiles of N rows times Q8_K activations a (T, K) int8 in the tiles' order (quantize_q8_k_quads,
+        or quantize_q8_k in the values' order); d (T, K / 256), sum32 (T, K / 32). Per row and token, as ggml's x86
+        repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact integer sum, sub-block scales applied, takes
+        one float step, acc += (d_w * d_a) * sum, the mins another, acc_mins += (dmin * d_a) * sum(mins * bsums), and
+        out = acc - acc_mins. Q6_K's values enter the dots as q - 32 against the activations + 128, the offset that
+        leaves begun in the sums (superblock_tiles.py); in the values' order past the full passes as q against the
+        activations, each group's sum begun at -32 x its activations' sum (q6_k_group_starts)."""
         helpers  # in numba's cache key: see cache_key.py
         n_tok, n_out = out.shape
         k = a.shape[1]
@@ -120,16 +97,10 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         flat_quants = quants.reshape(quants.size)
         a_flat = a.reshape(a.size)
         # Q6_K in the values' order (superblock_dots.superblock_unit_vnni): for the full passes' rows the activations + 128,
-        # vpdpbusd's unsigned operand; for the rows after them (passes of 2 and 1) -32 x each 8 activations' sum, the
-        # start of their int32 sums, [row - full][k / 8]
+        # vpdpbusd's unsigned operand; for the rows after them the starts of their groups' int32 sums, [row - full][k / 8]
         full = n_tok // tokens * tokens
         a_unsigned = a_flat[: full * k].view(np.uint8) ^ np.uint8(0x80) if signed_q6 else np.empty(0, np.uint8)
-        row_starts = np.empty((n_tok - full) * (k // 8) if signed_q6 else 0, np.int32)
-        for g in range(row_starts.size):
-            total = np.int32(0)
-            for i in range(8):
-                total += np.int32(a_flat[full * k + 8 * g + i])
-            row_starts[g] = np.int32(-32) * total
+        row_starts = q6_k_group_starts(a_flat[full * k :] if signed_q6 else a_flat[:0])
         # superblock_tile_sum's activations, as bytes: Q6_K's + 128 (centred: its values enter as q - 32, each row's
         # sums begun at its start in the tiles' mins, superblock_tiles.py), the others' as they are
         a_dots = a_flat.view(np.uint8) ^ np.uint8(0x80) if centred else a_flat.view(np.uint8)
@@ -140,8 +111,7 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
         # sums): an odd row count's last row, the passes before it all even
         lone_sums = q6_k_sum_pairs(a, n_tok - 1, k) if centred and n_tok % 2 else np.empty(0, np.int32)
         pairs_per_super = 4 if has_mins else 8
-        # each thread's scratch, allocated once per call rather than once per tile (a tile's work at one activation
-        # row is a few microseconds)
+        # each thread's scratch, once per call rather than per tile (a tile at one row is a few microseconds)
         n_threads = _iget_num_threads()  # at run time: thread ids lie below it (a cached constant did not)
         all_pairs = np.empty((n_threads, n_super * 8 * TILE_ROWS), np.int32)
         all_min_pairs = np.empty((n_threads, n_super * 4 * TILE_ROWS if has_mins else 0), np.int32)
@@ -188,42 +158,73 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
                     ahead = w_at + PREFETCH_AHEAD * 8 * lane_bytes  # where the passes of 2 and 1 prefetch
                     p_at = sb * 8 * TILE_ROWS
                     a_at = t0 * k + 256 * sb
-                    # a first pass of 4 rows or more (the full one; 8 and 4 on 256-bit tiers) brings the next tile's
+                    # a first pass of 4 rows or more (the full one, or one of 8 or 4) brings the next tile's
                     # super-block into L2, as the passes after it read this tile from the caches: the 1B shape's B=64
                     # decode GEMMs 1.89-1.94x the int8 floor, 2.21-2.70x without (step_time.py, in turn); AVX2's
                     # passes of 8, median 2.19x -> 3.23x llama.cpp (quant_linear.py --tier avx2 --tokens 8)
                     if t0 == 0 and n >= 4:
                         prefetch_l2_lines(flat_quants, w_at + tile_bytes, w_at + tile_bytes + 8 * lane_bytes)
                     elif n == 2 and not natural:  # off the values' order, passes of 2 stream PREFETCH_AHEAD on: AVX2
-                        # median 0.76x -> 1.16x llama.cpp (quant_linear.py --tier avx2 --tokens 2); passes of 1 the
-                        # same way moved both ways (median 0.59x -> 0.75x, but some shapes 0.79x -> 0.31x), so they
-                        # prefetch a quarter before each unit instead (below)
+                        # median 0.76x -> 1.16x llama.cpp (quant_linear.py --tier avx2 --tokens 2); passes of 1 so moved
+                        # both ways (median 0.59x -> 0.75x, some shapes 0.79x -> 0.31x): a quarter before each unit
                         prefetch_l2_lines(flat_quants, ahead, ahead + 8 * lane_bytes)
                     if natural:  # vpdpbusd on quads within one sub-block (superblock_tiles.natural_order)
-                        # Q4_K, Q5_K: their scale pairs; Q6_K: its int8 scales as the tile holds them, the activations
-                        # + 128 in the full passes, as they are with row_starts after them. One loop of `unit`, not
-                        # `c` (the loop below's): two loops of one name in a prange body broke the threads' sums
+                        # scales: Q4_K's, Q5_K's pairs, Q6_K's int8 ones as the tile holds them. One loop of `unit` (not
+                        # `c`, the loop below's, nor a second `unit`): two loops of one name in a prange body broke sums
                         scale_src = pairs if has_mins else tile_sub_scales
                         s_at = p_at if has_mins else 16 * TILE_ROWS * sb
                         a_src = a_flat if has_mins else a_unsigned
                         st_at = (t0 - full) * (k // 8) + 32 * sb
-                        if n == tokens:
+                        if n >= 4:  # a full pass, or a mid one (mid_passes) from a_flat and row_starts as 2 and 1
                             for unit in range(4):
-                                superblock_unit_vnni(
-                                    flat_quants,
-                                    w_at,
-                                    scale_src,
-                                    s_at,
-                                    a_src,
-                                    a_at,
-                                    k,
-                                    isums,
-                                    unit,
-                                    row_starts,
-                                    0,
-                                    qtype,
-                                    tokens,
-                                )
+                                if n == tokens:
+                                    superblock_unit_vnni(
+                                        flat_quants,
+                                        w_at,
+                                        scale_src,
+                                        s_at,
+                                        a_src,
+                                        a_at,
+                                        k,
+                                        isums,
+                                        unit,
+                                        row_starts,
+                                        0,
+                                        qtype,
+                                        tokens,
+                                    )
+                                elif n == 8:
+                                    superblock_unit_vnni(
+                                        flat_quants,
+                                        w_at,
+                                        scale_src,
+                                        s_at,
+                                        a_flat,
+                                        a_at,
+                                        k,
+                                        isums,
+                                        unit,
+                                        row_starts,
+                                        st_at,
+                                        qtype,
+                                        8,
+                                    )
+                                else:
+                                    superblock_unit_vnni(
+                                        flat_quants,
+                                        w_at,
+                                        scale_src,
+                                        s_at,
+                                        a_flat,
+                                        a_at,
+                                        k,
+                                        isums,
+                                        unit,
+                                        row_starts,
+                                        st_at,
+                                        qtype,
+                                        4,
+                                    )
                         elif n == 2:  # the units constants (their shifts immediate), as superblock_tile_sum's at 1 row
                             prefetch_quarter(flat_quants, ahead, lane_bytes, 0)
                             superblock_unit_vnni(

@@ -55,12 +55,32 @@ from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
 from miro.core.kernels.quant_blocks import Q4_K, Q5_K, Q6_K, Q6_K_BYTES
-from miro.core.kernels.simd import load16, store16
+from miro.core.kernels.simd import load16, prefetch_l2_lines, store16
 from miro.core.kernels.superblock_dots import scale_pairs16
 from miro.core.kernels.tiles import TILE_ROWS, Tiles
 
 LANE_BYTES = {Q4_K: 4 * 64, Q5_K: 5 * 64, Q6_K: 6 * 64, Q6_K_BYTES: 8 * 64}  # a tile's quants per super-block and lane
 NATURAL_TYPES = (Q4_K, Q5_K, Q6_K)  # the types whose tiles take the values' own order on 512-bit VNNI tiers
+
+
+# The K-quant tiles in the values' order, read a row or two at a time (a sequence's decode, a batch's tail), stream
+# from memory below what the memory gives: Q5_K's and Q6_K's units read their nibble vector and a shared vector of
+# high bits 2 KB on, a pattern the hardware prefetchers do not follow, and Q4_K's linear walk alone reached ~30 GB/s
+# of the ~36 a C loop with prefetches reads here. Those passes prefetch the super-block PREFETCH_AHEAD on into L2
+# (prefetcht1), a quarter before each unit (a burst of all its lines at once was slower; into every level,
+# prefetcht0, Q4_K was slower and Q6_K ~25% slower than into L2). Zen 4, 2 threads, weights from memory
+# (quant_linear.py --tokens 1,2 --shapes llama3.2-1b --stat min, 3 rounds in turn): one row Q5_K 0.50-0.77x
+# llama.cpp without, 0.89-1.85x with; Q4_K 38-91 GFLOP/s (median 60) without, 23-92 (median 74) with; Q6_K's 110 MB
+# of the 1B shape's ffn_down 17.0-23.7 GB/s without, 24.0-36.3 with; the 1B shape's one-sequence decode
+# (single_sequence.py, 3 rounds in turn) 25.0-27.4 tok/s with Q6_K's alone, 30.1-31.5 with every type's
+PREFETCH_AHEAD = 4
+
+
+@njit(inline="always")
+def prefetch_quarter(flat_quants, at, lane_bytes, quarter):
+    """Prefetch quarter `quarter` (0-3) of the tile's super-block of 8 lanes at flat_quants[at:], where the tile has one."""
+    first = at + quarter * 2 * lane_bytes
+    prefetch_l2_lines(flat_quants, first, first + 2 * lane_bytes)
 
 
 def scale_bytes(qtype: int) -> int:
@@ -172,6 +192,20 @@ def sub_block_sum_pairs(sum32, n_tok, n_pairs):
         for j in range(n_pairs):
             pairs[t, j] = (sum32[t, 2 * j] & 0xFFFF) | (sum32[t, 2 * j + 1] << 16)
     return pairs
+
+
+@njit(cache=True)
+def q6_k_group_starts(a_rows):
+    """-32 x the sum of each 8 values of the activation rows a_rows (int8, flat, in the values' order): where
+    superblock_dots.superblock_unit_vnni begins each group's int32 sum of Q6_K's values q, so that it ends as the sum
+    of (q - 32) x the activations."""
+    starts = np.empty(a_rows.size // 8, np.int32)
+    for g in range(starts.size):
+        total = np.int32(0)
+        for i in range(8):
+            total += np.int32(a_rows[8 * g + i])
+        starts[g] = np.int32(-32) * total
+    return starts
 
 
 @njit(inline="always")

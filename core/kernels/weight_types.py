@@ -178,7 +178,7 @@ class WeightKernels:
     tile_tokens: int  # "tiles": activation rows per pass of the tile kernel (WeightType.tile_tokens); rows past
     #                   the last multiple of it take 2 a pass, then 1 (padding 1 row to 8 would do 8 times the work)
     mid_passes: tuple[int, ...] = ()  # "tiles": rows per pass between tile_tokens and 2, largest first
-    #                                  (superblock_kernels.mid_passes: the K-quants' 8 and 4 on 256-bit tiers)
+    #                                  (superblock_kernels.mid_passes: the K-quants' 8 and 4)
 
     def passes(self, n_rows: int) -> list[int]:
         """The activation rows of each pass of the tile kernel over n_rows, in order (as tile_kernels.py and superblock_kernels.py run them)."""

@@ -64,9 +64,10 @@ def test_the_table_tiles_every_quantized_type_wherever_a_tier_has_int8_dots():
     assert plan(Q.Q4_0, "avx512-vnni").passes(1) == [1]
     assert plan(Q.Q4_0, "avx2").passes(5) == [2, 2, 1]
     assert plan(Q.Q4_K, "avx2").passes(64) == [16] * 4
-    assert plan(Q.Q5_K, "avx512-vnni").passes(37) == [16, 16, 2, 2, 1]  # 8 a pass before the values' order (8db1e0b)
-    assert plan(Q.Q6_K, "avx512-vnni").passes(37) == [16, 16, 2, 2, 1]
-    assert plan(Q.Q6_K, "avx2").passes(15) == [8, 4, 2, 1]  # the K-quants' passes of 8 and 4 on 256-bit tiers
+    assert plan(Q.Q5_K, "avx512-vnni").passes(37) == [16, 16, 4, 1]  # 8 a pass before the values' order (8db1e0b)
+    assert plan(Q.Q6_K, "avx512-vnni").passes(47) == [16, 16, 8, 4, 2, 1]
+    assert plan(Q.Q6_K, "avx2").passes(15) == [8, 4, 2, 1]  # the K-quants' passes of 8 and 4, every tier
+    assert plan(Q.Q4_0, "avx512-vnni").passes(15) == [8, 2, 2, 2, 1]  # the 32-value types': none
     assert plan(Q.Q4_K, "avx2").passes(37) == [16, 16, 4, 1]
     assert sum(plan(Q.Q6_K, "avx2").passes(0)) == 0
     assert plan(Q.Q4_K, "portable").lanes_from == 8
