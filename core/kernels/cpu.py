@@ -138,8 +138,9 @@ def describe() -> str:
 # What makes an AVX-512 machine compile and run as an AVX2-only one (the features a Zen 4 VM that hides
 # AVX-512 reports to LLVM): numba's target (NUMBA_CPU_NAME alone keeps the host's
 # features), numpy's dispatch and OpenBLAS's kernels. GFNI is named off too: znver4 implies it, the VM hid it, and
-# no AVX2-only core (Haswell to Zen 3) has it; with it LLVM turned the kernels' byte shifts into vgf2p8affineqb. Set in a child process's environment, before it
-# imports numpy: for the benchmarks and the test that runs the kernels under it.
+# no AVX2-only core (Haswell to Zen 3) has it; with it LLVM turned the kernels' byte shifts into vgf2p8affineqb.
+# Set in a child process's environment, before it imports numpy: for the benchmarks and the test that runs the
+# kernels under it.
 AVX2_FEATURES = (
     "+64bit,+adx,+aes,+avx,+avx2,+bmi,+bmi2,+clflushopt,+clwb,+clzero,+cmov,+crc32,+cx16,+cx8,+f16c,"
     "+fma,+fsgsbase,+fxsr,+invpcid,+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+prfchw,+rdpid,+rdrnd,+rdseed,"
