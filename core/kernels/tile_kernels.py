@@ -77,7 +77,7 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
             zero = zeros16()
             # the tile's first pass brings the next tile's block into L2 as it reads its own (the weights come from
             # memory, each tile read once a call, then from the caches for the passes after)
-            ahead = (tile + 1) * tile_bytes if tile + 1 < n_tiles else flat_quants.size
+            ahead = (tile + 1) * tile_bytes  # the last tile's: the array's end, where prefetch_l2_lines stops
             for t in range(0, n_eights, 8):
                 c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zero
                 for b in range(n_blocks):
