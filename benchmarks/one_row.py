@@ -10,8 +10,9 @@ one graph over the copies some of them in the L3), it times in turn, the least o
 - stream: a numba kernel that only reads the layer's tiles (quants, scales, mins, sub-scales: every byte the tile
   kernel reads), XOR-ing them as 8-byte words over the same tiles and threads: numba's parallel launch and the
   memory, the least a numba kernel over these bytes can take;
-- kernel: the tile kernel alone (Kernels.tiles; the row quantized beforehand);
-- call: the whole `Linear(x)` call, as a model's step makes it (its Python, the row's quantization, the kernel);
+- kernel: the tile kernel alone (Kernels.tiles; the row quantized beforehand, as for several rows);
+- call: the whole `Linear(x)` call, as a model's step makes it (its Python, and the kernel quantizing the row
+  itself: Linear._lone_row);
 - llama: llama.cpp's mul_mat, as quant_linear.py measures it (one ggml graph over the copies, divided by them: one
   op's share of a model's step graph), with --llama-python.
 Ratios are llama.cpp's time over each (above 1: miro's is faster); "call" is quant_linear.py's native/llama.
@@ -38,6 +39,8 @@ from miro.core.loading.gguf_file import TensorInfo  # noqa: E402
 import tiers  # noqa: E402
 from quant_linear import SHAPES, llama_cpp_seconds, median_seconds, random_tensor  # noqa: E402
 
+NO_ROWS = np.zeros((0, 0), np.float32)  # the tile kernels' float rows when given quantized ones
+
 
 @njit(parallel=True, cache=True)
 def read_tiles(quants, scales, mins, sub_scales, out):
@@ -62,13 +65,13 @@ def calls_for(layer: Linear, x: np.ndarray):
         a = quantize_q8_32(x)
 
         def kernel():
-            kernels.tiles(t.quants, t.scales, t.mins, a.q, a.d, a.s, a.qsum, out)
+            kernels.tiles(t.quants, t.scales, t.mins, a.q, a.d, a.s, a.qsum, out, NO_ROWS)
 
     else:
         a = (quantize_q8_k if natural_order(layer.type, layer.tier) else quantize_q8_k_quads)(x)
 
         def kernel():
-            kernels.tiles(t.quants, t.scales, t.mins, t.sub_scales, a.q, a.d, a.sum32, out)
+            kernels.tiles(t.quants, t.scales, t.mins, t.sub_scales, a.q, a.d, a.sum32, out, NO_ROWS)
 
     sub = t.sub_scales.reshape(t.quants.shape[0], -1)
     return (lambda: read_tiles(t.quants, t.scales, t.mins, sub, words)), kernel, (lambda: layer(x))

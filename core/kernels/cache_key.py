@@ -27,6 +27,7 @@ _HELPER_MODULES = (
     "superblock_tiles.py",
     "grouped_passes.py",
     "q6_k_row.py",
+    "quantize_activations.py",
     "attention_softmax.py",
     "attention_blocks.py",
     "attention_items.py",

@@ -180,6 +180,33 @@ def _store_columns(rows_q, q, t0, k0=0):
             q[k0 + k, t0 + r] = rows_q[r, k]
 
 
+@njit(inline="always")
+def rows_to_q8_32(x):
+    """x (T, K) float32 to new Q8_0 arrays with Q8_1's sums (q, d, s, qsum), on the calling thread: for a tile
+    kernel given a lone row as floats (tile_kernels.tiles_32), one compiled call rather than two."""
+    t, k = x.shape
+    q, d, s, qsum = (
+        np.empty((t, k), np.int8),
+        np.empty((t, k // QK), np.float32),
+        np.empty((t, k // QK), np.float32),
+        np.empty((t, k // QK), np.int32),
+    )
+    for row in range(t):
+        _quantize_row_q8_32(x[row], q[row], d[row], s[row], qsum[row])
+    return q, d, s, qsum
+
+
+@njit(inline="always")
+def rows_to_q8_k(x, quads):
+    """x (T, K) float32 to new Q8_K arrays (q, d, sum32), on the calling thread, as rows_to_q8_32 for the K-quant
+    tile kernel (superblock_kernels.tiles_k). quads: a constant, as _quantize_row_q8_k's."""
+    t, k = x.shape
+    q, d, sum32 = np.empty((t, k), np.int8), np.empty((t, k // QK_K), np.float32), np.empty((t, k // QK), np.int32)
+    for row in range(t):
+        _quantize_row_q8_k(x[row], q[row], d[row], sum32[row], quads)
+    return q, d, sum32
+
+
 # ---------------------------------------------------------------- the kernels
 
 

@@ -8,9 +8,8 @@ integer sum per row and token built in int32 and given one float step, as ggml's
 VNNI tiers the tiles' quads lie in the values' order and superblock_dots.superblock_unit_vnni builds the sums by vpdpbusd
 (superblock_tiles.natural_order); elsewhere superblock_tile_sum by vpmaddubsw. A tile's scale pairs and mins are
 unpacked once per call, not per pass. The rows past the last full pass take passes of 8 and 4 (mid_passes), then 2,
-then 1 (no padding: one row costs one row's dots), in the same call; a row's bits are the same in any pass. Passes
-of 1, and of 2 on 256-bit tiers, call superblock_tile_sum with constant units, their shifts immediate; Q6_K's passes
-of 1 on the vpmaddubsw tiers q6_k_row.py's sums instead (its values unsigned: no - 32 a quad).
+then 1 (no padding), in the same call; a row's bits are the same in any pass. Passes of 1, and of 2 on 256-bit
+tiers, have constant units (immediate shifts); Q6_K's passes of 1 on the vpmaddubsw tiers take q6_k_row.py's sums.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
 from miro.core.kernels.q6_k_row import q6_k_row_sum, q6_k_sum_pairs
 from miro.core.kernels.quant_blocks import Q6_K, SUPERBLOCK_TYPES
+from miro.core.kernels.quantize_activations import rows_to_q8_k
 from miro.core.kernels.simd import LANES, load16, load16_f16, prefetch_l2_lines, store16, to_float
 from miro.core.kernels.superblock_dots import (
     lanes_per_call,
@@ -61,7 +61,7 @@ def mid_passes(qtype: int, tier: Tier) -> tuple[int, ...]:
 def tiles_k(qtype: int, tier: Tier, tokens: int):
     """The K-quant tile kernel (superblock_tiles.py) for one weight type on one tier, `tokens` activation rows
     per pass, the rest 8 and 4 (mid_passes), 2 and then 1 a pass: kernel(quants, scales, mins, sub_scales, a, d,
-    sum32, out)."""
+    sum32, out, x), x float rows quantized in place of a, d, sum32 (as tile_kernels.tiles_32's), or (0, 0)."""
     if qtype not in SUPERBLOCK_TYPES or not tier.int8_dot:
         return None
     bits = 512 if tier.vector_bits == 512 else 256
@@ -81,15 +81,15 @@ def tiles_k(qtype: int, tier: Tier, tokens: int):
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
-    def matmul_tiles_k(quants, scales, mins, sub_scales, a, d, sum32, out):
+    def matmul_tiles_k(quants, scales, mins, sub_scales, a, d, sum32, out, x):
         """out (T, N) = tiles of N rows times Q8_K activations a (T, K) int8 in the tiles' order (quantize_q8_k_quads,
         or quantize_q8_k in the values' order); d (T, K / 256), sum32 (T, K / 32). Per row and token, as ggml's x86
-        repack kernel (ggml_gemm_q4_K_8x8_q8_K): each super-block's exact integer sum, sub-block scales applied, takes
-        one float step, acc += (d_w * d_a) * sum, the mins another, acc_mins += (dmin * d_a) * sum(mins * bsums), and
-        out = acc - acc_mins. Q6_K's values enter the dots as q - 32 against the activations + 128, the offset that
-        leaves begun in the sums (superblock_tiles.py); in the values' order past the full passes as q against the
-        activations, each group's sum begun at -32 x its activations' sum (q6_k_group_starts)."""
+        repack kernel (ggml_gemm_q4_K_8x8_q8_K): acc += (d_w * d_a) x each super-block's exact integer sum (sub-block
+        scales applied), acc_mins += (dmin * d_a) x sum(mins * bsums), out = acc - acc_mins. Q6_K's offset of 32:
+        superblock_tiles.py (the full passes) and q6_k_group_starts (the rows after them, in the values' order)."""
         helpers  # in numba's cache key: see cache_key.py
+        if x.shape[0]:
+            a, d, sum32 = rows_to_q8_k(x, not natural)
         n_tok, n_out = out.shape
         k = a.shape[1]
         n_super = k // 256

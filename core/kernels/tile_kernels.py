@@ -32,6 +32,7 @@ import numpy as np
 
 from miro.core.kernels.cache_key import HELPERS, cached_variant
 from miro.core.kernels.cpu import Tier
+from miro.core.kernels.quantize_activations import rows_to_q8_32
 from miro.core.kernels.int8_dots import tile_dot
 from miro.core.kernels.quant_blocks import BLOCK32_TYPES
 from miro.core.kernels.simd import LANES, load16_e8m0, load16_f16, prefetch_l2_lines, zeros16
@@ -41,7 +42,7 @@ from miro.core.kernels.tiles import TILE_ROWS
 
 def tiles_32(qtype: int, tier: Tier, tokens: int):
     """The tile kernel for one weight type on one tier, `tokens` (8 or 2) activation rows per pass, the rows past
-    the last full pass 2 and then 1 a pass: kernel(quants, scales, mins, a, d, s, qsum, out)."""
+    the last full pass 2 and then 1 a pass: kernel(quants, scales, mins, a, d, s, qsum, out, x)."""
     if qtype not in BLOCK32_TYPES or not tier.int8_dot:
         return None
     has_min, offset, block_quants, vnni, e8m0 = tile_constants(qtype, tier)
@@ -51,10 +52,14 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
     helpers = HELPERS
 
     @cached_variant(f"{GGMLQuantizationType(qtype).name}_{tier.name.replace('-', '_')}_x{tokens}", parallel=True)
-    def matmul_tiles_32(quants, scales, mins, a, d, s, qsum, out):
+    def matmul_tiles_32(quants, scales, mins, a, d, s, qsum, out, x):
         """out (T, N) = tiles of N rows times activations a (T, K) int8, row-major; d, s, qsum (T, K / 32). 16 weight
-        rows times `tokens` activation rows at a time, then 2, then the last row alone: no row is padding."""
+        rows times `tokens` activation rows at a time, then 2, then the last row alone: no row is padding. x (T, K)
+        float32: the rows as floats, quantized here in place of a, d, s, qsum (a decode's lone row, one compiled call
+        rather than two; Linear's glue and a second dispatch cost ~3.5 us a cold call); (0, 0): none."""
         helpers  # in numba's cache key: see cache_key.py
+        if x.shape[0]:
+            a, d, s, qsum = rows_to_q8_32(x)
         n_tok, n_out = out.shape
         k = a.shape[1]
         n_blocks = k // 32

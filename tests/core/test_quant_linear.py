@@ -23,6 +23,7 @@ from miro.core.kernels.quantize_activations import (
     quantize_q8_k_columns,
     quantize_q8_k_quads,
 )
+from miro.core.kernels.superblock_tiles import natural_order
 from miro.core.kernels.weight_types import WEIGHT_TYPES
 from quant_reference import (
     BLOCK32,
@@ -235,6 +236,26 @@ def test_batch_invariance_bitwise(qtype, tier):
 @pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
 def test_batch_invariance_bitwise_floats(qtype):
     _assert_batch_invariant(qtype)
+
+
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_a_lone_row_quantized_in_the_kernel_has_the_two_calls_bits(qtype, tier):
+    """At one row the tile kernel quantizes the row itself (Linear._lone_row): the bits of the quantizer's call then
+    the kernel's, which several rows take."""
+    layer = Linear(random_tensor(qtype, 40, 512, seed=7), tier=tier)
+    if layer._tiles is None:
+        pytest.skip(f"{tier}: no tiles")
+    x = activations(1, 512, seed=8)
+    t, tiles = layer._tiles, layer._kernels().tiles
+    two_calls = np.empty((1, 40), np.float32)
+    if qtype in SUPERBLOCK:
+        a = (quantize_q8_k if natural_order(qtype, layer.tier) else quantize_q8_k_quads)(x)
+        tiles(t.quants, t.scales, t.mins, t.sub_scales, a.q, a.d, a.sum32, two_calls, np.zeros((0, 0), np.float32))
+    else:
+        a = quantize_q8_32(x)
+        tiles(t.quants, t.scales, t.mins, a.q, a.d, a.s, a.qsum, two_calls, np.zeros((0, 0), np.float32))
+    np.testing.assert_array_equal(layer._lone_row(x), two_calls)
+    np.testing.assert_array_equal(layer(x), two_calls)
 
 
 def _every_tier_param(qtype):
