@@ -55,8 +55,8 @@ def tiles_32(qtype: int, tier: Tier, tokens: int):
     def matmul_tiles_32(quants, scales, mins, a, d, s, qsum, out, x):
         """out (T, N) = tiles of N rows times activations a (T, K) int8, row-major; d, s, qsum (T, K / 32). 16 weight
         rows times `tokens` activation rows at a time, then 2, then the last row alone: no row is padding. x (T, K)
-        float32: the rows as floats, quantized here in place of a, d, s, qsum (a decode's lone row, one compiled call
-        rather than two; Linear's glue and a second dispatch cost ~3.5 us a cold call); (0, 0): none."""
+        float32: the rows as floats, quantized here in place of a, d, s, qsum (a decode's lone row: one compiled call
+        rather than two, Linear._lone_row); (0, 0): none."""
         helpers  # in numba's cache key: see cache_key.py
         if x.shape[0]:
             a, d, s, qsum = rows_to_q8_32(x)

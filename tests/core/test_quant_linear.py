@@ -238,13 +238,12 @@ def test_batch_invariance_bitwise_floats(qtype):
     _assert_batch_invariant(qtype)
 
 
+@pytest.mark.parametrize("tier", [_tier_param(name) for name in cpu.runnable() if cpu.TIERS[name].int8_dot])
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 def test_a_lone_row_quantized_in_the_kernel_has_the_two_calls_bits(qtype, tier):
     """At one row the tile kernel quantizes the row itself (Linear._lone_row): the bits of the quantizer's call then
-    the kernel's, which several rows take."""
+    the kernel's, which several rows take (every tier with tiles: those with int8 dots)."""
     layer = Linear(random_tensor(qtype, 40, 512, seed=7), tier=tier)
-    if layer._tiles is None:
-        pytest.skip(f"{tier}: no tiles")
     x = activations(1, 512, seed=8)
     t, tiles = layer._tiles, layer._kernels().tiles
     two_calls = np.empty((1, 40), np.float32)
