@@ -28,7 +28,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as quant_linear.py: numba
 import argparse  # noqa: E402
 
 import numpy as np  # noqa: E402
-from gguf import GGMLQuantizationType  # noqa: E402
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from miro.core.kernels.quantize_activations import quantize_q8_32, quantize_q8_k, quantize_q8_k_quads  # noqa: E402
@@ -61,7 +61,7 @@ def calls_for(layer: Linear, x: np.ndarray):
     t, kernels = layer._tiles, layer._kernels()
     out = np.empty((1, layer.out_features), np.float32)
     words = np.empty(t.quants.shape[0], np.uint64)
-    if t.sub_scales.size == 0:  # the 32-value types (tiles.py): no sub-block scales
+    if layer._weight_type.activations == "q8_0":  # the 32-value types (tiles.py): no sub-block scales
         a = quantize_q8_32(x)
 
         def kernel():
@@ -106,13 +106,15 @@ def main() -> None:
     )
     for out_f, in_f in (shape for name in args.shapes.split(",") for shape in SHAPES[name]):
         for qtype in (GGMLQuantizationType[name] for name in args.types.split(",")):
+            if in_f % GGML_QUANT_SIZES[qtype][0]:
+                continue  # a K-quant row is whole 256-value blocks (as quant_linear.py skips them)
             tensor = random_tensor(qtype, out_f, in_f, rng)
-            layers = [Linear(TensorInfo(tensor.name, tensor.shape, qtype, tensor.data.copy())) for _ in range(1)]
-            if layers[0]._tiles is None:
+            first = Linear(TensorInfo(tensor.name, tensor.shape, qtype, tensor.data.copy()))
+            if first._tiles is None:
                 print(f"{out_f:>5}x{in_f:<5} {qtype.name:>5}: not tiled on this tier")
                 continue
-            copies = -(-args.pool_mib * 2**20 // layers[0].weight_bytes)
-            layers += [
+            copies = -(-args.pool_mib * 2**20 // first.weight_bytes)
+            layers = [first] + [
                 Linear(TensorInfo(tensor.name, tensor.shape, qtype, tensor.data.copy())) for _ in range(copies - 1)
             ]
             x = rng.standard_normal((1, in_f)).astype(np.float32)

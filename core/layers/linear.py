@@ -218,10 +218,10 @@ class Linear:
         interleaved: 1.7-2.8 us less a call (1.03-1.15x); one sequence's decode on the default model 1.06x."""
         t, tiles = self._tiles, self._kernels().tiles
         out = np.empty((1, self.out_features), np.float32)
-        if t.sub_scales.size:  # the K-quants (superblock_kernels.tiles_k)
-            tiles(t.quants, t.scales, t.mins, t.sub_scales, _NO_Q8, _NO_ROWS, _NO_SUMS, out, x)
-        else:  # the 32-value types (tile_kernels.tiles_32)
+        if self._weight_type.activations == "q8_0":  # the 32-value types (tile_kernels.tiles_32)
             tiles(t.quants, t.scales, t.mins, _NO_Q8, _NO_ROWS, _NO_ROWS, _NO_SUMS, out, x)
+        else:  # the K-quants (superblock_kernels.tiles_k)
+            tiles(t.quants, t.scales, t.mins, t.sub_scales, _NO_Q8, _NO_ROWS, _NO_SUMS, out, x)
         return out
 
     def _amx_rows(self, n_tok: int) -> int:

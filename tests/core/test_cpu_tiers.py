@@ -120,6 +120,7 @@ def test_kernel_equality_tests_pass_when_numba_compiles_for_avx2():
     tests = [
         "tests/core/test_quant_linear.py::test_every_tiers_kernels_agree_bitwise",
         "tests/core/test_quant_linear.py::test_batch_invariance_bitwise",
+        "tests/core/test_quant_linear.py::test_a_lone_row_quantized_in_the_kernel_has_the_two_calls_bits",
         "tests/core/test_gemm.py",
         "tests/core/test_attention.py",
         "tests/core/test_int16_gemm.py",
